@@ -1,0 +1,36 @@
+//! Reverse-mode autodiff that keeps only what gradients need.
+//!
+//! - [`Node`]: one recorded op. It owns exactly its saved tensors (inside its
+//!   [`BackwardOp`]) and edges to the inputs that require grad.
+//! - [`SavedTensor`]: a tensor held for backward; counted as saved in the
+//!   ledger and checked against in-place modification by version.
+//! - [`engine`]: runs backward, freeing each node's saved tensors as soon as
+//!   it has run and each gradient as soon as it has been consumed, and hands
+//!   every leaf's final gradient to a [`GradientSink`].
+//! - [`gradcheck`]: finite differences in f64 for tests.
+
+pub mod engine;
+pub mod gradcheck;
+mod grad_mode;
+mod leaf;
+mod node;
+mod saved;
+
+pub use engine::{backward_with, CallbackSink, CollectGrads, GradientSink};
+pub use grad_mode::{is_grad_enabled, no_grad, NoGradGuard};
+pub use leaf::Leaf;
+pub use node::{attach, needs_grad, BackwardOp, Edge, Node};
+pub use saved::SavedTensor;
+
+use std::sync::Arc;
+
+/// What a tensor knows about its place in the graph.
+#[derive(Clone)]
+pub enum GradMeta {
+    /// Gradients do not flow to it.
+    None,
+    /// A leaf requiring grad (its gradient goes to a sink).
+    Leaf(Arc<Leaf>),
+    /// The output of a recorded op.
+    Node(Arc<Node>),
+}

@@ -1,0 +1,137 @@
+//! Graph nodes: one per recorded op, owning only its saved state.
+
+use super::{is_grad_enabled, GradMeta, Leaf};
+use crate::tensor::Tensor;
+use crate::{DType, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+static NEXT_NODE: AtomicU64 = AtomicU64::new(0);
+
+/// The backward of one op: a struct holding the op's typed saved state.
+///
+/// `backward` consumes the state, so whatever the op saved is freed at the
+/// latest when it returns (and earlier if the op drops it as soon as used).
+pub trait BackwardOp: Send + Sync {
+    /// The op's name, for errors and reports.
+    fn name(&self) -> &'static str;
+
+    /// Given the gradient of the op's output, the gradient of each input, in
+    /// the order the inputs were given to [`attach`]. An input that does not
+    /// require grad gets `None`; so may one whose gradient is identically zero.
+    fn backward(self: Box<Self>, grad_output: Tensor) -> Result<Vec<Option<Tensor>>>;
+}
+
+/// Where an input's gradient goes.
+#[derive(Clone)]
+pub enum Edge {
+    /// To the op that produced the input.
+    Node(Arc<Node>),
+    /// To a leaf.
+    Leaf(Arc<Leaf>),
+}
+
+/// What backward checks a returned gradient against.
+#[derive(Clone)]
+pub struct InputEdge {
+    pub(crate) edge: Edge,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) dtype: DType,
+}
+
+/// One recorded op.
+pub struct Node {
+    seq: u64,
+    name: &'static str,
+    backward: Mutex<Option<Box<dyn BackwardOp>>>,
+    inputs: Vec<Option<InputEdge>>,
+}
+
+impl Node {
+    /// Creation order: later nodes have larger numbers; backward runs the
+    /// ready node with the largest first.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The op's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Edges to the inputs (`None` where the input does not require grad).
+    pub fn inputs(&self) -> &[Option<InputEdge>] {
+        &self.inputs
+    }
+
+    /// Takes the backward state out (it runs once; afterwards it is gone).
+    pub(crate) fn take_backward(&self) -> Option<Box<dyn BackwardOp>> {
+        self.backward.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Whether backward has already consumed this node.
+    pub fn is_consumed(&self) -> bool {
+        self.backward.lock().unwrap_or_else(|e| e.into_inner()).is_none()
+    }
+
+    fn take_node_edges(&mut self) -> Vec<Arc<Node>> {
+        std::mem::take(&mut self.inputs)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| match e.edge {
+                Edge::Node(n) => Some(n),
+                Edge::Leaf(_) => None,
+            })
+            .collect()
+    }
+}
+
+impl Drop for Node {
+    /// Drops the chain of predecessors iteratively, so that dropping the
+    /// output of a very deep graph cannot overflow the stack.
+    fn drop(&mut self) {
+        let mut stack = self.take_node_edges();
+        while let Some(node) = stack.pop() {
+            if let Ok(mut node) = Arc::try_unwrap(node) {
+                stack.extend(node.take_node_edges());
+            }
+        }
+    }
+}
+
+/// Which of `inputs` need a gradient now (all `false` under `no_grad`).
+pub fn needs_grad<const N: usize>(inputs: [&Tensor; N]) -> [bool; N] {
+    let enabled = is_grad_enabled();
+    inputs.map(|t| enabled && t.requires_grad())
+}
+
+/// Records `op` as the producer of `output`, with edges to those `inputs`
+/// that require grad. Returns `output` unchanged when none does (or grad
+/// mode is off), dropping `op` and whatever it saved.
+pub fn attach(output: Tensor, inputs: &[&Tensor], op: impl BackwardOp + 'static) -> Tensor {
+    if !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
+        return output;
+    }
+    let edges = inputs
+        .iter()
+        .map(|t| {
+            let edge = match t.grad_meta() {
+                GradMeta::None => return None,
+                GradMeta::Leaf(l) => Edge::Leaf(l.clone()),
+                GradMeta::Node(n) => Edge::Node(n.clone()),
+            };
+            Some(InputEdge {
+                edge,
+                shape: t.shape().to_vec(),
+                dtype: t.dtype(),
+            })
+        })
+        .collect();
+    let node = Node {
+        seq: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
+        name: op.name(),
+        backward: Mutex::new(Some(Box::new(op))),
+        inputs: edges,
+    };
+    output.with_grad_meta(GradMeta::Node(Arc::new(node)))
+}

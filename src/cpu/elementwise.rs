@@ -1,0 +1,175 @@
+//! Elementwise kernels: any layout in, a contiguous tensor out.
+
+use super::PARALLEL_THRESHOLD;
+use crate::tensor::{broadcast_shapes, CpuData, Layout, Tensor};
+use crate::{Error, FloatDType, Result, WithDType};
+use rayon::prelude::*;
+
+/// A float function of one element, written once for every float dtype.
+pub trait UnaryKernel: Sync {
+    /// The op name for errors.
+    const NAME: &'static str;
+    /// The function.
+    fn f<T: FloatDType>(&self, x: T) -> T;
+}
+
+/// A float function of two elements, written once for every float dtype.
+pub trait BinaryKernel: Sync {
+    /// The op name for errors.
+    const NAME: &'static str;
+    /// The function.
+    fn f<T: FloatDType>(&self, a: T, b: T) -> T;
+}
+
+/// Reads a strided view as a closure from logical index to element.
+enum Source<'a, T> {
+    Dense(&'a [T]),
+    Strided(&'a [T], Vec<usize>),
+}
+
+impl<'a, T: Copy> Source<'a, T> {
+    fn new(data: &'a [T], layout: &Layout) -> Self {
+        match layout.contiguous_range() {
+            Some(r) => Source::Dense(&data[r]),
+            None => Source::Strided(data, layout.offsets()),
+        }
+    }
+
+    #[inline(always)]
+    fn get(&self, i: usize) -> T {
+        match self {
+            Source::Dense(s) => s[i],
+            Source::Strided(s, o) => s[o[i]],
+        }
+    }
+}
+
+fn typed<'a, T: WithDType>(data: &'a CpuData, op: &'static str) -> Result<&'a [T]> {
+    T::cpu_slice(data).ok_or(Error::DTypeMismatch {
+        op,
+        expected: T::DTYPE,
+        got: data.dtype(),
+    })
+}
+
+fn fill<T: Copy + Send + Sync>(n: usize, at: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+    if n >= PARALLEL_THRESHOLD {
+        (0..n).into_par_iter().map(at).collect()
+    } else {
+        (0..n).map(at).collect()
+    }
+}
+
+/// `k(x)` for every element of a float tensor.
+pub fn unary_map<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
+    let data = x.storage().cpu()?;
+    fn go<T: FloatDType, K: UnaryKernel>(s: &[T], l: &Layout, k: &K) -> CpuData {
+        let src = Source::new(s, l);
+        T::wrap(fill(l.numel(), |i| k.f(src.get(i))))
+    }
+    let out = crate::match_float_data!(&*data, K::NAME, v => go(v, x.layout(), k));
+    drop(data);
+    Tensor::from_cpu_data(out, x.shape())
+}
+
+/// `k(a, b)` elementwise with NumPy broadcasting; both must share a float dtype.
+pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tensor> {
+    check_pair(K::NAME, a, b)?;
+    let shape = broadcast_shapes(K::NAME, a.shape(), b.shape())?;
+    let la = a.layout().broadcast_to(&shape)?;
+    let lb = b.layout().broadcast_to(&shape)?;
+    let da = a.storage().cpu()?;
+    let db = b.storage().cpu()?;
+    fn go<T: FloatDType, K: BinaryKernel>(sa: &[T], la: &Layout, db: &CpuData, lb: &Layout, k: &K) -> Result<CpuData> {
+        let sb = typed::<T>(db, K::NAME)?;
+        let (a, b) = (Source::new(sa, la), Source::new(sb, lb));
+        Ok(T::wrap(fill(la.numel(), |i| k.f(a.get(i), b.get(i)))))
+    }
+    let out = crate::match_float_data!(&*da, K::NAME, v => go(v, &la, &db, &lb, k)?);
+    drop((da, db));
+    Tensor::from_cpu_data(out, &shape)
+}
+
+/// `dst = k(dst, src)` in place; `src` broadcasts to `dst`'s shape and `dst`
+/// must be contiguous. Bumps `dst`'s version.
+pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Result<()> {
+    check_pair(K::NAME, dst, src)?;
+    let range = dst.layout().contiguous_range().ok_or(Error::InvalidArgument {
+        op: K::NAME,
+        msg: "in-place destination must be contiguous".into(),
+    })?;
+    let lsrc = src.layout().broadcast_to(dst.shape())?;
+    if dst.shares_storage_with(src) {
+        // Read a private copy first: source and destination overlap.
+        let copy = Tensor::from_cpu_data(gather(src)?, src.shape())?;
+        return binary_assign(dst, &copy, k);
+    }
+    let ds = src.storage().cpu()?;
+    let mut dd = dst.storage().cpu_mut()?;
+    fn go<T: FloatDType, K: BinaryKernel>(d: &mut [T], ds: &CpuData, l: &Layout, k: &K) -> Result<()> {
+        let s = Source::new(typed::<T>(ds, K::NAME)?, l);
+        if d.len() >= PARALLEL_THRESHOLD {
+            d.par_iter_mut().enumerate().for_each(|(i, x)| *x = k.f(*x, s.get(i)));
+        } else {
+            d.iter_mut().enumerate().for_each(|(i, x)| *x = k.f(*x, s.get(i)));
+        }
+        Ok(())
+    }
+    crate::match_float_data!(&mut *dd, K::NAME, v => go(&mut v[range], &ds, &lsrc, k))
+}
+
+/// A contiguous copy of any tensor's elements.
+pub(crate) fn gather(x: &Tensor) -> Result<CpuData> {
+    let data = x.storage().cpu()?;
+    fn go<T: WithDType>(s: &[T], l: &Layout) -> CpuData {
+        let src = Source::new(s, l);
+        T::wrap(fill(l.numel(), |i| src.get(i)))
+    }
+    Ok(crate::match_cpu_data!(&*data, v => go(v, x.layout())))
+}
+
+fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch {
+            op,
+            lhs: a.device(),
+            rhs: b.device(),
+        });
+    }
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: a.dtype(),
+            got: b.dtype(),
+        });
+    }
+    Ok(())
+}
+
+/// A contiguous copy of `x` (no autograd).
+pub fn contiguous_copy(x: &Tensor) -> Result<Tensor> {
+    Tensor::from_cpu_data(gather(x)?, x.shape())
+}
+
+/// Writes `src`'s elements into the (possibly strided) view `dst`, which
+/// must have the same shape and dtype. Bumps `dst`'s version.
+pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
+    if dst.shape() != src.shape() {
+        return Err(Error::ShapeMismatch {
+            op: "copy_into",
+            lhs: dst.shape().to_vec(),
+            rhs: src.shape().to_vec(),
+        });
+    }
+    let values = gather(src)?;
+    let offsets = dst.layout().offsets();
+    let mut dd = dst.storage().cpu_mut()?;
+    fn go<T: WithDType>(d: &mut [T], values: &CpuData, offsets: &[usize]) -> Result<()> {
+        let v = typed::<T>(values, "copy_into")?;
+        for (&o, &x) in offsets.iter().zip(v) {
+            d[o] = x;
+        }
+        Ok(())
+    }
+    crate::match_cpu_data!(&mut *dd, d => go(d, &values, &offsets))
+}

@@ -1,0 +1,13 @@
+//! CPU kernels shared by the ops: elementwise maps with broadcasting and
+//! reductions, written once for every float dtype through small traits.
+
+mod elementwise;
+mod reduce;
+
+pub use elementwise::{binary_assign, binary_map, contiguous_copy, copy_into, unary_map, BinaryKernel, UnaryKernel};
+#[allow(unused_imports)]
+pub(crate) use elementwise::gather;
+pub use reduce::{reduce_to, ReduceKind};
+
+/// Element count above which kernels split work across rayon's threads.
+pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;

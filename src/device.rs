@@ -1,0 +1,38 @@
+//! Devices a tensor can live on, and the choice of one.
+
+use std::fmt;
+
+/// Where a tensor's storage lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum Device {
+    /// Host memory, computed with the CPU backend.
+    Cpu,
+    /// The CUDA device with this ordinal.
+    Cuda(usize),
+}
+
+impl Device {
+    /// The CUDA device `ordinal` when one can be used, the CPU otherwise.
+    ///
+    /// The CUDA backend is not built yet, so this answers [`Device::Cpu`]
+    /// until it lands; an explicit `Device::Cuda(n)` request is a clear
+    /// [`crate::Error::DeviceUnavailable`], never a panic.
+    pub fn cuda_if_available(ordinal: usize) -> Device {
+        let _ = ordinal;
+        Device::Cpu
+    }
+
+    /// Whether this is the CPU.
+    pub fn is_cpu(self) -> bool {
+        matches!(self, Device::Cpu)
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The crate's typed error. Every fallible public function returns [`Result`].
+
+use crate::{DType, Device};
+
+/// Everything that can go wrong in leangrad, with enough context to act on it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Two shapes that had to agree (or broadcast) did not.
+    #[error("shape mismatch in {op}: {lhs:?} vs {rhs:?}")]
+    ShapeMismatch {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+    /// A shape or argument is not valid for the operation.
+    #[error("invalid argument to {op}: {msg}")]
+    InvalidArgument { op: &'static str, msg: String },
+    /// The operation needed a different dtype.
+    #[error("dtype mismatch in {op}: expected {expected:?}, got {got:?}")]
+    DTypeMismatch {
+        op: &'static str,
+        expected: DType,
+        got: DType,
+    },
+    /// The operation is not defined for this dtype.
+    #[error("{op} does not support dtype {dtype:?}")]
+    UnsupportedDType { op: &'static str, dtype: DType },
+    /// Tensors on different devices were combined.
+    #[error("device mismatch in {op}: {lhs} vs {rhs}")]
+    DeviceMismatch {
+        op: &'static str,
+        lhs: Device,
+        rhs: Device,
+    },
+    /// The device was asked for explicitly but cannot be used.
+    #[error("device {device} is not available: {reason}")]
+    DeviceUnavailable { device: Device, reason: String },
+    /// A dimension index outside `-rank..rank`.
+    #[error("dimension {dim} out of range for a tensor of rank {rank} in {op}")]
+    DimOutOfRange {
+        op: &'static str,
+        dim: isize,
+        rank: usize,
+    },
+    /// An index value (gather, index_select, class target) outside its axis.
+    #[error("index {index} out of range for an axis of size {size} in {op}")]
+    IndexOutOfRange {
+        op: &'static str,
+        index: i64,
+        size: usize,
+    },
+    /// A tensor saved for backward was changed in place before backward used it.
+    #[error(
+        "a tensor saved for backward by {op} was modified in place after it was saved \
+         (saved at version {saved_version}, now at version {current_version}); \
+         clone it before modifying it, or modify it after backward"
+    )]
+    SavedTensorModified {
+        op: String,
+        saved_version: u64,
+        current_version: u64,
+    },
+    /// backward was asked of something that cannot be differentiated this way.
+    #[error("backward: {0}")]
+    Backward(String),
+    /// An in-place change of a tensor the autograd graph still depends on.
+    #[error("in-place {op} on a tensor that requires grad while grad mode is enabled; use no_grad() or detach()")]
+    InPlaceOnRequiresGrad { op: &'static str },
+    /// The allocator could not satisfy a request.
+    #[error("out of memory on {device}: asked for {requested} bytes while {live} bytes are live\n{summary}")]
+    OutOfMemory {
+        device: Device,
+        requested: usize,
+        live: usize,
+        summary: String,
+    },
+    /// A file could not be read or written.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// `std::result::Result` with leangrad's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

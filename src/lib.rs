@@ -1,0 +1,19 @@
+//! leangrad: a deep-learning framework whose autodiff keeps only the bytes
+//! that gradients actually need, with an exact memory ledger.
+//!
+//! The map of the code is in `docs/ARCHITECTURE.md`.
+
+pub mod autograd;
+pub mod cpu;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod memory;
+pub mod ops;
+pub mod rng;
+pub mod tensor;
+
+pub use device::Device;
+pub use dtype::{DType, FloatDType, WithDType};
+pub use error::{Error, Result};
+pub use tensor::Tensor;

@@ -1,0 +1,215 @@
+//! Elementwise binary ops with broadcasting: add, sub, mul, div.
+
+use super::sum_to_shape;
+use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::cpu::{binary_assign, binary_map, BinaryKernel};
+use super::check_in_place;
+use crate::{FloatDType, Result, Tensor};
+
+macro_rules! kernel {
+    ($name:ident, $s:literal, |$a:ident, $b:ident| $e:expr) => {
+        pub(crate) struct $name;
+        impl BinaryKernel for $name {
+            const NAME: &'static str = $s;
+            fn f<T: FloatDType>(&self, $a: T, $b: T) -> T {
+                $e
+            }
+        }
+    };
+}
+kernel!(AddK, "add", |a, b| a + b);
+kernel!(SubK, "sub", |a, b| a - b);
+kernel!(MulK, "mul", |a, b| a * b);
+kernel!(DivK, "div", |a, b| a / b);
+
+/// `dst += src` in place (src broadcasts to dst; dst contiguous). Used by
+/// gradient accumulation; bumps dst's version.
+pub(crate) fn add_assign(dst: &Tensor, src: &Tensor) -> Result<()> {
+    binary_assign(dst, src, &AddK)
+}
+
+/// Shapes of both inputs, to reduce broadcast gradients back.
+struct Shapes {
+    a: Vec<usize>,
+    b: Vec<usize>,
+}
+
+impl Shapes {
+    fn of(a: &Tensor, b: &Tensor) -> Shapes {
+        Shapes {
+            a: a.shape().to_vec(),
+            b: b.shape().to_vec(),
+        }
+    }
+}
+
+/// Backward of add: saves nothing.
+struct AddBackward {
+    shapes: Shapes,
+    needs: [bool; 2],
+}
+
+impl BackwardOp for AddBackward {
+    fn name(&self) -> &'static str {
+        "add"
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let ga = self.needs[0].then(|| sum_to_shape(&g, &self.shapes.a)).transpose()?;
+        let gb = self.needs[1].then(|| sum_to_shape(&g, &self.shapes.b)).transpose()?;
+        Ok(vec![ga, gb])
+    }
+}
+
+/// Backward of sub: saves nothing.
+struct SubBackward {
+    shapes: Shapes,
+    needs: [bool; 2],
+}
+
+impl BackwardOp for SubBackward {
+    fn name(&self) -> &'static str {
+        "sub"
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let ga = self.needs[0].then(|| sum_to_shape(&g, &self.shapes.a)).transpose()?;
+        let gb = self.needs[1]
+            .then(|| sum_to_shape(&g, &self.shapes.b)?.neg())
+            .transpose()?;
+        Ok(vec![ga, gb])
+    }
+}
+
+/// Backward of mul: saves `b` only if `a` needs grad and `a` only if `b` does.
+struct MulBackward {
+    shapes: Shapes,
+    a: Option<SavedTensor>,
+    b: Option<SavedTensor>,
+}
+
+impl BackwardOp for MulBackward {
+    fn name(&self) -> &'static str {
+        "mul"
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let ga = match &self.b {
+            Some(b) => Some(sum_to_shape(&binary_map(&g, b.get()?, &MulK)?, &self.shapes.a)?),
+            None => None,
+        };
+        let gb = match &self.a {
+            Some(a) => Some(sum_to_shape(&binary_map(&g, a.get()?, &MulK)?, &self.shapes.b)?),
+            None => None,
+        };
+        Ok(vec![ga, gb])
+    }
+}
+
+/// Backward of div: saves `b` if either input needs grad, and `a` only if `b` does.
+struct DivBackward {
+    shapes: Shapes,
+    needs: [bool; 2],
+    a: Option<SavedTensor>,
+    b: SavedTensor,
+}
+
+impl BackwardOp for DivBackward {
+    fn name(&self) -> &'static str {
+        "div"
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let b = self.b.get()?;
+        let g_over_b = binary_map(&g, b, &DivK)?;
+        drop(g);
+        let gb = match &self.a {
+            // d(a/b)/db = -a/b^2 = -(g/b)·a/b
+            Some(a) => {
+                let t = binary_map(&binary_map(&g_over_b, a.get()?, &MulK)?, b, &DivK)?;
+                Some(sum_to_shape(&t, &self.shapes.b)?.neg()?)
+            }
+            None => None,
+        };
+        let ga = self.needs[0].then(|| sum_to_shape(&g_over_b, &self.shapes.a)).transpose()?;
+        Ok(vec![ga, gb])
+    }
+}
+
+impl Tensor {
+    /// `self + rhs` with broadcasting. Saves nothing for backward.
+    pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
+        let out = binary_map(self, rhs, &AddK)?;
+        let needs = needs_grad([self, rhs]);
+        let op = AddBackward {
+            shapes: Shapes::of(self, rhs),
+            needs,
+        };
+        Ok(attach(out, &[self, rhs], op))
+    }
+
+    /// `self - rhs` with broadcasting. Saves nothing for backward.
+    pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
+        let out = binary_map(self, rhs, &SubK)?;
+        let needs = needs_grad([self, rhs]);
+        let op = SubBackward {
+            shapes: Shapes::of(self, rhs),
+            needs,
+        };
+        Ok(attach(out, &[self, rhs], op))
+    }
+
+    /// `self * rhs` with broadcasting. Saves `rhs` only when `self` needs
+    /// grad, and `self` only when `rhs` does.
+    pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let out = binary_map(self, rhs, &MulK)?;
+        let [na, nb] = needs_grad([self, rhs]);
+        if !(na || nb) {
+            return Ok(out);
+        }
+        let op = MulBackward {
+            shapes: Shapes::of(self, rhs),
+            a: nb.then(|| SavedTensor::new(self, "mul")),
+            b: na.then(|| SavedTensor::new(rhs, "mul")),
+        };
+        Ok(attach(out, &[self, rhs], op))
+    }
+
+    /// `self / rhs` with broadcasting. Saves `rhs` when either needs grad,
+    /// and `self` only when `rhs` does.
+    pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
+        let out = binary_map(self, rhs, &DivK)?;
+        let needs = needs_grad([self, rhs]);
+        if !(needs[0] || needs[1]) {
+            return Ok(out);
+        }
+        let op = DivBackward {
+            shapes: Shapes::of(self, rhs),
+            needs,
+            a: needs[1].then(|| SavedTensor::new(self, "div")),
+            b: SavedTensor::new(rhs, "div"),
+        };
+        Ok(attach(out, &[self, rhs], op))
+    }
+
+    /// `self += rhs` in place (rhs broadcasts). Not differentiable: refused
+    /// on a tensor that requires grad while grad mode is on. Bumps the version.
+    pub fn add_(&self, rhs: &Tensor) -> Result<()> {
+        check_in_place("add_", self)?;
+        binary_assign(self, rhs, &AddK)
+    }
+
+    /// `self -= rhs` in place (see [`Tensor::add_`]).
+    pub fn sub_(&self, rhs: &Tensor) -> Result<()> {
+        check_in_place("sub_", self)?;
+        binary_assign(self, rhs, &SubK)
+    }
+
+    /// `self *= rhs` in place (see [`Tensor::add_`]).
+    pub fn mul_(&self, rhs: &Tensor) -> Result<()> {
+        check_in_place("mul_", self)?;
+        binary_assign(self, rhs, &MulK)
+    }
+
+    /// `self /= rhs` in place (see [`Tensor::add_`]).
+    pub fn div_(&self, rhs: &Tensor) -> Result<()> {
+        check_in_place("div_", self)?;
+        binary_assign(self, rhs, &DivK)
+    }
+}

@@ -1,0 +1,248 @@
+//! Storage: the counted buffer behind one or more tensors, with its version.
+
+use crate::memory::{current_category, Allocation, Category, Ledger};
+use crate::{DType, Device, Error, Result, WithDType};
+use half::{bf16, f16};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Host data of one dtype.
+#[derive(Clone, Debug)]
+pub enum CpuData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    F64(Vec<f64>),
+    U8(Vec<u8>),
+    U32(Vec<u32>),
+    I64(Vec<i64>),
+}
+
+/// Runs `$body` with `$v` bound to the typed vector inside a [`CpuData`].
+#[macro_export]
+#[doc(hidden)]
+macro_rules! match_cpu_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::tensor::CpuData::F32($v) => $body,
+            $crate::tensor::CpuData::F16($v) => $body,
+            $crate::tensor::CpuData::BF16($v) => $body,
+            $crate::tensor::CpuData::F64($v) => $body,
+            $crate::tensor::CpuData::U8($v) => $body,
+            $crate::tensor::CpuData::U32($v) => $body,
+            $crate::tensor::CpuData::I64($v) => $body,
+        }
+    };
+}
+
+/// Like [`match_cpu_data`] for the float dtypes; other dtypes give
+/// `Error::UnsupportedDType` for `$op`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! match_float_data {
+    ($data:expr, $op:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::tensor::CpuData::F32($v) => $body,
+            $crate::tensor::CpuData::F16($v) => $body,
+            $crate::tensor::CpuData::BF16($v) => $body,
+            $crate::tensor::CpuData::F64($v) => $body,
+            other => {
+                return Err($crate::Error::UnsupportedDType {
+                    op: $op,
+                    dtype: other.dtype(),
+                })
+            }
+        }
+    };
+}
+
+impl CpuData {
+    /// The dtype of the elements.
+    pub fn dtype(&self) -> DType {
+        match_cpu_data!(self, v => element_dtype(v))
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match_cpu_data!(self, v => v.len())
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `n` zeros of `dtype`, failing cleanly when the host cannot allocate.
+    pub fn zeros(dtype: DType, n: usize) -> Result<CpuData> {
+        fn z<T: Clone>(n: usize, zero: T) -> Result<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                let ledger = Ledger::current();
+                let live = ledger.live(Device::Cpu);
+                ledger.out_of_memory(Device::Cpu, n * std::mem::size_of::<T>(), live)
+            })?;
+            v.resize(n, zero);
+            Ok(v)
+        }
+        Ok(match dtype {
+            DType::F32 => CpuData::F32(z(n, 0.0)?),
+            DType::F16 => CpuData::F16(z(n, f16::ZERO)?),
+            DType::BF16 => CpuData::BF16(z(n, bf16::ZERO)?),
+            DType::F64 => CpuData::F64(z(n, 0.0)?),
+            DType::U8 => CpuData::U8(z(n, 0)?),
+            DType::U32 => CpuData::U32(z(n, 0)?),
+            DType::I64 => CpuData::I64(z(n, 0)?),
+        })
+    }
+
+    /// The elements converted to `T` (in storage order).
+    pub fn to_vec_as<T: WithDType>(&self) -> Vec<T> {
+        match_cpu_data!(self, v => v.iter().map(|&x| T::from_f64(x.to_f64())).collect())
+    }
+
+    /// A typed slice, if the dtype is `T`'s.
+    pub fn as_slice<T: WithDType>(&self) -> Option<&[T]> {
+        T::cpu_slice(self)
+    }
+
+    /// A typed mutable slice, if the dtype is `T`'s.
+    pub fn as_mut_slice<T: WithDType>(&mut self) -> Option<&mut [T]> {
+        T::cpu_slice_mut(self)
+    }
+}
+
+fn element_dtype<T: WithDType>(_: &[T]) -> DType {
+    T::DTYPE
+}
+
+/// Moves typed vectors in and out of [`CpuData`].
+pub trait CpuElement: Sized {
+    /// Wraps a vector.
+    fn wrap(v: Vec<Self>) -> CpuData;
+    /// The slice inside, if the dtype matches.
+    fn cpu_slice(d: &CpuData) -> Option<&[Self]>;
+    /// The mutable slice inside, if the dtype matches.
+    fn cpu_slice_mut(d: &mut CpuData) -> Option<&mut [Self]>;
+}
+
+macro_rules! cpu_element {
+    ($t:ty, $v:ident) => {
+        impl CpuElement for $t {
+            fn wrap(v: Vec<Self>) -> CpuData {
+                CpuData::$v(v)
+            }
+            fn cpu_slice(d: &CpuData) -> Option<&[Self]> {
+                match d {
+                    CpuData::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn cpu_slice_mut(d: &mut CpuData) -> Option<&mut [Self]> {
+                match d {
+                    CpuData::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+cpu_element!(f32, F32);
+cpu_element!(f16, F16);
+cpu_element!(bf16, BF16);
+cpu_element!(f64, F64);
+cpu_element!(u8, U8);
+cpu_element!(u32, U32);
+cpu_element!(i64, I64);
+
+/// A counted buffer on one device. Tensors share it through `Arc`; its
+/// version counts in-place modifications so autograd can detect a saved
+/// tensor that changed.
+pub struct Storage {
+    data: RwLock<CpuData>,
+    device: Device,
+    dtype: DType,
+    len: usize,
+    version: AtomicU64,
+    allocation: Allocation,
+}
+
+impl Storage {
+    /// Counts `data` in the current ledger under the current category and wraps it.
+    pub fn new(data: CpuData) -> Result<Storage> {
+        Storage::with_category(data, current_category())
+    }
+
+    /// Like [`Storage::new`] with an explicit category.
+    pub fn with_category(data: CpuData, category: Category) -> Result<Storage> {
+        let dtype = data.dtype();
+        let len = data.len();
+        let allocation =
+            Ledger::current().register(Device::Cpu, len * dtype.size_in_bytes(), category)?;
+        Ok(Storage {
+            data: RwLock::new(data),
+            device: Device::Cpu,
+            dtype,
+            len,
+            version: AtomicU64::new(0),
+            allocation,
+        })
+    }
+
+    /// The device holding the data.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The element dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the storage holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes, as counted in the ledger.
+    pub fn size_in_bytes(&self) -> usize {
+        self.len * self.dtype.size_in_bytes()
+    }
+
+    /// The ledger registration.
+    pub fn allocation(&self) -> &Allocation {
+        &self.allocation
+    }
+
+    /// How many times the data has been modified in place.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
+    }
+
+    /// Read access to host data.
+    pub fn cpu(&self) -> Result<RwLockReadGuard<'_, CpuData>> {
+        self.check_cpu()?;
+        Ok(self.data.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Write access to host data; bumps the version (an in-place modification).
+    pub fn cpu_mut(&self) -> Result<RwLockWriteGuard<'_, CpuData>> {
+        self.check_cpu()?;
+        self.version.fetch_add(1, Ordering::SeqCst);
+        Ok(self.data.write().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn check_cpu(&self) -> Result<()> {
+        match self.device {
+            Device::Cpu => Ok(()),
+            d => Err(Error::DeviceUnavailable {
+                device: d,
+                reason: "host access to device memory".into(),
+            }),
+        }
+    }
+}

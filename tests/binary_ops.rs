@@ -1,0 +1,62 @@
+//! Elementwise binary ops: values, broadcasting, gradients.
+mod common;
+use common::*;
+use leangrad::{DType, Device, Error, Tensor};
+
+#[test]
+fn broadcast_values() {
+    let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], Device::Cpu).unwrap();
+    let b = Tensor::from_vec(vec![10.0f32, 20.0, 30.0], &[3], Device::Cpu).unwrap();
+    assert_eq!(a.add(&b).unwrap().to_vec::<f32>().unwrap(), vec![11., 22., 33., 14., 25., 36.]);
+    assert_eq!(a.sub(&b).unwrap().to_vec::<f32>().unwrap(), vec![-9., -18., -27., -6., -15., -24.]);
+    assert_eq!(a.mul(&b).unwrap().to_vec::<f32>().unwrap(), vec![10., 40., 90., 40., 100., 180.]);
+    let c = Tensor::from_vec(vec![2.0f32, 4.0], &[2, 1], Device::Cpu).unwrap();
+    assert_eq!(a.div(&c).unwrap().to_vec::<f32>().unwrap(), vec![0.5, 1.0, 1.5, 1.0, 1.25, 1.5]);
+}
+
+#[test]
+fn shape_and_dtype_errors() {
+    let a = Tensor::zeros(&[2, 3], DType::F32, Device::Cpu).unwrap();
+    let b = Tensor::zeros(&[4], DType::F32, Device::Cpu).unwrap();
+    assert!(matches!(a.add(&b), Err(Error::ShapeMismatch { .. })));
+    let c = Tensor::zeros(&[3], DType::F64, Device::Cpu).unwrap();
+    assert!(matches!(a.mul(&c), Err(Error::DTypeMismatch { .. })));
+    let i = Tensor::zeros(&[3], DType::I64, Device::Cpu).unwrap();
+    assert!(matches!(i.add(&i), Err(Error::UnsupportedDType { .. })));
+}
+
+#[test]
+fn gradcheck_binary_with_broadcasting() {
+    let a = rand64(&[3, 4], 1);
+    let b = rand64(&[4], 2);
+    let pos = rand64_in(&[3, 1], 0.5, 2.0, 3);
+    check(|x| x[0].add(&x[1]), &[a.clone(), b.clone()]);
+    check(|x| x[0].sub(&x[1]), &[a.clone(), b.clone()]);
+    check(|x| x[0].mul(&x[1]), &[a.clone(), b.clone()]);
+    check(|x| x[0].div(&x[1]), &[a.clone(), pos.clone()]);
+    check(|x| x[1].div(&x[0]), &[pos, b]);
+}
+
+#[test]
+fn gradcheck_views() {
+    let a = rand64(&[2, 3, 4], 4);
+    check(|x| x[0].transpose(0, 2)?.mul(&x[0].transpose(0, 2)?), &[a.clone()]);
+    check(|x| x[0].narrow(1, 1, 2)?.reshape(&[4, 4]), &[a.clone()]);
+    check(|x| x[0].permute(&[1, 2, 0])?.reshape(&[12, 2]), &[a.clone()]);
+    check(|x| x[0].unsqueeze(1)?.broadcast_to(&[2, 5, 3, 4]), &[a.clone()]);
+    check(|x| x[0].narrow(2, 0, 1)?.squeeze(2)?.flatten(0, 1), &[a.clone()]);
+    check(|x| x[0].t()?.contiguous(), &[a]);
+}
+
+#[test]
+fn in_place_ops_refuse_tensors_requiring_grad() {
+    let w = Tensor::ones(&[3], DType::F32, Device::Cpu).unwrap().into_parameter().unwrap();
+    let one = Tensor::ones(&[3], DType::F32, Device::Cpu).unwrap();
+    assert!(matches!(w.add_(&one), Err(Error::InPlaceOnRequiresGrad { .. })));
+    {
+        let _ng = leangrad::autograd::no_grad();
+        w.add_(&one).unwrap();
+    }
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![2.0; 3]);
+    assert_eq!(w.version(), 1);
+}
