@@ -1,0 +1,6 @@
+//! Layers. For now the one the demo and the foundation tests need; the
+//! layers issue grows this into the full set with selective saving.
+
+mod linear;
+
+pub use linear::Linear;
