@@ -2,11 +2,13 @@
 //! reductions, written once for every float dtype through small traits.
 
 mod elementwise;
+mod index;
 mod reduce;
 
 pub use elementwise::{binary_assign, binary_map, contiguous_copy, copy_into, unary_map, BinaryKernel, UnaryKernel};
 #[allow(unused_imports)]
 pub(crate) use elementwise::gather;
+pub(crate) use index::{add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take};
 pub use reduce::{reduce_to, ReduceKind};
 
 /// Element count above which kernels split work across rayon's threads.

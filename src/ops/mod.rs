@@ -3,6 +3,8 @@
 //! CPU kernels. What each op saves for backward is stated in its doc comment.
 
 mod binary;
+mod concat;
+mod index;
 mod unary;
 mod view;
 
