@@ -32,7 +32,9 @@ impl DType {
 }
 
 /// A Rust type that is the element of some [`DType`].
-pub trait WithDType: crate::tensor::CpuElement + Copy + Send + Sync + std::fmt::Debug + PartialOrd + 'static {
+pub trait WithDType:
+    crate::tensor::CpuElement + Copy + Send + Sync + std::fmt::Debug + PartialOrd + 'static
+{
     /// The matching dtype.
     const DTYPE: DType;
     /// Converts to f64 (exact for every supported type but large i64/u64).

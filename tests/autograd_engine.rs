@@ -45,9 +45,12 @@ fn saved_tensor_modified_in_place_is_an_error_at_backward() {
     let w = param(&[1.0, 2.0, 3.0]);
     let x = Tensor::from_vec(vec![4.0f32, 5.0, 6.0], &[3], CPU).unwrap();
     let y = w.mul(&x).unwrap(); // saves x for w's gradient
-    x.add_(&Tensor::ones(&[3], DType::F32, CPU).unwrap()).unwrap();
+    x.add_(&Tensor::ones(&[3], DType::F32, CPU).unwrap())
+        .unwrap();
     let seed = Tensor::ones(&[3], DType::F32, CPU).unwrap();
-    let err = leangrad::autograd::backward_with(&y, Some(seed), &mut leangrad::autograd::CollectGrads).unwrap_err();
+    let err =
+        leangrad::autograd::backward_with(&y, Some(seed), &mut leangrad::autograd::CollectGrads)
+            .unwrap_err();
     match err {
         Error::SavedTensorModified {
             op,
@@ -68,8 +71,12 @@ fn unmodified_saved_tensor_gives_the_gradient() {
     let x = Tensor::from_vec(vec![4.0f32, 5.0, 6.0], &[3], CPU).unwrap();
     let seed = Tensor::ones(&[3], DType::F32, CPU).unwrap();
     let y = w.mul(&x).unwrap();
-    leangrad::autograd::backward_with(&y, Some(seed), &mut leangrad::autograd::CollectGrads).unwrap();
-    assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), vec![4.0, 5.0, 6.0]);
+    leangrad::autograd::backward_with(&y, Some(seed), &mut leangrad::autograd::CollectGrads)
+        .unwrap();
+    assert_eq!(
+        w.grad().unwrap().to_vec::<f32>().unwrap(),
+        vec![4.0, 5.0, 6.0]
+    );
 }
 
 #[test]
@@ -80,8 +87,14 @@ fn callback_fires_once_per_parameter_after_its_last_use() {
         let v = param(&[1.5, 0.25, -0.75]);
         let u = param(&[3.0, 1.0, -2.0]);
         let a = probe(&w, "w0", log).mul(&probe(&v, "v0", log)).unwrap();
-        let b = a.add(&probe(&w, "w1", log)).unwrap().mul(&probe(&u, "u0", log)).unwrap();
-        let c = b.div(&probe(&v, "v1", log).mul(&b).unwrap().add(&b).unwrap()).unwrap();
+        let b = a
+            .add(&probe(&w, "w1", log))
+            .unwrap()
+            .mul(&probe(&u, "u0", log))
+            .unwrap();
+        let c = b
+            .div(&probe(&v, "v1", log).mul(&b).unwrap().add(&b).unwrap())
+            .unwrap();
         let d = c.mul(&probe(&w, "w2", log)).unwrap();
         let seed = Tensor::from_vec(vec![1.0f32, -2.0, 0.5], &[3], CPU).unwrap();
         let loss = d.mul(&seed).unwrap();
@@ -93,7 +106,10 @@ fn callback_fires_once_per_parameter_after_its_last_use() {
     let mut fused: Vec<(String, Vec<f32>)> = Vec::new();
     let ones = Tensor::ones(&[3], DType::F32, CPU).unwrap();
     let mut sink = leangrad::autograd::CallbackSink(|p: &Tensor, g: Tensor| {
-        let i = params.iter().position(|q| q.leaf_id() == p.leaf_id()).unwrap();
+        let i = params
+            .iter()
+            .position(|q| q.leaf_id() == p.leaf_id())
+            .unwrap();
         log.lock().unwrap().push(format!("{}-ready", names[i]));
         fused.push((names[i].to_string(), g.to_vec::<f32>()?));
         Ok(())
@@ -101,20 +117,33 @@ fn callback_fires_once_per_parameter_after_its_last_use() {
     leangrad::autograd::backward_with(&loss, Some(ones.clone()), &mut sink).unwrap();
     let log = log.lock().unwrap().clone();
     for name in names {
-        let ready: Vec<usize> = (0..log.len()).filter(|&i| log[i] == format!("{name}-ready")).collect();
+        let ready: Vec<usize> = (0..log.len())
+            .filter(|&i| log[i] == format!("{name}-ready"))
+            .collect();
         assert_eq!(ready.len(), 1, "{name} must be ready exactly once: {log:?}");
-        let last_use = (0..log.len()).filter(|&i| log[i].starts_with(name) && !log[i].ends_with("ready")).max().unwrap();
-        assert!(ready[0] > last_use, "{name} ready before its last use: {log:?}");
+        let last_use = (0..log.len())
+            .filter(|&i| log[i].starts_with(name) && !log[i].ends_with("ready"))
+            .max()
+            .unwrap();
+        assert!(
+            ready[0] > last_use,
+            "{name} ready before its last use: {log:?}"
+        );
     }
     assert_eq!(fused.len(), 3);
 
     // The collected path gives the same values.
     let log2 = Arc::new(Mutex::new(Vec::new()));
     let (loss2, params2) = run(&log2);
-    leangrad::autograd::backward_with(&loss2, Some(ones), &mut leangrad::autograd::CollectGrads).unwrap();
+    leangrad::autograd::backward_with(&loss2, Some(ones), &mut leangrad::autograd::CollectGrads)
+        .unwrap();
     for (name, values) in fused {
         let i = names.iter().position(|n| *n == name).unwrap();
-        assert_eq!(params2[i].grad().unwrap().to_vec::<f32>().unwrap(), values, "{name}");
+        assert_eq!(
+            params2[i].grad().unwrap().to_vec::<f32>().unwrap(),
+            values,
+            "{name}"
+        );
     }
 }
 
@@ -160,7 +189,12 @@ fn backward_needs_a_scalar_or_a_seed_and_a_graph() {
     let plain = Tensor::ones(&[1], DType::F32, CPU).unwrap();
     assert!(matches!(plain.backward(), Err(Error::Backward(_))));
     let wrong = Tensor::ones(&[3], DType::F32, CPU).unwrap();
-    assert!(leangrad::autograd::backward_with(&y, Some(wrong), &mut leangrad::autograd::CollectGrads).is_err());
+    assert!(leangrad::autograd::backward_with(
+        &y,
+        Some(wrong),
+        &mut leangrad::autograd::CollectGrads
+    )
+    .is_err());
 }
 
 #[test]
@@ -183,7 +217,8 @@ fn collected_gradients_accumulate_across_backwards() {
     for _ in 0..3 {
         let seed = Tensor::ones(&[2], DType::F32, CPU).unwrap();
         let y = w.mul(&w).unwrap();
-        leangrad::autograd::backward_with(&y, Some(seed), &mut leangrad::autograd::CollectGrads).unwrap();
+        leangrad::autograd::backward_with(&y, Some(seed), &mut leangrad::autograd::CollectGrads)
+            .unwrap();
     }
     assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), vec![6.0, -12.0]);
     w.zero_grad();
@@ -201,12 +236,19 @@ fn saved_bytes_are_labelled_by_scope() {
         let _t = leangrad::memory::scope("fc");
         x.mul(&w).unwrap()
     };
-    assert_eq!(ledger.saved_by_layer(CPU), vec![("block1.fc/mul".to_string(), 32)]);
+    assert_eq!(
+        ledger.saved_by_layer(CPU),
+        vec![("block1.fc/mul".to_string(), 32)]
+    );
     assert_eq!(ledger.live_in(CPU, Category::Saved), 32);
     assert_eq!(ledger.live_in(CPU, Category::Parameter), 32);
     drop(y);
     assert_eq!(ledger.live_in(CPU, Category::Saved), 0);
-    assert_eq!(ledger.live_in(CPU, Category::Other), 32, "x is back to its own category");
+    assert_eq!(
+        ledger.live_in(CPU, Category::Other),
+        32,
+        "x is back to its own category"
+    );
     let report = ledger.report();
     assert_eq!(report.devices[0].peak.saved, 32);
     assert!(report.to_table().contains("block1.fc/mul"));
@@ -220,7 +262,12 @@ fn out_of_memory_is_a_typed_error_with_the_ledger() {
     ledger.set_limit(CPU, Some(1000));
     let a = Tensor::zeros(&[200], DType::F32, CPU).unwrap();
     match Tensor::zeros(&[100], DType::F32, CPU) {
-        Err(Error::OutOfMemory { requested, live, summary, .. }) => {
+        Err(Error::OutOfMemory {
+            requested,
+            live,
+            summary,
+            ..
+        }) => {
             assert_eq!((requested, live), (400, 800));
             assert!(summary.contains("other"));
         }

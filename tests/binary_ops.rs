@@ -7,11 +7,23 @@ use leangrad::{DType, Device, Error, Tensor};
 fn broadcast_values() {
     let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], Device::Cpu).unwrap();
     let b = Tensor::from_vec(vec![10.0f32, 20.0, 30.0], &[3], Device::Cpu).unwrap();
-    assert_eq!(a.add(&b).unwrap().to_vec::<f32>().unwrap(), vec![11., 22., 33., 14., 25., 36.]);
-    assert_eq!(a.sub(&b).unwrap().to_vec::<f32>().unwrap(), vec![-9., -18., -27., -6., -15., -24.]);
-    assert_eq!(a.mul(&b).unwrap().to_vec::<f32>().unwrap(), vec![10., 40., 90., 40., 100., 180.]);
+    assert_eq!(
+        a.add(&b).unwrap().to_vec::<f32>().unwrap(),
+        vec![11., 22., 33., 14., 25., 36.]
+    );
+    assert_eq!(
+        a.sub(&b).unwrap().to_vec::<f32>().unwrap(),
+        vec![-9., -18., -27., -6., -15., -24.]
+    );
+    assert_eq!(
+        a.mul(&b).unwrap().to_vec::<f32>().unwrap(),
+        vec![10., 40., 90., 40., 100., 180.]
+    );
     let c = Tensor::from_vec(vec![2.0f32, 4.0], &[2, 1], Device::Cpu).unwrap();
-    assert_eq!(a.div(&c).unwrap().to_vec::<f32>().unwrap(), vec![0.5, 1.0, 1.5, 1.0, 1.25, 1.5]);
+    assert_eq!(
+        a.div(&c).unwrap().to_vec::<f32>().unwrap(),
+        vec![0.5, 1.0, 1.5, 1.0, 1.25, 1.5]
+    );
 }
 
 #[test]
@@ -40,19 +52,37 @@ fn gradcheck_binary_with_broadcasting() {
 #[test]
 fn gradcheck_views() {
     let a = rand64(&[2, 3, 4], 4);
-    check(|x| x[0].transpose(0, 2)?.mul(&x[0].transpose(0, 2)?), &[a.clone()]);
+    check(
+        |x| x[0].transpose(0, 2)?.mul(&x[0].transpose(0, 2)?),
+        &[a.clone()],
+    );
     check(|x| x[0].narrow(1, 1, 2)?.reshape(&[4, 4]), &[a.clone()]);
-    check(|x| x[0].permute(&[1, 2, 0])?.reshape(&[12, 2]), &[a.clone()]);
-    check(|x| x[0].unsqueeze(1)?.broadcast_to(&[2, 5, 3, 4]), &[a.clone()]);
-    check(|x| x[0].narrow(2, 0, 1)?.squeeze(2)?.flatten(0, 1), &[a.clone()]);
+    check(
+        |x| x[0].permute(&[1, 2, 0])?.reshape(&[12, 2]),
+        &[a.clone()],
+    );
+    check(
+        |x| x[0].unsqueeze(1)?.broadcast_to(&[2, 5, 3, 4]),
+        &[a.clone()],
+    );
+    check(
+        |x| x[0].narrow(2, 0, 1)?.squeeze(2)?.flatten(0, 1),
+        &[a.clone()],
+    );
     check(|x| x[0].t()?.contiguous(), &[a]);
 }
 
 #[test]
 fn in_place_ops_refuse_tensors_requiring_grad() {
-    let w = Tensor::ones(&[3], DType::F32, Device::Cpu).unwrap().into_parameter().unwrap();
+    let w = Tensor::ones(&[3], DType::F32, Device::Cpu)
+        .unwrap()
+        .into_parameter()
+        .unwrap();
     let one = Tensor::ones(&[3], DType::F32, Device::Cpu).unwrap();
-    assert!(matches!(w.add_(&one), Err(Error::InPlaceOnRequiresGrad { .. })));
+    assert!(matches!(
+        w.add_(&one),
+        Err(Error::InPlaceOnRequiresGrad { .. })
+    ));
     {
         let _ng = leangrad::autograd::no_grad();
         w.add_(&one).unwrap();

@@ -22,18 +22,36 @@ impl BackwardOp for SavedProbe {
         "saved_probe"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        self.log.lock().unwrap().push(self.ledger.live_in(CPU, Category::Saved));
+        self.log
+            .lock()
+            .unwrap()
+            .push(self.ledger.live_in(CPU, Category::Saved));
         Ok(vec![Some(g)])
     }
 }
 
 fn mlp() -> Vec<Linear> {
     (0..LAYERS)
-        .map(|i| Linear::new(&format!("fc{i}"), WIDTH, WIDTH, true, DType::F32, CPU, 100 + i as u64).unwrap())
+        .map(|i| {
+            Linear::new(
+                &format!("fc{i}"),
+                WIDTH,
+                WIDTH,
+                true,
+                DType::F32,
+                CPU,
+                100 + i as u64,
+            )
+            .unwrap()
+        })
         .collect()
 }
 
-fn forward(layers: &[Linear], x: &Tensor, probe: Option<(&Ledger, &Arc<Mutex<Vec<usize>>>)>) -> Tensor {
+fn forward(
+    layers: &[Linear],
+    x: &Tensor,
+    probe: Option<(&Ledger, &Arc<Mutex<Vec<usize>>>)>,
+) -> Tensor {
     let mut h = x.clone();
     for (i, layer) in layers.iter().enumerate() {
         h = layer.forward(&h).unwrap();
@@ -53,7 +71,11 @@ fn forward(layers: &[Linear], x: &Tensor, probe: Option<(&Ledger, &Arc<Mutex<Vec
 }
 
 fn param_bytes(layers: &[Linear]) -> usize {
-    layers.iter().flat_map(|l| l.parameters()).map(|p| p.storage_bytes()).sum()
+    layers
+        .iter()
+        .flat_map(|l| l.parameters())
+        .map(|p| p.storage_bytes())
+        .sum()
 }
 
 /// What the lean policy keeps: each layer's input (for its weight's
@@ -79,7 +101,12 @@ fn saved_bytes_are_exact_and_only_fall_during_backward_and_nothing_leaks() {
     let loss = forward(&layers, &x, Some((&ledger, &log)));
     drop(x); // still alive as saved by fc0
     assert_eq!(ledger.live_in(CPU, Category::Saved), expected_saved());
-    assert_eq!(ledger.saved_by_layer(CPU).len(), 2 * LAYERS - 1, "{:?}", ledger.saved_by_layer(CPU));
+    assert_eq!(
+        ledger.saved_by_layer(CPU).len(),
+        2 * LAYERS - 1,
+        "{:?}",
+        ledger.saved_by_layer(CPU)
+    );
 
     let ready_log = Arc::new(Mutex::new(Vec::new()));
     let mut collected = 0;
@@ -87,7 +114,10 @@ fn saved_bytes_are_exact_and_only_fall_during_backward_and_nothing_leaks() {
         let ledger = ledger.clone();
         let ready_log = ready_log.clone();
         loss.backward_with_callback(|_param, g| {
-            ready_log.lock().unwrap().push(ledger.live_in(CPU, Category::Saved));
+            ready_log
+                .lock()
+                .unwrap()
+                .push(ledger.live_in(CPU, Category::Saved));
             collected += g.storage_bytes();
             // Keep the gradients, to check the bytes left at the end.
             KEEP.with(|k| k.borrow_mut().push(g));
@@ -97,8 +127,14 @@ fn saved_bytes_are_exact_and_only_fall_during_backward_and_nothing_leaks() {
     }
     let seen = log.lock().unwrap().clone();
     assert_eq!(seen.len(), LAYERS);
-    assert!(seen.windows(2).all(|w| w[1] <= w[0]), "saved bytes rose during backward: {seen:?}");
-    assert!(seen.windows(2).all(|w| w[1] < w[0]), "each layer's backward must free what it saved: {seen:?}");
+    assert!(
+        seen.windows(2).all(|w| w[1] <= w[0]),
+        "saved bytes rose during backward: {seen:?}"
+    );
+    assert!(
+        seen.windows(2).all(|w| w[1] < w[0]),
+        "each layer's backward must free what it saved: {seen:?}"
+    );
     let ready = ready_log.lock().unwrap().clone();
     assert_eq!(ready.len(), 2 * LAYERS);
     assert!(ready.windows(2).all(|w| w[1] <= w[0]), "{ready:?}");
@@ -106,7 +142,11 @@ fn saved_bytes_are_exact_and_only_fall_during_backward_and_nothing_leaks() {
 
     drop(loss);
     assert_eq!(collected, params);
-    assert_eq!(ledger.live(CPU), params + collected, "parameters plus gradients, nothing else");
+    assert_eq!(
+        ledger.live(CPU),
+        params + collected,
+        "parameters plus gradients, nothing else"
+    );
     assert_eq!(ledger.live_in(CPU, Category::Gradient), params);
     KEEP.with(|k| k.borrow_mut().clear());
     assert_eq!(ledger.live(CPU), params);
@@ -127,7 +167,11 @@ fn collected_grads_path_leaves_parameters_plus_grads() {
     drop(x);
     loss.backward().unwrap();
     drop(loss);
-    let grads: usize = layers.iter().flat_map(|l| l.parameters()).map(|p| p.grad().unwrap().storage_bytes()).sum();
+    let grads: usize = layers
+        .iter()
+        .flat_map(|l| l.parameters())
+        .map(|p| p.grad().unwrap().storage_bytes())
+        .sum();
     assert_eq!(grads, params);
     assert_eq!(ledger.live(CPU), params + grads);
     assert_eq!(ledger.live_in(CPU, Category::Saved), 0);

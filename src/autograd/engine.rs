@@ -22,7 +22,12 @@ use std::sync::Arc;
 pub trait GradientSink {
     /// `param` is the leaf (when it is still alive); `grad` its final gradient
     /// for this backward, which the sink may keep or drop.
-    fn gradient_ready(&mut self, leaf: &Arc<Leaf>, param: Option<&Tensor>, grad: Tensor) -> Result<()>;
+    fn gradient_ready(
+        &mut self,
+        leaf: &Arc<Leaf>,
+        param: Option<&Tensor>,
+        grad: Tensor,
+    ) -> Result<()>;
 }
 
 /// Collects gradients into each leaf's `.grad`, adding to one already there
@@ -30,7 +35,12 @@ pub trait GradientSink {
 pub struct CollectGrads;
 
 impl GradientSink for CollectGrads {
-    fn gradient_ready(&mut self, leaf: &Arc<Leaf>, _param: Option<&Tensor>, grad: Tensor) -> Result<()> {
+    fn gradient_ready(
+        &mut self,
+        leaf: &Arc<Leaf>,
+        _param: Option<&Tensor>,
+        grad: Tensor,
+    ) -> Result<()> {
         let merged = match leaf.take_grad() {
             None => grad,
             Some(existing) => accumulate(existing, grad)?,
@@ -45,7 +55,12 @@ impl GradientSink for CollectGrads {
 pub struct CallbackSink<F>(pub F);
 
 impl<F: FnMut(&Tensor, Tensor) -> Result<()>> GradientSink for CallbackSink<F> {
-    fn gradient_ready(&mut self, _leaf: &Arc<Leaf>, param: Option<&Tensor>, grad: Tensor) -> Result<()> {
+    fn gradient_ready(
+        &mut self,
+        _leaf: &Arc<Leaf>,
+        param: Option<&Tensor>,
+        grad: Tensor,
+    ) -> Result<()> {
         match param {
             Some(p) => (self.0)(p, grad),
             None => Ok(()),
@@ -62,7 +77,10 @@ impl Tensor {
 
     /// Backpropagates and calls `on_ready(param, grad)` once per parameter,
     /// the moment its gradient is final.
-    pub fn backward_with_callback(&self, on_ready: impl FnMut(&Tensor, Tensor) -> Result<()>) -> Result<()> {
+    pub fn backward_with_callback(
+        &self,
+        on_ready: impl FnMut(&Tensor, Tensor) -> Result<()>,
+    ) -> Result<()> {
         backward_with(self, None, &mut CallbackSink(on_ready))
     }
 }
@@ -84,7 +102,10 @@ pub fn accumulate(existing: Tensor, incoming: Tensor) -> Result<Tensor> {
 }
 
 fn is_exclusive(t: &Tensor) -> bool {
-    Arc::strong_count(&t.0) == 1 && Arc::strong_count(t.storage()) == 1 && t.is_contiguous() && t.numel() == t.storage().len()
+    Arc::strong_count(&t.0) == 1
+        && Arc::strong_count(t.storage()) == 1
+        && t.is_contiguous()
+        && t.numel() == t.storage().len()
 }
 
 /// The heap key: larger `seq` first.
@@ -109,7 +130,11 @@ impl Ord for Ready {
 
 /// Runs backward from `root` with `grad_output` as its gradient (ones for a
 /// one-element root when `None`), sending each leaf's final gradient to `sink`.
-pub fn backward_with(root: &Tensor, grad_output: Option<Tensor>, sink: &mut dyn GradientSink) -> Result<()> {
+pub fn backward_with(
+    root: &Tensor,
+    grad_output: Option<Tensor>,
+    sink: &mut dyn GradientSink,
+) -> Result<()> {
     let _grad_category = with_category(Category::Gradient);
     let _no_grad = no_grad();
     let seed = match grad_output {
@@ -174,7 +199,10 @@ pub fn backward_with(root: &Tensor, grad_output: Option<Tensor>, sink: &mut dyn 
     while let Some(Ready(node)) = ready.pop() {
         let grad = node_grads.remove(&node.seq());
         let op = node.take_backward().ok_or_else(|| {
-            Error::Backward(format!("{} was already run by another backward", node.name()))
+            Error::Backward(format!(
+                "{} was already run by another backward",
+                node.name()
+            ))
         })?;
         // A node no gradient reached contributes nothing; its state is freed.
         let input_grads = match grad {

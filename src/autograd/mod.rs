@@ -10,8 +10,8 @@
 //! - [`gradcheck`]: finite differences in f64 for tests.
 
 pub mod engine;
-pub mod gradcheck;
 mod grad_mode;
+pub mod gradcheck;
 mod leaf;
 mod node;
 mod saved;

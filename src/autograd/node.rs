@@ -66,12 +66,18 @@ impl Node {
 
     /// Takes the backward state out (it runs once; afterwards it is gone).
     pub(crate) fn take_backward(&self) -> Option<Box<dyn BackwardOp>> {
-        self.backward.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.backward
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Whether backward has already consumed this node.
     pub fn is_consumed(&self) -> bool {
-        self.backward.lock().unwrap_or_else(|e| e.into_inner()).is_none()
+        self.backward
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
     }
 
     fn take_node_edges(&mut self) -> Vec<Arc<Node>> {

@@ -5,7 +5,11 @@ use clap::{Parser, Subcommand};
 use leangrad::demo::{self, DemoOptions};
 
 #[derive(Parser)]
-#[command(name = "leangrad", version, about = "A deep-learning framework whose autodiff keeps only the bytes gradients need")]
+#[command(
+    name = "leangrad",
+    version,
+    about = "A deep-learning framework whose autodiff keeps only the bytes gradients need"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

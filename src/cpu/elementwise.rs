@@ -80,7 +80,13 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
     let lb = b.layout().broadcast_to(&shape)?;
     let da = a.storage().cpu()?;
     let db = b.storage().cpu()?;
-    fn go<T: FloatDType, K: BinaryKernel>(sa: &[T], la: &Layout, db: &CpuData, lb: &Layout, k: &K) -> Result<CpuData> {
+    fn go<T: FloatDType, K: BinaryKernel>(
+        sa: &[T],
+        la: &Layout,
+        db: &CpuData,
+        lb: &Layout,
+        k: &K,
+    ) -> Result<CpuData> {
         let sb = typed::<T>(db, K::NAME)?;
         let (a, b) = (Source::new(sa, la), Source::new(sb, lb));
         Ok(T::wrap(fill(la.numel(), |i| k.f(a.get(i), b.get(i)))))
@@ -94,10 +100,13 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
 /// must be contiguous. Bumps `dst`'s version.
 pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Result<()> {
     check_pair(K::NAME, dst, src)?;
-    let range = dst.layout().contiguous_range().ok_or(Error::InvalidArgument {
-        op: K::NAME,
-        msg: "in-place destination must be contiguous".into(),
-    })?;
+    let range = dst
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op: K::NAME,
+            msg: "in-place destination must be contiguous".into(),
+        })?;
     let lsrc = src.layout().broadcast_to(dst.shape())?;
     if dst.shares_storage_with(src) {
         // Read a private copy first: source and destination overlap.
@@ -106,12 +115,21 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
     }
     let ds = src.storage().cpu()?;
     let mut dd = dst.storage().cpu_mut()?;
-    fn go<T: FloatDType, K: BinaryKernel>(d: &mut [T], ds: &CpuData, l: &Layout, k: &K) -> Result<()> {
+    fn go<T: FloatDType, K: BinaryKernel>(
+        d: &mut [T],
+        ds: &CpuData,
+        l: &Layout,
+        k: &K,
+    ) -> Result<()> {
         let s = Source::new(typed::<T>(ds, K::NAME)?, l);
         if d.len() >= PARALLEL_THRESHOLD {
-            d.par_iter_mut().enumerate().for_each(|(i, x)| *x = k.f(*x, s.get(i)));
+            d.par_iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = k.f(*x, s.get(i)));
         } else {
-            d.iter_mut().enumerate().for_each(|(i, x)| *x = k.f(*x, s.get(i)));
+            d.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = k.f(*x, s.get(i)));
         }
         Ok(())
     }

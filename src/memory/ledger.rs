@@ -59,8 +59,7 @@ struct Entry {
 impl Entry {
     /// Saving a parameter or optimizer state keeps nothing extra alive.
     fn counts_as_saved(&self) -> bool {
-        self.saved_refs > 0
-            && !matches!(self.base, Category::Parameter | Category::OptimizerState)
+        self.saved_refs > 0 && !matches!(self.base, Category::Parameter | Category::OptimizerState)
     }
 
     fn effective(&self) -> Category {

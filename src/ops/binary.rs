@@ -1,9 +1,9 @@
 //! Elementwise binary ops with broadcasting: add, sub, mul, div.
 
+use super::check_in_place;
 use super::sum_to_shape;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::cpu::{binary_assign, binary_map, BinaryKernel};
-use super::check_in_place;
 use crate::{FloatDType, Result, Tensor};
 
 macro_rules! kernel {
@@ -54,8 +54,12 @@ impl BackwardOp for AddBackward {
         "add"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let ga = self.needs[0].then(|| sum_to_shape(&g, &self.shapes.a)).transpose()?;
-        let gb = self.needs[1].then(|| sum_to_shape(&g, &self.shapes.b)).transpose()?;
+        let ga = self.needs[0]
+            .then(|| sum_to_shape(&g, &self.shapes.a))
+            .transpose()?;
+        let gb = self.needs[1]
+            .then(|| sum_to_shape(&g, &self.shapes.b))
+            .transpose()?;
         Ok(vec![ga, gb])
     }
 }
@@ -71,7 +75,9 @@ impl BackwardOp for SubBackward {
         "sub"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let ga = self.needs[0].then(|| sum_to_shape(&g, &self.shapes.a)).transpose()?;
+        let ga = self.needs[0]
+            .then(|| sum_to_shape(&g, &self.shapes.a))
+            .transpose()?;
         let gb = self.needs[1]
             .then(|| sum_to_shape(&g, &self.shapes.b)?.neg())
             .transpose()?;
@@ -92,11 +98,17 @@ impl BackwardOp for MulBackward {
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let ga = match &self.b {
-            Some(b) => Some(sum_to_shape(&binary_map(&g, b.get()?, &MulK)?, &self.shapes.a)?),
+            Some(b) => Some(sum_to_shape(
+                &binary_map(&g, b.get()?, &MulK)?,
+                &self.shapes.a,
+            )?),
             None => None,
         };
         let gb = match &self.a {
-            Some(a) => Some(sum_to_shape(&binary_map(&g, a.get()?, &MulK)?, &self.shapes.b)?),
+            Some(a) => Some(sum_to_shape(
+                &binary_map(&g, a.get()?, &MulK)?,
+                &self.shapes.b,
+            )?),
             None => None,
         };
         Ok(vec![ga, gb])
@@ -127,7 +139,9 @@ impl BackwardOp for DivBackward {
             }
             None => None,
         };
-        let ga = self.needs[0].then(|| sum_to_shape(&g_over_b, &self.shapes.a)).transpose()?;
+        let ga = self.needs[0]
+            .then(|| sum_to_shape(&g_over_b, &self.shapes.a))
+            .transpose()?;
         Ok(vec![ga, gb])
     }
 }

@@ -71,7 +71,11 @@ impl BackwardOp for NarrowBackward {
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let full = Tensor::zeros(&self.input_shape, g.dtype(), g.device())?;
-        let window = full.view_with_layout(full.layout().narrow(self.dim, self.start, g.shape()[self.dim])?);
+        let window = full.view_with_layout(full.layout().narrow(
+            self.dim,
+            self.start,
+            g.shape()[self.dim],
+        )?);
         crate::cpu::copy_into(&window, &g)?;
         drop(window);
         Ok(vec![Some(full)])
@@ -175,7 +179,11 @@ impl Tensor {
         let (mut strides, l) = (Vec::with_capacity(shape.len()), self.layout());
         let mut src = l.shape().iter().zip(l.strides()).filter(|(&d, _)| d != 1);
         for &d in &shape {
-            strides.push(if d == 1 { 0 } else { *src.next().map(|(_, s)| s).unwrap_or(&0) });
+            strides.push(if d == 1 {
+                0
+            } else {
+                *src.next().map(|(_, s)| s).unwrap_or(&0)
+            });
         }
         let out = self.view_with_layout(Layout::from_parts(shape, strides, l.offset()));
         let op = ReshapeBackward {
@@ -188,7 +196,9 @@ impl Tensor {
     /// saves only the permutation.
     pub fn permute(&self, dims: &[usize]) -> Result<Tensor> {
         let out = self.view_with_layout(self.layout().permute(dims)?);
-        let op = PermuteBackward { dims: dims.to_vec() };
+        let op = PermuteBackward {
+            dims: dims.to_vec(),
+        };
         Ok(attach(out, &[self], op))
     }
 

@@ -69,7 +69,11 @@ pub fn normal(seed: u64, offset: u64, n: usize) -> Vec<f64> {
         .map(|i| {
             let j = offset + i;
             let w = block(seed, j / 2);
-            let (a, b) = if j % 2 == 0 { (w[0], w[1]) } else { (w[2], w[3]) };
+            let (a, b) = if j.is_multiple_of(2) {
+                (w[0], w[1])
+            } else {
+                (w[2], w[3])
+            };
             // (x + 1) / 2^24 lies in (0, 1], so the log is finite.
             let u1 = ((a >> 8) as f64 + 1.0) / 16_777_216.0;
             let u2 = (b >> 8) as f64 / 16_777_216.0;

@@ -49,7 +49,12 @@ impl Tensor {
     }
 
     /// A tensor from f64 values converted to `dtype`.
-    pub fn from_f64_slice(values: &[f64], shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+    pub fn from_f64_slice(
+        values: &[f64],
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
         check_device("from_f64_slice", device)?;
         check_len("from_f64_slice", values.len(), shape)?;
         Tensor::from_cpu_data(cpu_data_from_f64(values, dtype), shape)
@@ -106,7 +111,14 @@ impl Tensor {
     }
 
     /// Uniform numbers in [low, high) (see [`Tensor::rand`]).
-    pub fn rand_range(shape: &[usize], low: f64, high: f64, dtype: DType, device: Device, seed: u64) -> Result<Tensor> {
+    pub fn rand_range(
+        shape: &[usize],
+        low: f64,
+        high: f64,
+        dtype: DType,
+        device: Device,
+        seed: u64,
+    ) -> Result<Tensor> {
         let n = shape.iter().product();
         let v: Vec<f64> = rng::uniform(seed, 0, n)
             .into_iter()

@@ -27,8 +27,16 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];
     for i in 0..rank {
-        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
-        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        let da = if i + a.len() >= rank {
+            a[i + a.len() - rank]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= rank {
+            b[i + b.len() - rank]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -51,7 +59,11 @@ pub fn resolve_dim(op: &'static str, dim: isize, rank: usize) -> Result<usize> {
     if dim < -r || dim >= r {
         return Err(Error::DimOutOfRange { op, dim, rank });
     }
-    Ok(if dim < 0 { (dim + r) as usize } else { dim as usize })
+    Ok(if dim < 0 {
+        (dim + r) as usize
+    } else {
+        dim as usize
+    })
 }
 
 impl Layout {
@@ -147,7 +159,11 @@ impl Layout {
     pub fn permute(&self, dims: &[usize]) -> Result<Layout> {
         let rank = self.shape.len();
         let mut seen = vec![false; rank];
-        if dims.len() != rank || dims.iter().any(|&d| d >= rank || std::mem::replace(&mut seen[d], true)) {
+        if dims.len() != rank
+            || dims
+                .iter()
+                .any(|&d| d >= rank || std::mem::replace(&mut seen[d], true))
+        {
             return Err(Error::InvalidArgument {
                 op: "permute",
                 msg: format!("{dims:?} is not a permutation of 0..{rank}"),

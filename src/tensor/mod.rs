@@ -34,7 +34,11 @@ impl std::fmt::Debug for Tensor {
             self.shape(),
             self.dtype(),
             self.device(),
-            if self.requires_grad() { ", requires_grad" } else { "" }
+            if self.requires_grad() {
+                ", requires_grad"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -178,7 +182,11 @@ impl Tensor {
         if self.numel() != 1 {
             return Err(Error::InvalidArgument {
                 op: "to_scalar",
-                msg: format!("tensor of shape {:?} has {} elements", self.shape(), self.numel()),
+                msg: format!(
+                    "tensor of shape {:?} has {} elements",
+                    self.shape(),
+                    self.numel()
+                ),
             });
         }
         Ok(self.to_f64_vec()?[0])

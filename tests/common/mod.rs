@@ -16,7 +16,8 @@ pub fn rand64_in(shape: &[usize], lo: f64, hi: f64, seed: u64) -> Tensor {
 
 /// Runs gradcheck with default tolerances and panics with its message on failure.
 pub fn check(f: impl Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor]) {
-    let report = gradcheck(f, inputs, GradcheckOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let report =
+        gradcheck(f, inputs, GradcheckOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     assert!(report.checked > 0, "gradcheck compared nothing");
 }
 
@@ -24,6 +25,9 @@ pub fn check(f: impl Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor]) {
 pub fn assert_close(a: &[f64], b: &[f64], tol: f64) {
     assert_eq!(a.len(), b.len(), "lengths differ");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: {x} vs {y}");
+        assert!(
+            (x - y).abs() <= tol * (1.0 + y.abs()),
+            "element {i}: {x} vs {y}"
+        );
     }
 }
