@@ -3,6 +3,9 @@
 //! CPU kernels. What each op saves for backward is stated in its doc comment.
 
 mod binary;
+mod cast;
+mod compare;
+mod scalar;
 mod unary;
 mod view;
 
