@@ -5,6 +5,9 @@
 mod binary;
 mod concat;
 mod index;
+mod cast;
+mod compare;
+mod scalar;
 mod unary;
 mod view;
 

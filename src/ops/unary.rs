@@ -1,8 +1,22 @@
-//! Elementwise unary float ops.
+//! Elementwise unary float ops and activations. Each saves at most one
+//! tensor (its input, its output, or for relu-like ops a 1-bit packed mask).
 
-use crate::autograd::{attach, BackwardOp};
-use crate::cpu::{unary_map, UnaryKernel};
-use crate::{FloatDType, Result, Tensor};
+use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::cpu::{binary_map, mask_scale, positive_mask, unary_map, BinaryKernel, UnaryKernel};
+use crate::{FloatDType, Result, Tensor, WithDType};
+use std::f64::consts::{FRAC_2_SQRT_PI, PI, SQRT_2};
+
+/// `v` as a `T`.
+#[inline(always)]
+fn c<T: FloatDType>(v: f64) -> T {
+    <T as WithDType>::from_f64(v)
+}
+
+/// `x` as an f64.
+#[inline(always)]
+fn f64_of<T: FloatDType>(x: T) -> f64 {
+    <T as WithDType>::to_f64(x)
+}
 
 macro_rules! kernel {
     ($name:ident, $s:literal, |$x:ident| $e:expr) => {
@@ -15,7 +29,157 @@ macro_rules! kernel {
         }
     };
 }
+
+/// A gradient kernel `(g, v) -> dx`, `v` being the saved input or output.
+macro_rules! grad_kernel {
+    ($name:ident, $s:literal, |$g:ident, $v:ident| $e:expr) => {
+        struct $name;
+        impl BinaryKernel for $name {
+            const NAME: &'static str = $s;
+            fn f<T: FloatDType>(&self, $g: T, $v: T) -> T {
+                $e
+            }
+        }
+    };
+}
+
 kernel!(NegK, "neg", |x| -x);
+kernel!(ExpK, "exp", |x| x.exp());
+kernel!(LogK, "log", |x| x.ln());
+kernel!(SqrtK, "sqrt", |x| x.sqrt());
+kernel!(AbsK, "abs", |x| x.abs());
+kernel!(SquareK, "square", |x| x * x);
+kernel!(RecipK, "recip", |x| x.recip());
+kernel!(SinK, "sin", |x| x.sin());
+kernel!(CosK, "cos", |x| x.cos());
+kernel!(TanhK, "tanh", |x| x.tanh());
+kernel!(SigmoidK, "sigmoid", |x| sigmoid(x));
+kernel!(SiluK, "silu", |x| x * sigmoid(x));
+// `x <= 0` is false for NaN, so NaN propagates.
+kernel!(ReluK, "relu", |x| if x <= T::zero() {
+    T::zero()
+} else {
+    x
+});
+
+grad_kernel!(ExpB, "exp", |g, y| g * y);
+grad_kernel!(LogB, "log", |g, x| g / x);
+grad_kernel!(SqrtB, "sqrt", |g, y| g / (y + y));
+grad_kernel!(AbsB, "abs", |g, x| if x > T::zero() {
+    g
+} else if x < T::zero() {
+    -g
+} else {
+    T::zero()
+});
+grad_kernel!(SquareB, "square", |g, x| g * (x + x));
+grad_kernel!(RecipB, "recip", |g, y| -(g * y * y));
+grad_kernel!(SinB, "sin", |g, x| g * x.cos());
+grad_kernel!(CosB, "cos", |g, x| -(g * x.sin()));
+grad_kernel!(TanhB, "tanh", |g, y| g * (T::one() - y * y));
+grad_kernel!(SigmoidB, "sigmoid", |g, y| g * y * (T::one() - y));
+grad_kernel!(SiluB, "silu", |g, x| {
+    let s = sigmoid(x);
+    g * s * (T::one() + x * (T::one() - s))
+});
+
+#[inline(always)]
+fn sigmoid<T: FloatDType>(x: T) -> T {
+    T::one() / (T::one() + (-x).exp())
+}
+
+/// `x^p` for a scalar exponent.
+struct PowK(f64);
+impl UnaryKernel for PowK {
+    const NAME: &'static str = "powf";
+    fn f<T: FloatDType>(&self, x: T) -> T {
+        x.powf(c(self.0))
+    }
+}
+
+/// `g · p · x^(p-1)`, and 0 for `p = 0`.
+struct PowB(f64);
+impl BinaryKernel for PowB {
+    const NAME: &'static str = "powf";
+    fn f<T: FloatDType>(&self, g: T, x: T) -> T {
+        if self.0 == 0.0 {
+            return T::zero();
+        }
+        g * c::<T>(self.0) * x.powf(c(self.0 - 1.0))
+    }
+}
+
+/// `x` for `x > 0`, else `slope · x`.
+struct LeakyK(f64);
+impl UnaryKernel for LeakyK {
+    const NAME: &'static str = "leaky_relu";
+    fn f<T: FloatDType>(&self, x: T) -> T {
+        if x > T::zero() {
+            x
+        } else {
+            x * c(self.0)
+        }
+    }
+}
+
+/// The error function, to about 1e-15: for |x| < 3 the series
+/// `erf(a) = 2/√π · e^(-a²) · Σ 2ⁿ a^(2n+1) / (1·3·…·(2n+1))` (all terms
+/// positive, so no cancellation), else `1 - erfc` from erfc's continued fraction.
+pub(crate) fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    let r = if a < 3.0 {
+        let (a2, mut term, mut sum, mut n) = (a * a, a, a, 0.0);
+        while term > 1e-17 * sum {
+            n += 1.0;
+            term *= 2.0 * a2 / (2.0 * n + 1.0);
+            sum += term;
+        }
+        sum * FRAC_2_SQRT_PI * (-a2).exp()
+    } else {
+        // erfc(a) = e^(-a²)/√π · 1/(a + (1/2)/(a + 1/(a + (3/2)/(a + …))))
+        let mut f = a;
+        for k in (1..=60).rev() {
+            f = a + (k as f64 / 2.0) / f;
+        }
+        1.0 - (-a * a).exp() / (PI.sqrt() * f)
+    };
+    r.copysign(x)
+}
+
+const GELU_K: f64 = 0.797_884_560_802_865_4; // √(2/π)
+const GELU_A: f64 = 0.044_715;
+
+/// gelu(x) and gelu'(x) in f64, exact (erf) or tanh-approximated.
+fn gelu_f64(x: f64, approximate: bool) -> (f64, f64) {
+    if approximate {
+        let t = (GELU_K * (x + GELU_A * x * x * x)).tanh();
+        let d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_A * x * x);
+        (0.5 * x * (1.0 + t), d)
+    } else {
+        let cdf = 0.5 * (1.0 + erf(x / SQRT_2));
+        let pdf = (-0.5 * x * x).exp() / (2.0 * PI).sqrt();
+        (x * cdf, cdf + x * pdf)
+    }
+}
+
+struct GeluK(bool);
+impl UnaryKernel for GeluK {
+    const NAME: &'static str = "gelu";
+    fn f<T: FloatDType>(&self, x: T) -> T {
+        c(gelu_f64(f64_of(x), self.0).0)
+    }
+}
+
+struct GeluB(bool);
+impl BinaryKernel for GeluB {
+    const NAME: &'static str = "gelu";
+    fn f<T: FloatDType>(&self, g: T, x: T) -> T {
+        g * c(gelu_f64(f64_of(x), self.0).1)
+    }
+}
 
 /// Backward of neg: saves nothing.
 struct NegBackward;
@@ -29,9 +193,200 @@ impl BackwardOp for NegBackward {
     }
 }
 
+/// Backward of a unary op whose input gradient is `k(g, saved)`; `saved`
+/// is the op's input or its output, as the op's doc comment says.
+struct SavedBackward<K> {
+    saved: SavedTensor,
+    k: K,
+}
+
+impl<K: BinaryKernel + Send + 'static> BackwardOp for SavedBackward<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(binary_map(&g, self.saved.get()?, &self.k)?)])
+    }
+}
+
+/// Backward of relu and leaky_relu: saves only a packed 1-bit mask (U32
+/// words, bit set where the input was > 0) and the negative slope.
+struct MaskBackward {
+    name: &'static str,
+    mask: SavedTensor,
+    slope: f64,
+}
+
+impl BackwardOp for MaskBackward {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(mask_scale(&g, self.mask.get()?, self.slope)?)])
+    }
+}
+
+/// Which tensor a unary op keeps for backward.
+enum Keep {
+    Input,
+    Output,
+}
+
+/// Runs `f` on `x` and, when `x` needs grad, records a [`SavedBackward`]
+/// with gradient kernel `b` keeping the input or the output.
+fn unary_op<F: UnaryKernel, B: BinaryKernel + Send + 'static>(
+    x: &Tensor,
+    f: F,
+    keep: Keep,
+    b: B,
+) -> Result<Tensor> {
+    let out = unary_map(x, &f)?;
+    let [needs] = needs_grad([x]);
+    if !needs {
+        return Ok(out);
+    }
+    let saved = match keep {
+        Keep::Input => SavedTensor::new(x, F::NAME),
+        Keep::Output => SavedTensor::new(&out, F::NAME),
+    };
+    Ok(attach(out, &[x], SavedBackward { saved, k: b }))
+}
+
+/// Runs a relu-like kernel; when `x` needs grad saves only the packed mask
+/// of `mask_of > 0` (`mask_of` being the input or the output).
+fn masked_op(
+    x: &Tensor,
+    out: Tensor,
+    name: &'static str,
+    slope: f64,
+    mask_of_input: bool,
+) -> Result<Tensor> {
+    let [needs] = needs_grad([x]);
+    if !needs {
+        return Ok(out);
+    }
+    let mask = positive_mask(if mask_of_input { x } else { &out })?;
+    let op = MaskBackward {
+        name,
+        mask: SavedTensor::new(&mask, name),
+        slope,
+    };
+    Ok(attach(out, &[x], op))
+}
+
 impl Tensor {
     /// `-self`. Saves nothing for backward.
     pub fn neg(&self) -> Result<Tensor> {
         Ok(attach(unary_map(self, &NegK)?, &[self], NegBackward))
+    }
+
+    /// `e^x`. Saves its output for backward.
+    pub fn exp(&self) -> Result<Tensor> {
+        unary_op(self, ExpK, Keep::Output, ExpB)
+    }
+
+    /// Natural logarithm. Saves its input for backward.
+    pub fn log(&self) -> Result<Tensor> {
+        unary_op(self, LogK, Keep::Input, LogB)
+    }
+
+    /// Square root. Saves its output for backward.
+    pub fn sqrt(&self) -> Result<Tensor> {
+        unary_op(self, SqrtK, Keep::Output, SqrtB)
+    }
+
+    /// `|x|` (gradient 0 at 0). Saves its input for backward.
+    pub fn abs(&self) -> Result<Tensor> {
+        unary_op(self, AbsK, Keep::Input, AbsB)
+    }
+
+    /// `x²`. Saves its input for backward.
+    pub fn square(&self) -> Result<Tensor> {
+        unary_op(self, SquareK, Keep::Input, SquareB)
+    }
+
+    /// `1/x`. Saves its output for backward.
+    pub fn recip(&self) -> Result<Tensor> {
+        unary_op(self, RecipK, Keep::Output, RecipB)
+    }
+
+    /// Sine. Saves its input for backward.
+    pub fn sin(&self) -> Result<Tensor> {
+        unary_op(self, SinK, Keep::Input, SinB)
+    }
+
+    /// Cosine. Saves its input for backward.
+    pub fn cos(&self) -> Result<Tensor> {
+        unary_op(self, CosK, Keep::Input, CosB)
+    }
+
+    /// Hyperbolic tangent. Saves its output for backward.
+    pub fn tanh(&self) -> Result<Tensor> {
+        unary_op(self, TanhK, Keep::Output, TanhB)
+    }
+
+    /// `1 / (1 + e^-x)`. Saves its output for backward.
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        unary_op(self, SigmoidK, Keep::Output, SigmoidB)
+    }
+
+    /// `x · Φ(x)`: exact with erf, or the tanh approximation
+    /// `0.5x(1 + tanh(√(2/π)(x + 0.044715x³)))` when `approximate`.
+    /// Computed in f64 whatever the dtype. Saves its input for backward.
+    pub fn gelu(&self, approximate: bool) -> Result<Tensor> {
+        unary_op(self, GeluK(approximate), Keep::Input, GeluB(approximate))
+    }
+
+    /// `x · sigmoid(x)` (swish). Saves its input for backward.
+    pub fn silu(&self) -> Result<Tensor> {
+        unary_op(self, SiluK, Keep::Input, SiluB)
+    }
+
+    /// `x^exponent` for a scalar exponent. Saves its input for backward.
+    pub fn powf(&self, exponent: f64) -> Result<Tensor> {
+        unary_op(self, PowK(exponent), Keep::Input, PowB(exponent))
+    }
+
+    /// `max(x, 0)` (NaN propagates). Saves for backward only a packed 1-bit
+    /// mask of `output > 0`: a U32 tensor of `ceil(n/32)` words.
+    pub fn relu(&self) -> Result<Tensor> {
+        let out = unary_map(self, &ReluK)?;
+        masked_op(self, out, "relu", 0.0, false)
+    }
+
+    /// `x` for `x > 0`, else `slope · x`. Saves for backward only a packed
+    /// 1-bit mask of `input > 0` (U32, `ceil(n/32)` words).
+    pub fn leaky_relu(&self, slope: f64) -> Result<Tensor> {
+        let out = unary_map(self, &LeakyK(slope))?;
+        masked_op(self, out, "leaky_relu", slope, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::erf;
+
+    #[test]
+    fn erf_matches_reference_values() {
+        let cases = [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (3.0, 1.0 - 2.209_049_699_858_544e-5),
+            (4.0, 1.0 - 1.541_725_790_028_002e-8),
+            (-1.0, -0.842_700_792_949_714_9),
+            (f64::INFINITY, 1.0),
+        ];
+        for (x, want) in cases {
+            assert!(
+                (erf(x) - want).abs() < 1e-14,
+                "erf({x}) = {} vs {want}",
+                erf(x)
+            );
+        }
+        assert!(erf(f64::NAN).is_nan());
+        // The two branches meet at 3 without a jump.
+        assert!((erf(3.0 - 1e-12) - erf(3.0)).abs() < 1e-14);
     }
 }

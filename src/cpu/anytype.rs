@@ -1,0 +1,224 @@
+//! Kernels for every dtype (integers included): comparisons into U8 masks,
+//! selection by a mask, and dtype casts. Any layout in, contiguous out.
+
+use super::PARALLEL_THRESHOLD;
+use crate::tensor::{broadcast_shapes, CpuData, Layout, Tensor};
+use crate::{DType, Error, Result, WithDType};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// An elementwise comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmpOp {
+    /// `a == b`
+    Eq,
+    /// `a != b`
+    Ne,
+    /// `a < b`
+    Lt,
+    /// `a <= b`
+    Le,
+    /// `a > b`
+    Gt,
+    /// `a >= b`
+    Ge,
+}
+
+impl CmpOp {
+    /// The op name, for errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+        }
+    }
+
+    /// The comparison (IEEE semantics: every comparison with NaN but `Ne` is false).
+    #[inline(always)]
+    pub fn test<T: PartialOrd>(self, a: T, b: T) -> bool {
+        match self {
+            CmpOp::Eq => a == b,
+            CmpOp::Ne => a != b,
+            CmpOp::Lt => a < b,
+            CmpOp::Le => a <= b,
+            CmpOp::Gt => a > b,
+            CmpOp::Ge => a >= b,
+        }
+    }
+}
+
+/// Reads a strided view by logical (row-major) index.
+enum Src<'a, T> {
+    Dense(&'a [T]),
+    Strided(&'a [T], Vec<usize>),
+}
+
+impl<'a, T: Copy> Src<'a, T> {
+    fn new(data: &'a [T], layout: &Layout) -> Self {
+        match layout.contiguous_range() {
+            Some(r) => Src::Dense(&data[r]),
+            None => Src::Strided(data, layout.offsets()),
+        }
+    }
+
+    #[inline(always)]
+    fn get(&self, i: usize) -> T {
+        match self {
+            Src::Dense(s) => s[i],
+            Src::Strided(s, o) => s[o[i]],
+        }
+    }
+}
+
+fn fill<T: Send>(n: usize, at: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+    if n >= PARALLEL_THRESHOLD {
+        (0..n).into_par_iter().map(at).collect()
+    } else {
+        (0..n).map(at).collect()
+    }
+}
+
+fn typed<'a, T: WithDType>(data: &'a CpuData, op: &'static str) -> Result<&'a [T]> {
+    T::cpu_slice(data).ok_or(Error::DTypeMismatch {
+        op,
+        expected: T::DTYPE,
+        got: data.dtype(),
+    })
+}
+
+fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch {
+            op,
+            lhs: a.device(),
+            rhs: b.device(),
+        });
+    }
+    Ok(())
+}
+
+fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    same_device(op, a, b)?;
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: a.dtype(),
+            got: b.dtype(),
+        });
+    }
+    Ok(())
+}
+
+/// `op(a, b)` elementwise with broadcasting, as a U8 tensor of 1/0. Both
+/// must share a dtype (any dtype); comparison is native (`PartialOrd`).
+pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
+    same_dtype(op.name(), a, b)?;
+    let shape = broadcast_shapes(op.name(), a.shape(), b.shape())?;
+    let (la, lb) = (
+        a.layout().broadcast_to(&shape)?,
+        b.layout().broadcast_to(&shape)?,
+    );
+    let (da, db) = (a.storage().cpu()?, b.storage().cpu()?);
+    fn go<T: WithDType>(
+        sa: &[T],
+        la: &Layout,
+        db: &CpuData,
+        lb: &Layout,
+        op: CmpOp,
+    ) -> Result<Vec<u8>> {
+        let (a, b) = (Src::new(sa, la), Src::new(typed::<T>(db, op.name())?, lb));
+        Ok(fill(la.numel(), |i| u8::from(op.test(a.get(i), b.get(i)))))
+    }
+    let out = crate::match_cpu_data!(&*da, v => go(v, &la, &db, &lb, op)?);
+    drop((da, db));
+    Tensor::from_cpu_data(CpuData::U8(out), &shape)
+}
+
+/// `op(x, s)` elementwise as a U8 tensor of 1/0, for any dtype; elements
+/// are compared as f64 (exact but for i64 beyond 2^53).
+pub fn compare_scalar(x: &Tensor, s: f64, op: CmpOp) -> Result<Tensor> {
+    let data = x.storage().cpu()?;
+    fn go<T: WithDType>(v: &[T], l: &Layout, s: f64, op: CmpOp) -> Vec<u8> {
+        let src = Src::new(v, l);
+        fill(l.numel(), |i| u8::from(op.test(src.get(i).to_f64(), s)))
+    }
+    let out = crate::match_cpu_data!(&*data, v => go(v, x.layout(), s, op));
+    drop(data);
+    Tensor::from_cpu_data(CpuData::U8(out), x.shape())
+}
+
+/// `a` where `cond` is nonzero, else `b`, with broadcasting of all three.
+/// `cond` must be U8; `a` and `b` share a dtype (any), which the result has.
+pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "where_cond";
+    if cond.dtype() != DType::U8 {
+        return Err(Error::DTypeMismatch {
+            op: OP,
+            expected: DType::U8,
+            got: cond.dtype(),
+        });
+    }
+    same_device(OP, cond, a)?;
+    same_dtype(OP, a, b)?;
+    let shape = broadcast_shapes(OP, cond.shape(), a.shape())?;
+    let shape = broadcast_shapes(OP, &shape, b.shape())?;
+    let lc = cond.layout().broadcast_to(&shape)?;
+    let (la, lb) = (
+        a.layout().broadcast_to(&shape)?,
+        b.layout().broadcast_to(&shape)?,
+    );
+    let (dc, da, db) = (
+        cond.storage().cpu()?,
+        a.storage().cpu()?,
+        b.storage().cpu()?,
+    );
+    let c = Src::new(typed::<u8>(&dc, OP)?, &lc);
+    fn go<T: WithDType>(
+        c: &Src<u8>,
+        sa: &[T],
+        la: &Layout,
+        db: &CpuData,
+        lb: &Layout,
+    ) -> Result<CpuData> {
+        let (a, b) = (Src::new(sa, la), Src::new(typed::<T>(db, OP)?, lb));
+        Ok(T::wrap(fill(la.numel(), |i| {
+            if c.get(i) != 0 {
+                a.get(i)
+            } else {
+                b.get(i)
+            }
+        })))
+    }
+    let out = crate::match_cpu_data!(&*da, v => go(&c, v, &la, &db, &lb)?);
+    drop(c);
+    drop((dc, da, db));
+    Tensor::from_cpu_data(out, &shape)
+}
+
+/// The elements of `x` converted to `dtype` as Rust's `as` converts through
+/// f64 (float to integer truncates and saturates; NaN becomes 0). No autograd.
+pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    let data = x.storage().cpu()?;
+    fn conv<S: WithDType, D: WithDType>(src: &Src<S>, n: usize) -> CpuData {
+        D::wrap(fill(n, |i| D::from_f64(src.get(i).to_f64())))
+    }
+    fn go<S: WithDType>(v: &[S], l: &Layout, dtype: DType) -> CpuData {
+        let (src, n) = (Src::new(v, l), l.numel());
+        match dtype {
+            DType::F32 => conv::<S, f32>(&src, n),
+            DType::F16 => conv::<S, f16>(&src, n),
+            DType::BF16 => conv::<S, bf16>(&src, n),
+            DType::F64 => conv::<S, f64>(&src, n),
+            DType::U8 => conv::<S, u8>(&src, n),
+            DType::U32 => conv::<S, u32>(&src, n),
+            DType::I64 => conv::<S, i64>(&src, n),
+        }
+    }
+    let out = crate::match_cpu_data!(&*data, v => go(v, x.layout(), dtype));
+    drop(data);
+    Tensor::from_cpu_data(out, x.shape())
+}

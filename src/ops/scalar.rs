@@ -1,0 +1,297 @@
+//! Arithmetic with an f64 scalar (converted to the tensor's float dtype),
+//! its in-place forms, clamp, and elementwise maximum/minimum.
+
+use super::binary::{MulK, SubK};
+use super::{check_in_place, expect_float, sum_to_shape};
+use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::cpu::{binary_map, unary_map, BinaryKernel, UnaryKernel, PARALLEL_THRESHOLD};
+use crate::{Error, FloatDType, Result, Tensor, WithDType};
+use rayon::prelude::*;
+
+/// `v` as a `T`.
+#[inline(always)]
+fn c<T: FloatDType>(v: f64) -> T {
+    <T as WithDType>::from_f64(v)
+}
+
+macro_rules! scalar_kernel {
+    ($name:ident, $s:literal, |$x:ident, $v:ident| $e:expr) => {
+        struct $name(f64);
+        impl UnaryKernel for $name {
+            const NAME: &'static str = $s;
+            fn f<T: FloatDType>(&self, $x: T) -> T {
+                let $v: T = c(self.0);
+                $e
+            }
+        }
+    };
+}
+scalar_kernel!(AddScalarK, "add_scalar", |x, s| x + s);
+scalar_kernel!(SubScalarK, "sub_scalar", |x, s| x - s);
+scalar_kernel!(MulScalarK, "mul_scalar", |x, s| x * s);
+scalar_kernel!(DivScalarK, "div_scalar", |x, s| x / s);
+scalar_kernel!(ScalarSubK, "scalar_sub", |x, s| s - x);
+
+/// `x` limited to `[lo, hi]` (NaN passes through).
+struct ClampK(f64, f64);
+impl UnaryKernel for ClampK {
+    const NAME: &'static str = "clamp";
+    fn f<T: FloatDType>(&self, x: T) -> T {
+        let (lo, hi) = (c(self.0), c(self.1));
+        if x < lo {
+            lo
+        } else if x > hi {
+            hi
+        } else {
+            x
+        }
+    }
+}
+
+/// `g` where `lo <= x <= hi`, else 0.
+struct ClampB(f64, f64);
+impl BinaryKernel for ClampB {
+    const NAME: &'static str = "clamp";
+    fn f<T: FloatDType>(&self, g: T, x: T) -> T {
+        if x >= c(self.0) && x <= c(self.1) {
+            g
+        } else {
+            T::zero()
+        }
+    }
+}
+
+/// Elementwise max (`true`) or min (`false`); NaN propagates.
+struct ExtremumK(bool);
+impl BinaryKernel for ExtremumK {
+    const NAME: &'static str = "maximum/minimum";
+    fn f<T: FloatDType>(&self, a: T, b: T) -> T {
+        if a.is_nan() || b.is_nan() {
+            a + b
+        } else if (a >= b) == self.0 {
+            a
+        } else {
+            b
+        }
+    }
+}
+
+/// The share of the gradient that goes to `a`: 1 where `a` wins, ½ on a
+/// tie, 0 where `b` wins (`b` gets the rest).
+struct ShareK(bool);
+impl BinaryKernel for ShareK {
+    const NAME: &'static str = "maximum/minimum";
+    fn f<T: FloatDType>(&self, a: T, b: T) -> T {
+        if a == b {
+            c(0.5)
+        } else if (a > b && self.0) || (a < b && !self.0) {
+            T::one()
+        } else {
+            T::zero()
+        }
+    }
+}
+
+/// How a scalar op's gradient follows from `g`.
+enum ScalarGrad {
+    Identity,
+    Mul(f64),
+    Div(f64),
+}
+
+/// Backward of the scalar ops: saves nothing but the scalar.
+struct ScalarBackward {
+    name: &'static str,
+    grad: ScalarGrad,
+}
+
+impl BackwardOp for ScalarBackward {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(match self.grad {
+            ScalarGrad::Identity => g,
+            ScalarGrad::Mul(s) => unary_map(&g, &MulScalarK(s))?,
+            ScalarGrad::Div(s) => unary_map(&g, &DivScalarK(s))?,
+        })])
+    }
+}
+
+/// Backward of clamp: saves the input and the bounds.
+struct ClampBackward {
+    x: SavedTensor,
+    lo: f64,
+    hi: f64,
+}
+
+impl BackwardOp for ClampBackward {
+    fn name(&self) -> &'static str {
+        "clamp"
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(binary_map(
+            &g,
+            self.x.get()?,
+            &ClampB(self.lo, self.hi),
+        )?)])
+    }
+}
+
+/// Backward of maximum/minimum: saves both inputs (either gradient needs the
+/// comparison), and their shapes to undo broadcasting.
+struct ExtremumBackward {
+    name: &'static str,
+    is_max: bool,
+    a: SavedTensor,
+    b: SavedTensor,
+    shapes: [Vec<usize>; 2],
+    needs: [bool; 2],
+}
+
+impl BackwardOp for ExtremumBackward {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let share = binary_map(self.a.get()?, self.b.get()?, &ShareK(self.is_max))?;
+        let ga = binary_map(&g, &share, &MulK)?;
+        drop(share);
+        let gb = match self.needs[1] {
+            true => Some(sum_to_shape(&binary_map(&g, &ga, &SubK)?, &self.shapes[1])?),
+            false => None,
+        };
+        let ga = self.needs[0]
+            .then(|| sum_to_shape(&ga, &self.shapes[0]))
+            .transpose()?;
+        Ok(vec![ga, gb])
+    }
+}
+
+/// `x = k(x)` in place on a contiguous float tensor; bumps the version.
+fn scalar_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
+    check_in_place(K::NAME, x)?;
+    expect_float(K::NAME, x)?;
+    let range = x
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op: K::NAME,
+            msg: "in-place destination must be contiguous".into(),
+        })?;
+    let mut data = x.storage().cpu_mut()?;
+    fn go<T: FloatDType, K: UnaryKernel>(d: &mut [T], k: &K) {
+        if d.len() >= PARALLEL_THRESHOLD {
+            d.par_iter_mut().for_each(|v| *v = k.f(*v));
+        } else {
+            d.iter_mut().for_each(|v| *v = k.f(*v));
+        }
+    }
+    crate::match_float_data!(&mut *data, K::NAME, v => go(&mut v[range], k));
+    Ok(())
+}
+
+/// Applies a scalar kernel and records a [`ScalarBackward`].
+fn scalar_op<K: UnaryKernel>(x: &Tensor, k: K, grad: ScalarGrad) -> Result<Tensor> {
+    let out = unary_map(x, &k)?;
+    Ok(attach(
+        out,
+        &[x],
+        ScalarBackward {
+            name: K::NAME,
+            grad,
+        },
+    ))
+}
+
+impl Tensor {
+    /// `self + s`. Saves nothing for backward.
+    pub fn add_scalar(&self, s: f64) -> Result<Tensor> {
+        scalar_op(self, AddScalarK(s), ScalarGrad::Identity)
+    }
+
+    /// `self - s`. Saves nothing for backward.
+    pub fn sub_scalar(&self, s: f64) -> Result<Tensor> {
+        scalar_op(self, SubScalarK(s), ScalarGrad::Identity)
+    }
+
+    /// `self * s`. Saves nothing for backward (but the scalar).
+    pub fn mul_scalar(&self, s: f64) -> Result<Tensor> {
+        scalar_op(self, MulScalarK(s), ScalarGrad::Mul(s))
+    }
+
+    /// `self / s`. Saves nothing for backward (but the scalar).
+    pub fn div_scalar(&self, s: f64) -> Result<Tensor> {
+        scalar_op(self, DivScalarK(s), ScalarGrad::Div(s))
+    }
+
+    /// `s - self`. Saves nothing for backward.
+    pub fn scalar_sub(&self, s: f64) -> Result<Tensor> {
+        scalar_op(self, ScalarSubK(s), ScalarGrad::Mul(-1.0))
+    }
+
+    /// `self += s` in place on a contiguous float tensor. Not
+    /// differentiable: refused on a tensor that requires grad while grad
+    /// mode is on. Bumps the version.
+    pub fn add_scalar_(&self, s: f64) -> Result<()> {
+        scalar_assign(self, &AddScalarK(s))
+    }
+
+    /// `self *= s` in place (see [`Tensor::add_scalar_`]).
+    pub fn mul_scalar_(&self, s: f64) -> Result<()> {
+        scalar_assign(self, &MulScalarK(s))
+    }
+
+    /// Each element limited to `[min, max]` (NaN passes through); the
+    /// gradient is 1 where `min <= x <= max` and 0 elsewhere. `min > max`
+    /// or a NaN bound is an error. Saves its input for backward.
+    pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor> {
+        if min.is_nan() || max.is_nan() || min > max {
+            return Err(Error::InvalidArgument {
+                op: "clamp",
+                msg: format!("bounds [{min}, {max}] are not an interval"),
+            });
+        }
+        let out = unary_map(self, &ClampK(min, max))?;
+        let [needs] = needs_grad([self]);
+        if !needs {
+            return Ok(out);
+        }
+        let op = ClampBackward {
+            x: SavedTensor::new(self, "clamp"),
+            lo: min,
+            hi: max,
+        };
+        Ok(attach(out, &[self], op))
+    }
+
+    /// Elementwise maximum with broadcasting (NaN propagates); on a tie each
+    /// input gets half the gradient. Saves both inputs when either needs grad.
+    pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.extremum(rhs, true)
+    }
+
+    /// Elementwise minimum with broadcasting (see [`Tensor::maximum`]).
+    /// Saves both inputs when either needs grad.
+    pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.extremum(rhs, false)
+    }
+
+    fn extremum(&self, rhs: &Tensor, is_max: bool) -> Result<Tensor> {
+        let name = if is_max { "maximum" } else { "minimum" };
+        let out = binary_map(self, rhs, &ExtremumK(is_max))?;
+        let needs = needs_grad([self, rhs]);
+        if !(needs[0] || needs[1]) {
+            return Ok(out);
+        }
+        let op = ExtremumBackward {
+            name,
+            is_max,
+            a: SavedTensor::new(self, name),
+            b: SavedTensor::new(rhs, name),
+            shapes: [self.shape().to_vec(), rhs.shape().to_vec()],
+            needs,
+        };
+        Ok(attach(out, &[self, rhs], op))
+    }
+}
