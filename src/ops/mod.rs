@@ -3,10 +3,15 @@
 //! CPU kernels. What each op saves for backward is stated in its doc comment.
 
 mod binary;
+mod loss;
+mod matmul;
+mod reduce;
+mod softmax;
 mod unary;
 mod view;
 
 pub(crate) use binary::add_assign;
+pub use loss::{CrossEntropyOptions, Reduction};
 pub use view::sum_to_shape;
 
 use crate::{Error, Result, Tensor};
