@@ -74,9 +74,33 @@ pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<De
     let _entered = ledger.enter();
     let (x, y) = spiral(opts.points_per_class, opts.seed)?;
     let layers = [
-        Linear::new("fc1", 2, opts.hidden, true, DType::F32, Device::Cpu, opts.seed + 1)?,
-        Linear::new("fc2", opts.hidden, opts.hidden, true, DType::F32, Device::Cpu, opts.seed + 2)?,
-        Linear::new("fc3", opts.hidden, 3, true, DType::F32, Device::Cpu, opts.seed + 3)?,
+        Linear::new(
+            "fc1",
+            2,
+            opts.hidden,
+            true,
+            DType::F32,
+            Device::Cpu,
+            opts.seed + 1,
+        )?,
+        Linear::new(
+            "fc2",
+            opts.hidden,
+            opts.hidden,
+            true,
+            DType::F32,
+            Device::Cpu,
+            opts.seed + 2,
+        )?,
+        Linear::new(
+            "fc3",
+            opts.hidden,
+            3,
+            true,
+            DType::F32,
+            Device::Cpu,
+            opts.seed + 3,
+        )?,
     ];
     let forward = |x: &Tensor| -> Result<Tensor> {
         let h = layers[0].forward(x)?.relu()?;
@@ -85,7 +109,7 @@ pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<De
     };
     let mut losses = Vec::with_capacity(opts.steps);
     for step in 0..opts.steps {
-        let loss = forward(&x)?.cross_entropy(&y, &CrossEntropyOptions::default())?;
+        let loss = forward(&x)?.cross_entropy(&y, CrossEntropyOptions::default())?;
         let value = loss.to_scalar()?;
         // Fused SGD: each parameter is updated as soon as its gradient is
         // final, and the gradient is dropped right after.
@@ -97,7 +121,11 @@ pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<De
         let _ng = no_grad();
         let predicted = forward(&x)?.argmax(-1, false)?.to_vec::<i64>()?;
         let labels = y.to_vec::<i64>()?;
-        let right = predicted.iter().zip(&labels).filter(|(p, l)| p == l).count();
+        let right = predicted
+            .iter()
+            .zip(&labels)
+            .filter(|(p, l)| p == l)
+            .count();
         right as f64 / labels.len() as f64
     };
     Ok(DemoResult {

@@ -5,10 +5,12 @@
 
 pub mod autograd;
 pub mod cpu;
+pub mod demo;
 pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod memory;
+pub mod nn;
 pub mod ops;
 pub mod rng;
 pub mod tensor;

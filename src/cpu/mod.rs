@@ -2,18 +2,32 @@
 //! reductions, written once for every float dtype through small traits.
 
 mod anytype;
+mod batch_sum;
 mod bitmask;
 mod elementwise;
+mod gemm;
 mod index;
+mod loss;
 mod reduce;
+mod softmax;
 
-pub use elementwise::{binary_assign, binary_map, contiguous_copy, copy_into, unary_map, BinaryKernel, UnaryKernel};
+pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
+pub(crate) use batch_sum::matmul_sum_batches;
+pub use bitmask::{get_bit, mask_scale, mask_words, pack_bits, positive_mask, unpack_bits};
 #[allow(unused_imports)]
 pub(crate) use elementwise::gather;
-pub(crate) use index::{add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take};
-pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
-pub use bitmask::{get_bit, mask_scale, mask_words, pack_bits, positive_mask, unpack_bits};
+pub use elementwise::{
+    binary_assign, binary_map, contiguous_copy, copy_into, unary_map, BinaryKernel, UnaryKernel,
+};
+#[allow(unused_imports)]
+pub(crate) use gemm::{matmul, matmul_into};
+pub(crate) use index::{
+    add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
+};
+pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward};
+pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
+pub(crate) use softmax::{softmax_backward, softmax_forward};
 
 /// Element count above which kernels split work across rayon's threads.
 pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;

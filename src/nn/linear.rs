@@ -18,11 +18,30 @@ pub struct Linear {
 impl Linear {
     /// A layer initialised like PyTorch's default (uniform in ±1/√in),
     /// from a seeded Philox stream; parameters are counted as parameters.
-    pub fn new(name: &str, in_features: usize, out_features: usize, bias: bool, dtype: DType, device: Device, seed: u64) -> Result<Linear> {
+    pub fn new(
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        dtype: DType,
+        device: Device,
+        seed: u64,
+    ) -> Result<Linear> {
         let bound = 1.0 / (in_features as f64).sqrt();
-        let weight = Tensor::rand_range(&[out_features, in_features], -bound, bound, dtype, device, seed)?.into_parameter()?;
+        let weight = Tensor::rand_range(
+            &[out_features, in_features],
+            -bound,
+            bound,
+            dtype,
+            device,
+            seed,
+        )?
+        .into_parameter()?;
         let bias = if bias {
-            Some(Tensor::rand_range(&[out_features], -bound, bound, dtype, device, seed ^ 0x5eed)?.into_parameter()?)
+            Some(
+                Tensor::rand_range(&[out_features], -bound, bound, dtype, device, seed ^ 0x5eed)?
+                    .into_parameter()?,
+            )
         } else {
             None
         };

@@ -3,15 +3,20 @@
 //! CPU kernels. What each op saves for backward is stated in its doc comment.
 
 mod binary;
-mod concat;
-mod index;
 mod cast;
 mod compare;
+mod concat;
+mod index;
+mod loss;
+mod matmul;
+mod reduce;
 mod scalar;
+mod softmax;
 mod unary;
 mod view;
 
 pub(crate) use binary::add_assign;
+pub use loss::{CrossEntropyOptions, Reduction};
 pub use view::sum_to_shape;
 
 use crate::{Error, Result, Tensor};
@@ -21,7 +26,10 @@ pub(crate) fn expect_float(op: &'static str, t: &Tensor) -> Result<()> {
     if t.dtype().is_float() {
         Ok(())
     } else {
-        Err(Error::UnsupportedDType { op, dtype: t.dtype() })
+        Err(Error::UnsupportedDType {
+            op,
+            dtype: t.dtype(),
+        })
     }
 }
 

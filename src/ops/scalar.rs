@@ -268,16 +268,16 @@ impl Tensor {
     /// Elementwise maximum with broadcasting (NaN propagates); on a tie each
     /// input gets half the gradient. Saves both inputs when either needs grad.
     pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.extremum(rhs, true)
+        self.elementwise_extremum(rhs, true)
     }
 
     /// Elementwise minimum with broadcasting (see [`Tensor::maximum`]).
     /// Saves both inputs when either needs grad.
     pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.extremum(rhs, false)
+        self.elementwise_extremum(rhs, false)
     }
 
-    fn extremum(&self, rhs: &Tensor, is_max: bool) -> Result<Tensor> {
+    fn elementwise_extremum(&self, rhs: &Tensor, is_max: bool) -> Result<Tensor> {
         let name = if is_max { "maximum" } else { "minimum" };
         let out = binary_map(self, rhs, &ExtremumK(is_max))?;
         let needs = needs_grad([self, rhs]);

@@ -1,0 +1,389 @@
+//! Matrix products on the `gemm` crate: batched, with NumPy broadcasting of
+//! the batch dims. Operands are read through their own strides (a transposed
+//! view needs no copy); only a stride pattern gemm cannot use (no unit stride
+//! in the matrix, or a broadcast row/column) is copied to contiguous first.
+//! f32, f64 and f16 run natively; bf16 goes through f32 and back.
+
+use super::contiguous_copy;
+use crate::tensor::{broadcast_shapes, CpuData, Layout, Tensor};
+use crate::{Error, Result};
+use gemm::Parallelism;
+use half::{bf16, f16};
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// `m·n·k` from which one product is split across rayon's threads.
+const PARALLEL_WORK: usize = 1 << 17;
+
+/// One operand as gemm reads it: where each batch's matrix starts, and its
+/// row and column strides in elements.
+struct Operand {
+    offsets: Vec<usize>,
+    rs: usize,
+    cs: usize,
+}
+
+/// `dst[i] (m×n) = a[i] (m×k) · b[i] (k×n)` for every batch entry `i`, with
+/// `dst` contiguous.
+struct Plan {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+}
+
+/// The shape of the product of `a` `[.., m, k]` and `b` `[.., k, n]` (both
+/// rank ≥ 2): the broadcast batch dims, then `[m, n]`.
+pub(crate) fn matmul_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let err = || Error::ShapeMismatch {
+        op: "matmul",
+        lhs: a.to_vec(),
+        rhs: b.to_vec(),
+    };
+    let (ra, rb) = (a.len(), b.len());
+    if ra < 2 || rb < 2 || a[ra - 1] != b[rb - 2] {
+        return Err(err());
+    }
+    let mut out = broadcast_shapes("matmul", &a[..ra - 2], &b[..rb - 2]).map_err(|_| err())?;
+    out.extend([a[ra - 2], b[rb - 1]]);
+    Ok(out)
+}
+
+/// Strides gemm can use for a `rows × cols` matrix, or `None` when the
+/// pattern must be copied: one axis must have unit stride and no axis longer
+/// than 1 may have stride 0. The stride of a unit axis is free and is chosen.
+fn usable(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<(usize, usize)> {
+    if rows == 0 || cols == 0 {
+        return Some((cols.max(1), 1));
+    }
+    let rs = match (rows <= 1, cs == 1) {
+        (true, true) => cols.max(1),
+        (true, false) => 1,
+        (false, _) => rs,
+    };
+    let cs = match (cols <= 1, rs == 1) {
+        (true, true) => rows.max(1),
+        (true, false) => 1,
+        (false, _) => cs,
+    };
+    let ok = (rows <= 1 || rs != 0) && (cols <= 1 || cs != 0) && (rs == 1 || cs == 1);
+    ok.then_some((rs, cs))
+}
+
+fn matrix_usable(l: &Layout) -> bool {
+    let (s, t, r) = (l.shape(), l.strides(), l.shape().len());
+    usable(s[r - 2], s[r - 1], t[r - 2], t[r - 1]).is_some()
+}
+
+/// `t` itself when gemm can read its matrices, else a contiguous copy.
+fn usable_operand(t: &Tensor) -> Result<Tensor> {
+    if matrix_usable(t.layout()) {
+        Ok(t.clone())
+    } else {
+        contiguous_copy(t)
+    }
+}
+
+/// The stride of `(size, stride)` dims read as one dim of their product
+/// (row-major nesting), if they nest; unit dims are ignored.
+pub(super) fn merged_stride(dims: &[(usize, usize)]) -> Option<usize> {
+    let dims: Vec<_> = dims.iter().filter(|d| d.0 != 1).collect();
+    let Some(&&(size, stride)) = dims.last() else {
+        return Some(1);
+    };
+    let mut need = size * stride;
+    for &&(d, s) in dims.iter().rev().skip(1) {
+        if s != need {
+            return None;
+        }
+        need *= d;
+    }
+    Some(stride)
+}
+
+fn operand(l: &Layout, batch: &[usize], rows: usize, cols: usize) -> Result<Operand> {
+    let nb = batch.len();
+    let bl = l.broadcast_to(&[batch, &[rows, cols]].concat())?;
+    let (rs, cs) = usable(rows, cols, bl.strides()[nb], bl.strides()[nb + 1]).ok_or(
+        Error::InvalidArgument {
+            op: "matmul",
+            msg: "operand strides unusable by gemm".into(),
+        },
+    )?;
+    let batch_layout = Layout::from_parts(batch.to_vec(), bl.strides()[..nb].to_vec(), bl.offset());
+    Ok(Operand {
+        offsets: batch_layout.offsets(),
+        rs,
+        cs,
+    })
+}
+
+/// Plans the product of two layouts whose matrices gemm can read. When `b`
+/// is the same matrix for every batch entry and `a`'s batch and row dims nest,
+/// the batch folds into the rows: one large product instead of many small.
+fn plan(a: &Layout, b: &Layout) -> Result<Plan> {
+    let out = matmul_shape(a.shape(), b.shape())?;
+    let nb = out.len() - 2;
+    let batch = &out[..nb];
+    let (m, n, k) = (out[nb], out[nb + 1], a.shape()[a.shape().len() - 1]);
+    let bl = b.broadcast_to(&[batch, &[k, n]].concat())?;
+    let b_shared = bl.strides()[..nb]
+        .iter()
+        .zip(batch)
+        .all(|(&s, &d)| s == 0 || d == 1);
+    if nb > 0 && b_shared {
+        let al = a.broadcast_to(&[batch, &[m, k]].concat())?;
+        let rows: Vec<(usize, usize)> = batch
+            .iter()
+            .copied()
+            .zip(al.strides()[..nb].iter().copied())
+            .chain([(m, al.strides()[nb])])
+            .collect();
+        let m_all = batch.iter().product::<usize>() * m;
+        if let Some(rs) = merged_stride(&rows) {
+            if usable(m_all, k, rs, al.strides()[nb + 1]).is_some() {
+                let folded =
+                    Layout::from_parts(vec![m_all, k], vec![rs, al.strides()[nb + 1]], al.offset());
+                let shared =
+                    Layout::from_parts(vec![k, n], bl.strides()[nb..].to_vec(), bl.offset());
+                return Ok(Plan {
+                    m: m_all,
+                    n,
+                    k,
+                    a: operand(&folded, &[], m_all, k)?,
+                    b: operand(&shared, &[], k, n)?,
+                });
+            }
+        }
+    }
+    Ok(Plan {
+        m,
+        n,
+        k,
+        a: operand(a, batch, m, k)?,
+        b: operand(b, batch, k, n)?,
+    })
+}
+
+/// Checks that every element gemm will read lies inside `len`.
+fn check_bounds(o: &Operand, rows: usize, cols: usize, len: usize) -> Result<()> {
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let last = (rows - 1) * o.rs + (cols - 1) * o.cs;
+    match o.offsets.iter().max() {
+        Some(&max) if max + last >= len => Err(Error::InvalidArgument {
+            op: "matmul",
+            msg: "operand view reaches outside its storage".into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Runs a plan: `dst = a·b`, or `dst += a·b` when `accumulate`.
+fn execute<T: Copy + Send + Sync + 'static>(
+    p: &Plan,
+    dst: &mut [T],
+    a: &[T],
+    b: &[T],
+    accumulate: bool,
+    (zero, one): (T, T),
+) -> Result<()> {
+    let (m, n, k, batch) = (p.m, p.n, p.k, p.a.offsets.len());
+    check_bounds(&p.a, m, k, a.len())?;
+    check_bounds(&p.b, k, n, b.len())?;
+    if m * n == 0 {
+        return Ok(());
+    }
+    if dst.len() != batch * m * n || p.b.offsets.len() != batch {
+        return Err(Error::InvalidArgument {
+            op: "matmul",
+            msg: "destination size does not match the product".into(),
+        });
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.fill(zero);
+        }
+        return Ok(());
+    }
+    let alpha = if accumulate { one } else { zero };
+    let one_product = |i: usize, d: &mut [T], par: Parallelism| {
+        // SAFETY: `d` holds exactly m·n elements, written row-major; every
+        // element read from `a` and `b` lies inside them (check_bounds).
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                d.as_mut_ptr(),
+                1,
+                n as isize,
+                accumulate,
+                a.as_ptr().add(p.a.offsets[i]),
+                p.a.cs as isize,
+                p.a.rs as isize,
+                b.as_ptr().add(p.b.offsets[i]),
+                p.b.cs as isize,
+                p.b.rs as isize,
+                alpha,
+                one,
+                false,
+                false,
+                false,
+                par,
+            )
+        }
+    };
+    let work = m * n * k;
+    if work < PARALLEL_WORK && batch > 1 && work * batch >= PARALLEL_WORK {
+        dst.par_chunks_mut(m * n)
+            .enumerate()
+            .for_each(|(i, d)| one_product(i, d, Parallelism::None));
+    } else {
+        let par = if work >= PARALLEL_WORK {
+            Parallelism::Rayon(0)
+        } else {
+            Parallelism::None
+        };
+        dst.chunks_mut(m * n)
+            .enumerate()
+            .for_each(|(i, d)| one_product(i, d, par));
+    }
+    Ok(())
+}
+
+fn to_f32(data: &[bf16], l: &Layout) -> Vec<f32> {
+    let mut v = Vec::with_capacity(l.numel());
+    l.for_each_offset(|o| v.push(data[o].to_f32()));
+    v
+}
+
+/// `dst[range] = a·b` (or `+=`), for operands gemm can read.
+fn product_into(
+    dst: &mut CpuData,
+    range: Range<usize>,
+    a: &Tensor,
+    b: &Tensor,
+    accumulate: bool,
+) -> Result<()> {
+    let da = a.storage().cpu()?;
+    let db_guard = if a.shares_storage_with(b) {
+        None
+    } else {
+        Some(b.storage().cpu()?)
+    };
+    let db: &CpuData = db_guard.as_deref().unwrap_or(&da);
+    let (la, lb) = (a.layout(), b.layout());
+    match (dst, &*da, db) {
+        (CpuData::F32(d), CpuData::F32(x), CpuData::F32(y)) => {
+            execute(&plan(la, lb)?, &mut d[range], x, y, accumulate, (0.0, 1.0))
+        }
+        (CpuData::F64(d), CpuData::F64(x), CpuData::F64(y)) => {
+            execute(&plan(la, lb)?, &mut d[range], x, y, accumulate, (0.0, 1.0))
+        }
+        (CpuData::F16(d), CpuData::F16(x), CpuData::F16(y)) => execute(
+            &plan(la, lb)?,
+            &mut d[range],
+            x,
+            y,
+            accumulate,
+            (f16::ZERO, f16::ONE),
+        ),
+        (CpuData::BF16(d), CpuData::BF16(x), CpuData::BF16(y)) => {
+            let (x, y) = (to_f32(x, la), to_f32(y, lb));
+            let p = plan(
+                &Layout::contiguous(a.shape()),
+                &Layout::contiguous(b.shape()),
+            )?;
+            let d = &mut d[range];
+            let mut acc: Vec<f32> = if accumulate {
+                d.iter().map(|v| v.to_f32()).collect()
+            } else {
+                vec![0.0; d.len()]
+            };
+            execute(&p, &mut acc, &x, &y, accumulate, (0.0, 1.0))?;
+            d.iter_mut()
+                .zip(acc)
+                .for_each(|(o, v)| *o = bf16::from_f32(v));
+            Ok(())
+        }
+        (_, x, _) => Err(Error::UnsupportedDType {
+            op: "matmul",
+            dtype: x.dtype(),
+        }),
+    }
+}
+
+/// Operands must share a float dtype and a device.
+pub(crate) fn check_operands(a: &Tensor, b: &Tensor) -> Result<()> {
+    if !a.dtype().is_float() {
+        return Err(Error::UnsupportedDType {
+            op: "matmul",
+            dtype: a.dtype(),
+        });
+    }
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op: "matmul",
+            expected: a.dtype(),
+            got: b.dtype(),
+        });
+    }
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch {
+            op: "matmul",
+            lhs: a.device(),
+            rhs: b.device(),
+        });
+    }
+    Ok(())
+}
+
+/// `a · b` for `a` `[.., m, k]` and `b` `[.., k, n]` (rank ≥ 2, batch dims
+/// broadcast): a new contiguous `[batch.., m, n]` tensor (no autograd).
+pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    check_operands(a, b)?;
+    let shape = matmul_shape(a.shape(), b.shape())?;
+    let (a, b) = (usable_operand(a)?, usable_operand(b)?);
+    let n = shape.iter().product();
+    let mut data = CpuData::zeros(a.dtype(), n)?;
+    product_into(&mut data, 0..n, &a, &b, false)?;
+    Tensor::from_cpu_data(data, &shape)
+}
+
+/// `dst = a · b` (`accumulate == false`) or `dst += a · b` (`true`), where
+/// `dst` is contiguous with the product's shape and dtype: gemm's
+/// `alpha·dst + beta·a·b` with beta = 1 and alpha = 0 or 1, so accumulation
+/// needs no temporary. Operands may be any views (see [`matmul`]); one that
+/// shares `dst`'s storage is copied first. Bumps `dst`'s version.
+pub(crate) fn matmul_into(dst: &Tensor, a: &Tensor, b: &Tensor, accumulate: bool) -> Result<()> {
+    check_operands(a, b)?;
+    check_operands(dst, a)?;
+    let shape = matmul_shape(a.shape(), b.shape())?;
+    if dst.shape() != shape {
+        return Err(Error::ShapeMismatch {
+            op: "matmul_into",
+            lhs: dst.shape().to_vec(),
+            rhs: shape,
+        });
+    }
+    let range = dst
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op: "matmul_into",
+            msg: "destination must be contiguous".into(),
+        })?;
+    let prepare = |t: &Tensor| {
+        if dst.shares_storage_with(t) {
+            contiguous_copy(t)
+        } else {
+            usable_operand(t)
+        }
+    };
+    let (a, b) = (prepare(a)?, prepare(b)?);
+    let mut dd = dst.storage().cpu_mut()?;
+    product_into(&mut dd, range, &a, &b, accumulate)
+}

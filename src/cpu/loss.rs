@@ -1,0 +1,180 @@
+//! Cross-entropy kernels: logits viewed as `[outer, classes, inner]` around
+//! the class dim, one integer target per `(outer, inner)` sample; computed
+//! in f64 with the lane maximum subtracted.
+
+use super::softmax::{for_blocks, lane_stats, split, Dense};
+use crate::tensor::{CpuData, Tensor};
+use crate::{Error, FloatDType, Result, WithDType};
+
+/// What the cross-entropy forward computes.
+pub(crate) struct CrossEntropyForward {
+    /// The loss of every sample (0 where the target is ignored).
+    pub losses: Vec<f64>,
+    /// How many samples are not ignored.
+    pub count: usize,
+    /// The softmax probabilities (logits' shape and dtype), when asked for.
+    pub probs: Option<Tensor>,
+}
+
+/// Checks every target that is not `ignore_index` against `classes`;
+/// returns how many those are.
+fn count_targets(targets: &[i64], classes: usize, ignore_index: i64) -> Result<usize> {
+    let mut count = 0;
+    for &t in targets {
+        if t == ignore_index {
+            continue;
+        }
+        if t < 0 || t as u64 >= classes as u64 {
+            return Err(Error::IndexOutOfRange {
+                op: "cross_entropy",
+                index: t,
+                size: classes,
+            });
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// Per-sample cross-entropy of `logits` (class dim `class_dim`) against
+/// `targets` (one per sample, row-major), with label smoothing `eps`:
+/// `lse − (1−ε)·x_t − ε/C·Σ_c x_c`, where `lse` = log Σ exp x. Gives the
+/// softmax probabilities too when `want_probs`.
+pub(crate) fn cross_entropy_forward(
+    logits: &Tensor,
+    class_dim: usize,
+    targets: &[i64],
+    ignore_index: i64,
+    eps: f64,
+    want_probs: bool,
+) -> Result<CrossEntropyForward> {
+    let (outer, classes, inner) = split(logits.shape(), class_dim);
+    if targets.len() != outer * inner {
+        return Err(Error::InvalidArgument {
+            op: "cross_entropy",
+            msg: format!("{} targets for {} samples", targets.len(), outer * inner),
+        });
+    }
+    let count = count_targets(targets, classes, ignore_index)?;
+    let dense = Dense::new(logits)?;
+    let (data, range) = dense.parts();
+    type Out = (Vec<f64>, Option<CpuData>);
+    fn go<T: FloatDType>(
+        s: &[T],
+        t: &[i64],
+        c: usize,
+        inner: usize,
+        ignore: i64,
+        eps: f64,
+        want: bool,
+    ) -> Out {
+        let block = c * inner;
+        let mut losses = vec![0.0; t.len()];
+        let lane_losses = |o: usize, loss: &mut [f64]| {
+            if block == 0 {
+                return;
+            }
+            let src = &s[o * block..(o + 1) * block];
+            let (m, log_sum) = lane_stats(src, c, inner);
+            for (j, l) in loss.iter_mut().enumerate() {
+                let target = t[o * inner + j];
+                if target == ignore {
+                    continue;
+                }
+                let lse = m[j] + log_sum[j];
+                let x_t = src[target as usize * inner + j].to_f64();
+                let x_sum: f64 = if eps != 0.0 {
+                    (0..c).map(|r| src[r * inner + j].to_f64()).sum()
+                } else {
+                    0.0
+                };
+                *l = lse - (1.0 - eps) * x_t - eps / c as f64 * x_sum;
+            }
+        };
+        for_blocks(&mut losses, inner, lane_losses);
+        let probs = want.then(|| {
+            let mut p = vec![T::zero(); s.len()];
+            for_blocks(&mut p, block, |o, dst| {
+                let src = &s[o * block..(o + 1) * block];
+                let (m, log_sum) = lane_stats(src, c, inner);
+                for (i, (d, v)) in dst.iter_mut().zip(src).enumerate() {
+                    let j = i % inner;
+                    *d = T::from_f64((WithDType::to_f64(*v) - m[j] - log_sum[j]).exp());
+                }
+            });
+            T::wrap(p)
+        });
+        (losses, probs)
+    }
+    let (losses, probs) = crate::match_float_data!(data, "cross_entropy", v => {
+        go(&v[range], targets, classes, inner, ignore_index, eps, want_probs)
+    });
+    drop(dense);
+    let probs = probs
+        .map(|p| Tensor::from_cpu_data(p, logits.shape()))
+        .transpose()?;
+    Ok(CrossEntropyForward {
+        losses,
+        count,
+        probs,
+    })
+}
+
+/// The gradient with respect to the logits, from the saved probabilities:
+/// `w·(p − ε/C − (1−ε)·[c = t])` for each sample, 0 where the target is
+/// ignored. `weights` holds one weight per sample, or a single one for all.
+pub(crate) fn cross_entropy_backward(
+    probs: &Tensor,
+    class_dim: usize,
+    targets: &[i64],
+    weights: &[f64],
+    ignore_index: i64,
+    eps: f64,
+) -> Result<Tensor> {
+    let (outer, classes, inner) = split(probs.shape(), class_dim);
+    if targets.len() != outer * inner || (weights.len() != 1 && weights.len() != targets.len()) {
+        return Err(Error::InvalidArgument {
+            op: "cross_entropy_backward",
+            msg: "targets or weights do not match the samples".into(),
+        });
+    }
+    let dense = Dense::new(probs)?;
+    let (data, range) = dense.parts();
+    fn go<T: FloatDType>(
+        p: &[T],
+        t: &[i64],
+        w: &[f64],
+        c: usize,
+        inner: usize,
+        ignore: i64,
+        eps: f64,
+    ) -> CpuData {
+        let mut out = vec![T::zero(); p.len()];
+        let block = c * inner;
+        let smooth = eps / c as f64;
+        for_blocks(&mut out, block, |o, dst| {
+            let src = &p[o * block..(o + 1) * block];
+            for (i, (d, pv)) in dst.iter_mut().zip(src).enumerate() {
+                let (class, j) = (i / inner, i % inner);
+                let sample = o * inner + j;
+                let target = t[sample];
+                if target == ignore {
+                    continue;
+                }
+                let w = if w.len() == 1 { w[0] } else { w[sample] };
+                let hit = if target == class as i64 {
+                    1.0 - eps
+                } else {
+                    0.0
+                };
+                *d = T::from_f64(w * (WithDType::to_f64(*pv) - smooth - hit));
+            }
+        });
+        T::wrap(out)
+    }
+    let out = crate::match_float_data!(data, "cross_entropy_backward", v => {
+        go(&v[range], targets, weights, classes, inner, ignore_index, eps)
+    });
+    drop(dense);
+    Tensor::from_cpu_data(out, probs.shape())
+}

@@ -1,0 +1,172 @@
+//! Softmax and log-softmax along one dim, and their backward, computed in
+//! f64 with the lane maximum subtracted (numerically stable).
+//!
+//! A tensor is viewed as `[outer, len, inner]` around the softmax dim; each
+//! outer block is one independent task.
+
+use super::{gather, PARALLEL_THRESHOLD};
+use crate::tensor::{CpuData, Tensor};
+use crate::{Error, FloatDType, Result, WithDType};
+use rayon::prelude::*;
+use std::ops::Range;
+use std::sync::RwLockReadGuard;
+
+/// A tensor's elements in row-major order: its own storage when contiguous,
+/// else a gathered copy.
+pub(super) enum Dense<'a> {
+    Borrowed(RwLockReadGuard<'a, CpuData>, Range<usize>),
+    Owned(CpuData),
+}
+
+impl<'a> Dense<'a> {
+    pub(super) fn new(x: &'a Tensor) -> Result<Dense<'a>> {
+        Ok(match x.layout().contiguous_range() {
+            Some(r) => Dense::Borrowed(x.storage().cpu()?, r),
+            None => Dense::Owned(gather(x)?),
+        })
+    }
+
+    /// The data and the range of it that holds the elements.
+    pub(super) fn parts(&self) -> (&CpuData, Range<usize>) {
+        match self {
+            Dense::Borrowed(g, r) => (g, r.clone()),
+            Dense::Owned(d) => (d, 0..d.len()),
+        }
+    }
+}
+
+/// `(outer, len, inner)` element counts around `dim`.
+pub(super) fn split(shape: &[usize], dim: usize) -> (usize, usize, usize) {
+    (
+        shape[..dim].iter().product(),
+        shape[dim],
+        shape[dim + 1..].iter().product(),
+    )
+}
+
+/// Runs `f(block index, output block)` over `out` in blocks of `block`
+/// elements, in parallel when the whole is large.
+pub(super) fn for_blocks<T: Send>(
+    out: &mut [T],
+    block: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    if block == 0 {
+        return;
+    }
+    if out.len() >= PARALLEL_THRESHOLD {
+        out.par_chunks_mut(block)
+            .enumerate()
+            .for_each(|(o, d)| f(o, d));
+    } else {
+        out.chunks_mut(block).enumerate().for_each(|(o, d)| f(o, d));
+    }
+}
+
+/// Per lane (`inner` lanes of `len` elements, strided by `inner`): the
+/// maximum and the log of Σ exp(x − max). NaN propagates.
+pub(super) fn lane_stats<T: FloatDType>(
+    src: &[T],
+    len: usize,
+    inner: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut m = vec![f64::NEG_INFINITY; inner];
+    for r in 0..len {
+        for (mj, v) in m.iter_mut().zip(&src[r * inner..(r + 1) * inner]) {
+            let v = WithDType::to_f64(*v);
+            if v > *mj || v.is_nan() {
+                *mj = v;
+            }
+        }
+    }
+    let mut sum = vec![0.0; inner];
+    for r in 0..len {
+        for ((sj, mj), v) in sum.iter_mut().zip(&m).zip(&src[r * inner..(r + 1) * inner]) {
+            *sj += (WithDType::to_f64(*v) - mj).exp();
+        }
+    }
+    (m, sum.into_iter().map(f64::ln).collect())
+}
+
+/// Softmax (or log-softmax when `log`) of `x` along `dim`: a new contiguous
+/// tensor of `x`'s shape and dtype.
+pub(crate) fn softmax_forward(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    let (_, len, inner) = split(x.shape(), dim);
+    let dense = Dense::new(x)?;
+    let (data, range) = dense.parts();
+    fn go<T: FloatDType>(s: &[T], len: usize, inner: usize, log: bool) -> CpuData {
+        let mut out = vec![T::zero(); s.len()];
+        let block = len * inner;
+        for_blocks(&mut out, block, |o, dst| {
+            let src = &s[o * block..(o + 1) * block];
+            let (m, log_sum) = lane_stats(src, len, inner);
+            for (i, (d, v)) in dst.iter_mut().zip(src).enumerate() {
+                let j = i % inner;
+                let shifted = WithDType::to_f64(*v) - m[j] - log_sum[j];
+                *d = T::from_f64(if log { shifted } else { shifted.exp() });
+            }
+        });
+        T::wrap(out)
+    }
+    let out = crate::match_float_data!(data, "softmax", v => go(&v[range], len, inner, log));
+    drop(dense);
+    Tensor::from_cpu_data(out, x.shape())
+}
+
+/// The gradient of softmax (`log == false`) or log-softmax along `dim` from
+/// the op's output `y` and the output gradient `g` (same shape and dtype):
+/// `y·(g − Σ g·y)` or `g − exp(y)·Σ g`, the sums along `dim`.
+pub(crate) fn softmax_backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    if y.shape() != g.shape() {
+        return Err(Error::ShapeMismatch {
+            op: "softmax_backward",
+            lhs: y.shape().to_vec(),
+            rhs: g.shape().to_vec(),
+        });
+    }
+    let (_, len, inner) = split(y.shape(), dim);
+    let (dy, dg) = (Dense::new(y)?, Dense::new(g)?);
+    let ((ydata, yr), (gdata, gr)) = (dy.parts(), dg.parts());
+    fn go<T: FloatDType>(
+        y: &[T],
+        g: &CpuData,
+        gr: Range<usize>,
+        len: usize,
+        inner: usize,
+        log: bool,
+    ) -> Result<CpuData> {
+        let g = &T::cpu_slice(g).ok_or(Error::DTypeMismatch {
+            op: "softmax_backward",
+            expected: T::DTYPE,
+            got: g.dtype(),
+        })?[gr];
+        let mut out = vec![T::zero(); y.len()];
+        let block = len * inner;
+        for_blocks(&mut out, block, |o, dst| {
+            let (yb, gb) = (
+                &y[o * block..(o + 1) * block],
+                &g[o * block..(o + 1) * block],
+            );
+            let mut s = vec![0.0; inner];
+            for (i, (yv, gv)) in yb.iter().zip(gb).enumerate() {
+                s[i % inner] += if log {
+                    WithDType::to_f64(*gv)
+                } else {
+                    WithDType::to_f64(*gv) * WithDType::to_f64(*yv)
+                };
+            }
+            for (i, (d, (yv, gv))) in dst.iter_mut().zip(yb.iter().zip(gb)).enumerate() {
+                let (yv, gv, sj) = (WithDType::to_f64(*yv), WithDType::to_f64(*gv), s[i % inner]);
+                *d = T::from_f64(if log {
+                    gv - yv.exp() * sj
+                } else {
+                    yv * (gv - sj)
+                });
+            }
+        });
+        Ok(T::wrap(out))
+    }
+    let out = crate::match_float_data!(ydata, "softmax_backward", v => go(&v[yr], gdata, gr, len, inner, log)?);
+    drop((dy, dg));
+    Tensor::from_cpu_data(out, y.shape())
+}
