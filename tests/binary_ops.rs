@@ -54,20 +54,23 @@ fn gradcheck_views() {
     let a = rand64(&[2, 3, 4], 4);
     check(
         |x| x[0].transpose(0, 2)?.mul(&x[0].transpose(0, 2)?),
-        &[a.clone()],
+        std::slice::from_ref(&a),
     );
-    check(|x| x[0].narrow(1, 1, 2)?.reshape(&[4, 4]), &[a.clone()]);
+    check(
+        |x| x[0].narrow(1, 1, 2)?.reshape(&[4, 4]),
+        std::slice::from_ref(&a),
+    );
     check(
         |x| x[0].permute(&[1, 2, 0])?.reshape(&[12, 2]),
-        &[a.clone()],
+        std::slice::from_ref(&a),
     );
     check(
         |x| x[0].unsqueeze(1)?.broadcast_to(&[2, 5, 3, 4]),
-        &[a.clone()],
+        std::slice::from_ref(&a),
     );
     check(
         |x| x[0].narrow(2, 0, 1)?.squeeze(2)?.flatten(0, 1),
-        &[a.clone()],
+        std::slice::from_ref(&a),
     );
     check(|x| x[0].t()?.contiguous(), &[a]);
 }
