@@ -19,3 +19,8 @@ pub use device::Device;
 pub use dtype::{DType, FloatDType, WithDType};
 pub use error::{Error, Result};
 pub use tensor::Tensor;
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -39,21 +39,31 @@ pub fn unpack_bits(words: &[u32], n: usize) -> Vec<bool> {
 /// A U32 tensor of `ceil(n/32)` words with bit `i` set where element `i`
 /// of the float tensor `x` (any layout, row-major order) is `> 0`.
 pub fn positive_mask(x: &Tensor) -> Result<Tensor> {
+    mask_where(x, "positive_mask", |v| v > 0.0)
+}
+
+/// A U32 tensor of `ceil(n/32)` words with bit `i` set where `keep` holds
+/// for element `i` of the float tensor `x` (any layout, row-major order).
+/// Every float dtype converts to f64 exactly, so the test is exact.
+pub fn mask_where(
+    x: &Tensor,
+    op: &'static str,
+    keep: impl Fn(f64) -> bool + Sync,
+) -> Result<Tensor> {
     let data = x.storage().cpu()?;
-    fn go<T: FloatDType>(s: &[T], l: &Layout) -> Vec<u32> {
-        let zero = T::zero();
+    fn go<T: FloatDType>(s: &[T], l: &Layout, keep: &(impl Fn(f64) -> bool + Sync)) -> Vec<u32> {
         match l.contiguous_range() {
             Some(r) => {
                 let s = &s[r];
-                pack_bits(s.len(), |i| s[i] > zero)
+                pack_bits(s.len(), |i| keep(s[i].to_f64()))
             }
             None => {
                 let o = l.offsets();
-                pack_bits(o.len(), |i| s[o[i]] > zero)
+                pack_bits(o.len(), |i| keep(s[o[i]].to_f64()))
             }
         }
     }
-    let words = crate::match_float_data!(&*data, "positive_mask", v => go(v, x.layout()));
+    let words = crate::match_float_data!(&*data, op, v => go(v, x.layout(), &keep));
     drop(data);
     let n = words.len();
     Tensor::from_vec(words, &[n], x.device())

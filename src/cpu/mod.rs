@@ -13,7 +13,9 @@ mod softmax;
 
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
 pub(crate) use batch_sum::matmul_sum_batches;
-pub use bitmask::{get_bit, mask_scale, mask_words, pack_bits, positive_mask, unpack_bits};
+pub use bitmask::{
+    get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,
+};
 #[allow(unused_imports)]
 pub(crate) use elementwise::gather;
 pub use elementwise::{

@@ -4,7 +4,9 @@
 use super::binary::{MulK, SubK};
 use super::{check_in_place, expect_float, sum_to_shape};
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::{binary_map, unary_map, BinaryKernel, UnaryKernel, PARALLEL_THRESHOLD};
+use crate::cpu::{
+    binary_map, mask_scale, mask_where, unary_map, BinaryKernel, UnaryKernel, PARALLEL_THRESHOLD,
+};
 use crate::{Error, FloatDType, Result, Tensor, WithDType};
 use rayon::prelude::*;
 
@@ -44,19 +46,6 @@ impl UnaryKernel for ClampK {
             hi
         } else {
             x
-        }
-    }
-}
-
-/// `g` where `lo <= x <= hi`, else 0.
-struct ClampB(f64, f64);
-impl BinaryKernel for ClampB {
-    const NAME: &'static str = "clamp";
-    fn f<T: FloatDType>(&self, g: T, x: T) -> T {
-        if x >= c(self.0) && x <= c(self.1) {
-            g
-        } else {
-            T::zero()
         }
     }
 }
@@ -118,11 +107,9 @@ impl BackwardOp for ScalarBackward {
     }
 }
 
-/// Backward of clamp: saves the input and the bounds.
+/// Backward of clamp: saves a 1-bit packed mask of where `min <= x <= max`.
 struct ClampBackward {
-    x: SavedTensor,
-    lo: f64,
-    hi: f64,
+    inside: SavedTensor,
 }
 
 impl BackwardOp for ClampBackward {
@@ -130,11 +117,7 @@ impl BackwardOp for ClampBackward {
         "clamp"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(binary_map(
-            &g,
-            self.x.get()?,
-            &ClampB(self.lo, self.hi),
-        )?)])
+        Ok(vec![Some(mask_scale(&g, self.inside.get()?, 0.0)?)])
     }
 }
 
@@ -244,7 +227,8 @@ impl Tensor {
 
     /// Each element limited to `[min, max]` (NaN passes through); the
     /// gradient is 1 where `min <= x <= max` and 0 elsewhere. `min > max`
-    /// or a NaN bound is an error. Saves its input for backward.
+    /// or a NaN bound is an error. Saves a 1-bit packed mask of where the
+    /// input was inside the bounds (4·⌈n/32⌉ bytes).
     pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor> {
         if min.is_nan() || max.is_nan() || min > max {
             return Err(Error::InvalidArgument {
@@ -257,10 +241,9 @@ impl Tensor {
         if !needs {
             return Ok(out);
         }
+        let inside = mask_where(self, "clamp", |v| v >= min && v <= max)?;
         let op = ClampBackward {
-            x: SavedTensor::new(self, "clamp"),
-            lo: min,
-            hi: max,
+            inside: SavedTensor::new(&inside, "clamp"),
         };
         Ok(attach(out, &[self], op))
     }
