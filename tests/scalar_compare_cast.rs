@@ -3,20 +3,8 @@ mod common;
 use common::*;
 use leangrad::autograd::{backward_with, no_grad, CollectGrads};
 use leangrad::memory::{Category, Ledger};
-use leangrad::{DType, Device, Error, Tensor};
+use leangrad::{DType, Device, Tensor};
 use std::slice::from_ref;
-
-/// Asserts that `$e` fails with `Error::$v`.
-macro_rules! assert_err {
-    ($e:expr, $v:ident) => {
-        assert!(
-            matches!($e, Err(Error::$v { .. })),
-            "{} did not fail with {}",
-            stringify!($e),
-            stringify!($v)
-        )
-    };
-}
 
 fn t32(v: &[f32], shape: &[usize]) -> Tensor {
     Tensor::from_vec(v.to_vec(), shape, Device::Cpu).unwrap()

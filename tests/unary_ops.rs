@@ -3,21 +3,9 @@ mod common;
 use common::*;
 use leangrad::autograd::{backward_with, no_grad, CollectGrads};
 use leangrad::memory::{Category, Ledger};
-use leangrad::{DType, Device, Error, Tensor};
+use leangrad::{DType, Device, Tensor};
 use std::f64::consts::{E, LN_2};
 use std::slice::from_ref;
-
-/// Asserts that `$e` fails with `Error::$v`.
-macro_rules! assert_err {
-    ($e:expr, $v:ident) => {
-        assert!(
-            matches!($e, Err(Error::$v { .. })),
-            "{} did not fail with {}",
-            stringify!($e),
-            stringify!($v)
-        )
-    };
-}
 
 fn t32(v: &[f32]) -> Tensor {
     Tensor::from_vec(v.to_vec(), &[v.len()], Device::Cpu).unwrap()

@@ -1,11 +1,10 @@
 //! Kernels for every dtype (integers included): comparisons into U8 masks,
 //! selection by a mask, and dtype casts. Any layout in, contiguous out.
 
-use super::PARALLEL_THRESHOLD;
+use super::elementwise::{check_pair, check_same_device, fill, typed, Source};
 use crate::tensor::{broadcast_shapes, CpuData, Layout, Tensor};
 use crate::{DType, Error, Result, WithDType};
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 /// An elementwise comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,72 +50,10 @@ impl CmpOp {
     }
 }
 
-/// Reads a strided view by logical (row-major) index.
-enum Src<'a, T> {
-    Dense(&'a [T]),
-    Strided(&'a [T], Vec<usize>),
-}
-
-impl<'a, T: Copy> Src<'a, T> {
-    fn new(data: &'a [T], layout: &Layout) -> Self {
-        match layout.contiguous_range() {
-            Some(r) => Src::Dense(&data[r]),
-            None => Src::Strided(data, layout.offsets()),
-        }
-    }
-
-    #[inline(always)]
-    fn get(&self, i: usize) -> T {
-        match self {
-            Src::Dense(s) => s[i],
-            Src::Strided(s, o) => s[o[i]],
-        }
-    }
-}
-
-fn fill<T: Send>(n: usize, at: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
-    if n >= PARALLEL_THRESHOLD {
-        (0..n).into_par_iter().map(at).collect()
-    } else {
-        (0..n).map(at).collect()
-    }
-}
-
-fn typed<'a, T: WithDType>(data: &'a CpuData, op: &'static str) -> Result<&'a [T]> {
-    T::cpu_slice(data).ok_or(Error::DTypeMismatch {
-        op,
-        expected: T::DTYPE,
-        got: data.dtype(),
-    })
-}
-
-fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
-    if a.device() != b.device() {
-        return Err(Error::DeviceMismatch {
-            op,
-            lhs: a.device(),
-            rhs: b.device(),
-        });
-    }
-    Ok(())
-}
-
-fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
-    same_device(op, a, b)?;
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch {
-            op,
-            expected: a.dtype(),
-            got: b.dtype(),
-        });
-    }
-    Ok(())
-}
-
 /// `op(a, b)` elementwise with broadcasting, as a U8 tensor of 1/0. Both
 /// must share a dtype (any dtype); comparison is native (`PartialOrd`).
 pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
-    same_dtype(op.name(), a, b)?;
+    check_pair(op.name(), a, b)?;
     let shape = broadcast_shapes(op.name(), a.shape(), b.shape())?;
     let (la, lb) = (
         a.layout().broadcast_to(&shape)?,
@@ -130,7 +67,10 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
         lb: &Layout,
         op: CmpOp,
     ) -> Result<Vec<u8>> {
-        let (a, b) = (Src::new(sa, la), Src::new(typed::<T>(db, op.name())?, lb));
+        let (a, b) = (
+            Source::new(sa, la),
+            Source::new(typed::<T>(db, op.name())?, lb),
+        );
         Ok(fill(la.numel(), |i| u8::from(op.test(a.get(i), b.get(i)))))
     }
     let out = crate::match_cpu_data!(&*da, v => go(v, &la, &db, &lb, op)?);
@@ -143,7 +83,7 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
 pub fn compare_scalar(x: &Tensor, s: f64, op: CmpOp) -> Result<Tensor> {
     let data = x.storage().cpu()?;
     fn go<T: WithDType>(v: &[T], l: &Layout, s: f64, op: CmpOp) -> Vec<u8> {
-        let src = Src::new(v, l);
+        let src = Source::new(v, l);
         fill(l.numel(), |i| u8::from(op.test(src.get(i).to_f64(), s)))
     }
     let out = crate::match_cpu_data!(&*data, v => go(v, x.layout(), s, op));
@@ -162,8 +102,8 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
             got: cond.dtype(),
         });
     }
-    same_device(OP, cond, a)?;
-    same_dtype(OP, a, b)?;
+    check_same_device(OP, cond, a)?;
+    check_pair(OP, a, b)?;
     let shape = broadcast_shapes(OP, cond.shape(), a.shape())?;
     let shape = broadcast_shapes(OP, &shape, b.shape())?;
     let lc = cond.layout().broadcast_to(&shape)?;
@@ -176,15 +116,15 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         a.storage().cpu()?,
         b.storage().cpu()?,
     );
-    let c = Src::new(typed::<u8>(&dc, OP)?, &lc);
+    let c = Source::new(typed::<u8>(&dc, OP)?, &lc);
     fn go<T: WithDType>(
-        c: &Src<u8>,
+        c: &Source<u8>,
         sa: &[T],
         la: &Layout,
         db: &CpuData,
         lb: &Layout,
     ) -> Result<CpuData> {
-        let (a, b) = (Src::new(sa, la), Src::new(typed::<T>(db, OP)?, lb));
+        let (a, b) = (Source::new(sa, la), Source::new(typed::<T>(db, OP)?, lb));
         Ok(T::wrap(fill(la.numel(), |i| {
             if c.get(i) != 0 {
                 a.get(i)
@@ -203,11 +143,11 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// f64 (float to integer truncates and saturates; NaN becomes 0). No autograd.
 pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     let data = x.storage().cpu()?;
-    fn conv<S: WithDType, D: WithDType>(src: &Src<S>, n: usize) -> CpuData {
+    fn conv<S: WithDType, D: WithDType>(src: &Source<S>, n: usize) -> CpuData {
         D::wrap(fill(n, |i| D::from_f64(src.get(i).to_f64())))
     }
     fn go<S: WithDType>(v: &[S], l: &Layout, dtype: DType) -> CpuData {
-        let (src, n) = (Src::new(v, l), l.numel());
+        let (src, n) = (Source::new(v, l), l.numel());
         match dtype {
             DType::F32 => conv::<S, f32>(&src, n),
             DType::F16 => conv::<S, f16>(&src, n),

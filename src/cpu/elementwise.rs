@@ -21,14 +21,14 @@ pub trait BinaryKernel: Sync {
     fn f<T: FloatDType>(&self, a: T, b: T) -> T;
 }
 
-/// Reads a strided view as a closure from logical index to element.
-enum Source<'a, T> {
+/// Reads a strided view by logical (row-major) index.
+pub(crate) enum Source<'a, T> {
     Dense(&'a [T]),
     Strided(&'a [T], Vec<usize>),
 }
 
 impl<'a, T: Copy> Source<'a, T> {
-    fn new(data: &'a [T], layout: &Layout) -> Self {
+    pub(crate) fn new(data: &'a [T], layout: &Layout) -> Self {
         match layout.contiguous_range() {
             Some(r) => Source::Dense(&data[r]),
             None => Source::Strided(data, layout.offsets()),
@@ -36,7 +36,7 @@ impl<'a, T: Copy> Source<'a, T> {
     }
 
     #[inline(always)]
-    fn get(&self, i: usize) -> T {
+    pub(crate) fn get(&self, i: usize) -> T {
         match self {
             Source::Dense(s) => s[i],
             Source::Strided(s, o) => s[o[i]],
@@ -44,7 +44,8 @@ impl<'a, T: Copy> Source<'a, T> {
     }
 }
 
-fn typed<'a, T: WithDType>(data: &'a CpuData, op: &'static str) -> Result<&'a [T]> {
+/// The typed slice inside `data`, or a dtype error for `op`.
+pub(crate) fn typed<'a, T: WithDType>(data: &'a CpuData, op: &'static str) -> Result<&'a [T]> {
     T::cpu_slice(data).ok_or(Error::DTypeMismatch {
         op,
         expected: T::DTYPE,
@@ -52,7 +53,8 @@ fn typed<'a, T: WithDType>(data: &'a CpuData, op: &'static str) -> Result<&'a [T
     })
 }
 
-fn fill<T: Copy + Send + Sync>(n: usize, at: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+/// `at(i)` for `i in 0..n`, in parallel above the threshold.
+pub(crate) fn fill<T: Send>(n: usize, at: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
     if n >= PARALLEL_THRESHOLD {
         (0..n).into_par_iter().map(at).collect()
     } else {
@@ -146,7 +148,8 @@ pub(crate) fn gather(x: &Tensor) -> Result<CpuData> {
     Ok(crate::match_cpu_data!(&*data, v => go(v, x.layout())))
 }
 
-fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+/// Checks that two operands are on one device.
+pub(crate) fn check_same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     if a.device() != b.device() {
         return Err(Error::DeviceMismatch {
             op,
@@ -154,6 +157,12 @@ fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
             rhs: b.device(),
         });
     }
+    Ok(())
+}
+
+/// Checks that two operands share a device and a dtype.
+pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    check_same_device(op, a, b)?;
     if a.dtype() != b.dtype() {
         return Err(Error::DTypeMismatch {
             op,
@@ -190,4 +199,25 @@ pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
         Ok(())
     }
     crate::match_cpu_data!(&mut *dd, d => go(d, &values, &offsets))
+}
+
+/// `x = k(x)` in place on a contiguous float tensor; bumps the version.
+pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
+    let range = x
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op: K::NAME,
+            msg: "in-place destination must be contiguous".into(),
+        })?;
+    let mut data = x.storage().cpu_mut()?;
+    fn go<T: FloatDType, K: UnaryKernel>(d: &mut [T], k: &K) {
+        if d.len() >= PARALLEL_THRESHOLD {
+            d.par_iter_mut().for_each(|v| *v = k.f(*v));
+        } else {
+            d.iter_mut().for_each(|v| *v = k.f(*v));
+        }
+    }
+    crate::match_float_data!(&mut *data, K::NAME, v => go(&mut v[range], k));
+    Ok(())
 }

@@ -16,11 +16,11 @@ pub(crate) use batch_sum::matmul_sum_batches;
 pub use bitmask::{
     get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,
 };
-#[allow(unused_imports)]
-pub(crate) use elementwise::gather;
 pub use elementwise::{
-    binary_assign, binary_map, contiguous_copy, copy_into, unary_map, BinaryKernel, UnaryKernel,
+    binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
+    UnaryKernel,
 };
+pub(crate) use elementwise::{check_pair, gather};
 #[allow(unused_imports)]
 pub(crate) use gemm::{matmul, matmul_into};
 pub(crate) use index::{

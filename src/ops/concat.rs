@@ -20,20 +20,7 @@ fn check_same_kind(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
         msg: "no tensors given".into(),
     })?;
     for t in &tensors[1..] {
-        if t.dtype() != first.dtype() {
-            return Err(Error::DTypeMismatch {
-                op,
-                expected: first.dtype(),
-                got: t.dtype(),
-            });
-        }
-        if t.device() != first.device() {
-            return Err(Error::DeviceMismatch {
-                op,
-                lhs: first.device(),
-                rhs: t.device(),
-            });
-        }
+        crate::cpu::check_pair(op, first, t)?;
     }
     Ok(())
 }

@@ -2,13 +2,12 @@
 //! its in-place forms, clamp, and elementwise maximum/minimum.
 
 use super::binary::{MulK, SubK};
-use super::{check_in_place, expect_float, sum_to_shape};
+use super::{check_in_place, sum_to_shape};
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::cpu::{
-    binary_map, mask_scale, mask_where, unary_map, BinaryKernel, UnaryKernel, PARALLEL_THRESHOLD,
+    binary_map, mask_scale, mask_where, unary_assign, unary_map, BinaryKernel, UnaryKernel,
 };
 use crate::{Error, FloatDType, Result, Tensor, WithDType};
-use rayon::prelude::*;
 
 /// `v` as a `T`.
 #[inline(always)]
@@ -151,27 +150,10 @@ impl BackwardOp for ExtremumBackward {
     }
 }
 
-/// `x = k(x)` in place on a contiguous float tensor; bumps the version.
+/// `x = k(x)` in place, refused on a tensor autograd may still need.
 fn scalar_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
     check_in_place(K::NAME, x)?;
-    expect_float(K::NAME, x)?;
-    let range = x
-        .layout()
-        .contiguous_range()
-        .ok_or(Error::InvalidArgument {
-            op: K::NAME,
-            msg: "in-place destination must be contiguous".into(),
-        })?;
-    let mut data = x.storage().cpu_mut()?;
-    fn go<T: FloatDType, K: UnaryKernel>(d: &mut [T], k: &K) {
-        if d.len() >= PARALLEL_THRESHOLD {
-            d.par_iter_mut().for_each(|v| *v = k.f(*v));
-        } else {
-            d.iter_mut().for_each(|v| *v = k.f(*v));
-        }
-    }
-    crate::match_float_data!(&mut *data, K::NAME, v => go(&mut v[range], k));
-    Ok(())
+    unary_assign(x, k)
 }
 
 /// Applies a scalar kernel and records a [`ScalarBackward`].

@@ -31,3 +31,16 @@ pub fn assert_close(a: &[f64], b: &[f64], tol: f64) {
         );
     }
 }
+
+/// Asserts that `$e` fails with `leangrad::Error::$v`.
+#[macro_export]
+macro_rules! assert_err {
+    ($e:expr, $v:ident) => {
+        assert!(
+            matches!($e, Err(leangrad::Error::$v { .. })),
+            "{} did not fail with {}",
+            stringify!($e),
+            stringify!($v)
+        )
+    };
+}
