@@ -14,12 +14,14 @@ mod grad_mode;
 pub mod gradcheck;
 mod leaf;
 mod node;
+mod policy;
 mod saved;
 
 pub use engine::{backward_with, CallbackSink, CollectGrads, GradientSink};
 pub use grad_mode::{is_grad_enabled, no_grad, NoGradGuard};
 pub use leaf::Leaf;
 pub use node::{attach, needs_grad, BackwardOp, Edge, Node};
+pub use policy::{keep, save_policy, with_save_policy, SavePolicy, SavePolicyGuard};
 pub use saved::SavedTensor;
 
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 
 use super::check_in_place;
 use super::sum_to_shape;
-use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
 use crate::cpu::{binary_assign, binary_map, BinaryKernel};
 use crate::{FloatDType, Result, Tensor};
 
@@ -88,6 +88,7 @@ impl BackwardOp for SubBackward {
 /// Backward of mul: saves `b` only if `a` needs grad and `a` only if `b` does.
 struct MulBackward {
     shapes: Shapes,
+    needs: [bool; 2],
     a: Option<SavedTensor>,
     b: Option<SavedTensor>,
 }
@@ -97,19 +98,16 @@ impl BackwardOp for MulBackward {
         "mul"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let ga = match &self.b {
-            Some(b) => Some(sum_to_shape(
-                &binary_map(&g, b.get()?, &MulK)?,
-                &self.shapes.a,
-            )?),
-            None => None,
+        let product_to = |other: &SavedTensor, shape: &[usize]| -> Result<Tensor> {
+            sum_to_shape(&binary_map(&g, other.get()?, &MulK)?, shape)
         };
-        let gb = match &self.a {
-            Some(a) => Some(sum_to_shape(
-                &binary_map(&g, a.get()?, &MulK)?,
-                &self.shapes.b,
-            )?),
-            None => None,
+        let ga = match (&self.b, self.needs[0]) {
+            (Some(b), true) => Some(product_to(b, &self.shapes.a)?),
+            _ => None,
+        };
+        let gb = match (&self.a, self.needs[1]) {
+            (Some(a), true) => Some(product_to(a, &self.shapes.b)?),
+            _ => None,
         };
         Ok(vec![ga, gb])
     }
@@ -131,13 +129,13 @@ impl BackwardOp for DivBackward {
         let b = self.b.get()?;
         let g_over_b = binary_map(&g, b, &DivK)?;
         drop(g);
-        let gb = match &self.a {
+        let gb = match (&self.a, self.needs[1]) {
             // d(a/b)/db = -a/b^2 = -(g/b)·a/b
-            Some(a) => {
+            (Some(a), true) => {
                 let t = binary_map(&binary_map(&g_over_b, a.get()?, &MulK)?, b, &DivK)?;
                 Some(sum_to_shape(&t, &self.shapes.b)?.neg()?)
             }
-            None => None,
+            _ => None,
         };
         let ga = self.needs[0]
             .then(|| sum_to_shape(&g_over_b, &self.shapes.a))
@@ -170,7 +168,7 @@ impl Tensor {
     }
 
     /// `self * rhs` with broadcasting. Saves `rhs` only when `self` needs
-    /// grad, and `self` only when `rhs` does.
+    /// grad, and `self` only when `rhs` does (both under `SaveAll`).
     pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
         let out = binary_map(self, rhs, &MulK)?;
         let [na, nb] = needs_grad([self, rhs]);
@@ -179,14 +177,15 @@ impl Tensor {
         }
         let op = MulBackward {
             shapes: Shapes::of(self, rhs),
-            a: nb.then(|| SavedTensor::new(self, "mul")),
-            b: na.then(|| SavedTensor::new(rhs, "mul")),
+            needs: [na, nb],
+            a: keep(nb).then(|| SavedTensor::new(self, "mul")),
+            b: keep(na).then(|| SavedTensor::new(rhs, "mul")),
         };
         Ok(attach(out, &[self, rhs], op))
     }
 
     /// `self / rhs` with broadcasting. Saves `rhs` when either needs grad,
-    /// and `self` only when `rhs` does.
+    /// and `self` only when `rhs` does (always under `SaveAll`).
     pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
         let out = binary_map(self, rhs, &DivK)?;
         let needs = needs_grad([self, rhs]);
@@ -196,7 +195,7 @@ impl Tensor {
         let op = DivBackward {
             shapes: Shapes::of(self, rhs),
             needs,
-            a: needs[1].then(|| SavedTensor::new(self, "div")),
+            a: keep(needs[1]).then(|| SavedTensor::new(self, "div")),
             b: SavedTensor::new(rhs, "div"),
         };
         Ok(attach(out, &[self, rhs], op))

@@ -3,7 +3,7 @@
 
 use super::reduce::unit_reshape;
 use super::sum_to_shape;
-use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
 use crate::cpu::{matmul as product, matmul_sum_batches};
 use crate::tensor::Layout;
 use crate::{Error, Result, Tensor};
@@ -56,6 +56,7 @@ struct MatmulBackward {
     a_shape: Vec<usize>,
     b_shape: Vec<usize>,
     out_shape: Vec<usize>,
+    needs: [bool; 2],
     a: Option<SavedTensor>,
     b: Option<SavedTensor>,
 }
@@ -66,21 +67,21 @@ impl BackwardOp for MatmulBackward {
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let g = unit_reshape(&g, &self.out_shape)?;
-        let ga = match &self.b {
-            Some(b) => {
+        let ga = match (&self.b, self.needs[0]) {
+            (Some(b), true) => {
                 let target = promoted_shape(&self.a_shape, true);
                 let ga = product_to(&g, &swap_last(&promote(b.get()?, false))?, &target)?;
                 Some(unit_reshape(&ga, &self.a_shape)?)
             }
-            None => None,
+            _ => None,
         };
-        let gb = match &self.a {
-            Some(a) => {
+        let gb = match (&self.a, self.needs[1]) {
+            (Some(a), true) => {
                 let target = promoted_shape(&self.b_shape, false);
                 let gb = product_to(&swap_last(&promote(a.get()?, true))?, &g, &target)?;
                 Some(unit_reshape(&gb, &self.b_shape)?)
             }
-            None => None,
+            _ => None,
         };
         Ok(vec![ga, gb])
     }
@@ -94,8 +95,8 @@ impl Tensor {
     /// column `[k, 1]`, and that dim is removed from the result. Operands are
     /// read through their strides (a transposed view is not copied).
     ///
-    /// Saves `rhs` only if `self` needs grad and `self` only if `rhs` does;
-    /// gradients of broadcast batch dims are summed back.
+    /// Saves `rhs` only if `self` needs grad and `self` only if `rhs` does
+    /// (both under `SaveAll`); gradients of broadcast batch dims are summed back.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         if self.rank() == 0 || rhs.rank() == 0 {
             return Err(Error::InvalidArgument {
@@ -132,8 +133,9 @@ impl Tensor {
             a_shape: self.shape().to_vec(),
             b_shape: rhs.shape().to_vec(),
             out_shape,
-            a: nb.then(|| SavedTensor::new(self, "matmul")),
-            b: na.then(|| SavedTensor::new(rhs, "matmul")),
+            needs: [na, nb],
+            a: keep(nb).then(|| SavedTensor::new(self, "matmul")),
+            b: keep(na).then(|| SavedTensor::new(rhs, "matmul")),
         };
         Ok(attach(out, &[self, rhs], op))
     }

@@ -8,6 +8,7 @@ mod compare;
 mod concat;
 mod index;
 mod loss;
+mod mask;
 mod matmul;
 mod reduce;
 mod scalar;

@@ -2,7 +2,7 @@
 //! differentiable), argmax/argmin (indices, not differentiable).
 
 use super::expect_float;
-use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::cpu::{
     arg_extremum, compact_indices, contiguous_copy, i64_indices, scatter_along, sum_scaled,
     unary_map, UnaryKernel,
@@ -193,7 +193,11 @@ impl Tensor {
         if !needs_grad([self])[0] {
             return Ok(values);
         }
-        let indices = compact_indices(&idx, self.shape()[d], &shape)?;
+        // PyTorch keeps int64 indices; the lean policy the narrowest exact type.
+        let indices = match save_policy() {
+            SavePolicy::Lean => compact_indices(&idx, self.shape()[d], &shape)?,
+            SavePolicy::SaveAll => i64_indices(&idx, &shape)?,
+        };
         let op = ExtremumBackward {
             name: op,
             input_shape: self.shape().to_vec(),

@@ -2,11 +2,10 @@
 //! its in-place forms, clamp, and elementwise maximum/minimum.
 
 use super::binary::{MulK, SubK};
+use super::mask::{MaskRule, SavedMask};
 use super::{check_in_place, sum_to_shape};
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::{
-    binary_map, mask_scale, mask_where, unary_assign, unary_map, BinaryKernel, UnaryKernel,
-};
+use crate::cpu::{binary_map, unary_assign, unary_map, BinaryKernel, UnaryKernel};
 use crate::{Error, FloatDType, Result, Tensor, WithDType};
 
 /// `v` as a `T`.
@@ -108,7 +107,7 @@ impl BackwardOp for ScalarBackward {
 
 /// Backward of clamp: saves a 1-bit packed mask of where `min <= x <= max`.
 struct ClampBackward {
-    inside: SavedTensor,
+    inside: SavedMask,
 }
 
 impl BackwardOp for ClampBackward {
@@ -116,7 +115,7 @@ impl BackwardOp for ClampBackward {
         "clamp"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(mask_scale(&g, self.inside.get()?, 0.0)?)])
+        Ok(vec![Some(self.inside.apply(&g, 0.0)?)])
     }
 }
 
@@ -223,9 +222,8 @@ impl Tensor {
         if !needs {
             return Ok(out);
         }
-        let inside = mask_where(self, "clamp", |v| v >= min && v <= max)?;
         let op = ClampBackward {
-            inside: SavedTensor::new(&inside, "clamp"),
+            inside: SavedMask::new(self, MaskRule::Within(min, max), "clamp")?,
         };
         Ok(attach(out, &[self], op))
     }

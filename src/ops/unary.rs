@@ -1,8 +1,9 @@
 //! Elementwise unary float ops and activations. Each saves at most one
 //! tensor (its input, its output, or for relu-like ops a 1-bit packed mask).
 
+use super::mask::{MaskRule, SavedMask};
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::{binary_map, mask_scale, positive_mask, unary_map, BinaryKernel, UnaryKernel};
+use crate::cpu::{binary_map, unary_map, BinaryKernel, UnaryKernel};
 use crate::{FloatDType, Result, Tensor, WithDType};
 use std::f64::consts::{FRAC_2_SQRT_PI, PI, SQRT_2};
 
@@ -210,10 +211,11 @@ impl<K: BinaryKernel + Send + 'static> BackwardOp for SavedBackward<K> {
 }
 
 /// Backward of relu and leaky_relu: saves only a packed 1-bit mask (U32
-/// words, bit set where the input was > 0) and the negative slope.
+/// words, bit set where the input was > 0) and the negative slope; under
+/// `SaveAll`, the output (relu) or input (leaky_relu) instead, like PyTorch.
 struct MaskBackward {
     name: &'static str,
-    mask: SavedTensor,
+    mask: SavedMask,
     slope: f64,
 }
 
@@ -222,7 +224,7 @@ impl BackwardOp for MaskBackward {
         self.name
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(mask_scale(&g, self.mask.get()?, self.slope)?)])
+        Ok(vec![Some(self.mask.apply(&g, self.slope)?)])
     }
 }
 
@@ -265,10 +267,10 @@ fn masked_op(
     if !needs {
         return Ok(out);
     }
-    let mask = positive_mask(if mask_of_input { x } else { &out })?;
+    let source = if mask_of_input { x } else { &out };
     let op = MaskBackward {
         name,
-        mask: SavedTensor::new(&mask, name),
+        mask: SavedMask::new(source, MaskRule::Positive, name)?,
         slope,
     };
     Ok(attach(out, &[x], op))

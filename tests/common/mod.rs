@@ -44,3 +44,110 @@ macro_rules! assert_err {
         )
     };
 }
+
+/// What one run of [`run_policy`] measured.
+pub struct PolicyRun {
+    /// Live saved-for-backward bytes right after forward.
+    pub saved: usize,
+    /// Gradients of the inputs that required grad (`None` for the others), as raw bits.
+    pub grads: Vec<Option<Vec<u64>>>,
+    /// The output, as raw bits.
+    pub output: Vec<u64>,
+}
+
+/// Runs `f` on copies of `inputs` (those with `requires[i]` become leaves
+/// requiring grad) under `policy`, in a fresh ledger; backward seeded with a
+/// fixed random tensor.
+pub fn run_policy(
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[Tensor],
+    requires: &[bool],
+    policy: leangrad::autograd::SavePolicy,
+) -> PolicyRun {
+    use leangrad::memory::{Category, Ledger};
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let _p = leangrad::autograd::with_save_policy(policy);
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .zip(requires)
+        .map(|(t, &r)| {
+            let copy =
+                Tensor::from_f64_slice(&t.to_f64_vec().unwrap(), t.shape(), t.dtype(), t.device())
+                    .unwrap();
+            if r {
+                copy.set_requires_grad(true).unwrap()
+            } else {
+                copy
+            }
+        })
+        .collect();
+    let out = f(&leaves).unwrap();
+    let saved = ledger.live_in(Device::Cpu, Category::Saved);
+    let output = bits(&out);
+    if out.requires_grad() {
+        let seed =
+            Tensor::rand_range(out.shape(), -1.0, 1.0, out.dtype(), Device::Cpu, 77).unwrap();
+        leangrad::autograd::backward_with(&out, Some(seed), &mut leangrad::autograd::CollectGrads)
+            .unwrap();
+    }
+    drop(out);
+    let grads = leaves.iter().map(|l| l.grad().map(|g| bits(&g))).collect();
+    PolicyRun {
+        saved,
+        grads,
+        output,
+    }
+}
+
+fn bits(t: &Tensor) -> Vec<u64> {
+    t.to_f64_vec()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+/// For every combination of requires-grad over `inputs` (float inputs
+/// only): the lean policy's outputs and gradients equal the save-everything
+/// policy's bit for bit. Returns, per combination
+/// (bit i set = input i requires grad), the (lean, save-all) saved bytes.
+pub fn check_policies(
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[Tensor],
+) -> Vec<(u32, usize, usize)> {
+    use leangrad::autograd::SavePolicy;
+    let float: Vec<usize> = (0..inputs.len())
+        .filter(|&i| inputs[i].dtype().is_float())
+        .collect();
+    let mut rows = Vec::new();
+    for combo in 0u32..(1 << float.len()) {
+        let mut requires = vec![false; inputs.len()];
+        for (bit, &i) in float.iter().enumerate() {
+            requires[i] = combo & (1 << bit) != 0;
+        }
+        let lean = run_policy(f, inputs, &requires, SavePolicy::Lean);
+        let all = run_policy(f, inputs, &requires, SavePolicy::SaveAll);
+        assert_eq!(
+            lean.output, all.output,
+            "outputs differ for requires {requires:?}"
+        );
+        assert_eq!(
+            lean.grads, all.grads,
+            "gradients differ for requires {requires:?}"
+        );
+        for (i, g) in lean.grads.iter().enumerate() {
+            assert_eq!(
+                g.is_some(),
+                requires[i],
+                "input {i}: gradient presence for requires {requires:?}"
+            );
+        }
+        let mask = requires
+            .iter()
+            .enumerate()
+            .fold(0u32, |m, (i, &r)| m | (u32::from(r) << i));
+        rows.push((mask, lean.saved, all.saved));
+    }
+    rows
+}
