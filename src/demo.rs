@@ -4,7 +4,7 @@
 
 use crate::autograd::no_grad;
 use crate::memory::{Ledger, MemoryReport};
-use crate::nn::Linear;
+use crate::nn::{Linear, Module};
 use crate::ops::CrossEntropyOptions;
 use crate::{rng, DType, Device, Result, Tensor};
 

@@ -2,7 +2,7 @@
 //! backward, and nothing left behind.
 use leangrad::autograd::{attach, BackwardOp};
 use leangrad::memory::{Category, Ledger};
-use leangrad::nn::Linear;
+use leangrad::nn::{Linear, Module};
 use leangrad::{DType, Device, Result, Tensor};
 use std::sync::{Arc, Mutex};
 

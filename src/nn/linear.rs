@@ -1,5 +1,6 @@
 //! Fully connected layer: `y = x Wᵀ + b` with PyTorch's weight layout.
 
+use super::Module;
 use crate::memory::scope;
 use crate::{DType, Device, Result, Tensor};
 
@@ -52,8 +53,15 @@ impl Linear {
         })
     }
 
+    /// The layer's name in scopes and reports.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Module for Linear {
     /// Applies the layer to `x` of shape `[…, in_features]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
         let y = x.matmul(&self.weight.t()?)?;
         match &self.bias {
@@ -62,15 +70,9 @@ impl Linear {
         }
     }
 
-    /// The layer's parameters (weight, then bias).
-    pub fn parameters(&self) -> Vec<Tensor> {
-        let mut p = vec![self.weight.clone()];
-        p.extend(self.bias.clone());
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = vec![("weight".to_string(), self.weight.clone())];
+        p.extend(self.bias.clone().map(|b| ("bias".to_string(), b)));
         p
-    }
-
-    /// The layer's name in scopes and reports.
-    pub fn name(&self) -> &str {
-        &self.name
     }
 }

@@ -2,5 +2,7 @@
 //! layers issue grows this into the full set with selective saving.
 
 mod linear;
+mod module;
 
 pub use linear::Linear;
+pub use module::Module;

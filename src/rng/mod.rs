@@ -82,9 +82,57 @@ pub fn normal(seed: u64, offset: u64, n: usize) -> Vec<f64> {
         .collect()
 }
 
+/// Whether element `index` of a dropout stream is kept (not zeroed) with
+/// drop probability `p`: uniform word `offset + index` of the stream for
+/// `seed`, on the same 24-bit grid as [`uniform`], compared with `p`. Any
+/// device can replay the same mask from (seed, offset) alone.
+pub fn dropout_keep(seed: u64, offset: u64, index: u64, p: f64) -> bool {
+    u32_to_unit_f64(random_u32(seed, offset + index)) >= p
+}
+
+/// A seeded Philox stream handing out disjoint ranges of counters, so that
+/// every random op (dropout, init) gets its own (seed, offset) and can be
+/// replayed from those two numbers.
+#[derive(Debug)]
+pub struct Generator {
+    seed: u64,
+    offset: std::sync::atomic::AtomicU64,
+}
+
+impl Generator {
+    /// A stream for `seed`, starting at offset 0.
+    pub fn new(seed: u64) -> Generator {
+        Generator {
+            seed,
+            offset: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Reserves `n` counters: returns (seed, offset) of the first. Offsets
+    /// advance in multiples of 4 so that reservations never share a block.
+    pub fn reserve(&self, n: u64) -> (u64, u64) {
+        let step = n.div_ceil(4) * 4;
+        let offset = self
+            .offset
+            .fetch_add(step, std::sync::atomic::Ordering::Relaxed);
+        (self.seed, offset)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dropout_keeps_about_one_minus_p_and_generator_ranges_are_disjoint() {
+        let kept = (0..100_000).filter(|&i| dropout_keep(3, 8, i, 0.3)).count();
+        assert!((kept as f64 / 100_000.0 - 0.7).abs() < 0.01, "{kept}");
+        let g = Generator::new(9);
+        assert_eq!(g.reserve(5), (9, 0));
+        assert_eq!(g.reserve(1), (9, 8));
+        assert_eq!(g.reserve(0), (9, 12));
+        assert_eq!(g.reserve(4), (9, 12));
+    }
 
     #[test]
     fn philox_known_answer() {
