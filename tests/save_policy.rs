@@ -81,13 +81,73 @@ fn an_mlp_block_is_identical_under_both_policies() {
         &[x, w, b],
     );
     assert_eq!(rows.len(), 8);
-    // Only x requires grad. Lean: w (84, for x's gradient) + relu's mask (4)
-    // + relu's output and x (60 + 140, for mul's gradients) = 288. SaveAll
-    // keeps x, w and relu's output, which mul saves too (shared, counted
-    // once) = 284: here the mask costs 4 bytes more than it saves, because
-    // the next op keeps relu's output anyway.
-    assert_eq!(bytes(&rows, 0b001), (288, 284));
+    // Only x requires grad. Lean: w (84, for x's gradient) + relu's output
+    // and x (60 + 140, kept by mul for its gradients). ReLU's 1-bit mask was
+    // dropped when mul saved ReLU's output: 284, the same as SaveAll, which
+    // keeps x, w and ReLU's output (shared with mul's, counted once).
+    assert_eq!(bytes(&rows, 0b001), (284, 284));
     // Only w: lean keeps x (for w's gradient), the mask, and for relu's
     // side of mul the other factor x.narrow — a view of x, already counted.
     assert_eq!(bytes(&rows, 0b010).0, 140 + 4);
+}
+
+#[test]
+fn a_relu_mask_is_dropped_when_the_next_op_keeps_the_output() {
+    use leangrad::memory::{Category, Ledger};
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let x = f32s(&[64], 20).set_requires_grad(true).unwrap();
+    let w = f32s(&[64], 21).set_requires_grad(true).unwrap();
+    let h = x.relu().unwrap();
+    assert_eq!(
+        ledger.live_in(Device::Cpu, Category::Saved),
+        8,
+        "two mask words"
+    );
+    let y = h.mul(&w).unwrap(); // keeps h (for w's gradient) and w (for h's)
+    assert_eq!(
+        ledger.live_in(Device::Cpu, Category::Saved),
+        256 + 256,
+        "mask gone"
+    );
+    drop(h);
+    let seed = Tensor::ones(&[64], DType::F32, Device::Cpu).unwrap();
+    leangrad::autograd::backward_with(&y, Some(seed), &mut leangrad::autograd::CollectGrads)
+        .unwrap();
+    let expected: Vec<f32> = {
+        let (xs, ws) = (x.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+        xs.iter()
+            .zip(&ws)
+            .map(|(a, b)| if *a > 0.0 { *b } else { 0.0 })
+            .collect()
+    };
+    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), expected);
+}
+
+#[test]
+fn a_relu_mask_stays_when_its_source_changed_before_being_saved() {
+    use leangrad::memory::{Category, Ledger};
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let x = f32s(&[40], 22).set_requires_grad(true).unwrap();
+    let y = x.relu().unwrap();
+    let h = y.detach();
+    h.add_scalar_(1.0).unwrap(); // allowed: relu kept no values
+    let keep = leangrad::autograd::SavedTensor::new(&h, "probe");
+    assert_eq!(
+        ledger.live_in(Device::Cpu, Category::Saved),
+        160 + 8,
+        "bits kept: h changed"
+    );
+    drop(keep);
+    let seed = Tensor::ones(&[40], DType::F32, Device::Cpu).unwrap();
+    leangrad::autograd::backward_with(&y, Some(seed), &mut leangrad::autograd::CollectGrads)
+        .unwrap();
+    let expected: Vec<f32> = x
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| if v > 0.0 { 1.0 } else { 0.0 })
+        .collect();
+    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), expected);
 }

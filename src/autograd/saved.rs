@@ -23,6 +23,7 @@ impl SavedTensor {
             format!("{scope}/{op}")
         };
         tensor.storage().allocation().mark_saved(&label);
+        tensor.storage().notify_saved();
         SavedTensor {
             tensor: tensor.detach(),
             version: tensor.version(),

@@ -1,8 +1,16 @@
 //! Masks kept for backward by relu-like ops.
+//!
+//! Under the lean policy a mask is 1 bit per element. When the tensor the
+//! mask was computed from is later saved by another op anyway (a ReLU
+//! output saved by the next layer for its weight gradient), the mask is
+//! dropped and the gradient reads the kept values instead: the 1-bit mask
+//! never costs more than it saves.
 
 use crate::autograd::{save_policy, SavePolicy, SavedTensor};
 use crate::cpu::{mask_scale, mask_where};
+use crate::tensor::{Layout, SaveListener, Storage};
 use crate::{Result, Tensor};
+use std::sync::{Arc, Mutex};
 
 /// Which elements pass the gradient.
 #[derive(Clone, Copy, Debug)]
@@ -20,13 +28,48 @@ impl MaskRule {
             MaskRule::Within(lo, hi) => v >= lo && v <= hi,
         }
     }
+
+    fn bits(self, source: &Tensor, op: &'static str) -> Result<Tensor> {
+        mask_where(source, op, move |v| self.test(v))
+    }
 }
 
-/// A mask kept for backward: 1-bit packed under the lean policy (⌈n/32⌉
-/// u32 words); under `SaveAll` the float tensor it is computed from, as
-/// PyTorch keeps it. Both give bit-identical gradients.
+/// What a lean mask holds now.
+enum MaskState {
+    /// The packed bits (⌈n/32⌉ u32 words).
+    Bits(SavedTensor),
+    /// The source values, saved by another op too (so free here).
+    Source(SavedTensor),
+}
+
+/// A lean mask that switches to its source when the source gets saved.
+pub(crate) struct MaskSlot {
+    rule: MaskRule,
+    op: &'static str,
+    source_layout: Layout,
+    source_version: u64,
+    state: Mutex<MaskState>,
+}
+
+impl SaveListener for MaskSlot {
+    fn storage_saved(&self, storage: &Arc<Storage>) {
+        // Values changed in place since the mask was taken: keep the bits.
+        if storage.version() != self.source_version {
+            return;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*state, MaskState::Bits(_)) {
+            let source = Tensor::from_storage(storage.clone(), self.source_layout.clone());
+            *state = MaskState::Source(SavedTensor::new(&source, self.op));
+        }
+    }
+}
+
+/// A mask kept for backward: 1-bit packed under the lean policy (or its
+/// source, once another op keeps that); under `SaveAll` the float tensor it
+/// is computed from, as PyTorch keeps it. All give bit-identical gradients.
 pub(crate) enum SavedMask {
-    Packed(SavedTensor),
+    Lean(Arc<MaskSlot>),
     FromFloat(SavedTensor, MaskRule),
 }
 
@@ -35,8 +78,17 @@ impl SavedMask {
     pub(crate) fn new(source: &Tensor, rule: MaskRule, op: &'static str) -> Result<SavedMask> {
         Ok(match save_policy() {
             SavePolicy::Lean => {
-                let bits = mask_where(source, op, move |v| rule.test(v))?;
-                SavedMask::Packed(SavedTensor::new(&bits, op))
+                let bits = SavedTensor::new(&rule.bits(source, op)?, op);
+                let slot = Arc::new(MaskSlot {
+                    rule,
+                    op,
+                    source_layout: source.layout().clone(),
+                    source_version: source.version(),
+                    state: Mutex::new(MaskState::Bits(bits)),
+                });
+                let weak = Arc::downgrade(&slot);
+                source.storage().add_save_listener(weak);
+                SavedMask::Lean(slot)
             }
             SavePolicy::SaveAll => SavedMask::FromFloat(SavedTensor::new(source, op), rule),
         })
@@ -44,13 +96,16 @@ impl SavedMask {
 
     /// `g` where the mask is set, `g · slope` elsewhere.
     pub(crate) fn apply(&self, g: &Tensor, slope: f64) -> Result<Tensor> {
-        match self {
-            SavedMask::Packed(bits) => mask_scale(g, bits.get()?, slope),
-            SavedMask::FromFloat(source, rule) => {
-                let rule = *rule;
-                let bits = mask_where(source.get()?, "mask", move |v| rule.test(v))?;
-                mask_scale(g, &bits, slope)
+        let (source, rule, op) = match self {
+            SavedMask::Lean(slot) => {
+                let state = slot.state.lock().unwrap_or_else(|e| e.into_inner());
+                match &*state {
+                    MaskState::Bits(bits) => return mask_scale(g, bits.get()?, slope),
+                    MaskState::Source(s) => (s.get()?.clone(), slot.rule, slot.op),
+                }
             }
-        }
+            SavedMask::FromFloat(s, rule) => (s.get()?.clone(), *rule, "mask"),
+        };
+        mask_scale(g, &rule.bits(&source, op)?, slope)
     }
 }

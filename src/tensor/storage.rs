@@ -4,7 +4,7 @@ use crate::memory::{current_category, Allocation, Category, Ledger};
 use crate::{DType, Device, Error, Result, WithDType};
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 /// Host data of one dtype.
 #[derive(Clone, Debug)]
@@ -164,6 +164,15 @@ pub struct Storage {
     len: usize,
     version: AtomicU64,
     allocation: Allocation,
+    save_listeners: Mutex<Vec<Weak<dyn SaveListener>>>,
+}
+
+/// Told when a storage starts being held for backward. A relu-like op that
+/// kept a 1-bit mask of this storage uses it to drop the mask and read the
+/// (now kept anyway) values instead, so the mask never costs extra memory.
+pub trait SaveListener: Send + Sync {
+    /// `storage` was just saved for backward by some op.
+    fn storage_saved(&self, storage: &Arc<Storage>);
 }
 
 impl Storage {
@@ -185,6 +194,7 @@ impl Storage {
             len,
             version: AtomicU64::new(0),
             allocation,
+            save_listeners: Mutex::new(Vec::new()),
         })
     }
 
@@ -216,6 +226,31 @@ impl Storage {
     /// The ledger registration.
     pub fn allocation(&self) -> &Allocation {
         &self.allocation
+    }
+
+    /// Asks to be told the next time this storage is saved for backward.
+    pub fn add_save_listener(&self, listener: Weak<dyn SaveListener>) {
+        let mut ls = self
+            .save_listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        ls.retain(|l| l.strong_count() > 0);
+        ls.push(listener);
+    }
+
+    /// Tells (once) every live listener that this storage was saved.
+    pub(crate) fn notify_saved(self: &Arc<Self>) {
+        let listeners = std::mem::take(
+            &mut *self
+                .save_listeners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for listener in listeners {
+            if let Some(l) = listener.upgrade() {
+                l.storage_saved(self);
+            }
+        }
     }
 
     /// How many times the data has been modified in place.

@@ -110,7 +110,7 @@ fn bits(t: &Tensor) -> Vec<u64> {
 
 /// For every combination of requires-grad over `inputs` (float inputs
 /// only): the lean policy's outputs and gradients equal the save-everything
-/// policy's bit for bit. Returns, per combination
+/// policy's bit for bit, and it saves no more. Returns, per combination
 /// (bit i set = input i requires grad), the (lean, save-all) saved bytes.
 pub fn check_policies(
     f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
