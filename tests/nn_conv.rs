@@ -373,3 +373,29 @@ fn large_inputs_take_the_parallel_kernels_and_agree() {
         assert_close(&y.to_f64_vec().unwrap(), &expected, 1e-12);
     }
 }
+
+#[test]
+fn a_frozen_layer_keeps_only_its_weight_which_costs_nothing() {
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let o = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    let mut m = Conv2d::new("frozen", 2, 3, [3, 3], o, true, DType::F32, Device::Cpu, 6).unwrap();
+    m.weight = m.weight.clone().set_requires_grad(false).unwrap();
+    m.bias = m.bias.take().map(|b| b.set_requires_grad(false).unwrap());
+    assert_eq!(m.parameters().len(), 2);
+    let x = Tensor::rand(&[2, 2, 4, 4], DType::F32, Device::Cpu, 7)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    let y = m.forward(&x).unwrap();
+    // Only the input needs grad: the weight is kept, but it is a parameter.
+    assert_eq!(ledger.live_in(Device::Cpu, Category::Saved), 0);
+    let seed = Tensor::ones(y.shape(), DType::F32, Device::Cpu).unwrap();
+    leangrad::autograd::backward_with(&y, Some(seed), &mut leangrad::autograd::CollectGrads)
+        .unwrap();
+    assert_eq!(x.grad().unwrap().shape(), [2, 2, 4, 4]);
+    assert!(m.weight.grad().is_none());
+}

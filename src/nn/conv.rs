@@ -317,7 +317,7 @@ pub fn conv_transpose2d(
     const OP: &str = "conv_transpose2d";
     let ws = weight.shape();
     let cout = if ws.len() == 4 {
-        ws[1] * opts.groups
+        ws[1].saturating_mul(opts.groups)
     } else {
         0
     };
