@@ -4,6 +4,7 @@
 mod anytype;
 mod batch_sum;
 mod bitmask;
+pub(crate) mod conv;
 mod elementwise;
 mod gemm;
 mod index;

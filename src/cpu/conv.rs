@@ -1,0 +1,342 @@
+//! Convolution kernels: im2col / col2im around the gemm kernel.
+//!
+//! Every convolution here is a 2-d one over `[n, c, h, w]` (1-d convolutions
+//! use a unit height). For each batch item the input is unfolded into a
+//! column buffer `[groups, cin/groups·kh·kw, oh·ow]` (a Workspace tensor,
+//! dropped before returning), and one batched product over the groups does
+//! the rest:
+//!
+//! - forward: `y_i[g] = W[g] · cols_i[g]`;
+//! - input gradient: `cols_i[g] = W[g]ᵀ · gy_i[g]`, folded back by col2im
+//!   (this is also the forward of the transposed convolution);
+//! - weight gradient: `gW[g] = Σ_i gy_i[g] · cols_i[g]ᵀ`.
+
+use super::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
+use crate::memory::{with_category, Category};
+use crate::tensor::{contiguous_strides, CpuData, Layout, Tensor};
+use crate::{DType, Error, FloatDType, Result, WithDType};
+use half::{bf16, f16};
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// The geometry of one 2-d convolution: input `[n, cin, h, w]`, weight
+/// `[cout, cin/groups, kh, kw]`, output `[n, cout, oh, ow]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ConvGeom {
+    pub n: usize,
+    pub cin: usize,
+    pub h: usize,
+    pub w: usize,
+    pub cout: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: [usize; 2],
+    pub pad: [usize; 2],
+    pub dil: [usize; 2],
+    pub groups: usize,
+    pub oh: usize,
+    pub ow: usize,
+}
+
+impl ConvGeom {
+    /// Rows of one group's column block: `cin/groups · kh · kw`.
+    fn k(&self) -> usize {
+        self.cin / self.groups * self.kh * self.kw
+    }
+    /// Output positions per channel.
+    fn l(&self) -> usize {
+        self.oh * self.ow
+    }
+    fn cout_g(&self) -> usize {
+        self.cout / self.groups
+    }
+    /// The input coordinate read by output `o` through kernel tap `k` along
+    /// axis `a` (0 = height, 1 = width), if it lies inside the input.
+    fn src(&self, a: usize, o: usize, k: usize, len: usize) -> Option<usize> {
+        let i = (o * self.stride[a] + k * self.dil[a]).checked_sub(self.pad[a])?;
+        (i < len).then_some(i)
+    }
+}
+
+/// Runs the generic kernel `$f::<T>` for the float dtype `$dt`.
+macro_rules! by_dtype {
+    ($dt:expr, $f:ident ( $($a:expr),* )) => {
+        match $dt {
+            DType::F32 => $f::<f32>($($a),*),
+            DType::F64 => $f::<f64>($($a),*),
+            DType::F16 => $f::<f16>($($a),*),
+            DType::BF16 => $f::<bf16>($($a),*),
+            dtype => Err(Error::UnsupportedDType { op: "conv", dtype }),
+        }
+    };
+}
+
+fn slice<T: FloatDType>(d: &CpuData, r: Range<usize>) -> Result<&[T]> {
+    Ok(&super::elementwise::typed::<T>(d, "conv")?[r])
+}
+
+fn slice_mut<T: FloatDType>(d: &mut CpuData, r: Range<usize>) -> Result<&mut [T]> {
+    let dtype = d.dtype();
+    let s = d.as_mut_slice::<T>().ok_or(Error::DTypeMismatch {
+        op: "conv",
+        expected: T::DTYPE,
+        got: dtype,
+    })?;
+    Ok(&mut s[r])
+}
+
+/// `t` itself when contiguous, else a contiguous copy (counted under the
+/// caller's category: call it under a Workspace guard).
+fn dense(t: &Tensor) -> Result<(Tensor, usize)> {
+    let t = match t.layout().contiguous_range() {
+        Some(_) => t.detach(),
+        None => contiguous_copy(t)?,
+    };
+    let start = t.layout().contiguous_range().map_or(0, |r| r.start);
+    Ok((t, start))
+}
+
+/// A contiguous `shape` view of `t`'s storage from element `offset`.
+fn view(t: &Tensor, shape: &[usize], offset: usize) -> Tensor {
+    t.view_with_layout(Layout::from_parts(
+        shape.to_vec(),
+        contiguous_strides(shape),
+        offset,
+    ))
+}
+
+/// `[groups, a, b]` viewed as `[groups, b, a]` (no copy).
+fn transposed(t: &Tensor) -> Result<Tensor> {
+    Ok(t.view_with_layout(t.layout().permute(&[0, 2, 1])?))
+}
+
+/// Runs `f(index, chunk)` over `chunk`-sized pieces of `data`, in parallel
+/// when `data` is large.
+fn for_chunks<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+    if chunk == 0 {
+        return;
+    }
+    if data.len() >= PARALLEL_THRESHOLD {
+        data.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+    } else {
+        data.chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+    }
+}
+
+/// Unfolds one item `x` (`[cin, h, w]`) into `cols` (`[cin·kh·kw, oh·ow]`).
+fn im2col<T: FloatDType>(
+    x: &CpuData,
+    xr: Range<usize>,
+    cols: &mut CpuData,
+    g: &ConvGeom,
+) -> Result<()> {
+    let x = slice::<T>(x, xr)?;
+    let n = cols.len();
+    let cols = slice_mut::<T>(cols, 0..n)?;
+    let (kk, hw) = (g.kh * g.kw, g.h * g.w);
+    for_chunks(cols, g.l(), |r, row| {
+        let (c, ki, kj) = (r / kk, r % kk / g.kw, r % g.kw);
+        let plane = &x[c * hw..(c + 1) * hw];
+        for (oy, dst) in row.chunks_mut(g.ow).enumerate() {
+            let Some(iy) = g.src(0, oy, ki, g.h) else {
+                dst.fill(T::zero());
+                continue;
+            };
+            let src = &plane[iy * g.w..(iy + 1) * g.w];
+            for (ox, d) in dst.iter_mut().enumerate() {
+                *d = g.src(1, ox, kj, g.w).map_or(T::zero(), |ix| src[ix]);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Folds `cols` (`[cin·kh·kw, oh·ow]`) back, adding into one item `gx`
+/// (`[cin, h, w]`). Each input channel is summed in a fixed order.
+fn col2im<T: FloatDType>(
+    cols: &CpuData,
+    gx: &mut CpuData,
+    gr: Range<usize>,
+    g: &ConvGeom,
+) -> Result<()> {
+    let cols = slice::<T>(cols, 0..cols.len())?;
+    let gx = slice_mut::<T>(gx, gr)?;
+    let (kk, l) = (g.kh * g.kw, g.l());
+    for_chunks(gx, g.h * g.w, |c, plane| {
+        for ki in 0..g.kh {
+            for kj in 0..g.kw {
+                let row = &cols[(c * kk + ki * g.kw + kj) * l..][..l];
+                for (oy, src) in row.chunks(g.ow).enumerate() {
+                    let Some(iy) = g.src(0, oy, ki, g.h) else {
+                        continue;
+                    };
+                    for (ox, &v) in src.iter().enumerate() {
+                        if let Some(ix) = g.src(1, ox, kj, g.w) {
+                            let p = &mut plane[iy * g.w + ix];
+                            *p = *p + v;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Writes `bias[c]` into every output position of channel `c`.
+fn fill_bias<T: FloatDType>(
+    out: &mut CpuData,
+    b: &CpuData,
+    br: Range<usize>,
+    l: usize,
+) -> Result<()> {
+    let b = slice::<T>(b, br)?;
+    let n = out.len();
+    let out = slice_mut::<T>(out, 0..n)?;
+    let c = b.len();
+    for_chunks(out, l, |i, d| d.fill(b[i % c]));
+    Ok(())
+}
+
+/// Per channel of `gy` (`[n, c, l]`): the sum over `n` and `l`, in f64.
+fn channel_sums<T: FloatDType>(
+    gy: &CpuData,
+    r: Range<usize>,
+    dst: &mut CpuData,
+    n: usize,
+    l: usize,
+) -> Result<()> {
+    let gy = slice::<T>(gy, r)?;
+    let c = dst.len();
+    let dst = slice_mut::<T>(dst, 0..c)?;
+    for (ch, d) in dst.iter_mut().enumerate() {
+        let mut acc = 0.0f64;
+        for i in 0..n {
+            acc += gy[(i * c + ch) * l..][..l]
+                .iter()
+                .map(|&v| WithDType::to_f64(v))
+                .sum::<f64>();
+        }
+        *d = <T as WithDType>::from_f64(acc);
+    }
+    Ok(())
+}
+
+fn unfold(x: &Tensor, start: usize, cols: &Tensor, g: &ConvGeom) -> Result<()> {
+    let xd = x.storage().cpu()?;
+    let mut cd = cols.storage().cpu_mut()?;
+    let item = g.cin * g.h * g.w;
+    by_dtype!(x.dtype(), im2col(&xd, start..start + item, &mut cd, g))
+}
+
+/// The convolution `y = conv(x, w) + b` (no autograd): `x` `[n, cin, h, w]`,
+/// `w` `[cout, cin/groups, kh, kw]`, `b` `[cout]`; a new contiguous
+/// `[n, cout, oh, ow]` tensor.
+pub(crate) fn conv2d_forward(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    g: &ConvGeom,
+) -> Result<Tensor> {
+    let out = Tensor::zeros(&[g.n, g.cout, g.oh, g.ow], x.dtype(), x.device())?;
+    let _ws = with_category(Category::Workspace);
+    if let Some(b) = bias {
+        let (b, bs) = dense(b)?;
+        let bd = b.storage().cpu()?;
+        let mut od = out.storage().cpu_mut()?;
+        by_dtype!(x.dtype(), fill_bias(&mut od, &bd, bs..bs + g.cout, g.l()))?;
+    }
+    let (x, xs) = dense(x)?;
+    let (w, ws) = dense(w)?;
+    let (k, l, cg) = (g.k(), g.l(), g.cout_g());
+    let cols = Tensor::zeros(&[g.groups, k, l], x.dtype(), x.device())?;
+    let wv = view(&w, &[g.groups, cg, k], ws);
+    for i in 0..g.n {
+        unfold(&x, xs + i * g.cin * g.h * g.w, &cols, g)?;
+        let dst = view(&out, &[g.groups, cg, l], i * g.cout * l);
+        matmul_into(&dst, &wv, &cols, bias.is_some())?;
+    }
+    Ok(out)
+}
+
+/// The gradient of [`conv2d_forward`] with respect to `x`, given `gy`
+/// `[n, cout, oh, ow]`: a new contiguous `[n, cin, h, w]` tensor. This is
+/// also the transposed convolution of `gy` by `w`, whose bias `[cin]`, if
+/// given, is added.
+pub(crate) fn conv2d_input_grad(
+    gy: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    g: &ConvGeom,
+) -> Result<Tensor> {
+    let gx = Tensor::zeros(&[g.n, g.cin, g.h, g.w], gy.dtype(), gy.device())?;
+    let _ws = with_category(Category::Workspace);
+    if let Some(b) = bias {
+        let (b, bs) = dense(b)?;
+        let bd = b.storage().cpu()?;
+        let mut xd = gx.storage().cpu_mut()?;
+        by_dtype!(
+            gy.dtype(),
+            fill_bias(&mut xd, &bd, bs..bs + g.cin, g.h * g.w)
+        )?;
+    }
+    let (gy, gs) = dense(gy)?;
+    let (w, ws) = dense(w)?;
+    let (k, l, cg) = (g.k(), g.l(), g.cout_g());
+    let cols = Tensor::zeros(&[g.groups, k, l], gy.dtype(), gy.device())?;
+    let wt = transposed(&view(&w, &[g.groups, cg, k], ws))?;
+    let item = g.cin * g.h * g.w;
+    for i in 0..g.n {
+        let gyv = view(&gy, &[g.groups, cg, l], gs + i * g.cout * l);
+        matmul_into(&cols, &wt, &gyv, false)?;
+        let cd = cols.storage().cpu()?;
+        let mut xd = gx.storage().cpu_mut()?;
+        by_dtype!(
+            gy.dtype(),
+            col2im(&cd, &mut xd, i * item..(i + 1) * item, g)
+        )?;
+    }
+    Ok(gx)
+}
+
+/// The gradient of [`conv2d_forward`] with respect to `w`, given `gy`
+/// `[n, cout, oh, ow]` and the input `x`: a new `[cout, cin/groups, kh, kw]`
+/// tensor.
+pub(crate) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Result<Tensor> {
+    let cin_g = g.cin / g.groups;
+    let gw = Tensor::zeros(&[g.cout, cin_g, g.kh, g.kw], gy.dtype(), gy.device())?;
+    let _ws = with_category(Category::Workspace);
+    let (gy, gs) = dense(gy)?;
+    let (x, xs) = dense(x)?;
+    let (k, l, cg) = (g.k(), g.l(), g.cout_g());
+    let cols = Tensor::zeros(&[g.groups, k, l], gy.dtype(), gy.device())?;
+    let colst = transposed(&cols)?;
+    let gwv = view(&gw, &[g.groups, cg, k], 0);
+    for i in 0..g.n {
+        unfold(&x, xs + i * g.cin * g.h * g.w, &cols, g)?;
+        let gyv = view(&gy, &[g.groups, cg, l], gs + i * g.cout * l);
+        matmul_into(&gwv, &gyv, &colst, i > 0)?;
+    }
+    Ok(gw)
+}
+
+/// The bias gradient: `gy` `[n, c, …]` summed over every dim but 1.
+pub(crate) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
+    let (n, c) = (gy.shape()[0], gy.shape()[1]);
+    let l = gy.shape()[2..].iter().product();
+    let gb = Tensor::zeros(&[c], gy.dtype(), gy.device())?;
+    let _ws = with_category(Category::Workspace);
+    let (gy, gs) = dense(gy)?;
+    let gd = gy.storage().cpu()?;
+    let mut bd = gb.storage().cpu_mut()?;
+    by_dtype!(
+        gy.dtype(),
+        channel_sums(&gd, gs..gs + n * c * l, &mut bd, n, l)
+    )?;
+    drop(bd);
+    Ok(gb)
+}
