@@ -560,3 +560,45 @@ fn large_pools_take_the_parallel_path_deterministically() {
     let rows = check_policies(&|t| avg_pool2d(&t[0], &a), std::slice::from_ref(&x));
     assert_eq!(bytes(&rows, 1), (0, 4 * 131072));
 }
+
+#[test]
+fn strided_inputs_and_gradients() {
+    // A transposed input, and a transposed (non-contiguous) incoming gradient.
+    let o = mp([2, 3], [1, 2], [1, 1], [1, 1], false);
+    let a = AvgPool2dOptions {
+        count_include_pad: false,
+        ..AvgPool2dOptions::new([2, 2])
+    };
+    check(
+        |t| max_pool2d(&t[0].transpose(2, 3)?, &o)?.transpose(2, 3),
+        &[rand64(&[2, 2, 5, 6], 25)],
+    );
+    check(
+        |t| avg_pool2d(&t[0].transpose(1, 3)?, &a)?.transpose(2, 3),
+        &[rand64(&[1, 4, 5, 3], 26)],
+    );
+    check(
+        |t| adaptive_avg_pool2d(&t[0].transpose(2, 3)?, [2, 3])?.transpose(0, 3),
+        &[rand64(&[2, 1, 5, 4], 27)],
+    );
+    check(
+        |t| dropout(&t[0].t()?, 0.3, 9, 4)?.t(),
+        &[rand64(&[6, 7], 28)],
+    );
+    let w = rand64(&[5, 4], 29);
+    check(
+        |t| embedding(&t[0].t()?.t()?, &idx(&[3, 1, 3], &[3]), None)?.t(),
+        &[w],
+    );
+    // The transposed input gives the values of its contiguous copy.
+    let x = rand64(&[1, 2, 6, 5], 30);
+    let xt = x.transpose(2, 3).unwrap();
+    let xc = xt.contiguous().unwrap();
+    assert_eq!(
+        max_pool2d(&xt, &o).unwrap().to_f64_vec().unwrap(),
+        max_pool2d(&xc, &o).unwrap().to_f64_vec().unwrap()
+    );
+    let d1 = dropout(&xt, 0.5, 1, 0).unwrap().to_f64_vec().unwrap();
+    let d2 = dropout(&xc, 0.5, 1, 0).unwrap().to_f64_vec().unwrap();
+    assert_eq!(d1, d2);
+}
