@@ -5,10 +5,13 @@ mod anytype;
 mod batch_sum;
 mod bitmask;
 pub(crate) mod conv;
+mod dropout;
 mod elementwise;
+mod embedding;
 mod gemm;
 mod index;
 mod loss;
+mod pool;
 mod reduce;
 mod softmax;
 
@@ -17,17 +20,23 @@ pub(crate) use batch_sum::matmul_sum_batches;
 pub use bitmask::{
     get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,
 };
+pub(crate) use dropout::{dropout_apply, dropout_apply_mask, dropout_mask_bytes, DropoutDraw};
 pub use elementwise::{
     binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
     UnaryKernel,
 };
 pub(crate) use elementwise::{check_pair, gather};
+pub(crate) use embedding::{embedding_backward, embedding_gather};
 #[allow(unused_imports)]
 pub(crate) use gemm::{matmul, matmul_into};
 pub(crate) use index::{
     add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };
 pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward};
+pub(crate) use pool::{
+    avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_forward, window_to_flat,
+    ArgSource, AvgMode, PoolGeom,
+};
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
 pub(crate) use softmax::{softmax_backward, softmax_forward};

@@ -3,9 +3,10 @@
 
 use super::mask::{MaskRule, SavedMask};
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::{binary_map, unary_map, BinaryKernel, UnaryKernel};
+use crate::cpu::{binary_map, unary_assign, unary_map, BinaryKernel, UnaryKernel};
 use crate::{FloatDType, Result, Tensor, WithDType};
 use std::f64::consts::{FRAC_2_SQRT_PI, PI, SQRT_2};
+use std::sync::Arc;
 
 /// `v` as a `T`.
 #[inline(always)]
@@ -354,6 +355,27 @@ impl Tensor {
     pub fn relu(&self) -> Result<Tensor> {
         let out = unary_map(self, &ReluK)?;
         masked_op(self, out, "relu", 0.0, false)
+    }
+
+    /// `max(x, 0)` written over the input's own storage when nothing else
+    /// can see it: this tensor and its storage each held once (no other
+    /// view, clone or saved tensor), contiguous over the whole storage, and
+    /// not a leaf requiring grad. Then no new buffer is allocated and the
+    /// storage's version is bumped; otherwise it falls back to
+    /// [`Tensor::relu`]. Either way saves only the packed 1-bit mask of
+    /// `output > 0` when the input needs grad (the output under `SaveAll`).
+    pub fn relu_inplace(self) -> Result<Tensor> {
+        let exclusive = Arc::strong_count(&self.0) == 1
+            && Arc::strong_count(self.storage()) == 1
+            && self.is_contiguous()
+            && self.numel() == self.storage().len()
+            && !(self.is_leaf() && self.requires_grad());
+        if !exclusive {
+            return self.relu();
+        }
+        unary_assign(&self, &ReluK)?;
+        let out = self.detach();
+        masked_op(&self, out, "relu", 0.0, false)
     }
 
     /// `x` for `x > 0`, else `slope · x`. Saves for backward only a packed

@@ -1,0 +1,76 @@
+//! Dropout kernels. The keep-mask is never stored by the lean path: element
+//! `i` is kept iff `rng::dropout_keep(seed, offset, i, p)`, which forward and
+//! backward evaluate alike (any layout in, row-major element order).
+
+use super::elementwise::{fill, Source};
+use crate::rng::dropout_keep;
+use crate::tensor::{CpuData, Layout, Tensor};
+use crate::{FloatDType, Result, WithDType};
+
+/// The (seed, offset) of a dropout draw and its drop probability.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct DropoutDraw {
+    pub seed: u64,
+    pub offset: u64,
+    pub p: f64,
+}
+
+impl DropoutDraw {
+    /// Whether element `i` is kept.
+    #[inline(always)]
+    pub fn keep(&self, i: usize) -> bool {
+        dropout_keep(self.seed, self.offset, i as u64, self.p)
+    }
+
+    /// The factor kept elements are scaled by: `1/(1-p)` (0 for `p = 1`,
+    /// where nothing is kept).
+    pub fn scale(&self) -> f64 {
+        if self.p >= 1.0 {
+            0.0
+        } else {
+            1.0 / (1.0 - self.p)
+        }
+    }
+}
+
+/// `v · scale` where `keep(i)`, else 0, for every element of the float
+/// tensor `x` (any layout), as a new contiguous tensor.
+fn masked_scale(x: &Tensor, scale: f64, keep: impl Fn(usize) -> bool + Sync) -> Result<Tensor> {
+    let data = x.storage().cpu()?;
+    fn go<T: FloatDType>(
+        s: &[T],
+        l: &Layout,
+        scale: f64,
+        keep: &(impl Fn(usize) -> bool + Sync),
+    ) -> CpuData {
+        let src = Source::new(s, l);
+        let scale = <T as WithDType>::from_f64(scale);
+        T::wrap(fill(l.numel(), |i| {
+            if keep(i) {
+                src.get(i) * scale
+            } else {
+                T::zero()
+            }
+        }))
+    }
+    let out = crate::match_float_data!(&*data, "dropout", v => go(v, x.layout(), scale, &keep));
+    drop(data);
+    Tensor::from_cpu_data(out, x.shape())
+}
+
+/// Forward (and lean backward): elements kept by `draw` scaled by
+/// `1/(1-p)`, the others zero.
+pub(crate) fn dropout_apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
+    masked_scale(x, draw.scale(), |i| draw.keep(i))
+}
+
+/// The keep-mask of `draw` over `n` elements as bytes (1 = kept): what
+/// PyTorch keeps for backward.
+pub(crate) fn dropout_mask_bytes(n: usize, draw: DropoutDraw) -> Vec<u8> {
+    fill(n, |i| u8::from(draw.keep(i)))
+}
+
+/// Backward from a stored byte mask: `g · scale` where the mask is set.
+pub(crate) fn dropout_apply_mask(g: &Tensor, mask: &[u8], scale: f64) -> Result<Tensor> {
+    masked_scale(g, scale, |i| mask[i] != 0)
+}

@@ -1,0 +1,108 @@
+//! Activation layers and `Flatten`: thin [`Module`] wrappers over the
+//! elementwise ops, saving exactly what those ops save (stated per layer).
+//! None has parameters.
+
+use super::Module;
+use crate::{Result, Tensor};
+
+macro_rules! activation {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty),* } |$s:ident, $x:ident| $call:expr) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub struct $name {
+            $(
+                $(#[$fm])*
+                pub $field: $ty,
+            )*
+        }
+
+        impl Module for $name {
+            fn forward(&self, $x: &Tensor) -> Result<Tensor> {
+                let $s = self;
+                let _ = $s;
+                $call
+            }
+
+            fn named_parameters(&self) -> Vec<(String, Tensor)> {
+                Vec::new()
+            }
+        }
+    };
+}
+
+activation!(
+    /// `torch.nn.ReLU`. Saves a packed 1-bit mask (`⌈n/32⌉` u32 words) when
+    /// the input needs grad. With `inplace`, [`ReLU::apply`] on an owned
+    /// tensor nothing else holds writes over its storage
+    /// ([`Tensor::relu_inplace`]); `forward` borrows its input, which the
+    /// caller still holds, so it always computes out of place.
+    ReLU {
+        /// Write over an unshared owned input in [`ReLU::apply`].
+        inplace: bool
+    } |s, x| x.relu()
+);
+
+impl ReLU {
+    /// `max(x, 0)` on an owned tensor: in place when `inplace` and nothing
+    /// else holds `x`'s storage (see [`Tensor::relu_inplace`]), else out of
+    /// place. Saves the 1-bit mask either way.
+    pub fn apply(&self, x: Tensor) -> Result<Tensor> {
+        if self.inplace {
+            x.relu_inplace()
+        } else {
+            x.relu()
+        }
+    }
+}
+
+activation!(
+    /// `torch.nn.LeakyReLU(negative_slope)`. Saves a packed 1-bit mask.
+    LeakyReLU {
+        /// The slope for `x <= 0`.
+        negative_slope: f64
+    } |s, x| x.leaky_relu(s.negative_slope)
+);
+
+activation!(
+    /// `torch.nn.GELU` (`approximate`: the tanh form). Saves its input.
+    GELU {
+        /// Use the tanh approximation instead of erf.
+        approximate: bool
+    } |s, x| x.gelu(s.approximate)
+);
+
+activation!(
+    /// `torch.nn.SiLU`. Saves its input.
+    SiLU {} |s, x| x.silu()
+);
+
+activation!(
+    /// `torch.nn.Sigmoid`. Saves its output.
+    Sigmoid {} |s, x| x.sigmoid()
+);
+
+activation!(
+    /// `torch.nn.Tanh`. Saves its output.
+    Tanh {} |s, x| x.tanh()
+);
+
+activation!(
+    /// `torch.nn.Flatten(start_dim, end_dim)` (PyTorch's defaults are 1 and
+    /// -1): a view when the input is contiguous. Saves only the input shape.
+    Flatten {
+        /// First dim flattened (negative counts from the end).
+        start_dim: isize,
+        /// Last dim flattened, inclusive.
+        end_dim: isize
+    } |s, x| x.flatten(s.start_dim, s.end_dim)
+);
+
+impl Default for Flatten {
+    /// PyTorch's defaults: dims 1 through -1.
+    fn default() -> Self {
+        Flatten {
+            start_dim: 1,
+            end_dim: -1,
+        }
+    }
+}

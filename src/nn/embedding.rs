@@ -1,0 +1,142 @@
+//! Embedding lookup: rows of a `[num_embeddings, embedding_dim]` weight
+//! gathered by an integer index tensor of any shape.
+
+use super::Module;
+use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::cpu::{embedding_backward, embedding_gather, read_indices};
+use crate::memory::scope;
+use crate::ops::expect_float;
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// Backward of embedding: saves the index tensor only (the weight's shape
+/// and the padding row are plain numbers).
+struct EmbeddingBackward {
+    indices: SavedTensor,
+    num: usize,
+    dim: usize,
+    padding: Option<usize>,
+}
+
+impl BackwardOp for EmbeddingBackward {
+    fn name(&self) -> &'static str {
+        "embedding"
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let idx = read_indices("embedding", self.indices.get()?, self.num)?;
+        drop(self.indices);
+        Ok(vec![Some(embedding_backward(
+            &g,
+            &idx,
+            self.num,
+            self.dim,
+            self.padding,
+        )?)])
+    }
+}
+
+/// Resolves PyTorch's (possibly negative) `padding_idx` against `num` rows.
+fn resolve_padding(padding_idx: Option<i64>, num: usize) -> Result<Option<usize>> {
+    padding_idx
+        .map(|p| {
+            let r = if p < 0 { p + num as i64 } else { p };
+            usize::try_from(r)
+                .ok()
+                .filter(|&r| r < num)
+                .ok_or(Error::IndexOutOfRange {
+                    op: "embedding (padding_idx)",
+                    index: p,
+                    size: num,
+                })
+        })
+        .transpose()
+}
+
+/// `weight[indices]`: for an I64 or U32 index tensor of any shape, the
+/// result has shape `indices.shape + [embedding_dim]`. An index outside
+/// `0..num_embeddings` is `Error::IndexOutOfRange`. The gradient of the
+/// weight is accumulated sequentially (deterministic); the `padding_idx`
+/// row (negative counts from the end) gets none. Saves the index tensor,
+/// and only when the weight needs grad (the same under `SaveAll`).
+pub fn embedding(weight: &Tensor, indices: &Tensor, padding_idx: Option<i64>) -> Result<Tensor> {
+    const OP: &str = "embedding";
+    expect_float(OP, weight)?;
+    if weight.rank() != 2 {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!("weight must be [num, dim], got {:?}", weight.shape()),
+        });
+    }
+    let (num, dim) = (weight.shape()[0], weight.shape()[1]);
+    let padding = resolve_padding(padding_idx, num)?;
+    let idx = read_indices(OP, indices, num)?;
+    let mut shape = indices.shape().to_vec();
+    shape.push(dim);
+    let out = embedding_gather(weight, &idx, &shape)?;
+    let [needs] = needs_grad([weight]);
+    if !needs {
+        return Ok(out);
+    }
+    let op = EmbeddingBackward {
+        indices: SavedTensor::new(indices, OP),
+        num,
+        dim,
+        padding,
+    };
+    Ok(attach(out, &[weight], op))
+}
+
+/// `torch.nn.Embedding`: a `weight` of `[num_embeddings, embedding_dim]`
+/// initialised N(0, 1) (the `padding_idx` row zeroed); `forward` takes the
+/// index tensor. Saves the indices only when the weight needs grad (a
+/// frozen embedding saves nothing).
+pub struct Embedding {
+    /// `[num_embeddings, embedding_dim]`.
+    pub weight: Tensor,
+    padding_idx: Option<i64>,
+    name: String,
+}
+
+impl Embedding {
+    /// A table of `num_embeddings` rows of `embedding_dim`, from a seeded
+    /// Philox normal stream; `padding_idx` (negative counts from the end)
+    /// names a row kept at zero that gets no gradient.
+    pub fn new(
+        name: &str,
+        num_embeddings: usize,
+        embedding_dim: usize,
+        padding_idx: Option<i64>,
+        dtype: DType,
+        device: Device,
+        seed: u64,
+    ) -> Result<Embedding> {
+        let padding = resolve_padding(padding_idx, num_embeddings)?;
+        let mut v = crate::rng::normal(seed, 0, num_embeddings * embedding_dim);
+        if let Some(p) = padding {
+            v[p * embedding_dim..(p + 1) * embedding_dim].fill(0.0);
+        }
+        let weight = Tensor::from_f64_slice(&v, &[num_embeddings, embedding_dim], dtype, device)?
+            .into_parameter()?;
+        Ok(Embedding {
+            weight,
+            padding_idx,
+            name: name.to_string(),
+        })
+    }
+
+    /// The padding row, as given.
+    pub fn padding_idx(&self) -> Option<i64> {
+        self.padding_idx
+    }
+}
+
+impl Module for Embedding {
+    /// Looks up the rows named by `indices` (I64 or U32, any shape).
+    fn forward(&self, indices: &Tensor) -> Result<Tensor> {
+        let _s = scope(self.name.clone());
+        embedding(&self.weight, indices, self.padding_idx)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".to_string(), self.weight.clone())]
+    }
+}
