@@ -8,6 +8,7 @@ mod elementwise;
 mod gemm;
 mod index;
 mod loss;
+pub(crate) mod norm;
 mod reduce;
 mod softmax;
 
