@@ -457,3 +457,60 @@ fn large_inputs_take_the_parallel_path() {
         )
     );
 }
+
+#[test]
+fn half_precision_keeps_f32_statistics() {
+    for dtype in [DType::F16, DType::BF16] {
+        let mk = |shape: &[usize], seed| {
+            Tensor::rand_range(shape, -1.0, 1.0, dtype, Device::Cpu, seed).unwrap()
+        };
+        let inputs = [mk(&[4, 3, 5], 90), mk(&[3], 91), mk(&[3], 92)];
+        let xs = inputs[0].to_f64_vec().unwrap();
+        let y = batch_norm(&inputs[0], None, None, None, None, true, 0.1, 1e-5).unwrap();
+        let want = naive_norm(&xs, &channel_sets(4, 3, 5), 1e-5, true);
+        assert_close(&y.to_f64_vec().unwrap(), &want, 1e-2);
+        // x̂ in the input dtype (2 bytes), scale in f32; SaveAll: save_mean/invstd in f32
+        let rows = check_policies(&|t| bn(t, true, 1e-5), &inputs);
+        assert_eq!(
+            rows[1],
+            (1, 2 * 60 + 4 * 3, 2 * 60 + 2 * 3 + 2 * 2 * 3 + 2 * 4 * 3)
+        );
+        let rows = check_policies(&|t| layer_norm(&t[0], &[5], None, None, 1e-5), &inputs[..1]);
+        assert_eq!(rows[1], (1, 2 * 60 + 4 * 12, 2 * 60 + 2 * 4 * 12));
+    }
+}
+
+#[test]
+fn modules_report_saved_bytes_by_layer_and_parameters_stay_parameters() {
+    use leangrad::memory::{Category, Ledger};
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let bn = BatchNorm::new2d("bn1", 4, Default::default(), DType::F32, Device::Cpu).unwrap();
+    let ln = LayerNorm::new("ln1", &[6], 1e-5, true, true, DType::F32, Device::Cpu).unwrap();
+    let x = f32s(&[2, 4, 3, 6], 100).set_requires_grad(true).unwrap();
+    let y = ln.forward(&bn.forward(&x).unwrap()).unwrap();
+    // bn: x̂ + scale (the weight is a parameter: not counted as saved);
+    // ln: x̂ + 24 rstd (its weight is a parameter)
+    let by_layer = ledger.saved_by_layer(Device::Cpu);
+    assert!(
+        by_layer.contains(&("bn1/batch_norm".to_string(), 4 * 144 + 4 * 4)),
+        "{by_layer:?}"
+    );
+    assert!(
+        by_layer.contains(&("ln1/layer_norm".to_string(), 4 * 144 + 4 * 24)),
+        "{by_layer:?}"
+    );
+    assert_eq!(
+        ledger.live_in(Device::Cpu, Category::Saved),
+        2 * (4 * 144) + 16 + 96
+    );
+    leangrad::autograd::backward_with(
+        &y.sum_all().unwrap(),
+        None,
+        &mut leangrad::autograd::CollectGrads,
+    )
+    .unwrap();
+    assert_eq!(ledger.live_in(Device::Cpu, Category::Saved), 0);
+    assert!(bn.weight.as_ref().unwrap().grad().is_some());
+    assert!(ln.bias.as_ref().unwrap().grad().is_some());
+}

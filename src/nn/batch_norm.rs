@@ -18,13 +18,11 @@ use super::norm::{
     grad_tensor, grads_of, inputs_of, optional_needs, param_values, recompute_xhat, rstd_of,
     stat_tensor,
 };
-use super::Module;
 use crate::autograd::{attach, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::cpu::norm::{
     input_grad, norm_stats, normalize, param_grads, round_stat, write_values, Geo, GradMode,
 };
-use crate::memory::scope;
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 enum BnSaved {
     Lean {
@@ -138,7 +136,13 @@ fn running_values(op: &'static str, t: &Tensor, c: usize, x: &Tensor) -> Result<
 /// variance and, if running statistics are given, updates them in place
 /// (not recorded by autograd): `r ← (1−momentum)·r + momentum·s`, the
 /// variance with the unbiased batch variance. Without `training` it uses
-/// the running statistics (required). Saves what the module doc lists.
+/// the running statistics (required).
+///
+/// Saves (lean): train mode `x̂` and C-sized `weight·invstd` for the input
+/// gradient, `x̂` for the weight gradient; eval mode `weight·invstd` alone
+/// for the input gradient, `x̂` for the weight gradient; nothing for the
+/// bias gradient alone. SaveAll: input, weight, running statistics, and in
+/// train mode `save_mean`/`save_invstd` (see the module doc).
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm(
     x: &Tensor,
@@ -263,183 +267,4 @@ pub fn batch_norm(
         saved,
     };
     Ok(attach(y, &inputs_of(x, weight, bias), op))
-}
-
-/// Options of [`BatchNorm`], with PyTorch's defaults.
-#[derive(Clone, Copy, Debug)]
-pub struct BatchNormOptions {
-    /// Added to the variance (default 1e-5).
-    pub eps: f64,
-    /// Running-statistics factor; `None` = cumulative average (default 0.1).
-    pub momentum: Option<f64>,
-    /// Learnable per-channel weight (ones) and bias (zeros) (default true).
-    pub affine: bool,
-    /// Keep running statistics for eval mode (default true).
-    pub track_running_stats: bool,
-}
-
-impl Default for BatchNormOptions {
-    fn default() -> Self {
-        BatchNormOptions {
-            eps: 1e-5,
-            momentum: Some(0.1),
-            affine: true,
-            track_running_stats: true,
-        }
-    }
-}
-
-/// `torch.nn.BatchNorm1d` (`[N, C]` or `[N, C, L]`) and `BatchNorm2d`
-/// (`[N, C, H, W]`). Starts in training mode. Saves what [`batch_norm`]
-/// saves (see the module doc).
-pub struct BatchNorm {
-    /// `[C]` weight (ones), if affine.
-    pub weight: Option<Tensor>,
-    /// `[C]` bias (zeros), if affine.
-    pub bias: Option<Tensor>,
-    /// `[C]` running mean (zeros), if tracked.
-    pub running_mean: Option<Tensor>,
-    /// `[C]` running variance (ones), if tracked.
-    pub running_var: Option<Tensor>,
-    /// Scalar i64 count of training batches, if tracked.
-    pub num_batches_tracked: Option<Tensor>,
-    options: BatchNormOptions,
-    num_features: usize,
-    ranks: &'static [usize],
-    training: bool,
-    name: String,
-}
-
-impl BatchNorm {
-    fn new(
-        name: &str,
-        num_features: usize,
-        options: BatchNormOptions,
-        ranks: &'static [usize],
-        dtype: DType,
-        device: Device,
-    ) -> Result<BatchNorm> {
-        let c = [num_features];
-        let param = |v: f64| Tensor::full(&c, v, dtype, device)?.into_parameter();
-        let tracked = options.track_running_stats;
-        Ok(BatchNorm {
-            weight: options.affine.then(|| param(1.0)).transpose()?,
-            bias: options.affine.then(|| param(0.0)).transpose()?,
-            running_mean: tracked
-                .then(|| Tensor::zeros(&c, dtype, device))
-                .transpose()?,
-            running_var: tracked
-                .then(|| Tensor::ones(&c, dtype, device))
-                .transpose()?,
-            num_batches_tracked: tracked
-                .then(|| Tensor::zeros(&[], DType::I64, device))
-                .transpose()?,
-            options,
-            num_features,
-            ranks,
-            training: true,
-            name: name.to_string(),
-        })
-    }
-
-    /// `BatchNorm1d`: inputs `[N, C]` or `[N, C, L]`.
-    pub fn new1d(
-        name: &str,
-        num_features: usize,
-        options: BatchNormOptions,
-        dtype: DType,
-        device: Device,
-    ) -> Result<BatchNorm> {
-        BatchNorm::new(name, num_features, options, &[2, 3], dtype, device)
-    }
-
-    /// `BatchNorm2d`: inputs `[N, C, H, W]`.
-    pub fn new2d(
-        name: &str,
-        num_features: usize,
-        options: BatchNormOptions,
-        dtype: DType,
-        device: Device,
-    ) -> Result<BatchNorm> {
-        BatchNorm::new(name, num_features, options, &[4], dtype, device)
-    }
-
-    /// Whether the layer is in training mode.
-    pub fn is_training(&self) -> bool {
-        self.training
-    }
-}
-
-impl Module for BatchNorm {
-    /// Normalises `x`; in training mode (or without running statistics)
-    /// with batch statistics, updating the running statistics and
-    /// `num_batches_tracked`; in eval mode with the running statistics.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let _s = scope(self.name.clone());
-        if !self.ranks.contains(&x.rank()) {
-            return Err(Error::InvalidArgument {
-                op: "batch_norm",
-                msg: format!("expected rank {:?}, got shape {:?}", self.ranks, x.shape()),
-            });
-        }
-        if x.shape()[1] != self.num_features {
-            return Err(Error::ShapeMismatch {
-                op: "batch_norm",
-                lhs: vec![self.num_features],
-                rhs: x.shape().to_vec(),
-            });
-        }
-        let mut factor = self.options.momentum.unwrap_or(0.0);
-        if self.training {
-            if let Some(n) = &self.num_batches_tracked {
-                let count = n.to_scalar()? + 1.0;
-                write_values(n, &[count])?;
-                if self.options.momentum.is_none() {
-                    factor = 1.0 / count;
-                }
-            }
-        }
-        let use_batch = self.training || self.running_mean.is_none();
-        batch_norm(
-            x,
-            self.running_mean.as_ref(),
-            self.running_var.as_ref(),
-            self.weight.as_ref(),
-            self.bias.as_ref(),
-            use_batch,
-            factor,
-            self.options.eps,
-        )
-    }
-
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut p: Vec<(String, Tensor)> = Vec::new();
-        p.extend(self.weight.clone().map(|t| ("weight".to_string(), t)));
-        p.extend(self.bias.clone().map(|t| ("bias".to_string(), t)));
-        p
-    }
-
-    fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        let mut b: Vec<(String, Tensor)> = Vec::new();
-        b.extend(
-            self.running_mean
-                .clone()
-                .map(|t| ("running_mean".to_string(), t)),
-        );
-        b.extend(
-            self.running_var
-                .clone()
-                .map(|t| ("running_var".to_string(), t)),
-        );
-        b.extend(
-            self.num_batches_tracked
-                .clone()
-                .map(|t| ("num_batches_tracked".to_string(), t)),
-        );
-        b
-    }
-
-    fn set_training(&mut self, training: bool) {
-        self.training = training;
-    }
 }

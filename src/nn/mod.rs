@@ -7,8 +7,8 @@ mod module;
 mod norm;
 mod norm_layers;
 
-pub use batch_norm::{batch_norm, BatchNorm, BatchNormOptions};
+pub use batch_norm::batch_norm;
 pub use linear::Linear;
 pub use module::Module;
 pub use norm::{group_norm, layer_norm, rms_norm};
-pub use norm_layers::{GroupNorm, LayerNorm, RMSNorm};
+pub use norm_layers::{BatchNorm, BatchNormOptions, GroupNorm, LayerNorm, RMSNorm};

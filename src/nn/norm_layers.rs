@@ -1,9 +1,11 @@
-//! Layer, group and RMS normalisation modules over the fused ops of
-//! [`super::norm`]. Parameters start as PyTorch's do (weight ones, bias
-//! zeros), so the constructors take no seed.
+//! Batch, layer, group and RMS normalisation modules over the fused ops
+//! [`batch_norm`], [`layer_norm`], [`group_norm`] and [`rms_norm`]. Parameters start as PyTorch's
+//! do (weight ones, bias zeros), so the constructors take no seed.
 
+use super::batch_norm::batch_norm;
 use super::norm::{group_norm, layer_norm, rms_norm};
 use super::Module;
+use crate::cpu::norm::write_values;
 use crate::memory::scope;
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -202,5 +204,186 @@ impl Module for RMSNorm {
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         named(&self.weight, &None)
+    }
+}
+
+/// Options of [`BatchNorm`], with PyTorch's defaults.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchNormOptions {
+    /// Added to the variance (default 1e-5).
+    pub eps: f64,
+    /// Running-statistics factor; `None` = cumulative average (default 0.1).
+    pub momentum: Option<f64>,
+    /// Learnable per-channel weight (ones) and bias (zeros) (default true).
+    pub affine: bool,
+    /// Keep running statistics for eval mode (default true).
+    pub track_running_stats: bool,
+}
+
+impl Default for BatchNormOptions {
+    fn default() -> Self {
+        BatchNormOptions {
+            eps: 1e-5,
+            momentum: Some(0.1),
+            affine: true,
+            track_running_stats: true,
+        }
+    }
+}
+
+/// `torch.nn.BatchNorm1d` (`[N, C]` or `[N, C, L]`) and `BatchNorm2d`
+/// (`[N, C, H, W]`). Starts in training mode. Saves what [`batch_norm`]
+/// saves: train mode `x̂` + C-sized `weight·invstd` for the input gradient,
+/// `x̂` for the weight gradient; eval mode only `weight·invstd` for the
+/// input gradient, `x̂` for the weight gradient; nothing for bias only.
+pub struct BatchNorm {
+    /// `[C]` weight (ones), if affine.
+    pub weight: Option<Tensor>,
+    /// `[C]` bias (zeros), if affine.
+    pub bias: Option<Tensor>,
+    /// `[C]` running mean (zeros), if tracked.
+    pub running_mean: Option<Tensor>,
+    /// `[C]` running variance (ones), if tracked.
+    pub running_var: Option<Tensor>,
+    /// Scalar i64 count of training batches, if tracked.
+    pub num_batches_tracked: Option<Tensor>,
+    options: BatchNormOptions,
+    num_features: usize,
+    ranks: &'static [usize],
+    training: bool,
+    name: String,
+}
+
+impl BatchNorm {
+    fn new(
+        name: &str,
+        num_features: usize,
+        options: BatchNormOptions,
+        ranks: &'static [usize],
+        dtype: DType,
+        device: Device,
+    ) -> Result<BatchNorm> {
+        let c = [num_features];
+        let param = |v: f64| Tensor::full(&c, v, dtype, device)?.into_parameter();
+        let tracked = options.track_running_stats;
+        Ok(BatchNorm {
+            weight: options.affine.then(|| param(1.0)).transpose()?,
+            bias: options.affine.then(|| param(0.0)).transpose()?,
+            running_mean: tracked
+                .then(|| Tensor::zeros(&c, dtype, device))
+                .transpose()?,
+            running_var: tracked
+                .then(|| Tensor::ones(&c, dtype, device))
+                .transpose()?,
+            num_batches_tracked: tracked
+                .then(|| Tensor::zeros(&[], DType::I64, device))
+                .transpose()?,
+            options,
+            num_features,
+            ranks,
+            training: true,
+            name: name.to_string(),
+        })
+    }
+
+    /// `BatchNorm1d`: inputs `[N, C]` or `[N, C, L]`.
+    pub fn new1d(
+        name: &str,
+        num_features: usize,
+        options: BatchNormOptions,
+        dtype: DType,
+        device: Device,
+    ) -> Result<BatchNorm> {
+        BatchNorm::new(name, num_features, options, &[2, 3], dtype, device)
+    }
+
+    /// `BatchNorm2d`: inputs `[N, C, H, W]`.
+    pub fn new2d(
+        name: &str,
+        num_features: usize,
+        options: BatchNormOptions,
+        dtype: DType,
+        device: Device,
+    ) -> Result<BatchNorm> {
+        BatchNorm::new(name, num_features, options, &[4], dtype, device)
+    }
+
+    /// Whether the layer is in training mode.
+    pub fn is_training(&self) -> bool {
+        self.training
+    }
+}
+
+impl Module for BatchNorm {
+    /// Normalises `x`; in training mode (or without running statistics)
+    /// with batch statistics, updating the running statistics and
+    /// `num_batches_tracked`; in eval mode with the running statistics.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _s = scope(self.name.clone());
+        if !self.ranks.contains(&x.rank()) {
+            return Err(Error::InvalidArgument {
+                op: "batch_norm",
+                msg: format!("expected rank {:?}, got shape {:?}", self.ranks, x.shape()),
+            });
+        }
+        if x.shape()[1] != self.num_features {
+            return Err(Error::ShapeMismatch {
+                op: "batch_norm",
+                lhs: vec![self.num_features],
+                rhs: x.shape().to_vec(),
+            });
+        }
+        let mut factor = self.options.momentum.unwrap_or(0.0);
+        if self.training {
+            if let Some(n) = &self.num_batches_tracked {
+                let count = n.to_scalar()? + 1.0;
+                write_values(n, &[count])?;
+                if self.options.momentum.is_none() {
+                    factor = 1.0 / count;
+                }
+            }
+        }
+        let use_batch = self.training || self.running_mean.is_none();
+        batch_norm(
+            x,
+            self.running_mean.as_ref(),
+            self.running_var.as_ref(),
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            use_batch,
+            factor,
+            self.options.eps,
+        )
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p: Vec<(String, Tensor)> = Vec::new();
+        p.extend(self.weight.clone().map(|t| ("weight".to_string(), t)));
+        p.extend(self.bias.clone().map(|t| ("bias".to_string(), t)));
+        p
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut b: Vec<(String, Tensor)> = Vec::new();
+        b.extend(
+            self.running_mean
+                .clone()
+                .map(|t| ("running_mean".to_string(), t)),
+        );
+        b.extend(
+            self.running_var
+                .clone()
+                .map(|t| ("running_var".to_string(), t)),
+        );
+        b.extend(
+            self.num_batches_tracked
+                .clone()
+                .map(|t| ("num_batches_tracked".to_string(), t)),
+        );
+        b
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
     }
 }
