@@ -106,7 +106,7 @@ impl Geo {
     }
 }
 
-/// Output and x̂ slices of one segment (absent when not wanted).
+/// Output and x̂ slices of one task (absent when not wanted).
 type SegPair<'a, T> = (Option<&'a mut [T]>, Option<&'a mut [T]>);
 
 /// Weight (`Σ g·x̂`) and bias (`Σ g`) gradients, when wanted.
@@ -207,35 +207,38 @@ pub(crate) fn normalize(
         } else {
             vec![]
         };
-        let body = |k: usize, ys: &mut [T], xs: &mut [T]| {
-            let s = geo.stat_of(k);
-            let (p0, step) = geo.param_of(k);
-            for (j, v) in x[k * seg..(k + 1) * seg].iter().enumerate() {
-                let h = (f(*v) - mean[s]) * rstd[s];
-                if !xs.is_empty() {
-                    xs[j] = T::from_f64(h);
-                }
-                if !ys.is_empty() {
-                    let p = if step { p0 + j } else { p0 };
-                    let wv = w.map_or(1.0, |w| w[p]);
-                    let bv = b.map_or(0.0, |b| b[p]);
-                    ys[j] = T::from_f64(h * wv + bv);
+        // tasks of `per` whole segments (at least ~4096 elements each)
+        let (nseg, per) = (geo.nseg(), 4096usize.div_ceil(seg.max(1)));
+        let body = |t: usize, ys: &mut [T], xs: &mut [T]| {
+            for k in t * per..((t + 1) * per).min(nseg) {
+                let (s, (p0, step)) = (geo.stat_of(k), geo.param_of(k));
+                let o = (k - t * per) * seg;
+                for (j, v) in x[k * seg..(k + 1) * seg].iter().enumerate() {
+                    let h = (f(*v) - mean[s]) * rstd[s];
+                    if !xs.is_empty() {
+                        xs[o + j] = T::from_f64(h);
+                    }
+                    if !ys.is_empty() {
+                        let p = if step { p0 + j } else { p0 };
+                        let wv = w.map_or(1.0, |w| w[p]);
+                        let bv = b.map_or(0.0, |b| b[p]);
+                        ys[o + j] = T::from_f64(h * wv + bv);
+                    }
                 }
             }
         };
-        fn segs<T>(buf: &mut [T], seg: usize, nseg: usize) -> Vec<Option<&mut [T]>> {
+        fn tasks<T>(buf: &mut [T], block: usize, n: usize) -> Vec<Option<&mut [T]>> {
             if buf.is_empty() {
-                (0..nseg).map(|_| None).collect()
+                (0..n).map(|_| None).collect()
             } else {
-                buf.chunks_mut(seg.max(1)).map(Some).collect()
+                buf.chunks_mut(block).map(Some).collect()
             }
         }
-        let (ya, xa) = (
-            segs(&mut y, seg, geo.nseg()),
-            segs(&mut xh, seg, geo.nseg()),
-        );
-        let run = |(k, (yo, xo)): (usize, SegPair<'_, T>)| {
-            body(k, yo.unwrap_or(&mut []), xo.unwrap_or(&mut []))
+        let ntask = nseg.div_ceil(per);
+        let block = (per * seg).max(1);
+        let (ya, xa) = (tasks(&mut y, block, ntask), tasks(&mut xh, block, ntask));
+        let run = |(t, (yo, xo)): (usize, SegPair<'_, T>)| {
+            body(t, yo.unwrap_or(&mut []), xo.unwrap_or(&mut []))
         };
         if n >= PARALLEL_THRESHOLD {
             ya.into_par_iter()
