@@ -377,6 +377,13 @@ fn errors_are_typed() {
     assert_err!(bn1.forward(&f32s(&[4, 5], 70)), ShapeMismatch);
     assert_err!(bn1.forward(&f32s(&[2, 3, 4, 4], 71)), InvalidArgument);
     assert_err!(bn1.forward(&f32s(&[1, 3], 72)), InvalidArgument);
+    // a failed step changes no buffer
+    let buffers: Vec<f64> = bn1
+        .named_buffers()
+        .iter()
+        .flat_map(|b| b.1.to_f64_vec().unwrap())
+        .collect();
+    assert_eq!(buffers, [0., 0., 0., 1., 1., 1., 0.]);
     let bn2 = BatchNorm::new2d("bn", 3, Default::default(), DType::F32, Device::Cpu).unwrap();
     assert_err!(bn2.forward(&f32s(&[2, 4, 2, 2], 73)), ShapeMismatch);
     let x = f32s(&[4, 3], 74);

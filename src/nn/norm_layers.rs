@@ -333,27 +333,30 @@ impl Module for BatchNorm {
                 rhs: x.shape().to_vec(),
             });
         }
-        let mut factor = self.options.momentum.unwrap_or(0.0);
-        if self.training {
-            if let Some(n) = &self.num_batches_tracked {
-                let count = n.to_scalar()? + 1.0;
-                write_values(n, &[count])?;
-                if self.options.momentum.is_none() {
-                    factor = 1.0 / count;
-                }
-            }
-        }
-        let use_batch = self.training || self.running_mean.is_none();
-        batch_norm(
+        // the batch count after this step (counted only if the step succeeds)
+        let count = match (&self.num_batches_tracked, self.training) {
+            (Some(n), true) => Some((n, n.to_scalar()? + 1.0)),
+            _ => None,
+        };
+        let factor = match (self.options.momentum, count) {
+            (Some(m), _) => m,
+            (None, Some((_, c))) => 1.0 / c,
+            (None, None) => 0.0,
+        };
+        let y = batch_norm(
             x,
             self.running_mean.as_ref(),
             self.running_var.as_ref(),
             self.weight.as_ref(),
             self.bias.as_ref(),
-            use_batch,
+            self.training || self.running_mean.is_none(),
             factor,
             self.options.eps,
-        )
+        )?;
+        if let Some((n, c)) = count {
+            write_values(n, &[c])?;
+        }
+        Ok(y)
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
