@@ -11,6 +11,7 @@ mod embedding;
 mod gemm;
 mod index;
 mod loss;
+pub(crate) mod norm;
 mod pool;
 mod reduce;
 mod softmax;

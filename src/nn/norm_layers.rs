@@ -1,0 +1,392 @@
+//! Batch, layer, group and RMS normalisation modules over the fused ops
+//! [`batch_norm`], [`layer_norm`], [`group_norm`] and [`rms_norm`]. Parameters start as PyTorch's
+//! do (weight ones, bias zeros), so the constructors take no seed.
+
+use super::batch_norm::batch_norm;
+use super::norm::{group_norm, layer_norm, rms_norm};
+use super::Module;
+use crate::cpu::norm::write_values;
+use crate::memory::scope;
+use crate::{DType, Device, Error, Result, Tensor};
+
+fn param(shape: &[usize], v: f64, dtype: DType, device: Device) -> Result<Tensor> {
+    Tensor::full(shape, v, dtype, device)?.into_parameter()
+}
+
+fn named(w: &Option<Tensor>, b: &Option<Tensor>) -> Vec<(String, Tensor)> {
+    let mut p: Vec<(String, Tensor)> = Vec::new();
+    p.extend(w.clone().map(|t| ("weight".to_string(), t)));
+    p.extend(b.clone().map(|t| ("bias".to_string(), t)));
+    p
+}
+
+/// `torch.nn.LayerNorm`: normalises over the trailing `normalized_shape`.
+///
+/// Saves (lean): `x̂` if the input or weight needs grad; per-row rstd and
+/// the weight if the input needs grad; nothing for bias only. SaveAll:
+/// input, weight, bias, per-row mean and rstd.
+pub struct LayerNorm {
+    /// Weight of `normalized_shape` (ones), if `elementwise_affine`.
+    pub weight: Option<Tensor>,
+    /// Bias of `normalized_shape` (zeros), if `elementwise_affine` and `bias`.
+    pub bias: Option<Tensor>,
+    normalized_shape: Vec<usize>,
+    eps: f64,
+    name: String,
+}
+
+impl LayerNorm {
+    /// A layer norm with PyTorch's parameters (`eps` default there: 1e-5).
+    pub fn new(
+        name: &str,
+        normalized_shape: &[usize],
+        eps: f64,
+        elementwise_affine: bool,
+        bias: bool,
+        dtype: DType,
+        device: Device,
+    ) -> Result<LayerNorm> {
+        if normalized_shape.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: "LayerNorm",
+                msg: "normalized_shape must not be empty".into(),
+            });
+        }
+        let s = normalized_shape;
+        Ok(LayerNorm {
+            weight: elementwise_affine
+                .then(|| param(s, 1.0, dtype, device))
+                .transpose()?,
+            bias: (elementwise_affine && bias)
+                .then(|| param(s, 0.0, dtype, device))
+                .transpose()?,
+            normalized_shape: s.to_vec(),
+            eps,
+            name: name.to_string(),
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    /// Layer norm of `x` `[…, *normalized_shape]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _s = scope(self.name.clone());
+        layer_norm(
+            x,
+            &self.normalized_shape,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        named(&self.weight, &self.bias)
+    }
+}
+
+/// `torch.nn.GroupNorm`: normalises `[N, C, *]` over groups of channels.
+///
+/// Saves (lean): `x̂` if the input or weight needs grad; per-(sample,
+/// group) rstd and the weight if the input needs grad; nothing for bias
+/// only. SaveAll: input, weight, mean and rstd.
+pub struct GroupNorm {
+    /// `[C]` weight (ones), if affine.
+    pub weight: Option<Tensor>,
+    /// `[C]` bias (zeros), if affine.
+    pub bias: Option<Tensor>,
+    num_groups: usize,
+    num_channels: usize,
+    eps: f64,
+    name: String,
+}
+
+impl GroupNorm {
+    /// A group norm; `num_groups` must divide `num_channels`.
+    pub fn new(
+        name: &str,
+        num_groups: usize,
+        num_channels: usize,
+        eps: f64,
+        affine: bool,
+        dtype: DType,
+        device: Device,
+    ) -> Result<GroupNorm> {
+        if num_groups == 0 || !num_channels.is_multiple_of(num_groups) {
+            return Err(Error::InvalidArgument {
+                op: "GroupNorm",
+                msg: format!("{num_groups} groups do not divide {num_channels} channels"),
+            });
+        }
+        let c = [num_channels];
+        Ok(GroupNorm {
+            weight: affine.then(|| param(&c, 1.0, dtype, device)).transpose()?,
+            bias: affine.then(|| param(&c, 0.0, dtype, device)).transpose()?,
+            num_groups,
+            num_channels,
+            eps,
+            name: name.to_string(),
+        })
+    }
+}
+
+impl Module for GroupNorm {
+    /// Group norm of `x` `[N, C, *]` with `C` the layer's channel count.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _s = scope(self.name.clone());
+        if x.rank() < 2 || x.shape()[1] != self.num_channels {
+            return Err(Error::ShapeMismatch {
+                op: "group_norm",
+                lhs: vec![self.num_channels],
+                rhs: x.shape().to_vec(),
+            });
+        }
+        group_norm(
+            x,
+            self.num_groups,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        named(&self.weight, &self.bias)
+    }
+}
+
+/// `torch.nn.RMSNorm`: `x/√(mean(x²) + eps)·w` over the trailing
+/// `normalized_shape`; `eps` of `None` is the dtype's machine epsilon.
+///
+/// Saves (lean): `x̂` if the input or weight needs grad; per-row rstd and
+/// the weight if the input needs grad. SaveAll: input, weight and rstd.
+pub struct RMSNorm {
+    /// Weight of `normalized_shape` (ones), if `elementwise_affine`.
+    pub weight: Option<Tensor>,
+    normalized_shape: Vec<usize>,
+    eps: Option<f64>,
+    name: String,
+}
+
+impl RMSNorm {
+    /// An RMS norm with PyTorch's parameters.
+    pub fn new(
+        name: &str,
+        normalized_shape: &[usize],
+        eps: Option<f64>,
+        elementwise_affine: bool,
+        dtype: DType,
+        device: Device,
+    ) -> Result<RMSNorm> {
+        if normalized_shape.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: "RMSNorm",
+                msg: "normalized_shape must not be empty".into(),
+            });
+        }
+        Ok(RMSNorm {
+            weight: elementwise_affine
+                .then(|| param(normalized_shape, 1.0, dtype, device))
+                .transpose()?,
+            normalized_shape: normalized_shape.to_vec(),
+            eps,
+            name: name.to_string(),
+        })
+    }
+}
+
+impl Module for RMSNorm {
+    /// RMS norm of `x` `[…, *normalized_shape]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _s = scope(self.name.clone());
+        rms_norm(x, &self.normalized_shape, self.weight.as_ref(), self.eps)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        named(&self.weight, &None)
+    }
+}
+
+/// Options of [`BatchNorm`], with PyTorch's defaults.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchNormOptions {
+    /// Added to the variance (default 1e-5).
+    pub eps: f64,
+    /// Running-statistics factor; `None` = cumulative average (default 0.1).
+    pub momentum: Option<f64>,
+    /// Learnable per-channel weight (ones) and bias (zeros) (default true).
+    pub affine: bool,
+    /// Keep running statistics for eval mode (default true).
+    pub track_running_stats: bool,
+}
+
+impl Default for BatchNormOptions {
+    fn default() -> Self {
+        BatchNormOptions {
+            eps: 1e-5,
+            momentum: Some(0.1),
+            affine: true,
+            track_running_stats: true,
+        }
+    }
+}
+
+/// `torch.nn.BatchNorm1d` (`[N, C]` or `[N, C, L]`) and `BatchNorm2d`
+/// (`[N, C, H, W]`). Starts in training mode. Saves what [`batch_norm`]
+/// saves: train mode `x̂` + C-sized `weight·invstd` for the input gradient,
+/// `x̂` for the weight gradient; eval mode only `weight·invstd` for the
+/// input gradient, `x̂` for the weight gradient; nothing for bias only.
+pub struct BatchNorm {
+    /// `[C]` weight (ones), if affine.
+    pub weight: Option<Tensor>,
+    /// `[C]` bias (zeros), if affine.
+    pub bias: Option<Tensor>,
+    /// `[C]` running mean (zeros), if tracked.
+    pub running_mean: Option<Tensor>,
+    /// `[C]` running variance (ones), if tracked.
+    pub running_var: Option<Tensor>,
+    /// Scalar i64 count of training batches, if tracked.
+    pub num_batches_tracked: Option<Tensor>,
+    options: BatchNormOptions,
+    num_features: usize,
+    ranks: &'static [usize],
+    training: bool,
+    name: String,
+}
+
+impl BatchNorm {
+    fn new(
+        name: &str,
+        num_features: usize,
+        options: BatchNormOptions,
+        ranks: &'static [usize],
+        dtype: DType,
+        device: Device,
+    ) -> Result<BatchNorm> {
+        let c = [num_features];
+        let param = |v: f64| Tensor::full(&c, v, dtype, device)?.into_parameter();
+        let tracked = options.track_running_stats;
+        Ok(BatchNorm {
+            weight: options.affine.then(|| param(1.0)).transpose()?,
+            bias: options.affine.then(|| param(0.0)).transpose()?,
+            running_mean: tracked
+                .then(|| Tensor::zeros(&c, dtype, device))
+                .transpose()?,
+            running_var: tracked
+                .then(|| Tensor::ones(&c, dtype, device))
+                .transpose()?,
+            num_batches_tracked: tracked
+                .then(|| Tensor::zeros(&[], DType::I64, device))
+                .transpose()?,
+            options,
+            num_features,
+            ranks,
+            training: true,
+            name: name.to_string(),
+        })
+    }
+
+    /// `BatchNorm1d`: inputs `[N, C]` or `[N, C, L]`.
+    pub fn new1d(
+        name: &str,
+        num_features: usize,
+        options: BatchNormOptions,
+        dtype: DType,
+        device: Device,
+    ) -> Result<BatchNorm> {
+        BatchNorm::new(name, num_features, options, &[2, 3], dtype, device)
+    }
+
+    /// `BatchNorm2d`: inputs `[N, C, H, W]`.
+    pub fn new2d(
+        name: &str,
+        num_features: usize,
+        options: BatchNormOptions,
+        dtype: DType,
+        device: Device,
+    ) -> Result<BatchNorm> {
+        BatchNorm::new(name, num_features, options, &[4], dtype, device)
+    }
+
+    /// Whether the layer is in training mode.
+    pub fn is_training(&self) -> bool {
+        self.training
+    }
+}
+
+impl Module for BatchNorm {
+    /// Normalises `x`; in training mode (or without running statistics)
+    /// with batch statistics, updating the running statistics and
+    /// `num_batches_tracked`; in eval mode with the running statistics.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _s = scope(self.name.clone());
+        if !self.ranks.contains(&x.rank()) {
+            return Err(Error::InvalidArgument {
+                op: "batch_norm",
+                msg: format!("expected rank {:?}, got shape {:?}", self.ranks, x.shape()),
+            });
+        }
+        if x.shape()[1] != self.num_features {
+            return Err(Error::ShapeMismatch {
+                op: "batch_norm",
+                lhs: vec![self.num_features],
+                rhs: x.shape().to_vec(),
+            });
+        }
+        // the batch count after this step (counted only if the step succeeds)
+        let count = match (&self.num_batches_tracked, self.training) {
+            (Some(n), true) => Some((n, n.to_scalar()? + 1.0)),
+            _ => None,
+        };
+        let factor = match (self.options.momentum, count) {
+            (Some(m), _) => m,
+            (None, Some((_, c))) => 1.0 / c,
+            (None, None) => 0.0,
+        };
+        let y = batch_norm(
+            x,
+            self.running_mean.as_ref(),
+            self.running_var.as_ref(),
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.training || self.running_mean.is_none(),
+            factor,
+            self.options.eps,
+        )?;
+        if let Some((n, c)) = count {
+            write_values(n, &[c])?;
+        }
+        Ok(y)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p: Vec<(String, Tensor)> = Vec::new();
+        p.extend(self.weight.clone().map(|t| ("weight".to_string(), t)));
+        p.extend(self.bias.clone().map(|t| ("bias".to_string(), t)));
+        p
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut b: Vec<(String, Tensor)> = Vec::new();
+        b.extend(
+            self.running_mean
+                .clone()
+                .map(|t| ("running_mean".to_string(), t)),
+        );
+        b.extend(
+            self.running_var
+                .clone()
+                .map(|t| ("running_var".to_string(), t)),
+        );
+        b.extend(
+            self.num_batches_tracked
+                .clone()
+                .map(|t| ("num_batches_tracked".to_string(), t)),
+        );
+        b
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
