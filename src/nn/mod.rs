@@ -26,13 +26,9 @@ pub use pool::{
     MaxPool2d, MaxPool2dOptions,
 };
 mod batch_norm;
-mod linear;
-mod module;
 mod norm;
 mod norm_layers;
 
 pub use batch_norm::batch_norm;
-pub use linear::Linear;
-pub use module::Module;
 pub use norm::{group_norm, layer_norm, rms_norm};
 pub use norm_layers::{BatchNorm, BatchNormOptions, GroupNorm, LayerNorm, RMSNorm};
