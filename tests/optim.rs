@@ -4,9 +4,7 @@
 use leangrad::memory::{Category, Ledger};
 use leangrad::nn::{Linear, Module};
 use leangrad::ops::Reduction;
-use leangrad::optim::{
-    Adam, Clip, LrScheduler, Optimizer, Schedule, SequentialLr, Sgd,
-};
+use leangrad::optim::{Adam, Clip, LrScheduler, Optimizer, Schedule, SequentialLr, Sgd};
 use leangrad::{DType, Device, Tensor};
 use serde_json::Value;
 
@@ -61,11 +59,19 @@ fn adam_matches_pytorch_losses() {
     for fused in [false, true] {
         let fc1 = linear("fc1", &f["w1"], &f["b1"], 4, 8);
         let fc2 = linear("fc2", &f["w2"], &f["b2"], 8, 3);
-        let ps: Vec<Tensor> = fc1.parameters().into_iter().chain(fc2.parameters()).collect();
+        let ps: Vec<Tensor> = fc1
+            .parameters()
+            .into_iter()
+            .chain(fc2.parameters())
+            .collect();
         let mut opt = Optimizer::new(ps, hyper.clone()).unwrap();
         for (step, &want) in expected.iter().enumerate() {
             let h = fc1.forward(&x).unwrap().tanh().unwrap();
-            let loss = fc2.forward(&h).unwrap().mse_loss(&y, Reduction::Mean).unwrap();
+            let loss = fc2
+                .forward(&h)
+                .unwrap()
+                .mse_loss(&y, Reduction::Mean)
+                .unwrap();
             let got = loss.to_scalar().unwrap();
             assert!(
                 (got - want).abs() <= 1e-5 * want.abs(),
@@ -83,8 +89,13 @@ fn adam_matches_pytorch_losses() {
     drop((fc1, fc2));
 }
 
-fn run_schedule(make: impl Fn(&mut Optimizer<Sgd>) -> Box<dyn FnMut(&mut Optimizer<Sgd>)>) -> Vec<f64> {
-    let p = Tensor::zeros(&[1], DType::F32, CPU).unwrap().into_parameter().unwrap();
+fn run_schedule(
+    make: impl Fn(&mut Optimizer<Sgd>) -> Box<dyn FnMut(&mut Optimizer<Sgd>)>,
+) -> Vec<f64> {
+    let p = Tensor::zeros(&[1], DType::F32, CPU)
+        .unwrap()
+        .into_parameter()
+        .unwrap();
     let mut opt = Optimizer::new([p], Sgd::new(0.1)).unwrap();
     let mut step = make(&mut opt);
     (0..25)
@@ -107,7 +118,10 @@ fn assert_lrs(name: &str, got: &[f64], want: &Value) {
     let want = numbers(want);
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!((g - w).abs() <= 1e-15 * w.abs(), "{name} step {i}: {g} vs torch {w}");
+        assert!(
+            (g - w).abs() <= 1e-15 * w.abs(),
+            "{name} step {i}: {g} vs torch {w}"
+        );
     }
 }
 
@@ -169,13 +183,22 @@ fn sgd_momentum_and_nesterov_by_hand() {
             Optimizer::new([w.clone()], Sgd::new(0.1).momentum(0.5).nesterov(nesterov)).unwrap();
         let (mut x, mut buf) = (1.0f64, 0.0f64);
         for step in 0..4 {
-            let loss = w.mul(&w).unwrap().sum_all().unwrap().mul_scalar(0.5).unwrap();
+            let loss = w
+                .mul(&w)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .mul_scalar(0.5)
+                .unwrap();
             opt.backward_step(&loss).unwrap();
             let g = x;
             buf = if step == 0 { g } else { buf * 0.5 + g };
             let d = if nesterov { g + 0.5 * buf } else { buf };
             x -= 0.1 * d;
-            assert!((w.to_scalar().unwrap() - x).abs() < 1e-15, "nesterov={nesterov} step {step}");
+            assert!(
+                (w.to_scalar().unwrap() - x).abs() < 1e-15,
+                "nesterov={nesterov} step {step}"
+            );
         }
     }
 }
@@ -211,9 +234,18 @@ fn parameter_groups_have_their_own_hyper_parameters() {
 fn invalid_hyper_parameters_are_typed_errors() {
     let p = || vec![scalar_param(1.0)];
     assert_err!(Optimizer::new(p(), Sgd::new(-1.0)), InvalidArgument);
-    assert_err!(Optimizer::new(p(), Sgd::new(0.1).nesterov(true)), InvalidArgument);
-    assert_err!(Optimizer::new(p(), Adam::new(0.1).betas(1.0, 0.9)), InvalidArgument);
-    assert_err!(Optimizer::new(p(), Adam::new(0.1).eps(-1.0)), InvalidArgument);
+    assert_err!(
+        Optimizer::new(p(), Sgd::new(0.1).nesterov(true)),
+        InvalidArgument
+    );
+    assert_err!(
+        Optimizer::new(p(), Adam::new(0.1).betas(1.0, 0.9)),
+        InvalidArgument
+    );
+    assert_err!(
+        Optimizer::new(p(), Adam::new(0.1).eps(-1.0)),
+        InvalidArgument
+    );
     let mut opt = Optimizer::new(p(), Sgd::new(0.1)).unwrap();
     assert_err!(opt.set_accumulation(0), InvalidArgument);
     assert_err!(opt.set_clip(Clip::Value(-1.0)), InvalidArgument);
@@ -236,8 +268,15 @@ fn fused_update_bumps_versions_and_other_leaves_collect_grads() {
     opt.backward_step(&loss).unwrap();
     assert!(w.version() > v0, "in-place update bumps the version");
     assert_eq!(w.to_scalar().unwrap(), 2.0 - 0.1 * 3.0);
-    assert!(w.grad().is_none(), "the owned parameter's gradient was dropped");
-    assert_eq!(x.grad().unwrap().to_scalar().unwrap(), 2.0, "x is not owned: .grad");
+    assert!(
+        w.grad().is_none(),
+        "the owned parameter's gradient was dropped"
+    );
+    assert_eq!(
+        x.grad().unwrap().to_scalar().unwrap(),
+        2.0,
+        "x is not owned: .grad"
+    );
 }
 
 #[test]

@@ -16,7 +16,16 @@ fn small_mlp() -> Vec<Linear> {
         .iter()
         .enumerate()
         .map(|(i, &(a, b))| {
-            Linear::new(&format!("fc{i}"), a, b, true, DType::F32, CPU, 40 + i as u64).unwrap()
+            Linear::new(
+                &format!("fc{i}"),
+                a,
+                b,
+                true,
+                DType::F32,
+                CPU,
+                40 + i as u64,
+            )
+            .unwrap()
         })
         .collect()
 }
@@ -42,7 +51,13 @@ fn loss(layers: &[Linear], step: usize, micro: usize) -> Tensor {
 
 fn bits(ps: &[Tensor]) -> Vec<Vec<u32>> {
     ps.iter()
-        .map(|p| p.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect())
+        .map(|p| {
+            p.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        })
         .collect()
 }
 
@@ -116,8 +131,11 @@ fn fused<A: Algorithm>(hyper: &A, clip: Clip, k: usize) -> Vec<Vec<u32>> {
     bits(&ps)
 }
 
-fn algorithms() -> Vec<(&'static str, Box<dyn Fn(Clip, usize)>)> {
-    fn case<A: Algorithm + 'static>(name: &'static str, a: A) -> (&'static str, Box<dyn Fn(Clip, usize)>) {
+/// A named check: runs both paths for a clipping mode and `k`.
+type Case = (&'static str, Box<dyn Fn(Clip, usize)>);
+
+fn algorithms() -> Vec<Case> {
+    fn case<A: Algorithm + 'static>(name: &'static str, a: A) -> Case {
         (
             name,
             Box::new(move |clip, k| {
@@ -137,12 +155,18 @@ fn algorithms() -> Vec<(&'static str, Box<dyn Fn(Clip, usize)>)> {
         case("sgd", Sgd::new(0.1)),
         case("sgd momentum", Sgd::new(0.1).momentum(0.9).dampening(0.1)),
         case("sgd nesterov", Sgd::new(0.1).momentum(0.9).nesterov(true)),
-        case("sgd weight decay", Sgd::new(0.1).momentum(0.5).weight_decay(0.01)),
+        case(
+            "sgd weight decay",
+            Sgd::new(0.1).momentum(0.5).weight_decay(0.01),
+        ),
         case("adam", Adam::new(0.01)),
         case("adam l2", Adam::new(0.01).weight_decay(0.1)),
         case("adamw", Adam::adamw(0.01)),
         case("amsgrad", Adam::new(0.01).amsgrad(true)),
-        case("adamw amsgrad", Adam::adamw(0.01).amsgrad(true).betas(0.6, 0.9)),
+        case(
+            "adamw amsgrad",
+            Adam::adamw(0.01).amsgrad(true).betas(0.6, 0.9),
+        ),
     ]
 }
 
@@ -203,8 +227,16 @@ const BIAS: usize = WIDTH * 4;
 fn deep_mlp() -> Vec<Linear> {
     (0..LAYERS)
         .map(|i| {
-            Linear::new(&format!("fc{i}"), WIDTH, WIDTH, true, DType::F32, CPU, 200 + i as u64)
-                .unwrap()
+            Linear::new(
+                &format!("fc{i}"),
+                WIDTH,
+                WIDTH,
+                true,
+                DType::F32,
+                CPU,
+                200 + i as u64,
+            )
+            .unwrap()
         })
         .collect()
 }
@@ -344,13 +376,48 @@ fn optimizer_state_bytes_are_exact_and_lazy() {
     }
     for fused in [true, false] {
         check(&ledger, &layers, &ps, Sgd::new(0.01), 0, fused);
-        check(&ledger, &layers, &ps, Sgd::new(0.01).momentum(0.9), trainable, fused);
-        check(&ledger, &layers, &ps, Adam::new(0.001), 2 * trainable, fused);
-        check(&ledger, &layers, &ps, Adam::adamw(0.001), 2 * trainable, fused);
-        check(&ledger, &layers, &ps, Adam::new(0.001).amsgrad(true), 3 * trainable, fused);
+        check(
+            &ledger,
+            &layers,
+            &ps,
+            Sgd::new(0.01).momentum(0.9),
+            trainable,
+            fused,
+        );
+        check(
+            &ledger,
+            &layers,
+            &ps,
+            Adam::new(0.001),
+            2 * trainable,
+            fused,
+        );
+        check(
+            &ledger,
+            &layers,
+            &ps,
+            Adam::adamw(0.001),
+            2 * trainable,
+            fused,
+        );
+        check(
+            &ledger,
+            &layers,
+            &ps,
+            Adam::new(0.001).amsgrad(true),
+            3 * trainable,
+            fused,
+        );
     }
-    assert_eq!(bits_f32(&ps[..4]), frozen_before, "frozen parameters did not move");
-    println!("trainable parameter bytes {trainable}: adam state {}", 2 * trainable);
+    assert_eq!(
+        bits_f32(&ps[..4]),
+        frozen_before,
+        "frozen parameters did not move"
+    );
+    println!(
+        "trainable parameter bytes {trainable}: adam state {}",
+        2 * trainable
+    );
 }
 
 fn bits_f32(ps: &[Tensor]) -> Vec<Vec<u32>> {

@@ -1,7 +1,7 @@
 //! Adam and AdamW, as `torch.optim.Adam` / `torch.optim.AdamW`
 //! (single-tensor path, bias-corrected, optional amsgrad).
 
-use super::kernels::{c, Algorithm, GradReader};
+use super::kernels::{c, nonneg, Algorithm, GradReader};
 use crate::{Error, FloatDType, Result};
 
 /// Adam / AdamW hyper-parameters, with torch.optim's meaning and defaults.
@@ -105,10 +105,10 @@ impl Algorithm for Adam {
     }
 
     fn validate(&self) -> Result<()> {
-        if !(self.lr >= 0.0) {
+        if !nonneg(self.lr) {
             return Err(invalid(format!("invalid learning rate {}", self.lr)));
         }
-        if !(self.eps >= 0.0) {
+        if !nonneg(self.eps) {
             return Err(invalid(format!("invalid epsilon {}", self.eps)));
         }
         for (i, b) in [self.beta1, self.beta2].into_iter().enumerate() {
@@ -116,7 +116,7 @@ impl Algorithm for Adam {
                 return Err(invalid(format!("invalid beta parameter at index {i}: {b}")));
             }
         }
-        if !(self.weight_decay >= 0.0) {
+        if !nonneg(self.weight_decay) {
             return Err(invalid(format!(
                 "invalid weight_decay {}",
                 self.weight_decay

@@ -195,6 +195,7 @@ pub fn apply_update<A: Algorithm>(
         .iter()
         .map(|s| s.storage().cpu_mut())
         .collect::<Result<Vec<_>>>()?;
+    #[allow(clippy::too_many_arguments)]
     fn go<T: FloatDType, A: Algorithm>(
         alg: &A,
         step: u64,
@@ -209,7 +210,7 @@ pub fn apply_update<A: Algorithm>(
         let g = GradReader::new(typed::<T>(g, A::NAME)?, glayout, transform);
         let mut states = s
             .iter_mut()
-            .map(|guard| typed_mut::<T>(&mut **guard, A::NAME))
+            .map(|guard| typed_mut::<T>(guard, A::NAME))
             .collect::<Result<Vec<_>>>()?;
         alg.update(step, p, &g, &mut states);
         Ok(())
@@ -247,6 +248,11 @@ pub fn sum_of_squares(grad: &Tensor) -> Result<f64> {
             dtype,
         }),
     }
+}
+
+/// Whether `x` is a number ≥ 0 (false for NaN).
+pub(crate) fn nonneg(x: f64) -> bool {
+    x >= 0.0
 }
 
 /// `v` as a `T`.

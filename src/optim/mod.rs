@@ -201,7 +201,7 @@ impl<A: Algorithm> Optimizer<A> {
     pub fn set_clip(&mut self, clip: Clip) -> Result<()> {
         let bad = match clip {
             Clip::None => false,
-            Clip::Value(c) | Clip::ParamNorm(c) | Clip::GlobalNorm(c) => !(c >= 0.0),
+            Clip::Value(c) | Clip::ParamNorm(c) | Clip::GlobalNorm(c) => !kernels::nonneg(c),
         };
         if bad {
             return Err(Error::InvalidArgument {
@@ -282,23 +282,28 @@ impl<A: Algorithm> Optimizer<A> {
         let transform = match self.clip {
             Clip::None => GradTransform::Identity,
             Clip::Value(c) => GradTransform::ClampAbs(c),
-            Clip::ParamNorm(max) => {
-                GradTransform::Scale(clip::coefficient(kernels::sum_of_squares(grad)?.sqrt(), max))
+            Clip::ParamNorm(max) => GradTransform::Scale(clip::coefficient(
+                kernels::sum_of_squares(grad)?.sqrt(),
+                max,
+            )),
+            Clip::GlobalNorm(_) => {
+                GradTransform::Scale(global_scale.ok_or(Error::InvalidArgument {
+                    op: "optimizer step",
+                    msg: "global-norm clipping needs the total norm first".into(),
+                })?)
             }
-            Clip::GlobalNorm(_) => GradTransform::Scale(global_scale.ok_or(Error::InvalidArgument {
-                op: "optimizer step",
-                msg: "global-norm clipping needs the total norm first".into(),
-            })?),
         };
         let hyper = &self.groups[group].hyper;
-        if !self.state.contains_key(&id) {
-            let _state = with_category(Category::OptimizerState);
-            let tensors = (0..hyper.state_slots())
-                .map(|_| Tensor::zeros(param.shape(), param.dtype(), param.device()))
-                .collect::<Result<Vec<_>>>()?;
-            self.state.insert(id, ParamState { step: 0, tensors });
-        }
-        let state = self.state.get_mut(&id).expect("inserted above");
+        let state = match self.state.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let _state = with_category(Category::OptimizerState);
+                let tensors = (0..hyper.state_slots())
+                    .map(|_| Tensor::zeros(param.shape(), param.dtype(), param.device()))
+                    .collect::<Result<Vec<_>>>()?;
+                e.insert(ParamState { step: 0, tensors })
+            }
+        };
         state.step += 1;
         apply_update(hyper, state.step, param, grad, transform, &state.tensors)
     }
@@ -307,8 +312,7 @@ impl<A: Algorithm> Optimizer<A> {
     /// (parameters without one are skipped, as in PyTorch). With
     /// [`Clip::GlobalNorm`] the total norm is taken over the `.grad`s first.
     pub fn step(&mut self) -> Result<()> {
-        let params: Vec<(usize, Tensor)> =
-            self.trainable().map(|(g, p)| (g, p.clone())).collect();
+        let params: Vec<(usize, Tensor)> = self.trainable().map(|(g, p)| (g, p.clone())).collect();
         let scale = match self.clip {
             Clip::GlobalNorm(max) => {
                 let grads: Vec<Option<Tensor>> = params.iter().map(|(_, p)| p.grad()).collect();

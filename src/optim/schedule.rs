@@ -67,8 +67,7 @@ impl LrScheduler {
                 end_factor,
                 total_iters,
             } => {
-                !(*start_factor > 0.0 && *start_factor <= 1.0)
-                    || !(0.0..=1.0).contains(end_factor)
+                !(*start_factor > 0.0 && *start_factor <= 1.0 && (0.0..=1.0).contains(end_factor))
                     || *total_iters == 0
             }
         };
@@ -112,7 +111,7 @@ impl LrScheduler {
             .zip(&self.base_lrs)
             .map(|(&lr, &base)| match self.schedule {
                 Schedule::Step { step_size, gamma } => {
-                    if e == 0 || e % step_size != 0 {
+                    if e == 0 || !e.is_multiple_of(step_size) {
                         lr
                     } else {
                         lr * gamma
@@ -167,8 +166,7 @@ impl LrScheduler {
                 total_iters,
             } => {
                 base * (start_factor
-                    + (end_factor - start_factor) * e.min(total_iters) as f64
-                        / total_iters as f64)
+                    + (end_factor - start_factor) * e.min(total_iters) as f64 / total_iters as f64)
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Stochastic gradient descent, as `torch.optim.SGD` (single-tensor path).
 
-use super::kernels::{c, Algorithm, GradReader};
+use super::kernels::{c, nonneg, Algorithm, GradReader};
 use crate::{Error, FloatDType, Result};
 
 /// SGD hyper-parameters, with torch.optim.SGD's meaning and defaults.
@@ -86,13 +86,13 @@ impl Algorithm for Sgd {
     }
 
     fn validate(&self) -> Result<()> {
-        if !(self.lr >= 0.0) {
+        if !nonneg(self.lr) {
             return Err(invalid(format!("invalid learning rate {}", self.lr)));
         }
-        if !(self.momentum >= 0.0) {
+        if !nonneg(self.momentum) {
             return Err(invalid(format!("invalid momentum {}", self.momentum)));
         }
-        if !(self.weight_decay >= 0.0) {
+        if !nonneg(self.weight_decay) {
             return Err(invalid(format!(
                 "invalid weight_decay {}",
                 self.weight_decay
