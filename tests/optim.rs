@@ -107,7 +107,10 @@ fn run_schedule(
         .collect()
 }
 
-fn single(s: Schedule) -> impl Fn(&mut Optimizer<Sgd>) -> Box<dyn FnMut(&mut Optimizer<Sgd>)> {
+/// Advances a schedule by one epoch.
+type Stepper = Box<dyn FnMut(&mut Optimizer<Sgd>)>;
+
+fn single(s: Schedule) -> impl Fn(&mut Optimizer<Sgd>) -> Stepper {
     move |opt| {
         let mut sched = LrScheduler::new(opt, s.clone()).unwrap();
         Box::new(move |opt| sched.step(opt).unwrap())
