@@ -38,7 +38,8 @@ X = grid(6, 4, 2, 9, 4)
 Y = grid(6, 3, 11, 5, 3)
 
 
-def main():
+def run(make_opt):
+    """Losses before each of STEPS steps of the optimizer `make_opt(params)`."""
     fc1 = torch.nn.Linear(4, 8)
     fc2 = torch.nn.Linear(8, 3)
     with torch.no_grad():
@@ -49,9 +50,7 @@ def main():
     x = torch.tensor(X)
     y = torch.tensor(Y)
     params = list(fc1.parameters()) + list(fc2.parameters())
-    opt = torch.optim.Adam(
-        params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, foreach=False
-    )
+    opt = make_opt(params)
     losses = []
     for _ in range(STEPS):
         opt.zero_grad()
@@ -59,6 +58,38 @@ def main():
         losses.append(loss.item())
         loss.backward()
         opt.step()
+    return losses
+
+
+def main():
+    losses = run(
+        lambda p: torch.optim.Adam(
+            p, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, foreach=False
+        )
+    )
+    # Other algorithms on the same model (hyper-parameters in the key).
+    extra = {
+        "adamw_lr0.05_wd0.1_amsgrad": run(
+            lambda p: torch.optim.AdamW(
+                p, lr=0.05, weight_decay=0.1, amsgrad=True, foreach=False
+            )
+        ),
+        "adam_lr0.02_wd0.05_betas0.8_0.99": run(
+            lambda p: torch.optim.Adam(
+                p, lr=0.02, weight_decay=0.05, betas=(0.8, 0.99), foreach=False
+            )
+        ),
+        "sgd_lr0.1_momentum0.9_nesterov_wd0.01": run(
+            lambda p: torch.optim.SGD(
+                p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, foreach=False
+            )
+        ),
+        "sgd_lr0.1_momentum0.5_dampening0.2": run(
+            lambda p: torch.optim.SGD(
+                p, lr=0.1, momentum=0.5, dampening=0.2, foreach=False
+            )
+        ),
+    }
     out = {
         "dtype": "f64",
         "torch_version": torch.__version__,
@@ -74,6 +105,7 @@ def main():
         "x": X,
         "y": Y,
         "losses": losses,
+        "extra": extra,
     }
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.path.join(here, "..", "tests", "fixtures", "adam_reference.json")
