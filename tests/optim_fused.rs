@@ -445,3 +445,62 @@ fn accumulation_buffers_count_as_gradients() {
         }
     }
 }
+
+/// The two passes of fused global-norm clipping each peak like one fused
+/// backward: no gradient outlives its sink call.
+#[test]
+fn global_norm_two_pass_keeps_the_fused_peak() {
+    let ledger = Ledger::new();
+    let _g = ledger.enter();
+    let layers = deep_mlp();
+    let mut opt = Optimizer::new(params(&layers), Adam::new(0.001)).unwrap();
+    opt.set_clip(Clip::GlobalNorm(0.5)).unwrap();
+    for step in 0..2 {
+        let first = deep_loss(&layers, 60 + step);
+        ledger.reset_peak();
+        let norm = opt.backward_norm_pass(&first).unwrap();
+        assert!(norm > 0.5, "clipping engages: {norm}");
+        assert_eq!(
+            ledger.peak_in(CPU, Category::Gradient),
+            expected_fused_peak()
+        );
+        assert_eq!(ledger.live_in(CPU, Category::Gradient), 0);
+        let second = deep_loss(&layers, 60 + step);
+        ledger.reset_peak();
+        opt.backward_step(&second).unwrap();
+        assert_eq!(
+            ledger.peak_in(CPU, Category::Gradient),
+            expected_fused_peak()
+        );
+        assert_eq!(ledger.live_in(CPU, Category::Gradient), 0);
+    }
+}
+
+/// The k-th micro-batch of fused accumulation starts with every buffer
+/// alive (all parameter gradients, P) and frees each as its parameter is
+/// updated. Its peak is at the top layer's matmul: the top bias's buffer is
+/// already freed, the rest are alive, and `g`, `ga` (2·ACT) and the new
+/// weight gradient (WEIGHT, added into its buffer when final) are in
+/// flight: P − BIAS + 2·ACT + WEIGHT.
+#[test]
+fn last_micro_batch_peak_is_the_buffers_plus_the_fused_peak() {
+    let ledger = Ledger::new();
+    let _g = ledger.enter();
+    let layers = deep_mlp();
+    let ps = params(&layers);
+    let total = param_bytes(&ps);
+    let mut opt = Optimizer::new(ps, Sgd::new(0.01).momentum(0.9)).unwrap();
+    opt.set_accumulation(3).unwrap();
+    for micro in 0..3 {
+        let loss = deep_loss(&layers, 70 + micro);
+        ledger.reset_peak();
+        opt.backward_step(&loss).unwrap();
+        if micro == 2 {
+            assert_eq!(
+                ledger.peak_in(CPU, Category::Gradient),
+                total - BIAS + expected_fused_peak()
+            );
+        }
+    }
+    assert_eq!(ledger.live_in(CPU, Category::Gradient), 0);
+}
