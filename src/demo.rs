@@ -1,11 +1,12 @@
-//! `leangrad demo`: trains a small MLP on a synthetic spiral on the CPU,
-//! updating each parameter the moment its gradient is final, and reports
-//! the memory ledger.
+//! `leangrad demo`: trains a small MLP on a synthetic spiral on the CPU
+//! with the fused optimizer (each parameter updated the moment its gradient
+//! is final), and reports the memory ledger.
 
 use crate::autograd::no_grad;
 use crate::memory::{Ledger, MemoryReport};
 use crate::nn::{Linear, Module};
 use crate::ops::CrossEntropyOptions;
+use crate::optim::{Optimizer, Sgd};
 use crate::{rng, DType, Device, Result, Tensor};
 
 /// What the demo trains.
@@ -107,13 +108,17 @@ pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<De
         let h = layers[1].forward(&h)?.relu()?;
         layers[2].forward(&h)
     };
+    let mut opt = Optimizer::new(
+        layers.iter().flat_map(|l| l.parameters()),
+        Sgd::new(opts.lr),
+    )?;
     let mut losses = Vec::with_capacity(opts.steps);
     for step in 0..opts.steps {
         let loss = forward(&x)?.cross_entropy(&y, CrossEntropyOptions::default())?;
         let value = loss.to_scalar()?;
         // Fused SGD: each parameter is updated as soon as its gradient is
         // final, and the gradient is dropped right after.
-        loss.backward_with_callback(|param, grad| param.sub_(&grad.mul_scalar(opts.lr)?))?;
+        opt.backward_step(&loss)?;
         losses.push(value);
         on_step(step, value);
     }

@@ -12,6 +12,7 @@ pub mod error;
 pub mod memory;
 pub mod nn;
 pub mod ops;
+pub mod optim;
 pub mod rng;
 pub mod tensor;
 

@@ -1,0 +1,262 @@
+//! The update kernels: one pass over a contiguous parameter, its gradient
+//! (any layout) and its state tensors, all in place.
+//!
+//! Every algorithm's arithmetic is written once, generic over the float
+//! element type, with the scalars converted to that type first (as
+//! PyTorch converts Python floats to the tensor's type). The same function
+//! serves the usual path (`.grad` after backward) and the fused path (the
+//! gradient handed over by backward), so both give bit-identical parameters.
+
+use crate::autograd::no_grad;
+use crate::tensor::{CpuData, Layout};
+use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
+use half::{bf16, f16};
+
+/// What is done to each gradient element before the update (clipping).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GradTransform {
+    /// The gradient as it is.
+    Identity,
+    /// Multiplied by a factor (norm clipping), converted to the element type.
+    Scale(f64),
+    /// Limited to `[-c, c]` (value clipping; NaN passes through).
+    ClampAbs(f64),
+}
+
+/// Reads a gradient in row-major order whatever its strides, applying a
+/// [`GradTransform`] to each element.
+pub struct GradReader<'a, T> {
+    data: &'a [T],
+    offsets: Option<Vec<usize>>,
+    base: usize,
+    transform: GradTransform,
+    scale: T,
+    bound: T,
+}
+
+impl<'a, T: FloatDType> GradReader<'a, T> {
+    /// A reader over `data` laid out as `layout`.
+    pub fn new(data: &'a [T], layout: &Layout, transform: GradTransform) -> Self {
+        let (offsets, base) = match layout.contiguous_range() {
+            Some(r) => (None, r.start),
+            None => (Some(layout.offsets()), 0),
+        };
+        let (scale, bound) = match transform {
+            GradTransform::Scale(s) => (T::from_f64(s), T::zero()),
+            GradTransform::ClampAbs(c) => (T::one(), T::from_f64(c)),
+            GradTransform::Identity => (T::one(), T::zero()),
+        };
+        GradReader {
+            data,
+            offsets,
+            base,
+            transform,
+            scale,
+            bound,
+        }
+    }
+
+    /// The untransformed element `i`.
+    #[inline(always)]
+    pub fn raw(&self, i: usize) -> T {
+        match &self.offsets {
+            None => self.data[self.base + i],
+            Some(o) => self.data[o[i]],
+        }
+    }
+
+    /// Element `i` after the transform.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> T {
+        let g = self.raw(i);
+        match self.transform {
+            GradTransform::Identity => g,
+            GradTransform::Scale(_) => g * self.scale,
+            GradTransform::ClampAbs(_) => {
+                if g < -self.bound {
+                    -self.bound
+                } else if g > self.bound {
+                    self.bound
+                } else {
+                    g
+                }
+            }
+        }
+    }
+}
+
+/// One optimization algorithm's per-element arithmetic and hyper-parameters.
+///
+/// Implemented by [`crate::optim::Sgd`] and [`crate::optim::Adam`]; a
+/// parameter group holds one value of it.
+pub trait Algorithm: Clone + std::fmt::Debug {
+    /// The algorithm's name, for errors.
+    const NAME: &'static str;
+    /// The learning rate.
+    fn lr(&self) -> f64;
+    /// Sets the learning rate (schedulers call this).
+    fn set_lr(&mut self, lr: f64);
+    /// Checks the hyper-parameters (as torch.optim's constructors do).
+    fn validate(&self) -> Result<()>;
+    /// How many state tensors (each the parameter's shape and dtype) one
+    /// parameter needs: they are created, zeroed, on its first update.
+    fn state_slots(&self) -> usize;
+    /// Updates `param` in place from `grad`; `step` counts this parameter's
+    /// updates, 1 on the first; `state` has [`Algorithm::state_slots`] slices.
+    fn update<T: FloatDType>(
+        &self,
+        step: u64,
+        param: &mut [T],
+        grad: &GradReader<'_, T>,
+        state: &mut [&mut [T]],
+    );
+}
+
+fn typed<'a, T: WithDType>(d: &'a CpuData, op: &'static str) -> Result<&'a [T]> {
+    T::cpu_slice(d).ok_or(Error::DTypeMismatch {
+        op,
+        expected: T::DTYPE,
+        got: d.dtype(),
+    })
+}
+
+fn typed_mut<'a, T: WithDType>(d: &'a mut CpuData, op: &'static str) -> Result<&'a mut [T]> {
+    let got = d.dtype();
+    T::cpu_slice_mut(d).ok_or(Error::DTypeMismatch {
+        op,
+        expected: T::DTYPE,
+        got,
+    })
+}
+
+fn check_like(op: &'static str, param: &Tensor, other: &Tensor) -> Result<()> {
+    if other.shape() != param.shape() {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: param.shape().to_vec(),
+            rhs: other.shape().to_vec(),
+        });
+    }
+    if other.dtype() != param.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: param.dtype(),
+            got: other.dtype(),
+        });
+    }
+    if other.device() != param.device() {
+        return Err(Error::DeviceMismatch {
+            op,
+            lhs: param.device(),
+            rhs: other.device(),
+        });
+    }
+    if other.shares_storage_with(param) {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: "gradient or state shares storage with the parameter".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The update of one parameter, in place under `no_grad` (bumping its
+/// version): checks shapes, locks the storages and runs `alg` on them.
+/// `state` tensors must be contiguous and the parameter's shape.
+pub fn apply_update<A: Algorithm>(
+    alg: &A,
+    step: u64,
+    param: &Tensor,
+    grad: &Tensor,
+    transform: GradTransform,
+    state: &[Tensor],
+) -> Result<()> {
+    check_like(A::NAME, param, grad)?;
+    for s in state {
+        check_like(A::NAME, param, s)?;
+        if !s.is_contiguous() || s.numel() != s.storage().len() {
+            return Err(Error::InvalidArgument {
+                op: A::NAME,
+                msg: "optimizer state must be a whole contiguous tensor".into(),
+            });
+        }
+    }
+    let range = param
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op: A::NAME,
+            msg: "parameters are updated in place and must be contiguous".into(),
+        })?;
+    let _ng = no_grad();
+    let gdata = grad.storage().cpu()?;
+    let mut pdata = param.storage().cpu_mut()?;
+    let mut sdata = state
+        .iter()
+        .map(|s| s.storage().cpu_mut())
+        .collect::<Result<Vec<_>>>()?;
+    #[allow(clippy::too_many_arguments)]
+    fn go<T: FloatDType, A: Algorithm>(
+        alg: &A,
+        step: u64,
+        p: &mut CpuData,
+        range: std::ops::Range<usize>,
+        g: &CpuData,
+        glayout: &Layout,
+        transform: GradTransform,
+        s: &mut [std::sync::RwLockWriteGuard<'_, CpuData>],
+    ) -> Result<()> {
+        let p = &mut typed_mut::<T>(p, A::NAME)?[range];
+        let g = GradReader::new(typed::<T>(g, A::NAME)?, glayout, transform);
+        let mut states = s
+            .iter_mut()
+            .map(|guard| typed_mut::<T>(guard, A::NAME))
+            .collect::<Result<Vec<_>>>()?;
+        alg.update(step, p, &g, &mut states);
+        Ok(())
+    }
+    let (p, g, s, l) = (&mut *pdata, &*gdata, &mut sdata[..], grad.layout());
+    match param.dtype() {
+        DType::F32 => go::<f32, A>(alg, step, p, range, g, l, transform, s),
+        DType::F64 => go::<f64, A>(alg, step, p, range, g, l, transform, s),
+        DType::F16 => go::<f16, A>(alg, step, p, range, g, l, transform, s),
+        DType::BF16 => go::<bf16, A>(alg, step, p, range, g, l, transform, s),
+        dtype => Err(Error::UnsupportedDType { op: A::NAME, dtype }),
+    }
+}
+
+/// The sum of squares of a gradient's elements, accumulated in f64 in
+/// row-major order (the building block of every norm used for clipping).
+pub fn sum_of_squares(grad: &Tensor) -> Result<f64> {
+    let data = grad.storage().cpu()?;
+    fn go<T: FloatDType>(d: &CpuData, l: &Layout) -> Result<f64> {
+        let r = GradReader::new(typed::<T>(d, "clip_grad_norm")?, l, GradTransform::Identity);
+        let mut acc = 0.0f64;
+        for i in 0..l.numel() {
+            let v = r.raw(i).to_f64();
+            acc += v * v;
+        }
+        Ok(acc)
+    }
+    match grad.dtype() {
+        DType::F32 => go::<f32>(&data, grad.layout()),
+        DType::F64 => go::<f64>(&data, grad.layout()),
+        DType::F16 => go::<f16>(&data, grad.layout()),
+        DType::BF16 => go::<bf16>(&data, grad.layout()),
+        dtype => Err(Error::UnsupportedDType {
+            op: "clip_grad_norm",
+            dtype,
+        }),
+    }
+}
+
+/// Whether `x` is a number ≥ 0 (false for NaN).
+pub(crate) fn nonneg(x: f64) -> bool {
+    x >= 0.0
+}
+
+/// `v` as a `T`.
+#[inline(always)]
+pub(crate) fn c<T: FloatDType>(v: f64) -> T {
+    <T as WithDType>::from_f64(v)
+}

@@ -1,0 +1,506 @@
+//! Optimizers (SGD, Adam, AdamW), with the step fused into backward.
+//!
+//! One per-parameter update ([`kernels::apply_update`]) serves two paths:
+//!
+//! - **Usual**: `loss.backward()` collects every `.grad`, then
+//!   [`Optimizer::step`] updates each parameter from its `.grad` and
+//!   [`Optimizer::zero_grad`] frees them. Peak gradient memory: every
+//!   parameter's gradient at once, plus the activation gradients in flight.
+//! - **Fused**: [`Optimizer::backward_step`] runs backward with a
+//!   [`GradientSink`] that updates each parameter in place (under
+//!   `no_grad`, bumping its version) the moment its gradient is final, and
+//!   drops the gradient right away. Peak gradient memory: the largest
+//!   single parameter gradient plus the activation gradients in flight.
+//!
+//! Both give bit-identical parameters. Per-parameter state (moments,
+//! momentum buffers) is created lazily on a parameter's first update under
+//! [`Category::OptimizerState`]; parameters that do not require grad get no
+//! state and no update. Gradient accumulation over `k` micro-batches
+//! ([`Optimizer::set_accumulation`]) and clipping ([`Clip`]) are fused too;
+//! see `docs/optim.md` for the modes and their costs.
+
+mod adam;
+mod clip;
+pub mod kernels;
+mod schedule;
+mod sgd;
+
+pub use adam::Adam;
+pub use clip::{clip_grad_norm, clip_grad_value, total_norm};
+pub use kernels::{apply_update, Algorithm, GradTransform};
+pub use schedule::{LrScheduler, Schedule, SequentialLr};
+pub use sgd::Sgd;
+
+use crate::autograd::engine::accumulate;
+use crate::autograd::{backward_with, CollectGrads, GradientSink, Leaf};
+use crate::memory::{with_category, Category};
+use crate::{Error, Result, Tensor};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Gradient clipping applied inside the update.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub enum Clip {
+    /// No clipping.
+    #[default]
+    None,
+    /// Each gradient element limited to `[-c, c]` (as `clip_grad_value_`).
+    Value(f64),
+    /// Each parameter's gradient scaled by `min(1, max / (‖g‖ + 1e-6))`,
+    /// its own norm (one pass; no extra memory).
+    ParamNorm(f64),
+    /// All gradients scaled by `min(1, max / (‖G‖ + 1e-6))` with `‖G‖` the
+    /// norm over every parameter (as `clip_grad_norm_`). The usual path
+    /// ([`Optimizer::step`]) computes it from the collected `.grad`s; the
+    /// fused path needs a first pass ([`Optimizer::backward_norm_pass`])
+    /// over a separate forward, then [`Optimizer::backward_step`] over a
+    /// second forward of the same batch.
+    GlobalNorm(f64),
+}
+
+/// What one [`Optimizer::backward_step`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusedStep {
+    /// The gradients were added to the accumulation buffers: micro-batch
+    /// `micro_batch` (1-based) of `of`.
+    Accumulated {
+        /// This micro-batch's number, from 1.
+        micro_batch: usize,
+        /// Micro-batches per update.
+        of: usize,
+    },
+    /// Every parameter that had a gradient was updated.
+    Updated,
+}
+
+/// A set of parameters sharing hyper-parameters.
+#[derive(Clone, Debug)]
+pub struct ParamGroup<A> {
+    /// The group's hyper-parameters (learning rate included).
+    pub hyper: A,
+    params: Vec<Tensor>,
+}
+
+impl<A> ParamGroup<A> {
+    /// The group's parameters, in the order given.
+    pub fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+}
+
+/// A parameter's optimizer state.
+struct ParamState {
+    step: u64,
+    tensors: Vec<Tensor>,
+}
+
+/// An optimizer: parameter groups, each with an [`Algorithm`]'s
+/// hyper-parameters, plus per-parameter state, clipping and accumulation.
+pub struct Optimizer<A: Algorithm> {
+    groups: Vec<ParamGroup<A>>,
+    /// Leaf id → group index, for parameters that require grad.
+    index: HashMap<u64, usize>,
+    state: HashMap<u64, ParamState>,
+    clip: Clip,
+    accumulation: usize,
+    micro: usize,
+    buffers: HashMap<u64, Tensor>,
+    global_norm: Option<f64>,
+    steps: u64,
+}
+
+impl<A: Algorithm> Optimizer<A> {
+    /// An optimizer over `params` (one group) with hyper-parameters `hyper`.
+    /// Parameters that do not require grad are kept but never updated.
+    pub fn new(params: impl IntoIterator<Item = Tensor>, hyper: A) -> Result<Optimizer<A>> {
+        let mut opt = Optimizer {
+            groups: Vec::new(),
+            index: HashMap::new(),
+            state: HashMap::new(),
+            clip: Clip::None,
+            accumulation: 1,
+            micro: 0,
+            buffers: HashMap::new(),
+            global_norm: None,
+            steps: 0,
+        };
+        opt.add_param_group(params, hyper)?;
+        Ok(opt)
+    }
+
+    /// Adds a group of parameters with their own hyper-parameters. A
+    /// parameter may belong to one group only.
+    pub fn add_param_group(
+        &mut self,
+        params: impl IntoIterator<Item = Tensor>,
+        hyper: A,
+    ) -> Result<()> {
+        hyper.validate()?;
+        let params: Vec<Tensor> = params.into_iter().collect();
+        let g = self.groups.len();
+        let mut ids = Vec::new();
+        for p in &params {
+            if !p.dtype().is_float() {
+                return Err(Error::UnsupportedDType {
+                    op: A::NAME,
+                    dtype: p.dtype(),
+                });
+            }
+            if let Some(id) = p.leaf_id() {
+                if self.index.contains_key(&id) || ids.contains(&id) {
+                    return Err(Error::InvalidArgument {
+                        op: A::NAME,
+                        msg: "some parameters appear in more than one parameter group".into(),
+                    });
+                }
+                ids.push(id);
+            } else if p.requires_grad() {
+                return Err(Error::InvalidArgument {
+                    op: A::NAME,
+                    msg: "can only optimize leaf tensors".into(),
+                });
+            }
+        }
+        for id in ids {
+            self.index.insert(id, g);
+        }
+        self.groups.push(ParamGroup { hyper, params });
+        Ok(())
+    }
+
+    /// The parameter groups.
+    pub fn groups(&self) -> &[ParamGroup<A>] {
+        &self.groups
+    }
+
+    /// Mutable hyper-parameters of group `i` (e.g. to change its lr).
+    pub fn hyper_mut(&mut self, i: usize) -> Option<&mut A> {
+        self.groups.get_mut(i).map(|g| &mut g.hyper)
+    }
+
+    /// Each group's learning rate.
+    pub fn lrs(&self) -> Vec<f64> {
+        self.groups.iter().map(|g| g.hyper.lr()).collect()
+    }
+
+    /// Sets each group's learning rate (`lrs` has one per group).
+    pub fn set_lrs(&mut self, lrs: &[f64]) -> Result<()> {
+        if lrs.len() != self.groups.len() {
+            return Err(Error::InvalidArgument {
+                op: "set_lrs",
+                msg: format!("{} rates for {} groups", lrs.len(), self.groups.len()),
+            });
+        }
+        for (g, &lr) in self.groups.iter_mut().zip(lrs) {
+            g.hyper.set_lr(lr);
+        }
+        Ok(())
+    }
+
+    /// Sets the clipping mode (used by both paths).
+    pub fn set_clip(&mut self, clip: Clip) -> Result<()> {
+        let bad = match clip {
+            Clip::None => false,
+            Clip::Value(c) | Clip::ParamNorm(c) | Clip::GlobalNorm(c) => !kernels::nonneg(c),
+        };
+        if bad {
+            return Err(Error::InvalidArgument {
+                op: "set_clip",
+                msg: format!("{clip:?}: the bound must be ≥ 0"),
+            });
+        }
+        self.clip = clip;
+        self.global_norm = None;
+        Ok(())
+    }
+
+    /// The clipping mode.
+    pub fn clip(&self) -> Clip {
+        self.clip
+    }
+
+    /// Accumulates `k ≥ 1` micro-batches per update in the fused path: the
+    /// first `k − 1` calls of [`Optimizer::backward_step`] add into one
+    /// buffer per parameter (counted as gradient), the `k`-th updates.
+    pub fn set_accumulation(&mut self, k: usize) -> Result<()> {
+        if k == 0 || self.micro != 0 {
+            return Err(Error::InvalidArgument {
+                op: "set_accumulation",
+                msg: if k == 0 {
+                    "k must be at least 1".into()
+                } else {
+                    "cannot change k in the middle of an accumulation window".into()
+                },
+            });
+        }
+        self.accumulation = k;
+        Ok(())
+    }
+
+    /// Number of updates done (by either path).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Bytes of optimizer state (all parameters).
+    pub fn state_bytes(&self) -> usize {
+        self.state
+            .values()
+            .flat_map(|s| &s.tensors)
+            .map(|t| t.storage_bytes())
+            .sum()
+    }
+
+    /// Bytes held in accumulation buffers (between micro-batches).
+    pub fn accumulation_bytes(&self) -> usize {
+        self.buffers.values().map(|t| t.storage_bytes()).sum()
+    }
+
+    /// Parameters in group order, with their group, that may be updated.
+    fn trainable(&self) -> impl Iterator<Item = (usize, &Tensor)> {
+        self.groups.iter().enumerate().flat_map(|(g, group)| {
+            group
+                .params
+                .iter()
+                .filter(|p| p.leaf_id().is_some())
+                .map(move |p| (g, p))
+        })
+    }
+
+    /// THE per-parameter update, shared by both paths: creates the state on
+    /// the first update, then runs the algorithm's kernel in place.
+    fn update_param(
+        &mut self,
+        group: usize,
+        param: &Tensor,
+        grad: &Tensor,
+        global_scale: Option<f64>,
+    ) -> Result<()> {
+        let Some(id) = param.leaf_id() else {
+            return Ok(());
+        };
+        let transform = match self.clip {
+            Clip::None => GradTransform::Identity,
+            Clip::Value(c) => GradTransform::ClampAbs(c),
+            Clip::ParamNorm(max) => GradTransform::Scale(clip::coefficient(
+                kernels::sum_of_squares(grad)?.sqrt(),
+                max,
+            )),
+            Clip::GlobalNorm(_) => {
+                GradTransform::Scale(global_scale.ok_or(Error::InvalidArgument {
+                    op: "optimizer step",
+                    msg: "global-norm clipping needs the total norm first".into(),
+                })?)
+            }
+        };
+        let hyper = &self.groups[group].hyper;
+        let state = match self.state.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let _state = with_category(Category::OptimizerState);
+                let tensors = (0..hyper.state_slots())
+                    .map(|_| Tensor::zeros(param.shape(), param.dtype(), param.device()))
+                    .collect::<Result<Vec<_>>>()?;
+                e.insert(ParamState { step: 0, tensors })
+            }
+        };
+        state.step += 1;
+        apply_update(hyper, state.step, param, grad, transform, &state.tensors)
+    }
+
+    /// The usual path: updates every parameter from its collected `.grad`
+    /// (parameters without one are skipped, as in PyTorch). With
+    /// [`Clip::GlobalNorm`] the total norm is taken over the `.grad`s first.
+    pub fn step(&mut self) -> Result<()> {
+        let params: Vec<(usize, Tensor)> = self.trainable().map(|(g, p)| (g, p.clone())).collect();
+        let scale = match self.clip {
+            Clip::GlobalNorm(max) => {
+                let grads: Vec<Option<Tensor>> = params.iter().map(|(_, p)| p.grad()).collect();
+                let norm = clip::combine(grads.iter().map(|g| g.as_ref()))?;
+                Some(clip::coefficient(norm, max))
+            }
+            _ => None,
+        };
+        for (g, p) in &params {
+            if let Some(grad) = p.grad() {
+                self.update_param(*g, p, &grad, scale)?;
+            }
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// Frees every parameter's collected `.grad` (PyTorch's `set_to_none`).
+    pub fn zero_grad(&self) {
+        for (_, p) in self.trainable() {
+            p.zero_grad();
+        }
+    }
+
+    /// The fused path: backward from `loss` with each parameter updated the
+    /// moment its gradient is final, and the gradient dropped right after.
+    ///
+    /// With accumulation `k > 1`, calls 1…k−1 only add into the
+    /// per-parameter buffers; call `k` adds its gradient to the buffer,
+    /// updates and frees the buffer. With [`Clip::GlobalNorm`],
+    /// [`Optimizer::backward_norm_pass`] must have run on this batch first.
+    /// Gradients of leaves that this optimizer does not own go to their
+    /// `.grad` as usual. Existing `.grad`s of owned parameters are ignored.
+    pub fn backward_step(&mut self, loss: &Tensor) -> Result<FusedStep> {
+        let scale = match self.clip {
+            Clip::GlobalNorm(max) => {
+                if self.accumulation > 1 {
+                    return Err(global_with_accumulation());
+                }
+                let norm = self.global_norm.take().ok_or(Error::InvalidArgument {
+                    op: "backward_step",
+                    msg: "Clip::GlobalNorm in the fused path needs backward_norm_pass on the same batch first".into(),
+                })?;
+                Some(clip::coefficient(norm, max))
+            }
+            _ => None,
+        };
+        self.micro += 1;
+        if self.micro < self.accumulation {
+            let mut sink = FusedSink {
+                opt: self,
+                mode: Mode::Accumulate,
+            };
+            backward_with(loss, None, &mut sink)?;
+            return Ok(FusedStep::Accumulated {
+                micro_batch: self.micro,
+                of: self.accumulation,
+            });
+        }
+        self.micro = 0;
+        let mut sink = FusedSink {
+            opt: self,
+            mode: Mode::Update(scale),
+        };
+        let result = backward_with(loss, None, &mut sink);
+        // Parameters that had gradients in earlier micro-batches but none
+        // in this one are updated from their buffers now.
+        let leftover: Vec<(u64, Tensor)> = self.buffers.drain().collect();
+        result?;
+        for (id, buffer) in leftover {
+            if let Some((g, p)) = self.find(id) {
+                self.update_param(g, &p, &buffer, scale)?;
+            }
+        }
+        self.steps += 1;
+        Ok(FusedStep::Updated)
+    }
+
+    /// First pass of fused global-norm clipping: backward from `loss` that
+    /// only adds up each owned parameter's squared gradient norm, dropping
+    /// every gradient (of other leaves too) as soon as it is final. Returns
+    /// the total norm, kept for the next [`Optimizer::backward_step`],
+    /// which must run on a second forward of the same batch. Cost: two
+    /// forwards and two backwards per step, no gradient kept.
+    pub fn backward_norm_pass(&mut self, loss: &Tensor) -> Result<f64> {
+        if self.accumulation > 1 {
+            return Err(global_with_accumulation());
+        }
+        let mut sink = NormSink {
+            index: &self.index,
+            squares: HashMap::new(),
+        };
+        backward_with(loss, None, &mut sink)?;
+        let squares = sink.squares;
+        // Combined in parameter order, exactly as over collected grads.
+        let norm = self
+            .trainable()
+            .filter_map(|(_, p)| squares.get(&p.leaf_id()?).copied())
+            .sum::<f64>()
+            .sqrt();
+        self.global_norm = Some(norm);
+        Ok(norm)
+    }
+
+    /// The usual path's global-norm clipping over this optimizer's
+    /// collected `.grad`s (scaled in place); returns the total norm. Use it
+    /// with [`Clip::None`] before [`Optimizer::step`].
+    pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64> {
+        let params: Vec<Tensor> = self.trainable().map(|(_, p)| p.clone()).collect();
+        clip_grad_norm(&params, max_norm)
+    }
+
+    fn find(&self, id: u64) -> Option<(usize, Tensor)> {
+        let g = *self.index.get(&id)?;
+        let p = self.groups[g]
+            .params
+            .iter()
+            .find(|p| p.leaf_id() == Some(id))?
+            .clone();
+        Some((g, p))
+    }
+}
+
+fn global_with_accumulation() -> Error {
+    Error::InvalidArgument {
+        op: "backward_step",
+        msg: "fused global-norm clipping does not combine with accumulation; use the usual path (backward ×k, then step)".into(),
+    }
+}
+
+enum Mode {
+    Accumulate,
+    Update(Option<f64>),
+}
+
+/// The fused optimizer's gradient sink.
+struct FusedSink<'o, A: Algorithm> {
+    opt: &'o mut Optimizer<A>,
+    mode: Mode,
+}
+
+impl<A: Algorithm> GradientSink for FusedSink<'_, A> {
+    fn gradient_ready(
+        &mut self,
+        leaf: &Arc<Leaf>,
+        param: Option<&Tensor>,
+        grad: Tensor,
+    ) -> Result<()> {
+        let id = leaf.id();
+        let (Some(&group), Some(param)) = (self.opt.index.get(&id), param) else {
+            return CollectGrads.gradient_ready(leaf, param, grad);
+        };
+        // The buffer (if any) and this gradient, added as `.grad` would be.
+        let grad = match self.opt.buffers.remove(&id) {
+            Some(buffer) => accumulate(buffer, grad)?,
+            None => grad,
+        };
+        match self.mode {
+            Mode::Accumulate => {
+                self.opt.buffers.insert(id, grad);
+                Ok(())
+            }
+            Mode::Update(scale) => {
+                let param = param.clone();
+                self.opt.update_param(group, &param, &grad, scale)
+                // `grad` (and the buffer it may be) is dropped here.
+            }
+        }
+    }
+}
+
+/// Sink of the first global-norm pass: squared norms only.
+struct NormSink<'o> {
+    index: &'o HashMap<u64, usize>,
+    squares: HashMap<u64, f64>,
+}
+
+impl GradientSink for NormSink<'_> {
+    fn gradient_ready(
+        &mut self,
+        leaf: &Arc<Leaf>,
+        _param: Option<&Tensor>,
+        grad: Tensor,
+    ) -> Result<()> {
+        if self.index.contains_key(&leaf.id()) {
+            self.squares
+                .insert(leaf.id(), kernels::sum_of_squares(&grad)?);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,156 @@
+//! Stochastic gradient descent, as `torch.optim.SGD` (single-tensor path).
+
+use super::kernels::{c, nonneg, Algorithm, GradReader};
+use crate::{Error, FloatDType, Result};
+
+/// SGD hyper-parameters, with torch.optim.SGD's meaning and defaults.
+///
+/// Per element, in this order (`g` the gradient after clipping):
+/// `g = g + weight_decay·p`; with momentum, `buf = g` on the first update
+/// and `buf = buf·momentum + (1 − dampening)·g` after, then
+/// `g = g + momentum·buf` (Nesterov) or `g = buf`; finally `p = p − lr·g`.
+/// State: one momentum buffer per parameter when `momentum != 0`, else none.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sgd {
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum factor (0 disables the buffer).
+    pub momentum: f64,
+    /// Dampening of the momentum's gradient term.
+    pub dampening: f64,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+    /// Nesterov momentum (needs momentum > 0 and dampening 0).
+    pub nesterov: bool,
+    /// Maximize the objective instead of minimizing it.
+    pub maximize: bool,
+}
+
+impl Sgd {
+    /// Plain SGD with learning rate `lr`.
+    pub fn new(lr: f64) -> Sgd {
+        Sgd {
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            maximize: false,
+        }
+    }
+
+    /// With momentum factor `m`.
+    pub fn momentum(mut self, m: f64) -> Sgd {
+        self.momentum = m;
+        self
+    }
+
+    /// With dampening `d`.
+    pub fn dampening(mut self, d: f64) -> Sgd {
+        self.dampening = d;
+        self
+    }
+
+    /// With L2 weight decay `wd`.
+    pub fn weight_decay(mut self, wd: f64) -> Sgd {
+        self.weight_decay = wd;
+        self
+    }
+
+    /// With Nesterov momentum on or off.
+    pub fn nesterov(mut self, on: bool) -> Sgd {
+        self.nesterov = on;
+        self
+    }
+
+    /// Maximizing instead of minimizing.
+    pub fn maximize(mut self, on: bool) -> Sgd {
+        self.maximize = on;
+        self
+    }
+}
+
+fn invalid(msg: String) -> Error {
+    Error::InvalidArgument { op: "SGD", msg }
+}
+
+impl Algorithm for Sgd {
+    const NAME: &'static str = "SGD";
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn validate(&self) -> Result<()> {
+        if !nonneg(self.lr) {
+            return Err(invalid(format!("invalid learning rate {}", self.lr)));
+        }
+        if !nonneg(self.momentum) {
+            return Err(invalid(format!("invalid momentum {}", self.momentum)));
+        }
+        if !nonneg(self.weight_decay) {
+            return Err(invalid(format!(
+                "invalid weight_decay {}",
+                self.weight_decay
+            )));
+        }
+        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
+            return Err(invalid(
+                "Nesterov momentum requires a momentum and zero dampening".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn state_slots(&self) -> usize {
+        usize::from(self.momentum != 0.0)
+    }
+
+    fn update<T: FloatDType>(
+        &self,
+        step: u64,
+        param: &mut [T],
+        grad: &GradReader<'_, T>,
+        state: &mut [&mut [T]],
+    ) {
+        let wd: T = c(self.weight_decay);
+        let m: T = c(self.momentum);
+        let keep: T = c(1.0 - self.dampening);
+        let neg_lr: T = c(-self.lr);
+        let decay = self.weight_decay != 0.0;
+        let direction = |i: usize, p: T| {
+            let g = grad.get(i);
+            let g = if self.maximize { -g } else { g };
+            if decay {
+                g + wd * p
+            } else {
+                g
+            }
+        };
+        match state.first_mut() {
+            None => {
+                for (i, p) in param.iter_mut().enumerate() {
+                    let g = direction(i, *p);
+                    *p = *p + neg_lr * g;
+                }
+            }
+            Some(buf) => {
+                for (i, (p, b)) in param.iter_mut().zip(buf.iter_mut()).enumerate() {
+                    let g = direction(i, *p);
+                    if step == 1 {
+                        *b = g;
+                    } else {
+                        *b = *b * m;
+                        *b = *b + keep * g;
+                    }
+                    let g = if self.nesterov { g + m * *b } else { *b };
+                    *p = *p + neg_lr * g;
+                }
+            }
+        }
+    }
+}
