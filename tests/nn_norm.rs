@@ -521,3 +521,53 @@ fn modules_report_saved_bytes_by_layer_and_parameters_stay_parameters() {
     assert!(bn.weight.as_ref().unwrap().grad().is_some());
     assert!(ln.bias.as_ref().unwrap().grad().is_some());
 }
+
+#[test]
+fn batchnorm_module_in_eval_keeps_nothing_for_an_input_gradient() {
+    use leangrad::nn::{BatchNorm, BatchNormOptions, Module};
+    let ledger = leangrad::memory::Ledger::new();
+    let _l = ledger.enter();
+    let mut bn = BatchNorm::new2d(
+        "bn",
+        3,
+        BatchNormOptions::default(),
+        DType::F32,
+        Device::Cpu,
+    )
+    .unwrap();
+    bn.set_training(false);
+    {
+        let _ng = leangrad::autograd::no_grad();
+        let rv = bn.running_var.as_ref().unwrap();
+        rv.mul_scalar_(1.5).unwrap();
+    }
+    let saved = || ledger.live_in(Device::Cpu, leangrad::memory::Category::Saved);
+    let x = Tensor::randn(&[2, 3, 4, 4], DType::F32, Device::Cpu, 5)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    // Trainable weight: x̂ for the weight gradient; the input gradient reads
+    // the weight and running variance (model state): no more bytes.
+    let y = bn.forward(&x).unwrap();
+    assert_eq!(saved(), 2 * 3 * 16 * 4);
+    let seed = Tensor::rand_range(&[2, 3, 4, 4], -1.0, 1.0, DType::F32, Device::Cpu, 6).unwrap();
+    leangrad::autograd::backward_with(
+        &y,
+        Some(seed.clone()),
+        &mut leangrad::autograd::CollectGrads,
+    )
+    .unwrap();
+    let gx = x.take_grad().unwrap().to_vec::<f32>().unwrap();
+    // Frozen weight and bias: nothing at all.
+    bn.weight = bn
+        .weight
+        .take()
+        .map(|w| w.set_requires_grad(false).unwrap());
+    bn.bias = bn.bias.take().map(|b| b.set_requires_grad(false).unwrap());
+    let y = bn.forward(&x).unwrap();
+    assert_eq!(saved(), 0);
+    leangrad::autograd::backward_with(&y, Some(seed), &mut leangrad::autograd::CollectGrads)
+        .unwrap();
+    // x·(weight·invstd) scaling: the same bits as with the C-sized vector.
+    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), gx);
+}

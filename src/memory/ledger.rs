@@ -334,6 +334,11 @@ impl Allocation {
             .recount(self.id, |e| e.saved_refs = e.saved_refs.saturating_sub(1));
     }
 
+    /// The allocation's own category (what it returns to when no longer saved).
+    pub fn category(&self) -> Option<Category> {
+        self.ledger.state().entries.get(&self.id).map(|e| e.base)
+    }
+
     /// Moves the allocation to another category (e.g. a tensor becoming a parameter).
     pub fn set_category(&self, category: Category) {
         self.ledger.state().recount(self.id, |e| e.base = category);

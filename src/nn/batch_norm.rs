@@ -24,10 +24,22 @@ use crate::cpu::norm::{
 };
 use crate::{DType, Error, Result, Tensor};
 
+/// Where the lean input gradient's per-channel `weight·invstd` comes from.
+enum Scale {
+    /// A C-sized vector made in forward.
+    Vector(SavedTensor),
+    /// Eval mode with model-state weight and running variance: references to
+    /// tensors alive anyway, so the input gradient costs no bytes at all.
+    FromState {
+        weight: Option<SavedTensor>,
+        running_var: SavedTensor,
+    },
+}
+
 enum BnSaved {
     Lean {
         xhat: Option<SavedTensor>,
-        scale: Option<SavedTensor>,
+        scale: Option<Scale>,
     },
     All {
         input: SavedTensor,
@@ -71,7 +83,22 @@ impl BackwardOp for BatchNormBackward {
         let (xhat, scale) = match &self.saved {
             BnSaved::Lean { xhat, scale } => (
                 xhat.as_ref().map(|t| t.get().cloned()).transpose()?,
-                scale.as_ref().map(|t| t.get()?.to_f64_vec()).transpose()?,
+                match scale {
+                    None => None,
+                    Some(Scale::Vector(t)) => Some(t.get()?.to_f64_vec()?),
+                    Some(Scale::FromState {
+                        weight,
+                        running_var,
+                    }) => {
+                        let w = weight.as_ref().map(|t| t.get()?.to_f64_vec()).transpose()?;
+                        let rv = running_var.get()?.to_f64_vec()?;
+                        Some(scale_of(
+                            w.as_deref(),
+                            &rstd_of(&rv, self.eps, self.dtype),
+                            self.dtype,
+                        ))
+                    }
+                },
             ),
             BnSaved::All {
                 input,
@@ -234,13 +261,23 @@ pub fn batch_norm(
     }
     let save = |t: &Tensor| SavedTensor::new(t, OP);
     let saved = if lean {
+        let state_only = !training
+            && weight.is_none_or(|w| w.is_model_state())
+            && running.is_some_and(|(_, v)| v.is_model_state());
+        let scale = match (nx, running) {
+            (false, _) => None,
+            (true, Some((_, running_var))) if state_only => Some(Scale::FromState {
+                weight: weight.map(save),
+                running_var: save(running_var),
+            }),
+            (true, _) => Some(Scale::Vector(save(&stat_tensor(
+                &scale_of(w.as_deref(), &invstd, dt),
+                x,
+            )?))),
+        };
         BnSaved::Lean {
             xhat: xhat.as_ref().map(save),
-            scale: nx
-                .then(|| stat_tensor(&scale_of(w.as_deref(), &invstd, dt), x))
-                .transpose()?
-                .as_ref()
-                .map(save),
+            scale,
         }
     } else {
         BnSaved::All {

@@ -7,6 +7,7 @@ use super::norm::{group_norm, layer_norm, rms_norm};
 use super::Module;
 use crate::cpu::norm::write_values;
 use crate::memory::scope;
+use crate::memory::Category;
 use crate::{DType, Device, Error, Result, Tensor};
 
 fn param(shape: &[usize], v: f64, dtype: DType, device: Device) -> Result<Tensor> {
@@ -265,18 +266,23 @@ impl BatchNorm {
     ) -> Result<BatchNorm> {
         let c = [num_features];
         let param = |v: f64| Tensor::full(&c, v, dtype, device)?.into_parameter();
+        // Buffers are model state: counted with the parameters.
+        let buffer = |t: Tensor| {
+            t.set_memory_category(Category::Parameter);
+            t
+        };
         let tracked = options.track_running_stats;
         Ok(BatchNorm {
             weight: options.affine.then(|| param(1.0)).transpose()?,
             bias: options.affine.then(|| param(0.0)).transpose()?,
             running_mean: tracked
-                .then(|| Tensor::zeros(&c, dtype, device))
+                .then(|| Tensor::zeros(&c, dtype, device).map(buffer))
                 .transpose()?,
             running_var: tracked
-                .then(|| Tensor::ones(&c, dtype, device))
+                .then(|| Tensor::ones(&c, dtype, device).map(buffer))
                 .transpose()?,
             num_batches_tracked: tracked
-                .then(|| Tensor::zeros(&[], DType::I64, device))
+                .then(|| Tensor::zeros(&[], DType::I64, device).map(buffer))
                 .transpose()?,
             options,
             num_features,

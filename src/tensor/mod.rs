@@ -146,6 +146,21 @@ impl Tensor {
         self.0.storage.allocation().set_category(category);
     }
 
+    /// The ledger category of the storage (its own, not "saved").
+    pub fn memory_category(&self) -> Option<Category> {
+        self.0.storage.allocation().category()
+    }
+
+    /// Whether keeping this tensor for backward costs no memory of its own:
+    /// it is model state (a parameter or buffer) or optimizer state, alive
+    /// regardless of the graph.
+    pub fn is_model_state(&self) -> bool {
+        matches!(
+            self.memory_category(),
+            Some(Category::Parameter | Category::OptimizerState)
+        )
+    }
+
     /// The elements in row-major order, as `T` (which must be the dtype).
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
         if self.dtype() != T::DTYPE {
