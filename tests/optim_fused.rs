@@ -310,6 +310,13 @@ fn peak_gradient_bytes_fused_vs_usual() {
             };
             let peak = ledger.peak_in(CPU, Category::Gradient);
             assert_eq!(peak, expected_fused_peak(), "{alg} fused, step {step}");
+            // Of those, gradients that reached a parameter: one at a time,
+            // the largest single parameter gradient.
+            assert_eq!(
+                ledger.peak_param_gradients(CPU),
+                WEIGHT,
+                "{alg} fused, step {step}"
+            );
             assert_eq!(ledger.live_in(CPU, Category::Gradient), 0);
             println!("{alg} fused peak gradient bytes: {peak}");
         }
@@ -323,6 +330,8 @@ fn peak_gradient_bytes_fused_vs_usual() {
         loss.backward().unwrap();
         let peak = ledger.peak_in(CPU, Category::Gradient);
         assert_eq!(peak, expected_usual_peak(total), "usual");
+        // Every parameter gradient is kept: their sum.
+        assert_eq!(ledger.peak_param_gradients(CPU), total, "usual");
         assert_eq!(ledger.live_in(CPU, Category::Gradient), total);
         println!("usual peak gradient bytes: {peak} (parameters: {total})");
         opt.step().unwrap();
@@ -500,6 +509,9 @@ fn last_micro_batch_peak_is_the_buffers_plus_the_fused_peak() {
                 ledger.peak_in(CPU, Category::Gradient),
                 total - BIAS + expected_fused_peak()
             );
+            // Parameter gradients: the buffers (all but the top bias's, freed
+            // first) plus the one weight gradient being added in.
+            assert_eq!(ledger.peak_param_gradients(CPU), total - BIAS + WEIGHT);
         }
     }
     assert_eq!(ledger.live_in(CPU, Category::Gradient), 0);

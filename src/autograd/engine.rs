@@ -45,6 +45,7 @@ impl GradientSink for CollectGrads {
             None => grad,
             Some(existing) => accumulate(existing, grad)?,
         };
+        merged.storage().allocation().mark_param_gradient();
         leaf.set_grad(Some(merged));
         Ok(())
     }
@@ -162,7 +163,10 @@ pub fn backward_with(
                 "the root does not require grad (no input of it requires grad, or it was computed under no_grad)".into(),
             ))
         }
-        GradMeta::Leaf(leaf) => return sink.gradient_ready(leaf, Some(root), seed),
+        GradMeta::Leaf(leaf) => {
+            seed.storage().allocation().mark_param_gradient();
+            return sink.gradient_ready(leaf, Some(root), seed);
+        }
         GradMeta::Node(n) => n.clone(),
     };
 
@@ -248,6 +252,9 @@ pub fn backward_with(
                 Edge::Leaf(leaf) => {
                     if let Some(g) = grad {
                         add_pending(&mut leaf_grads, leaf.id(), g)?;
+                    }
+                    if let Some(g) = leaf_grads.get(&leaf.id()) {
+                        g.storage().allocation().mark_param_gradient();
                     }
                     let d = leaf_deps.get_mut(&leaf.id()).expect("counted in the walk");
                     *d -= 1;

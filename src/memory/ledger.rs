@@ -15,6 +15,8 @@ struct DeviceStats {
     peak_total: usize,
     allocations: u64,
     limit: Option<usize>,
+    param_grad_live: usize,
+    param_grad_peak: usize,
     saved_live: BTreeMap<Arc<str>, usize>,
     saved_peak: BTreeMap<Arc<str>, usize>,
 }
@@ -54,6 +56,7 @@ struct Entry {
     base: Category,
     saved_refs: usize,
     saved_label: Option<Arc<str>>,
+    param_grad: bool,
 }
 
 impl Entry {
@@ -184,6 +187,7 @@ impl Ledger {
                 base: category,
                 saved_refs: 0,
                 saved_label: None,
+                param_grad: false,
             },
         );
         Ok(Allocation {
@@ -235,6 +239,18 @@ impl Ledger {
         self.with_stats(device, |s| s.allocations)
     }
 
+    /// Live bytes of gradients that have reached a parameter (a leaf): the
+    /// pending gradient of a leaf, its `.grad`, an accumulation buffer.
+    /// Activation gradients in flight between ops are not included.
+    pub fn live_param_gradients(&self, device: Device) -> usize {
+        self.with_stats(device, |s| s.param_grad_live)
+    }
+
+    /// Peak of [`Ledger::live_param_gradients`].
+    pub fn peak_param_gradients(&self, device: Device) -> usize {
+        self.with_stats(device, |s| s.param_grad_peak)
+    }
+
     /// Live saved-for-backward bytes on `device`, by the layer/op that saved them.
     pub fn saved_by_layer(&self, device: Device) -> Vec<(String, usize)> {
         self.with_stats(device, |s| {
@@ -252,6 +268,7 @@ impl Ledger {
         for s in st.devices.values_mut() {
             s.peak = s.live;
             s.peak_total = s.live_total;
+            s.param_grad_peak = s.param_grad_live;
             for (k, v) in s.saved_peak.iter_mut() {
                 *v = s.saved_live.get(k).copied().unwrap_or(0);
             }
@@ -282,6 +299,8 @@ impl Ledger {
                     allocations: s.allocations,
                     live: CategoryBytes::from_array(s.live),
                     peak: CategoryBytes::from_array(s.peak),
+                    parameter_gradient_live: s.param_grad_live,
+                    parameter_gradient_peak: s.param_grad_peak,
                     saved_by_layer,
                 }
             })
@@ -296,6 +315,9 @@ impl Ledger {
         };
         let stats = st.devices.entry(entry.device).or_default();
         stats.sub(entry.effective(), entry.bytes);
+        if entry.param_grad {
+            stats.param_grad_live -= entry.bytes;
+        }
         if entry.counts_as_saved() {
             if let Some(label) = &entry.saved_label {
                 stats.sub_saved(label, entry.bytes);
@@ -332,6 +354,23 @@ impl Allocation {
         self.ledger
             .state()
             .recount(self.id, |e| e.saved_refs = e.saved_refs.saturating_sub(1));
+    }
+
+    /// Records that this allocation holds a parameter's (leaf's) gradient;
+    /// counted once, until it is freed.
+    pub fn mark_param_gradient(&self) {
+        let mut st = self.ledger.state();
+        let Some(entry) = st.entries.get_mut(&self.id) else {
+            return;
+        };
+        if entry.param_grad {
+            return;
+        }
+        entry.param_grad = true;
+        let (device, bytes) = (entry.device, entry.bytes);
+        let stats = st.devices.entry(device).or_default();
+        stats.param_grad_live += bytes;
+        stats.param_grad_peak = stats.param_grad_peak.max(stats.param_grad_live);
     }
 
     /// The allocation's own category (what it returns to when no longer saved).

@@ -57,6 +57,10 @@ pub struct DeviceReport {
     pub allocations: u64,
     pub live: CategoryBytes,
     pub peak: CategoryBytes,
+    /// Gradient bytes that have reached a parameter (part of `gradient`).
+    pub parameter_gradient_live: usize,
+    /// Peak of `parameter_gradient_live`.
+    pub parameter_gradient_peak: usize,
     /// Sorted by peak bytes, largest first.
     pub saved_by_layer: Vec<LayerBytes>,
 }
@@ -111,6 +115,15 @@ impl MemoryReport {
                     human_bytes(d.live.get(c)),
                     human_bytes(d.peak.get(c))
                 );
+                if c == Category::Gradient {
+                    let _ = writeln!(
+                        out,
+                        "  {:<16} {:>14} {:>14}",
+                        "  of parameters",
+                        human_bytes(d.parameter_gradient_live),
+                        human_bytes(d.parameter_gradient_peak)
+                    );
+                }
             }
             let _ = writeln!(
                 out,

@@ -470,6 +470,7 @@ impl<A: Algorithm> GradientSink for FusedSink<'_, A> {
             Some(buffer) => accumulate(buffer, grad)?,
             None => grad,
         };
+        grad.storage().allocation().mark_param_gradient();
         match self.mode {
             Mode::Accumulate => {
                 self.opt.buffers.insert(id, grad);
