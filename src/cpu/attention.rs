@@ -65,7 +65,7 @@ fn probs_rows<T: FloatDType>(
     lse_in: Option<&[f64]>,
 ) -> (CpuData, Vec<f64>) {
     let lk = spec.lk;
-    let rows = if lk == 0 { 0 } else { s.len() / lk };
+    let rows = s.len().checked_div(lk).unwrap_or(0);
     let mut p = vec![T::zero(); s.len()];
     let mut lse = vec![0.0f64; rows];
     run_rows(&mut p, lk, &mut lse, |r, prow, l| {
@@ -116,7 +116,7 @@ pub(crate) fn attention_probs(
 }
 
 fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], lk: usize, scale: f64) -> CpuData {
-    let rows = if lk == 0 { 0 } else { p.len() / lk };
+    let rows = p.len().checked_div(lk).unwrap_or(0);
     let mut ds = vec![T::zero(); p.len()];
     let mut unused = vec![0.0f64; rows];
     run_rows(&mut ds, lk, &mut unused, |r, out, _| {

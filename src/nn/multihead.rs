@@ -60,7 +60,7 @@ impl MultiheadAttention {
         device: Device,
         seed: u64,
     ) -> Result<MultiheadAttention> {
-        if num_heads == 0 || embed_dim % num_heads != 0 {
+        if num_heads == 0 || !embed_dim.is_multiple_of(num_heads) {
             return Err(Error::InvalidArgument {
                 op: OP,
                 msg: format!("embed_dim {embed_dim} is not divisible by num_heads {num_heads}"),
