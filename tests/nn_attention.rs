@@ -1,4 +1,4 @@
-//! Scaled-dot-product attention and MultiheadAttention: naive-loop forward
+//! Scaled-dot-product attention (MultiheadAttention: nn_attention_mha.rs): naive-loop forward
 //! references, gradcheck, lean vs save-all policies with exact saved bytes,
 //! dropout replay, and error cases.
 
@@ -6,9 +6,7 @@ mod common;
 
 use common::{assert_close, check, check_policies, rand64};
 use leangrad::autograd::{backward_with, CollectGrads};
-use leangrad::nn::{
-    scaled_dot_product_attention as sdpa, MhaOptions, Module, MultiheadAttention, SdpaOptions,
-};
+use leangrad::nn::{scaled_dot_product_attention as sdpa, Module, MultiheadAttention, SdpaOptions};
 use leangrad::rng::dropout_keep;
 use leangrad::{DType, Device, Tensor};
 
@@ -169,6 +167,7 @@ fn gradcheck_q_k_v() {
 /// `P` (n·lq·lk) or, when not more bytes, also `Q`, `K`, the mask and
 /// `lse` (n·lq). Save-all: q, k, v, P and a u8 dropout mask.
 fn expected(
+    es: usize,
     combo: u32,
     (n, lq, lk, d, dv): (usize, usize, usize, usize, usize),
     mask_bytes: usize,
@@ -178,8 +177,8 @@ fn expected(
         return (0, 0);
     }
     let (nq, nk) = (combo & 1 != 0, combo & 2 != 0);
-    let (qb, kb, vb) = (8 * n * lq * d, 8 * n * lk * d, 8 * n * lk * dv);
-    let (pb, lse) = (8 * n * lq * lk, 8 * n * lq);
+    let (qb, kb, vb) = (es * n * lq * d, es * n * lk * d, es * n * lk * dv);
+    let (pb, lse) = (es * n * lq * lk, es * n * lq);
     let pick = |c: bool, bytes: usize| if c { bytes } else { 0 };
     let base = pick(nq || nk, vb) + pick(nk, qb) + pick(nq, kb);
     let recompute = base + pick(!nk, qb) + pick(!nq, kb) + mask_bytes + lse;
@@ -192,11 +191,21 @@ fn expected(
 fn policies_all_combinations_exact_bytes() {
     // (a) long keys: P is the larger, so it is recomputed; (b) wide heads:
     // Q and K are the larger, so P is saved when they are not kept anyway.
-    for dims in [(4, 6, 8, 2, 3), (2, 3, 3, 8, 2)] {
+    // f64 (lse in f64) and f32 (lse in f32): recomputed P is bit for bit
+    // the saved one, so gradients match SaveAll exactly.
+    for (dims, dt) in [
+        ((4, 6, 8, 2, 3), DType::F64),
+        ((2, 3, 3, 8, 2), DType::F64),
+        ((4, 6, 8, 2, 3), DType::F32),
+    ] {
         let (n, lq, lk, d, dv) = dims;
-        let q = rand64(&[2, n / 2, lq, d], 21);
-        let k = rand64(&[2, n / 2, lk, d], 22);
-        let v = rand64(&[2, n / 2, lk, dv], 23);
+        let es = dt.size_in_bytes();
+        let r = |shape: &[usize], seed| {
+            Tensor::rand_range(shape, -2.0, 2.0, dt, Device::Cpu, seed).unwrap()
+        };
+        let q = r(&[2, n / 2, lq, d], 21);
+        let k = r(&[2, n / 2, lk, d], 22);
+        let v = r(&[2, n / 2, lk, dv], 23);
         let m = rand64(&[lq, lk], 24);
         for causal in [false, true] {
             for p in [0.0, 0.4] {
@@ -208,25 +217,21 @@ fn policies_all_combinations_exact_bytes() {
                             let mut o = o.clone();
                             if let Some(m) = &mask {
                                 let mv = m.to_f64_vec()?;
-                                o.mask = Some(Tensor::from_f64_slice(
-                                    &mv,
-                                    m.shape(),
-                                    DType::F64,
-                                    Device::Cpu,
-                                )?);
+                                o.mask =
+                                    Some(Tensor::from_f64_slice(&mv, m.shape(), dt, Device::Cpu)?);
                             }
                             sdpa(&x[0], &x[1], &x[2], &o)
                         },
                         &[q.clone(), k.clone(), v.clone()],
                     );
                     assert_eq!(rows.len(), 8);
-                    let mb = mask.as_ref().map_or(0, |_| 8 * lq * lk);
+                    let mb = mask.as_ref().map_or(0, |_| es * lq * lk);
                     for (combo, lean, all) in rows {
-                        let want = expected(combo, dims, mb, p > 0.0);
+                        let want = expected(es, combo, dims, mb, p > 0.0);
                         assert_eq!(
                             (lean, all),
                             want,
-                            "dims {dims:?} combo {combo} causal {causal} p {p} mask {}",
+                            "{dt:?} dims {dims:?} combo {combo} causal {causal} p {p} mask {}",
                             mb > 0
                         );
                     }
@@ -284,140 +289,6 @@ fn dropout_replay_grad_v() {
     );
 }
 
-fn mha(e: usize, h: usize, p: f64, bias: bool) -> MultiheadAttention {
-    MultiheadAttention::new("mha", e, h, p, bias, DType::F64, Device::Cpu, 42).unwrap()
-}
-
-#[test]
-fn mha_parameters() {
-    let m = mha(8, 2, 0.0, true);
-    let ps: Vec<(String, Vec<usize>)> = m
-        .named_parameters()
-        .into_iter()
-        .map(|(n, t)| (n, t.shape().to_vec()))
-        .collect();
-    let want: Vec<(String, Vec<usize>)> = vec![
-        ("in_proj_weight".into(), vec![24, 8]),
-        ("in_proj_bias".into(), vec![24]),
-        ("out_proj.weight".into(), vec![8, 8]),
-        ("out_proj.bias".into(), vec![8]),
-    ];
-    assert_eq!(ps, want);
-    let bound = (6.0f64 / 32.0).sqrt();
-    assert!(vals(&m.in_proj_weight).iter().all(|x| x.abs() < bound));
-    assert!(vals(m.in_proj_bias.as_ref().unwrap())
-        .iter()
-        .all(|&x| x == 0.0));
-    assert!(vals(m.out_proj.bias.as_ref().unwrap())
-        .iter()
-        .all(|&x| x == 0.0));
-    let wb = 1.0 / 8f64.sqrt();
-    assert!(vals(&m.out_proj.weight).iter().all(|x| x.abs() < wb));
-    assert_eq!(mha(8, 2, 0.0, false).named_parameters().len(), 2);
-}
-
-/// Linear → SDPA → linear by hand.
-fn by_hand(m: &MultiheadAttention, x: [&Tensor; 3], causal: bool) -> Tensor {
-    let (e, h) = (m.in_proj_weight.shape()[1], m.num_heads());
-    let proj = |t: &Tensor, i: usize| {
-        let w = m.in_proj_weight.narrow(0, i * e, e).unwrap();
-        let b = m
-            .in_proj_bias
-            .as_ref()
-            .unwrap()
-            .narrow(0, i * e, e)
-            .unwrap();
-        let y = t.matmul(&w.t().unwrap()).unwrap().add(&b).unwrap();
-        let (bs, l) = (t.shape()[0], t.shape()[1]);
-        y.reshape(&[bs, l, h, e / h])
-            .unwrap()
-            .permute(&[0, 2, 1, 3])
-            .unwrap()
-    };
-    let o = sdpa(
-        &proj(x[0], 0),
-        &proj(x[1], 1),
-        &proj(x[2], 2),
-        &SdpaOptions::default().causal(causal),
-    )
-    .unwrap();
-    let (bs, lq) = (x[0].shape()[0], x[0].shape()[1]);
-    let o = o
-        .permute(&[0, 2, 1, 3])
-        .unwrap()
-        .reshape(&[bs, lq, e])
-        .unwrap();
-    m.out_proj.forward(&o).unwrap()
-}
-
-#[test]
-fn mha_matches_hand_composition() {
-    let mut m = mha(6, 3, 0.0, true);
-    m.in_proj_bias = Some(rand64(&[18], 50));
-    m.out_proj.bias = Some(rand64(&[6], 51));
-    let x = rand64(&[2, 4, 6], 52);
-    let y = rand64(&[2, 5, 6], 53);
-    let z = rand64(&[2, 5, 6], 54);
-    let selfo = m.forward(&x).unwrap();
-    assert_close(
-        &vals(&selfo),
-        &vals(&by_hand(&m, [&x, &x, &x], false)),
-        1e-12,
-    );
-    let c = m
-        .attention(
-            &x,
-            &x,
-            &x,
-            &MhaOptions {
-                causal: true,
-                attn_mask: None,
-            },
-        )
-        .unwrap();
-    assert_close(&vals(&c), &vals(&by_hand(&m, [&x, &x, &x], true)), 1e-12);
-    let cross = m.attention(&x, &y, &z, &MhaOptions::default()).unwrap();
-    assert_eq!(cross.shape(), &[2, 4, 6]);
-    assert_close(
-        &vals(&cross),
-        &vals(&by_hand(&m, [&x, &y, &z], false)),
-        1e-12,
-    );
-}
-
-#[test]
-fn mha_gradcheck_and_param_grads() {
-    let mut m = mha(4, 2, 0.0, true);
-    m.in_proj_bias = Some(rand64(&[12], 60).into_parameter().unwrap());
-    let x = rand64(&[1, 3, 4], 61);
-    let y = rand64(&[1, 2, 4], 62);
-    check(
-        |t| m.attention(&t[0], &t[1], &t[1], &MhaOptions::default()),
-        &[x.clone(), y.clone()],
-    );
-    check(
-        |t| {
-            m.attention(
-                &t[0],
-                &t[0],
-                &t[0],
-                &MhaOptions {
-                    causal: true,
-                    attn_mask: None,
-                },
-            )
-        },
-        std::slice::from_ref(&x),
-    );
-    let mut md = mha(4, 2, 0.5, true);
-    md.set_training(true);
-    let o = md.forward(&x).unwrap();
-    o.sum_all().unwrap().backward().unwrap();
-    for (name, p) in md.named_parameters() {
-        assert!(p.grad().is_some(), "{name} has no gradient");
-    }
-}
-
 #[test]
 fn errors() {
     let q = rand64(&[1, 2, 3, 4], 1);
@@ -452,6 +323,6 @@ fn errors() {
         MultiheadAttention::new("m", 6, 2, 2.0, true, DType::F64, Device::Cpu, 0),
         InvalidArgument
     );
-    let m = mha(6, 2, 0.0, true);
+    let m = MultiheadAttention::new("m", 6, 2, 0.0, true, DType::F64, Device::Cpu, 0).unwrap();
     assert_err!(m.forward(&rand64(&[1, 3, 5], 5)), InvalidArgument);
 }
