@@ -47,6 +47,10 @@ fn mha_parameters() {
 
 /// Linear → SDPA → linear by hand.
 fn by_hand(m: &MultiheadAttention, x: [&Tensor; 3], causal: bool) -> Tensor {
+    by_hand_opts(m, x, SdpaOptions::default().causal(causal))
+}
+
+fn by_hand_opts(m: &MultiheadAttention, x: [&Tensor; 3], so: SdpaOptions) -> Tensor {
     let (e, h) = (m.in_proj_weight.shape()[1], m.num_heads());
     let proj = |t: &Tensor, i: usize| {
         let w = m.in_proj_weight.narrow(0, i * e, e).unwrap();
@@ -63,13 +67,7 @@ fn by_hand(m: &MultiheadAttention, x: [&Tensor; 3], causal: bool) -> Tensor {
             .permute(&[0, 2, 1, 3])
             .unwrap()
     };
-    let o = sdpa(
-        &proj(x[0], 0),
-        &proj(x[1], 1),
-        &proj(x[2], 2),
-        &SdpaOptions::default().causal(causal),
-    )
-    .unwrap();
+    let o = sdpa(&proj(x[0], 0), &proj(x[1], 1), &proj(x[2], 2), &so).unwrap();
     let (bs, lq) = (x[0].shape()[0], x[0].shape()[1]);
     let o = o
         .permute(&[0, 2, 1, 3])
@@ -105,6 +103,29 @@ fn mha_matches_hand_composition() {
         )
         .unwrap();
     assert_close(&vals(&c), &vals(&by_hand(&m, [&x, &x, &x], true)), 1e-12);
+    // masks: float [Lq, Lk], and a U8 one given as [B·H, Lq, Lk]
+    let am = rand64(&[4, 5], 55);
+    let mo = MhaOptions {
+        causal: false,
+        attn_mask: Some(am.clone()),
+    };
+    let got = m.attention(&x, &y, &z, &mo).unwrap();
+    let want = by_hand_opts(&m, [&x, &y, &z], SdpaOptions::default().mask(am));
+    assert_close(&vals(&got), &vals(&want), 1e-12);
+    let bits: Vec<u8> = (0..2 * 3 * 4 * 5).map(|i| u8::from(i % 4 != 3)).collect();
+    let bm = Tensor::from_vec(bits.clone(), &[6, 4, 5], Device::Cpu).unwrap();
+    let bm4 = Tensor::from_vec(bits, &[2, 3, 4, 5], Device::Cpu).unwrap();
+    let mo = MhaOptions {
+        causal: true,
+        attn_mask: Some(bm),
+    };
+    let got = m.attention(&x, &y, &z, &mo).unwrap();
+    let so = SdpaOptions::default().mask(bm4).causal(true);
+    assert_close(
+        &vals(&got),
+        &vals(&by_hand_opts(&m, [&x, &y, &z], so)),
+        1e-12,
+    );
     let cross = m.attention(&x, &y, &z, &MhaOptions::default()).unwrap();
     assert_eq!(cross.shape(), &[2, 4, 6]);
     assert_close(
