@@ -326,3 +326,24 @@ fn errors() {
     let m = MultiheadAttention::new("m", 6, 2, 0.0, true, DType::F64, Device::Cpu, 0).unwrap();
     assert_err!(m.forward(&rand64(&[1, 3, 5], 5)), InvalidArgument);
 }
+
+/// Large enough for the parallel row kernels (P has 40 960 elements): the
+/// recomputed probabilities are still bit for bit the saved ones.
+#[test]
+fn policies_parallel_sizes() {
+    let dims = (4, 64, 160, 8, 8);
+    let (n, lq, lk, d, dv) = dims;
+    let r = |shape: &[usize], seed| {
+        Tensor::rand_range(shape, -2.0, 2.0, DType::F32, Device::Cpu, seed).unwrap()
+    };
+    let (q, k, v) = (r(&[n, lq, d], 81), r(&[n, lk, d], 82), r(&[n, lk, dv], 83));
+    let o = SdpaOptions::default().causal(true).dropout(0.3, 5, 12);
+    let rows = check_policies(&|x: &[Tensor]| sdpa(&x[0], &x[1], &x[2], &o), &[q, k, v]);
+    for (combo, lean, all) in rows {
+        assert_eq!(
+            (lean, all),
+            expected(4, combo, dims, 0, true),
+            "combo {combo}"
+        );
+    }
+}
