@@ -2,6 +2,7 @@
 //! reductions, written once for every float dtype through small traits.
 
 mod anytype;
+mod attention;
 mod batch_sum;
 mod bitmask;
 pub(crate) mod conv;
@@ -17,6 +18,7 @@ mod reduce;
 mod softmax;
 
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
+pub(crate) use attention::{attention_probs, attention_softmax_grad, ScoreSpec};
 pub(crate) use batch_sum::matmul_sum_batches;
 pub use bitmask::{
     get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,

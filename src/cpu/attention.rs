@@ -1,0 +1,154 @@
+//! Attention kernels: the row-wise softmax of scaled scores written as
+//! `exp(x − lse)` with the row's log-sum-exp (so backward can rebuild the
+//! probabilities bit for bit from a saved `lse`), and the softmax backward
+//! `scale · P ⊙ (dP − Σ dP ⊙ P)`. Rows are independent; work is done in f64.
+
+use super::softmax::Dense;
+use super::PARALLEL_THRESHOLD;
+use crate::tensor::{CpuData, Tensor};
+use crate::{Error, FloatDType, Result, WithDType};
+use rayon::prelude::*;
+
+/// How the logits of a score row are formed from `S = Q·Kᵀ`:
+/// `x = scale·S + mask`, with `−∞` above the diagonal when `causal`
+/// (top-left aligned: query `i` sees keys `j ≤ i`).
+pub(crate) struct ScoreSpec<'a> {
+    pub scale: f64,
+    pub causal: bool,
+    /// Additive mask over all `rows × lk` scores (row-major), if any.
+    pub mask: Option<&'a [f64]>,
+    pub lq: usize,
+    pub lk: usize,
+    /// Whether the saved log-sum-exp is kept in f32 (else f64).
+    pub lse_f32: bool,
+}
+
+impl ScoreSpec<'_> {
+    #[inline(always)]
+    fn logit(&self, row: usize, j: usize, s: f64) -> f64 {
+        if self.causal && j > row % self.lq {
+            return f64::NEG_INFINITY;
+        }
+        let x = self.scale * s;
+        match self.mask {
+            Some(m) => x + m[row * self.lk + j],
+            None => x,
+        }
+    }
+}
+
+fn run_rows<T: Send>(
+    out: &mut [T],
+    lk: usize,
+    extra: &mut [f64],
+    f: impl Fn(usize, &mut [T], &mut f64) + Sync + Send,
+) {
+    if lk == 0 {
+        return;
+    }
+    if out.len() >= PARALLEL_THRESHOLD {
+        out.par_chunks_mut(lk)
+            .zip(extra.par_iter_mut())
+            .enumerate()
+            .for_each(|(r, (o, e))| f(r, o, e));
+    } else {
+        out.chunks_mut(lk)
+            .zip(extra.iter_mut())
+            .enumerate()
+            .for_each(|(r, (o, e))| f(r, o, e));
+    }
+}
+
+fn probs_rows<T: FloatDType>(
+    s: &[T],
+    spec: &ScoreSpec,
+    lse_in: Option<&[f64]>,
+) -> (CpuData, Vec<f64>) {
+    let lk = spec.lk;
+    let rows = s.len().checked_div(lk).unwrap_or(0);
+    let mut p = vec![T::zero(); s.len()];
+    let mut lse = vec![0.0f64; rows];
+    run_rows(&mut p, lk, &mut lse, |r, prow, l| {
+        let srow = &s[r * lk..(r + 1) * lk];
+        let x = |j: usize| spec.logit(r, j, WithDType::to_f64(srow[j]));
+        let value = match lse_in {
+            Some(v) => v[r],
+            None => {
+                let mx = (0..lk).map(x).fold(f64::NEG_INFINITY, f64::max);
+                let v = if mx == f64::NEG_INFINITY {
+                    mx
+                } else {
+                    mx + (0..lk).map(|j| (x(j) - mx).exp()).sum::<f64>().ln()
+                };
+                if spec.lse_f32 {
+                    v as f32 as f64
+                } else {
+                    v
+                }
+            }
+        };
+        *l = value;
+        if value == f64::NEG_INFINITY {
+            return; // a fully masked row: probabilities 0
+        }
+        for (j, o) in prow.iter_mut().enumerate() {
+            *o = <T as WithDType>::from_f64((x(j) - value).exp());
+        }
+    });
+    (T::wrap(p), lse)
+}
+
+/// The probabilities `P = exp(x − lse)` for contiguous scores `s`
+/// `[.., lq, lk]` (a fresh GEMM output) and the per-row `lse` (rounded to the
+/// saved precision, `−∞` for fully masked rows whose probabilities are 0).
+/// With `lse_in` (a saved `lse`), the same formula with that `lse`: bit for
+/// bit forward's probabilities.
+pub(crate) fn attention_probs(
+    s: &Tensor,
+    spec: &ScoreSpec,
+    lse_in: Option<&[f64]>,
+) -> Result<(Tensor, Vec<f64>)> {
+    let dense = Dense::new(s)?;
+    let (data, range) = dense.parts();
+    let (p, lse) = crate::match_float_data!(data, "scaled_dot_product_attention", v =>
+        probs_rows(&v[range], spec, lse_in));
+    Ok((Tensor::from_cpu_data(p, s.shape())?, lse))
+}
+
+fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], lk: usize, scale: f64) -> CpuData {
+    let rows = p.len().checked_div(lk).unwrap_or(0);
+    let mut ds = vec![T::zero(); p.len()];
+    let mut unused = vec![0.0f64; rows];
+    run_rows(&mut ds, lk, &mut unused, |r, out, _| {
+        let (pr, dr) = (&p[r * lk..(r + 1) * lk], &dp[r * lk..(r + 1) * lk]);
+        let dot: f64 = pr
+            .iter()
+            .zip(dr)
+            .map(|(a, b)| WithDType::to_f64(*a) * WithDType::to_f64(*b))
+            .sum();
+        for ((o, a), b) in out.iter_mut().zip(pr).zip(dr) {
+            *o = <T as WithDType>::from_f64(
+                scale * WithDType::to_f64(*a) * (WithDType::to_f64(*b) - dot),
+            );
+        }
+    });
+    T::wrap(ds)
+}
+
+/// The gradient of the scaled scores `Q·Kᵀ`: `scale · P ⊙ (dP − Σ_j dP ⊙ P)`
+/// per row of `lk` elements (any layouts, same shape and dtype).
+pub(crate) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
+    if p.shape() != dp.shape() || p.dtype() != dp.dtype() {
+        return Err(Error::Backward(
+            "scaled_dot_product_attention: probability gradient does not match".into(),
+        ));
+    }
+    let lk = p.shape().last().copied().unwrap_or(1);
+    let (dpn, ddn) = (Dense::new(p)?, Dense::new(dp)?);
+    let ((pd, pr), (dd, dr)) = (dpn.parts(), ddn.parts());
+    let out: CpuData = crate::match_float_data!(pd, "scaled_dot_product_attention", v => {
+        let g = dd.as_slice().ok_or_else(|| Error::Backward("attention: dtype".into()))?;
+        grad_rows(&v[pr], &g[dr], lk, scale)
+    });
+    Tensor::from_cpu_data(out, p.shape())
+}

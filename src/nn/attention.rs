@@ -1,0 +1,364 @@
+//! Scaled-dot-product attention as one fused op: `S = scale·Q·Kᵀ (+ mask)`,
+//! `P = exp(S − lse)` with the per-row log-sum-exp `lse`, `P' = dropout(P)`
+//! (mask replayed from (seed, offset), never stored), `O = P'·V`.
+//!
+//! Lean saving (see docs/layers/attention.md): `V` only if `q` or `k` needs
+//! grad, `K` only if `q` does, `Q` only if `k` does; the probabilities are
+//! either saved or recomputed in backward from `Q`, `K`, the mask and the
+//! saved `lse` (same GEMM, same `exp(S − lse)`: bit for bit forward's),
+//! whichever keeps fewer bytes. `SaveAll` keeps what PyTorch's math path
+//! keeps: `q`, `k`, `v`, `P` and the dropout mask as U8.
+
+use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
+use crate::cpu::{
+    attention_probs, attention_softmax_grad, dropout_apply, dropout_apply_mask, dropout_mask_bytes,
+    matmul, DropoutDraw, ScoreSpec,
+};
+use crate::memory::{with_category, Category};
+use crate::ops::expect_float;
+use crate::{DType, Error, Result, Tensor};
+
+const OP: &str = "scaled_dot_product_attention";
+
+/// Options of [`scaled_dot_product_attention`] (PyTorch's `attn_mask`,
+/// `dropout_p`, `is_causal`, `scale`), with the dropout draw made explicit.
+#[derive(Clone, Default)]
+pub struct SdpaOptions {
+    /// Top-left aligned causal mask: query `i` attends to keys `j ≤ i`.
+    pub causal: bool,
+    /// A float mask added to the scores, or a U8 (boolean) mask where 0
+    /// means "may not attend"; broadcastable to `[.., Lq, Lk]`.
+    pub mask: Option<Tensor>,
+    /// Dropout probability on the attention probabilities, in `[0, 1]`.
+    pub dropout_p: f64,
+    /// Philox seed of the dropout draw (element `i` of `[.., Lq, Lk]` kept
+    /// iff `rng::dropout_keep(seed, offset, i, p)`).
+    pub seed: u64,
+    /// Philox offset of the dropout draw.
+    pub offset: u64,
+    /// Score scale; `None` means `1/√D`.
+    pub scale: Option<f64>,
+}
+
+impl SdpaOptions {
+    /// Sets the causal flag.
+    pub fn causal(mut self, causal: bool) -> SdpaOptions {
+        self.causal = causal;
+        self
+    }
+    /// Sets the additive (float) or boolean (U8) mask.
+    pub fn mask(mut self, mask: Tensor) -> SdpaOptions {
+        self.mask = Some(mask);
+        self
+    }
+    /// Sets dropout `p` drawn at (seed, offset).
+    pub fn dropout(mut self, p: f64, seed: u64, offset: u64) -> SdpaOptions {
+        (self.dropout_p, self.seed, self.offset) = (p, seed, offset);
+        self
+    }
+    /// Sets the score scale.
+    pub fn scale(mut self, scale: f64) -> SdpaOptions {
+        self.scale = Some(scale);
+        self
+    }
+}
+
+/// What rebuilding the scores needs besides `Q`, `K`.
+#[derive(Clone)]
+struct Geometry {
+    scale: f64,
+    causal: bool,
+    lq: usize,
+    lk: usize,
+    /// The broadcast shape `[.., Lq, Lk]` of the scores.
+    scores: Vec<usize>,
+    draw: Option<DropoutDraw>,
+    lse_f32: bool,
+}
+
+fn invalid(msg: String) -> Error {
+    Error::InvalidArgument { op: OP, msg }
+}
+
+/// The mask as additive f64 values over all scores (`0`/`−∞` for U8).
+fn additive_mask(mask: &Tensor, scores: &[usize]) -> Result<Vec<f64>> {
+    let full = mask.detach().broadcast_to(scores)?;
+    let boolean = mask.dtype() == DType::U8;
+    Ok(full
+        .to_f64_vec()?
+        .into_iter()
+        .map(|v| match (boolean, v != 0.0) {
+            (true, true) => 0.0,
+            (true, false) => f64::NEG_INFINITY,
+            _ => v,
+        })
+        .collect())
+}
+
+/// `P` (and the rounded `lse`) from `Q`, `K` and the mask; with `lse` given,
+/// the recomputation of forward's `P`, bit for bit.
+fn probabilities(
+    q: &Tensor,
+    k: &Tensor,
+    mask: Option<&Tensor>,
+    g: &Geometry,
+    lse: Option<&[f64]>,
+) -> Result<(Tensor, Vec<f64>)> {
+    let s = {
+        let _ws = with_category(Category::Workspace);
+        matmul(q, &k.detach().transpose(-2, -1)?)?
+    };
+    let m = match mask {
+        Some(m) => {
+            let _ws = with_category(Category::Workspace);
+            Some(additive_mask(m, &g.scores)?)
+        }
+        None => None,
+    };
+    let spec = ScoreSpec {
+        scale: g.scale,
+        causal: g.causal,
+        mask: m.as_deref(),
+        lq: g.lq,
+        lk: g.lk,
+        lse_f32: g.lse_f32,
+    };
+    attention_probs(&s, &spec, lse)
+}
+
+/// Applies the dropout draw (replayed, or from a saved U8 mask).
+fn drop(p: &Tensor, g: &Geometry, mask: Option<&SavedTensor>) -> Result<Tensor> {
+    let Some(draw) = g.draw else {
+        return Ok(p.clone());
+    };
+    match mask {
+        None => dropout_apply(p, draw),
+        Some(m) => {
+            let data = m.get()?.storage().cpu()?;
+            match data.as_slice::<u8>() {
+                Some(b) if b.len() >= p.numel() => dropout_apply_mask(p, b, draw.scale()),
+                _ => Err(Error::Backward(format!(
+                    "{OP}: saved dropout mask mismatch"
+                ))),
+            }
+        }
+    }
+}
+
+/// Backward of attention. Holds only the tensors chosen at forward time.
+struct SdpaBackward {
+    geometry: Geometry,
+    needs: [bool; 3],
+    q: Option<SavedTensor>,
+    k: Option<SavedTensor>,
+    v: Option<SavedTensor>,
+    /// The score mask, when the probabilities are recomputed.
+    mask: Option<SavedTensor>,
+    /// Per-row log-sum-exp, when the probabilities are recomputed.
+    lse: Option<SavedTensor>,
+    /// The probabilities (before dropout), when saved.
+    probs: Option<SavedTensor>,
+    /// SaveAll only: the dropout mask as U8.
+    drop_mask: Option<SavedTensor>,
+}
+
+fn need(t: &Option<SavedTensor>) -> Result<&Tensor> {
+    t.as_ref()
+        .ok_or_else(|| Error::Backward(format!("{OP}: a needed tensor was not saved")))?
+        .get()
+}
+
+impl BackwardOp for SdpaBackward {
+    fn name(&self) -> &'static str {
+        OP
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let geo = &self.geometry;
+        let p = match &self.probs {
+            Some(p) => p.get()?.clone(),
+            None => {
+                let lse = need(&self.lse)?.to_f64_vec()?;
+                let mask = self.mask.as_ref().map(|m| m.get()).transpose()?;
+                let _ws = with_category(Category::Workspace);
+                probabilities(need(&self.q)?, need(&self.k)?, mask, geo, Some(&lse))?.0
+            }
+        };
+        let [nq, nk, nv] = self.needs;
+        let dv = if nv {
+            let pd = {
+                let _ws = with_category(Category::Workspace);
+                drop(&p, geo, self.drop_mask.as_ref())?
+            };
+            Some(matmul(&pd.transpose(-2, -1)?, &g)?)
+        } else {
+            None
+        };
+        let (mut dq, mut dk) = (None, None);
+        if nq || nk {
+            let ds = {
+                let _ws = with_category(Category::Workspace);
+                let dpd = matmul(&g, &need(&self.v)?.detach().transpose(-2, -1)?)?;
+                let dp = drop(&dpd, geo, self.drop_mask.as_ref())?;
+                attention_softmax_grad(&p, &dp, geo.scale)?
+            };
+            if nq {
+                dq = Some(matmul(&ds, need(&self.k)?)?);
+            }
+            if nk {
+                dk = Some(matmul(&ds.transpose(-2, -1)?, need(&self.q)?)?);
+            }
+        }
+        Ok(vec![dq, dk, dv])
+    }
+}
+
+/// Bytes of the distinct storages of `ts` (a storage shared by several
+/// saved tensors is counted once, as the ledger does).
+fn distinct_bytes(ts: &[&Tensor]) -> usize {
+    let mut seen: Vec<&Tensor> = Vec::new();
+    for t in ts {
+        if !seen.iter().any(|s| s.shares_storage_with(t)) {
+            seen.push(t);
+        }
+    }
+    seen.iter().map(|t| t.storage_bytes()).sum()
+}
+
+/// Checks shapes and dtypes; returns the scores' shape `[.., Lq, Lk]`.
+fn check(q: &Tensor, k: &Tensor, v: &Tensor, o: &SdpaOptions) -> Result<Vec<usize>> {
+    for t in [q, k, v] {
+        expect_float(OP, t)?;
+    }
+    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+        return Err(invalid("q, k and v must share a dtype".into()));
+    }
+    let r = q.rank();
+    if !(r == 3 || r == 4) || k.rank() != r || v.rank() != r {
+        return Err(invalid("q, k, v must all be rank 3 or all rank 4".into()));
+    }
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    if qs[..r - 2] != ks[..r - 2] || qs[..r - 2] != vs[..r - 2] {
+        return Err(invalid(format!("batch dims differ: {qs:?} {ks:?} {vs:?}")));
+    }
+    if qs[r - 1] != ks[r - 1] {
+        return Err(invalid(format!("head dims differ: q {qs:?}, k {ks:?}")));
+    }
+    if ks[r - 2] != vs[r - 2] {
+        return Err(invalid(format!("k and v lengths differ: {ks:?} {vs:?}")));
+    }
+    if !(0.0..=1.0).contains(&o.dropout_p) {
+        return Err(invalid(format!("dropout_p {} not in [0, 1]", o.dropout_p)));
+    }
+    let mut scores = qs[..r - 1].to_vec();
+    scores.push(ks[r - 2]);
+    if let Some(m) = &o.mask {
+        if !(m.dtype().is_float() || m.dtype() == DType::U8) {
+            return Err(invalid(format!(
+                "mask dtype {:?} is not float or U8",
+                m.dtype()
+            )));
+        }
+        m.layout().broadcast_to(&scores)?;
+    }
+    Ok(scores)
+}
+
+/// Scaled-dot-product attention (`torch.nn.functional.scaled_dot_product_attention`):
+/// `q` `[B, H, Lq, D]`, `k` `[B, H, Lk, D]`, `v` `[B, H, Lk, Dv]` (or rank 3,
+/// `[B·H, L, D]`) → `[.., Lq, Dv]`. Rows whose scores are all masked give
+/// zero probabilities. The mask never receives a gradient.
+///
+/// Saves (lean): `V` if `q` or `k` needs grad; `K` if `q` does; `Q` if `k`
+/// does; then either `P` (`B·H·Lq·Lk` elements) or — when not more bytes —
+/// `Q`, `K`, the mask and `lse` (`B·H·Lq` f32, f64 for f64 inputs) to
+/// recompute `P` bit for bit. Dropout masks are replayed, never saved.
+/// `SaveAll`: `q`, `k`, `v`, `P` and, for `p > 0`, the U8 dropout mask.
+pub fn scaled_dot_product_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &SdpaOptions,
+) -> Result<Tensor> {
+    let scores = check(q, k, v, opts)?;
+    let r = q.rank();
+    let geometry = Geometry {
+        scale: opts.scale.unwrap_or(1.0 / (q.shape()[r - 1] as f64).sqrt()),
+        causal: opts.causal,
+        lq: scores[r - 2],
+        lk: scores[r - 1],
+        scores: scores.clone(),
+        draw: (opts.dropout_p > 0.0).then_some(DropoutDraw {
+            seed: opts.seed,
+            offset: opts.offset,
+            p: opts.dropout_p,
+        }),
+        lse_f32: q.dtype() != DType::F64,
+    };
+    let (p, lse) = probabilities(q, k, opts.mask.as_ref(), &geometry, None)?;
+    let out = {
+        let pd = {
+            let _ws = with_category(Category::Workspace);
+            drop(&p, &geometry, None)?
+        };
+        matmul(&pd, v)?
+    };
+    let needs = needs_grad([q, k, v]);
+    let [nq, nk, nv] = needs;
+    if !(nq || nk || nv) {
+        return Ok(out);
+    }
+    let save = |t: &Tensor| Some(SavedTensor::new(t, OP));
+    let mut op = SdpaBackward {
+        geometry: geometry.clone(),
+        needs,
+        q: None,
+        k: None,
+        v: None,
+        mask: None,
+        lse: None,
+        probs: None,
+        drop_mask: None,
+    };
+    if save_policy() == SavePolicy::SaveAll {
+        (op.q, op.k, op.v, op.probs) = (save(q), save(k), save(v), save(&p));
+        if let Some(draw) = geometry.draw {
+            let bytes = dropout_mask_bytes(p.numel(), draw);
+            op.drop_mask = save(&Tensor::from_vec(bytes, &scores, q.device())?);
+        }
+        return Ok(attach(out, &[q, k, v], op));
+    }
+    let mut base: Vec<&Tensor> = Vec::new();
+    if nq || nk {
+        base.push(v);
+    }
+    if nk {
+        base.push(q);
+    }
+    if nq {
+        base.push(k);
+    }
+    let lse_bytes = lse.len() * if geometry.lse_f32 { 4 } else { 8 };
+    let mut with_qk = base.clone();
+    with_qk.extend([q, k]);
+    with_qk.extend(opts.mask.as_ref());
+    let recompute = distinct_bytes(&with_qk) + lse_bytes
+        <= distinct_bytes(&base) + p.numel() * p.dtype().size_in_bytes();
+    if recompute {
+        (op.q, op.k) = (save(q), save(k));
+        op.mask = opts.mask.as_ref().and_then(save);
+        let dt = if geometry.lse_f32 {
+            DType::F32
+        } else {
+            DType::F64
+        };
+        op.lse = save(&Tensor::from_f64_slice(&lse, &[lse.len()], dt, q.device())?);
+    } else {
+        op.probs = save(&p);
+        op.q = if nk { save(q) } else { None };
+        op.k = if nq { save(k) } else { None };
+    }
+    if nq || nk {
+        op.v = save(v);
+    }
+    Ok(attach(out, &[q, k, v], op))
+}
