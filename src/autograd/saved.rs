@@ -1,7 +1,7 @@
 //! Tensors held by a node for its backward.
 
 use crate::memory::current_scope;
-use crate::tensor::Tensor;
+use crate::tensor::{SaveEvent, Tensor};
 use crate::{Error, Result};
 
 /// A tensor an op keeps for backward. While it lives, the ledger counts its
@@ -23,7 +23,7 @@ impl SavedTensor {
             format!("{scope}/{op}")
         };
         tensor.storage().allocation().mark_saved(&label);
-        tensor.storage().notify_saved();
+        tensor.storage().notify(SaveEvent::Saved);
         SavedTensor {
             tensor: tensor.detach(),
             version: tensor.version(),
@@ -53,5 +53,6 @@ impl SavedTensor {
 impl Drop for SavedTensor {
     fn drop(&mut self) {
         self.tensor.storage().allocation().unmark_saved();
+        self.tensor.storage().notify(SaveEvent::Released);
     }
 }

@@ -3,12 +3,14 @@
 //! Under the lean policy a mask is 1 bit per element. When the tensor the
 //! mask was computed from is later saved by another op anyway (a ReLU
 //! output saved by the next layer for its weight gradient), the mask is
-//! dropped and the gradient reads the kept values instead: the 1-bit mask
-//! never costs more than it saves.
+//! dropped and the gradient reads the kept values instead; when that op
+//! releases the values (its backward ran) and nothing else holds them, the
+//! mask is rebuilt and the values freed. The 1-bit mask never costs more
+//! than it saves, and never keeps the values alive longer.
 
 use crate::autograd::{save_policy, SavePolicy, SavedTensor};
 use crate::cpu::{mask_scale, mask_where};
-use crate::tensor::{Layout, SaveListener, Storage};
+use crate::tensor::{Layout, SaveEvent, SaveListener, Storage};
 use crate::{Result, Tensor};
 use std::sync::{Arc, Mutex};
 
@@ -52,16 +54,37 @@ pub(crate) struct MaskSlot {
 }
 
 impl SaveListener for MaskSlot {
-    fn storage_saved(&self, storage: &Arc<Storage>) {
-        // Values changed in place since the mask was taken: keep the bits.
-        if storage.version() != self.source_version {
-            return;
-        }
+    fn on_save_event(&self, storage: &Arc<Storage>, event: SaveEvent) -> bool {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(*state, MaskState::Bits(_)) {
-            let source = Tensor::from_storage(storage.clone(), self.source_layout.clone());
-            *state = MaskState::Source(SavedTensor::new(&source, self.op));
-        }
+        let replaced = match (&*state, event) {
+            // Another op keeps the values: drop the bits and read those.
+            // (Unless they changed in place since the mask was taken.)
+            (MaskState::Bits(_), SaveEvent::Saved) if storage.version() == self.source_version => {
+                let source = Tensor::from_storage(storage.clone(), self.source_layout.clone());
+                std::mem::replace(
+                    &mut *state,
+                    MaskState::Source(SavedTensor::new(&source, self.op)),
+                )
+            }
+            // The other holder let go, and only this slot (and the releasing
+            // holder, still alive while we run) references the values: go
+            // back to the bits so the values can be freed now.
+            (MaskState::Source(source), SaveEvent::Released) if Arc::strong_count(storage) == 2 => {
+                let bits = match source.get().and_then(|s| self.rule.bits(s, self.op)) {
+                    Ok(bits) => bits,
+                    Err(_) => return true, // keep the values; backward will report
+                };
+                std::mem::replace(
+                    &mut *state,
+                    MaskState::Bits(SavedTensor::new(&bits, self.op)),
+                )
+            }
+            _ => return true,
+        };
+        // Dropped outside the lock: releasing the source notifies again.
+        drop(state);
+        drop(replaced);
+        true
     }
 }
 

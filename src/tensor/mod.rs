@@ -5,7 +5,7 @@ mod layout;
 mod storage;
 
 pub use layout::{broadcast_shapes, contiguous_strides, resolve_dim, Layout};
-pub use storage::{CpuData, CpuElement, SaveListener, Storage};
+pub use storage::{CpuData, CpuElement, SaveEvent, SaveListener, Storage};
 
 use crate::autograd::{GradMeta, Leaf};
 use crate::memory::Category;

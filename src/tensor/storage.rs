@@ -167,12 +167,24 @@ pub struct Storage {
     save_listeners: Mutex<Vec<Weak<dyn SaveListener>>>,
 }
 
-/// Told when a storage starts being held for backward. A relu-like op that
-/// kept a 1-bit mask of this storage uses it to drop the mask and read the
-/// (now kept anyway) values instead, so the mask never costs extra memory.
+/// What happened to a storage, for [`SaveListener`]s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveEvent {
+    /// Some op just saved it for backward.
+    Saved,
+    /// Some op just released it (the releasing holder still counts as one
+    /// strong reference while listeners run).
+    Released,
+}
+
+/// Told when a storage is saved for backward or released. A relu-like op
+/// that kept a 1-bit mask of this storage uses it to drop the mask and read
+/// the values while another op keeps them anyway, and to go back to the
+/// mask when that op lets them go, so the mask never costs extra memory and
+/// never keeps the values alive longer.
 pub trait SaveListener: Send + Sync {
-    /// `storage` was just saved for backward by some op.
-    fn storage_saved(&self, storage: &Arc<Storage>);
+    /// Handles `event` on `storage`; returns whether to keep listening.
+    fn on_save_event(&self, storage: &Arc<Storage>, event: SaveEvent) -> bool;
 }
 
 impl Storage {
@@ -228,7 +240,7 @@ impl Storage {
         &self.allocation
     }
 
-    /// Asks to be told the next time this storage is saved for backward.
+    /// Asks to be told when this storage is saved for backward or released.
     pub fn add_save_listener(&self, listener: Weak<dyn SaveListener>) {
         let mut ls = self
             .save_listeners
@@ -238,19 +250,24 @@ impl Storage {
         ls.push(listener);
     }
 
-    /// Tells (once) every live listener that this storage was saved.
-    pub(crate) fn notify_saved(self: &Arc<Self>) {
-        let listeners = std::mem::take(
-            &mut *self
-                .save_listeners
+    /// Tells every live listener about `event`, keeping those that ask to.
+    pub(crate) fn notify(self: &Arc<Self>, event: SaveEvent) {
+        let lock = || {
+            self.save_listeners
                 .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
-        for listener in listeners {
-            if let Some(l) = listener.upgrade() {
-                l.storage_saved(self);
-            }
+                .unwrap_or_else(|e| e.into_inner())
+        };
+        let listeners = std::mem::take(&mut *lock());
+        if listeners.is_empty() {
+            return;
         }
+        // Called without the lock held: a listener may save or release this
+        // storage itself.
+        let kept: Vec<_> = listeners
+            .into_iter()
+            .filter(|l| l.upgrade().is_some_and(|l| l.on_save_event(self, event)))
+            .collect();
+        lock().extend(kept);
     }
 
     /// How many times the data has been modified in place.
