@@ -60,6 +60,37 @@ fn flipped_header_bytes_never_panic() {
 }
 
 #[test]
+fn random_mutations_never_panic() {
+    let file = small_file();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as usize
+    };
+    for _ in 0..3000 {
+        let mut bad = file.clone();
+        for _ in 0..1 + next() % 4 {
+            let i = next() % bad.len();
+            match next() % 3 {
+                0 => bad[i] = next() as u8,
+                1 => {
+                    bad.remove(i);
+                }
+                _ => bad.insert(i, next() as u8),
+            }
+        }
+        match load_safetensors_bytes(&bad) {
+            Ok(_)
+            | Err(Error::MalformedWeights { .. })
+            | Err(Error::UnsupportedWeightDType { .. }) => {}
+            Err(e) => panic!("untyped error {e}"),
+        }
+    }
+}
+
+#[test]
 fn specific_faults_name_the_tensor() {
     // Not JSON.
     assert_eq!(malformed_tensor(&craft("{\"a\":", 0)), None);

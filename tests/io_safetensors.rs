@@ -37,11 +37,15 @@ fn fixture(name: &str) -> BTreeMap<String, Tensor> {
 /// Loads `<name>.safetensors` (or `file`) into `module` and checks its
 /// output on the fixture's input against PyTorch's.
 fn check_fixture(module: &dyn Module, name: &str, file: &str, tol: f64) {
-    let report = load_state_dict(module, &fixture(file), LoadOptions::default()).unwrap();
-    assert!(report.missing.is_empty() && report.unexpected.is_empty());
     let io = fixture(&format!("{name}_io.safetensors"));
     let dtype = module.parameters()[0].dtype();
     let x = io["input"].to_dtype(dtype).unwrap();
+    // Control: before loading, the output is not PyTorch's.
+    let fresh = module.forward(&x).unwrap().to_f64_vec().unwrap();
+    let want = io["output"].to_f64_vec().unwrap();
+    assert!(fresh.iter().zip(&want).any(|(a, b)| (a - b).abs() > 0.1));
+    let report = load_state_dict(module, &fixture(file), LoadOptions::default()).unwrap();
+    assert!(report.missing.is_empty() && report.unexpected.is_empty());
     let y = module.forward(&x).unwrap();
     assert_eq!(y.shape(), io["output"].shape());
     assert_close(
