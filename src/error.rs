@@ -74,6 +74,40 @@ pub enum Error {
         live: usize,
         summary: String,
     },
+    /// A weights file (or buffer) is not a valid safetensors file.
+    #[error("malformed weights in {what}{}: {reason}", tensor.as_ref().map(|t| format!(" (tensor `{t}`)")).unwrap_or_default())]
+    MalformedWeights {
+        /// The file's path, or `<bytes>` for an in-memory buffer.
+        what: String,
+        /// The tensor at fault, where known.
+        tensor: Option<String>,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A weights file holds a tensor of a dtype leangrad has no type for.
+    #[error("tensor `{tensor}` has dtype {dtype}, which leangrad does not support")]
+    UnsupportedWeightDType {
+        /// The tensor's name in the file.
+        tensor: String,
+        /// The file's dtype name (e.g. `I8`).
+        dtype: String,
+    },
+    /// A state dict does not fit a module: every problem, listed together.
+    #[error(
+        "{}",
+        crate::io::describe_mismatch(missing, unexpected, mismatched, wrong_dtype)
+    )]
+    StateDictMismatch {
+        /// Names the module has but the state dict lacks (sorted).
+        missing: Vec<String>,
+        /// Names the state dict has but the module lacks (sorted).
+        unexpected: Vec<String>,
+        /// `(name, module shape, state-dict shape)` where the shapes differ.
+        mismatched: Vec<(String, Vec<usize>, Vec<usize>)>,
+        /// `(name, module dtype, state-dict dtype)` where one is a float and
+        /// the other an integer type.
+        wrong_dtype: Vec<(String, DType, DType)>,
+    },
     /// A file could not be read or written.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

@@ -9,6 +9,7 @@ pub mod demo;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod io;
 pub mod memory;
 pub mod nn;
 pub mod ops;

@@ -1,0 +1,160 @@
+//! PyTorch-style state dicts: a module's parameters and buffers by name, and
+//! loading named tensors back into them in place.
+//!
+//! A composite model (a struct holding layers) is described by a list of
+//! `(name, layer)` pairs: [`state_dict_of`] and [`load_state_dict_of`]
+//! prefix each layer's names with its own, as PyTorch does for submodules
+//! (`"layer1.0.conv1"` + `"weight"` → `"layer1.0.conv1.weight"`).
+
+use crate::nn::Module;
+use crate::{DType, Error, Result, Tensor};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How [`load_state_dict`] treats names that do not line up.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Like PyTorch's `strict`: when true (the default), missing and
+    /// unexpected names are errors; when false they are only reported.
+    /// Shape and dtype-class mismatches are errors either way.
+    pub strict: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { strict: true }
+    }
+}
+
+/// What [`load_state_dict`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Names written into the module (sorted).
+    pub loaded: Vec<String>,
+    /// Names of the module absent from the state dict (non-strict only; sorted).
+    pub missing: Vec<String>,
+    /// Names of the state dict the module lacks (non-strict only; sorted).
+    pub unexpected: Vec<String>,
+}
+
+fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// The module's parameters then its buffers, named `prefix.name` (just
+/// `name` when `prefix` is empty). The tensors share storage with the
+/// module's.
+pub fn state_dict(module: &dyn Module, prefix: &str) -> Vec<(String, Tensor)> {
+    module
+        .named_parameters()
+        .into_iter()
+        .chain(module.named_buffers())
+        .map(|(n, t)| (join(prefix, &n), t))
+        .collect()
+}
+
+/// The state dict of a composite model given as `(name, layer)` pairs, each
+/// layer's names prefixed with its name.
+pub fn state_dict_of(children: &[(&str, &dyn Module)]) -> Vec<(String, Tensor)> {
+    children
+        .iter()
+        .flat_map(|(name, m)| state_dict(*m, name))
+        .collect()
+}
+
+/// Writes `tensors` into `module`'s parameters and buffers in place (see
+/// [`load_into`] for the rules).
+pub fn load_state_dict(
+    module: &dyn Module,
+    tensors: &BTreeMap<String, Tensor>,
+    options: LoadOptions,
+) -> Result<LoadReport> {
+    load_into(&state_dict(module, ""), tensors, options)
+}
+
+/// [`load_state_dict`] for a composite model given as `(name, layer)` pairs.
+pub fn load_state_dict_of(
+    children: &[(&str, &dyn Module)],
+    tensors: &BTreeMap<String, Tensor>,
+    options: LoadOptions,
+) -> Result<LoadReport> {
+    load_into(&state_dict_of(children), tensors, options)
+}
+
+fn same_class(a: DType, b: DType) -> bool {
+    a.is_float() == b.is_float()
+}
+
+/// Checks every name, shape and dtype class first and reports all problems
+/// together in [`Error::StateDictMismatch`]; only when everything fits does
+/// it cast each source to its destination's dtype (so f32/f16/bf16 files
+/// load into any float compute dtype) and copy it into the destination's
+/// storage, under `no_grad`, bumping its version. Nothing is written on
+/// error.
+pub fn load_into(
+    destinations: &[(String, Tensor)],
+    tensors: &BTreeMap<String, Tensor>,
+    options: LoadOptions,
+) -> Result<LoadReport> {
+    let names: BTreeSet<&str> = destinations.iter().map(|(n, _)| n.as_str()).collect();
+    let mut missing = Vec::new();
+    let mut mismatched = Vec::new();
+    let mut wrong_dtype = Vec::new();
+    let mut pairs = Vec::new();
+    for (name, dst) in destinations {
+        let Some(src) = tensors.get(name) else {
+            missing.push(name.clone());
+            continue;
+        };
+        if src.shape() != dst.shape() {
+            mismatched.push((name.clone(), dst.shape().to_vec(), src.shape().to_vec()));
+        } else if !same_class(dst.dtype(), src.dtype()) {
+            wrong_dtype.push((name.clone(), dst.dtype(), src.dtype()));
+        } else {
+            pairs.push((name, dst, src));
+        }
+    }
+    let unexpected: Vec<String> = tensors
+        .keys()
+        .filter(|k| !names.contains(k.as_str()))
+        .cloned()
+        .collect();
+    missing.sort();
+    mismatched.sort();
+    wrong_dtype.sort_by(|a, b| a.0.cmp(&b.0));
+    let names_fail = options.strict && !(missing.is_empty() && unexpected.is_empty());
+    if names_fail || !mismatched.is_empty() || !wrong_dtype.is_empty() {
+        let (missing, unexpected) = if options.strict {
+            (missing, unexpected)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        return Err(Error::StateDictMismatch {
+            missing,
+            unexpected,
+            mismatched,
+            wrong_dtype,
+        });
+    }
+    // Cast everything before writing anything, so a failing cast leaves the
+    // module untouched.
+    let _g = crate::autograd::no_grad();
+    let cast = pairs
+        .iter()
+        .map(|(_, dst, src)| src.detach().to_dtype(dst.dtype()))
+        .collect::<Result<Vec<_>>>()?;
+    let mut loaded = Vec::with_capacity(pairs.len());
+    for ((name, dst, _), src) in pairs.iter().zip(&cast) {
+        crate::cpu::copy_into(dst, src)?;
+        loaded.push((*name).clone());
+    }
+    loaded.sort();
+    Ok(LoadReport {
+        loaded,
+        missing,
+        unexpected,
+    })
+}
