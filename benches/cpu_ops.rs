@@ -19,7 +19,12 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
 fn main() {
     let _ng = no_grad();
     let threads = rayon::current_num_threads();
-    for (n, dtype) in [(512, DType::F32), (1024, DType::F32), (1024, DType::BF16), (512, DType::F64)] {
+    for (n, dtype) in [
+        (512, DType::F32),
+        (1024, DType::F32),
+        (1024, DType::BF16),
+        (512, DType::F64),
+    ] {
         let a = Tensor::randn(&[n, n], dtype, Device::Cpu, 1).unwrap();
         let b = Tensor::randn(&[n, n], dtype, Device::Cpu, 2).unwrap();
         let s = best(5, || drop(a.matmul(&b).unwrap()));
@@ -34,9 +39,15 @@ fn main() {
     let x = Tensor::randn(&[n], DType::F32, Device::Cpu, 3).unwrap();
     let y = Tensor::randn(&[n], DType::F32, Device::Cpu, 4).unwrap();
     let s = best(5, || drop(x.add(&y).unwrap()));
-    println!("{{\"bench\":\"add_f32\",\"elements\":{n},\"seconds\":{s:.6},\"gbps\":{:.2}}}", 12.0 * n as f64 / s / 1e9);
+    println!(
+        "{{\"bench\":\"add_f32\",\"elements\":{n},\"seconds\":{s:.6},\"gbps\":{:.2}}}",
+        12.0 * n as f64 / s / 1e9
+    );
     let s = best(5, || drop(x.relu().unwrap()));
-    println!("{{\"bench\":\"relu_f32\",\"elements\":{n},\"seconds\":{s:.6},\"gbps\":{:.2}}}", 8.0 * n as f64 / s / 1e9);
+    println!(
+        "{{\"bench\":\"relu_f32\",\"elements\":{n},\"seconds\":{s:.6},\"gbps\":{:.2}}}",
+        8.0 * n as f64 / s / 1e9
+    );
     let s = best(5, || drop(x.contiguous().unwrap().reshape(&[n]).unwrap()));
     let copy = best(5, || {
         let v: Vec<f32> = x.to_vec().unwrap();
