@@ -1,0 +1,211 @@
+"""Writes the model fixtures of tests/models_resnet.rs.
+
+Builds a model in plain torch.nn with torchvision's attribute (and so
+state-dict) names, seeds it, fills the BatchNorm statistics and affine
+parameters with non-trivial values, and writes to tests/fixtures/models/:
+
+* `<model>.safetensors`: the state_dict (f32, before any forward);
+* `<model>_<case>.safetensors`: `input`, `output`, `probe` (fixed random
+  weights; loss = sum(output * probe)), and `grad.<name>` for every
+  parameter that requires grad in the case, `grad.input` when the input
+  does. Outputs and gradients are computed in f64 and stored as f32.
+
+Cases (BatchNorm in training mode unless the name says eval):
+  all            every parameter trainable, no input grad
+  input          every parameter frozen, input grad
+  input-bn-eval  as `input` with BatchNorm in eval mode
+  norm           only the BatchNorm weights and biases trainable
+  surgical-last  only the last quarter of the parameterised layers
+                 (state-dict order) trainable
+
+Run from the repository root, e.g.:
+
+    python3 python-compare/export.py --arch resnet --block basic \
+        --layers 2 2 2 2 --width 4 --classes 5 --name resnet18_tiny
+"""
+
+import argparse
+import math
+import os
+
+import torch
+from torch import nn
+from safetensors.torch import save_file
+
+OUT = os.path.join("tests", "fixtures", "models")
+CASES = ["all", "input", "input-bn-eval", "norm", "surgical-last"]
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = width
+        self.conv1 = nn.Conv2d(cin, width, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(width, width, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.downsample = downsample(cin, cout, stride)
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + identity)
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = width * 4
+        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample(cin, cout, stride)
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + identity)
+
+
+def downsample(cin, cout, stride):
+    if stride == 1 and cin == cout:
+        return None
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+
+class ResNet(nn.Module):
+    def __init__(self, block, layers, width, classes, in_ch):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, width, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        cin = width
+        for s, n in enumerate(layers):
+            blocks = []
+            for i in range(n):
+                stride = 2 if s > 0 and i == 0 else 1
+                blocks.append(block(cin, width << s, stride))
+                cin = (width << s) * block.expansion
+            setattr(self, f"layer{s + 1}", nn.Sequential(*blocks))
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(cin, classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        for s in range(1, 5):
+            x = getattr(self, f"layer{s}")(x)
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def build(args):
+    if args.arch == "resnet":
+        block = BasicBlock if args.block == "basic" else Bottleneck
+        return ResNet(block, args.layers, args.width, args.classes, args.in_channels)
+    raise SystemExit(f"unknown architecture {args.arch}")
+
+
+def randomise_bn(model, shape, gen_seed):
+    """A few training-mode batches for the running statistics, then random
+    affine parameters."""
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(shape))
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+
+
+def layer_prefixes(names):
+    out = []
+    for n in names:
+        p = n.rsplit(".", 1)[0]
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def trainable(case, names, bn_prefixes):
+    if case == "all":
+        return set(names)
+    if case in ("input", "input-bn-eval"):
+        return set()
+    if case == "norm":
+        return {n for n in names if n.rsplit(".", 1)[0] in bn_prefixes}
+    if case == "surgical-last":
+        layers = layer_prefixes(names)
+        last = set(layers[len(layers) - math.ceil(len(layers) / 4):])
+        return {n for n in names if n.rsplit(".", 1)[0] in last}
+    raise SystemExit(f"unknown case {case}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--arch", default="resnet")
+    p.add_argument("--block", choices=["basic", "bottleneck"], default="basic")
+    p.add_argument("--layers", type=int, nargs=4, default=[2, 2, 2, 2])
+    p.add_argument("--width", type=int, default=4)
+    p.add_argument("--classes", type=int, default=5)
+    p.add_argument("--in-channels", type=int, default=3)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", required=True)
+    args = p.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+
+    torch.manual_seed(args.seed)
+    model = build(args)
+    shape = (args.batch, args.in_channels, args.size, args.size)
+    randomise_bn(model, shape, args.seed)
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    save_file(state, os.path.join(OUT, f"{args.name}.safetensors"))
+    names = [n for n, _ in model.named_parameters()]
+    bn_prefixes = {n for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)}
+
+    for case in CASES:
+        model.load_state_dict(state)
+        model.train(case != "input-bn-eval")
+        train = trainable(case, names, bn_prefixes)
+        for n, prm in model.named_parameters():
+            prm.requires_grad_(n in train)
+            prm.grad = None
+        x32 = torch.randn(shape)
+        probe = torch.randn(args.batch, args.classes)
+        # The reference runs in f64 (train-mode BatchNorm over a few values
+        # per channel is ill-conditioned: PyTorch's own f32 result differs
+        # from it by up to ~2e-3 relative) and is stored rounded to f32.
+        ref = model.double()
+        x = x32.double().requires_grad_(case.startswith("input"))
+        y = ref(x)
+        (y * probe.double()).sum().backward()
+        f32 = lambda t: t.detach().float().contiguous().clone()
+        out = {"input": x32, "output": f32(y), "probe": probe}
+        for n, prm in ref.named_parameters():
+            if n in train:
+                out[f"grad.{n}"] = f32(prm.grad)
+        if x.requires_grad:
+            out["grad.input"] = f32(x.grad)
+        model.float()
+        save_file(out, os.path.join(OUT, f"{args.name}_{case}.safetensors"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+//! Whole models with PyTorch-compatible (torchvision) state-dict names, so
+//! torchvision weights exported to safetensors load with
+//! [`crate::io::load_state_dict`] in strict mode.
+//!
+//! Each model implements [`crate::nn::Module`] (full dotted names such as
+//! `layer1.0.conv1.weight`; `set_training` reaches every BatchNorm), runs
+//! each submodule inside a [`crate::memory::scope`] of the same name so the
+//! memory ledger reports saved bytes per layer, and can freeze or unfreeze
+//! parameters by name with `set_requires_grad(|name| …)`.
+
+pub mod resnet;
+
+pub use resnet::{BlockKind, ResNet, ResNetConfig};
+
+use crate::nn::Module;
+use crate::{Result, Tensor};
+
+/// `prefix.name` for each of `module`'s parameters.
+pub(crate) fn prefixed(prefix: &str, pairs: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+    pairs
+        .into_iter()
+        .map(|(n, t)| (format!("{prefix}.{n}"), t))
+        .collect()
+}
+
+/// Named parameters of `module` under `prefix`.
+pub(crate) fn params_of(prefix: &str, module: &dyn Module) -> Vec<(String, Tensor)> {
+    prefixed(prefix, module.named_parameters())
+}
+
+/// Named buffers of `module` under `prefix`.
+pub(crate) fn buffers_of(prefix: &str, module: &dyn Module) -> Vec<(String, Tensor)> {
+    prefixed(prefix, module.named_buffers())
+}
+
+/// Makes the parameter in `slot` (named `name`) require grad or not as
+/// `want(name)` says, keeping its storage (and so its loaded values).
+pub(crate) fn set_slot(
+    slot: &mut Tensor,
+    name: &str,
+    want: &mut dyn FnMut(&str) -> bool,
+) -> Result<()> {
+    let requires = want(name);
+    if slot.requires_grad() != requires {
+        *slot = slot.clone().set_requires_grad(requires)?;
+    }
+    Ok(())
+}
+
+/// [`set_slot`] for an optional parameter.
+pub(crate) fn set_opt_slot(
+    slot: &mut Option<Tensor>,
+    name: &str,
+    want: &mut dyn FnMut(&str) -> bool,
+) -> Result<()> {
+    match slot {
+        Some(t) => set_slot(t, name, want),
+        None => Ok(()),
+    }
+}
+
+/// Applies `want` to a convolution's weight and bias under `prefix`.
+pub(crate) fn set_conv(
+    conv: &mut crate::nn::Conv2d,
+    prefix: &str,
+    want: &mut dyn FnMut(&str) -> bool,
+) -> Result<()> {
+    set_slot(&mut conv.weight, &format!("{prefix}.weight"), want)?;
+    set_opt_slot(&mut conv.bias, &format!("{prefix}.bias"), want)
+}
+
+/// Applies `want` to a BatchNorm's affine weight and bias under `prefix`.
+pub(crate) fn set_bn(
+    bn: &mut crate::nn::BatchNorm,
+    prefix: &str,
+    want: &mut dyn FnMut(&str) -> bool,
+) -> Result<()> {
+    set_opt_slot(&mut bn.weight, &format!("{prefix}.weight"), want)?;
+    set_opt_slot(&mut bn.bias, &format!("{prefix}.bias"), want)
+}
+
+/// Applies `want` to a Linear layer's weight and bias under `prefix`.
+pub(crate) fn set_linear(
+    fc: &mut crate::nn::Linear,
+    prefix: &str,
+    want: &mut dyn FnMut(&str) -> bool,
+) -> Result<()> {
+    set_slot(&mut fc.weight, &format!("{prefix}.weight"), want)?;
+    set_opt_slot(&mut fc.bias, &format!("{prefix}.bias"), want)
+}

@@ -1,0 +1,349 @@
+//! ResNet as in torchvision (`resnet18` … `resnet152`, v1.5: the stride of
+//! a Bottleneck sits on its 3×3 convolution), with torchvision's
+//! state-dict names, plus small configurations for tests.
+
+use super::{buffers_of, params_of, set_bn, set_conv, set_linear};
+use crate::memory::scope;
+use crate::nn::{
+    AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Linear, MaxPool2d,
+    MaxPool2dOptions, Module, ReLU,
+};
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// The residual block of a [`ResNet`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockKind {
+    /// Two 3×3 convolutions (ResNet-18/34); expansion 1.
+    Basic,
+    /// 1×1, 3×3 (strided), 1×1 convolutions (ResNet-50/101/152); expansion 4.
+    Bottleneck,
+}
+
+impl BlockKind {
+    /// Output channels of a block per channel of its stage's width.
+    pub fn expansion(self) -> usize {
+        match self {
+            BlockKind::Basic => 1,
+            BlockKind::Bottleneck => 4,
+        }
+    }
+}
+
+/// The shape of a [`ResNet`]: torchvision's sizes are `base_width` 64,
+/// `in_channels` 3 and `num_classes` 1000.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResNetConfig {
+    /// Basic or Bottleneck blocks.
+    pub block: BlockKind,
+    /// Blocks in `layer1` … `layer4`.
+    pub layers: [usize; 4],
+    /// Channels of the stem and width of `layer1` (stages double it).
+    pub base_width: usize,
+    /// Outputs of `fc`.
+    pub num_classes: usize,
+    /// Channels of the input image.
+    pub in_channels: usize,
+}
+
+impl ResNetConfig {
+    /// torchvision's ResNet-18: Basic blocks `[2, 2, 2, 2]`.
+    pub fn resnet18(num_classes: usize) -> Self {
+        ResNetConfig {
+            block: BlockKind::Basic,
+            layers: [2, 2, 2, 2],
+            base_width: 64,
+            num_classes,
+            in_channels: 3,
+        }
+    }
+
+    /// torchvision's ResNet-50: Bottleneck blocks `[3, 4, 6, 3]`.
+    pub fn resnet50(num_classes: usize) -> Self {
+        ResNetConfig {
+            block: BlockKind::Bottleneck,
+            layers: [3, 4, 6, 3],
+            base_width: 64,
+            num_classes,
+            in_channels: 3,
+        }
+    }
+}
+
+type Ctx = (DType, Device);
+
+fn conv(
+    name: &str,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    c: Ctx,
+    seed: u64,
+) -> Result<Conv2d> {
+    let options = Conv2dOptions {
+        stride: [stride; 2],
+        padding: [k / 2; 2],
+        ..Conv2dOptions::default()
+    };
+    Conv2d::new(name, cin, cout, [k, k], options, false, c.0, c.1, seed)
+}
+
+fn bn(name: &str, channels: usize, c: Ctx) -> Result<BatchNorm> {
+    BatchNorm::new2d(name, channels, BatchNormOptions::default(), c.0, c.1)
+}
+
+/// One residual block: `relu(bnN(convN(…)) + identity)`, where identity is
+/// the input or `downsample.1(downsample.0(input))`.
+struct Block {
+    name: String,
+    convs: Vec<Conv2d>,
+    bns: Vec<BatchNorm>,
+    downsample: Option<(Conv2d, BatchNorm)>,
+}
+
+impl Block {
+    fn new(
+        kind: BlockKind,
+        name: String,
+        io: [usize; 3],
+        stride: usize,
+        c: Ctx,
+        seed: u64,
+    ) -> Result<Block> {
+        let [cin, width, cout] = io;
+        let shapes: Vec<(usize, usize, usize, usize)> = match kind {
+            BlockKind::Basic => vec![(cin, width, 3, stride), (width, width, 3, 1)],
+            BlockKind::Bottleneck => vec![
+                (cin, width, 1, 1),
+                (width, width, 3, stride),
+                (width, cout, 1, 1),
+            ],
+        };
+        let mut convs = Vec::new();
+        let mut bns = Vec::new();
+        for (i, &(a, b, k, s)) in shapes.iter().enumerate() {
+            convs.push(conv(
+                &format!("conv{}", i + 1),
+                a,
+                b,
+                k,
+                s,
+                c,
+                seed + i as u64,
+            )?);
+            bns.push(bn(&format!("bn{}", i + 1), b, c)?);
+        }
+        let downsample = if stride != 1 || cin != cout {
+            Some((
+                conv("0", cin, cout, 1, stride, c, seed + 7)?,
+                bn("1", cout, c)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Block {
+            name,
+            convs,
+            bns,
+            downsample,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _s = scope(self.name.clone());
+        let relu = ReLU { inplace: true };
+        let last = self.convs.len() - 1;
+        let mut h = x.clone();
+        for (i, (cv, b)) in self.convs.iter().zip(&self.bns).enumerate() {
+            h = b.forward(&cv.forward(&h)?)?;
+            if i < last {
+                h = relu.apply(h)?;
+            }
+        }
+        let identity = match &self.downsample {
+            Some((cv, b)) => {
+                let _d = scope("downsample");
+                b.forward(&cv.forward(x)?)?
+            }
+            None => x.clone(),
+        };
+        relu.apply(h.add(&identity)?)
+    }
+
+    fn named(&self, buffers: bool) -> Vec<(String, Tensor)> {
+        let of = |p: &str, m: &dyn Module| {
+            if buffers {
+                buffers_of(p, m)
+            } else {
+                params_of(p, m)
+            }
+        };
+        let mut out = Vec::new();
+        for (i, (cv, b)) in self.convs.iter().zip(&self.bns).enumerate() {
+            out.extend(of(&format!("{}.conv{}", self.name, i + 1), cv));
+            out.extend(of(&format!("{}.bn{}", self.name, i + 1), b));
+        }
+        if let Some((cv, b)) = &self.downsample {
+            out.extend(of(&format!("{}.downsample.0", self.name), cv));
+            out.extend(of(&format!("{}.downsample.1", self.name), b));
+        }
+        out
+    }
+}
+
+/// torchvision's ResNet: `conv1` (7×7/2) → `bn1` → `relu` → `maxpool`
+/// (3×3/2, pad 1) → `layer1` … `layer4` → `avgpool` (adaptive 1×1) →
+/// flatten → `fc`. Convolutions have no bias. Starts in training mode.
+pub struct ResNet {
+    config: ResNetConfig,
+    conv1: Conv2d,
+    bn1: BatchNorm,
+    maxpool: MaxPool2d,
+    stages: Vec<Vec<Block>>,
+    avgpool: AdaptiveAvgPool2d,
+    fc: Linear,
+}
+
+impl ResNet {
+    /// A ResNet of `config` with PyTorch's default layer initialisation
+    /// (seeded), ready for [`crate::io::load_state_dict`].
+    pub fn new(config: ResNetConfig, dtype: DType, device: Device, seed: u64) -> Result<ResNet> {
+        let cfg = config;
+        if cfg.base_width == 0
+            || cfg.num_classes == 0
+            || cfg.in_channels == 0
+            || cfg.layers.contains(&0)
+        {
+            return Err(Error::InvalidArgument {
+                op: "ResNet",
+                msg: format!("every size must be positive: {cfg:?}"),
+            });
+        }
+        let c = (dtype, device);
+        let w = cfg.base_width;
+        let exp = cfg.block.expansion();
+        let conv1 = conv("conv1", cfg.in_channels, w, 7, 2, c, seed)?;
+        let mut pool = MaxPool2dOptions::new([3, 3]);
+        pool.stride = Some([2, 2]);
+        pool.padding = [1, 1];
+        let mut cin = w;
+        let mut stages = Vec::new();
+        for (s, &n) in cfg.layers.iter().enumerate() {
+            let width = w << s;
+            let mut blocks = Vec::new();
+            for i in 0..n {
+                let stride = if s > 0 && i == 0 { 2 } else { 1 };
+                let name = format!("layer{}.{i}", s + 1);
+                let bseed = seed.wrapping_add(1000 * (s as u64 + 1) + 10 * i as u64);
+                blocks.push(Block::new(
+                    cfg.block,
+                    name,
+                    [cin, width, width * exp],
+                    stride,
+                    c,
+                    bseed,
+                )?);
+                cin = width * exp;
+            }
+            stages.push(blocks);
+        }
+        Ok(ResNet {
+            config,
+            conv1,
+            bn1: bn("bn1", w, c)?,
+            maxpool: MaxPool2d::new("maxpool", pool),
+            stages,
+            avgpool: AdaptiveAvgPool2d::new("avgpool", [1, 1]),
+            fc: Linear::new(
+                "fc",
+                cin,
+                cfg.num_classes,
+                true,
+                dtype,
+                device,
+                seed.wrapping_add(9),
+            )?,
+        })
+    }
+
+    /// The configuration the model was built from.
+    pub fn config(&self) -> ResNetConfig {
+        self.config
+    }
+
+    /// Makes each parameter require grad exactly when `want(name)` is true
+    /// (names as in [`Module::named_parameters`]); values are kept, so this
+    /// works before or after loading weights. Freeze all:
+    /// `set_requires_grad(|_| false)`; train only the head:
+    /// `set_requires_grad(|n| n.starts_with("fc."))`.
+    pub fn set_requires_grad(&mut self, mut want: impl FnMut(&str) -> bool) -> Result<()> {
+        let want: &mut dyn FnMut(&str) -> bool = &mut want;
+        set_conv(&mut self.conv1, "conv1", want)?;
+        set_bn(&mut self.bn1, "bn1", want)?;
+        for block in self.stages.iter_mut().flatten() {
+            for (i, (cv, b)) in block.convs.iter_mut().zip(&mut block.bns).enumerate() {
+                set_conv(cv, &format!("{}.conv{}", block.name, i + 1), want)?;
+                set_bn(b, &format!("{}.bn{}", block.name, i + 1), want)?;
+            }
+            if let Some((cv, b)) = &mut block.downsample {
+                set_conv(cv, &format!("{}.downsample.0", block.name), want)?;
+                set_bn(b, &format!("{}.downsample.1", block.name), want)?;
+            }
+        }
+        set_linear(&mut self.fc, "fc", want)
+    }
+
+    fn named(&self, buffers: bool) -> Vec<(String, Tensor)> {
+        let of = |p: &str, m: &dyn Module| {
+            if buffers {
+                buffers_of(p, m)
+            } else {
+                params_of(p, m)
+            }
+        };
+        let mut out = of("conv1", &self.conv1);
+        out.extend(of("bn1", &self.bn1));
+        for block in self.stages.iter().flatten() {
+            out.extend(block.named(buffers));
+        }
+        out.extend(of("fc", &self.fc));
+        out
+    }
+}
+
+impl Module for ResNet {
+    /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = self.bn1.forward(&self.conv1.forward(x)?)?;
+        h = {
+            let _s = scope("relu");
+            ReLU { inplace: true }.apply(h)?
+        };
+        h = self.maxpool.forward(&h)?;
+        for block in self.stages.iter().flatten() {
+            h = block.forward(&h)?;
+        }
+        let h = self.avgpool.forward(&h)?.flatten(1, -1)?;
+        self.fc.forward(&h)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        self.named(false)
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        self.named(true)
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.bn1.set_training(training);
+        for block in self.stages.iter_mut().flatten() {
+            for b in &mut block.bns {
+                b.set_training(training);
+            }
+            if let Some((_, b)) = &mut block.downsample {
+                b.set_training(training);
+            }
+        }
+    }
+}
