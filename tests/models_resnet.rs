@@ -82,6 +82,9 @@ struct Run {
     output: Tensor,
     grads: BTreeMap<String, Tensor>,
     saved_bytes: usize,
+    /// Layers (scope before the `/op` suffix) the ledger reports saved
+    /// bytes for, after the forward pass.
+    layers: BTreeSet<String>,
 }
 
 fn run(model_name: &str, case: &str, policy: SavePolicy, dtype: DType) -> Run {
@@ -107,6 +110,11 @@ fn run(model_name: &str, case: &str, policy: SavePolicy, dtype: DType) -> Run {
     let _p = with_save_policy(policy);
     let output = model.forward(&x).unwrap();
     let saved_bytes = ledger.live_in(CPU, Category::Saved);
+    let layers = ledger
+        .saved_by_layer(CPU)
+        .into_iter()
+        .map(|(l, _)| l.split('/').next().unwrap_or_default().to_string())
+        .collect();
     output
         .mul(&io["probe"].to_dtype(dtype).unwrap())
         .unwrap()
@@ -132,6 +140,7 @@ fn run(model_name: &str, case: &str, policy: SavePolicy, dtype: DType) -> Run {
         output,
         grads,
         saved_bytes,
+        layers,
     }
 }
 
@@ -241,6 +250,24 @@ fn lean_policy_saves_less_with_bit_identical_gradients() {
                 assert_eq!(bits(g), bits(&all.grads[n]), "{model} {case} {n}");
             }
         }
+    }
+}
+
+#[test]
+fn ledger_reports_saved_bytes_by_torchvision_layer_name() {
+    let r = run("resnet50_tiny", "all", SavePolicy::Lean, DType::F32);
+    for l in [
+        "conv1",
+        "bn1",
+        "relu",
+        "maxpool",
+        "layer1.0.conv1",
+        "layer1.0.bn3",
+        "layer1.0.downsample.1",
+        "layer4.2.conv3",
+        "fc",
+    ] {
+        assert!(r.layers.contains(l), "{l} not in {:?}", r.layers);
     }
 }
 
