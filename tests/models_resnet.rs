@@ -12,22 +12,20 @@
 //! 1.8e-3 for the ResNet-50 `all` case. Measured f32 errors: ResNet-18
 //! ≤ 1.9e-4, ResNet-50 ≤ 3.1e-2; the f32 tolerances sit above those.
 
-use leangrad::autograd::{with_save_policy, SavePolicy};
-use leangrad::io::{load_safetensors, load_state_dict, LoadOptions};
-use leangrad::memory::{Category, Ledger};
-use leangrad::models::{BlockKind, ResNet, ResNetConfig};
-use leangrad::nn::Module;
-use leangrad::{DType, Device, Tensor};
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+mod common;
 
-const CPU: Device = Device::Cpu;
+use common::models::{check_model, check_policies, fixture, run, TestModel, CPU};
+use leangrad::autograd::SavePolicy;
+use leangrad::models::{BlockKind, ResNet, ResNetConfig};
+use leangrad::DType;
+use std::collections::BTreeSet;
+
 const CASES: [&str; 5] = ["all", "input", "input-bn-eval", "norm", "surgical-last"];
 
-fn fixture(name: &str) -> BTreeMap<String, Tensor> {
-    let dir = std::env::var("CARGO_MANIFEST_DIR").expect("run under cargo");
-    let path = PathBuf::from(dir).join("tests/fixtures/models").join(name);
-    load_safetensors(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+impl TestModel for ResNet {
+    fn freeze(&mut self, want: &dyn Fn(&str) -> bool) {
+        self.set_requires_grad(want).unwrap();
+    }
 }
 
 fn config(model: &str) -> ResNetConfig {
@@ -44,218 +42,56 @@ fn config(model: &str) -> ResNetConfig {
     }
 }
 
-fn layer_of(name: &str) -> &str {
-    name.rsplit_once('.').map_or(name, |(p, _)| p)
+/// BatchNorm layers: `bn1`, `layerS.I.bnK`, `layerS.I.downsample.1`.
+fn is_bn(layer: &str) -> bool {
+    let last = layer.rsplit('.').next().unwrap_or(layer);
+    last.starts_with("bn") || layer.ends_with("downsample.1")
 }
 
-/// Whether parameter `name` trains in `case` (see export.py).
-fn trainable(case: &str, model: &ResNet) -> impl Fn(&str) -> bool {
-    let names: Vec<String> = model
-        .named_parameters()
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    let mut layers: Vec<String> = Vec::new();
-    for n in &names {
-        let l = layer_of(n).to_string();
-        if !layers.contains(&l) {
-            layers.push(l);
-        }
-    }
-    let last: BTreeSet<String> = layers[layers.len() - layers.len().div_ceil(4)..]
-        .iter()
-        .cloned()
-        .collect();
-    let case = case.to_string();
-    move |n: &str| match case.as_str() {
-        "all" => true,
-        "norm" => {
-            let l = layer_of(n);
-            l.rsplit('.').next().is_some_and(|s| s.starts_with("bn")) || l.ends_with("downsample.1")
-        }
-        "surgical-last" => last.contains(layer_of(n)),
-        _ => false,
-    }
-}
-
-struct Run {
-    output: Tensor,
-    grads: BTreeMap<String, Tensor>,
-    saved_bytes: usize,
-    /// Layers (scope before the `/op` suffix) the ledger reports saved
-    /// bytes for, after the forward pass.
-    layers: BTreeSet<String>,
-}
-
-fn run(model_name: &str, case: &str, policy: SavePolicy, dtype: DType) -> Run {
-    let ledger = Ledger::new();
-    let _l = ledger.enter();
-    let mut model = ResNet::new(config(model_name), dtype, CPU, 1).unwrap();
-    let report = load_state_dict(
-        &model,
-        &fixture(&format!("{model_name}.safetensors")),
-        LoadOptions::default(),
-    )
-    .unwrap();
-    assert!(report.missing.is_empty() && report.unexpected.is_empty());
-    let want = trainable(case, &model);
-    model.set_requires_grad(want).unwrap();
-    model.set_training(case != "input-bn-eval");
-    let io = fixture(&format!("{model_name}_{case}.safetensors"));
-    let x = io["input"]
-        .to_dtype(dtype)
-        .unwrap()
-        .set_requires_grad(case.starts_with("input"))
-        .unwrap();
-    let _p = with_save_policy(policy);
-    let output = model.forward(&x).unwrap();
-    let saved_bytes = ledger.live_in(CPU, Category::Saved);
-    let layers = ledger
-        .saved_by_layer(CPU)
-        .into_iter()
-        .map(|(l, _)| l.split('/').next().unwrap_or_default().to_string())
-        .collect();
-    output
-        .mul(&io["probe"].to_dtype(dtype).unwrap())
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    let mut grads = BTreeMap::new();
-    for (n, t) in model.named_parameters() {
-        assert_eq!(
-            t.requires_grad(),
-            io.contains_key(&format!("grad.{n}")),
-            "{case}: {n}"
-        );
-        if let Some(g) = t.grad() {
-            grads.insert(format!("grad.{n}"), g);
-        }
-    }
-    if let Some(g) = x.grad() {
-        grads.insert("grad.input".to_string(), g);
-    }
-    Run {
-        output,
-        grads,
-        saved_bytes,
-        layers,
-    }
-}
-
-/// max |a - b| ≤ tol · max(max |b|, floor); returns max |a - b| / scale.
-fn assert_close_scaled(what: &str, a: &Tensor, b: &Tensor, tol: f64, floor: f64) -> f64 {
-    assert_eq!(a.shape(), b.shape(), "{what}: shape");
-    let (a, b) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
-    let scale = b.iter().fold(floor.max(1e-12), |m, v| m.max(v.abs()));
-    let err = a
-        .iter()
-        .zip(&b)
-        .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
-    assert!(
-        err <= tol * scale,
-        "{what}: max error {err:e}, scale {scale:e}"
-    );
-    err / scale
-}
-
-/// Runs every case in `dtype` and compares with the f64 reference within
-/// `tol` (relative to each tensor's largest magnitude).
-fn check_model(model_name: &str, dtype: DType, tol: f64) {
-    let mut worst = 0f64;
-    for case in CASES {
-        let io = fixture(&format!("{model_name}_{case}.safetensors"));
-        let r = run(model_name, case, SavePolicy::Lean, dtype);
-        worst = worst.max(assert_close_scaled(
-            &format!("{model_name} {case} output"),
-            &r.output,
-            &io["output"],
-            tol,
-            0.0,
-        ));
-        let want: BTreeSet<&String> = io.keys().filter(|k| k.starts_with("grad.")).collect();
-        let got: BTreeSet<&String> = r.grads.keys().collect();
-        assert_eq!(got, want, "{model_name} {case}: gradient names");
-        assert!(!want.is_empty());
-        // Some gradients are zero up to cancellation (a per-channel shift
-        // before a 1×1 convolution and training-mode BatchNorm), so the
-        // scale has a floor: 1e-3 of the case's largest gradient.
-        let largest = want
-            .iter()
-            .flat_map(|n| io[n.as_str()].to_f64_vec().unwrap())
-            .fold(0f64, |m, v| m.max(v.abs()));
-        for (n, g) in &r.grads {
-            let what = format!("{model_name} {case} {n}");
-            worst = worst.max(assert_close_scaled(
-                &what,
-                g,
-                &io[n.as_str()],
-                tol,
-                1e-3 * largest,
-            ));
-        }
-    }
-    eprintln!("{model_name} {dtype:?}: worst scaled error {worst:e}");
+fn check(model: &str, dtype: DType, tol: f64) {
+    let make = |d: DType| ResNet::new(config(model), d, CPU, 1).unwrap();
+    check_model(&make, is_bn, model, &CASES, dtype, tol);
 }
 
 #[test]
 fn tiny_resnet18_matches_pytorch_in_every_case_f32() {
-    check_model("resnet18_tiny", DType::F32, 5e-4);
+    check("resnet18_tiny", DType::F32, 5e-4);
 }
 
 #[test]
 fn tiny_resnet18_matches_pytorch_in_every_case_f64() {
-    check_model("resnet18_tiny", DType::F64, 1e-5);
+    check("resnet18_tiny", DType::F64, 1e-5);
 }
 
 #[test]
 fn tiny_resnet50_matches_pytorch_in_every_case_f32() {
-    check_model("resnet50_tiny", DType::F32, 5e-2);
+    check("resnet50_tiny", DType::F32, 5e-2);
 }
 
 #[test]
 fn tiny_resnet50_matches_pytorch_in_every_case_f64() {
-    check_model("resnet50_tiny", DType::F64, 1e-5);
+    check("resnet50_tiny", DType::F64, 1e-5);
 }
 
 #[test]
 fn lean_policy_saves_less_with_bit_identical_gradients() {
     for model in ["resnet18_tiny", "resnet50_tiny"] {
-        for case in CASES {
-            let lean = run(model, case, SavePolicy::Lean, DType::F32);
-            let all = run(model, case, SavePolicy::SaveAll, DType::F32);
-            assert!(lean.saved_bytes <= all.saved_bytes, "{model} {case}");
-            if case == "input" {
-                assert!(
-                    lean.saved_bytes < all.saved_bytes,
-                    "{model} {case}: {} vs {}",
-                    lean.saved_bytes,
-                    all.saved_bytes
-                );
-            }
-            assert_eq!(
-                lean.output.to_f64_vec().unwrap(),
-                all.output.to_f64_vec().unwrap()
-            );
-            assert_eq!(lean.grads.len(), all.grads.len());
-            for (n, g) in &lean.grads {
-                let bits = |t: &Tensor| {
-                    t.to_vec::<f32>()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect::<Vec<_>>()
-                };
-                assert_eq!(bits(g), bits(&all.grads[n]), "{model} {case} {n}");
-            }
-        }
+        let make = |d: DType| ResNet::new(config(model), d, CPU, 1).unwrap();
+        check_policies(&make, is_bn, model, &CASES);
     }
 }
 
 #[test]
 fn ledger_reports_saved_bytes_by_torchvision_layer_name() {
-    let r = run("resnet50_tiny", "all", SavePolicy::Lean, DType::F32);
+    let make = |d: DType| ResNet::new(config("resnet50_tiny"), d, CPU, 1).unwrap();
+    let r = run(
+        &make,
+        is_bn,
+        "resnet50_tiny",
+        "all",
+        SavePolicy::Lean,
+        DType::F32,
+    );
     for l in [
         "conv1",
         "bn1",
@@ -289,14 +125,9 @@ fn names_are_torchvision_state_dict_names() {
     ] {
         assert!(ours.contains(n), "{n}");
     }
-    assert!(ResNet::new(
-        ResNetConfig {
-            base_width: 0,
-            ..config("resnet18_tiny")
-        },
-        DType::F32,
-        CPU,
-        0
-    )
-    .is_err());
+    let bad = ResNetConfig {
+        base_width: 0,
+        ..config("resnet18_tiny")
+    };
+    assert!(ResNet::new(bad, DType::F32, CPU, 0).is_err());
 }

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod models;
+
 use leangrad::autograd::gradcheck::{gradcheck, GradcheckOptions};
 use leangrad::{DType, Device, Result, Tensor};
 
