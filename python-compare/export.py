@@ -21,7 +21,14 @@ Cases (BatchNorm in training mode unless the name says eval):
 Run from the repository root, e.g.:
 
     python3 python-compare/export.py --arch resnet --block basic \
-        --layers 2 2 2 2 --width 4 --classes 5 --name resnet18_tiny
+        --layers 2 2 2 2 --width 2 --classes 5 --name resnet18_tiny
+    python3 python-compare/export.py --arch resnet --block bottleneck \
+        --layers 3 4 6 3 --width 2 --classes 5 --name resnet50_tiny
+    python3 python-compare/export.py --arch vgg --plan 1 1 0 2 2 0 2 2 2 0 \
+        4 4 4 0 4 4 4 0 --in-channels 1 --batch 2 --size 32 --name vgg16_tiny
+    (and the same with --bn --name vgg16_bn_tiny)
+
+VGG without BatchNorm has no `norm` case.
 """
 
 import argparse
@@ -113,7 +120,38 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+class VGG(nn.Module):
+    def __init__(self, plan, bn, in_ch, pool, hidden, classes, dropout):
+        super().__init__()
+        layers, cin = [], in_ch
+        for w in plan:
+            if w == 0:
+                layers.append(nn.MaxPool2d(2, 2))
+                continue
+            layers.append(nn.Conv2d(cin, w, 3, padding=1))
+            if bn:
+                layers.append(nn.BatchNorm2d(w))
+            layers.append(nn.ReLU(inplace=True))
+            cin = w
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((pool, pool))
+        self.classifier = nn.Sequential(
+            nn.Linear(cin * pool * pool, hidden), nn.ReLU(True), nn.Dropout(dropout),
+            nn.Linear(hidden, hidden), nn.ReLU(True), nn.Dropout(dropout),
+            nn.Linear(hidden, classes))
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.uniform_(m.bias, -0.1, 0.1)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
 def build(args):
+    if args.arch == "vgg":
+        return VGG(args.plan, args.bn, args.in_channels, args.pool_size, args.hidden,
+                   args.classes, args.dropout)
     if args.arch == "resnet":
         block = BasicBlock if args.block == "basic" else Bottleneck
         return ResNet(block, args.layers, args.width, args.classes, args.in_channels)
@@ -167,6 +205,11 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plan", type=int, nargs="+", help="VGG widths, 0 = max pool")
+    p.add_argument("--bn", action="store_true", help="VGG with BatchNorm")
+    p.add_argument("--pool-size", type=int, default=1)
+    p.add_argument("--hidden", type=int, default=8)
+    p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--name", required=True)
     args = p.parse_args()
     os.makedirs(OUT, exist_ok=True)
@@ -181,6 +224,8 @@ def main():
     bn_prefixes = {n for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)}
 
     for case in CASES:
+        if case == "norm" and not bn_prefixes:
+            continue
         model.load_state_dict(state)
         model.train(case != "input-bn-eval")
         train = trainable(case, names, bn_prefixes)

@@ -9,8 +9,10 @@
 //! parameters by name with `set_requires_grad(|name| …)`.
 
 pub mod resnet;
+pub mod vgg;
 
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
+pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
 
 use crate::nn::Module;
 use crate::{Result, Tensor};

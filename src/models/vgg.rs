@@ -1,0 +1,220 @@
+//! VGG as in torchvision (`vgg11` … `vgg19`, with or without BatchNorm),
+//! with torchvision's `features.N` / `classifier.N` names, plus small
+//! configurations for tests.
+
+use super::{buffers_of, params_of, set_bn, set_conv, set_linear};
+use crate::memory::scope;
+use crate::nn::{
+    AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Dropout, Linear,
+    MaxPool2d, MaxPool2dOptions, Module, ReLU,
+};
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// torchvision's VGG-16 feature plan ("D"): output channels of each 3×3
+/// convolution, `0` for a 2×2 max pool.
+pub const VGG16_PLAN: [usize; 18] = [
+    64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0,
+];
+
+/// The shape of a [`Vgg`]; torchvision's VGG-16 is [`VggConfig::vgg16`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct VggConfig {
+    /// Convolution widths in order, `0` for a max pool (e.g. [`VGG16_PLAN`]).
+    pub plan: Vec<usize>,
+    /// A BatchNorm after every convolution (`vgg16_bn`).
+    pub batch_norm: bool,
+    /// Channels of the input image.
+    pub in_channels: usize,
+    /// Output size of `avgpool` (torchvision: 7).
+    pub pool_size: usize,
+    /// Width of the two hidden classifier layers (torchvision: 4096).
+    pub hidden: usize,
+    /// Outputs of `classifier.6`.
+    pub num_classes: usize,
+    /// Drop probability of `classifier.2` and `classifier.5` (torchvision: 0.5).
+    pub dropout: f64,
+}
+
+impl VggConfig {
+    /// torchvision's VGG-16 (`vgg16`, or `vgg16_bn` with `batch_norm`).
+    pub fn vgg16(batch_norm: bool, num_classes: usize) -> Self {
+        VggConfig {
+            plan: VGG16_PLAN.to_vec(),
+            batch_norm,
+            in_channels: 3,
+            pool_size: 7,
+            hidden: 4096,
+            num_classes,
+            dropout: 0.5,
+        }
+    }
+}
+
+enum Layer {
+    Conv(Conv2d),
+    Bn(BatchNorm),
+    Relu(String),
+    Pool(MaxPool2d),
+    Linear(Linear),
+    Dropout(Dropout),
+}
+
+impl Layer {
+    fn forward(&self, x: Tensor) -> Result<Tensor> {
+        match self {
+            Layer::Conv(m) => m.forward(&x),
+            Layer::Bn(m) => m.forward(&x),
+            Layer::Relu(name) => {
+                let _s = scope(name.clone());
+                ReLU { inplace: true }.apply(x)
+            }
+            Layer::Pool(m) => m.forward(&x),
+            Layer::Linear(m) => m.forward(&x),
+            Layer::Dropout(m) => m.forward(&x),
+        }
+    }
+
+    fn module(&self) -> Option<&dyn Module> {
+        match self {
+            Layer::Conv(m) => Some(m),
+            Layer::Bn(m) => Some(m),
+            Layer::Linear(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// torchvision's VGG: `features` (3×3 convolutions with bias, optional
+/// BatchNorm, ReLU, 2×2 max pools), `avgpool` (adaptive), flatten,
+/// `classifier` (Linear, ReLU, Dropout, Linear, ReLU, Dropout, Linear).
+/// Starts in training mode.
+pub struct Vgg {
+    layers: Vec<(String, Layer)>,
+    avgpool: AdaptiveAvgPool2d,
+    features: usize,
+}
+
+impl Vgg {
+    /// A VGG of `config` with PyTorch's default layer initialisation
+    /// (seeded), ready for [`crate::io::load_state_dict`].
+    pub fn new(config: &VggConfig, dtype: DType, device: Device, seed: u64) -> Result<Vgg> {
+        let c = config;
+        if c.in_channels == 0 || c.pool_size == 0 || c.hidden == 0 || c.num_classes == 0 {
+            return Err(Error::InvalidArgument {
+                op: "Vgg",
+                msg: format!("every size must be positive: {c:?}"),
+            });
+        }
+        let mut layers = Vec::new();
+        let mut cin = c.in_channels;
+        let opts = Conv2dOptions {
+            padding: [1, 1],
+            ..Conv2dOptions::default()
+        };
+        for &w in &c.plan {
+            let name = format!("features.{}", layers.len());
+            if w == 0 {
+                layers.push((
+                    name.clone(),
+                    Layer::Pool(MaxPool2d::new(&name, MaxPool2dOptions::new([2, 2]))),
+                ));
+                continue;
+            }
+            let s = seed.wrapping_add(layers.len() as u64);
+            let conv = Conv2d::new(&name, cin, w, [3, 3], opts, true, dtype, device, s)?;
+            layers.push((name, Layer::Conv(conv)));
+            if c.batch_norm {
+                let name = format!("features.{}", layers.len());
+                let bn = BatchNorm::new2d(&name, w, BatchNormOptions::default(), dtype, device)?;
+                layers.push((name, Layer::Bn(bn)));
+            }
+            layers.push((
+                format!("features.{}", layers.len()),
+                Layer::Relu(format!("features.{}", layers.len())),
+            ));
+            cin = w;
+        }
+        let features = layers.len();
+        let sizes = [
+            cin * c.pool_size * c.pool_size,
+            c.hidden,
+            c.hidden,
+            c.num_classes,
+        ];
+        for i in 0..3 {
+            let name = format!("classifier.{}", 3 * i);
+            let s = seed.wrapping_add(500 + i as u64);
+            let fc = Linear::new(&name, sizes[i], sizes[i + 1], true, dtype, device, s)?;
+            layers.push((name, Layer::Linear(fc)));
+            if i < 2 {
+                let (r, d) = (
+                    format!("classifier.{}", 3 * i + 1),
+                    format!("classifier.{}", 3 * i + 2),
+                );
+                layers.push((r.clone(), Layer::Relu(r)));
+                let drop = Dropout::new(&d, c.dropout, seed.wrapping_add(900 + i as u64))?;
+                layers.push((d, Layer::Dropout(drop)));
+            }
+        }
+        Ok(Vgg {
+            layers,
+            avgpool: AdaptiveAvgPool2d::new("avgpool", [c.pool_size; 2]),
+            features,
+        })
+    }
+
+    /// Makes each parameter require grad exactly when `want(name)` is true
+    /// (names as in [`Module::named_parameters`]); values are kept.
+    pub fn set_requires_grad(&mut self, mut want: impl FnMut(&str) -> bool) -> Result<()> {
+        let want: &mut dyn FnMut(&str) -> bool = &mut want;
+        for (name, layer) in &mut self.layers {
+            match layer {
+                Layer::Conv(m) => set_conv(m, name, want)?,
+                Layer::Bn(m) => set_bn(m, name, want)?,
+                Layer::Linear(m) => set_linear(m, name, want)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Module for Vgg {
+    /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for (i, (_, layer)) in self.layers.iter().enumerate() {
+            if i == self.features {
+                h = self.avgpool.forward(&h)?.flatten(1, -1)?;
+            }
+            h = layer.forward(h)?;
+        }
+        Ok(h)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let layers = self.layers.iter();
+        layers
+            .filter_map(|(n, l)| l.module().map(|m| params_of(n, m)))
+            .flatten()
+            .collect()
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let layers = self.layers.iter();
+        layers
+            .filter_map(|(n, l)| l.module().map(|m| buffers_of(n, m)))
+            .flatten()
+            .collect()
+    }
+
+    fn set_training(&mut self, training: bool) {
+        for (_, layer) in &mut self.layers {
+            match layer {
+                Layer::Bn(m) => m.set_training(training),
+                Layer::Dropout(m) => m.set_training(training),
+                _ => {}
+            }
+        }
+    }
+}
