@@ -27,6 +27,9 @@ Run from the repository root, e.g.:
     python3 python-compare/export.py --arch vgg --plan 1 1 0 2 2 0 2 2 2 0 \
         4 4 4 0 4 4 4 0 --in-channels 1 --batch 2 --size 32 --name vgg16_tiny
     (and the same with --bn --name vgg16_bn_tiny)
+    python3 python-compare/export.py --arch mobilenet_v2 --width 4 \
+        --settings 1 2 1 1 6 3 2 2 6 4 2 2 --last-channel 16 --batch 2 \
+        --size 16 --name mobilenet_v2_tiny
 
 VGG without BatchNorm has no `norm` case.
 """
@@ -148,7 +151,51 @@ class VGG(nn.Module):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
 
 
+def conv_bn_act(cin, cout, k=3, stride=1, groups=1):
+    """torchvision's Conv2dNormActivation: .0 conv, .1 BN, .2 ReLU6."""
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(cout), nn.ReLU6(inplace=True))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin, cout, stride, t):
+        super().__init__()
+        hidden = cin * t
+        self.use_res_connect = stride == 1 and cin == cout
+        layers = [conv_bn_act(cin, hidden, 1)] if t != 1 else []
+        layers += [conv_bn_act(hidden, hidden, 3, stride, hidden),
+                   nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return x + self.conv(x) if self.use_res_connect else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    def __init__(self, stem, settings, last, classes, in_ch, dropout):
+        super().__init__()
+        feats, cin = [conv_bn_act(in_ch, stem, 3, 2)], stem
+        for t, c, n, s in settings:
+            for i in range(n):
+                feats.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+                cin = c
+        feats.append(conv_bn_act(cin, last, 1))
+        self.features = nn.Sequential(*feats)
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(last, classes))
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out")
+
+    def forward(self, x):
+        x = nn.functional.adaptive_avg_pool2d(self.features(x), (1, 1))
+        return self.classifier(torch.flatten(x, 1))
+
+
 def build(args):
+    if args.arch == "mobilenet_v2":
+        rows = [args.settings[i:i + 4] for i in range(0, len(args.settings), 4)]
+        return MobileNetV2(args.width, rows, args.last_channel, args.classes,
+                           args.in_channels, args.dropout)
     if args.arch == "vgg":
         return VGG(args.plan, args.bn, args.in_channels, args.pool_size, args.hidden,
                    args.classes, args.dropout)
@@ -210,6 +257,9 @@ def main():
     p.add_argument("--pool-size", type=int, default=1)
     p.add_argument("--hidden", type=int, default=8)
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--settings", type=int, nargs="+",
+                   help="MobileNetV2 rows, flattened t c n s quadruples")
+    p.add_argument("--last-channel", type=int, default=16)
     p.add_argument("--name", required=True)
     args = p.parse_args()
     os.makedirs(OUT, exist_ok=True)

@@ -8,9 +8,11 @@
 //! memory ledger reports saved bytes per layer, and can freeze or unfreeze
 //! parameters by name with `set_requires_grad(|name| …)`.
 
+pub mod mobilenet;
 pub mod resnet;
 pub mod vgg;
 
+pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
 

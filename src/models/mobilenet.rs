@@ -1,0 +1,336 @@
+//! MobileNetV2 as in torchvision (`mobilenet_v2`), with torchvision's
+//! `features.N.conv.M` names and depthwise convolutions, plus small
+//! configurations for tests.
+
+use super::{buffers_of, params_of, set_bn, set_conv, set_linear};
+use crate::memory::scope;
+use crate::nn::{
+    AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Dropout, Linear, Module,
+};
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// One row of the inverted-residual plan: expansion `t`, output channels
+/// `c`, repeats `n`, stride of the first repeat `s`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InvertedResidualSetting {
+    /// Expansion ratio of the hidden width.
+    pub t: usize,
+    /// Output channels.
+    pub c: usize,
+    /// Blocks in the row.
+    pub n: usize,
+    /// Stride of the row's first block.
+    pub s: usize,
+}
+
+/// The shape of a [`MobileNetV2`]; torchvision's is
+/// [`MobileNetV2Config::v2`] (width multiplier 1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MobileNetV2Config {
+    /// Channels of the stem (`features.0`, torchvision: 32).
+    pub stem: usize,
+    /// The inverted-residual rows (`features.1` … ).
+    pub settings: Vec<InvertedResidualSetting>,
+    /// Channels of the last 1×1 convolution (torchvision: 1280).
+    pub last_channel: usize,
+    /// Outputs of `classifier.1`.
+    pub num_classes: usize,
+    /// Channels of the input image.
+    pub in_channels: usize,
+    /// Drop probability of `classifier.0` (torchvision: 0.2).
+    pub dropout: f64,
+}
+
+impl MobileNetV2Config {
+    /// torchvision's MobileNetV2 with width multiplier 1.
+    pub fn v2(num_classes: usize) -> Self {
+        let rows = [
+            (1, 16, 1, 1),
+            (6, 24, 2, 2),
+            (6, 32, 3, 2),
+            (6, 64, 4, 2),
+            (6, 96, 3, 1),
+            (6, 160, 3, 2),
+            (6, 320, 1, 1),
+        ];
+        MobileNetV2Config {
+            stem: 32,
+            settings: rows
+                .iter()
+                .map(|&(t, c, n, s)| InvertedResidualSetting { t, c, n, s })
+                .collect(),
+            last_channel: 1280,
+            num_classes,
+            in_channels: 3,
+            dropout: 0.2,
+        }
+    }
+}
+
+/// A bias-free convolution, its BatchNorm and optionally ReLU6, with names
+/// relative to the block.
+struct Unit {
+    conv: Conv2d,
+    bn: BatchNorm,
+    bn_name: String,
+    relu6: Option<String>,
+}
+
+/// `features.N`: units in order, plus the residual connection if any.
+struct Block {
+    name: String,
+    units: Vec<Unit>,
+    residual: bool,
+}
+
+type Ctx = (DType, Device);
+
+/// Conv (`k`×`k`, `stride`, `groups`) + BN (+ ReLU6), named `conv`, `bn`,
+/// and the ReLU6 scope `act` (`None`: linear).
+#[allow(clippy::too_many_arguments)]
+fn unit(
+    names: [&str; 2],
+    act: Option<&str>,
+    io: [usize; 2],
+    k: usize,
+    stride: usize,
+    groups: usize,
+    c: Ctx,
+    seed: u64,
+) -> Result<Unit> {
+    let options = Conv2dOptions {
+        stride: [stride; 2],
+        padding: [k / 2; 2],
+        groups,
+        ..Conv2dOptions::default()
+    };
+    Ok(Unit {
+        conv: Conv2d::new(
+            names[0],
+            io[0],
+            io[1],
+            [k, k],
+            options,
+            false,
+            c.0,
+            c.1,
+            seed,
+        )?,
+        bn: BatchNorm::new2d(names[1], io[1], BatchNormOptions::default(), c.0, c.1)?,
+        bn_name: names[1].to_string(),
+        relu6: act.map(str::to_string),
+    })
+}
+
+/// torchvision's MobileNetV2: `features.0` (3×3/2 conv, BN, ReLU6),
+/// inverted residuals `features.1…` (`conv.0` 1×1 expansion unless t = 1,
+/// depthwise 3×3, linear 1×1 projection and BN; residual when the stride is
+/// 1 and the width unchanged), a last 1×1 conv + BN + ReLU6, global average
+/// pool, `classifier.0` (Dropout), `classifier.1` (Linear). Starts in
+/// training mode.
+pub struct MobileNetV2 {
+    blocks: Vec<Block>,
+    avgpool: AdaptiveAvgPool2d,
+    dropout: Dropout,
+    fc: Linear,
+}
+
+impl MobileNetV2 {
+    /// A MobileNetV2 of `config` with PyTorch's default layer
+    /// initialisation (seeded), ready for [`crate::io::load_state_dict`].
+    pub fn new(
+        config: &MobileNetV2Config,
+        dtype: DType,
+        device: Device,
+        seed: u64,
+    ) -> Result<MobileNetV2> {
+        let cfg = config;
+        let bad = cfg
+            .settings
+            .iter()
+            .any(|r| r.t == 0 || r.c == 0 || r.n == 0 || r.s == 0);
+        if bad
+            || cfg.stem == 0
+            || cfg.last_channel == 0
+            || cfg.num_classes == 0
+            || cfg.in_channels == 0
+        {
+            return Err(Error::InvalidArgument {
+                op: "MobileNetV2",
+                msg: format!("every size must be positive: {cfg:?}"),
+            });
+        }
+        let c = (dtype, device);
+        let stem = unit(
+            ["0", "1"],
+            Some("2"),
+            [cfg.in_channels, cfg.stem],
+            3,
+            2,
+            1,
+            c,
+            seed,
+        )?;
+        let mut blocks = vec![Block {
+            name: "features.0".into(),
+            units: vec![stem],
+            residual: false,
+        }];
+        let mut cin = cfg.stem;
+        for row in &cfg.settings {
+            for i in 0..row.n {
+                let stride = if i == 0 { row.s } else { 1 };
+                let hidden = cin * row.t;
+                let s = seed.wrapping_add(10 * blocks.len() as u64);
+                let mut units = Vec::new();
+                if row.t != 1 {
+                    units.push(unit(
+                        ["conv.0.0", "conv.0.1"],
+                        Some("conv.0.2"),
+                        [cin, hidden],
+                        1,
+                        1,
+                        1,
+                        c,
+                        s,
+                    )?);
+                }
+                let j = units.len();
+                let (dw, bn, act) = (
+                    format!("conv.{j}.0"),
+                    format!("conv.{j}.1"),
+                    format!("conv.{j}.2"),
+                );
+                units.push(unit(
+                    [&dw, &bn],
+                    Some(&act),
+                    [hidden, hidden],
+                    3,
+                    stride,
+                    hidden,
+                    c,
+                    s + 1,
+                )?);
+                let (pw, bn) = (format!("conv.{}", j + 1), format!("conv.{}", j + 2));
+                units.push(unit([&pw, &bn], None, [hidden, row.c], 1, 1, 1, c, s + 2)?);
+                let residual = stride == 1 && cin == row.c;
+                blocks.push(Block {
+                    name: format!("features.{}", blocks.len()),
+                    units,
+                    residual,
+                });
+                cin = row.c;
+            }
+        }
+        let last = unit(
+            ["0", "1"],
+            Some("2"),
+            [cin, cfg.last_channel],
+            1,
+            1,
+            1,
+            c,
+            seed.wrapping_add(7),
+        )?;
+        blocks.push(Block {
+            name: format!("features.{}", blocks.len()),
+            units: vec![last],
+            residual: false,
+        });
+        Ok(MobileNetV2 {
+            blocks,
+            avgpool: AdaptiveAvgPool2d::new("avgpool", [1, 1]),
+            dropout: Dropout::new("classifier.0", cfg.dropout, seed.wrapping_add(8))?,
+            fc: Linear::new(
+                "classifier.1",
+                cfg.last_channel,
+                cfg.num_classes,
+                true,
+                dtype,
+                device,
+                seed.wrapping_add(9),
+            )?,
+        })
+    }
+
+    /// Makes each parameter require grad exactly when `want(name)` is true
+    /// (names as in [`Module::named_parameters`]); values are kept.
+    pub fn set_requires_grad(&mut self, mut want: impl FnMut(&str) -> bool) -> Result<()> {
+        let want: &mut dyn FnMut(&str) -> bool = &mut want;
+        for block in &mut self.blocks {
+            for u in &mut block.units {
+                let conv_name = format!("{}.{}", block.name, u.conv.name());
+                set_conv(&mut u.conv, &conv_name, want)?;
+                let bn_name = format!("{}.{}", block.name, u.bn_name);
+                set_bn(&mut u.bn, &bn_name, want)?;
+            }
+        }
+        set_linear(&mut self.fc, "classifier.1", want)
+    }
+
+    fn named(&self, buffers: bool) -> Vec<(String, Tensor)> {
+        let of = |p: &str, m: &dyn Module| {
+            if buffers {
+                buffers_of(p, m)
+            } else {
+                params_of(p, m)
+            }
+        };
+        let mut out = Vec::new();
+        for block in &self.blocks {
+            for u in &block.units {
+                out.extend(of(&format!("{}.{}", block.name, u.conv.name()), &u.conv));
+                out.extend(of(&format!("{}.{}", block.name, u.bn_name), &u.bn));
+            }
+        }
+        out.extend(of("classifier.1", &self.fc));
+        out
+    }
+}
+
+impl Block {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _s = scope(self.name.clone());
+        let mut h = x.clone();
+        for u in &self.units {
+            h = u.bn.forward(&u.conv.forward(&h)?)?;
+            if let Some(act) = &u.relu6 {
+                let _a = scope(act.clone());
+                h = h.clamp(0.0, 6.0)?;
+            }
+        }
+        if self.residual {
+            h = h.add(x)?;
+        }
+        Ok(h)
+    }
+}
+
+impl Module for MobileNetV2 {
+    /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for block in &self.blocks {
+            h = block.forward(&h)?;
+        }
+        let h = self.avgpool.forward(&h)?.flatten(1, -1)?;
+        self.fc.forward(&self.dropout.forward(&h)?)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        self.named(false)
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        self.named(true)
+    }
+
+    fn set_training(&mut self, training: bool) {
+        for block in &mut self.blocks {
+            for u in &mut block.units {
+                u.bn.set_training(training);
+            }
+        }
+        self.dropout.set_training(training);
+    }
+}
