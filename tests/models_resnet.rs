@@ -131,3 +131,23 @@ fn names_are_torchvision_state_dict_names() {
     };
     assert!(ResNet::new(bad, DType::F32, CPU, 0).is_err());
 }
+
+/// Full-size configurations have torchvision's parameter counts.
+#[test]
+fn full_size_parameter_counts_match_torchvision() {
+    let count =
+        |m: &dyn leangrad::nn::Module| -> usize { m.parameters().iter().map(|t| t.numel()).sum() };
+    let r18 = ResNet::new(ResNetConfig::resnet18(1000), DType::F32, CPU, 0).unwrap();
+    assert_eq!(count(&r18), 11_689_512);
+    drop(r18);
+    let r50 = ResNet::new(ResNetConfig::resnet50(1000), DType::F32, CPU, 0).unwrap();
+    assert_eq!(count(&r50), 25_557_032);
+    let mb = leangrad::models::MobileNetV2::new(
+        &leangrad::models::MobileNetV2Config::v2(1000),
+        DType::F32,
+        CPU,
+        0,
+    )
+    .unwrap();
+    assert_eq!(count(&mb), 3_504_872);
+}
