@@ -2,7 +2,7 @@
 //! `features.N.conv.M` names and depthwise convolutions, plus small
 //! configurations for tests.
 
-use super::{buffers_of, params_of, set_bn, set_conv, set_linear};
+use super::{named_of, set_bn, set_conv, set_linear};
 use crate::memory::scope;
 use crate::nn::{
     AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Dropout, Linear, Module,
@@ -269,13 +269,7 @@ impl MobileNetV2 {
     }
 
     fn named(&self, buffers: bool) -> Vec<(String, Tensor)> {
-        let of = |p: &str, m: &dyn Module| {
-            if buffers {
-                buffers_of(p, m)
-            } else {
-                params_of(p, m)
-            }
-        };
+        let of = |p: &str, m: &dyn Module| named_of(p, m, buffers);
         let mut out = Vec::new();
         for block in &self.blocks {
             for u in &block.units {

@@ -37,6 +37,15 @@ pub(crate) fn buffers_of(prefix: &str, module: &dyn Module) -> Vec<(String, Tens
     prefixed(prefix, module.named_buffers())
 }
 
+/// Named buffers (`buffers`) or parameters of `module` under `prefix`.
+pub(crate) fn named_of(prefix: &str, module: &dyn Module, buffers: bool) -> Vec<(String, Tensor)> {
+    if buffers {
+        buffers_of(prefix, module)
+    } else {
+        params_of(prefix, module)
+    }
+}
+
 /// Makes the parameter in `slot` (named `name`) require grad or not as
 /// `want(name)` says, keeping its storage (and so its loaded values).
 pub(crate) fn set_slot(

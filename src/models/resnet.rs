@@ -2,7 +2,7 @@
 //! a Bottleneck sits on its 3×3 convolution), with torchvision's
 //! state-dict names, plus small configurations for tests.
 
-use super::{buffers_of, params_of, set_bn, set_conv, set_linear};
+use super::{named_of, set_bn, set_conv, set_linear};
 use crate::memory::scope;
 use crate::nn::{
     AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Linear, MaxPool2d,
@@ -171,13 +171,7 @@ impl Block {
     }
 
     fn named(&self, buffers: bool) -> Vec<(String, Tensor)> {
-        let of = |p: &str, m: &dyn Module| {
-            if buffers {
-                buffers_of(p, m)
-            } else {
-                params_of(p, m)
-            }
-        };
+        let of = |p: &str, m: &dyn Module| named_of(p, m, buffers);
         let mut out = Vec::new();
         for (i, (cv, b)) in self.convs.iter().zip(&self.bns).enumerate() {
             out.extend(of(&format!("{}.conv{}", self.name, i + 1), cv));
@@ -294,13 +288,7 @@ impl ResNet {
     }
 
     fn named(&self, buffers: bool) -> Vec<(String, Tensor)> {
-        let of = |p: &str, m: &dyn Module| {
-            if buffers {
-                buffers_of(p, m)
-            } else {
-                params_of(p, m)
-            }
-        };
+        let of = |p: &str, m: &dyn Module| named_of(p, m, buffers);
         let mut out = of("conv1", &self.conv1);
         out.extend(of("bn1", &self.bn1));
         for block in self.stages.iter().flatten() {
