@@ -41,11 +41,7 @@ impl GradientSink for CollectGrads {
         _param: Option<&Tensor>,
         grad: Tensor,
     ) -> Result<()> {
-        let merged = match leaf.take_grad() {
-            None => grad,
-            Some(existing) => accumulate(existing, grad)?,
-        };
-        merged.storage().allocation().mark_param_gradient();
+        let merged = merge_param_gradient(leaf.take_grad(), grad)?;
         leaf.set_grad(Some(merged));
         Ok(())
     }
@@ -84,6 +80,17 @@ impl Tensor {
     ) -> Result<()> {
         backward_with(self, None, &mut CallbackSink(on_ready))
     }
+}
+
+/// A parameter's gradient buffer after adding `grad` to what it held (if
+/// anything), counted as a parameter gradient in the ledger.
+pub fn merge_param_gradient(existing: Option<Tensor>, grad: Tensor) -> Result<Tensor> {
+    let merged = match existing {
+        None => grad,
+        Some(existing) => accumulate(existing, grad)?,
+    };
+    merged.storage().allocation().mark_param_gradient();
+    Ok(merged)
 }
 
 /// Adds `incoming` to `existing`, in place when `existing` (or else

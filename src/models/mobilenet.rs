@@ -2,11 +2,9 @@
 //! `features.N.conv.M` names and depthwise convolutions, plus small
 //! configurations for tests.
 
-use super::{named_of, set_bn, set_conv, set_linear};
+use super::{batch_norm2d, named_of, set_bn, set_conv, set_linear, square_conv, Ctx};
 use crate::memory::scope;
-use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Dropout, Linear, Module,
-};
+use crate::nn::{AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, Linear, Module};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// One row of the inverted-residual plan: expansion `t`, output channels
@@ -83,8 +81,6 @@ struct Block {
     residual: bool,
 }
 
-type Ctx = (DType, Device);
-
 /// Conv (`k`×`k`, `stride`, `groups`) + BN (+ ReLU6), named `conv`, `bn`,
 /// and the ReLU6 scope `act` (`None`: linear).
 #[allow(clippy::too_many_arguments)]
@@ -98,25 +94,9 @@ fn unit(
     c: Ctx,
     seed: u64,
 ) -> Result<Unit> {
-    let options = Conv2dOptions {
-        stride: [stride; 2],
-        padding: [k / 2; 2],
-        groups,
-        ..Conv2dOptions::default()
-    };
     Ok(Unit {
-        conv: Conv2d::new(
-            names[0],
-            io[0],
-            io[1],
-            [k, k],
-            options,
-            false,
-            c.0,
-            c.1,
-            seed,
-        )?,
-        bn: BatchNorm::new2d(names[1], io[1], BatchNormOptions::default(), c.0, c.1)?,
+        conv: square_conv(names[0], io, k, stride, groups, c, seed)?,
+        bn: batch_norm2d(names[1], io[1], c)?,
         bn_name: names[1].to_string(),
         relu6: act.map(str::to_string),
     })

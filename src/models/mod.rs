@@ -16,8 +16,37 @@ pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
 
-use crate::nn::Module;
-use crate::{Result, Tensor};
+use crate::nn::{BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Module};
+use crate::{DType, Device, Result, Tensor};
+
+/// The dtype and device every layer of a model is built with.
+pub(crate) type Ctx = (DType, Device);
+
+/// A bias-free `k`×`k` convolution with "same" padding (`k / 2`), as
+/// torchvision's ResNet and MobileNetV2 build them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn square_conv(
+    name: &str,
+    io: [usize; 2],
+    k: usize,
+    stride: usize,
+    groups: usize,
+    c: Ctx,
+    seed: u64,
+) -> Result<Conv2d> {
+    let options = Conv2dOptions {
+        stride: [stride; 2],
+        padding: [k / 2; 2],
+        groups,
+        ..Conv2dOptions::default()
+    };
+    Conv2d::new(name, io[0], io[1], [k, k], options, false, c.0, c.1, seed)
+}
+
+/// A BatchNorm2d with PyTorch's default options.
+pub(crate) fn batch_norm2d(name: &str, channels: usize, c: Ctx) -> Result<BatchNorm> {
+    BatchNorm::new2d(name, channels, BatchNormOptions::default(), c.0, c.1)
+}
 
 /// `prefix.name` for each of `module`'s parameters.
 pub(crate) fn prefixed(prefix: &str, pairs: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {

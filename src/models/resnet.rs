@@ -2,11 +2,10 @@
 //! a Bottleneck sits on its 3×3 convolution), with torchvision's
 //! state-dict names, plus small configurations for tests.
 
-use super::{named_of, set_bn, set_conv, set_linear};
+use super::{batch_norm2d, named_of, set_bn, set_conv, set_linear, square_conv, Ctx};
 use crate::memory::scope;
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Linear, MaxPool2d,
-    MaxPool2dOptions, Module, ReLU,
+    AdaptiveAvgPool2d, BatchNorm, Conv2d, Linear, MaxPool2d, MaxPool2dOptions, Module, ReLU,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -69,8 +68,6 @@ impl ResNetConfig {
     }
 }
 
-type Ctx = (DType, Device);
-
 fn conv(
     name: &str,
     cin: usize,
@@ -80,16 +77,7 @@ fn conv(
     c: Ctx,
     seed: u64,
 ) -> Result<Conv2d> {
-    let options = Conv2dOptions {
-        stride: [stride; 2],
-        padding: [k / 2; 2],
-        ..Conv2dOptions::default()
-    };
-    Conv2d::new(name, cin, cout, [k, k], options, false, c.0, c.1, seed)
-}
-
-fn bn(name: &str, channels: usize, c: Ctx) -> Result<BatchNorm> {
-    BatchNorm::new2d(name, channels, BatchNormOptions::default(), c.0, c.1)
+    square_conv(name, [cin, cout], k, stride, 1, c, seed)
 }
 
 /// One residual block: `relu(bnN(convN(…)) + identity)`, where identity is
@@ -131,12 +119,12 @@ impl Block {
                 c,
                 seed + i as u64,
             )?);
-            bns.push(bn(&format!("bn{}", i + 1), b, c)?);
+            bns.push(batch_norm2d(&format!("bn{}", i + 1), b, c)?);
         }
         let downsample = if stride != 1 || cin != cout {
             Some((
                 conv("0", cin, cout, 1, stride, c, seed + 7)?,
-                bn("1", cout, c)?,
+                batch_norm2d("1", cout, c)?,
             ))
         } else {
             None
@@ -244,7 +232,7 @@ impl ResNet {
         Ok(ResNet {
             config,
             conv1,
-            bn1: bn("bn1", w, c)?,
+            bn1: batch_norm2d("bn1", w, c)?,
             maxpool: MaxPool2d::new("maxpool", pool),
             stages,
             avgpool: AdaptiveAvgPool2d::new("avgpool", [1, 1]),

@@ -31,7 +31,7 @@ pub use kernels::{apply_update, Algorithm, GradTransform};
 pub use schedule::{LrScheduler, Schedule, SequentialLr};
 pub use sgd::Sgd;
 
-use crate::autograd::engine::accumulate;
+use crate::autograd::engine::merge_param_gradient;
 use crate::autograd::{backward_with, CollectGrads, GradientSink, Leaf};
 use crate::memory::{with_category, Category};
 use crate::{Error, Result, Tensor};
@@ -466,11 +466,7 @@ impl<A: Algorithm> GradientSink for FusedSink<'_, A> {
             return CollectGrads.gradient_ready(leaf, param, grad);
         };
         // The buffer (if any) and this gradient, added as `.grad` would be.
-        let grad = match self.opt.buffers.remove(&id) {
-            Some(buffer) => accumulate(buffer, grad)?,
-            None => grad,
-        };
-        grad.storage().allocation().mark_param_gradient();
+        let grad = merge_param_gradient(self.opt.buffers.remove(&id), grad)?;
         match self.mode {
             Mode::Accumulate => {
                 self.opt.buffers.insert(id, grad);
