@@ -107,6 +107,10 @@ impl Module for Conv2d {
         conv2d(x, &self.weight, self.bias.as_ref(), &self.options)
     }
 
+    fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
+        crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Conv)
+    }
+
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         params(&self.weight, &self.bias)
     }
@@ -171,6 +175,10 @@ impl Module for Conv1d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
         conv1d(x, &self.weight, self.bias.as_ref(), &self.options)
+    }
+
+    fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
+        crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Conv)
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
@@ -243,6 +251,10 @@ impl Module for ConvTranspose2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
         conv_transpose2d(x, &self.weight, self.bias.as_ref(), &self.options)
+    }
+
+    fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
+        crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Conv)
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {

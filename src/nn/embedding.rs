@@ -136,6 +136,10 @@ impl Module for Embedding {
         embedding(&self.weight, indices, self.padding_idx)
     }
 
+    fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
+        crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Embedding)
+    }
+
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         vec![("weight".to_string(), self.weight.clone())]
     }

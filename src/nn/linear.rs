@@ -70,6 +70,10 @@ impl Module for Linear {
         }
     }
 
+    fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
+        crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Linear)
+    }
+
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         let mut p = vec![("weight".to_string(), self.weight.clone())];
         p.extend(self.bias.clone().map(|b| ("bias".to_string(), b)));

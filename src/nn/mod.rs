@@ -20,7 +20,7 @@ pub use conv_layers::{Conv1d, Conv2d, ConvTranspose2d};
 pub use dropout::{dropout, Dropout};
 pub use embedding::{embedding, Embedding};
 pub use linear::Linear;
-pub use module::Module;
+pub use module::{parameters_of_kind, LayerKind, Module};
 pub use pool::{
     adaptive_avg_pool2d, avg_pool2d, max_pool2d, AdaptiveAvgPool2d, AvgPool2d, AvgPool2dOptions,
     MaxPool2d, MaxPool2dOptions,

@@ -2,6 +2,22 @@
 
 use crate::{Result, Tensor};
 
+/// The kind of layer a parameter belongs to; the selective-differentiation
+/// cases (norm-only, conv-only, linear-only, …) pick parameters by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayerKind {
+    /// Convolutions (Conv1d, Conv2d, ConvTranspose2d, a ViT patch embedding).
+    Conv,
+    /// Fully connected layers, attention projections, GPT-2's `Conv1D`.
+    Linear,
+    /// BatchNorm, LayerNorm, GroupNorm, RMSNorm.
+    Norm,
+    /// Embedding tables.
+    Embedding,
+    /// Anything else (a class token, learned position embeddings, …).
+    Other,
+}
+
 /// A layer: a forward function plus named parameters and buffers, named as
 /// in PyTorch's `state_dict` (relative to the layer: `weight`, `bias`,
 /// `running_mean`, …).
@@ -11,6 +27,16 @@ pub trait Module {
 
     /// Trainable (or frozen) parameters, with their PyTorch names.
     fn named_parameters(&self) -> Vec<(String, Tensor)>;
+
+    /// The kind of layer each parameter belongs to, with the names and in
+    /// the order of [`Module::named_parameters`]. The default says
+    /// [`LayerKind::Other`] for every parameter.
+    fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(n, _)| (n, LayerKind::Other))
+            .collect()
+    }
 
     /// Non-trainable state (e.g. BatchNorm's running statistics).
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
@@ -30,4 +56,14 @@ pub trait Module {
             .map(|(_, t)| t)
             .collect()
     }
+}
+
+/// Every parameter of `module` labelled `kind`: what a layer that is one
+/// kind of layer answers for [`Module::parameter_kinds`].
+pub fn parameters_of_kind(module: &dyn Module, kind: LayerKind) -> Vec<(String, LayerKind)> {
+    module
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| (n, kind))
+        .collect()
 }

@@ -213,6 +213,10 @@ impl Module for MultiheadAttention {
         self.attention(x, x, x, &MhaOptions::default())
     }
 
+    fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
+        crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Linear)
+    }
+
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         let mut p = vec![("in_proj_weight".to_string(), self.in_proj_weight.clone())];
         p.extend(

@@ -81,6 +81,10 @@ impl Module for LayerNorm {
         )
     }
 
+    fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
+        crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Norm)
+    }
+
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         named(&self.weight, &self.bias)
     }
@@ -151,6 +155,10 @@ impl Module for GroupNorm {
         )
     }
 
+    fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
+        crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Norm)
+    }
+
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         named(&self.weight, &self.bias)
     }
@@ -201,6 +209,10 @@ impl Module for RMSNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
         rms_norm(x, &self.normalized_shape, self.weight.as_ref(), self.eps)
+    }
+
+    fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
+        crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Norm)
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
@@ -363,6 +375,10 @@ impl Module for BatchNorm {
             write_values(n, &[c])?;
         }
         Ok(y)
+    }
+
+    fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
+        crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Norm)
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
