@@ -1,5 +1,6 @@
-//! Whole models with PyTorch-compatible (torchvision) state-dict names, so
-//! torchvision weights exported to safetensors load with
+//! Whole models with PyTorch-compatible state-dict names (torchvision's
+//! for the CNNs, Hugging Face transformers' for ViT, BERT and GPT-2), so
+//! weights exported to safetensors load with
 //! [`crate::io::load_state_dict`] in strict mode.
 //!
 //! Each model implements [`crate::nn::Module`] (full dotted names such as
@@ -8,13 +9,21 @@
 //! memory ledger reports saved bytes per layer, and can freeze or unfreeze
 //! parameters by name with `set_requires_grad(|name| …)`.
 
+pub mod bert;
+pub mod gpt2;
 pub mod mobilenet;
 pub mod resnet;
+pub mod transformer;
 pub mod vgg;
+pub mod vit;
 
+pub use bert::{Bert, BertConfig};
+pub use gpt2::{Gpt2, Gpt2Config};
 pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
+pub use transformer::{Conv1D, Param, TextInput};
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
+pub use vit::{ViT, ViTConfig};
 
 use crate::nn::{BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Module};
 use crate::{DType, Device, Result, Tensor};
