@@ -88,17 +88,19 @@ impl Block {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let d = x.shape()[2];
+        let normed = self.ln_1.forward(x)?;
         let a = {
             let _s = scope("attn");
-            let qkv = self.c_attn.forward(&self.ln_1.forward(x)?)?;
+            let qkv = self.c_attn.forward(&normed)?;
             let part = |i: usize| qkv.narrow(2, i * d, d);
             let ctx = attend(&part(0)?, &part(1)?, &part(2)?, self.heads, true)?;
             self.attn_proj.forward(&ctx)?
         };
         let h = a.add(x)?;
+        let normed = self.ln_2.forward(&h)?;
         let m = {
             let _s = scope("mlp");
-            let inner = self.c_fc.forward(&self.ln_2.forward(&h)?)?.gelu(true)?;
+            let inner = self.c_fc.forward(&normed)?.gelu(true)?;
             self.mlp_proj.forward(&inner)?
         };
         m.add(&h)
