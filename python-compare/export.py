@@ -32,6 +32,9 @@ Run from the repository root, e.g.:
         --size 16 --name mobilenet_v2_tiny
 
 VGG without BatchNorm has no `norm` case.
+
+The transformer fixtures (ViT, BERT, GPT-2) come from
+export_transformers.py beside this file, in the same layout.
 """
 
 import argparse

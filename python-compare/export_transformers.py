@@ -89,7 +89,8 @@ def build(name):
                          max_position_embeddings=16, type_vocab_size=2, **common)
         return BertModel(cfg), (lambda n: n), None
     cfg = GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2,
-                     n_inner=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                     n_inner=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     bos_token_id=0, eos_token_id=0)
     return GPT2Model(cfg), (lambda n: n), None
 
 
