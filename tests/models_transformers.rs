@@ -4,6 +4,12 @@
 //! `Σ sum(output * probe)` for the freezing cases, names one-to-one; the
 //! lean save policy against SaveAll; full-size parameter counts; strict
 //! loading errors by name.
+//!
+//! Tolerances are relative to each tensor's largest magnitude: 1e-4 in
+//! f32, 1e-5 in f64. Measured worst (outputs and all gradients over all
+//! cases): ViT 7.6e-7 / 3.6e-7, BERT 2.2e-7 / 5.4e-8, GPT-2 4.9e-7 /
+//! 5.5e-8 (f32 / f64; the f64 figures are the f32 rounding of the stored
+//! reference).
 
 mod common;
 #[path = "common/hf.rs"]

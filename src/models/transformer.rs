@@ -279,6 +279,7 @@ impl SelfAttention {
         attend(&q, &k, &v, self.heads, false)
     }
 
+    /// `query`, `key`, `value` under `p`.
     pub(crate) fn leaves(&self, p: &str) -> Leaves<'_> {
         vec![
             (format!("{p}.query"), &self.query as &dyn Module),
@@ -287,6 +288,7 @@ impl SelfAttention {
         ]
     }
 
+    /// [`SelfAttention::leaves`], mutable.
     pub(crate) fn leaves_mut(&mut self, p: &str) -> LeavesMut<'_> {
         vec![
             (format!("{p}.query"), &mut self.query as &mut dyn Leaf),
