@@ -19,7 +19,9 @@ use common::models::{fixture, CPU};
 use hf::{check_model, check_policies, run, HfModel};
 use leangrad::autograd::SavePolicy;
 use leangrad::io::{load_state_dict, state_dict, LoadOptions};
-use leangrad::models::{Bert, BertConfig, Gpt2, Gpt2Config, TextInput, ViT, ViTConfig};
+use leangrad::models::{
+    classic_vit_name, Bert, BertConfig, Gpt2, Gpt2Config, TextInput, ViT, ViTConfig,
+};
 use leangrad::nn::{LayerKind, Module};
 use leangrad::{DType, Error, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
@@ -274,4 +276,50 @@ fn bad_configs_and_inputs_are_errors() {
     assert!(model.forward(&out_of_vocab).is_err());
     let images = Tensor::zeros(&[1, 3, 8, 8], DType::F32, CPU).unwrap();
     assert!(vit(DType::F32).forward(&images).is_err());
+}
+
+/// transformers 5 saves ViTModel with renamed encoder modules; mapped back
+/// with `classic_vit_name`, such a state dict loads strictly.
+#[test]
+fn transformers5_vit_names_map_to_the_classic_ones() {
+    let mut v5: Vec<String> = [
+        "embeddings.cls_token",
+        "embeddings.position_embeddings",
+        "embeddings.patch_embeddings.projection.weight",
+        "embeddings.patch_embeddings.projection.bias",
+        "layernorm.weight",
+        "layernorm.bias",
+        "pooler.dense.weight",
+        "pooler.dense.bias",
+    ]
+    .map(String::from)
+    .to_vec();
+    for i in 0..2 {
+        for m in [
+            "attention.q_proj",
+            "attention.k_proj",
+            "attention.v_proj",
+            "attention.o_proj",
+            "layernorm_before",
+            "layernorm_after",
+            "mlp.fc1",
+            "mlp.fc2",
+        ] {
+            for p in ["weight", "bias"] {
+                v5.push(format!("layers.{i}.{m}.{p}"));
+            }
+        }
+    }
+    let classic = fixture("vit_tiny.safetensors");
+    let mapped: BTreeSet<String> = v5.iter().map(|n| classic_vit_name(n)).collect();
+    assert_eq!(mapped, classic.keys().cloned().collect::<BTreeSet<_>>());
+    assert_eq!(
+        classic_vit_name("layers.11.mlp.fc1.weight"),
+        "encoder.layer.11.intermediate.dense.weight"
+    );
+    let sd: BTreeMap<String, Tensor> = classic
+        .into_iter()
+        .map(|(n, t)| (classic_vit_name(&n), t))
+        .collect();
+    load_state_dict(&vit(DType::F32), &sd, LoadOptions { strict: true }).unwrap();
 }

@@ -23,7 +23,7 @@ pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
 pub use transformer::{Conv1D, Param, TextInput};
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
-pub use vit::{ViT, ViTConfig};
+pub use vit::{classic_vit_name, ViT, ViTConfig};
 
 use crate::nn::{BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Module};
 use crate::{DType, Device, Result, Tensor};

@@ -74,6 +74,34 @@ impl ViTConfig {
     }
 }
 
+/// Maps a transformers-5 `ViTModel` state-dict name (transformers 5
+/// renamed the encoder: `layers.N.attention.q_proj.weight`,
+/// `layers.N.mlp.fc1.bias`, …) to the classic name [`ViT`] uses (that of
+/// the published checkpoints: `encoder.layer.N.attention.attention.query.weight`,
+/// `encoder.layer.N.intermediate.dense.bias`, …). Other names come back
+/// unchanged.
+pub fn classic_vit_name(name: &str) -> String {
+    let Some((n, tail)) = name
+        .strip_prefix("layers.")
+        .and_then(|rest| rest.split_once('.'))
+    else {
+        return name.to_string();
+    };
+    const RENAMES: [(&str, &str); 6] = [
+        ("attention.q_proj.", "attention.attention.query."),
+        ("attention.k_proj.", "attention.attention.key."),
+        ("attention.v_proj.", "attention.attention.value."),
+        ("attention.o_proj.", "attention.output.dense."),
+        ("mlp.fc1.", "intermediate.dense."),
+        ("mlp.fc2.", "output.dense."),
+    ];
+    let tail = RENAMES
+        .iter()
+        .find_map(|(new, old)| tail.strip_prefix(new).map(|t| format!("{old}{t}")))
+        .unwrap_or_else(|| tail.to_string());
+    format!("encoder.layer.{n}.{tail}")
+}
+
 /// One pre-norm encoder layer: `x + attn(ln_before(x))`, then
 /// `h + mlp(ln_after(h))`.
 struct ViTLayer {
