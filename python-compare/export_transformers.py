@@ -10,7 +10,8 @@ tests/fixtures/models/, with the layout of export.py:
   the names of the published checkpoints);
 * `<model>_<case>.safetensors`: `input` (images; for the text models the
   input embeddings, fed through `inputs_embeds`, in the `input` case only)
-  or `input_ids` (I64), BERT's `token_type_ids`, `output` (ViT/BERT: the
+  or `input_ids` (I64), BERT's `token_type_ids` and `attention_mask` (the
+  last two tokens of the second sequence are padding), `output` (ViT/BERT: the
   last hidden state; GPT-2: logits through the LM head tied to `wte`),
   `pooled` (ViT/BERT pooler output), probes `probe` and `probe.pooled`
   (loss = sum(output * probe) + sum(pooled * probe.pooled)), `grad.<name>`
@@ -140,8 +141,9 @@ def run(name, model, case, inputs):
         kw["inputs_embeds"] = inputs["input"]
     else:
         kw["input_ids"] = inputs["input_ids"]
-    if "token_type_ids" in inputs:
-        kw["token_type_ids"] = inputs["token_type_ids"]
+    for k in ("token_type_ids", "attention_mask"):
+        if k in inputs:
+            kw[k] = inputs[k]
     o = model(**kw)
     if name == "bert_tiny":
         return {"output": o.last_hidden_state, "pooled": o.pooler_output}
@@ -187,6 +189,10 @@ def export(name, seed):
             io["input_ids"] = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
         if name == "bert_tiny":
             io["token_type_ids"] = torch.randint(0, 2, (BATCH, SEQ))
+            # Padding: the last two tokens of the second sequence.
+            mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
+            mask[1, -2:] = 0
+            io["attention_mask"] = mask
         inputs = {k: (v.double() if v.is_floating_point() else v) for k, v in io.items()}
         x = inputs.get("input")
         if x is not None:

@@ -7,7 +7,7 @@
 //!
 //! Tolerances are relative to each tensor's largest magnitude: 1e-4 in
 //! f32, 1e-5 in f64. Measured worst (outputs and all gradients over all
-//! cases): ViT 7.6e-7 / 3.6e-7, BERT 2.2e-7 / 5.4e-8, GPT-2 4.9e-7 /
+//! cases): ViT 7.6e-7 / 3.6e-7, BERT 2.2e-7 / 5.0e-8, GPT-2 4.9e-7 /
 //! 5.5e-8 (f32 / f64; the f64 figures are the f32 rounding of the stored
 //! reference).
 
@@ -67,7 +67,8 @@ impl HfModel for Bert {
     }
     fn outputs(&self, x: Option<&Tensor>, io: &BTreeMap<String, Tensor>) -> Vec<(String, Tensor)> {
         let tt = io.get("token_type_ids");
-        let (h, pooled) = self.encode(text_input(x, io), tt).unwrap();
+        let mask = io.get("attention_mask");
+        let (h, pooled) = self.encode_masked(text_input(x, io), tt, mask).unwrap();
         vec![("output".into(), h), ("pooled".into(), pooled.unwrap())]
     }
 }
@@ -274,6 +275,12 @@ fn bad_configs_and_inputs_are_errors() {
     assert!(model.forward(&long).is_err());
     let out_of_vocab = Tensor::full(&[1, 3], 50.0, DType::I64, CPU).unwrap();
     assert!(model.forward(&out_of_vocab).is_err());
+    let ids = Tensor::zeros(&[2, 4], DType::I64, CPU).unwrap();
+    let mask = Tensor::ones(&[2, 5], DType::I64, CPU).unwrap();
+    let b = bert(DType::F32);
+    assert!(b
+        .encode_masked(TextInput::Ids(&ids), None, Some(&mask))
+        .is_err());
     let images = Tensor::zeros(&[1, 3, 8, 8], DType::F32, CPU).unwrap();
     assert!(vit(DType::F32).forward(&images).is_err());
 }

@@ -2,12 +2,12 @@
 //! its state-dict names: `embeddings.{word,position,token_type}_embeddings`,
 //! `embeddings.LayerNorm`, `encoder.layer.N.{attention.self.{query,key,
 //! value}, attention.output.{dense,LayerNorm}, intermediate.dense,
-//! output.{dense,LayerNorm}}`, `pooler.dense`. No attention mask (every
-//! token attends to every token) and no dropout.
+//! output.{dense,LayerNorm}}`, `pooler.dense`. Optional padding mask; no
+//! dropout.
 
 use super::transformer::{
-    check_sizes, layer_norm, leaf_kinds, leaf_params, leaf_set_requires_grad, linear, pool,
-    FeedForward, Leaf, Leaves, LeavesMut, SelfAttention, TextInput,
+    check_sizes, key_mask, layer_norm, leaf_kinds, leaf_params, leaf_set_requires_grad, linear,
+    pool, FeedForward, Leaf, Leaves, LeavesMut, SelfAttention, TextInput,
 };
 use super::Ctx;
 use crate::memory::scope;
@@ -90,12 +90,12 @@ impl BertLayer {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let a = {
             let _s = scope("attention");
             let ctx = {
                 let _a = scope("self");
-                self.attention.forward(x)?
+                self.attention.forward(x, mask)?
             };
             let _o = scope("output");
             let y = self.attention_dense.forward(&ctx)?.add(x)?;
@@ -194,11 +194,14 @@ impl Bert {
 
     /// The last hidden state `[B, L, hidden]` and, with a pooler, the
     /// pooled first-token vector `[B, hidden]`. `token_type_ids` (`[B, L]`)
-    /// default to all zeros.
-    pub fn encode(
+    /// default to all zeros; `attention_mask` (`[B, L]`, 1 = attend, 0 =
+    /// padding, any dtype) keeps every token from attending to padding
+    /// (kept as a `B·L`-byte U8 mask when attention saves it).
+    pub fn encode_masked(
         &self,
         input: TextInput,
         token_type_ids: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let d = self.config.hidden_size;
         let mut h = {
@@ -225,15 +228,27 @@ impl Bert {
             };
             self.norm.forward(&x.add(&types)?.add(&pos)?)?
         };
+        let mask = attention_mask
+            .map(|m| key_mask(m, h.shape()[0], h.shape()[1]))
+            .transpose()?;
         {
             let _e = scope("encoder");
             for (i, layer) in self.layers.iter().enumerate() {
                 let _l = scope(format!("layer.{i}"));
-                h = layer.forward(&h)?;
+                h = layer.forward(&h, mask.as_ref())?;
             }
         }
         let pooled = self.pooler.as_ref().map(|p| pool(p, &h)).transpose()?;
         Ok((h, pooled))
+    }
+
+    /// [`Bert::encode_masked`] without an attention mask.
+    pub fn encode(
+        &self,
+        input: TextInput,
+        token_type_ids: Option<&Tensor>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        self.encode_masked(input, token_type_ids, None)
     }
 
     /// The last hidden state of token ids `[B, L]` (I64 or U32).

@@ -93,7 +93,7 @@ impl Block {
             let _s = scope("attn");
             let qkv = self.c_attn.forward(&normed)?;
             let part = |i: usize| qkv.narrow(2, i * d, d);
-            let ctx = attend(&part(0)?, &part(1)?, &part(2)?, self.heads, true)?;
+            let ctx = attend(&part(0)?, &part(1)?, &part(2)?, self.heads, true, None)?;
             self.attn_proj.forward(&ctx)?
         };
         let h = a.add(x)?;

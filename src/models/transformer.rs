@@ -11,7 +11,7 @@ use crate::nn::{
     scaled_dot_product_attention, Conv2d, Embedding, LayerKind, LayerNorm, Linear, Module,
     SdpaOptions,
 };
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 /// What a text model reads: token ids (I64 or U32 `[B, L]`) or input
 /// embeddings (`[B, L, hidden]`, e.g. to differentiate with respect to
@@ -228,15 +228,32 @@ fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
         .permute(&[0, 2, 1, 3])
 }
 
+/// A padding mask `[B, L]` (1 = attend, 0 = padding; any dtype) as the
+/// U8 key mask `[B, 1, 1, L]` of [`scaled_dot_product_attention`].
+pub(crate) fn key_mask(mask: &Tensor, batch: usize, len: usize) -> Result<Tensor> {
+    if mask.shape() != [batch, len] {
+        return Err(Error::ShapeMismatch {
+            op: "attention_mask",
+            lhs: vec![batch, len],
+            rhs: mask.shape().to_vec(),
+        });
+    }
+    mask.detach()
+        .to_dtype(DType::U8)?
+        .reshape(&[batch, 1, 1, len])
+}
+
 /// Multi-head attention of `q`, `k`, `v` `[B, L, D]` → `[B, L, D]`,
-/// heads merged back. Saves what [`scaled_dot_product_attention`] saves;
-/// the head split/merge views save shapes only (the merge copies once).
+/// heads merged back, with an optional U8 key mask `[B, 1, 1, L]`. Saves
+/// what [`scaled_dot_product_attention`] saves; the head split/merge views
+/// save shapes only (the merge copies once).
 pub(crate) fn attend(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     heads: usize,
     causal: bool,
+    mask: Option<&Tensor>,
 ) -> Result<Tensor> {
     let s = q.shape().to_vec();
     let (q, k, v) = (
@@ -244,7 +261,11 @@ pub(crate) fn attend(
         split_heads(k, heads)?,
         split_heads(v, heads)?,
     );
-    let o = scaled_dot_product_attention(&q, &k, &v, &SdpaOptions::default().causal(causal))?;
+    let mut opts = SdpaOptions::default().causal(causal);
+    if let Some(m) = mask {
+        opts = opts.mask(m.clone());
+    }
+    let o = scaled_dot_product_attention(&q, &k, &v, &opts)?;
     o.permute(&[0, 2, 1, 3])?.reshape(&s)
 }
 
@@ -269,14 +290,15 @@ impl SelfAttention {
         })
     }
 
-    /// The attention context of `x` `[B, L, D]`.
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The attention context of `x` `[B, L, D]`, keys masked by `mask`
+    /// (see [`key_mask`]).
+    pub(crate) fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let (q, k, v) = (
             self.query.forward(x)?,
             self.key.forward(x)?,
             self.value.forward(x)?,
         );
-        attend(&q, &k, &v, self.heads, false)
+        attend(&q, &k, &v, self.heads, false, mask)
     }
 
     /// `query`, `key`, `value` under `p`.

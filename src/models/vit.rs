@@ -130,7 +130,7 @@ impl ViTLayer {
             let _s = scope("attention");
             let ctx = {
                 let _a = scope("attention");
-                self.attention.forward(&normed)?
+                self.attention.forward(&normed, None)?
             };
             let _o = scope("output");
             self.output.forward(&ctx)?
