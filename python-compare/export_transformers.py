@@ -35,9 +35,12 @@ import torch
 from torch import nn
 from safetensors.torch import save_file
 
-from transformers import (BertConfig, BertModel, GPT2Config, GPT2Model, ViTConfig,
-                          ViTModel)
-from transformers.pytorch_utils import Conv1D
+try:
+    from transformers import (BertConfig, BertModel, GPT2Config, GPT2Model, ViTConfig,
+                              ViTModel)
+    from transformers.pytorch_utils import Conv1D
+except ImportError as e:  # the reference is Hugging Face's own code
+    raise SystemExit(f"needs transformers (pip install transformers): {e}")
 
 OUT = os.path.join("tests", "fixtures", "models")
 BATCH, SEQ = 2, 6
