@@ -6,7 +6,10 @@
 //! `layer1.0.conv1.weight`; `set_training` reaches every BatchNorm), runs
 //! each submodule inside a [`crate::memory::scope`] of the same name so the
 //! memory ledger reports saved bytes per layer, and can freeze or unfreeze
-//! parameters by name with `set_requires_grad(|name| …)`.
+//! parameters by name with `set_requires_grad(|name| …)`. The [`Freeze`]
+//! trait adds freezing by glob ([`Glob`]) for any model, and [`Case`]
+//! names the selective-differentiation cases (`norm`, `surgical-last`,
+//! `conv-bn-eval`, …) and applies them ([`cases`]).
 
 pub mod cases;
 pub mod mobilenet;
