@@ -74,8 +74,9 @@ fn malformed(pattern: &str, why: &str) -> Error {
 
 impl Glob {
     /// Compiles `pattern`. Errors ([`Error::InvalidArgument`]) for an
-    /// unclosed `[`, an empty class (`[]`, `[!]`), a reversed range
-    /// (`[z-a]`) and a `]` outside a class.
+    /// unclosed `[`, a `[` inside a class, an empty class (`[]`, `[!]`), a
+    /// reversed range (`[z-a]`) and a `]` outside a class. A `-` first or
+    /// last in a class is itself (`[a-]`).
     pub fn new(pattern: &str) -> Result<Glob> {
         let chars: Vec<char> = pattern.chars().collect();
         let mut tokens = Vec::new();
@@ -249,7 +250,7 @@ pub trait Freeze: Module {
     fn freeze(&mut self, patterns: &[&str]) -> Result<()> {
         let hit = matching(self, &compile(patterns)?, "freeze")?;
         let now = requires_grad_by_name(self);
-        Freeze::set_requires_grad(self, &mut |n| !hit.contains(n) && now[n])
+        Freeze::set_requires_grad(self, &mut |n| !hit.contains(n) && now.get(n) == Some(&true))
     }
 
     /// Unfreezes the parameters whose names match any of the glob
@@ -258,7 +259,7 @@ pub trait Freeze: Module {
     fn unfreeze(&mut self, patterns: &[&str]) -> Result<()> {
         let hit = matching(self, &compile(patterns)?, "unfreeze")?;
         let now = requires_grad_by_name(self);
-        Freeze::set_requires_grad(self, &mut |n| hit.contains(n) || now[n])
+        Freeze::set_requires_grad(self, &mut |n| hit.contains(n) || now.get(n) == Some(&true))
     }
 
     /// Trains exactly the parameters whose names match any of the glob
