@@ -2,9 +2,12 @@
 //! `features.N.conv.M` names and depthwise convolutions, plus small
 //! configurations for tests.
 
-use super::{batch_norm2d, named_of, set_bn, set_conv, set_linear, square_conv, Ctx};
+use super::{
+    batch_norm2d, kinds, part_of, set_bn, set_conv, set_linear, square_conv, tensors, Ctx, Named,
+    Part,
+};
 use crate::memory::scope;
-use crate::nn::{AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, Linear, Module};
+use crate::nn::{AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, LayerKind, Linear, Module};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// One row of the inverted-residual plan: expansion `t`, output channels
@@ -248,8 +251,8 @@ impl MobileNetV2 {
         set_linear(&mut self.fc, "classifier.1", want)
     }
 
-    fn named(&self, buffers: bool) -> Vec<(String, Tensor)> {
-        let of = |p: &str, m: &dyn Module| named_of(p, m, buffers);
+    fn parts(&self, part: Part) -> Vec<Named> {
+        let of = |p: &str, m: &dyn Module| part_of(p, m, part);
         let mut out = Vec::new();
         for block in &self.blocks {
             for u in &block.units {
@@ -292,11 +295,15 @@ impl Module for MobileNetV2 {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.named(false)
+        tensors(self.parts(Part::Parameters))
+    }
+
+    fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
+        kinds(self.parts(Part::Kinds))
     }
 
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        self.named(true)
+        tensors(self.parts(Part::Buffers))
     }
 
     fn set_training(&mut self, training: bool) {

@@ -7,9 +7,13 @@
 //! `layer1.0.conv1.weight`; `set_training` reaches every BatchNorm), runs
 //! each submodule inside a [`crate::memory::scope`] of the same name so the
 //! memory ledger reports saved bytes per layer, and can freeze or unfreeze
-//! parameters by name with `set_requires_grad(|name| …)`.
+//! parameters by name with `set_requires_grad(|name| …)`. The [`Freeze`]
+//! trait adds freezing by glob ([`Glob`]) for any model, and [`Case`]
+//! names the selective-differentiation cases (`norm`, `surgical-last`,
+//! `conv-bn-eval`, …) and applies them ([`cases`]).
 
 pub mod bert;
+pub mod cases;
 pub mod gpt2;
 pub mod mobilenet;
 pub mod resnet;
@@ -18,6 +22,7 @@ pub mod vgg;
 pub mod vit;
 
 pub use bert::{Bert, BertConfig};
+pub use cases::{glob_match, layer_of, layers_in_order, Case, Freeze, Glob, Selection};
 pub use gpt2::{Gpt2, Gpt2Config};
 pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
@@ -25,7 +30,7 @@ pub use transformer::{Conv1D, Param, TextInput};
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
 pub use vit::{classic_vit_name, ViT, ViTConfig};
 
-use crate::nn::{BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Module};
+use crate::nn::{BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, LayerKind, Module};
 use crate::{DType, Device, Result, Tensor};
 
 /// The dtype and device every layer of a model is built with.
@@ -75,13 +80,73 @@ pub(crate) fn buffers_of(prefix: &str, module: &dyn Module) -> Vec<(String, Tens
     prefixed(prefix, module.named_buffers())
 }
 
-/// Named buffers (`buffers`) or parameters of `module` under `prefix`.
-pub(crate) fn named_of(prefix: &str, module: &dyn Module, buffers: bool) -> Vec<(String, Tensor)> {
-    if buffers {
-        buffers_of(prefix, module)
-    } else {
-        params_of(prefix, module)
+/// [`Module::parameter_kinds`] of `module` under `prefix`.
+pub(crate) fn kinds_of(prefix: &str, module: &dyn Module) -> Vec<(String, LayerKind)> {
+    module
+        .parameter_kinds()
+        .into_iter()
+        .map(|(n, k)| (format!("{prefix}.{n}"), k))
+        .collect()
+}
+
+/// What a model lists per submodule: its parameters, its buffers or the
+/// kinds of its parameters, all with full dotted names.
+#[derive(Clone, Copy)]
+pub(crate) enum Part {
+    /// [`Module::named_parameters`].
+    Parameters,
+    /// [`Module::named_buffers`].
+    Buffers,
+    /// [`Module::parameter_kinds`].
+    Kinds,
+}
+
+/// A named tensor or a named parameter kind, as [`Part`] asks.
+pub(crate) enum Named {
+    /// A parameter or buffer.
+    Tensor(String, Tensor),
+    /// The kind of a parameter.
+    Kind(String, LayerKind),
+}
+
+/// `part` of `module` under `prefix`.
+pub(crate) fn part_of(prefix: &str, module: &dyn Module, part: Part) -> Vec<Named> {
+    match part {
+        Part::Parameters => params_of(prefix, module)
+            .into_iter()
+            .map(|(n, t)| Named::Tensor(n, t))
+            .collect(),
+        Part::Buffers => buffers_of(prefix, module)
+            .into_iter()
+            .map(|(n, t)| Named::Tensor(n, t))
+            .collect(),
+        Part::Kinds => kinds_of(prefix, module)
+            .into_iter()
+            .map(|(n, k)| Named::Kind(n, k))
+            .collect(),
     }
+}
+
+/// The named tensors among `items`.
+pub(crate) fn tensors(items: Vec<Named>) -> Vec<(String, Tensor)> {
+    items
+        .into_iter()
+        .filter_map(|i| match i {
+            Named::Tensor(n, t) => Some((n, t)),
+            Named::Kind(..) => None,
+        })
+        .collect()
+}
+
+/// The named kinds among `items`.
+pub(crate) fn kinds(items: Vec<Named>) -> Vec<(String, LayerKind)> {
+    items
+        .into_iter()
+        .filter_map(|i| match i {
+            Named::Kind(n, k) => Some((n, k)),
+            Named::Tensor(..) => None,
+        })
+        .collect()
 }
 
 /// Makes the parameter in `slot` (named `name`) require grad or not as

@@ -2,10 +2,14 @@
 //! a Bottleneck sits on its 3×3 convolution), with torchvision's
 //! state-dict names, plus small configurations for tests.
 
-use super::{batch_norm2d, named_of, set_bn, set_conv, set_linear, square_conv, Ctx};
+use super::{
+    batch_norm2d, kinds, part_of, set_bn, set_conv, set_linear, square_conv, tensors, Ctx, Named,
+    Part,
+};
 use crate::memory::scope;
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, Conv2d, Linear, MaxPool2d, MaxPool2dOptions, Module, ReLU,
+    AdaptiveAvgPool2d, BatchNorm, Conv2d, LayerKind, Linear, MaxPool2d, MaxPool2dOptions, Module,
+    ReLU,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -158,8 +162,8 @@ impl Block {
         relu.apply(h.add(&identity)?)
     }
 
-    fn named(&self, buffers: bool) -> Vec<(String, Tensor)> {
-        let of = |p: &str, m: &dyn Module| named_of(p, m, buffers);
+    fn parts(&self, part: Part) -> Vec<Named> {
+        let of = |p: &str, m: &dyn Module| part_of(p, m, part);
         let mut out = Vec::new();
         for (i, (cv, b)) in self.convs.iter().zip(&self.bns).enumerate() {
             out.extend(of(&format!("{}.conv{}", self.name, i + 1), cv));
@@ -275,12 +279,12 @@ impl ResNet {
         set_linear(&mut self.fc, "fc", want)
     }
 
-    fn named(&self, buffers: bool) -> Vec<(String, Tensor)> {
-        let of = |p: &str, m: &dyn Module| named_of(p, m, buffers);
+    fn parts(&self, part: Part) -> Vec<Named> {
+        let of = |p: &str, m: &dyn Module| part_of(p, m, part);
         let mut out = of("conv1", &self.conv1);
         out.extend(of("bn1", &self.bn1));
         for block in self.stages.iter().flatten() {
-            out.extend(block.named(buffers));
+            out.extend(block.parts(part));
         }
         out.extend(of("fc", &self.fc));
         out
@@ -304,11 +308,15 @@ impl Module for ResNet {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.named(false)
+        tensors(self.parts(Part::Parameters))
+    }
+
+    fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
+        kinds(self.parts(Part::Kinds))
     }
 
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        self.named(true)
+        tensors(self.parts(Part::Buffers))
     }
 
     fn set_training(&mut self, training: bool) {

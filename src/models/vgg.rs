@@ -2,11 +2,11 @@
 //! with torchvision's `features.N` / `classifier.N` names, plus small
 //! configurations for tests.
 
-use super::{buffers_of, params_of, set_bn, set_conv, set_linear};
+use super::{buffers_of, kinds_of, params_of, set_bn, set_conv, set_linear};
 use crate::memory::scope;
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Dropout, Linear,
-    MaxPool2d, MaxPool2dOptions, Module, ReLU,
+    AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Dropout, LayerKind,
+    Linear, MaxPool2d, MaxPool2dOptions, Module, ReLU,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -196,6 +196,14 @@ impl Module for Vgg {
         let layers = self.layers.iter();
         layers
             .filter_map(|(n, l)| l.module().map(|m| params_of(n, m)))
+            .flatten()
+            .collect()
+    }
+
+    fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
+        let layers = self.layers.iter();
+        layers
+            .filter_map(|(n, l)| l.module().map(|m| kinds_of(n, m)))
             .flatten()
             .collect()
     }

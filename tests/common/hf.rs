@@ -6,6 +6,7 @@ use crate::common::models::{fixture, CPU};
 use leangrad::autograd::{with_save_policy, SavePolicy};
 use leangrad::io::{load_state_dict, LoadOptions};
 use leangrad::memory::{Category, Ledger};
+use leangrad::models::Case;
 use leangrad::nn::{LayerKind, Module};
 use leangrad::{DType, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,40 +21,11 @@ pub trait HfModel: Module {
     fn outputs(&self, x: Option<&Tensor>, io: &BTreeMap<String, Tensor>) -> Vec<(String, Tensor)>;
 }
 
-fn layer_of(name: &str) -> &str {
-    name.rsplit_once('.').map_or(name, |(p, _)| p)
-}
-
-/// The parameters that train in `case` (as in export_transformers.py),
-/// chosen by `parameter_kinds` and layer order.
+/// The parameters that train in `case` (the library's [`Case`], the same
+/// rule as export_transformers.py).
 pub fn trainable(case: &str, kinds: &[(String, LayerKind)]) -> BTreeSet<String> {
-    let mut layers: Vec<&str> = Vec::new();
-    for (n, _) in kinds {
-        if !layers.contains(&layer_of(n)) {
-            layers.push(layer_of(n));
-        }
-    }
-    let q = layers.len().div_ceil(4);
-    let pick: BTreeSet<&str> = match case {
-        "surgical-first" => layers[..q].iter().copied().collect(),
-        _ => layers[layers.len() - q..].iter().copied().collect(),
-    };
-    let kind = match case {
-        "norm" => Some(LayerKind::Norm),
-        "linear" => Some(LayerKind::Linear),
-        "conv" => Some(LayerKind::Conv),
-        _ => None,
-    };
-    kinds
-        .iter()
-        .filter(|(n, k)| match case {
-            "all" => true,
-            "input" => false,
-            "surgical-first" | "surgical-last" => pick.contains(layer_of(n)),
-            _ => Some(*k) == kind,
-        })
-        .map(|(n, _)| n.clone())
-        .collect()
+    let case: Case = case.parse().expect("a case name");
+    case.trainable(kinds)
 }
 
 /// What one run measured.

@@ -1,21 +1,17 @@
 //! The PyTorch comparison harness of the model tests (fixtures written by
-//! `python-compare/export.py`; see its docstring for the cases).
+//! `python-compare/export.py`): every selective-differentiation case of
+//! `leangrad::models::Case` that means something for the model (the input
+//! cases, and every case that trains at least one parameter).
 
 use leangrad::autograd::{with_save_policy, SavePolicy};
 use leangrad::io::{load_safetensors, load_state_dict, LoadOptions};
 use leangrad::memory::{Category, Ledger};
-use leangrad::nn::Module;
+use leangrad::models::{Case, Freeze};
 use leangrad::{DType, Device, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 pub const CPU: Device = Device::Cpu;
-
-/// A model whose parameters can be frozen by name.
-pub trait TestModel: Module {
-    /// `set_requires_grad(want)` of the model.
-    fn freeze(&mut self, want: &dyn Fn(&str) -> bool);
-}
 
 pub fn fixture(name: &str) -> BTreeMap<String, Tensor> {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("run under cargo");
@@ -23,35 +19,14 @@ pub fn fixture(name: &str) -> BTreeMap<String, Tensor> {
     load_safetensors(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn layer_of(name: &str) -> &str {
-    name.rsplit_once('.').map_or(name, |(p, _)| p)
-}
-
-/// Whether parameter `name` trains in `case` (as in export.py); `bn` tells
-/// BatchNorm layers (by layer name) apart.
-pub fn trainable(
-    case: &str,
-    names: &[String],
-    bn: impl Fn(&str) -> bool + 'static,
-) -> impl Fn(&str) -> bool {
-    let mut layers: Vec<String> = Vec::new();
-    for n in names {
-        let l = layer_of(n).to_string();
-        if !layers.contains(&l) {
-            layers.push(l);
-        }
-    }
-    let last: BTreeSet<String> = layers[layers.len() - layers.len().div_ceil(4)..]
-        .iter()
-        .cloned()
-        .collect();
-    let case = case.to_string();
-    move |n: &str| match case.as_str() {
-        "all" => true,
-        "norm" => bn(layer_of(n)),
-        "surgical-last" => last.contains(layer_of(n)),
-        _ => false,
-    }
+/// The cases exported for `model`: the input cases and those that train at
+/// least one of its parameters (export.py skips the others).
+pub fn meaningful_cases(model: &dyn Freeze) -> Vec<Case> {
+    let kinds = model.parameter_kinds();
+    Case::all()
+        .into_iter()
+        .filter(|c| c.input_requires_grad() || !c.trainable(&kinds).is_empty())
+        .collect()
 }
 
 pub struct Run {
@@ -64,13 +39,13 @@ pub struct Run {
 }
 
 /// Builds the model with `make`, loads `<model_name>.safetensors` strictly,
-/// freezes and sets the mode as `case` says, and runs forward and backward
-/// of `sum(output * probe)` under `policy`.
-pub fn run<M: TestModel>(
+/// applies `case` (requires-grad per parameter, training mode), and runs
+/// forward and backward of `sum(output * probe)` under `policy` on the
+/// input and probe of `<model_name>_io.safetensors`.
+pub fn run<M: Freeze>(
     make: &dyn Fn(DType) -> M,
-    bn: fn(&str) -> bool,
     model_name: &str,
-    case: &str,
+    case: Case,
     policy: SavePolicy,
     dtype: DType,
 ) -> Run {
@@ -80,18 +55,13 @@ pub fn run<M: TestModel>(
     let sd = fixture(&format!("{model_name}.safetensors"));
     let report = load_state_dict(&model, &sd, LoadOptions::default()).unwrap();
     assert!(report.missing.is_empty() && report.unexpected.is_empty());
-    let names: Vec<String> = model
-        .named_parameters()
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    model.freeze(&trainable(case, &names, bn));
-    model.set_training(case != "input-bn-eval");
-    let io = fixture(&format!("{model_name}_{case}.safetensors"));
+    case.apply(&mut model).unwrap();
+    let io = fixture(&format!("{model_name}_io.safetensors"));
+    let expected = fixture(&format!("{model_name}_{case}.safetensors"));
     let x = io["input"]
         .to_dtype(dtype)
         .unwrap()
-        .set_requires_grad(case.starts_with("input"))
+        .set_requires_grad(case.input_requires_grad())
         .unwrap();
     let _p = with_save_policy(policy);
     let output = model.forward(&x).unwrap();
@@ -111,8 +81,8 @@ pub fn run<M: TestModel>(
         .unwrap();
     let mut grads = BTreeMap::new();
     for (n, t) in model.named_parameters() {
-        let expected = io.contains_key(&format!("grad.{n}"));
-        assert_eq!(t.requires_grad(), expected, "{case}: {n}");
+        let wanted = expected.contains_key(&format!("grad.{n}"));
+        assert_eq!(t.requires_grad(), wanted, "{case}: {n}");
         if let Some(g) = t.grad() {
             grads.insert(format!("grad.{n}"), g);
         }
@@ -144,32 +114,38 @@ fn assert_close_scaled(what: &str, a: &Tensor, b: &Tensor, tol: f64, floor: f64)
     err / scale
 }
 
-/// Runs every case in `dtype` and compares the output and each gradient
-/// with the f64 reference within `tol` (relative to each tensor's largest
-/// magnitude; for gradients at least 1e-3 of the case's largest gradient,
-/// since some are zero up to cancellation, e.g. a per-channel shift before
-/// a 1×1 convolution and training-mode BatchNorm). Gradient names must
-/// match one-to-one.
-pub fn check_model<M: TestModel>(
+/// Runs every meaningful case in `dtype` and compares the output and each
+/// gradient with the f64 reference within `tol`, relative to each tensor's
+/// largest magnitude, for gradients at least 1e-3 of the case's largest
+/// gradient (some are tiny by cancellation, e.g. the BatchNorm shifts
+/// before a ReLU, a convolution and another training-mode BatchNorm).
+/// A structural zero (the reference is zero up to f64 rounding, ≤ 1e-12 of
+/// the case's largest gradient: a conv bias or a BatchNorm shift right
+/// before a convolution and training-mode BatchNorm, which removes any
+/// per-channel shift) has no scale of its own and is measured against the
+/// case's largest gradient. Gradient names must match one-to-one. Returns
+/// the worst scaled error.
+pub fn check_model<M: Freeze>(
     make: &dyn Fn(DType) -> M,
-    bn: fn(&str) -> bool,
     model_name: &str,
-    cases: &[&str],
     dtype: DType,
     tol: f64,
-) {
-    let mut worst = 0f64;
-    for &case in cases {
+) -> f64 {
+    let mut worst = (0f64, String::new());
+    let cases = meaningful_cases(&make(DType::F32));
+    for &case in &cases {
         let io = fixture(&format!("{model_name}_{case}.safetensors"));
-        let r = run(make, bn, model_name, case, SavePolicy::Lean, dtype);
+        let r = run(make, model_name, case, SavePolicy::Lean, dtype);
+        let mut note = |e: f64, what: String| {
+            if e >= worst.0 {
+                worst = (e, what);
+            }
+        };
         let what = format!("{model_name} {case} output");
-        worst = worst.max(assert_close_scaled(
-            &what,
-            &r.output,
-            &io["output"],
-            tol,
-            0.0,
-        ));
+        note(
+            assert_close_scaled(&what, &r.output, &io["output"], tol, 0.0),
+            what,
+        );
         let want: BTreeSet<&String> = io.keys().filter(|k| k.starts_with("grad.")).collect();
         let got: BTreeSet<&String> = r.grads.keys().collect();
         assert_eq!(got, want, "{model_name} {case}: gradient names");
@@ -181,30 +157,42 @@ pub fn check_model<M: TestModel>(
         for (n, g) in &r.grads {
             let what = format!("{model_name} {case} {n}");
             let b = &io[n.as_str()];
-            worst = worst.max(assert_close_scaled(&what, g, b, tol, 1e-3 * largest));
+            let size = b
+                .to_f64_vec()
+                .unwrap()
+                .iter()
+                .fold(0f64, |m, v| m.max(v.abs()));
+            let floor = if size <= 1e-12 * largest {
+                largest
+            } else {
+                1e-3 * largest
+            };
+            note(assert_close_scaled(&what, g, b, tol, floor), what);
         }
     }
-    eprintln!("{model_name} {dtype:?}: worst scaled error {worst:e}");
+    eprintln!(
+        "{model_name} {dtype:?}: {} cases, worst scaled error {:e} ({})",
+        cases.len(),
+        worst.0,
+        worst.1
+    );
+    worst.0
 }
 
-/// Lean against SaveAll in f32 for every case: never more saved bytes
-/// (strictly fewer for `input`), identical outputs, bit-identical gradients.
-pub fn check_policies<M: TestModel>(
-    make: &dyn Fn(DType) -> M,
-    bn: fn(&str) -> bool,
-    model: &str,
-    cases: &[&str],
-) {
-    for &case in cases {
-        let lean = run(make, bn, model, case, SavePolicy::Lean, DType::F32);
-        let all = run(make, bn, model, case, SavePolicy::SaveAll, DType::F32);
+/// Lean against SaveAll in f32 for every meaningful case: never more saved
+/// bytes (strictly fewer for `input`), identical outputs, bit-identical
+/// gradients.
+pub fn check_policies<M: Freeze>(make: &dyn Fn(DType) -> M, model: &str) {
+    for case in meaningful_cases(&make(DType::F32)) {
+        let lean = run(make, model, case, SavePolicy::Lean, DType::F32);
+        let all = run(make, model, case, SavePolicy::SaveAll, DType::F32);
         let (l, a) = (lean.saved_bytes, all.saved_bytes);
         assert!(l <= a, "{model} {case}: {l} vs {a}");
-        if case == "input" {
+        if case.to_string() == "input" {
             assert!(l < a, "{model} {case}: {l} vs {a}");
         }
         let out = |r: &Run| r.output.to_f64_vec().unwrap();
-        assert_eq!(out(&lean), out(&all));
+        assert_eq!(out(&lean), out(&all), "{model} {case}: output");
         assert_eq!(lean.grads.len(), all.grads.len());
         let bits = |t: &Tensor| -> Vec<u32> {
             t.to_vec::<f32>()
