@@ -1,0 +1,177 @@
+//! Run-time compilation of `kernels/*.cu` with NVRTC.
+//!
+//! The sources are embedded in the binary with `include_str!`; each is
+//! compiled with [`PRELUDE`] (`kernels/common.cuh`) in front of it, for the
+//! virtual architecture of the device (`compute_XY`), once per process. The
+//! kernels include `cuda_fp16.h` / `cuda_bf16.h`, which NVRTC does not
+//! carry: [`include_dir`] finds CUDA's include folder at run time.
+
+use crate::{Device, Error, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+/// Text put in front of every kernel file: types, layouts, conversions.
+pub const PRELUDE: &str = include_str!("../../kernels/common.cuh");
+
+/// Every kernel file, `(file name, source)`. `tests/kernels_nvrtc.rs`
+/// checks that this lists every `kernels/*.cu` and that all compile.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("cast.cu", include_str!("../../kernels/cast.cu")),
+    ("compare.cu", include_str!("../../kernels/compare.cu")),
+    ("copy.cu", include_str!("../../kernels/copy.cu")),
+    ("elementwise.cu", include_str!("../../kernels/elementwise.cu")),
+    ("index.cu", include_str!("../../kernels/index.cu")),
+    ("loss.cu", include_str!("../../kernels/loss.cu")),
+    ("random.cu", include_str!("../../kernels/random.cu")),
+    ("reduce.cu", include_str!("../../kernels/reduce.cu")),
+    ("softmax.cu", include_str!("../../kernels/softmax.cu")),
+];
+
+/// The environment variables naming CUDA's include folder, in the order
+/// they are tried (the last two name a CUDA installation's root).
+pub const INCLUDE_ENV: [&str; 4] = ["LEANGRAD_CUDA_INCLUDE", "CUDA_INCLUDE_DIR", "CUDA_HOME", "CUDA_PATH"];
+
+fn has_headers(dir: &Path) -> bool {
+    dir.join("cuda_fp16.h").is_file() && dir.join("cuda_bf16.h").is_file()
+}
+
+/// The folders [`include_dir`] looks at, in order.
+pub fn include_candidates() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for var in INCLUDE_ENV {
+        if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            let p = PathBuf::from(v);
+            // The first two name the include folder, the others the root.
+            dirs.push(if matches!(var, "CUDA_HOME" | "CUDA_PATH") {
+                p.join("include")
+            } else {
+                p
+            });
+        }
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/include"));
+    dirs.extend(pip_include_candidates());
+    dirs
+}
+
+/// Where pip's CUDA 13 wheels put the headers (`site-packages/nvidia/cu13/
+/// include`), for the Python installations found without running Python:
+/// beside each `lib/python3.*` of the usual prefixes, `VIRTUAL_ENV`,
+/// `~/.local` and pyenv versions.
+fn pip_include_candidates() -> Vec<PathBuf> {
+    let mut prefixes: Vec<PathBuf> = ["/usr", "/usr/local", "/opt/conda"].iter().map(PathBuf::from).collect();
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(v) = std::env::var_os(var) {
+            prefixes.push(PathBuf::from(v));
+        }
+    }
+    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
+        prefixes.push(home.join(".local"));
+        if let Ok(versions) = std::fs::read_dir(home.join(".pyenv/versions")) {
+            prefixes.extend(versions.flatten().map(|e| e.path()));
+        }
+    }
+    let mut out = Vec::new();
+    for prefix in prefixes {
+        let Ok(libs) = std::fs::read_dir(prefix.join("lib")) else {
+            continue;
+        };
+        for lib in libs.flatten() {
+            if !lib.file_name().to_string_lossy().starts_with("python3") {
+                continue;
+            }
+            for packages in ["site-packages", "dist-packages"] {
+                out.push(lib.path().join(packages).join("nvidia/cu13/include"));
+            }
+        }
+    }
+    out
+}
+
+/// CUDA's include folder (the one holding `cuda_fp16.h` and `cuda_bf16.h`),
+/// or an error listing every place that was looked at.
+pub fn include_dir() -> Result<PathBuf> {
+    let candidates = include_candidates();
+    if let Some(dir) = candidates.iter().find(|d| has_headers(d)) {
+        return Ok(dir.clone());
+    }
+    let looked: Vec<String> = candidates.iter().map(|d| format!("  {}", d.display())).collect();
+    Err(Error::DeviceUnavailable {
+        device: Device::Cuda(0),
+        reason: format!(
+            "CUDA headers cuda_fp16.h/cuda_bf16.h not found; set {} to CUDA's include folder \
+             (or install pip's nvidia-cuda-runtime). Looked in:\n{}",
+            INCLUDE_ENV[0],
+            looked.join("\n")
+        ),
+    })
+}
+
+/// Whether libnvrtc can be loaded (without loading it for good).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries dlopen on the library names.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Compiles kernel file `file` (a name from [`SOURCES`]) for `arch` (e.g.
+/// `compute_90`) and returns its PTX. No GPU is needed. Errors: libnvrtc
+/// or the headers missing ([`Error::DeviceUnavailable`]), or a compile
+/// error ([`Error::KernelCompile`] with NVRTC's log).
+pub fn compile(file: &str, arch: &str) -> Result<String> {
+    let source = SOURCES
+        .iter()
+        .find(|s| s.0 == file)
+        .ok_or_else(|| Error::InvalidArgument {
+            op: "nvrtc::compile",
+            msg: format!("no kernel file named {file}"),
+        })?
+        .1;
+    if !nvrtc_present() {
+        return Err(Error::DeviceUnavailable {
+            device: Device::Cuda(0),
+            reason: "cannot load libnvrtc (searched LD_LIBRARY_PATH and the ldconfig cache)".into(),
+        });
+    }
+    let include = include_dir()?;
+    let opts = cudarc::nvrtc::CompileOptions {
+        include_paths: vec![include.display().to_string()],
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        name: Some(file.to_string()),
+        ..Default::default()
+    };
+    let text = format!("{PRELUDE}\n#line 1 \"{file}\"\n{source}");
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(text, opts).map_err(|e| compile_error(file, arch, e))?;
+    Ok(ptx.to_src())
+}
+
+fn compile_error(file: &str, arch: &str, e: cudarc::nvrtc::CompileError) -> Error {
+    let (msg, log) = match e {
+        cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
+            (nvrtc.to_string(), log.to_string_lossy().into_owned())
+        }
+        other => (format!("{other:?}"), String::new()),
+    };
+    Error::KernelCompile {
+        file: file.to_string(),
+        arch: arch.to_string(),
+        msg,
+        log,
+    }
+}
+
+/// [`compile`] with a per-process cache keyed by (file, arch).
+pub fn ptx_for(file: &'static str, arch: &str) -> Result<String> {
+    static CACHE: OnceLock<Mutex<HashMap<(&'static str, String), String>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (file, arch.to_string());
+    if let Some(p) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(p.clone());
+    }
+    let ptx = compile(file, arch)?;
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, ptx.clone());
+    Ok(ptx)
+}

@@ -1,0 +1,63 @@
+//! Compiles every `kernels/*.cu` with NVRTC for the architectures we support
+//! (compute_80, compute_90). Needs libnvrtc and CUDA's headers, not a GPU.
+//! Without libnvrtc it prints "skipped: …" — unless LEANGRAD_REQUIRE_NVRTC=1,
+//! as in CI, where that is a failure.
+
+use leangrad::cuda::nvrtc;
+use std::path::PathBuf;
+
+const ARCHS: [&str; 2] = ["compute_80", "compute_90"];
+
+fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+#[test]
+fn every_kernel_file_is_embedded() {
+    let dir = manifest_dir().join("kernels");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        println!("skipped: {} not found (binary run outside the repository)", dir.display());
+        return;
+    };
+    let mut on_disk: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cu"))
+        .collect();
+    on_disk.sort();
+    let mut embedded: Vec<String> = nvrtc::SOURCES.iter().map(|s| s.0.to_string()).collect();
+    embedded.sort();
+    assert_eq!(on_disk, embedded, "src/cuda/nvrtc.rs SOURCES must list every kernels/*.cu");
+}
+
+#[test]
+fn every_kernel_compiles_for_sm80_and_sm90() {
+    let required = std::env::var("LEANGRAD_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+    if !nvrtc::nvrtc_present() {
+        assert!(!required, "LEANGRAD_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (set LD_LIBRARY_PATH)");
+        println!("skipped: libnvrtc not found (set LD_LIBRARY_PATH, or LEANGRAD_REQUIRE_NVRTC=1 to fail)");
+        return;
+    }
+    if let Err(e) = nvrtc::include_dir() {
+        assert!(!required, "LEANGRAD_REQUIRE_NVRTC=1 but: {e}");
+        println!("skipped: {e}");
+        return;
+    }
+    let mut failures = Vec::new();
+    for (file, _) in nvrtc::SOURCES {
+        for arch in ARCHS {
+            match nvrtc::compile(file, arch) {
+                Ok(ptx) => assert!(ptx.contains(".entry"), "{file} for {arch}: PTX without kernels"),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    println!(
+        "compiled {} kernel files for {}",
+        nvrtc::SOURCES.len(),
+        ARCHS.join(", ")
+    );
+}
