@@ -36,12 +36,17 @@ fn copies_round_trip_for_every_dtype_and_odd_size() {
     for dtype in cuda_common::ALL {
         for n in [0usize, 1, 7, 1023, 4099] {
             let hi = if dtype.is_float() { 100.0 } else { 250.0 };
-            let t = cuda_common::cpu_rand(&[n], -hi * f64::from(dtype.is_float()), hi, dtype, n as u64);
+            let t =
+                cuda_common::cpu_rand(&[n], -hi * f64::from(dtype.is_float()), hi, dtype, n as u64);
             let b = cuda_common::upload(&dev, &t);
             assert_eq!((b.dtype(), b.len()), (dtype, n));
             let back = b.to_cpu_data().unwrap();
             assert_eq!(back.dtype(), dtype);
-            assert_eq!(back.to_vec_as::<f64>(), t.to_f64_vec().unwrap(), "{dtype:?} x {n}");
+            assert_eq!(
+                back.to_vec_as::<f64>(),
+                t.to_f64_vec().unwrap(),
+                "{dtype:?} x {n}"
+            );
             let c = b.try_clone().unwrap();
             assert_eq!(cuda_common::download(&c), t.to_f64_vec().unwrap());
         }
@@ -59,7 +64,10 @@ fn fill_and_zeros_write_every_element() {
     let mut h = CudaBuffer::alloc(&dev, DType::F16, 3).unwrap();
     elementwise::fill(&mut h, half::f16::from_f32(1.5)).unwrap();
     assert_eq!(cuda_common::download(&h), vec![1.5; 3]);
-    assert!(matches!(elementwise::fill(&mut h, 1.0f32), Err(Error::DTypeMismatch { .. })));
+    assert!(matches!(
+        elementwise::fill(&mut h, 1.0f32),
+        Err(Error::DTypeMismatch { .. })
+    ));
 }
 
 #[test]
@@ -130,6 +138,9 @@ fn driver_memory_view_is_a_coarse_cross_check() {
         "driver: total {total} B, free {free0} → {free1} B after a 256 MiB buffer (ledger: {} B)",
         Ledger::current().live(Device::Cuda(0))
     );
-    assert!(free1 <= free0, "free memory grew while a buffer was allocated");
+    assert!(
+        free1 <= free0,
+        "free memory grew while a buffer was allocated"
+    );
     drop(big);
 }

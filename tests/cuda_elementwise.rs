@@ -10,6 +10,7 @@ use leangrad::cuda::{broadcast_strides, contiguous_strides, Strided};
 use leangrad::{DType, Result, Tensor};
 
 type CpuUnary = fn(&Tensor) -> Result<Tensor>;
+type CpuBinary = fn(&Tensor, &Tensor) -> Result<Tensor>;
 
 #[test]
 fn unary_and_scalar_ops_match_the_cpu() {
@@ -37,8 +38,16 @@ fn unary_and_scalar_ops_match_the_cpu() {
         (UnaryOp::MulScalar(-3.0), |t| t.mul_scalar(-3.0), false),
         (UnaryOp::DivScalar(7.0), |t| t.div_scalar(7.0), false),
         (UnaryOp::RSubScalar(2.0), |t| t.scalar_sub(2.0), false),
-        (UnaryOp::MaxScalar(0.25), |t| t.clamp(0.25, f64::INFINITY), false),
-        (UnaryOp::MinScalar(0.25), |t| t.clamp(f64::NEG_INFINITY, 0.25), false),
+        (
+            UnaryOp::MaxScalar(0.25),
+            |t| t.clamp(0.25, f64::INFINITY),
+            false,
+        ),
+        (
+            UnaryOp::MinScalar(0.25),
+            |t| t.clamp(f64::NEG_INFINITY, 0.25),
+            false,
+        ),
     ];
     for dtype in FLOATS {
         for (i, (op, cpu, positive)) in cases.iter().enumerate() {
@@ -46,7 +55,12 @@ fn unary_and_scalar_ops_match_the_cpu() {
             let x = cuda_common::cpu_rand(&[5, 201], lo, hi, dtype, i as u64);
             let want = cpu(&x).unwrap().to_f64_vec().unwrap();
             let got = elementwise::unary(*op, &upload(&dev, &x), &dense(&[5, 201])).unwrap();
-            assert_close(&format!("{op:?} {dtype:?}"), &download(&got), &want, tol(dtype));
+            assert_close(
+                &format!("{op:?} {dtype:?}"),
+                &download(&got),
+                &want,
+                tol(dtype),
+            );
         }
     }
 }
@@ -54,7 +68,7 @@ fn unary_and_scalar_ops_match_the_cpu() {
 #[test]
 fn binary_ops_broadcast_through_strides() {
     let dev = cuda_or_skip!("binary");
-    let cases: [(BinaryOp, fn(&Tensor, &Tensor) -> Result<Tensor>); 6] = [
+    let cases: [(BinaryOp, CpuBinary); 6] = [
         (BinaryOp::Add, |a, b| a.add(b)),
         (BinaryOp::Sub, |a, b| a.sub(b)),
         (BinaryOp::Mul, |a, b| a.mul(b)),
@@ -72,7 +86,12 @@ fn binary_ops_broadcast_through_strides() {
         for (op, cpu) in cases {
             let want = cpu(&a, &b).unwrap().to_f64_vec().unwrap();
             let got = elementwise::binary(op, &ga, &la, &gb, &lb).unwrap();
-            assert_close(&format!("{op:?} {dtype:?}"), &download(&got), &want, tol(dtype));
+            assert_close(
+                &format!("{op:?} {dtype:?}"),
+                &download(&got),
+                &want,
+                tol(dtype),
+            );
         }
     }
     // Mismatched output shapes are a typed error, not a launch.
@@ -105,15 +124,33 @@ fn strided_views_copy_and_accumulate() {
         let gt = Strided::new(&[6, 4], &[1, 6], 0).unwrap();
         elementwise::axpy(&mut acc, 1.0, &upload(&dev, &g), &gt).unwrap();
         let gv = g.to_f64_vec().unwrap();
-        let want: Vec<f64> = a.to_f64_vec().unwrap().iter().enumerate().map(|(i, v)| v + gv[(i % 4) * 6 + i / 4]).collect();
-        assert_close(&format!("axpy {dtype:?}"), &download(&acc), &want, tol(dtype));
+        let want: Vec<f64> = a
+            .to_f64_vec()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + gv[(i % 4) * 6 + i / 4])
+            .collect();
+        assert_close(
+            &format!("axpy {dtype:?}"),
+            &download(&acc),
+            &want,
+            tol(dtype),
+        );
     }
 }
 
 #[test]
 fn comparisons_where_and_casts_match_the_cpu() {
     let dev = cuda_or_skip!("compare");
-    let ops = [CompareOp::Eq, CompareOp::Ne, CompareOp::Lt, CompareOp::Le, CompareOp::Gt, CompareOp::Ge];
+    let ops = [
+        CompareOp::Eq,
+        CompareOp::Ne,
+        CompareOp::Lt,
+        CompareOp::Le,
+        CompareOp::Gt,
+        CompareOp::Ge,
+    ];
     for dtype in cuda_common::ALL {
         let a = cuda_common::cpu_rand(&[301], 0.0, 4.0, dtype, 7);
         let b = cuda_common::cpu_rand(&[301], 0.0, 4.0, dtype, 8);
@@ -128,7 +165,11 @@ fn comparisons_where_and_casts_match_the_cpu() {
                 CompareOp::Gt => x > y,
                 CompareOp::Ge => x >= y,
             };
-            let want: Vec<f64> = av.iter().zip(&bv).map(|(&x, &y)| f64::from(u8::from(f(x, y)))).collect();
+            let want: Vec<f64> = av
+                .iter()
+                .zip(&bv)
+                .map(|(&x, &y)| f64::from(u8::from(f(x, y))))
+                .collect();
             let got = elementwise::compare(op, &ga, &l, &gb, &l).unwrap();
             assert_eq!(download(&got), want, "{op:?} {dtype:?}");
             let want: Vec<f64> = av.iter().map(|&x| f64::from(u8::from(f(x, 2.0)))).collect();
@@ -137,10 +178,16 @@ fn comparisons_where_and_casts_match_the_cpu() {
         }
         let cond = elementwise::compare(CompareOp::Lt, &ga, &l, &gb, &l).unwrap();
         let picked = elementwise::where_cond(&cond, &l, &ga, &l, &gb, &l).unwrap();
-        let want: Vec<f64> = av.iter().zip(&bv).map(|(&x, &y)| if x < y { x } else { y }).collect();
+        let want: Vec<f64> = av
+            .iter()
+            .zip(&bv)
+            .map(|(&x, &y)| if x < y { x } else { y })
+            .collect();
         assert_eq!(download(&picked), want, "where {dtype:?}");
         for to in cuda_common::ALL {
-            let x = cuda_common::cpu_rand(&[257], -300.0, 300.0, DType::F64, 9).to_dtype(dtype).unwrap();
+            let x = cuda_common::cpu_rand(&[257], -300.0, 300.0, DType::F64, 9)
+                .to_dtype(dtype)
+                .unwrap();
             let want = x.to_dtype(to).unwrap().to_f64_vec().unwrap();
             let got = elementwise::cast(&upload(&dev, &x), &dense(&[257]), to).unwrap();
             assert_eq!(got.dtype(), to);

@@ -34,15 +34,35 @@ fn gemm_matches_the_cpu_with_transposes() {
             let want = a.matmul(&b).unwrap().to_f64_vec().unwrap();
             let (av, bv) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
             for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
-                let ga = if trans_a { tensor(&transpose(&av, m, k), &[k, m], dtype) } else { a.clone() };
-                let gb = if trans_b { tensor(&transpose(&bv, k, n), &[n, k], dtype) } else { b.clone() };
+                let ga = if trans_a {
+                    tensor(&transpose(&av, m, k), &[k, m], dtype)
+                } else {
+                    a.clone()
+                };
+                let gb = if trans_b {
+                    tensor(&transpose(&bv, k, n), &[n, k], dtype)
+                } else {
+                    b.clone()
+                };
                 for tf32 in [false, true] {
                     if tf32 && dtype != DType::F32 {
                         continue;
                     }
-                    let cfg = GemmConfig { trans_a, trans_b, tf32, ..Default::default() };
-                    let c = gemm::matmul(&upload(&dev, &ga), &upload(&dev, &gb), GemmShape::single(m, n, k), &cfg).unwrap();
-                    let what = format!("{dtype:?} {m}x{n}x{k} ta={trans_a} tb={trans_b} tf32={tf32}");
+                    let cfg = GemmConfig {
+                        trans_a,
+                        trans_b,
+                        tf32,
+                        ..Default::default()
+                    };
+                    let c = gemm::matmul(
+                        &upload(&dev, &ga),
+                        &upload(&dev, &gb),
+                        GemmShape::single(m, n, k),
+                        &cfg,
+                    )
+                    .unwrap();
+                    let what =
+                        format!("{dtype:?} {m}x{n}x{k} ta={trans_a} tb={trans_b} tf32={tf32}");
                     assert_close(&what, &download(&c), &want, gemm_tol(dtype, k, tf32));
                 }
             }
@@ -61,15 +81,31 @@ fn batched_gemm_broadcasts_and_beta_one_accumulates_in_place() {
         let mut want = Vec::new();
         for i in 0..batch {
             let bi = b.to_f64_vec().unwrap()[i * k * n..(i + 1) * k * n].to_vec();
-            let prod = a.matmul(&tensor(&bi, &[k, n], dtype)).unwrap().to_f64_vec().unwrap();
+            let prod = a
+                .matmul(&tensor(&bi, &[k, n], dtype))
+                .unwrap()
+                .to_f64_vec()
+                .unwrap();
             let ci = &c0.to_f64_vec().unwrap()[i * m * n..(i + 1) * m * n];
             want.extend(prod.iter().zip(ci).map(|(p, c)| 0.5 * p + c));
         }
-        let shape = GemmShape { stride_a: 0, ..GemmShape::batched(batch, m, n, k) };
+        let shape = GemmShape {
+            stride_a: 0,
+            ..GemmShape::batched(batch, m, n, k)
+        };
         let mut c = upload(&dev, &c0);
-        let cfg = GemmConfig { alpha: 0.5, beta: 1.0, ..Default::default() };
+        let cfg = GemmConfig {
+            alpha: 0.5,
+            beta: 1.0,
+            ..Default::default()
+        };
         gemm::gemm(&upload(&dev, &a), &upload(&dev, &b), &mut c, shape, &cfg).unwrap();
-        assert_close(&format!("batched {dtype:?}"), &download(&c), &want, gemm_tol(dtype, k, false) * 2.0);
+        assert_close(
+            &format!("batched {dtype:?}"),
+            &download(&c),
+            &want,
+            gemm_tol(dtype, k, false) * 2.0,
+        );
     }
     // Operands too small for the shape are refused before cuBLAS sees them.
     let a = upload(&dev, &cuda_common::cpu_rand(&[4], 0.0, 1.0, DType::F32, 54));

@@ -30,21 +30,38 @@ fn sum_mean_max_min_over_dims_match_the_cpu() {
         for dim in 0..4 {
             let d = dim as isize;
             let got = reduce::reduce(ReduceOp::Max, &gx, &dense(&shape), &[dim]).unwrap();
-            assert_eq!(download(&got), x.max(d, false).unwrap().to_f64_vec().unwrap());
+            assert_eq!(
+                download(&got),
+                x.max(d, false).unwrap().to_f64_vec().unwrap()
+            );
             let got = reduce::reduce(ReduceOp::Min, &gx, &dense(&shape), &[dim]).unwrap();
-            assert_eq!(download(&got), x.min(d, false).unwrap().to_f64_vec().unwrap());
+            assert_eq!(
+                download(&got),
+                x.min(d, false).unwrap().to_f64_vec().unwrap()
+            );
             let got = reduce::arg_reduce(&gx, &dense(&shape), dim, true).unwrap();
             assert_eq!(got.dtype(), DType::I64);
-            assert_eq!(download(&got), x.argmax(d, false).unwrap().to_f64_vec().unwrap());
+            assert_eq!(
+                download(&got),
+                x.argmax(d, false).unwrap().to_f64_vec().unwrap()
+            );
             let got = reduce::arg_reduce(&gx, &dense(&shape), dim, false).unwrap();
-            assert_eq!(download(&got), x.argmin(d, false).unwrap().to_f64_vec().unwrap());
+            assert_eq!(
+                download(&got),
+                x.argmin(d, false).unwrap().to_f64_vec().unwrap()
+            );
         }
         // A long run (many threads per output) read through a transpose.
         let y = cuda_common::cpu_rand(&[1000, 3], -1.0, 1.0, dtype, 12);
         let lt = Strided::new(&[3, 1000], &[1, 3], 0).unwrap();
         let got = reduce::reduce(ReduceOp::Sum, &upload(&dev, &y), &lt, &[1]).unwrap();
         let want = y.sum(&[0], false).unwrap().to_f64_vec().unwrap();
-        assert_close("sum of a transpose", &download(&got), &want, tol(dtype) * 20.0);
+        assert_close(
+            "sum of a transpose",
+            &download(&got),
+            &want,
+            tol(dtype) * 20.0,
+        );
     }
 }
 
@@ -54,10 +71,16 @@ fn softmax_grad(y: &[f64], g: &[f64], outer: usize, c: usize, inner: usize, log:
     for o in 0..outer {
         for j in 0..inner {
             let at = |k: usize| (o * c + k) * inner + j;
-            let s: f64 = (0..c).map(|k| if log { g[at(k)] } else { g[at(k)] * y[at(k)] }).sum();
+            let s: f64 = (0..c)
+                .map(|k| if log { g[at(k)] } else { g[at(k)] * y[at(k)] })
+                .sum();
             for k in 0..c {
                 let i = at(k);
-                dx[i] = if log { g[i] - y[i].exp() * s } else { y[i] * (g[i] - s) };
+                dx[i] = if log {
+                    g[i] - y[i].exp() * s
+                } else {
+                    y[i] * (g[i] - s)
+                };
             }
         }
     }
@@ -75,10 +98,20 @@ fn softmax_and_log_softmax_forward_and_backward() {
             let y_cpu = if log { x.log_softmax(1) } else { x.softmax(1) }.unwrap();
             let y = reduce::softmax(&upload(&dev, &x), &shape, 1, log).unwrap();
             let what = format!("softmax log={log} {dtype:?}");
-            assert_close(&what, &download(&y), &y_cpu.to_f64_vec().unwrap(), tol(dtype));
+            assert_close(
+                &what,
+                &download(&y),
+                &y_cpu.to_f64_vec().unwrap(),
+                tol(dtype),
+            );
             let dx = reduce::softmax_backward(&y, &upload(&dev, &g), &shape, 1, log).unwrap();
             let want = softmax_grad(&download(&y), &g.to_f64_vec().unwrap(), 4, 300, 3, log);
-            assert_close(&format!("{what} backward"), &download(&dx), &want, tol(dtype) * 4.0);
+            assert_close(
+                &format!("{what} backward"),
+                &download(&dx),
+                &want,
+                tol(dtype) * 4.0,
+            );
         }
     }
 }
@@ -87,12 +120,22 @@ fn softmax_and_log_softmax_forward_and_backward() {
 fn cross_entropy_forward_and_backward_follow_the_cpu_formulas() {
     let dev = cuda_or_skip!("cross_entropy");
     let (n, c, eps, ignore) = (37usize, 11usize, 0.1, -100i64);
-    let targets: Vec<i64> = (0..n as i64).map(|i| if i % 9 == 4 { ignore } else { (i * 7) % c as i64 }).collect();
+    let targets: Vec<i64> = (0..n as i64)
+        .map(|i| {
+            if i % 9 == 4 {
+                ignore
+            } else {
+                (i * 7) % c as i64
+            }
+        })
+        .collect();
     let gt = CudaBuffer::from_slice(&dev, &targets).unwrap();
     for dtype in FLOATS {
         let x = cuda_common::cpu_rand(&[n, c], -3.0, 3.0, dtype, 15);
         let xv = x.to_f64_vec().unwrap();
-        let ce = reduce::cross_entropy_forward(&upload(&dev, &x), &[n, c], 1, &gt, ignore, eps, true).unwrap();
+        let ce =
+            reduce::cross_entropy_forward(&upload(&dev, &x), &[n, c], 1, &gt, ignore, eps, true)
+                .unwrap();
         let mut want = vec![0.0; n];
         let mut probs = vec![0.0; n * c];
         for s in 0..n {
@@ -108,9 +151,19 @@ fn cross_entropy_forward_and_backward_follow_the_cpu_formulas() {
             }
         }
         assert_eq!(ce.count, targets.iter().filter(|&&t| t != ignore).count());
-        assert_close(&format!("ce losses {dtype:?}"), &download(&ce.losses), &want, tol(dtype) * 4.0);
+        assert_close(
+            &format!("ce losses {dtype:?}"),
+            &download(&ce.losses),
+            &want,
+            tol(dtype) * 4.0,
+        );
         let p = ce.probs.expect("probs were asked for");
-        assert_close(&format!("ce probs {dtype:?}"), &download(&p), &probs, tol(dtype));
+        assert_close(
+            &format!("ce probs {dtype:?}"),
+            &download(&p),
+            &probs,
+            tol(dtype),
+        );
         let w = CudaBuffer::from_slice(&dev, &[1.0 / ce.count as f64]).unwrap();
         let dx = reduce::cross_entropy_backward(&p, &[n, c], 1, &gt, &w, ignore, eps).unwrap();
         let pv = download(&p);
@@ -120,14 +173,29 @@ fn cross_entropy_forward_and_backward_follow_the_cpu_formulas() {
                 if targets[s] == ignore {
                     return 0.0;
                 }
-                let hit = if targets[s] == k as i64 { 1.0 - eps } else { 0.0 };
+                let hit = if targets[s] == k as i64 {
+                    1.0 - eps
+                } else {
+                    0.0
+                };
                 (pv[i] - eps / c as f64 - hit) / ce.count as f64
             })
             .collect();
-        assert_close(&format!("ce backward {dtype:?}"), &download(&dx), &want, tol(dtype));
+        assert_close(
+            &format!("ce backward {dtype:?}"),
+            &download(&dx),
+            &want,
+            tol(dtype),
+        );
     }
     let bad = CudaBuffer::from_slice(&dev, &vec![c as i64; n]).unwrap();
-    let x = upload(&dev, &cuda_common::cpu_rand(&[n, c], -1.0, 1.0, DType::F32, 16));
+    let x = upload(
+        &dev,
+        &cuda_common::cpu_rand(&[n, c], -1.0, 1.0, DType::F32, 16),
+    );
     let r = reduce::cross_entropy_forward(&x, &[n, c], 1, &bad, ignore, 0.0, false);
-    assert!(matches!(r, Err(leangrad::Error::IndexOutOfRange { .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(leangrad::Error::IndexOutOfRange { .. })),
+        "{r:?}"
+    );
 }

@@ -18,7 +18,10 @@ fn manifest_dir() -> PathBuf {
 fn every_kernel_file_is_embedded() {
     let dir = manifest_dir().join("kernels");
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        println!("skipped: {} not found (binary run outside the repository)", dir.display());
+        println!(
+            "skipped: {} not found (binary run outside the repository)",
+            dir.display()
+        );
         return;
     };
     let mut on_disk: Vec<String> = entries
@@ -29,14 +32,20 @@ fn every_kernel_file_is_embedded() {
     on_disk.sort();
     let mut embedded: Vec<String> = nvrtc::SOURCES.iter().map(|s| s.0.to_string()).collect();
     embedded.sort();
-    assert_eq!(on_disk, embedded, "src/cuda/nvrtc.rs SOURCES must list every kernels/*.cu");
+    assert_eq!(
+        on_disk, embedded,
+        "src/cuda/nvrtc.rs SOURCES must list every kernels/*.cu"
+    );
 }
 
 #[test]
 fn every_kernel_compiles_for_sm80_and_sm90() {
     let required = std::env::var("LEANGRAD_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
     if !nvrtc::nvrtc_present() {
-        assert!(!required, "LEANGRAD_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (set LD_LIBRARY_PATH)");
+        assert!(
+            !required,
+            "LEANGRAD_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (set LD_LIBRARY_PATH)"
+        );
         println!("skipped: libnvrtc not found (set LD_LIBRARY_PATH, or LEANGRAD_REQUIRE_NVRTC=1 to fail)");
         return;
     }
@@ -49,7 +58,10 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
     for (file, _) in nvrtc::SOURCES {
         for arch in ARCHS {
             match nvrtc::compile(file, arch) {
-                Ok(ptx) => assert!(ptx.contains(".entry"), "{file} for {arch}: PTX without kernels"),
+                Ok(ptx) => assert!(
+                    ptx.contains(".entry"),
+                    "{file} for {arch}: PTX without kernels"
+                ),
                 Err(e) => failures.push(e.to_string()),
             }
         }

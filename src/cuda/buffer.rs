@@ -47,7 +47,12 @@ impl CudaBuffer {
     }
 
     /// [`CudaBuffer::alloc`] under an explicit category.
-    pub fn alloc_in(device: &Arc<CudaDevice>, dtype: DType, len: usize, category: Category) -> Result<CudaBuffer> {
+    pub fn alloc_in(
+        device: &Arc<CudaDevice>,
+        dtype: DType,
+        len: usize,
+        category: Category,
+    ) -> Result<CudaBuffer> {
         let bytes = len * dtype.size_in_bytes();
         let ledger = Ledger::current();
         // Counted first, so a ledger limit refuses before the driver is asked.
@@ -81,7 +86,12 @@ impl CudaBuffer {
     }
 
     /// `len` zeros of `dtype` under an explicit category.
-    pub fn zeros_in(device: &Arc<CudaDevice>, dtype: DType, len: usize, category: Category) -> Result<CudaBuffer> {
+    pub fn zeros_in(
+        device: &Arc<CudaDevice>,
+        dtype: DType,
+        len: usize,
+        category: Category,
+    ) -> Result<CudaBuffer> {
         let mut b = CudaBuffer::alloc_in(device, dtype, len, category)?;
         let stream = device.stream().clone();
         stream
@@ -119,7 +129,10 @@ impl CudaBuffer {
         let mut out = vec![T::from_f64(0.0); self.len];
         let stream = self.device.stream().clone();
         stream
-            .memcpy_dtoh(&self.data.slice(0..self.size_in_bytes()), as_bytes_mut(&mut out))
+            .memcpy_dtoh(
+                &self.data.slice(0..self.size_in_bytes()),
+                as_bytes_mut(&mut out),
+            )
             .map_err(|e| self.device.error("cuMemcpyDtoHAsync", e))?;
         self.device.synchronize()?;
         Ok(out)
@@ -221,6 +234,12 @@ impl CudaBuffer {
 
 impl std::fmt::Debug for CudaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaBuffer({:?} x {} on cuda:{})", self.dtype, self.len, self.device.ordinal())
+        write!(
+            f,
+            "CudaBuffer({:?} x {} on cuda:{})",
+            self.dtype,
+            self.len,
+            self.device.ordinal()
+        )
     }
 }

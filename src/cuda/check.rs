@@ -28,7 +28,13 @@ pub(crate) fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static st
 
 /// Checks that `b` has `dtype`, lives on `device`'s device and holds every
 /// element `layout` reads.
-pub(crate) fn input(op: &'static str, b: &CudaBuffer, dtype: DType, layout: &Strided, like: &CudaBuffer) -> Result<()> {
+pub(crate) fn input(
+    op: &'static str,
+    b: &CudaBuffer,
+    dtype: DType,
+    layout: &Strided,
+    like: &CudaBuffer,
+) -> Result<()> {
     same_device(op, b, like)?;
     if b.dtype() != dtype {
         return Err(Error::DTypeMismatch {

@@ -23,7 +23,10 @@ pub fn library_status() -> std::result::Result<(), String> {
             // called in the libraries.
             let present = unsafe {
                 [
-                    ("libcuda (the NVIDIA driver)", cudarc::driver::sys::is_culib_present()),
+                    (
+                        "libcuda (the NVIDIA driver)",
+                        cudarc::driver::sys::is_culib_present(),
+                    ),
                     ("libnvrtc", cudarc::nvrtc::sys::is_culib_present()),
                     ("libcublas", cudarc::cublas::sys::is_culib_present()),
                 ]
@@ -148,7 +151,8 @@ impl CudaDevice {
     /// workspaces, the allocator pool and other processes).
     pub fn mem_get_info(&self) -> Result<(usize, usize)> {
         let ctx = self.stream.context();
-        ctx.mem_get_info().map_err(|e| self.error("cuMemGetInfo", e))
+        ctx.mem_get_info()
+            .map_err(|e| self.error("cuMemGetInfo", e))
     }
 
     /// Waits until all work issued so far has finished; reports errors of
@@ -201,7 +205,8 @@ impl CudaDevice {
     pub fn with_blas<R>(&self, f: impl FnOnce(&CudaBlas) -> Result<R>) -> Result<R> {
         let mut blas = lock(&self.blas);
         if blas.is_none() {
-            let b = CudaBlas::new(self.stream.clone()).map_err(|e| self.error("cublasCreate", e))?;
+            let b =
+                CudaBlas::new(self.stream.clone()).map_err(|e| self.error("cublasCreate", e))?;
             *blas = Some(b);
         }
         match blas.as_ref() {
@@ -230,6 +235,10 @@ impl CudaDevice {
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaDevice(cuda:{}, sm_{}{})", self.ordinal, self.compute.0, self.compute.1)
+        write!(
+            f,
+            "CudaDevice(cuda:{}, sm_{}{})",
+            self.ordinal, self.compute.0, self.compute.1
+        )
     }
 }

@@ -151,7 +151,13 @@ pub fn unary(op: UnaryOp, x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
 
 /// `op(a, b)` elementwise; `la` and `lb` must have the output's shape
 /// (use [`super::broadcast_strides`] to broadcast).
-pub fn binary(op: BinaryOp, a: &CudaBuffer, la: &Strided, b: &CudaBuffer, lb: &Strided) -> Result<CudaBuffer> {
+pub fn binary(
+    op: BinaryOp,
+    a: &CudaBuffer,
+    la: &Strided,
+    b: &CudaBuffer,
+    lb: &Strided,
+) -> Result<CudaBuffer> {
     let sfx = float_suffix("cuda binary", a.dtype())?;
     check::same_shape("cuda binary", la, lb)?;
     check::input("cuda binary", a, a.dtype(), la, a)?;
@@ -191,7 +197,13 @@ pub fn axpy(acc: &mut CudaBuffer, alpha: f64, x: &CudaBuffer, lx: &Strided) -> R
 
 /// `op(a, b)` as u8 for buffers of any (equal) dtype; `la`, `lb` of the
 /// output's shape.
-pub fn compare(op: CompareOp, a: &CudaBuffer, la: &Strided, b: &CudaBuffer, lb: &Strided) -> Result<CudaBuffer> {
+pub fn compare(
+    op: CompareOp,
+    a: &CudaBuffer,
+    la: &Strided,
+    b: &CudaBuffer,
+    lb: &Strided,
+) -> Result<CudaBuffer> {
     check::same_shape("cuda compare", la, lb)?;
     check::input("cuda compare", a, a.dtype(), la, a)?;
     check::input("cuda compare", b, a.dtype(), lb, a)?;

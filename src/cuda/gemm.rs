@@ -94,7 +94,12 @@ fn types(dtype: DType, tf32: bool) -> Result<(cudaDataType, cublasComputeType_t,
         DType::F16 => (CUDA_R_16F, CUBLAS_COMPUTE_32F, false),
         DType::BF16 => (CUDA_R_16BF, CUBLAS_COMPUTE_32F, false),
         DType::F64 => (CUDA_R_64F, CUBLAS_COMPUTE_64F, true),
-        dtype => return Err(Error::UnsupportedDType { op: "cuda gemm", dtype }),
+        dtype => {
+            return Err(Error::UnsupportedDType {
+                op: "cuda gemm",
+                dtype,
+            })
+        }
     })
 }
 
@@ -107,39 +112,72 @@ fn int(op: &'static str, v: usize) -> Result<i32> {
 
 /// `C = alpha·op(A)·op(B) + beta·C` for every batch of `shape`, in place
 /// in `c` (contiguous `[batch, m, n]`). All three buffers share a float dtype.
-pub fn gemm(a: &CudaBuffer, b: &CudaBuffer, c: &mut CudaBuffer, shape: GemmShape, cfg: &GemmConfig) -> Result<()> {
+pub fn gemm(
+    a: &CudaBuffer,
+    b: &CudaBuffer,
+    c: &mut CudaBuffer,
+    shape: GemmShape,
+    cfg: &GemmConfig,
+) -> Result<()> {
     let op = "cuda gemm";
     let GemmShape { m, n, k, batch, .. } = shape;
     let (data_type, compute, wide) = types(c.dtype(), cfg.tf32)?;
     for (buf, stride, size) in [(a, shape.stride_a, m * k), (b, shape.stride_b, k * n)] {
         check::same_device(op, buf, c)?;
         if buf.dtype() != c.dtype() {
-            return Err(Error::DTypeMismatch { op, expected: c.dtype(), got: buf.dtype() });
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: c.dtype(),
+                got: buf.dtype(),
+            });
         }
-        let need = if batch == 0 { 0 } else { (batch - 1) * stride + size };
+        let need = if batch == 0 {
+            0
+        } else {
+            (batch - 1) * stride + size
+        };
         if buf.len() < need {
             return Err(Error::InvalidArgument {
                 op,
-                msg: format!("an operand of {} elements for {batch} × {m}×{n}×{k}", buf.len()),
+                msg: format!(
+                    "an operand of {} elements for {batch} × {m}×{n}×{k}",
+                    buf.len()
+                ),
             });
         }
     }
     if c.len() != batch * m * n {
-        return Err(Error::ShapeMismatch { op, lhs: vec![c.len()], rhs: vec![batch, m, n] });
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: vec![c.len()],
+            rhs: vec![batch, m, n],
+        });
     }
     if batch == 0 || m == 0 || n == 0 {
         return Ok(());
     }
-    let trans = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+    let trans = |t: bool| {
+        if t {
+            cublasOperation_t::CUBLAS_OP_T
+        } else {
+            cublasOperation_t::CUBLAS_OP_N
+        }
+    };
     let lda = if cfg.trans_a { m } else { k };
     let ldb = if cfg.trans_b { k } else { n };
     let (m_, n_, k_) = (int(op, m)?, int(op, n)?, int(op, k)?);
     let (lda, ldb, ldc) = (int(op, lda)?, int(op, ldb)?, n_);
     let (alpha32, beta32) = (cfg.alpha as f32, cfg.beta as f32);
     let (alpha, beta): (*const c_void, *const c_void) = if wide {
-        ((&cfg.alpha as *const f64).cast(), (&cfg.beta as *const f64).cast())
+        (
+            (&cfg.alpha as *const f64).cast(),
+            (&cfg.beta as *const f64).cast(),
+        )
     } else {
-        ((&alpha32 as *const f32).cast(), (&beta32 as *const f32).cast())
+        (
+            (&alpha32 as *const f32).cast(),
+            (&beta32 as *const f32).cast(),
+        )
     };
     let device = c.device().clone();
     let stream = device.stream().clone();
@@ -182,7 +220,12 @@ pub fn gemm(a: &CudaBuffer, b: &CudaBuffer, c: &mut CudaBuffer, shape: GemmShape
 }
 
 /// A new `[batch, m, n]` buffer `alpha·op(A)·op(B)` (beta is ignored).
-pub fn matmul(a: &CudaBuffer, b: &CudaBuffer, shape: GemmShape, cfg: &GemmConfig) -> Result<CudaBuffer> {
+pub fn matmul(
+    a: &CudaBuffer,
+    b: &CudaBuffer,
+    shape: GemmShape,
+    cfg: &GemmConfig,
+) -> Result<CudaBuffer> {
     let len = shape.batch * shape.m * shape.n;
     if shape.k == 0 {
         // cuBLAS with k = 0 only scales C by beta: the empty sum is zeros.

@@ -17,21 +17,35 @@ fn status_buffer(like: &CudaBuffer) -> Result<CudaBuffer> {
 fn check_status(op: &'static str, st: &CudaBuffer, size: usize) -> Result<()> {
     let v = st.to_vec::<i64>()?;
     if v[1] != 0 {
-        return Err(Error::IndexOutOfRange { op, index: v[0], size });
+        return Err(Error::IndexOutOfRange {
+            op,
+            index: v[0],
+            size,
+        });
     }
     Ok(())
 }
 
 /// `out[.., i, ..] = x[.., index[.., i, ..], ..]` along `dim`: the result
 /// has the index's shape (`li`); any dtype.
-pub fn gather(x: &CudaBuffer, lx: &Strided, dim: usize, index: &CudaBuffer, li: &Strided) -> Result<CudaBuffer> {
+pub fn gather(
+    x: &CudaBuffer,
+    lx: &Strided,
+    dim: usize,
+    index: &CudaBuffer,
+    li: &Strided,
+) -> Result<CudaBuffer> {
     let op = "cuda gather";
     check::input(op, x, x.dtype(), lx, x)?;
     check::input(op, index, DType::I64, li, x)?;
     let (xs, is) = (lx.shape(), li.shape());
     check::dim(op, dim, xs.len())?;
     if xs.len() != is.len() || (0..xs.len()).any(|d| d != dim && is[d] > xs[d]) {
-        return Err(Error::ShapeMismatch { op, lhs: xs, rhs: is });
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: xs,
+            rhs: is,
+        });
     }
     let n = li.numel();
     let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
@@ -49,10 +63,21 @@ pub fn gather(x: &CudaBuffer, lx: &Strided, dim: usize, index: &CudaBuffer, li: 
 
 /// `out[.., i, ..] = x[.., index[i], ..]` along `dim` for a 1-D contiguous
 /// i64 `index`: `x`'s shape with `dim` of size `index.len()`; any dtype.
-pub fn index_select(x: &CudaBuffer, lx: &Strided, dim: usize, index: &CudaBuffer) -> Result<CudaBuffer> {
+pub fn index_select(
+    x: &CudaBuffer,
+    lx: &Strided,
+    dim: usize,
+    index: &CudaBuffer,
+) -> Result<CudaBuffer> {
     let op = "cuda index_select";
     check::input(op, x, x.dtype(), lx, x)?;
-    check::input(op, index, DType::I64, &Strided::contiguous(&[index.len()])?, x)?;
+    check::input(
+        op,
+        index,
+        DType::I64,
+        &Strided::contiguous(&[index.len()])?,
+        x,
+    )?;
     let mut shape = lx.shape();
     check::dim(op, dim, shape.len())?;
     let size = shape[dim];
@@ -94,7 +119,11 @@ pub fn scatter_add(
     let (os, is) = (lo.shape(), li.shape());
     check::dim(op, dim, os.len())?;
     if os.len() != is.len() || (0..os.len()).any(|d| d != dim && is[d] > os[d]) {
-        return Err(Error::ShapeMismatch { op, lhs: os, rhs: is });
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: os,
+            rhs: is,
+        });
     }
     let n = li.numel();
     if n == 0 {

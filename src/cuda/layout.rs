@@ -62,12 +62,18 @@ impl Strided {
 
     /// The shape.
     pub fn shape(&self) -> Vec<usize> {
-        self.shape[..self.rank as usize].iter().map(|&n| n as usize).collect()
+        self.shape[..self.rank as usize]
+            .iter()
+            .map(|&n| n as usize)
+            .collect()
     }
 
     /// The strides, in elements.
     pub fn strides(&self) -> Vec<usize> {
-        self.strides[..self.rank as usize].iter().map(|&n| n as usize).collect()
+        self.strides[..self.rank as usize]
+            .iter()
+            .map(|&n| n as usize)
+            .collect()
     }
 
     /// The offset of the first element, in elements.
@@ -99,7 +105,12 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
 /// The layout that reads a tensor of `shape`/`strides`/`offset` as if it had
 /// the (broadcast) shape `out`: dims aligned on the right, stride 0 where the
 /// tensor has size 1 or lacks the dim. Errors if the shapes do not broadcast.
-pub fn broadcast_strides(shape: &[usize], strides: &[usize], offset: usize, out: &[usize]) -> Result<Strided> {
+pub fn broadcast_strides(
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
+    out: &[usize],
+) -> Result<Strided> {
     let bad = || Error::ShapeMismatch {
         op: "broadcast",
         lhs: shape.to_vec(),

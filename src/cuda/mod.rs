@@ -40,8 +40,8 @@ macro_rules! launch {
 }
 
 mod buffer;
-mod context;
 mod check;
+mod context;
 pub mod elementwise;
 pub mod gemm;
 pub mod index;

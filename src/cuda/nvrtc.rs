@@ -20,7 +20,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("cast.cu", include_str!("../../kernels/cast.cu")),
     ("compare.cu", include_str!("../../kernels/compare.cu")),
     ("copy.cu", include_str!("../../kernels/copy.cu")),
-    ("elementwise.cu", include_str!("../../kernels/elementwise.cu")),
+    (
+        "elementwise.cu",
+        include_str!("../../kernels/elementwise.cu"),
+    ),
     ("index.cu", include_str!("../../kernels/index.cu")),
     ("loss.cu", include_str!("../../kernels/loss.cu")),
     ("random.cu", include_str!("../../kernels/random.cu")),
@@ -30,7 +33,12 @@ pub const SOURCES: &[(&str, &str)] = &[
 
 /// The environment variables naming CUDA's include folder, in the order
 /// they are tried (the last two name a CUDA installation's root).
-pub const INCLUDE_ENV: [&str; 4] = ["LEANGRAD_CUDA_INCLUDE", "CUDA_INCLUDE_DIR", "CUDA_HOME", "CUDA_PATH"];
+pub const INCLUDE_ENV: [&str; 4] = [
+    "LEANGRAD_CUDA_INCLUDE",
+    "CUDA_INCLUDE_DIR",
+    "CUDA_HOME",
+    "CUDA_PATH",
+];
 
 fn has_headers(dir: &Path) -> bool {
     dir.join("cuda_fp16.h").is_file() && dir.join("cuda_bf16.h").is_file()
@@ -60,7 +68,10 @@ pub fn include_candidates() -> Vec<PathBuf> {
 /// beside each `lib/python3.*` of the usual prefixes, `VIRTUAL_ENV`,
 /// `~/.local` and pyenv versions.
 fn pip_include_candidates() -> Vec<PathBuf> {
-    let mut prefixes: Vec<PathBuf> = ["/usr", "/usr/local", "/opt/conda"].iter().map(PathBuf::from).collect();
+    let mut prefixes: Vec<PathBuf> = ["/usr", "/usr/local", "/opt/conda"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
     for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
         if let Some(v) = std::env::var_os(var) {
             prefixes.push(PathBuf::from(v));
@@ -96,7 +107,10 @@ pub fn include_dir() -> Result<PathBuf> {
     if let Some(dir) = candidates.iter().find(|d| has_headers(d)) {
         return Ok(dir.clone());
     }
-    let looked: Vec<String> = candidates.iter().map(|d| format!("  {}", d.display())).collect();
+    let looked: Vec<String> = candidates
+        .iter()
+        .map(|d| format!("  {}", d.display()))
+        .collect();
     Err(Error::DeviceUnavailable {
         device: Device::Cuda(0),
         reason: format!(
@@ -141,7 +155,8 @@ pub fn compile(file: &str, arch: &str) -> Result<String> {
         ..Default::default()
     };
     let text = format!("{PRELUDE}\n#line 1 \"{file}\"\n{source}");
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(text, opts).map_err(|e| compile_error(file, arch, e))?;
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(text, opts)
+        .map_err(|e| compile_error(file, arch, e))?;
     Ok(ptx.to_src())
 }
 

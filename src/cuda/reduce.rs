@@ -21,7 +21,11 @@ pub enum ReduceOp {
 
 /// `lx` reordered so that the kept dims come first and the reduced ones
 /// last, with (outputs, elements per output) and the output shape.
-fn split_dims(op: &'static str, lx: &Strided, dims: &[usize]) -> Result<(Strided, usize, usize, Vec<usize>)> {
+fn split_dims(
+    op: &'static str,
+    lx: &Strided,
+    dims: &[usize],
+) -> Result<(Strided, usize, usize, Vec<usize>)> {
     let (shape, strides) = (lx.shape(), lx.strides());
     for &d in dims {
         check::dim(op, d, shape.len())?;
@@ -31,8 +35,16 @@ fn split_dims(op: &'static str, lx: &Strided, dims: &[usize]) -> Result<(Strided
         .filter(|d| !reduced(d))
         .chain((0..shape.len()).filter(reduced))
         .collect();
-    let kept: Vec<usize> = (0..shape.len()).filter(|d| !reduced(d)).map(|d| shape[d]).collect();
-    let inner: usize = dims.iter().collect::<std::collections::BTreeSet<_>>().iter().map(|&&d| shape[d]).product();
+    let kept: Vec<usize> = (0..shape.len())
+        .filter(|d| !reduced(d))
+        .map(|d| shape[d])
+        .collect();
+    let inner: usize = dims
+        .iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .iter()
+        .map(|&&d| shape[d])
+        .product();
     let outer: usize = kept.iter().product();
     let permuted = Strided::new(
         &order.iter().map(|&d| shape[d]).collect::<Vec<_>>(),
@@ -109,10 +121,22 @@ pub fn softmax(x: &CudaBuffer, shape: &[usize], dim: usize, log: bool) -> Result
 
 /// The gradient of [`softmax`] from its output `y` and the incoming
 /// gradient `g` (both contiguous of `shape`).
-pub fn softmax_backward(y: &CudaBuffer, g: &CudaBuffer, shape: &[usize], dim: usize, log: bool) -> Result<CudaBuffer> {
+pub fn softmax_backward(
+    y: &CudaBuffer,
+    g: &CudaBuffer,
+    shape: &[usize],
+    dim: usize,
+    log: bool,
+) -> Result<CudaBuffer> {
     let sfx = float_suffix("cuda softmax_backward", y.dtype())?;
     let (outer, classes, inner) = lanes("cuda softmax_backward", y, shape, dim)?;
-    check::input("cuda softmax_backward", g, y.dtype(), &Strided::contiguous(shape)?, y)?;
+    check::input(
+        "cuda softmax_backward",
+        g,
+        y.dtype(),
+        &Strided::contiguous(shape)?,
+        y,
+    )?;
     let mut dx = CudaBuffer::alloc(y.device(), y.dtype(), y.len())?;
     if y.is_empty() {
         return Ok(dx);
@@ -166,7 +190,13 @@ pub fn cross_entropy_forward(
     let sfx = float_suffix(op, logits.dtype())?;
     let (outer, classes, inner) = lanes(op, logits, shape, class_dim)?;
     let samples = (outer * inner) as usize;
-    check::input(op, targets, DType::I64, &Strided::contiguous(&[samples])?, logits)?;
+    check::input(
+        op,
+        targets,
+        DType::I64,
+        &Strided::contiguous(&[samples])?,
+        logits,
+    )?;
     let dev = logits.device();
     let mut losses = CudaBuffer::alloc(dev, DType::F64, samples)?;
     let mut probs = want_probs
@@ -178,14 +208,22 @@ pub fn cross_entropy_forward(
         let cfg = CudaDevice::grid_per_row(samples);
         let name = format!("cross_entropy_fwd_{sfx}");
         match probs.as_mut() {
-            Some(p) => launch!(dev, "loss.cu", name, cfg; &outer, &classes, &inner, &ignore_index, &eps,
-                logits.slice(), targets.slice(), losses.slice_mut(), p.slice_mut(), st.slice_mut())?,
-            None => launch!(dev, "loss.cu", name, cfg; &outer, &classes, &inner, &ignore_index, &eps,
-                logits.slice(), targets.slice(), losses.slice_mut(), &null, st.slice_mut())?,
+            Some(p) => {
+                launch!(dev, "loss.cu", name, cfg; &outer, &classes, &inner, &ignore_index, &eps,
+                logits.slice(), targets.slice(), losses.slice_mut(), p.slice_mut(), st.slice_mut())?
+            }
+            None => {
+                launch!(dev, "loss.cu", name, cfg; &outer, &classes, &inner, &ignore_index, &eps,
+                logits.slice(), targets.slice(), losses.slice_mut(), &null, st.slice_mut())?
+            }
         }
     }
     let count = status(op, &st, classes)?[0] as usize;
-    Ok(CrossEntropy { losses, count, probs })
+    Ok(CrossEntropy {
+        losses,
+        count,
+        probs,
+    })
 }
 
 /// The gradient with respect to the logits from the saved probabilities
@@ -204,14 +242,26 @@ pub fn cross_entropy_backward(
     let sfx = float_suffix(op, probs.dtype())?;
     let (outer, classes, inner) = lanes(op, probs, shape, class_dim)?;
     let samples = (outer * inner) as usize;
-    check::input(op, targets, DType::I64, &Strided::contiguous(&[samples])?, probs)?;
+    check::input(
+        op,
+        targets,
+        DType::I64,
+        &Strided::contiguous(&[samples])?,
+        probs,
+    )?;
     if weights.len() != 1 && weights.len() != samples {
         return Err(Error::InvalidArgument {
             op,
             msg: format!("{} weights for {samples} samples", weights.len()),
         });
     }
-    check::input(op, weights, DType::F64, &Strided::contiguous(&[weights.len()])?, probs)?;
+    check::input(
+        op,
+        weights,
+        DType::F64,
+        &Strided::contiguous(&[weights.len()])?,
+        probs,
+    )?;
     let mut dx = CudaBuffer::alloc(probs.device(), probs.dtype(), probs.len())?;
     if probs.is_empty() {
         return Ok(dx);
