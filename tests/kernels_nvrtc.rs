@@ -1,5 +1,7 @@
 //! Compiles every `kernels/*.cu` with NVRTC for the architectures we support
-//! (compute_80, compute_90). Needs libnvrtc and CUDA's headers, not a GPU.
+//! (PTX for compute_80 and compute_90, and the CUBIN for sm_90 that a device
+//! loads, which also runs the assembler). Needs libnvrtc and CUDA's headers,
+//! not a GPU.
 //! Without libnvrtc it prints "skipped: …" — unless LEANGRAD_REQUIRE_NVRTC=1,
 //! as in CI, where that is a failure.
 
@@ -65,10 +67,17 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
                 Err(e) => failures.push(e.to_string()),
             }
         }
+        match nvrtc::compile_cubin(file, "sm_90") {
+            Ok(cubin) => assert!(
+                cubin.starts_with(b"\x7fELF"),
+                "{file}: CUBIN is not an ELF image"
+            ),
+            Err(e) => failures.push(e.to_string()),
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     println!(
-        "compiled {} kernel files for {}",
+        "compiled {} kernel files for {} and sm_90",
         nvrtc::SOURCES.len(),
         ARCHS.join(", ")
     );

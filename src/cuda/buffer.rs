@@ -116,6 +116,9 @@ impl CudaBuffer {
     pub fn copy_from_slice<T: WithDType>(&mut self, host: &[T]) -> Result<()> {
         self.check::<T>("copy_from_slice", host.len())?;
         let bytes = as_bytes(host);
+        if bytes.is_empty() {
+            return Ok(());
+        }
         let stream = self.device.stream().clone();
         let mut dst = self.data.slice_mut(0..bytes.len());
         stream
@@ -127,6 +130,9 @@ impl CudaBuffer {
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
         self.check::<T>("to_vec", self.len)?;
         let mut out = vec![T::from_f64(0.0); self.len];
+        if self.len == 0 {
+            return Ok(out);
+        }
         let stream = self.device.stream().clone();
         stream
             .memcpy_dtoh(

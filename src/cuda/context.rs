@@ -130,9 +130,9 @@ impl CudaDevice {
         self.compute
     }
 
-    /// The NVRTC virtual architecture kernels are compiled for, e.g. `compute_90`.
+    /// The real architecture kernels are compiled for, e.g. `sm_90`.
     pub fn arch(&self) -> String {
-        format!("compute_{}{}", self.compute.0, self.compute.1)
+        format!("sm_{}{}", self.compute.0, self.compute.1)
     }
 
     /// The stream all of this device's work runs on.
@@ -173,7 +173,8 @@ impl CudaDevice {
     }
 
     /// The kernel `name` of `kernels/<file>`, compiling the file with NVRTC
-    /// for this device (once per process) and loading it (once per device).
+    /// to a CUBIN for this device (once per process) and loading it (once
+    /// per device).
     pub fn function(&self, file: &'static str, name: &str) -> Result<CudaFunction> {
         if let Some(f) = lock(&self.functions).get(&(file, name.to_string())) {
             return Ok(f.clone());
@@ -191,18 +192,24 @@ impl CudaDevice {
         if let Some(m) = modules.get(file) {
             return Ok(m.clone());
         }
-        let ptx = nvrtc::ptx_for(file, &self.arch())?;
+        let cubin = nvrtc::cubin_for(file, &self.arch())?;
         let m = self
             .stream
             .context()
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(|e| self.error(format!("load module {file}"), e))?;
         modules.insert(file, m.clone());
         Ok(m)
     }
 
     /// Runs `f` with this device's cuBLAS handle, created on first use.
+    /// The device's context is made current on the calling thread first
+    /// (raw cuBLAS calls do not do it themselves).
     pub fn with_blas<R>(&self, f: impl FnOnce(&CudaBlas) -> Result<R>) -> Result<R> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| self.error("cuCtxSetCurrent", e))?;
         let mut blas = lock(&self.blas);
         if blas.is_none() {
             let b =

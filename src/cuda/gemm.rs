@@ -163,8 +163,10 @@ pub fn gemm(
             cublasOperation_t::CUBLAS_OP_N
         }
     };
-    let lda = if cfg.trans_a { m } else { k };
-    let ldb = if cfg.trans_b { k } else { n };
+    // Leading dimensions of the stored row-major matrices (at least 1, as
+    // cuBLAS requires even when k = 0).
+    let lda = if cfg.trans_a { m } else { k }.max(1);
+    let ldb = if cfg.trans_b { k } else { n }.max(1);
     let (m_, n_, k_) = (int(op, m)?, int(op, n)?, int(op, k)?);
     let (lda, ldb, ldc) = (int(op, lda)?, int(op, ldb)?, n_);
     let (alpha32, beta32) = (cfg.alpha as f32, cfg.beta as f32);

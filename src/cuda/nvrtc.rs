@@ -1,8 +1,10 @@
 //! Run-time compilation of `kernels/*.cu` with NVRTC.
 //!
 //! The sources are embedded in the binary with `include_str!`; each is
-//! compiled with [`PRELUDE`] (`kernels/common.cuh`) in front of it, for the
-//! virtual architecture of the device (`compute_XY`), once per process. The
+//! compiled with [`PRELUDE`] (`kernels/common.cuh`) in front of it, once per
+//! process: for a device, to a CUBIN for its compute capability (`sm_XY`;
+//! [`compile_cubin`]); for the compile check, to PTX for a virtual
+//! architecture (`compute_XY`; [`compile`]). The
 //! kernels include `cuda_fp16.h` / `cuda_bf16.h`, which NVRTC does not
 //! carry: [`include_dir`] finds CUDA's include folder at run time.
 
@@ -128,11 +130,9 @@ pub fn nvrtc_present() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// Compiles kernel file `file` (a name from [`SOURCES`]) for `arch` (e.g.
-/// `compute_90`) and returns its PTX. No GPU is needed. Errors: libnvrtc
-/// or the headers missing ([`Error::DeviceUnavailable`]), or a compile
-/// error ([`Error::KernelCompile`] with NVRTC's log).
-pub fn compile(file: &str, arch: &str) -> Result<String> {
+/// The source of kernel file `file` with the prelude in front, after
+/// checking that libnvrtc and the headers are there.
+fn prepare(file: &str) -> Result<(String, PathBuf)> {
     let source = SOURCES
         .iter()
         .find(|s| s.0 == file)
@@ -148,16 +148,79 @@ pub fn compile(file: &str, arch: &str) -> Result<String> {
         });
     }
     let include = include_dir()?;
+    Ok((format!("{PRELUDE}\n#line 1 \"{file}\"\n{source}"), include))
+}
+
+/// Compiles kernel file `file` (a name from [`SOURCES`]) to PTX for the
+/// virtual architecture `arch` (e.g. `compute_90`). No GPU is needed.
+/// Errors: libnvrtc or the headers missing ([`Error::DeviceUnavailable`]),
+/// or a compile error ([`Error::KernelCompile`] with NVRTC's log).
+pub fn compile(file: &str, arch: &str) -> Result<String> {
+    let (text, include) = prepare(file)?;
     let opts = cudarc::nvrtc::CompileOptions {
         include_paths: vec![include.display().to_string()],
         options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
         name: Some(file.to_string()),
         ..Default::default()
     };
-    let text = format!("{PRELUDE}\n#line 1 \"{file}\"\n{source}");
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(text, opts)
         .map_err(|e| compile_error(file, arch, e))?;
     Ok(ptx.to_src())
+}
+
+/// Compiles kernel file `file` to a CUBIN for the real architecture `sm`
+/// (e.g. `sm_90`): what devices load. Unlike PTX, which a driver older
+/// than the NVRTC that wrote it refuses, a CUBIN loads on any driver of
+/// the same CUDA major version. No GPU is needed; errors as [`compile`].
+pub fn compile_cubin(file: &str, sm: &str) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    let (text, include) = prepare(file)?;
+    let fail = |msg: String, log: String| Error::KernelCompile {
+        file: file.to_string(),
+        arch: sm.to_string(),
+        msg,
+        log,
+    };
+    let text = std::ffi::CString::new(text).map_err(|e| fail(e.to_string(), String::new()))?;
+    let name = std::ffi::CString::new(file).map_err(|e| fail(e.to_string(), String::new()))?;
+    let prog = result::create_program(&text, Some(&name))
+        .map_err(|e| fail(e.to_string(), String::new()))?;
+    let options = [
+        format!("--gpu-architecture={sm}"),
+        "--std=c++17".to_string(),
+        format!("--include-path={}", include.display()),
+    ];
+    // SAFETY: `prog` was just created and is destroyed once, below; the
+    // CUBIN buffer has the size NVRTC reported.
+    let out = unsafe {
+        match result::compile_program(prog, &options) {
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| {
+                        std::ffi::CStr::from_ptr(l.as_ptr())
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(fail(e.to_string(), log))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .and_then(|()| {
+                        let mut cubin = vec![0u8; size];
+                        sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| cubin)
+                    })
+                    .map_err(|e| fail(e.to_string(), String::new()))
+            }
+        }
+    };
+    // SAFETY: created above, not destroyed before.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
 }
 
 fn compile_error(file: &str, arch: &str, e: cudarc::nvrtc::CompileError) -> Error {
@@ -175,18 +238,18 @@ fn compile_error(file: &str, arch: &str, e: cudarc::nvrtc::CompileError) -> Erro
     }
 }
 
-/// [`compile`] with a per-process cache keyed by (file, arch).
-pub fn ptx_for(file: &'static str, arch: &str) -> Result<String> {
-    static CACHE: OnceLock<Mutex<HashMap<(&'static str, String), String>>> = OnceLock::new();
+/// [`compile_cubin`] with a per-process cache keyed by (file, sm).
+pub fn cubin_for(file: &'static str, sm: &str) -> Result<Vec<u8>> {
+    static CACHE: OnceLock<Mutex<HashMap<(&'static str, String), Vec<u8>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (file, arch.to_string());
-    if let Some(p) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(p.clone());
+    let key = (file, sm.to_string());
+    if let Some(c) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(c.clone());
     }
-    let ptx = compile(file, arch)?;
+    let cubin = compile_cubin(file, sm)?;
     cache
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(key, ptx.clone());
-    Ok(ptx)
+        .insert(key, cubin.clone());
+    Ok(cubin)
 }
