@@ -238,9 +238,12 @@ fn compile_error(file: &str, arch: &str, e: cudarc::nvrtc::CompileError) -> Erro
     }
 }
 
+/// Compiled images by (kernel file, architecture).
+type BinaryCache = HashMap<(&'static str, String), Vec<u8>>;
+
 /// [`compile_cubin`] with a per-process cache keyed by (file, sm).
 pub fn cubin_for(file: &'static str, sm: &str) -> Result<Vec<u8>> {
-    static CACHE: OnceLock<Mutex<HashMap<(&'static str, String), Vec<u8>>>> = OnceLock::new();
+    static CACHE: OnceLock<Mutex<BinaryCache>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let key = (file, sm.to_string());
     if let Some(c) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
