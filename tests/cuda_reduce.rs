@@ -65,6 +65,45 @@ fn sum_mean_max_min_over_dims_match_the_cpu() {
     }
 }
 
+#[test]
+fn nan_is_the_extremum_as_on_the_cpu() {
+    let dev = cuda_or_skip!("reduce_nan");
+    let v = [1.0, f64::NAN, 3.0, f64::NAN, -2.0, 5.0, 5.0, 0.0];
+    for dtype in FLOATS {
+        let x =
+            leangrad::Tensor::from_f64_slice(&v, &[2, 4], dtype, leangrad::Device::Cpu).unwrap();
+        let gx = upload(&dev, &x);
+        for max in [true, false] {
+            let want = if max {
+                x.argmax(1, false)
+            } else {
+                x.argmin(1, false)
+            };
+            let got = reduce::arg_reduce(&gx, &dense(&[2, 4]), 1, max).unwrap();
+            assert_eq!(
+                download(&got),
+                want.unwrap().to_f64_vec().unwrap(),
+                "{dtype:?} max={max}"
+            );
+            let want = if max {
+                x.max(1, false)
+            } else {
+                x.min(1, false)
+            };
+            let op = if max { ReduceOp::Max } else { ReduceOp::Min };
+            let got = reduce::reduce(op, &gx, &dense(&[2, 4]), &[1]).unwrap();
+            assert_close(
+                "max/min with NaN",
+                &download(&got),
+                &want.unwrap().to_f64_vec().unwrap(),
+                0.0,
+            );
+        }
+    }
+    let empty = CudaBuffer::alloc(&dev, DType::F32, 0).unwrap();
+    assert!(reduce::arg_reduce(&empty, &dense(&[3, 0]), 1, true).is_err());
+}
+
 /// `dx` of softmax (or log-softmax) from `y` and `g` by the formula, in f64.
 fn softmax_grad(y: &[f64], g: &[f64], outer: usize, c: usize, inner: usize, log: bool) -> Vec<f64> {
     let mut dx = vec![0.0; y.len()];

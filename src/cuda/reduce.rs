@@ -13,9 +13,9 @@ pub enum ReduceOp {
     Sum = 0,
     /// Their mean.
     Mean = 1,
-    /// Their maximum (NaNs skipped).
+    /// Their maximum (NaN if one of them is, as on the CPU).
     Max = 2,
-    /// Their minimum (NaNs skipped).
+    /// Their minimum (NaN if one of them is, as on the CPU).
     Min = 3,
 }
 
@@ -61,6 +61,12 @@ pub fn reduce(op: ReduceOp, x: &CudaBuffer, lx: &Strided, dims: &[usize]) -> Res
     let sfx = float_suffix("cuda reduce", x.dtype())?;
     check::input("cuda reduce", x, x.dtype(), lx, x)?;
     let (permuted, outer, inner, _) = split_dims("cuda reduce", lx, dims)?;
+    if inner == 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
+        return Err(Error::InvalidArgument {
+            op: "cuda reduce",
+            msg: format!("max/min over dims {dims:?} of size 0"),
+        });
+    }
     let mut out = CudaBuffer::alloc(x.device(), x.dtype(), outer)?;
     if outer == 0 {
         return Ok(out);
@@ -72,11 +78,18 @@ pub fn reduce(op: ReduceOp, x: &CudaBuffer, lx: &Strided, dims: &[usize]) -> Res
 }
 
 /// The index along `dim` of the largest (`max`) or smallest element of
-/// each lane, as i64 (first on ties, NaNs skipped), with `dim` removed.
+/// each lane, as i64, with `dim` removed: the first on ties, the first NaN
+/// if a lane holds one (as the CPU).
 pub fn arg_reduce(x: &CudaBuffer, lx: &Strided, dim: usize, max: bool) -> Result<CudaBuffer> {
     let sfx = float_suffix("cuda argmax", x.dtype())?;
     check::input("cuda argmax", x, x.dtype(), lx, x)?;
     let (permuted, outer, inner, _) = split_dims("cuda argmax", lx, &[dim])?;
+    if inner == 0 {
+        return Err(Error::InvalidArgument {
+            op: "cuda argmax",
+            msg: format!("dim {dim} has size 0"),
+        });
+    }
     let mut out = CudaBuffer::alloc(x.device(), DType::I64, outer)?;
     if outer == 0 {
         return Ok(out);
