@@ -82,3 +82,21 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
         ARCHS.join(", ")
     );
 }
+
+#[test]
+fn a_compile_error_is_typed_and_carries_the_log() {
+    if !nvrtc::nvrtc_present() || nvrtc::include_dir().is_err() {
+        println!("skipped: libnvrtc or the CUDA headers not found");
+        return;
+    }
+    let broken = "extern \"C\" __global__ void broken(float* x) { x[0] = undeclared_name; }";
+    match nvrtc::compile_source("broken.cu", broken, "compute_80") {
+        Err(leangrad::Error::KernelCompile {
+            file, arch, log, ..
+        }) => {
+            assert_eq!((file.as_str(), arch.as_str()), ("broken.cu", "compute_80"));
+            assert!(log.contains("undeclared_name"), "{log}");
+        }
+        other => panic!("expected KernelCompile, got {other:?}"),
+    }
+}

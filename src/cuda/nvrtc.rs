@@ -130,17 +130,21 @@ pub fn nvrtc_present() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// The source of kernel file `file` with the prelude in front, after
-/// checking that libnvrtc and the headers are there.
-fn prepare(file: &str) -> Result<(String, PathBuf)> {
-    let source = SOURCES
+/// The source of kernel file `file` (a name from [`SOURCES`]).
+fn source_of(file: &str) -> Result<&'static str> {
+    SOURCES
         .iter()
         .find(|s| s.0 == file)
+        .map(|s| s.1)
         .ok_or_else(|| Error::InvalidArgument {
             op: "nvrtc::compile",
             msg: format!("no kernel file named {file}"),
-        })?
-        .1;
+        })
+}
+
+/// `source` with the prelude in front, after checking that libnvrtc and
+/// the headers are there.
+fn prepare(file: &str, source: &str) -> Result<(String, PathBuf)> {
     if !nvrtc_present() {
         return Err(Error::DeviceUnavailable {
             device: Device::Cuda(0),
@@ -156,7 +160,13 @@ fn prepare(file: &str) -> Result<(String, PathBuf)> {
 /// Errors: libnvrtc or the headers missing ([`Error::DeviceUnavailable`]),
 /// or a compile error ([`Error::KernelCompile`] with NVRTC's log).
 pub fn compile(file: &str, arch: &str) -> Result<String> {
-    let (text, include) = prepare(file)?;
+    compile_source(file, source_of(file)?, arch)
+}
+
+/// Compiles `source` (named `file` in messages) with the prelude in front
+/// to PTX for `arch`, as [`compile`] does for the files in `kernels/`.
+pub fn compile_source(file: &str, source: &str, arch: &str) -> Result<String> {
+    let (text, include) = prepare(file, source)?;
     let opts = cudarc::nvrtc::CompileOptions {
         include_paths: vec![include.display().to_string()],
         options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
@@ -174,7 +184,7 @@ pub fn compile(file: &str, arch: &str) -> Result<String> {
 /// the same CUDA major version. No GPU is needed; errors as [`compile`].
 pub fn compile_cubin(file: &str, sm: &str) -> Result<Vec<u8>> {
     use cudarc::nvrtc::{result, sys};
-    let (text, include) = prepare(file)?;
+    let (text, include) = prepare(file, source_of(file)?)?;
     let fail = |msg: String, log: String| Error::KernelCompile {
         file: file.to_string(),
         arch: sm.to_string(),
