@@ -249,3 +249,13 @@ impl std::fmt::Debug for CudaBuffer {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn buffers_and_devices_can_be_shared_across_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<super::CudaBuffer>();
+        shareable::<super::CudaDevice>();
+    }
+}
