@@ -27,6 +27,8 @@ struct Strided {
 
 // Buffer offset (in elements) of logical element `i`.
 __device__ __forceinline__ long long lg_offset(const Strided& l, long long i) {
+    // Rank 1 (what a contiguous or coalesced layout becomes): no division.
+    if (l.rank == 1) return l.offset + i * l.strides[0];
     long long off = l.offset;
     for (long long d = l.rank - 1; d >= 0; --d) {
         long long s = l.shape[d];

@@ -144,8 +144,9 @@ pub fn unary(op: UnaryOp, x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     }
     let (code, param) = op.code();
     let n64 = n as i64;
+    let lx = lx.coalesced();
     launch!(x.device(), "elementwise.cu", format!("unary_{sfx}"), CudaDevice::grid_for(n);
-        &code, &param, &n64, out.slice_mut(), x.slice(), lx)?;
+        &code, &param, &n64, out.slice_mut(), x.slice(), &lx)?;
     Ok(out)
 }
 
@@ -168,8 +169,9 @@ pub fn binary(
         return Ok(out);
     }
     let (code, n64) = (op as i32, n as i64);
+    let (la, lb) = (la.coalesced(), lb.coalesced());
     launch!(a.device(), "elementwise.cu", format!("binary_{sfx}"), CudaDevice::grid_for(n);
-        &code, &n64, out.slice_mut(), a.slice(), la, b.slice(), lb)?;
+        &code, &n64, out.slice_mut(), a.slice(), &la, b.slice(), &lb)?;
     Ok(out)
 }
 
@@ -191,8 +193,9 @@ pub fn axpy(acc: &mut CudaBuffer, alpha: f64, x: &CudaBuffer, lx: &Strided) -> R
     }
     let n64 = n as i64;
     let device = acc.device().clone();
+    let lx = lx.coalesced();
     launch!(&device, "elementwise.cu", format!("axpy_{sfx}"), CudaDevice::grid_for(n);
-        &n64, &alpha, acc.slice_mut(), x.slice(), lx)
+        &n64, &alpha, acc.slice_mut(), x.slice(), &lx)
 }
 
 /// `op(a, b)` as u8 for buffers of any (equal) dtype; `la`, `lb` of the
@@ -214,8 +217,9 @@ pub fn compare(
     }
     let (code, n64) = (op as i32, n as i64);
     let name = format!("compare_{}", suffix(a.dtype()));
+    let (la, lb) = (la.coalesced(), lb.coalesced());
     launch!(a.device(), "compare.cu", name, CudaDevice::grid_for(n);
-        &code, &n64, out.slice_mut(), a.slice(), la, b.slice(), lb)?;
+        &code, &n64, out.slice_mut(), a.slice(), &la, b.slice(), &lb)?;
     Ok(out)
 }
 
@@ -229,8 +233,9 @@ pub fn compare_scalar(op: CompareOp, a: &CudaBuffer, la: &Strided, s: f64) -> Re
     }
     let (code, n64) = (op as i32, n as i64);
     let name = format!("compare_scalar_{}", suffix(a.dtype()));
+    let la = la.coalesced();
     launch!(a.device(), "compare.cu", name, CudaDevice::grid_for(n);
-        &code, &s, &n64, out.slice_mut(), a.slice(), la)?;
+        &code, &s, &n64, out.slice_mut(), a.slice(), &la)?;
     Ok(out)
 }
 
@@ -256,8 +261,9 @@ pub fn where_cond(
     }
     let n64 = n as i64;
     let name = format!("where_{}", a.dtype().size_in_bytes());
+    let (lc, la, lb) = (lc.coalesced(), la.coalesced(), lb.coalesced());
     launch!(a.device(), "compare.cu", name, CudaDevice::grid_for(n);
-        &n64, out.slice_mut(), cond.slice(), lc, a.slice(), la, b.slice(), lb)?;
+        &n64, out.slice_mut(), cond.slice(), &lc, a.slice(), &la, b.slice(), &lb)?;
     Ok(out)
 }
 
@@ -271,8 +277,9 @@ pub fn cast(x: &CudaBuffer, lx: &Strided, to: DType) -> Result<CudaBuffer> {
     }
     let n64 = n as i64;
     let name = format!("cast_{}_{}", suffix(x.dtype()), suffix(to));
+    let lx = lx.coalesced();
     launch!(x.device(), "cast.cu", name, CudaDevice::grid_for(n);
-        &n64, out.slice_mut(), x.slice(), lx)?;
+        &n64, out.slice_mut(), x.slice(), &lx)?;
     Ok(out)
 }
 
@@ -286,8 +293,9 @@ pub fn copy_strided(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     }
     let n64 = n as i64;
     let name = format!("copy_strided_{}", x.dtype().size_in_bytes());
+    let lx = lx.coalesced();
     launch!(x.device(), "copy.cu", name, CudaDevice::grid_for(n);
-        &n64, out.slice_mut(), x.slice(), lx)?;
+        &n64, out.slice_mut(), x.slice(), &lx)?;
     Ok(out)
 }
 

@@ -81,6 +81,39 @@ impl Strided {
         self.offset as usize
     }
 
+    /// The same elements in the same (row-major) order with size-1 dims
+    /// dropped and adjacent dims merged where the strides allow: a
+    /// contiguous layout becomes rank 1, which kernels index without
+    /// divisions. Launch wrappers pass this; shapes are checked before.
+    pub fn coalesced(&self) -> Strided {
+        let r = self.rank as usize;
+        if self.shape[..r].contains(&0) {
+            return *self;
+        }
+        let mut dims: Vec<(i64, i64)> = Vec::with_capacity(r);
+        for d in 0..r {
+            let (n, st) = (self.shape[d], self.strides[d]);
+            if n == 1 {
+                continue;
+            }
+            match dims.last_mut() {
+                Some(last) if last.1 == st * n => *last = (last.0 * n, st),
+                _ => dims.push((n, st)),
+            }
+        }
+        let mut out = Strided {
+            rank: dims.len() as i64,
+            offset: self.offset,
+            shape: [1; MAX_RANK],
+            strides: [0; MAX_RANK],
+        };
+        for (d, (n, st)) in dims.into_iter().enumerate() {
+            out.shape[d] = n;
+            out.strides[d] = st;
+        }
+        out
+    }
+
     /// The largest element index (plus one) this layout reads: what the
     /// buffer must hold. 0 for an empty layout.
     pub fn extent(&self) -> usize {
@@ -145,5 +178,24 @@ mod tests {
         assert!(broadcast_strides(&[2], &[1], 0, &[3]).is_err());
         assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
         assert_eq!(Strided::contiguous(&[]).unwrap().numel(), 1);
+        let c = Strided::contiguous(&[2, 1, 3, 4]).unwrap().coalesced();
+        assert_eq!((c.shape(), c.strides()), (vec![24], vec![1]));
+        // A transpose cannot merge; a broadcast row merges its zero strides.
+        let t = Strided::new(&[3, 2], &[1, 3], 5).unwrap().coalesced();
+        assert_eq!(
+            (t.shape(), t.strides(), t.offset()),
+            (vec![3, 2], vec![1, 3], 5)
+        );
+        let b = broadcast_strides(&[4], &[1], 0, &[2, 3, 4])
+            .unwrap()
+            .coalesced();
+        assert_eq!((b.shape(), b.strides()), (vec![6, 4], vec![0, 1]));
+        assert_eq!(
+            Strided::new(&[1, 1], &[7, 7], 2)
+                .unwrap()
+                .coalesced()
+                .numel(),
+            1
+        );
     }
 }

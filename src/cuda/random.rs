@@ -84,8 +84,9 @@ pub fn dropout(
     let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
     if n > 0 {
         let n64 = n as i64;
+        let lx = lx.coalesced();
         launch!(x.device(), "random.cu", format!("dropout_{sfx}"), CudaDevice::grid_for(n);
-            &seed, &offset, &p, &scale, &n64, out.slice_mut(), x.slice(), lx)?;
+            &seed, &offset, &p, &scale, &n64, out.slice_mut(), x.slice(), &lx)?;
     }
     Ok(out)
 }
