@@ -18,6 +18,8 @@
 //! - [`elementwise`], [`reduce`], [`index`], [`random`]: launch wrappers
 //!   taking buffers plus shapes/strides ([`Strided`]); [`gemm`]: cuBLAS.
 
+#![warn(missing_docs)]
+
 /// Launches kernel `$name` of kernel file `$file` on `$dev`'s stream with
 /// `$cfg` and the given arguments (each a reference that outlives the call);
 /// maps a launch failure to [`crate::Error::Cuda`].

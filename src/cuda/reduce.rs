@@ -61,6 +61,8 @@ pub fn reduce(op: ReduceOp, x: &CudaBuffer, lx: &Strided, dims: &[usize]) -> Res
     let sfx = float_suffix("cuda reduce", x.dtype())?;
     check::input("cuda reduce", x, x.dtype(), lx, x)?;
     let (permuted, outer, inner, _) = split_dims("cuda reduce", lx, dims)?;
+    // Same element order, fewer dims for the kernel to divide through.
+    let permuted = permuted.coalesced();
     if inner == 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
         return Err(Error::InvalidArgument {
             op: "cuda reduce",
@@ -84,6 +86,7 @@ pub fn arg_reduce(x: &CudaBuffer, lx: &Strided, dim: usize, max: bool) -> Result
     let sfx = float_suffix("cuda argmax", x.dtype())?;
     check::input("cuda argmax", x, x.dtype(), lx, x)?;
     let (permuted, outer, inner, _) = split_dims("cuda argmax", lx, &[dim])?;
+    let permuted = permuted.coalesced();
     if inner == 0 {
         return Err(Error::InvalidArgument {
             op: "cuda argmax",
