@@ -62,8 +62,8 @@ impl CudaDevice {
     /// The device `ordinal`, opened on first use and shared afterwards.
     ///
     /// Fails with [`Error::DeviceUnavailable`] (never a panic) when a CUDA
-    /// library is missing, there is no such device, or its compute
-    /// capability is below [`MIN_COMPUTE_CAPABILITY`].
+    /// library or CUDA's headers (for NVRTC) are missing, there is no such
+    /// device, or its compute capability is below [`MIN_COMPUTE_CAPABILITY`].
     pub fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
         static OPEN: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
         let mut open = lock(OPEN.get_or_init(Default::default));
@@ -79,6 +79,12 @@ impl CudaDevice {
         let device = Device::Cuda(ordinal);
         let unavailable = |reason: String| Error::DeviceUnavailable { device, reason };
         library_status().map_err(unavailable)?;
+        // Kernels cannot be compiled without CUDA's headers: a device
+        // without them is not usable either.
+        nvrtc::include_dir().map_err(|e| match e {
+            Error::DeviceUnavailable { reason, .. } => unavailable(reason),
+            other => other,
+        })?;
         let count = CudaContext::device_count()
             .map_err(|e| unavailable(format!("cuDeviceGetCount failed: {e}")))?;
         if ordinal >= count.max(0) as usize {
