@@ -12,14 +12,30 @@ pub enum Device {
 }
 
 impl Device {
-    /// The CUDA device `ordinal` when one can be used, the CPU otherwise.
-    ///
-    /// The CUDA backend is not built yet, so this answers [`Device::Cpu`]
-    /// until it lands; an explicit `Device::Cuda(n)` request is a clear
-    /// [`crate::Error::DeviceUnavailable`], never a panic.
+    /// The CUDA device `ordinal` when it really opens (the CUDA libraries
+    /// load, the device exists and is supported), the CPU otherwise. Never
+    /// panics; [`Device::check_available`] says why a device cannot be used.
     pub fn cuda_if_available(ordinal: usize) -> Device {
-        let _ = ordinal;
-        Device::Cpu
+        if crate::cuda::CudaDevice::is_available(ordinal) {
+            Device::Cuda(ordinal)
+        } else {
+            Device::Cpu
+        }
+    }
+
+    /// `Ok` when the device can be used, else
+    /// [`crate::Error::DeviceUnavailable`] naming what is missing (a CUDA
+    /// library, the device, a recent enough compute capability).
+    pub fn check_available(self) -> crate::Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda(n) => crate::cuda::CudaDevice::get(n).map(|_| ()),
+        }
+    }
+
+    /// Whether the device can be used (see [`Device::check_available`]).
+    pub fn is_available(self) -> bool {
+        self.check_available().is_ok()
     }
 
     /// Whether this is the CPU.

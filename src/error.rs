@@ -35,6 +35,28 @@ pub enum Error {
     /// The device was asked for explicitly but cannot be used.
     #[error("device {device} is not available: {reason}")]
     DeviceUnavailable { device: Device, reason: String },
+    /// A CUDA driver, cuBLAS or launch call failed on a device that is open.
+    #[error("CUDA error on {device} in {op}: {msg}")]
+    Cuda {
+        /// The device the call was made on.
+        device: Device,
+        /// What was being done (e.g. `launch unary_f32`, `cublasGemmEx`).
+        op: String,
+        /// The driver's or library's message.
+        msg: String,
+    },
+    /// NVRTC could not compile a kernel file; `log` is the compiler's output.
+    #[error("NVRTC failed to compile kernels/{file} for {arch}: {msg}\n{log}")]
+    KernelCompile {
+        /// The kernel file (e.g. `elementwise.cu`).
+        file: String,
+        /// The virtual architecture it was compiled for (e.g. `compute_90`).
+        arch: String,
+        /// NVRTC's status.
+        msg: String,
+        /// The compiler log.
+        log: String,
+    },
     /// A dimension index outside `-rank..rank`.
     #[error("dimension {dim} out of range for a tensor of rank {rank} in {op}")]
     DimOutOfRange {

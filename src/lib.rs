@@ -5,6 +5,7 @@
 
 pub mod autograd;
 pub mod cpu;
+pub mod cuda;
 pub mod demo;
 pub mod device;
 pub mod dtype;

@@ -1,0 +1,153 @@
+//! CUDA throughput: our GEMM wrapper vs cuBLAS called directly at 4096³
+//! (f32, TF32, bf16), and elementwise bandwidth vs a device-to-device copy.
+//! Prints JSON lines. Run: `cargo bench --bench cuda_gemm`; without a GPU
+//! it prints that it was skipped.
+use cudarc::cublas::sys::{
+    cublasComputeType_t as Compute, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+use leangrad::cuda::elementwise::{self, UnaryOp};
+use leangrad::cuda::gemm::{self, GemmConfig, GemmShape};
+use leangrad::cuda::{random, CudaBuffer, CudaDevice, Strided};
+use leangrad::DType;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Best-of-`reps` seconds for `f`, each run waited for on the device.
+fn best(dev: &CudaDevice, reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    dev.synchronize().unwrap();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            dev.synchronize().unwrap();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// cuBLAS `gemm_ex` on raw buffers, square n³, no checks: the baseline.
+fn direct(
+    dev: &Arc<CudaDevice>,
+    a: &CudaBuffer,
+    b: &CudaBuffer,
+    c: &mut CudaBuffer,
+    n: i32,
+    ty: cudaDataType,
+    compute: Compute,
+) {
+    let stream = dev.stream().clone();
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    dev.with_blas(|blas| {
+        let (pa, _ra) = a.slice().device_ptr(&stream);
+        let (pb, _rb) = b.slice().device_ptr(&stream);
+        let (pc, _rc) = c.slice_mut().device_ptr_mut(&stream);
+        let op = cublasOperation_t::CUBLAS_OP_N;
+        // SAFETY: three live n×n buffers of `ty`; f32 scalars for a 32F compute type.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                op,
+                op,
+                n,
+                n,
+                n,
+                (&alpha as *const f32).cast(),
+                pb as *const c_void,
+                ty,
+                n,
+                pa as *const c_void,
+                ty,
+                n,
+                (&beta as *const f32).cast(),
+                pc as *mut c_void,
+                ty,
+                n,
+                compute,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| dev.error("gemm_ex", format!("{e:?}")))
+    })
+    .unwrap();
+}
+
+fn main() {
+    let dev = match CudaDevice::get(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            return;
+        }
+    };
+    println!(
+        "{{\"device\": \"{}\", \"capability\": \"{:?}\"}}",
+        dev.name().unwrap_or_default(),
+        dev.compute_capability()
+    );
+    let n = 4096usize;
+    let flops = 2.0 * (n as f64).powi(3);
+    let cases = [
+        (
+            "f32",
+            DType::F32,
+            false,
+            cudaDataType::CUDA_R_32F,
+            Compute::CUBLAS_COMPUTE_32F,
+        ),
+        (
+            "tf32",
+            DType::F32,
+            true,
+            cudaDataType::CUDA_R_32F,
+            Compute::CUBLAS_COMPUTE_32F_FAST_TF32,
+        ),
+        (
+            "bf16",
+            DType::BF16,
+            false,
+            cudaDataType::CUDA_R_16BF,
+            Compute::CUBLAS_COMPUTE_32F,
+        ),
+    ];
+    for (name, dtype, tf32, ty, compute) in cases {
+        let a = random::normal(&dev, dtype, 1, 0, n * n).unwrap();
+        let b = random::normal(&dev, dtype, 2, 0, n * n).unwrap();
+        let mut c = CudaBuffer::zeros(&dev, dtype, n * n).unwrap();
+        let cfg = GemmConfig {
+            tf32,
+            ..Default::default()
+        };
+        let ours = best(&dev, 10, || {
+            gemm::gemm(&a, &b, &mut c, GemmShape::single(n, n, n), &cfg).unwrap()
+        });
+        let theirs = best(&dev, 10, || {
+            direct(&dev, &a, &b, &mut c, n as i32, ty, compute)
+        });
+        println!(
+            "{{\"bench\": \"gemm\", \"dtype\": \"{name}\", \"n\": {n}, \"ours_tflops\": {:.1}, \"cublas_tflops\": {:.1}}}",
+            flops / ours / 1e12,
+            flops / theirs / 1e12
+        );
+    }
+    // Elementwise bandwidth: read + write of 1 GiB of f32.
+    let len = 256 << 20;
+    let x = CudaBuffer::zeros(&dev, DType::F32, len).unwrap();
+    let layout = Strided::contiguous(&[len]).unwrap();
+    let map = best(&dev, 10, || {
+        drop(elementwise::unary(UnaryOp::MulScalar(2.0), &x, &layout).unwrap())
+    });
+    let mut y = CudaBuffer::zeros(&dev, DType::F32, len).unwrap();
+    let stream = dev.stream().clone();
+    let copy = best(&dev, 10, || {
+        stream.memcpy_dtod(x.slice(), y.slice_mut()).unwrap()
+    });
+    let bytes = 2.0 * (len * 4) as f64;
+    println!(
+        "{{\"bench\": \"elementwise\", \"bytes\": {bytes}, \"mul_scalar_gbs\": {:.0}, \"dtod_copy_gbs\": {:.0}}}",
+        bytes / map / 1e9,
+        bytes / copy / 1e9
+    );
+}

@@ -1,0 +1,100 @@
+// Shared prelude of every leangrad kernel file. The Rust side prepends this
+// text to each kernels/*.cu source before NVRTC compiles it (NVRTC is given
+// no virtual headers), so every file sees these helpers.
+//
+// Conventions
+// - Element types: float, double, __half, __nv_bfloat16, unsigned char (u8),
+//   unsigned int (u32), long long (i64). Half types compute in float.
+// - A `Strided` argument describes how to read a tensor of any layout:
+//   logical element `i` (row-major over `shape`) sits at
+//   `offset + sum_d coord_d * strides[d]` elements from the buffer start.
+//   Broadcasting is a stride of 0. Must match src/cuda/layout.rs.
+// - Every kernel uses a grid-stride loop, so any grid size is correct.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#define LG_MAX_RANK 8
+
+// +infinity (NVRTC has no <math.h> INFINITY); converts exactly to double.
+#define LG_INF (__int_as_float(0x7f800000))
+
+struct Strided {
+    long long rank;
+    long long offset;
+    long long shape[LG_MAX_RANK];
+    long long strides[LG_MAX_RANK];
+};
+
+// Buffer offset (in elements) of logical element `i`.
+__device__ __forceinline__ long long lg_offset(const Strided& l, long long i) {
+    // Rank 1 (what a contiguous or coalesced layout becomes): no division.
+    if (l.rank == 1) return l.offset + i * l.strides[0];
+    long long off = l.offset;
+    for (long long d = l.rank - 1; d >= 0; --d) {
+        long long s = l.shape[d];
+        off += (i % s) * l.strides[d];
+        i /= s;
+    }
+    return off;
+}
+
+#define LG_GRID_LOOP(i, n) \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (long long)blockDim.x * gridDim.x)
+
+// The arithmetic type of an element type: double for double, float otherwise.
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+
+template <typename T> __device__ __forceinline__ typename Acc<T>::type lg_load(T v) {
+    return (typename Acc<T>::type)v;
+}
+template <> __device__ __forceinline__ float lg_load<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float lg_load<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+
+template <typename T> __device__ __forceinline__ T lg_store(typename Acc<T>::type v) {
+    return (T)v;
+}
+template <> __device__ __forceinline__ __half lg_store<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 lg_store<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+// Any element to double (exact for every float type; as Rust's `as f64`).
+template <typename T> __device__ __forceinline__ double lg_to_f64(T v) { return (double)v; }
+template <> __device__ __forceinline__ double lg_to_f64<__half>(__half v) {
+    return (double)__half2float(v);
+}
+template <> __device__ __forceinline__ double lg_to_f64<__nv_bfloat16>(__nv_bfloat16 v) {
+    return (double)__bfloat162float(v);
+}
+
+// double to any element, with Rust's `as` semantics for integers
+// (truncate toward zero, saturate, NaN to 0) and round-to-nearest for floats.
+template <typename T> __device__ __forceinline__ T lg_from_f64(double v) { return (T)v; }
+template <> __device__ __forceinline__ __half lg_from_f64<__half>(double v) {
+    return __double2half(v);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 lg_from_f64<__nv_bfloat16>(double v) {
+    return __double2bfloat16(v);
+}
+template <> __device__ __forceinline__ unsigned char lg_from_f64<unsigned char>(double v) {
+    if (!(v > 0.0)) return 0;
+    return v >= 255.0 ? 255 : (unsigned char)v;
+}
+template <> __device__ __forceinline__ unsigned int lg_from_f64<unsigned int>(double v) {
+    if (!(v > 0.0)) return 0;
+    return v >= 4294967295.0 ? 4294967295u : (unsigned int)v;
+}
+template <> __device__ __forceinline__ long long lg_from_f64<long long>(double v) {
+    if (v != v) return 0;
+    if (v >= 9223372036854775807.0) return 9223372036854775807LL;
+    if (v <= -9223372036854775808.0) return (-9223372036854775807LL - 1);
+    return (long long)v;
+}
+
+// Instantiates `KERNEL(suffix, type)` for the four float types.
+#define LG_FOR_FLOATS(KERNEL) \
+    KERNEL(f32, float) KERNEL(f64, double) KERNEL(f16, __half) KERNEL(bf16, __nv_bfloat16)

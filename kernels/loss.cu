@@ -1,0 +1,95 @@
+// Cross-entropy on logits of a contiguous tensor viewed as
+// [outer, classes, inner] (element (o, c, j) at (o*classes + c)*inner + j),
+// one i64 target per sample (o, j), label smoothing eps, ignore_index.
+// Mirrors src/cpu/loss.rs:
+//   loss = lse - (1-eps)*x_t - eps/C * sum_c x_c      (0 where ignored)
+//   dx   = w * (p - eps/C - (1-eps)*[c == t])         (0 where ignored)
+//
+// status (3 x i64, zeroed by the host): [0] += samples not ignored,
+// [1] = an out-of-range target, [2] = 1 if there was one.
+
+#define LG_CE_THREADS 256
+
+template <typename A> __device__ __forceinline__ A lg_ce_reduce(A v, A* buf, int is_max) {
+    buf[threadIdx.x] = v;
+    for (int s = LG_CE_THREADS / 2; s > 0; s >>= 1) {
+        __syncthreads();
+        if (threadIdx.x < s)
+            buf[threadIdx.x] = is_max ? fmax(buf[threadIdx.x], buf[threadIdx.x + s])
+                                      : buf[threadIdx.x] + buf[threadIdx.x + s];
+    }
+    __syncthreads();
+    A r = buf[0];
+    __syncthreads();
+    return r;
+}
+
+// losses: one double per sample. probs: softmax output (logits' dtype), or
+// null when not wanted.
+#define LG_CE_FWD(sfx, T)                                                             \
+    extern "C" __global__ void cross_entropy_fwd_##sfx(                              \
+        long long outer, long long classes, long long inner, long long ignore_index, \
+        double eps, const T* x, const long long* targets, double* losses, T* probs,  \
+        long long* status) {                                                          \
+        typedef Acc<T>::type A;                                                       \
+        __shared__ A buf[LG_CE_THREADS];                                              \
+        for (long long lane = blockIdx.x; lane < outer * inner; lane += gridDim.x) {  \
+            long long base = (lane / inner) * classes * inner + lane % inner;         \
+            long long t = targets[lane];                                              \
+            A m = -LG_INF, xs = 0;                                                  \
+            for (long long c = threadIdx.x; c < classes; c += LG_CE_THREADS) {        \
+                A v = lg_load(x[base + c * inner]);                                   \
+                m = fmax(m, v);                                                       \
+                xs += v;                                                              \
+            }                                                                         \
+            m = lg_ce_reduce(m, buf, 1);                                              \
+            xs = lg_ce_reduce(xs, buf, 0);                                            \
+            A s = 0;                                                                  \
+            for (long long c = threadIdx.x; c < classes; c += LG_CE_THREADS)          \
+                s += exp(lg_load(x[base + c * inner]) - m);                           \
+            s = lg_ce_reduce(s, buf, 0);                                              \
+            A lse = m + log(s);                                                       \
+            if (probs)                                                                \
+                for (long long c = threadIdx.x; c < classes; c += LG_CE_THREADS)      \
+                    probs[base + c * inner] = lg_store<T>(exp(lg_load(x[base + c * inner]) - lse)); \
+            if (threadIdx.x == 0) {                                                   \
+                double loss = 0.0;                                                    \
+                if (t != ignore_index) {                                              \
+                    if (t < 0 || t >= classes) {                                      \
+                        status[1] = t;                                                \
+                        status[2] = 1;                                                \
+                    } else {                                                          \
+                        atomicAdd((unsigned long long*)&status[0], 1ULL);             \
+                        double xt = (double)lg_load(x[base + t * inner]);             \
+                        loss = (double)lse - (1.0 - eps) * xt - eps / (double)classes * (double)xs; \
+                    }                                                                 \
+                }                                                                     \
+                losses[lane] = loss;                                                  \
+            }                                                                         \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_CE_FWD)
+
+// weights: n_weights doubles, one per sample or a single one for all.
+#define LG_CE_BWD(sfx, T)                                                             \
+    extern "C" __global__ void cross_entropy_bwd_##sfx(                              \
+        long long outer, long long classes, long long inner, long long ignore_index, \
+        double eps, const T* probs, const long long* targets, const double* weights, \
+        long long n_weights, T* dx) {                                                 \
+        long long n = outer * classes * inner;                                        \
+        double smooth = eps / (double)classes;                                        \
+        LG_GRID_LOOP(i, n) {                                                          \
+            long long j = i % inner;                                                  \
+            long long c = (i / inner) % classes;                                      \
+            long long sample = (i / (inner * classes)) * inner + j;                   \
+            long long t = targets[sample];                                            \
+            double r = 0.0;                                                           \
+            if (t != ignore_index) {                                                  \
+                double w = n_weights == 1 ? weights[0] : weights[sample];             \
+                double hit = t == c ? 1.0 - eps : 0.0;                                \
+                r = w * (lg_to_f64(probs[i]) - smooth - hit);                         \
+            }                                                                         \
+            dx[i] = lg_from_f64<T>(r);                                                \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_CE_BWD)

@@ -1,0 +1,101 @@
+// Reductions. The host orders the input's dims so that the kept dims come
+// first and the reduced ones last: output element o reduces logical
+// elements o*inner .. o*inner+inner of `lx`. One block of LG_RED_THREADS
+// threads per output element (grid-stride over outputs); accumulation in
+// float (double for f64). Op codes match `ReduceOp` in src/cuda/reduce.rs:
+// 0 sum, 1 mean, 2 max, 3 min. As on the CPU, a NaN is the max/min of any
+// run that holds one.
+
+#define LG_RED_THREADS 256
+
+template <typename A> __device__ __forceinline__ A lg_red_init(int op) {
+    if (op == 2) return -LG_INF;
+    if (op == 3) return LG_INF;
+    return (A)0;
+}
+
+template <typename A> __device__ __forceinline__ A lg_red_combine(int op, A a, A b) {
+    if (op == 0 || op == 1) return a + b;
+    if (a != a) return a;
+    if (b != b) return b;
+    return op == 2 ? fmax(a, b) : fmin(a, b);
+}
+
+// Whether candidate (vb, ib) beats (va, ia) for argmax (want_max) or argmin:
+// an index < 0 is "none"; a NaN beats any number; ties go to the lower index.
+template <typename A>
+__device__ __forceinline__ bool lg_arg_better(int want_max, A va, long long ia, A vb, long long ib) {
+    if (ib < 0) return false;
+    if (ia < 0) return true;
+    bool na = va != va, nb = vb != vb;
+    if (na || nb) return nb && (!na || ib < ia);
+    if (vb == va) return ib < ia;
+    return want_max ? vb > va : vb < va;
+}
+
+// Tree reduction of buf[0..LG_RED_THREADS) into buf[0].
+template <typename A> __device__ __forceinline__ void lg_block_reduce(int op, A* buf) {
+    for (int s = LG_RED_THREADS / 2; s > 0; s >>= 1) {
+        __syncthreads();
+        if (threadIdx.x < s) buf[threadIdx.x] = lg_red_combine(op, buf[threadIdx.x], buf[threadIdx.x + s]);
+    }
+    __syncthreads();
+}
+
+#define LG_REDUCE(sfx, T)                                                             \
+    extern "C" __global__ void reduce_##sfx(int op, long long outer, long long inner,\
+                                            T* out, const T* x, Strided lx) {         \
+        typedef Acc<T>::type A;                                                       \
+        __shared__ A buf[LG_RED_THREADS];                                             \
+        for (long long o = blockIdx.x; o < outer; o += gridDim.x) {                   \
+            A acc = lg_red_init<A>(op);                                               \
+            for (long long j = threadIdx.x; j < inner; j += LG_RED_THREADS)           \
+                acc = lg_red_combine(op, acc, lg_load(x[lg_offset(lx, o * inner + j)])); \
+            buf[threadIdx.x] = acc;                                                   \
+            lg_block_reduce(op, buf);                                                 \
+            if (threadIdx.x == 0) {                                                   \
+                A r = buf[0];                                                         \
+                if (op == 1) r = r / (A)inner;                                        \
+                out[o] = lg_store<T>(r);                                              \
+            }                                                                         \
+            __syncthreads();                                                          \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_REDUCE)
+
+// Index (0..inner) of the largest (want_max = 1) or smallest value of each
+// output's run: the first one on ties, the first NaN if there is one (as
+// src/cpu/reduce.rs).
+#define LG_ARG(sfx, T)                                                                \
+    extern "C" __global__ void argreduce_##sfx(int want_max, long long outer,        \
+                                               long long inner, long long* out,       \
+                                               const T* x, Strided lx) {              \
+        typedef Acc<T>::type A;                                                       \
+        __shared__ A vals[LG_RED_THREADS];                                            \
+        __shared__ long long idxs[LG_RED_THREADS];                                    \
+        for (long long o = blockIdx.x; o < outer; o += gridDim.x) {                   \
+            A best = 0;                                                               \
+            long long bi = -1;                                                        \
+            for (long long j = threadIdx.x; j < inner; j += LG_RED_THREADS) {         \
+                A v = lg_load(x[lg_offset(lx, o * inner + j)]);                       \
+                if (lg_arg_better(want_max, best, bi, v, j)) { best = v; bi = j; }    \
+            }                                                                         \
+            vals[threadIdx.x] = best;                                                 \
+            idxs[threadIdx.x] = bi;                                                   \
+            for (int s = LG_RED_THREADS / 2; s > 0; s >>= 1) {                        \
+                __syncthreads();                                                      \
+                if (threadIdx.x < s) {                                                \
+                    A vb = vals[threadIdx.x + s];                                     \
+                    long long ib = idxs[threadIdx.x + s];                             \
+                    if (lg_arg_better(want_max, vals[threadIdx.x], idxs[threadIdx.x], vb, ib)) { \
+                        vals[threadIdx.x] = vb;                                       \
+                        idxs[threadIdx.x] = ib;                                       \
+                    }                                                                 \
+                }                                                                     \
+            }                                                                         \
+            __syncthreads();                                                          \
+            if (threadIdx.x == 0) out[o] = idxs[0] < 0 ? 0 : idxs[0];                 \
+            __syncthreads();                                                          \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_ARG)

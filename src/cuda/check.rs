@@ -1,0 +1,94 @@
+//! Argument checks shared by the launch wrappers: dtypes, devices, and that
+//! a buffer holds every element its layout addresses.
+
+use super::{CudaBuffer, Strided};
+use crate::{DType, Error, Result};
+
+/// The kernel-name suffix of a dtype.
+pub(crate) fn suffix(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::U8 => "u8",
+        DType::U32 => "u32",
+        DType::I64 => "i64",
+    }
+}
+
+/// The suffix of a float dtype; other dtypes are `UnsupportedDType` for `op`.
+pub(crate) fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
+    if dtype.is_float() {
+        Ok(suffix(dtype))
+    } else {
+        Err(Error::UnsupportedDType { op, dtype })
+    }
+}
+
+/// Checks that `b` has `dtype`, lives on `device`'s device and holds every
+/// element `layout` reads.
+pub(crate) fn input(
+    op: &'static str,
+    b: &CudaBuffer,
+    dtype: DType,
+    layout: &Strided,
+    like: &CudaBuffer,
+) -> Result<()> {
+    same_device(op, b, like)?;
+    if b.dtype() != dtype {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: dtype,
+            got: b.dtype(),
+        });
+    }
+    if layout.extent() > b.len() {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: format!(
+                "layout {:?} reads {} elements of a buffer of {}",
+                layout.shape(),
+                layout.extent(),
+                b.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that two buffers are on the same device.
+pub(crate) fn same_device(op: &'static str, a: &CudaBuffer, b: &CudaBuffer) -> Result<()> {
+    if a.device().ordinal() != b.device().ordinal() {
+        return Err(Error::DeviceMismatch {
+            op,
+            lhs: a.device().device(),
+            rhs: b.device().device(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that two layouts have the same (output) shape.
+pub(crate) fn same_shape(op: &'static str, a: &Strided, b: &Strided) -> Result<()> {
+    if a.shape() != b.shape() {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: a.shape(),
+            rhs: b.shape(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that a dim index is below the rank.
+pub(crate) fn dim(op: &'static str, dim: usize, rank: usize) -> Result<()> {
+    if dim >= rank {
+        return Err(Error::DimOutOfRange {
+            op,
+            dim: dim as isize,
+            rank,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! Opening CUDA devices: library checks, one context + stream per ordinal,
+//! kernel modules and the cuBLAS handle, all created once per process.
+
+use super::nvrtc;
+use crate::{Device, Error, Result};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// The oldest compute capability the kernels are written for (Ampere):
+/// bf16 atomics and `compute_80` PTX.
+pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
+
+/// Which CUDA libraries can be loaded: `Ok` when libcuda, libnvrtc and
+/// libcublas all are, otherwise the list of those that are missing. Checked
+/// once per process.
+pub fn library_status() -> std::result::Result<(), String> {
+    static STATUS: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    STATUS
+        .get_or_init(|| {
+            // SAFETY: these only try dlopen on the library names; nothing is
+            // called in the libraries.
+            let present = unsafe {
+                [
+                    (
+                        "libcuda (the NVIDIA driver)",
+                        cudarc::driver::sys::is_culib_present(),
+                    ),
+                    ("libnvrtc", cudarc::nvrtc::sys::is_culib_present()),
+                    ("libcublas", cudarc::cublas::sys::is_culib_present()),
+                ]
+            };
+            let missing: Vec<&str> = present.iter().filter(|p| !p.1).map(|p| p.0).collect();
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "cannot load {} (searched LD_LIBRARY_PATH and the ldconfig cache)",
+                    missing.join(", ")
+                ))
+            }
+        })
+        .clone()
+}
+
+/// An open CUDA device: context, its one stream, loaded kernels, cuBLAS.
+pub struct CudaDevice {
+    ordinal: usize,
+    stream: Arc<CudaStream>,
+    compute: (i32, i32),
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
+    blas: Mutex<Option<CudaBlas>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CudaDevice {
+    /// The device `ordinal`, opened on first use and shared afterwards.
+    ///
+    /// Fails with [`Error::DeviceUnavailable`] (never a panic) when a CUDA
+    /// library or CUDA's headers (for NVRTC) are missing, there is no such
+    /// device, or its compute capability is below [`MIN_COMPUTE_CAPABILITY`].
+    pub fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
+        static OPEN: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
+        let mut open = lock(OPEN.get_or_init(Default::default));
+        if let Some(d) = open.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(CudaDevice::open(ordinal)?);
+        open.insert(ordinal, d.clone());
+        Ok(d)
+    }
+
+    fn open(ordinal: usize) -> Result<CudaDevice> {
+        let device = Device::Cuda(ordinal);
+        let unavailable = |reason: String| Error::DeviceUnavailable { device, reason };
+        library_status().map_err(unavailable)?;
+        // Kernels cannot be compiled without CUDA's headers: a device
+        // without them is not usable either.
+        nvrtc::include_dir().map_err(|e| match e {
+            Error::DeviceUnavailable { reason, .. } => unavailable(reason),
+            other => other,
+        })?;
+        let count = CudaContext::device_count()
+            .map_err(|e| unavailable(format!("cuDeviceGetCount failed: {e}")))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(unavailable(format!("{count} CUDA device(s) present")));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| unavailable(format!("cannot create a context: {e}")))?;
+        let compute = ctx
+            .compute_capability()
+            .map_err(|e| unavailable(format!("cannot read the compute capability: {e}")))?;
+        if compute < MIN_COMPUTE_CAPABILITY {
+            return Err(unavailable(format!(
+                "compute capability {}.{} is below the {}.{} the kernels need",
+                compute.0, compute.1, MIN_COMPUTE_CAPABILITY.0, MIN_COMPUTE_CAPABILITY.1
+            )));
+        }
+        // SAFETY: all work of this device is issued on its one stream, so
+        // stream order alone orders every read after its write; per-buffer
+        // events would only add overhead.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        Ok(CudaDevice {
+            ordinal,
+            stream,
+            compute,
+            modules: Mutex::default(),
+            functions: Mutex::default(),
+            blas: Mutex::default(),
+        })
+    }
+
+    /// Whether device `ordinal` can be opened (see [`CudaDevice::get`]).
+    pub fn is_available(ordinal: usize) -> bool {
+        CudaDevice::get(ordinal).is_ok()
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// `Device::Cuda(ordinal)`.
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.ordinal)
+    }
+
+    /// The compute capability (major, minor).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute
+    }
+
+    /// The real architecture kernels are compiled for, e.g. `sm_90`.
+    pub fn arch(&self) -> String {
+        format!("sm_{}{}", self.compute.0, self.compute.1)
+    }
+
+    /// The stream all of this device's work runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device's name as the driver reports it.
+    pub fn name(&self) -> Result<String> {
+        let ctx = self.stream.context();
+        ctx.name().map_err(|e| self.error("cuDeviceGetName", e))
+    }
+
+    /// The driver's view of the device memory, `(free, total)` bytes: a
+    /// coarse cross-check of the ledger (it also sees the context, cuBLAS
+    /// workspaces, the allocator pool and other processes).
+    pub fn mem_get_info(&self) -> Result<(usize, usize)> {
+        let ctx = self.stream.context();
+        ctx.mem_get_info()
+            .map_err(|e| self.error("cuMemGetInfo", e))
+    }
+
+    /// Waits until all work issued so far has finished; reports errors of
+    /// earlier asynchronous launches.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| self.error("cuStreamSynchronize", e))
+    }
+
+    /// A typed [`Error::Cuda`] for this device.
+    pub fn error(&self, op: impl Into<String>, e: impl std::fmt::Display) -> Error {
+        Error::Cuda {
+            device: self.device(),
+            op: op.into(),
+            msg: e.to_string(),
+        }
+    }
+
+    /// The kernel `name` of `kernels/<file>`, compiling the file with NVRTC
+    /// to a CUBIN for this device (once per process) and loading it (once
+    /// per device).
+    pub fn function(&self, file: &'static str, name: &str) -> Result<CudaFunction> {
+        if let Some(f) = lock(&self.functions).get(&(file, name.to_string())) {
+            return Ok(f.clone());
+        }
+        let module = self.module(file)?;
+        let f = module
+            .load_function(name)
+            .map_err(|e| self.error(format!("load kernel {name} from {file}"), e))?;
+        lock(&self.functions).insert((file, name.to_string()), f.clone());
+        Ok(f)
+    }
+
+    fn module(&self, file: &'static str) -> Result<Arc<CudaModule>> {
+        let mut modules = lock(&self.modules);
+        if let Some(m) = modules.get(file) {
+            return Ok(m.clone());
+        }
+        let cubin = nvrtc::cubin_for(file, &self.arch())?;
+        let m = self
+            .stream
+            .context()
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(|e| self.error(format!("load module {file}"), e))?;
+        modules.insert(file, m.clone());
+        Ok(m)
+    }
+
+    /// Runs `f` with this device's cuBLAS handle, created on first use.
+    /// The device's context is made current on the calling thread first
+    /// (raw cuBLAS calls do not do it themselves).
+    pub fn with_blas<R>(&self, f: impl FnOnce(&CudaBlas) -> Result<R>) -> Result<R> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| self.error("cuCtxSetCurrent", e))?;
+        let mut blas = lock(&self.blas);
+        if blas.is_none() {
+            let b =
+                CudaBlas::new(self.stream.clone()).map_err(|e| self.error("cublasCreate", e))?;
+            *blas = Some(b);
+        }
+        match blas.as_ref() {
+            Some(b) => f(b),
+            None => Err(self.error("cublasCreate", "no handle")),
+        }
+    }
+
+    /// The launch configuration for `n` independent elements: blocks of
+    /// 256 threads, at most 65 536 blocks (kernels loop over the rest).
+    pub fn grid_for(n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(256).clamp(1, 65_536) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// One 256-thread block per row (`rows` reductions, softmax lanes), at
+    /// most 65 536 blocks (kernels loop over the rest).
+    pub fn grid_per_row(rows: usize) -> LaunchConfig {
+        Self::grid_for(rows.saturating_mul(256))
+    }
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CudaDevice(cuda:{}, sm_{}{})",
+            self.ordinal, self.compute.0, self.compute.1
+        )
+    }
+}

@@ -1,0 +1,325 @@
+//! Launch wrappers for the elementwise kernels (`elementwise.cu`,
+//! `compare.cu`, `cast.cu`, `copy.cu`). Inputs are read through a
+//! [`Strided`] layout (any strides, broadcasting by stride 0); outputs are
+//! new contiguous buffers of the layout's shape, counted under the current
+//! category.
+
+use super::check::{self, float_suffix, suffix};
+use super::{CudaBuffer, CudaDevice, Strided};
+use crate::{DType, Result, WithDType};
+
+/// A float map `x ↦ f(x)`; the variants with a value are tensor-scalar ops.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryOp {
+    /// `-x`
+    Neg,
+    /// `eˣ`
+    Exp,
+    /// `ln x`
+    Log,
+    /// `√x`
+    Sqrt,
+    /// `|x|`
+    Abs,
+    /// `x²`
+    Square,
+    /// `1/x`
+    Recip,
+    /// `sin x`
+    Sin,
+    /// `cos x`
+    Cos,
+    /// `tanh x`
+    Tanh,
+    /// `1/(1+e⁻ˣ)`
+    Sigmoid,
+    /// `x·Φ(x)` (erf form)
+    Gelu,
+    /// GELU's tanh approximation
+    GeluTanh,
+    /// `x·sigmoid(x)`
+    Silu,
+    /// `max(x, 0)`
+    Relu,
+    /// `1/√x`
+    Rsqrt,
+    /// `xᵖ`
+    Powf(f64),
+    /// `x` if positive, else `slope·x`
+    LeakyRelu(f64),
+    /// `x + s`
+    AddScalar(f64),
+    /// `x · s`
+    MulScalar(f64),
+    /// `x / s`
+    DivScalar(f64),
+    /// `s − x`
+    RSubScalar(f64),
+    /// `s / x`
+    RDivScalar(f64),
+    /// `max(x, s)` (NaN-ignoring)
+    MaxScalar(f64),
+    /// `min(x, s)` (NaN-ignoring)
+    MinScalar(f64),
+}
+
+impl UnaryOp {
+    /// The kernel's op code and scalar parameter (see `lg_unary`).
+    fn code(self) -> (i32, f64) {
+        use UnaryOp::*;
+        match self {
+            Neg => (0, 0.0),
+            Exp => (1, 0.0),
+            Log => (2, 0.0),
+            Sqrt => (3, 0.0),
+            Abs => (4, 0.0),
+            Square => (5, 0.0),
+            Recip => (6, 0.0),
+            Sin => (7, 0.0),
+            Cos => (8, 0.0),
+            Tanh => (9, 0.0),
+            Sigmoid => (10, 0.0),
+            Gelu => (11, 0.0),
+            GeluTanh => (12, 0.0),
+            Silu => (13, 0.0),
+            Relu => (14, 0.0),
+            Powf(p) => (15, p),
+            LeakyRelu(s) => (16, s),
+            AddScalar(s) => (17, s),
+            MulScalar(s) => (18, s),
+            RSubScalar(s) => (19, s),
+            RDivScalar(s) => (20, s),
+            MaxScalar(s) => (21, s),
+            MinScalar(s) => (22, s),
+            Rsqrt => (24, 0.0),
+            DivScalar(s) => (25, s),
+        }
+    }
+}
+
+/// A float map of two tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add = 0,
+    /// `a − b`
+    Sub = 1,
+    /// `a · b`
+    Mul = 2,
+    /// `a / b`
+    Div = 3,
+    /// `max(a, b)` (NaN-ignoring)
+    Max = 4,
+    /// `min(a, b)` (NaN-ignoring)
+    Min = 5,
+    /// `aᵇ`
+    Pow = 6,
+}
+
+/// A comparison; results are u8 (1 = true).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompareOp {
+    /// `a == b`
+    Eq = 0,
+    /// `a != b`
+    Ne = 1,
+    /// `a < b`
+    Lt = 2,
+    /// `a <= b`
+    Le = 3,
+    /// `a > b`
+    Gt = 4,
+    /// `a >= b`
+    Ge = 5,
+}
+
+/// `op(x)` for every element of the float buffer `x` read through `lx`.
+pub fn unary(op: UnaryOp, x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
+    let sfx = float_suffix("cuda unary", x.dtype())?;
+    check::input("cuda unary", x, x.dtype(), lx, x)?;
+    let n = lx.numel();
+    let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let (code, param) = op.code();
+    let n64 = n as i64;
+    let lx = lx.coalesced();
+    launch!(x.device(), "elementwise.cu", format!("unary_{sfx}"), CudaDevice::grid_for(n);
+        &code, &param, &n64, out.slice_mut(), x.slice(), &lx)?;
+    Ok(out)
+}
+
+/// `op(a, b)` elementwise; `la` and `lb` must have the output's shape
+/// (use [`super::broadcast_strides`] to broadcast).
+pub fn binary(
+    op: BinaryOp,
+    a: &CudaBuffer,
+    la: &Strided,
+    b: &CudaBuffer,
+    lb: &Strided,
+) -> Result<CudaBuffer> {
+    let sfx = float_suffix("cuda binary", a.dtype())?;
+    check::same_shape("cuda binary", la, lb)?;
+    check::input("cuda binary", a, a.dtype(), la, a)?;
+    check::input("cuda binary", b, a.dtype(), lb, a)?;
+    let n = la.numel();
+    let mut out = CudaBuffer::alloc(a.device(), a.dtype(), n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let (code, n64) = (op as i32, n as i64);
+    let (la, lb) = (la.coalesced(), lb.coalesced());
+    launch!(a.device(), "elementwise.cu", format!("binary_{sfx}"), CudaDevice::grid_for(n);
+        &code, &n64, out.slice_mut(), a.slice(), &la, b.slice(), &lb)?;
+    Ok(out)
+}
+
+/// `acc += alpha · x` in place (`acc` contiguous, `x` read through `lx` of
+/// `acc`'s length): how gradients of a value used twice are summed.
+pub fn axpy(acc: &mut CudaBuffer, alpha: f64, x: &CudaBuffer, lx: &Strided) -> Result<()> {
+    let sfx = float_suffix("cuda axpy", acc.dtype())?;
+    check::input("cuda axpy", x, acc.dtype(), lx, acc)?;
+    let n = acc.len();
+    if lx.numel() != n {
+        return Err(crate::Error::ShapeMismatch {
+            op: "cuda axpy",
+            lhs: vec![n],
+            rhs: lx.shape(),
+        });
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as i64;
+    let device = acc.device().clone();
+    let lx = lx.coalesced();
+    launch!(&device, "elementwise.cu", format!("axpy_{sfx}"), CudaDevice::grid_for(n);
+        &n64, &alpha, acc.slice_mut(), x.slice(), &lx)
+}
+
+/// `op(a, b)` as u8 for buffers of any (equal) dtype; `la`, `lb` of the
+/// output's shape.
+pub fn compare(
+    op: CompareOp,
+    a: &CudaBuffer,
+    la: &Strided,
+    b: &CudaBuffer,
+    lb: &Strided,
+) -> Result<CudaBuffer> {
+    check::same_shape("cuda compare", la, lb)?;
+    check::input("cuda compare", a, a.dtype(), la, a)?;
+    check::input("cuda compare", b, a.dtype(), lb, a)?;
+    let n = la.numel();
+    let mut out = CudaBuffer::alloc(a.device(), DType::U8, n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let (code, n64) = (op as i32, n as i64);
+    let name = format!("compare_{}", suffix(a.dtype()));
+    let (la, lb) = (la.coalesced(), lb.coalesced());
+    launch!(a.device(), "compare.cu", name, CudaDevice::grid_for(n);
+        &code, &n64, out.slice_mut(), a.slice(), &la, b.slice(), &lb)?;
+    Ok(out)
+}
+
+/// `op(a, s)` as u8, comparing each element (as f64) with the scalar.
+pub fn compare_scalar(op: CompareOp, a: &CudaBuffer, la: &Strided, s: f64) -> Result<CudaBuffer> {
+    check::input("cuda compare_scalar", a, a.dtype(), la, a)?;
+    let n = la.numel();
+    let mut out = CudaBuffer::alloc(a.device(), DType::U8, n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let (code, n64) = (op as i32, n as i64);
+    let name = format!("compare_scalar_{}", suffix(a.dtype()));
+    let la = la.coalesced();
+    launch!(a.device(), "compare.cu", name, CudaDevice::grid_for(n);
+        &code, &s, &n64, out.slice_mut(), a.slice(), &la)?;
+    Ok(out)
+}
+
+/// `cond ? a : b` elementwise (`cond` u8; `a`, `b` of one dtype); all three
+/// layouts of the output's shape.
+pub fn where_cond(
+    cond: &CudaBuffer,
+    lc: &Strided,
+    a: &CudaBuffer,
+    la: &Strided,
+    b: &CudaBuffer,
+    lb: &Strided,
+) -> Result<CudaBuffer> {
+    check::same_shape("cuda where", lc, la)?;
+    check::same_shape("cuda where", lc, lb)?;
+    check::input("cuda where", cond, DType::U8, lc, a)?;
+    check::input("cuda where", a, a.dtype(), la, a)?;
+    check::input("cuda where", b, a.dtype(), lb, a)?;
+    let n = lc.numel();
+    let mut out = CudaBuffer::alloc(a.device(), a.dtype(), n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let n64 = n as i64;
+    let name = format!("where_{}", a.dtype().size_in_bytes());
+    let (lc, la, lb) = (lc.coalesced(), la.coalesced(), lb.coalesced());
+    launch!(a.device(), "compare.cu", name, CudaDevice::grid_for(n);
+        &n64, out.slice_mut(), cond.slice(), &lc, a.slice(), &la, b.slice(), &lb)?;
+    Ok(out)
+}
+
+/// `x` converted to `to` (Rust `as` semantics through f64, like the CPU).
+pub fn cast(x: &CudaBuffer, lx: &Strided, to: DType) -> Result<CudaBuffer> {
+    check::input("cuda cast", x, x.dtype(), lx, x)?;
+    let n = lx.numel();
+    let mut out = CudaBuffer::alloc(x.device(), to, n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let n64 = n as i64;
+    let name = format!("cast_{}_{}", suffix(x.dtype()), suffix(to));
+    let lx = lx.coalesced();
+    launch!(x.device(), "cast.cu", name, CudaDevice::grid_for(n);
+        &n64, out.slice_mut(), x.slice(), &lx)?;
+    Ok(out)
+}
+
+/// A contiguous copy of `x` read through `lx` (make contiguous), any dtype.
+pub fn copy_strided(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
+    check::input("cuda copy_strided", x, x.dtype(), lx, x)?;
+    let n = lx.numel();
+    let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let n64 = n as i64;
+    let name = format!("copy_strided_{}", x.dtype().size_in_bytes());
+    let lx = lx.coalesced();
+    launch!(x.device(), "copy.cu", name, CudaDevice::grid_for(n);
+        &n64, out.slice_mut(), x.slice(), &lx)?;
+    Ok(out)
+}
+
+/// Sets every element of `buf` to `value` (whose type must be the buffer's).
+pub fn fill<T: WithDType>(buf: &mut CudaBuffer, value: T) -> Result<()> {
+    if T::DTYPE != buf.dtype() {
+        return Err(crate::Error::DTypeMismatch {
+            op: "cuda fill",
+            expected: buf.dtype(),
+            got: T::DTYPE,
+        });
+    }
+    let n = buf.len();
+    if n == 0 {
+        return Ok(());
+    }
+    // The element's bits, widened to u64 (the kernel narrows them back).
+    let mut bits = [0u8; 8];
+    let size = std::mem::size_of::<T>();
+    // SAFETY: `T` is plain data of `size` <= 8 bytes (see `WithDType`).
+    let raw = unsafe { std::slice::from_raw_parts((&value as *const T).cast::<u8>(), size) };
+    bits[..size].copy_from_slice(raw);
+    let (bits, n64) = (u64::from_le_bytes(bits), n as i64);
+    let name = format!("fill_{size}");
+    let device = buf.device().clone();
+    launch!(&device, "copy.cu", name, CudaDevice::grid_for(n); &n64, buf.slice_mut(), &bits)
+}

@@ -1,0 +1,138 @@
+//! Launch wrappers for the indexing kernels (`index.cu`): gather,
+//! index_select and scatter-add along a dim, with i64 indices. An index out
+//! of range is reported as [`Error::IndexOutOfRange`] (the wrappers wait for
+//! the kernel to read back its status).
+
+use super::check::{self, float_suffix};
+use super::{CudaBuffer, CudaDevice, Strided};
+use crate::memory::Category;
+use crate::{DType, Error, Result};
+
+/// A zeroed status buffer for an index kernel.
+fn status_buffer(like: &CudaBuffer) -> Result<CudaBuffer> {
+    CudaBuffer::zeros_in(like.device(), DType::I64, 2, Category::Workspace)
+}
+
+/// Turns a recorded bad index into an error.
+fn check_status(op: &'static str, st: &CudaBuffer, size: usize) -> Result<()> {
+    let v = st.to_vec::<i64>()?;
+    if v[1] != 0 {
+        return Err(Error::IndexOutOfRange {
+            op,
+            index: v[0],
+            size,
+        });
+    }
+    Ok(())
+}
+
+/// `out[.., i, ..] = x[.., index[.., i, ..], ..]` along `dim`: the result
+/// has the index's shape (`li`); any dtype.
+pub fn gather(
+    x: &CudaBuffer,
+    lx: &Strided,
+    dim: usize,
+    index: &CudaBuffer,
+    li: &Strided,
+) -> Result<CudaBuffer> {
+    let op = "cuda gather";
+    check::input(op, x, x.dtype(), lx, x)?;
+    check::input(op, index, DType::I64, li, x)?;
+    let (xs, is) = (lx.shape(), li.shape());
+    check::dim(op, dim, xs.len())?;
+    if xs.len() != is.len() || (0..xs.len()).any(|d| d != dim && is[d] > xs[d]) {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: xs,
+            rhs: is,
+        });
+    }
+    let n = li.numel();
+    let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let mut st = status_buffer(x)?;
+    let (d64, n64) = (dim as i64, n as i64);
+    let name = format!("gather_{}", x.dtype().size_in_bytes());
+    launch!(x.device(), "index.cu", name, CudaDevice::grid_for(n);
+        &d64, &n64, out.slice_mut(), x.slice(), lx, index.slice(), li, st.slice_mut())?;
+    check_status(op, &st, xs[dim])?;
+    Ok(out)
+}
+
+/// `out[.., i, ..] = x[.., index[i], ..]` along `dim` for a 1-D contiguous
+/// i64 `index`: `x`'s shape with `dim` of size `index.len()`; any dtype.
+pub fn index_select(
+    x: &CudaBuffer,
+    lx: &Strided,
+    dim: usize,
+    index: &CudaBuffer,
+) -> Result<CudaBuffer> {
+    let op = "cuda index_select";
+    check::input(op, x, x.dtype(), lx, x)?;
+    check::input(
+        op,
+        index,
+        DType::I64,
+        &Strided::contiguous(&[index.len()])?,
+        x,
+    )?;
+    let mut shape = lx.shape();
+    check::dim(op, dim, shape.len())?;
+    let size = shape[dim];
+    shape[dim] = index.len();
+    let lo = Strided::contiguous(&shape)?;
+    let n = lo.numel();
+    let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let mut st = status_buffer(x)?;
+    let (d64, n64) = (dim as i64, n as i64);
+    let name = format!("index_select_{}", x.dtype().size_in_bytes());
+    launch!(x.device(), "index.cu", name, CudaDevice::grid_for(n);
+        &d64, &n64, out.slice_mut(), &lo, x.slice(), lx, index.slice(), st.slice_mut())?;
+    check_status(op, &st, size)?;
+    Ok(out)
+}
+
+/// `out[.., index[.., i, ..], ..] += src[.., i, ..]` along `dim`, in place
+/// through `out`'s layout `lo`; `index` (`li`) and `src` (`ls`) have one
+/// shape. Float dtypes; atomic adds, so the order of additions (and the
+/// last bits of f16/bf16/f32 sums) may vary from run to run.
+pub fn scatter_add(
+    out: &mut CudaBuffer,
+    lo: &Strided,
+    dim: usize,
+    index: &CudaBuffer,
+    li: &Strided,
+    src: &CudaBuffer,
+    ls: &Strided,
+) -> Result<()> {
+    let op = "cuda scatter_add";
+    let sfx = float_suffix(op, out.dtype())?;
+    check::input(op, out, out.dtype(), lo, out)?;
+    check::input(op, index, DType::I64, li, out)?;
+    check::input(op, src, out.dtype(), ls, out)?;
+    check::same_shape(op, li, ls)?;
+    let (os, is) = (lo.shape(), li.shape());
+    check::dim(op, dim, os.len())?;
+    if os.len() != is.len() || (0..os.len()).any(|d| d != dim && is[d] > os[d]) {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: os,
+            rhs: is,
+        });
+    }
+    let n = li.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let mut st = status_buffer(out)?;
+    let (d64, n64) = (dim as i64, n as i64);
+    let device = out.device().clone();
+    launch!(&device, "index.cu", format!("scatter_add_{sfx}"), CudaDevice::grid_for(n);
+        &d64, &n64, out.slice_mut(), lo, src.slice(), ls, index.slice(), li, st.slice_mut())?;
+    check_status(op, &st, os[dim])
+}

@@ -1,0 +1,57 @@
+//! The CUDA backend (issue #4): devices, counted device buffers, NVRTC
+//! kernels from `kernels/*.cu`, and cuBLAS GEMMs.
+//!
+//! Everything is loaded at run time (cudarc with dynamic loading): a binary
+//! built here runs on a machine without CUDA and answers
+//! [`crate::Error::DeviceUnavailable`] there, naming what is missing, instead
+//! of panicking. The libraries are looked for before any cudarc call that
+//! would load them (cudarc panics when a library is absent).
+//!
+//! - [`CudaDevice`]: one per ordinal, opened lazily and kept for the
+//!   process: a context, one stream (all work is ordered on it), the loaded
+//!   kernel modules and a cuBLAS handle.
+//! - [`CudaBuffer`]: a typed device buffer counted in the memory ledger
+//!   under `Device::Cuda(n)`, with host copies for every dtype; what a
+//!   tensor storage holds as its CUDA backing.
+//! - [`nvrtc`]: the kernel sources, the CUDA include folder, compilation
+//!   per compute capability with a per-process cache.
+//! - [`elementwise`], [`reduce`], [`index`], [`random`]: launch wrappers
+//!   taking buffers plus shapes/strides ([`Strided`]); [`gemm`]: cuBLAS.
+
+#![warn(missing_docs)]
+
+/// Launches kernel `$name` of kernel file `$file` on `$dev`'s stream with
+/// `$cfg` and the given arguments (each a reference that outlives the call);
+/// maps a launch failure to [`crate::Error::Cuda`].
+macro_rules! launch {
+    ($dev:expr, $file:expr, $name:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
+        use cudarc::driver::PushKernelArg;
+        let dev: &$crate::cuda::CudaDevice = $dev;
+        let name: &str = &$name;
+        let func = dev.function($file, name)?;
+        let stream = dev.stream().clone();
+        let mut builder = stream.launch_builder(&func);
+        $( builder.arg($arg); )*
+        // SAFETY: the argument list matches the kernel's parameters in
+        // `kernels/$file` (types and order); buffers were checked by the
+        // caller to hold every element the layouts address.
+        unsafe { builder.launch($cfg) }
+            .map(|_| ())
+            .map_err(|e| dev.error(format!("launch {name}"), e))
+    }};
+}
+
+mod buffer;
+mod check;
+mod context;
+pub mod elementwise;
+pub mod gemm;
+pub mod index;
+mod layout;
+pub mod nvrtc;
+pub mod random;
+pub mod reduce;
+
+pub use buffer::CudaBuffer;
+pub use context::{library_status, CudaDevice, MIN_COMPUTE_CAPABILITY};
+pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};

@@ -1,0 +1,101 @@
+//! Helpers shared by the `tests/cuda_*.rs` suites: the device (or a printed
+//! skip), uploads of CPU tensors, and per-dtype tolerances.
+#![allow(dead_code)]
+
+use leangrad::cuda::{CudaBuffer, CudaDevice, Strided};
+use leangrad::{DType, Device, Tensor};
+use std::sync::Arc;
+
+/// CUDA device 0, or `None` after printing `skipped: no CUDA device (reason)`.
+pub fn device(test: &str) -> Option<Arc<CudaDevice>> {
+    match CudaDevice::get(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("skipped: no CUDA device ({e}) [{test}]");
+            None
+        }
+    }
+}
+
+/// Binds the device or returns from the test after printing why it was skipped.
+#[macro_export]
+macro_rules! cuda_or_skip {
+    ($test:expr) => {
+        match cuda_common::device($test) {
+            Some(d) => d,
+            None => return,
+        }
+    };
+}
+
+/// The float dtypes every float kernel is tested in.
+pub const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// Every dtype.
+pub const ALL: [DType; 7] = [
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::U8,
+    DType::U32,
+    DType::I64,
+];
+
+/// Absolute + relative tolerance for comparing a kernel with the CPU in
+/// `dtype` (half types compute in f32 on the GPU, round once more).
+pub fn tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-11,
+        DType::F32 => 2e-5,
+        DType::F16 => 4e-3,
+        DType::BF16 => 3e-2,
+        _ => 0.0,
+    }
+}
+
+/// A seeded CPU tensor of `shape` in `dtype` with values in `[lo, hi)`.
+pub fn cpu_rand(shape: &[usize], lo: f64, hi: f64, dtype: DType, seed: u64) -> Tensor {
+    Tensor::rand_range(shape, lo, hi, DType::F64, Device::Cpu, seed)
+        .and_then(|t| t.to_dtype(dtype))
+        .unwrap()
+}
+
+/// A device copy of a CPU tensor's elements (row-major, contiguous).
+pub fn upload(dev: &Arc<CudaDevice>, t: &Tensor) -> CudaBuffer {
+    let t = t.to_dtype(t.dtype()).unwrap();
+    match t.dtype() {
+        DType::F32 => CudaBuffer::from_slice(dev, &t.to_vec::<f32>().unwrap()),
+        DType::F64 => CudaBuffer::from_slice(dev, &t.to_vec::<f64>().unwrap()),
+        DType::F16 => CudaBuffer::from_slice(dev, &t.to_vec::<half::f16>().unwrap()),
+        DType::BF16 => CudaBuffer::from_slice(dev, &t.to_vec::<half::bf16>().unwrap()),
+        DType::U8 => CudaBuffer::from_slice(dev, &t.to_vec::<u8>().unwrap()),
+        DType::U32 => CudaBuffer::from_slice(dev, &t.to_vec::<u32>().unwrap()),
+        DType::I64 => CudaBuffer::from_slice(dev, &t.to_vec::<i64>().unwrap()),
+    }
+    .unwrap()
+}
+
+/// A buffer's elements as f64.
+pub fn download(b: &CudaBuffer) -> Vec<f64> {
+    b.to_cpu_data().unwrap().to_vec_as::<f64>()
+}
+
+/// The contiguous layout of `shape`.
+pub fn dense(shape: &[usize]) -> Strided {
+    Strided::contiguous(shape).unwrap()
+}
+
+/// Asserts `got` matches `want` within `tol` (absolute + relative); NaNs
+/// and infinities must match exactly.
+pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_finite() {
+            (g - w).abs() <= tol * (1.0 + w.abs())
+        } else {
+            g.is_nan() == w.is_nan() && (w.is_nan() || g == w)
+        };
+        assert!(ok, "{what}: element {i}: got {g}, want {w} (tol {tol})");
+    }
+}

@@ -1,0 +1,168 @@
+//! Indexing kernels against the CPU (gather, index_select, scatter-add,
+//! out-of-range indices as typed errors) and the Philox4x32-10 kernels
+//! bit for bit against `leangrad::rng` and the CPU dropout. Without a GPU:
+//! `skipped: no CUDA device (…)`.
+
+mod cuda_common;
+
+use cuda_common::{assert_close, dense, download, tol, upload, FLOATS};
+use leangrad::cuda::{index, random, CudaBuffer, Strided};
+use leangrad::{rng, DType, Device, Error, Tensor};
+
+fn index_tensor(values: &[i64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(values.to_vec(), shape, Device::Cpu).unwrap()
+}
+
+#[test]
+fn gather_index_select_scatter_add_match_the_cpu() {
+    let dev = cuda_or_skip!("index");
+    for dtype in cuda_common::ALL {
+        let x = cuda_common::cpu_rand(&[6, 9], 0.0, 50.0, dtype, 21);
+        let gx = upload(&dev, &x);
+        let ids: Vec<i64> = (0..6 * 4).map(|i| (i * 5 + 3) % 9).collect();
+        let idx = index_tensor(&ids, &[6, 4]);
+        let got = index::gather(
+            &gx,
+            &dense(&[6, 9]),
+            1,
+            &upload(&dev, &idx),
+            &dense(&[6, 4]),
+        )
+        .unwrap();
+        assert_eq!(
+            download(&got),
+            x.gather(1, &idx).unwrap().to_f64_vec().unwrap(),
+            "gather {dtype:?}"
+        );
+        let sel = index_tensor(&[5, 0, 0, 2, 5], &[5]);
+        let got = index::index_select(&gx, &dense(&[6, 9]), 0, &upload(&dev, &sel)).unwrap();
+        let want = x.index_select(0, &sel).unwrap().to_f64_vec().unwrap();
+        assert_eq!(download(&got), want, "index_select {dtype:?}");
+        // Through a transposed view: select columns of xᵀ.
+        let lt = Strided::new(&[9, 6], &[1, 9], 0).unwrap();
+        let got = index::index_select(&gx, &lt, 1, &upload(&dev, &sel)).unwrap();
+        let xv = x.to_f64_vec().unwrap();
+        let want: Vec<f64> = (0..9 * 5)
+            .map(|i| xv[[5, 0, 0, 2, 5][i % 5] * 9 + i / 5])
+            .collect();
+        assert_eq!(
+            download(&got),
+            want,
+            "index_select of a transpose {dtype:?}"
+        );
+    }
+    for dtype in FLOATS {
+        let base = cuda_common::cpu_rand(&[4, 7], -1.0, 1.0, dtype, 22);
+        let src = cuda_common::cpu_rand(&[4, 12], -1.0, 1.0, dtype, 23);
+        let ids: Vec<i64> = (0..48).map(|i| (i * 3) % 7).collect();
+        let idx = index_tensor(&ids, &[4, 12]);
+        let want = base
+            .scatter_add(1, &idx, &src)
+            .unwrap()
+            .to_f64_vec()
+            .unwrap();
+        let mut out = upload(&dev, &base);
+        let (l, ls) = (dense(&[4, 7]), dense(&[4, 12]));
+        index::scatter_add(
+            &mut out,
+            &l,
+            1,
+            &upload(&dev, &idx),
+            &ls,
+            &upload(&dev, &src),
+            &ls,
+        )
+        .unwrap();
+        assert_close(
+            &format!("scatter_add {dtype:?}"),
+            &download(&out),
+            &want,
+            tol(dtype) * 4.0,
+        );
+    }
+    let x = upload(
+        &dev,
+        &cuda_common::cpu_rand(&[3, 4], 0.0, 1.0, DType::F32, 24),
+    );
+    let bad = upload(&dev, &index_tensor(&[1, 4], &[2]));
+    match index::index_select(&x, &dense(&[3, 4]), 1, &bad) {
+        Err(Error::IndexOutOfRange { index, size, .. }) => assert_eq!((index, size), (4, 4)),
+        other => panic!("expected IndexOutOfRange, got {other:?}"),
+    }
+    let neg = upload(&dev, &index_tensor(&[-1; 6], &[3, 2]));
+    let r = index::gather(&x, &dense(&[3, 4]), 1, &neg, &dense(&[3, 2]));
+    assert!(matches!(r, Err(Error::IndexOutOfRange { .. })), "{r:?}");
+}
+
+#[test]
+fn philox_streams_are_bit_identical_to_the_cpu() {
+    let dev = cuda_or_skip!("philox");
+    for (seed, offset, n) in [
+        (0u64, 0u64, 1usize),
+        (42, 4, 1001),
+        (u64::MAX, 1 << 40, 4099),
+        (7, 3, 17),
+    ] {
+        let words = random::philox_words(&dev, seed, offset, n)
+            .unwrap()
+            .to_vec::<u32>()
+            .unwrap();
+        let want: Vec<u32> = (0..n as u64)
+            .map(|i| rng::random_u32(seed, offset + i))
+            .collect();
+        assert_eq!(words, want, "words seed {seed} offset {offset}");
+        for dtype in FLOATS {
+            let got = download(&random::uniform(&dev, dtype, seed, offset, n).unwrap());
+            let want =
+                Tensor::from_f64_slice(&rng::uniform(seed, offset, n), &[n], dtype, Device::Cpu)
+                    .unwrap()
+                    .to_f64_vec()
+                    .unwrap();
+            assert_eq!(got, want, "uniform {dtype:?}");
+            // Normals go through the device's double log/cos: equal after
+            // rounding to the dtype except, rarely, in the last bit.
+            let got = download(&random::normal(&dev, dtype, seed, offset, n).unwrap());
+            let want =
+                Tensor::from_f64_slice(&rng::normal(seed, offset, n), &[n], dtype, Device::Cpu)
+                    .unwrap()
+                    .to_f64_vec()
+                    .unwrap();
+            assert_close(&format!("normal {dtype:?}"), &got, &want, tol(dtype) / 4.0);
+        }
+    }
+}
+
+#[test]
+fn dropout_replays_the_cpu_mask_bit_for_bit() {
+    let dev = cuda_or_skip!("dropout");
+    let (p, seed, offset) = (0.3, 1234u64, 96u64);
+    for dtype in FLOATS {
+        let x = cuda_common::cpu_rand(&[7, 131], -2.0, 2.0, dtype, 25);
+        let want = leangrad::nn::dropout(&x, p, seed, offset)
+            .unwrap()
+            .to_f64_vec()
+            .unwrap();
+        let got = random::dropout(
+            &upload(&dev, &x),
+            &dense(&[7, 131]),
+            seed,
+            offset,
+            p,
+            1.0 / (1.0 - p),
+        )
+        .unwrap();
+        assert_eq!(download(&got), want, "dropout {dtype:?}");
+    }
+    let mask = random::dropout_mask(&dev, seed, offset, p, 1000)
+        .unwrap()
+        .to_vec::<u8>()
+        .unwrap();
+    let want: Vec<u8> = (0..1000)
+        .map(|i| u8::from(rng::dropout_keep(seed, offset, i, p)))
+        .collect();
+    assert_eq!(mask, want);
+    let empty = CudaBuffer::alloc(&dev, DType::F32, 0).unwrap();
+    assert!(random::dropout(&empty, &dense(&[0]), seed, 0, p, 2.0)
+        .unwrap()
+        .is_empty());
+}
