@@ -9,6 +9,10 @@ pub enum Device {
     Cpu,
     /// The CUDA device with this ordinal.
     Cuda(usize),
+    /// No data at all: tensors with shapes, dtypes, strides, versions and
+    /// ledger registrations, whose kernels compute output shapes only. A
+    /// training step on meta predicts the CPU ledger byte for byte.
+    Meta,
 }
 
 impl Device {
@@ -22,6 +26,11 @@ impl Device {
         Device::Cpu
     }
 
+    /// Whether this is the meta device (no data).
+    pub fn is_meta(self) -> bool {
+        matches!(self, Device::Meta)
+    }
+
     /// Whether this is the CPU.
     pub fn is_cpu(self) -> bool {
         matches!(self, Device::Cpu)
@@ -33,6 +42,7 @@ impl fmt::Display for Device {
         match self {
             Device::Cpu => write!(f, "cpu"),
             Device::Cuda(n) => write!(f, "cuda:{n}"),
+            Device::Meta => write!(f, "meta"),
         }
     }
 }
