@@ -276,6 +276,15 @@ pub enum OptimizerKind {
 }
 
 impl OptimizerKind {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::Adamw => "adamw",
+        }
+    }
+
     /// The optimizer called `name` (`sgd`, `adam`, `adamw`).
     pub fn parse(name: &str) -> Result<OptimizerKind> {
         match name {
@@ -498,14 +507,14 @@ impl MemoryPlan {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{}: batch {}, {}×{}, {:?}, case {}, {:?}{}, {} ({:.2} s)",
+            "{}: batch {}, {}×{}, {}, case {}, {}{}, {} ({:.2} s)",
             self.model,
             s.batch,
             s.size,
             s.size,
-            s.dtype,
+            format!("{:?}", s.dtype).to_lowercase(),
             s.case.name(),
-            s.optimizer,
+            s.optimizer.name(),
             if s.fused { " fused" } else { "" },
             if s.device == Device::Meta {
                 "predicted on meta".to_string()
@@ -548,7 +557,7 @@ impl MemoryPlan {
         let _ = writeln!(
             out,
             "{:<18} {:>24} {:>24} {:>9}",
-            "param gradients",
+            "leaf gradients",
             human_bytes(l.parameter_gradient_peak),
             human_bytes(a.parameter_gradient_peak),
             ratio(l.parameter_gradient_peak, a.parameter_gradient_peak)
