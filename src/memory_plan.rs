@@ -374,6 +374,15 @@ pub fn run_step(
             .into_iter()
             .filter(|p| p.requires_grad())
             .collect();
+        if params.is_empty() && !spec.case.input_grad() {
+            return Err(Error::InvalidArgument {
+                op: "memory",
+                msg: format!(
+                    "case `{}` trains nothing in this model (no parameter requires grad)",
+                    spec.case.name()
+                ),
+            });
+        }
         let _p = with_save_policy(policy);
         let m: &dyn TrainModel = model.as_ref();
         match spec.optimizer {

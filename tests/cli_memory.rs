@@ -74,7 +74,7 @@ fn bad_arguments_are_clear_errors() {
         (&["memory", "--model", "resnet18", "--optimizer", "lion"][..], "adamw"),
         (&["memory", "--batch", "2"][..], "--model"),
         // VGG-16 has no normalisation layers: nothing would train.
-        (&["memory", "--model", "vgg16", "--batch", "1", "--size", "32", "--case", "norm"][..], "grad"),
+        (&["memory", "--model", "vgg16", "--batch", "1", "--size", "32", "--case", "norm"][..], "trains nothing"),
     ] {
         let out = leangrad(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
