@@ -575,10 +575,7 @@ impl MemoryPlan {
             let (lean, all) = (by_layer(&l.saved_by_layer), by_layer(&a.saved_by_layer));
             let _ = writeln!(out, "layers with the most saved bytes (peak, lean):");
             for (layer, bytes) in lean.iter().take(top) {
-                let other = all
-                    .iter()
-                    .find(|(n, _)| n == layer)
-                    .map_or(0, |(_, b)| *b);
+                let other = all.iter().find(|(n, _)| n == layer).map_or(0, |(_, b)| *b);
                 let _ = writeln!(
                     out,
                     "  {layer:<24} {:>24} {:>24} {:>9}",

@@ -14,8 +14,20 @@ fn leangrad(args: &[&str]) -> Output {
 
 fn memory_json(model: &str, case: &str, extra: &[&str], device: &str) -> Value {
     let mut args = vec![
-        "memory", "--model", model, "--batch", "2", "--size", "32", "--classes", "10", "--case",
-        case, "--device", device, "--json",
+        "memory",
+        "--model",
+        model,
+        "--batch",
+        "2",
+        "--size",
+        "32",
+        "--classes",
+        "10",
+        "--case",
+        case,
+        "--device",
+        device,
+        "--json",
     ];
     args.extend_from_slice(extra);
     let out = leangrad(&args);
@@ -47,17 +59,32 @@ fn meta_prediction_equals_cpu_measurement() {
             assert_eq!(m, c, "{model} {case} {policy}");
             assert!(m["peak_total"].as_u64().unwrap() > 0);
         }
-        let saved = |p: &Value, policy: &str| p[policy]["report"]["peak"]["saved"].as_u64().unwrap();
-        assert!(saved(&meta, "lean") < saved(&meta, "save_all"), "{model} {case}");
+        let saved =
+            |p: &Value, policy: &str| p[policy]["report"]["peak"]["saved"].as_u64().unwrap();
+        assert!(
+            saved(&meta, "lean") < saved(&meta, "save_all"),
+            "{model} {case}"
+        );
     }
 }
 
 #[test]
 fn table_lists_categories_and_layers() {
-    let out = leangrad(&["memory", "--model", "resnet18", "--batch", "2", "--size", "32", "--top", "3"]);
+    let out = leangrad(&[
+        "memory", "--model", "resnet18", "--batch", "2", "--size", "32", "--top", "3",
+    ]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for word in ["parameters", "gradients", "saved", "optimizer state", "workspace", "total", "save-all", "layer"] {
+    for word in [
+        "parameters",
+        "gradients",
+        "saved",
+        "optimizer state",
+        "workspace",
+        "total",
+        "save-all",
+        "layer",
+    ] {
         assert!(text.contains(word), "{word} missing in\n{text}");
     }
 }
@@ -66,15 +93,38 @@ fn table_lists_categories_and_layers() {
 fn bad_arguments_are_clear_errors() {
     for (args, expect) in [
         (&["memory", "--model", "resnet9000"][..], "resnet18"),
-        (&["memory", "--model", "resnet18", "--batch", "0"][..], "batch"),
-        (&["memory", "--model", "resnet18", "--batch", "many"][..], "batch"),
-        (&["memory", "--model", "resnet18", "--dtype", "f8"][..], "f32"),
-        (&["memory", "--model", "resnet18", "--case", "some"][..], "surgical-last"),
-        (&["memory", "--model", "resnet18", "--device", "tpu"][..], "meta"),
-        (&["memory", "--model", "resnet18", "--optimizer", "lion"][..], "adamw"),
+        (
+            &["memory", "--model", "resnet18", "--batch", "0"][..],
+            "batch",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--batch", "many"][..],
+            "batch",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--dtype", "f8"][..],
+            "f32",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--case", "some"][..],
+            "surgical-last",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--device", "tpu"][..],
+            "meta",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--optimizer", "lion"][..],
+            "adamw",
+        ),
         (&["memory", "--batch", "2"][..], "--model"),
         // VGG-16 has no normalisation layers: nothing would train.
-        (&["memory", "--model", "vgg16", "--batch", "1", "--size", "32", "--case", "norm"][..], "trains nothing"),
+        (
+            &[
+                "memory", "--model", "vgg16", "--batch", "1", "--size", "32", "--case", "norm",
+            ][..],
+            "trains nothing",
+        ),
     ] {
         let out = leangrad(args);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -64,7 +64,11 @@ fn mobilenet() -> Build {
 
 fn models() -> Vec<(&'static str, Build, bool)> {
     vec![
-        ("resnet18_tiny", resnet(BlockKind::Basic, [2, 2, 2, 2]), true),
+        (
+            "resnet18_tiny",
+            resnet(BlockKind::Basic, [2, 2, 2, 2]),
+            true,
+        ),
         (
             "resnet50_tiny",
             resnet(BlockKind::Bottleneck, [3, 4, 6, 3]),
@@ -101,8 +105,12 @@ fn assert_meta_equals_cpu(model: &str, build: &Build, case: Case) {
             let what = format!("{model} {} {policy:?} {opt:?} fused={fused}", case.name());
             let cpu = run_step(build.as_ref(), &spec(case, opt, fused, Device::Cpu), policy)
                 .unwrap_or_else(|e| panic!("{what} cpu: {e}"));
-            let meta = run_step(build.as_ref(), &spec(case, opt, fused, Device::Meta), policy)
-                .unwrap_or_else(|e| panic!("{what} meta: {e}"));
+            let meta = run_step(
+                build.as_ref(),
+                &spec(case, opt, fused, Device::Meta),
+                policy,
+            )
+            .unwrap_or_else(|e| panic!("{what} meta: {e}"));
             let (mut c, m) = (cpu.report, meta.report);
             assert_eq!(c.device, "cpu");
             assert_eq!(m.device, "meta");
@@ -165,7 +173,9 @@ fn full_size_resnet18_step_on_meta() {
     });
     let mut s = spec(Case::All, OptimizerKind::Sgd, false, Device::Meta);
     (s.batch, s.size, s.classes) = (64, 224, 1000);
-    let lean = run_step(build.as_ref(), &s, SavePolicy::Lean).unwrap().report;
+    let lean = run_step(build.as_ref(), &s, SavePolicy::Lean)
+        .unwrap()
+        .report;
     let all = run_step(build.as_ref(), &s, SavePolicy::SaveAll)
         .unwrap()
         .report;
@@ -176,10 +186,17 @@ fn full_size_resnet18_step_on_meta() {
     assert_eq!(lean.peak.optimizer_state, params); // momentum
     assert!(lean.peak.gradient >= params);
     // Activations of ResNet-18 at batch 64: a few GiB under save-all.
-    assert!(all.peak.saved > (1 << 30) && all.peak.saved < (8 << 30), "{}", all.peak.saved);
+    assert!(
+        all.peak.saved > (1 << 30) && all.peak.saved < (8 << 30),
+        "{}",
+        all.peak.saved
+    );
     assert!(lean.peak.saved < all.peak.saved);
     assert!(lean.peak_total < all.peak_total);
-    assert!(lean.saved_by_layer.iter().any(|l| l.layer.starts_with("layer1.0.conv1")));
+    assert!(lean
+        .saved_by_layer
+        .iter()
+        .any(|l| l.layer.starts_with("layer1.0.conv1")));
     // Nothing is left on the CPU by a meta step.
     assert_eq!(Ledger::global().live(Device::Meta), 0);
 }
@@ -200,16 +217,25 @@ fn meta_tensors_have_shapes_and_no_data() {
         Tensor::rand(&[3], DType::F16, Device::Meta, 1).unwrap(),
         Tensor::arange(3, DType::F16, Device::Meta).unwrap(),
     ] {
-        assert_eq!((t.shape(), t.dtype(), t.device()), (&[3][..], DType::F16, Device::Meta));
+        assert_eq!(
+            (t.shape(), t.dtype(), t.device()),
+            (&[3][..], DType::F16, Device::Meta)
+        );
     }
     assert!(matches!(x.to_vec::<f32>(), Err(Error::NoData { .. })));
     assert!(matches!(x.to_f64_vec(), Err(Error::NoData { .. })));
-    assert!(matches!(x.sum_all().unwrap().to_scalar(), Err(Error::NoData { .. })));
+    assert!(matches!(
+        x.sum_all().unwrap().to_scalar(),
+        Err(Error::NoData { .. })
+    ));
     assert!(matches!(
         Tensor::from_vec(vec![1.0f32], &[1], Device::Meta),
         Err(Error::NoData { .. })
     ));
-    assert!(matches!(x.to_device(Device::Cpu), Err(Error::NoData { .. })));
+    assert!(matches!(
+        x.to_device(Device::Cpu),
+        Err(Error::NoData { .. })
+    ));
     // Ops give the right shapes and dtypes.
     let w = Tensor::zeros(&[8, 3], DType::F32, Device::Meta).unwrap();
     let y = x.matmul(&w).unwrap().relu().unwrap();
@@ -219,11 +245,17 @@ fn meta_tensors_have_shapes_and_no_data() {
     // Mixed meta and CPU operands are a device mismatch.
     let c = Tensor::zeros(&[4, 8], DType::F32, Device::Cpu).unwrap();
     assert!(matches!(x.add(&c), Err(Error::DeviceMismatch { .. })));
-    assert!(matches!(x.matmul(&c.transpose(0, 1).unwrap()), Err(Error::DeviceMismatch { .. })));
+    assert!(matches!(
+        x.matmul(&c.transpose(0, 1).unwrap()),
+        Err(Error::DeviceMismatch { .. })
+    ));
     // A CPU tensor copied to meta keeps its shape; its bytes are counted under meta.
     let m = c.to_device(Device::Meta).unwrap();
     assert_eq!(m.shape(), c.shape());
-    assert_eq!(ledger.live_in(Device::Meta, Category::Other), ledger.live(Device::Meta));
+    assert_eq!(
+        ledger.live_in(Device::Meta, Category::Other),
+        ledger.live(Device::Meta)
+    );
 }
 
 #[test]
@@ -253,6 +285,9 @@ fn data_dependent_ops_on_meta_treat_indices_as_valid() {
     loss.backward().unwrap();
     let g = w.grad().unwrap();
     assert_eq!((g.shape(), g.device()), (&[10, 4][..], Device::Meta));
-    let picked = w.detach().index_select(0, &Tensor::zeros(&[7], DType::U32, Device::Meta).unwrap()).unwrap();
+    let picked = w
+        .detach()
+        .index_select(0, &Tensor::zeros(&[7], DType::U32, Device::Meta).unwrap())
+        .unwrap();
     assert_eq!(picked.shape(), &[7, 4]);
 }

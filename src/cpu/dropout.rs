@@ -3,8 +3,8 @@
 //! backward evaluate alike (any layout in, row-major element order).
 
 use super::elementwise::{fill, Source};
-use crate::rng::dropout_keep;
 use crate::meta::{self, backend, Backend};
+use crate::rng::dropout_keep;
 use crate::tensor::{CpuData, Layout, Tensor};
 use crate::{DType, Device, Error, FloatDType, Result, WithDType};
 

@@ -90,7 +90,10 @@ impl BackwardOp for BatchNormBackward {
                         weight,
                         running_var,
                     }) => {
-                        let w = weight.as_ref().map(|t| t.get()?.small_values()).transpose()?;
+                        let w = weight
+                            .as_ref()
+                            .map(|t| t.get()?.small_values())
+                            .transpose()?;
                         let rv = running_var.get()?.small_values()?;
                         Some(scale_of(
                             w.as_deref(),
@@ -117,7 +120,10 @@ impl BackwardOp for BatchNormBackward {
                 let xhat = ((self.train && nx) || nw)
                     .then(|| recompute_xhat(input.get()?, geo, &mean, &invstd))
                     .transpose()?;
-                let w = weight.as_ref().map(|t| t.get()?.small_values()).transpose()?;
+                let w = weight
+                    .as_ref()
+                    .map(|t| t.get()?.small_values())
+                    .transpose()?;
                 (
                     xhat,
                     nx.then(|| scale_of(w.as_deref(), &invstd, self.dtype)),
@@ -141,8 +147,12 @@ impl BackwardOp for BatchNormBackward {
             (None, None)
         };
         let c = [geo.nparam()];
-        let gw = gw.map(|v| grad_tensor(v, &c, self.dtype, g.device())).transpose()?;
-        let gb = gb.map(|v| grad_tensor(v, &c, self.dtype, g.device())).transpose()?;
+        let gw = gw
+            .map(|v| grad_tensor(v, &c, self.dtype, g.device()))
+            .transpose()?;
+        let gb = gb
+            .map(|v| grad_tensor(v, &c, self.dtype, g.device()))
+            .transpose()?;
         Ok(grads_of(gx, gw, gb, self.present))
     }
 }

@@ -111,8 +111,8 @@ impl Embedding {
     ) -> Result<Embedding> {
         let padding = resolve_padding(padding_idx, num_embeddings)?;
         if device.is_meta() {
-            let weight = Tensor::zeros(&[num_embeddings, embedding_dim], dtype, device)?
-                .into_parameter()?;
+            let weight =
+                Tensor::zeros(&[num_embeddings, embedding_dim], dtype, device)?.into_parameter()?;
             return Ok(Embedding {
                 weight,
                 padding_idx,

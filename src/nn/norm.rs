@@ -147,7 +147,10 @@ impl BackwardOp for RowNormBackward {
             RowSaved::Lean { xhat, rstd, weight } => (
                 xhat.as_ref().map(|t| t.get().cloned()).transpose()?,
                 rstd.as_ref().map(|t| t.get()?.small_values()).transpose()?,
-                weight.as_ref().map(|t| t.get()?.small_values()).transpose()?,
+                weight
+                    .as_ref()
+                    .map(|t| t.get()?.small_values())
+                    .transpose()?,
             ),
             RowSaved::All {
                 input,
@@ -164,7 +167,10 @@ impl BackwardOp for RowNormBackward {
                 let xhat = (nx || nw)
                     .then(|| recompute_xhat(input.get()?, geo, &mean, &rstd))
                     .transpose()?;
-                let w = weight.as_ref().map(|t| t.get()?.small_values()).transpose()?;
+                let w = weight
+                    .as_ref()
+                    .map(|t| t.get()?.small_values())
+                    .transpose()?;
                 (xhat, Some(rstd), w)
             }
         };
@@ -187,8 +193,12 @@ impl BackwardOp for RowNormBackward {
             (None, None)
         };
         let shape = &self.param_shape;
-        let gw = gw.map(|v| grad_tensor(v, shape, self.dtype, g.device())).transpose()?;
-        let gb = gb.map(|v| grad_tensor(v, shape, self.dtype, g.device())).transpose()?;
+        let gw = gw
+            .map(|v| grad_tensor(v, shape, self.dtype, g.device()))
+            .transpose()?;
+        let gb = gb
+            .map(|v| grad_tensor(v, shape, self.dtype, g.device()))
+            .transpose()?;
         Ok(grads_of(gx, gw, gb, self.present))
     }
 }

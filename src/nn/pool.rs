@@ -10,13 +10,13 @@
 //!   `SaveAll`, the input, as PyTorch keeps it.
 
 use super::Module;
-use crate::meta::{backend, Backend};
 use crate::autograd::{attach, keep, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::cpu::{
     avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_forward, window_to_flat,
     ArgSource, AvgMode, PoolGeom,
 };
 use crate::memory::scope;
+use crate::meta::{backend, Backend};
 use crate::ops::expect_float;
 use crate::tensor::Layout;
 use crate::{Error, Result, Tensor};

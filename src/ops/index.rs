@@ -71,7 +71,10 @@ impl BackwardOp for IndexSelectBackward {
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         if meta_index("index_select", &g, self.index.get()?)? {
             drop(self.index);
-            return Ok(vec![Some(crate::meta::empty(&self.input_shape, g.dtype())?)]);
+            return Ok(vec![Some(crate::meta::empty(
+                &self.input_shape,
+                g.dtype(),
+            )?)]);
         }
         let idx = read_indices(
             "index_select",
@@ -99,7 +102,10 @@ impl BackwardOp for GatherBackward {
         let index = self.index.get()?;
         if meta_index("gather", &g, index)? {
             drop(self.index);
-            return Ok(vec![Some(crate::meta::empty(&self.input_shape, g.dtype())?)]);
+            return Ok(vec![Some(crate::meta::empty(
+                &self.input_shape,
+                g.dtype(),
+            )?)]);
         }
         let idx = read_indices("gather", index, self.input_shape[self.dim])?;
         let dst = gather_offsets(

@@ -2,10 +2,10 @@
 
 use super::expect_float;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::cpu::CrossEntropyForward;
 use crate::cpu::{
     binary_map, cross_entropy_backward, cross_entropy_forward, sum_scaled, BinaryKernel,
 };
-use crate::cpu::CrossEntropyForward;
 use crate::meta::{backend, Backend};
 use crate::tensor::Layout;
 use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
@@ -87,7 +87,10 @@ impl BackwardOp for CrossEntropyBackward {
         match backend("cross_entropy", &[&g, probs])? {
             Backend::Meta => {
                 drop(g); // as on the CPU: the incoming gradient goes first
-                return Ok(vec![Some(crate::meta::empty(probs.shape(), probs.dtype())?)]);
+                return Ok(vec![Some(crate::meta::empty(
+                    probs.shape(),
+                    probs.dtype(),
+                )?)]);
             }
             Backend::Cpu => {}
         }
