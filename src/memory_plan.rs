@@ -15,7 +15,7 @@
 //! model is one entry.
 
 use crate::autograd::{with_save_policy, SavePolicy};
-use crate::memory::{human_bytes, Category, DeviceReport, LayerBytes, Ledger};
+use crate::memory::{human_bytes, Category, DeviceReport, LayerBytes, Ledger, MemoryReport};
 use crate::models::{MobileNetV2, MobileNetV2Config, ResNet, ResNetConfig, Vgg, VggConfig};
 use crate::nn::{LayerKind, Module};
 use crate::ops::CrossEntropyOptions;
@@ -311,6 +311,7 @@ pub struct StepSpec {
     /// Classes of the synthetic targets (the model's outputs).
     pub classes: usize,
     /// Compute dtype of the model and input.
+    #[serde(serialize_with = "lower_debug")]
     pub dtype: DType,
     /// The optimizer.
     pub optimizer: OptimizerKind,
@@ -320,14 +321,25 @@ pub struct StepSpec {
     /// Which parameters train.
     pub case: Case,
     /// Where to run: [`Device::Meta`] predicts, [`Device::Cpu`] measures.
+    #[serde(serialize_with = "display")]
     pub device: Device,
+}
+
+fn lower_debug<S: serde::Serializer>(d: &DType, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{d:?}").to_lowercase())
+}
+
+fn display<S: serde::Serializer>(d: &Device, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&d.to_string())
 }
 
 /// The ledger of one step under one policy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct StepMemory {
-    /// Peak bytes by category, peak total, final live bytes, parameter
-    /// gradient peak and saved bytes by layer, on the step's device.
+    /// Peak bytes by category, peak total, live bytes at the end of the
+    /// step (model, gradients, optimizer state, input and loss still
+    /// alive), parameter-gradient peak and saved bytes by layer, on the
+    /// step's device.
     pub report: DeviceReport,
 }
 
@@ -352,7 +364,7 @@ pub fn run_step(
         });
     }
     let ledger = Ledger::new();
-    {
+    let report = {
         let _l = ledger.enter();
         let mut model = build(spec.dtype, spec.device)?;
         apply_case(model.as_mut(), spec.case)?;
@@ -392,6 +404,7 @@ pub fn run_step(
                 &targets,
                 Optimizer::new(params, Sgd::new(0.01).momentum(0.9))?,
                 spec.fused,
+                &ledger,
             )?,
             OptimizerKind::Adam => step(
                 m,
@@ -399,6 +412,7 @@ pub fn run_step(
                 &targets,
                 Optimizer::new(params, Adam::new(1e-3))?,
                 spec.fused,
+                &ledger,
             )?,
             OptimizerKind::Adamw => step(
                 m,
@@ -406,11 +420,11 @@ pub fn run_step(
                 &targets,
                 Optimizer::new(params, Adam::adamw(1e-3))?,
                 spec.fused,
+                &ledger,
             )?,
         }
-    }
-    let report = ledger
-        .report()
+    };
+    let report = report
         .devices
         .into_iter()
         .find(|d| d.device == spec.device.to_string())
@@ -421,15 +435,17 @@ pub fn run_step(
     Ok(StepMemory { report })
 }
 
-/// Forward, loss, backward and update with `opt`; the optimizer (and its
-/// state) lives until the step is over.
+/// Forward, loss, backward and update with `opt`; returns the ledger's
+/// report at the end of the step, while the model, its gradients, the
+/// optimizer state, the input and the loss are still alive.
 fn step<A: Algorithm>(
     model: &dyn TrainModel,
     x: &Tensor,
     targets: &Tensor,
     mut opt: Optimizer<A>,
     fused: bool,
-) -> Result<()> {
+    ledger: &Ledger,
+) -> Result<MemoryReport> {
     let loss = model
         .forward(x)?
         .cross_entropy(targets, CrossEntropyOptions::default())?;
@@ -439,7 +455,7 @@ fn step<A: Algorithm>(
         loss.backward()?;
         opt.step()?;
     }
-    Ok(())
+    Ok(ledger.report())
 }
 
 /// The lean policy next to save-all for one model and step.

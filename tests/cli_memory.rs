@@ -49,6 +49,7 @@ fn meta_prediction_equals_cpu_measurement() {
         ("resnet18", "input", &[][..]),
         ("resnet18", "all", &["--optimizer", "adamw", "--fused"][..]),
         ("mobilenet_v2", "surgical-last", &[][..]),
+        ("resnet18", "input-bn-eval", &["--dtype", "bf16"][..]),
     ] {
         let meta = memory_json(model, case, extra, "meta");
         let cpu = memory_json(model, case, extra, "cpu");

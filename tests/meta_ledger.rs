@@ -116,6 +116,8 @@ fn assert_meta_equals_cpu(model: &str, build: &Build, case: Case) {
             assert_eq!(m.device, "meta");
             c.device = m.device.clone();
             assert!(c.peak_total > 0, "{what}");
+            // Taken at the end of the step: the model and its state are alive.
+            assert!(c.live.parameter > 0 && c.live_total > 0, "{what}");
             assert!(!c.saved_by_layer.is_empty(), "{what}");
             assert_eq!(c.peak, m.peak, "{what}: peak by category");
             assert_eq!(c.live, m.live, "{what}: live by category");

@@ -86,6 +86,16 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Writes `text` to stdout; a closed pipe (`| head`) is not an error.
+fn emit(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Demo {
@@ -153,11 +163,12 @@ fn run(cli: Cli) -> Result<()> {
                 },
             };
             let plan = memory_plan::plan(&model, &spec)?;
-            if json {
-                println!("{}", plan.to_json());
+            let text = if json {
+                plan.to_json() + "\n"
             } else {
-                print!("{}", plan.to_table(top));
-            }
+                plan.to_table(top)
+            };
+            emit(&text)?;
         }
     }
     Ok(())
