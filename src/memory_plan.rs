@@ -532,7 +532,7 @@ impl MemoryPlan {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{}: batch {}, {}×{}, {}, case {}, {}{}, {} ({:.2} s)",
+            "{}: batch {}, {}×{}, {}, case {}, {}{}, {} (both policies in {:.1} ms)",
             self.model,
             s.batch,
             s.size,
@@ -546,7 +546,7 @@ impl MemoryPlan {
             } else {
                 format!("measured on {}", s.device)
             },
-            self.seconds
+            self.seconds * 1e3
         );
         let _ = writeln!(
             out,
