@@ -9,6 +9,10 @@ pub enum Device {
     Cpu,
     /// The CUDA device with this ordinal.
     Cuda(usize),
+    /// No data at all: tensors with shapes, dtypes, strides, versions and
+    /// ledger registrations, whose kernels compute output shapes only. A
+    /// training step on meta predicts the CPU ledger byte for byte.
+    Meta,
 }
 
 impl Device {
@@ -28,7 +32,7 @@ impl Device {
     /// library, the device, a recent enough compute capability).
     pub fn check_available(self) -> crate::Result<()> {
         match self {
-            Device::Cpu => Ok(()),
+            Device::Cpu | Device::Meta => Ok(()),
             Device::Cuda(n) => crate::cuda::CudaDevice::get(n).map(|_| ()),
         }
     }
@@ -36,6 +40,11 @@ impl Device {
     /// Whether the device can be used (see [`Device::check_available`]).
     pub fn is_available(self) -> bool {
         self.check_available().is_ok()
+    }
+
+    /// Whether this is the meta device (no data).
+    pub fn is_meta(self) -> bool {
+        matches!(self, Device::Meta)
     }
 
     /// Whether this is the CPU.
@@ -49,6 +58,7 @@ impl fmt::Display for Device {
         match self {
             Device::Cpu => write!(f, "cpu"),
             Device::Cuda(n) => write!(f, "cuda:{n}"),
+            Device::Meta => write!(f, "meta"),
         }
     }
 }

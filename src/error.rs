@@ -57,6 +57,10 @@ pub enum Error {
         /// The compiler log.
         log: String,
     },
+    /// The values of a meta-device tensor were asked for: meta tensors have
+    /// shapes, dtypes and counted sizes but no data.
+    #[error("{op}: a tensor on the meta device has no data (only its shape, dtype and size)")]
+    NoData { op: &'static str },
     /// A dimension index outside `-rank..rank`.
     #[error("dimension {dim} out of range for a tensor of rank {rank} in {op}")]
     DimOutOfRange {

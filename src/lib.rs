@@ -12,6 +12,8 @@ pub mod dtype;
 pub mod error;
 pub mod io;
 pub mod memory;
+pub mod memory_plan;
+pub mod meta;
 pub mod models;
 pub mod nn;
 pub mod ops;

@@ -3,6 +3,8 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use leangrad::demo::{self, DemoOptions};
+use leangrad::memory_plan::{self, Case, OptimizerKind, StepSpec, MODELS};
+use leangrad::{DType, Device};
 
 #[derive(Parser)]
 #[command(
@@ -35,10 +37,67 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Predict (on the meta device, default) or measure (on the CPU) the
+    /// memory of one training step, lean policy next to save-all.
+    Memory {
+        /// The model (full size).
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(MODELS.iter().map(|m| m.name)))]
+        model: String,
+        /// Images per batch.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+        batch: u32,
+        /// Which parameters train (and whether the input needs a gradient).
+        #[arg(long, default_value = "all", value_parser = ["all", "input", "input-bn-eval", "norm", "surgical-last"])]
+        case: String,
+        /// Input height and width (default: the model's, 224).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        size: Option<u32>,
+        /// Classes of the classifier and the synthetic targets.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        classes: u32,
+        /// Compute dtype.
+        #[arg(long, default_value = "f32", value_parser = ["f32", "f16", "bf16"])]
+        dtype: String,
+        /// Optimizer (sgd has momentum 0.9).
+        #[arg(long, default_value = "sgd", value_parser = ["sgd", "adam", "adamw"])]
+        optimizer: String,
+        /// Fuse the optimizer into backward (`backward_step`).
+        #[arg(long)]
+        fused: bool,
+        /// `meta` predicts without data; `cpu` runs the step for real.
+        #[arg(long, default_value = "meta", value_parser = ["meta", "cpu"])]
+        device: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// How many layers with the most saved bytes to list.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().command {
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes `text` to stdout; a closed pipe (`| head`) is not an error.
+fn emit(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
         Command::Demo {
             steps,
             hidden,
@@ -69,6 +128,47 @@ fn main() -> Result<()> {
             } else {
                 print!("{}", result.memory.to_table());
             }
+        }
+        Command::Memory {
+            model,
+            batch,
+            case,
+            size,
+            classes,
+            dtype,
+            optimizer,
+            fused,
+            device,
+            json,
+            top,
+        } => {
+            let entry = memory_plan::find_model(&model)?;
+            let spec = StepSpec {
+                batch: batch as usize,
+                in_channels: entry.in_channels,
+                size: size.map_or(entry.default_size, |s| s as usize),
+                classes: classes as usize,
+                dtype: match dtype.as_str() {
+                    "f16" => DType::F16,
+                    "bf16" => DType::BF16,
+                    _ => DType::F32,
+                },
+                optimizer: OptimizerKind::parse(&optimizer)?,
+                fused,
+                case: Case::parse(&case)?,
+                device: if device == "cpu" {
+                    Device::Cpu
+                } else {
+                    Device::Meta
+                },
+            };
+            let plan = memory_plan::plan(&model, &spec)?;
+            let text = if json {
+                plan.to_json() + "\n"
+            } else {
+                plan.to_table(top)
+            };
+            emit(&text)?;
         }
     }
     Ok(())

@@ -2,6 +2,7 @@
 //! selection by a mask, and dtype casts. Any layout in, contiguous out.
 
 use super::elementwise::{check_pair, check_same_device, fill, typed, Source};
+use crate::meta::{self, backend, Backend};
 use crate::tensor::{broadcast_shapes, CpuData, Layout, Tensor};
 use crate::{DType, Error, Result, WithDType};
 use half::{bf16, f16};
@@ -59,6 +60,10 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
         a.layout().broadcast_to(&shape)?,
         b.layout().broadcast_to(&shape)?,
     );
+    match backend(op.name(), &[a, b])? {
+        Backend::Meta => return meta::empty(&shape, DType::U8),
+        Backend::Cpu => {}
+    }
     let (da, db) = (a.storage().cpu()?, b.storage().cpu()?);
     fn go<T: WithDType>(
         sa: &[T],
@@ -81,6 +86,10 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
 /// `op(x, s)` elementwise as a U8 tensor of 1/0, for any dtype; elements
 /// are compared as f64 (exact but for i64 beyond 2^53).
 pub fn compare_scalar(x: &Tensor, s: f64, op: CmpOp) -> Result<Tensor> {
+    match backend(op.name(), &[x])? {
+        Backend::Meta => return meta::empty(x.shape(), DType::U8),
+        Backend::Cpu => {}
+    }
     let data = x.storage().cpu()?;
     fn go<T: WithDType>(v: &[T], l: &Layout, s: f64, op: CmpOp) -> Vec<u8> {
         let src = Source::new(v, l);
@@ -111,6 +120,10 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         a.layout().broadcast_to(&shape)?,
         b.layout().broadcast_to(&shape)?,
     );
+    match backend(OP, &[cond, a, b])? {
+        Backend::Meta => return meta::empty(&shape, a.dtype()),
+        Backend::Cpu => {}
+    }
     let (dc, da, db) = (
         cond.storage().cpu()?,
         a.storage().cpu()?,
@@ -142,6 +155,10 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// The elements of `x` converted to `dtype` as Rust's `as` converts through
 /// f64 (float to integer truncates and saturates; NaN becomes 0). No autograd.
 pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    match backend("cast", &[x])? {
+        Backend::Meta => return meta::empty(x.shape(), dtype),
+        Backend::Cpu => {}
+    }
     let data = x.storage().cpu()?;
     fn conv<S: WithDType, D: WithDType>(src: &Source<S>, n: usize) -> CpuData {
         D::wrap(fill(n, |i| D::from_f64(src.get(i).to_f64())))

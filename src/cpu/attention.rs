@@ -108,6 +108,14 @@ pub(crate) fn attention_probs(
     spec: &ScoreSpec,
     lse_in: Option<&[f64]>,
 ) -> Result<(Tensor, Vec<f64>)> {
+    match crate::meta::backend("scaled_dot_product_attention", &[s])? {
+        crate::meta::Backend::Meta => {
+            // One (unread) lse per row: its length sizes the saved lse.
+            let rows = s.numel().checked_div(spec.lk).unwrap_or(0);
+            return Ok((crate::meta::empty(s.shape(), s.dtype())?, vec![0.0; rows]));
+        }
+        crate::meta::Backend::Cpu => {}
+    }
     let dense = Dense::new(s)?;
     let (data, range) = dense.parts();
     let (p, lse) = crate::match_float_data!(data, "scaled_dot_product_attention", v =>
@@ -142,6 +150,10 @@ pub(crate) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, scale: f64) -> Res
         return Err(Error::Backward(
             "scaled_dot_product_attention: probability gradient does not match".into(),
         ));
+    }
+    match crate::meta::backend("scaled_dot_product_attention", &[p, dp])? {
+        crate::meta::Backend::Meta => return crate::meta::empty(p.shape(), p.dtype()),
+        crate::meta::Backend::Cpu => {}
     }
     let lk = p.shape().last().copied().unwrap_or(1);
     let (dpn, ddn) = (Dense::new(p)?, Dense::new(dp)?);

@@ -50,6 +50,13 @@ pub fn mask_where(
     op: &'static str,
     keep: impl Fn(f64) -> bool + Sync,
 ) -> Result<Tensor> {
+    match crate::meta::backend(op, &[x])? {
+        crate::meta::Backend::Meta => {
+            crate::meta::float(op, x.dtype())?;
+            return crate::meta::empty(&[mask_words(x.numel())], crate::DType::U32);
+        }
+        crate::meta::Backend::Cpu => {}
+    }
     let data = x.storage().cpu()?;
     fn go<T: FloatDType>(s: &[T], l: &Layout, keep: &(impl Fn(f64) -> bool + Sync)) -> Vec<u32> {
         match l.contiguous_range() {
@@ -73,6 +80,13 @@ pub fn mask_where(
 /// `slope` is 0): the backward of relu and leaky_relu. `g` may have any layout.
 pub fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {
     let n = g.numel();
+    match crate::meta::backend("mask_scale", &[g, mask])? {
+        crate::meta::Backend::Meta => {
+            crate::meta::float("mask_scale", g.dtype())?;
+            return crate::meta::empty(g.shape(), g.dtype());
+        }
+        crate::meta::Backend::Cpu => {}
+    }
     let mdata = mask.storage().cpu()?;
     let words = mdata.as_slice::<u32>().ok_or(Error::DTypeMismatch {
         op: "mask_scale",

@@ -13,6 +13,7 @@
 
 use super::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
 use crate::memory::{with_category, Category};
+use crate::meta::{backend, Backend};
 use crate::tensor::{contiguous_strides, CpuData, Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
@@ -227,6 +228,13 @@ fn channel_sums<T: FloatDType>(
 }
 
 fn unfold(x: &Tensor, start: usize, cols: &Tensor, g: &ConvGeom) -> Result<()> {
+    match backend("conv", &[x, cols])? {
+        Backend::Meta => {
+            crate::meta::touch(cols);
+            return Ok(());
+        }
+        Backend::Cpu => {}
+    }
     let xd = x.storage().cpu()?;
     let mut cd = cols.storage().cpu_mut()?;
     let item = g.cin * g.h * g.w;
@@ -246,9 +254,14 @@ pub(crate) fn conv2d_forward(
     let _ws = with_category(Category::Workspace);
     if let Some(b) = bias {
         let (b, bs) = dense(b)?;
-        let bd = b.storage().cpu()?;
-        let mut od = out.storage().cpu_mut()?;
-        by_dtype!(x.dtype(), fill_bias(&mut od, &bd, bs..bs + g.cout, g.l()))?;
+        match backend("conv2d", &[x, &b])? {
+            Backend::Meta => crate::meta::touch(&out),
+            Backend::Cpu => {
+                let bd = b.storage().cpu()?;
+                let mut od = out.storage().cpu_mut()?;
+                by_dtype!(x.dtype(), fill_bias(&mut od, &bd, bs..bs + g.cout, g.l()))?;
+            }
+        }
     }
     let (x, xs) = dense(x)?;
     let (w, ws) = dense(w)?;
@@ -277,12 +290,17 @@ pub(crate) fn conv2d_input_grad(
     let _ws = with_category(Category::Workspace);
     if let Some(b) = bias {
         let (b, bs) = dense(b)?;
-        let bd = b.storage().cpu()?;
-        let mut xd = gx.storage().cpu_mut()?;
-        by_dtype!(
-            gy.dtype(),
-            fill_bias(&mut xd, &bd, bs..bs + g.cin, g.h * g.w)
-        )?;
+        match backend("conv_transpose2d", &[gy, &b])? {
+            Backend::Meta => crate::meta::touch(&gx),
+            Backend::Cpu => {
+                let bd = b.storage().cpu()?;
+                let mut xd = gx.storage().cpu_mut()?;
+                by_dtype!(
+                    gy.dtype(),
+                    fill_bias(&mut xd, &bd, bs..bs + g.cin, g.h * g.w)
+                )?;
+            }
+        }
     }
     let (gy, gs) = dense(gy)?;
     let (w, ws) = dense(w)?;
@@ -293,6 +311,13 @@ pub(crate) fn conv2d_input_grad(
     for i in 0..g.n {
         let gyv = view(&gy, &[g.groups, cg, l], gs + i * g.cout * l);
         matmul_into(&cols, &wt, &gyv, false)?;
+        match backend("conv2d_backward", &[&cols, &gx])? {
+            Backend::Meta => {
+                crate::meta::touch(&gx);
+                continue;
+            }
+            Backend::Cpu => {}
+        }
         let cd = cols.storage().cpu()?;
         let mut xd = gx.storage().cpu_mut()?;
         by_dtype!(
@@ -331,6 +356,13 @@ pub(crate) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
     let gb = Tensor::zeros(&[c], gy.dtype(), gy.device())?;
     let _ws = with_category(Category::Workspace);
     let (gy, gs) = dense(gy)?;
+    match backend("conv_bias_grad", &[&gy, &gb])? {
+        Backend::Meta => {
+            crate::meta::touch(&gb);
+            return Ok(gb);
+        }
+        Backend::Cpu => {}
+    }
     let gd = gy.storage().cpu()?;
     let mut bd = gb.storage().cpu_mut()?;
     by_dtype!(

@@ -3,9 +3,10 @@
 //! backward evaluate alike (any layout in, row-major element order).
 
 use super::elementwise::{fill, Source};
+use crate::meta::{self, backend, Backend};
 use crate::rng::dropout_keep;
 use crate::tensor::{CpuData, Layout, Tensor};
-use crate::{FloatDType, Result, WithDType};
+use crate::{DType, Device, Error, FloatDType, Result, WithDType};
 
 /// The (seed, offset) of a dropout draw and its drop probability.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -36,6 +37,13 @@ impl DropoutDraw {
 /// `v · scale` where `keep(i)`, else 0, for every element of the float
 /// tensor `x` (any layout), as a new contiguous tensor.
 fn masked_scale(x: &Tensor, scale: f64, keep: impl Fn(usize) -> bool + Sync) -> Result<Tensor> {
+    match backend("dropout", &[x])? {
+        Backend::Meta => {
+            meta::float("dropout", x.dtype())?;
+            return meta::empty(x.shape(), x.dtype());
+        }
+        Backend::Cpu => {}
+    }
     let data = x.storage().cpu()?;
     fn go<T: FloatDType>(
         s: &[T],
@@ -64,13 +72,30 @@ pub(crate) fn dropout_apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
     masked_scale(x, draw.scale(), |i| draw.keep(i))
 }
 
-/// The keep-mask of `draw` over `n` elements as bytes (1 = kept): what
-/// PyTorch keeps for backward.
-pub(crate) fn dropout_mask_bytes(n: usize, draw: DropoutDraw) -> Vec<u8> {
-    fill(n, |i| u8::from(draw.keep(i)))
+/// The keep-mask of `draw` over a tensor of `shape` as a U8 tensor on
+/// `device` (1 = kept): what PyTorch keeps for backward.
+pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -> Result<Tensor> {
+    match meta::backend_of("dropout", device)? {
+        Backend::Meta => meta::empty(shape, DType::U8),
+        Backend::Cpu => {
+            let n = shape.iter().product();
+            Tensor::from_vec(fill(n, |i| u8::from(draw.keep(i))), shape, device)
+        }
+    }
 }
 
-/// Backward from a stored byte mask: `g · scale` where the mask is set.
-pub(crate) fn dropout_apply_mask(g: &Tensor, mask: &[u8], scale: f64) -> Result<Tensor> {
-    masked_scale(g, scale, |i| mask[i] != 0)
+/// Backward from a stored byte mask (a U8 tensor made by [`dropout_mask`]):
+/// `g · scale` where the mask is set.
+pub(crate) fn dropout_apply_mask(g: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
+    match backend("dropout", &[g, mask])? {
+        Backend::Meta => return masked_scale(g, scale, |_| true),
+        Backend::Cpu => {}
+    }
+    let data = mask.storage().cpu()?;
+    match data.as_slice::<u8>() {
+        Some(bytes) if bytes.len() >= g.numel() => masked_scale(g, scale, |i| bytes[i] != 0),
+        _ => Err(Error::Backward(
+            "dropout: the saved mask does not match the gradient".into(),
+        )),
+    }
 }

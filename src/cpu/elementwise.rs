@@ -1,6 +1,7 @@
 //! Elementwise kernels: any layout in, a contiguous tensor out.
 
 use super::PARALLEL_THRESHOLD;
+use crate::meta::{self, backend, Backend};
 use crate::tensor::{broadcast_shapes, CpuData, Layout, Tensor};
 use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
@@ -64,6 +65,13 @@ pub(crate) fn fill<T: Send>(n: usize, at: impl Fn(usize) -> T + Sync + Send) -> 
 
 /// `k(x)` for every element of a float tensor.
 pub fn unary_map<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
+    match backend(K::NAME, &[x])? {
+        Backend::Meta => {
+            meta::float(K::NAME, x.dtype())?;
+            return meta::empty(x.shape(), x.dtype());
+        }
+        Backend::Cpu => {}
+    }
     let data = x.storage().cpu()?;
     fn go<T: FloatDType, K: UnaryKernel>(s: &[T], l: &Layout, k: &K) -> CpuData {
         let src = Source::new(s, l);
@@ -80,6 +88,13 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
     let shape = broadcast_shapes(K::NAME, a.shape(), b.shape())?;
     let la = a.layout().broadcast_to(&shape)?;
     let lb = b.layout().broadcast_to(&shape)?;
+    match backend(K::NAME, &[a, b])? {
+        Backend::Meta => {
+            meta::float(K::NAME, a.dtype())?;
+            return meta::empty(&shape, a.dtype());
+        }
+        Backend::Cpu => {}
+    }
     let da = a.storage().cpu()?;
     let db = b.storage().cpu()?;
     fn go<T: FloatDType, K: BinaryKernel>(
@@ -112,8 +127,16 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
     let lsrc = src.layout().broadcast_to(dst.shape())?;
     if dst.shares_storage_with(src) {
         // Read a private copy first: source and destination overlap.
-        let copy = Tensor::from_cpu_data(gather(src)?, src.shape())?;
+        let copy = contiguous_copy(src)?;
         return binary_assign(dst, &copy, k);
+    }
+    match backend(K::NAME, &[dst, src])? {
+        Backend::Meta => {
+            meta::float(K::NAME, dst.dtype())?;
+            meta::touch(dst);
+            return Ok(());
+        }
+        Backend::Cpu => {}
     }
     let ds = src.storage().cpu()?;
     let mut dd = dst.storage().cpu_mut()?;
@@ -175,6 +198,10 @@ pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()>
 
 /// A contiguous copy of `x` (no autograd).
 pub fn contiguous_copy(x: &Tensor) -> Result<Tensor> {
+    match backend("contiguous_copy", &[x])? {
+        Backend::Meta => return meta::empty(x.shape(), x.dtype()),
+        Backend::Cpu => {}
+    }
     Tensor::from_cpu_data(gather(x)?, x.shape())
 }
 
@@ -187,6 +214,20 @@ pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
             lhs: dst.shape().to_vec(),
             rhs: src.shape().to_vec(),
         });
+    }
+    if dst.dtype() != src.dtype() {
+        return Err(Error::DTypeMismatch {
+            op: "copy_into",
+            expected: dst.dtype(),
+            got: src.dtype(),
+        });
+    }
+    match backend("copy_into", &[dst, src])? {
+        Backend::Meta => {
+            meta::touch(dst);
+            return Ok(());
+        }
+        Backend::Cpu => {}
     }
     let values = gather(src)?;
     let offsets = dst.layout().offsets();
@@ -210,6 +251,14 @@ pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
             op: K::NAME,
             msg: "in-place destination must be contiguous".into(),
         })?;
+    match backend(K::NAME, &[x])? {
+        Backend::Meta => {
+            meta::float(K::NAME, x.dtype())?;
+            meta::touch(x);
+            return Ok(());
+        }
+        Backend::Cpu => {}
+    }
     let mut data = x.storage().cpu_mut()?;
     fn go<T: FloatDType, K: UnaryKernel>(d: &mut [T], k: &K) {
         if d.len() >= PARALLEL_THRESHOLD {

@@ -9,6 +9,10 @@ use crate::{FloatDType, Result};
 /// contiguous `[idx.len(), dim]` buffer wrapped with shape `shape`.
 pub(crate) fn embedding_gather(weight: &Tensor, idx: &[usize], shape: &[usize]) -> Result<Tensor> {
     let dim = weight.shape()[1];
+    match crate::meta::backend("embedding", &[weight])? {
+        crate::meta::Backend::Meta => return crate::meta::empty(shape, weight.dtype()),
+        crate::meta::Backend::Cpu => {}
+    }
     let data = weight.storage().cpu()?;
     fn go<T: FloatDType>(s: &[T], l: &Layout, idx: &[usize], dim: usize) -> CpuData {
         let src = Source::new(s, l);
@@ -33,6 +37,10 @@ pub(crate) fn embedding_backward(
     dim: usize,
     padding: Option<usize>,
 ) -> Result<Tensor> {
+    match crate::meta::backend("embedding", &[g])? {
+        crate::meta::Backend::Meta => return crate::meta::empty(&[num, dim], g.dtype()),
+        crate::meta::Backend::Cpu => {}
+    }
     let data = g.storage().cpu()?;
     fn go<T: FloatDType>(
         s: &[T],

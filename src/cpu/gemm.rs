@@ -347,6 +347,10 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     check_operands(a, b)?;
     let shape = matmul_shape(a.shape(), b.shape())?;
     let (a, b) = (usable_operand(a)?, usable_operand(b)?);
+    match crate::meta::backend("matmul", &[&a, &b])? {
+        crate::meta::Backend::Meta => return crate::meta::empty(&shape, a.dtype()),
+        crate::meta::Backend::Cpu => {}
+    }
     let n = shape.iter().product();
     let mut data = CpuData::zeros(a.dtype(), n)?;
     product_into(&mut data, 0..n, &a, &b, false)?;
@@ -384,6 +388,13 @@ pub(crate) fn matmul_into(dst: &Tensor, a: &Tensor, b: &Tensor, accumulate: bool
         }
     };
     let (a, b) = (prepare(a)?, prepare(b)?);
+    match crate::meta::backend("matmul_into", &[dst, &a, &b])? {
+        crate::meta::Backend::Meta => {
+            crate::meta::touch(dst);
+            return Ok(());
+        }
+        crate::meta::Backend::Cpu => {}
+    }
     let mut dd = dst.storage().cpu_mut()?;
     product_into(&mut dd, range, &a, &b, accumulate)
 }

@@ -34,8 +34,23 @@ fn typed<'a, T: WithDType>(data: &'a CpuData, op: &'static str) -> Result<&'a [T
 }
 
 /// Reads a 1-d or n-d index tensor (I64 or U32) in row-major order and
-/// checks every value lies in `0..size`.
+/// checks every value lies in `0..size`. On the meta device nothing is read:
+/// the indices are taken to be valid and the list is empty (meta kernels
+/// size their outputs by shape).
 pub(crate) fn read_indices(op: &'static str, index: &Tensor, size: usize) -> Result<Vec<usize>> {
+    match crate::meta::backend(op, &[index])? {
+        crate::meta::Backend::Meta => {
+            return match index.dtype() {
+                DType::I64 | DType::U32 => Ok(Vec::new()),
+                got => Err(Error::DTypeMismatch {
+                    op,
+                    expected: DType::I64,
+                    got,
+                }),
+            }
+        }
+        crate::meta::Backend::Cpu => {}
+    }
     let raw: Vec<i64> = match index.dtype() {
         DType::I64 => index.to_vec::<i64>()?,
         DType::U32 => index.to_vec::<u32>()?.into_iter().map(i64::from).collect(),
@@ -106,6 +121,10 @@ pub(crate) fn gather_offsets(
 
 /// A new contiguous tensor of `shape` holding `x`'s elements at `offsets`.
 pub(crate) fn take(x: &Tensor, offsets: &[usize], shape: &[usize]) -> Result<Tensor> {
+    match crate::meta::backend("take", &[x])? {
+        crate::meta::Backend::Meta => return crate::meta::empty(shape, x.dtype()),
+        crate::meta::Backend::Cpu => {}
+    }
     let mut out = CpuData::zeros(x.dtype(), offsets.len())?;
     let data = x.storage().cpu()?;
     fn go<T: WithDType>(o: &mut [T], src: &CpuData, offsets: &[usize]) -> Result<()> {
@@ -162,6 +181,10 @@ pub(crate) fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tens
             op: "cat",
             msg: "no tensors given".into(),
         })?;
+    match crate::meta::backend("cat", parts)? {
+        crate::meta::Backend::Meta => return crate::meta::empty(shape, dtype),
+        crate::meta::Backend::Cpu => {}
+    }
     let mut out = CpuData::zeros(dtype, shape.iter().product())?;
     let inner: usize = shape[dim + 1..].iter().product();
     let row = shape[dim] * inner;

@@ -23,7 +23,7 @@ pub(crate) use batch_sum::matmul_sum_batches;
 pub use bitmask::{
     get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,
 };
-pub(crate) use dropout::{dropout_apply, dropout_apply_mask, dropout_mask_bytes, DropoutDraw};
+pub(crate) use dropout::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
 pub use elementwise::{
     binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
     UnaryKernel,
@@ -35,7 +35,7 @@ pub(crate) use gemm::{matmul, matmul_into};
 pub(crate) use index::{
     add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };
-pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward};
+pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward, CrossEntropyForward};
 pub(crate) use pool::{
     avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_forward, window_to_flat,
     ArgSource, AvgMode, PoolGeom,

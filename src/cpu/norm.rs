@@ -11,6 +11,7 @@
 use super::elementwise::typed;
 use super::softmax::Dense;
 use super::PARALLEL_THRESHOLD;
+use crate::meta::{backend, Backend};
 use crate::tensor::{CpuData, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
@@ -147,6 +148,11 @@ fn par_map<R: Send>(n: usize, work: usize, g: impl Fn(usize) -> R + Sync + Send)
 /// Per statistic: the mean (0 when not `centered`) and the biased variance
 /// (the mean square when not `centered`), in f64.
 pub(crate) fn norm_stats(x: &Tensor, geo: Geo, centered: bool) -> Result<(Vec<f64>, Vec<f64>)> {
+    match backend("norm", &[x])? {
+        // Per-statistic vectors are small; their values are never used on meta.
+        Backend::Meta => return Ok((vec![0.0; geo.nstat()], vec![0.0; geo.nstat()])),
+        Backend::Cpu => {}
+    }
     let dense = Dense::new(x)?;
     let (data, range) = dense.parts();
     fn go<T: FloatDType>(x: &[T], geo: Geo, centered: bool) -> Vec<(f64, f64)> {
@@ -186,6 +192,17 @@ pub(crate) fn normalize(
     want_y: bool,
     want_xhat: bool,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    match backend("norm", &[x])? {
+        Backend::Meta => {
+            crate::meta::float("norm", x.dtype())?;
+            let out = |want: bool| {
+                want.then(|| crate::meta::empty(x.shape(), x.dtype()))
+                    .transpose()
+            };
+            return Ok((out(want_y)?, out(want_xhat)?));
+        }
+        Backend::Cpu => {}
+    }
     let dense = Dense::new(x)?;
     let (data, range) = dense.parts();
     #[allow(clippy::too_many_arguments)]
@@ -284,6 +301,14 @@ pub(crate) fn param_grads(
     geo: Geo,
     want_b: bool,
 ) -> Result<ParamGrads> {
+    let with_xhat: Vec<&Tensor> = std::iter::once(g).chain(xhat).collect();
+    match backend("norm_backward", &with_xhat)? {
+        Backend::Meta => {
+            let np = geo.nparam();
+            return Ok((xhat.map(|_| vec![0.0; np]), want_b.then(|| vec![0.0; np])));
+        }
+        Backend::Cpu => {}
+    }
     let dg = Dense::new(g)?;
     let dx = xhat.map(Dense::new).transpose()?;
     let (gdata, gr) = dg.parts();
@@ -358,6 +383,14 @@ pub(crate) fn input_grad(
         check_like("norm_backward", xh, g.shape(), g.dtype())?;
     } else if mode != GradMode::Affine {
         return Err(Error::Backward("norm: x̂ missing".into()));
+    }
+    let with_xhat: Vec<&Tensor> = std::iter::once(g).chain(xhat).collect();
+    match backend("norm_backward", &with_xhat)? {
+        Backend::Meta => {
+            crate::meta::float("norm_backward", g.dtype())?;
+            return crate::meta::empty(g.shape(), g.dtype());
+        }
+        Backend::Cpu => {}
     }
     let dg = Dense::new(g)?;
     let dx = xhat.map(Dense::new).transpose()?;
@@ -444,6 +477,13 @@ pub(crate) fn write_values(t: &Tensor, values: &[f64]) -> Result<()> {
             lhs: t.shape().to_vec(),
             rhs: vec![values.len()],
         });
+    }
+    match backend("norm", &[t])? {
+        Backend::Meta => {
+            crate::meta::touch(t);
+            return Ok(());
+        }
+        Backend::Cpu => {}
     }
     let mut data = t.storage().cpu_mut()?;
     fn go<T: WithDType>(d: &mut [T], values: &[f64]) {

@@ -8,6 +8,7 @@
 use super::elementwise::gather;
 use super::PARALLEL_THRESHOLD;
 use crate::memory::{with_category, Category};
+use crate::meta::{backend, Backend};
 use crate::tensor::{CpuData, Tensor};
 use crate::{FloatDType, Result, WithDType};
 use rayon::prelude::*;
@@ -70,6 +71,12 @@ fn per_plane1<A: Send>(out: &mut [A], plane: usize, f: impl Fn(usize, &mut [A]) 
 
 /// A contiguous copy of `x`'s elements (a workspace buffer), or `None`
 /// when `x` is already contiguous and can be read in place.
+/// The meta output `[planes, h, w]` of a pooling kernel over `x`.
+fn meta_plane_out(x: &Tensor, h: usize, w: usize, g: &PoolGeom) -> Result<Tensor> {
+    crate::meta::float("pool", x.dtype())?;
+    crate::meta::empty(&[g.planes, h, w], x.dtype())
+}
+
 fn dense(x: &Tensor) -> Result<Option<CpuData>> {
     if x.is_contiguous() {
         return Ok(None);
@@ -107,6 +114,11 @@ fn with_dense<R>(
 /// first maximum inside its window (`ki · kw + kj`; a NaN counts as the
 /// maximum). A window lying wholly in the padding gives -inf and position 0.
 pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Vec<u8>)> {
+    match backend("max_pool2d", &[x])? {
+        // No positions on meta: the caller sizes its saved tensors by shape.
+        Backend::Meta => return Ok((meta_plane_out(x, g.oh, g.ow, g)?, Vec::new())),
+        Backend::Cpu => {}
+    }
     let n_out = g.planes * g.oh * g.ow;
     let mut pos = vec![0u8; n_out];
     let out = with_dense(x, "max_pool2d", |data, r| {
@@ -167,6 +179,10 @@ pub(crate) enum ArgSource<'a> {
 /// scattered onto a zero `[planes, h, w]` gradient at the recorded argmax,
 /// accumulating in output order within each plane.
 pub(crate) fn max_pool_backward(grad_out: &Tensor, arg: ArgSource, g: &PoolGeom) -> Result<Tensor> {
+    match backend("max_pool2d", &[grad_out])? {
+        Backend::Meta => return meta_plane_out(grad_out, g.h, g.w, g),
+        Backend::Cpu => {}
+    }
     let data = with_dense(grad_out, "max_pool2d", |data, r| {
         fn go<T: FloatDType>(gs: &[T], arg: &ArgSource, g: &PoolGeom) -> CpuData {
             let mut gi = vec![T::zero(); g.planes * g.h * g.w];
@@ -229,6 +245,10 @@ fn avg_window(g: &PoolGeom, mode: AvgMode, i: usize, j: usize) -> ([usize; 4], f
 /// Average pooling forward: each output is its window's sum (in f64)
 /// divided by the window's divisor.
 pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Result<Tensor> {
+    match backend("avg_pool2d", &[x])? {
+        Backend::Meta => return meta_plane_out(x, g.oh, g.ow, g),
+        Backend::Cpu => {}
+    }
     let data = with_dense(x, "avg_pool2d", |data, r| {
         fn go<T: FloatDType>(x: &[T], g: &PoolGeom, mode: AvgMode) -> CpuData {
             let mut out = vec![T::zero(); g.planes * g.oh * g.ow];
@@ -257,6 +277,10 @@ pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Resul
 /// Average pooling backward: each output's gradient divided by its divisor
 /// (in f64) and added to every input of its window, in output order.
 pub(crate) fn avg_pool_backward(grad_out: &Tensor, g: &PoolGeom, mode: AvgMode) -> Result<Tensor> {
+    match backend("avg_pool2d", &[grad_out])? {
+        Backend::Meta => return meta_plane_out(grad_out, g.h, g.w, g),
+        Backend::Cpu => {}
+    }
     let data = with_dense(grad_out, "avg_pool2d", |data, r| {
         fn go<T: FloatDType>(gs: &[T], g: &PoolGeom, mode: AvgMode) -> CpuData {
             let mut gi = vec![T::zero(); g.planes * g.h * g.w];

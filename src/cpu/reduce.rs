@@ -7,8 +7,9 @@
 //! not depend on the thread count; other layouts use the general walk.
 
 use super::{gather, PARALLEL_THRESHOLD};
+use crate::meta::{backend, backend_of, Backend};
 use crate::tensor::{CpuData, Layout, Tensor};
-use crate::{Error, FloatDType, Result, WithDType};
+use crate::{DType, Device, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 
 /// Elements per partial sum on the parallel paths.
@@ -48,6 +49,13 @@ pub fn reduce_to(x: &Tensor, out_shape: &[usize], kind: ReduceKind) -> Result<Te
         ReduceKind::Sum => sum_scaled(x, out_shape, 1.0),
         _ => {
             check_out_shape(x, out_shape)?;
+            match backend("reduce", &[x])? {
+                Backend::Meta => {
+                    crate::meta::float("reduce", x.dtype())?;
+                    return crate::meta::empty(out_shape, x.dtype());
+                }
+                Backend::Cpu => {}
+            }
             general(x, out_shape, kind, 1.0)
         }
     }
@@ -57,6 +65,13 @@ pub fn reduce_to(x: &Tensor, out_shape: &[usize], kind: ReduceKind) -> Result<Te
 /// scale is applied in f64 before rounding to the dtype (mean uses 1/count).
 pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<Tensor> {
     check_out_shape(x, out_shape)?;
+    match backend("sum", &[x])? {
+        Backend::Meta => {
+            crate::meta::float("sum", x.dtype())?;
+            return crate::meta::empty(out_shape, x.dtype());
+        }
+        Backend::Cpu => {}
+    }
     if let (Some(range), Some((outer, red, inner))) =
         (x.layout().contiguous_range(), blocks(x.shape(), out_shape))
     {
@@ -249,6 +264,16 @@ pub(crate) fn arg_extremum(
         });
     }
     let lanes = x.layout().narrow(dim, 0, 1)?;
+    match backend(if max { "max" } else { "min" }, &[x])? {
+        // No indices on meta: callers size index tensors by shape.
+        Backend::Meta => {
+            let vals = values
+                .then(|| crate::meta::empty(lanes.shape(), x.dtype()))
+                .transpose()?;
+            return Ok((Vec::new(), vals));
+        }
+        Backend::Cpu => {}
+    }
     let stride = x.layout().strides()[dim];
     let bases = lanes.offsets();
     let data = x.storage().cpu()?;
@@ -293,7 +318,23 @@ pub(crate) fn arg_extremum(
 /// Indices below `axis_len` as a tensor of `shape` in the smallest dtype
 /// that holds them exactly: U8 for axes of up to 256 elements, U32 up to
 /// 2³², I64 beyond.
-pub(crate) fn compact_indices(idx: &[usize], axis_len: usize, shape: &[usize]) -> Result<Tensor> {
+pub(crate) fn compact_indices(
+    idx: &[usize],
+    axis_len: usize,
+    shape: &[usize],
+    device: Device,
+) -> Result<Tensor> {
+    let dtype = if axis_len <= 1 << 8 {
+        DType::U8
+    } else if axis_len as u64 <= 1 << 32 {
+        DType::U32
+    } else {
+        DType::I64
+    };
+    match backend_of("indices", device)? {
+        Backend::Meta => return crate::meta::empty(shape, dtype),
+        Backend::Cpu => {}
+    }
     let data = if axis_len <= 1 << 8 {
         CpuData::U8(idx.iter().map(|&i| i as u8).collect())
     } else if axis_len as u64 <= 1 << 32 {
@@ -305,7 +346,11 @@ pub(crate) fn compact_indices(idx: &[usize], axis_len: usize, shape: &[usize]) -
 }
 
 /// Indices as a contiguous I64 tensor of `shape`.
-pub(crate) fn i64_indices(idx: &[usize], shape: &[usize]) -> Result<Tensor> {
+pub(crate) fn i64_indices(idx: &[usize], shape: &[usize], device: Device) -> Result<Tensor> {
+    match backend_of("indices", device)? {
+        Backend::Meta => return crate::meta::empty(shape, DType::I64),
+        Backend::Cpu => {}
+    }
     Tensor::from_cpu_data(CpuData::I64(idx.iter().map(|&i| i as i64).collect()), shape)
 }
 
@@ -318,6 +363,11 @@ pub(crate) fn scatter_along(
     shape: &[usize],
     dim: usize,
 ) -> Result<Tensor> {
+    match backend("scatter_along", &[g, indices])? {
+        // Indices are not read on meta (treated as valid).
+        Backend::Meta => return crate::meta::empty(shape, g.dtype()),
+        Backend::Cpu => {}
+    }
     let idx: Vec<usize> = match &*indices.storage().cpu()? {
         CpuData::U8(v) => indices
             .layout()

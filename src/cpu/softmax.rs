@@ -91,6 +91,13 @@ pub(super) fn lane_stats<T: FloatDType>(
 /// Softmax (or log-softmax when `log`) of `x` along `dim`: a new contiguous
 /// tensor of `x`'s shape and dtype.
 pub(crate) fn softmax_forward(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    match crate::meta::backend("softmax", &[x])? {
+        crate::meta::Backend::Meta => {
+            crate::meta::float("softmax", x.dtype())?;
+            return crate::meta::empty(x.shape(), x.dtype());
+        }
+        crate::meta::Backend::Cpu => {}
+    }
     let (_, len, inner) = split(x.shape(), dim);
     let dense = Dense::new(x)?;
     let (data, range) = dense.parts();
@@ -123,6 +130,10 @@ pub(crate) fn softmax_backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) ->
             lhs: y.shape().to_vec(),
             rhs: g.shape().to_vec(),
         });
+    }
+    match crate::meta::backend("softmax_backward", &[y, g])? {
+        crate::meta::Backend::Meta => return crate::meta::empty(y.shape(), y.dtype()),
+        crate::meta::Backend::Cpu => {}
     }
     let (_, len, inner) = split(y.shape(), dim);
     let (dy, dg) = (Dense::new(y)?, Dense::new(g)?);

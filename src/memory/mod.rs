@@ -17,7 +17,7 @@ mod report;
 mod scope;
 
 pub use ledger::{Allocation, Ledger};
-pub use report::{CategoryBytes, DeviceReport, MemoryReport};
+pub use report::{human_bytes, CategoryBytes, DeviceReport, LayerBytes, MemoryReport};
 pub use scope::{current_category, current_scope, scope, with_category, CategoryGuard, ScopeGuard};
 
 /// What an allocation is for.

@@ -11,7 +11,7 @@
 
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::cpu::{
-    attention_probs, attention_softmax_grad, dropout_apply, dropout_apply_mask, dropout_mask_bytes,
+    attention_probs, attention_softmax_grad, dropout_apply, dropout_apply_mask, dropout_mask,
     matmul, DropoutDraw, ScoreSpec,
 };
 use crate::memory::{with_category, Category};
@@ -84,6 +84,10 @@ fn invalid(msg: String) -> Error {
 fn additive_mask(mask: &Tensor, scores: &[usize]) -> Result<Vec<f64>> {
     let full = mask.detach().broadcast_to(scores)?;
     let boolean = mask.dtype() == DType::U8;
+    if full.device().is_meta() {
+        // Values are never read on meta (no arithmetic): no mask is built.
+        return Ok(Vec::new());
+    }
     Ok(full
         .to_f64_vec()?
         .into_iter()
@@ -133,15 +137,7 @@ fn drop(p: &Tensor, g: &Geometry, mask: Option<&SavedTensor>) -> Result<Tensor> 
     };
     match mask {
         None => dropout_apply(p, draw),
-        Some(m) => {
-            let data = m.get()?.storage().cpu()?;
-            match data.as_slice::<u8>() {
-                Some(b) if b.len() >= p.numel() => dropout_apply_mask(p, b, draw.scale()),
-                _ => Err(Error::Backward(format!(
-                    "{OP}: saved dropout mask mismatch"
-                ))),
-            }
-        }
+        Some(m) => dropout_apply_mask(p, m.get()?, draw.scale()),
     }
 }
 
@@ -177,7 +173,7 @@ impl BackwardOp for SdpaBackward {
         let p = match &self.probs {
             Some(p) => p.get()?.clone(),
             None => {
-                let lse = need(&self.lse)?.to_f64_vec()?;
+                let lse = need(&self.lse)?.small_values()?;
                 let mask = self.mask.as_ref().map(|m| m.get()).transpose()?;
                 let _ws = with_category(Category::Workspace);
                 probabilities(need(&self.q)?, need(&self.k)?, mask, geo, Some(&lse))?.0
@@ -322,8 +318,7 @@ pub fn scaled_dot_product_attention(
     if save_policy() == SavePolicy::SaveAll {
         (op.q, op.k, op.v, op.probs) = (save(q), save(k), save(v), save(&p));
         if let Some(draw) = geometry.draw {
-            let bytes = dropout_mask_bytes(p.numel(), draw);
-            op.drop_mask = save(&Tensor::from_vec(bytes, &scores, q.device())?);
+            op.drop_mask = save(&dropout_mask(&scores, draw, q.device())?);
         }
         return Ok(attach(out, &[q, k, v], op));
     }
@@ -351,7 +346,7 @@ pub fn scaled_dot_product_attention(
         } else {
             DType::F64
         };
-        op.lse = save(&Tensor::from_f64_slice(&lse, &[lse.len()], dt, q.device())?);
+        op.lse = save(&Tensor::from_host_f64(&lse, &[lse.len()], dt, q.device())?);
     } else {
         op.probs = save(&p);
         op.q = if nk { save(q) } else { None };

@@ -85,13 +85,16 @@ impl BackwardOp for BatchNormBackward {
                 xhat.as_ref().map(|t| t.get().cloned()).transpose()?,
                 match scale {
                     None => None,
-                    Some(Scale::Vector(t)) => Some(t.get()?.to_f64_vec()?),
+                    Some(Scale::Vector(t)) => Some(t.get()?.small_values()?),
                     Some(Scale::FromState {
                         weight,
                         running_var,
                     }) => {
-                        let w = weight.as_ref().map(|t| t.get()?.to_f64_vec()).transpose()?;
-                        let rv = running_var.get()?.to_f64_vec()?;
+                        let w = weight
+                            .as_ref()
+                            .map(|t| t.get()?.small_values())
+                            .transpose()?;
+                        let rv = running_var.get()?.small_values()?;
                         Some(scale_of(
                             w.as_deref(),
                             &rstd_of(&rv, self.eps, self.dtype),
@@ -107,17 +110,20 @@ impl BackwardOp for BatchNormBackward {
                 batch,
             } => {
                 let (mean, invstd) = match (self.train, batch, running) {
-                    (true, Some((m, s)), _) => (m.get()?.to_f64_vec()?, s.get()?.to_f64_vec()?),
+                    (true, Some((m, s)), _) => (m.get()?.small_values()?, s.get()?.small_values()?),
                     (false, _, Some((rm, rv))) => (
-                        rm.get()?.to_f64_vec()?,
-                        rstd_of(&rv.get()?.to_f64_vec()?, self.eps, self.dtype),
+                        rm.get()?.small_values()?,
+                        rstd_of(&rv.get()?.small_values()?, self.eps, self.dtype),
                     ),
                     _ => return Err(Error::Backward("batch_norm: statistics missing".into())),
                 };
                 let xhat = ((self.train && nx) || nw)
                     .then(|| recompute_xhat(input.get()?, geo, &mean, &invstd))
                     .transpose()?;
-                let w = weight.as_ref().map(|t| t.get()?.to_f64_vec()).transpose()?;
+                let w = weight
+                    .as_ref()
+                    .map(|t| t.get()?.small_values())
+                    .transpose()?;
                 (
                     xhat,
                     nx.then(|| scale_of(w.as_deref(), &invstd, self.dtype)),
@@ -141,8 +147,12 @@ impl BackwardOp for BatchNormBackward {
             (None, None)
         };
         let c = [geo.nparam()];
-        let gw = gw.map(|v| grad_tensor(v, &c, self.dtype)).transpose()?;
-        let gb = gb.map(|v| grad_tensor(v, &c, self.dtype)).transpose()?;
+        let gw = gw
+            .map(|v| grad_tensor(v, &c, self.dtype, g.device()))
+            .transpose()?;
+        let gb = gb
+            .map(|v| grad_tensor(v, &c, self.dtype, g.device()))
+            .transpose()?;
         Ok(grads_of(gx, gw, gb, self.present))
     }
 }

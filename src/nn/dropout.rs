@@ -6,7 +6,7 @@
 
 use super::Module;
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cpu::{dropout_apply, dropout_apply_mask, dropout_mask_bytes, DropoutDraw};
+use crate::cpu::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
 use crate::memory::scope;
 use crate::ops::expect_float;
 use crate::rng::Generator;
@@ -38,18 +38,7 @@ impl BackwardOp for DropoutBackward {
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let gi = match &self.mask {
             None => dropout_apply(&g, self.draw)?,
-            Some(mask) => {
-                let data = mask.get()?.storage().cpu()?;
-                let bytes = match data.as_slice::<u8>() {
-                    Some(b) if b.len() >= g.numel() => b,
-                    _ => {
-                        return Err(Error::Backward(
-                            "dropout: the saved mask does not match the gradient".into(),
-                        ))
-                    }
-                };
-                dropout_apply_mask(&g, bytes, self.draw.scale())?
-            }
+            Some(mask) => dropout_apply_mask(&g, mask.get()?, self.draw.scale())?,
         };
         Ok(vec![Some(gi)])
     }
@@ -76,8 +65,7 @@ pub fn dropout(x: &Tensor, p: f64, seed: u64, offset: u64) -> Result<Tensor> {
     let mask = match save_policy() {
         SavePolicy::Lean => None,
         SavePolicy::SaveAll => {
-            let bytes = dropout_mask_bytes(x.numel(), draw);
-            let t = Tensor::from_vec(bytes, x.shape(), x.device())?;
+            let t = dropout_mask(x.shape(), draw, x.device())?;
             Some(SavedTensor::new(&t, "dropout"))
         }
     };

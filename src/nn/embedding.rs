@@ -110,6 +110,15 @@ impl Embedding {
         seed: u64,
     ) -> Result<Embedding> {
         let padding = resolve_padding(padding_idx, num_embeddings)?;
+        if device.is_meta() {
+            let weight =
+                Tensor::zeros(&[num_embeddings, embedding_dim], dtype, device)?.into_parameter()?;
+            return Ok(Embedding {
+                weight,
+                padding_idx,
+                name: name.to_string(),
+            });
+        }
         let mut v = crate::rng::normal(seed, 0, num_embeddings * embedding_dim);
         if let Some(p) = padding {
             v[p * embedding_dim..(p + 1) * embedding_dim].fill(0.0);

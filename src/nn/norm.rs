@@ -44,7 +44,7 @@ pub(crate) fn param_values(
             rhs: p.device(),
         });
     }
-    Ok(Some(p.to_f64_vec()?))
+    Ok(Some(p.small_values()?))
 }
 
 /// Which of the input, weight and bias (if given) need a gradient now.
@@ -82,7 +82,7 @@ pub(crate) fn grads_of(
 
 /// A statistics vector as a tensor of the statistics dtype for `x`.
 pub(crate) fn stat_tensor(values: &[f64], x: &Tensor) -> Result<Tensor> {
-    Tensor::from_f64_slice(values, &[values.len()], stat_dtype(x.dtype()), x.device())
+    Tensor::from_host_f64(values, &[values.len()], stat_dtype(x.dtype()), x.device())
 }
 
 /// `1/√(v + eps)` per value, rounded to the statistics dtype for `dtype`.
@@ -93,8 +93,13 @@ pub(crate) fn rstd_of(var: &[f64], eps: f64, dtype: DType) -> Vec<f64> {
 }
 
 /// A parameter gradient as a tensor shaped and typed like `like`.
-pub(crate) fn grad_tensor(values: Vec<f64>, shape: &[usize], dtype: DType) -> Result<Tensor> {
-    Tensor::from_f64_slice(&values, shape, dtype, crate::Device::Cpu)
+pub(crate) fn grad_tensor(
+    values: Vec<f64>,
+    shape: &[usize],
+    dtype: DType,
+    device: crate::Device,
+) -> Result<Tensor> {
+    Tensor::from_host_f64(&values, shape, dtype, device)
 }
 
 /// Recomputes `x̂` from the input and statistics, counted as workspace.
@@ -141,8 +146,11 @@ impl BackwardOp for RowNormBackward {
         let (xhat, rstd, w) = match &self.saved {
             RowSaved::Lean { xhat, rstd, weight } => (
                 xhat.as_ref().map(|t| t.get().cloned()).transpose()?,
-                rstd.as_ref().map(|t| t.get()?.to_f64_vec()).transpose()?,
-                weight.as_ref().map(|t| t.get()?.to_f64_vec()).transpose()?,
+                rstd.as_ref().map(|t| t.get()?.small_values()).transpose()?,
+                weight
+                    .as_ref()
+                    .map(|t| t.get()?.small_values())
+                    .transpose()?,
             ),
             RowSaved::All {
                 input,
@@ -151,15 +159,18 @@ impl BackwardOp for RowNormBackward {
                 rstd,
                 ..
             } => {
-                let rstd = rstd.get()?.to_f64_vec()?;
+                let rstd = rstd.get()?.small_values()?;
                 let mean = match mean {
-                    Some(m) => m.get()?.to_f64_vec()?,
+                    Some(m) => m.get()?.small_values()?,
                     None => vec![0.0; rstd.len()],
                 };
                 let xhat = (nx || nw)
                     .then(|| recompute_xhat(input.get()?, geo, &mean, &rstd))
                     .transpose()?;
-                let w = weight.as_ref().map(|t| t.get()?.to_f64_vec()).transpose()?;
+                let w = weight
+                    .as_ref()
+                    .map(|t| t.get()?.small_values())
+                    .transpose()?;
                 (xhat, Some(rstd), w)
             }
         };
@@ -182,8 +193,12 @@ impl BackwardOp for RowNormBackward {
             (None, None)
         };
         let shape = &self.param_shape;
-        let gw = gw.map(|v| grad_tensor(v, shape, self.dtype)).transpose()?;
-        let gb = gb.map(|v| grad_tensor(v, shape, self.dtype)).transpose()?;
+        let gw = gw
+            .map(|v| grad_tensor(v, shape, self.dtype, g.device()))
+            .transpose()?;
+        let gb = gb
+            .map(|v| grad_tensor(v, shape, self.dtype, g.device()))
+            .transpose()?;
         Ok(grads_of(gx, gw, gb, self.present))
     }
 }

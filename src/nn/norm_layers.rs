@@ -353,7 +353,7 @@ impl Module for BatchNorm {
         }
         // the batch count after this step (counted only if the step succeeds)
         let count = match (&self.num_batches_tracked, self.training) {
-            (Some(n), true) => Some((n, n.to_scalar()? + 1.0)),
+            (Some(n), true) => Some((n, n.small_values()?.first().copied().unwrap_or(0.0) + 1.0)),
             _ => None,
         };
         let factor = match (self.options.momentum, count) {

@@ -16,6 +16,7 @@ use crate::cpu::{
     ArgSource, AvgMode, PoolGeom,
 };
 use crate::memory::scope;
+use crate::meta::{backend, Backend};
 use crate::ops::expect_float;
 use crate::tensor::Layout;
 use crate::{Error, Result, Tensor};
@@ -180,6 +181,16 @@ impl BackwardOp for MaxPoolBackward {
                 (indices.get()?, true)
             }
         };
+        match backend("max_pool2d", &[&g, t])? {
+            // Meta: no positions to read; the kernel gives the shape.
+            Backend::Meta => {
+                let gi = max_pool_backward(&g, ArgSource::Window(&[]), &self.geom)?;
+                return Ok(vec![Some(
+                    gi.view_with_layout(Layout::contiguous(&self.input_shape)),
+                )]);
+            }
+            Backend::Cpu => {}
+        }
         let data = t.storage().cpu()?;
         let n_out = self.geom.planes * self.geom.oh * self.geom.ow;
         let arg = match (flat, data.as_slice::<i64>(), data.as_slice::<u8>()) {
@@ -250,13 +261,13 @@ pub fn max_pool2d(x: &Tensor, o: &MaxPool2dOptions) -> Result<Tensor> {
     }
     let saved = match save_policy() {
         SavePolicy::Lean => MaxSaved::Window(SavedTensor::new(
-            &Tensor::from_vec(pos, &shape, x.device())?,
+            &Tensor::from_host_vec(pos, &shape, x.device())?,
             OP,
         )),
         SavePolicy::SaveAll => MaxSaved::Flat {
             input: SavedTensor::new(x, OP),
             indices: SavedTensor::new(
-                &Tensor::from_vec(window_to_flat(&pos, &geom), &shape, x.device())?,
+                &Tensor::from_host_vec(window_to_flat(&pos, &geom), &shape, x.device())?,
                 OP,
             ),
         },

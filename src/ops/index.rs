@@ -7,8 +7,9 @@ use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::cpu::{
     add_at, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };
+use crate::meta::{backend, Backend};
 use crate::tensor::{resolve_dim, Layout};
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 /// Checks that `index` has `x`'s rank and is no larger than `x` outside
 /// `dim`, and no larger than `src` (if given) anywhere.
@@ -68,6 +69,13 @@ impl BackwardOp for IndexSelectBackward {
         "index_select"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        if meta_index("index_select", &g, self.index.get()?)? {
+            drop(self.index);
+            return Ok(vec![Some(crate::meta::empty(
+                &self.input_shape,
+                g.dtype(),
+            )?)]);
+        }
         let idx = read_indices(
             "index_select",
             self.index.get()?,
@@ -92,6 +100,13 @@ impl BackwardOp for GatherBackward {
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let index = self.index.get()?;
+        if meta_index("gather", &g, index)? {
+            drop(self.index);
+            return Ok(vec![Some(crate::meta::empty(
+                &self.input_shape,
+                g.dtype(),
+            )?)]);
+        }
         let idx = read_indices("gather", index, self.input_shape[self.dim])?;
         let dst = gather_offsets(
             &Layout::contiguous(&self.input_shape),
@@ -122,13 +137,23 @@ impl BackwardOp for ScatterAddBackward {
             None => None,
             Some((index, src_shape)) => {
                 let index = index.get()?;
-                let idx = read_indices("scatter_add", index, self.self_size)?;
-                let at = gather_offsets(g.layout(), self.dim, index.shape(), &idx);
-                let vals = take(&g, &at, index.shape())?;
+                let vals = if meta_index("scatter_add", &g, index)? {
+                    crate::meta::empty(index.shape(), g.dtype())?
+                } else {
+                    let idx = read_indices("scatter_add", index, self.self_size)?;
+                    let at = gather_offsets(g.layout(), self.dim, index.shape(), &idx);
+                    take(&g, &at, index.shape())?
+                };
                 if index.shape() == src_shape.as_slice() {
                     Some(vals)
                 } else {
                     // src elements the index does not cover get zero gradient.
+                    if vals.device().is_meta() {
+                        return Ok(vec![
+                            self.needs_self.then_some(g),
+                            Some(crate::meta::empty(src_shape, vals.dtype())?),
+                        ]);
+                    }
                     let dst = corner(&Layout::contiguous(src_shape), index.shape()).offsets();
                     Some(scatter_into_zeros(src_shape, &dst, &vals)?)
                 }
@@ -136,6 +161,25 @@ impl BackwardOp for ScatterAddBackward {
         };
         drop(self.src);
         Ok(vec![self.needs_self.then_some(g), grad_src])
+    }
+}
+
+/// The one backend dispatch of the index ops: whether `x` and `index` are on
+/// the meta device (checked to share one device, and the index to be I64 or
+/// U32). On meta the index values are not read: they are treated as valid.
+fn meta_index(op: &'static str, x: &Tensor, index: &Tensor) -> Result<bool> {
+    match backend(op, &[x, index])? {
+        Backend::Meta => {
+            if !matches!(index.dtype(), DType::I64 | DType::U32) {
+                return Err(Error::DTypeMismatch {
+                    op,
+                    expected: DType::I64,
+                    got: index.dtype(),
+                });
+            }
+            Ok(true)
+        }
+        Backend::Cpu => Ok(false),
     }
 }
 
@@ -154,10 +198,16 @@ impl Tensor {
                 msg: format!("index must be 1-d, got shape {:?}", index.shape()),
             });
         }
-        let idx = read_indices(OP, index, self.shape()[d])?;
-        let mut shape = self.shape().to_vec();
-        shape[d] = idx.len();
-        let out = take(self, &select_offsets(self.layout(), d, &idx), &shape)?;
+        let out = if meta_index(OP, self, index)? {
+            let mut shape = self.shape().to_vec();
+            shape[d] = index.numel();
+            crate::meta::empty(&shape, self.dtype())?
+        } else {
+            let idx = read_indices(OP, index, self.shape()[d])?;
+            let mut shape = self.shape().to_vec();
+            shape[d] = idx.len();
+            take(self, &select_offsets(self.layout(), d, &idx), &shape)?
+        };
         let [need] = needs_grad([self]);
         if !need {
             return Ok(out);
@@ -179,12 +229,16 @@ impl Tensor {
         const OP: &str = "gather";
         let d = resolve_dim(OP, dim, self.rank())?;
         check_index_shape(OP, self, d, index, None)?;
-        let idx = read_indices(OP, index, self.shape()[d])?;
-        let out = take(
-            self,
-            &gather_offsets(self.layout(), d, index.shape(), &idx),
-            index.shape(),
-        )?;
+        let out = if meta_index(OP, self, index)? {
+            crate::meta::empty(index.shape(), self.dtype())?
+        } else {
+            let idx = read_indices(OP, index, self.shape()[d])?;
+            take(
+                self,
+                &gather_offsets(self.layout(), d, index.shape(), &idx),
+                index.shape(),
+            )?
+        };
         let [need] = needs_grad([self]);
         if !need {
             return Ok(out);
@@ -215,10 +269,14 @@ impl Tensor {
             });
         }
         check_index_shape(OP, self, d, index, Some(src))?;
-        let idx = read_indices(OP, index, self.shape()[d])?;
-        let dst = gather_offsets(&Layout::contiguous(self.shape()), d, index.shape(), &idx);
-        let src_at = corner(src.layout(), index.shape()).offsets();
-        let out = add_at(crate::cpu::gather(self)?, self.shape(), &dst, src, &src_at)?;
+        let out = if meta_index(OP, self, index)? | meta_index(OP, src, index)? {
+            crate::meta::empty(self.shape(), self.dtype())?
+        } else {
+            let idx = read_indices(OP, index, self.shape()[d])?;
+            let dst = gather_offsets(&Layout::contiguous(self.shape()), d, index.shape(), &idx);
+            let src_at = corner(src.layout(), index.shape()).offsets();
+            add_at(crate::cpu::gather(self)?, self.shape(), &dst, src, &src_at)?
+        };
         let [needs_self, needs_src] = needs_grad([self, src]);
         if !(needs_self || needs_src) {
             return Ok(out);

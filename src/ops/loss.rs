@@ -2,9 +2,11 @@
 
 use super::expect_float;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::cpu::CrossEntropyForward;
 use crate::cpu::{
     binary_map, cross_entropy_backward, cross_entropy_forward, sum_scaled, BinaryKernel,
 };
+use crate::meta::{backend, Backend};
 use crate::tensor::Layout;
 use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
 
@@ -81,6 +83,17 @@ impl BackwardOp for CrossEntropyBackward {
         "cross_entropy"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let probs = self.probs.get()?;
+        match backend("cross_entropy", &[&g, probs])? {
+            Backend::Meta => {
+                drop(g); // as on the CPU: the incoming gradient goes first
+                return Ok(vec![Some(crate::meta::empty(
+                    probs.shape(),
+                    probs.dtype(),
+                )?)]);
+            }
+            Backend::Cpu => {}
+        }
         let targets = self.targets.get()?.to_vec::<i64>()?;
         let weights = match self.opts.reduction {
             Reduction::None => g.to_f64_vec()?,
@@ -177,20 +190,42 @@ impl Tensor {
             });
         }
         let need = needs_grad([self])[0];
-        let t = targets.to_vec::<i64>()?;
-        let fwd = cross_entropy_forward(
-            self,
-            class_dim,
-            &t,
-            opts.ignore_index,
-            opts.label_smoothing,
-            need,
-        )?;
-        drop(t);
+        let fwd = match backend("cross_entropy", &[self, targets])? {
+            // Targets are not read on meta: every sample counts as a valid,
+            // non-ignored target.
+            Backend::Meta => {
+                expect_float("cross_entropy", self)?;
+                if targets.dtype() != DType::I64 {
+                    return Err(Error::DTypeMismatch {
+                        op: "cross_entropy",
+                        expected: DType::I64,
+                        got: targets.dtype(),
+                    });
+                }
+                CrossEntropyForward {
+                    losses: Vec::new(),
+                    count: targets.numel(),
+                    probs: need
+                        .then(|| crate::meta::empty(self.shape(), self.dtype()))
+                        .transpose()?,
+                }
+            }
+            Backend::Cpu => {
+                let t = targets.to_vec::<i64>()?;
+                cross_entropy_forward(
+                    self,
+                    class_dim,
+                    &t,
+                    opts.ignore_index,
+                    opts.label_smoothing,
+                    need,
+                )?
+            }
+        };
         let total = || fwd.losses.iter().sum::<f64>();
         let out = match opts.reduction {
             Reduction::None => {
-                Tensor::from_f64_slice(&fwd.losses, &sample_shape, self.dtype(), self.device())?
+                Tensor::from_host_f64(&fwd.losses, &sample_shape, self.dtype(), self.device())?
             }
             Reduction::Sum => Tensor::scalar(total(), self.dtype(), self.device())?,
             Reduction::Mean => {

@@ -195,8 +195,8 @@ impl Tensor {
         }
         // PyTorch keeps int64 indices; the lean policy the narrowest exact type.
         let indices = match save_policy() {
-            SavePolicy::Lean => compact_indices(&idx, self.shape()[d], &shape)?,
-            SavePolicy::SaveAll => i64_indices(&idx, &shape)?,
+            SavePolicy::Lean => compact_indices(&idx, self.shape()[d], &shape, self.device())?,
+            SavePolicy::SaveAll => i64_indices(&idx, &shape, self.device())?,
         };
         let op = ExtremumBackward {
             name: op,
@@ -229,7 +229,7 @@ impl Tensor {
         } else {
             shape.remove(d);
         }
-        i64_indices(&idx, &shape)
+        i64_indices(&idx, &shape, self.device())
     }
 
     /// The I64 index of the first maximum along `dim` (a NaN counts as the

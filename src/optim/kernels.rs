@@ -189,6 +189,17 @@ pub fn apply_update<A: Algorithm>(
             msg: "parameters are updated in place and must be contiguous".into(),
         })?;
     let _ng = no_grad();
+    match crate::meta::backend(A::NAME, &[param, grad])? {
+        // Meta: no arithmetic; the parameter and its state change versions
+        // as the CPU update's writes change them.
+        crate::meta::Backend::Meta => {
+            crate::meta::float(A::NAME, param.dtype())?;
+            crate::meta::touch(param);
+            state.iter().for_each(crate::meta::touch);
+            return Ok(());
+        }
+        crate::meta::Backend::Cpu => {}
+    }
     let gdata = grad.storage().cpu()?;
     let mut pdata = param.storage().cpu_mut()?;
     let mut sdata = state
@@ -227,7 +238,12 @@ pub fn apply_update<A: Algorithm>(
 
 /// The sum of squares of a gradient's elements, accumulated in f64 in
 /// row-major order (the building block of every norm used for clipping).
+/// On the meta device there are no values: the sum is taken to be 0.
 pub fn sum_of_squares(grad: &Tensor) -> Result<f64> {
+    match crate::meta::backend("clip_grad_norm", &[grad])? {
+        crate::meta::Backend::Meta => return Ok(0.0),
+        crate::meta::Backend::Cpu => {}
+    }
     let data = grad.storage().cpu()?;
     fn go<T: FloatDType>(d: &CpuData, l: &Layout) -> Result<f64> {
         let r = GradReader::new(typed::<T>(d, "clip_grad_norm")?, l, GradTransform::Identity);

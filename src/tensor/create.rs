@@ -3,9 +3,12 @@
 use super::{CpuData, Tensor};
 use crate::{rng, DType, Device, Error, Result, WithDType};
 
+/// Host data can be created only on the CPU: the meta device holds none
+/// ([`Error::NoData`]), CUDA is not built in.
 fn check_device(op: &'static str, device: Device) -> Result<()> {
     match device {
         Device::Cpu => Ok(()),
+        Device::Meta => Err(Error::NoData { op }),
         d => Err(Error::DeviceUnavailable {
             device: d,
             reason: format!("{op}: the CUDA backend is not built into this version"),
@@ -41,7 +44,55 @@ pub(crate) fn cpu_data_from_f64(values: &[f64], dtype: DType) -> CpuData {
 }
 
 impl Tensor {
-    /// A tensor holding `data` with `shape` on `device`.
+    /// A contiguous meta tensor (no data), counted in the current ledger.
+    pub(crate) fn new_meta(shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let storage = super::Storage::meta(dtype, shape.iter().product())?;
+        Ok(Tensor::from_storage(
+            std::sync::Arc::new(storage),
+            super::Layout::contiguous(shape),
+        ))
+    }
+
+    /// A kernel's small host result (statistics, parameter gradients) as a
+    /// tensor on `device`: on the meta device the values are ignored and a
+    /// meta tensor of `shape` and `dtype` is made instead.
+    pub(crate) fn from_host_f64(
+        values: &[f64],
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        match device {
+            Device::Meta => Tensor::new_meta(shape, dtype),
+            d => Tensor::from_f64_slice(values, shape, dtype, d),
+        }
+    }
+
+    /// Like [`Tensor::from_host_f64`] for a typed vector (ignored on meta,
+    /// where kernels return it empty).
+    pub(crate) fn from_host_vec<T: WithDType>(
+        data: Vec<T>,
+        shape: &[usize],
+        device: Device,
+    ) -> Result<Tensor> {
+        match device {
+            Device::Meta => Tensor::new_meta(shape, T::DTYPE),
+            d => Tensor::from_vec(data, shape, d),
+        }
+    }
+
+    /// The values of a small host vector (statistics, per-channel
+    /// parameters) as f64; on the meta device, zeros of the right length
+    /// (no data is read: the callers only use them for meta outputs' shapes).
+    pub(crate) fn small_values(&self) -> Result<Vec<f64>> {
+        match self.device() {
+            Device::Meta => Ok(vec![0.0; self.numel()]),
+            _ => self.to_f64_vec(),
+        }
+    }
+
+    /// A tensor holding `data` with `shape` on `device` (not on the meta
+    /// device, which holds no data: [`Error::NoData`]).
     pub fn from_vec<T: WithDType>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
         check_device("from_vec", device)?;
         check_len("from_vec", data.len(), shape)?;
@@ -65,8 +116,11 @@ impl Tensor {
         Tensor::full(&[], value, dtype, device)
     }
 
-    /// Zeros of `shape`.
+    /// Zeros of `shape` (a data-less tensor on the meta device).
     pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        if device.is_meta() {
+            return Tensor::new_meta(shape, dtype);
+        }
         check_device("zeros", device)?;
         Tensor::from_cpu_data(CpuData::zeros(dtype, shape.iter().product())?, shape)
     }
@@ -78,6 +132,9 @@ impl Tensor {
 
     /// `shape` filled with `value` (converted to `dtype`).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        if device.is_meta() {
+            return Tensor::new_meta(shape, dtype);
+        }
         check_device("full", device)?;
         let mut data = CpuData::zeros(dtype, shape.iter().product())?;
         crate::match_cpu_data!(&mut data, v => {
@@ -99,6 +156,9 @@ impl Tensor {
 
     /// `0, 1, …, n-1` as a 1-d tensor.
     pub fn arange(n: usize, dtype: DType, device: Device) -> Result<Tensor> {
+        if device.is_meta() {
+            return Tensor::new_meta(&[n], dtype);
+        }
         let v: Vec<f64> = (0..n).map(|i| i as f64).collect();
         Tensor::from_f64_slice(&v, &[n], dtype, device)
     }
@@ -106,6 +166,9 @@ impl Tensor {
     /// Uniform numbers in [0, 1) from Philox4x32-10 with `seed`; the same
     /// seed gives the same numbers on every device.
     pub fn rand(shape: &[usize], dtype: DType, device: Device, seed: u64) -> Result<Tensor> {
+        if device.is_meta() {
+            return Tensor::new_meta(shape, dtype);
+        }
         let n = shape.iter().product();
         Tensor::from_f64_slice(&rng::uniform(seed, 0, n), shape, dtype, device)
     }
@@ -119,6 +182,9 @@ impl Tensor {
         device: Device,
         seed: u64,
     ) -> Result<Tensor> {
+        if device.is_meta() {
+            return Tensor::new_meta(shape, dtype);
+        }
         let n = shape.iter().product();
         let v: Vec<f64> = rng::uniform(seed, 0, n)
             .into_iter()
@@ -129,12 +195,26 @@ impl Tensor {
 
     /// Standard normal numbers from Philox4x32-10 with `seed` (Box-Muller).
     pub fn randn(shape: &[usize], dtype: DType, device: Device, seed: u64) -> Result<Tensor> {
+        if device.is_meta() {
+            return Tensor::new_meta(shape, dtype);
+        }
         let n = shape.iter().product();
         Tensor::from_f64_slice(&rng::normal(seed, 0, n), shape, dtype, device)
     }
 
-    /// A copy on `device`. CPU→CPU gives a new tensor sharing storage.
+    /// A copy on `device`. CPU→CPU gives a new tensor sharing storage;
+    /// to the meta device, a new contiguous meta tensor of the same shape and
+    /// dtype; from meta to the CPU is [`Error::NoData`].
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        if device.is_meta() {
+            return Tensor::new_meta(self.shape(), self.dtype());
+        }
+        if self.device().is_meta() {
+            return Err(Error::NoData { op: "to_device" });
+        }
         check_device("to_device", device)?;
         Ok(self.clone())
     }

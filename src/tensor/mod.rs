@@ -5,7 +5,7 @@ mod layout;
 mod storage;
 
 pub use layout::{broadcast_shapes, contiguous_strides, resolve_dim, Layout};
-pub use storage::{CpuData, CpuElement, SaveEvent, SaveListener, Storage};
+pub use storage::{Backing, CpuData, CpuElement, SaveEvent, SaveListener, Storage};
 
 use crate::autograd::{GradMeta, Leaf};
 use crate::memory::Category;
@@ -163,6 +163,9 @@ impl Tensor {
 
     /// The elements in row-major order, as `T` (which must be the dtype).
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
+        if self.device().is_meta() {
+            return Err(Error::NoData { op: "to_vec" });
+        }
         if self.dtype() != T::DTYPE {
             return Err(Error::DTypeMismatch {
                 op: "to_vec",
@@ -186,6 +189,9 @@ impl Tensor {
 
     /// The elements in row-major order converted to f64, whatever the dtype.
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        if self.device().is_meta() {
+            return Err(Error::NoData { op: "to_f64_vec" });
+        }
         let data = self.0.storage.cpu()?;
         let mut out = Vec::with_capacity(self.numel());
         crate::match_cpu_data!(&*data, v => self.0.layout.for_each_offset(|o| out.push(v[o].to_f64())));

@@ -154,11 +154,23 @@ cpu_element!(u8, U8);
 cpu_element!(u32, U32);
 cpu_element!(i64, I64);
 
+/// What holds a storage's elements. Every kernel entry dispatches on this
+/// once (through [`crate::meta::backend`]): host data is computed by the
+/// CPU kernels, meta storage has no data at all (only its size is counted),
+/// so kernels produce outputs of the right shape and dtype without arithmetic.
+pub enum Backing {
+    /// Host memory, read and written by the CPU backend.
+    Host(RwLock<CpuData>),
+    /// No data: a tensor of the meta device (shape, dtype, version and a
+    /// ledger registration only).
+    Meta,
+}
+
 /// A counted buffer on one device. Tensors share it through `Arc`; its
 /// version counts in-place modifications so autograd can detect a saved
 /// tensor that changed.
 pub struct Storage {
-    data: RwLock<CpuData>,
+    backing: Backing,
     device: Device,
     dtype: DType,
     len: usize,
@@ -200,7 +212,7 @@ impl Storage {
         let allocation =
             Ledger::current().register(Device::Cpu, len * dtype.size_in_bytes(), category)?;
         Ok(Storage {
-            data: RwLock::new(data),
+            backing: Backing::Host(RwLock::new(data)),
             device: Device::Cpu,
             dtype,
             len,
@@ -208,6 +220,35 @@ impl Storage {
             allocation,
             save_listeners: Mutex::new(Vec::new()),
         })
+    }
+
+    /// A meta storage of `len` elements of `dtype` (no data), counted in the
+    /// current ledger under [`Device::Meta`] and the current category exactly
+    /// as the same host storage would be counted under [`Device::Cpu`].
+    pub fn meta(dtype: DType, len: usize) -> Result<Storage> {
+        let category = current_category();
+        let allocation =
+            Ledger::current().register(Device::Meta, len * dtype.size_in_bytes(), category)?;
+        Ok(Storage {
+            backing: Backing::Meta,
+            device: Device::Meta,
+            dtype,
+            len,
+            version: AtomicU64::new(0),
+            allocation,
+            save_listeners: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// What holds the elements (host data or nothing, on the meta device).
+    pub fn backing(&self) -> &Backing {
+        &self.backing
+    }
+
+    /// Records an in-place modification without touching data: what an
+    /// in-place kernel does on the meta device.
+    pub(crate) fn bump_version(&self) {
+        self.version.fetch_add(1, Ordering::SeqCst);
     }
 
     /// The device holding the data.
@@ -275,23 +316,26 @@ impl Storage {
         self.version.load(Ordering::SeqCst)
     }
 
-    /// Read access to host data.
+    /// Read access to host data ([`Error::NoData`] on the meta device).
     pub fn cpu(&self) -> Result<RwLockReadGuard<'_, CpuData>> {
-        self.check_cpu()?;
-        Ok(self.data.read().unwrap_or_else(|e| e.into_inner()))
+        Ok(self
+            .host("host read")?
+            .read()
+            .unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Write access to host data; bumps the version (an in-place modification).
     pub fn cpu_mut(&self) -> Result<RwLockWriteGuard<'_, CpuData>> {
-        self.check_cpu()?;
+        let data = self.host("host write")?;
         self.version.fetch_add(1, Ordering::SeqCst);
-        Ok(self.data.write().unwrap_or_else(|e| e.into_inner()))
+        Ok(data.write().unwrap_or_else(|e| e.into_inner()))
     }
 
-    fn check_cpu(&self) -> Result<()> {
-        match self.device {
-            Device::Cpu => Ok(()),
-            d => Err(Error::DeviceUnavailable {
+    fn host(&self, op: &'static str) -> Result<&RwLock<CpuData>> {
+        match (&self.backing, self.device) {
+            (Backing::Host(data), Device::Cpu) => Ok(data),
+            (Backing::Meta, _) => Err(Error::NoData { op }),
+            (_, d) => Err(Error::DeviceUnavailable {
                 device: d,
                 reason: "host access to device memory".into(),
             }),

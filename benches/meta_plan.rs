@@ -1,0 +1,53 @@
+//! How long a memory prediction on the meta device takes: one whole
+//! training step (forward, loss, backward, update) under the lean policy
+//! and under save-all, for each full-size model and case, as JSON lines
+//! (best of 5). Run: `cargo bench --bench meta_plan`.
+use leangrad::memory_plan::{plan, Case, OptimizerKind, StepSpec, MODELS};
+use leangrad::{DType, Device};
+use std::time::Instant;
+
+fn main() {
+    for model in MODELS {
+        for case in Case::ALL {
+            let spec = StepSpec {
+                batch: 64,
+                in_channels: model.in_channels,
+                size: model.default_size,
+                classes: 1000,
+                dtype: DType::F32,
+                optimizer: OptimizerKind::Sgd,
+                fused: false,
+                case,
+                device: Device::Meta,
+            };
+            let mut best = f64::INFINITY;
+            let mut peaks = (0, 0);
+            for _ in 0..5 {
+                let t = Instant::now();
+                match plan(model.name, &spec) {
+                    Ok(p) => {
+                        best = best.min(t.elapsed().as_secs_f64());
+                        peaks = (p.lean.report.peak_total, p.save_all.report.peak_total);
+                    }
+                    Err(e) => {
+                        println!(
+                            "{{\"model\":\"{}\",\"case\":\"{}\",\"error\":\"{e}\"}}",
+                            model.name,
+                            case.name()
+                        );
+                        break;
+                    }
+                }
+            }
+            if best.is_finite() {
+                println!(
+                    "{{\"model\":\"{}\",\"case\":\"{}\",\"batch\":64,\"seconds\":{best:.4},\"lean_peak\":{},\"save_all_peak\":{}}}",
+                    model.name,
+                    case.name(),
+                    peaks.0,
+                    peaks.1
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! `leangrad memory`: the prediction on the meta device equals the
+//! measurement on the CPU (small configuration), and bad arguments are
+//! clear errors, never panics.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn leangrad(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_leangrad"))
+        .args(args)
+        .output()
+        .expect("the leangrad binary runs")
+}
+
+fn memory_json(model: &str, case: &str, extra: &[&str], device: &str) -> Value {
+    let mut args = vec![
+        "memory",
+        "--model",
+        model,
+        "--batch",
+        "2",
+        "--size",
+        "32",
+        "--classes",
+        "10",
+        "--case",
+        case,
+        "--device",
+        device,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = leangrad(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    serde_json::from_slice(&out.stdout).expect("valid JSON")
+}
+
+/// The ledger numbers of one policy, without the device's name.
+fn numbers(plan: &Value, policy: &str) -> Value {
+    let mut r = plan[policy]["report"].clone();
+    r.as_object_mut().expect("report object").remove("device");
+    r
+}
+
+#[test]
+fn meta_prediction_equals_cpu_measurement() {
+    for (model, case, extra) in [
+        ("resnet18", "input", &[][..]),
+        ("resnet18", "all", &["--optimizer", "adamw", "--fused"][..]),
+        ("mobilenet_v2", "surgical-last", &[][..]),
+        ("resnet18", "input-bn-eval", &["--dtype", "bf16"][..]),
+    ] {
+        let meta = memory_json(model, case, extra, "meta");
+        let cpu = memory_json(model, case, extra, "cpu");
+        assert_eq!(meta["lean"]["report"]["device"], "meta");
+        assert_eq!(cpu["lean"]["report"]["device"], "cpu");
+        for policy in ["lean", "save_all"] {
+            let (m, c) = (numbers(&meta, policy), numbers(&cpu, policy));
+            assert_eq!(m, c, "{model} {case} {policy}");
+            assert!(m["peak_total"].as_u64().unwrap() > 0);
+        }
+        let saved =
+            |p: &Value, policy: &str| p[policy]["report"]["peak"]["saved"].as_u64().unwrap();
+        assert!(
+            saved(&meta, "lean") < saved(&meta, "save_all"),
+            "{model} {case}"
+        );
+    }
+}
+
+#[test]
+fn table_lists_categories_and_layers() {
+    let out = leangrad(&[
+        "memory", "--model", "resnet18", "--batch", "2", "--size", "32", "--top", "3",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for word in [
+        "parameters",
+        "gradients",
+        "saved",
+        "optimizer state",
+        "workspace",
+        "total",
+        "save-all",
+        "layer",
+    ] {
+        assert!(text.contains(word), "{word} missing in\n{text}");
+    }
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    for (args, expect) in [
+        (&["memory", "--model", "resnet9000"][..], "resnet18"),
+        (
+            &["memory", "--model", "resnet18", "--batch", "0"][..],
+            "batch",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--batch", "many"][..],
+            "batch",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--dtype", "f8"][..],
+            "f32",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--case", "some"][..],
+            "surgical-last",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--device", "tpu"][..],
+            "meta",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--optimizer", "lion"][..],
+            "adamw",
+        ),
+        (&["memory", "--batch", "2"][..], "--model"),
+        // VGG-16 has no normalisation layers: nothing would train.
+        (
+            &[
+                "memory", "--model", "vgg16", "--batch", "1", "--size", "32", "--case", "norm",
+            ][..],
+            "trains nothing",
+        ),
+    ] {
+        let out = leangrad(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}

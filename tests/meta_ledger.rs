@@ -1,0 +1,295 @@
+//! The meta device: tensors without data whose kernels compute shapes only.
+//! One whole training step on meta moves the ledger exactly as the same
+//! step on the CPU: peak and live bytes by category, the parameter-gradient
+//! peak and saved bytes by layer, byte for byte, for every tiny model and
+//! case of the model tests, both save policies, SGD with momentum and AdamW,
+//! usual and fused steps.
+
+use leangrad::autograd::SavePolicy;
+use leangrad::memory::{Category, Ledger};
+use leangrad::memory_plan::{run_step, Case, OptimizerKind, StepSpec, TrainModel};
+use leangrad::models::{
+    BlockKind, InvertedResidualSetting, MobileNetV2, MobileNetV2Config, ResNet, ResNetConfig, Vgg,
+    VggConfig,
+};
+use leangrad::{DType, Device, Error, Result, Tensor};
+
+type Build = Box<dyn Fn(DType, Device) -> Result<Box<dyn TrainModel>>>;
+
+fn resnet(block: BlockKind, layers: [usize; 4]) -> Build {
+    Box::new(move |d, dev| {
+        let c = ResNetConfig {
+            block,
+            layers,
+            base_width: 2,
+            num_classes: 5,
+            in_channels: 3,
+        };
+        Ok(Box::new(ResNet::new(c, d, dev, 1)?) as Box<dyn TrainModel>)
+    })
+}
+
+fn vgg(batch_norm: bool) -> Build {
+    Box::new(move |d, dev| {
+        let c = VggConfig {
+            plan: vec![1, 1, 0, 2, 2, 0, 2, 2, 2, 0, 4, 4, 4, 0, 4, 4, 4, 0],
+            batch_norm,
+            in_channels: 3,
+            pool_size: 1,
+            hidden: 8,
+            num_classes: 5,
+            dropout: 0.5,
+        };
+        Ok(Box::new(Vgg::new(&c, d, dev, 1)?) as Box<dyn TrainModel>)
+    })
+}
+
+fn mobilenet() -> Build {
+    Box::new(|d, dev| {
+        let rows = [(1, 2, 1, 1), (6, 3, 2, 2), (6, 4, 2, 2)];
+        let c = MobileNetV2Config {
+            stem: 4,
+            settings: rows
+                .iter()
+                .map(|&(t, c, n, s)| InvertedResidualSetting { t, c, n, s })
+                .collect(),
+            last_channel: 16,
+            num_classes: 5,
+            in_channels: 3,
+            dropout: 0.2,
+        };
+        Ok(Box::new(MobileNetV2::new(&c, d, dev, 1)?) as Box<dyn TrainModel>)
+    })
+}
+
+fn models() -> Vec<(&'static str, Build, bool)> {
+    vec![
+        (
+            "resnet18_tiny",
+            resnet(BlockKind::Basic, [2, 2, 2, 2]),
+            true,
+        ),
+        (
+            "resnet50_tiny",
+            resnet(BlockKind::Bottleneck, [3, 4, 6, 3]),
+            true,
+        ),
+        ("vgg16_tiny", vgg(false), false),
+        ("vgg16_bn_tiny", vgg(true), true),
+        ("mobilenet_v2_tiny", mobilenet(), true),
+    ]
+}
+
+fn spec(case: Case, optimizer: OptimizerKind, fused: bool, device: Device) -> StepSpec {
+    StepSpec {
+        batch: 2,
+        in_channels: 3,
+        size: 32,
+        classes: 5,
+        dtype: DType::F32,
+        optimizer,
+        fused,
+        case,
+        device,
+    }
+}
+
+fn assert_meta_equals_cpu(model: &str, build: &Build, case: Case) {
+    for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
+        for (opt, fused) in [
+            (OptimizerKind::Sgd, false),
+            (OptimizerKind::Sgd, true),
+            (OptimizerKind::Adamw, false),
+            (OptimizerKind::Adamw, true),
+        ] {
+            let what = format!("{model} {} {policy:?} {opt:?} fused={fused}", case.name());
+            let cpu = run_step(build.as_ref(), &spec(case, opt, fused, Device::Cpu), policy)
+                .unwrap_or_else(|e| panic!("{what} cpu: {e}"));
+            let meta = run_step(
+                build.as_ref(),
+                &spec(case, opt, fused, Device::Meta),
+                policy,
+            )
+            .unwrap_or_else(|e| panic!("{what} meta: {e}"));
+            let (mut c, m) = (cpu.report, meta.report);
+            assert_eq!(c.device, "cpu");
+            assert_eq!(m.device, "meta");
+            c.device = m.device.clone();
+            assert!(c.peak_total > 0, "{what}");
+            // Taken at the end of the step: the model and its state are alive.
+            assert!(c.live.parameter > 0 && c.live_total > 0, "{what}");
+            assert!(!c.saved_by_layer.is_empty(), "{what}");
+            assert_eq!(c.peak, m.peak, "{what}: peak by category");
+            assert_eq!(c.live, m.live, "{what}: live by category");
+            assert_eq!(
+                c.parameter_gradient_peak, m.parameter_gradient_peak,
+                "{what}: parameter gradient peak"
+            );
+            assert_eq!(c.saved_by_layer, m.saved_by_layer, "{what}: saved by layer");
+            assert_eq!(c, m, "{what}: whole report");
+        }
+    }
+}
+
+fn check_model(index: usize) {
+    let (name, build, has_bn) = models().swap_remove(index);
+    for case in Case::ALL {
+        if case == Case::Norm && !has_bn {
+            continue; // nothing would train
+        }
+        assert_meta_equals_cpu(name, &build, case);
+    }
+}
+
+#[test]
+fn meta_ledger_equals_cpu_resnet18_tiny() {
+    check_model(0);
+}
+
+#[test]
+fn meta_ledger_equals_cpu_resnet50_tiny() {
+    check_model(1);
+}
+
+#[test]
+fn meta_ledger_equals_cpu_vgg16_tiny() {
+    check_model(2);
+}
+
+#[test]
+fn meta_ledger_equals_cpu_vgg16_bn_tiny() {
+    check_model(3);
+}
+
+#[test]
+fn meta_ledger_equals_cpu_mobilenet_v2_tiny() {
+    check_model(4);
+}
+
+/// A full-size ResNet-18 training step (batch 64, 224×224, f32) on meta:
+/// it runs (timing belongs in a bench) and its numbers are plausible.
+#[test]
+fn full_size_resnet18_step_on_meta() {
+    let build: Build = Box::new(|d, dev| {
+        Ok(Box::new(ResNet::new(ResNetConfig::resnet18(1000), d, dev, 0)?) as Box<dyn TrainModel>)
+    });
+    let mut s = spec(Case::All, OptimizerKind::Sgd, false, Device::Meta);
+    (s.batch, s.size, s.classes) = (64, 224, 1000);
+    let lean = run_step(build.as_ref(), &s, SavePolicy::Lean)
+        .unwrap()
+        .report;
+    let all = run_step(build.as_ref(), &s, SavePolicy::SaveAll)
+        .unwrap()
+        .report;
+    let params = 11_689_512 * 4;
+    // BatchNorm buffers count as parameters too: running mean and variance
+    // of 4800 channels (f32) and 20 `num_batches_tracked` (i64).
+    assert_eq!(lean.peak.parameter, params + 2 * 4800 * 4 + 20 * 8);
+    assert_eq!(lean.peak.optimizer_state, params); // momentum
+    assert!(lean.peak.gradient >= params);
+    // Activations of ResNet-18 at batch 64: a few GiB under save-all.
+    assert!(
+        all.peak.saved > (1 << 30) && all.peak.saved < (8 << 30),
+        "{}",
+        all.peak.saved
+    );
+    assert!(lean.peak.saved < all.peak.saved);
+    assert!(lean.peak_total < all.peak_total);
+    assert!(lean
+        .saved_by_layer
+        .iter()
+        .any(|l| l.layer.starts_with("layer1.0.conv1")));
+    // Nothing is left on the CPU by a meta step.
+    assert_eq!(Ledger::global().live(Device::Meta), 0);
+}
+
+#[test]
+fn meta_tensors_have_shapes_and_no_data() {
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let x = Tensor::randn(&[4, 8], DType::F32, Device::Meta, 0).unwrap();
+    assert_eq!(x.shape(), &[4, 8]);
+    assert_eq!(x.device(), Device::Meta);
+    assert_eq!(ledger.live(Device::Meta), 128);
+    assert_eq!(ledger.live(Device::Cpu), 0);
+    for t in [
+        Tensor::zeros(&[3], DType::F16, Device::Meta).unwrap(),
+        Tensor::ones(&[3], DType::F16, Device::Meta).unwrap(),
+        Tensor::full(&[3], 2.0, DType::F16, Device::Meta).unwrap(),
+        Tensor::rand(&[3], DType::F16, Device::Meta, 1).unwrap(),
+        Tensor::arange(3, DType::F16, Device::Meta).unwrap(),
+    ] {
+        assert_eq!(
+            (t.shape(), t.dtype(), t.device()),
+            (&[3][..], DType::F16, Device::Meta)
+        );
+    }
+    assert!(matches!(x.to_vec::<f32>(), Err(Error::NoData { .. })));
+    assert!(matches!(x.to_f64_vec(), Err(Error::NoData { .. })));
+    assert!(matches!(
+        x.sum_all().unwrap().to_scalar(),
+        Err(Error::NoData { .. })
+    ));
+    assert!(matches!(
+        Tensor::from_vec(vec![1.0f32], &[1], Device::Meta),
+        Err(Error::NoData { .. })
+    ));
+    assert!(matches!(
+        x.to_device(Device::Cpu),
+        Err(Error::NoData { .. })
+    ));
+    // Ops give the right shapes and dtypes.
+    let w = Tensor::zeros(&[8, 3], DType::F32, Device::Meta).unwrap();
+    let y = x.matmul(&w).unwrap().relu().unwrap();
+    assert_eq!((y.shape(), y.dtype()), (&[4, 3][..], DType::F32));
+    let h = y.to_dtype(DType::BF16).unwrap();
+    assert_eq!(h.dtype(), DType::BF16);
+    // Mixed meta and CPU operands are a device mismatch.
+    let c = Tensor::zeros(&[4, 8], DType::F32, Device::Cpu).unwrap();
+    assert!(matches!(x.add(&c), Err(Error::DeviceMismatch { .. })));
+    assert!(matches!(
+        x.matmul(&c.transpose(0, 1).unwrap()),
+        Err(Error::DeviceMismatch { .. })
+    ));
+    // A CPU tensor copied to meta keeps its shape; its bytes are counted under meta.
+    let m = c.to_device(Device::Meta).unwrap();
+    assert_eq!(m.shape(), c.shape());
+    assert_eq!(
+        ledger.live_in(Device::Meta, Category::Other),
+        ledger.live(Device::Meta)
+    );
+}
+
+#[test]
+fn in_place_on_meta_bumps_the_version_only() {
+    let x = Tensor::zeros(&[5], DType::F32, Device::Meta).unwrap();
+    let v = x.version();
+    let y = Tensor::ones(&[5], DType::F32, Device::Meta).unwrap();
+    leangrad::cpu::copy_into(&x, &y).unwrap();
+    assert_eq!(x.version(), v + 1);
+}
+
+#[test]
+fn data_dependent_ops_on_meta_treat_indices_as_valid() {
+    let w = Tensor::zeros(&[10, 4], DType::F32, Device::Meta)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    let idx = Tensor::zeros(&[2, 3], DType::I64, Device::Meta).unwrap();
+    let e = leangrad::nn::embedding(&w, &idx, None).unwrap();
+    assert_eq!(e.shape(), &[2, 3, 4]);
+    let logits = e.reshape(&[6, 4]).unwrap();
+    let t = Tensor::zeros(&[6], DType::I64, Device::Meta).unwrap();
+    let loss = logits
+        .cross_entropy(&t, leangrad::ops::CrossEntropyOptions::default())
+        .unwrap();
+    assert_eq!(loss.shape(), &[] as &[usize]);
+    loss.backward().unwrap();
+    let g = w.grad().unwrap();
+    assert_eq!((g.shape(), g.device()), (&[10, 4][..], Device::Meta));
+    let picked = w
+        .detach()
+        .index_select(0, &Tensor::zeros(&[7], DType::U32, Device::Meta).unwrap())
+        .unwrap();
+    assert_eq!(picked.shape(), &[7, 4]);
+}
