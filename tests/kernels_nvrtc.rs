@@ -16,11 +16,20 @@ fn manifest_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
+/// Prints past libtest's output capture (to the process's stderr), so a
+/// skipped or passing compile check says so in every run.
+macro_rules! report {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 #[test]
 fn every_kernel_file_is_embedded() {
     let dir = manifest_dir().join("kernels");
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        println!(
+        report!(
             "skipped: {} not found (binary run outside the repository)",
             dir.display()
         );
@@ -48,12 +57,12 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
             !required,
             "LEANGRAD_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (set LD_LIBRARY_PATH)"
         );
-        println!("skipped: libnvrtc not found (set LD_LIBRARY_PATH, or LEANGRAD_REQUIRE_NVRTC=1 to fail)");
+        report!("skipped: libnvrtc not found (set LD_LIBRARY_PATH, or LEANGRAD_REQUIRE_NVRTC=1 to fail)");
         return;
     }
     if let Err(e) = nvrtc::include_dir() {
         assert!(!required, "LEANGRAD_REQUIRE_NVRTC=1 but: {e}");
-        println!("skipped: {e}");
+        report!("skipped: {e}");
         return;
     }
     let mut failures = Vec::new();
@@ -76,7 +85,7 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    println!(
+    report!(
         "compiled {} kernel files for {} and sm_90",
         nvrtc::SOURCES.len(),
         ARCHS.join(", ")
@@ -86,7 +95,7 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
 #[test]
 fn a_compile_error_is_typed_and_carries_the_log() {
     if !nvrtc::nvrtc_present() || nvrtc::include_dir().is_err() {
-        println!("skipped: libnvrtc or the CUDA headers not found");
+        report!("skipped: libnvrtc or the CUDA headers not found");
         return;
     }
     let broken = "extern \"C\" __global__ void broken(float* x) { x[0] = undeclared_name; }";

@@ -4,6 +4,7 @@
 
 use leangrad::cuda::{CudaBuffer, CudaDevice, Strided};
 use leangrad::{DType, Device, Tensor};
+use std::io::Write;
 use std::sync::Arc;
 
 /// CUDA device 0, or `None` after printing `skipped: no CUDA device (reason)`.
@@ -11,7 +12,9 @@ pub fn device(test: &str) -> Option<Arc<CudaDevice>> {
     match CudaDevice::get(0) {
         Ok(d) => Some(d),
         Err(e) => {
-            println!("skipped: no CUDA device ({e}) [{test}]");
+            // Written to the process's stderr, past libtest's output
+            // capture, so a skipped CUDA test is visible in every run.
+            let _ = writeln!(std::io::stderr(), "skipped: no CUDA device ({e}) [{test}]");
             None
         }
     }
