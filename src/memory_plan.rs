@@ -373,9 +373,10 @@ pub struct ModelEntry {
 
 impl ModelEntry {
     /// The step input of this model: `size` (images; default the model's)
-    /// or `seq` (tokens; default the model's). Giving the other one, a
-    /// sequence longer than the model takes, or a ViT image size that its
-    /// patch does not divide, is an error.
+    /// or `seq` (tokens; default the model's). Giving the other one or a
+    /// sequence longer than the model takes is an error (an image size the
+    /// model cannot take, such as one ViT's patch does not divide, is the
+    /// model constructor's error).
     pub fn step_input(&self, size: Option<usize>, seq: Option<usize>) -> Result<StepInput> {
         let bad = |msg: String| Error::InvalidArgument { op: "memory", msg };
         match self.input {
@@ -389,13 +390,10 @@ impl ModelEntry {
                         self.name
                     )));
                 }
-                let size = size.unwrap_or(default_size);
-                if self.name == "vit_b16" && (size == 0 || size % 16 != 0) {
-                    return Err(bad(format!(
-                        "vit_b16 needs an image size divisible by its 16-pixel patch, not {size}"
-                    )));
-                }
-                Ok(StepInput::Image { channels, size })
+                Ok(StepInput::Image {
+                    channels,
+                    size: size.unwrap_or(default_size),
+                })
             }
             InputKind::Tokens {
                 vocab,
