@@ -35,8 +35,7 @@ fn main() {
                     Err(e) => {
                         println!(
                             "{{\"model\":\"{}\",\"case\":\"{}\",\"error\":\"{e}\"}}",
-                            model.name,
-                            case
+                            model.name, case
                         );
                         break;
                     }

@@ -311,8 +311,9 @@ impl StepInput {
             StepInput::Tokens { seq, hidden, .. } if input_grad => {
                 Tensor::randn(&[batch, seq, hidden], dtype, device, 1)?.set_requires_grad(true)
             }
-            StepInput::Tokens { seq, vocab, .. } => ids(batch * seq, vocab, 0, device)?
-                .reshape(&[batch, seq]),
+            StepInput::Tokens { seq, vocab, .. } => {
+                ids(batch * seq, vocab, 0, device)?.reshape(&[batch, seq])
+            }
         }
     }
 
@@ -476,7 +477,12 @@ fn mobilenet_v2(
     )?))
 }
 
-fn vit_b16(classes: usize, size: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
+fn vit_b16(
+    classes: usize,
+    size: usize,
+    dtype: DType,
+    device: Device,
+) -> Result<Box<dyn StepModel>> {
     let config = ViTConfig {
         image_size: size,
         ..ViTConfig::vit_b16()
@@ -497,7 +503,12 @@ fn bert_base(classes: usize, _: usize, dtype: DType, device: Device) -> Result<B
 }
 
 fn gpt2(_: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
-    Ok(Box::new(Gpt2::new(Gpt2Config::gpt2_small(), dtype, device, 0)?))
+    Ok(Box::new(Gpt2::new(
+        Gpt2Config::gpt2_small(),
+        dtype,
+        device,
+        0,
+    )?))
 }
 
 const IMAGE_224: InputKind = InputKind::Image {
@@ -655,10 +666,7 @@ fn lower_debug<S: serde::Serializer>(d: &DType, s: S) -> std::result::Result<S::
     s.serialize_str(&format!("{d:?}").to_lowercase())
 }
 
-fn display<T: Display, S: serde::Serializer>(
-    d: &T,
-    s: S,
-) -> std::result::Result<S::Ok, S::Error> {
+fn display<T: Display, S: serde::Serializer>(d: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_str(&d.to_string())
 }
 
@@ -716,9 +724,7 @@ pub fn run_step(
         let x = spec
             .input
             .make(spec.batch, input_grad, spec.dtype, spec.device)?;
-        let targets = spec
-            .input
-            .targets(spec.batch, spec.classes, spec.device)?;
+        let targets = spec.input.targets(spec.batch, spec.classes, spec.device)?;
         let _p = with_save_policy(policy);
         let m: &dyn StepModel = model.as_ref();
         match spec.optimizer {
