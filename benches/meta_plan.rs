@@ -2,17 +2,20 @@
 //! training step (forward, loss, backward, update) under the lean policy
 //! and under save-all, for each full-size model and case, as JSON lines
 //! (best of 5). Run: `cargo bench --bench meta_plan`.
-use leangrad::memory_plan::{plan, Case, OptimizerKind, StepSpec, MODELS};
+use leangrad::memory_plan::{plan, OptimizerKind, StepSpec, MODELS};
+use leangrad::models::Case;
 use leangrad::{DType, Device};
 use std::time::Instant;
 
 fn main() {
     for model in MODELS {
-        for case in Case::ALL {
+        for case in Case::all() {
+            let Ok(input) = model.step_input(None, None) else {
+                continue;
+            };
             let spec = StepSpec {
                 batch: 64,
-                in_channels: model.in_channels,
-                size: model.default_size,
+                input,
                 classes: 1000,
                 dtype: DType::F32,
                 optimizer: OptimizerKind::Sgd,
@@ -32,8 +35,7 @@ fn main() {
                     Err(e) => {
                         println!(
                             "{{\"model\":\"{}\",\"case\":\"{}\",\"error\":\"{e}\"}}",
-                            model.name,
-                            case.name()
+                            model.name, case
                         );
                         break;
                     }
@@ -43,7 +45,7 @@ fn main() {
                 println!(
                     "{{\"model\":\"{}\",\"case\":\"{}\",\"batch\":64,\"seconds\":{best:.4},\"lean_peak\":{},\"save_all_peak\":{}}}",
                     model.name,
-                    case.name(),
+                    case,
                     peaks.0,
                     peaks.1
                 );

@@ -5,68 +5,429 @@
 //!
 //! One step is: build the model (parameters counted), apply the
 //! [`Case`] (which parameters train, whether the input needs a gradient,
-//! BatchNorm mode), a synthetic input and class targets, forward,
+//! training or evaluation mode), a synthetic input and targets, forward,
 //! cross-entropy loss, backward and an optimizer step (the usual
 //! `backward` + `step`, or the fused `backward_step`). Everything runs in a
 //! fresh [`Ledger`], so the report is exactly that step's allocations; on
 //! meta it equals the CPU's byte for byte (`tests/meta_ledger.rs`).
 //!
-//! Models come from [`MODELS`], a table of names and constructors: adding a
-//! model is one entry.
+//! Models come from [`MODELS`], a table of names, constructors and input
+//! kinds: adding a model is one entry. The step's forward and loss:
+//!
+//! * CNNs: images `[N, C, S, S]` → logits `[N, classes]`, one class per
+//!   image.
+//! * `vit_b16`: [`ViTClassifier`], Hugging Face's
+//!   `ViTForImageClassification` (no pooler; a Linear `classifier` on the
+//!   final-LayerNorm `[CLS]` token), one class per image.
+//! * `bert_base`: [`BertClassifier`], Hugging Face's
+//!   `BertForSequenceClassification` (a Linear `classifier` on the tanh
+//!   pooler's output; no dropout), token ids `[N, seq]`, one class per
+//!   sequence.
+//! * `gpt2`: GPT-2 small with its tied LM head, token ids `[N, seq]`,
+//!   next-token cross-entropy over the logits `[N·seq, vocab]` (the
+//!   targets are given already shifted, as a data loader's `labels`, so
+//!   the logits are not sliced).
+//!
+//! For the `input` cases the input that needs a gradient is the image, or
+//! for the text models the input embeddings `[N, seq, hidden]` fed in place
+//! of the word-embedding lookup (`forward_embeds`).
 
 use crate::autograd::{with_save_policy, SavePolicy};
 use crate::memory::{human_bytes, Category, DeviceReport, LayerBytes, Ledger, MemoryReport};
-use crate::models::{MobileNetV2, MobileNetV2Config, ResNet, ResNetConfig, Vgg, VggConfig};
-use crate::nn::{LayerKind, Module};
+use crate::models::{
+    set_linear, Bert, BertConfig, Case, Freeze, Gpt2, Gpt2Config, MobileNetV2, MobileNetV2Config,
+    ResNet, ResNetConfig, TextInput, Vgg, VggConfig, ViT, ViTConfig,
+};
+use crate::nn::{LayerKind, Linear, Module};
 use crate::ops::CrossEntropyOptions;
 use crate::optim::{Adam, Algorithm, Optimizer, Sgd};
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
-use std::collections::BTreeSet;
-use std::fmt::Write;
+use std::fmt::{Display, Write};
 use std::time::Instant;
 
-/// A model that a training step can be planned for: a [`Module`] whose
-/// parameters can be frozen by name.
-pub trait TrainModel: Module {
-    /// Makes each parameter require grad exactly when `want(name)` says so.
-    fn set_trainable(&mut self, want: &mut dyn FnMut(&str) -> bool) -> Result<()>;
+/// A model a training step can be planned for: freezable by name
+/// ([`Freeze`]) with the step's forward to the logits of the loss.
+pub trait StepModel: Freeze {
+    /// Logits `[rows, classes]` of the step's input: images `[N, C, H, W]`,
+    /// token ids `[N, L]` (I64) or, for the `input` cases of text models,
+    /// input embeddings `[N, L, hidden]` (float). `rows` is the number of
+    /// targets ([`StepInput::targets`]).
+    fn step_logits(&self, input: &Tensor) -> Result<Tensor>;
 }
 
-impl TrainModel for ResNet {
-    fn set_trainable(&mut self, want: &mut dyn FnMut(&str) -> bool) -> Result<()> {
-        self.set_requires_grad(want)
+macro_rules! step_by_forward {
+    ($($model:ty),*) => {$(
+        impl StepModel for $model {
+            fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+                self.forward(input)
+            }
+        }
+    )*};
+}
+step_by_forward!(ResNet, Vgg, MobileNetV2);
+
+/// Hugging Face's `ViTForImageClassification`: a [`ViT`] without pooler
+/// and a Linear `classifier` (`hidden → classes`) on the `[CLS]` token of
+/// the final LayerNorm's output. Parameter names: the ViT's, then
+/// `classifier.weight`, `classifier.bias`.
+pub struct ViTClassifier {
+    vit: ViT,
+    classifier: Linear,
+}
+
+impl ViTClassifier {
+    /// A ViT of `config` (its pooler dropped) with a `classes`-way head.
+    pub fn new(
+        config: ViTConfig,
+        classes: usize,
+        dtype: DType,
+        device: Device,
+        seed: u64,
+    ) -> Result<ViTClassifier> {
+        let config = ViTConfig {
+            add_pooling_layer: false,
+            ..config
+        };
+        Ok(ViTClassifier {
+            vit: ViT::new(config, dtype, device, seed)?,
+            classifier: Linear::new(
+                "classifier",
+                config.hidden_size,
+                classes,
+                true,
+                dtype,
+                device,
+                seed.wrapping_add(9),
+            )?,
+        })
     }
 }
 
-impl TrainModel for Vgg {
-    fn set_trainable(&mut self, want: &mut dyn FnMut(&str) -> bool) -> Result<()> {
-        self.set_requires_grad(want)
+impl Module for ViTClassifier {
+    /// Logits `[N, classes]` of images `[N, C, H, W]`.
+    fn forward(&self, images: &Tensor) -> Result<Tensor> {
+        let (h, _) = self.vit.encode(images)?;
+        let cls = h.narrow(1, 0, 1)?.squeeze(1)?;
+        self.classifier.forward(&cls)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = self.vit.named_parameters();
+        v.extend(crate::models::params_of("classifier", &self.classifier));
+        v
+    }
+
+    fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
+        let mut v = self.vit.parameter_kinds();
+        v.extend(crate::models::kinds_of("classifier", &self.classifier));
+        v
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.vit.set_training(training);
     }
 }
 
-impl TrainModel for MobileNetV2 {
-    fn set_trainable(&mut self, want: &mut dyn FnMut(&str) -> bool) -> Result<()> {
-        self.set_requires_grad(want)
+impl Freeze for ViTClassifier {
+    fn set_requires_grad(&mut self, want: &mut dyn FnMut(&str) -> bool) -> Result<()> {
+        self.vit.set_requires_grad(&mut *want)?;
+        set_linear(&mut self.classifier, "classifier", want)
     }
 }
 
-/// Builds a model with `classes` outputs in `dtype` on `device`.
-pub type BuildFn = fn(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn TrainModel>>;
+impl StepModel for ViTClassifier {
+    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+        self.forward(input)
+    }
+}
+
+/// Hugging Face's `BertForSequenceClassification` without dropout: a
+/// [`Bert`] (with its tanh pooler) and a Linear `classifier`
+/// (`hidden → classes`) on the pooled first token. Parameter names: the
+/// BERT's, then `classifier.weight`, `classifier.bias`.
+pub struct BertClassifier {
+    bert: Bert,
+    classifier: Linear,
+}
+
+impl BertClassifier {
+    /// A BERT of `config` (its pooler kept) with a `classes`-way head.
+    pub fn new(
+        config: BertConfig,
+        classes: usize,
+        dtype: DType,
+        device: Device,
+        seed: u64,
+    ) -> Result<BertClassifier> {
+        let config = BertConfig {
+            add_pooling_layer: true,
+            ..config
+        };
+        Ok(BertClassifier {
+            bert: Bert::new(config, dtype, device, seed)?,
+            classifier: Linear::new(
+                "classifier",
+                config.hidden_size,
+                classes,
+                true,
+                dtype,
+                device,
+                seed.wrapping_add(9),
+            )?,
+        })
+    }
+
+    /// Logits `[N, classes]` of token ids `[N, L]` or input embeddings
+    /// `[N, L, hidden]`.
+    pub fn classify(&self, input: TextInput) -> Result<Tensor> {
+        let (_, pooled) = self.bert.encode(input, None)?;
+        let pooled = pooled.ok_or_else(|| Error::InvalidArgument {
+            op: "BertClassifier",
+            msg: "the BERT has no pooler".into(),
+        })?;
+        self.classifier.forward(&pooled)
+    }
+}
+
+/// Token ids (integer dtype) or input embeddings (float dtype).
+fn text_input(input: &Tensor) -> TextInput<'_> {
+    if input.dtype().is_float() {
+        TextInput::Embeds(input)
+    } else {
+        TextInput::Ids(input)
+    }
+}
+
+impl Module for BertClassifier {
+    /// Logits `[N, classes]` of token ids `[N, L]` (I64).
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.classify(TextInput::Ids(ids))
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = self.bert.named_parameters();
+        v.extend(crate::models::params_of("classifier", &self.classifier));
+        v
+    }
+
+    fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
+        let mut v = self.bert.parameter_kinds();
+        v.extend(crate::models::kinds_of("classifier", &self.classifier));
+        v
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.bert.set_training(training);
+    }
+}
+
+impl Freeze for BertClassifier {
+    fn set_requires_grad(&mut self, want: &mut dyn FnMut(&str) -> bool) -> Result<()> {
+        self.bert.set_requires_grad(&mut *want)?;
+        set_linear(&mut self.classifier, "classifier", want)
+    }
+}
+
+impl StepModel for BertClassifier {
+    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+        self.classify(text_input(input))
+    }
+}
+
+impl StepModel for Gpt2 {
+    /// Next-token logits `[N·L, vocab]` of ids `[N, L]` or embeddings
+    /// `[N, L, n_embd]`.
+    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+        let logits = self.logits(text_input(input))?;
+        let s = logits.shape().to_vec();
+        logits.reshape(&[s[0] * s[1], s[2]])
+    }
+}
+
+/// What a model reads, for [`MODELS`]: the defaults of the step's input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputKind {
+    /// Square images; one class per image.
+    Image {
+        /// Channels.
+        channels: usize,
+        /// Default height and width.
+        default_size: usize,
+    },
+    /// Token ids; one class per sequence or the next token per position.
+    Tokens {
+        /// Rows of the word-embedding table.
+        vocab: usize,
+        /// Width of the input embeddings (the `input` cases).
+        hidden: usize,
+        /// Longest sequence the model takes.
+        max_seq: usize,
+        /// Default sequence length.
+        default_seq: usize,
+        /// Next-token targets over the vocabulary (GPT-2) instead of one
+        /// class per sequence.
+        next_token: bool,
+    },
+}
+
+/// The input of one step and its targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepInput {
+    /// Images `[N, channels, size, size]` (float, the case's input
+    /// gradient); targets: one class per image.
+    Image {
+        /// Channels.
+        channels: usize,
+        /// Height and width.
+        size: usize,
+    },
+    /// Token ids `[N, seq]` (I64), or input embeddings
+    /// `[N, seq, hidden]` for the `input` cases; targets: one class per
+    /// sequence, or (`next_token`) one token of `vocab` per position.
+    Tokens {
+        /// Sequence length.
+        seq: usize,
+        /// Rows of the word-embedding table (the ids' range).
+        vocab: usize,
+        /// Width of the input embeddings.
+        hidden: usize,
+        /// Next-token targets `[N·seq]` over the vocabulary.
+        next_token: bool,
+    },
+}
+
+impl StepInput {
+    /// The input tensor for `batch` samples: images or embeddings from a
+    /// seeded normal (requiring grad when `input_grad`), or ids.
+    fn make(&self, batch: usize, input_grad: bool, dtype: DType, device: Device) -> Result<Tensor> {
+        match *self {
+            StepInput::Image { channels, size } => {
+                Tensor::randn(&[batch, channels, size, size], dtype, device, 1)?
+                    .set_requires_grad(input_grad)
+            }
+            StepInput::Tokens { seq, hidden, .. } if input_grad => {
+                Tensor::randn(&[batch, seq, hidden], dtype, device, 1)?.set_requires_grad(true)
+            }
+            StepInput::Tokens { seq, vocab, .. } => {
+                ids(batch * seq, vocab, 0, device)?.reshape(&[batch, seq])
+            }
+        }
+    }
+
+    /// The class targets (I64): `[batch]` in `0..classes`, or for
+    /// next-token inputs `[batch·seq]` in `0..vocab`.
+    pub fn targets(&self, batch: usize, classes: usize, device: Device) -> Result<Tensor> {
+        match *self {
+            StepInput::Tokens {
+                seq,
+                vocab,
+                next_token: true,
+                ..
+            } => ids(batch * seq, vocab, 1, device),
+            _ => ids(batch, classes, 0, device),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match *self {
+            StepInput::Image { channels, size } => channels == 0 || size == 0,
+            StepInput::Tokens {
+                seq, vocab, hidden, ..
+            } => seq == 0 || vocab == 0 || hidden == 0,
+        }
+    }
+}
+
+/// `n` I64 values `(i + shift) % range` (zeros on meta: never read).
+fn ids(n: usize, range: usize, shift: usize, device: Device) -> Result<Tensor> {
+    match device {
+        Device::Meta => Tensor::zeros(&[n], DType::I64, Device::Meta),
+        d => Tensor::from_vec(
+            (0..n)
+                .map(|i| ((i + shift) % range) as i64)
+                .collect::<Vec<_>>(),
+            &[n],
+            d,
+        ),
+    }
+}
+
+/// Builds a model with `classes` outputs for `size`×`size` images (CNNs
+/// ignore the size; ViT's position table follows it; text models ignore
+/// it) in `dtype` on `device`.
+pub type BuildFn =
+    fn(classes: usize, size: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>>;
 
 /// One model the `memory` command knows.
 pub struct ModelEntry {
     /// The name on the command line (`resnet18`).
     pub name: &'static str,
-    /// The constructor (full size, torchvision's configuration).
+    /// The constructor (full size: torchvision's or Hugging Face's
+    /// configuration).
     pub build: BuildFn,
-    /// Channels of the input image.
-    pub in_channels: usize,
-    /// Default input height and width.
-    pub default_size: usize,
+    /// What the model reads, with the defaults of the input's size.
+    pub input: InputKind,
 }
 
-fn resnet18(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn TrainModel>> {
+impl ModelEntry {
+    /// The step input of this model: `size` (images; default the model's)
+    /// or `seq` (tokens; default the model's). Giving the other one or a
+    /// sequence longer than the model takes is an error (an image size the
+    /// model cannot take, such as one ViT's patch does not divide, is the
+    /// model constructor's error).
+    pub fn step_input(&self, size: Option<usize>, seq: Option<usize>) -> Result<StepInput> {
+        let bad = |msg: String| Error::InvalidArgument { op: "memory", msg };
+        match self.input {
+            InputKind::Image {
+                channels,
+                default_size,
+            } => {
+                if seq.is_some() {
+                    return Err(bad(format!(
+                        "{} reads images: --seq does not apply (use --size)",
+                        self.name
+                    )));
+                }
+                Ok(StepInput::Image {
+                    channels,
+                    size: size.unwrap_or(default_size),
+                })
+            }
+            InputKind::Tokens {
+                vocab,
+                hidden,
+                max_seq,
+                default_seq,
+                next_token,
+            } => {
+                if size.is_some() {
+                    return Err(bad(format!(
+                        "{} reads token ids: --size does not apply (use --seq)",
+                        self.name
+                    )));
+                }
+                let seq = seq.unwrap_or(default_seq);
+                if seq == 0 || seq > max_seq {
+                    return Err(bad(format!(
+                        "{} takes sequences of 1 to {max_seq} tokens, not {seq}",
+                        self.name
+                    )));
+                }
+                Ok(StepInput::Tokens {
+                    seq,
+                    vocab,
+                    hidden,
+                    next_token,
+                })
+            }
+        }
+    }
+}
+
+fn resnet18(classes: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
     Ok(Box::new(ResNet::new(
         ResNetConfig::resnet18(classes),
         dtype,
@@ -75,7 +436,7 @@ fn resnet18(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn Trai
     )?))
 }
 
-fn resnet50(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn TrainModel>> {
+fn resnet50(classes: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
     Ok(Box::new(ResNet::new(
         ResNetConfig::resnet50(classes),
         dtype,
@@ -84,7 +445,7 @@ fn resnet50(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn Trai
     )?))
 }
 
-fn vgg16(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn TrainModel>> {
+fn vgg16(classes: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
     Ok(Box::new(Vgg::new(
         &VggConfig::vgg16(false, classes),
         dtype,
@@ -93,7 +454,7 @@ fn vgg16(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn TrainMo
     )?))
 }
 
-fn vgg16_bn(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn TrainModel>> {
+fn vgg16_bn(classes: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
     Ok(Box::new(Vgg::new(
         &VggConfig::vgg16(true, classes),
         dtype,
@@ -102,7 +463,12 @@ fn vgg16_bn(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn Trai
     )?))
 }
 
-fn mobilenet_v2(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn TrainModel>> {
+fn mobilenet_v2(
+    classes: usize,
+    _: usize,
+    dtype: DType,
+    device: Device,
+) -> Result<Box<dyn StepModel>> {
     Ok(Box::new(MobileNetV2::new(
         &MobileNetV2Config::v2(classes),
         dtype,
@@ -111,37 +477,99 @@ fn mobilenet_v2(classes: usize, dtype: DType, device: Device) -> Result<Box<dyn 
     )?))
 }
 
-/// The models of `leangrad memory --model`, full size (1000 classes).
+fn vit_b16(
+    classes: usize,
+    size: usize,
+    dtype: DType,
+    device: Device,
+) -> Result<Box<dyn StepModel>> {
+    let config = ViTConfig {
+        image_size: size,
+        ..ViTConfig::vit_b16()
+    };
+    Ok(Box::new(ViTClassifier::new(
+        config, classes, dtype, device, 0,
+    )?))
+}
+
+fn bert_base(classes: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(BertClassifier::new(
+        BertConfig::bert_base(),
+        classes,
+        dtype,
+        device,
+        0,
+    )?))
+}
+
+fn gpt2(_: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(Gpt2::new(
+        Gpt2Config::gpt2_small(),
+        dtype,
+        device,
+        0,
+    )?))
+}
+
+const IMAGE_224: InputKind = InputKind::Image {
+    channels: 3,
+    default_size: 224,
+};
+
+/// The models of `leangrad memory --model`, full size (1000 classes by
+/// default; GPT-2 predicts its 50257-token vocabulary).
 pub const MODELS: &[ModelEntry] = &[
     ModelEntry {
         name: "resnet18",
         build: resnet18,
-        in_channels: 3,
-        default_size: 224,
+        input: IMAGE_224,
     },
     ModelEntry {
         name: "resnet50",
         build: resnet50,
-        in_channels: 3,
-        default_size: 224,
+        input: IMAGE_224,
     },
     ModelEntry {
         name: "vgg16",
         build: vgg16,
-        in_channels: 3,
-        default_size: 224,
+        input: IMAGE_224,
     },
     ModelEntry {
         name: "vgg16_bn",
         build: vgg16_bn,
-        in_channels: 3,
-        default_size: 224,
+        input: IMAGE_224,
     },
     ModelEntry {
         name: "mobilenet_v2",
         build: mobilenet_v2,
-        in_channels: 3,
-        default_size: 224,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "vit_b16",
+        build: vit_b16,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "bert_base",
+        build: bert_base,
+        input: InputKind::Tokens {
+            vocab: 30522,
+            hidden: 768,
+            max_seq: 512,
+            default_seq: 128,
+            next_token: false,
+        },
+    },
+    ModelEntry {
+        name: "gpt2",
+        build: gpt2,
+        input: InputKind::Tokens {
+            vocab: 50257,
+            hidden: 768,
+            max_seq: 1024,
+            default_seq: 128,
+            next_token: true,
+        },
     },
 ];
 
@@ -159,108 +587,16 @@ pub fn find_model(name: &str) -> Result<&'static ModelEntry> {
         })
 }
 
-/// Which parameters train and what needs a gradient (the cases of
-/// `python-compare/export.py`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Case {
-    /// Every parameter trains; the input needs no gradient.
-    All,
-    /// Every parameter frozen; the input needs a gradient; BatchNorm in
-    /// training mode.
-    Input,
-    /// As `Input` with BatchNorm in evaluation mode.
-    InputBnEval,
-    /// Only the normalisation layers' affine parameters train.
-    Norm,
-    /// Only the last quarter of the parameterised layers trains.
-    SurgicalLast,
-}
-
-impl Case {
-    /// Every case, in the order the tests and the documentation use.
-    pub const ALL: [Case; 5] = [
-        Case::All,
-        Case::Input,
-        Case::InputBnEval,
-        Case::Norm,
-        Case::SurgicalLast,
-    ];
-
-    /// The name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Case::All => "all",
-            Case::Input => "input",
-            Case::InputBnEval => "input-bn-eval",
-            Case::Norm => "norm",
-            Case::SurgicalLast => "surgical-last",
-        }
-    }
-
-    /// The case called `name`.
-    pub fn parse(name: &str) -> Result<Case> {
-        Case::ALL
-            .into_iter()
-            .find(|c| c.name() == name)
-            .ok_or_else(|| Error::InvalidArgument {
-                op: "memory",
-                msg: format!(
-                    "unknown case `{name}`; known cases: {}",
-                    Case::ALL.map(Case::name).join(", ")
-                ),
-            })
-    }
-
-    fn input_grad(self) -> bool {
-        matches!(self, Case::Input | Case::InputBnEval)
-    }
-}
-
-fn layer_of(name: &str) -> &str {
-    name.rsplit_once('.').map_or(name, |(p, _)| p)
-}
-
-/// Applies `case` to `model`: which parameters train, and the mode.
-/// (Kept small and private: a library-wide case API may replace it.)
-fn apply_case(model: &mut dyn TrainModel, case: Case) -> Result<()> {
-    let names: Vec<String> = model
-        .named_parameters()
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    // Normalisation layers: those the model labels so, or that keep running statistics.
-    let mut norm: BTreeSet<String> = model
-        .parameter_kinds()
-        .into_iter()
-        .filter(|(_, k)| *k == LayerKind::Norm)
-        .map(|(n, _)| layer_of(&n).to_string())
-        .collect();
-    norm.extend(
-        model
-            .named_buffers()
-            .into_iter()
-            .filter_map(|(n, _)| n.strip_suffix(".running_var").map(str::to_string)),
-    );
-    let mut layers: Vec<&str> = Vec::new();
-    for n in &names {
-        let l = layer_of(n);
-        if !layers.contains(&l) {
-            layers.push(l);
-        }
-    }
-    let last: BTreeSet<String> = layers[layers.len() - layers.len().div_ceil(4)..]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    model.set_trainable(&mut |n: &str| match case {
-        Case::All => true,
-        Case::Norm => norm.contains(layer_of(n)),
-        Case::SurgicalLast => last.contains(layer_of(n)),
-        Case::Input | Case::InputBnEval => false,
-    })?;
-    model.set_training(case != Case::InputBnEval);
-    Ok(())
+/// The case called `name` (one of [`Case::all_names`]), or an error listing
+/// the names.
+pub fn parse_case(name: &str) -> Result<Case> {
+    name.parse::<Case>().map_err(|_| Error::InvalidArgument {
+        op: "memory",
+        msg: format!(
+            "unknown case `{name}`; known cases: {}",
+            Case::all_names().join(", ")
+        ),
+    })
 }
 
 /// The optimizer of the step.
@@ -302,15 +638,14 @@ impl OptimizerKind {
 /// Everything about one step but the model.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepSpec {
-    /// Images per batch.
+    /// Samples per batch.
     pub batch: usize,
-    /// Input channels.
-    pub in_channels: usize,
-    /// Input height and width.
-    pub size: usize,
-    /// Classes of the synthetic targets (the model's outputs).
+    /// The input (images or tokens) and the kind of targets.
+    pub input: StepInput,
+    /// Classes of the synthetic targets (the classifier's outputs; unused
+    /// by next-token inputs, whose classes are the vocabulary).
     pub classes: usize,
-    /// Compute dtype of the model and input.
+    /// Compute dtype of the model and of float inputs.
     #[serde(serialize_with = "lower_debug")]
     pub dtype: DType,
     /// The optimizer.
@@ -318,7 +653,9 @@ pub struct StepSpec {
     /// The fused `backward_step` (update each parameter as its gradient is
     /// final) instead of `backward` + `step`.
     pub fused: bool,
-    /// Which parameters train.
+    /// Which parameters train, the input gradient and the mode (by name:
+    /// `surgical-last-bn-eval`).
+    #[serde(serialize_with = "display")]
     pub case: Case,
     /// Where to run: [`Device::Meta`] predicts, [`Device::Cpu`] measures.
     #[serde(serialize_with = "display")]
@@ -329,7 +666,7 @@ fn lower_debug<S: serde::Serializer>(d: &DType, s: S) -> std::result::Result<S::
     s.serialize_str(&format!("{d:?}").to_lowercase())
 }
 
-fn display<S: serde::Serializer>(d: &Device, s: S) -> std::result::Result<S::Ok, S::Error> {
+fn display<T: Display, S: serde::Serializer>(d: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_str(&d.to_string())
 }
 
@@ -345,16 +682,17 @@ pub struct StepMemory {
 
 /// Runs one training step of the model made by `build` (inside a fresh
 /// ledger, so its parameters are counted) as `spec` says, under `policy`,
-/// and returns the ledger of the step's device.
+/// and returns the ledger of the step's device. A case that trains no
+/// parameter of the model and needs no input gradient is an error.
 pub fn run_step(
-    build: &dyn Fn(DType, Device) -> Result<Box<dyn TrainModel>>,
+    build: &dyn Fn(DType, Device) -> Result<Box<dyn StepModel>>,
     spec: &StepSpec,
     policy: SavePolicy,
 ) -> Result<StepMemory> {
-    if spec.batch == 0 || spec.size == 0 || spec.classes == 0 {
+    if spec.batch == 0 || spec.classes == 0 || spec.input.is_empty() {
         return Err(Error::InvalidArgument {
             op: "memory",
-            msg: "batch, size and classes must be at least 1".into(),
+            msg: "batch, input size and classes must be at least 1".into(),
         });
     }
     if !spec.dtype.is_float() {
@@ -363,40 +701,32 @@ pub fn run_step(
             dtype: spec.dtype,
         });
     }
+    let input_grad = spec.case.input_requires_grad();
     let ledger = Ledger::new();
     let report = {
         let _l = ledger.enter();
         let mut model = build(spec.dtype, spec.device)?;
-        apply_case(model.as_mut(), spec.case)?;
-        let shape = [spec.batch, spec.in_channels, spec.size, spec.size];
-        let x = Tensor::randn(&shape, spec.dtype, spec.device, 1)?
-            .set_requires_grad(spec.case.input_grad())?;
-        let targets = match spec.device {
-            Device::Meta => Tensor::zeros(&[spec.batch], DType::I64, Device::Meta)?,
-            d => Tensor::from_vec(
-                (0..spec.batch)
-                    .map(|i| (i % spec.classes) as i64)
-                    .collect::<Vec<_>>(),
-                &[spec.batch],
-                d,
-            )?,
-        };
+        spec.case.apply(model.as_mut())?;
         let params: Vec<Tensor> = model
             .parameters()
             .into_iter()
             .filter(|p| p.requires_grad())
             .collect();
-        if params.is_empty() && !spec.case.input_grad() {
+        if params.is_empty() && !input_grad {
             return Err(Error::InvalidArgument {
                 op: "memory",
                 msg: format!(
                     "case `{}` trains nothing in this model (no parameter requires grad)",
-                    spec.case.name()
+                    spec.case
                 ),
             });
         }
+        let x = spec
+            .input
+            .make(spec.batch, input_grad, spec.dtype, spec.device)?;
+        let targets = spec.input.targets(spec.batch, spec.classes, spec.device)?;
         let _p = with_save_policy(policy);
-        let m: &dyn TrainModel = model.as_ref();
+        let m: &dyn StepModel = model.as_ref();
         match spec.optimizer {
             OptimizerKind::Sgd => step(
                 m,
@@ -439,7 +769,7 @@ pub fn run_step(
 /// report at the end of the step, while the model, its gradients, the
 /// optimizer state, the input and the loss are still alive.
 fn step<A: Algorithm>(
-    model: &dyn TrainModel,
+    model: &dyn StepModel,
     x: &Tensor,
     targets: &Tensor,
     mut opt: Optimizer<A>,
@@ -447,7 +777,7 @@ fn step<A: Algorithm>(
     ledger: &Ledger,
 ) -> Result<MemoryReport> {
     let loss = model
-        .forward(x)?
+        .step_logits(x)?
         .cross_entropy(targets, CrossEntropyOptions::default())?;
     if fused {
         opt.backward_step(&loss)?;
@@ -477,8 +807,23 @@ pub struct MemoryPlan {
 /// [`MODELS`] under both policies.
 pub fn plan(name: &str, spec: &StepSpec) -> Result<MemoryPlan> {
     let entry = find_model(name)?;
+    let matches = matches!(
+        (entry.input, spec.input),
+        (InputKind::Image { .. }, StepInput::Image { .. })
+            | (InputKind::Tokens { .. }, StepInput::Tokens { .. })
+    );
+    if !matches {
+        return Err(Error::InvalidArgument {
+            op: "memory",
+            msg: format!("{name} reads {:?}, not the step's input", entry.input),
+        });
+    }
     let classes = spec.classes;
-    let build = move |dtype: DType, device: Device| (entry.build)(classes, dtype, device);
+    let size = match spec.input {
+        StepInput::Image { size, .. } => size,
+        StepInput::Tokens { .. } => 0,
+    };
+    let build = move |dtype: DType, device: Device| (entry.build)(classes, size, dtype, device);
     let start = Instant::now();
     let lean = run_step(&build, spec, SavePolicy::Lean)?;
     let save_all = run_step(&build, spec, SavePolicy::SaveAll)?;
@@ -532,13 +877,15 @@ impl MemoryPlan {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{}: batch {}, {}×{}, {}, case {}, {}{}, {} (both policies in {:.1} ms)",
+            "{}: batch {}, {}, {}, case {}, {}{}, {} (both policies in {:.1} ms)",
             self.model,
             s.batch,
-            s.size,
-            s.size,
+            match s.input {
+                StepInput::Image { size, .. } => format!("{size}×{size}"),
+                StepInput::Tokens { seq, .. } => format!("{seq} tokens"),
+            },
             format!("{:?}", s.dtype).to_lowercase(),
-            s.case.name(),
+            s.case,
             s.optimizer.name(),
             if s.fused { " fused" } else { "" },
             if s.device == Device::Meta {

@@ -12,23 +12,15 @@ fn leangrad(args: &[&str]) -> Output {
         .expect("the leangrad binary runs")
 }
 
+/// `leangrad memory --json` at batch 2: 32×32 images and 10 classes for
+/// image models, unless `extra` says otherwise (text models pass `--seq`).
 fn memory_json(model: &str, case: &str, extra: &[&str], device: &str) -> Value {
     let mut args = vec![
-        "memory",
-        "--model",
-        model,
-        "--batch",
-        "2",
-        "--size",
-        "32",
-        "--classes",
-        "10",
-        "--case",
-        case,
-        "--device",
-        device,
-        "--json",
+        "memory", "--model", model, "--batch", "2", "--case", case, "--device", device, "--json",
     ];
+    if !extra.contains(&"--seq") {
+        args.extend_from_slice(&["--size", "32", "--classes", "10"]);
+    }
     args.extend_from_slice(extra);
     let out = leangrad(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -50,6 +42,8 @@ fn meta_prediction_equals_cpu_measurement() {
         ("resnet18", "all", &["--optimizer", "adamw", "--fused"][..]),
         ("mobilenet_v2", "surgical-last", &[][..]),
         ("resnet18", "input-bn-eval", &["--dtype", "bf16"][..]),
+        ("resnet18", "conv-bn-eval", &[][..]),
+        ("mobilenet_v2", "surgical-first", &["--fused"][..]),
     ] {
         let meta = memory_json(model, case, extra, "meta");
         let cpu = memory_json(model, case, extra, "cpu");
@@ -67,6 +61,29 @@ fn meta_prediction_equals_cpu_measurement() {
             "{model} {case}"
         );
     }
+}
+
+/// The full-size transformers, with short inputs so the CPU step is quick:
+/// the meta prediction equals the CPU measurement exactly.
+#[test]
+fn transformer_meta_prediction_equals_cpu_measurement() {
+    for (model, case, extra) in [
+        ("vit_b16", "input", &[][..]),
+        ("bert_base", "input", &["--seq", "8", "--classes", "3"][..]),
+        ("gpt2", "surgical-last", &["--seq", "4"][..]),
+    ] {
+        let meta = memory_json(model, case, extra, "meta");
+        let cpu = memory_json(model, case, extra, "cpu");
+        for policy in ["lean", "save_all"] {
+            let (m, c) = (numbers(&meta, policy), numbers(&cpu, policy));
+            assert_eq!(m, c, "{model} {case} {policy}");
+            assert!(m["peak_total"].as_u64().unwrap() > 0);
+        }
+        assert_eq!(meta["spec"]["case"], case);
+    }
+    let gpt2 = memory_json("gpt2", "all", &["--seq", "4"], "meta");
+    assert_eq!(gpt2["spec"]["classes"], 50257);
+    assert_eq!(gpt2["spec"]["input"]["tokens"]["seq"], 4);
 }
 
 #[test]
@@ -108,7 +125,39 @@ fn bad_arguments_are_clear_errors() {
         ),
         (
             &["memory", "--model", "resnet18", "--case", "some"][..],
-            "surgical-last",
+            "surgical-last-bn-eval",
+        ),
+        (
+            &["memory", "--model", "resnet18", "--seq", "16"][..],
+            "--size",
+        ),
+        (&["memory", "--model", "gpt2", "--size", "32"][..], "--seq"),
+        (
+            &["memory", "--model", "bert_base", "--seq", "513"][..],
+            "512",
+        ),
+        (
+            &["memory", "--model", "gpt2", "--classes", "10"][..],
+            "vocabulary",
+        ),
+        (
+            &["memory", "--model", "vit_b16", "--size", "40"][..],
+            "patch",
+        ),
+        // BERT has no convolutions: nothing would train.
+        (
+            &[
+                "memory",
+                "--model",
+                "bert_base",
+                "--batch",
+                "1",
+                "--seq",
+                "4",
+                "--case",
+                "conv",
+            ][..],
+            "trains nothing",
         ),
         (
             &["memory", "--model", "resnet18", "--device", "tpu"][..],

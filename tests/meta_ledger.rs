@@ -1,20 +1,23 @@
 //! The meta device: tensors without data whose kernels compute shapes only.
 //! One whole training step on meta moves the ledger exactly as the same
 //! step on the CPU: peak and live bytes by category, the parameter-gradient
-//! peak and saved bytes by layer, byte for byte, for every tiny model and
-//! case of the model tests, both save policies, SGD with momentum and AdamW,
+//! peak and saved bytes by layer, byte for byte, for every tiny model of
+//! the model tests (CNNs and transformers) and every one of the 14 cases
+//! that trains something, both save policies, SGD with momentum and AdamW,
 //! usual and fused steps.
 
 use leangrad::autograd::SavePolicy;
 use leangrad::memory::{Category, Ledger};
-use leangrad::memory_plan::{run_step, Case, OptimizerKind, StepSpec, TrainModel};
+use leangrad::memory_plan::{
+    run_step, BertClassifier, OptimizerKind, StepInput, StepModel, StepSpec, ViTClassifier,
+};
 use leangrad::models::{
-    BlockKind, InvertedResidualSetting, MobileNetV2, MobileNetV2Config, ResNet, ResNetConfig, Vgg,
-    VggConfig,
+    BertConfig, BlockKind, Case, Gpt2, Gpt2Config, InvertedResidualSetting, MobileNetV2,
+    MobileNetV2Config, ResNet, ResNetConfig, Vgg, VggConfig, ViTConfig,
 };
 use leangrad::{DType, Device, Error, Result, Tensor};
 
-type Build = Box<dyn Fn(DType, Device) -> Result<Box<dyn TrainModel>>>;
+type Build = Box<dyn Fn(DType, Device) -> Result<Box<dyn StepModel>>>;
 
 fn resnet(block: BlockKind, layers: [usize; 4]) -> Build {
     Box::new(move |d, dev| {
@@ -25,7 +28,7 @@ fn resnet(block: BlockKind, layers: [usize; 4]) -> Build {
             num_classes: 5,
             in_channels: 3,
         };
-        Ok(Box::new(ResNet::new(c, d, dev, 1)?) as Box<dyn TrainModel>)
+        Ok(Box::new(ResNet::new(c, d, dev, 1)?) as Box<dyn StepModel>)
     })
 }
 
@@ -40,7 +43,7 @@ fn vgg(batch_norm: bool) -> Build {
             num_classes: 5,
             dropout: 0.5,
         };
-        Ok(Box::new(Vgg::new(&c, d, dev, 1)?) as Box<dyn TrainModel>)
+        Ok(Box::new(Vgg::new(&c, d, dev, 1)?) as Box<dyn StepModel>)
     })
 }
 
@@ -58,33 +61,79 @@ fn mobilenet() -> Build {
             in_channels: 3,
             dropout: 0.2,
         };
-        Ok(Box::new(MobileNetV2::new(&c, d, dev, 1)?) as Box<dyn TrainModel>)
+        Ok(Box::new(MobileNetV2::new(&c, d, dev, 1)?) as Box<dyn StepModel>)
     })
 }
 
-fn models() -> Vec<(&'static str, Build, bool)> {
+/// The tiny ViT of the transformer tests with a 5-way classifier.
+fn vit() -> Build {
+    Box::new(|d, dev| {
+        Ok(Box::new(ViTClassifier::new(ViTConfig::tiny(), 5, d, dev, 1)?) as Box<dyn StepModel>)
+    })
+}
+
+/// The tiny BERT of the transformer tests with a 5-way classifier.
+fn bert() -> Build {
+    Box::new(|d, dev| {
+        Ok(Box::new(BertClassifier::new(BertConfig::tiny(), 5, d, dev, 1)?) as Box<dyn StepModel>)
+    })
+}
+
+/// The tiny GPT-2 of the transformer tests (next-token loss).
+fn gpt2() -> Build {
+    Box::new(|d, dev| Ok(Box::new(Gpt2::new(Gpt2Config::tiny(), d, dev, 1)?) as Box<dyn StepModel>))
+}
+
+const IMAGES: StepInput = StepInput::Image {
+    channels: 3,
+    size: 32,
+};
+
+/// The tiny models with their step input.
+fn models() -> Vec<(&'static str, Build, StepInput)> {
+    let tokens = |next_token| StepInput::Tokens {
+        seq: 8,
+        vocab: 50,
+        hidden: 16,
+        next_token,
+    };
     vec![
         (
             "resnet18_tiny",
             resnet(BlockKind::Basic, [2, 2, 2, 2]),
-            true,
+            IMAGES,
         ),
         (
             "resnet50_tiny",
             resnet(BlockKind::Bottleneck, [3, 4, 6, 3]),
-            true,
+            IMAGES,
         ),
-        ("vgg16_tiny", vgg(false), false),
-        ("vgg16_bn_tiny", vgg(true), true),
-        ("mobilenet_v2_tiny", mobilenet(), true),
+        ("vgg16_tiny", vgg(false), IMAGES),
+        ("vgg16_bn_tiny", vgg(true), IMAGES),
+        ("mobilenet_v2_tiny", mobilenet(), IMAGES),
+        (
+            "vit_tiny",
+            vit(),
+            StepInput::Image {
+                channels: 3,
+                size: 16,
+            },
+        ),
+        ("bert_tiny", bert(), tokens(false)),
+        ("gpt2_tiny", gpt2(), tokens(true)),
     ]
 }
 
-fn spec(case: Case, optimizer: OptimizerKind, fused: bool, device: Device) -> StepSpec {
+fn spec(
+    input: StepInput,
+    case: Case,
+    optimizer: OptimizerKind,
+    fused: bool,
+    device: Device,
+) -> StepSpec {
     StepSpec {
         batch: 2,
-        in_channels: 3,
-        size: 32,
+        input,
         classes: 5,
         dtype: DType::F32,
         optimizer,
@@ -94,7 +143,7 @@ fn spec(case: Case, optimizer: OptimizerKind, fused: bool, device: Device) -> St
     }
 }
 
-fn assert_meta_equals_cpu(model: &str, build: &Build, case: Case) {
+fn assert_meta_equals_cpu(model: &str, build: &Build, input: StepInput, case: Case) {
     for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
         for (opt, fused) in [
             (OptimizerKind::Sgd, false),
@@ -102,15 +151,12 @@ fn assert_meta_equals_cpu(model: &str, build: &Build, case: Case) {
             (OptimizerKind::Adamw, false),
             (OptimizerKind::Adamw, true),
         ] {
-            let what = format!("{model} {} {policy:?} {opt:?} fused={fused}", case.name());
-            let cpu = run_step(build.as_ref(), &spec(case, opt, fused, Device::Cpu), policy)
+            let what = format!("{model} {case} {policy:?} {opt:?} fused={fused}");
+            let at = |device| spec(input, case, opt, fused, device);
+            let cpu = run_step(build.as_ref(), &at(Device::Cpu), policy)
                 .unwrap_or_else(|e| panic!("{what} cpu: {e}"));
-            let meta = run_step(
-                build.as_ref(),
-                &spec(case, opt, fused, Device::Meta),
-                policy,
-            )
-            .unwrap_or_else(|e| panic!("{what} meta: {e}"));
+            let meta = run_step(build.as_ref(), &at(Device::Meta), policy)
+                .unwrap_or_else(|e| panic!("{what} meta: {e}"));
             let (mut c, m) = (cpu.report, meta.report);
             assert_eq!(c.device, "cpu");
             assert_eq!(m.device, "meta");
@@ -131,39 +177,70 @@ fn assert_meta_equals_cpu(model: &str, build: &Build, case: Case) {
     }
 }
 
-fn check_model(index: usize) {
-    let (name, build, has_bn) = models().swap_remove(index);
-    for case in Case::ALL {
-        if case == Case::Norm && !has_bn {
-            continue; // nothing would train
+/// Every case of model `index` that trains something; a case that trains
+/// nothing (no parameter selected, no input gradient) must be the clear
+/// error instead. Returns how many cases ran.
+fn check_model(index: usize) -> usize {
+    let (name, build, input) = models().swap_remove(index);
+    let mut ran = 0;
+    for case in Case::all() {
+        let kinds = build(DType::F32, Device::Meta).unwrap().parameter_kinds();
+        if case.trainable(&kinds).is_empty() && !case.input_requires_grad() {
+            let s = spec(input, case, OptimizerKind::Sgd, false, Device::Meta);
+            let err = run_step(build.as_ref(), &s, SavePolicy::Lean).err();
+            assert!(
+                matches!(&err, Some(Error::InvalidArgument { msg, .. }) if msg.contains("trains nothing")),
+                "{name} {case}: {err:?}"
+            );
+            continue;
         }
-        assert_meta_equals_cpu(name, &build, case);
+        assert_meta_equals_cpu(name, &build, input, case);
+        ran += 1;
     }
+    ran
 }
 
 #[test]
 fn meta_ledger_equals_cpu_resnet18_tiny() {
-    check_model(0);
+    assert_eq!(check_model(0), 14);
 }
 
 #[test]
 fn meta_ledger_equals_cpu_resnet50_tiny() {
-    check_model(1);
+    assert_eq!(check_model(1), 14);
 }
 
 #[test]
 fn meta_ledger_equals_cpu_vgg16_tiny() {
-    check_model(2);
+    // No normalisation layers: `norm` and `norm-bn-eval` train nothing.
+    assert_eq!(check_model(2), 12);
 }
 
 #[test]
 fn meta_ledger_equals_cpu_vgg16_bn_tiny() {
-    check_model(3);
+    assert_eq!(check_model(3), 14);
 }
 
 #[test]
 fn meta_ledger_equals_cpu_mobilenet_v2_tiny() {
-    check_model(4);
+    assert_eq!(check_model(4), 14);
+}
+
+#[test]
+fn meta_ledger_equals_cpu_vit_tiny() {
+    assert_eq!(check_model(5), 14);
+}
+
+#[test]
+fn meta_ledger_equals_cpu_bert_tiny() {
+    // No convolutions: `conv` and `conv-bn-eval` train nothing.
+    assert_eq!(check_model(6), 12);
+}
+
+#[test]
+fn meta_ledger_equals_cpu_gpt2_tiny() {
+    // GPT-2's Conv1D layers are Linear layers: `conv` trains nothing.
+    assert_eq!(check_model(7), 12);
 }
 
 /// A full-size ResNet-18 training step (batch 64, 224×224, f32) on meta:
@@ -171,10 +248,15 @@ fn meta_ledger_equals_cpu_mobilenet_v2_tiny() {
 #[test]
 fn full_size_resnet18_step_on_meta() {
     let build: Build = Box::new(|d, dev| {
-        Ok(Box::new(ResNet::new(ResNetConfig::resnet18(1000), d, dev, 0)?) as Box<dyn TrainModel>)
+        Ok(Box::new(ResNet::new(ResNetConfig::resnet18(1000), d, dev, 0)?) as Box<dyn StepModel>)
     });
-    let mut s = spec(Case::All, OptimizerKind::Sgd, false, Device::Meta);
-    (s.batch, s.size, s.classes) = (64, 224, 1000);
+    let input = StepInput::Image {
+        channels: 3,
+        size: 224,
+    };
+    let all: Case = "all".parse().unwrap();
+    let mut s = spec(input, all, OptimizerKind::Sgd, false, Device::Meta);
+    (s.batch, s.classes) = (64, 1000);
     let lean = run_step(build.as_ref(), &s, SavePolicy::Lean)
         .unwrap()
         .report;

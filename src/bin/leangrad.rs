@@ -3,7 +3,8 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use leangrad::demo::{self, DemoOptions};
-use leangrad::memory_plan::{self, Case, OptimizerKind, StepSpec, MODELS};
+use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec, MODELS};
+use leangrad::models::Case;
 use leangrad::{DType, Device};
 
 #[derive(Parser)]
@@ -43,18 +44,24 @@ enum Command {
         /// The model (full size).
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(MODELS.iter().map(|m| m.name)))]
         model: String,
-        /// Images per batch.
+        /// Samples (images or sequences) per batch.
         #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
         batch: u32,
-        /// Which parameters train (and whether the input needs a gradient).
-        #[arg(long, default_value = "all", value_parser = ["all", "input", "input-bn-eval", "norm", "surgical-last"])]
+        /// Which parameters train, whether the input (images, or a text
+        /// model's input embeddings) needs a gradient, and `-bn-eval` for
+        /// evaluation mode.
+        #[arg(long, default_value = "all", value_parser = clap::builder::PossibleValuesParser::new(Case::all_names()))]
         case: String,
-        /// Input height and width (default: the model's, 224).
+        /// Image height and width, for image models (default: the model's, 224).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         size: Option<u32>,
-        /// Classes of the classifier and the synthetic targets.
-        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
-        classes: u32,
+        /// Tokens per sequence, for text models (default 128).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        seq: Option<u32>,
+        /// Classes of the classifier and the synthetic targets (default
+        /// 1000; gpt2's classes are its vocabulary).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        classes: Option<u32>,
         /// Compute dtype.
         #[arg(long, default_value = "f32", value_parser = ["f32", "f16", "bf16"])]
         dtype: String,
@@ -134,6 +141,7 @@ fn run(cli: Cli) -> Result<()> {
             batch,
             case,
             size,
+            seq,
             classes,
             dtype,
             optimizer,
@@ -143,11 +151,26 @@ fn run(cli: Cli) -> Result<()> {
             top,
         } => {
             let entry = memory_plan::find_model(&model)?;
+            let input = entry.step_input(size.map(|s| s as usize), seq.map(|s| s as usize))?;
+            let classes = match entry.input {
+                InputKind::Tokens {
+                    vocab,
+                    next_token: true,
+                    ..
+                } => {
+                    if classes.is_some_and(|c| c as usize != vocab) {
+                        anyhow::bail!(
+                            "{model} predicts its vocabulary of {vocab} tokens: --classes does not apply"
+                        );
+                    }
+                    vocab
+                }
+                _ => classes.map_or(1000, |c| c as usize),
+            };
             let spec = StepSpec {
                 batch: batch as usize,
-                in_channels: entry.in_channels,
-                size: size.map_or(entry.default_size, |s| s as usize),
-                classes: classes as usize,
+                input,
+                classes,
                 dtype: match dtype.as_str() {
                     "f16" => DType::F16,
                     "bf16" => DType::BF16,
@@ -155,7 +178,7 @@ fn run(cli: Cli) -> Result<()> {
                 },
                 optimizer: OptimizerKind::parse(&optimizer)?,
                 fused,
-                case: Case::parse(&case)?,
+                case: memory_plan::parse_case(&case)?,
                 device: if device == "cpu" {
                     Device::Cpu
                 } else {
