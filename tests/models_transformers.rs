@@ -324,11 +324,20 @@ fn transformers5_vit_names_map_to_the_classic_ones() {
         classic_vit_name("layers.11.mlp.fc1.weight"),
         "encoder.layer.11.intermediate.dense.weight"
     );
+    // A transformers-5 state dict (classic names renamed to v5 ones) loads
+    // in one call.
+    let to_v5: BTreeMap<String, String> = v5
+        .iter()
+        .map(|n| (classic_vit_name(n), n.clone()))
+        .collect();
     let sd: BTreeMap<String, Tensor> = classic
         .into_iter()
-        .map(|(n, t)| (classic_vit_name(&n), t))
+        .map(|(n, t)| (to_v5[&n].clone(), t))
         .collect();
-    load_state_dict(&vit(DType::F32), &sd, LoadOptions { strict: true }).unwrap();
+    let model = vit(DType::F32);
+    model
+        .load_hf_state_dict(&sd, LoadOptions { strict: true })
+        .unwrap();
 }
 
 /// Three Adam steps on tiny GPT-2 (whose `wte` is used twice: lookup and

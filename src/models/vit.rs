@@ -182,6 +182,22 @@ pub struct ViT {
 }
 
 impl ViT {
+    /// Loads a Hugging Face `ViTModel` state dict in one call, whichever
+    /// transformers version wrote it: the classic names, or transformers 5's
+    /// `layers.N.attention.q_proj…` (mapped by [`classic_vit_name`]); then as
+    /// [`crate::io::load_state_dict`] (every name, shape and dtype checked).
+    pub fn load_hf_state_dict(
+        &self,
+        tensors: &std::collections::BTreeMap<String, Tensor>,
+        options: crate::io::LoadOptions,
+    ) -> Result<crate::io::LoadReport> {
+        let mapped = tensors
+            .iter()
+            .map(|(n, t)| (classic_vit_name(n), t.clone()))
+            .collect();
+        crate::io::load_state_dict(self, &mapped, options)
+    }
+
     /// A ViT of `config`, seeded, ready for [`crate::io::load_state_dict`].
     pub fn new(config: ViTConfig, dtype: DType, device: Device, seed: u64) -> Result<ViT> {
         let cfg = config;
