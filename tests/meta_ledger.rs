@@ -8,12 +8,10 @@
 
 use leangrad::autograd::SavePolicy;
 use leangrad::memory::{Category, Ledger};
-use leangrad::memory_plan::{
-    run_step, BertClassifier, OptimizerKind, StepInput, StepModel, StepSpec, ViTClassifier,
-};
+use leangrad::memory_plan::{run_step, OptimizerKind, StepInput, StepModel, StepSpec};
 use leangrad::models::{
-    BertConfig, BlockKind, Case, Gpt2, Gpt2Config, InvertedResidualSetting, MobileNetV2,
-    MobileNetV2Config, ResNet, ResNetConfig, Vgg, VggConfig, ViTConfig,
+    BertClassifier, BertConfig, BlockKind, Case, Gpt2, Gpt2Config, InvertedResidualSetting,
+    MobileNetV2, MobileNetV2Config, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use leangrad::{DType, Device, Error, Result, Tensor};
 

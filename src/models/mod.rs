@@ -15,6 +15,7 @@
 pub mod bert;
 pub mod cases;
 pub mod gpt2;
+pub mod heads;
 pub mod mobilenet;
 pub mod resnet;
 pub mod transformer;
@@ -24,6 +25,7 @@ pub mod vit;
 pub use bert::{Bert, BertConfig};
 pub use cases::{glob_match, layer_of, layers_in_order, Case, Freeze, Glob, Selection};
 pub use gpt2::{Gpt2, Gpt2Config};
+pub use heads::{Backbone, BertClassifier, Classifier, ViTClassifier};
 pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
 pub use transformer::{Conv1D, Param, TextInput};

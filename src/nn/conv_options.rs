@@ -1,7 +1,7 @@
 //! Options of the convolutions (stride, padding, dilation, groups), with
 //! PyTorch's defaults.
 
-/// Options of [`conv2d`] (PyTorch's defaults: stride 1, no padding,
+/// Options of [`conv2d`](super::conv2d) (PyTorch's defaults: stride 1, no padding,
 /// dilation 1, one group), per axis `[height, width]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dOptions {
@@ -26,7 +26,7 @@ impl Default for Conv2dOptions {
     }
 }
 
-/// Options of [`conv1d`] (PyTorch's defaults: stride 1, no padding,
+/// Options of [`conv1d`](super::conv1d) (PyTorch's defaults: stride 1, no padding,
 /// dilation 1, one group).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv1dOptions {
@@ -51,7 +51,7 @@ impl Default for Conv1dOptions {
     }
 }
 
-/// Options of [`conv_transpose2d`], per axis `[height, width]` (PyTorch's
+/// Options of [`conv_transpose2d`](super::conv_transpose2d), per axis `[height, width]` (PyTorch's
 /// defaults: stride 1, no padding or output padding, dilation 1, one group).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvTranspose2dOptions {

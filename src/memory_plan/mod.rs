@@ -1,0 +1,287 @@
+//! `leangrad memory`: the memory of one whole training step of a model,
+//! predicted on the meta device (no data, no arithmetic: seconds for a
+//! full-size model) or measured on the CPU, under the lean save policy and
+//! under save-all side by side.
+//!
+//! One step is: build the model (parameters counted), apply the
+//! [`Case`] (which parameters train, whether the input needs a gradient,
+//! training or evaluation mode), a synthetic input and targets, forward,
+//! cross-entropy loss, backward and an optimizer step (the usual
+//! `backward` + `step`, or the fused `backward_step`). Everything runs in a
+//! fresh [`Ledger`], so the report is exactly that step's allocations; on
+//! meta it equals the CPU's byte for byte (`tests/meta_ledger.rs`).
+//!
+//! Models come from [`MODELS`], a table of names, constructors and input
+//! kinds: adding a model is one entry. The step's forward and loss:
+//!
+//! * CNNs: images `[N, C, S, S]` → logits `[N, classes]`, one class per
+//!   image.
+//! * `vit_b16`: [`ViTClassifier`](crate::models::ViTClassifier), Hugging Face's
+//!   `ViTForImageClassification` (no pooler; a Linear `classifier` on the
+//!   final-LayerNorm `[CLS]` token), one class per image.
+//! * `bert_base`: [`BertClassifier`](crate::models::BertClassifier), Hugging Face's
+//!   `BertForSequenceClassification` (a Linear `classifier` on the tanh
+//!   pooler's output; no dropout), token ids `[N, seq]`, one class per
+//!   sequence.
+//! * `gpt2`: GPT-2 small with its tied LM head, token ids `[N, seq]`,
+//!   next-token cross-entropy over the logits `[N·seq, vocab]` (the
+//!   targets are given already shifted, as a data loader's `labels`, so
+//!   the logits are not sliced).
+//!
+//! For the `input` cases the input that needs a gradient is the image, or
+//! for the text models the input embeddings `[N, seq, hidden]` fed in place
+//! of the word-embedding lookup (`forward_embeds`).
+
+use crate::autograd::{with_save_policy, SavePolicy};
+use crate::memory::{DeviceReport, Ledger, MemoryReport};
+use crate::models::Case;
+use crate::ops::CrossEntropyOptions;
+use crate::optim::{Adam, Algorithm, Optimizer, Sgd};
+use crate::{DType, Device, Error, Result, Tensor};
+use serde::Serialize;
+
+mod models;
+mod report;
+
+pub use models::{
+    find_model, parse_case, BuildFn, InputKind, ModelEntry, StepInput, StepModel, MODELS,
+};
+use std::fmt::Display;
+use std::time::Instant;
+
+/// The optimizer of the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// SGD with momentum 0.9 (one state tensor per parameter).
+    Sgd,
+    /// Adam (two state tensors per parameter).
+    Adam,
+    /// AdamW (two state tensors per parameter).
+    Adamw,
+}
+
+impl OptimizerKind {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::Adamw => "adamw",
+        }
+    }
+
+    /// The optimizer called `name` (`sgd`, `adam`, `adamw`).
+    pub fn parse(name: &str) -> Result<OptimizerKind> {
+        match name {
+            "sgd" => Ok(OptimizerKind::Sgd),
+            "adam" => Ok(OptimizerKind::Adam),
+            "adamw" => Ok(OptimizerKind::Adamw),
+            _ => Err(Error::InvalidArgument {
+                op: "memory",
+                msg: format!("unknown optimizer `{name}`; known: sgd, adam, adamw"),
+            }),
+        }
+    }
+}
+
+/// Everything about one step but the model.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepSpec {
+    /// Samples per batch.
+    pub batch: usize,
+    /// The input (images or tokens) and the kind of targets.
+    pub input: StepInput,
+    /// Classes of the synthetic targets (the classifier's outputs; unused
+    /// by next-token inputs, whose classes are the vocabulary).
+    pub classes: usize,
+    /// Compute dtype of the model and of float inputs.
+    #[serde(serialize_with = "lower_debug")]
+    pub dtype: DType,
+    /// The optimizer.
+    pub optimizer: OptimizerKind,
+    /// The fused `backward_step` (update each parameter as its gradient is
+    /// final) instead of `backward` + `step`.
+    pub fused: bool,
+    /// Which parameters train, the input gradient and the mode (by name:
+    /// `surgical-last-bn-eval`).
+    #[serde(serialize_with = "display")]
+    pub case: Case,
+    /// Where to run: [`Device::Meta`] predicts, [`Device::Cpu`] measures.
+    #[serde(serialize_with = "display")]
+    pub device: Device,
+}
+
+fn lower_debug<S: serde::Serializer>(d: &DType, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{d:?}").to_lowercase())
+}
+
+fn display<T: Display, S: serde::Serializer>(d: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&d.to_string())
+}
+
+/// The ledger of one step under one policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StepMemory {
+    /// Peak bytes by category, peak total, live bytes at the end of the
+    /// step (model, gradients, optimizer state, input and loss still
+    /// alive), parameter-gradient peak and saved bytes by layer, on the
+    /// step's device.
+    pub report: DeviceReport,
+}
+
+/// Runs one training step of the model made by `build` (inside a fresh
+/// ledger, so its parameters are counted) as `spec` says, under `policy`,
+/// and returns the ledger of the step's device. A case that trains no
+/// parameter of the model and needs no input gradient is an error.
+pub fn run_step(
+    build: &dyn Fn(DType, Device) -> Result<Box<dyn StepModel>>,
+    spec: &StepSpec,
+    policy: SavePolicy,
+) -> Result<StepMemory> {
+    if spec.batch == 0 || spec.classes == 0 || spec.input.is_empty() {
+        return Err(Error::InvalidArgument {
+            op: "memory",
+            msg: "batch, input size and classes must be at least 1".into(),
+        });
+    }
+    if !spec.dtype.is_float() {
+        return Err(Error::UnsupportedDType {
+            op: "memory",
+            dtype: spec.dtype,
+        });
+    }
+    let input_grad = spec.case.input_requires_grad();
+    let ledger = Ledger::new();
+    let report = {
+        let _l = ledger.enter();
+        let mut model = build(spec.dtype, spec.device)?;
+        spec.case.apply(model.as_mut())?;
+        let params: Vec<Tensor> = model
+            .parameters()
+            .into_iter()
+            .filter(|p| p.requires_grad())
+            .collect();
+        if params.is_empty() && !input_grad {
+            return Err(Error::InvalidArgument {
+                op: "memory",
+                msg: format!(
+                    "case `{}` trains nothing in this model (no parameter requires grad)",
+                    spec.case
+                ),
+            });
+        }
+        let x = spec
+            .input
+            .make(spec.batch, input_grad, spec.dtype, spec.device)?;
+        let targets = spec.input.targets(spec.batch, spec.classes, spec.device)?;
+        let _p = with_save_policy(policy);
+        let m: &dyn StepModel = model.as_ref();
+        match spec.optimizer {
+            OptimizerKind::Sgd => step(
+                m,
+                &x,
+                &targets,
+                Optimizer::new(params, Sgd::new(0.01).momentum(0.9))?,
+                spec.fused,
+                &ledger,
+            )?,
+            OptimizerKind::Adam => step(
+                m,
+                &x,
+                &targets,
+                Optimizer::new(params, Adam::new(1e-3))?,
+                spec.fused,
+                &ledger,
+            )?,
+            OptimizerKind::Adamw => step(
+                m,
+                &x,
+                &targets,
+                Optimizer::new(params, Adam::adamw(1e-3))?,
+                spec.fused,
+                &ledger,
+            )?,
+        }
+    };
+    let report = report
+        .devices
+        .into_iter()
+        .find(|d| d.device == spec.device.to_string())
+        .ok_or_else(|| Error::InvalidArgument {
+            op: "memory",
+            msg: format!("nothing was allocated on {}", spec.device),
+        })?;
+    Ok(StepMemory { report })
+}
+
+/// Forward, loss, backward and update with `opt`; returns the ledger's
+/// report at the end of the step, while the model, its gradients, the
+/// optimizer state, the input and the loss are still alive.
+fn step<A: Algorithm>(
+    model: &dyn StepModel,
+    x: &Tensor,
+    targets: &Tensor,
+    mut opt: Optimizer<A>,
+    fused: bool,
+    ledger: &Ledger,
+) -> Result<MemoryReport> {
+    let loss = model
+        .step_logits(x)?
+        .cross_entropy(targets, CrossEntropyOptions::default())?;
+    if fused {
+        opt.backward_step(&loss)?;
+    } else {
+        loss.backward()?;
+        opt.step()?;
+    }
+    Ok(ledger.report())
+}
+
+/// The lean policy next to save-all for one model and step.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryPlan {
+    /// The model's name.
+    pub model: String,
+    /// The step.
+    pub spec: StepSpec,
+    /// Under the lean policy (the default).
+    pub lean: StepMemory,
+    /// Under the save-everything policy (what PyTorch keeps).
+    pub save_all: StepMemory,
+    /// Wall-clock seconds for both steps.
+    pub seconds: f64,
+}
+
+/// Plans (meta) or measures (CPU) one step of the model `name` of
+/// [`MODELS`] under both policies.
+pub fn plan(name: &str, spec: &StepSpec) -> Result<MemoryPlan> {
+    let entry = find_model(name)?;
+    let matches = matches!(
+        (entry.input, spec.input),
+        (InputKind::Image { .. }, StepInput::Image { .. })
+            | (InputKind::Tokens { .. }, StepInput::Tokens { .. })
+    );
+    if !matches {
+        return Err(Error::InvalidArgument {
+            op: "memory",
+            msg: format!("{name} reads {:?}, not the step's input", entry.input),
+        });
+    }
+    let classes = spec.classes;
+    let size = match spec.input {
+        StepInput::Image { size, .. } => size,
+        StepInput::Tokens { .. } => 0,
+    };
+    let build = move |dtype: DType, device: Device| (entry.build)(classes, size, dtype, device);
+    let start = Instant::now();
+    let lean = run_step(&build, spec, SavePolicy::Lean)?;
+    let save_all = run_step(&build, spec, SavePolicy::SaveAll)?;
+    Ok(MemoryPlan {
+        model: name.to_string(),
+        spec: spec.clone(),
+        lean,
+        save_all,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
