@@ -62,6 +62,7 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
     );
     match backend(op.name(), &[a, b])? {
         Backend::Meta => return meta::empty(&shape, DType::U8),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(op.name(), n)),
         Backend::Cpu => {}
     }
     let (da, db) = (a.storage().cpu()?, b.storage().cpu()?);
@@ -88,6 +89,7 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
 pub fn compare_scalar(x: &Tensor, s: f64, op: CmpOp) -> Result<Tensor> {
     match backend(op.name(), &[x])? {
         Backend::Meta => return meta::empty(x.shape(), DType::U8),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(op.name(), n)),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
@@ -122,6 +124,7 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     );
     match backend(OP, &[cond, a, b])? {
         Backend::Meta => return meta::empty(&shape, a.dtype()),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(OP, n)),
         Backend::Cpu => {}
     }
     let (dc, da, db) = (
@@ -157,6 +160,7 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     match backend("cast", &[x])? {
         Backend::Meta => return meta::empty(x.shape(), dtype),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("cast", n)),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;

@@ -70,6 +70,7 @@ pub fn unary_map<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
             meta::float(K::NAME, x.dtype())?;
             return meta::empty(x.shape(), x.dtype());
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(K::NAME, n)),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
@@ -93,6 +94,7 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
             meta::float(K::NAME, a.dtype())?;
             return meta::empty(&shape, a.dtype());
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(K::NAME, n)),
         Backend::Cpu => {}
     }
     let da = a.storage().cpu()?;
@@ -136,6 +138,7 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
             meta::touch(dst);
             return Ok(());
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(K::NAME, n)),
         Backend::Cpu => {}
     }
     let ds = src.storage().cpu()?;
@@ -200,6 +203,7 @@ pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()>
 pub fn contiguous_copy(x: &Tensor) -> Result<Tensor> {
     match backend("contiguous_copy", &[x])? {
         Backend::Meta => return meta::empty(x.shape(), x.dtype()),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("contiguous_copy", n)),
         Backend::Cpu => {}
     }
     Tensor::from_cpu_data(gather(x)?, x.shape())
@@ -227,6 +231,7 @@ pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
             meta::touch(dst);
             return Ok(());
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("copy_into", n)),
         Backend::Cpu => {}
     }
     let values = gather(src)?;
@@ -257,6 +262,7 @@ pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
             meta::touch(x);
             return Ok(());
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(K::NAME, n)),
         Backend::Cpu => {}
     }
     let mut data = x.storage().cpu_mut()?;

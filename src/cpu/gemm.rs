@@ -349,6 +349,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (a, b) = (usable_operand(a)?, usable_operand(b)?);
     match crate::meta::backend("matmul", &[&a, &b])? {
         crate::meta::Backend::Meta => return crate::meta::empty(&shape, a.dtype()),
+        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("matmul", n)),
         crate::meta::Backend::Cpu => {}
     }
     let n = shape.iter().product();
@@ -393,6 +394,7 @@ pub(crate) fn matmul_into(dst: &Tensor, a: &Tensor, b: &Tensor, accumulate: bool
             crate::meta::touch(dst);
             return Ok(());
         }
+        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("matmul_into", n)),
         crate::meta::Backend::Cpu => {}
     }
     let mut dd = dst.storage().cpu_mut()?;

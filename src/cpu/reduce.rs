@@ -54,6 +54,7 @@ pub fn reduce_to(x: &Tensor, out_shape: &[usize], kind: ReduceKind) -> Result<Te
                     crate::meta::float("reduce", x.dtype())?;
                     return crate::meta::empty(out_shape, x.dtype());
                 }
+                Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("reduce", n)),
                 Backend::Cpu => {}
             }
             general(x, out_shape, kind, 1.0)
@@ -70,6 +71,7 @@ pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<
             crate::meta::float("sum", x.dtype())?;
             return crate::meta::empty(out_shape, x.dtype());
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("sum", n)),
         Backend::Cpu => {}
     }
     if let (Some(range), Some((outer, red, inner))) =
@@ -272,6 +274,9 @@ pub(crate) fn arg_extremum(
                 .transpose()?;
             return Ok((Vec::new(), vals));
         }
+        Backend::Cuda(n) => {
+            return Err(crate::meta::not_on_cuda(if max { "max" } else { "min" }, n))
+        }
         Backend::Cpu => {}
     }
     let stride = x.layout().strides()[dim];
@@ -333,6 +338,7 @@ pub(crate) fn compact_indices(
     };
     match backend_of("indices", device)? {
         Backend::Meta => return crate::meta::empty(shape, dtype),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("indices", n)),
         Backend::Cpu => {}
     }
     let data = if axis_len <= 1 << 8 {
@@ -349,6 +355,7 @@ pub(crate) fn compact_indices(
 pub(crate) fn i64_indices(idx: &[usize], shape: &[usize], device: Device) -> Result<Tensor> {
     match backend_of("indices", device)? {
         Backend::Meta => return crate::meta::empty(shape, DType::I64),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("indices", n)),
         Backend::Cpu => {}
     }
     Tensor::from_cpu_data(CpuData::I64(idx.iter().map(|&i| i as i64).collect()), shape)
@@ -366,6 +373,7 @@ pub(crate) fn scatter_along(
     match backend("scatter_along", &[g, indices])? {
         // Indices are not read on meta (treated as valid).
         Backend::Meta => return crate::meta::empty(shape, g.dtype()),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("scatter_along", n)),
         Backend::Cpu => {}
     }
     let idx: Vec<usize> = match &*indices.storage().cpu()? {

@@ -18,7 +18,9 @@ pub struct CudaBuffer {
     data: CudaSlice<u8>,
     dtype: DType,
     len: usize,
-    allocation: Allocation,
+    /// `None` once a tensor storage took the registration over
+    /// ([`CudaBuffer::take_allocation`]): the storage then counts the bytes.
+    allocation: Option<Allocation>,
 }
 
 /// The bytes of a slice of elements.
@@ -76,7 +78,7 @@ impl CudaBuffer {
             data,
             dtype,
             len,
-            allocation,
+            allocation: Some(allocation),
         })
     }
 
@@ -211,9 +213,16 @@ impl CudaBuffer {
         &self.device
     }
 
-    /// The ledger registration (to mark the buffer saved, change its category…).
-    pub fn allocation(&self) -> &Allocation {
-        &self.allocation
+    /// The ledger registration (to mark the buffer saved, change its
+    /// category…); `None` inside a tensor storage, which holds it instead.
+    pub fn allocation(&self) -> Option<&Allocation> {
+        self.allocation.as_ref()
+    }
+
+    /// Hands the ledger registration to a tensor storage, which keeps it
+    /// beside the buffer for as long as the buffer lives.
+    pub(crate) fn take_allocation(&mut self) -> Option<Allocation> {
+        self.allocation.take()
     }
 
     /// The raw bytes, for kernel launches (at least one byte long).

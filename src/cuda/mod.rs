@@ -51,6 +51,7 @@ mod layout;
 pub mod nvrtc;
 pub mod random;
 pub mod reduce;
+pub(crate) mod tensor;
 
 pub use buffer::CudaBuffer;
 pub use context::{library_status, CudaDevice, MIN_COMPUTE_CAPABILITY};

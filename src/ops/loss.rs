@@ -92,6 +92,7 @@ impl BackwardOp for CrossEntropyBackward {
                     probs.dtype(),
                 )?)]);
             }
+            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("cross_entropy", n)),
             Backend::Cpu => {}
         }
         let targets = self.targets.get()?.to_vec::<i64>()?;
@@ -210,6 +211,7 @@ impl Tensor {
                         .transpose()?,
                 }
             }
+            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("cross_entropy", n)),
             Backend::Cpu => {
                 let t = targets.to_vec::<i64>()?;
                 cross_entropy_forward(
