@@ -12,6 +12,11 @@ pub trait UnaryKernel: Sync {
     const NAME: &'static str;
     /// The function.
     fn f<T: FloatDType>(&self, x: T) -> T;
+    /// The same function as a CUDA kernel op, where one exists (`None`:
+    /// the kernel is not on CUDA yet, a typed `NotOnCuda` there).
+    fn cuda(&self) -> Option<crate::cuda::elementwise::UnaryOp> {
+        None
+    }
 }
 
 /// A float function of two elements, written once for every float dtype.
@@ -20,6 +25,11 @@ pub trait BinaryKernel: Sync {
     const NAME: &'static str;
     /// The function.
     fn f<T: FloatDType>(&self, a: T, b: T) -> T;
+    /// The same function as a CUDA kernel op, where one exists (`None`:
+    /// the kernel is not on CUDA yet, a typed `NotOnCuda` there).
+    fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
+        None
+    }
 }
 
 /// Reads a strided view by logical (row-major) index.
@@ -70,7 +80,7 @@ pub fn unary_map<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
             meta::float(K::NAME, x.dtype())?;
             return meta::empty(x.shape(), x.dtype());
         }
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(K::NAME, n)),
+        Backend::Cuda(_) => return crate::cuda::ops::unary(x, k.cuda(), K::NAME),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
@@ -94,7 +104,9 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
             meta::float(K::NAME, a.dtype())?;
             return meta::empty(&shape, a.dtype());
         }
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(K::NAME, n)),
+        Backend::Cuda(_) => {
+            return crate::cuda::ops::binary(a, &la, b, &lb, &shape, k.cuda(), K::NAME)
+        }
         Backend::Cpu => {}
     }
     let da = a.storage().cpu()?;
@@ -138,7 +150,16 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
             meta::touch(dst);
             return Ok(());
         }
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(K::NAME, n)),
+        Backend::Cuda(_) => {
+            return crate::cuda::ops::binary_assign(
+                dst,
+                range.clone(),
+                src,
+                &lsrc,
+                k.cuda(),
+                K::NAME,
+            )
+        }
         Backend::Cpu => {}
     }
     let ds = src.storage().cpu()?;
@@ -203,7 +224,7 @@ pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()>
 pub fn contiguous_copy(x: &Tensor) -> Result<Tensor> {
     match backend("contiguous_copy", &[x])? {
         Backend::Meta => return meta::empty(x.shape(), x.dtype()),
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("contiguous_copy", n)),
+        Backend::Cuda(_) => return crate::cuda::tensor::contiguous(x),
         Backend::Cpu => {}
     }
     Tensor::from_cpu_data(gather(x)?, x.shape())
@@ -231,7 +252,7 @@ pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
             meta::touch(dst);
             return Ok(());
         }
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("copy_into", n)),
+        Backend::Cuda(_) => return crate::cuda::tensor::copy_into(dst, src),
         Backend::Cpu => {}
     }
     let values = gather(src)?;
@@ -262,7 +283,7 @@ pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
             meta::touch(x);
             return Ok(());
         }
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(K::NAME, n)),
+        Backend::Cuda(_) => return crate::cuda::ops::unary_assign(x, k.cuda(), K::NAME),
         Backend::Cpu => {}
     }
     let mut data = x.storage().cpu_mut()?;

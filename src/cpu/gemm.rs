@@ -349,7 +349,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (a, b) = (usable_operand(a)?, usable_operand(b)?);
     match crate::meta::backend("matmul", &[&a, &b])? {
         crate::meta::Backend::Meta => return crate::meta::empty(&shape, a.dtype()),
-        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("matmul", n)),
+        crate::meta::Backend::Cuda(_) => return crate::cuda::ops_matmul::matmul(&a, &b, &shape),
         crate::meta::Backend::Cpu => {}
     }
     let n = shape.iter().product();
@@ -394,7 +394,9 @@ pub(crate) fn matmul_into(dst: &Tensor, a: &Tensor, b: &Tensor, accumulate: bool
             crate::meta::touch(dst);
             return Ok(());
         }
-        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("matmul_into", n)),
+        crate::meta::Backend::Cuda(_) => {
+            return crate::cuda::ops_matmul::matmul_into(dst, &a, &b, accumulate)
+        }
         crate::meta::Backend::Cpu => {}
     }
     let mut dd = dst.storage().cpu_mut()?;

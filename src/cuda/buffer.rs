@@ -170,6 +170,47 @@ impl CudaBuffer {
         Ok(b)
     }
 
+    /// Copies `len` elements of `src` from element `from` into this buffer
+    /// at element `at` (device to device, same dtype and device; `src` is
+    /// another buffer).
+    pub fn copy_range_from(
+        &mut self,
+        at: usize,
+        src: &CudaBuffer,
+        from: usize,
+        len: usize,
+    ) -> Result<()> {
+        let op = "cuda copy_range_from";
+        super::check::same_device(op, src, self)?;
+        if src.dtype != self.dtype {
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: self.dtype,
+                got: src.dtype,
+            });
+        }
+        if at + len > self.len || from + len > src.len {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "{len} elements from {from} of {} into {at} of {}",
+                    src.len, self.len
+                ),
+            });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let size = self.dtype.size_in_bytes();
+        let device = self.device.clone();
+        let stream = device.stream().clone();
+        let from_view = src.data.slice(from * size..(from + len) * size);
+        let mut to_view = self.data.slice_mut(at * size..(at + len) * size);
+        stream
+            .memcpy_dtod(&from_view, &mut to_view)
+            .map_err(|e| device.error("cuMemcpyDtoDAsync", e))
+    }
+
     fn check<T: WithDType>(&self, op: &'static str, len: usize) -> Result<()> {
         if T::DTYPE != self.dtype {
             return Err(Error::DTypeMismatch {

@@ -49,6 +49,8 @@ pub mod gemm;
 pub mod index;
 mod layout;
 pub mod nvrtc;
+pub(crate) mod ops;
+pub(crate) mod ops_matmul;
 pub mod random;
 pub mod reduce;
 pub(crate) mod tensor;

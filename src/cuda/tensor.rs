@@ -68,3 +68,54 @@ pub(crate) fn download(x: &Tensor) -> Result<CpuData> {
     let data = dense.storage().cuda()?.to_cpu_data();
     data
 }
+
+/// `x` itself when it is contiguous over its whole buffer (what the
+/// row-wise kernels read), else a contiguous copy.
+pub(crate) fn dense(x: &Tensor) -> Result<Tensor> {
+    let whole = x.layout().offset() == 0 && x.numel() == x.storage().len();
+    if whole && x.is_contiguous() {
+        Ok(x.clone())
+    } else {
+        contiguous(x)
+    }
+}
+
+/// Runs `f` with a private ledger current: the small parameter and status
+/// buffers it allocates (targets, per-sample weights, losses read back to
+/// the host) are not tensor memory, so they stay out of the caller's
+/// ledger, as their host counterparts do on the CPU.
+pub(crate) fn uncounted<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
+    let scratch = crate::memory::Ledger::new();
+    let _guard = scratch.enter();
+    f()
+}
+
+/// A buffer made under [`uncounted`] as a tensor counted in the current
+/// ledger under the current category.
+pub(crate) fn adopt(mut buffer: CudaBuffer, shape: &[usize]) -> Result<Tensor> {
+    drop(buffer.take_allocation());
+    wrap(buffer, shape)
+}
+
+/// Writes `src`'s elements into the contiguous view `dst` (same shape and
+/// dtype; different storages).
+pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
+    let range = dst
+        .layout()
+        .contiguous_range()
+        .ok_or(crate::Error::NotOnCuda {
+            op: "copy_into a strided view",
+            device: dst.device(),
+        })?;
+    // A private copy when the two share a buffer (read and write locks of
+    // one storage cannot be held together).
+    let src = if dst.shares_storage_with(src) {
+        contiguous(src)?
+    } else {
+        dense(src)?
+    };
+    let from = src.storage().cuda()?;
+    dst.storage()
+        .cuda_mut()?
+        .copy_range_from(range.start, &from, 0, range.len())
+}

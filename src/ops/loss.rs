@@ -53,6 +53,9 @@ impl BinaryKernel for Diff {
     fn f<T: FloatDType>(&self, a: T, b: T) -> T {
         a - b
     }
+    fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
+        Some(crate::cuda::elementwise::BinaryOp::Sub)
+    }
 }
 
 /// `a · b · factor`, the factor applied in f64.
@@ -92,7 +95,25 @@ impl BackwardOp for CrossEntropyBackward {
                     probs.dtype(),
                 )?)]);
             }
-            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("cross_entropy", n)),
+            Backend::Cuda(_) => {
+                let targets = self.targets.get()?;
+                let weights = match self.opts.reduction {
+                    Reduction::None => g.to_f64_vec()?,
+                    Reduction::Sum => vec![g.to_scalar()?],
+                    Reduction::Mean => vec![g.to_scalar()? / self.count as f64],
+                };
+                drop(g);
+                let o = &self.opts;
+                let grad = crate::cuda::ops::cross_entropy_backward(
+                    probs,
+                    self.class_dim,
+                    targets,
+                    &weights,
+                    o.ignore_index,
+                    o.label_smoothing,
+                )?;
+                return Ok(vec![Some(grad)]);
+            }
             Backend::Cpu => {}
         }
         let targets = self.targets.get()?.to_vec::<i64>()?;
@@ -211,7 +232,14 @@ impl Tensor {
                         .transpose()?,
                 }
             }
-            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("cross_entropy", n)),
+            Backend::Cuda(_) => crate::cuda::ops::cross_entropy_forward(
+                self,
+                class_dim,
+                targets,
+                opts.ignore_index,
+                opts.label_smoothing,
+                need,
+            )?,
             Backend::Cpu => {
                 let t = targets.to_vec::<i64>()?;
                 cross_entropy_forward(
