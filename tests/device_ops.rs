@@ -41,8 +41,9 @@ fn input(shape: &[usize], dtype: DType, seed: u64, lo: f64, hi: f64) -> Tensor {
 }
 
 /// Runs `op` on the CPU inputs and on copies on every device; compares.
-fn check(test: &str, inputs: &[Tensor], op: impl Fn(&[Tensor]) -> Result<Tensor>) {
-    let want = op(inputs).unwrap();
+fn check(test: &str, inputs: &[&Tensor], op: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let cpu: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).collect();
+    let want = op(&cpu).unwrap();
     for dev in cuda_common::devices(test) {
         let moved: Vec<Tensor> = inputs.iter().map(|t| t.to_device(dev).unwrap()).collect();
         let got = op(&moved).unwrap_or_else(|e| panic!("{test} on {dev}: {e}"));
@@ -50,6 +51,9 @@ fn check(test: &str, inputs: &[Tensor], op: impl Fn(&[Tensor]) -> Result<Tensor>
         assert_close(&format!("{test} on {dev}"), &want, &got);
     }
 }
+
+/// A unary op under test.
+type UnaryFn = fn(&Tensor) -> Result<Tensor>;
 
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
@@ -130,7 +134,7 @@ fn unary_and_scalar_ops() {
     for dtype in FLOATS {
         let x = input(&[3, 5, 17], dtype, 1, 0.1, 2.0);
         let xt = x.transpose(0, 2).unwrap();
-        let ops: [(&str, fn(&Tensor) -> Result<Tensor>); 14] = [
+        let ops: [(&str, UnaryFn); 14] = [
             ("neg", |t| t.neg()),
             ("exp", |t| t.exp()),
             ("log", |t| t.log()),
@@ -147,8 +151,8 @@ fn unary_and_scalar_ops() {
             ("contiguous", |t| t.contiguous()),
         ];
         for (name, f) in ops {
-            check(name, &[x.clone()], |t| f(&t[0]));
-            check(name, &[xt.clone()], |t| f(&t[0]));
+            check(name, &[&x], |t| f(&t[0]));
+            check(name, &[&xt], |t| f(&t[0]));
         }
     }
 }
@@ -158,14 +162,14 @@ fn binary_ops_broadcast_and_assign() {
     for dtype in FLOATS {
         let a = input(&[4, 1, 9], dtype, 2, -1.0, 1.0);
         let b = input(&[3, 1], dtype, 3, 0.5, 1.5);
-        let ab = [a.clone(), b.clone()];
+        let ab = [&a, &b];
         check("add", &ab, |t| t[0].add(&t[1]));
         check("sub", &ab, |t| t[0].sub(&t[1]));
         check("mul", &ab, |t| t[0].mul(&t[1]));
         check("div", &ab, |t| t[0].div(&t[1]));
         check("maximum", &ab, |t| t[0].maximum(&t[1]));
         let d = input(&[4, 3, 9], dtype, 4, -1.0, 1.0);
-        let db = [d.clone(), b.clone()];
+        let db = [&d, &b];
         check("add_", &db, |t| {
             let acc = t[0].contiguous()?.mul_scalar(1.0)?;
             acc.add_(&t[1])?;
@@ -184,13 +188,13 @@ fn binary_ops_broadcast_and_assign() {
 fn compare_where_and_cast() {
     let a = input(&[5, 7], DType::F32, 5, -1.0, 1.0);
     let b = input(&[7], DType::F32, 6, -1.0, 1.0);
-    check("lt", &[a.clone(), b.clone()], |t| t[0].lt(&t[1]));
-    check("ge_scalar", &[a.clone()], |t| t[0].ge_scalar(0.1));
-    check("where", &[a.clone(), b.clone()], |t| {
+    check("lt", &[&a, &b], |t| t[0].lt(&t[1]));
+    check("ge_scalar", &[&a], |t| t[0].ge_scalar(0.1));
+    check("where", &[&a, &b], |t| {
         Tensor::where_cond(&t[0].gt(&t[1])?, &t[0], &t[1])
     });
     for to in [DType::F64, DType::BF16, DType::F16, DType::I64, DType::U8] {
-        check("cast", &[a.mul_scalar(50.0).unwrap()], |t| {
+        check("cast", &[&a.mul_scalar(50.0).unwrap()], |t| {
             t[0].to_dtype(to)
         });
     }
@@ -200,14 +204,14 @@ fn compare_where_and_cast() {
 fn reductions_and_argmax() {
     for dtype in FLOATS {
         let x = input(&[6, 5, 13], dtype, 7, -2.0, 2.0);
-        check("sum", &[x.clone()], |t| t[0].sum(&[0, 2], false));
-        check("sum_all", &[x.clone()], |t| t[0].sum_all());
-        check("mean", &[x.clone()], |t| t[0].mean(&[1], true));
-        check("max", &[x.clone()], |t| t[0].max(2, false));
-        check("min", &[x.clone()], |t| t[0].min(0, true));
-        check("argmax", &[x.clone()], |t| t[0].argmax(1, false));
+        check("sum", &[&x], |t| t[0].sum(&[0, 2], false));
+        check("sum_all", &[&x], |t| t[0].sum_all());
+        check("mean", &[&x], |t| t[0].mean(&[1], true));
+        check("max", &[&x], |t| t[0].max(2, false));
+        check("min", &[&x], |t| t[0].min(0, true));
+        check("argmax", &[&x], |t| t[0].argmax(1, false));
         let xt = x.transpose(0, 1).unwrap();
-        check("sum of a view", &[xt], |t| t[0].sum(&[1], true));
+        check("sum of a view", &[&xt], |t| t[0].sum(&[1], true));
     }
 }
 
@@ -215,15 +219,15 @@ fn reductions_and_argmax() {
 fn softmax_and_cross_entropy() {
     for dtype in FLOATS {
         let x = input(&[9, 11], dtype, 8, -3.0, 3.0);
-        check("softmax", &[x.clone()], |t| t[0].softmax(1));
-        check("log_softmax", &[x.clone()], |t| t[0].log_softmax(0));
+        check("softmax", &[&x], |t| t[0].softmax(1));
+        check("log_softmax", &[&x], |t| t[0].log_softmax(0));
         let targets = Tensor::from_vec(
             (0..9).map(|i| (i * 5 % 11) as i64).collect::<Vec<_>>(),
             &[9],
             Device::Cpu,
         )
         .unwrap();
-        check("cross_entropy", &[x.clone(), targets.clone()], |t| {
+        check("cross_entropy", &[&x, &targets], |t| {
             t[0].cross_entropy(&t[1], CrossEntropyOptions::default())
         });
     }
@@ -234,17 +238,15 @@ fn matmul_layouts() {
     for dtype in FLOATS {
         let a = input(&[7, 13], dtype, 9, -1.0, 1.0);
         let b = input(&[13, 5], dtype, 10, -1.0, 1.0);
-        check("matmul", &[a.clone(), b.clone()], |t| t[0].matmul(&t[1]));
+        check("matmul", &[&a, &b], |t| t[0].matmul(&t[1]));
         let bt = input(&[5, 13], dtype, 11, -1.0, 1.0);
-        check("matmul transposed", &[a.clone(), bt], |t| {
-            t[0].matmul(&t[1].t()?)
-        });
+        check("matmul transposed", &[&a, &bt], |t| t[0].matmul(&t[1].t()?));
         let batched = input(&[3, 7, 13], dtype, 12, -1.0, 1.0);
-        check("matmul batched, shared rhs", &[batched, b.clone()], |t| {
+        check("matmul batched, shared rhs", &[&batched, &b], |t| {
             t[0].matmul(&t[1])
         });
         let narrow = input(&[7, 20], dtype, 13, -1.0, 1.0);
-        check("matmul of a narrowed view", &[narrow, b], |t| {
+        check("matmul of a narrowed view", &[&narrow, &b], |t| {
             t[0].narrow(1, 2, 13)?.matmul(&t[1])
         });
     }

@@ -78,7 +78,7 @@ pub(crate) fn dropout_apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
 pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -> Result<Tensor> {
     match meta::backend_of("dropout", device)? {
         Backend::Meta => meta::empty(shape, DType::U8),
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("dropout", n)),
+        Backend::Cuda(n) => Err(crate::meta::not_on_cuda("dropout", n)),
         Backend::Cpu => {
             let n = shape.iter().product();
             Tensor::from_vec(fill(n, |i| u8::from(draw.keep(i))), shape, device)

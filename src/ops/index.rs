@@ -179,7 +179,7 @@ fn meta_index(op: &'static str, x: &Tensor, index: &Tensor) -> Result<bool> {
             }
             Ok(true)
         }
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(op, n)),
+        Backend::Cuda(n) => Err(crate::meta::not_on_cuda(op, n)),
         Backend::Cpu => Ok(false),
     }
 }
