@@ -308,3 +308,28 @@ fn mlp_gradients_and_ledger_peak_match_the_cpu() {
         assert_eq!(p, peak, "ledger peak on {dev} vs the CPU's");
     }
 }
+
+#[test]
+fn index_select_gather_scatter_add() {
+    for dtype in FLOATS {
+        let x = input(&[5, 7, 3], dtype, 14, -1.0, 1.0);
+        let sel = Tensor::from_vec(vec![4i64, 0, 0, 6, 2], &[5], Device::Cpu).unwrap();
+        let sel32 = Tensor::from_vec(vec![2u32, 1, 2], &[3], Device::Cpu).unwrap();
+        check("index_select", &[&x, &sel], |t| t[0].index_select(1, &t[1]));
+        check("index_select u32", &[&x, &sel32], |t| {
+            t[0].index_select(0, &t[1])
+        });
+        let idx: Vec<i64> = (0..5 * 4 * 3).map(|i| (i * 7 % 5) as i64).collect();
+        let gi = Tensor::from_vec(idx, &[5, 4, 3], Device::Cpu).unwrap();
+        check("gather", &[&x, &gi], |t| t[0].gather(0, &t[1]));
+        let src = input(&[5, 4, 3], dtype, 15, -1.0, 1.0);
+        check("scatter_add", &[&x, &gi, &src], |t| {
+            t[0].scatter_add(0, &t[1], &t[2])
+        });
+        check("gather backward", &[&x, &gi], |t| {
+            let leaf = t[0].clone().set_requires_grad(true)?;
+            leaf.gather(0, &t[1])?.sum_all()?.backward()?;
+            Ok(leaf.grad().expect("a gradient"))
+        });
+    }
+}

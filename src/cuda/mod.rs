@@ -50,6 +50,7 @@ pub mod index;
 mod layout;
 pub mod nvrtc;
 pub(crate) mod ops;
+pub(crate) mod ops_index;
 pub(crate) mod ops_matmul;
 pub mod random;
 pub mod reduce;

@@ -1,0 +1,90 @@
+//! The index ops on CUDA: `index_select`, `gather`, `scatter_add` forward
+//! and the gather backward (a scatter-add into zeros). Index values stay on
+//! the device; a bad one comes back as `Error::IndexOutOfRange` through the
+//! kernels' status buffer. Status buffers and an I64 copy of a U32 index
+//! are run under a private ledger: the CPU reads indices on the host.
+
+use super::index as kernels;
+use super::tensor::{adopt, contiguous, dense, strided, uncounted};
+use super::{elementwise, CudaBuffer};
+use crate::tensor::{Layout, Tensor};
+use crate::{DType, Result};
+
+/// `index` as a dense I64 device tensor (a U32 index is converted).
+fn i64_index(index: &Tensor) -> Result<Tensor> {
+    if index.dtype() == DType::I64 {
+        return dense(index);
+    }
+    let li = strided(index.layout())?;
+    let buf = elementwise::cast(&*index.storage().cuda()?, &li, DType::I64)?;
+    super::tensor::wrap(buf, index.shape())
+}
+
+/// `x.index_select(dim, index)` for a 1-d `index`.
+pub(crate) fn index_select(x: &Tensor, dim: usize, index: &Tensor) -> Result<Tensor> {
+    let mut shape = x.shape().to_vec();
+    shape[dim] = index.numel();
+    let lx = strided(x.layout())?;
+    let out = uncounted(|| {
+        let idx = i64_index(index)?;
+        let di = idx.storage().cuda()?;
+        kernels::index_select(&*x.storage().cuda()?, &lx, dim, &di)
+    })?;
+    adopt(out, &shape)
+}
+
+/// `x.gather(dim, index)`: the result has the index's shape.
+pub(crate) fn gather(x: &Tensor, dim: usize, index: &Tensor) -> Result<Tensor> {
+    let lx = strided(x.layout())?;
+    let out = uncounted(|| {
+        let idx = i64_index(index)?;
+        let li = strided(idx.layout())?;
+        let di = idx.storage().cuda()?;
+        kernels::gather(&*x.storage().cuda()?, &lx, dim, &di, &li)
+    })?;
+    adopt(out, index.shape())
+}
+
+/// Adds `src` (read over the index's shape, its top-left corner) into the
+/// dense device tensor `out` at the indexed positions along `dim`.
+fn add_into(out: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
+    let lo = strided(out.layout())?;
+    let corner = Layout::from_parts(
+        index.shape().to_vec(),
+        src.layout().strides().to_vec(),
+        src.layout().offset(),
+    );
+    let ls = strided(&corner)?;
+    uncounted(|| {
+        let idx = i64_index(index)?;
+        let li = strided(idx.layout())?;
+        let (di, ds) = (idx.storage().cuda()?, src.storage().cuda()?);
+        let mut dout = out.storage().cuda_mut()?;
+        kernels::scatter_add(&mut dout, &lo, dim, &di, &li, &ds, &ls)
+    })
+}
+
+/// `x.scatter_add(dim, index, src)`: a contiguous copy of `x` with `src`
+/// added at the indexed positions (float dtypes on CUDA).
+pub(crate) fn scatter_add(x: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+    let out = contiguous(x)?;
+    // `src` may share `x`'s storage but never `out`'s, a fresh copy.
+    add_into(&out, dim, index, src)?;
+    Ok(out)
+}
+
+/// The gather backward: zeros of `input_shape` with `g` scatter-added at
+/// the indexed positions.
+pub(crate) fn gather_backward(
+    g: &Tensor,
+    dim: usize,
+    index: &Tensor,
+    input_shape: &[usize],
+) -> Result<Tensor> {
+    let dev = g.storage().cuda()?.device().clone();
+    let n = input_shape.iter().product();
+    let zeros = CudaBuffer::zeros(&dev, g.dtype(), n)?;
+    let out = super::tensor::wrap(zeros, input_shape)?;
+    add_into(&out, dim, index, g)?;
+    Ok(out)
+}
