@@ -326,6 +326,19 @@ fn index_select_gather_scatter_add() {
         check("scatter_add", &[&x, &gi, &src], |t| {
             t[0].scatter_add(0, &t[1], &t[2])
         });
+        let y = input(&[5, 2, 3], dtype, 16, -1.0, 1.0);
+        check("cat", &[&x, &y], |t| {
+            Tensor::cat(&[&t[0], &t[1].narrow(1, 1, 1)?, &t[1]], 1)
+        });
+        check("cat dim 0", &[&x, &x], |t| {
+            Tensor::cat(
+                &[
+                    &t[0],
+                    &t[1].transpose(0, 1)?.contiguous()?.reshape(&[5, 7, 3])?,
+                ],
+                0,
+            )
+        });
         check("gather backward", &[&x, &gi], |t| {
             let leaf = t[0].clone().set_requires_grad(true)?;
             leaf.gather(0, &t[1])?.sum_all()?.backward()?;

@@ -88,3 +88,41 @@ pub(crate) fn gather_backward(
     add_into(&out, dim, index, g)?;
     Ok(out)
 }
+
+/// Concatenation along `dim` into a new contiguous tensor of `shape`: each
+/// part (made dense first if it is a view, outside the ledger as the CPU's
+/// host staging is) is copied row by row into its slot.
+pub(crate) fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tensor> {
+    let first = parts[0].storage().cuda()?.device().clone();
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim + 1..].iter().product();
+    let row = shape[dim] * inner;
+    let mut out = CudaBuffer::alloc(&first, parts[0].dtype(), outer * row)?;
+    let mut at = 0;
+    for part in parts {
+        let chunk = part.shape()[dim] * inner;
+        uncounted(|| {
+            let d = dense(part)?;
+            let src = d.storage().cuda()?;
+            (0..outer).try_for_each(|o| out.copy_range_from(o * row + at, &src, o * chunk, chunk))
+        })?;
+        at += chunk;
+    }
+    super::tensor::wrap(out, shape)
+}
+
+/// The elements of `x`'s storage at `offsets` as a new contiguous tensor
+/// of `shape` (a gather over the storage read as one flat dim; the offsets
+/// are uploaded outside the ledger).
+pub(crate) fn take(x: &Tensor, offsets: &[usize], shape: &[usize]) -> Result<Tensor> {
+    let storage_len = x.storage().len();
+    let flat = super::Strided::contiguous(&[storage_len])?;
+    let lo = super::Strided::contiguous(&[offsets.len()])?;
+    let out = uncounted(|| {
+        let dx = x.storage().cuda()?;
+        let at: Vec<i64> = offsets.iter().map(|&o| o as i64).collect();
+        let idx = CudaBuffer::from_slice(dx.device(), &at)?;
+        kernels::gather(&dx, &flat, 0, &idx, &lo)
+    })?;
+    adopt(out, shape)
+}
