@@ -86,53 +86,37 @@ impl BackwardOp for CrossEntropyBackward {
         "cross_entropy"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let probs = self.probs.get()?;
-        match backend("cross_entropy", &[&g, probs])? {
+        let (probs, targets) = (self.probs.get()?, self.targets.get()?);
+        let (c, o) = (self.class_dim, &self.opts);
+        let (eps, ignore) = (o.label_smoothing, o.ignore_index);
+        let grad = match backend("cross_entropy", &[&g, probs])? {
             Backend::Meta => {
                 drop(g); // as on the CPU: the incoming gradient goes first
-                return Ok(vec![Some(crate::meta::empty(
-                    probs.shape(),
-                    probs.dtype(),
-                )?)]);
+                crate::meta::empty(probs.shape(), probs.dtype())?
             }
             Backend::Cuda(_) => {
-                let targets = self.targets.get()?;
-                let weights = match self.opts.reduction {
-                    Reduction::None => g.to_f64_vec()?,
-                    Reduction::Sum => vec![g.to_scalar()?],
-                    Reduction::Mean => vec![g.to_scalar()? / self.count as f64],
-                };
-                drop(g);
-                let o = &self.opts;
-                let grad = crate::cuda::ops::cross_entropy_backward(
-                    probs,
-                    self.class_dim,
-                    targets,
-                    &weights,
-                    o.ignore_index,
-                    o.label_smoothing,
-                )?;
-                return Ok(vec![Some(grad)]);
+                let w = self.weights(g)?;
+                crate::cuda::ops::cross_entropy_backward(probs, c, targets, &w, ignore, eps)?
             }
-            Backend::Cpu => {}
-        }
-        let targets = self.targets.get()?.to_vec::<i64>()?;
-        let weights = match self.opts.reduction {
+            Backend::Cpu => {
+                let t = targets.to_vec::<i64>()?;
+                let w = self.weights(g)?;
+                cross_entropy_backward(probs, c, &t, &w, ignore, eps)?
+            }
+        };
+        Ok(vec![Some(grad)])
+    }
+}
+
+impl CrossEntropyBackward {
+    /// The per-sample weights of the gradient from the incoming gradient
+    /// `g` (read to the host, then dropped).
+    fn weights(&self, g: Tensor) -> Result<Vec<f64>> {
+        Ok(match self.opts.reduction {
             Reduction::None => g.to_f64_vec()?,
             Reduction::Sum => vec![g.to_scalar()?],
             Reduction::Mean => vec![g.to_scalar()? / self.count as f64],
-        };
-        drop(g);
-        let o = &self.opts;
-        let grad = cross_entropy_backward(
-            self.probs.get()?,
-            self.class_dim,
-            &targets,
-            &weights,
-            o.ignore_index,
-            o.label_smoothing,
-        )?;
-        Ok(vec![Some(grad)])
+        })
     }
 }
 
