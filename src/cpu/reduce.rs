@@ -349,7 +349,7 @@ pub(crate) fn compact_indices(
     } else {
         CpuData::I64(idx.iter().map(|&i| i as i64).collect())
     };
-    crate::cuda::ops::upload_on(data, shape, device)
+    Tensor::from_data_on(data, shape, device)
 }
 
 /// Indices as a contiguous I64 tensor of `shape`.
@@ -359,7 +359,7 @@ pub(crate) fn i64_indices(idx: &[usize], shape: &[usize], device: Device) -> Res
         Backend::Cuda(_) | Backend::Cpu => {}
     }
     let data = CpuData::I64(idx.iter().map(|&i| i as i64).collect());
-    crate::cuda::ops::upload_on(data, shape, device)
+    Tensor::from_data_on(data, shape, device)
 }
 
 /// A zero tensor of `shape` holding, for each element `p` of `g` (the

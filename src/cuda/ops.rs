@@ -8,8 +8,8 @@ use super::reduce::{self as red, ReduceOp};
 use super::tensor::{adopt, contiguous, dense, map, strided, uncounted, wrap};
 use super::CudaBuffer;
 use crate::cpu::{CmpOp, CrossEntropyForward};
-use crate::tensor::{CpuData, Layout};
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::tensor::Layout;
+use crate::{DType, Error, Result, Tensor};
 
 /// The typed error for `op` on `t`'s device.
 fn missing(op: &'static str, t: &Tensor) -> Error {
@@ -179,14 +179,6 @@ pub(crate) fn arg_extremum(
     let idx = uncounted(|| red::arg_reduce(&*x.storage().cuda()?, &lx, dim, max)?.to_vec::<i64>())?;
     let vals = values.then(|| extremum_to(x, lanes, max)).transpose()?;
     Ok((idx.into_iter().map(|i| i as usize).collect(), vals))
-}
-
-/// Host data as a new tensor of `shape` on `device` (indices made on the host).
-pub(crate) fn upload_on(data: CpuData, shape: &[usize], device: Device) -> Result<Tensor> {
-    match device {
-        Device::Cuda(n) => super::tensor::upload(&data, shape, n),
-        _ => Tensor::from_cpu_data(data, shape),
-    }
 }
 
 /// Softmax (or log-softmax) of `x` along `dim`.

@@ -12,15 +12,6 @@ fn check_device(op: &'static str, device: Device) -> Result<()> {
     }
 }
 
-/// A new contiguous tensor of `shape` holding `data`, on `device` (the CPU
-/// or, as a host-to-device copy, CUDA; the host copy is not counted).
-fn place(data: CpuData, shape: &[usize], device: Device) -> Result<Tensor> {
-    match device {
-        Device::Cuda(n) => crate::cuda::tensor::upload(&data, shape, n),
-        _ => Tensor::from_cpu_data(data, shape),
-    }
-}
-
 fn check_len(op: &'static str, len: usize, shape: &[usize]) -> Result<()> {
     let n: usize = shape.iter().product();
     if n != len {
@@ -49,6 +40,16 @@ pub(crate) fn cpu_data_from_f64(values: &[f64], dtype: DType) -> CpuData {
 }
 
 impl Tensor {
+    /// A new contiguous tensor of `shape` holding host `data`, on `device`
+    /// (the CPU, or CUDA as one host-to-device copy; the host copy is not
+    /// counted).
+    pub(crate) fn from_data_on(data: CpuData, shape: &[usize], device: Device) -> Result<Tensor> {
+        match device {
+            Device::Cuda(n) => crate::cuda::tensor::upload(&data, shape, n),
+            _ => Tensor::from_cpu_data(data, shape),
+        }
+    }
+
     /// A contiguous meta tensor (no data), counted in the current ledger.
     pub(crate) fn new_meta(shape: &[usize], dtype: DType) -> Result<Tensor> {
         let storage = super::Storage::meta(dtype, shape.iter().product())?;
@@ -101,7 +102,7 @@ impl Tensor {
     pub fn from_vec<T: WithDType>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
         check_device("from_vec", device)?;
         check_len("from_vec", data.len(), shape)?;
-        place(T::wrap(data), shape, device)
+        Tensor::from_data_on(T::wrap(data), shape, device)
     }
 
     /// A tensor from f64 values converted to `dtype`.
@@ -113,7 +114,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         check_device("from_f64_slice", device)?;
         check_len("from_f64_slice", values.len(), shape)?;
-        place(cpu_data_from_f64(values, dtype), shape, device)
+        Tensor::from_data_on(cpu_data_from_f64(values, dtype), shape, device)
     }
 
     /// A 0-dimensional tensor holding `value`.
@@ -149,7 +150,7 @@ impl Tensor {
             let x = crate::dtype::from_f64_like(v, value);
             v.iter_mut().for_each(|e| *e = x);
         });
-        place(data, shape, device)
+        Tensor::from_data_on(data, shape, device)
     }
 
     /// Zeros with this tensor's shape, dtype and device.
@@ -239,6 +240,6 @@ impl Tensor {
             Device::Cuda(_) => crate::cuda::tensor::download(self)?,
             _ => crate::cpu::gather(self)?,
         };
-        place(data, self.shape(), device)
+        Tensor::from_data_on(data, self.shape(), device)
     }
 }

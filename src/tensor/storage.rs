@@ -289,10 +289,9 @@ impl Storage {
         match &self.backing {
             Backing::Cuda(b) => Ok(b),
             Backing::Meta => Err(Error::NoData { op }),
-            Backing::Host(_) => Err(Error::DeviceMismatch {
+            Backing::Host(_) => Err(Error::InvalidArgument {
                 op,
-                lhs: Device::Cuda(0),
-                rhs: self.device,
+                msg: format!("the storage is on {}, not on CUDA", self.device),
             }),
         }
     }
