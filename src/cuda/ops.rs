@@ -221,8 +221,9 @@ pub(crate) fn cross_entropy_forward(
     eps: f64,
     want_probs: bool,
 ) -> Result<CrossEntropyForward> {
-    let (x, t) = (dense(logits)?, targets_i64("cross_entropy", targets)?);
+    let x = dense(logits)?;
     let (losses, count, probs) = uncounted(|| {
+        let t = targets_i64("cross_entropy", targets)?;
         let (dx, dt) = (x.storage().cuda()?, t.storage().cuda()?);
         let ce = red::cross_entropy_forward(
             &dx,
@@ -253,9 +254,14 @@ pub(crate) fn cross_entropy_backward(
     ignore_index: i64,
     eps: f64,
 ) -> Result<Tensor> {
-    let (p, t) = (dense(probs)?, targets_i64("cross_entropy", targets)?);
-    let dev = super::tensor::device(p.storage().cuda()?.device().ordinal())?;
-    let w = uncounted(|| CudaBuffer::from_slice(&dev, weights))?;
+    let p = dense(probs)?;
+    let dev = p.storage().cuda()?.device().clone();
+    // Host values on the CPU: the targets' copy and the weights stay out
+    // of the ledger.
+    let (t, w) = uncounted(|| {
+        let t = targets_i64("cross_entropy", targets)?;
+        Ok((t, CudaBuffer::from_slice(&dev, weights)?))
+    })?;
     let (dp, dt) = (p.storage().cuda()?, t.storage().cuda()?);
     let out = red::cross_entropy_backward(&dp, p.shape(), class_dim, &dt, &w, ignore_index, eps)?;
     wrap(out, p.shape())
