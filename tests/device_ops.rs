@@ -339,6 +339,15 @@ fn index_select_gather_scatter_add() {
                 0,
             )
         });
+        check("index_select backward", &[&x, &sel], |t| {
+            let leaf = t[0].clone().set_requires_grad(true)?;
+            let w = Tensor::arange(15, t[0].dtype(), t[0].device())?.reshape(&[5, 1, 3])?;
+            leaf.index_select(1, &t[1])?
+                .mul(&w)?
+                .sum_all()?
+                .backward()?;
+            Ok(leaf.grad().expect("a gradient"))
+        });
         check("gather backward", &[&x, &gi], |t| {
             let leaf = t[0].clone().set_requires_grad(true)?;
             leaf.gather(0, &t[1])?.sum_all()?.backward()?;

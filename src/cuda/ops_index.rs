@@ -126,3 +126,26 @@ pub(crate) fn take(x: &Tensor, offsets: &[usize], shape: &[usize]) -> Result<Ten
     })?;
     adopt(out, shape)
 }
+
+/// The index_select backward: zeros of `input_shape` with `g` added at the
+/// selected slices along `dim` (the 1-d index spread to `g`'s shape).
+pub(crate) fn index_select_backward(
+    g: &Tensor,
+    dim: usize,
+    index: &Tensor,
+    input_shape: &[usize],
+) -> Result<Tensor> {
+    let dev = g.storage().cuda()?.device().clone();
+    let n = input_shape.iter().product();
+    let out = super::tensor::wrap(CudaBuffer::zeros(&dev, g.dtype(), n)?, input_shape)?;
+    let mut strides = vec![0; g.rank()];
+    strides[dim] = index.layout().strides()[0];
+    let spread = Layout::from_parts(g.shape().to_vec(), strides, index.layout().offset());
+    let ls = strided(&spread)?;
+    let expanded = uncounted(|| {
+        let buf = elementwise::copy_strided(&*index.storage().cuda()?, &ls)?;
+        super::tensor::wrap(buf, g.shape())
+    })?;
+    add_into(&out, dim, &expanded, g)?;
+    Ok(out)
+}

@@ -70,6 +70,11 @@ impl BackwardOp for IndexSelectBackward {
         "index_select"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let index = self.index.get()?;
+        if let Backend::Cuda(_) = index_backend("index_select", &g, index)? {
+            let grad = cuda_index::index_select_backward(&g, self.dim, index, &self.input_shape)?;
+            return Ok(vec![Some(grad)]);
+        }
         if meta_index("index_select", &g, self.index.get()?)? {
             drop(self.index);
             return Ok(vec![Some(crate::meta::empty(
