@@ -35,6 +35,16 @@ pub enum Error {
     /// The device was asked for explicitly but cannot be used.
     #[error("device {device} is not available: {reason}")]
     DeviceUnavailable { device: Device, reason: String },
+    /// The op has no CUDA kernel yet (the layers' kernels: convolution,
+    /// norms, pooling, dropout, masks, attention, embedding, optimizer
+    /// updates). Copy the tensors to the CPU to run it there.
+    #[error("{op} is not implemented on CUDA yet ({device}); run it on the CPU")]
+    NotOnCuda {
+        /// The op.
+        op: &'static str,
+        /// The CUDA device its inputs live on.
+        device: Device,
+    },
     /// A CUDA driver, cuBLAS or launch call failed on a device that is open.
     #[error("CUDA error on {device} in {op}: {msg}")]
     Cuda {

@@ -26,11 +26,12 @@ pub(crate) enum Backend {
     Cpu,
     /// Shapes only: outputs of the right shape and dtype, no data.
     Meta,
+    /// The CUDA launch wrappers (`src/cuda/`) on device ordinal `n`.
+    Cuda(usize),
 }
 
 /// The backend for a kernel over `tensors`: they must share one device
-/// (else [`Error::DeviceMismatch`]); a device without a backend built in is
-/// [`Error::DeviceUnavailable`].
+/// (else [`Error::DeviceMismatch`]).
 pub(crate) fn backend(op: &'static str, tensors: &[&Tensor]) -> Result<Backend> {
     let Some(first) = tensors.first() else {
         return Ok(Backend::Cpu);
@@ -46,15 +47,22 @@ pub(crate) fn backend(op: &'static str, tensors: &[&Tensor]) -> Result<Backend> 
     backend_of(op, device)
 }
 
-/// The backend of one device.
-pub(crate) fn backend_of(op: &'static str, device: Device) -> Result<Backend> {
+/// The backend of one device (a CUDA device is opened by the first kernel
+/// that uses it, which reports it unavailable with a typed error).
+pub(crate) fn backend_of(_op: &'static str, device: Device) -> Result<Backend> {
     match device {
         Device::Cpu => Ok(Backend::Cpu),
         Device::Meta => Ok(Backend::Meta),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: format!("{op}: the CUDA backend is not built into this version"),
-        }),
+        Device::Cuda(n) => Ok(Backend::Cuda(n)),
+    }
+}
+
+/// The typed error of a kernel that has no CUDA implementation yet: never a
+/// panic, never a silent copy to the CPU.
+pub(crate) fn not_on_cuda(op: &'static str, ordinal: usize) -> Error {
+    Error::NotOnCuda {
+        op,
+        device: Device::Cuda(ordinal),
     }
 }
 

@@ -62,6 +62,7 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
     );
     match backend(op.name(), &[a, b])? {
         Backend::Meta => return meta::empty(&shape, DType::U8),
+        Backend::Cuda(_) => return crate::cuda::ops::compare(a, &la, b, &lb, &shape, op),
         Backend::Cpu => {}
     }
     let (da, db) = (a.storage().cpu()?, b.storage().cpu()?);
@@ -88,6 +89,7 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
 pub fn compare_scalar(x: &Tensor, s: f64, op: CmpOp) -> Result<Tensor> {
     match backend(op.name(), &[x])? {
         Backend::Meta => return meta::empty(x.shape(), DType::U8),
+        Backend::Cuda(_) => return crate::cuda::ops::compare_scalar(x, s, op),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
@@ -122,6 +124,9 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     );
     match backend(OP, &[cond, a, b])? {
         Backend::Meta => return meta::empty(&shape, a.dtype()),
+        Backend::Cuda(_) => {
+            return crate::cuda::ops::select((cond, &lc), (a, &la), (b, &lb), &shape)
+        }
         Backend::Cpu => {}
     }
     let (dc, da, db) = (
@@ -157,6 +162,7 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     match backend("cast", &[x])? {
         Backend::Meta => return meta::empty(x.shape(), dtype),
+        Backend::Cuda(_) => return crate::cuda::ops::cast(x, dtype),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;

@@ -114,6 +114,9 @@ pub(crate) fn attention_probs(
             let rows = s.numel().checked_div(spec.lk).unwrap_or(0);
             return Ok((crate::meta::empty(s.shape(), s.dtype())?, vec![0.0; rows]));
         }
+        crate::meta::Backend::Cuda(n) => {
+            return Err(crate::meta::not_on_cuda("scaled_dot_product_attention", n))
+        }
         crate::meta::Backend::Cpu => {}
     }
     let dense = Dense::new(s)?;
@@ -153,6 +156,9 @@ pub(crate) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, scale: f64) -> Res
     }
     match crate::meta::backend("scaled_dot_product_attention", &[p, dp])? {
         crate::meta::Backend::Meta => return crate::meta::empty(p.shape(), p.dtype()),
+        crate::meta::Backend::Cuda(n) => {
+            return Err(crate::meta::not_on_cuda("scaled_dot_product_attention", n))
+        }
         crate::meta::Backend::Cpu => {}
     }
     let lk = p.shape().last().copied().unwrap_or(1);

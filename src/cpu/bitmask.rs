@@ -55,6 +55,7 @@ pub fn mask_where(
             crate::meta::float(op, x.dtype())?;
             return crate::meta::empty(&[mask_words(x.numel())], crate::DType::U32);
         }
+        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(op, n)),
         crate::meta::Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
@@ -85,6 +86,7 @@ pub fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {
             crate::meta::float("mask_scale", g.dtype())?;
             return crate::meta::empty(g.shape(), g.dtype());
         }
+        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("mask_scale", n)),
         crate::meta::Backend::Cpu => {}
     }
     let mdata = mask.storage().cpu()?;

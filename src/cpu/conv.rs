@@ -233,6 +233,7 @@ fn unfold(x: &Tensor, start: usize, cols: &Tensor, g: &ConvGeom) -> Result<()> {
             crate::meta::touch(cols);
             return Ok(());
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("conv", n)),
         Backend::Cpu => {}
     }
     let xd = x.storage().cpu()?;
@@ -256,6 +257,7 @@ pub(crate) fn conv2d_forward(
         let (b, bs) = dense(b)?;
         match backend("conv2d", &[x, &b])? {
             Backend::Meta => crate::meta::touch(&out),
+            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("conv2d", n)),
             Backend::Cpu => {
                 let bd = b.storage().cpu()?;
                 let mut od = out.storage().cpu_mut()?;
@@ -292,6 +294,7 @@ pub(crate) fn conv2d_input_grad(
         let (b, bs) = dense(b)?;
         match backend("conv_transpose2d", &[gy, &b])? {
             Backend::Meta => crate::meta::touch(&gx),
+            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("conv_transpose2d", n)),
             Backend::Cpu => {
                 let bd = b.storage().cpu()?;
                 let mut xd = gx.storage().cpu_mut()?;
@@ -316,6 +319,7 @@ pub(crate) fn conv2d_input_grad(
                 crate::meta::touch(&gx);
                 continue;
             }
+            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("conv2d_backward", n)),
             Backend::Cpu => {}
         }
         let cd = cols.storage().cpu()?;
@@ -361,6 +365,7 @@ pub(crate) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
             crate::meta::touch(&gb);
             return Ok(gb);
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("conv_bias_grad", n)),
         Backend::Cpu => {}
     }
     let gd = gy.storage().cpu()?;

@@ -42,6 +42,7 @@ fn masked_scale(x: &Tensor, scale: f64, keep: impl Fn(usize) -> bool + Sync) -> 
             meta::float("dropout", x.dtype())?;
             return meta::empty(x.shape(), x.dtype());
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("dropout", n)),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
@@ -77,6 +78,7 @@ pub(crate) fn dropout_apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
 pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -> Result<Tensor> {
     match meta::backend_of("dropout", device)? {
         Backend::Meta => meta::empty(shape, DType::U8),
+        Backend::Cuda(n) => Err(crate::meta::not_on_cuda("dropout", n)),
         Backend::Cpu => {
             let n = shape.iter().product();
             Tensor::from_vec(fill(n, |i| u8::from(draw.keep(i))), shape, device)
@@ -89,6 +91,7 @@ pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -
 pub(crate) fn dropout_apply_mask(g: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
     match backend("dropout", &[g, mask])? {
         Backend::Meta => return masked_scale(g, scale, |_| true),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("dropout", n)),
         Backend::Cpu => {}
     }
     let data = mask.storage().cpu()?;

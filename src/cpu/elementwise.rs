@@ -12,6 +12,11 @@ pub trait UnaryKernel: Sync {
     const NAME: &'static str;
     /// The function.
     fn f<T: FloatDType>(&self, x: T) -> T;
+    /// The same function as a CUDA kernel op, where one exists (`None`:
+    /// the kernel is not on CUDA yet, a typed `NotOnCuda` there).
+    fn cuda(&self) -> Option<crate::cuda::elementwise::UnaryOp> {
+        None
+    }
 }
 
 /// A float function of two elements, written once for every float dtype.
@@ -20,6 +25,11 @@ pub trait BinaryKernel: Sync {
     const NAME: &'static str;
     /// The function.
     fn f<T: FloatDType>(&self, a: T, b: T) -> T;
+    /// The same function as a CUDA kernel op, where one exists (`None`:
+    /// the kernel is not on CUDA yet, a typed `NotOnCuda` there).
+    fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
+        None
+    }
 }
 
 /// Reads a strided view by logical (row-major) index.
@@ -70,6 +80,7 @@ pub fn unary_map<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
             meta::float(K::NAME, x.dtype())?;
             return meta::empty(x.shape(), x.dtype());
         }
+        Backend::Cuda(_) => return crate::cuda::ops::unary(x, k.cuda(), K::NAME),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
@@ -92,6 +103,9 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
         Backend::Meta => {
             meta::float(K::NAME, a.dtype())?;
             return meta::empty(&shape, a.dtype());
+        }
+        Backend::Cuda(_) => {
+            return crate::cuda::ops::binary(a, &la, b, &lb, &shape, k.cuda(), K::NAME)
         }
         Backend::Cpu => {}
     }
@@ -135,6 +149,16 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
             meta::float(K::NAME, dst.dtype())?;
             meta::touch(dst);
             return Ok(());
+        }
+        Backend::Cuda(_) => {
+            return crate::cuda::ops::binary_assign(
+                dst,
+                range.clone(),
+                src,
+                &lsrc,
+                k.cuda(),
+                K::NAME,
+            )
         }
         Backend::Cpu => {}
     }
@@ -200,6 +224,7 @@ pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()>
 pub fn contiguous_copy(x: &Tensor) -> Result<Tensor> {
     match backend("contiguous_copy", &[x])? {
         Backend::Meta => return meta::empty(x.shape(), x.dtype()),
+        Backend::Cuda(_) => return crate::cuda::tensor::contiguous(x),
         Backend::Cpu => {}
     }
     Tensor::from_cpu_data(gather(x)?, x.shape())
@@ -227,6 +252,7 @@ pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
             meta::touch(dst);
             return Ok(());
         }
+        Backend::Cuda(_) => return crate::cuda::tensor::copy_into(dst, src),
         Backend::Cpu => {}
     }
     let values = gather(src)?;
@@ -257,6 +283,7 @@ pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
             meta::touch(x);
             return Ok(());
         }
+        Backend::Cuda(_) => return crate::cuda::ops::unary_assign(x, k.cuda(), K::NAME),
         Backend::Cpu => {}
     }
     let mut data = x.storage().cpu_mut()?;

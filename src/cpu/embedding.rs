@@ -11,6 +11,7 @@ pub(crate) fn embedding_gather(weight: &Tensor, idx: &[usize], shape: &[usize]) 
     let dim = weight.shape()[1];
     match crate::meta::backend("embedding", &[weight])? {
         crate::meta::Backend::Meta => return crate::meta::empty(shape, weight.dtype()),
+        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("embedding", n)),
         crate::meta::Backend::Cpu => {}
     }
     let data = weight.storage().cpu()?;
@@ -39,6 +40,7 @@ pub(crate) fn embedding_backward(
 ) -> Result<Tensor> {
     match crate::meta::backend("embedding", &[g])? {
         crate::meta::Backend::Meta => return crate::meta::empty(&[num, dim], g.dtype()),
+        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("embedding", n)),
         crate::meta::Backend::Cpu => {}
     }
     let data = g.storage().cpu()?;

@@ -5,6 +5,8 @@
 //! f32, f64 and f16 run natively; bf16 goes through f32 and back.
 
 use super::contiguous_copy;
+use crate::cuda::ops_matmul;
+use crate::meta::{backend, Backend};
 use crate::tensor::{broadcast_shapes, CpuData, Layout, Tensor};
 use crate::{Error, Result};
 use gemm::Parallelism;
@@ -316,7 +318,7 @@ fn product_into(
     }
 }
 
-/// Operands must share a float dtype and a device.
+/// Operands must share a float dtype.
 pub(crate) fn check_operands(a: &Tensor, b: &Tensor) -> Result<()> {
     if !a.dtype().is_float() {
         return Err(Error::UnsupportedDType {
@@ -331,13 +333,7 @@ pub(crate) fn check_operands(a: &Tensor, b: &Tensor) -> Result<()> {
             got: b.dtype(),
         });
     }
-    if a.device() != b.device() {
-        return Err(Error::DeviceMismatch {
-            op: "matmul",
-            lhs: a.device(),
-            rhs: b.device(),
-        });
-    }
+    // Devices are checked by the dispatch (`Error::DeviceMismatch`).
     Ok(())
 }
 
@@ -347,9 +343,10 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     check_operands(a, b)?;
     let shape = matmul_shape(a.shape(), b.shape())?;
     let (a, b) = (usable_operand(a)?, usable_operand(b)?);
-    match crate::meta::backend("matmul", &[&a, &b])? {
-        crate::meta::Backend::Meta => return crate::meta::empty(&shape, a.dtype()),
-        crate::meta::Backend::Cpu => {}
+    match backend("matmul", &[&a, &b])? {
+        Backend::Meta => return crate::meta::empty(&shape, a.dtype()),
+        Backend::Cuda(_) => return ops_matmul::matmul(&a, &b, &shape),
+        Backend::Cpu => {}
     }
     let n = shape.iter().product();
     let mut data = CpuData::zeros(a.dtype(), n)?;
@@ -388,12 +385,13 @@ pub(crate) fn matmul_into(dst: &Tensor, a: &Tensor, b: &Tensor, accumulate: bool
         }
     };
     let (a, b) = (prepare(a)?, prepare(b)?);
-    match crate::meta::backend("matmul_into", &[dst, &a, &b])? {
-        crate::meta::Backend::Meta => {
+    match backend("matmul_into", &[dst, &a, &b])? {
+        Backend::Meta => {
             crate::meta::touch(dst);
             return Ok(());
         }
-        crate::meta::Backend::Cpu => {}
+        Backend::Cuda(_) => return ops_matmul::matmul_into(dst, &a, &b, accumulate),
+        Backend::Cpu => {}
     }
     let mut dd = dst.storage().cpu_mut()?;
     product_into(&mut dd, range, &a, &b, accumulate)

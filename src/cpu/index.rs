@@ -49,6 +49,7 @@ pub(crate) fn read_indices(op: &'static str, index: &Tensor, size: usize) -> Res
                 }),
             }
         }
+        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(op, n)),
         crate::meta::Backend::Cpu => {}
     }
     let raw: Vec<i64> = match index.dtype() {
@@ -123,6 +124,7 @@ pub(crate) fn gather_offsets(
 pub(crate) fn take(x: &Tensor, offsets: &[usize], shape: &[usize]) -> Result<Tensor> {
     match crate::meta::backend("take", &[x])? {
         crate::meta::Backend::Meta => return crate::meta::empty(shape, x.dtype()),
+        crate::meta::Backend::Cuda(_) => return crate::cuda::ops_index::take(x, offsets, shape),
         crate::meta::Backend::Cpu => {}
     }
     let mut out = CpuData::zeros(x.dtype(), offsets.len())?;
@@ -183,6 +185,7 @@ pub(crate) fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tens
         })?;
     match crate::meta::backend("cat", parts)? {
         crate::meta::Backend::Meta => return crate::meta::empty(shape, dtype),
+        crate::meta::Backend::Cuda(_) => return crate::cuda::ops_index::cat(parts, dim, shape),
         crate::meta::Backend::Cpu => {}
     }
     let mut out = CpuData::zeros(dtype, shape.iter().product())?;

@@ -151,6 +151,7 @@ pub(crate) fn norm_stats(x: &Tensor, geo: Geo, centered: bool) -> Result<(Vec<f6
     match backend("norm", &[x])? {
         // Per-statistic vectors are small; their values are never used on meta.
         Backend::Meta => return Ok((vec![0.0; geo.nstat()], vec![0.0; geo.nstat()])),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("norm", n)),
         Backend::Cpu => {}
     }
     let dense = Dense::new(x)?;
@@ -201,6 +202,7 @@ pub(crate) fn normalize(
             };
             return Ok((out(want_y)?, out(want_xhat)?));
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("norm", n)),
         Backend::Cpu => {}
     }
     let dense = Dense::new(x)?;
@@ -307,6 +309,7 @@ pub(crate) fn param_grads(
             let np = geo.nparam();
             return Ok((xhat.map(|_| vec![0.0; np]), want_b.then(|| vec![0.0; np])));
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("norm_backward", n)),
         Backend::Cpu => {}
     }
     let dg = Dense::new(g)?;
@@ -390,6 +393,7 @@ pub(crate) fn input_grad(
             crate::meta::float("norm_backward", g.dtype())?;
             return crate::meta::empty(g.shape(), g.dtype());
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("norm_backward", n)),
         Backend::Cpu => {}
     }
     let dg = Dense::new(g)?;
@@ -483,6 +487,7 @@ pub(crate) fn write_values(t: &Tensor, values: &[f64]) -> Result<()> {
             crate::meta::touch(t);
             return Ok(());
         }
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("norm", n)),
         Backend::Cpu => {}
     }
     let mut data = t.storage().cpu_mut()?;

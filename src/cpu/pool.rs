@@ -117,6 +117,7 @@ pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Vec<
     match backend("max_pool2d", &[x])? {
         // No positions on meta: the caller sizes its saved tensors by shape.
         Backend::Meta => return Ok((meta_plane_out(x, g.oh, g.ow, g)?, Vec::new())),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("max_pool2d", n)),
         Backend::Cpu => {}
     }
     let n_out = g.planes * g.oh * g.ow;
@@ -181,6 +182,7 @@ pub(crate) enum ArgSource<'a> {
 pub(crate) fn max_pool_backward(grad_out: &Tensor, arg: ArgSource, g: &PoolGeom) -> Result<Tensor> {
     match backend("max_pool2d", &[grad_out])? {
         Backend::Meta => return meta_plane_out(grad_out, g.h, g.w, g),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("max_pool2d", n)),
         Backend::Cpu => {}
     }
     let data = with_dense(grad_out, "max_pool2d", |data, r| {
@@ -247,6 +249,7 @@ fn avg_window(g: &PoolGeom, mode: AvgMode, i: usize, j: usize) -> ([usize; 4], f
 pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Result<Tensor> {
     match backend("avg_pool2d", &[x])? {
         Backend::Meta => return meta_plane_out(x, g.oh, g.ow, g),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("avg_pool2d", n)),
         Backend::Cpu => {}
     }
     let data = with_dense(x, "avg_pool2d", |data, r| {
@@ -279,6 +282,7 @@ pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Resul
 pub(crate) fn avg_pool_backward(grad_out: &Tensor, g: &PoolGeom, mode: AvgMode) -> Result<Tensor> {
     match backend("avg_pool2d", &[grad_out])? {
         Backend::Meta => return meta_plane_out(grad_out, g.h, g.w, g),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("avg_pool2d", n)),
         Backend::Cpu => {}
     }
     let data = with_dense(grad_out, "avg_pool2d", |data, r| {

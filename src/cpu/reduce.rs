@@ -54,6 +54,9 @@ pub fn reduce_to(x: &Tensor, out_shape: &[usize], kind: ReduceKind) -> Result<Te
                     crate::meta::float("reduce", x.dtype())?;
                     return crate::meta::empty(out_shape, x.dtype());
                 }
+                Backend::Cuda(_) => {
+                    return crate::cuda::ops::extremum_to(x, out_shape, kind == ReduceKind::Max)
+                }
                 Backend::Cpu => {}
             }
             general(x, out_shape, kind, 1.0)
@@ -70,6 +73,7 @@ pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<
             crate::meta::float("sum", x.dtype())?;
             return crate::meta::empty(out_shape, x.dtype());
         }
+        Backend::Cuda(_) => return crate::cuda::ops::sum_scaled(x, out_shape, scale),
         Backend::Cpu => {}
     }
     if let (Some(range), Some((outer, red, inner))) =
@@ -272,6 +276,9 @@ pub(crate) fn arg_extremum(
                 .transpose()?;
             return Ok((Vec::new(), vals));
         }
+        Backend::Cuda(_) => {
+            return crate::cuda::ops::arg_extremum(x, dim, max, values, lanes.shape())
+        }
         Backend::Cpu => {}
     }
     let stride = x.layout().strides()[dim];
@@ -333,7 +340,7 @@ pub(crate) fn compact_indices(
     };
     match backend_of("indices", device)? {
         Backend::Meta => return crate::meta::empty(shape, dtype),
-        Backend::Cpu => {}
+        Backend::Cuda(_) | Backend::Cpu => {}
     }
     let data = if axis_len <= 1 << 8 {
         CpuData::U8(idx.iter().map(|&i| i as u8).collect())
@@ -342,16 +349,17 @@ pub(crate) fn compact_indices(
     } else {
         CpuData::I64(idx.iter().map(|&i| i as i64).collect())
     };
-    Tensor::from_cpu_data(data, shape)
+    Tensor::from_data_on(data, shape, device)
 }
 
 /// Indices as a contiguous I64 tensor of `shape`.
 pub(crate) fn i64_indices(idx: &[usize], shape: &[usize], device: Device) -> Result<Tensor> {
     match backend_of("indices", device)? {
         Backend::Meta => return crate::meta::empty(shape, DType::I64),
-        Backend::Cpu => {}
+        Backend::Cuda(_) | Backend::Cpu => {}
     }
-    Tensor::from_cpu_data(CpuData::I64(idx.iter().map(|&i| i as i64).collect()), shape)
+    let data = CpuData::I64(idx.iter().map(|&i| i as i64).collect());
+    Tensor::from_data_on(data, shape, device)
 }
 
 /// A zero tensor of `shape` holding, for each element `p` of `g` (the
@@ -366,6 +374,7 @@ pub(crate) fn scatter_along(
     match backend("scatter_along", &[g, indices])? {
         // Indices are not read on meta (treated as valid).
         Backend::Meta => return crate::meta::empty(shape, g.dtype()),
+        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("scatter_along", n)),
         Backend::Cpu => {}
     }
     let idx: Vec<usize> = match &*indices.storage().cpu()? {

@@ -18,7 +18,9 @@ pub struct CudaBuffer {
     data: CudaSlice<u8>,
     dtype: DType,
     len: usize,
-    allocation: Allocation,
+    /// `None` once a tensor storage took the registration over
+    /// ([`CudaBuffer::take_allocation`]): the storage then counts the bytes.
+    allocation: Option<Allocation>,
 }
 
 /// The bytes of a slice of elements.
@@ -76,7 +78,7 @@ impl CudaBuffer {
             data,
             dtype,
             len,
-            allocation,
+            allocation: Some(allocation),
         })
     }
 
@@ -168,6 +170,47 @@ impl CudaBuffer {
         Ok(b)
     }
 
+    /// Copies `len` elements of `src` from element `from` into this buffer
+    /// at element `at` (device to device, same dtype and device; `src` is
+    /// another buffer).
+    pub fn copy_range_from(
+        &mut self,
+        at: usize,
+        src: &CudaBuffer,
+        from: usize,
+        len: usize,
+    ) -> Result<()> {
+        let op = "cuda copy_range_from";
+        super::check::same_device(op, src, self)?;
+        if src.dtype != self.dtype {
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: self.dtype,
+                got: src.dtype,
+            });
+        }
+        if at + len > self.len || from + len > src.len {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "{len} elements from {from} of {} into {at} of {}",
+                    src.len, self.len
+                ),
+            });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let size = self.dtype.size_in_bytes();
+        let device = self.device.clone();
+        let stream = device.stream().clone();
+        let from_view = src.data.slice(from * size..(from + len) * size);
+        let mut to_view = self.data.slice_mut(at * size..(at + len) * size);
+        stream
+            .memcpy_dtod(&from_view, &mut to_view)
+            .map_err(|e| device.error("cuMemcpyDtoDAsync", e))
+    }
+
     fn check<T: WithDType>(&self, op: &'static str, len: usize) -> Result<()> {
         if T::DTYPE != self.dtype {
             return Err(Error::DTypeMismatch {
@@ -211,9 +254,16 @@ impl CudaBuffer {
         &self.device
     }
 
-    /// The ledger registration (to mark the buffer saved, change its category…).
-    pub fn allocation(&self) -> &Allocation {
-        &self.allocation
+    /// The ledger registration (to mark the buffer saved, change its
+    /// category…); `None` inside a tensor storage, which holds it instead.
+    pub fn allocation(&self) -> Option<&Allocation> {
+        self.allocation.as_ref()
+    }
+
+    /// Hands the ledger registration to a tensor storage, which keeps it
+    /// beside the buffer for as long as the buffer lives.
+    pub(crate) fn take_allocation(&mut self) -> Option<Allocation> {
+        self.allocation.take()
     }
 
     /// The raw bytes, for kernel launches (at least one byte long).

@@ -49,8 +49,12 @@ pub mod gemm;
 pub mod index;
 mod layout;
 pub mod nvrtc;
+pub(crate) mod ops;
+pub(crate) mod ops_index;
+pub(crate) mod ops_matmul;
 pub mod random;
 pub mod reduce;
+pub(crate) mod tensor;
 
 pub use buffer::CudaBuffer;
 pub use context::{library_status, CudaDevice, MIN_COMPUTE_CAPABILITY};

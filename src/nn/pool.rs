@@ -189,6 +189,7 @@ impl BackwardOp for MaxPoolBackward {
                     gi.view_with_layout(Layout::contiguous(&self.input_shape)),
                 )]);
             }
+            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("max_pool2d", n)),
             Backend::Cpu => {}
         }
         let data = t.storage().cpu()?;

@@ -4,23 +4,27 @@ use super::check_in_place;
 use super::sum_to_shape;
 use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
 use crate::cpu::{binary_assign, binary_map, BinaryKernel};
+use crate::cuda::elementwise::BinaryOp;
 use crate::{FloatDType, Result, Tensor};
 
 macro_rules! kernel {
-    ($name:ident, $s:literal, |$a:ident, $b:ident| $e:expr) => {
+    ($name:ident, $s:literal, $cuda:ident, |$a:ident, $b:ident| $e:expr) => {
         pub(crate) struct $name;
         impl BinaryKernel for $name {
             const NAME: &'static str = $s;
             fn f<T: FloatDType>(&self, $a: T, $b: T) -> T {
                 $e
             }
+            fn cuda(&self) -> Option<BinaryOp> {
+                Some(BinaryOp::$cuda)
+            }
         }
     };
 }
-kernel!(AddK, "add", |a, b| a + b);
-kernel!(SubK, "sub", |a, b| a - b);
-kernel!(MulK, "mul", |a, b| a * b);
-kernel!(DivK, "div", |a, b| a / b);
+kernel!(AddK, "add", Add, |a, b| a + b);
+kernel!(SubK, "sub", Sub, |a, b| a - b);
+kernel!(MulK, "mul", Mul, |a, b| a * b);
+kernel!(DivK, "div", Div, |a, b| a / b);
 
 /// `dst += src` in place (src broadcasts to dst; dst contiguous). Used by
 /// gradient accumulation; bumps dst's version.

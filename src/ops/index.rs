@@ -7,6 +7,7 @@ use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::cpu::{
     add_at, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };
+use crate::cuda::ops_index as cuda_index;
 use crate::meta::{backend, Backend};
 use crate::tensor::{resolve_dim, Layout};
 use crate::{DType, Error, Result, Tensor};
@@ -69,6 +70,11 @@ impl BackwardOp for IndexSelectBackward {
         "index_select"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let index = self.index.get()?;
+        if let Backend::Cuda(_) = index_backend("index_select", &g, index)? {
+            let grad = cuda_index::index_select_backward(&g, self.dim, index, &self.input_shape)?;
+            return Ok(vec![Some(grad)]);
+        }
         if meta_index("index_select", &g, self.index.get()?)? {
             drop(self.index);
             return Ok(vec![Some(crate::meta::empty(
@@ -100,6 +106,10 @@ impl BackwardOp for GatherBackward {
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let index = self.index.get()?;
+        if let Backend::Cuda(_) = index_backend("gather", &g, index)? {
+            let grad = cuda_index::gather_backward(&g, self.dim, index, &self.input_shape)?;
+            return Ok(vec![Some(grad)]);
+        }
         if meta_index("gather", &g, index)? {
             drop(self.index);
             return Ok(vec![Some(crate::meta::empty(
@@ -164,21 +174,28 @@ impl BackwardOp for ScatterAddBackward {
     }
 }
 
-/// The one backend dispatch of the index ops: whether `x` and `index` are on
-/// the meta device (checked to share one device, and the index to be I64 or
-/// U32). On meta the index values are not read: they are treated as valid.
+/// The one backend dispatch of the index ops: `x` and `index` must share
+/// one device, and on meta and CUDA (where the values are not read on the
+/// host) the index must be I64 or U32. On meta the index values are not
+/// read at all: they are treated as valid.
+fn index_backend(op: &'static str, x: &Tensor, index: &Tensor) -> Result<Backend> {
+    let b = backend(op, &[x, index])?;
+    if b != Backend::Cpu && !matches!(index.dtype(), DType::I64 | DType::U32) {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: DType::I64,
+            got: index.dtype(),
+        });
+    }
+    Ok(b)
+}
+
+/// Whether an index op runs on meta (`NotOnCuda` for the backwards that
+/// have no CUDA form yet).
 fn meta_index(op: &'static str, x: &Tensor, index: &Tensor) -> Result<bool> {
-    match backend(op, &[x, index])? {
-        Backend::Meta => {
-            if !matches!(index.dtype(), DType::I64 | DType::U32) {
-                return Err(Error::DTypeMismatch {
-                    op,
-                    expected: DType::I64,
-                    got: index.dtype(),
-                });
-            }
-            Ok(true)
-        }
+    match index_backend(op, x, index)? {
+        Backend::Meta => Ok(true),
+        Backend::Cuda(n) => Err(crate::meta::not_on_cuda(op, n)),
         Backend::Cpu => Ok(false),
     }
 }
@@ -198,15 +215,19 @@ impl Tensor {
                 msg: format!("index must be 1-d, got shape {:?}", index.shape()),
             });
         }
-        let out = if meta_index(OP, self, index)? {
-            let mut shape = self.shape().to_vec();
-            shape[d] = index.numel();
-            crate::meta::empty(&shape, self.dtype())?
-        } else {
-            let idx = read_indices(OP, index, self.shape()[d])?;
-            let mut shape = self.shape().to_vec();
-            shape[d] = idx.len();
-            take(self, &select_offsets(self.layout(), d, &idx), &shape)?
+        let out = match index_backend(OP, self, index)? {
+            Backend::Meta => {
+                let mut shape = self.shape().to_vec();
+                shape[d] = index.numel();
+                crate::meta::empty(&shape, self.dtype())?
+            }
+            Backend::Cuda(_) => cuda_index::index_select(self, d, index)?,
+            Backend::Cpu => {
+                let idx = read_indices(OP, index, self.shape()[d])?;
+                let mut shape = self.shape().to_vec();
+                shape[d] = idx.len();
+                take(self, &select_offsets(self.layout(), d, &idx), &shape)?
+            }
         };
         let [need] = needs_grad([self]);
         if !need {
@@ -229,15 +250,14 @@ impl Tensor {
         const OP: &str = "gather";
         let d = resolve_dim(OP, dim, self.rank())?;
         check_index_shape(OP, self, d, index, None)?;
-        let out = if meta_index(OP, self, index)? {
-            crate::meta::empty(index.shape(), self.dtype())?
-        } else {
-            let idx = read_indices(OP, index, self.shape()[d])?;
-            take(
-                self,
-                &gather_offsets(self.layout(), d, index.shape(), &idx),
-                index.shape(),
-            )?
+        let out = match index_backend(OP, self, index)? {
+            Backend::Meta => crate::meta::empty(index.shape(), self.dtype())?,
+            Backend::Cuda(_) => cuda_index::gather(self, d, index)?,
+            Backend::Cpu => {
+                let idx = read_indices(OP, index, self.shape()[d])?;
+                let at = gather_offsets(self.layout(), d, index.shape(), &idx);
+                take(self, &at, index.shape())?
+            }
         };
         let [need] = needs_grad([self]);
         if !need {
@@ -269,13 +289,20 @@ impl Tensor {
             });
         }
         check_index_shape(OP, self, d, index, Some(src))?;
-        let out = if meta_index(OP, self, index)? | meta_index(OP, src, index)? {
-            crate::meta::empty(self.shape(), self.dtype())?
-        } else {
-            let idx = read_indices(OP, index, self.shape()[d])?;
-            let dst = gather_offsets(&Layout::contiguous(self.shape()), d, index.shape(), &idx);
-            let src_at = corner(src.layout(), index.shape()).offsets();
-            add_at(crate::cpu::gather(self)?, self.shape(), &dst, src, &src_at)?
+        let out = match (
+            index_backend(OP, self, index)?,
+            index_backend(OP, src, index)?,
+        ) {
+            (Backend::Meta, _) | (_, Backend::Meta) => {
+                crate::meta::empty(self.shape(), self.dtype())?
+            }
+            (Backend::Cuda(_), _) => cuda_index::scatter_add(self, d, index, src)?,
+            (Backend::Cpu, _) => {
+                let idx = read_indices(OP, index, self.shape()[d])?;
+                let dst = gather_offsets(&Layout::contiguous(self.shape()), d, index.shape(), &idx);
+                let src_at = corner(src.layout(), index.shape()).offsets();
+                add_at(crate::cpu::gather(self)?, self.shape(), &dst, src, &src_at)?
+            }
         };
         let [needs_self, needs_src] = needs_grad([self, src]);
         if !(needs_self || needs_src) {

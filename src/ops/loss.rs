@@ -53,6 +53,9 @@ impl BinaryKernel for Diff {
     fn f<T: FloatDType>(&self, a: T, b: T) -> T {
         a - b
     }
+    fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
+        Some(crate::cuda::elementwise::BinaryOp::Sub)
+    }
 }
 
 /// `a · b · factor`, the factor applied in f64.
@@ -83,34 +86,37 @@ impl BackwardOp for CrossEntropyBackward {
         "cross_entropy"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let probs = self.probs.get()?;
-        match backend("cross_entropy", &[&g, probs])? {
+        let (probs, targets) = (self.probs.get()?, self.targets.get()?);
+        let (c, o) = (self.class_dim, &self.opts);
+        let (eps, ignore) = (o.label_smoothing, o.ignore_index);
+        let grad = match backend("cross_entropy", &[&g, probs])? {
             Backend::Meta => {
                 drop(g); // as on the CPU: the incoming gradient goes first
-                return Ok(vec![Some(crate::meta::empty(
-                    probs.shape(),
-                    probs.dtype(),
-                )?)]);
+                crate::meta::empty(probs.shape(), probs.dtype())?
             }
-            Backend::Cpu => {}
-        }
-        let targets = self.targets.get()?.to_vec::<i64>()?;
-        let weights = match self.opts.reduction {
+            Backend::Cuda(_) => {
+                let w = self.weights(g)?;
+                crate::cuda::ops::cross_entropy_backward(probs, c, targets, &w, ignore, eps)?
+            }
+            Backend::Cpu => {
+                let t = targets.to_vec::<i64>()?;
+                let w = self.weights(g)?;
+                cross_entropy_backward(probs, c, &t, &w, ignore, eps)?
+            }
+        };
+        Ok(vec![Some(grad)])
+    }
+}
+
+impl CrossEntropyBackward {
+    /// The per-sample weights of the gradient from the incoming gradient
+    /// `g` (read to the host, then dropped).
+    fn weights(&self, g: Tensor) -> Result<Vec<f64>> {
+        Ok(match self.opts.reduction {
             Reduction::None => g.to_f64_vec()?,
             Reduction::Sum => vec![g.to_scalar()?],
             Reduction::Mean => vec![g.to_scalar()? / self.count as f64],
-        };
-        drop(g);
-        let o = &self.opts;
-        let grad = cross_entropy_backward(
-            self.probs.get()?,
-            self.class_dim,
-            &targets,
-            &weights,
-            o.ignore_index,
-            o.label_smoothing,
-        )?;
-        Ok(vec![Some(grad)])
+        })
     }
 }
 
@@ -210,6 +216,14 @@ impl Tensor {
                         .transpose()?,
                 }
             }
+            Backend::Cuda(_) => crate::cuda::ops::cross_entropy_forward(
+                self,
+                class_dim,
+                targets,
+                opts.ignore_index,
+                opts.label_smoothing,
+                need,
+            )?,
             Backend::Cpu => {
                 let t = targets.to_vec::<i64>()?;
                 cross_entropy_forward(

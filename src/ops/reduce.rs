@@ -18,6 +18,9 @@ impl UnaryKernel for Scale {
     fn f<T: FloatDType>(&self, x: T) -> T {
         T::from_f64(crate::WithDType::to_f64(x) * self.0)
     }
+    fn cuda(&self) -> Option<crate::cuda::elementwise::UnaryOp> {
+        Some(crate::cuda::elementwise::UnaryOp::MulScalar(self.0))
+    }
 }
 
 /// A view of `t` with `shape`, which must be `t`'s shape with unit dims

@@ -6,6 +6,7 @@ use super::mask::{MaskRule, SavedMask};
 use super::{check_in_place, sum_to_shape};
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::cpu::{binary_map, unary_assign, unary_map, BinaryKernel, UnaryKernel};
+use crate::cuda::elementwise::{BinaryOp, UnaryOp};
 use crate::{Error, FloatDType, Result, Tensor, WithDType};
 
 /// `v` as a `T`.
@@ -15,7 +16,7 @@ fn c<T: FloatDType>(v: f64) -> T {
 }
 
 macro_rules! scalar_kernel {
-    ($name:ident, $s:literal, |$x:ident, $v:ident| $e:expr) => {
+    ($name:ident, $s:literal, |$p:ident| $cuda:expr, |$x:ident, $v:ident| $e:expr) => {
         struct $name(f64);
         impl UnaryKernel for $name {
             const NAME: &'static str = $s;
@@ -23,14 +24,43 @@ macro_rules! scalar_kernel {
                 let $v: T = c(self.0);
                 $e
             }
+            fn cuda(&self) -> Option<UnaryOp> {
+                let $p = self.0;
+                Some($cuda)
+            }
         }
     };
 }
-scalar_kernel!(AddScalarK, "add_scalar", |x, s| x + s);
-scalar_kernel!(SubScalarK, "sub_scalar", |x, s| x - s);
-scalar_kernel!(MulScalarK, "mul_scalar", |x, s| x * s);
-scalar_kernel!(DivScalarK, "div_scalar", |x, s| x / s);
-scalar_kernel!(ScalarSubK, "scalar_sub", |x, s| s - x);
+scalar_kernel!(
+    AddScalarK,
+    "add_scalar",
+    |s| UnaryOp::AddScalar(s),
+    |x, s| x + s
+);
+scalar_kernel!(
+    SubScalarK,
+    "sub_scalar",
+    |s| UnaryOp::AddScalar(-s),
+    |x, s| x - s
+);
+scalar_kernel!(
+    MulScalarK,
+    "mul_scalar",
+    |s| UnaryOp::MulScalar(s),
+    |x, s| x * s
+);
+scalar_kernel!(
+    DivScalarK,
+    "div_scalar",
+    |s| UnaryOp::DivScalar(s),
+    |x, s| x / s
+);
+scalar_kernel!(
+    ScalarSubK,
+    "scalar_sub",
+    |s| UnaryOp::RSubScalar(s),
+    |x, s| s - x
+);
 
 /// `x` limited to `[lo, hi]` (NaN passes through).
 struct ClampK(f64, f64);
@@ -60,6 +90,9 @@ impl BinaryKernel for ExtremumK {
         } else {
             b
         }
+    }
+    fn cuda(&self) -> Option<BinaryOp> {
+        Some(if self.0 { BinaryOp::Max } else { BinaryOp::Min })
     }
 }
 

@@ -4,6 +4,7 @@
 use super::mask::{MaskRule, SavedMask};
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::cpu::{binary_map, unary_assign, unary_map, BinaryKernel, UnaryKernel};
+use crate::cuda::elementwise::{BinaryOp as CudaBinary, UnaryOp as CudaUnary};
 use crate::{FloatDType, Result, Tensor, WithDType};
 use std::f64::consts::{FRAC_2_SQRT_PI, PI, SQRT_2};
 use std::sync::Arc;
@@ -21,12 +22,15 @@ fn f64_of<T: FloatDType>(x: T) -> f64 {
 }
 
 macro_rules! kernel {
-    ($name:ident, $s:literal, |$x:ident| $e:expr) => {
+    ($name:ident, $s:literal, $cuda:ident, |$x:ident| $e:expr) => {
         pub(crate) struct $name;
         impl UnaryKernel for $name {
             const NAME: &'static str = $s;
             fn f<T: FloatDType>(&self, $x: T) -> T {
                 $e
+            }
+            fn cuda(&self) -> Option<CudaUnary> {
+                Some(CudaUnary::$cuda)
             }
         }
     };
@@ -34,6 +38,18 @@ macro_rules! kernel {
 
 /// A gradient kernel `(g, v) -> dx`, `v` being the saved input or output.
 macro_rules! grad_kernel {
+    ($name:ident, $s:literal, $cuda:ident, |$g:ident, $v:ident| $e:expr) => {
+        struct $name;
+        impl BinaryKernel for $name {
+            const NAME: &'static str = $s;
+            fn f<T: FloatDType>(&self, $g: T, $v: T) -> T {
+                $e
+            }
+            fn cuda(&self) -> Option<CudaBinary> {
+                Some(CudaBinary::$cuda)
+            }
+        }
+    };
     ($name:ident, $s:literal, |$g:ident, $v:ident| $e:expr) => {
         struct $name;
         impl BinaryKernel for $name {
@@ -45,27 +61,27 @@ macro_rules! grad_kernel {
     };
 }
 
-kernel!(NegK, "neg", |x| -x);
-kernel!(ExpK, "exp", |x| x.exp());
-kernel!(LogK, "log", |x| x.ln());
-kernel!(SqrtK, "sqrt", |x| x.sqrt());
-kernel!(AbsK, "abs", |x| x.abs());
-kernel!(SquareK, "square", |x| x * x);
-kernel!(RecipK, "recip", |x| x.recip());
-kernel!(SinK, "sin", |x| x.sin());
-kernel!(CosK, "cos", |x| x.cos());
-kernel!(TanhK, "tanh", |x| x.tanh());
-kernel!(SigmoidK, "sigmoid", |x| sigmoid(x));
-kernel!(SiluK, "silu", |x| x * sigmoid(x));
+kernel!(NegK, "neg", Neg, |x| -x);
+kernel!(ExpK, "exp", Exp, |x| x.exp());
+kernel!(LogK, "log", Log, |x| x.ln());
+kernel!(SqrtK, "sqrt", Sqrt, |x| x.sqrt());
+kernel!(AbsK, "abs", Abs, |x| x.abs());
+kernel!(SquareK, "square", Square, |x| x * x);
+kernel!(RecipK, "recip", Recip, |x| x.recip());
+kernel!(SinK, "sin", Sin, |x| x.sin());
+kernel!(CosK, "cos", Cos, |x| x.cos());
+kernel!(TanhK, "tanh", Tanh, |x| x.tanh());
+kernel!(SigmoidK, "sigmoid", Sigmoid, |x| sigmoid(x));
+kernel!(SiluK, "silu", Silu, |x| x * sigmoid(x));
 // `x <= 0` is false for NaN, so NaN propagates.
-kernel!(ReluK, "relu", |x| if x <= T::zero() {
+kernel!(ReluK, "relu", Relu, |x| if x <= T::zero() {
     T::zero()
 } else {
     x
 });
 
-grad_kernel!(ExpB, "exp", |g, y| g * y);
-grad_kernel!(LogB, "log", |g, x| g / x);
+grad_kernel!(ExpB, "exp", Mul, |g, y| g * y);
+grad_kernel!(LogB, "log", Div, |g, x| g / x);
 grad_kernel!(SqrtB, "sqrt", |g, y| g / (y + y));
 grad_kernel!(AbsB, "abs", |g, x| if x > T::zero() {
     g
@@ -97,6 +113,9 @@ impl UnaryKernel for PowK {
     fn f<T: FloatDType>(&self, x: T) -> T {
         x.powf(c(self.0))
     }
+    fn cuda(&self) -> Option<CudaUnary> {
+        Some(CudaUnary::Powf(self.0))
+    }
 }
 
 /// `g · p · x^(p-1)`, and 0 for `p = 0`.
@@ -121,6 +140,9 @@ impl UnaryKernel for LeakyK {
         } else {
             x * c(self.0)
         }
+    }
+    fn cuda(&self) -> Option<CudaUnary> {
+        Some(CudaUnary::LeakyRelu(self.0))
     }
 }
 
@@ -172,6 +194,13 @@ impl UnaryKernel for GeluK {
     const NAME: &'static str = "gelu";
     fn f<T: FloatDType>(&self, x: T) -> T {
         c(gelu_f64(f64_of(x), self.0).0)
+    }
+    fn cuda(&self) -> Option<CudaUnary> {
+        Some(if self.0 {
+            CudaUnary::GeluTanh
+        } else {
+            CudaUnary::Gelu
+        })
     }
 }
 

@@ -198,6 +198,7 @@ pub fn apply_update<A: Algorithm>(
             state.iter().for_each(crate::meta::touch);
             return Ok(());
         }
+        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(A::NAME, n)),
         crate::meta::Backend::Cpu => {}
     }
     let gdata = grad.storage().cpu()?;
@@ -242,6 +243,7 @@ pub fn apply_update<A: Algorithm>(
 pub fn sum_of_squares(grad: &Tensor) -> Result<f64> {
     match crate::meta::backend("clip_grad_norm", &[grad])? {
         crate::meta::Backend::Meta => return Ok(0.0),
+        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("clip_grad_norm", n)),
         crate::meta::Backend::Cpu => {}
     }
     let data = grad.storage().cpu()?;

@@ -3,16 +3,12 @@
 use super::{CpuData, Tensor};
 use crate::{rng, DType, Device, Error, Result, WithDType};
 
-/// Host data can be created only on the CPU: the meta device holds none
-/// ([`Error::NoData`]), CUDA is not built in.
+/// Data can be created on the CPU and on CUDA; the meta device holds none
+/// ([`Error::NoData`]).
 fn check_device(op: &'static str, device: Device) -> Result<()> {
     match device {
-        Device::Cpu => Ok(()),
         Device::Meta => Err(Error::NoData { op }),
-        d => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: format!("{op}: the CUDA backend is not built into this version"),
-        }),
+        _ => Ok(()),
     }
 }
 
@@ -44,6 +40,16 @@ pub(crate) fn cpu_data_from_f64(values: &[f64], dtype: DType) -> CpuData {
 }
 
 impl Tensor {
+    /// A new contiguous tensor of `shape` holding host `data`, on `device`
+    /// (the CPU, or CUDA as one host-to-device copy; the host copy is not
+    /// counted).
+    pub(crate) fn from_data_on(data: CpuData, shape: &[usize], device: Device) -> Result<Tensor> {
+        match device {
+            Device::Cuda(n) => crate::cuda::tensor::upload(&data, shape, n),
+            _ => Tensor::from_cpu_data(data, shape),
+        }
+    }
+
     /// A contiguous meta tensor (no data), counted in the current ledger.
     pub(crate) fn new_meta(shape: &[usize], dtype: DType) -> Result<Tensor> {
         let storage = super::Storage::meta(dtype, shape.iter().product())?;
@@ -96,7 +102,7 @@ impl Tensor {
     pub fn from_vec<T: WithDType>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
         check_device("from_vec", device)?;
         check_len("from_vec", data.len(), shape)?;
-        Tensor::from_cpu_data(T::wrap(data), shape)
+        Tensor::from_data_on(T::wrap(data), shape, device)
     }
 
     /// A tensor from f64 values converted to `dtype`.
@@ -108,7 +114,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         check_device("from_f64_slice", device)?;
         check_len("from_f64_slice", values.len(), shape)?;
-        Tensor::from_cpu_data(cpu_data_from_f64(values, dtype), shape)
+        Tensor::from_data_on(cpu_data_from_f64(values, dtype), shape, device)
     }
 
     /// A 0-dimensional tensor holding `value`.
@@ -122,6 +128,9 @@ impl Tensor {
             return Tensor::new_meta(shape, dtype);
         }
         check_device("zeros", device)?;
+        if let Device::Cuda(n) = device {
+            return crate::cuda::tensor::zeros(shape, dtype, n);
+        }
         Tensor::from_cpu_data(CpuData::zeros(dtype, shape.iter().product())?, shape)
     }
 
@@ -141,7 +150,7 @@ impl Tensor {
             let x = crate::dtype::from_f64_like(v, value);
             v.iter_mut().for_each(|e| *e = x);
         });
-        Tensor::from_cpu_data(data, shape)
+        Tensor::from_data_on(data, shape, device)
     }
 
     /// Zeros with this tensor's shape, dtype and device.
@@ -170,6 +179,11 @@ impl Tensor {
             return Tensor::new_meta(shape, dtype);
         }
         let n = shape.iter().product();
+        if let (Device::Cuda(d), true) = (device, dtype.is_float()) {
+            let dev = crate::cuda::tensor::device(d)?;
+            let buf = crate::cuda::random::uniform(&dev, dtype, seed, 0, n)?;
+            return crate::cuda::tensor::wrap(buf, shape);
+        }
         Tensor::from_f64_slice(&rng::uniform(seed, 0, n), shape, dtype, device)
     }
 
@@ -199,12 +213,19 @@ impl Tensor {
             return Tensor::new_meta(shape, dtype);
         }
         let n = shape.iter().product();
+        if let (Device::Cuda(d), true) = (device, dtype.is_float()) {
+            let dev = crate::cuda::tensor::device(d)?;
+            let buf = crate::cuda::random::normal(&dev, dtype, seed, 0, n)?;
+            return crate::cuda::tensor::wrap(buf, shape);
+        }
         Tensor::from_f64_slice(&rng::normal(seed, 0, n), shape, dtype, device)
     }
 
-    /// A copy on `device`. CPU→CPU gives a new tensor sharing storage;
+    /// A copy on `device`. On the same device, a new tensor sharing storage;
     /// to the meta device, a new contiguous meta tensor of the same shape and
-    /// dtype; from meta to the CPU is [`Error::NoData`].
+    /// dtype; CPU↔CUDA (and between CUDA devices), a contiguous copy of the
+    /// elements counted under the destination device; from meta to a device
+    /// with data is [`Error::NoData`].
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
         if device == self.device() {
             return Ok(self.clone());
@@ -215,7 +236,10 @@ impl Tensor {
         if self.device().is_meta() {
             return Err(Error::NoData { op: "to_device" });
         }
-        check_device("to_device", device)?;
-        Ok(self.clone())
+        let data = match self.device() {
+            Device::Cuda(_) => crate::cuda::tensor::download(self)?,
+            _ => crate::cpu::gather(self)?,
+        };
+        Tensor::from_data_on(data, self.shape(), device)
     }
 }

@@ -173,6 +173,10 @@ impl Tensor {
                 got: self.dtype(),
             });
         }
+        if let Device::Cuda(_) = self.device() {
+            let data = crate::cuda::tensor::download(self)?;
+            return Ok(T::cpu_slice(&data).map(<[T]>::to_vec).unwrap_or_default());
+        }
         let data = self.0.storage.cpu()?;
         let s = T::cpu_slice(&data).ok_or(Error::DTypeMismatch {
             op: "to_vec",
@@ -191,6 +195,9 @@ impl Tensor {
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
         if self.device().is_meta() {
             return Err(Error::NoData { op: "to_f64_vec" });
+        }
+        if let Device::Cuda(_) = self.device() {
+            return Ok(crate::cuda::tensor::download(self)?.to_vec_as());
         }
         let data = self.0.storage.cpu()?;
         let mut out = Vec::with_capacity(self.numel());

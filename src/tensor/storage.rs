@@ -1,5 +1,6 @@
 //! Storage: the counted buffer behind one or more tensors, with its version.
 
+use crate::cuda::CudaBuffer;
 use crate::memory::{current_category, Allocation, Category, Ledger};
 use crate::{DType, Device, Error, Result, WithDType};
 use half::{bf16, f16};
@@ -164,6 +165,10 @@ pub enum Backing {
     /// No data: a tensor of the meta device (shape, dtype, version and a
     /// ledger registration only).
     Meta,
+    /// Device memory, read and written by the CUDA launch wrappers
+    /// (`src/cuda/`); the lock orders host-side access to the buffer
+    /// (in-place kernels take it for writing).
+    Cuda(RwLock<CudaBuffer>),
 }
 
 /// A counted buffer on one device. Tensors share it through `Arc`; its
@@ -240,7 +245,59 @@ impl Storage {
         })
     }
 
-    /// What holds the elements (host data or nothing, on the meta device).
+    /// Wraps a CUDA buffer made by a launch wrapper or a host copy; the
+    /// buffer's ledger registration (under `Device::Cuda(n)`, made when it
+    /// was allocated) becomes the storage's.
+    pub fn from_cuda(mut buffer: CudaBuffer) -> Result<Storage> {
+        let device = buffer.device().device();
+        let (dtype, len) = (buffer.dtype(), buffer.len());
+        let allocation = match buffer.take_allocation() {
+            Some(a) => a,
+            None => {
+                Ledger::current().register(device, buffer.size_in_bytes(), current_category())?
+            }
+        };
+        Ok(Storage {
+            backing: Backing::Cuda(RwLock::new(buffer)),
+            device,
+            dtype,
+            len,
+            version: AtomicU64::new(0),
+            allocation,
+            save_listeners: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Read access to the device buffer of a CUDA storage (a typed error on
+    /// other devices).
+    pub fn cuda(&self) -> Result<RwLockReadGuard<'_, CudaBuffer>> {
+        Ok(self
+            .device_buffer("device read")?
+            .read()
+            .unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Write access to the device buffer; bumps the version (an in-place
+    /// modification).
+    pub fn cuda_mut(&self) -> Result<RwLockWriteGuard<'_, CudaBuffer>> {
+        let b = self.device_buffer("device write")?;
+        self.version.fetch_add(1, Ordering::SeqCst);
+        Ok(b.write().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn device_buffer(&self, op: &'static str) -> Result<&RwLock<CudaBuffer>> {
+        match &self.backing {
+            Backing::Cuda(b) => Ok(b),
+            Backing::Meta => Err(Error::NoData { op }),
+            Backing::Host(_) => Err(Error::InvalidArgument {
+                op,
+                msg: format!("the storage is on {}, not on CUDA", self.device),
+            }),
+        }
+    }
+
+    /// What holds the elements (host data, device memory, or nothing on the
+    /// meta device).
     pub fn backing(&self) -> &Backing {
         &self.backing
     }
@@ -337,7 +394,7 @@ impl Storage {
             (Backing::Meta, _) => Err(Error::NoData { op }),
             (_, d) => Err(Error::DeviceUnavailable {
                 device: d,
-                reason: "host access to device memory".into(),
+                reason: format!("{op}: host access to device memory (copy with to_device(Cpu))"),
             }),
         }
     }

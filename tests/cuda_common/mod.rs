@@ -102,3 +102,30 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
         assert!(ok, "{what}: element {i}: got {g}, want {w} (tol {tol})");
     }
 }
+
+/// The devices a test written once for every device runs on: the CPU
+/// always, and `Device::Cuda(0)` when it can be opened; otherwise prints
+/// `skipped: no CUDA device (reason)` for the CUDA half, once per test
+/// (libtest names each test's thread after the test).
+pub fn devices(test: &str) -> Vec<Device> {
+    static PRINTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut out = vec![Device::Cpu];
+    match Device::cuda_if_available(0) {
+        d @ Device::Cuda(_) => out.push(d),
+        _ => {
+            let key = std::thread::current().name().unwrap_or(test).to_string();
+            let mut printed = PRINTED.lock().unwrap_or_else(|e| e.into_inner());
+            if printed.contains(&key) {
+                return out;
+            }
+            printed.push(key);
+            let reason = Device::Cuda(0)
+                .check_available()
+                .err()
+                .map_or_else(|| "unavailable".to_string(), |e| e.to_string());
+            let line = format!("skipped: no CUDA device ({reason}) [{test}: CUDA half]\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        }
+    }
+    out
+}

@@ -1,0 +1,268 @@
+//! The CUDA arms of the kernel entries in `src/cpu/`: each takes tensors
+//! (CUDA storages + layouts), calls one launch wrapper and wraps the output.
+//! Outputs are allocated exactly as the CPU kernels allocate theirs, so a
+//! program moves the CUDA ledger as it moves the CPU's.
+
+use super::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
+use super::reduce::{self as red, ReduceOp};
+use super::tensor::{adopt, contiguous, dense, map, strided, uncounted, wrap};
+use super::CudaBuffer;
+use crate::cpu::{CmpOp, CrossEntropyForward};
+use crate::tensor::Layout;
+use crate::{DType, Error, Result, Tensor};
+
+/// The typed error for `op` on `t`'s device.
+fn missing(op: &'static str, t: &Tensor) -> Error {
+    Error::NotOnCuda {
+        op,
+        device: t.device(),
+    }
+}
+
+/// `op(x)` elementwise; `None` (a kernel without a CUDA form) is `NotOnCuda`.
+pub(crate) fn unary(x: &Tensor, op: Option<UnaryOp>, name: &'static str) -> Result<Tensor> {
+    let op = op.ok_or_else(|| missing(name, x))?;
+    map(x, x.shape(), |b, l| ew::unary(op, b, l))
+}
+
+/// `op(a, b)` over the broadcast layouts `la`, `lb` of `shape`.
+pub(crate) fn binary(
+    a: &Tensor,
+    la: &Layout,
+    b: &Tensor,
+    lb: &Layout,
+    shape: &[usize],
+    op: Option<BinaryOp>,
+    name: &'static str,
+) -> Result<Tensor> {
+    let op = op.ok_or_else(|| missing(name, a))?;
+    let (sa, sb) = (strided(la)?, strided(lb)?);
+    let out = ew::binary(op, &*a.storage().cuda()?, &sa, &*b.storage().cuda()?, &sb)?;
+    wrap(out, shape)
+}
+
+/// `dst = op(dst, src)` in place (`dst` contiguous at `range`, `src`
+/// broadcast by `lsrc`; different storages). Add and subtract over a whole
+/// buffer (gradient accumulation) are one `axpy` with no temporary; other
+/// ops compute a temporary and copy it in.
+pub(crate) fn binary_assign(
+    dst: &Tensor,
+    range: std::ops::Range<usize>,
+    src: &Tensor,
+    lsrc: &Layout,
+    op: Option<BinaryOp>,
+    name: &'static str,
+) -> Result<()> {
+    let op = op.ok_or_else(|| missing(name, dst))?;
+    let alpha = match op {
+        BinaryOp::Add => Some(1.0),
+        BinaryOp::Sub => Some(-1.0),
+        _ => None,
+    };
+    let whole = range.start == 0 && range.len() == dst.storage().len();
+    if let (Some(alpha), true) = (alpha, whole) {
+        let ls = strided(lsrc)?;
+        let s = src.storage().cuda()?;
+        return ew::axpy(&mut *dst.storage().cuda_mut()?, alpha, &s, &ls);
+    }
+    let out = binary(dst, dst.layout(), src, lsrc, dst.shape(), Some(op), name)?;
+    super::tensor::copy_into(dst, &out)
+}
+
+/// `x = op(x)` in place on the contiguous `x` (a temporary, copied in).
+pub(crate) fn unary_assign(x: &Tensor, op: Option<UnaryOp>, name: &'static str) -> Result<()> {
+    let out = unary(x, op, name)?;
+    super::tensor::copy_into(x, &out)
+}
+
+fn compare_op(op: CmpOp) -> CompareOp {
+    match op {
+        CmpOp::Eq => CompareOp::Eq,
+        CmpOp::Ne => CompareOp::Ne,
+        CmpOp::Lt => CompareOp::Lt,
+        CmpOp::Le => CompareOp::Le,
+        CmpOp::Gt => CompareOp::Gt,
+        CmpOp::Ge => CompareOp::Ge,
+    }
+}
+
+/// `op(a, b)` as U8 1/0 over broadcast layouts of `shape`.
+pub(crate) fn compare(
+    a: &Tensor,
+    la: &Layout,
+    b: &Tensor,
+    lb: &Layout,
+    shape: &[usize],
+    op: CmpOp,
+) -> Result<Tensor> {
+    let (sa, sb) = (strided(la)?, strided(lb)?);
+    let (da, db) = (a.storage().cuda()?, b.storage().cuda()?);
+    wrap(ew::compare(compare_op(op), &da, &sa, &db, &sb)?, shape)
+}
+
+/// `op(x, s)` as U8 1/0.
+pub(crate) fn compare_scalar(x: &Tensor, s: f64, op: CmpOp) -> Result<Tensor> {
+    map(x, x.shape(), |b, l| {
+        ew::compare_scalar(compare_op(op), b, l, s)
+    })
+}
+
+/// `cond ? a : b` over broadcast layouts of `shape`.
+pub(crate) fn select(
+    cond: (&Tensor, &Layout),
+    a: (&Tensor, &Layout),
+    b: (&Tensor, &Layout),
+    shape: &[usize],
+) -> Result<Tensor> {
+    let (lc, la, lb) = (strided(cond.1)?, strided(a.1)?, strided(b.1)?);
+    let dc = cond.0.storage().cuda()?;
+    let (da, db) = (a.0.storage().cuda()?, b.0.storage().cuda()?);
+    wrap(ew::where_cond(&dc, &lc, &da, &la, &db, &lb)?, shape)
+}
+
+/// `x` converted to `dtype`.
+pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    map(x, x.shape(), |b, l| ew::cast(b, l, dtype))
+}
+
+/// The dims of `x` that reduce to `out_shape` (same rank).
+fn reduced_dims(x: &Tensor, out_shape: &[usize]) -> Vec<usize> {
+    (0..x.rank())
+        .filter(|&d| out_shape[d] == 1 && x.shape()[d] != 1)
+        .collect()
+}
+
+/// `scale ·` the sum of `x` reduced to `out_shape`; a scale of one over
+/// the reduced count is the mean kernel.
+pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<Tensor> {
+    let dims = reduced_dims(x, out_shape);
+    let count: usize = dims.iter().map(|&d| x.shape()[d]).product();
+    if dims.is_empty() {
+        return if scale == 1.0 {
+            contiguous(x)
+        } else {
+            unary(x, Some(UnaryOp::MulScalar(scale)), "sum")
+        };
+    }
+    let op = if scale == 1.0 {
+        ReduceOp::Sum
+    } else if scale == 1.0 / count as f64 {
+        ReduceOp::Mean
+    } else {
+        let sum = sum_scaled(x, out_shape, 1.0)?;
+        return unary(&sum, Some(UnaryOp::MulScalar(scale)), "sum");
+    };
+    map(x, out_shape, |b, l| red::reduce(op, b, l, &dims))
+}
+
+/// The maximum (`max`) or minimum of `x` reduced to `out_shape`.
+pub(crate) fn extremum_to(x: &Tensor, out_shape: &[usize], max: bool) -> Result<Tensor> {
+    let dims = reduced_dims(x, out_shape);
+    if dims.is_empty() {
+        return contiguous(x);
+    }
+    let op = if max { ReduceOp::Max } else { ReduceOp::Min };
+    map(x, out_shape, |b, l| red::reduce(op, b, l, &dims))
+}
+
+/// The index of the extremum of every lane along `dim` (read back to the
+/// host, as the CPU kernel returns them) and, when asked for, the values
+/// as a tensor of `lanes` (the keepdim shape).
+pub(crate) fn arg_extremum(
+    x: &Tensor,
+    dim: usize,
+    max: bool,
+    values: bool,
+    lanes: &[usize],
+) -> Result<(Vec<usize>, Option<Tensor>)> {
+    let lx = strided(x.layout())?;
+    let idx = uncounted(|| red::arg_reduce(&*x.storage().cuda()?, &lx, dim, max)?.to_vec::<i64>())?;
+    let vals = values.then(|| extremum_to(x, lanes, max)).transpose()?;
+    Ok((idx.into_iter().map(|i| i as usize).collect(), vals))
+}
+
+/// Softmax (or log-softmax) of `x` along `dim`.
+pub(crate) fn softmax(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    let x = dense(x)?;
+    let out = red::softmax(&*x.storage().cuda()?, x.shape(), dim, log)?;
+    wrap(out, x.shape())
+}
+
+/// The gradient of softmax from its output `y` and the incoming `g`.
+pub(crate) fn softmax_backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    let (y, g) = (dense(y)?, dense(g)?);
+    let (dy, dg) = (y.storage().cuda()?, g.storage().cuda()?);
+    wrap(
+        red::softmax_backward(&dy, &dg, y.shape(), dim, log)?,
+        y.shape(),
+    )
+}
+
+/// The I64 targets as a dense device tensor (a typed error for other dtypes).
+fn targets_i64(op: &'static str, targets: &Tensor) -> Result<Tensor> {
+    if targets.dtype() != DType::I64 {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: DType::I64,
+            got: targets.dtype(),
+        });
+    }
+    dense(targets)
+}
+
+/// Cross-entropy forward: per-sample losses read back to the host, the
+/// count of samples not ignored, and the probabilities (counted, as on the
+/// CPU) when `want_probs`.
+pub(crate) fn cross_entropy_forward(
+    logits: &Tensor,
+    class_dim: usize,
+    targets: &Tensor,
+    ignore_index: i64,
+    eps: f64,
+    want_probs: bool,
+) -> Result<CrossEntropyForward> {
+    let x = dense(logits)?;
+    let (losses, count, probs) = uncounted(|| {
+        let t = targets_i64("cross_entropy", targets)?;
+        let (dx, dt) = (x.storage().cuda()?, t.storage().cuda()?);
+        let ce = red::cross_entropy_forward(
+            &dx,
+            x.shape(),
+            class_dim,
+            &dt,
+            ignore_index,
+            eps,
+            want_probs,
+        )?;
+        Ok((ce.losses.to_vec::<f64>()?, ce.count, ce.probs))
+    })?;
+    let probs = probs.map(|p| adopt(p, x.shape())).transpose()?;
+    Ok(CrossEntropyForward {
+        losses,
+        count,
+        probs,
+    })
+}
+
+/// Cross-entropy backward from the saved probabilities and targets, with
+/// per-sample (or one shared) f64 `weights`.
+pub(crate) fn cross_entropy_backward(
+    probs: &Tensor,
+    class_dim: usize,
+    targets: &Tensor,
+    weights: &[f64],
+    ignore_index: i64,
+    eps: f64,
+) -> Result<Tensor> {
+    let p = dense(probs)?;
+    let dev = p.storage().cuda()?.device().clone();
+    // Host values on the CPU: the targets' copy and the weights stay out
+    // of the ledger.
+    let (t, w) = uncounted(|| {
+        let t = targets_i64("cross_entropy", targets)?;
+        Ok((t, CudaBuffer::from_slice(&dev, weights)?))
+    })?;
+    let (dp, dt) = (p.storage().cuda()?, t.storage().cuda()?);
+    let out = red::cross_entropy_backward(&dp, p.shape(), class_dim, &dt, &w, ignore_index, eps)?;
+    wrap(out, p.shape())
+}

@@ -1,0 +1,121 @@
+//! Tensors on CUDA: the glue between `Tensor` (storage + layout) and the
+//! launch wrappers, used by the CUDA arms of the kernel entries in
+//! `src/cpu/` and by tensor creation and device copies.
+
+use super::{CudaBuffer, CudaDevice, Strided};
+use crate::tensor::{CpuData, Layout, Storage, Tensor};
+use crate::{DType, Result};
+use std::sync::Arc;
+
+/// The open device of ordinal `n` (opened on first use; a typed
+/// `DeviceUnavailable` when it cannot be).
+pub(crate) fn device(n: usize) -> Result<Arc<CudaDevice>> {
+    CudaDevice::get(n)
+}
+
+/// A tensor layout as the kernels' `Strided` argument.
+pub(crate) fn strided(l: &Layout) -> Result<Strided> {
+    Strided::new(l.shape(), l.strides(), l.offset())
+}
+
+/// A new contiguous tensor of `shape` over a kernel's output buffer.
+pub(crate) fn wrap(buffer: CudaBuffer, shape: &[usize]) -> Result<Tensor> {
+    Ok(Tensor::from_storage(
+        Arc::new(Storage::from_cuda(buffer)?),
+        Layout::contiguous(shape),
+    ))
+}
+
+/// Runs `f` on `x`'s buffer and layout and wraps the result with `shape`.
+pub(crate) fn map(
+    x: &Tensor,
+    shape: &[usize],
+    f: impl FnOnce(&CudaBuffer, &Strided) -> Result<CudaBuffer>,
+) -> Result<Tensor> {
+    let lx = strided(x.layout())?;
+    let out = f(&*x.storage().cuda()?, &lx)?;
+    wrap(out, shape)
+}
+
+/// Host data copied to a new contiguous tensor on `Cuda(n)`.
+pub(crate) fn upload(data: &CpuData, shape: &[usize], n: usize) -> Result<Tensor> {
+    let dev = device(n)?;
+    wrap(CudaBuffer::from_cpu_data(&dev, data)?, shape)
+}
+
+/// Zeros of `shape` on `Cuda(n)`.
+pub(crate) fn zeros(shape: &[usize], dtype: DType, n: usize) -> Result<Tensor> {
+    let dev = device(n)?;
+    wrap(
+        CudaBuffer::zeros(&dev, dtype, shape.iter().product())?,
+        shape,
+    )
+}
+
+/// A contiguous device copy of `x` (any layout).
+pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor> {
+    map(x, x.shape(), super::elementwise::copy_strided)
+}
+
+/// `x`'s elements in row-major order, copied to the host.
+pub(crate) fn download(x: &Tensor) -> Result<CpuData> {
+    if let Some(r) = x.layout().contiguous_range() {
+        if r.start == 0 && r.len() == x.storage().len() {
+            return x.storage().cuda()?.to_cpu_data();
+        }
+    }
+    let dense = contiguous(x)?;
+    let data = dense.storage().cuda()?.to_cpu_data();
+    data
+}
+
+/// `x` itself when it is contiguous over its whole buffer (what the
+/// row-wise kernels read), else a contiguous copy.
+pub(crate) fn dense(x: &Tensor) -> Result<Tensor> {
+    let whole = x.layout().offset() == 0 && x.numel() == x.storage().len();
+    if whole && x.is_contiguous() {
+        Ok(x.clone())
+    } else {
+        contiguous(x)
+    }
+}
+
+/// Runs `f` with a private ledger current: the small parameter and status
+/// buffers it allocates (targets, per-sample weights, losses read back to
+/// the host) are not tensor memory, so they stay out of the caller's
+/// ledger, as their host counterparts do on the CPU.
+pub(crate) fn uncounted<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
+    let scratch = crate::memory::Ledger::new();
+    let _guard = scratch.enter();
+    f()
+}
+
+/// A buffer made under [`uncounted`] as a tensor counted in the current
+/// ledger under the current category.
+pub(crate) fn adopt(mut buffer: CudaBuffer, shape: &[usize]) -> Result<Tensor> {
+    drop(buffer.take_allocation());
+    wrap(buffer, shape)
+}
+
+/// Writes `src`'s elements into the contiguous view `dst` (same shape and
+/// dtype; different storages).
+pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
+    let range = dst
+        .layout()
+        .contiguous_range()
+        .ok_or(crate::Error::NotOnCuda {
+            op: "copy_into a strided view",
+            device: dst.device(),
+        })?;
+    // A private copy when the two share a buffer (read and write locks of
+    // one storage cannot be held together).
+    let src = if dst.shares_storage_with(src) {
+        contiguous(src)?
+    } else {
+        dense(src)?
+    };
+    let from = src.storage().cuda()?;
+    dst.storage()
+        .cuda_mut()?
+        .copy_range_from(range.start, &from, 0, range.len())
+}

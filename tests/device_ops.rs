@@ -1,0 +1,357 @@
+//! The foundation ops written once for every device: on each device from
+//! `cuda_common::devices` (the CPU always, CUDA 0 when present) every op's
+//! result equals the CPU's within per-dtype tolerances (f32 1e-5 relative,
+//! f16/bf16 1e-2), Philox numbers are bit-identical, a small MLP's
+//! gradients match, and the CUDA ledger's peak equals the CPU's byte for
+//! byte. Without a GPU the CUDA half prints `skipped: no CUDA device`.
+
+mod cuda_common;
+
+use leangrad::memory::Ledger;
+use leangrad::ops::CrossEntropyOptions;
+use leangrad::{DType, Device, Error, Result, Tensor};
+
+/// Relative tolerance per dtype.
+fn tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-12,
+        DType::F32 => 1e-5,
+        DType::F16 | DType::BF16 => 1e-2,
+        _ => 0.0,
+    }
+}
+
+/// `got` (any device) equals `want` (CPU) in shape, dtype and values, each
+/// element within `tol · max(|want|, 1e-3 · largest |want|)`.
+fn assert_close(what: &str, want: &Tensor, got: &Tensor) {
+    assert_eq!(want.shape(), got.shape(), "{what}: shape");
+    assert_eq!(want.dtype(), got.dtype(), "{what}: dtype");
+    let (w, g) = (want.to_f64_vec().unwrap(), got.to_f64_vec().unwrap());
+    let big = w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let t = tol(want.dtype());
+    for (i, (a, b)) in w.iter().zip(&g).enumerate() {
+        let ok = (a.is_nan() && b.is_nan()) || (a - b).abs() <= t * a.abs().max(1e-3 * big);
+        assert!(ok, "{what}: element {i}: cpu {a} vs {b}");
+    }
+}
+
+/// A seeded CPU tensor with values in `[lo, hi)`.
+fn input(shape: &[usize], dtype: DType, seed: u64, lo: f64, hi: f64) -> Tensor {
+    Tensor::rand_range(shape, lo, hi, dtype, Device::Cpu, seed).unwrap()
+}
+
+/// Runs `op` on the CPU inputs and on copies on every device; compares.
+fn check(test: &str, inputs: &[&Tensor], op: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let cpu: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).collect();
+    let want = op(&cpu).unwrap();
+    for dev in cuda_common::devices(test) {
+        let moved: Vec<Tensor> = inputs.iter().map(|t| t.to_device(dev).unwrap()).collect();
+        let got = op(&moved).unwrap_or_else(|e| panic!("{test} on {dev}: {e}"));
+        assert_eq!(got.device(), dev, "{test}: output device");
+        assert_close(&format!("{test} on {dev}"), &want, &got);
+    }
+}
+
+/// A unary op under test.
+type UnaryFn = fn(&Tensor) -> Result<Tensor>;
+
+const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+#[test]
+fn creation_and_copies_match_the_cpu() {
+    for dev in cuda_common::devices("creation") {
+        for dtype in [DType::F32, DType::F64, DType::BF16, DType::I64, DType::U8] {
+            let v: Vec<f64> = (0..37).map(|i| (i % 11) as f64).collect();
+            let made = [
+                Tensor::zeros(&[3, 5], dtype, dev).unwrap(),
+                Tensor::ones(&[4], dtype, dev).unwrap(),
+                Tensor::full(&[2, 3], 7.0, dtype, dev).unwrap(),
+                Tensor::from_f64_slice(&v, &[37], dtype, dev).unwrap(),
+                Tensor::arange(9, dtype, dev).unwrap(),
+            ];
+            let cpu = [
+                Tensor::zeros(&[3, 5], dtype, Device::Cpu).unwrap(),
+                Tensor::ones(&[4], dtype, Device::Cpu).unwrap(),
+                Tensor::full(&[2, 3], 7.0, dtype, Device::Cpu).unwrap(),
+                Tensor::from_f64_slice(&v, &[37], dtype, Device::Cpu).unwrap(),
+                Tensor::arange(9, dtype, Device::Cpu).unwrap(),
+            ];
+            for (m, c) in made.iter().zip(&cpu) {
+                assert_eq!(m.device(), dev);
+                assert_eq!(m.to_f64_vec().unwrap(), c.to_f64_vec().unwrap());
+            }
+        }
+        let x = Tensor::from_vec((0..24).map(|i| i as f32).collect(), &[2, 3, 4], dev).unwrap();
+        // A strided view copied to the host and back keeps its values.
+        let t = x.transpose(0, 2).unwrap();
+        let back = t.to_device(Device::Cpu).unwrap().to_device(dev).unwrap();
+        assert_eq!(back.to_vec::<f32>().unwrap(), t.to_vec::<f32>().unwrap());
+        assert_eq!(back.to_device(Device::Cpu).unwrap().device(), Device::Cpu);
+    }
+}
+
+#[test]
+fn philox_numbers_are_bit_identical() {
+    for dev in cuda_common::devices("philox") {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for n in [1usize, 7, 1000, 4099] {
+                let u = Tensor::rand(&[n], dtype, dev, 42).unwrap();
+                let c = Tensor::rand(&[n], dtype, Device::Cpu, 42).unwrap();
+                assert_eq!(
+                    u.to_f64_vec().unwrap(),
+                    c.to_f64_vec().unwrap(),
+                    "rand {dtype:?}"
+                );
+                let z = Tensor::randn(&[n], dtype, dev, 7).unwrap();
+                let c = Tensor::randn(&[n], dtype, Device::Cpu, 7).unwrap();
+                assert_eq!(
+                    z.to_f64_vec().unwrap(),
+                    c.to_f64_vec().unwrap(),
+                    "randn {dtype:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn host_access_and_mixed_devices_are_typed_errors() {
+    for dev in cuda_common::devices("typed errors") {
+        let x = Tensor::ones(&[3], DType::F32, dev).unwrap();
+        if dev == Device::Cpu {
+            continue;
+        }
+        assert!(x.storage().cpu().is_err(), "host read of device memory");
+        let c = Tensor::ones(&[3], DType::F32, Device::Cpu).unwrap();
+        assert!(matches!(x.add(&c), Err(Error::DeviceMismatch { .. })));
+        // A kernel without a CUDA form yet: typed, no CPU fallback.
+        assert!(matches!(x.clamp(0.0, 0.5), Err(Error::NotOnCuda { .. })));
+    }
+}
+
+#[test]
+fn unary_and_scalar_ops() {
+    for dtype in FLOATS {
+        let x = input(&[3, 5, 17], dtype, 1, 0.1, 2.0);
+        let xt = x.transpose(0, 2).unwrap();
+        let ops: [(&str, UnaryFn); 14] = [
+            ("neg", |t| t.neg()),
+            ("exp", |t| t.exp()),
+            ("log", |t| t.log()),
+            ("sqrt", |t| t.sqrt()),
+            ("square", |t| t.square()),
+            ("tanh", |t| t.tanh()),
+            ("sigmoid", |t| t.sigmoid()),
+            ("silu", |t| t.silu()),
+            ("gelu", |t| t.gelu(false)),
+            ("powf", |t| t.powf(1.5)),
+            ("add_scalar", |t| t.add_scalar(0.25)),
+            ("mul_scalar", |t| t.mul_scalar(-3.0)),
+            ("scalar_sub", |t| t.scalar_sub(1.0)),
+            ("contiguous", |t| t.contiguous()),
+        ];
+        for (name, f) in ops {
+            check(name, &[&x], |t| f(&t[0]));
+            check(name, &[&xt], |t| f(&t[0]));
+        }
+    }
+}
+
+#[test]
+fn binary_ops_broadcast_and_assign() {
+    for dtype in FLOATS {
+        let a = input(&[4, 1, 9], dtype, 2, -1.0, 1.0);
+        let b = input(&[3, 1], dtype, 3, 0.5, 1.5);
+        let ab = [&a, &b];
+        check("add", &ab, |t| t[0].add(&t[1]));
+        check("sub", &ab, |t| t[0].sub(&t[1]));
+        check("mul", &ab, |t| t[0].mul(&t[1]));
+        check("div", &ab, |t| t[0].div(&t[1]));
+        check("maximum", &ab, |t| t[0].maximum(&t[1]));
+        let d = input(&[4, 3, 9], dtype, 4, -1.0, 1.0);
+        let db = [&d, &b];
+        check("add_", &db, |t| {
+            let acc = t[0].contiguous()?.mul_scalar(1.0)?;
+            acc.add_(&t[1])?;
+            Ok(acc)
+        });
+        check("mul_", &db, |t| {
+            let acc = t[0].mul_scalar(1.0)?;
+            acc.mul_(&t[1])?;
+            acc.add_scalar_(0.5)?;
+            Ok(acc)
+        });
+    }
+}
+
+#[test]
+fn compare_where_and_cast() {
+    let a = input(&[5, 7], DType::F32, 5, -1.0, 1.0);
+    let b = input(&[7], DType::F32, 6, -1.0, 1.0);
+    check("lt", &[&a, &b], |t| t[0].lt(&t[1]));
+    check("ge_scalar", &[&a], |t| t[0].ge_scalar(0.1));
+    check("where", &[&a, &b], |t| {
+        Tensor::where_cond(&t[0].gt(&t[1])?, &t[0], &t[1])
+    });
+    for to in [DType::F64, DType::BF16, DType::F16, DType::I64, DType::U8] {
+        check("cast", &[&a.mul_scalar(50.0).unwrap()], |t| {
+            t[0].to_dtype(to)
+        });
+    }
+}
+
+#[test]
+fn reductions_and_argmax() {
+    for dtype in FLOATS {
+        let x = input(&[6, 5, 13], dtype, 7, -2.0, 2.0);
+        check("sum", &[&x], |t| t[0].sum(&[0, 2], false));
+        check("sum_all", &[&x], |t| t[0].sum_all());
+        check("mean", &[&x], |t| t[0].mean(&[1], true));
+        check("max", &[&x], |t| t[0].max(2, false));
+        check("min", &[&x], |t| t[0].min(0, true));
+        check("argmax", &[&x], |t| t[0].argmax(1, false));
+        let xt = x.transpose(0, 1).unwrap();
+        check("sum of a view", &[&xt], |t| t[0].sum(&[1], true));
+    }
+}
+
+#[test]
+fn softmax_and_cross_entropy() {
+    for dtype in FLOATS {
+        let x = input(&[9, 11], dtype, 8, -3.0, 3.0);
+        check("softmax", &[&x], |t| t[0].softmax(1));
+        check("log_softmax", &[&x], |t| t[0].log_softmax(0));
+        let targets = Tensor::from_vec(
+            (0..9).map(|i| (i * 5 % 11) as i64).collect::<Vec<_>>(),
+            &[9],
+            Device::Cpu,
+        )
+        .unwrap();
+        check("cross_entropy", &[&x, &targets], |t| {
+            t[0].cross_entropy(&t[1], CrossEntropyOptions::default())
+        });
+    }
+}
+
+#[test]
+fn matmul_layouts() {
+    for dtype in FLOATS {
+        let a = input(&[7, 13], dtype, 9, -1.0, 1.0);
+        let b = input(&[13, 5], dtype, 10, -1.0, 1.0);
+        check("matmul", &[&a, &b], |t| t[0].matmul(&t[1]));
+        let bt = input(&[5, 13], dtype, 11, -1.0, 1.0);
+        check("matmul transposed", &[&a, &bt], |t| t[0].matmul(&t[1].t()?));
+        let batched = input(&[3, 7, 13], dtype, 12, -1.0, 1.0);
+        check("matmul batched, shared rhs", &[&batched, &b], |t| {
+            t[0].matmul(&t[1])
+        });
+        let narrow = input(&[7, 20], dtype, 13, -1.0, 1.0);
+        check("matmul of a narrowed view", &[&narrow, &b], |t| {
+            t[0].narrow(1, 2, 13)?.matmul(&t[1])
+        });
+    }
+}
+
+/// One forward and backward of a small MLP (matmul, add, softmax, matmul,
+/// cross-entropy + sum) in a fresh ledger on `dev`: the loss, the
+/// parameters' gradients (on the host) and the ledger's peak on `dev`.
+fn mlp_step(dev: Device) -> (f64, Vec<Vec<f64>>, usize) {
+    let ledger = Ledger::new();
+    let _guard = ledger.enter();
+    let param = |shape: &[usize], seed| {
+        Tensor::rand_range(shape, -0.4, 0.4, DType::F32, dev, seed)
+            .and_then(|t| t.set_requires_grad(true))
+            .unwrap()
+    };
+    let (w1, b1, w2, b2) = (
+        param(&[13, 32], 1),
+        param(&[32], 2),
+        param(&[32, 5], 3),
+        param(&[5], 4),
+    );
+    let x = Tensor::randn(&[9, 13], DType::F32, dev, 5).unwrap();
+    let targets: Vec<i64> = (0..9).map(|i| i % 5).collect();
+    let targets = Tensor::from_vec(targets, &[9], dev).unwrap();
+    let h = x.matmul(&w1).unwrap().add(&b1).unwrap().softmax(1).unwrap();
+    let logits = h.matmul(&w2).unwrap().add(&b2).unwrap();
+    let ce = logits
+        .cross_entropy(&targets, CrossEntropyOptions::default())
+        .unwrap();
+    let loss = ce
+        .add(&logits.sum_all().unwrap().mul_scalar(0.01).unwrap())
+        .unwrap();
+    let value = loss.to_scalar().unwrap();
+    loss.backward().unwrap();
+    let grads = [&w1, &b1, &w2, &b2]
+        .iter()
+        .map(|p| p.grad().expect("a gradient").to_f64_vec().unwrap())
+        .collect();
+    (value, grads, ledger.peak(dev))
+}
+
+#[test]
+fn mlp_gradients_and_ledger_peak_match_the_cpu() {
+    let (loss, grads, peak) = mlp_step(Device::Cpu);
+    assert!(peak > 0);
+    for dev in cuda_common::devices("mlp") {
+        let (l, g, p) = mlp_step(dev);
+        assert!((l - loss).abs() <= 1e-5 * loss.abs(), "loss {l} vs {loss}");
+        for (i, (a, b)) in grads.iter().zip(&g).enumerate() {
+            let big = a.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * big.max(1e-6),
+                    "grad {i}: {x} vs {y} on {dev}"
+                );
+            }
+        }
+        assert_eq!(p, peak, "ledger peak on {dev} vs the CPU's");
+    }
+}
+
+#[test]
+fn index_select_gather_scatter_add() {
+    for dtype in FLOATS {
+        let x = input(&[5, 7, 3], dtype, 14, -1.0, 1.0);
+        let sel = Tensor::from_vec(vec![4i64, 0, 0, 6, 2], &[5], Device::Cpu).unwrap();
+        let sel32 = Tensor::from_vec(vec![2u32, 1, 2], &[3], Device::Cpu).unwrap();
+        check("index_select", &[&x, &sel], |t| t[0].index_select(1, &t[1]));
+        check("index_select u32", &[&x, &sel32], |t| {
+            t[0].index_select(0, &t[1])
+        });
+        let idx: Vec<i64> = (0..5 * 4 * 3).map(|i| (i * 7 % 5) as i64).collect();
+        let gi = Tensor::from_vec(idx, &[5, 4, 3], Device::Cpu).unwrap();
+        check("gather", &[&x, &gi], |t| t[0].gather(0, &t[1]));
+        let src = input(&[5, 4, 3], dtype, 15, -1.0, 1.0);
+        check("scatter_add", &[&x, &gi, &src], |t| {
+            t[0].scatter_add(0, &t[1], &t[2])
+        });
+        let y = input(&[5, 2, 3], dtype, 16, -1.0, 1.0);
+        check("cat", &[&x, &y], |t| {
+            Tensor::cat(&[&t[0], &t[1].narrow(1, 1, 1)?, &t[1]], 1)
+        });
+        check("cat dim 0", &[&x, &x], |t| {
+            Tensor::cat(
+                &[
+                    &t[0],
+                    &t[1].transpose(0, 1)?.contiguous()?.reshape(&[5, 7, 3])?,
+                ],
+                0,
+            )
+        });
+        check("index_select backward", &[&x, &sel], |t| {
+            let leaf = t[0].clone().set_requires_grad(true)?;
+            let w = Tensor::arange(15, t[0].dtype(), t[0].device())?.reshape(&[5, 1, 3])?;
+            leaf.index_select(1, &t[1])?
+                .mul(&w)?
+                .sum_all()?
+                .backward()?;
+            Ok(leaf.grad().expect("a gradient"))
+        });
+        check("gather backward", &[&x, &gi], |t| {
+            let leaf = t[0].clone().set_requires_grad(true)?;
+            leaf.gather(0, &t[1])?.sum_all()?.backward()?;
+            Ok(leaf.grad().expect("a gradient"))
+        });
+    }
+}
