@@ -2,9 +2,9 @@
 //! ledger registrations but no data.
 //!
 //! Every kernel entry (in `src/cpu/`, and the few ops that read host data
-//! directly) starts with one `match` on [`backend`]: `Backend::Cpu` runs the
+//! directly) starts with one `match` on `backend`: `Backend::Cpu` runs the
 //! CPU kernel, `Backend::Meta` returns outputs of the right shape and dtype
-//! made by [`empty`] without arithmetic and without host buffers the size of
+//! made by `empty` without arithmetic and without host buffers the size of
 //! the data; an in-place kernel only bumps the version. Allocations made by
 //! the kernels (outputs, workspace, contiguous copies) go through the same
 //! code on both devices, so a training step on meta moves the ledger exactly

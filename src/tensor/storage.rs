@@ -156,7 +156,7 @@ cpu_element!(u32, U32);
 cpu_element!(i64, I64);
 
 /// What holds a storage's elements. Every kernel entry dispatches on this
-/// once (through [`crate::meta::backend`]): host data is computed by the
+/// once (through `crate::meta::backend`): host data is computed by the
 /// CPU kernels, meta storage has no data at all (only its size is counted),
 /// so kernels produce outputs of the right shape and dtype without arithmetic.
 pub enum Backing {
