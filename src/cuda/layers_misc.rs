@@ -1,5 +1,6 @@
 //! Launch wrappers for embedding (`embedding.cu`), the fused attention
-//! softmax (`attention.cu`) and optimizer updates (`optim.cu`).
+//! softmax (`attention.cu`), optimizer updates (`optim.cu`) and the
+//! per-channel sum of conv bias gradients (`conv.cu`).
 
 use super::check::float_suffix;
 use super::layers_util::{expect, invalid, stat_dtype};
@@ -334,4 +335,19 @@ pub fn adam_update(
         &n64, &neg_step, &bc2_sqrt, &hp.eps, &weight, &hp.beta2, &hp.weight_decay, &shrink,
         &flags[0], &flags[1], &flags[2], &flags[3], &gm, &gp, param.slice_mut(), grad.slice(),
         m.slice_mut(), v.slice_mut(), vm.slice_mut())
+}
+
+/// Per channel of `gy` (`[n, c, l]`): the sum over `n` and `l` in f64 (the
+/// bias gradient), in `gy`'s dtype.
+pub fn channel_sum(gy: &CudaBuffer, n: usize, c: usize, l: usize) -> Result<CudaBuffer> {
+    let op = "cuda channel_sum";
+    let sfx = float_suffix(op, gy.dtype())?;
+    expect(op, gy, gy.dtype(), n * c * l, gy)?;
+    let mut out = CudaBuffer::alloc(gy.device(), gy.dtype(), c)?;
+    if c > 0 {
+        let (n64, c64, l64) = (n as i64, c as i64, l as i64);
+        launch!(gy.device(), "conv.cu", format!("channel_sum_{sfx}"), CudaDevice::grid_per_row(c);
+            &n64, &c64, &l64, out.slice_mut(), gy.slice())?;
+    }
+    Ok(out)
 }
