@@ -153,6 +153,7 @@ fn pools_match_the_cpu() {
 }
 
 /// Runs a norm through the wrappers: (y, dx, dw, db).
+#[allow(clippy::too_many_arguments)]
 fn gpu_norm(
     dev: &std::sync::Arc<leangrad::cuda::CudaDevice>,
     x: &Tensor,

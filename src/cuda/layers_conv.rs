@@ -69,7 +69,7 @@ impl ConvGeom {
         groups: usize,
     ) -> Result<ConvGeom> {
         let op = "cuda conv";
-        if groups == 0 || cin % groups != 0 || cout % groups != 0 {
+        if groups == 0 || !cin.is_multiple_of(groups) || !cout.is_multiple_of(groups) {
             return Err(invalid(
                 op,
                 format!("{cin} → {cout} channels in {groups} groups"),

@@ -114,7 +114,7 @@ pub fn attention_probs(
 ) -> Result<(CudaBuffer, CudaBuffer)> {
     let op = "cuda attention softmax";
     let sfx = float_suffix(op, s.dtype())?;
-    if lq == 0 || lk == 0 || s.len() % (lq * lk) != 0 {
+    if lq == 0 || lk == 0 || !s.len().is_multiple_of(lq * lk) {
         return Err(invalid(
             op,
             format!("{} scores for lq {lq}, lk {lk}", s.len()),
@@ -168,7 +168,7 @@ pub fn attention_softmax_grad(
     let op = "cuda attention softmax backward";
     let sfx = float_suffix(op, p.dtype())?;
     expect(op, dp, p.dtype(), p.len(), p)?;
-    if lk == 0 || p.len() % lk != 0 {
+    if lk == 0 || !p.len().is_multiple_of(lk) {
         return Err(invalid(op, format!("{} elements in rows of {lk}", p.len())));
     }
     let rows = p.len() / lk;

@@ -41,7 +41,7 @@ impl NormGeom {
 
     /// Group norm over `[n, c, spatial]` with `groups` groups (dividing `c`).
     pub fn group(n: usize, c: usize, spatial: usize, groups: usize) -> Result<NormGeom> {
-        if groups == 0 || c % groups != 0 {
+        if groups == 0 || !c.is_multiple_of(groups) {
             return Err(invalid(
                 "cuda group_norm",
                 format!("{c} channels in {groups} groups"),
@@ -295,7 +295,7 @@ fn check_params<const K: usize>(
     geo: &NormGeom,
     params: [Option<&CudaBuffer>; K],
 ) -> Result<()> {
-    if geo.p == 0 || geo.lp == 0 || geo.numel() % (geo.p * geo.lp) != 0 {
+    if geo.p == 0 || geo.lp == 0 || !geo.numel().is_multiple_of(geo.p * geo.lp) {
         return Err(invalid(
             op,
             format!("{geo:?}: parameters do not tile the input"),
