@@ -113,7 +113,11 @@ __device__ __forceinline__ double lg_avg_window(const PoolGeo& g, int mode, long
             long long pl = e / (g.h * g.w), r = e / g.w % g.h, c = e % g.w;           \
             long long base = pl * g.oh * g.ow;                                        \
             /* output rows/cols whose windows may hold (r, c) */                      \
-            long long i0 = 0, i1 = g.oh, j0 = 0, j1 = g.ow;                           \
+            /* adaptive: a superset of the rows (cols) whose windows hold r (c) */    \
+            long long i0 = max(0LL, r * g.oh / g.h - 1);                              \
+            long long i1 = min(g.oh, ((r + 1) * g.oh + g.h - 1) / g.h + 1);           \
+            long long j0 = max(0LL, c * g.ow / g.w - 1);                              \
+            long long j1 = min(g.ow, ((c + 1) * g.ow + g.w - 1) / g.w + 1);           \
             if (mode != 2) {                                                          \
                 long long a = r + g.p[0] - g.k[0] + 1, b = c + g.p[1] - g.k[1] + 1;   \
                 i0 = a <= 0 ? 0 : (a + g.s[0] - 1) / g.s[0];                          \
