@@ -47,8 +47,8 @@ __device__ __forceinline__ double lg_att_reduce(double v, double* buf, bool is_m
                 double mx = -(double)LG_INF;                                          \
                 for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS) {        \
                     if (j > limit) continue;                                          \
-                    double x = scale * lg_to_f64(srow[j]);                            \
-                    if (mask_kind == 1) x += lg_to_f64(fmask[mrow + j]);              \
+                    double x = __dmul_rn(scale, lg_to_f64(srow[j]));                            \
+                    if (mask_kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[mrow + j]));              \
                     if (mask_kind == 2 && !bmask[mrow + j]) x = -(double)LG_INF;      \
                     mx = fmax(mx, x);                                                 \
                 }                                                                     \
@@ -57,8 +57,8 @@ __device__ __forceinline__ double lg_att_reduce(double v, double* buf, bool is_m
                 if (mx != -(double)LG_INF) {                                          \
                     for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS) {    \
                         if (j > limit) continue;                                      \
-                        double x = scale * lg_to_f64(srow[j]);                        \
-                        if (mask_kind == 1) x += lg_to_f64(fmask[mrow + j]);          \
+                        double x = __dmul_rn(scale, lg_to_f64(srow[j]));                        \
+                        if (mask_kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[mrow + j]));          \
                         if (mask_kind == 2 && !bmask[mrow + j]) x = -(double)LG_INF;  \
                         sum += exp(x - mx);                                           \
                     }                                                                 \
@@ -70,8 +70,8 @@ __device__ __forceinline__ double lg_att_reduce(double v, double* buf, bool is_m
             for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS) {            \
                 double x = -(double)LG_INF;                                           \
                 if (j <= limit) {                                                     \
-                    x = scale * lg_to_f64(srow[j]);                                   \
-                    if (mask_kind == 1) x += lg_to_f64(fmask[mrow + j]);              \
+                    x = __dmul_rn(scale, lg_to_f64(srow[j]));                                   \
+                    if (mask_kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[mrow + j]));              \
                     if (mask_kind == 2 && !bmask[mrow + j]) x = -(double)LG_INF;      \
                 }                                                                     \
                 p[r * lk + j] = lg_from_f64<T>(value == -(double)LG_INF ? 0.0 : exp(x - value)); \

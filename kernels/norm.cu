@@ -8,7 +8,7 @@
 // Affine parameters: element e uses parameter (e / Lp) % P (batch and group
 // norm: P = C, Lp = inner/spatial; layer/RMS norm: P = len, Lp = 1).
 // Reductions and the normalization run in double (as the CPU, which uses
-// f64); statistics are stored in the statistics type (double for f64,
+// f64; the affine map with uncontracted __dmul_rn/__dadd_rn as Rust's); statistics are stored in the statistics type (double for f64,
 // float otherwise: `Acc<T>`). One block of LG_NORM_THREADS per statistic or
 // per parameter; sums use a fixed tree order, so results are deterministic.
 
@@ -77,7 +77,7 @@ __device__ __forceinline__ long long lg_norm_elem(long long k, long long s, long
             if (want_y) {                                                             \
                 double wv = has_w ? lg_to_f64(w[p]) : 1.0;                            \
                 double bv = has_b ? lg_to_f64(b[p]) : 0.0;                            \
-                y[e] = lg_from_f64<T>(h * wv + bv);                                   \
+                y[e] = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));              \
             }                                                                         \
         }                                                                             \
     }                                                                                 \
@@ -96,7 +96,7 @@ __device__ __forceinline__ long long lg_norm_elem(long long k, long long s, long
             double h = (lg_to_f64(x[e]) - lg_to_f64(rmean[p])) * r;                   \
             double wv = has_w ? lg_to_f64(w[p]) : 1.0;                                \
             double bv = has_b ? lg_to_f64(b[p]) : 0.0;                                \
-            y[e] = lg_from_f64<T>(h * wv + bv);                                       \
+            y[e] = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));                   \
         }                                                                             \
     }                                                                                 \
     /* Input gradient per statistic s, with gw = g * w and x_hat recomputed */        \

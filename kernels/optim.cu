@@ -7,17 +7,28 @@
 // Gradient transform (GradTransform): gmode 0 identity, 1 g * gparam
 // (scale), 2 clamp to [-gparam, gparam].
 
+// Correctly rounded single operations that the compiler never contracts
+// into an FMA (the CPU rounds every product before adding it).
+__device__ __forceinline__ float lg_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double lg_add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float lg_sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double lg_sub_rn(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float lg_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double lg_mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float lg_div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double lg_div_rn(double a, double b) { return __ddiv_rn(a, b); }
+
 template <typename T> __device__ __forceinline__ T lg_tadd(T a, T b) {
-    return lg_store<T>(lg_load(a) + lg_load(b));
+    return lg_store<T>(lg_add_rn(lg_load(a), lg_load(b)));
 }
 template <typename T> __device__ __forceinline__ T lg_tsub(T a, T b) {
-    return lg_store<T>(lg_load(a) - lg_load(b));
+    return lg_store<T>(lg_sub_rn(lg_load(a), lg_load(b)));
 }
 template <typename T> __device__ __forceinline__ T lg_tmul(T a, T b) {
-    return lg_store<T>(lg_load(a) * lg_load(b));
+    return lg_store<T>(lg_mul_rn(lg_load(a), lg_load(b)));
 }
 template <typename T> __device__ __forceinline__ T lg_tdiv(T a, T b) {
-    return lg_store<T>(lg_load(a) / lg_load(b));
+    return lg_store<T>(lg_div_rn(lg_load(a), lg_load(b)));
 }
 template <typename T> __device__ __forceinline__ bool lg_tnan(T a) {
     return lg_load(a) != lg_load(a);
