@@ -1,4 +1,5 @@
-//! Argument checks shared by the `layers_*` launch wrappers.
+//! Helpers shared by the `layers_*` launch wrappers: argument checks, the
+//! statistics dtype and the packed-mask word count.
 
 use super::CudaBuffer;
 use crate::{DType, Error, Result};

@@ -53,7 +53,7 @@ pub mod layers_mask;
 pub mod layers_misc;
 pub mod layers_norm;
 pub mod layers_pool;
-mod layers_util;
+pub mod layers_util;
 mod layout;
 pub mod nvrtc;
 pub mod random;
@@ -61,5 +61,4 @@ pub mod reduce;
 
 pub use buffer::CudaBuffer;
 pub use context::{library_status, CudaDevice, MIN_COMPUTE_CAPABILITY};
-pub use layers_util::{mask_words, stat_dtype};
 pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};
