@@ -171,3 +171,22 @@ __device__ __forceinline__ long long lg_norm_elem(long long k, long long s, long
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_NORM)
+
+// Batch norm's running statistics, in place (train mode, as nn::batch_norm):
+// r <- (1 - momentum) * r + momentum * s * k with k = 1 for the mean and
+// k = unbias = count / (count - 1) for the variance; s from norm_stats.
+#define LG_NORM_RUNNING(sfx, T)                                                       \
+    extern "C" __global__ void norm_running_update_##sfx(long long c, double momentum, \
+                                                         double unbias, T* rmean,     \
+                                                         T* rvar,                     \
+                                                         const Acc<T>::type* mean,    \
+                                                         const Acc<T>::type* var) {   \
+        LG_GRID_LOOP(i, c) {                                                          \
+            double keep = 1.0 - momentum;                                             \
+            rmean[i] = lg_from_f64<T>(__dadd_rn(__dmul_rn(keep, lg_to_f64(rmean[i])), \
+                                                __dmul_rn(momentum, (double)mean[i])));  \
+            rvar[i] = lg_from_f64<T>(__dadd_rn(__dmul_rn(keep, lg_to_f64(rvar[i])),   \
+                                               __dmul_rn(__dmul_rn(momentum, (double)var[i]), unbias))); \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_NORM_RUNNING)

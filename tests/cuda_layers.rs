@@ -254,6 +254,20 @@ fn norms_match_the_cpu() {
         for i in 0..3 {
             assert_close("batch_norm grads", &got[i + 1], &want[i], t);
         }
+        // running statistics of a train-mode batch norm
+        let (rm, rv) = (
+            cpu_rand(&[6], -0.5, 0.5, dtype, 14),
+            cpu_rand(&[6], 0.5, 2.0, dtype, 15),
+        );
+        let (mut grm, mut grv) = (upload(&dev, &rm), upload(&dev, &rv));
+        let (rmc, rvc) = (rm.to_dtype(dtype).unwrap(), rv.to_dtype(dtype).unwrap());
+        let (rmc, rvc) = (rmc.contiguous().unwrap(), rvc.contiguous().unwrap());
+        nn::batch_norm(&x, Some(&rmc), Some(&rvc), None, None, true, 0.1, 1e-5).unwrap();
+        let geo = NormGeom::batch(4, 6, 5);
+        let (mean, var, _) = norm::norm_stats(&upload(&dev, &x), &geo, true, 1e-5).unwrap();
+        norm::norm_running_update(&mut grm, &mut grv, &mean, &var, 20, 0.1).unwrap();
+        assert_close("running mean", &download(&grm), &vals(&rmc), t);
+        assert_close("running var", &download(&grv), &vals(&rvc), t);
         // eval mode from running statistics
         let (rm, rv) = (
             cpu_rand(&[6], -0.5, 0.5, dtype, 14),

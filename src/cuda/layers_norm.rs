@@ -277,6 +277,37 @@ pub fn norm_param_grads(
     Ok((dw, db))
 }
 
+/// Updates batch norm's running statistics in place from a train-mode
+/// [`norm_stats`] over `count` elements per channel:
+/// `r ← (1 − momentum)·r + momentum·s`, the variance unbiased by
+/// `count/(count − 1)` (`count` must exceed 1).
+pub fn norm_running_update(
+    rmean: &mut CudaBuffer,
+    rvar: &mut CudaBuffer,
+    mean: &CudaBuffer,
+    var: &CudaBuffer,
+    count: usize,
+    momentum: f64,
+) -> Result<()> {
+    let op = "cuda batch_norm running stats";
+    let sfx = float_suffix(op, rmean.dtype())?;
+    let c = rmean.len();
+    if count <= 1 {
+        return Err(invalid(op, format!("{count} values per channel")));
+    }
+    expect(op, rvar, rmean.dtype(), c, rmean)?;
+    let sd = stat_dtype(rmean.dtype());
+    expect(op, mean, sd, c, rmean)?;
+    expect(op, var, sd, c, rmean)?;
+    if c == 0 {
+        return Ok(());
+    }
+    let (c64, unbias) = (c as i64, count as f64 / (count as f64 - 1.0));
+    let dev = rmean.device().clone();
+    launch!(&dev, "norm.cu", format!("norm_running_update_{sfx}"), CudaDevice::grid_for(c);
+        &c64, &momentum, &unbias, rmean.slice_mut(), rvar.slice_mut(), mean.slice(), var.slice())
+}
+
 fn check_stats(
     op: &'static str,
     x: &CudaBuffer,
