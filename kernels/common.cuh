@@ -98,3 +98,43 @@ template <> __device__ __forceinline__ long long lg_from_f64<long long>(double v
 // Instantiates `KERNEL(suffix, type)` for the four float types.
 #define LG_FOR_FLOATS(KERNEL) \
     KERNEL(f32, float) KERNEL(f64, double) KERNEL(f16, __half) KERNEL(bf16, __nv_bfloat16)
+
+// Philox4x32-10, bit-identical to src/rng/mod.rs (used by random.cu and
+// dropout.cu): block `block` of the stream for `seed`, word `w` of it, and
+// the 24-bit uniform in [0, 1) of a word.
+__device__ __forceinline__ uint4 lg_philox(unsigned long long block, unsigned long long seed) {
+    unsigned int c0 = (unsigned int)block, c1 = (unsigned int)(block >> 32), c2 = 0, c3 = 0;
+    unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        unsigned int hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        unsigned int n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+    }
+    return make_uint4(c0, c1, c2, c3);
+}
+
+__device__ __forceinline__ unsigned int lg_word(unsigned long long seed, unsigned long long w) {
+    uint4 r = lg_philox(w / 4, seed);
+    switch (w % 4) {
+    case 0: return r.x;
+    case 1: return r.y;
+    case 2: return r.z;
+    default: return r.w;
+    }
+}
+
+__device__ __forceinline__ double lg_unit(unsigned int x) {
+    return (double)(x >> 8) * (1.0 / 16777216.0);
+}
+
+// Dropout keeps element `i` of the draw at `offset` iff its uniform is >= p
+// (`crate::rng::dropout_keep`).
+__device__ __forceinline__ bool lg_keep(unsigned long long seed, unsigned long long offset,
+                                        unsigned long long i, double p) {
+    return lg_unit(lg_word(seed, offset + i)) >= p;
+}

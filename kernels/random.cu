@@ -4,35 +4,7 @@
 // normals use words 2k, 2k+1 of block j/2 (Box-Muller, in double); dropout
 // keeps element i iff the uniform of word offset+i is >= p.
 
-__device__ __forceinline__ uint4 lg_philox(unsigned long long block, unsigned long long seed) {
-    unsigned int c0 = (unsigned int)block, c1 = (unsigned int)(block >> 32), c2 = 0, c3 = 0;
-    unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
-    for (int round = 0; round < 10; ++round) {
-        if (round > 0) {
-            k0 += 0x9E3779B9u;
-            k1 += 0xBB67AE85u;
-        }
-        unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        unsigned int hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-        unsigned int n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
-    }
-    return make_uint4(c0, c1, c2, c3);
-}
-
-__device__ __forceinline__ unsigned int lg_word(unsigned long long seed, unsigned long long w) {
-    uint4 r = lg_philox(w / 4, seed);
-    switch (w % 4) {
-    case 0: return r.x;
-    case 1: return r.y;
-    case 2: return r.z;
-    default: return r.w;
-    }
-}
-
-__device__ __forceinline__ double lg_unit(unsigned int x) {
-    return (double)(x >> 8) * (1.0 / 16777216.0);
-}
+// lg_philox, lg_word and lg_unit live in common.cuh (shared with dropout.cu).
 
 // The raw words offset .. offset+n (for bit-exact tests).
 extern "C" __global__ void philox_words(unsigned long long seed, unsigned long long offset,
@@ -73,7 +45,7 @@ extern "C" __global__ void dropout_mask(unsigned long long seed, unsigned long l
         typedef Acc<T>::type A;                                                       \
         A s = lg_load(lg_from_f64<T>(scale));                                         \
         LG_GRID_LOOP(i, n) {                                                          \
-            bool keep = lg_unit(lg_word(seed, offset + i)) >= p;                      \
+            bool keep = lg_keep(seed, offset, i, p);                                    \
             out[i] = keep ? lg_store<T>(lg_load(x[lg_offset(lx, i)]) * s) : lg_store<T>((A)0); \
         }                                                                             \
     }

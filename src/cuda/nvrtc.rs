@@ -31,6 +31,14 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("random.cu", include_str!("../../kernels/random.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
     ("softmax.cu", include_str!("../../kernels/softmax.cu")),
+    ("attention.cu", include_str!("../../kernels/attention.cu")),
+    ("conv.cu", include_str!("../../kernels/conv.cu")),
+    ("dropout.cu", include_str!("../../kernels/dropout.cu")),
+    ("embedding.cu", include_str!("../../kernels/embedding.cu")),
+    ("norm.cu", include_str!("../../kernels/norm.cu")),
+    ("optim.cu", include_str!("../../kernels/optim.cu")),
+    ("pool.cu", include_str!("../../kernels/pool.cu")),
+    ("relu_mask.cu", include_str!("../../kernels/relu_mask.cu")),
 ];
 
 /// The environment variables naming CUDA's include folder, in the order

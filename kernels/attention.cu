@@ -1,0 +1,96 @@
+// Fused attention softmax (src/cpu/attention.rs): scores S ([rows, lk],
+// rows = batch*heads*lq, a fresh GEMM output) to probabilities
+//   logit(r, j) = -inf if causal and j > r % lq, else scale*S[r, j] + mask
+//   lse(r) = max + log(sum exp(logit - max)) (rounded to the lse type;
+//            -inf for a fully masked row, whose probabilities are 0)
+//   P[r, j] = exp(logit(r, j) - lse(r))
+// in double as the CPU. Masks: kind 0 none, 1 additive float of T, 2 bool
+// (u8, 0 = masked out); row r reads mask row r % mask_rows, so a [lq, lk]
+// mask serves every batch and head. With use_lse the given lse is used
+// instead (recomputing forward's P bit for bit in backward).
+// Backward: dS = scale * P * (dP - sum_j P*dP) per row.
+// One block of 256 threads per row; sums use a fixed tree order.
+
+#define LG_ATT_THREADS 256
+
+__device__ __forceinline__ double lg_att_reduce(double v, double* buf, bool is_max) {
+    buf[threadIdx.x] = v;
+    for (int s = LG_ATT_THREADS / 2; s > 0; s >>= 1) {
+        __syncthreads();
+        if (threadIdx.x < s)
+            buf[threadIdx.x] = is_max ? fmax(buf[threadIdx.x], buf[threadIdx.x + s])
+                                      : buf[threadIdx.x] + buf[threadIdx.x + s];
+    }
+    __syncthreads();
+    double r = buf[0];
+    __syncthreads();
+    return r;
+}
+
+#define LG_ATTENTION(sfx, T)                                                          \
+    extern "C" __global__ void attn_probs_##sfx(long long rows, long long lq,        \
+                                                long long lk, double scale, int causal, \
+                                                int mask_kind, long long mask_rows,   \
+                                                int use_lse, T* p, Acc<T>::type* lse,  \
+                                                const T* s, const T* fmask,           \
+                                                const unsigned char* bmask) {         \
+        typedef Acc<T>::type St;                                                      \
+        __shared__ double buf[LG_ATT_THREADS];                                        \
+        for (long long r = blockIdx.x; r < rows; r += gridDim.x) {                    \
+            const T* srow = s + r * lk;                                               \
+            long long mrow = mask_rows > 0 ? r % mask_rows * lk : 0;                  \
+            long long limit = causal ? r % lq : lk;                                   \
+            double value;                                                             \
+            if (use_lse) {                                                            \
+                value = (double)lse[r];                                               \
+            } else {                                                                  \
+                double mx = -(double)LG_INF;                                          \
+                for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS) {        \
+                    if (j > limit) continue;                                          \
+                    double x = __dmul_rn(scale, lg_to_f64(srow[j]));                            \
+                    if (mask_kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[mrow + j]));              \
+                    if (mask_kind == 2 && !bmask[mrow + j]) x = -(double)LG_INF;      \
+                    mx = fmax(mx, x);                                                 \
+                }                                                                     \
+                mx = lg_att_reduce(mx, buf, true);                                    \
+                double sum = 0;                                                       \
+                if (mx != -(double)LG_INF) {                                          \
+                    for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS) {    \
+                        if (j > limit) continue;                                      \
+                        double x = __dmul_rn(scale, lg_to_f64(srow[j]));                        \
+                        if (mask_kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[mrow + j]));          \
+                        if (mask_kind == 2 && !bmask[mrow + j]) x = -(double)LG_INF;  \
+                        sum += exp(x - mx);                                           \
+                    }                                                                 \
+                }                                                                     \
+                sum = lg_att_reduce(sum, buf, false);                                 \
+                value = mx == -(double)LG_INF ? mx : (double)(St)(mx + log(sum));     \
+                if (threadIdx.x == 0) lse[r] = (St)value;                             \
+            }                                                                         \
+            for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS) {            \
+                double x = -(double)LG_INF;                                           \
+                if (j <= limit) {                                                     \
+                    x = __dmul_rn(scale, lg_to_f64(srow[j]));                                   \
+                    if (mask_kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[mrow + j]));              \
+                    if (mask_kind == 2 && !bmask[mrow + j]) x = -(double)LG_INF;      \
+                }                                                                     \
+                p[r * lk + j] = lg_from_f64<T>(value == -(double)LG_INF ? 0.0 : exp(x - value)); \
+            }                                                                         \
+        }                                                                             \
+    }                                                                                 \
+    extern "C" __global__ void attn_softmax_bwd_##sfx(long long rows, long long lk,  \
+                                                      double scale, T* ds,            \
+                                                      const T* p, const T* dp) {      \
+        __shared__ double buf[LG_ATT_THREADS];                                        \
+        for (long long r = blockIdx.x; r < rows; r += gridDim.x) {                    \
+            double dot = 0;                                                           \
+            for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS)              \
+                dot += lg_to_f64(p[r * lk + j]) * lg_to_f64(dp[r * lk + j]);          \
+            dot = lg_att_reduce(dot, buf, false);                                     \
+            for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS) {            \
+                long long k = r * lk + j;                                             \
+                ds[k] = lg_from_f64<T>(scale * lg_to_f64(p[k]) * (lg_to_f64(dp[k]) - dot)); \
+            }                                                                         \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_ATTENTION)

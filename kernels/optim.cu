@@ -1,0 +1,119 @@
+// Optimizer updates in place, per element, as src/optim (sgd.rs, adam.rs):
+// every operation is done in T and rounded as the CPU's (half types compute
+// each operation in float and round once), so results match bit for bit.
+// Step-dependent constants come from the host as doubles and are converted
+// to T here, as the CPU converts them.
+//
+// Gradient transform (GradTransform): gmode 0 identity, 1 g * gparam
+// (scale), 2 clamp to [-gparam, gparam].
+
+// Correctly rounded single operations that the compiler never contracts
+// into an FMA (the CPU rounds every product before adding it).
+__device__ __forceinline__ float lg_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double lg_add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float lg_sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double lg_sub_rn(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float lg_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double lg_mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float lg_div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double lg_div_rn(double a, double b) { return __ddiv_rn(a, b); }
+
+template <typename T> __device__ __forceinline__ T lg_tadd(T a, T b) {
+    return lg_store<T>(lg_add_rn(lg_load(a), lg_load(b)));
+}
+template <typename T> __device__ __forceinline__ T lg_tsub(T a, T b) {
+    return lg_store<T>(lg_sub_rn(lg_load(a), lg_load(b)));
+}
+template <typename T> __device__ __forceinline__ T lg_tmul(T a, T b) {
+    return lg_store<T>(lg_mul_rn(lg_load(a), lg_load(b)));
+}
+template <typename T> __device__ __forceinline__ T lg_tdiv(T a, T b) {
+    return lg_store<T>(lg_div_rn(lg_load(a), lg_load(b)));
+}
+template <typename T> __device__ __forceinline__ bool lg_tnan(T a) {
+    return lg_load(a) != lg_load(a);
+}
+
+template <typename T>
+__device__ __forceinline__ T lg_grad(const T* g, long long i, int gmode, T gparam) {
+    T v = g[i];
+    if (gmode == 1) return lg_tmul(v, gparam);
+    if (gmode == 2) {
+        if (lg_load(v) < -lg_load(gparam)) return lg_store<T>(-lg_load(gparam));
+        if (lg_load(v) > lg_load(gparam)) return gparam;
+    }
+    return v;
+}
+
+#define LG_OPTIM(sfx, T)                                                              \
+    /* SGD: d = (maximize ? -g : g) + wd*p (if wd != 0); with momentum: */            \
+    /* buf = first ? d : buf*momentum + (1-dampening)*d, d = nesterov ? */            \
+    /* d + momentum*buf : buf; p += -lr * d. */                                       \
+    extern "C" __global__ void sgd_##sfx(long long n, double lr, double momentum,    \
+                                         double dampening, double wd, int nesterov,   \
+                                         int maximize, int first, int has_buf,        \
+                                         int gmode, double gparam, T* p, const T* g,  \
+                                         T* buf) {                                    \
+        T tm = lg_from_f64<T>(momentum), keep = lg_from_f64<T>(1.0 - dampening);      \
+        T twd = lg_from_f64<T>(wd), neg_lr = lg_from_f64<T>(-lr);                     \
+        T gp = lg_from_f64<T>(gparam);                                                \
+        LG_GRID_LOOP(i, n) {                                                          \
+            T pv = p[i];                                                              \
+            T d = lg_grad(g, i, gmode, gp);                                           \
+            if (maximize) d = lg_store<T>(-lg_load(d));                               \
+            if (wd != 0.0) d = lg_tadd(d, lg_tmul(twd, pv));                          \
+            if (has_buf) {                                                            \
+                T b;                                                                  \
+                if (first) {                                                          \
+                    b = d;                                                            \
+                } else {                                                              \
+                    b = lg_tmul(buf[i], tm);                                          \
+                    b = lg_tadd(b, lg_tmul(keep, d));                                 \
+                }                                                                     \
+                buf[i] = b;                                                           \
+                d = nesterov ? lg_tadd(d, lg_tmul(tm, b)) : b;                        \
+            }                                                                         \
+            p[i] = lg_tadd(pv, lg_tmul(neg_lr, d));                                   \
+        }                                                                             \
+    }                                                                                 \
+    /* Adam / AdamW (+amsgrad) with the host's step constants: neg_step = */          \
+    /* -lr/(1-beta1^t), bc2_sqrt = sqrt(1-beta2^t), weight = 1-beta1, shrink = */     \
+    /* 1 - lr*wd; l2 adds wd*p to the gradient, decoupled multiplies p by shrink. */  \
+    extern "C" __global__ void adam_##sfx(long long n, double neg_step, double bc2_sqrt, \
+                                          double eps, double weight, double beta2,    \
+                                          double wd, double shrink, int l2,           \
+                                          int decoupled, int maximize, int amsgrad,   \
+                                          int gmode, double gparam, T* p, const T* g, \
+                                          T* m, T* v, T* vmax) {                      \
+        T tns = lg_from_f64<T>(neg_step), tbc2 = lg_from_f64<T>(bc2_sqrt);            \
+        T teps = lg_from_f64<T>(eps), tw = lg_from_f64<T>(weight);                    \
+        T tomw = lg_from_f64<T>(1.0 - weight), tb2 = lg_from_f64<T>(beta2);           \
+        T tomb2 = lg_from_f64<T>(1.0 - beta2), twd = lg_from_f64<T>(wd);              \
+        T tshrink = lg_from_f64<T>(shrink), gp = lg_from_f64<T>(gparam);              \
+        bool small = weight < 0.5;                                                    \
+        LG_GRID_LOOP(i, n) {                                                          \
+            T pv = p[i];                                                              \
+            if (decoupled) pv = lg_tmul(pv, tshrink);                                 \
+            T gv = lg_grad(g, i, gmode, gp);                                          \
+            if (maximize) gv = lg_store<T>(-lg_load(gv));                             \
+            if (l2) gv = lg_tadd(gv, lg_tmul(twd, pv));                               \
+            T mv = m[i];                                                              \
+            mv = small ? lg_tadd(mv, lg_tmul(tw, lg_tsub(gv, mv)))                    \
+                       : lg_tsub(gv, lg_tmul(lg_tsub(gv, mv), tomw));                 \
+            m[i] = mv;                                                                \
+            T vv = lg_tmul(v[i], tb2);                                                \
+            vv = lg_tadd(vv, lg_tmul(lg_tmul(tomb2, gv), gv));                        \
+            v[i] = vv;                                                                \
+            T sm = vv;                                                                \
+            if (amsgrad) {                                                            \
+                T mx = vmax[i];                                                       \
+                mx = (lg_tnan(vv) || lg_tnan(mx)) ? lg_tadd(vv, mx)                   \
+                                                  : (lg_load(vv) > lg_load(mx) ? vv : mx); \
+                vmax[i] = mx;                                                         \
+                sm = mx;                                                              \
+            }                                                                         \
+            T denom = lg_tadd(lg_tdiv(lg_store<T>(sqrt(lg_load(sm))), tbc2), teps);   \
+            p[i] = lg_tadd(pv, lg_tdiv(lg_tmul(tns, mv), denom));                     \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_OPTIM)

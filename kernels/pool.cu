@@ -1,0 +1,140 @@
+// 2-d pooling over contiguous [planes, h, w] planes (planes = N*C), as
+// src/cpu/pool.rs: max pooling recording the argmax as a u8 position
+// ki*kw + kj inside its window (first maximum in window order; a NaN wins;
+// an all-padding window gives -inf and position 0), and average / adaptive
+// average pooling. Backward kernels gather (one thread per input element,
+// visiting the outputs in row-major order) instead of scattering, so no
+// atomics are used and the sums are deterministic; each addition is rounded
+// in T as the CPU's.
+//
+// PoolGeo must match `PoolGeom` in src/cuda/layers_pool.rs.
+
+struct PoolGeo {
+    long long planes, h, w, oh, ow;
+    long long k[2], s[2], p[2], d[2];
+};
+
+// Avg modes: 0 fixed windows (padding not counted), 1 fixed (padding
+// counted), 2 adaptive. Writes the clipped window and returns the divisor.
+__device__ __forceinline__ double lg_avg_window(const PoolGeo& g, int mode, long long i,
+                                                long long j, long long* win) {
+    if (mode == 2) {
+        win[0] = i * g.h / g.oh;
+        win[1] = ((i + 1) * g.h + g.oh - 1) / g.oh;
+        win[2] = j * g.w / g.ow;
+        win[3] = ((j + 1) * g.w + g.ow - 1) / g.ow;
+        return (double)((win[1] - win[0]) * (win[3] - win[2]));
+    }
+    long long r0 = i * g.s[0] - g.p[0], c0 = j * g.s[1] - g.p[1];
+    long long r1 = min(r0 + g.k[0], g.h + g.p[0]), c1 = min(c0 + g.k[1], g.w + g.p[1]);
+    double padded = (double)((r1 - r0) * (c1 - c0));
+    r0 = max(r0, 0LL);
+    c0 = max(c0, 0LL);
+    r1 = min(r1, g.h);
+    c1 = min(c1, g.w);
+    r1 = max(r1, r0);
+    c1 = max(c1, c0);
+    win[0] = r0; win[1] = r1; win[2] = c0; win[3] = c1;
+    return mode == 1 ? padded : (double)((r1 - r0) * (c1 - c0));
+}
+
+#define LG_POOL(sfx, T)                                                               \
+    extern "C" __global__ void max_pool2d_fwd_##sfx(PoolGeo g, T* y, unsigned char* pos, \
+                                                    const T* x) {                     \
+        typedef Acc<T>::type A;                                                       \
+        long long n = g.planes * g.oh * g.ow;                                         \
+        LG_GRID_LOOP(e, n) {                                                          \
+            long long pl = e / (g.oh * g.ow), i = e / g.ow % g.oh, j = e % g.ow;      \
+            const T* plane = x + pl * g.h * g.w;                                      \
+            A best = -LG_INF;                                                         \
+            int at = 0;                                                               \
+            bool found = false;                                                       \
+            for (long long ki = 0; ki < g.k[0]; ++ki) {                               \
+                long long r = i * g.s[0] + ki * g.d[0] - g.p[0];                      \
+                if (r < 0 || r >= g.h) continue;                                      \
+                for (long long kj = 0; kj < g.k[1]; ++kj) {                           \
+                    long long c = j * g.s[1] + kj * g.d[1] - g.p[1];                  \
+                    if (c < 0 || c >= g.w) continue;                                  \
+                    A v = lg_load(plane[r * g.w + c]);                                \
+                    if (!found || v > best || (v != v && best == best)) {             \
+                        best = v;                                                     \
+                        at = (int)(ki * g.k[1] + kj);                                 \
+                        found = true;                                                 \
+                    }                                                                 \
+                }                                                                     \
+            }                                                                         \
+            y[e] = lg_store<T>(best);                                                 \
+            pos[e] = (unsigned char)at;                                               \
+        }                                                                             \
+    }                                                                                 \
+    extern "C" __global__ void max_pool2d_bwd_##sfx(PoolGeo g, T* dx, const T* dy,   \
+                                                    const unsigned char* pos) {       \
+        typedef Acc<T>::type A;                                                       \
+        long long n = g.planes * g.h * g.w;                                           \
+        LG_GRID_LOOP(e, n) {                                                          \
+            long long pl = e / (g.h * g.w), r = e / g.w % g.h, c = e % g.w;           \
+            long long base = pl * g.oh * g.ow;                                        \
+            A acc = 0;                                                                \
+            /* ki descending = output rows ascending (row-major output order) */      \
+            for (long long ki = g.k[0] - 1; ki >= 0; --ki) {                          \
+                long long t = r + g.p[0] - ki * g.d[0];                               \
+                if (t < 0 || t % g.s[0] != 0 || t / g.s[0] >= g.oh) continue;         \
+                long long i = t / g.s[0];                                             \
+                for (long long kj = g.k[1] - 1; kj >= 0; --kj) {                      \
+                    long long u = c + g.p[1] - kj * g.d[1];                           \
+                    if (u < 0 || u % g.s[1] != 0 || u / g.s[1] >= g.ow) continue;     \
+                    long long o = base + i * g.ow + u / g.s[1];                       \
+                    if (pos[o] == ki * g.k[1] + kj)                                   \
+                        acc = lg_load(lg_store<T>(acc + lg_load(dy[o])));             \
+                }                                                                     \
+            }                                                                         \
+            dx[e] = lg_store<T>(acc);                                                 \
+        }                                                                             \
+    }                                                                                 \
+    extern "C" __global__ void avg_pool2d_fwd_##sfx(PoolGeo g, int mode, T* y,       \
+                                                    const T* x) {                     \
+        long long n = g.planes * g.oh * g.ow;                                         \
+        LG_GRID_LOOP(e, n) {                                                          \
+            long long pl = e / (g.oh * g.ow), i = e / g.ow % g.oh, j = e % g.ow;      \
+            const T* plane = x + pl * g.h * g.w;                                      \
+            long long win[4];                                                         \
+            double div = lg_avg_window(g, mode, i, j, win);                           \
+            double s = 0;                                                             \
+            for (long long r = win[0]; r < win[1]; ++r)                               \
+                for (long long c = win[2]; c < win[3]; ++c) s += lg_to_f64(plane[r * g.w + c]); \
+            y[e] = lg_from_f64<T>(s / div);                                           \
+        }                                                                             \
+    }                                                                                 \
+    extern "C" __global__ void avg_pool2d_bwd_##sfx(PoolGeo g, int mode, T* dx,      \
+                                                    const T* dy) {                    \
+        typedef Acc<T>::type A;                                                       \
+        long long n = g.planes * g.h * g.w;                                           \
+        LG_GRID_LOOP(e, n) {                                                          \
+            long long pl = e / (g.h * g.w), r = e / g.w % g.h, c = e % g.w;           \
+            long long base = pl * g.oh * g.ow;                                        \
+            /* output rows/cols whose windows may hold (r, c) */                      \
+            /* adaptive: a superset of the rows (cols) whose windows hold r (c) */    \
+            long long i0 = max(0LL, r * g.oh / g.h - 1);                              \
+            long long i1 = min(g.oh, ((r + 1) * g.oh + g.h - 1) / g.h + 1);           \
+            long long j0 = max(0LL, c * g.ow / g.w - 1);                              \
+            long long j1 = min(g.ow, ((c + 1) * g.ow + g.w - 1) / g.w + 1);           \
+            if (mode != 2) {                                                          \
+                long long a = r + g.p[0] - g.k[0] + 1, b = c + g.p[1] - g.k[1] + 1;   \
+                i0 = a <= 0 ? 0 : (a + g.s[0] - 1) / g.s[0];                          \
+                j0 = b <= 0 ? 0 : (b + g.s[1] - 1) / g.s[1];                          \
+                i1 = min(g.oh, (r + g.p[0]) / g.s[0] + 1);                            \
+                j1 = min(g.ow, (c + g.p[1]) / g.s[1] + 1);                            \
+            }                                                                         \
+            A acc = 0;                                                                \
+            for (long long i = i0; i < i1; ++i)                                       \
+                for (long long j = j0; j < j1; ++j) {                                 \
+                    long long win[4];                                                 \
+                    double div = lg_avg_window(g, mode, i, j, win);                   \
+                    if (r < win[0] || r >= win[1] || c < win[2] || c >= win[3]) continue; \
+                    T share = lg_from_f64<T>(lg_to_f64(dy[base + i * g.ow + j]) / div); \
+                    acc = lg_load(lg_store<T>(acc + lg_load(share)));                 \
+                }                                                                     \
+            dx[e] = lg_store<T>(acc);                                                 \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_POOL)

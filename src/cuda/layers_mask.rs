@@ -1,0 +1,143 @@
+//! Launch wrappers for the 1-bit mask kernels (`relu_mask.cu`) and dropout
+//! (`dropout.cu`, plus `random.cu`'s replayed apply): ReLU/LeakyReLU save
+//! only a packed mask (bit `i` of word `i/32`, as `cpu::bitmask`); dropout
+//! saves nothing but (seed, offset) and regenerates its keep mask with the
+//! rule of `crate::rng::dropout_keep`.
+
+use super::check::float_suffix;
+use super::layers_util::{expect, mask_words};
+use super::{CudaBuffer, CudaDevice, Strided};
+use crate::{DType, Result};
+use std::sync::Arc;
+
+/// Launch configuration for the warp-per-word ballot kernels.
+fn ballot_grid(n: usize) -> cudarc::driver::LaunchConfig {
+    CudaDevice::grid_for(mask_words(n).max(1) * 32)
+}
+
+/// ReLU (`slope` 0) or LeakyReLU forward of `x` (layout `lx`): returns the
+/// contiguous output (`x > 0 ? x : x·slope`, exactly 0 for ReLU) and the
+/// U32 mask of `ceil(n/32)` words with bit `i` set where `x[i] > 0`.
+pub fn relu_mask_forward(
+    x: &CudaBuffer,
+    lx: &Strided,
+    slope: f64,
+) -> Result<(CudaBuffer, CudaBuffer)> {
+    let op = "cuda relu";
+    let sfx = float_suffix(op, x.dtype())?;
+    super::check::input(op, x, x.dtype(), lx, x)?;
+    let n = lx.numel();
+    let mut y = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
+    let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
+    if n > 0 {
+        let (n64, lx) = (n as i64, lx.coalesced());
+        launch!(x.device(), "relu_mask.cu", format!("relu_mask_fwd_{sfx}"), ballot_grid(n);
+            &slope, &n64, y.slice_mut(), mask.slice_mut(), x.slice(), &lx)?;
+    }
+    Ok((y, mask))
+}
+
+/// ReLU/LeakyReLU backward from the packed mask alone: `g` where the bit
+/// is set, else `g·slope` rounded in the dtype (exactly 0 when `slope` is
+/// 0); `g` may have any layout, the result is contiguous.
+pub fn relu_mask_backward(
+    g: &CudaBuffer,
+    lg: &Strided,
+    mask: &CudaBuffer,
+    slope: f64,
+) -> Result<CudaBuffer> {
+    let op = "cuda relu backward";
+    let sfx = float_suffix(op, g.dtype())?;
+    super::check::input(op, g, g.dtype(), lg, g)?;
+    let n = lg.numel();
+    expect(op, mask, DType::U32, mask_words(n), g)?;
+    let mut dx = CudaBuffer::alloc(g.device(), g.dtype(), n)?;
+    if n > 0 {
+        let (n64, lg) = (n as i64, lg.coalesced());
+        launch!(g.device(), "relu_mask.cu", format!("relu_mask_bwd_{sfx}"), CudaDevice::grid_for(n);
+            &slope, &n64, dx.slice_mut(), g.slice(), &lg, mask.slice())?;
+    }
+    Ok(dx)
+}
+
+/// The packed mask of `x > 0` alone (`cpu::bitmask::positive_mask`).
+pub fn positive_mask(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
+    let op = "cuda positive_mask";
+    let sfx = float_suffix(op, x.dtype())?;
+    super::check::input(op, x, x.dtype(), lx, x)?;
+    let n = lx.numel();
+    let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
+    if n > 0 {
+        let (n64, lx) = (n as i64, lx.coalesced());
+        launch!(x.device(), "relu_mask.cu", format!("positive_mask_{sfx}"), ballot_grid(n);
+            &n64, mask.slice_mut(), x.slice(), &lx)?;
+    }
+    Ok(mask)
+}
+
+/// Dropout forward: `x·scale` where element `i` is kept by
+/// `crate::rng::dropout_keep(seed, offset, i, p)`, else 0. Nothing is
+/// saved: [`dropout_backward`] regenerates the mask from (seed, offset).
+pub fn dropout_forward(
+    x: &CudaBuffer,
+    lx: &Strided,
+    seed: u64,
+    offset: u64,
+    p: f64,
+    scale: f64,
+) -> Result<CudaBuffer> {
+    super::random::dropout(x, lx, seed, offset, p, scale)
+}
+
+/// Dropout backward: the incoming gradient through the keep mask of the
+/// same (seed, offset, p), regenerated, times `scale`.
+pub fn dropout_backward(
+    g: &CudaBuffer,
+    lg: &Strided,
+    seed: u64,
+    offset: u64,
+    p: f64,
+    scale: f64,
+) -> Result<CudaBuffer> {
+    super::random::dropout(g, lg, seed, offset, p, scale)
+}
+
+/// The keep mask of a dropout draw over `n` elements, packed 1 bit per
+/// element (U32 words, bit set = kept).
+pub fn dropout_bits(
+    device: &Arc<CudaDevice>,
+    seed: u64,
+    offset: u64,
+    p: f64,
+    n: usize,
+) -> Result<CudaBuffer> {
+    let mut mask = CudaBuffer::alloc(device, DType::U32, mask_words(n))?;
+    if n > 0 {
+        let n64 = n as i64;
+        launch!(device, "dropout.cu", "dropout_bits", ballot_grid(n);
+            &seed, &offset, &p, &n64, mask.slice_mut())?;
+    }
+    Ok(mask)
+}
+
+/// `x·scale` where the packed `mask` bit is set, else 0 (dropout applied
+/// from a stored mask, e.g. [`dropout_bits`]).
+pub fn dropout_masked(
+    x: &CudaBuffer,
+    lx: &Strided,
+    mask: &CudaBuffer,
+    scale: f64,
+) -> Result<CudaBuffer> {
+    let op = "cuda dropout_masked";
+    let sfx = float_suffix(op, x.dtype())?;
+    super::check::input(op, x, x.dtype(), lx, x)?;
+    let n = lx.numel();
+    expect(op, mask, DType::U32, mask_words(n), x)?;
+    let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
+    if n > 0 {
+        let (n64, lx) = (n as i64, lx.coalesced());
+        launch!(x.device(), "dropout.cu", format!("dropout_masked_{sfx}"), CudaDevice::grid_for(n);
+            &scale, &n64, out.slice_mut(), x.slice(), &lx, mask.slice())?;
+    }
+    Ok(out)
+}

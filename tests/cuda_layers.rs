@@ -1,0 +1,532 @@
+//! The layer kernels (`src/cuda/layers_*.rs`) against the CPU: relu mask
+//! bits, dropout masks, pools, norms, conv, embedding, the attention
+//! softmax and optimizer updates. Without a GPU every test prints
+//! `skipped: no CUDA device (…)` and passes.
+
+mod cuda_common;
+
+use cuda_common::{assert_close, cpu_rand, dense, download, tol, upload, FLOATS};
+use leangrad::cuda::layers_conv::{self as conv, ConvGeom};
+use leangrad::cuda::layers_mask as mask;
+use leangrad::cuda::layers_misc::{self as misc, AttnMask, GradMap};
+use leangrad::cuda::layers_norm::{self as norm, NormGeom, NormGradMode};
+use leangrad::cuda::layers_pool::{self as pool, AvgPoolMode, PoolGeom};
+use leangrad::nn;
+use leangrad::optim::{apply_update, Adam, GradTransform, Sgd};
+use leangrad::{DType, Device, Tensor};
+
+fn leaf(t: &Tensor) -> Tensor {
+    t.clone().set_requires_grad(true).unwrap()
+}
+
+/// Backpropagates `sum(y · gy)` and returns the gradients of `leaves`.
+fn grads(y: &Tensor, gy: &Tensor, leaves: &[&Tensor]) -> Vec<Vec<f64>> {
+    y.mul(gy).unwrap().sum_all().unwrap().backward().unwrap();
+    leaves
+        .iter()
+        .map(|l| l.grad().unwrap().to_f64_vec().unwrap())
+        .collect()
+}
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_f64_vec().unwrap()
+}
+
+#[test]
+fn relu_mask_bits_and_values_match_the_cpu() {
+    let dev = cuda_or_skip!("relu_mask");
+    for dtype in FLOATS {
+        let x = cpu_rand(&[5, 37], -1.0, 1.0, dtype, 1);
+        let gy = cpu_rand(&[5, 37], -1.0, 1.0, dtype, 2);
+        let (gx, ggy) = (upload(&dev, &x), upload(&dev, &gy));
+        for slope in [0.0, 0.1] {
+            let (y, m) = mask::relu_mask_forward(&gx, &dense(&[5, 37]), slope).unwrap();
+            let want_mask = leangrad::cpu::positive_mask(&x).unwrap();
+            assert_eq!(
+                m.to_vec::<u32>().unwrap(),
+                want_mask.to_vec::<u32>().unwrap()
+            );
+            let xl = leaf(&x);
+            let yc = if slope == 0.0 {
+                xl.relu()
+            } else {
+                xl.leaky_relu(slope)
+            }
+            .unwrap();
+            assert_eq!(download(&y), vals(&yc), "relu fwd {dtype:?} {slope}");
+            let dx = mask::relu_mask_backward(&ggy, &dense(&[5, 37]), &m, slope).unwrap();
+            assert_eq!(
+                download(&dx),
+                grads(&yc, &gy, &[&xl])[0],
+                "relu bwd {dtype:?}"
+            );
+        }
+        let pm = mask::positive_mask(&gx, &dense(&[5, 37])).unwrap();
+        let want = leangrad::cpu::positive_mask(&x).unwrap();
+        assert_eq!(pm.to_vec::<u32>().unwrap(), want.to_vec::<u32>().unwrap());
+    }
+}
+
+#[test]
+fn dropout_masks_replay_the_cpu_rule() {
+    let dev = cuda_or_skip!("dropout");
+    let (seed, offset, p, n) = (7u64, 1234u64, 0.3, 1000usize);
+    let bits = mask::dropout_bits(&dev, seed, offset, p, n).unwrap();
+    let want = leangrad::cpu::pack_bits(n, |i| {
+        leangrad::rng::dropout_keep(seed, offset, i as u64, p)
+    });
+    assert_eq!(bits.to_vec::<u32>().unwrap(), want);
+    for dtype in FLOATS {
+        let x = cpu_rand(&[10, 100], -1.0, 1.0, dtype, 3);
+        let gx = upload(&dev, &x);
+        let scale = 1.0 / (1.0 - p);
+        let fwd = mask::dropout_forward(&gx, &dense(&[10, 100]), seed, offset, p, scale).unwrap();
+        let from_bits = mask::dropout_masked(&gx, &dense(&[10, 100]), &bits, scale).unwrap();
+        let cpu = nn::dropout(&x, p, seed, offset).unwrap();
+        assert_eq!(download(&fwd), vals(&cpu), "dropout {dtype:?}");
+        assert_eq!(
+            download(&from_bits),
+            vals(&cpu),
+            "dropout from bits {dtype:?}"
+        );
+    }
+}
+
+#[test]
+fn pools_match_the_cpu() {
+    let dev = cuda_or_skip!("pool");
+    for dtype in FLOATS {
+        let x = cpu_rand(&[2, 3, 9, 11], -1.0, 1.0, dtype, 4);
+        let gx = upload(&dev, &x);
+        let mut o = nn::MaxPool2dOptions::new([3, 2]);
+        o.stride = Some([2, 2]);
+        o.padding = [1, 1];
+        o.dilation = [1, 2];
+        let g = PoolGeom::new(6, 9, 11, [3, 2], [2, 2], [1, 1], [1, 2]).unwrap();
+        let (y, pos) = pool::max_pool2d_forward(&gx, &g).unwrap();
+        let xl = leaf(&x);
+        let yc = nn::max_pool2d(&xl, &o).unwrap();
+        assert_eq!(download(&y), vals(&yc), "max pool {dtype:?}");
+        let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 5);
+        let dx = pool::max_pool2d_backward(&upload(&dev, &gy), &pos, &g).unwrap();
+        assert_eq!(
+            download(&dx),
+            grads(&yc, &gy, &[&xl])[0],
+            "max pool bwd {dtype:?}"
+        );
+        for include in [false, true] {
+            let mut o = nn::AvgPool2dOptions::new([3, 3]);
+            o.stride = Some([2, 2]);
+            o.padding = [1, 1];
+            o.count_include_pad = include;
+            let g = PoolGeom::new(6, 9, 11, [3, 3], [2, 2], [1, 1], [1, 1]).unwrap();
+            let mode = if include {
+                AvgPoolMode::FixedCountPad
+            } else {
+                AvgPoolMode::Fixed
+            };
+            let xl = leaf(&x);
+            let yc = nn::avg_pool2d(&xl, &o).unwrap();
+            let y = pool::avg_pool2d_forward(&gx, &g, mode).unwrap();
+            assert_eq!(download(&y), vals(&yc), "avg pool {dtype:?} {include}");
+            let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 6);
+            let dx = pool::avg_pool2d_backward(&upload(&dev, &gy), &g, mode).unwrap();
+            assert_eq!(
+                download(&dx),
+                grads(&yc, &gy, &[&xl])[0],
+                "avg bwd {dtype:?}"
+            );
+        }
+        let g = PoolGeom::adaptive(6, 9, 11, 4, 3).unwrap();
+        let xl = leaf(&x);
+        let yc = nn::adaptive_avg_pool2d(&xl, [4, 3]).unwrap();
+        let y = pool::avg_pool2d_forward(&gx, &g, AvgPoolMode::Adaptive).unwrap();
+        assert_eq!(download(&y), vals(&yc), "adaptive {dtype:?}");
+        let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 7);
+        let dx = pool::avg_pool2d_backward(&upload(&dev, &gy), &g, AvgPoolMode::Adaptive).unwrap();
+        assert_eq!(
+            download(&dx),
+            grads(&yc, &gy, &[&xl])[0],
+            "adaptive bwd {dtype:?}"
+        );
+    }
+}
+
+/// Runs a norm through the wrappers: (y, dx, dw, db).
+#[allow(clippy::too_many_arguments)]
+fn gpu_norm(
+    dev: &std::sync::Arc<leangrad::cuda::CudaDevice>,
+    x: &Tensor,
+    gy: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    geo: &NormGeom,
+    centered: bool,
+    eps: f64,
+) -> [Vec<f64>; 4] {
+    let (gx, ggy, gw) = (upload(dev, x), upload(dev, gy), upload(dev, w));
+    let gb = b.map(|b| upload(dev, b));
+    let (mean, _var, rstd) = norm::norm_stats(&gx, geo, centered, eps).unwrap();
+    let (y, _) =
+        norm::norm_forward(&gx, geo, &mean, &rstd, Some(&gw), gb.as_ref(), true, false).unwrap();
+    let mode = if centered {
+        NormGradMode::Centered
+    } else {
+        NormGradMode::Uncentered
+    };
+    let dx = norm::norm_input_grad(&gx, &ggy, geo, &mean, &rstd, Some(&gw), mode).unwrap();
+    let (dw, db) = norm::norm_param_grads(&gx, &ggy, geo, &mean, &rstd, true, b.is_some()).unwrap();
+    let db = db.map(|d| download(&d)).unwrap_or_default();
+    [
+        download(&y.unwrap()),
+        download(&dx),
+        download(&dw.unwrap()),
+        db,
+    ]
+}
+
+#[test]
+fn norms_match_the_cpu() {
+    let dev = cuda_or_skip!("norm");
+    for dtype in FLOATS {
+        let t = tol(dtype) * 4.0;
+        let x = cpu_rand(&[4, 6, 5], -2.0, 2.0, dtype, 8);
+        let gy = cpu_rand(&[4, 6, 5], -1.0, 1.0, dtype, 9);
+        // layer norm over the last dim
+        let (w, b) = (
+            cpu_rand(&[5], 0.5, 1.5, dtype, 10),
+            cpu_rand(&[5], -0.5, 0.5, dtype, 11),
+        );
+        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
+        let yc = nn::layer_norm(&xl, &[5], Some(&wl), Some(&bl), 1e-5).unwrap();
+        let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
+        let got = gpu_norm(
+            &dev,
+            &x,
+            &gy,
+            &w,
+            Some(&b),
+            &NormGeom::row(24, 5),
+            true,
+            1e-5,
+        );
+        assert_close("layer_norm y", &got[0], &vals(&yc), t);
+        for i in 0..3 {
+            assert_close("layer_norm grads", &got[i + 1], &want[i], t);
+        }
+        // RMS norm
+        let (xl, wl) = (leaf(&x), leaf(&w));
+        let yc = nn::rms_norm(&xl, &[5], Some(&wl), Some(1e-6)).unwrap();
+        let want = grads(&yc, &gy, &[&xl, &wl]);
+        let got = gpu_norm(&dev, &x, &gy, &w, None, &NormGeom::row(24, 5), false, 1e-6);
+        assert_close("rms_norm y", &got[0], &vals(&yc), t);
+        assert_close("rms_norm dx", &got[1], &want[0], t);
+        assert_close("rms_norm dw", &got[2], &want[1], t);
+        // group norm: 6 channels in 3 groups, spatial 5
+        let (w, b) = (
+            cpu_rand(&[6], 0.5, 1.5, dtype, 12),
+            cpu_rand(&[6], -0.5, 0.5, dtype, 13),
+        );
+        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
+        let yc = nn::group_norm(&xl, 3, Some(&wl), Some(&bl), 1e-5).unwrap();
+        let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
+        let geo = NormGeom::group(4, 6, 5, 3).unwrap();
+        let got = gpu_norm(&dev, &x, &gy, &w, Some(&b), &geo, true, 1e-5);
+        assert_close("group_norm y", &got[0], &vals(&yc), t);
+        for i in 0..3 {
+            assert_close("group_norm grads", &got[i + 1], &want[i], t);
+        }
+        // batch norm (training statistics) over [4, 6, 5]
+        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
+        let yc = nn::batch_norm(&xl, None, None, Some(&wl), Some(&bl), true, 0.1, 1e-5).unwrap();
+        let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
+        let got = gpu_norm(
+            &dev,
+            &x,
+            &gy,
+            &w,
+            Some(&b),
+            &NormGeom::batch(4, 6, 5),
+            true,
+            1e-5,
+        );
+        assert_close("batch_norm y", &got[0], &vals(&yc), t);
+        for i in 0..3 {
+            assert_close("batch_norm grads", &got[i + 1], &want[i], t);
+        }
+        // running statistics of a train-mode batch norm
+        let (rm, rv) = (
+            cpu_rand(&[6], -0.5, 0.5, dtype, 14),
+            cpu_rand(&[6], 0.5, 2.0, dtype, 15),
+        );
+        let (mut grm, mut grv) = (upload(&dev, &rm), upload(&dev, &rv));
+        let (rmc, rvc) = (rm.to_dtype(dtype).unwrap(), rv.to_dtype(dtype).unwrap());
+        let (rmc, rvc) = (rmc.contiguous().unwrap(), rvc.contiguous().unwrap());
+        nn::batch_norm(&x, Some(&rmc), Some(&rvc), None, None, true, 0.1, 1e-5).unwrap();
+        let geo = NormGeom::batch(4, 6, 5);
+        let (mean, var, _) = norm::norm_stats(&upload(&dev, &x), &geo, true, 1e-5).unwrap();
+        norm::norm_running_update(&mut grm, &mut grv, &mean, &var, 20, 0.1).unwrap();
+        assert_close("running mean", &download(&grm), &vals(&rmc), t);
+        assert_close("running var", &download(&grv), &vals(&rvc), t);
+        // eval mode from running statistics
+        let (rm, rv) = (
+            cpu_rand(&[6], -0.5, 0.5, dtype, 14),
+            cpu_rand(&[6], 0.5, 2.0, dtype, 15),
+        );
+        let yc = nn::batch_norm(
+            &x,
+            Some(&rm),
+            Some(&rv),
+            Some(&w),
+            Some(&b),
+            false,
+            0.1,
+            1e-5,
+        )
+        .unwrap();
+        let (gw, gb) = (upload(&dev, &w), upload(&dev, &b));
+        let y = norm::norm_eval(
+            &upload(&dev, &x),
+            &NormGeom::batch(4, 6, 5),
+            &upload(&dev, &rm),
+            &upload(&dev, &rv),
+            Some(&gw),
+            Some(&gb),
+            1e-5,
+        )
+        .unwrap();
+        assert_close("batch_norm eval", &download(&y), &vals(&yc), t);
+    }
+}
+
+#[test]
+fn conv_matches_the_cpu_in_chunks() {
+    let dev = cuda_or_skip!("conv");
+    for dtype in FLOATS {
+        let t = tol(dtype) * 8.0;
+        let x = cpu_rand(&[3, 4, 7, 8], -1.0, 1.0, dtype, 16);
+        let w = cpu_rand(&[6, 2, 3, 2], -1.0, 1.0, dtype, 17);
+        let b = cpu_rand(&[6], -1.0, 1.0, dtype, 18);
+        let opts = nn::Conv2dOptions {
+            stride: [2, 1],
+            padding: [1, 1],
+            dilation: [1, 2],
+            groups: 2,
+        };
+        let g = ConvGeom::new(3, 4, [7, 8], 6, [3, 2], [2, 1], [1, 1], [1, 2], 2).unwrap();
+        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
+        let yc = nn::conv2d(&xl, &wl, Some(&bl), &opts).unwrap();
+        let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 19);
+        let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
+        let (gx, gw, gb, ggy) = (
+            upload(&dev, &x),
+            upload(&dev, &w),
+            upload(&dev, &b),
+            upload(&dev, &gy),
+        );
+        // a 1-byte budget forces one item per chunk; the default takes all
+        for budget in [1, conv::DEFAULT_WORKSPACE_BYTES] {
+            let y = conv::conv_forward(&gx, &gw, Some(&gb), &g, budget).unwrap();
+            assert_close("conv y", &download(&y), &vals(&yc), t);
+            let dx = conv::conv_input_grad(&ggy, &gw, &g, budget).unwrap();
+            assert_close("conv dx", &download(&dx), &want[0], t);
+            let dw = conv::conv_weight_grad(&ggy, &gx, &g, budget).unwrap();
+            assert_close("conv dw", &download(&dw), &want[1], t);
+        }
+        let db = misc::channel_sum(&ggy, 3, 6, g.l()).unwrap();
+        assert_close("conv db", &download(&db), &want[2], t);
+        // 1-d
+        let x1 = cpu_rand(&[2, 3, 10], -1.0, 1.0, dtype, 20);
+        let w1 = cpu_rand(&[4, 3, 3], -1.0, 1.0, dtype, 21);
+        let o1 = nn::Conv1dOptions {
+            stride: 2,
+            padding: 1,
+            dilation: 1,
+            groups: 1,
+        };
+        let y1 = nn::conv1d(&x1, &w1, None, &o1).unwrap();
+        let g1 = ConvGeom::conv1d(2, 3, 10, 4, 3, 2, 1, 1, 1).unwrap();
+        let y =
+            conv::conv_forward(&upload(&dev, &x1), &upload(&dev, &w1), None, &g1, 1 << 20).unwrap();
+        assert_close("conv1d y", &download(&y), &vals(&y1), t);
+    }
+}
+
+#[test]
+fn embedding_matches_the_cpu_bit_for_bit() {
+    let dev = cuda_or_skip!("embedding");
+    let idx = [3usize, 1, 3, 0, 5, 3, 1, 2];
+    let it = Tensor::from_vec(
+        idx.iter().map(|&i| i as i64).collect(),
+        &[2, 4],
+        Device::Cpu,
+    )
+    .unwrap();
+    for dtype in FLOATS {
+        let w = cpu_rand(&[6, 5], -1.0, 1.0, dtype, 22);
+        let wl = leaf(&w);
+        let yc = nn::embedding(&wl, &it, Some(1)).unwrap();
+        let y = misc::embedding_forward(&upload(&dev, &w), 6, 5, &idx).unwrap();
+        assert_eq!(download(&y), vals(&yc), "embedding {dtype:?}");
+        let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 23);
+        let dw = misc::embedding_backward(&upload(&dev, &gy), &idx, 6, 5, Some(1)).unwrap();
+        assert_eq!(
+            download(&dw),
+            grads(&yc, &gy, &[&wl])[0],
+            "embedding bwd {dtype:?}"
+        );
+    }
+    assert!(misc::embedding_forward(
+        &upload(&dev, &cpu_rand(&[6, 5], 0.0, 1.0, DType::F32, 1)),
+        6,
+        5,
+        &[6]
+    )
+    .is_err());
+}
+
+#[test]
+fn attention_softmax_matches_a_reference() {
+    let dev = cuda_or_skip!("attention");
+    let (rows, lq, lk, scale) = (2 * 3usize, 3usize, 4usize, 0.5);
+    for dtype in FLOATS {
+        let t = tol(dtype) * 4.0;
+        let s = cpu_rand(&[rows, lk], -2.0, 2.0, dtype, 24);
+        let sv = vals(&s);
+        let mask = cpu_rand(&[lq, lk], -1.0, 0.0, dtype, 25);
+        let mv = vals(&mask);
+        let gs = upload(&dev, &s);
+        let gm = upload(&dev, &mask);
+        for causal in [false, true] {
+            let (p, lse) =
+                misc::attention_probs(&gs, lq, lk, scale, causal, AttnMask::Float(&gm, lq), None)
+                    .unwrap();
+            let mut want = vec![0.0; rows * lk];
+            for r in 0..rows {
+                let x: Vec<f64> = (0..lk)
+                    .map(|j| {
+                        if causal && j > r % lq {
+                            f64::NEG_INFINITY
+                        } else {
+                            scale * sv[r * lk + j] + mv[r % lq * lk + j]
+                        }
+                    })
+                    .collect();
+                let mx = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = x.iter().map(|v| (v - mx).exp()).sum();
+                for j in 0..lk {
+                    want[r * lk + j] = (x[j] - mx).exp() / sum;
+                }
+            }
+            assert_close("attention P", &download(&p), &want, t);
+            let (p2, _) = misc::attention_probs(
+                &gs,
+                lq,
+                lk,
+                scale,
+                causal,
+                AttnMask::Float(&gm, lq),
+                Some(lse),
+            )
+            .unwrap();
+            assert_eq!(download(&p2), download(&p), "P recomputed from lse");
+            let dp = cpu_rand(&[rows, lk], -1.0, 1.0, dtype, 26);
+            let ds = misc::attention_softmax_grad(&p, &upload(&dev, &dp), lk, scale).unwrap();
+            let (pv, dv) = (download(&p), vals(&dp));
+            let want: Vec<f64> = (0..rows * lk)
+                .map(|k| {
+                    let r = k / lk;
+                    let dot: f64 = (0..lk).map(|j| pv[r * lk + j] * dv[r * lk + j]).sum();
+                    scale * pv[k] * (dv[k] - dot)
+                })
+                .collect();
+            assert_close("attention dS", &download(&ds), &want, t);
+        }
+    }
+}
+
+#[test]
+fn optimizer_updates_match_the_cpu_bit_for_bit() {
+    let dev = cuda_or_skip!("optim");
+    for dtype in FLOATS {
+        let p0 = cpu_rand(&[300], -1.0, 1.0, dtype, 27);
+        let grads: Vec<Tensor> = (0..3)
+            .map(|i| cpu_rand(&[300], -1.0, 1.0, dtype, 28 + i))
+            .collect();
+        // SGD with momentum, nesterov and weight decay
+        let mut sgd = Sgd::new(0.1);
+        (sgd.momentum, sgd.weight_decay, sgd.nesterov) = (0.9, 0.01, true);
+        let p = p0.to_dtype(dtype).unwrap();
+        let buf = Tensor::zeros(&[300], dtype, Device::Cpu).unwrap();
+        let (mut gp, mut gbuf) = (upload(&dev, &p0), upload(&dev, &buf));
+        let hp = misc::SgdParams {
+            lr: sgd.lr,
+            momentum: sgd.momentum,
+            dampening: sgd.dampening,
+            weight_decay: sgd.weight_decay,
+            nesterov: sgd.nesterov,
+            maximize: sgd.maximize,
+        };
+        for (step, g) in grads.iter().enumerate() {
+            let step = step as u64 + 1;
+            apply_update(
+                &sgd,
+                step,
+                &p,
+                g,
+                GradTransform::Scale(0.5),
+                std::slice::from_ref(&buf),
+            )
+            .unwrap();
+            misc::sgd_update(
+                &mut gp,
+                &upload(&dev, g),
+                Some(&mut gbuf),
+                step,
+                &hp,
+                GradMap::Scale(0.5),
+            )
+            .unwrap();
+            assert_eq!(download(&gp), vals(&p), "sgd {dtype:?} step {step}");
+        }
+        // AdamW with amsgrad
+        let mut adam = Adam::new(0.01);
+        (adam.weight_decay, adam.decoupled_weight_decay, adam.amsgrad) = (0.1, true, true);
+        let p = p0.to_dtype(dtype).unwrap();
+        let st: Vec<Tensor> = (0..3)
+            .map(|_| Tensor::zeros(&[300], dtype, Device::Cpu).unwrap())
+            .collect();
+        let mut gp = upload(&dev, &p0);
+        let (mut m, mut v, mut vm) = (
+            upload(&dev, &st[0]),
+            upload(&dev, &st[1]),
+            upload(&dev, &st[2]),
+        );
+        let hp = misc::AdamParams {
+            lr: adam.lr,
+            beta1: adam.beta1,
+            beta2: adam.beta2,
+            eps: adam.eps,
+            weight_decay: adam.weight_decay,
+            decoupled_weight_decay: adam.decoupled_weight_decay,
+            amsgrad: adam.amsgrad,
+            maximize: adam.maximize,
+        };
+        for (step, g) in grads.iter().enumerate() {
+            let step = step as u64 + 1;
+            apply_update(&adam, step, &p, g, GradTransform::ClampAbs(0.7), &st).unwrap();
+            misc::adam_update(
+                &mut gp,
+                &upload(&dev, g),
+                &mut m,
+                &mut v,
+                Some(&mut vm),
+                step,
+                &hp,
+                GradMap::ClampAbs(0.7),
+            )
+            .unwrap();
+            assert_eq!(download(&gp), vals(&p), "adam {dtype:?} step {step}");
+        }
+    }
+}
