@@ -355,3 +355,87 @@ fn index_select_gather_scatter_add() {
         });
     }
 }
+
+/// What one layer step leaves to compare across devices: the output, the
+/// input gradients (on the host, in dtype precision) and the bytes the
+/// autograd graph saved for backward.
+struct LayerRun {
+    out: Tensor,
+    grads: Vec<Tensor>,
+    saved: usize,
+}
+
+/// Runs `f` on copies of `inputs` on `dev` (all requiring grad) in a fresh
+/// ledger under `policy`, then backpropagates `sum(out · gy)` (`gy` seeded
+/// by the output's shape).
+fn layer_run(
+    dev: Device,
+    policy: leangrad::autograd::SavePolicy,
+    inputs: &[&Tensor],
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) -> LayerRun {
+    use leangrad::memory::Category;
+    let ledger = Ledger::new();
+    let _guard = ledger.enter();
+    let _policy = leangrad::autograd::with_save_policy(policy);
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.to_device(dev).unwrap().set_requires_grad(true).unwrap())
+        .collect();
+    let out = f(&leaves).unwrap_or_else(|e| panic!("forward on {dev}: {e}"));
+    let saved = ledger.live_in(dev, Category::Saved);
+    let gy = Tensor::rand_range(out.shape(), -1.0, 1.0, out.dtype(), Device::Cpu, 99)
+        .unwrap()
+        .to_device(dev)
+        .unwrap();
+    out.mul(&gy).unwrap().sum_all().unwrap().backward().unwrap();
+    let grads = leaves
+        .iter()
+        .map(|l| {
+            l.grad()
+                .expect("a gradient")
+                .to_device(Device::Cpu)
+                .unwrap()
+        })
+        .collect();
+    let out = out.detach().to_device(Device::Cpu).unwrap();
+    LayerRun { out, grads, saved }
+}
+
+/// `f` on every device (both save policies) against the CPU: output and
+/// gradients within the dtype's tolerance, saved bytes equal.
+fn check_layer(test: &str, inputs: &[&Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    use leangrad::autograd::SavePolicy;
+    for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
+        let want = layer_run(Device::Cpu, policy, inputs, &f);
+        for dev in cuda_common::devices(test) {
+            let got = layer_run(dev, policy, inputs, &f);
+            let what = format!("{test} on {dev} ({policy:?})");
+            assert_close(&what, &want.out, &got.out);
+            for (i, (w, g)) in want.grads.iter().zip(&got.grads).enumerate() {
+                assert_close(&format!("{what}: grad {i}"), w, g);
+            }
+            assert_eq!(got.saved, want.saved, "{what}: saved bytes vs the CPU's");
+        }
+    }
+}
+
+#[test]
+fn relu_leaky_relu_and_dropout_layers() {
+    for dtype in FLOATS {
+        // 77 elements: a partial last mask word; a transposed view too.
+        let x = input(&[7, 11], dtype, 21, -1.0, 1.0);
+        check_layer("relu", &[&x], |t| t[0].relu());
+        check_layer("relu of a transpose", &[&x], |t| t[0].t()?.relu());
+        check_layer("leaky_relu", &[&x], |t| t[0].leaky_relu(0.1));
+        check_layer("relu(relu)", &[&x], |t| {
+            t[0].relu()?.mul_scalar(2.0)?.relu()
+        });
+        check_layer("dropout", &[&x], |t| {
+            leangrad::nn::dropout(&t[0], 0.3, 5, 17)
+        });
+        check_layer("dropout of a transpose", &[&x], |t| {
+            leangrad::nn::dropout(&t[0].t()?, 0.5, 9, 0)
+        });
+    }
+}

@@ -39,7 +39,17 @@ pub fn unpack_bits(words: &[u32], n: usize) -> Vec<bool> {
 /// A U32 tensor of `ceil(n/32)` words with bit `i` set where element `i`
 /// of the float tensor `x` (any layout, row-major order) is `> 0`.
 pub fn positive_mask(x: &Tensor) -> Result<Tensor> {
-    mask_where(x, "positive_mask", |v| v > 0.0)
+    positive_mask_for(x, "positive_mask")
+}
+
+/// [`positive_mask`] under the name of the op that keeps it (relu,
+/// leaky_relu): the one mask rule with a CUDA kernel.
+pub(crate) fn positive_mask_for(x: &Tensor, op: &'static str) -> Result<Tensor> {
+    if let crate::meta::Backend::Cuda(_) = crate::meta::backend(op, &[x])? {
+        let words = mask_words(x.numel());
+        return crate::cuda::tensor::map(x, &[words], crate::cuda::layers_mask::positive_mask);
+    }
+    mask_where(x, op, |v| v > 0.0)
 }
 
 /// A U32 tensor of `ceil(n/32)` words with bit `i` set where `keep` holds
@@ -86,7 +96,12 @@ pub fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {
             crate::meta::float("mask_scale", g.dtype())?;
             return crate::meta::empty(g.shape(), g.dtype());
         }
-        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("mask_scale", n)),
+        crate::meta::Backend::Cuda(_) => {
+            let mask = crate::cuda::tensor::dense(mask)?;
+            return crate::cuda::tensor::map(g, g.shape(), |b, l| {
+                crate::cuda::layers_mask::relu_mask_backward(b, l, &*mask.storage().cuda()?, slope)
+            });
+        }
         crate::meta::Backend::Cpu => {}
     }
     let mdata = mask.storage().cpu()?;

@@ -70,6 +70,13 @@ fn masked_scale(x: &Tensor, scale: f64, keep: impl Fn(usize) -> bool + Sync) -> 
 /// Forward (and lean backward): elements kept by `draw` scaled by
 /// `1/(1-p)`, the others zero.
 pub(crate) fn dropout_apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
+    if let Backend::Cuda(_) = backend("dropout", &[x])? {
+        // The same keep rule, replayed from Philox on the device.
+        let (seed, offset, p, scale) = (draw.seed, draw.offset, draw.p, draw.scale());
+        return crate::cuda::tensor::map(x, x.shape(), |b, l| {
+            crate::cuda::layers_mask::dropout_forward(b, l, seed, offset, p, scale)
+        });
+    }
     masked_scale(x, draw.scale(), |i| draw.keep(i))
 }
 
@@ -78,7 +85,12 @@ pub(crate) fn dropout_apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
 pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -> Result<Tensor> {
     match meta::backend_of("dropout", device)? {
         Backend::Meta => meta::empty(shape, DType::U8),
-        Backend::Cuda(n) => Err(crate::meta::not_on_cuda("dropout", n)),
+        Backend::Cuda(n) => {
+            let dev = crate::cuda::tensor::device(n)?;
+            let n = shape.iter().product();
+            let mask = crate::cuda::random::dropout_mask(&dev, draw.seed, draw.offset, draw.p, n)?;
+            crate::cuda::tensor::wrap(mask, shape)
+        }
         Backend::Cpu => {
             let n = shape.iter().product();
             Tensor::from_vec(fill(n, |i| u8::from(draw.keep(i))), shape, device)
@@ -86,12 +98,51 @@ pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -
     }
 }
 
+/// The CUDA form of [`dropout_apply_mask`]: `where(mask, g · scale, 0)`,
+/// the product rounded in `g`'s dtype and the dropped elements `+0`, as on
+/// the CPU.
+fn cuda_apply_mask(g: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
+    use crate::cuda::elementwise::BinaryOp;
+    use crate::cuda::ops;
+    if mask.dtype() != DType::U8 || mask.shape() != g.shape() {
+        return Err(Error::Backward(
+            "dropout: the saved mask does not match the gradient".into(),
+        ));
+    }
+    // The two scalars are parameters, not tensor memory (host values on
+    // the CPU).
+    let (s, zero) = crate::cuda::tensor::uncounted(|| {
+        Ok((
+            Tensor::full(&[], scale, g.dtype(), g.device())?,
+            Tensor::zeros(&[], g.dtype(), g.device())?,
+        ))
+    })?;
+    let ls = s.layout().broadcast_to(g.shape())?;
+    let lz = zero.layout().broadcast_to(g.shape())?;
+    let scaled = ops::binary(
+        g,
+        g.layout(),
+        &s,
+        &ls,
+        g.shape(),
+        Some(BinaryOp::Mul),
+        "dropout",
+    )?;
+    let lsc = scaled.layout().clone();
+    ops::select(
+        (mask, mask.layout()),
+        (&scaled, &lsc),
+        (&zero, &lz),
+        g.shape(),
+    )
+}
+
 /// Backward from a stored byte mask (a U8 tensor made by [`dropout_mask`]):
 /// `g · scale` where the mask is set.
 pub(crate) fn dropout_apply_mask(g: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
     match backend("dropout", &[g, mask])? {
         Backend::Meta => return masked_scale(g, scale, |_| true),
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("dropout", n)),
+        Backend::Cuda(_) => return cuda_apply_mask(g, mask, scale),
         Backend::Cpu => {}
     }
     let data = mask.storage().cpu()?;

@@ -20,6 +20,7 @@ mod softmax;
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
 pub(crate) use attention::{attention_probs, attention_softmax_grad, ScoreSpec};
 pub(crate) use batch_sum::matmul_sum_batches;
+pub(crate) use bitmask::positive_mask_for;
 pub use bitmask::{
     get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,
 };

@@ -9,7 +9,7 @@
 //! than it saves, and never keeps the values alive longer.
 
 use crate::autograd::{save_policy, SavePolicy, SavedTensor};
-use crate::cpu::{mask_scale, mask_where};
+use crate::cpu::{mask_scale, mask_where, positive_mask_for};
 use crate::tensor::{Layout, SaveEvent, SaveListener, Storage};
 use crate::{Result, Tensor};
 use std::sync::{Arc, Mutex};
@@ -32,7 +32,11 @@ impl MaskRule {
     }
 
     fn bits(self, source: &Tensor, op: &'static str) -> Result<Tensor> {
-        mask_where(source, op, move |v| self.test(v))
+        match self {
+            // The rule with a CUDA kernel (same bits as the generic one).
+            MaskRule::Positive => positive_mask_for(source, op),
+            MaskRule::Within(..) => mask_where(source, op, move |v| self.test(v)),
+        }
     }
 }
 
