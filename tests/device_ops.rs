@@ -439,3 +439,33 @@ fn relu_leaky_relu_and_dropout_layers() {
         });
     }
 }
+
+#[test]
+fn conv2d_layer_and_bias_grad() {
+    use leangrad::nn::{conv2d, Conv2dOptions};
+    let grouped = Conv2dOptions {
+        groups: 2,
+        ..Conv2dOptions::default()
+    };
+    let strided = Conv2dOptions {
+        stride: [2, 1],
+        padding: [1, 2],
+        dilation: [1, 2],
+        groups: 2,
+    };
+    for dtype in FLOATS {
+        let x = input(&[3, 4, 7, 6], dtype, 31, -1.0, 1.0);
+        let w = input(&[6, 2, 3, 2], dtype, 32, -0.5, 0.5);
+        let b = input(&[6], dtype, 33, -0.5, 0.5);
+        for (name, opts) in [("conv2d", grouped), ("conv2d strided", strided)] {
+            check_layer(name, &[&x, &w, &b], |t| {
+                conv2d(&t[0], &t[1], Some(&t[2]), &opts)
+            });
+            // The input as a permuted view (a dense copy on the way in).
+            let xt = x.transpose(2, 3).unwrap();
+            check_layer(&format!("{name} of a view"), &[&xt, &w], |t| {
+                conv2d(&t[0].transpose(2, 3)?, &t[1], None, &opts)
+            });
+        }
+    }
+}

@@ -227,6 +227,46 @@ fn channel_sums<T: FloatDType>(
     Ok(())
 }
 
+/// The CUDA form of a geometry (same sizes, the kernels' integer type).
+fn cuda_geom(g: &ConvGeom) -> crate::cuda::layers_conv::ConvGeom {
+    let c = |v: usize| v as i64;
+    crate::cuda::layers_conv::ConvGeom {
+        n: c(g.n),
+        cin: c(g.cin),
+        h: c(g.h),
+        w: c(g.w),
+        cout: c(g.cout),
+        kh: c(g.kh),
+        kw: c(g.kw),
+        stride: g.stride.map(c),
+        pad: g.pad.map(c),
+        dil: g.dil.map(c),
+        groups: c(g.groups),
+        oh: c(g.oh),
+        ow: c(g.ow),
+    }
+}
+
+/// Runs a CUDA convolution wrapper on the whole-buffer dense forms of
+/// `a` and `b` (copies when they are views) and wraps its output as `shape`.
+fn on_cuda(
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[usize],
+    f: impl FnOnce(
+        &crate::cuda::CudaBuffer,
+        &crate::cuda::CudaBuffer,
+    ) -> Result<crate::cuda::CudaBuffer>,
+) -> Result<Tensor> {
+    use crate::cuda::tensor::{dense, wrap};
+    let (a, b) = {
+        let _ws = with_category(Category::Workspace);
+        (dense(a)?, dense(b)?)
+    };
+    let out = f(&*a.storage().cuda()?, &*b.storage().cuda()?)?;
+    wrap(out, shape)
+}
+
 fn unfold(x: &Tensor, start: usize, cols: &Tensor, g: &ConvGeom) -> Result<()> {
     match backend("conv", &[x, cols])? {
         Backend::Meta => {
@@ -251,6 +291,29 @@ pub(crate) fn conv2d_forward(
     bias: Option<&Tensor>,
     g: &ConvGeom,
 ) -> Result<Tensor> {
+    if let Backend::Cuda(_) = backend("conv2d", &[x, w])? {
+        let b = match bias {
+            Some(b) => Some({
+                let _ws = with_category(Category::Workspace);
+                crate::cuda::tensor::dense(b)?
+            }),
+            None => None,
+        };
+        let bb = match &b {
+            Some(b) => Some(b.storage().cuda()?),
+            None => None,
+        };
+        let cg = cuda_geom(g);
+        return on_cuda(x, w, &[g.n, g.cout, g.oh, g.ow], |x, w| {
+            crate::cuda::layers_conv::conv_forward(
+                x,
+                w,
+                bb.as_deref(),
+                &cg,
+                crate::cuda::layers_conv::DEFAULT_WORKSPACE_BYTES,
+            )
+        });
+    }
     let out = Tensor::zeros(&[g.n, g.cout, g.oh, g.ow], x.dtype(), x.device())?;
     let _ws = with_category(Category::Workspace);
     if let Some(b) = bias {
@@ -288,6 +351,17 @@ pub(crate) fn conv2d_input_grad(
     bias: Option<&Tensor>,
     g: &ConvGeom,
 ) -> Result<Tensor> {
+    if let (Backend::Cuda(_), None) = (backend("conv2d_backward", &[gy, w])?, bias) {
+        let cg = cuda_geom(g);
+        return on_cuda(gy, w, &[g.n, g.cin, g.h, g.w], |gy, w| {
+            crate::cuda::layers_conv::conv_input_grad(
+                gy,
+                w,
+                &cg,
+                crate::cuda::layers_conv::DEFAULT_WORKSPACE_BYTES,
+            )
+        });
+    }
     let gx = Tensor::zeros(&[g.n, g.cin, g.h, g.w], gy.dtype(), gy.device())?;
     let _ws = with_category(Category::Workspace);
     if let Some(b) = bias {
@@ -337,6 +411,17 @@ pub(crate) fn conv2d_input_grad(
 /// tensor.
 pub(crate) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Result<Tensor> {
     let cin_g = g.cin / g.groups;
+    if let Backend::Cuda(_) = backend("conv2d_backward", &[gy, x])? {
+        let cg = cuda_geom(g);
+        return on_cuda(gy, x, &[g.cout, cin_g, g.kh, g.kw], |gy, x| {
+            crate::cuda::layers_conv::conv_weight_grad(
+                gy,
+                x,
+                &cg,
+                crate::cuda::layers_conv::DEFAULT_WORKSPACE_BYTES,
+            )
+        });
+    }
     let gw = Tensor::zeros(&[g.cout, cin_g, g.kh, g.kw], gy.dtype(), gy.device())?;
     let _ws = with_category(Category::Workspace);
     let (gy, gs) = dense(gy)?;
@@ -357,6 +442,14 @@ pub(crate) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Resul
 pub(crate) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
     let (n, c) = (gy.shape()[0], gy.shape()[1]);
     let l = gy.shape()[2..].iter().product();
+    if let Backend::Cuda(_) = backend("conv_bias_grad", &[gy])? {
+        let gy = {
+            let _ws = with_category(Category::Workspace);
+            crate::cuda::tensor::dense(gy)?
+        };
+        let out = crate::cuda::layers_misc::channel_sum(&*gy.storage().cuda()?, n, c, l)?;
+        return crate::cuda::tensor::wrap(out, &[c]);
+    }
     let gb = Tensor::zeros(&[c], gy.dtype(), gy.device())?;
     let _ws = with_category(Category::Workspace);
     let (gy, gs) = dense(gy)?;
