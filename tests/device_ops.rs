@@ -406,7 +406,17 @@ fn layer_run(
 /// gradients within the dtype's tolerance, saved bytes equal.
 fn check_layer(test: &str, inputs: &[&Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
     use leangrad::autograd::SavePolicy;
-    for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
+    check_layer_under(test, &[SavePolicy::Lean, SavePolicy::SaveAll], inputs, f)
+}
+
+/// [`check_layer`] under the given save policies only.
+fn check_layer_under(
+    test: &str,
+    policies: &[leangrad::autograd::SavePolicy],
+    inputs: &[&Tensor],
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) {
+    for &policy in policies {
         let want = layer_run(Device::Cpu, policy, inputs, &f);
         for dev in cuda_common::devices(test) {
             let got = layer_run(dev, policy, inputs, &f);
@@ -467,5 +477,38 @@ fn conv2d_layer_and_bias_grad() {
                 conv2d(&t[0].transpose(2, 3)?, &t[1], None, &opts)
             });
         }
+    }
+}
+
+#[test]
+fn pool_layers() {
+    use leangrad::autograd::SavePolicy;
+    use leangrad::nn::{adaptive_avg_pool2d, avg_pool2d, max_pool2d};
+    use leangrad::nn::{AvgPool2dOptions, MaxPool2dOptions};
+    let max = MaxPool2dOptions {
+        kernel: [3, 2],
+        stride: Some([2, 1]),
+        padding: [1, 1],
+        dilation: [1, 2],
+        ceil_mode: false,
+    };
+    let mut avg = AvgPool2dOptions::new([3, 3]);
+    avg.stride = Some([2, 2]);
+    avg.padding = [1, 1];
+    let mut avg_pad = avg;
+    avg_pad.count_include_pad = !avg.count_include_pad;
+    for dtype in FLOATS {
+        let x = input(&[2, 3, 7, 6], dtype, 41, -1.0, 1.0);
+        // SaveAll keeps i64 flat indices, read on the host only: lean here.
+        check_layer_under("max_pool2d", &[SavePolicy::Lean], &[&x], |t| {
+            max_pool2d(&t[0], &max)
+        });
+        check_layer("avg_pool2d", &[&x], |t| avg_pool2d(&t[0], &avg));
+        check_layer("avg_pool2d (other divisor)", &[&x], |t| {
+            avg_pool2d(&t[0], &avg_pad)
+        });
+        check_layer("adaptive_avg_pool2d", &[&x], |t| {
+            adaptive_avg_pool2d(&t[0], [3, 4])
+        });
     }
 }

@@ -38,8 +38,8 @@ pub(crate) use index::{
 };
 pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward, CrossEntropyForward};
 pub(crate) use pool::{
-    avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_forward, window_to_flat,
-    ArgSource, AvgMode, PoolGeom,
+    avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_backward_cuda,
+    max_pool_forward, window_to_flat, ArgSource, AvgMode, PoolGeom,
 };
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};

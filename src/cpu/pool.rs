@@ -113,11 +113,71 @@ fn with_dense<R>(
 /// Max pooling: the output and, per output element, the position of the
 /// first maximum inside its window (`ki · kw + kj`; a NaN counts as the
 /// maximum). A window lying wholly in the padding gives -inf and position 0.
+/// The CUDA form of a geometry (same sizes, the kernels' integer type).
+fn cuda_geom(g: &PoolGeom) -> crate::cuda::layers_pool::PoolGeom {
+    let c = |v: usize| v as i64;
+    crate::cuda::layers_pool::PoolGeom {
+        planes: c(g.planes),
+        h: c(g.h),
+        w: c(g.w),
+        oh: c(g.oh),
+        ow: c(g.ow),
+        k: g.k.map(c),
+        s: g.s.map(c),
+        p: g.p.map(c),
+        d: g.d.map(c),
+    }
+}
+
+/// `x` as a whole-buffer dense CUDA tensor (a Workspace copy of a view).
+fn cuda_dense(x: &Tensor) -> Result<Tensor> {
+    let _ws = crate::memory::with_category(crate::memory::Category::Workspace);
+    crate::cuda::tensor::dense(x)
+}
+
+/// Max pooling backward on CUDA from the saved U8 window positions (a
+/// tensor on the gradient's device).
+pub(crate) fn max_pool_backward_cuda(
+    grad_out: &Tensor,
+    pos: &Tensor,
+    g: &PoolGeom,
+) -> Result<Tensor> {
+    let (dy, pos) = (cuda_dense(grad_out)?, cuda_dense(pos)?);
+    let out = crate::cuda::layers_pool::max_pool2d_backward(
+        &*dy.storage().cuda()?,
+        &*pos.storage().cuda()?,
+        &cuda_geom(g),
+    )?;
+    crate::cuda::tensor::wrap(out, &[g.planes, g.h, g.w])
+}
+
+/// The CUDA form of an average mode.
+fn cuda_avg_mode(mode: AvgMode) -> crate::cuda::layers_pool::AvgPoolMode {
+    use crate::cuda::layers_pool::AvgPoolMode;
+    match mode {
+        AvgMode::Fixed {
+            count_include_pad: false,
+        } => AvgPoolMode::Fixed,
+        AvgMode::Fixed {
+            count_include_pad: true,
+        } => AvgPoolMode::FixedCountPad,
+        AvgMode::Adaptive => AvgPoolMode::Adaptive,
+    }
+}
+
 pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Vec<u8>)> {
     match backend("max_pool2d", &[x])? {
         // No positions on meta: the caller sizes its saved tensors by shape.
         Backend::Meta => return Ok((meta_plane_out(x, g.oh, g.ow, g)?, Vec::new())),
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("max_pool2d", n)),
+        Backend::Cuda(_) => {
+            let x = cuda_dense(x)?;
+            let (y, pos) =
+                crate::cuda::layers_pool::max_pool2d_forward(&*x.storage().cuda()?, &cuda_geom(g))?;
+            // The positions are a host vector here as on the CPU.
+            let pos = pos.to_cpu_data()?;
+            let pos = pos.as_slice::<u8>().map(<[u8]>::to_vec).unwrap_or_default();
+            return Ok((crate::cuda::tensor::wrap(y, &[g.planes, g.oh, g.ow])?, pos));
+        }
         Backend::Cpu => {}
     }
     let n_out = g.planes * g.oh * g.ow;
@@ -182,7 +242,15 @@ pub(crate) enum ArgSource<'a> {
 pub(crate) fn max_pool_backward(grad_out: &Tensor, arg: ArgSource, g: &PoolGeom) -> Result<Tensor> {
     match backend("max_pool2d", &[grad_out])? {
         Backend::Meta => return meta_plane_out(grad_out, g.h, g.w, g),
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("max_pool2d", n)),
+        Backend::Cuda(n) => match arg {
+            ArgSource::Window(pos) => {
+                let pos = crate::cuda::tensor::uncounted(|| {
+                    crate::cuda::tensor::upload(&CpuData::U8(pos.to_vec()), &[pos.len()], n)
+                })?;
+                return max_pool_backward_cuda(grad_out, &pos, g);
+            }
+            ArgSource::Flat(_) => return Err(crate::meta::not_on_cuda("max_pool2d", n)),
+        },
         Backend::Cpu => {}
     }
     let data = with_dense(grad_out, "max_pool2d", |data, r| {
@@ -249,7 +317,15 @@ fn avg_window(g: &PoolGeom, mode: AvgMode, i: usize, j: usize) -> ([usize; 4], f
 pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Result<Tensor> {
     match backend("avg_pool2d", &[x])? {
         Backend::Meta => return meta_plane_out(x, g.oh, g.ow, g),
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("avg_pool2d", n)),
+        Backend::Cuda(_) => {
+            let x = cuda_dense(x)?;
+            let y = crate::cuda::layers_pool::avg_pool2d_forward(
+                &*x.storage().cuda()?,
+                &cuda_geom(g),
+                cuda_avg_mode(mode),
+            )?;
+            return crate::cuda::tensor::wrap(y, &[g.planes, g.oh, g.ow]);
+        }
         Backend::Cpu => {}
     }
     let data = with_dense(x, "avg_pool2d", |data, r| {
@@ -282,7 +358,15 @@ pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Resul
 pub(crate) fn avg_pool_backward(grad_out: &Tensor, g: &PoolGeom, mode: AvgMode) -> Result<Tensor> {
     match backend("avg_pool2d", &[grad_out])? {
         Backend::Meta => return meta_plane_out(grad_out, g.h, g.w, g),
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("avg_pool2d", n)),
+        Backend::Cuda(_) => {
+            let dy = cuda_dense(grad_out)?;
+            let dx = crate::cuda::layers_pool::avg_pool2d_backward(
+                &*dy.storage().cuda()?,
+                &cuda_geom(g),
+                cuda_avg_mode(mode),
+            )?;
+            return crate::cuda::tensor::wrap(dx, &[g.planes, g.h, g.w]);
+        }
         Backend::Cpu => {}
     }
     let data = with_dense(grad_out, "avg_pool2d", |data, r| {

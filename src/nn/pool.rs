@@ -12,8 +12,8 @@
 use super::Module;
 use crate::autograd::{attach, keep, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::cpu::{
-    avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_forward, window_to_flat,
-    ArgSource, AvgMode, PoolGeom,
+    avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_backward_cuda,
+    max_pool_forward, window_to_flat, ArgSource, AvgMode, PoolGeom,
 };
 use crate::memory::scope;
 use crate::meta::{backend, Backend};
@@ -185,6 +185,13 @@ impl BackwardOp for MaxPoolBackward {
             // Meta: no positions to read; the kernel gives the shape.
             Backend::Meta => {
                 let gi = max_pool_backward(&g, ArgSource::Window(&[]), &self.geom)?;
+                return Ok(vec![Some(
+                    gi.view_with_layout(Layout::contiguous(&self.input_shape)),
+                )]);
+            }
+            // Lean: the U8 positions are read on the device.
+            Backend::Cuda(_) if !flat => {
+                let gi = max_pool_backward_cuda(&g, t, &self.geom)?;
                 return Ok(vec![Some(
                     gi.view_with_layout(Layout::contiguous(&self.input_shape)),
                 )]);
