@@ -512,3 +512,18 @@ fn pool_layers() {
         });
     }
 }
+
+#[test]
+fn embedding_layer() {
+    for dtype in FLOATS {
+        let w = input(&[9, 5], dtype, 51, -1.0, 1.0);
+        let idx = Tensor::from_vec(vec![3i64, 0, 8, 3, 3, 1, 7, 0], &[2, 4], Device::Cpu).unwrap();
+        for padding in [None, Some(3)] {
+            let idx = idx.clone();
+            check_layer("embedding", &[&w], move |t| {
+                let idx = idx.to_device(t[0].device())?;
+                leangrad::nn::embedding(&t[0], &idx, padding)
+            });
+        }
+    }
+}

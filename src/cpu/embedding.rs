@@ -5,13 +5,25 @@ use super::elementwise::Source;
 use crate::tensor::{CpuData, Layout, Tensor};
 use crate::{FloatDType, Result};
 
+/// `x` as a whole-buffer dense CUDA tensor (a Workspace copy of a view).
+fn cuda_dense(x: &Tensor) -> Result<Tensor> {
+    let _ws = crate::memory::with_category(crate::memory::Category::Workspace);
+    crate::cuda::tensor::dense(x)
+}
+
 /// Rows `idx[k]` of the `[num, dim]` weight (any layout), stacked into a
 /// contiguous `[idx.len(), dim]` buffer wrapped with shape `shape`.
 pub(crate) fn embedding_gather(weight: &Tensor, idx: &[usize], shape: &[usize]) -> Result<Tensor> {
     let dim = weight.shape()[1];
     match crate::meta::backend("embedding", &[weight])? {
         crate::meta::Backend::Meta => return crate::meta::empty(shape, weight.dtype()),
-        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("embedding", n)),
+        crate::meta::Backend::Cuda(_) => {
+            let w = cuda_dense(weight)?;
+            let num = weight.shape()[0];
+            let out =
+                crate::cuda::layers_misc::embedding_forward(&*w.storage().cuda()?, num, dim, idx)?;
+            return crate::cuda::tensor::wrap(out, shape);
+        }
         crate::meta::Backend::Cpu => {}
     }
     let data = weight.storage().cpu()?;
@@ -40,7 +52,17 @@ pub(crate) fn embedding_backward(
 ) -> Result<Tensor> {
     match crate::meta::backend("embedding", &[g])? {
         crate::meta::Backend::Meta => return crate::meta::empty(&[num, dim], g.dtype()),
-        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("embedding", n)),
+        crate::meta::Backend::Cuda(_) => {
+            let g = cuda_dense(g)?;
+            let out = crate::cuda::layers_misc::embedding_backward(
+                &*g.storage().cuda()?,
+                idx,
+                num,
+                dim,
+                padding,
+            )?;
+            return crate::cuda::tensor::wrap(out, &[num, dim]);
+        }
         crate::meta::Backend::Cpu => {}
     }
     let data = g.storage().cpu()?;

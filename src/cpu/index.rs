@@ -49,7 +49,13 @@ pub(crate) fn read_indices(op: &'static str, index: &Tensor, size: usize) -> Res
                 }),
             }
         }
-        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(op, n)),
+        // Indices are read on the host (as the CPU reads them): a copy
+        // that is not tensor memory.
+        crate::meta::Backend::Cuda(_) => {
+            let host =
+                crate::cuda::tensor::uncounted(|| index.detach().to_device(crate::Device::Cpu))?;
+            return read_indices(op, &host, size);
+        }
         crate::meta::Backend::Cpu => {}
     }
     let raw: Vec<i64> = match index.dtype() {
