@@ -227,6 +227,26 @@ fn workspace(x: &CudaBuffer, g: &ConvGeom, chunk: usize) -> Result<CudaBuffer> {
     )
 }
 
+/// Runs `each(first, items, cols)` over the batch in chunks whose im2col
+/// columns fit `budget`, reusing one Workspace buffer for every chunk
+/// (`cols` holds the columns of items `first..first + items`).
+fn for_each_column_chunk(
+    x: &CudaBuffer,
+    g: &ConvGeom,
+    budget: usize,
+    mut each: impl FnMut(usize, usize, &CudaBuffer) -> Result<()>,
+) -> Result<()> {
+    let n = g.n as usize;
+    let chunk = g.chunk_items(x.dtype().size_in_bytes(), budget);
+    let mut cols = workspace(x, g, chunk)?;
+    for first in (0..n).step_by(chunk) {
+        let items = chunk.min(n - first);
+        im2col_into(x, g, first, items, &mut cols)?;
+        each(first, items, &cols)?;
+    }
+    Ok(())
+}
+
 /// Convolution forward: `y = bias + W ⊛ x` (`[n, cout, oh, ow]`) by
 /// im2col + one strided-batched GEMM per group and chunk; the column buffer
 /// stays under `budget` bytes.
@@ -258,19 +278,8 @@ pub fn conv_forward(
     if ny == 0 || g.rows() == 0 {
         return Ok(y);
     }
-    let (n, l, k, cg, rows, cout) = (
-        g.n as usize,
-        g.l(),
-        g.k(),
-        g.cout_g(),
-        g.rows(),
-        g.cout as usize,
-    );
-    let chunk = g.chunk_items(x.dtype().size_in_bytes(), budget);
-    let mut cols = workspace(x, g, chunk)?;
-    for first in (0..n).step_by(chunk) {
-        let nb = chunk.min(n - first);
-        im2col_into(x, g, first, nb, &mut cols)?;
+    let (l, k, cg, rows, cout) = (g.l(), g.k(), g.cout_g(), g.rows(), g.cout as usize);
+    for_each_column_chunk(x, g, budget, |first, nb, cols| {
         for grp in 0..g.groups as usize {
             let s = SubGemm {
                 m: cg,
@@ -283,12 +292,13 @@ pub fn conv_forward(
             };
             gemm_sub(
                 (w, grp * cg * k, 0),
-                (&cols, grp * k * l, rows * l),
+                (cols, grp * k * l, rows * l),
                 (&mut y, (first * cout + grp * cg) * l, cout * l),
                 s,
             )?;
         }
-    }
+        Ok(())
+    })?;
     Ok(y)
 }
 
@@ -358,19 +368,8 @@ pub fn conv_weight_grad(
     if nw == 0 || g.l() == 0 {
         return Ok(gw);
     }
-    let (n, l, k, cg, rows, cout) = (
-        g.n as usize,
-        g.l(),
-        g.k(),
-        g.cout_g(),
-        g.rows(),
-        g.cout as usize,
-    );
-    let chunk = g.chunk_items(x.dtype().size_in_bytes(), budget);
-    let mut cols = workspace(x, g, chunk)?;
-    for first in (0..n).step_by(chunk) {
-        let nb = chunk.min(n - first);
-        im2col_into(x, g, first, nb, &mut cols)?;
+    let (l, k, cg, rows, cout) = (g.l(), g.k(), g.cout_g(), g.rows(), g.cout as usize);
+    for_each_column_chunk(x, g, budget, |first, nb, cols| {
         for j in 0..nb {
             for grp in 0..g.groups as usize {
                 let s = SubGemm {
@@ -385,12 +384,13 @@ pub fn conv_weight_grad(
                 let a = (gy, ((first + j) * cout + grp * cg) * l, 0);
                 gemm_sub(
                     a,
-                    (&cols, j * rows * l + grp * k * l, 0),
+                    (cols, j * rows * l + grp * k * l, 0),
                     (&mut gw, grp * cg * k, 0),
                     s,
                 )?;
             }
         }
-    }
+        Ok(())
+    })?;
     Ok(gw)
 }
