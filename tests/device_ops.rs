@@ -6,56 +6,15 @@
 //! byte. Without a GPU the CUDA half prints `skipped: no CUDA device`.
 
 mod cuda_common;
+mod device_common;
 
+use device_common::{check, check_layer, check_layer_under, input, FLOATS};
 use leangrad::memory::Ledger;
 use leangrad::ops::CrossEntropyOptions;
 use leangrad::{DType, Device, Error, Result, Tensor};
 
-/// Relative tolerance per dtype.
-fn tol(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => 1e-12,
-        DType::F32 => 1e-5,
-        DType::F16 | DType::BF16 => 1e-2,
-        _ => 0.0,
-    }
-}
-
-/// `got` (any device) equals `want` (CPU) in shape, dtype and values, each
-/// element within `tol · max(|want|, 1e-3 · largest |want|)`.
-fn assert_close(what: &str, want: &Tensor, got: &Tensor) {
-    assert_eq!(want.shape(), got.shape(), "{what}: shape");
-    assert_eq!(want.dtype(), got.dtype(), "{what}: dtype");
-    let (w, g) = (want.to_f64_vec().unwrap(), got.to_f64_vec().unwrap());
-    let big = w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    let t = tol(want.dtype());
-    for (i, (a, b)) in w.iter().zip(&g).enumerate() {
-        let ok = (a.is_nan() && b.is_nan()) || (a - b).abs() <= t * a.abs().max(1e-3 * big);
-        assert!(ok, "{what}: element {i}: cpu {a} vs {b}");
-    }
-}
-
-/// A seeded CPU tensor with values in `[lo, hi)`.
-fn input(shape: &[usize], dtype: DType, seed: u64, lo: f64, hi: f64) -> Tensor {
-    Tensor::rand_range(shape, lo, hi, dtype, Device::Cpu, seed).unwrap()
-}
-
-/// Runs `op` on the CPU inputs and on copies on every device; compares.
-fn check(test: &str, inputs: &[&Tensor], op: impl Fn(&[Tensor]) -> Result<Tensor>) {
-    let cpu: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).collect();
-    let want = op(&cpu).unwrap();
-    for dev in cuda_common::devices(test) {
-        let moved: Vec<Tensor> = inputs.iter().map(|t| t.to_device(dev).unwrap()).collect();
-        let got = op(&moved).unwrap_or_else(|e| panic!("{test} on {dev}: {e}"));
-        assert_eq!(got.device(), dev, "{test}: output device");
-        assert_close(&format!("{test} on {dev}"), &want, &got);
-    }
-}
-
 /// A unary op under test.
 type UnaryFn = fn(&Tensor) -> Result<Tensor>;
-
-const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 #[test]
 fn creation_and_copies_match_the_cpu() {
@@ -353,80 +312,6 @@ fn index_select_gather_scatter_add() {
             leaf.gather(0, &t[1])?.sum_all()?.backward()?;
             Ok(leaf.grad().expect("a gradient"))
         });
-    }
-}
-
-/// What one layer step leaves to compare across devices: the output, the
-/// input gradients (on the host, in dtype precision) and the bytes the
-/// autograd graph saved for backward.
-struct LayerRun {
-    out: Tensor,
-    grads: Vec<Tensor>,
-    saved: usize,
-}
-
-/// Runs `f` on copies of `inputs` on `dev` (all requiring grad) in a fresh
-/// ledger under `policy`, then backpropagates `sum(out · gy)` (`gy` seeded
-/// by the output's shape).
-fn layer_run(
-    dev: Device,
-    policy: leangrad::autograd::SavePolicy,
-    inputs: &[&Tensor],
-    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
-) -> LayerRun {
-    use leangrad::memory::Category;
-    let ledger = Ledger::new();
-    let _guard = ledger.enter();
-    let _policy = leangrad::autograd::with_save_policy(policy);
-    let leaves: Vec<Tensor> = inputs
-        .iter()
-        .map(|t| t.to_device(dev).unwrap().set_requires_grad(true).unwrap())
-        .collect();
-    let out = f(&leaves).unwrap_or_else(|e| panic!("forward on {dev}: {e}"));
-    let saved = ledger.live_in(dev, Category::Saved);
-    let gy = Tensor::rand_range(out.shape(), -1.0, 1.0, out.dtype(), Device::Cpu, 99)
-        .unwrap()
-        .to_device(dev)
-        .unwrap();
-    out.mul(&gy).unwrap().sum_all().unwrap().backward().unwrap();
-    let grads = leaves
-        .iter()
-        .map(|l| {
-            l.grad()
-                .expect("a gradient")
-                .to_device(Device::Cpu)
-                .unwrap()
-        })
-        .collect();
-    let out = out.detach().to_device(Device::Cpu).unwrap();
-    LayerRun { out, grads, saved }
-}
-
-/// `f` on every device (both save policies) against the CPU: output and
-/// gradients within the dtype's tolerance, saved bytes equal.
-fn check_layer(test: &str, inputs: &[&Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
-    use leangrad::autograd::SavePolicy;
-    check_layer_under(test, &[SavePolicy::Lean, SavePolicy::SaveAll], inputs, f)
-}
-
-/// [`check_layer`] under the given save policies only.
-fn check_layer_under(
-    test: &str,
-    policies: &[leangrad::autograd::SavePolicy],
-    inputs: &[&Tensor],
-    f: impl Fn(&[Tensor]) -> Result<Tensor>,
-) {
-    for &policy in policies {
-        let want = layer_run(Device::Cpu, policy, inputs, &f);
-        for dev in cuda_common::devices(test) {
-            let got = layer_run(dev, policy, inputs, &f);
-            let what = format!("{test} on {dev} ({policy:?})");
-            assert_close(&what, &want.out, &got.out);
-            for (i, (w, g)) in want.grads.iter().zip(&got.grads).enumerate() {
-                assert_close(&format!("{what}: grad {i}"), w, g);
-            }
-            assert_eq!(got.saved, want.saved, "{what}: saved bytes vs the CPU's");
-        }
     }
 }
 
