@@ -143,3 +143,39 @@ fn driver_memory_view_is_a_coarse_cross_check() {
     assert_eq!(big.size_in_bytes(), 256 << 20);
     drop(big);
 }
+
+#[test]
+fn pool_high_water_mark_covers_the_ledger_peak() {
+    let dev = cuda_or_skip!("pool_usage");
+    let Some(before) = dev.pool_usage().unwrap() else {
+        println!("device allocates without a memory pool: no high-water mark to compare");
+        return;
+    };
+    assert!(before.used <= before.reserved && before.used_high >= before.used);
+    let ledger = Ledger::new();
+    let _guard = ledger.enter();
+    dev.synchronize().unwrap();
+    dev.reset_pool_high_water().unwrap();
+    let base = dev.pool_usage().unwrap().unwrap().used;
+    let a = CudaBuffer::zeros(&dev, DType::F32, 8 << 20).unwrap();
+    let b = CudaBuffer::zeros(&dev, DType::F32, 4 << 20).unwrap();
+    drop(a);
+    let c = CudaBuffer::zeros(&dev, DType::F32, 2 << 20).unwrap();
+    dev.synchronize().unwrap();
+    let after = dev.pool_usage().unwrap().unwrap();
+    let peak = ledger.peak(Device::Cuda(0)) as u64;
+    assert_eq!(
+        peak,
+        (12 << 20) * 4,
+        "the ledger's peak: a and b live together"
+    );
+    println!(
+        "pool: used {} → {} B, high-water {} B over a base of {base} B; ledger peak {peak} B",
+        before.used, after.used, after.used_high
+    );
+    // Tests in parallel threads allocate and free from the same pool, so
+    // the pool's mark bounds the ledger's peak from above rather than
+    // equalling it (a and b were in the pool together).
+    assert!(after.used_high >= peak, "{after:?} vs ledger peak {peak}");
+    drop((b, c));
+}

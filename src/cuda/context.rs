@@ -12,6 +12,20 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 /// bf16 atomics and `compute_80` PTX.
 pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
 
+/// The driver's memory-pool counters for one device, in bytes
+/// ([`CudaDevice::pool_usage`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// Bytes of live allocations from the pool.
+    pub used: u64,
+    /// The most bytes in use at once since the last reset.
+    pub used_high: u64,
+    /// Bytes the pool holds from the device (used or cached for reuse).
+    pub reserved: u64,
+    /// The most bytes reserved at once since the last reset.
+    pub reserved_high: u64,
+}
+
 /// Which CUDA libraries can be loaded: `Ok` when libcuda, libnvrtc and
 /// libcublas all are, otherwise the list of those that are missing. Checked
 /// once per process.
@@ -159,6 +173,83 @@ impl CudaDevice {
         let ctx = self.stream.context();
         ctx.mem_get_info()
             .map_err(|e| self.error("cuMemGetInfo", e))
+    }
+
+    /// The driver's stream-ordered memory pool for this device (the pool
+    /// `cuMemAllocAsync` draws from): bytes in use and reserved, now and at
+    /// their high-water marks since the last
+    /// [`reset_pool_high_water`](Self::reset_pool_high_water). A cross-check
+    /// of the ledger's CUDA peak: `used_high` is at least the ledger's peak
+    /// (it also counts cuBLAS workspaces and staging buffers the ledger
+    /// leaves out); `None` when the device allocates without a pool.
+    pub fn pool_usage(&self) -> Result<Option<PoolUsage>> {
+        use cudarc::driver::sys::CUmemPool_attribute as Attr;
+        let Some(pool) = self.mem_pool()? else {
+            return Ok(None);
+        };
+        let get = |attr: Attr| -> Result<u64> {
+            let mut v: u64 = 0;
+            // SAFETY: the four attributes read here are `cuuint64_t`s and
+            // `pool` is the device's current pool.
+            unsafe {
+                cudarc::driver::sys::cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast())
+            }
+            .result()
+            .map_err(|e| self.error("cuMemPoolGetAttribute", e))?;
+            Ok(v)
+        };
+        Ok(Some(PoolUsage {
+            used: get(Attr::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            used_high: get(Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            reserved: get(Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_high: get(Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        }))
+    }
+
+    /// Resets the pool's high-water marks to the current usage (the driver
+    /// accepts only 0 for these attributes, meaning "now"); a no-op without
+    /// a pool. Pair with [`crate::memory::Ledger::reset_peak`].
+    pub fn reset_pool_high_water(&self) -> Result<()> {
+        use cudarc::driver::sys::CUmemPool_attribute as Attr;
+        let Some(pool) = self.mem_pool()? else {
+            return Ok(());
+        };
+        for attr in [
+            Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+        ] {
+            let mut zero: u64 = 0;
+            // SAFETY: both attributes are `cuuint64_t`s; 0 is the one value
+            // the driver accepts for them.
+            unsafe {
+                cudarc::driver::sys::cuMemPoolSetAttribute(
+                    pool,
+                    attr,
+                    (&mut zero as *mut u64).cast(),
+                )
+            }
+            .result()
+            .map_err(|e| self.error("cuMemPoolSetAttribute", e))?;
+        }
+        Ok(())
+    }
+
+    /// The device's current memory pool, when allocations go through one.
+    fn mem_pool(&self) -> Result<Option<cudarc::driver::sys::CUmemoryPool>> {
+        let ctx = self.stream.context();
+        if !ctx.has_async_alloc() {
+            return Ok(None);
+        }
+        ctx.bind_to_thread()
+            .map_err(|e| self.error("cuCtxSetCurrent", e))?;
+        let mut pool = std::mem::MaybeUninit::uninit();
+        // SAFETY: `cu_device` is this context's device; the pool handle is
+        // owned by the driver and only read here.
+        unsafe { cudarc::driver::sys::cuDeviceGetMemPool(pool.as_mut_ptr(), ctx.cu_device()) }
+            .result()
+            .map_err(|e| self.error("cuDeviceGetMemPool", e))?;
+        // SAFETY: written by the successful call above.
+        Ok(Some(unsafe { pool.assume_init() }))
     }
 
     /// Waits until all work issued so far has finished; reports errors of

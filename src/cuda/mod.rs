@@ -64,5 +64,5 @@ pub mod reduce;
 pub(crate) mod tensor;
 
 pub use buffer::CudaBuffer;
-pub use context::{library_status, CudaDevice, MIN_COMPUTE_CAPABILITY};
+pub use context::{library_status, CudaDevice, PoolUsage, MIN_COMPUTE_CAPABILITY};
 pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};
