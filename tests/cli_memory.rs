@@ -86,6 +86,52 @@ fn transformer_meta_prediction_equals_cpu_measurement() {
     assert_eq!(gpt2["spec"]["input"]["tokens"]["seq"], 4);
 }
 
+/// On a GPU the CUDA step's ledger equals the meta prediction byte for
+/// byte; without one, `--device cuda` is a clear error (printed as skipped).
+#[test]
+fn cuda_measurement_equals_meta_prediction_or_is_a_clear_error() {
+    let probe = leangrad(&[
+        "memory",
+        "--model",
+        "resnet18",
+        "--batch",
+        "2",
+        "--size",
+        "32",
+        "--classes",
+        "10",
+        "--case",
+        "input",
+        "--device",
+        "cuda",
+        "--json",
+    ]);
+    if !probe.status.success() {
+        let stderr = String::from_utf8_lossy(&probe.stderr);
+        assert!(stderr.contains("not available"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        let line = format!("skipped: no CUDA device [leangrad memory --device cuda]: {stderr}");
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        return;
+    }
+    for (model, case, extra) in [
+        ("resnet18", "input", &[][..]),
+        ("resnet18", "all", &["--optimizer", "adamw", "--fused"][..]),
+        ("mobilenet_v2", "surgical-last", &[][..]),
+        ("resnet18", "input-bn-eval", &["--dtype", "bf16"][..]),
+        ("bert_base", "input", &["--seq", "8", "--classes", "3"][..]),
+        ("gpt2", "surgical-last", &["--seq", "4"][..]),
+    ] {
+        let meta = memory_json(model, case, extra, "meta");
+        let cuda = memory_json(model, case, extra, "cuda");
+        assert_eq!(cuda["lean"]["report"]["device"], "cuda:0");
+        for policy in ["lean", "save_all"] {
+            let (m, c) = (numbers(&meta, policy), numbers(&cuda, policy));
+            assert_eq!(m, c, "{model} {case} {policy}");
+        }
+    }
+}
+
 #[test]
 fn table_lists_categories_and_layers() {
     let out = leangrad(&[

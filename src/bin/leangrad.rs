@@ -71,8 +71,9 @@ enum Command {
         /// Fuse the optimizer into backward (`backward_step`).
         #[arg(long)]
         fused: bool,
-        /// `meta` predicts without data; `cpu` runs the step for real.
-        #[arg(long, default_value = "meta", value_parser = ["meta", "cpu"])]
+        /// `meta` predicts without data; `cpu` runs the step for real;
+        /// `cuda` runs it on CUDA device 0 (an error without one).
+        #[arg(long, default_value = "meta", value_parser = ["meta", "cpu", "cuda"])]
         device: String,
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -179,10 +180,14 @@ fn run(cli: Cli) -> Result<()> {
                 optimizer: OptimizerKind::parse(&optimizer)?,
                 fused,
                 case: memory_plan::parse_case(&case)?,
-                device: if device == "cpu" {
-                    Device::Cpu
-                } else {
-                    Device::Meta
+                device: match device.as_str() {
+                    "cpu" => Device::Cpu,
+                    "cuda" => {
+                        let d = Device::Cuda(0);
+                        d.check_available()?;
+                        d
+                    }
+                    _ => Device::Meta,
                 },
             };
             let plan = memory_plan::plan(&model, &spec)?;

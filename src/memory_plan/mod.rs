@@ -107,7 +107,8 @@ pub struct StepSpec {
     /// `surgical-last-bn-eval`).
     #[serde(serialize_with = "display")]
     pub case: Case,
-    /// Where to run: [`Device::Meta`] predicts, [`Device::Cpu`] measures.
+    /// Where to run: [`Device::Meta`] predicts, [`Device::Cpu`] or
+    /// [`Device::Cuda`] measures.
     #[serde(serialize_with = "display")]
     pub device: Device,
 }
