@@ -74,11 +74,13 @@ template <> __device__ __forceinline__ double lg_to_f64<__nv_bfloat16>(__nv_bflo
 // double to any element, with Rust's `as` semantics for integers
 // (truncate toward zero, saturate, NaN to 0) and round-to-nearest for floats.
 template <typename T> __device__ __forceinline__ T lg_from_f64(double v) { return (T)v; }
+// Half types round through f32 (two roundings), exactly as the CPU's
+// `WithDType::from_f64` and PyTorch's `c10::Half(float)` do.
 template <> __device__ __forceinline__ __half lg_from_f64<__half>(double v) {
-    return __double2half(v);
+    return __float2half_rn(__double2float_rn(v));
 }
 template <> __device__ __forceinline__ __nv_bfloat16 lg_from_f64<__nv_bfloat16>(double v) {
-    return __double2bfloat16(v);
+    return __float2bfloat16_rn(__double2float_rn(v));
 }
 template <> __device__ __forceinline__ unsigned char lg_from_f64<unsigned char>(double v) {
     if (!(v > 0.0)) return 0;

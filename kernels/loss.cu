@@ -61,7 +61,9 @@ template <typename A> __device__ __forceinline__ A lg_ce_reduce(A v, A* buf, int
                     } else {                                                          \
                         atomicAdd((unsigned long long*)&status[0], 1ULL);             \
                         double xt = (double)lg_load(x[base + t * inner]);             \
-                        loss = (double)lse - (1.0 - eps) * xt - eps / (double)classes * (double)xs; \
+                        /* as the CPU: no smoothing term (and no inf*0) for eps = 0 */ \
+                        double smooth = eps != 0.0 ? eps / (double)classes * (double)xs : 0.0; \
+                        loss = (double)lse - (1.0 - eps) * xt - smooth;                      \
                     }                                                                 \
                 }                                                                     \
                 losses[lane] = loss;                                                  \

@@ -58,8 +58,16 @@ macro_rules! with_dtype {
 }
 with_dtype!(f32, F32, |v: f32| v as f64, |v: f64| v as f32);
 with_dtype!(f64, F64, |v: f64| v, |v: f64| v);
-with_dtype!(f16, F16, |v: f16| v.to_f64(), f16::from_f64);
-with_dtype!(bf16, BF16, |v: bf16| v.to_f64(), bf16::from_f64);
+// f64 → f16/bf16 goes through f32, as PyTorch's `c10::Half(float)` /
+// `c10::BFloat16(float)` do and as the CUDA kernels do (`lg_from_f64`):
+// `half`'s own `bf16::from_f64` drops the low 32 bits of the f64 before
+// rounding, which rounds some near-ties the other way.
+with_dtype!(f16, F16, |v: f16| v.to_f64(), |v: f64| f16::from_f32(
+    v as f32
+));
+with_dtype!(bf16, BF16, |v: bf16| v.to_f64(), |v: f64| bf16::from_f32(
+    v as f32
+));
 with_dtype!(u8, U8, |v: u8| v as f64, |v: f64| v as u8);
 with_dtype!(u32, U32, |v: u32| v as f64, |v: f64| v as u32);
 with_dtype!(i64, I64, |v: i64| v as f64, |v: f64| v as i64);

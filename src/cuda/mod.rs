@@ -62,7 +62,9 @@ pub(crate) mod ops_matmul;
 pub mod random;
 pub mod reduce;
 pub(crate) mod tensor;
+mod tf32;
 
 pub use buffer::CudaBuffer;
 pub use context::{library_status, CudaDevice, PoolUsage, MIN_COMPUTE_CAPABILITY};
 pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};
+pub use tf32::{tf32_enabled, with_tf32, Tf32Guard};

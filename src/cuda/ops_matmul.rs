@@ -88,6 +88,7 @@ fn config(oa: &Operand, ob: &Operand, beta: f64) -> GemmConfig {
         trans_a: oa.trans,
         trans_b: ob.trans,
         beta,
+        tf32: super::tf32_enabled(),
         ..GemmConfig::default()
     }
 }
