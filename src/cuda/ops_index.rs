@@ -149,3 +149,48 @@ pub(crate) fn index_select_backward(
     add_into(&out, dim, &expanded, g)?;
     Ok(out)
 }
+
+/// The backward of max/min along `dim` (`crate::cpu::scatter_along`):
+/// zeros of `shape` with `g` (the keepdim shape) placed at `indices` along
+/// `dim`. The indices stay on the device; the status buffer is uncounted.
+pub(crate) fn scatter_along(
+    g: &Tensor,
+    indices: &Tensor,
+    shape: &[usize],
+    dim: usize,
+) -> Result<Tensor> {
+    let (lg, li) = (strided(g.layout())?, strided(indices.layout())?);
+    let out = uncounted(|| {
+        let (dg, di) = (g.storage().cuda()?, indices.storage().cuda()?);
+        kernels::scatter_along(&dg, &lg, &di, &li, shape, dim)
+    })?;
+    adopt(out, shape)
+}
+
+/// scatter_add's source gradient: `g` gathered at the indexed positions
+/// (the index's shape) and, when `src` is larger than the index, placed
+/// into the corner of zeros of `src_shape` the index covers. As on the
+/// CPU, the gathered values and the zeros are both alive at once. A gather
+/// reads each value once: exact and deterministic.
+pub(crate) fn scatter_add_src_grad(
+    g: &Tensor,
+    dim: usize,
+    index: &Tensor,
+    src_shape: &[usize],
+) -> Result<Tensor> {
+    let vals = gather(g, dim, index)?;
+    if index.shape() == src_shape {
+        return Ok(vals);
+    }
+    let dev = g.storage().cuda()?.device().clone();
+    let n = src_shape.iter().product();
+    let mut zeros = CudaBuffer::zeros(&dev, g.dtype(), n)?;
+    let corner = Layout::from_parts(
+        index.shape().to_vec(),
+        Layout::contiguous(src_shape).strides().to_vec(),
+        0,
+    );
+    kernels::place(&mut zeros, &strided(&corner)?, &*vals.storage().cuda()?)?;
+    drop(vals);
+    super::tensor::wrap(zeros, src_shape)
+}

@@ -19,7 +19,7 @@ impl UnaryKernel for Scale {
         T::from_f64(crate::WithDType::to_f64(x) * self.0)
     }
     fn cuda(&self) -> Option<crate::cuda::elementwise::UnaryOp> {
-        Some(crate::cuda::elementwise::UnaryOp::MulScalar(self.0))
+        Some(crate::cuda::elementwise::UnaryOp::Scale(self.0))
     }
 }
 
