@@ -141,7 +141,7 @@ pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<
         return if scale == 1.0 {
             contiguous(x)
         } else {
-            unary(x, Some(UnaryOp::MulScalar(scale)), "sum")
+            unary(x, Some(UnaryOp::Scale(scale)), "sum")
         };
     }
     let op = if scale == 1.0 {
@@ -150,7 +150,7 @@ pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<
         ReduceOp::Mean
     } else {
         let sum = sum_scaled(x, out_shape, 1.0)?;
-        return unary(&sum, Some(UnaryOp::MulScalar(scale)), "sum");
+        return unary(&sum, Some(UnaryOp::Scale(scale)), "sum");
     };
     map(x, out_shape, |b, l| red::reduce(op, b, l, &dims))
 }
