@@ -194,7 +194,36 @@ fn max_min_along_a_dim_with_ties() {
         let long = from(&ties(3 * 300, 5), &[3, 300], dtype);
         check_layer("max over 300", &[&long], |t| t[0].max(1, true));
     }
+    // Integer tensors: values and indices exactly as on the CPU.
+    for dtype in [DType::U8, DType::U32, DType::I64] {
+        let v: Vec<f64> = ties(4 * 7 * 5, 6).iter().map(|t| t + 2.0).collect();
+        let x = from(&v, &[4, 7, 5], dtype);
+        check("argmax of integers", &[&x], |t| t[0].argmax(1, false));
+        check("argmin of integers", &[&x], |t| t[0].argmin(2, true));
+        check("max of integers", &[&x], |t| t[0].max(0, false));
+        check("min of a transpose", &[&x], |t| {
+            t[0].transpose(0, 2)?.min(1, true)
+        });
+    }
     for dev in cuda_common::devices("max along a dim values") {
+        // u32/i64 values that a float would round together.
+        for dtype in [DType::U32, DType::I64] {
+            let x = Tensor::from_f64_slice(&[16_777_216.0, 16_777_217.0, 3.0], &[3], dtype, dev);
+            let x = x.unwrap();
+            assert_eq!(x.argmax(0, false).unwrap().to_f64_vec().unwrap(), [1.0]);
+            assert_eq!(
+                x.max(0, false).unwrap().to_f64_vec().unwrap(),
+                [16_777_217.0]
+            );
+        }
+        // The value is the chosen element itself: -0 stays -0, NaN wins.
+        let z = Tensor::from_f64_slice(&[-0.0, 0.0, f64::NAN, 1.0], &[2, 2], DType::F32, dev);
+        let z = z.unwrap().max(1, false).unwrap().to_f64_vec().unwrap();
+        assert!(
+            z[0] == 0.0 && z[0].is_sign_negative(),
+            "max(-0, 0) on {dev}"
+        );
+        assert!(z[1].is_nan(), "a NaN is the maximum on {dev}");
         let x = from(
             &[1.0, 3.0, 3.0, 2.0, 4.0, 4.0, 0.0, 4.0],
             &[2, 4],
