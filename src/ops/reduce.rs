@@ -246,3 +246,19 @@ impl Tensor {
         self.arg_index("argmin", dim, keepdim, false)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::elementwise::UnaryOp;
+
+    /// Mean's backward scale has its CUDA form, which also takes the
+    /// product in f64 before rounding, as here.
+    #[test]
+    fn scale_has_its_cuda_form() {
+        assert_eq!(Scale(0.25).cuda(), Some(UnaryOp::Scale(0.25)));
+        // 3 · 0.3: 0.9 from the f64 product, 0.90000004 in f32 arithmetic.
+        assert_eq!(Scale(0.3).f(3.0f32), 0.9);
+        assert_ne!(3.0f32 * 0.3f64 as f32, 0.9);
+    }
+}
