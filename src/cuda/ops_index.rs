@@ -74,7 +74,11 @@ pub(crate) fn scatter_add(x: &Tensor, dim: usize, index: &Tensor, src: &Tensor) 
 }
 
 /// The gather backward: zeros of `input_shape` with `g` scatter-added at
-/// the indexed positions.
+/// the indexed positions. Repeated indices accumulate by atomic adds: the
+/// CPU's sum is a plain sequential one, so the two agree within rounding
+/// (compared with a tolerance), not bit for bit, and the order of the
+/// additions may vary between runs; a deterministic form would need a
+/// sort by target.
 pub(crate) fn gather_backward(
     g: &Tensor,
     dim: usize,
@@ -128,7 +132,8 @@ pub(crate) fn take(x: &Tensor, offsets: &[usize], shape: &[usize]) -> Result<Ten
 }
 
 /// The index_select backward: zeros of `input_shape` with `g` added at the
-/// selected slices along `dim` (the 1-d index spread to `g`'s shape).
+/// selected slices along `dim` (the 1-d index spread to `g`'s shape);
+/// atomic adds, as [`gather_backward`].
 pub(crate) fn index_select_backward(
     g: &Tensor,
     dim: usize,
