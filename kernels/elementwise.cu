@@ -1,13 +1,40 @@
-// Elementwise float kernels: unary maps (with an optional scalar parameter,
-// which also covers tensor-scalar arithmetic) and binary maps with
-// broadcasting through strides. Outputs are contiguous. The op codes must
-// match `UnaryOp` / `BinaryOp` in src/cuda/elementwise.rs.
+// Elementwise float kernels: unary maps (with up to two scalar parameters,
+// which also cover tensor-scalar arithmetic and clamp) and binary maps with
+// broadcasting through strides (with one scalar parameter: the gradient
+// kernels of the unary ops are binary maps `(g, saved) -> dx`). Outputs are
+// contiguous. The op codes must match `UnaryOp` / `BinaryOp` in
+// src/cuda/elementwise.rs, and each formula the CPU kernel of the same op
+// (src/ops/unary.rs, scalar.rs, loss.rs), operation for operation.
 
 template <typename A> __device__ __forceinline__ A lg_sigmoid(A x) {
     return (A)1 / ((A)1 + exp(-x));
 }
 
-template <typename A> __device__ __forceinline__ A lg_unary(int op, A x, A p) {
+// GELU and its derivative in double whatever the element type, as
+// `gelu_f64` (src/ops/unary.rs) computes them on the CPU for every dtype:
+// the exact (erf) form or the tanh approximation.
+__device__ __forceinline__ double lg_gelu(double x, bool approximate) {
+    if (approximate) {
+        double t = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+        return 0.5 * x * (1.0 + t);
+    }
+    return x * (0.5 * (1.0 + erf(x / 1.4142135623730951)));
+}
+
+__device__ __forceinline__ double lg_gelu_grad(double x, bool approximate) {
+    if (approximate) {
+        const double k = 0.7978845608028654, a = 0.044715;
+        double t = tanh(k * (x + a * x * x * x));
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * a * x * x);
+    }
+    double cdf = 0.5 * (1.0 + erf(x / 1.4142135623730951));
+    double pdf = exp(-0.5 * x * x) / sqrt(2.0 * 3.141592653589793);
+    return cdf + x * pdf;
+}
+
+// `p` and `q` are the parameters in the arithmetic type, `pd` the first in
+// double (for the ops that compute in double as the CPU does).
+template <typename A> __device__ __forceinline__ A lg_unary(int op, A x, A p, A q, double pd) {
     switch (op) {
     case 0: return -x;
     case 1: return exp(x);
@@ -20,11 +47,8 @@ template <typename A> __device__ __forceinline__ A lg_unary(int op, A x, A p) {
     case 8: return cos(x);
     case 9: return tanh(x);
     case 10: return lg_sigmoid(x);
-    case 11: return (A)0.5 * x * ((A)1 + erf(x * (A)0.70710678118654752440));
-    case 12: {
-        A inner = (A)0.79788456080286535588 * (x + (A)0.044715 * x * x * x);
-        return (A)0.5 * x * ((A)1 + tanh(inner));
-    }
+    case 11: return (A)lg_gelu((double)x, false);
+    case 12: return (A)lg_gelu((double)x, true);
     case 13: return x * lg_sigmoid(x);
     case 14: return x > (A)0 ? x : (A)0;
     case 15: return pow(x, p);
@@ -33,49 +57,85 @@ template <typename A> __device__ __forceinline__ A lg_unary(int op, A x, A p) {
     case 18: return x * p;
     case 19: return p - x;
     case 20: return p / x;
-    case 21: return fmax(x, p);
-    case 22: return fmin(x, p);
+    // One-sided clamps: NaN passes through (a comparison with NaN is false).
+    case 21: return x < p ? p : x;
+    case 22: return x > p ? p : x;
     case 23: return x;
     case 24: return (A)1 / sqrt(x);
     case 25: return x / p;
+    // clamp to [p, q] (bounds already rounded to the element type); NaN
+    // passes through, as on the CPU.
+    case 26: return x < p ? p : (x > q ? q : x);
+    // x · factor with the product in double, as the CPU's `Scale`.
+    case 27: return (A)((double)x * pd);
     default: return x;
     }
 }
 
-template <typename A> __device__ __forceinline__ A lg_binary(int op, A a, A b) {
+// `p` is the op's scalar parameter (a double, so that ops computing in
+// double as the CPU does keep it exact). For the gradient kernels `a` is the
+// incoming gradient g and `b` the saved input x or output y.
+template <typename A> __device__ __forceinline__ A lg_binary(int op, A a, A b, double p) {
     switch (op) {
     case 0: return a + b;
     case 1: return a - b;
     case 2: return a * b;
     case 3: return a / b;
-    case 4: return fmax(a, b);
-    case 5: return fmin(a, b);
+    // maximum / minimum: NaN propagates (as torch.maximum and the CPU's
+    // ExtremumK, which returns a + b then); otherwise the CPU's choice on
+    // ties (max keeps a, min keeps b: it matters for -0 vs +0).
+    case 4: return (a != a || b != b) ? a + b : (a >= b ? a : b);
+    case 5: return (a != a || b != b) ? a + b : (a >= b ? b : a);
     case 6: return pow(a, b);
+    case 7: return a / (b + b);                          // sqrt: g / 2y
+    case 8: return b > (A)0 ? a : (b < (A)0 ? -a : (A)0); // abs: 0 at 0 and NaN
+    case 9: return a * (b + b);                          // square: g · 2x
+    case 10: return -(a * b * b);                        // recip: -g y²
+    case 11: return a * cos(b);                          // sin
+    case 12: return -(a * sin(b));                       // cos
+    case 13: return a * ((A)1 - b * b);                  // tanh: g (1 - y²)
+    case 14: return a * b * ((A)1 - b);                  // sigmoid: g y (1 - y)
+    case 15: {                                           // silu
+        A s = lg_sigmoid(b);
+        return a * s * ((A)1 + b * ((A)1 - s));
+    }
+    // powf: g · p · x^(p-1), and 0 for p = 0 (p and p - 1 each rounded to
+    // the arithmetic type, as the CPU rounds each to the dtype).
+    case 16: return p == 0.0 ? (A)0 : a * (A)p * pow(b, (A)(p - 1.0));
+    case 17: return a * (A)lg_gelu_grad((double)b, false);
+    case 18: return a * (A)lg_gelu_grad((double)b, true);
+    // The share of maximum's / minimum's gradient that goes to `a`: 1 where
+    // a wins, 1/2 on a tie, 0 where b wins or either is NaN.
+    case 19: return a == b ? (A)0.5 : (a > b ? (A)1 : (A)0);
+    case 20: return a == b ? (A)0.5 : (a < b ? (A)1 : (A)0);
+    // a · b · p with the products in double, as the CPU's ScaledMul.
+    case 21: return (A)((double)a * (double)b * p);
     default: return a;
     }
 }
 
-// out[i] = op(x[i], param) for the n logical elements of x.
+// out[i] = op(x[i], param, param2) for the n logical elements of x.
 #define LG_UNARY(sfx, T)                                                              \
-    extern "C" __global__ void unary_##sfx(int op, double param, long long n,        \
-                                           T* out, const T* x, Strided lx) {          \
+    extern "C" __global__ void unary_##sfx(int op, double param, double param2,      \
+                                           long long n, T* out, const T* x,           \
+                                           Strided lx) {                              \
         typedef Acc<T>::type A;                                                       \
-        A p = (A)param;                                                               \
-        LG_GRID_LOOP(i, n) { out[i] = lg_store<T>(lg_unary<A>(op, lg_load(x[lg_offset(lx, i)]), p)); } \
+        A p = (A)param, q = (A)param2;                                                \
+        LG_GRID_LOOP(i, n) { out[i] = lg_store<T>(lg_unary<A>(op, lg_load(x[lg_offset(lx, i)]), p, q, param)); } \
     }
 LG_FOR_FLOATS(LG_UNARY)
 
-// out[i] = op(a[i], b[i]); la and lb carry the output shape (stride 0 where
-// an input is broadcast).
+// out[i] = op(a[i], b[i], param); la and lb carry the output shape (stride 0
+// where an input is broadcast).
 #define LG_BINARY(sfx, T)                                                             \
-    extern "C" __global__ void binary_##sfx(int op, long long n, T* out,             \
+    extern "C" __global__ void binary_##sfx(int op, double param, long long n, T* out, \
                                             const T* a, Strided la,                   \
                                             const T* b, Strided lb) {                 \
         typedef Acc<T>::type A;                                                       \
         LG_GRID_LOOP(i, n) {                                                          \
             A va = lg_load(a[lg_offset(la, i)]);                                      \
             A vb = lg_load(b[lg_offset(lb, i)]);                                      \
-            out[i] = lg_store<T>(lg_binary<A>(op, va, vb));                           \
+            out[i] = lg_store<T>(lg_binary<A>(op, va, vb, param));                    \
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_BINARY)

@@ -79,3 +79,52 @@ LG_GATHER(8, unsigned long long)
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_SCATTER_ADD)
+
+// scatter_along (the backward of max/min along a dim): out, zeroed by the
+// host and contiguous of the input's shape (`len` elements along the dim,
+// `inner` elements per step of it), gets g[p] at index idx[p] along the dim
+// for every element p of g (the keepdim shape, read through lg) and of idx
+// (the same count in the same row-major order, read through li). Each p
+// writes its own lane, so there are no races and the result is exact.
+// As the CPU, a negative i64 index reads as 0.
+template <typename T, typename I>
+__device__ __forceinline__ void lg_scatter_along(long long len, long long inner, long long n,
+                                                 T* out, const T* g, const Strided& lg,
+                                                 const I* idx, const Strided& li,
+                                                 long long* status) {
+    LG_GRID_LOOP(p, n) {
+        long long k = (long long)idx[lg_offset(li, p)];
+        if (k < 0) k = 0;
+        if (lg_index_ok(k, len, status))
+            out[((p / inner) * len + k) * inner + p % inner] = g[lg_offset(lg, p)];
+    }
+}
+#define LG_SCATTER_ALONG_I(bytes, T, isfx, I)                                         \
+    extern "C" __global__ void scatter_along_##bytes##_##isfx(                       \
+        long long len, long long inner, long long n, T* out, const T* g, Strided lg,  \
+        const I* idx, Strided li, long long* status) {                                \
+        lg_scatter_along<T, I>(len, inner, n, out, g, lg, idx, li, status);           \
+    }
+#define LG_SCATTER_ALONG(bytes, T)                                                    \
+    LG_SCATTER_ALONG_I(bytes, T, u8, unsigned char)                                   \
+    LG_SCATTER_ALONG_I(bytes, T, u32, unsigned int)                                   \
+    LG_SCATTER_ALONG_I(bytes, T, i64, long long)
+LG_SCATTER_ALONG(1, unsigned char)
+LG_SCATTER_ALONG(2, unsigned short)
+LG_SCATTER_ALONG(4, unsigned int)
+LG_SCATTER_ALONG(8, unsigned long long)
+
+// place: out[offset of logical element i in lo] = x[i] for the n elements
+// of the contiguous x (lo's shape): writes a block into a larger (zeroed)
+// tensor, e.g. scatter_add's source gradient into the corner its index
+// covers. lo must not address one element twice (the host builds it from
+// a contiguous layout).
+#define LG_PLACE(bytes, T)                                                            \
+    extern "C" __global__ void place_##bytes(long long n, T* out, Strided lo,        \
+                                             const T* x) {                            \
+        LG_GRID_LOOP(i, n) { out[lg_offset(lo, i)] = x[i]; }                          \
+    }
+LG_PLACE(1, unsigned char)
+LG_PLACE(2, unsigned short)
+LG_PLACE(4, unsigned int)
+LG_PLACE(8, unsigned long long)

@@ -63,21 +63,36 @@ template <typename A> __device__ __forceinline__ void lg_block_reduce(int op, A*
     }
 LG_FOR_FLOATS(LG_REDUCE)
 
+// The type argreduce compares in: the arithmetic type for floats, the
+// element type itself for integers (exact: u32 and i64 do not fit a float).
+template <typename T> struct LgArg {
+    typedef typename Acc<T>::type A;
+    static __device__ __forceinline__ A load(T v) { return lg_load(v); }
+};
+#define LG_ARG_EXACT(T)                                                               \
+    template <> struct LgArg<T> {                                                     \
+        typedef T A;                                                                  \
+        static __device__ __forceinline__ A load(T v) { return v; }                   \
+    };
+LG_ARG_EXACT(unsigned char)
+LG_ARG_EXACT(unsigned int)
+LG_ARG_EXACT(long long)
+
 // Index (0..inner) of the largest (want_max = 1) or smallest value of each
 // output's run: the first one on ties, the first NaN if there is one (as
-// src/cpu/reduce.rs).
+// src/cpu/reduce.rs). Every dtype, as on the CPU.
 #define LG_ARG(sfx, T)                                                                \
     extern "C" __global__ void argreduce_##sfx(int want_max, long long outer,        \
                                                long long inner, long long* out,       \
                                                const T* x, Strided lx) {              \
-        typedef Acc<T>::type A;                                                       \
+        typedef LgArg<T>::A A;                                                        \
         __shared__ A vals[LG_RED_THREADS];                                            \
         __shared__ long long idxs[LG_RED_THREADS];                                    \
         for (long long o = blockIdx.x; o < outer; o += gridDim.x) {                   \
             A best = 0;                                                               \
             long long bi = -1;                                                        \
             for (long long j = threadIdx.x; j < inner; j += LG_RED_THREADS) {         \
-                A v = lg_load(x[lg_offset(lx, o * inner + j)]);                       \
+                A v = LgArg<T>::load(x[lg_offset(lx, o * inner + j)]);                \
                 if (lg_arg_better(want_max, best, bi, v, j)) { best = v; bi = j; }    \
             }                                                                         \
             vals[threadIdx.x] = best;                                                 \
@@ -99,3 +114,6 @@ LG_FOR_FLOATS(LG_REDUCE)
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_ARG)
+LG_ARG(u8, unsigned char)
+LG_ARG(u32, unsigned int)
+LG_ARG(i64, long long)

@@ -101,6 +101,33 @@ fn binary_ops_broadcast_through_strides() {
 }
 
 #[test]
+fn nan_propagation_and_clamp_match_the_cpu() {
+    let dev = cuda_or_skip!("nan");
+    let va = [f64::NAN, 1.0, 2.0, -0.0, 0.1, f64::NAN];
+    let vb = [0.0, f64::NAN, 2.0, 0.0, 0.7, f64::NAN];
+    for dtype in FLOATS {
+        let a = Tensor::from_f64_slice(&va, &[6], dtype, leangrad::Device::Cpu).unwrap();
+        let b = Tensor::from_f64_slice(&vb, &[6], dtype, leangrad::Device::Cpu).unwrap();
+        let (ga, gb, l) = (upload(&dev, &a), upload(&dev, &b), dense(&[6]));
+        let cases: [(BinaryOp, CpuBinary); 2] = [
+            (BinaryOp::Max, |a, b| a.maximum(b)),
+            (BinaryOp::Min, |a, b| a.minimum(b)),
+        ];
+        for (op, cpu) in cases {
+            let want = cpu(&a, &b).unwrap().to_f64_vec().unwrap();
+            let got = download(&elementwise::binary(op, &ga, &l, &gb, &l).unwrap());
+            assert_close(&format!("{op:?} {dtype:?}"), &got, &want, 0.0);
+            // -0 vs +0 ties pick the CPU's operand.
+            assert_eq!(got[3].is_sign_negative(), want[3].is_sign_negative());
+        }
+        // Bounds that are not f16/bf16 values are rounded as the CPU does.
+        let want = a.clamp(0.05, 0.65).unwrap().to_f64_vec().unwrap();
+        let got = elementwise::unary(UnaryOp::Clamp(0.05, 0.65), &ga, &l).unwrap();
+        assert_close(&format!("clamp {dtype:?}"), &download(&got), &want, 0.0);
+    }
+}
+
+#[test]
 fn strided_views_copy_and_accumulate() {
     let dev = cuda_or_skip!("strided");
     for dtype in cuda_common::ALL {

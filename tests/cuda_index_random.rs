@@ -166,3 +166,60 @@ fn dropout_replays_the_cpu_mask_bit_for_bit() {
         .unwrap()
         .is_empty());
 }
+
+#[test]
+fn scatter_along_and_place_write_their_lanes() {
+    let dev = cuda_or_skip!("scatter_along");
+    // g of the keepdim shape [2, 1, 3] into zeros of [2, 4, 3] along dim 1.
+    let ids = [3.0, 0.0, 2.0, 1.0, 1.0, 3.0];
+    for dtype in cuda_common::ALL {
+        let g = cuda_common::cpu_rand(&[2, 1, 3], 1.0, 9.0, dtype, 31);
+        let gv = g.to_f64_vec().unwrap();
+        let want: Vec<f64> = (0..24)
+            .map(|o| {
+                let p = (o / 12) * 3 + o % 3;
+                if ids[p] == (o / 3 % 4) as f64 {
+                    gv[p]
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        for idx_dtype in [DType::U8, DType::U32, DType::I64] {
+            let idx = Tensor::from_f64_slice(&ids, &[2, 3], idx_dtype, Device::Cpu).unwrap();
+            let got = index::scatter_along(
+                &upload(&dev, &g),
+                &dense(&[2, 1, 3]),
+                &upload(&dev, &idx),
+                &dense(&[2, 3]),
+                &[2, 4, 3],
+                1,
+            )
+            .unwrap();
+            assert_eq!(download(&got), want, "{dtype:?} with {idx_dtype:?} indices");
+        }
+    }
+    // As on the CPU: a negative I64 index reads as 0, one past the axis is
+    // InvalidArgument; the indices may be a strided view (a transpose).
+    let g = upload(
+        &dev,
+        &cuda_common::cpu_rand(&[1, 1, 3], 1.0, 2.0, DType::F32, 32),
+    );
+    let gv = download(&g);
+    let neg = upload(&dev, &index_tensor(&[-5, 1, 0], &[3, 1]));
+    let lt = Strided::new(&[1, 3], &[1, 1], 0).unwrap();
+    let got = index::scatter_along(&g, &dense(&[1, 1, 3]), &neg, &lt, &[1, 2, 3], 1).unwrap();
+    assert_eq!(download(&got), [gv[0], 0.0, gv[2], 0.0, gv[1], 0.0]);
+    let bad = upload(&dev, &index_tensor(&[0, 2, 0], &[1, 3]));
+    let r = index::scatter_along(&g, &dense(&[1, 1, 3]), &bad, &dense(&[1, 3]), &[1, 2, 3], 1);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    // place: [[1, 2], [3, 4]] into the top-left corner of zeros of [3, 4].
+    let x = CudaBuffer::from_slice(&dev, &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    let mut out = CudaBuffer::zeros(&dev, DType::F32, 12).unwrap();
+    let corner = Strided::new(&[2, 2], &[4, 1], 0).unwrap();
+    index::place(&mut out, &corner, &x).unwrap();
+    let mut want = [0.0; 12];
+    want[..2].copy_from_slice(&[1.0, 2.0]);
+    want[4..6].copy_from_slice(&[3.0, 4.0]);
+    assert_eq!(download(&out), want);
+}

@@ -374,7 +374,7 @@ pub(crate) fn scatter_along(
     match backend("scatter_along", &[g, indices])? {
         // Indices are not read on meta (treated as valid).
         Backend::Meta => return crate::meta::empty(shape, g.dtype()),
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("scatter_along", n)),
+        Backend::Cuda(_) => return crate::cuda::ops_index::scatter_along(g, indices, shape, dim),
         Backend::Cpu => {}
     }
     let idx: Vec<usize> = match &*indices.storage().cpu()? {

@@ -57,63 +57,146 @@ pub enum UnaryOp {
     RSubScalar(f64),
     /// `s / x`
     RDivScalar(f64),
-    /// `max(x, s)` (NaN-ignoring)
+    /// `max(x, s)`, NaN passing through (as `clamp(s, +∞)` on the CPU)
     MaxScalar(f64),
-    /// `min(x, s)` (NaN-ignoring)
+    /// `min(x, s)`, NaN passing through (as `clamp(−∞, s)` on the CPU)
     MinScalar(f64),
+    /// `x` limited to `[lo, hi]`, NaN passing through; the bounds are
+    /// rounded to the element type first, as the CPU's clamp does
+    Clamp(f64, f64),
+    /// `x · s` with the product in f64 (the CPU's `Scale`, mean's backward)
+    Scale(f64),
 }
 
 impl UnaryOp {
-    /// The kernel's op code and scalar parameter (see `lg_unary`).
-    fn code(self) -> (i32, f64) {
+    /// The kernel's op code and scalar parameters (see `lg_unary`) for
+    /// elements of `dtype`.
+    fn code(self, dtype: DType) -> (i32, f64, f64) {
         use UnaryOp::*;
+        let one = |code: i32, p: f64| (code, p, 0.0);
         match self {
-            Neg => (0, 0.0),
-            Exp => (1, 0.0),
-            Log => (2, 0.0),
-            Sqrt => (3, 0.0),
-            Abs => (4, 0.0),
-            Square => (5, 0.0),
-            Recip => (6, 0.0),
-            Sin => (7, 0.0),
-            Cos => (8, 0.0),
-            Tanh => (9, 0.0),
-            Sigmoid => (10, 0.0),
-            Gelu => (11, 0.0),
-            GeluTanh => (12, 0.0),
-            Silu => (13, 0.0),
-            Relu => (14, 0.0),
-            Powf(p) => (15, p),
-            LeakyRelu(s) => (16, s),
-            AddScalar(s) => (17, s),
-            MulScalar(s) => (18, s),
-            RSubScalar(s) => (19, s),
-            RDivScalar(s) => (20, s),
-            MaxScalar(s) => (21, s),
-            MinScalar(s) => (22, s),
-            Rsqrt => (24, 0.0),
-            DivScalar(s) => (25, s),
+            Neg => one(0, 0.0),
+            Exp => one(1, 0.0),
+            Log => one(2, 0.0),
+            Sqrt => one(3, 0.0),
+            Abs => one(4, 0.0),
+            Square => one(5, 0.0),
+            Recip => one(6, 0.0),
+            Sin => one(7, 0.0),
+            Cos => one(8, 0.0),
+            Tanh => one(9, 0.0),
+            Sigmoid => one(10, 0.0),
+            Gelu => one(11, 0.0),
+            GeluTanh => one(12, 0.0),
+            Silu => one(13, 0.0),
+            Relu => one(14, 0.0),
+            Powf(p) => one(15, p),
+            LeakyRelu(s) => one(16, s),
+            AddScalar(s) => one(17, s),
+            MulScalar(s) => one(18, s),
+            RSubScalar(s) => one(19, s),
+            RDivScalar(s) => one(20, s),
+            MaxScalar(s) => one(21, s),
+            MinScalar(s) => one(22, s),
+            Rsqrt => one(24, 0.0),
+            DivScalar(s) => one(25, s),
+            Clamp(lo, hi) => (26, round_to(dtype, lo), round_to(dtype, hi)),
+            Scale(s) => one(27, s),
         }
     }
 }
 
-/// A float map of two tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `v` rounded to the nearest value of the float `dtype` (what the CPU's
+/// kernels do to a scalar before comparing with elements), as an f64.
+fn round_to(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::F32 => v as f32 as f64,
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        _ => v,
+    }
+}
+
+/// A float map of two tensors; the `…Grad` variants are the gradient
+/// kernels of the unary ops, `(g, saved) ↦ dx` with `saved` the op's input
+/// `x` or output `y` as its CPU kernel keeps it (src/ops/unary.rs).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum BinaryOp {
     /// `a + b`
-    Add = 0,
+    Add,
     /// `a − b`
-    Sub = 1,
+    Sub,
     /// `a · b`
-    Mul = 2,
+    Mul,
     /// `a / b`
-    Div = 3,
-    /// `max(a, b)` (NaN-ignoring)
-    Max = 4,
-    /// `min(a, b)` (NaN-ignoring)
-    Min = 5,
+    Div,
+    /// `max(a, b)`, NaN propagating (torch.maximum)
+    Max,
+    /// `min(a, b)`, NaN propagating (torch.minimum)
+    Min,
     /// `aᵇ`
-    Pow = 6,
+    Pow,
+    /// sqrt's: `g / 2y`
+    SqrtGrad,
+    /// abs's: `±g` by the sign of `x`, 0 at 0
+    AbsGrad,
+    /// square's: `g · 2x`
+    SquareGrad,
+    /// recip's: `−g·y²`
+    RecipGrad,
+    /// sin's: `g · cos x`
+    SinGrad,
+    /// cos's: `−g · sin x`
+    CosGrad,
+    /// tanh's: `g · (1 − y²)`
+    TanhGrad,
+    /// sigmoid's: `g · y(1 − y)`
+    SigmoidGrad,
+    /// silu's: `g · s(1 + x(1 − s))`, `s = sigmoid(x)`
+    SiluGrad,
+    /// powf's with exponent `p`: `g · p · x^(p−1)`, 0 for `p = 0`
+    PowGrad(f64),
+    /// GELU's (erf form), the derivative in f64 as on the CPU
+    GeluGrad,
+    /// GELU's tanh approximation's, the derivative in f64
+    GeluTanhGrad,
+    /// maximum's share for `a`: 1 where `a > b`, ½ on a tie, else 0
+    MaxShare,
+    /// minimum's share for `a`: 1 where `a < b`, ½ on a tie, else 0
+    MinShare,
+    /// `a · b · factor` with the products in f64 (mse_loss's backward)
+    ScaledMul(f64),
+}
+
+impl BinaryOp {
+    /// The kernel's op code and scalar parameter (see `lg_binary`).
+    fn code(self) -> (i32, f64) {
+        use BinaryOp::*;
+        match self {
+            Add => (0, 0.0),
+            Sub => (1, 0.0),
+            Mul => (2, 0.0),
+            Div => (3, 0.0),
+            Max => (4, 0.0),
+            Min => (5, 0.0),
+            Pow => (6, 0.0),
+            SqrtGrad => (7, 0.0),
+            AbsGrad => (8, 0.0),
+            SquareGrad => (9, 0.0),
+            RecipGrad => (10, 0.0),
+            SinGrad => (11, 0.0),
+            CosGrad => (12, 0.0),
+            TanhGrad => (13, 0.0),
+            SigmoidGrad => (14, 0.0),
+            SiluGrad => (15, 0.0),
+            PowGrad(p) => (16, p),
+            GeluGrad => (17, 0.0),
+            GeluTanhGrad => (18, 0.0),
+            MaxShare => (19, 0.0),
+            MinShare => (20, 0.0),
+            ScaledMul(f) => (21, f),
+        }
+    }
 }
 
 /// A comparison; results are u8 (1 = true).
@@ -142,11 +225,11 @@ pub fn unary(op: UnaryOp, x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     if n == 0 {
         return Ok(out);
     }
-    let (code, param) = op.code();
+    let (code, param, param2) = op.code(x.dtype());
     let n64 = n as i64;
     let lx = lx.coalesced();
     launch!(x.device(), "elementwise.cu", format!("unary_{sfx}"), CudaDevice::grid_for(n);
-        &code, &param, &n64, out.slice_mut(), x.slice(), &lx)?;
+        &code, &param, &param2, &n64, out.slice_mut(), x.slice(), &lx)?;
     Ok(out)
 }
 
@@ -168,10 +251,10 @@ pub fn binary(
     if n == 0 {
         return Ok(out);
     }
-    let (code, n64) = (op as i32, n as i64);
+    let ((code, param), n64) = (op.code(), n as i64);
     let (la, lb) = (la.coalesced(), lb.coalesced());
     launch!(a.device(), "elementwise.cu", format!("binary_{sfx}"), CudaDevice::grid_for(n);
-        &code, &n64, out.slice_mut(), a.slice(), &la, b.slice(), &lb)?;
+        &code, &param, &n64, out.slice_mut(), a.slice(), &la, b.slice(), &lb)?;
     Ok(out)
 }
 

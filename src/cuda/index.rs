@@ -136,3 +136,84 @@ pub fn scatter_add(
         &d64, &n64, out.slice_mut(), lo, src.slice(), ls, index.slice(), li, st.slice_mut())?;
     check_status(op, &st, os[dim])
 }
+
+/// The backward of max/min along `dim`: zeros of `shape` (contiguous, any
+/// dtype) holding, for every element `p` of `g` (read through `lg`, the
+/// keepdim shape), `g[p]` at index `indices[p]` along `dim`; `indices`
+/// (U8, U32 or I64, read through `li` in the same row-major order) has
+/// `g`'s element count. A negative I64 index reads as 0 and one past the
+/// axis is `InvalidArgument`, as on the CPU. No two elements share a
+/// target, so the result is exact.
+pub fn scatter_along(
+    g: &CudaBuffer,
+    lg: &Strided,
+    indices: &CudaBuffer,
+    li: &Strided,
+    shape: &[usize],
+    dim: usize,
+) -> Result<CudaBuffer> {
+    let op = "cuda scatter_along";
+    check::input(op, g, g.dtype(), lg, g)?;
+    let isfx = match indices.dtype() {
+        DType::U8 => "u8",
+        DType::U32 => "u32",
+        DType::I64 => "i64",
+        dtype => return Err(Error::UnsupportedDType { op, dtype }),
+    };
+    check::input(op, indices, indices.dtype(), li, g)?;
+    check::dim(op, dim, shape.len())?;
+    let mut keep = shape.to_vec();
+    keep[dim] = 1;
+    if lg.shape() != keep || li.numel() != lg.numel() {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: keep,
+            rhs: lg.shape(),
+        });
+    }
+    let (len, inner) = (shape[dim], shape[dim + 1..].iter().product::<usize>());
+    let mut out = CudaBuffer::zeros(g.device(), g.dtype(), shape.iter().product())?;
+    let n = lg.numel();
+    if n == 0 {
+        return Ok(out);
+    }
+    let mut st = status_buffer(g)?;
+    let (len64, inner64, n64) = (len as i64, inner as i64, n as i64);
+    let name = format!("scatter_along_{}_{isfx}", g.dtype().size_in_bytes());
+    let (lg, li) = (lg.coalesced(), li.coalesced());
+    launch!(g.device(), "index.cu", name, CudaDevice::grid_for(n);
+        &len64, &inner64, &n64, out.slice_mut(), g.slice(), &lg, indices.slice(), &li,
+        st.slice_mut())?;
+    if st.to_vec::<i64>()?[1] != 0 {
+        return Err(Error::InvalidArgument {
+            op: "scatter_along",
+            msg: format!("indices do not fit an axis of size {len}"),
+        });
+    }
+    Ok(out)
+}
+
+/// Writes the contiguous `x` into `out` through `lo` (of `x`'s element
+/// count; a layout that addresses each element once, such as a corner of
+/// a contiguous layout), any dtype: a block placed into a larger tensor.
+pub fn place(out: &mut CudaBuffer, lo: &Strided, x: &CudaBuffer) -> Result<()> {
+    let op = "cuda place";
+    check::input(op, out, x.dtype(), lo, x)?;
+    let n = x.len();
+    if lo.numel() != n {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: lo.shape(),
+            rhs: vec![n],
+        });
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as i64;
+    let name = format!("place_{}", x.dtype().size_in_bytes());
+    let lo = lo.coalesced();
+    let device = out.device().clone();
+    launch!(&device, "index.cu", name, CudaDevice::grid_for(n);
+        &n64, out.slice_mut(), &lo, x.slice())
+}

@@ -141,7 +141,7 @@ pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<
         return if scale == 1.0 {
             contiguous(x)
         } else {
-            unary(x, Some(UnaryOp::MulScalar(scale)), "sum")
+            unary(x, Some(UnaryOp::Scale(scale)), "sum")
         };
     }
     let op = if scale == 1.0 {
@@ -150,7 +150,7 @@ pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<
         ReduceOp::Mean
     } else {
         let sum = sum_scaled(x, out_shape, 1.0)?;
-        return unary(&sum, Some(UnaryOp::MulScalar(scale)), "sum");
+        return unary(&sum, Some(UnaryOp::Scale(scale)), "sum");
     };
     map(x, out_shape, |b, l| red::reduce(op, b, l, &dims))
 }
@@ -167,7 +167,10 @@ pub(crate) fn extremum_to(x: &Tensor, out_shape: &[usize], max: bool) -> Result<
 
 /// The index of the extremum of every lane along `dim` (read back to the
 /// host, as the CPU kernel returns them) and, when asked for, the values
-/// as a tensor of `lanes` (the keepdim shape).
+/// as a tensor of `lanes` (the keepdim shape): the elements at those
+/// indices, gathered on the device, so that they are the CPU's exactly
+/// (the first of tied -0/+0, the NaN itself) and any dtype works. The
+/// device copy of the indices is uncounted, as the CPU's host vector is.
 pub(crate) fn arg_extremum(
     x: &Tensor,
     dim: usize,
@@ -176,8 +179,16 @@ pub(crate) fn arg_extremum(
     lanes: &[usize],
 ) -> Result<(Vec<usize>, Option<Tensor>)> {
     let lx = strided(x.layout())?;
-    let idx = uncounted(|| red::arg_reduce(&*x.storage().cuda()?, &lx, dim, max)?.to_vec::<i64>())?;
-    let vals = values.then(|| extremum_to(x, lanes, max)).transpose()?;
+    let (idx, vals) = uncounted(|| {
+        let dx = x.storage().cuda()?;
+        let idx = red::arg_reduce(&dx, &lx, dim, max)?;
+        let li = super::Strided::contiguous(lanes)?;
+        let vals = values
+            .then(|| super::index::gather(&dx, &lx, dim, &idx, &li))
+            .transpose()?;
+        Ok((idx.to_vec::<i64>()?, vals))
+    })?;
+    let vals = vals.map(|v| adopt(v, lanes)).transpose()?;
     Ok((idx.into_iter().map(|i| i as usize).collect(), vals))
 }
 

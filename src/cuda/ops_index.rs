@@ -74,7 +74,11 @@ pub(crate) fn scatter_add(x: &Tensor, dim: usize, index: &Tensor, src: &Tensor) 
 }
 
 /// The gather backward: zeros of `input_shape` with `g` scatter-added at
-/// the indexed positions.
+/// the indexed positions. Repeated indices accumulate by atomic adds: the
+/// CPU's sum is a plain sequential one, so the two agree within rounding
+/// (compared with a tolerance), not bit for bit, and the order of the
+/// additions may vary between runs; a deterministic form would need a
+/// sort by target.
 pub(crate) fn gather_backward(
     g: &Tensor,
     dim: usize,
@@ -128,7 +132,8 @@ pub(crate) fn take(x: &Tensor, offsets: &[usize], shape: &[usize]) -> Result<Ten
 }
 
 /// The index_select backward: zeros of `input_shape` with `g` added at the
-/// selected slices along `dim` (the 1-d index spread to `g`'s shape).
+/// selected slices along `dim` (the 1-d index spread to `g`'s shape);
+/// atomic adds, as [`gather_backward`].
 pub(crate) fn index_select_backward(
     g: &Tensor,
     dim: usize,
@@ -148,4 +153,49 @@ pub(crate) fn index_select_backward(
     })?;
     add_into(&out, dim, &expanded, g)?;
     Ok(out)
+}
+
+/// The backward of max/min along `dim` (`crate::cpu::scatter_along`):
+/// zeros of `shape` with `g` (the keepdim shape) placed at `indices` along
+/// `dim`. The indices stay on the device; the status buffer is uncounted.
+pub(crate) fn scatter_along(
+    g: &Tensor,
+    indices: &Tensor,
+    shape: &[usize],
+    dim: usize,
+) -> Result<Tensor> {
+    let (lg, li) = (strided(g.layout())?, strided(indices.layout())?);
+    let out = uncounted(|| {
+        let (dg, di) = (g.storage().cuda()?, indices.storage().cuda()?);
+        kernels::scatter_along(&dg, &lg, &di, &li, shape, dim)
+    })?;
+    adopt(out, shape)
+}
+
+/// scatter_add's source gradient: `g` gathered at the indexed positions
+/// (the index's shape) and, when `src` is larger than the index, placed
+/// into the corner of zeros of `src_shape` the index covers. As on the
+/// CPU, the gathered values and the zeros are both alive at once. A gather
+/// reads each value once: exact and deterministic.
+pub(crate) fn scatter_add_src_grad(
+    g: &Tensor,
+    dim: usize,
+    index: &Tensor,
+    src_shape: &[usize],
+) -> Result<Tensor> {
+    let vals = gather(g, dim, index)?;
+    if index.shape() == src_shape {
+        return Ok(vals);
+    }
+    let dev = g.storage().cuda()?.device().clone();
+    let n = src_shape.iter().product();
+    let mut zeros = CudaBuffer::zeros(&dev, g.dtype(), n)?;
+    let corner = Layout::from_parts(
+        index.shape().to_vec(),
+        Layout::contiguous(src_shape).strides().to_vec(),
+        0,
+    );
+    kernels::place(&mut zeros, &strided(&corner)?, &*vals.storage().cuda()?)?;
+    drop(vals);
+    super::tensor::wrap(zeros, src_shape)
 }

@@ -81,9 +81,9 @@ pub fn reduce(op: ReduceOp, x: &CudaBuffer, lx: &Strided, dims: &[usize]) -> Res
 
 /// The index along `dim` of the largest (`max`) or smallest element of
 /// each lane, as i64, with `dim` removed: the first on ties, the first NaN
-/// if a lane holds one (as the CPU).
+/// if a lane holds one (as the CPU). Every dtype (integers compare exactly).
 pub fn arg_reduce(x: &CudaBuffer, lx: &Strided, dim: usize, max: bool) -> Result<CudaBuffer> {
-    let sfx = float_suffix("cuda argmax", x.dtype())?;
+    let sfx = check::suffix(x.dtype());
     check::input("cuda argmax", x, x.dtype(), lx, x)?;
     let (permuted, outer, inner, _) = split_dims("cuda argmax", lx, &[dim])?;
     let permuted = permuted.coalesced();

@@ -147,6 +147,11 @@ impl BackwardOp for ScatterAddBackward {
             None => None,
             Some((index, src_shape)) => {
                 let index = index.get()?;
+                if let Backend::Cuda(_) = index_backend("scatter_add", &g, index)? {
+                    let grad = cuda_index::scatter_add_src_grad(&g, self.dim, index, src_shape)?;
+                    drop(self.src);
+                    return Ok(vec![self.needs_self.then_some(g), Some(grad)]);
+                }
                 let vals = if meta_index("scatter_add", &g, index)? {
                     crate::meta::empty(index.shape(), g.dtype())?
                 } else {
@@ -190,8 +195,9 @@ fn index_backend(op: &'static str, x: &Tensor, index: &Tensor) -> Result<Backend
     Ok(b)
 }
 
-/// Whether an index op runs on meta (`NotOnCuda` for the backwards that
-/// have no CUDA form yet).
+/// Whether an index op's backward runs on meta rather than the CPU (the
+/// callers dispatch CUDA first; one reaching here on CUDA is a typed
+/// `NotOnCuda`, never a host read of device memory).
 fn meta_index(op: &'static str, x: &Tensor, index: &Tensor) -> Result<bool> {
     match index_backend(op, x, index)? {
         Backend::Meta => Ok(true),

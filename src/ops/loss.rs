@@ -66,6 +66,9 @@ impl BinaryKernel for ScaledMul {
     fn f<T: FloatDType>(&self, a: T, b: T) -> T {
         T::from_f64(WithDType::to_f64(a) * WithDType::to_f64(b) * self.0)
     }
+    fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
+        Some(crate::cuda::elementwise::BinaryOp::ScaledMul(self.0))
+    }
 }
 
 /// Backward of cross_entropy: saves the softmax probabilities (logits'
@@ -294,5 +297,22 @@ impl Tensor {
             needs,
         };
         Ok(attach(out, &[self, target], op))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::elementwise::BinaryOp;
+
+    /// mse_loss's kernels have their CUDA forms, and `ScaledMul` takes its
+    /// products in f64 before one rounding (which the CUDA op reproduces).
+    #[test]
+    fn kernels_have_their_cuda_forms() {
+        assert_eq!(Diff.cuda(), Some(BinaryOp::Sub));
+        assert_eq!(ScaledMul(-0.5).cuda(), Some(BinaryOp::ScaledMul(-0.5)));
+        // 7 · 7 · (1/7): exactly 7 from f64, 7.0000005 in f32 arithmetic.
+        assert_eq!(ScaledMul(1.0 / 7.0).f(7.0f32, 7.0), 7.0);
+        assert_ne!(7.0f32 * 7.0 * (1.0 / 7.0f64) as f32, 7.0);
     }
 }

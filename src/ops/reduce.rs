@@ -19,7 +19,7 @@ impl UnaryKernel for Scale {
         T::from_f64(crate::WithDType::to_f64(x) * self.0)
     }
     fn cuda(&self) -> Option<crate::cuda::elementwise::UnaryOp> {
-        Some(crate::cuda::elementwise::UnaryOp::MulScalar(self.0))
+        Some(crate::cuda::elementwise::UnaryOp::Scale(self.0))
     }
 }
 
@@ -244,5 +244,21 @@ impl Tensor {
     /// The I64 index of the first minimum along `dim` (see [`Tensor::argmax`]).
     pub fn argmin(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
         self.arg_index("argmin", dim, keepdim, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::elementwise::UnaryOp;
+
+    /// Mean's backward scale has its CUDA form, which also takes the
+    /// product in f64 before rounding, as here.
+    #[test]
+    fn scale_has_its_cuda_form() {
+        assert_eq!(Scale(0.25).cuda(), Some(UnaryOp::Scale(0.25)));
+        // 3 · 0.3: 0.9 from the f64 product, 0.90000004 in f32 arithmetic.
+        assert_eq!(Scale(0.3).f(3.0f32), 0.9);
+        assert_ne!(3.0f32 * 0.3f64 as f32, 0.9);
     }
 }

@@ -76,6 +76,9 @@ impl UnaryKernel for ClampK {
             x
         }
     }
+    fn cuda(&self) -> Option<UnaryOp> {
+        Some(UnaryOp::Clamp(self.0, self.1))
+    }
 }
 
 /// Elementwise max (`true`) or min (`false`); NaN propagates.
@@ -109,6 +112,13 @@ impl BinaryKernel for ShareK {
         } else {
             T::zero()
         }
+    }
+    fn cuda(&self) -> Option<BinaryOp> {
+        Some(if self.0 {
+            BinaryOp::MaxShare
+        } else {
+            BinaryOp::MinShare
+        })
     }
 }
 
@@ -289,5 +299,52 @@ impl Tensor {
             needs,
         };
         Ok(attach(out, &[self, rhs], op))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel of this file has its CUDA form: the scalar ops, clamp,
+    /// maximum/minimum and the share their backward splits the gradient by.
+    #[test]
+    fn every_kernel_has_its_cuda_form() {
+        let unary = [
+            (AddScalarK(2.0).cuda(), UnaryOp::AddScalar(2.0)),
+            (SubScalarK(2.0).cuda(), UnaryOp::AddScalar(-2.0)),
+            (MulScalarK(2.0).cuda(), UnaryOp::MulScalar(2.0)),
+            (DivScalarK(2.0).cuda(), UnaryOp::DivScalar(2.0)),
+            (ScalarSubK(2.0).cuda(), UnaryOp::RSubScalar(2.0)),
+            (ClampK(-1.0, 3.0).cuda(), UnaryOp::Clamp(-1.0, 3.0)),
+        ];
+        for (got, want) in unary {
+            assert_eq!(got, Some(want));
+        }
+        let binary = [
+            (ExtremumK(true).cuda(), BinaryOp::Max),
+            (ExtremumK(false).cuda(), BinaryOp::Min),
+            (ShareK(true).cuda(), BinaryOp::MaxShare),
+            (ShareK(false).cuda(), BinaryOp::MinShare),
+        ];
+        for (got, want) in binary {
+            assert_eq!(got, Some(want));
+        }
+    }
+
+    /// The CPU semantics the CUDA forms reproduce: NaN propagates through
+    /// maximum/minimum, passes through clamp, and gets no gradient share.
+    #[test]
+    fn nan_semantics_on_the_cpu() {
+        let nan = f32::NAN;
+        assert!(ExtremumK(true).f(nan, 1.0f32).is_nan());
+        assert!(ExtremumK(false).f(1.0f32, nan).is_nan());
+        assert!(ClampK(0.0, 1.0).f(nan).is_nan());
+        assert_eq!(ClampK(0.0, 1.0).f(-2.0f32), 0.0);
+        assert_eq!(ShareK(true).f(nan, 1.0f32), 0.0);
+        assert_eq!(ShareK(true).f(2.0f32, 2.0), 0.5);
+        // Ties between -0 and +0: maximum keeps a, minimum keeps b.
+        assert!(ExtremumK(true).f(-0.0f32, 0.0).is_sign_negative());
+        assert!(ExtremumK(false).f(-0.0f32, 0.0).is_sign_positive());
     }
 }
