@@ -50,7 +50,8 @@ template <typename A> __device__ __forceinline__ A lg_unary(int op, A x, A p, A 
     case 11: return (A)lg_gelu((double)x, false);
     case 12: return (A)lg_gelu((double)x, true);
     case 13: return x * lg_sigmoid(x);
-    case 14: return x > (A)0 ? x : (A)0;
+    // relu: `x <= 0` is false for NaN, so NaN propagates (as the CPU).
+    case 14: return x <= (A)0 ? (A)0 : x;
     case 15: return pow(x, p);
     case 16: return x > (A)0 ? x : x * p;
     case 17: return x + p;
@@ -120,7 +121,8 @@ template <typename A> __device__ __forceinline__ A lg_binary(int op, A a, A b, d
                                            long long n, T* out, const T* x,           \
                                            Strided lx) {                              \
         typedef Acc<T>::type A;                                                       \
-        A p = (A)param, q = (A)param2;                                                \
+        /* the scalars rounded to T first, as the CPU's `c::<T>(p)` */                \
+        A p = lg_load(lg_from_f64<T>(param)), q = lg_load(lg_from_f64<T>(param2));    \
         LG_GRID_LOOP(i, n) { out[i] = lg_store<T>(lg_unary<A>(op, lg_load(x[lg_offset(lx, i)]), p, q, param)); } \
     }
 LG_FOR_FLOATS(LG_UNARY)

@@ -298,3 +298,16 @@ fn mse_loss_and_mean_backwards() {
         check_layer("mean of all", &[&b], |t| t[0].t()?.mean(&[], true));
     }
 }
+
+#[test]
+fn narrow_backward_writes_a_strided_window() {
+    for dtype in FLOATS {
+        let x = input(&[5, 9], dtype, 71, -1.0, 1.0);
+        // Columns 2..7 of each row: the gradient window is not contiguous.
+        check_layer("narrow columns", &[&x], |t| t[0].narrow(1, 2, 5)?.exp());
+        // Rows of a transpose: strided too.
+        check_layer("narrow of a transpose", &[&x], |t| {
+            t[0].t()?.narrow(0, 1, 3)?.mul_scalar(3.0)
+        });
+    }
+}

@@ -97,16 +97,10 @@ pub(crate) fn adopt(mut buffer: CudaBuffer, shape: &[usize]) -> Result<Tensor> {
     wrap(buffer, shape)
 }
 
-/// Writes `src`'s elements into the contiguous view `dst` (same shape and
-/// dtype; different storages).
+/// Writes `src`'s elements into the view `dst` (same shape and dtype):
+/// a contiguous view is one device copy, a strided one (a narrowed window,
+/// a transpose) is the `place` kernel writing through `dst`'s layout.
 pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
-    let range = dst
-        .layout()
-        .contiguous_range()
-        .ok_or(crate::Error::NotOnCuda {
-            op: "copy_into a strided view",
-            device: dst.device(),
-        })?;
     // A private copy when the two share a buffer (read and write locks of
     // one storage cannot be held together).
     let src = if dst.shares_storage_with(src) {
@@ -115,7 +109,16 @@ pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
         dense(src)?
     };
     let from = src.storage().cuda()?;
-    dst.storage()
-        .cuda_mut()?
-        .copy_range_from(range.start, &from, 0, range.len())
+    match dst.layout().contiguous_range() {
+        Some(range) => {
+            dst.storage()
+                .cuda_mut()?
+                .copy_range_from(range.start, &from, 0, range.len())
+        }
+        None => super::index::place(
+            &mut *dst.storage().cuda_mut()?,
+            &strided(dst.layout())?,
+            &from,
+        ),
+    }
 }

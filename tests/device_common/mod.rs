@@ -39,7 +39,8 @@ pub fn assert_close_tol(what: &str, want: &Tensor, got: &Tensor, t: f64) {
     let (w, g) = (want.to_f64_vec().unwrap(), got.to_f64_vec().unwrap());
     let big = w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     for (i, (a, b)) in w.iter().zip(&g).enumerate() {
-        let ok = (a.is_nan() && b.is_nan()) || (a - b).abs() <= t * a.abs().max(1e-3 * big);
+        let ok =
+            a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= t * a.abs().max(1e-3 * big);
         assert!(ok, "{what}: element {i}: cpu {a} vs {b}");
     }
 }
