@@ -57,6 +57,7 @@ pub mod layers_util;
 mod layout;
 pub mod nvrtc;
 pub(crate) mod ops;
+pub mod optim;
 pub(crate) mod ops_index;
 pub(crate) mod ops_matmul;
 pub mod random;
