@@ -185,7 +185,10 @@ fn main() {
         match CudaDevice::get(0) {
             Ok(_) => Device::Cuda(0),
             Err(e) => {
-                println!("{}", json!({"bench": "conv_stack", "skipped": format!("no CUDA device ({e})")}));
+                println!(
+                    "{}",
+                    json!({"bench": "conv_stack", "skipped": format!("no CUDA device ({e})")})
+                );
                 return;
             }
         }

@@ -141,12 +141,18 @@ __device__ __forceinline__ T lg_grad(const T* g, const Strided& gl, long long i,
     }
 LG_FOR_FLOATS(LG_OPTIM)
 
-// The lanes' partial sums added in lane order by one thread (the CPU's
-// order); `out[0]` gets the total.
-extern "C" __global__ void sumsq_total(long long lanes, const double* part, double* out) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        double acc = 0.0;
-        for (long long k = 0; k < lanes; ++k) acc = __dadd_rn(acc, part[k]);
-        out[0] = acc;
+// The lanes' partial sums (`pow2` of them, a power of two, zero-padded)
+// added as a fixed pairwise tree, the CPU's order: at each level s = pow2/2,
+// pow2/4, ..., 1, part[k] += part[k + s] for k < s. One block; every thread
+// runs every level (the __syncthreads are outside the divergent inner loop).
+// `out[0]` gets the total.
+extern "C" __global__ void sumsq_tree(long long pow2, double* part, double* out) {
+    if (blockIdx.x != 0) return;
+    for (long long s = pow2 / 2; s >= 1; s /= 2) {
+        for (long long k = threadIdx.x; k < s; k += blockDim.x) {
+            part[k] = __dadd_rn(part[k], part[k + s]);
+        }
+        __syncthreads();
     }
+    if (threadIdx.x == 0) out[0] = part[0];
 }

@@ -38,7 +38,17 @@ fn network(depth: usize, dtype: DType, dev: Device) -> Vec<Block> {
     (0..depth)
         .map(|i| {
             let name = format!("conv{i}");
-            let conv = Conv2d::new(&name, C, C, [3, 3], options, false, dtype, Device::Cpu, i as u64);
+            let conv = Conv2d::new(
+                &name,
+                C,
+                C,
+                [3, 3],
+                options,
+                false,
+                dtype,
+                Device::Cpu,
+                i as u64,
+            );
             let mut conv = conv.unwrap();
             let name = format!("bn{i}");
             let bn = BatchNorm::new2d(&name, C, BatchNormOptions::default(), dtype, Device::Cpu);

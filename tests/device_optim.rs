@@ -27,13 +27,22 @@ fn sgd_cases() -> Vec<(&'static str, Sgd)> {
         ("sgd", Sgd::new(0.1)),
         (
             "sgd momentum dampening wd",
-            Sgd::new(0.05).momentum(0.9).dampening(0.3).weight_decay(0.01),
+            Sgd::new(0.05)
+                .momentum(0.9)
+                .dampening(0.3)
+                .weight_decay(0.01),
         ),
         (
             "sgd nesterov wd",
-            Sgd::new(0.05).momentum(0.8).nesterov(true).weight_decay(0.02),
+            Sgd::new(0.05)
+                .momentum(0.8)
+                .nesterov(true)
+                .weight_decay(0.02),
         ),
-        ("sgd momentum maximize", Sgd::new(0.05).momentum(0.5).maximize(true)),
+        (
+            "sgd momentum maximize",
+            Sgd::new(0.05).momentum(0.5).maximize(true),
+        ),
     ]
 }
 
@@ -50,7 +59,10 @@ fn adam_cases(eps: f64) -> Vec<(&'static str, Adam)> {
             "adamw amsgrad beta1 0.3",
             Adam::adamw(0.01).eps(eps).amsgrad(true).betas(0.3, 0.99),
         ),
-        ("adam amsgrad maximize", Adam::new(0.01).eps(eps).amsgrad(true).maximize(true)),
+        (
+            "adam amsgrad maximize",
+            Adam::new(0.01).eps(eps).amsgrad(true).maximize(true),
+        ),
     ]
 }
 
@@ -112,10 +124,17 @@ fn check_kernels<A: Algorithm>(name: &str, alg: &A) {
         for transform in TRANSFORMS {
             let want = kernel_run(alg, dtype, transform, Device::Cpu);
             // The update moved the parameter.
-            assert_ne!(want[0], rand(&[5, 40], dtype, 11).to_f64_vec().unwrap()[40..160]);
+            assert_ne!(
+                want[0],
+                rand(&[5, 40], dtype, 11).to_f64_vec().unwrap()[40..160]
+            );
             for dev in cuda_common::devices("optimizer kernels") {
                 let got = kernel_run(alg, dtype, transform, dev);
-                bit_equal(&format!("{name} {dtype:?} {transform:?} on {dev}"), &want, &got);
+                bit_equal(
+                    &format!("{name} {dtype:?} {transform:?} on {dev}"),
+                    &want,
+                    &got,
+                );
             }
         }
     }
@@ -138,14 +157,23 @@ fn adam_updates_equal_the_cpu_bit_for_bit() {
 #[test]
 fn sum_of_squares_equals_the_cpu_bit_for_bit() {
     for dtype in KERNEL_FLOATS {
-        // Fewer elements than lanes: the plain row-major f64 sum.
-        let small = rand(&[7, 9], dtype, 3);
-        let plain = small
+        // Fewer elements than lanes, all multiples of 1/8: every square and
+        // partial sum is exact, so the sum is Σ((i − 31)/8)² in any order.
+        let eighths: Vec<f64> = (0..63).map(|i| (i as f64 - 31.0) / 8.0).collect();
+        let small = Tensor::from_vec(eighths, &[7, 9], Device::Cpu)
+            .and_then(|t| t.to_dtype(dtype))
+            .unwrap();
+        let plain = (0..63).map(|i| ((i - 31) * (i - 31)) as f64).sum::<f64>() / 64.0;
+        assert_eq!(sum_of_squares(&small).unwrap(), plain);
+        // Random values: the f64 sum within rounding of the plain one.
+        let odd = rand(&[7, 9], dtype, 3);
+        let naive = odd
             .to_f64_vec()
             .unwrap()
             .iter()
             .fold(0.0f64, |a, v| a + v * v);
-        assert_eq!(sum_of_squares(&small).unwrap(), plain);
+        let got = sum_of_squares(&odd).unwrap();
+        assert!((got - naive).abs() <= 1e-14 * naive, "{got} vs {naive}");
         // More elements than lanes, read through a transposed view.
         let n = 3 * NORM_LANES + 17;
         let big = rand(&[n / 17, 17], dtype, 4).t().unwrap();
@@ -158,9 +186,14 @@ fn sum_of_squares_equals_the_cpu_bit_for_bit() {
         assert!((want - naive).abs() <= 1e-12 * naive, "{want} vs {naive}");
         assert!(want > 0.1 * n as f64, "{want}");
         for dev in cuda_common::devices("sum_of_squares") {
-            for (t, w) in [(&small, plain), (&big, want)] {
+            let odd_want = sum_of_squares(&odd).unwrap();
+            for (t, w) in [(&small, plain), (&odd, odd_want), (&big, want)] {
                 let got = sum_of_squares(&t.to_device(dev).unwrap()).unwrap();
-                assert_eq!(got.to_bits(), w.to_bits(), "{dtype:?} on {dev}: {got} vs {w}");
+                assert_eq!(
+                    got.to_bits(),
+                    w.to_bits(),
+                    "{dtype:?} on {dev}: {got} vs {w}"
+                );
             }
             // Layout is honoured: the transposed view's own order.
             let moved = big.to_device(dev).unwrap();
@@ -222,7 +255,12 @@ fn loss(ps: &[Tensor], x: &Tensor, y: &Tensor) -> Tensor {
         }
     }
     let d = h.sub(y).unwrap();
-    d.mul(&d).unwrap().sum_all().unwrap().mul_scalar(1.0 / 15.0).unwrap()
+    d.mul(&d)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .mul_scalar(1.0 / 15.0)
+        .unwrap()
 }
 
 fn train<A: Algorithm>(alg: &A, clip: Clip, path: Path, dtype: DType, dev: Device) -> Trained {
@@ -311,9 +349,15 @@ fn check_training<A: Algorithm>(name: &str, alg: &A) {
             let what = format!("{name} {dtype:?} {clip:?}");
             // The fused path equals the usual one bit for bit on the CPU,
             // and every clipping mode bites on this model.
-            assert!(same_bits(&usual.params, &fused.params), "{what}: fused vs usual");
+            assert!(
+                same_bits(&usual.params, &fused.params),
+                "{what}: fused vs usual"
+            );
             if clip != Clip::None {
-                assert!(!same_bits(&usual.params, &unclipped.params), "{what}: no effect");
+                assert!(
+                    !same_bits(&usual.params, &unclipped.params),
+                    "{what}: no effect"
+                );
             }
             assert!(usual.state_bytes == fused.state_bytes && usual.peak > 0);
             for dev in cuda_common::devices("optimizer training") {

@@ -132,7 +132,8 @@ pub fn sgd_step(
     let flags = [
         i32::from(hp.nesterov),
         i32::from(hp.maximize),
-        i32::from(step <= 1),
+        // The CPU's test: the buffer starts as the gradient on update 1.
+        i32::from(step == 1),
         has_buf,
     ];
     let gl = a.layout.coalesced();
@@ -152,7 +153,7 @@ pub fn sgd_step(
     }
 }
 
-/// One Adam step (`step` ≥ 1) in place with moments `m`, `v` and, for
+/// One Adam step (`step` ≥ 1, as on the CPU) in place with moments `m`, `v` and, for
 /// amsgrad, `vmax` (whole contiguous buffers of the parameter's length and
 /// dtype). Allocates nothing. Bit-identical to the CPU update.
 pub fn adam_step(
@@ -179,7 +180,7 @@ pub fn adam_step(
         return Ok(());
     }
     // The step constants exactly as `Adam::update` computes them on the host.
-    let t = step.max(1) as f64;
+    let t = step as f64;
     let neg_step = -(hp.lr / (1.0 - hp.beta1.powf(t)));
     let bc2_sqrt = (1.0 - hp.beta2.powf(t)).sqrt();
     let weight = 1.0 - hp.beta1;
@@ -254,10 +255,10 @@ pub fn adam_update(
 
 /// The sum of squares of the elements `layout` reads from `g`, in f64 and
 /// in the CPU's order (`crate::optim::kernels::sum_of_squares`): lane `k`
-/// of [`NORM_LANES`] sums the `i ≡ k` elements in increasing `i`, then the
-/// lanes are added in order. Its two small f64 buffers are scratch, outside
-/// the ledger (the CPU's accumulators are host memory); reading the result
-/// back synchronizes the stream.
+/// of `min(n, NORM_LANES)` sums the `i ≡ k` elements in increasing `i`,
+/// then the lanes (zero-padded to a power of two) are added as a pairwise
+/// tree. Its two small f64 buffers are scratch, outside the ledger (the
+/// CPU's lanes are host memory); reading the result back synchronizes.
 pub fn sum_of_squares(g: &CudaBuffer, layout: &Strided) -> Result<f64> {
     let op = "cuda sum_of_squares";
     let sfx = float_suffix(op, g.dtype())?;
@@ -267,21 +268,23 @@ pub fn sum_of_squares(g: &CudaBuffer, layout: &Strided) -> Result<f64> {
         return Ok(0.0);
     }
     let lanes = n.min(NORM_LANES);
-    let (n64, l64) = (n as i64, lanes as i64);
+    let pow2 = lanes.next_power_of_two();
+    let (n64, l64, p64) = (n as i64, lanes as i64, pow2 as i64);
     let gl = layout.coalesced();
     let dev = g.device().clone();
     super::tensor::uncounted(|| {
-        let mut part = CudaBuffer::alloc(&dev, crate::DType::F64, lanes)?;
+        // Zeros: lanes..pow2 are the tree's padding.
+        let mut part = CudaBuffer::zeros(&dev, crate::DType::F64, pow2)?;
         let mut total = CudaBuffer::alloc(&dev, crate::DType::F64, 1)?;
         launch!(&dev, "optim.cu", format!("sumsq_lanes_{sfx}"), CudaDevice::grid_for(lanes);
             &n64, &l64, g.slice(), &gl, part.slice_mut())?;
-        let one = LaunchConfig {
+        let one_block = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(&dev, "optim.cu", "sumsq_total", one;
-            &l64, part.slice(), total.slice_mut())?;
+        launch!(&dev, "optim.cu", "sumsq_tree", one_block;
+            &p64, part.slice_mut(), total.slice_mut())?;
         let host = total.to_vec::<f64>()?;
         host.first()
             .copied()

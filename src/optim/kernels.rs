@@ -37,10 +37,11 @@ impl GradTransform {
 }
 
 /// How many interleaved lanes [`sum_of_squares`] adds a gradient's squares
-/// in: lane `k` sums the elements `i ≡ k (mod NORM_LANES)` in increasing
-/// `i`, then the lanes are added in order. One fixed order that a GPU can
-/// run in parallel and the CPU reproduces exactly; for a gradient of at
-/// most `NORM_LANES` elements it is the plain row-major sum.
+/// in: with `L = min(n, NORM_LANES)` lanes, lane `k` sums the elements
+/// `i ≡ k (mod L)` in increasing `i`; the lanes, zero-padded to a power of
+/// two `P`, are then added as a pairwise tree (level `s = P/2, …, 1`:
+/// `lane[k] += lane[k + s]` for `k < s`). One fixed order that a GPU runs in
+/// parallel and the CPU reproduces exactly.
 pub const NORM_LANES: usize = 16384;
 
 /// Reads a gradient in row-major order whatever its strides, applying a
@@ -330,13 +331,21 @@ pub fn sum_of_squares(grad: &Tensor) -> Result<f64> {
         let r = GradReader::new(typed::<T>(d, "clip_grad_norm")?, l, GradTransform::Identity);
         let n = l.numel();
         let lanes = n.clamp(1, NORM_LANES);
-        let mut part = vec![0.0f64; lanes];
+        let mut part = vec![0.0f64; lanes.next_power_of_two()];
         for i in 0..n {
             let v = r.raw(i).to_f64();
             part[i % lanes] += v * v;
         }
-        // Added in lane order from +0 (as the kernel `sumsq_total` does).
-        Ok(part.iter().fold(0.0f64, |acc, &p| acc + p))
+        // The pairwise tree of the kernel `sumsq_tree`.
+        let mut s = part.len() / 2;
+        while s >= 1 {
+            let (lo, hi) = part.split_at_mut(s);
+            for (a, b) in lo.iter_mut().zip(&hi[..s]) {
+                *a += *b;
+            }
+            s /= 2;
+        }
+        Ok(part[0])
     }
     match grad.dtype() {
         DType::F32 => go::<f32>(&data, grad.layout()),
