@@ -125,6 +125,13 @@ __device__ __forceinline__ T lg_grad(const T* g, const Strided& gl, long long i,
             p[poff + i] = lg_tadd(pv, lg_tdiv(lg_tmul(tns, mv), denom));              \
         }                                                                             \
     }                                                                                 \
+    /* clip_grad_value on CUDA: out (contiguous) = g (layout gl) clamped to */       \
+    /* [-bound, bound] in T, NaN passing through (Tensor::clamp's rule). */           \
+    extern "C" __global__ void clamp_abs_##sfx(long long n, double bound, T* out,     \
+                                               const T* g, Strided gl) {              \
+        T b = lg_from_f64<T>(bound);                                                  \
+        LG_GRID_LOOP(i, n) { out[i] = lg_grad(g, gl, i, 2, b); }                      \
+    }                                                                                 \
     /* Sum of squares, lane k of `lanes`: the f64 sum, in increasing i, of */         \
     /* g_i^2 over the i = k (mod lanes), as src/optim/kernels.rs sums them. */         \
     extern "C" __global__ void sumsq_lanes_##sfx(long long n, long long lanes,        \

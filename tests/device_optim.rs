@@ -288,13 +288,18 @@ fn train<A: Algorithm>(alg: &A, clip: Clip, path: Path, dtype: DType, dev: Devic
         assert!(ps.iter().all(|p| p.grad().is_none()));
     }
     assert_eq!(opt.steps(), STEPS as u64);
+    // The peaks first: nothing after this point is part of the run.
+    let (peak, state_peak) = (
+        ledger.peak(dev),
+        ledger.peak_in(dev, Category::OptimizerState),
+    );
     let trained = Trained {
         params: ps
             .iter()
             .map(|p| p.detach().to_device(Device::Cpu).unwrap())
             .collect(),
-        peak: ledger.peak(dev),
-        state_peak: ledger.peak_in(dev, Category::OptimizerState),
+        peak,
+        state_peak,
         state_bytes: opt.state_bytes(),
     };
     drop(guard);
@@ -403,6 +408,67 @@ fn optimizer_state_lives_on_the_parameter_device_and_counts_exactly() {
             assert_eq!(run.state_peak, want, "{dtype:?} on {dev}");
             let plain = train(&Sgd::new(0.1), Clip::None, Path::Fused, dtype, dev);
             assert_eq!((plain.state_bytes, plain.state_peak), (0, 0));
+        }
+    }
+}
+
+/// `.grad` of a `[6, 40]` parameter after backward of `Σ pᵀ ⊙ w`: exactly
+/// `wᵀ` on every device (no arithmetic touches it), possibly strided.
+fn leaf_with_grad(dtype: DType, dev: Device) -> Tensor {
+    let p = rand(&[6, 40], dtype, 60)
+        .to_device(dev)
+        .and_then(|t| t.set_requires_grad(true))
+        .unwrap();
+    let w = rand(&[40, 6], dtype, 61).to_device(dev).unwrap();
+    let loss = p.t().unwrap().mul(&w).unwrap().sum_all().unwrap();
+    loss.backward().unwrap();
+    p
+}
+
+#[test]
+fn clip_grad_value_and_norm_on_every_device_equal_the_cpu() {
+    use leangrad::optim::{clip_grad_norm, clip_grad_value, total_norm};
+    for dtype in KERNEL_FLOATS {
+        let want_grad = rand(&[40, 6], dtype, 61).t().unwrap().to_f64_vec().unwrap();
+        // With `read`, the gradient's values after each stage; without, the
+        // ledger's peak (reading a strided device tensor copies it).
+        let run = |dev: Device, read: bool| {
+            let ledger = Ledger::new();
+            let _g = ledger.enter();
+            let p = leaf_with_grad(dtype, dev);
+            let snap = || match read {
+                true => p.grad().unwrap().to_f64_vec().unwrap(),
+                false => Vec::new(),
+            };
+            let grad = snap();
+            let norm = total_norm(std::slice::from_ref(&p)).unwrap();
+            clip_grad_value(std::slice::from_ref(&p), 0.3).unwrap();
+            let clamped = snap();
+            let clipped_norm = clip_grad_norm(std::slice::from_ref(&p), 0.5).unwrap();
+            let scaled = snap();
+            (grad, norm, clamped, clipped_norm, scaled, ledger.peak(dev))
+        };
+        let cpu = run(Device::Cpu, true);
+        let cpu_peak = run(Device::Cpu, false).5;
+        assert!(cpu_peak > 0);
+        assert_eq!(cpu.0, want_grad, "{dtype:?}: the gradient is wᵀ");
+        assert!(cpu.2.iter().all(|v| v.abs() <= 0.3 + 1e-3) && cpu.2 != cpu.0);
+        let scaled_norm = cpu.4.iter().map(|v| v * v).sum::<f64>().sqrt();
+        assert!((scaled_norm - 0.5).abs() < 0.01, "{dtype:?}: {scaled_norm}");
+        for dev in cuda_common::devices("clip helpers") {
+            let got = run(dev, true);
+            let what = format!("{dtype:?} on {dev}");
+            assert_eq!(got.0, cpu.0, "{what}: gradient");
+            assert_eq!(got.1.to_bits(), cpu.1.to_bits(), "{what}: total norm");
+            assert_eq!(got.2, cpu.2, "{what}: clip_grad_value");
+            assert_eq!(got.3.to_bits(), cpu.3.to_bits(), "{what}: clipped norm");
+            // The scaling is `mul_scalar`, whose CUDA kernel need not round
+            // half types exactly as the CPU does: compared with tolerance.
+            let t = device_common::tol(dtype);
+            for (a, b) in cpu.4.iter().zip(&got.4) {
+                assert!((a - b).abs() <= t * a.abs().max(1e-3), "{what}: {a} vs {b}");
+            }
+            assert_eq!(run(dev, false).5, cpu_peak, "{what}: ledger peak");
         }
     }
 }

@@ -291,3 +291,22 @@ pub fn sum_of_squares(g: &CudaBuffer, layout: &Strided) -> Result<f64> {
             .ok_or_else(|| invalid(op, "no total read back"))
     })
 }
+
+/// A new contiguous buffer of the elements `layout` reads from `g`, each
+/// limited to `[-bound, bound]` in the dtype (NaN passes through): what
+/// `Tensor::clamp(-bound, bound)` computes, for `clip_grad_value` on CUDA.
+/// The output is counted under the current category, as clamp's is.
+pub fn clamp_abs(g: &CudaBuffer, layout: &Strided, bound: f64) -> Result<CudaBuffer> {
+    let op = "cuda clamp_abs";
+    let sfx = float_suffix(op, g.dtype())?;
+    input(op, g, g.dtype(), layout, g)?;
+    let n = layout.numel();
+    let mut out = CudaBuffer::alloc(g.device(), g.dtype(), n)?;
+    if n > 0 {
+        let n64 = n as i64;
+        let gl = layout.coalesced();
+        launch!(g.device(), "optim.cu", format!("clamp_abs_{sfx}"), CudaDevice::grid_for(n);
+            &n64, &bound, out.slice_mut(), g.slice(), &gl)?;
+    }
+    Ok(out)
+}
