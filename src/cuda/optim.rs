@@ -107,7 +107,8 @@ impl UpdateArgs<'_> {
 }
 
 /// One SGD step in place (`step` is 1 on the first update); `buf` is the
-/// momentum buffer, whole and contiguous (required when momentum ≠ 0).
+/// momentum buffer, whole and contiguous (required when momentum ≠ 0, and
+/// used whenever given, as the CPU uses a state slice).
 /// Allocates nothing. Bit-identical to the CPU update.
 pub fn sgd_step(
     a: UpdateArgs<'_>,
@@ -127,7 +128,9 @@ pub fn sgd_step(
     if n == 0 {
         return Ok(());
     }
-    let has_buf = i32::from(buf.is_some() && hp.momentum != 0.0);
+    // As on the CPU, a given buffer is used (the optimizer gives one
+    // exactly when momentum ≠ 0).
+    let has_buf = i32::from(buf.is_some());
     let (n64, off, (gm, gp)) = (n as i64, a.offset as i64, a.map.code());
     let flags = [
         i32::from(hp.nesterov),
@@ -153,9 +156,10 @@ pub fn sgd_step(
     }
 }
 
-/// One Adam step (`step` ≥ 1, as on the CPU) in place with moments `m`, `v` and, for
-/// amsgrad, `vmax` (whole contiguous buffers of the parameter's length and
-/// dtype). Allocates nothing. Bit-identical to the CPU update.
+/// One Adam step (`step` ≥ 1, as on the CPU) in place with moments `m`,
+/// `v` and, for amsgrad, `vmax` (used whenever given, as the CPU uses a
+/// third state slice; whole contiguous buffers of the parameter's length
+/// and dtype). Allocates nothing. Bit-identical to the CPU update.
 pub fn adam_step(
     a: UpdateArgs<'_>,
     m: &mut CudaBuffer,
@@ -190,7 +194,9 @@ pub fn adam_step(
         i32::from(decay && !hp.decoupled_weight_decay),
         i32::from(decay && hp.decoupled_weight_decay),
         i32::from(hp.maximize),
-        i32::from(hp.amsgrad && vmax.is_some()),
+        // As on the CPU, a given max buffer is used (the optimizer gives
+        // one exactly with amsgrad).
+        i32::from(vmax.is_some()),
     ];
     let (n64, off, (gm, gp)) = (n as i64, a.offset as i64, a.map.code());
     let gl = a.layout.coalesced();
