@@ -6,6 +6,12 @@
 //
 // Gradient transform (GradTransform): gmode 0 identity, 1 g * gparam
 // (scale), 2 clamp to [-gparam, gparam].
+//
+// The parameter is contiguous from element `poff` of its buffer; the
+// gradient is read through its layout `gl` (any strides), as the CPU reads
+// it in row-major order. State buffers are whole and contiguous. A state
+// pointer that is not used (no momentum, no amsgrad) may point anywhere: it
+// is never dereferenced.
 
 // Correctly rounded single operations that the compiler never contracts
 // into an FMA (the CPU rounds every product before adding it).
@@ -35,8 +41,9 @@ template <typename T> __device__ __forceinline__ bool lg_tnan(T a) {
 }
 
 template <typename T>
-__device__ __forceinline__ T lg_grad(const T* g, long long i, int gmode, T gparam) {
-    T v = g[i];
+__device__ __forceinline__ T lg_grad(const T* g, const Strided& gl, long long i, int gmode,
+                                     T gparam) {
+    T v = g[lg_offset(gl, i)];
     if (gmode == 1) return lg_tmul(v, gparam);
     if (gmode == 2) {
         if (lg_load(v) < -lg_load(gparam)) return lg_store<T>(-lg_load(gparam));
@@ -52,14 +59,15 @@ __device__ __forceinline__ T lg_grad(const T* g, long long i, int gmode, T gpara
     extern "C" __global__ void sgd_##sfx(long long n, double lr, double momentum,    \
                                          double dampening, double wd, int nesterov,   \
                                          int maximize, int first, int has_buf,        \
-                                         int gmode, double gparam, T* p, const T* g,  \
+                                         int gmode, double gparam, T* p,              \
+                                         long long poff, const T* g, Strided gl,      \
                                          T* buf) {                                    \
         T tm = lg_from_f64<T>(momentum), keep = lg_from_f64<T>(1.0 - dampening);      \
         T twd = lg_from_f64<T>(wd), neg_lr = lg_from_f64<T>(-lr);                     \
         T gp = lg_from_f64<T>(gparam);                                                \
         LG_GRID_LOOP(i, n) {                                                          \
-            T pv = p[i];                                                              \
-            T d = lg_grad(g, i, gmode, gp);                                           \
+            T pv = p[poff + i];                                                       \
+            T d = lg_grad(g, gl, i, gmode, gp);                                       \
             if (maximize) d = lg_store<T>(-lg_load(d));                               \
             if (wd != 0.0) d = lg_tadd(d, lg_tmul(twd, pv));                          \
             if (has_buf) {                                                            \
@@ -73,7 +81,7 @@ __device__ __forceinline__ T lg_grad(const T* g, long long i, int gmode, T gpara
                 buf[i] = b;                                                           \
                 d = nesterov ? lg_tadd(d, lg_tmul(tm, b)) : b;                        \
             }                                                                         \
-            p[i] = lg_tadd(pv, lg_tmul(neg_lr, d));                                   \
+            p[poff + i] = lg_tadd(pv, lg_tmul(neg_lr, d));                            \
         }                                                                             \
     }                                                                                 \
     /* Adam / AdamW (+amsgrad) with the host's step constants: neg_step = */          \
@@ -83,7 +91,8 @@ __device__ __forceinline__ T lg_grad(const T* g, long long i, int gmode, T gpara
                                           double eps, double weight, double beta2,    \
                                           double wd, double shrink, int l2,           \
                                           int decoupled, int maximize, int amsgrad,   \
-                                          int gmode, double gparam, T* p, const T* g, \
+                                          int gmode, double gparam, T* p,             \
+                                          long long poff, const T* g, Strided gl,     \
                                           T* m, T* v, T* vmax) {                      \
         T tns = lg_from_f64<T>(neg_step), tbc2 = lg_from_f64<T>(bc2_sqrt);            \
         T teps = lg_from_f64<T>(eps), tw = lg_from_f64<T>(weight);                    \
@@ -92,9 +101,9 @@ __device__ __forceinline__ T lg_grad(const T* g, long long i, int gmode, T gpara
         T tshrink = lg_from_f64<T>(shrink), gp = lg_from_f64<T>(gparam);              \
         bool small = weight < 0.5;                                                    \
         LG_GRID_LOOP(i, n) {                                                          \
-            T pv = p[i];                                                              \
+            T pv = p[poff + i];                                                       \
             if (decoupled) pv = lg_tmul(pv, tshrink);                                 \
-            T gv = lg_grad(g, i, gmode, gp);                                          \
+            T gv = lg_grad(g, gl, i, gmode, gp);                                      \
             if (maximize) gv = lg_store<T>(-lg_load(gv));                             \
             if (l2) gv = lg_tadd(gv, lg_tmul(twd, pv));                               \
             T mv = m[i];                                                              \
@@ -113,7 +122,44 @@ __device__ __forceinline__ T lg_grad(const T* g, long long i, int gmode, T gpara
                 sm = mx;                                                              \
             }                                                                         \
             T denom = lg_tadd(lg_tdiv(lg_store<T>(sqrt(lg_load(sm))), tbc2), teps);   \
-            p[i] = lg_tadd(pv, lg_tdiv(lg_tmul(tns, mv), denom));                     \
+            p[poff + i] = lg_tadd(pv, lg_tdiv(lg_tmul(tns, mv), denom));              \
+        }                                                                             \
+    }                                                                                 \
+    /* clip_grad_value on CUDA: out (contiguous) = g (layout gl) clamped to */       \
+    /* [-bound, bound] in T, NaN passing through (Tensor::clamp's rule). */           \
+    extern "C" __global__ void clamp_abs_##sfx(long long n, double bound, T* out,     \
+                                               const T* g, Strided gl) {              \
+        T b = lg_from_f64<T>(bound);                                                  \
+        LG_GRID_LOOP(i, n) { out[i] = lg_grad(g, gl, i, 2, b); }                      \
+    }                                                                                 \
+    /* Sum of squares, lane k of `lanes`: the f64 sum, in increasing i, of */         \
+    /* g_i^2 over the i = k (mod lanes), as src/optim/kernels.rs sums them. */         \
+    extern "C" __global__ void sumsq_lanes_##sfx(long long n, long long lanes,        \
+                                                 const T* g, Strided gl,              \
+                                                 double* part) {                      \
+        LG_GRID_LOOP(k, lanes) {                                                      \
+            double acc = 0.0;                                                         \
+            for (long long i = k; i < n; i += lanes) {                                \
+                double x = lg_to_f64(g[lg_offset(gl, i)]);                            \
+                acc = __dadd_rn(acc, __dmul_rn(x, x));                                \
+            }                                                                         \
+            part[k] = acc;                                                            \
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_OPTIM)
+
+// The lanes' partial sums (`pow2` of them, a power of two, zero-padded)
+// added as a fixed pairwise tree, the CPU's order: at each level s = pow2/2,
+// pow2/4, ..., 1, part[k] += part[k + s] for k < s. One block; every thread
+// runs every level (the __syncthreads are outside the divergent inner loop).
+// `out[0]` gets the total.
+extern "C" __global__ void sumsq_tree(long long pow2, double* part, double* out) {
+    if (blockIdx.x != 0) return;
+    for (long long s = pow2 / 2; s >= 1; s /= 2) {
+        for (long long k = threadIdx.x; k < s; k += blockDim.x) {
+            part[k] = __dadd_rn(part[k], part[k + s]);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = part[0];
+}

@@ -4,7 +4,8 @@ conv stack, the reference for leangrad's GPU conv benchmark.
 The stack is export.py's ResNet-18 (torchvision's layout and names) at
 batch 64, 224x224. For each dtype and case it runs `--warmup` untimed and
 `--iters` timed steps of forward, cross-entropy and backward (no optimizer
-step) and prints one JSON object: median milliseconds per step and
+step) and prints one JSON object (field names shared with leangrad's
+`benches/conv_stack.rs`): median and best milliseconds per step and
 `torch.cuda.max_memory_allocated` over the timed steps (the number to put
 next to leangrad's ledger peak), plus the memory at the start of the step
 (parameters and input).
@@ -67,7 +68,8 @@ def bench(model, case, dtype, device, batch, size, warmup, iters):
         times.append((time.perf_counter() - t0) * 1e3)
     out = {"framework": "pytorch", "torch": torch.__version__, "model": "resnet18",
            "case": case, "dtype": str(dtype).removeprefix("torch."), "batch": batch,
-           "size": size, "device": device, "median_ms": statistics.median(times)}
+           "size": size, "width": 64, "device": device, "policy": "pytorch",
+           "median_ms": statistics.median(times), "best_ms": min(times)}
     if cuda:
         out["gpu"] = torch.cuda.get_device_name()
         out["start_bytes"] = start_bytes

@@ -59,6 +59,7 @@ pub mod nvrtc;
 pub(crate) mod ops;
 pub(crate) mod ops_index;
 pub(crate) mod ops_matmul;
+pub mod optim;
 pub mod random;
 pub mod reduce;
 pub(crate) mod tensor;

@@ -2,6 +2,8 @@
 //! (single-tensor path, bias-corrected, optional amsgrad).
 
 use super::kernels::{c, nonneg, Algorithm, GradReader};
+use crate::cuda::optim::{adam_step, AdamParams, UpdateArgs};
+use crate::cuda::CudaBuffer;
 use crate::{Error, FloatDType, Result};
 
 /// Adam / AdamW hyper-parameters, with torch.optim's meaning and defaults.
@@ -191,5 +193,27 @@ impl Algorithm for Adam {
             let denom = second_moment.sqrt() / bc2_sqrt + eps;
             param[i] = p + neg_step * m[i] / denom;
         }
+    }
+
+    fn update_cuda(
+        &self,
+        step: u64,
+        args: UpdateArgs<'_>,
+        state: &mut [&mut CudaBuffer],
+    ) -> Result<()> {
+        let hp = AdamParams {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            decoupled_weight_decay: self.decoupled_weight_decay,
+            amsgrad: self.amsgrad,
+            maximize: self.maximize,
+        };
+        let [m, v, rest @ ..] = state else {
+            return Err(invalid(format!("{} state buffers, 2 needed", state.len())));
+        };
+        adam_step(args, m, v, rest.first_mut().map(|b| &mut **b), step, &hp)
     }
 }

@@ -2,7 +2,7 @@
 //! shared with the fused path.
 
 use super::kernels::sum_of_squares;
-use crate::{Result, Tensor};
+use crate::{Device, Error, Result, Tensor};
 
 /// `min(1, max_norm / (norm + 1e-6))`, as `torch.nn.utils.clip_grad_norm_`.
 pub(crate) fn coefficient(norm: f64, max_norm: f64) -> f64 {
@@ -42,10 +42,27 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<f64> {
 pub fn clip_grad_value(params: &[Tensor], clip: f64) -> Result<()> {
     for p in params {
         if let Some(g) = p.grad() {
-            replace_grad(p, g.clamp(-clip, clip)?);
+            replace_grad(p, clamp_grad(&g, clip)?);
         }
     }
     Ok(())
+}
+
+/// `g.clamp(-clip, clip)`; on CUDA (where `clamp` has no kernel yet) the
+/// same values and the same one new contiguous buffer from `optim.cu`.
+fn clamp_grad(g: &Tensor, clip: f64) -> Result<Tensor> {
+    if let Device::Cuda(_) = g.device() {
+        if clip.is_nan() || -clip > clip {
+            return Err(Error::InvalidArgument {
+                op: "clamp",
+                msg: format!("bounds [{}, {clip}] are not an interval", -clip),
+            });
+        }
+        let layout = crate::cuda::tensor::strided(g.layout())?;
+        let out = crate::cuda::optim::clamp_abs(&*g.storage().cuda()?, &layout, clip)?;
+        return crate::cuda::tensor::wrap(out, g.shape());
+    }
+    g.clamp(-clip, clip)
 }
 
 /// Swaps `p`'s `.grad` for `g` (computed under no grad: `.grad` never

@@ -8,6 +8,8 @@
 //! gradient handed over by backward), so both give bit-identical parameters.
 
 use crate::autograd::no_grad;
+use crate::cuda::optim::{GradMap, UpdateArgs};
+use crate::cuda::CudaBuffer;
 use crate::tensor::{CpuData, Layout};
 use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
 use half::{bf16, f16};
@@ -22,6 +24,25 @@ pub enum GradTransform {
     /// Limited to `[-c, c]` (value clipping; NaN passes through).
     ClampAbs(f64),
 }
+
+impl GradTransform {
+    /// The same transform as the CUDA kernels' argument.
+    pub fn to_cuda(self) -> GradMap {
+        match self {
+            GradTransform::Identity => GradMap::Identity,
+            GradTransform::Scale(s) => GradMap::Scale(s),
+            GradTransform::ClampAbs(c) => GradMap::ClampAbs(c),
+        }
+    }
+}
+
+/// How many interleaved lanes [`sum_of_squares`] adds a gradient's squares
+/// in: with `L = min(n, NORM_LANES)` lanes, lane `k` sums the elements
+/// `i ≡ k (mod L)` in increasing `i`; the lanes, zero-padded to a power of
+/// two `P`, are then added as a pairwise tree (level `s = P/2, …, 1`:
+/// `lane[k] += lane[k + s]` for `k < s`). One fixed order that a GPU runs in
+/// parallel and the CPU reproduces exactly.
+pub const NORM_LANES: usize = 16384;
 
 /// Reads a gradient in row-major order whatever its strides, applying a
 /// [`GradTransform`] to each element.
@@ -110,6 +131,21 @@ pub trait Algorithm: Clone + std::fmt::Debug {
         grad: &GradReader<'_, T>,
         state: &mut [&mut [T]],
     );
+    /// The same update on CUDA: the parameter and gradient in `args`, the
+    /// [`Algorithm::state_slots`] state buffers in `state` (whole and
+    /// contiguous). The default answers [`Error::NotOnCuda`].
+    fn update_cuda(
+        &self,
+        step: u64,
+        args: UpdateArgs<'_>,
+        state: &mut [&mut CudaBuffer],
+    ) -> Result<()> {
+        let _ = (step, state);
+        Err(Error::NotOnCuda {
+            op: Self::NAME,
+            device: args.param.device().device(),
+        })
+    }
 }
 
 fn typed<'a, T: WithDType>(d: &'a CpuData, op: &'static str) -> Result<&'a [T]> {
@@ -172,12 +208,20 @@ pub fn apply_update<A: Algorithm>(
     state: &[Tensor],
 ) -> Result<()> {
     check_like(A::NAME, param, grad)?;
-    for s in state {
+    for (i, s) in state.iter().enumerate() {
         check_like(A::NAME, param, s)?;
         if !s.is_contiguous() || s.numel() != s.storage().len() {
             return Err(Error::InvalidArgument {
                 op: A::NAME,
                 msg: "optimizer state must be a whole contiguous tensor".into(),
+            });
+        }
+        // Each storage is locked once below (read for the gradient, write
+        // for the rest): a shared one would deadlock.
+        if s.shares_storage_with(grad) || state[..i].iter().any(|o| o.shares_storage_with(s)) {
+            return Err(Error::InvalidArgument {
+                op: A::NAME,
+                msg: "optimizer state shares storage with the gradient or other state".into(),
             });
         }
     }
@@ -198,7 +242,9 @@ pub fn apply_update<A: Algorithm>(
             state.iter().for_each(crate::meta::touch);
             return Ok(());
         }
-        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(A::NAME, n)),
+        crate::meta::Backend::Cuda(_) => {
+            return update_on_cuda(alg, step, param, range.start, grad, transform, state)
+        }
         crate::meta::Backend::Cpu => {}
     }
     let gdata = grad.storage().cpu()?;
@@ -237,24 +283,69 @@ pub fn apply_update<A: Algorithm>(
     }
 }
 
-/// The sum of squares of a gradient's elements, accumulated in f64 in
-/// row-major order (the building block of every norm used for clipping).
-/// On the meta device there are no values: the sum is taken to be 0.
+/// [`apply_update`] on CUDA: locks the storages (the gradient for reading,
+/// the parameter and state for writing, which bumps their versions) and
+/// hands the buffers to the algorithm's kernel. Allocates nothing.
+fn update_on_cuda<A: Algorithm>(
+    alg: &A,
+    step: u64,
+    param: &Tensor,
+    offset: usize,
+    grad: &Tensor,
+    transform: GradTransform,
+    state: &[Tensor],
+) -> Result<()> {
+    let layout = crate::cuda::tensor::strided(grad.layout())?;
+    let gbuf = grad.storage().cuda()?;
+    let mut pbuf = param.storage().cuda_mut()?;
+    let mut sbufs = state
+        .iter()
+        .map(|s| s.storage().cuda_mut())
+        .collect::<Result<Vec<_>>>()?;
+    let mut srefs: Vec<&mut CudaBuffer> = sbufs.iter_mut().map(|b| &mut **b).collect();
+    let args = UpdateArgs {
+        param: &mut pbuf,
+        offset,
+        grad: &gbuf,
+        layout,
+        map: transform.to_cuda(),
+    };
+    alg.update_cuda(step, args, &mut srefs)
+}
+
+/// The sum of squares of a gradient's elements in f64 (the building block
+/// of every norm used for clipping), added in the fixed order of
+/// [`NORM_LANES`] on every device, so a CUDA norm equals the CPU's bit for
+/// bit. On the meta device there are no values: the sum is taken to be 0.
 pub fn sum_of_squares(grad: &Tensor) -> Result<f64> {
     match crate::meta::backend("clip_grad_norm", &[grad])? {
         crate::meta::Backend::Meta => return Ok(0.0),
-        crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("clip_grad_norm", n)),
+        crate::meta::Backend::Cuda(_) => {
+            let layout = crate::cuda::tensor::strided(grad.layout())?;
+            return crate::cuda::optim::sum_of_squares(&*grad.storage().cuda()?, &layout);
+        }
         crate::meta::Backend::Cpu => {}
     }
     let data = grad.storage().cpu()?;
     fn go<T: FloatDType>(d: &CpuData, l: &Layout) -> Result<f64> {
         let r = GradReader::new(typed::<T>(d, "clip_grad_norm")?, l, GradTransform::Identity);
-        let mut acc = 0.0f64;
-        for i in 0..l.numel() {
+        let n = l.numel();
+        let lanes = n.clamp(1, NORM_LANES);
+        let mut part = vec![0.0f64; lanes.next_power_of_two()];
+        for i in 0..n {
             let v = r.raw(i).to_f64();
-            acc += v * v;
+            part[i % lanes] += v * v;
         }
-        Ok(acc)
+        // The pairwise tree of the kernel `sumsq_tree`.
+        let mut s = part.len() / 2;
+        while s >= 1 {
+            let (lo, hi) = part.split_at_mut(s);
+            for (a, b) in lo.iter_mut().zip(&hi[..s]) {
+                *a += *b;
+            }
+            s /= 2;
+        }
+        Ok(part[0])
     }
     match grad.dtype() {
         DType::F32 => go::<f32>(&data, grad.layout()),

@@ -18,9 +18,18 @@
 //! state and no update. Gradient accumulation over `k` micro-batches
 //! ([`Optimizer::set_accumulation`]) and clipping ([`Clip`]) are fused too;
 //! see `docs/optim.md` for the modes and their costs.
+//!
+//! On CUDA both paths run on the device: the update kernels of
+//! `kernels/optim.cu` ([`crate::cuda::optim`]) compute each algorithm's
+//! formula operation by operation in the parameter's dtype, exactly as the
+//! CPU does (bit-identical parameters from identical gradients), the state
+//! lives on the parameter's device and is counted as on the CPU, and the
+//! norms for clipping use the fixed summation order of
+//! [`kernels::NORM_LANES`] on every device.
 
 mod adam;
 mod clip;
+mod fused;
 pub mod kernels;
 mod schedule;
 mod sgd;
@@ -31,12 +40,11 @@ pub use kernels::{apply_update, Algorithm, GradTransform};
 pub use schedule::{LrScheduler, Schedule, SequentialLr};
 pub use sgd::Sgd;
 
-use crate::autograd::engine::merge_param_gradient;
-use crate::autograd::{backward_with, CollectGrads, GradientSink, Leaf};
+use crate::autograd::backward_with;
 use crate::memory::{with_category, Category};
 use crate::{Error, Result, Tensor};
+use fused::{FusedSink, Mode, NormSink};
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Gradient clipping applied inside the update.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -440,64 +448,5 @@ fn global_with_accumulation() -> Error {
     Error::InvalidArgument {
         op: "backward_step",
         msg: "fused global-norm clipping does not combine with accumulation; use the usual path (backward ×k, then step)".into(),
-    }
-}
-
-enum Mode {
-    Accumulate,
-    Update(Option<f64>),
-}
-
-/// The fused optimizer's gradient sink.
-struct FusedSink<'o, A: Algorithm> {
-    opt: &'o mut Optimizer<A>,
-    mode: Mode,
-}
-
-impl<A: Algorithm> GradientSink for FusedSink<'_, A> {
-    fn gradient_ready(
-        &mut self,
-        leaf: &Arc<Leaf>,
-        param: Option<&Tensor>,
-        grad: Tensor,
-    ) -> Result<()> {
-        let id = leaf.id();
-        let (Some(&group), Some(param)) = (self.opt.index.get(&id), param) else {
-            return CollectGrads.gradient_ready(leaf, param, grad);
-        };
-        // The buffer (if any) and this gradient, added as `.grad` would be.
-        let grad = merge_param_gradient(self.opt.buffers.remove(&id), grad)?;
-        match self.mode {
-            Mode::Accumulate => {
-                self.opt.buffers.insert(id, grad);
-                Ok(())
-            }
-            Mode::Update(scale) => {
-                let param = param.clone();
-                self.opt.update_param(group, &param, &grad, scale)
-                // `grad` (and the buffer it may be) is dropped here.
-            }
-        }
-    }
-}
-
-/// Sink of the first global-norm pass: squared norms only.
-struct NormSink<'o> {
-    index: &'o HashMap<u64, usize>,
-    squares: HashMap<u64, f64>,
-}
-
-impl GradientSink for NormSink<'_> {
-    fn gradient_ready(
-        &mut self,
-        leaf: &Arc<Leaf>,
-        _param: Option<&Tensor>,
-        grad: Tensor,
-    ) -> Result<()> {
-        if self.index.contains_key(&leaf.id()) {
-            self.squares
-                .insert(leaf.id(), kernels::sum_of_squares(&grad)?);
-        }
-        Ok(())
     }
 }
