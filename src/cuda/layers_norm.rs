@@ -10,6 +10,9 @@ use super::layers_util::{expect, invalid, stat_dtype};
 use super::{CudaBuffer, CudaDevice};
 use crate::{DType, Result};
 
+mod saved;
+pub use saved::{norm_input_grad_saved, norm_moments, norm_param_grads_saved};
+
 /// How statistics and affine parameters lie over a contiguous input: the
 /// input is `[a, s, b]` with one statistic per index of `s` (over `a·b`
 /// elements), and element `e` uses parameter `(e / lp) % p`.

@@ -15,8 +15,7 @@
 //! running mean and variance, and in train mode `save_mean`/`save_invstd`.
 
 use super::norm::{
-    grad_tensor, grads_of, inputs_of, optional_needs, param_values, recompute_xhat, rstd_of,
-    stat_tensor,
+    grads_of, inputs_of, optional_needs, param_values, recompute_xhat, rstd_of, stat_tensor,
 };
 use crate::autograd::{attach, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::cpu::norm::{
@@ -142,17 +141,11 @@ impl BackwardOp for BatchNormBackward {
             None
         };
         let (gw, gb) = if nw || nb {
-            param_grads(&g, xhat.as_ref().filter(|_| nw), geo, nb)?
+            let xh = xhat.as_ref().filter(|_| nw);
+            param_grads(&g, xh, geo, nb, &[geo.nparam()])?
         } else {
             (None, None)
         };
-        let c = [geo.nparam()];
-        let gw = gw
-            .map(|v| grad_tensor(v, &c, self.dtype, g.device()))
-            .transpose()?;
-        let gb = gb
-            .map(|v| grad_tensor(v, &c, self.dtype, g.device()))
-            .transpose()?;
         Ok(grads_of(gx, gw, gb, self.present))
     }
 }
