@@ -13,6 +13,11 @@
 //!
 //! Under `SaveAll` it keeps what PyTorch keeps: the input, the weight, the
 //! running mean and variance, and in train mode `save_mean`/`save_invstd`.
+//!
+//! On CUDA the same tensors are saved and the running statistics are
+//! updated with the same f64 formula (the statistics come back to the host
+//! as on the CPU; `cpu::norm`'s CUDA arms write them into the device
+//! buffers).
 
 use super::norm::{
     grads_of, inputs_of, optional_needs, param_values, recompute_xhat, rstd_of, stat_tensor,

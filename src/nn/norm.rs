@@ -7,6 +7,9 @@
 //! weight only for the input gradient; a bias-only gradient keeps nothing.
 //! Under `SaveAll` it keeps what PyTorch keeps: the input, weight (and bias
 //! for layer norm), mean and rstd, and recomputes `x̂` in backward.
+//! On CUDA the kernels run on the device and exactly the same tensors are
+//! saved (`cpu::norm`'s CUDA arms keep the statistics as host vectors, as
+//! the CPU does).
 
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::cpu::norm::{
