@@ -9,7 +9,8 @@
 mod cuda_common;
 mod device_common;
 
-use device_common::{assert_close, check_layer, input, FLOATS};
+use device_common::{assert_close, check_layer, check_layer_with, input, FLOATS};
+use leangrad::autograd::SavePolicy;
 use leangrad::nn::{
     batch_norm, group_norm, layer_norm, rms_norm, BatchNorm, BatchNormOptions, GroupNorm,
     LayerNorm, Module, RMSNorm,
@@ -91,6 +92,30 @@ fn group_norm_matches_the_cpu() {
         check_layer("GroupNorm module", &[&x], |t| {
             let m = GroupNorm::new("gn", 3, 6, 1e-5, true, dtype, t[0].device())?;
             m.forward(&t[0])
+        });
+    }
+}
+
+#[test]
+fn f64_norms_match_the_cpu() {
+    // f64 statistics (S = 8 bytes) on every device; sums in another order
+    // than the CPU's leave ~1e-15 relative differences.
+    let policies = [SavePolicy::Lean, SavePolicy::SaveAll];
+    let x = input(&[3, 4, 5], DType::F64, 23, -2.0, 2.0);
+    let w = input(&[4], DType::F64, 24, 0.5, 1.5);
+    let b = input(&[4], DType::F64, 25, -0.5, 0.5);
+    let w5 = input(&[5], DType::F64, 26, 0.5, 1.5);
+    check_layer_with("layer_norm f64", &policies, &[&x, &w5], 1e-9, |t| {
+        layer_norm(&t[0], &[5], Some(&t[1]), None, 1e-5)
+    });
+    check_layer_with("group_norm f64", &policies, &[&x, &w, &b], 1e-9, |t| {
+        group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5)
+    });
+    for train in [true, false] {
+        check_layer_with("batch_norm f64", &policies, &[&x, &w, &b], 1e-9, |t| {
+            let (rm, rv) = running(4, DType::F64, t[0].device())?;
+            let (w, b) = (Some(&t[1]), Some(&t[2]));
+            batch_norm(&t[0], Some(&rm), Some(&rv), w, b, train, 0.1, 1e-5)
         });
     }
 }
