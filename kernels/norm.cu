@@ -190,3 +190,105 @@ LG_FOR_FLOATS(LG_NORM)
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_NORM_RUNNING)
+
+// The layers' path (src/cpu/norm_cuda.rs), which saves what the CPU saves:
+// statistics come back unrounded in double (the host rounds them as
+// cpu::norm does), and the gradients read the saved x_hat rather than
+// recomputing it from x. Same [A, S, B] / (P, Lp) geometry as above.
+#define LG_NORM_SAVED(sfx, T)                                                         \
+    /* Per statistic: the mean (0 unless centered) and the biased variance */         \
+    /* (mean square when not centered), both unrounded doubles. */                    \
+    extern "C" __global__ void norm_moments_##sfx(long long A, long long S, long long B, \
+                                                  int centered, double* mean,         \
+                                                  double* var, const T* x) {          \
+        __shared__ double buf[LG_NORM_THREADS];                                       \
+        long long cnt = A * B;                                                        \
+        double div = cnt > 0 ? (double)cnt : 1.0;                                     \
+        for (long long s = blockIdx.x; s < S; s += gridDim.x) {                       \
+            double m = 0;                                                             \
+            if (centered) {                                                           \
+                for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS)        \
+                    m += lg_to_f64(x[lg_norm_elem(k, s, S, B)]);                      \
+                m = lg_norm_sum(m, buf) / div;                                        \
+            }                                                                         \
+            double v = 0;                                                             \
+            for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS) {          \
+                double d = lg_to_f64(x[lg_norm_elem(k, s, S, B)]) - m;                \
+                v += d * d;                                                           \
+            }                                                                         \
+            v = lg_norm_sum(v, buf) / div;                                            \
+            if (threadIdx.x == 0) {                                                   \
+                mean[s] = m;                                                          \
+                var[s] = v;                                                           \
+            }                                                                         \
+        }                                                                             \
+    }                                                                                 \
+    /* Input gradient per statistic s from the saved x_hat, gw = g * w and */         \
+    /* scale[s] (rstd, or batch norm's w * invstd with has_w = 0):          */        \
+    /*   mode 0 (centered): scale * (gw - mean(gw) - x_hat * mean(gw * x_hat)) */     \
+    /*   mode 1 (RMS):      scale * (gw - x_hat * mean(gw * x_hat))          */       \
+    /*   mode 2 (affine):   scale * gw (x_hat is not read)                   */       \
+    /* mode is uniform over the grid, so the block-wide sums are reached by */       \
+    /* every thread of a block or by none. */                                         \
+    extern "C" __global__ void norm_bwd_saved_##sfx(int mode, long long A, long long S, \
+                                                    long long B, long long P,         \
+                                                    long long Lp, int has_w,          \
+                                                    const T* xhat,                    \
+                                                    const Acc<T>::type* scale,        \
+                                                    const T* g, const T* w, T* dx) {  \
+        __shared__ double buf[LG_NORM_THREADS];                                       \
+        long long cnt = A * B;                                                        \
+        double div = cnt > 0 ? (double)cnt : 1.0;                                     \
+        for (long long s = blockIdx.x; s < S; s += gridDim.x) {                       \
+            double r = (double)scale[s];                                              \
+            double s1 = 0, s2 = 0;                                                    \
+            if (mode != 2) {                                                          \
+                for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS) {      \
+                    long long e = lg_norm_elem(k, s, S, B);                           \
+                    double gw = __dmul_rn(lg_to_f64(g[e]),                            \
+                                          has_w ? lg_to_f64(w[e / Lp % P]) : 1.0);    \
+                    s1 += gw;                                                         \
+                    s2 += gw * lg_to_f64(xhat[e]);                                    \
+                }                                                                     \
+                s1 = lg_norm_sum(s1, buf) / div;                                      \
+                s2 = lg_norm_sum(s2, buf) / div;                                      \
+            }                                                                         \
+            for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS) {          \
+                long long e = lg_norm_elem(k, s, S, B);                               \
+                double gw = __dmul_rn(lg_to_f64(g[e]),                                \
+                                      has_w ? lg_to_f64(w[e / Lp % P]) : 1.0);        \
+                double v = gw;                                                        \
+                if (mode == 0)                                                        \
+                    v = __dsub_rn(__dsub_rn(gw, s1), __dmul_rn(lg_to_f64(xhat[e]), s2)); \
+                else if (mode == 1)                                                   \
+                    v = __dsub_rn(gw, __dmul_rn(lg_to_f64(xhat[e]), s2));             \
+                dx[e] = lg_from_f64<T>(__dmul_rn(r, v));                              \
+            }                                                                         \
+        }                                                                             \
+    }                                                                                 \
+    /* Parameter gradients from the saved x_hat: dw[p] = sum g * x_hat (when */       \
+    /* want_w; x_hat is not read otherwise), db[p] = sum g (when want_b), over */     \
+    /* the elements (o*P + p)*Lp + l; one block per parameter. */                     \
+    extern "C" __global__ void norm_param_grad_saved_##sfx(long long n, long long P,  \
+                                                           long long Lp, int want_w,  \
+                                                           int want_b, const T* xhat, \
+                                                           const T* g, T* dw, T* db) { \
+        __shared__ double buf[LG_NORM_THREADS];                                       \
+        long long per = P * Lp > 0 ? n / (P * Lp) * Lp : 0;                           \
+        for (long long p = blockIdx.x; p < P; p += gridDim.x) {                       \
+            double sw = 0, sb = 0;                                                    \
+            for (long long k = threadIdx.x; k < per; k += LG_NORM_THREADS) {          \
+                long long e = (k / Lp * P + p) * Lp + k % Lp;                         \
+                double gv = lg_to_f64(g[e]);                                          \
+                sb += gv;                                                             \
+                if (want_w) sw += gv * lg_to_f64(xhat[e]);                            \
+            }                                                                         \
+            sw = lg_norm_sum(sw, buf);                                                \
+            sb = lg_norm_sum(sb, buf);                                                \
+            if (threadIdx.x == 0) {                                                   \
+                if (want_w) dw[p] = lg_from_f64<T>(sw);                               \
+                if (want_b) db[p] = lg_from_f64<T>(sb);                               \
+            }                                                                         \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_NORM_SAVED)

@@ -13,6 +13,8 @@ mod gemm;
 mod index;
 mod loss;
 pub(crate) mod norm;
+mod norm_cuda;
+mod norm_grad;
 mod pool;
 mod reduce;
 mod softmax;

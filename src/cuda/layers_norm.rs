@@ -4,11 +4,21 @@
 //! (x̂ recomputed from x and the saved statistics) and the weight / bias
 //! gradients. Reductions run in f64 with a fixed order (deterministic);
 //! statistics are kept in f32 (f64 for f64 inputs).
+//!
+//! The layers (through `cpu::norm`'s CUDA arms) use `norm_forward` and the
+//! wrappers of [`saved`]-path kernels re-exported here (`norm_moments`,
+//! `norm_input_grad_saved`, `norm_param_grads_saved`), which read the saved
+//! `x̂` so that CUDA saves what the CPU saves; the recomputing wrappers,
+//! `norm_eval` and `norm_running_update` are standalone kernels (tested in
+//! `tests/cuda_layers.rs`) that the layers do not call.
 
 use super::check::float_suffix;
 use super::layers_util::{expect, invalid, stat_dtype};
 use super::{CudaBuffer, CudaDevice};
 use crate::{DType, Result};
+
+pub mod saved;
+pub use saved::{norm_input_grad_saved, norm_moments, norm_param_grads_saved};
 
 /// How statistics and affine parameters lie over a contiguous input: the
 /// input is `[a, s, b]` with one statistic per index of `s` (over `a·b`

@@ -13,10 +13,14 @@
 //!
 //! Under `SaveAll` it keeps what PyTorch keeps: the input, the weight, the
 //! running mean and variance, and in train mode `save_mean`/`save_invstd`.
+//!
+//! On CUDA the same tensors are saved and the running statistics are
+//! updated with the same f64 formula (the statistics come back to the host
+//! as on the CPU; `cpu::norm`'s CUDA arms write them into the device
+//! buffers).
 
 use super::norm::{
-    grad_tensor, grads_of, inputs_of, optional_needs, param_values, recompute_xhat, rstd_of,
-    stat_tensor,
+    grads_of, inputs_of, optional_needs, param_values, recompute_xhat, rstd_of, stat_tensor,
 };
 use crate::autograd::{attach, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::cpu::norm::{
@@ -142,17 +146,11 @@ impl BackwardOp for BatchNormBackward {
             None
         };
         let (gw, gb) = if nw || nb {
-            param_grads(&g, xhat.as_ref().filter(|_| nw), geo, nb)?
+            let xh = xhat.as_ref().filter(|_| nw);
+            param_grads(&g, xh, geo, nb, &[geo.nparam()])?
         } else {
             (None, None)
         };
-        let c = [geo.nparam()];
-        let gw = gw
-            .map(|v| grad_tensor(v, &c, self.dtype, g.device()))
-            .transpose()?;
-        let gb = gb
-            .map(|v| grad_tensor(v, &c, self.dtype, g.device()))
-            .transpose()?;
         Ok(grads_of(gx, gw, gb, self.present))
     }
 }

@@ -7,6 +7,9 @@
 //! weight only for the input gradient; a bias-only gradient keeps nothing.
 //! Under `SaveAll` it keeps what PyTorch keeps: the input, weight (and bias
 //! for layer norm), mean and rstd, and recomputes `x̂` in backward.
+//! On CUDA the kernels run on the device and exactly the same tensors are
+//! saved (`cpu::norm`'s CUDA arms keep the statistics as host vectors, as
+//! the CPU does).
 
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::cpu::norm::{
@@ -92,16 +95,6 @@ pub(crate) fn rstd_of(var: &[f64], eps: f64, dtype: DType) -> Vec<f64> {
         .collect()
 }
 
-/// A parameter gradient as a tensor shaped and typed like `like`.
-pub(crate) fn grad_tensor(
-    values: Vec<f64>,
-    shape: &[usize],
-    dtype: DType,
-    device: crate::Device,
-) -> Result<Tensor> {
-    Tensor::from_host_f64(&values, shape, dtype, device)
-}
-
 /// Recomputes `x̂` from the input and statistics, counted as workspace.
 pub(crate) fn recompute_xhat(x: &Tensor, geo: Geo, mean: &[f64], rstd: &[f64]) -> Result<Tensor> {
     let _ws = with_category(Category::Workspace);
@@ -132,7 +125,6 @@ struct RowNormBackward {
     needs: [bool; 3],
     present: [bool; 2],
     param_shape: Vec<usize>,
-    dtype: DType,
     saved: RowSaved,
 }
 
@@ -188,17 +180,11 @@ impl BackwardOp for RowNormBackward {
             None
         };
         let (gw, gb) = if nw || nb {
-            param_grads(&g, xhat.as_ref().filter(|_| nw), geo, nb)?
+            let xh = xhat.as_ref().filter(|_| nw);
+            param_grads(&g, xh, geo, nb, &self.param_shape)?
         } else {
             (None, None)
         };
-        let shape = &self.param_shape;
-        let gw = gw
-            .map(|v| grad_tensor(v, shape, self.dtype, g.device()))
-            .transpose()?;
-        let gb = gb
-            .map(|v| grad_tensor(v, shape, self.dtype, g.device()))
-            .transpose()?;
         Ok(grads_of(gx, gw, gb, self.present))
     }
 }
@@ -271,7 +257,6 @@ fn row_norm(
         needs: [nx, nw, nb],
         present: [weight.is_some(), bias.is_some()],
         param_shape: param_shape.to_vec(),
-        dtype: dt,
         saved,
     };
     Ok(attach(y, &inputs_of(x, weight, bias), op))

@@ -1,0 +1,321 @@
+//! Batch, layer, group and RMS norm written once for every device: on each
+//! device from `cuda_common::devices` every layer's output, gradients and
+//! saved bytes equal the CPU's for every requires-grad combination of input,
+//! weight and bias under both save policies (f32, f16, bf16; odd sizes;
+//! views; train and eval), and batch norm's running statistics after a
+//! training step equal the CPU's (which equal a hand computation). Without
+//! a GPU the CUDA half prints `skipped: no CUDA device`.
+
+mod cuda_common;
+mod device_common;
+
+use device_common::{assert_close, check_layer, check_layer_with, input, FLOATS};
+use leangrad::autograd::SavePolicy;
+use leangrad::nn::{
+    batch_norm, group_norm, layer_norm, rms_norm, BatchNorm, BatchNormOptions, GroupNorm,
+    LayerNorm, Module, RMSNorm,
+};
+use leangrad::{DType, Device, Result, Tensor};
+
+#[test]
+fn layer_norm_matches_the_cpu() {
+    for dtype in FLOATS {
+        let x = input(&[3, 5, 7], dtype, 1, -2.0, 2.0);
+        let w = input(&[7], dtype, 2, 0.5, 1.5);
+        let b = input(&[7], dtype, 3, -0.5, 0.5);
+        check_layer("layer_norm affine", &[&x, &w, &b], |t| {
+            layer_norm(&t[0], &[7], Some(&t[1]), Some(&t[2]), 1e-5)
+        });
+        check_layer("layer_norm weight only", &[&x, &w], |t| {
+            layer_norm(&t[0], &[7], Some(&t[1]), None, 1e-5)
+        });
+        check_layer("layer_norm no affine, 2 dims", &[&x], |t| {
+            layer_norm(&t[0], &[5, 7], None, None, 1e-5)
+        });
+        // A transposed view of the input: copied densely on the way in.
+        let xt = input(&[3, 7, 5], dtype, 4, -2.0, 2.0);
+        check_layer("layer_norm of a view", &[&xt, &w, &b], |t| {
+            layer_norm(&t[0].transpose(1, 2)?, &[7], Some(&t[1]), Some(&t[2]), 1e-5)
+        });
+        // The module (parameters are ones and zeros, made on the device).
+        check_layer("LayerNorm module", &[&x], |t| {
+            let m = LayerNorm::new("ln", &[7], 1e-5, true, true, dtype, t[0].device())?;
+            m.forward(&t[0])
+        });
+    }
+}
+
+#[test]
+fn rms_norm_matches_the_cpu() {
+    for dtype in FLOATS {
+        let x = input(&[4, 9], dtype, 5, -2.0, 2.0);
+        let w = input(&[9], dtype, 6, 0.5, 1.5);
+        check_layer("rms_norm", &[&x, &w], |t| {
+            rms_norm(&t[0], &[9], Some(&t[1]), Some(1e-6))
+        });
+        check_layer("rms_norm no weight, default eps", &[&x], |t| {
+            rms_norm(&t[0], &[9], None, None)
+        });
+        // [3, 2, 5] seen as [2, 3, 5], normalised over its last two dims.
+        let x3 = input(&[3, 2, 5], dtype, 7, -2.0, 2.0);
+        let w2 = input(&[3, 5], dtype, 8, 0.5, 1.5);
+        check_layer("rms_norm over 2 dims of a view", &[&x3, &w2], |t| {
+            rms_norm(&t[0].transpose(0, 1)?, &[3, 5], Some(&t[1]), Some(1e-6))
+        });
+        check_layer("RMSNorm module", &[&x], |t| {
+            let m = RMSNorm::new("rms", &[9], Some(1e-6), true, dtype, t[0].device())?;
+            m.forward(&t[0])
+        });
+    }
+}
+
+#[test]
+fn group_norm_matches_the_cpu() {
+    for dtype in FLOATS {
+        let x = input(&[3, 6, 5], dtype, 9, -2.0, 2.0);
+        let w = input(&[6], dtype, 10, 0.5, 1.5);
+        let b = input(&[6], dtype, 11, -0.5, 0.5);
+        check_layer("group_norm 3 groups", &[&x, &w, &b], |t| {
+            group_norm(&t[0], 3, Some(&t[1]), Some(&t[2]), 1e-5)
+        });
+        let x4 = input(&[2, 4, 3, 3], dtype, 12, -2.0, 2.0);
+        let w4 = input(&[4], dtype, 13, 0.5, 1.5);
+        check_layer("group_norm 2d, weight only", &[&x4, &w4], |t| {
+            group_norm(&t[0], 2, Some(&t[1]), None, 1e-5)
+        });
+        check_layer("group_norm no affine, one group per channel", &[&x4], |t| {
+            group_norm(&t[0], 4, None, None, 1e-5)
+        });
+        check_layer("group_norm of a view", &[&x4, &w4], |t| {
+            group_norm(&t[0].transpose(2, 3)?, 1, Some(&t[1]), None, 1e-5)
+        });
+        check_layer("GroupNorm module", &[&x], |t| {
+            let m = GroupNorm::new("gn", 3, 6, 1e-5, true, dtype, t[0].device())?;
+            m.forward(&t[0])
+        });
+    }
+}
+
+#[test]
+fn f64_norms_match_the_cpu() {
+    // f64 statistics (S = 8 bytes) on every device; sums in another order
+    // than the CPU's leave ~1e-15 relative differences.
+    let policies = [SavePolicy::Lean, SavePolicy::SaveAll];
+    let x = input(&[3, 4, 5], DType::F64, 23, -2.0, 2.0);
+    let w = input(&[4], DType::F64, 24, 0.5, 1.5);
+    let b = input(&[4], DType::F64, 25, -0.5, 0.5);
+    let w5 = input(&[5], DType::F64, 26, 0.5, 1.5);
+    check_layer_with("layer_norm f64", &policies, &[&x, &w5], 1e-9, |t| {
+        layer_norm(&t[0], &[5], Some(&t[1]), None, 1e-5)
+    });
+    check_layer_with("group_norm f64", &policies, &[&x, &w, &b], 1e-9, |t| {
+        group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5)
+    });
+    for train in [true, false] {
+        check_layer_with("batch_norm f64", &policies, &[&x, &w, &b], 1e-9, |t| {
+            let (rm, rv) = running(4, DType::F64, t[0].device())?;
+            let (w, b) = (Some(&t[1]), Some(&t[2]));
+            batch_norm(&t[0], Some(&rm), Some(&rv), w, b, train, 0.1, 1e-5)
+        });
+    }
+}
+
+/// Running statistics of `c` channels on `dev` (not requiring grad).
+fn running(c: usize, dtype: DType, dev: Device) -> Result<(Tensor, Tensor)> {
+    let m: Vec<f64> = (0..c).map(|i| 0.1 * i as f64 - 0.2).collect();
+    let v: Vec<f64> = (0..c).map(|i| 0.5 + 0.25 * i as f64).collect();
+    Ok((
+        Tensor::from_f64_slice(&m, &[c], dtype, dev)?,
+        Tensor::from_f64_slice(&v, &[c], dtype, dev)?,
+    ))
+}
+
+#[test]
+fn batch_norm_matches_the_cpu() {
+    for dtype in FLOATS {
+        // BatchNorm1d over [N, C], [N, C, L] and BatchNorm2d over [N, C, H, W].
+        for shape in [vec![5, 3], vec![4, 3, 7], vec![3, 3, 5, 3]] {
+            let x = input(&shape, dtype, 14, -2.0, 2.0);
+            let w = input(&[3], dtype, 15, 0.5, 1.5);
+            let b = input(&[3], dtype, 16, -0.5, 0.5);
+            let name = |s: &str| format!("batch_norm {s} {shape:?}");
+            for train in [true, false] {
+                let mode = if train { "train" } else { "eval" };
+                check_layer(&name(&format!("{mode} affine")), &[&x, &w, &b], |t| {
+                    let (rm, rv) = running(3, dtype, t[0].device())?;
+                    let (w, b) = (Some(&t[1]), Some(&t[2]));
+                    batch_norm(&t[0], Some(&rm), Some(&rv), w, b, train, 0.1, 1e-5)
+                });
+                check_layer(&name(&format!("{mode} weight only")), &[&x, &w], |t| {
+                    let (rm, rv) = running(3, dtype, t[0].device())?;
+                    batch_norm(
+                        &t[0],
+                        Some(&rm),
+                        Some(&rv),
+                        Some(&t[1]),
+                        None,
+                        train,
+                        0.1,
+                        1e-5,
+                    )
+                });
+                check_layer(&name(&format!("{mode} no affine")), &[&x], |t| {
+                    let (rm, rv) = running(3, dtype, t[0].device())?;
+                    batch_norm(&t[0], Some(&rm), Some(&rv), None, None, train, 0.1, 1e-5)
+                });
+            }
+            check_layer(&name("train without running stats"), &[&x, &w, &b], |t| {
+                batch_norm(&t[0], None, None, Some(&t[1]), Some(&t[2]), true, 0.1, 1e-5)
+            });
+        }
+        // Channels last as a view of the input.
+        let xv = input(&[2, 5, 4, 3], dtype, 17, -2.0, 2.0);
+        let w = input(&[3], dtype, 18, 0.5, 1.5);
+        check_layer("batch_norm of a view", &[&xv, &w], |t| {
+            let x = t[0].permute(&[0, 3, 1, 2])?;
+            batch_norm(&x, None, None, Some(&t[1]), None, true, 0.1, 1e-5)
+        });
+        // Modules: eval mode with model-state weight and running variance
+        // saves nothing for the input gradient; train mode updates state.
+        let x2 = input(&[3, 4, 5, 3], dtype, 19, -2.0, 2.0);
+        for train in [true, false] {
+            check_layer(
+                &format!("BatchNorm2d module, training {train}"),
+                &[&x2],
+                |t| {
+                    let opts = BatchNormOptions::default();
+                    let mut m = BatchNorm::new2d("bn", 4, opts, dtype, t[0].device())?;
+                    m.set_training(train);
+                    m.forward(&t[0])
+                },
+            );
+        }
+    }
+}
+
+/// Host reference of one train step's running statistics over `[N, C, S]`
+/// values: `(1 − m)·r + m·mean` and `(1 − m)·v + m·unbiased var`.
+fn expected_running(x: &[f64], shape: [usize; 3], rm: &[f64], rv: &[f64], m: f64) -> Vec<f64> {
+    let [n, c, s] = shape;
+    let cnt = (n * s) as f64;
+    let mut out = Vec::new();
+    for ch in 0..c {
+        let vals: Vec<f64> = (0..n)
+            .flat_map(|i| (0..s).map(move |j| (i * c + ch) * s + j))
+            .map(|k| x[k])
+            .collect();
+        let mean = vals.iter().sum::<f64>() / cnt;
+        let var = vals.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / (cnt - 1.0);
+        out.push((1.0 - m) * rm[ch] + m * mean);
+        out.push((1.0 - m) * rv[ch] + m * var);
+    }
+    out
+}
+
+#[test]
+fn batch_norm_running_statistics_match_the_cpu() {
+    for dtype in FLOATS {
+        let x = input(&[4, 3, 5], dtype, 20, -2.0, 2.0);
+        let tol = device_common::tol(dtype);
+        let mut cpu: Option<(Tensor, Tensor)> = None;
+        for dev in cuda_common::devices("batch_norm running statistics") {
+            let (rm, rv) = running(3, dtype, dev).unwrap();
+            let xd = x.to_device(dev).unwrap();
+            batch_norm(&xd, Some(&rm), Some(&rv), None, None, true, 0.1, 1e-5).unwrap();
+            let (rm, rv) = (
+                rm.to_device(Device::Cpu).unwrap(),
+                rv.to_device(Device::Cpu).unwrap(),
+            );
+            match &cpu {
+                None => {
+                    let (rm0, rv0) = running(3, dtype, Device::Cpu).unwrap();
+                    let want = expected_running(
+                        &x.to_f64_vec().unwrap(),
+                        [4, 3, 5],
+                        &rm0.to_f64_vec().unwrap(),
+                        &rv0.to_f64_vec().unwrap(),
+                        0.1,
+                    );
+                    let (gm, gv) = (rm.to_f64_vec().unwrap(), rv.to_f64_vec().unwrap());
+                    for ch in 0..3 {
+                        for (got, w) in [(gm[ch], want[2 * ch]), (gv[ch], want[2 * ch + 1])] {
+                            assert!((got - w).abs() <= 2.0 * tol * w.abs(), "{got} vs {w}");
+                        }
+                    }
+                    cpu = Some((rm, rv));
+                }
+                Some((cm, cv)) => {
+                    assert_close(&format!("running mean on {dev}"), cm, &rm);
+                    assert_close(&format!("running var on {dev}"), cv, &rv);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_norm_module_state_matches_the_cpu() {
+    // Two cumulative-average steps (momentum None) then an eval step: the
+    // running statistics and `num_batches_tracked` equal the CPU's.
+    let opts = BatchNormOptions {
+        momentum: None,
+        ..BatchNormOptions::default()
+    };
+    for dtype in FLOATS {
+        let x1 = input(&[3, 2, 4, 3], dtype, 21, -2.0, 2.0);
+        let x2 = input(&[3, 2, 4, 3], dtype, 22, -1.0, 3.0);
+        let mut cpu: Option<Vec<Tensor>> = None;
+        for dev in cuda_common::devices("BatchNorm module state") {
+            let mut m = BatchNorm::new2d("bn", 2, opts, dtype, dev).unwrap();
+            m.forward(&x1.to_device(dev).unwrap()).unwrap();
+            m.forward(&x2.to_device(dev).unwrap()).unwrap();
+            m.set_training(false);
+            let y = m.forward(&x1.to_device(dev).unwrap()).unwrap();
+            let state: Vec<Tensor> = [
+                m.running_mean.clone().unwrap(),
+                m.running_var.clone().unwrap(),
+                m.num_batches_tracked.clone().unwrap(),
+                y,
+            ]
+            .iter()
+            .map(|t| t.to_device(Device::Cpu).unwrap())
+            .collect();
+            assert_eq!(
+                state[2].to_f64_vec().unwrap(),
+                vec![2.0],
+                "batches on {dev}"
+            );
+            match &cpu {
+                None => {
+                    // The cumulative average of two steps: the mean of the
+                    // two batch means (from zeros, factors 1 then 1/2).
+                    let mean = |x: &Tensor| {
+                        let v = x.to_f64_vec().unwrap();
+                        (0..2)
+                            .map(|ch| {
+                                let s: f64 = (0..3)
+                                    .flat_map(|i| (0..12).map(move |j| (i * 2 + ch) * 12 + j))
+                                    .map(|k| v[k])
+                                    .sum();
+                                s / 36.0
+                            })
+                            .collect::<Vec<f64>>()
+                    };
+                    let (m1, m2) = (mean(&x1), mean(&x2));
+                    let got = state[0].to_f64_vec().unwrap();
+                    for ch in 0..2 {
+                        let w = (m1[ch] + m2[ch]) / 2.0;
+                        let t = 2.0 * device_common::tol(dtype);
+                        assert!((got[ch] - w).abs() <= t * w.abs().max(0.1), "{got:?}");
+                    }
+                    cpu = Some(state);
+                }
+                Some(want) => {
+                    for (i, (w, g)) in want.iter().zip(&state).enumerate() {
+                        assert_close(&format!("state {i} on {dev}"), w, g);
+                    }
+                }
+            }
+        }
+    }
+}
