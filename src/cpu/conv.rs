@@ -351,12 +351,23 @@ pub(crate) fn conv2d_input_grad(
     bias: Option<&Tensor>,
     g: &ConvGeom,
 ) -> Result<Tensor> {
-    if let (Backend::Cuda(_), None) = (backend("conv2d_backward", &[gy, w])?, bias) {
+    if let Backend::Cuda(_) = backend("conv2d_backward", &[gy, w])? {
+        // The bias (conv_transpose2d) is the starting value of every
+        // position, the taps added after it, as below.
+        let b = match bias {
+            Some(b) => Some({
+                let _ws = with_category(Category::Workspace);
+                crate::cuda::tensor::dense(b)?
+            }),
+            None => None,
+        };
+        let bb = b.as_ref().map(|b| b.storage().cuda()).transpose()?;
         let cg = cuda_geom(g);
         return on_cuda(gy, w, &[g.n, g.cin, g.h, g.w], |gy, w| {
             crate::cuda::layers_conv::conv_input_grad(
                 gy,
                 w,
+                bb.as_deref(),
                 &cg,
                 crate::cuda::layers_conv::DEFAULT_WORKSPACE_BYTES,
             )
