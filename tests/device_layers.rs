@@ -27,7 +27,10 @@ fn att_tol(dtype: DType) -> f64 {
 }
 
 /// `q [b, h, lq, d]`, `k [b, h, lk, d]`, `v [b, h, lk, dv]`.
-fn qkv(dtype: DType, (b, h, lq, lk, d, dv): (usize, usize, usize, usize, usize, usize)) -> [Tensor; 3] {
+fn qkv(
+    dtype: DType,
+    (b, h, lq, lk, d, dv): (usize, usize, usize, usize, usize, usize),
+) -> [Tensor; 3] {
     [
         input(&[b, h, lq, d], dtype, 51, -1.0, 1.0),
         input(&[b, h, lk, d], dtype, 52, -1.0, 1.0),
@@ -44,7 +47,12 @@ fn run_sdpa(t: &[Tensor], opts: &SdpaOptions) -> Result<Tensor> {
     sdpa(&t[0], &t[1], &t[2], &o)
 }
 
-fn check_sdpa(name: &str, dtype: DType, dims: (usize, usize, usize, usize, usize, usize), opts: &SdpaOptions) {
+fn check_sdpa(
+    name: &str,
+    dtype: DType,
+    dims: (usize, usize, usize, usize, usize, usize),
+    opts: &SdpaOptions,
+) {
     let [q, k, v] = qkv(dtype, dims);
     let what = format!("{name} ({dtype:?})");
     check_layer_with(&what, &BOTH, &[&q, &k, &v], att_tol(dtype), |t| {
@@ -71,7 +79,12 @@ const WIDE: (usize, usize, usize, usize, usize, usize) = (1, 2, 3, 4, 33, 7);
 fn sdpa_plain_and_causal() {
     for dtype in FLOATS {
         for (shape, dims) in [("long", LONG), ("wide", WIDE)] {
-            check_sdpa(&format!("sdpa {shape}"), dtype, dims, &SdpaOptions::default());
+            check_sdpa(
+                &format!("sdpa {shape}"),
+                dtype,
+                dims,
+                &SdpaOptions::default(),
+            );
             let causal = SdpaOptions::default().causal(true);
             check_sdpa(&format!("sdpa {shape} causal"), dtype, dims, &causal);
         }
@@ -83,9 +96,13 @@ fn sdpa_plain_and_causal() {
             v.reshape(&[4, 5, 3]).unwrap(),
         );
         let opts = SdpaOptions::default().scale(0.3);
-        check_layer_with("sdpa rank 3 scaled", &BOTH, &[&q, &k, &v], att_tol(dtype), |t| {
-            run_sdpa(t, &opts)
-        });
+        check_layer_with(
+            "sdpa rank 3 scaled",
+            &BOTH,
+            &[&q, &k, &v],
+            att_tol(dtype),
+            |t| run_sdpa(t, &opts),
+        );
     }
 }
 
@@ -100,11 +117,21 @@ fn sdpa_masks() {
         check_sdpa("sdpa bool mask + causal", dtype, LONG, &opts);
         // Float in the inputs' dtype, [b, 1, lq, lk] (varies by batch only).
         let fm = input(&[2, 1, lq, lk], dtype, 61, -2.0, 1.0);
-        check_sdpa("sdpa float mask", dtype, LONG, &SdpaOptions::default().mask(fm));
+        check_sdpa(
+            "sdpa float mask",
+            dtype,
+            LONG,
+            &SdpaOptions::default().mask(fm),
+        );
         // An f32 mask on other dtypes (read in f64, as the CPU reads it),
         // broadcast over the rows ([lk]).
         let f32m = input(&[lk], DType::F32, 62, -1.0, 1.0);
-        check_sdpa("sdpa f32 row mask", dtype, LONG, &SdpaOptions::default().mask(f32m));
+        check_sdpa(
+            "sdpa f32 row mask",
+            dtype,
+            LONG,
+            &SdpaOptions::default().mask(f32m),
+        );
         // The save-P shape with a mask.
         let (_, _, wq, wk, _, _) = WIDE;
         let opts = SdpaOptions::default().mask(bool_mask(wq, wk));
@@ -134,7 +161,14 @@ fn sdpa_dropout() {
 fn mha(t: &[Tensor], cross: bool, dropout: f64, opts: &leangrad::nn::MhaOptions) -> Result<Tensor> {
     let (e, heads) = (t[0].shape()[2], 3);
     let mut m = leangrad::nn::MultiheadAttention::new(
-        "mha", e, heads, dropout, true, t[0].dtype(), t[0].device(), 5,
+        "mha",
+        e,
+        heads,
+        dropout,
+        true,
+        t[0].dtype(),
+        t[0].device(),
+        5,
     )?;
     let p = if cross { 2 } else { 1 };
     m.in_proj_weight = t[p].clone();
@@ -170,9 +204,13 @@ fn multihead_attention() {
             causal: true,
             attn_mask: None,
         };
-        check_layer_with("mha cross causal", &BOTH, &[&x, &kv, &w, &b, &ow, &ob], t, |t| {
-            mha(t, true, 0.0, &causal)
-        });
+        check_layer_with(
+            "mha cross causal",
+            &BOTH,
+            &[&x, &kv, &w, &b, &ow, &ob],
+            t,
+            |t| mha(t, true, 0.0, &causal),
+        );
     }
 }
 
@@ -199,9 +237,11 @@ fn conv_transpose2d_layer() {
         check_layer("conv_transpose2d no bias", &[&x, &w2], |t| {
             conv_transpose2d(&t[0], &t[1], None, &plain)
         });
-        check_layer("conv_transpose2d grouped strided bias", &[&x, &w2, &b6], |t| {
-            conv_transpose2d(&t[0], &t[1], Some(&t[2]), &full)
-        });
+        check_layer(
+            "conv_transpose2d grouped strided bias",
+            &[&x, &w2, &b6],
+            |t| conv_transpose2d(&t[0], &t[1], Some(&t[2]), &full),
+        );
         // A permuted input view and a bias view.
         let xt = x.transpose(2, 3).unwrap();
         let bb = input(&[12], dtype, 85, -0.5, 0.5);
@@ -212,7 +252,15 @@ fn conv_transpose2d_layer() {
         // The module.
         check_layer("ConvTranspose2d module", &[&x], |t| {
             let mut m = leangrad::nn::ConvTranspose2d::new(
-                "up", 4, 6, [3, 2], full, true, t[0].dtype(), t[0].device(), 9,
+                "up",
+                4,
+                6,
+                [3, 2],
+                full,
+                true,
+                t[0].dtype(),
+                t[0].device(),
+                9,
             )?;
             m.weight = w2.to_device(t[0].device())?;
             m.bias = Some(b6.to_device(t[0].device())?);
@@ -240,11 +288,15 @@ fn max_pool2d_both_policies() {
     };
     for dtype in FLOATS {
         let x = input(&[2, 3, 7, 6], dtype, 41, -1.0, 1.0);
-        check_layer("max_pool2d overlapping", &[&x], |t| max_pool2d(&t[0], &overlapping));
+        check_layer("max_pool2d overlapping", &[&x], |t| {
+            max_pool2d(&t[0], &overlapping)
+        });
         check_layer("max_pool2d ceil", &[&x], |t| max_pool2d(&t[0], &ceil));
         // Ties (one input the max of several windows, accumulated in order).
         let flat = Tensor::full(&[1, 2, 5, 5], 0.5, dtype, Device::Cpu).unwrap();
-        check_layer("max_pool2d ties", &[&flat], |t| max_pool2d(&t[0], &overlapping));
+        check_layer("max_pool2d ties", &[&flat], |t| {
+            max_pool2d(&t[0], &overlapping)
+        });
         let xt = x.transpose(2, 3).unwrap();
         check_layer("max_pool2d of a view", &[&xt], |t| max_pool2d(&t[0], &ceil));
     }
@@ -256,11 +308,18 @@ fn mask_keeping_activations() {
         // 77 elements: a partial last mask word; exact boundary values too.
         let x = input(&[7, 11], dtype, 91, -1.5, 1.5);
         check_layer("clamp", &[&x], |t| t[0].clamp(-0.5, 0.75));
-        check_layer("clamp of a transpose", &[&x], |t| t[0].t()?.clamp(-1.0, 0.0));
+        check_layer("clamp of a transpose", &[&x], |t| {
+            t[0].t()?.clamp(-1.0, 0.0)
+        });
         // A clamp output saved by the next op: the mask hands over to it.
-        check_layer("clamp then square", &[&x], |t| t[0].clamp(-0.5, 0.5)?.square());
+        check_layer("clamp then square", &[&x], |t| {
+            t[0].clamp(-0.5, 0.5)?.square()
+        });
         check_layer("LeakyReLU module", &[&x], |t| {
-            leangrad::nn::LeakyReLU { negative_slope: 0.2 }.forward(&t[0])
+            leangrad::nn::LeakyReLU {
+                negative_slope: 0.2,
+            }
+            .forward(&t[0])
         });
         check_layer("leaky_relu then square", &[&x], |t| {
             t[0].leaky_relu(0.05)?.square()
@@ -290,13 +349,45 @@ fn dropout_under_save_all() {
 /// `src/ops/unary.rs`.
 #[test]
 fn saved_value_activations() {
-    use leangrad::nn::{Sigmoid, SiLU, Tanh, GELU};
+    use leangrad::nn::{SiLU, Sigmoid, Tanh, GELU};
     for dtype in FLOATS {
         let x = input(&[5, 17], dtype, 97, -2.0, 2.0);
-        check_layer("GELU", &[&x], |t| GELU { approximate: false }.forward(&t[0]));
-        check_layer("GELU tanh", &[&x], |t| GELU { approximate: true }.forward(&t[0]));
+        check_layer("GELU", &[&x], |t| {
+            GELU { approximate: false }.forward(&t[0])
+        });
+        check_layer("GELU tanh", &[&x], |t| {
+            GELU { approximate: true }.forward(&t[0])
+        });
         check_layer("SiLU", &[&x], |t| SiLU {}.forward(&t[0]));
         check_layer("Sigmoid", &[&x], |t| Sigmoid {}.forward(&t[0]));
         check_layer("Tanh", &[&x], |t| Tanh {}.forward(&t[0]));
     }
+}
+
+/// The shapes above reach both of attention's lean saving paths (checked
+/// on the CPU, the reference the devices are compared with). The inputs
+/// are leaves, counted under their own category, so the Saved bytes are
+/// what attention made for backward: LONG with q, k, v requiring grad
+/// keeps the f32 lse (rows = 2·3·9) instead of P (2·3·9·13); WIDE keeps
+/// P (1·2·3·4) whether only v or only q requires grad.
+#[test]
+fn sdpa_shapes_cover_both_saving_paths() {
+    let f = |t: &[Tensor]| run_sdpa(t, &SdpaOptions::default());
+    let saved = |dims, requires: &[bool]| {
+        let [q, k, v] = qkv(DType::F32, dims);
+        device_common::layer_run(Device::Cpu, SavePolicy::Lean, &[&q, &k, &v], requires, &f).saved
+    };
+    assert_eq!(saved(LONG, &[true, true, true]), 54 * 4);
+    assert_eq!(saved(WIDE, &[false, false, true]), 24 * 4);
+    assert_eq!(saved(WIDE, &[true, false, false]), 24 * 4);
+    // SaveAll keeps P (and its inputs) in every case.
+    let [q, k, v] = qkv(DType::F32, LONG);
+    let all = device_common::layer_run(
+        Device::Cpu,
+        SavePolicy::SaveAll,
+        &[&q, &k, &v],
+        &[true; 3],
+        &f,
+    );
+    assert_eq!(all.saved, 702 * 4);
 }

@@ -7,9 +7,9 @@
 
 use super::softmax::Dense;
 use super::PARALLEL_THRESHOLD;
+use crate::cuda::layers_attention::RowLse;
 use crate::memory::{with_category, Category};
 use crate::tensor::{CpuData, Tensor};
-use crate::cuda::layers_attention::RowLse;
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 
@@ -89,11 +89,7 @@ fn run_rows<T: Send>(
     }
 }
 
-fn probs_rows<T: FloatDType>(
-    s: &[T],
-    lg: &Logits,
-    lse_in: Option<&[f64]>,
-) -> (CpuData, Vec<f64>) {
+fn probs_rows<T: FloatDType>(s: &[T], lg: &Logits, lse_in: Option<&[f64]>) -> (CpuData, Vec<f64>) {
     let spec = lg.spec;
     let lk = spec.lk;
     let rows = s.len().checked_div(lk).unwrap_or(0);
@@ -202,7 +198,9 @@ pub(crate) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, scale: f64) -> Res
     }
     match crate::meta::backend("scaled_dot_product_attention", &[p, dp])? {
         crate::meta::Backend::Meta => return crate::meta::empty(p.shape(), p.dtype()),
-        crate::meta::Backend::Cuda(_) => return crate::cuda::layers_attention::softmax_grad_tensor(p, dp, scale),
+        crate::meta::Backend::Cuda(_) => {
+            return crate::cuda::layers_attention::softmax_grad_tensor(p, dp, scale)
+        }
         crate::meta::Backend::Cpu => {}
     }
     let lk = p.shape().last().copied().unwrap_or(1);

@@ -364,7 +364,7 @@ pub(crate) fn conv2d_input_grad(
         let bb = b.as_ref().map(|b| b.storage().cuda()).transpose()?;
         let cg = cuda_geom(g);
         return on_cuda(gy, w, &[g.n, g.cin, g.h, g.w], |gy, w| {
-            crate::cuda::layers_conv::conv_input_grad(
+            crate::cuda::layers_conv::conv_input_grad_bias(
                 gy,
                 w,
                 bb.as_deref(),

@@ -29,11 +29,31 @@ pub enum AttnMask<'a> {
 /// Probabilities of attention scores `s` (contiguous `[rows, lk]`, rows =
 /// batch·heads·`lq`): `P = exp(scale·s + mask − lse)` per row, with causal
 /// masking (`j > row % lq` removed); row `r` reads mask row `r % rows` of
-/// the mask. Returns `P` and, when `lse_in` is `None`, the per-row
-/// log-sum-exp it computed ([`stat_dtype`]; −∞ for a fully masked row,
-/// whose probabilities are 0). With `lse_in` (`rows` values of
-/// [`stat_dtype`]), that lse is used instead: forward's `P` bit for bit.
+/// the mask. Returns `P` and the per-row log-sum-exp ([`stat_dtype`]; −∞
+/// for a fully masked row, whose probabilities are 0). With `lse_in`, that
+/// lse is used instead (recomputing forward's `P` in backward) and returned
+/// unchanged.
 pub fn attention_probs(
+    s: &CudaBuffer,
+    lq: usize,
+    lk: usize,
+    scale: f64,
+    causal: bool,
+    mask: AttnMask,
+    lse_in: Option<CudaBuffer>,
+) -> Result<(CudaBuffer, CudaBuffer)> {
+    let (p, lse) = attention_probs_from(s, lq, lk, scale, causal, mask, lse_in.as_ref())?;
+    match (lse, lse_in) {
+        (Some(l), _) | (None, Some(l)) => Ok((p, l)),
+        (None, None) => Err(invalid("cuda attention softmax", "no lse")),
+    }
+}
+
+/// [`attention_probs`] reading a borrowed lse (a saved tensor's buffer,
+/// not copied): returns `P` and, when `lse_in` is `None`, the per-row
+/// log-sum-exp it computed; with `lse_in` (`rows` values of
+/// [`stat_dtype`]), that lse is used instead: forward's `P` bit for bit.
+pub fn attention_probs_from(
     s: &CudaBuffer,
     lq: usize,
     lk: usize,
@@ -240,7 +260,7 @@ pub(crate) fn probs_tensor(
         _ => AttnMask::None,
     };
     let lse_guard = lse_dense.as_ref().map(|l| l.storage().cuda()).transpose()?;
-    let (p, lse) = attention_probs(
+    let (p, lse) = attention_probs_from(
         &*sd.storage().cuda()?,
         spec.lq,
         spec.lk,

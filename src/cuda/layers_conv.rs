@@ -321,11 +321,22 @@ pub fn conv_forward(
 }
 
 /// The input gradient `[n, cin, h, w]` of a convolution from the output
-/// gradient `gy`: per chunk, `cols = Wᵀ·gy` per group, then col2im. This
-/// is also the transposed convolution of `gy` by `w`; with `bias` (`[cin]`)
+/// gradient `gy`: per chunk, `cols = Wᵀ·gy` per group, then col2im.
+pub fn conv_input_grad(
+    gy: &CudaBuffer,
+    w: &CudaBuffer,
+    g: &ConvGeom,
+    budget: usize,
+) -> Result<CudaBuffer> {
+    conv_input_grad_bias(gy, w, None, g, budget)
+}
+
+/// The input gradient `[n, cin, h, w]` of a convolution from the output
+/// gradient `gy` ([`conv_input_grad`]) with an optional bias. This is
+/// also the transposed convolution of `gy` by `w`; with `bias` (`[cin]`)
 /// every position starts from its channel's bias and the taps are added
 /// after it, as on the CPU.
-pub fn conv_input_grad(
+pub fn conv_input_grad_bias(
     gy: &CudaBuffer,
     w: &CudaBuffer,
     bias: Option<&CudaBuffer>,

@@ -8,6 +8,10 @@ use super::{CudaBuffer, CudaDevice};
 use crate::memory::Category;
 use crate::Result;
 
+// The fused attention softmax moved to `layers_attention.rs`; its old path
+// stays valid.
+pub use super::layers_attention::{attention_probs, attention_softmax_grad, AttnMask};
+
 /// Checks host indices against a table of `num` rows, as i64.
 fn indices(op: &'static str, idx: &[usize], num: usize) -> Result<Vec<i64>> {
     match idx.iter().find(|&&i| i >= num) {
