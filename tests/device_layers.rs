@@ -17,11 +17,14 @@ use leangrad::{DType, Device, Result, Tensor};
 
 const BOTH: [SavePolicy; 2] = [SavePolicy::Lean, SavePolicy::SaveAll];
 
-/// Attention's tolerance: half precision rounds P, dP and the GEMM
-/// outputs once each, on top of cuBLAS's different summation order.
+/// Attention's tolerance: half precision rounds S, P, dP and dS once each
+/// on top of cuBLAS's own summation order, and dS = P·(dP − Σ P·dP)
+/// cancels, so a 1-ulp flip upstream shows more than in one GEMM (bf16 has
+/// 3 fewer mantissa bits than f16). A wrong mask or lse is still O(1) off.
 fn att_tol(dtype: DType) -> f64 {
     match dtype {
-        DType::F16 | DType::BF16 => 3.0 * tol(dtype),
+        DType::F16 => 3.0 * tol(dtype),
+        DType::BF16 => 5.0 * tol(dtype),
         _ => tol(dtype),
     }
 }
@@ -311,9 +314,14 @@ fn mask_keeping_activations() {
         check_layer("clamp of a transpose", &[&x], |t| {
             t[0].t()?.clamp(-1.0, 0.0)
         });
-        // A clamp output saved by the next op: the mask hands over to it.
-        check_layer("clamp then square", &[&x], |t| {
-            t[0].clamp(-0.5, 0.5)?.square()
+        // The output saved by the next op (a product keeps both operands).
+        check_layer("clamp then product", &[&x], |t| {
+            let y = t[0].clamp(-0.5, 0.5)?;
+            y.mul(&y)
+        });
+        // The source saved by another op too: the lean mask hands over to it.
+        check_layer("clamp beside a product", &[&x], |t| {
+            t[0].clamp(-0.5, 0.5)?.add(&t[0].mul(&t[0])?)
         });
         check_layer("LeakyReLU module", &[&x], |t| {
             leangrad::nn::LeakyReLU {
@@ -321,8 +329,8 @@ fn mask_keeping_activations() {
             }
             .forward(&t[0])
         });
-        check_layer("leaky_relu then square", &[&x], |t| {
-            t[0].leaky_relu(0.05)?.square()
+        check_layer("leaky_relu beside a product", &[&x], |t| {
+            t[0].leaky_relu(0.05)?.add(&t[0].mul(&t[0])?)
         });
     }
 }
@@ -345,8 +353,10 @@ fn dropout_under_save_all() {
 }
 
 /// The activations that save a value (GELU, SiLU: the input; Sigmoid,
-/// Tanh: the output). Their backwards are elementwise gradient kernels of
-/// `src/ops/unary.rs`.
+/// Tanh: the output). Their backwards are the elementwise gradient kernels
+/// `GeluB`, `SiluB`, `SigmoidB`, `TanhB` of `src/ops/unary.rs`, which have
+/// no CUDA op yet (outside issue #5's files): on a GPU this test reports
+/// their `NotOnCuda` until they get one; the forwards already dispatch.
 #[test]
 fn saved_value_activations() {
     use leangrad::nn::{SiLU, Sigmoid, Tanh, GELU};
