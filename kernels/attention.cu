@@ -4,15 +4,20 @@
 //   lse(r) = max + log(sum exp(logit - max)) (rounded to the lse type;
 //            -inf for a fully masked row, whose probabilities are 0)
 //   P[r, j] = exp(logit(r, j) - lse(r))
-// in double as the CPU. Masks: kind 0 none, 1 additive float of T, 2 bool
-// (u8, 0 = masked out); row r reads mask row r % mask_rows, so a [lq, lk]
-// mask serves every batch and head. With use_lse the given lse is used
-// instead (recomputing forward's P bit for bit in backward).
+// in double as the CPU (no FMA contraction of scale*S + mask: __dmul_rn and
+// __dadd_rn round each step as Rust does). Masks: kind 0 none, 1 additive
+// float of T, 2 bool (u8, 0 = masked out), 3 additive double (a float mask
+// of another dtype, converted exactly); row r reads mask row r % mask_rows,
+// so a [lq, lk] mask serves every batch and head. With use_lse the given
+// lse is used instead (recomputing forward's P bit for bit in backward).
 // Backward: dS = scale * P * (dP - sum_j P*dP) per row.
-// One block of 256 threads per row; sums use a fixed tree order.
+// One block of 256 threads per row (LG_ATT_THREADS must equal the block
+// size the host launches); sums use a fixed tree order.
 
 #define LG_ATT_THREADS 256
 
+// Block-wide max or sum; every thread of the block must call it (the row
+// loop is block-uniform, so it is).
 __device__ __forceinline__ double lg_att_reduce(double v, double* buf, bool is_max) {
     buf[threadIdx.x] = v;
     for (int s = LG_ATT_THREADS / 2; s > 0; s >>= 1) {
@@ -27,13 +32,27 @@ __device__ __forceinline__ double lg_att_reduce(double v, double* buf, bool is_m
     return r;
 }
 
+// The logit of score `sv` whose mask element sits at `m` (causal handled by
+// the caller).
+template <typename T>
+__device__ __forceinline__ double lg_att_logit(double scale, double sv, int kind, long long m,
+                                               const T* fmask, const unsigned char* bmask,
+                                               const double* dmask) {
+    double x = __dmul_rn(scale, sv);
+    if (kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[m]));
+    else if (kind == 3) x = __dadd_rn(x, dmask[m]);
+    else if (kind == 2 && !bmask[m]) x = -(double)LG_INF;
+    return x;
+}
+
 #define LG_ATTENTION(sfx, T)                                                          \
     extern "C" __global__ void attn_probs_##sfx(long long rows, long long lq,        \
                                                 long long lk, double scale, int causal, \
                                                 int mask_kind, long long mask_rows,   \
                                                 int use_lse, T* p, Acc<T>::type* lse,  \
                                                 const T* s, const T* fmask,           \
-                                                const unsigned char* bmask) {         \
+                                                const unsigned char* bmask,           \
+                                                const double* dmask) {                \
         typedef Acc<T>::type St;                                                      \
         __shared__ double buf[LG_ATT_THREADS];                                        \
         for (long long r = blockIdx.x; r < rows; r += gridDim.x) {                    \
@@ -47,19 +66,16 @@ __device__ __forceinline__ double lg_att_reduce(double v, double* buf, bool is_m
                 double mx = -(double)LG_INF;                                          \
                 for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS) {        \
                     if (j > limit) continue;                                          \
-                    double x = __dmul_rn(scale, lg_to_f64(srow[j]));                            \
-                    if (mask_kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[mrow + j]));              \
-                    if (mask_kind == 2 && !bmask[mrow + j]) x = -(double)LG_INF;      \
-                    mx = fmax(mx, x);                                                 \
+                    mx = fmax(mx, lg_att_logit<T>(scale, lg_to_f64(srow[j]), mask_kind, \
+                                                  mrow + j, fmask, bmask, dmask));    \
                 }                                                                     \
                 mx = lg_att_reduce(mx, buf, true);                                    \
                 double sum = 0;                                                       \
                 if (mx != -(double)LG_INF) {                                          \
                     for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS) {    \
                         if (j > limit) continue;                                      \
-                        double x = __dmul_rn(scale, lg_to_f64(srow[j]));                        \
-                        if (mask_kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[mrow + j]));          \
-                        if (mask_kind == 2 && !bmask[mrow + j]) x = -(double)LG_INF;  \
+                        double x = lg_att_logit<T>(scale, lg_to_f64(srow[j]), mask_kind, \
+                                                   mrow + j, fmask, bmask, dmask);    \
                         sum += exp(x - mx);                                           \
                     }                                                                 \
                 }                                                                     \
@@ -69,12 +85,11 @@ __device__ __forceinline__ double lg_att_reduce(double v, double* buf, bool is_m
             }                                                                         \
             for (long long j = threadIdx.x; j < lk; j += LG_ATT_THREADS) {            \
                 double x = -(double)LG_INF;                                           \
-                if (j <= limit) {                                                     \
-                    x = __dmul_rn(scale, lg_to_f64(srow[j]));                                   \
-                    if (mask_kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[mrow + j]));              \
-                    if (mask_kind == 2 && !bmask[mrow + j]) x = -(double)LG_INF;      \
-                }                                                                     \
-                p[r * lk + j] = lg_from_f64<T>(value == -(double)LG_INF ? 0.0 : exp(x - value)); \
+                if (j <= limit)                                                       \
+                    x = lg_att_logit<T>(scale, lg_to_f64(srow[j]), mask_kind, mrow + j, \
+                                        fmask, bmask, dmask);                         \
+                p[r * lk + j] =                                                       \
+                    lg_from_f64<T>(value == -(double)LG_INF ? 0.0 : exp(x - value));  \
             }                                                                         \
         }                                                                             \
     }                                                                                 \

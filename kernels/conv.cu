@@ -30,10 +30,11 @@ struct ConvGeo {
         }                                                                             \
     }                                                                                 \
     /* Folds the columns of items first .. first+nb back into gx ([n, cin, h, w]), */ \
-    /* overwriting those items: each input element gathers its taps in (ki, kj) */   \
-    /* order, the CPU's order of additions, each rounded in T. */                     \
+    /* overwriting those items (or, with accumulate, adding to what they hold: */     \
+    /* the transposed convolution's bias): each input element gathers its taps */     \
+    /* in (ki, kj) order, the CPU's order of additions, each rounded in T. */         \
     extern "C" __global__ void col2im_##sfx(ConvGeo g, long long first, long long nb, \
-                                            T* gx, const T* cols) {                   \
+                                            int accumulate, T* gx, const T* cols) {   \
         typedef Acc<T>::type A;                                                       \
         long long kk = g.kh * g.kw, L = g.oh * g.ow, rows = g.cin * kk;               \
         long long n = nb * g.cin * g.h * g.w;                                         \
@@ -41,7 +42,7 @@ struct ConvGeo {
             long long ix = e % g.w, iy = e / g.w % g.h, c = e / (g.w * g.h) % g.cin;  \
             long long item = e / (g.w * g.h * g.cin);                                 \
             const T* base = cols + item * rows * L;                                   \
-            A acc = 0;                                                                \
+            A acc = accumulate ? lg_load(gx[first * g.cin * g.h * g.w + e]) : (A)0;   \
             for (long long ki = 0; ki < g.kh; ++ki) {                                 \
                 long long ty = iy + g.pad[0] - ki * g.dil[0];                         \
                 if (ty < 0 || ty % g.stride[0] != 0 || ty / g.stride[0] >= g.oh) continue; \

@@ -38,6 +38,34 @@ __device__ __forceinline__ double lg_avg_window(const PoolGeo& g, int mode, long
     return mode == 1 ? padded : (double)((r1 - r0) * (c1 - c0));
 }
 
+// The gradient of input element `e` of max pooling: the sum, in row-major
+// output order, of the output gradients whose argmax is `e`, named either
+// by the u8 window position `pos` or (when `pos` is null) by the flat
+// in-plane index `idx`. Each addition is rounded in T.
+template <typename T>
+__device__ __forceinline__ T lg_max_pool_grad(const PoolGeo& g, long long e, const T* dy,
+                                              const unsigned char* pos,
+                                              const long long* idx) {
+    typedef typename Acc<T>::type A;
+    long long pl = e / (g.h * g.w), r = e / g.w % g.h, c = e % g.w;
+    long long base = pl * g.oh * g.ow;
+    A acc = 0;
+    // ki descending = output rows ascending (row-major output order)
+    for (long long ki = g.k[0] - 1; ki >= 0; --ki) {
+        long long t = r + g.p[0] - ki * g.d[0];
+        if (t < 0 || t % g.s[0] != 0 || t / g.s[0] >= g.oh) continue;
+        long long i = t / g.s[0];
+        for (long long kj = g.k[1] - 1; kj >= 0; --kj) {
+            long long u = c + g.p[1] - kj * g.d[1];
+            if (u < 0 || u % g.s[1] != 0 || u / g.s[1] >= g.ow) continue;
+            long long o = base + i * g.ow + u / g.s[1];
+            bool hit = pos ? pos[o] == ki * g.k[1] + kj : idx[o] == r * g.w + c;
+            if (hit) acc = lg_load(lg_store<T>(acc + lg_load(dy[o])));
+        }
+    }
+    return lg_store<T>(acc);
+}
+
 #define LG_POOL(sfx, T)                                                               \
     extern "C" __global__ void max_pool2d_fwd_##sfx(PoolGeo g, T* y, unsigned char* pos, \
                                                     const T* x) {                     \
@@ -69,27 +97,14 @@ __device__ __forceinline__ double lg_avg_window(const PoolGeo& g, int mode, long
     }                                                                                 \
     extern "C" __global__ void max_pool2d_bwd_##sfx(PoolGeo g, T* dx, const T* dy,   \
                                                     const unsigned char* pos) {       \
-        typedef Acc<T>::type A;                                                       \
         long long n = g.planes * g.h * g.w;                                           \
-        LG_GRID_LOOP(e, n) {                                                          \
-            long long pl = e / (g.h * g.w), r = e / g.w % g.h, c = e % g.w;           \
-            long long base = pl * g.oh * g.ow;                                        \
-            A acc = 0;                                                                \
-            /* ki descending = output rows ascending (row-major output order) */      \
-            for (long long ki = g.k[0] - 1; ki >= 0; --ki) {                          \
-                long long t = r + g.p[0] - ki * g.d[0];                               \
-                if (t < 0 || t % g.s[0] != 0 || t / g.s[0] >= g.oh) continue;         \
-                long long i = t / g.s[0];                                             \
-                for (long long kj = g.k[1] - 1; kj >= 0; --kj) {                      \
-                    long long u = c + g.p[1] - kj * g.d[1];                           \
-                    if (u < 0 || u % g.s[1] != 0 || u / g.s[1] >= g.ow) continue;     \
-                    long long o = base + i * g.ow + u / g.s[1];                       \
-                    if (pos[o] == ki * g.k[1] + kj)                                   \
-                        acc = lg_load(lg_store<T>(acc + lg_load(dy[o])));             \
-                }                                                                     \
-            }                                                                         \
-            dx[e] = lg_store<T>(acc);                                                 \
-        }                                                                             \
+        LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T>(g, e, dy, pos, 0); }          \
+    }                                                                                 \
+    /* The same from flat in-plane input indices (SaveAll's i64 indices). */          \
+    extern "C" __global__ void max_pool2d_bwd_flat_##sfx(PoolGeo g, T* dx, const T* dy, \
+                                                         const long long* idx) {      \
+        long long n = g.planes * g.h * g.w;                                           \
+        LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T>(g, e, dy, 0, idx); }          \
     }                                                                                 \
     extern "C" __global__ void avg_pool2d_fwd_##sfx(PoolGeo g, int mode, T* y,       \
                                                     const T* x) {                     \

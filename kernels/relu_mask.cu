@@ -57,3 +57,28 @@ LG_FOR_FLOATS(LG_RELU_MASK)
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_POSITIVE_MASK)
+
+// The mask of `lo <= x <= hi` (clamp's pass-through rule; NaN fails both
+// tests), compared in double as the CPU's `mask_where` (every float type
+// converts to double exactly). The word loop is warp-uniform, so every lane
+// reaches __ballot_sync.
+#define LG_WITHIN_MASK(sfx, T)                                                        \
+    extern "C" __global__ void within_mask_##sfx(double lo, double hi, long long n,  \
+                                                 unsigned int* mask, const T* x,      \
+                                                 Strided lx) {                        \
+        long long words = (n + 31) / 32;                                              \
+        long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;     \
+        long long warps = ((long long)blockDim.x * gridDim.x) >> 5;                   \
+        int lane = threadIdx.x & 31;                                                  \
+        for (long long w = warp; w < words; w += warps) {                             \
+            long long i = w * 32 + lane;                                              \
+            bool in = false;                                                          \
+            if (i < n) {                                                              \
+                double v = lg_to_f64(x[lg_offset(lx, i)]);                            \
+                in = v >= lo && v <= hi;                                              \
+            }                                                                         \
+            unsigned int bits = __ballot_sync(0xffffffffu, in);                       \
+            if (lane == 0) mask[w] = bits;                                            \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_WITHIN_MASK)

@@ -2,11 +2,15 @@
 //! `exp(x − lse)` with the row's log-sum-exp (so backward can rebuild the
 //! probabilities bit for bit from a saved `lse`), and the softmax backward
 //! `scale · P ⊙ (dP − Σ dP ⊙ P)`. Rows are independent; work is done in f64.
+//! On CUDA both are one fused kernel each (`kernels/attention.cu`, glue in
+//! `src/cuda/layers_attention.rs`) with the same formulas.
 
 use super::softmax::Dense;
 use super::PARALLEL_THRESHOLD;
+use crate::cuda::layers_attention::RowLse;
+use crate::memory::{with_category, Category};
 use crate::tensor::{CpuData, Tensor};
-use crate::{Error, FloatDType, Result, WithDType};
+use crate::{DType, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 
 /// How the logits of a score row are formed from `S = Q·Kᵀ`:
@@ -15,26 +19,52 @@ use rayon::prelude::*;
 pub(crate) struct ScoreSpec<'a> {
     pub scale: f64,
     pub causal: bool,
-    /// Additive mask over all `rows × lk` scores (row-major), if any.
-    pub mask: Option<&'a [f64]>,
+    /// The score mask, if any: a float mask is added, a U8 mask removes
+    /// (`−∞`) where it is 0; broadcastable to `scores`.
+    pub mask: Option<&'a Tensor>,
+    /// The scores' (broadcast) shape `[.., lq, lk]`.
+    pub scores: &'a [usize],
     pub lq: usize,
     pub lk: usize,
     /// Whether the saved log-sum-exp is kept in f32 (else f64).
     pub lse_f32: bool,
 }
 
-impl ScoreSpec<'_> {
+/// The CPU's logit rule over an f64 additive mask of all scores.
+struct Logits<'a> {
+    spec: &'a ScoreSpec<'a>,
+    mask: Option<&'a [f64]>,
+}
+
+impl Logits<'_> {
     #[inline(always)]
     fn logit(&self, row: usize, j: usize, s: f64) -> f64 {
-        if self.causal && j > row % self.lq {
+        let spec = self.spec;
+        if spec.causal && j > row % spec.lq {
             return f64::NEG_INFINITY;
         }
-        let x = self.scale * s;
+        let x = spec.scale * s;
         match self.mask {
-            Some(m) => x + m[row * self.lk + j],
+            Some(m) => x + m[row * spec.lk + j],
             None => x,
         }
     }
+}
+
+/// The mask as additive f64 values over all scores (`0`/`−∞` for U8), on
+/// the host (uncounted, as any host temporary).
+fn additive_mask(mask: &Tensor, scores: &[usize]) -> Result<Vec<f64>> {
+    let full = mask.detach().broadcast_to(scores)?;
+    let boolean = mask.dtype() == DType::U8;
+    Ok(full
+        .to_f64_vec()?
+        .into_iter()
+        .map(|v| match (boolean, v != 0.0) {
+            (true, true) => 0.0,
+            (true, false) => f64::NEG_INFINITY,
+            _ => v,
+        })
+        .collect())
 }
 
 fn run_rows<T: Send>(
@@ -59,18 +89,15 @@ fn run_rows<T: Send>(
     }
 }
 
-fn probs_rows<T: FloatDType>(
-    s: &[T],
-    spec: &ScoreSpec,
-    lse_in: Option<&[f64]>,
-) -> (CpuData, Vec<f64>) {
+fn probs_rows<T: FloatDType>(s: &[T], lg: &Logits, lse_in: Option<&[f64]>) -> (CpuData, Vec<f64>) {
+    let spec = lg.spec;
     let lk = spec.lk;
     let rows = s.len().checked_div(lk).unwrap_or(0);
     let mut p = vec![T::zero(); s.len()];
     let mut lse = vec![0.0f64; rows];
     run_rows(&mut p, lk, &mut lse, |r, prow, l| {
         let srow = &s[r * lk..(r + 1) * lk];
-        let x = |j: usize| spec.logit(r, j, WithDType::to_f64(srow[j]));
+        let x = |j: usize| lg.logit(r, j, WithDType::to_f64(srow[j]));
         let value = match lse_in {
             Some(v) => v[r],
             None => {
@@ -98,32 +125,47 @@ fn probs_rows<T: FloatDType>(
     (T::wrap(p), lse)
 }
 
-/// The probabilities `P = exp(x − lse)` for contiguous scores `s`
-/// `[.., lq, lk]` (a fresh GEMM output) and the per-row `lse` (rounded to the
-/// saved precision, `−∞` for fully masked rows whose probabilities are 0).
-/// With `lse_in` (a saved `lse`), the same formula with that `lse`: bit for
-/// bit forward's probabilities.
+/// The probabilities `P = exp(x − lse)` for scores `s` `[.., lq, lk]` (a
+/// fresh GEMM output) and the per-row `lse` (rounded to the saved
+/// precision, `−∞` for fully masked rows whose probabilities are 0). With
+/// `lse_in` (a saved `lse` tensor), the same formula with that `lse`: bit
+/// for bit forward's probabilities (and the returned lse is `lse_in`'s).
+/// The mask's dense form is a Workspace temporary.
 pub(crate) fn attention_probs(
     s: &Tensor,
     spec: &ScoreSpec,
-    lse_in: Option<&[f64]>,
-) -> Result<(Tensor, Vec<f64>)> {
+    lse_in: Option<&Tensor>,
+) -> Result<(Tensor, RowLse)> {
     match crate::meta::backend("scaled_dot_product_attention", &[s])? {
         crate::meta::Backend::Meta => {
             // One (unread) lse per row: its length sizes the saved lse.
             let rows = s.numel().checked_div(spec.lk).unwrap_or(0);
-            return Ok((crate::meta::empty(s.shape(), s.dtype())?, vec![0.0; rows]));
+            let p = crate::meta::empty(s.shape(), s.dtype())?;
+            return Ok((p, RowLse::Host(vec![0.0; rows])));
         }
         crate::meta::Backend::Cuda(n) => {
-            return Err(crate::meta::not_on_cuda("scaled_dot_product_attention", n))
+            let (p, lse) = crate::cuda::layers_attention::probs_tensor(s, spec, lse_in, n)?;
+            return Ok((p, RowLse::Device(lse)));
         }
         crate::meta::Backend::Cpu => {}
     }
+    let mask = match spec.mask {
+        Some(m) => {
+            let _ws = with_category(Category::Workspace);
+            Some(additive_mask(m, spec.scores)?)
+        }
+        None => None,
+    };
+    let lse_in = lse_in.map(Tensor::small_values).transpose()?;
+    let logits = Logits {
+        spec,
+        mask: mask.as_deref(),
+    };
     let dense = Dense::new(s)?;
     let (data, range) = dense.parts();
     let (p, lse) = crate::match_float_data!(data, "scaled_dot_product_attention", v =>
-        probs_rows(&v[range], spec, lse_in));
-    Ok((Tensor::from_cpu_data(p, s.shape())?, lse))
+        probs_rows(&v[range], &logits, lse_in.as_deref()));
+    Ok((Tensor::from_cpu_data(p, s.shape())?, RowLse::Host(lse)))
 }
 
 fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], lk: usize, scale: f64) -> CpuData {
@@ -156,8 +198,8 @@ pub(crate) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, scale: f64) -> Res
     }
     match crate::meta::backend("scaled_dot_product_attention", &[p, dp])? {
         crate::meta::Backend::Meta => return crate::meta::empty(p.shape(), p.dtype()),
-        crate::meta::Backend::Cuda(n) => {
-            return Err(crate::meta::not_on_cuda("scaled_dot_product_attention", n))
+        crate::meta::Backend::Cuda(_) => {
+            return crate::cuda::layers_attention::softmax_grad_tensor(p, dp, scale)
         }
         crate::meta::Backend::Cpu => {}
     }

@@ -65,6 +65,9 @@ pub fn mask_where(
             crate::meta::float(op, x.dtype())?;
             return crate::meta::empty(&[mask_words(x.numel())], crate::DType::U32);
         }
+        // A host predicate has no device form: the rules that run on CUDA
+        // (`x > 0`, clamp's `lo <= x <= hi`) dispatch to their kernels
+        // before reaching here (`positive_mask_for`, `ops::mask`).
         crate::meta::Backend::Cuda(n) => return Err(crate::meta::not_on_cuda(op, n)),
         crate::meta::Backend::Cpu => {}
     }

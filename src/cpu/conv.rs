@@ -267,6 +267,13 @@ fn on_cuda(
     wrap(out, shape)
 }
 
+/// A bias as the whole-buffer dense CUDA tensor the kernels read (a view
+/// copied as Workspace).
+fn cuda_bias(bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+    let _ws = with_category(Category::Workspace);
+    bias.map(crate::cuda::tensor::dense).transpose()
+}
+
 fn unfold(x: &Tensor, start: usize, cols: &Tensor, g: &ConvGeom) -> Result<()> {
     match backend("conv", &[x, cols])? {
         Backend::Meta => {
@@ -292,17 +299,8 @@ pub(crate) fn conv2d_forward(
     g: &ConvGeom,
 ) -> Result<Tensor> {
     if let Backend::Cuda(_) = backend("conv2d", &[x, w])? {
-        let b = match bias {
-            Some(b) => Some({
-                let _ws = with_category(Category::Workspace);
-                crate::cuda::tensor::dense(b)?
-            }),
-            None => None,
-        };
-        let bb = match &b {
-            Some(b) => Some(b.storage().cuda()?),
-            None => None,
-        };
+        let b = cuda_bias(bias)?;
+        let bb = b.as_ref().map(|b| b.storage().cuda()).transpose()?;
         let cg = cuda_geom(g);
         return on_cuda(x, w, &[g.n, g.cout, g.oh, g.ow], |x, w| {
             crate::cuda::layers_conv::conv_forward(
@@ -351,12 +349,17 @@ pub(crate) fn conv2d_input_grad(
     bias: Option<&Tensor>,
     g: &ConvGeom,
 ) -> Result<Tensor> {
-    if let (Backend::Cuda(_), None) = (backend("conv2d_backward", &[gy, w])?, bias) {
+    if let Backend::Cuda(_) = backend("conv2d_backward", &[gy, w])? {
+        // The bias (conv_transpose2d) is the starting value of every
+        // position, the taps added after it, as below.
+        let b = cuda_bias(bias)?;
+        let bb = b.as_ref().map(|b| b.storage().cuda()).transpose()?;
         let cg = cuda_geom(g);
         return on_cuda(gy, w, &[g.n, g.cin, g.h, g.w], |gy, w| {
-            crate::cuda::layers_conv::conv_input_grad(
+            crate::cuda::layers_conv::conv_input_grad_bias(
                 gy,
                 w,
+                bb.as_deref(),
                 &cg,
                 crate::cuda::layers_conv::DEFAULT_WORKSPACE_BYTES,
             )

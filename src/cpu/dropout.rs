@@ -42,6 +42,9 @@ fn masked_scale(x: &Tensor, scale: f64, keep: impl Fn(usize) -> bool + Sync) -> 
             meta::float("dropout", x.dtype())?;
             return meta::empty(x.shape(), x.dtype());
         }
+        // A host keep rule has no device form: on CUDA, `dropout_apply`
+        // replays Philox and `dropout_apply_mask` selects by the U8 mask on
+        // the device before reaching here.
         Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("dropout", n)),
         Backend::Cpu => {}
     }

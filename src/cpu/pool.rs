@@ -135,19 +135,21 @@ fn cuda_dense(x: &Tensor) -> Result<Tensor> {
     crate::cuda::tensor::dense(x)
 }
 
-/// Max pooling backward on CUDA from the saved U8 window positions (a
-/// tensor on the gradient's device).
+/// Max pooling backward on CUDA from the saved argmax (a tensor on the
+/// gradient's device): U8 window positions (lean) or I64 flat in-plane
+/// indices (`SaveAll`).
 pub(crate) fn max_pool_backward_cuda(
     grad_out: &Tensor,
-    pos: &Tensor,
+    arg: &Tensor,
     g: &PoolGeom,
 ) -> Result<Tensor> {
-    let (dy, pos) = (cuda_dense(grad_out)?, cuda_dense(pos)?);
-    let out = crate::cuda::layers_pool::max_pool2d_backward(
-        &*dy.storage().cuda()?,
-        &*pos.storage().cuda()?,
-        &cuda_geom(g),
-    )?;
+    use crate::cuda::layers_pool::{max_pool2d_backward, max_pool2d_backward_flat};
+    let (dy, arg) = (cuda_dense(grad_out)?, cuda_dense(arg)?);
+    let (dy, at, geom) = (dy.storage().cuda()?, arg.storage().cuda()?, cuda_geom(g));
+    let out = match arg.dtype() {
+        crate::DType::I64 => max_pool2d_backward_flat(&dy, &at, &geom)?,
+        _ => max_pool2d_backward(&dy, &at, &geom)?,
+    };
     crate::cuda::tensor::wrap(out, &[g.planes, g.h, g.w])
 }
 
@@ -249,7 +251,12 @@ pub(crate) fn max_pool_backward(grad_out: &Tensor, arg: ArgSource, g: &PoolGeom)
                 })?;
                 return max_pool_backward_cuda(grad_out, &pos, g);
             }
-            ArgSource::Flat(_) => return Err(crate::meta::not_on_cuda("max_pool2d", n)),
+            ArgSource::Flat(idx) => {
+                let idx = crate::cuda::tensor::uncounted(|| {
+                    crate::cuda::tensor::upload(&CpuData::I64(idx.to_vec()), &[idx.len()], n)
+                })?;
+                return max_pool_backward_cuda(grad_out, &idx, g);
+            }
         },
         Backend::Cpu => {}
     }

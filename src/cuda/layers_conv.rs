@@ -193,12 +193,16 @@ pub fn im2col_into(
 }
 
 /// Folds `cols` (items `first .. first + nb`) into those items of `gx`,
-/// overwriting them; deterministic (each input gathers its taps in order).
+/// overwriting them, or with `accumulate` adding to what they hold (each
+/// tap rounded in the dtype, after the held value, as the CPU's bias-first
+/// transposed convolution); deterministic (each input gathers its taps in
+/// order).
 pub fn col2im_into(
     cols: &CudaBuffer,
     g: &ConvGeom,
     first: usize,
     nb: usize,
+    accumulate: bool,
     gx: &mut CudaBuffer,
 ) -> Result<()> {
     let op = "cuda col2im";
@@ -210,9 +214,11 @@ pub fn col2im_into(
     expect(op, gx, cols.dtype(), g.sizes().0, cols)?;
     let len = nb * (g.cin * g.h * g.w) as usize;
     if len > 0 {
-        let (f, nb) = (first as i64, nb as i64);
+        let (f, nb, acc) = (first as i64, nb as i64, i32::from(accumulate));
+        // Parameters: (ConvGeo g, i64 first, i64 nb, i32 accumulate, T* gx,
+        // const T* cols).
         launch!(cols.device(), "conv.cu", format!("col2im_{sfx}"), CudaDevice::grid_for(len);
-            g, &f, &nb, gx.slice_mut(), cols.slice())?;
+            g, &f, &nb, &acc, gx.slice_mut(), cols.slice())?;
     }
     Ok(())
 }
@@ -247,6 +253,28 @@ fn for_each_column_chunk(
     Ok(())
 }
 
+/// A new buffer of `len` elements (`[.., c, l]`) holding `b[ch]` at every
+/// position of channel `ch` (`b`: `c` elements of `like`'s dtype).
+fn bias_filled(
+    op: &'static str,
+    like: &CudaBuffer,
+    b: &CudaBuffer,
+    len: usize,
+    c: usize,
+    l: usize,
+) -> Result<CudaBuffer> {
+    let sfx = float_suffix(op, like.dtype())?;
+    expect(op, b, like.dtype(), c, like)?;
+    let mut y = CudaBuffer::alloc(like.device(), like.dtype(), len)?;
+    if len > 0 && c > 0 && l > 0 {
+        let (n64, c64, l64) = (len as i64, c as i64, l as i64);
+        // Parameters: (i64 n, i64 c, i64 l, T* y, const T* b).
+        launch!(like.device(), "conv.cu", format!("conv_fill_bias_{sfx}"), CudaDevice::grid_for(len);
+            &n64, &c64, &l64, y.slice_mut(), b.slice())?;
+    }
+    Ok(y)
+}
+
 /// Convolution forward: `y = bias + W ⊛ x` (`[n, cout, oh, ow]`) by
 /// im2col + one strided-batched GEMM per group and chunk; the column buffer
 /// stays under `budget` bytes.
@@ -258,21 +286,11 @@ pub fn conv_forward(
     budget: usize,
 ) -> Result<CudaBuffer> {
     let op = "cuda conv";
-    let sfx = float_suffix(op, x.dtype())?;
     let (nx, nw, ny) = g.sizes();
     expect(op, x, x.dtype(), nx, x)?;
     expect(op, w, x.dtype(), nw, x)?;
     let mut y = match bias {
-        Some(b) => {
-            expect(op, b, x.dtype(), g.cout as usize, x)?;
-            let mut y = CudaBuffer::alloc(x.device(), x.dtype(), ny)?;
-            if ny > 0 {
-                let (n64, c, l) = (ny as i64, g.cout, g.l() as i64);
-                launch!(x.device(), "conv.cu", format!("conv_fill_bias_{sfx}"), CudaDevice::grid_for(ny);
-                    &n64, &c, &l, y.slice_mut(), b.slice())?;
-            }
-            y
-        }
+        Some(b) => bias_filled(op, x, b, ny, g.cout as usize, g.l())?,
         None => CudaBuffer::zeros(x.device(), x.dtype(), ny)?,
     };
     if ny == 0 || g.rows() == 0 {
@@ -310,14 +328,36 @@ pub fn conv_input_grad(
     g: &ConvGeom,
     budget: usize,
 ) -> Result<CudaBuffer> {
+    conv_input_grad_bias(gy, w, None, g, budget)
+}
+
+/// The input gradient `[n, cin, h, w]` of a convolution from the output
+/// gradient `gy` ([`conv_input_grad`]) with an optional bias. This is
+/// also the transposed convolution of `gy` by `w`; with `bias` (`[cin]`)
+/// every position starts from its channel's bias and the taps are added
+/// after it, as on the CPU.
+pub fn conv_input_grad_bias(
+    gy: &CudaBuffer,
+    w: &CudaBuffer,
+    bias: Option<&CudaBuffer>,
+    g: &ConvGeom,
+    budget: usize,
+) -> Result<CudaBuffer> {
     let op = "cuda conv input grad";
     let (nx, nw, ny) = g.sizes();
     expect(op, gy, gy.dtype(), ny, gy)?;
     expect(op, w, gy.dtype(), nw, gy)?;
+    let plane = (g.h * g.w) as usize;
+    let mut gx = match bias {
+        Some(b) => bias_filled(op, gy, b, nx, g.cin as usize, plane)?,
+        None if g.rows() == 0 || g.l() == 0 || g.cout == 0 => {
+            return CudaBuffer::zeros(gy.device(), gy.dtype(), nx)
+        }
+        None => CudaBuffer::alloc(gy.device(), gy.dtype(), nx)?,
+    };
     if g.rows() == 0 || g.l() == 0 || g.cout == 0 {
-        return CudaBuffer::zeros(gy.device(), gy.dtype(), nx);
+        return Ok(gx);
     }
-    let mut gx = CudaBuffer::alloc(gy.device(), gy.dtype(), nx)?;
     let (n, l, k, cg, rows, cout) = (
         g.n as usize,
         g.l(),
@@ -347,7 +387,7 @@ pub fn conv_input_grad(
                 s,
             )?;
         }
-        col2im_into(&cols, g, first, nb, &mut gx)?;
+        col2im_into(&cols, g, first, nb, bias.is_some(), &mut gx)?;
     }
     Ok(gx)
 }

@@ -75,6 +75,24 @@ pub fn positive_mask(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     Ok(mask)
 }
 
+/// The packed mask of `lo <= x <= hi` (clamp's rule; `cpu::bitmask`'s
+/// `mask_where` with that test, compared in f64).
+pub fn within_mask(x: &CudaBuffer, lx: &Strided, lo: f64, hi: f64) -> Result<CudaBuffer> {
+    let op = "cuda within_mask";
+    let sfx = float_suffix(op, x.dtype())?;
+    super::check::input(op, x, x.dtype(), lx, x)?;
+    let n = lx.numel();
+    let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
+    if n > 0 {
+        let (n64, lx) = (n as i64, lx.coalesced());
+        // Parameters: (f64 lo, f64 hi, i64 n, u32* mask, const T* x,
+        // Strided lx).
+        launch!(x.device(), "relu_mask.cu", format!("within_mask_{sfx}"), ballot_grid(n);
+            &lo, &hi, &n64, mask.slice_mut(), x.slice(), &lx)?;
+    }
+    Ok(mask)
+}
+
 /// Dropout forward: `x·scale` where element `i` is kept by
 /// `crate::rng::dropout_keep(seed, offset, i, p)`, else 0. Nothing is
 /// saved: [`dropout_backward`] regenerates the mask from (seed, offset).

@@ -1,12 +1,17 @@
-//! Launch wrappers for embedding (`embedding.cu`), the fused attention
-//! softmax (`attention.cu`) and the per-channel sum of conv bias gradients
-//! (`conv.cu`). The optimizer updates moved to [`super::optim`].
+//! Launch wrappers for embedding (`embedding.cu`) and the per-channel sum
+//! of conv bias gradients (`conv.cu`). The fused attention softmax moved to
+//! [`super::layers_attention`] and the optimizer updates to [`super::optim`];
+//! both are re-exported here under their old paths.
 
 use super::check::float_suffix;
-use super::layers_util::{expect, invalid, stat_dtype};
+use super::layers_util::expect;
 use super::{CudaBuffer, CudaDevice};
 use crate::memory::Category;
-use crate::{DType, Result};
+use crate::Result;
+
+// The fused attention softmax moved to `layers_attention.rs`; its old path
+// stays valid.
+pub use super::layers_attention::{attention_probs, attention_softmax_grad, AttnMask};
 
 /// Checks host indices against a table of `num` rows, as i64.
 fn indices(op: &'static str, idx: &[usize], num: usize) -> Result<Vec<i64>> {
@@ -84,101 +89,6 @@ pub fn embedding_backward(
     launch!(dev, "embedding.cu", format!("embedding_bwd_{sfx}"), CudaDevice::grid_per_row(rows.len());
         &used, &d, gw.slice_mut(), g.slice(), d_rows.slice(), d_starts.slice(), d_pos.slice())?;
     Ok(gw)
-}
-
-/// The mask of the fused attention softmax.
-#[derive(Clone, Copy)]
-pub enum AttnMask<'a> {
-    /// No mask.
-    None,
-    /// An additive float mask of the scores' dtype, `[mask_rows, lk]`.
-    Float(&'a CudaBuffer, usize),
-    /// A U8 mask `[mask_rows, lk]`: 0 removes the position (−∞).
-    Bool(&'a CudaBuffer, usize),
-}
-
-/// Probabilities of attention scores `s` (contiguous `[rows, lk]`, rows =
-/// batch·heads·`lq`): `P = exp(scale·s + mask − lse)` per row, with causal
-/// masking (`j > row % lq` removed); row `r` reads mask row `r % mask_rows`.
-/// Returns `P` and the per-row log-sum-exp ([`stat_dtype`]; −∞ for a fully
-/// masked row, whose probabilities are 0). With `lse_in`, that lse is used
-/// instead (recomputing forward's `P` in backward) and returned unchanged.
-pub fn attention_probs(
-    s: &CudaBuffer,
-    lq: usize,
-    lk: usize,
-    scale: f64,
-    causal: bool,
-    mask: AttnMask,
-    lse_in: Option<CudaBuffer>,
-) -> Result<(CudaBuffer, CudaBuffer)> {
-    let op = "cuda attention softmax";
-    let sfx = float_suffix(op, s.dtype())?;
-    if lq == 0 || lk == 0 || !s.len().is_multiple_of(lq * lk) {
-        return Err(invalid(
-            op,
-            format!("{} scores for lq {lq}, lk {lk}", s.len()),
-        ));
-    }
-    let rows = s.len() / lk;
-    let (kind, mrows, fm, bm) = match mask {
-        AttnMask::None => (0i32, 0usize, s, s),
-        AttnMask::Float(m, r) => (1, r, m, s),
-        AttnMask::Bool(m, r) => (2, r, s, m),
-    };
-    if kind == 1 {
-        expect(op, fm, s.dtype(), mrows * lk, s)?;
-    }
-    if kind == 2 {
-        expect(op, bm, DType::U8, mrows * lk, s)?;
-    }
-    if kind != 0 && mrows == 0 {
-        return Err(invalid(op, "a mask of 0 rows"));
-    }
-    let use_lse = i32::from(lse_in.is_some());
-    let mut lse = match lse_in {
-        Some(l) => {
-            expect(op, &l, stat_dtype(s.dtype()), rows, s)?;
-            l
-        }
-        None => CudaBuffer::alloc(s.device(), stat_dtype(s.dtype()), rows)?,
-    };
-    let mut p = CudaBuffer::alloc(s.device(), s.dtype(), s.len())?;
-    let (r64, q64, k64, m64, c) = (
-        rows as i64,
-        lq as i64,
-        lk as i64,
-        mrows as i64,
-        i32::from(causal),
-    );
-    launch!(s.device(), "attention.cu", format!("attn_probs_{sfx}"), CudaDevice::grid_per_row(rows);
-        &r64, &q64, &k64, &scale, &c, &kind, &m64, &use_lse, p.slice_mut(), lse.slice_mut(),
-        s.slice(), fm.slice(), bm.slice())?;
-    Ok((p, lse))
-}
-
-/// The gradient of the scaled scores: `scale·P ⊙ (dP − Σ_j P ⊙ dP)` per
-/// row of `lk` (contiguous `p`, `dp` of the same length).
-pub fn attention_softmax_grad(
-    p: &CudaBuffer,
-    dp: &CudaBuffer,
-    lk: usize,
-    scale: f64,
-) -> Result<CudaBuffer> {
-    let op = "cuda attention softmax backward";
-    let sfx = float_suffix(op, p.dtype())?;
-    expect(op, dp, p.dtype(), p.len(), p)?;
-    if lk == 0 || !p.len().is_multiple_of(lk) {
-        return Err(invalid(op, format!("{} elements in rows of {lk}", p.len())));
-    }
-    let rows = p.len() / lk;
-    let mut ds = CudaBuffer::alloc(p.device(), p.dtype(), p.len())?;
-    if rows > 0 {
-        let (r64, k64) = (rows as i64, lk as i64);
-        launch!(p.device(), "attention.cu", format!("attn_softmax_bwd_{sfx}"), CudaDevice::grid_per_row(rows);
-            &r64, &k64, &scale, ds.slice_mut(), p.slice(), dp.slice())?;
-    }
-    Ok(ds)
 }
 
 // The optimizer wrappers live in `super::optim`; re-exported here for the

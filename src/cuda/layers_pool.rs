@@ -181,6 +181,29 @@ pub fn max_pool2d_backward(dy: &CudaBuffer, pos: &CudaBuffer, g: &PoolGeom) -> R
     Ok(dx)
 }
 
+/// Max pooling backward from flat in-plane input indices (`row · w + col`,
+/// what `SaveAll` keeps as I64, as PyTorch): the `[planes, h, w]` input
+/// gradient, each input summing, in output order, the output gradients that
+/// name it (a gather: deterministic, no atomics).
+pub fn max_pool2d_backward_flat(
+    dy: &CudaBuffer,
+    idx: &CudaBuffer,
+    g: &PoolGeom,
+) -> Result<CudaBuffer> {
+    let op = "cuda max_pool2d backward";
+    let sfx = float_suffix(op, dy.dtype())?;
+    expect(op, dy, dy.dtype(), g.output_len(), dy)?;
+    expect(op, idx, DType::I64, g.output_len(), dy)?;
+    let n = g.input_len();
+    let mut dx = CudaBuffer::alloc(dy.device(), dy.dtype(), n)?;
+    if n > 0 {
+        // Parameters: (PoolGeo g, T* dx, const T* dy, const i64* idx).
+        launch!(dy.device(), "pool.cu", format!("max_pool2d_bwd_flat_{sfx}"), CudaDevice::grid_for(n);
+            g, dx.slice_mut(), dy.slice(), idx.slice())?;
+    }
+    Ok(dx)
+}
+
 /// Average (or adaptive average) pooling forward of contiguous `x`; window
 /// sums in f64, divided by the mode's divisor.
 pub fn avg_pool2d_forward(x: &CudaBuffer, g: &PoolGeom, mode: AvgPoolMode) -> Result<CudaBuffer> {

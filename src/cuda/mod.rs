@@ -47,6 +47,7 @@ mod context;
 pub mod elementwise;
 pub mod gemm;
 pub mod index;
+pub mod layers_attention;
 pub mod layers_conv;
 mod layers_gemm;
 pub mod layers_mask;

@@ -14,6 +14,7 @@ use crate::cpu::{
     attention_probs, attention_softmax_grad, dropout_apply, dropout_apply_mask, dropout_mask,
     matmul, DropoutDraw, ScoreSpec,
 };
+use crate::cuda::layers_attention::RowLse;
 use crate::memory::{with_category, Category};
 use crate::ops::expect_float;
 use crate::{DType, Error, Result, Tensor};
@@ -80,25 +81,6 @@ fn invalid(msg: String) -> Error {
     Error::InvalidArgument { op: OP, msg }
 }
 
-/// The mask as additive f64 values over all scores (`0`/`−∞` for U8).
-fn additive_mask(mask: &Tensor, scores: &[usize]) -> Result<Vec<f64>> {
-    let full = mask.detach().broadcast_to(scores)?;
-    let boolean = mask.dtype() == DType::U8;
-    if full.device().is_meta() {
-        // Values are never read on meta (no arithmetic): no mask is built.
-        return Ok(Vec::new());
-    }
-    Ok(full
-        .to_f64_vec()?
-        .into_iter()
-        .map(|v| match (boolean, v != 0.0) {
-            (true, true) => 0.0,
-            (true, false) => f64::NEG_INFINITY,
-            _ => v,
-        })
-        .collect())
-}
-
 /// `P` (and the rounded `lse`) from `Q`, `K` and the mask; with `lse` given,
 /// the recomputation of forward's `P`, bit for bit.
 fn probabilities(
@@ -106,23 +88,17 @@ fn probabilities(
     k: &Tensor,
     mask: Option<&Tensor>,
     g: &Geometry,
-    lse: Option<&[f64]>,
-) -> Result<(Tensor, Vec<f64>)> {
+    lse: Option<&Tensor>,
+) -> Result<(Tensor, RowLse)> {
     let s = {
         let _ws = with_category(Category::Workspace);
         matmul(q, &k.detach().transpose(-2, -1)?)?
     };
-    let m = match mask {
-        Some(m) => {
-            let _ws = with_category(Category::Workspace);
-            Some(additive_mask(m, &g.scores)?)
-        }
-        None => None,
-    };
     let spec = ScoreSpec {
         scale: g.scale,
         causal: g.causal,
-        mask: m.as_deref(),
+        mask,
+        scores: &g.scores,
         lq: g.lq,
         lk: g.lk,
         lse_f32: g.lse_f32,
@@ -173,10 +149,10 @@ impl BackwardOp for SdpaBackward {
         let p = match &self.probs {
             Some(p) => p.get()?.clone(),
             None => {
-                let lse = need(&self.lse)?.small_values()?;
+                let lse = need(&self.lse)?;
                 let mask = self.mask.as_ref().map(|m| m.get()).transpose()?;
                 let _ws = with_category(Category::Workspace);
-                probabilities(need(&self.q)?, need(&self.k)?, mask, geo, Some(&lse))?.0
+                probabilities(need(&self.q)?, need(&self.k)?, mask, geo, Some(lse))?.0
             }
         };
         let [nq, nk, nv] = self.needs;
@@ -346,7 +322,7 @@ pub fn scaled_dot_product_attention(
         } else {
             DType::F64
         };
-        op.lse = save(&Tensor::from_host_f64(&lse, &[lse.len()], dt, q.device())?);
+        op.lse = save(&lse.into_tensor(dt, q.device())?);
     } else {
         op.probs = save(&p);
         op.q = if nk { save(q) } else { None };

@@ -189,14 +189,14 @@ impl BackwardOp for MaxPoolBackward {
                     gi.view_with_layout(Layout::contiguous(&self.input_shape)),
                 )]);
             }
-            // Lean: the U8 positions are read on the device.
-            Backend::Cuda(_) if !flat => {
+            // The U8 positions (lean) or the I64 flat indices (SaveAll)
+            // are read on the device.
+            Backend::Cuda(_) => {
                 let gi = max_pool_backward_cuda(&g, t, &self.geom)?;
                 return Ok(vec![Some(
                     gi.view_with_layout(Layout::contiguous(&self.input_shape)),
                 )]);
             }
-            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("max_pool2d", n)),
             Backend::Cpu => {}
         }
         let data = t.storage().cpu()?;

@@ -9,7 +9,7 @@
 //! than it saves, and never keeps the values alive longer.
 
 use crate::autograd::{save_policy, SavePolicy, SavedTensor};
-use crate::cpu::{mask_scale, mask_where, positive_mask_for};
+use crate::cpu::{mask_scale, mask_where, mask_words, positive_mask_for};
 use crate::tensor::{Layout, SaveEvent, SaveListener, Storage};
 use crate::{Result, Tensor};
 use std::sync::{Arc, Mutex};
@@ -35,7 +35,17 @@ impl MaskRule {
         match self {
             // The rule with a CUDA kernel (same bits as the generic one).
             MaskRule::Positive => positive_mask_for(source, op),
-            MaskRule::Within(..) => mask_where(source, op, move |v| self.test(v)),
+            // clamp's rule: its own kernel on CUDA (a generic predicate
+            // has no device form), the generic packer elsewhere.
+            MaskRule::Within(lo, hi) => {
+                if let crate::meta::Backend::Cuda(_) = crate::meta::backend(op, &[source])? {
+                    let words = [mask_words(source.numel())];
+                    return crate::cuda::tensor::map(source, &words, |b, l| {
+                        crate::cuda::layers_mask::within_mask(b, l, lo, hi)
+                    });
+                }
+                mask_where(source, op, move |v| self.test(v))
+            }
         }
     }
 }

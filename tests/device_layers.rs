@@ -1,0 +1,403 @@
+//! The layers of issue #5 written once for every device: attention (SDPA
+//! with causal / bool / float masks, dropout, both saving paths) and
+//! MultiheadAttention, ConvTranspose2d with bias, max pooling under both
+//! save policies, the mask-keeping activations (clamp, leaky_relu), the
+//! saved-value activations and dropout under SaveAll. Each runs on the CPU
+//! and on CUDA 0 when present for every requires-grad combination and both
+//! save policies, comparing outputs, gradients and saved bytes with the
+//! CPU's. Without a GPU the CUDA half prints `skipped: no CUDA device`.
+
+mod cuda_common;
+mod device_common;
+
+use device_common::{check_layer, check_layer_under, check_layer_with, input, tol, FLOATS};
+use leangrad::autograd::SavePolicy;
+use leangrad::nn::{scaled_dot_product_attention as sdpa, Module, SdpaOptions};
+use leangrad::{DType, Device, Result, Tensor};
+
+const BOTH: [SavePolicy; 2] = [SavePolicy::Lean, SavePolicy::SaveAll];
+
+/// Attention's tolerance: half precision rounds S, P, dP and dS once each
+/// on top of cuBLAS's own summation order, and dS = P·(dP − Σ P·dP)
+/// cancels, so a 1-ulp flip upstream shows more than in one GEMM (bf16 has
+/// 3 fewer mantissa bits than f16). A wrong mask or lse is still O(1) off.
+fn att_tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 3.0 * tol(dtype),
+        DType::BF16 => 5.0 * tol(dtype),
+        _ => tol(dtype),
+    }
+}
+
+/// `q [b, h, lq, d]`, `k [b, h, lk, d]`, `v [b, h, lk, dv]`.
+fn qkv(
+    dtype: DType,
+    (b, h, lq, lk, d, dv): (usize, usize, usize, usize, usize, usize),
+) -> [Tensor; 3] {
+    [
+        input(&[b, h, lq, d], dtype, 51, -1.0, 1.0),
+        input(&[b, h, lk, d], dtype, 52, -1.0, 1.0),
+        input(&[b, h, lk, dv], dtype, 53, -1.0, 1.0),
+    ]
+}
+
+/// SDPA of `t` with `opts`, the mask (if any) moved to the inputs' device.
+fn run_sdpa(t: &[Tensor], opts: &SdpaOptions) -> Result<Tensor> {
+    let mut o = opts.clone();
+    if let Some(m) = &opts.mask {
+        o.mask = Some(m.to_device(t[0].device())?);
+    }
+    sdpa(&t[0], &t[1], &t[2], &o)
+}
+
+fn check_sdpa(
+    name: &str,
+    dtype: DType,
+    dims: (usize, usize, usize, usize, usize, usize),
+    opts: &SdpaOptions,
+) {
+    let [q, k, v] = qkv(dtype, dims);
+    let what = format!("{name} ({dtype:?})");
+    check_layer_with(&what, &BOTH, &[&q, &k, &v], att_tol(dtype), |t| {
+        run_sdpa(t, opts)
+    });
+}
+
+/// A U8 mask `[lq, lk]` with one fully masked row (its probabilities are 0)
+/// and a scattered pattern elsewhere.
+fn bool_mask(lq: usize, lk: usize) -> Tensor {
+    let m: Vec<u8> = (0..lq * lk)
+        .map(|e| u8::from(e / lk != 1 && (e * 7) % 5 != 0))
+        .collect();
+    Tensor::from_vec(m, &[lq, lk], Device::Cpu).unwrap()
+}
+
+// Long rows, short heads: the probabilities are recomputed from the saved
+// log-sum-exp whenever q and k are kept anyway (and cheaper than P).
+const LONG: (usize, usize, usize, usize, usize, usize) = (2, 3, 9, 13, 3, 5);
+// Short rows, wide heads (odd D): P is saved rather than Q and K.
+const WIDE: (usize, usize, usize, usize, usize, usize) = (1, 2, 3, 4, 33, 7);
+
+#[test]
+fn sdpa_plain_and_causal() {
+    for dtype in FLOATS {
+        for (shape, dims) in [("long", LONG), ("wide", WIDE)] {
+            check_sdpa(
+                &format!("sdpa {shape}"),
+                dtype,
+                dims,
+                &SdpaOptions::default(),
+            );
+            let causal = SdpaOptions::default().causal(true);
+            check_sdpa(&format!("sdpa {shape} causal"), dtype, dims, &causal);
+        }
+        // A scale of its own; rank-3 inputs.
+        let [q, k, v] = qkv(dtype, (1, 4, 6, 5, 7, 3));
+        let (q, k, v) = (
+            q.reshape(&[4, 6, 7]).unwrap(),
+            k.reshape(&[4, 5, 7]).unwrap(),
+            v.reshape(&[4, 5, 3]).unwrap(),
+        );
+        let opts = SdpaOptions::default().scale(0.3);
+        check_layer_with(
+            "sdpa rank 3 scaled",
+            &BOTH,
+            &[&q, &k, &v],
+            att_tol(dtype),
+            |t| run_sdpa(t, &opts),
+        );
+    }
+}
+
+#[test]
+fn sdpa_masks() {
+    let (_, _, lq, lk, _, _) = LONG;
+    for dtype in FLOATS {
+        // Bool [lq, lk]: one copy serves every batch and head.
+        let opts = SdpaOptions::default().mask(bool_mask(lq, lk));
+        check_sdpa("sdpa bool mask", dtype, LONG, &opts);
+        let opts = SdpaOptions::default().mask(bool_mask(lq, lk)).causal(true);
+        check_sdpa("sdpa bool mask + causal", dtype, LONG, &opts);
+        // Float in the inputs' dtype, [b, 1, lq, lk] (varies by batch only).
+        let fm = input(&[2, 1, lq, lk], dtype, 61, -2.0, 1.0);
+        check_sdpa(
+            "sdpa float mask",
+            dtype,
+            LONG,
+            &SdpaOptions::default().mask(fm),
+        );
+        // An f32 mask on other dtypes (read in f64, as the CPU reads it),
+        // broadcast over the rows ([lk]).
+        let f32m = input(&[lk], DType::F32, 62, -1.0, 1.0);
+        check_sdpa(
+            "sdpa f32 row mask",
+            dtype,
+            LONG,
+            &SdpaOptions::default().mask(f32m),
+        );
+        // The save-P shape with a mask.
+        let (_, _, wq, wk, _, _) = WIDE;
+        let opts = SdpaOptions::default().mask(bool_mask(wq, wk));
+        check_sdpa("sdpa wide bool mask", dtype, WIDE, &opts);
+    }
+}
+
+#[test]
+fn sdpa_dropout() {
+    for dtype in FLOATS {
+        for (shape, dims) in [("long", LONG), ("wide", WIDE)] {
+            let opts = SdpaOptions::default().dropout(0.3, 7, 11);
+            check_sdpa(&format!("sdpa {shape} dropout"), dtype, dims, &opts);
+        }
+        let (_, _, lq, lk, _, _) = LONG;
+        let opts = SdpaOptions::default()
+            .dropout(0.5, 3, 0)
+            .causal(true)
+            .mask(bool_mask(lq, lk));
+        check_sdpa("sdpa dropout + causal + mask", dtype, LONG, &opts);
+    }
+}
+
+/// MultiheadAttention with its parameters as the layer's inputs:
+/// `t = [x, (kv,) in_proj_weight, in_proj_bias, out_proj.weight,
+/// out_proj.bias]`, built on the inputs' device with the same seed.
+fn mha(t: &[Tensor], cross: bool, dropout: f64, opts: &leangrad::nn::MhaOptions) -> Result<Tensor> {
+    let (e, heads) = (t[0].shape()[2], 3);
+    let mut m = leangrad::nn::MultiheadAttention::new(
+        "mha",
+        e,
+        heads,
+        dropout,
+        true,
+        t[0].dtype(),
+        t[0].device(),
+        5,
+    )?;
+    let p = if cross { 2 } else { 1 };
+    m.in_proj_weight = t[p].clone();
+    m.in_proj_bias = Some(t[p + 1].clone());
+    m.out_proj.weight = t[p + 2].clone();
+    m.out_proj.bias = Some(t[p + 3].clone());
+    if cross {
+        m.attention(&t[0], &t[1], &t[1], opts)
+    } else {
+        m.forward(&t[0])
+    }
+}
+
+#[test]
+fn multihead_attention() {
+    let e = 9;
+    for dtype in FLOATS {
+        let x = input(&[2, 5, e], dtype, 71, -1.0, 1.0);
+        let kv = input(&[2, 7, e], dtype, 72, -1.0, 1.0);
+        let w = input(&[3 * e, e], dtype, 73, -0.4, 0.4);
+        let b = input(&[3 * e], dtype, 74, -0.2, 0.2);
+        let ow = input(&[e, e], dtype, 75, -0.4, 0.4);
+        let ob = input(&[e], dtype, 76, -0.2, 0.2);
+        let none = leangrad::nn::MhaOptions::default();
+        let t = att_tol(dtype);
+        check_layer_with("mha self", &BOTH, &[&x, &w, &b, &ow, &ob], t, |t| {
+            mha(t, false, 0.0, &none)
+        });
+        check_layer_with("mha self dropout", &BOTH, &[&x, &w, &b, &ow, &ob], t, |t| {
+            mha(t, false, 0.25, &none)
+        });
+        let causal = leangrad::nn::MhaOptions {
+            causal: true,
+            attn_mask: None,
+        };
+        check_layer_with(
+            "mha cross causal",
+            &BOTH,
+            &[&x, &kv, &w, &b, &ow, &ob],
+            t,
+            |t| mha(t, true, 0.0, &causal),
+        );
+    }
+}
+
+#[test]
+fn conv_transpose2d_layer() {
+    use leangrad::nn::{conv_transpose2d, ConvTranspose2dOptions};
+    let plain = ConvTranspose2dOptions::default();
+    let full = ConvTranspose2dOptions {
+        stride: [2, 3],
+        padding: [1, 0],
+        output_padding: [1, 2],
+        dilation: [1, 2],
+        groups: 2,
+    };
+    for dtype in FLOATS {
+        let x = input(&[2, 4, 5, 3], dtype, 81, -1.0, 1.0);
+        // [cin, cout/groups, kh, kw]: cout = 6 with 2 groups, 3 ungrouped.
+        let w2 = input(&[4, 3, 3, 2], dtype, 82, -0.5, 0.5);
+        let b6 = input(&[6], dtype, 83, -0.5, 0.5);
+        let b3 = input(&[3], dtype, 84, -0.5, 0.5);
+        check_layer("conv_transpose2d bias", &[&x, &w2, &b3], |t| {
+            conv_transpose2d(&t[0], &t[1], Some(&t[2]), &plain)
+        });
+        check_layer("conv_transpose2d no bias", &[&x, &w2], |t| {
+            conv_transpose2d(&t[0], &t[1], None, &plain)
+        });
+        check_layer(
+            "conv_transpose2d grouped strided bias",
+            &[&x, &w2, &b6],
+            |t| conv_transpose2d(&t[0], &t[1], Some(&t[2]), &full),
+        );
+        // A permuted input view and a bias view.
+        let xt = x.transpose(2, 3).unwrap();
+        let bb = input(&[12], dtype, 85, -0.5, 0.5);
+        check_layer("conv_transpose2d of views", &[&xt, &w2, &bb], |t| {
+            let b = t[2].narrow(0, 3, 6)?;
+            conv_transpose2d(&t[0].transpose(2, 3)?, &t[1], Some(&b), &full)
+        });
+        // The module.
+        check_layer("ConvTranspose2d module", &[&x], |t| {
+            let mut m = leangrad::nn::ConvTranspose2d::new(
+                "up",
+                4,
+                6,
+                [3, 2],
+                full,
+                true,
+                t[0].dtype(),
+                t[0].device(),
+                9,
+            )?;
+            m.weight = w2.to_device(t[0].device())?;
+            m.bias = Some(b6.to_device(t[0].device())?);
+            m.forward(&t[0])
+        });
+    }
+}
+
+#[test]
+fn max_pool2d_both_policies() {
+    use leangrad::nn::{max_pool2d, MaxPool2dOptions};
+    let overlapping = MaxPool2dOptions {
+        kernel: [3, 2],
+        stride: Some([2, 1]),
+        padding: [1, 1],
+        dilation: [1, 2],
+        ceil_mode: false,
+    };
+    let ceil = MaxPool2dOptions {
+        kernel: [2, 3],
+        stride: Some([2, 2]),
+        padding: [0, 1],
+        dilation: [1, 1],
+        ceil_mode: true,
+    };
+    for dtype in FLOATS {
+        let x = input(&[2, 3, 7, 6], dtype, 41, -1.0, 1.0);
+        check_layer("max_pool2d overlapping", &[&x], |t| {
+            max_pool2d(&t[0], &overlapping)
+        });
+        check_layer("max_pool2d ceil", &[&x], |t| max_pool2d(&t[0], &ceil));
+        // Ties (one input the max of several windows, accumulated in order).
+        let flat = Tensor::full(&[1, 2, 5, 5], 0.5, dtype, Device::Cpu).unwrap();
+        check_layer("max_pool2d ties", &[&flat], |t| {
+            max_pool2d(&t[0], &overlapping)
+        });
+        let xt = x.transpose(2, 3).unwrap();
+        check_layer("max_pool2d of a view", &[&xt], |t| max_pool2d(&t[0], &ceil));
+    }
+}
+
+#[test]
+fn mask_keeping_activations() {
+    for dtype in FLOATS {
+        // 77 elements: a partial last mask word; exact boundary values too.
+        let x = input(&[7, 11], dtype, 91, -1.5, 1.5);
+        check_layer("clamp", &[&x], |t| t[0].clamp(-0.5, 0.75));
+        check_layer("clamp of a transpose", &[&x], |t| {
+            t[0].t()?.clamp(-1.0, 0.0)
+        });
+        // The output saved by the next op (a product keeps both operands).
+        check_layer("clamp then product", &[&x], |t| {
+            let y = t[0].clamp(-0.5, 0.5)?;
+            y.mul(&y)
+        });
+        // The source saved by another op too: the lean mask hands over to it.
+        check_layer("clamp beside a product", &[&x], |t| {
+            t[0].clamp(-0.5, 0.5)?.add(&t[0].mul(&t[0])?)
+        });
+        check_layer("LeakyReLU module", &[&x], |t| {
+            leangrad::nn::LeakyReLU {
+                negative_slope: 0.2,
+            }
+            .forward(&t[0])
+        });
+        check_layer("leaky_relu beside a product", &[&x], |t| {
+            t[0].leaky_relu(0.05)?.add(&t[0].mul(&t[0])?)
+        });
+    }
+}
+
+#[test]
+fn dropout_under_save_all() {
+    let all = [SavePolicy::SaveAll];
+    for dtype in FLOATS {
+        let x = input(&[9, 13], dtype, 95, -1.0, 1.0);
+        check_layer_under("dropout SaveAll", &all, &[&x], |t| {
+            leangrad::nn::dropout(&t[0], 0.4, 21, 3)
+        });
+        check_layer_under("dropout SaveAll of a view", &all, &[&x], |t| {
+            leangrad::nn::dropout(&t[0].t()?, 0.2, 4, 100)
+        });
+        check_layer("Dropout module", &[&x], |t| {
+            leangrad::nn::Dropout::new("drop", 0.3, 77)?.forward(&t[0])
+        });
+    }
+}
+
+/// The activations that save a value (GELU, SiLU: the input; Sigmoid,
+/// Tanh: the output). Their backwards are the elementwise gradient kernels
+/// `GeluB`, `SiluB`, `SigmoidB`, `TanhB` of `src/ops/unary.rs`, which have
+/// no CUDA op yet (outside issue #5's files): on a GPU this test reports
+/// their `NotOnCuda` until they get one; the forwards already dispatch.
+#[test]
+fn saved_value_activations() {
+    use leangrad::nn::{SiLU, Sigmoid, Tanh, GELU};
+    for dtype in FLOATS {
+        let x = input(&[5, 17], dtype, 97, -2.0, 2.0);
+        check_layer("GELU", &[&x], |t| {
+            GELU { approximate: false }.forward(&t[0])
+        });
+        check_layer("GELU tanh", &[&x], |t| {
+            GELU { approximate: true }.forward(&t[0])
+        });
+        check_layer("SiLU", &[&x], |t| SiLU {}.forward(&t[0]));
+        check_layer("Sigmoid", &[&x], |t| Sigmoid {}.forward(&t[0]));
+        check_layer("Tanh", &[&x], |t| Tanh {}.forward(&t[0]));
+    }
+}
+
+/// The shapes above reach both of attention's lean saving paths (checked
+/// on the CPU, the reference the devices are compared with). The inputs
+/// are leaves, counted under their own category, so the Saved bytes are
+/// what attention made for backward: LONG with q, k, v requiring grad
+/// keeps the f32 lse (rows = 2·3·9) instead of P (2·3·9·13); WIDE keeps
+/// P (1·2·3·4) whether only v or only q requires grad.
+#[test]
+fn sdpa_shapes_cover_both_saving_paths() {
+    let f = |t: &[Tensor]| run_sdpa(t, &SdpaOptions::default());
+    let saved = |dims, requires: &[bool]| {
+        let [q, k, v] = qkv(DType::F32, dims);
+        device_common::layer_run(Device::Cpu, SavePolicy::Lean, &[&q, &k, &v], requires, &f).saved
+    };
+    assert_eq!(saved(LONG, &[true, true, true]), 54 * 4);
+    assert_eq!(saved(WIDE, &[false, false, true]), 24 * 4);
+    assert_eq!(saved(WIDE, &[true, false, false]), 24 * 4);
+    // SaveAll keeps P (and its inputs) in every case.
+    let [q, k, v] = qkv(DType::F32, LONG);
+    let all = device_common::layer_run(
+        Device::Cpu,
+        SavePolicy::SaveAll,
+        &[&q, &k, &v],
+        &[true; 3],
+        &f,
+    );
+    assert_eq!(all.saved, 702 * 4);
+}
