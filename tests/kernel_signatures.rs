@@ -13,8 +13,10 @@
 //! i32, y as f64)`). The test asserts that every site names kernels that
 //! exist, that the argument count equals every matching kernel's parameter
 //! count, and that every argument whose kind is known fits its parameter
-//! (size and integer/float/struct class). Arguments of unknown kind are
-//! counted and printed. Needs libnvrtc and CUDA's headers (as
+//! (size and integer/float/struct class), and that no argument's kind is
+//! unknown (the reader follows `let`s, nested tuple patterns, casts,
+//! `T::from`, struct fields, array elements, `match` arms and the return
+//! types of functions in the same file). Needs libnvrtc and CUDA's headers (as
 //! `kernels_nvrtc`), not a GPU.
 
 use leangrad::cuda::nvrtc;
@@ -260,16 +262,26 @@ fn resolve_leading(pat: &str, context: &str, file_text: &str) -> Vec<String> {
 /// Every `launch!` site in the Rust files under `dir`.
 fn sites(dir: &Path) -> Vec<Site> {
     let mut out = Vec::new();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
-        .collect();
+    // Every .rs file under `dir`, sub-folders (e.g. `layers_norm/`) included.
+    let mut files: Vec<PathBuf> = Vec::new();
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(d) = folders.pop() {
+        for p in std::fs::read_dir(&d).unwrap().flatten().map(|e| e.path()) {
+            if p.is_dir() {
+                folders.push(p);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                files.push(p);
+            }
+        }
+    }
     files.sort();
     for path in files {
         let text = std::fs::read_to_string(&path).unwrap();
-        let fname = path.file_name().unwrap().to_string_lossy().to_string();
+        let fname = path
+            .strip_prefix(dir)
+            .unwrap_or(&path)
+            .to_string_lossy()
+            .to_string();
         let mut from = 0;
         while let Some(i) = text[from..].find("launch!(") {
             let start = from + i;
@@ -347,11 +359,20 @@ fn type_kind(ty: &str, structs: &BTreeMap<&str, usize>) -> Option<Kind> {
     })
 }
 
+/// What a pattern is bound to: an expression, or a known type.
+enum Bound<'a> {
+    Expr(&'a str),
+    Type(String),
+}
+
 /// Where an argument's type is looked up: the enclosing function's text
 /// up to the launch, and the whole file (struct fields, return types).
 struct Scope<'a> {
     ctx: &'a str,
     file: &'a str,
+    /// Lookups in progress: a binding that names itself (`let (a, b) =
+    /// (b, a)`) must end as unknown, not recurse forever.
+    depth: std::cell::Cell<u32>,
 }
 
 /// The text of a type annotation starting at `s`, up to its end.
@@ -446,8 +467,70 @@ impl Scope<'_> {
         }
     }
 
+    /// Where `ident` sits in the (possibly nested) tuple pattern `pat`
+    /// bound to `value`: `Some(type)` when it is bound there (`Some(None)`:
+    /// bound, type unknown), `None` when `pat` does not bind it.
+    fn bind(&self, pat: &str, value: Bound, ident: &str) -> Option<Option<String>> {
+        let pat = pat.trim().trim_start_matches("mut ").trim();
+        if !pat.starts_with('(') {
+            return (pat == ident).then(|| match value {
+                Bound::Expr(e) => self.expr(e),
+                Bound::Type(t) => Some(t),
+            });
+        }
+        let parts = split_top(&pat[1..pat.len() - 1], ',');
+        let values: Vec<Option<String>> = match &value {
+            Bound::Expr(e) => {
+                let e = e.trim();
+                let items = (e.starts_with('(') && e.ends_with(')'))
+                    .then(|| split_top(&e[1..e.len() - 1], ','))
+                    .filter(|v| v.len() == parts.len());
+                match items {
+                    Some(items) => {
+                        for (p, item) in parts.iter().zip(&items) {
+                            if let Some(t) = self.bind(p, Bound::Expr(item), ident) {
+                                return Some(t);
+                            }
+                        }
+                        return None;
+                    }
+                    None => {
+                        let t = self.expr(e);
+                        let tys = t.map(|t| tuple_parts(&t)).unwrap_or_default();
+                        (0..parts.len()).map(|k| tys.get(k).cloned()).collect()
+                    }
+                }
+            }
+            Bound::Type(t) => {
+                let tys = tuple_parts(t);
+                (0..parts.len()).map(|k| tys.get(k).cloned()).collect()
+            }
+        };
+        for (p, t) in parts.iter().zip(values) {
+            let found = match t {
+                Some(t) => self.bind(p, Bound::Type(t), ident),
+                // Unknown value: still bound here if the pattern names it.
+                None => self.bind(p, Bound::Type("?".into()), ident),
+            };
+            if let Some(t) = found {
+                return Some(t.filter(|t| t != "?"));
+            }
+        }
+        None
+    }
+
     /// The type of the local or parameter `ident` declared before the launch.
     fn declared(&self, ident: &str) -> Option<String> {
+        if self.depth.get() > 3 {
+            return None;
+        }
+        self.depth.set(self.depth.get() + 1);
+        let ty = self.declared_inner(ident);
+        self.depth.set(self.depth.get() - 1);
+        ty
+    }
+
+    fn declared_inner(&self, ident: &str) -> Option<String> {
         let ctx = self.ctx;
         // The latest `let` of `ident`, typed or not, plain or in a tuple.
         let mut best: Option<(usize, Option<String>)> = None;
@@ -473,23 +556,7 @@ impl Scope<'_> {
             let stmt = &search[i + 4..];
             let stmt = &stmt[..stmt.find(";\n").unwrap_or(stmt.len())];
             if let Some((lhs, rhs)) = stmt.split_once(" = ") {
-                let names = split_top(
-                    lhs.trim().trim_start_matches('(').trim_end_matches(')'),
-                    ',',
-                );
-                if let Some(pos) = names
-                    .iter()
-                    .position(|n| n.trim_start_matches("mut ") == ident)
-                {
-                    let rhs = rhs.trim();
-                    let ty = if rhs.starts_with('(') && rhs.ends_with(')') {
-                        split_top(&rhs[1..rhs.len() - 1], ',')
-                            .get(pos)
-                            .and_then(|e| self.expr(e))
-                    } else {
-                        self.expr(rhs)
-                            .and_then(|t| tuple_parts(&t).get(pos).cloned())
-                    };
+                if let Some(ty) = self.bind(lhs, Bound::Expr(rhs), ident) {
                     if best.as_ref().is_none_or(|b| i > b.0) {
                         best = Some((i, ty));
                     }
@@ -675,6 +742,7 @@ fn every_launch_matches_its_kernels_parameters() {
                 let scope = Scope {
                     ctx: &s.context,
                     file: &s.file_text,
+                    depth: Default::default(),
                 };
                 expr_kind(a, &scope, &structs)
             })
@@ -725,6 +793,14 @@ fn every_launch_matches_its_kernels_parameters() {
         report!("  unknown kind: {u}");
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // Every argument must stay checkable: bind it with a visible type
+    // (`let n64 = n as i64;`, `let x: f64 = …`) rather than through an
+    // expression this reader cannot type.
+    assert!(
+        unknown.is_empty(),
+        "launch! arguments of unknown kind:\n{}",
+        unknown.join("\n")
+    );
 }
 
 #[test]
@@ -747,7 +823,11 @@ fn the_name_patterns_and_ptx_parser_work() {
     );
     let ctx = "pub fn f(x: &CudaBuffer, lx: &Strided, alpha: f64, hp: &Hp) -> Result<()> {\n    let (code, n64) = (op as i32, n as i64);\n    let m = k as u32;\n    let (c, p) = op.code();\n    let flags = [i32::from(a), 0];\n    let w = 1.0 - hp.beta;\n    let lo = lx.coalesced();\n";
     let file = "struct Hp {\n    pub beta: f64,\n}\nfn code(self) -> (i32, f64) {\n";
-    let scope = Scope { ctx, file };
+    let scope = Scope {
+        ctx,
+        file,
+        depth: Default::default(),
+    };
     let s = BTreeMap::from([("Strided", 136usize)]);
     let kind = |e: &str| expr_kind(e, &scope, &s);
     assert_eq!(kind("&code"), Some(Kind::Int(4)));
@@ -763,6 +843,15 @@ fn the_name_patterns_and_ptx_parser_work() {
     assert_eq!(kind("&hp.beta"), Some(Kind::Float(8)));
     assert_eq!(kind("&w"), Some(Kind::Float(8)));
     assert_eq!(kind("&unknown"), None);
+    let nested = "fn g() {\n    let ((c2, p2), m2) = (op.code(), n as i64);\n";
+    let scope2 = Scope {
+        ctx: nested,
+        file,
+        depth: Default::default(),
+    };
+    assert_eq!(expr_kind("&c2", &scope2, &s), Some(Kind::Int(4)));
+    assert_eq!(expr_kind("&p2", &scope2, &s), Some(Kind::Float(8)));
+    assert_eq!(expr_kind("&m2", &scope2, &s), Some(Kind::Int(8)));
     assert_eq!(kind("w.unwrap_or(x).slice()"), Some(Kind::Int(8)));
     assert_eq!(kind("u64::from_le_bytes(b)"), Some(Kind::Int(8)));
     assert_eq!(kind("match m { A => 0i32, B => 1 }"), Some(Kind::Int(4)));
