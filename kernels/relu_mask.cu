@@ -4,7 +4,8 @@
 // Backward reads only the mask: dx = bit ? g : g * slope (exactly 0 when
 // slope is 0), the product rounded in T as the CPU.
 
-// Forward: y = x > 0 ? x : (slope == 0 ? 0 : x * slope); mask bits as above.
+// Forward: y = x > 0 ? x : (slope == 0 ? 0 : x * slope), NaN kept; mask bits
+// as above.
 #define LG_RELU_MASK(sfx, T)                                                          \
     extern "C" __global__ void relu_mask_fwd_##sfx(double slope, long long n, T* y,  \
                                                    unsigned int* mask, const T* x,    \
@@ -22,7 +23,8 @@
                 T xv = x[lg_offset(lx, i)];                                           \
                 A v = lg_load(xv);                                                    \
                 pos = v > (A)0;                                                       \
-                y[i] = pos ? xv : lg_store<T>(slope == 0.0 ? (A)0 : v * s);           \
+                /* NaN is not positive (bit 0) but stays NaN, as on the CPU */        \
+                y[i] = pos ? xv : lg_store<T>((slope == 0.0 && v == v) ? (A)0 : v * s); \
             }                                                                         \
             unsigned int bits = __ballot_sync(0xffffffffu, pos);                      \
             if (lane == 0) mask[w] = bits;                                            \
