@@ -315,10 +315,17 @@ fn narrow_backward_writes_a_strided_window() {
 #[test]
 fn relu_family_keeps_nan() {
     for dtype in FLOATS {
-        let x = from(&[f64::NAN, -1.5, 0.0, 2.0, f64::NAN, 3.0, -0.25], &[7], dtype);
+        let x = from(
+            &[f64::NAN, -1.5, 0.0, 2.0, f64::NAN, 3.0, -0.25],
+            &[7],
+            dtype,
+        );
         check_layer("relu with NaN", &[&x], |t| t[0].relu());
         check_layer("leaky_relu with NaN", &[&x], |t| t[0].leaky_relu(0.1));
         let y = x.relu().unwrap().to_f64_vec().unwrap();
-        assert!(y[0].is_nan() && y[4].is_nan(), "relu(NaN) is NaN on the CPU: {y:?}");
+        assert!(
+            y[0].is_nan() && y[4].is_nan(),
+            "relu(NaN) is NaN on the CPU: {y:?}"
+        );
     }
 }

@@ -6,7 +6,6 @@
 use super::check::float_suffix;
 use super::layers_util::expect;
 use super::{CudaBuffer, CudaDevice};
-use crate::memory::Category;
 use crate::Result;
 
 // The fused attention softmax moved to `layers_attention.rs`; its old path
@@ -39,10 +38,14 @@ pub fn embedding_forward(
     let host = indices(op, idx, num)?;
     let mut out = CudaBuffer::alloc(w.device(), w.dtype(), idx.len() * dim)?;
     if !out.is_empty() {
-        let d_idx = CudaBuffer::from_slice(w.device(), &host)?;
-        let (k, d) = (idx.len() as i64, dim as i64);
-        launch!(w.device(), "embedding.cu", format!("embedding_fwd_{sfx}"), CudaDevice::grid_for(idx.len() * dim);
-            &k, &d, out.slice_mut(), w.slice(), d_idx.slice())?;
+        // The indices are host values on the CPU (read, never stored): the
+        // upload stays out of the ledger so both devices count the same.
+        super::tensor::uncounted(|| {
+            let d_idx = CudaBuffer::from_slice(w.device(), &host)?;
+            let (k, d) = (idx.len() as i64, dim as i64);
+            launch!(w.device(), "embedding.cu", format!("embedding_fwd_{sfx}"), CudaDevice::grid_for(idx.len() * dim);
+                &k, &d, out.slice_mut(), w.slice(), d_idx.slice())
+        })?;
     }
     Ok(out)
 }
@@ -81,13 +84,16 @@ pub fn embedding_backward(
     }
     let pos: Vec<i64> = order.iter().map(|&k| k as i64).collect();
     let dev = g.device();
-    let _ws = crate::memory::with_category(Category::Workspace);
-    let d_rows = CudaBuffer::from_slice(dev, &rows)?;
-    let d_starts = CudaBuffer::from_slice(dev, &starts)?;
-    let d_pos = CudaBuffer::from_slice(dev, &pos)?;
-    let (used, d) = (rows.len() as i64, dim as i64);
-    launch!(dev, "embedding.cu", format!("embedding_bwd_{sfx}"), CudaDevice::grid_per_row(rows.len());
-        &used, &d, gw.slice_mut(), g.slice(), d_rows.slice(), d_starts.slice(), d_pos.slice())?;
+    // The row grouping is host bookkeeping on the CPU: its upload stays out
+    // of the ledger, so both devices count the same bytes.
+    super::tensor::uncounted(|| {
+        let d_rows = CudaBuffer::from_slice(dev, &rows)?;
+        let d_starts = CudaBuffer::from_slice(dev, &starts)?;
+        let d_pos = CudaBuffer::from_slice(dev, &pos)?;
+        let (used, d) = (rows.len() as i64, dim as i64);
+        launch!(dev, "embedding.cu", format!("embedding_bwd_{sfx}"), CudaDevice::grid_per_row(rows.len());
+            &used, &d, gw.slice_mut(), g.slice(), d_rows.slice(), d_starts.slice(), d_pos.slice())
+    })?;
     Ok(gw)
 }
 
