@@ -1,5 +1,6 @@
-//! `leangrad demo`: trains a small MLP on a synthetic spiral on the CPU
-//! with the fused optimizer (each parameter updated the moment its gradient
+//! `leangrad demo`: trains a small MLP on a synthetic spiral (on the CPU,
+//! or on CUDA when asked: the CLI picks CUDA 0 when one is present) with
+//! the fused optimizer (each parameter updated the moment its gradient
 //! is final), and reports the memory ledger.
 
 use crate::autograd::no_grad;
@@ -22,6 +23,8 @@ pub struct DemoOptions {
     pub lr: f64,
     /// Seed for data and weights.
     pub seed: u64,
+    /// Where to train (the data is made on the host and copied there).
+    pub device: Device,
 }
 
 impl Default for DemoOptions {
@@ -32,6 +35,7 @@ impl Default for DemoOptions {
             points_per_class: 100,
             lr: 0.5,
             seed: 7,
+            device: Device::Cpu,
         }
     }
 }
@@ -74,6 +78,7 @@ pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<De
     let ledger = Ledger::new();
     let _entered = ledger.enter();
     let (x, y) = spiral(opts.points_per_class, opts.seed)?;
+    let (x, y) = (x.to_device(opts.device)?, y.to_device(opts.device)?);
     let layers = [
         Linear::new(
             "fc1",
@@ -81,7 +86,7 @@ pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<De
             opts.hidden,
             true,
             DType::F32,
-            Device::Cpu,
+            opts.device,
             opts.seed + 1,
         )?,
         Linear::new(
@@ -90,7 +95,7 @@ pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<De
             opts.hidden,
             true,
             DType::F32,
-            Device::Cpu,
+            opts.device,
             opts.seed + 2,
         )?,
         Linear::new(
@@ -99,7 +104,7 @@ pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<De
             3,
             true,
             DType::F32,
-            Device::Cpu,
+            opts.device,
             opts.seed + 3,
         )?,
     ];

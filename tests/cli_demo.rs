@@ -1,10 +1,16 @@
-//! `leangrad demo`, the README's main command, runs and prints the ledger.
+//! `leangrad demo`, the README's main command, runs and prints the ledger,
+//! on the CPU and (when present) on CUDA, which `--device auto` (the
+//! default) picks.
+mod cuda_common;
+
 use std::process::Command;
 
 #[test]
 fn demo_trains_and_prints_the_ledger() {
     let out = Command::new(env!("CARGO_BIN_EXE_leangrad"))
-        .args(["demo", "--steps", "150", "--points", "60"])
+        .args([
+            "demo", "--steps", "150", "--points", "60", "--device", "cpu",
+        ])
         .output()
         .expect("the leangrad binary runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -42,19 +48,54 @@ fn demo_trains_and_prints_the_ledger() {
 }
 
 #[test]
-fn demo_json_is_valid() {
+fn demo_json_is_valid_on_every_device() {
+    for dev in cuda_common::devices("demo") {
+        let name = if dev == leangrad::Device::Cpu {
+            "cpu"
+        } else {
+            "cuda"
+        };
+        let out = Command::new(env!("CARGO_BIN_EXE_leangrad"))
+            .args([
+                "demo", "--steps", "3", "--points", "10", "--json", "--device", name,
+            ])
+            .output()
+            .expect("the leangrad binary runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(&format!("({dev}, f32")), "{stdout}");
+        let json = &stdout[stdout.find('{').expect("a JSON object")..];
+        let v: serde_json::Value = serde_json::from_str(json).expect("valid JSON");
+        let report = v["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["device"] == dev.to_string())
+            .unwrap_or_else(|| panic!("no ledger entry for {dev}: {v}"));
+        // 2-64-64-3 MLP with biases, f32.
+        let params = (2 * 64 + 64 + 64 * 64 + 64 + 64 * 3 + 3) * 4;
+        assert_eq!(report["live"]["parameter"], params, "{dev}");
+        assert_eq!(report["live"]["saved"], 0, "{dev}");
+    }
+}
+
+#[test]
+fn demo_on_cuda_without_a_gpu_is_a_clear_error() {
+    if leangrad::Device::cuda_if_available(0) != leangrad::Device::Cpu {
+        return; // a GPU is here: the test above ran the demo on it
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_leangrad"))
-        .args(["demo", "--steps", "3", "--points", "10", "--json"])
+        .args(["demo", "--steps", "1", "--device", "cuda"])
         .output()
         .expect("the leangrad binary runs");
-    assert!(out.status.success());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = &stdout[stdout.find('{').expect("a JSON object")..];
-    let v: serde_json::Value = serde_json::from_str(json).expect("valid JSON");
-    let cpu = &v["devices"][0];
-    assert_eq!(cpu["device"], "cpu");
-    // 2-64-64-3 MLP with biases, f32.
-    let params = (2 * 64 + 64 + 64 * 64 + 64 + 64 * 3 + 3) * 4;
-    assert_eq!(cpu["live"]["parameter"], params);
-    assert_eq!(cpu["live"]["saved"], 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("not available") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
 }

@@ -20,8 +20,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train a small MLP on a synthetic spiral (CPU) and print the memory ledger.
+    /// Train a small MLP on a synthetic spiral (on CUDA 0 when present,
+    /// else the CPU) and print the memory ledger.
     Demo {
+        /// `auto`: CUDA 0 when it can be opened, else the CPU.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
+        device: String,
         /// Optimisation steps.
         #[arg(long, default_value_t = 300)]
         steps: usize,
@@ -107,6 +111,7 @@ fn emit(text: &str) -> Result<()> {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Demo {
+            device,
             steps,
             hidden,
             points,
@@ -118,11 +123,20 @@ fn run(cli: Cli) -> Result<()> {
                 hidden,
                 points_per_class: points,
                 lr,
+                device: match device.as_str() {
+                    "cpu" => Device::Cpu,
+                    "cuda" => {
+                        Device::Cuda(0).check_available()?;
+                        Device::Cuda(0)
+                    }
+                    _ => Device::cuda_if_available(0),
+                },
                 ..DemoOptions::default()
             };
             println!(
-                "training a 2-{hidden}-{hidden}-3 MLP on {} spiral points for {steps} steps (cpu, f32, fused SGD lr={lr})",
-                3 * points
+                "training a 2-{hidden}-{hidden}-3 MLP on {} spiral points for {steps} steps ({}, f32, fused SGD lr={lr})",
+                3 * points,
+                opts.device
             );
             let every = (steps / 10).max(1);
             let result = demo::run(&opts, |step, loss| {
