@@ -6,121 +6,14 @@
 //! that trains something, both save policies, SGD with momentum and AdamW,
 //! usual and fused steps.
 
+mod tiny_models;
+
 use leangrad::autograd::SavePolicy;
 use leangrad::memory::{Category, Ledger};
 use leangrad::memory_plan::{run_step, OptimizerKind, StepInput, StepModel, StepSpec};
-use leangrad::models::{
-    BertClassifier, BertConfig, BlockKind, Case, Gpt2, Gpt2Config, InvertedResidualSetting,
-    MobileNetV2, MobileNetV2Config, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
-};
-use leangrad::{DType, Device, Error, Result, Tensor};
-
-type Build = Box<dyn Fn(DType, Device) -> Result<Box<dyn StepModel>>>;
-
-fn resnet(block: BlockKind, layers: [usize; 4]) -> Build {
-    Box::new(move |d, dev| {
-        let c = ResNetConfig {
-            block,
-            layers,
-            base_width: 2,
-            num_classes: 5,
-            in_channels: 3,
-        };
-        Ok(Box::new(ResNet::new(c, d, dev, 1)?) as Box<dyn StepModel>)
-    })
-}
-
-fn vgg(batch_norm: bool) -> Build {
-    Box::new(move |d, dev| {
-        let c = VggConfig {
-            plan: vec![1, 1, 0, 2, 2, 0, 2, 2, 2, 0, 4, 4, 4, 0, 4, 4, 4, 0],
-            batch_norm,
-            in_channels: 3,
-            pool_size: 1,
-            hidden: 8,
-            num_classes: 5,
-            dropout: 0.5,
-        };
-        Ok(Box::new(Vgg::new(&c, d, dev, 1)?) as Box<dyn StepModel>)
-    })
-}
-
-fn mobilenet() -> Build {
-    Box::new(|d, dev| {
-        let rows = [(1, 2, 1, 1), (6, 3, 2, 2), (6, 4, 2, 2)];
-        let c = MobileNetV2Config {
-            stem: 4,
-            settings: rows
-                .iter()
-                .map(|&(t, c, n, s)| InvertedResidualSetting { t, c, n, s })
-                .collect(),
-            last_channel: 16,
-            num_classes: 5,
-            in_channels: 3,
-            dropout: 0.2,
-        };
-        Ok(Box::new(MobileNetV2::new(&c, d, dev, 1)?) as Box<dyn StepModel>)
-    })
-}
-
-/// The tiny ViT of the transformer tests with a 5-way classifier.
-fn vit() -> Build {
-    Box::new(|d, dev| {
-        Ok(Box::new(ViTClassifier::new(ViTConfig::tiny(), 5, d, dev, 1)?) as Box<dyn StepModel>)
-    })
-}
-
-/// The tiny BERT of the transformer tests with a 5-way classifier.
-fn bert() -> Build {
-    Box::new(|d, dev| {
-        Ok(Box::new(BertClassifier::new(BertConfig::tiny(), 5, d, dev, 1)?) as Box<dyn StepModel>)
-    })
-}
-
-/// The tiny GPT-2 of the transformer tests (next-token loss).
-fn gpt2() -> Build {
-    Box::new(|d, dev| Ok(Box::new(Gpt2::new(Gpt2Config::tiny(), d, dev, 1)?) as Box<dyn StepModel>))
-}
-
-const IMAGES: StepInput = StepInput::Image {
-    channels: 3,
-    size: 32,
-};
-
-/// The tiny models with their step input.
-fn models() -> Vec<(&'static str, Build, StepInput)> {
-    let tokens = |next_token| StepInput::Tokens {
-        seq: 8,
-        vocab: 50,
-        hidden: 16,
-        next_token,
-    };
-    vec![
-        (
-            "resnet18_tiny",
-            resnet(BlockKind::Basic, [2, 2, 2, 2]),
-            IMAGES,
-        ),
-        (
-            "resnet50_tiny",
-            resnet(BlockKind::Bottleneck, [3, 4, 6, 3]),
-            IMAGES,
-        ),
-        ("vgg16_tiny", vgg(false), IMAGES),
-        ("vgg16_bn_tiny", vgg(true), IMAGES),
-        ("mobilenet_v2_tiny", mobilenet(), IMAGES),
-        (
-            "vit_tiny",
-            vit(),
-            StepInput::Image {
-                channels: 3,
-                size: 16,
-            },
-        ),
-        ("bert_tiny", bert(), tokens(false)),
-        ("gpt2_tiny", gpt2(), tokens(true)),
-    ]
-}
+use leangrad::models::{Case, ResNet, ResNetConfig};
+use leangrad::{DType, Device, Error, Tensor};
+use tiny_models::{models, Build};
 
 fn spec(
     input: StepInput,
