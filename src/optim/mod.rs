@@ -7,7 +7,7 @@
 //!   [`Optimizer::zero_grad`] frees them. Peak gradient memory: every
 //!   parameter's gradient at once, plus the activation gradients in flight.
 //! - **Fused**: [`Optimizer::backward_step`] runs backward with a
-//!   [`GradientSink`] that updates each parameter in place (under
+//!   [`GradientSink`](crate::autograd::GradientSink) that updates each parameter in place (under
 //!   `no_grad`, bumping its version) the moment its gradient is final, and
 //!   drops the gradient right away. Peak gradient memory: the largest
 //!   single parameter gradient plus the activation gradients in flight.
