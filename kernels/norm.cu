@@ -33,35 +33,6 @@ __device__ __forceinline__ long long lg_norm_elem(long long k, long long s, long
 }
 
 #define LG_NORM(sfx, T)                                                               \
-    /* mean (0 unless centered), biased variance and rstd = 1/sqrt(var + eps). */    \
-    extern "C" __global__ void norm_stats_##sfx(long long A, long long S, long long B, \
-                                                int centered, double eps,             \
-                                                Acc<T>::type* mean, Acc<T>::type* var, \
-                                                Acc<T>::type* rstd, const T* x) {     \
-        typedef Acc<T>::type St;                                                      \
-        __shared__ double buf[LG_NORM_THREADS];                                       \
-        long long cnt = A * B;                                                        \
-        double div = cnt > 0 ? (double)cnt : 1.0;                                     \
-        for (long long s = blockIdx.x; s < S; s += gridDim.x) {                       \
-            double m = 0;                                                             \
-            if (centered) {                                                           \
-                for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS)        \
-                    m += lg_to_f64(x[lg_norm_elem(k, s, S, B)]);                      \
-                m = lg_norm_sum(m, buf) / div;                                        \
-            }                                                                         \
-            double v = 0;                                                             \
-            for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS) {          \
-                double d = lg_to_f64(x[lg_norm_elem(k, s, S, B)]) - m;                \
-                v += d * d;                                                           \
-            }                                                                         \
-            v = lg_norm_sum(v, buf) / div;                                            \
-            if (threadIdx.x == 0) {                                                   \
-                mean[s] = (St)m;                                                      \
-                var[s] = (St)v;                                                       \
-                rstd[s] = (St)(1.0 / sqrt(v + eps));                                  \
-            }                                                                         \
-        }                                                                             \
-    }                                                                                 \
     /* y = x_hat * w + b (w, b optional) and/or x_hat = (x - mean) * rstd, both */   \
     /* rounded to T; the statistic of element e is (e / B) % S. */                    \
     extern "C" __global__ void norm_fwd_##sfx(long long n, long long S, long long B,  \
@@ -80,116 +51,8 @@ __device__ __forceinline__ long long lg_norm_elem(long long k, long long s, long
                 y[e] = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));              \
             }                                                                         \
         }                                                                             \
-    }                                                                                 \
-    /* Eval-mode batch norm from running statistics (nothing saved): */               \
-    /* y = (x - rmean[p]) * rstd * w[p] + b[p], rstd = 1/sqrt(rvar[p] + eps) */       \
-    /* rounded to the statistics type. */                                             \
-    extern "C" __global__ void norm_eval_##sfx(long long n, long long P, long long Lp, \
-                                               double eps, int has_w, int has_b,      \
-                                               const T* x, const T* rmean,            \
-                                               const T* rvar, const T* w, const T* b, \
-                                               T* y) {                                \
-        typedef Acc<T>::type St;                                                      \
-        LG_GRID_LOOP(e, n) {                                                          \
-            long long p = e / Lp % P;                                                 \
-            double r = (double)(St)(1.0 / sqrt(lg_to_f64(rvar[p]) + eps));            \
-            double h = (lg_to_f64(x[e]) - lg_to_f64(rmean[p])) * r;                   \
-            double wv = has_w ? lg_to_f64(w[p]) : 1.0;                                \
-            double bv = has_b ? lg_to_f64(b[p]) : 0.0;                                \
-            y[e] = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));                   \
-        }                                                                             \
-    }                                                                                 \
-    /* Input gradient per statistic s, with gw = g * w and x_hat recomputed */        \
-    /* from x (rounded to T as the saved x_hat would be):                     */      \
-    /*   mode 0 (centered):   rstd * (gw - mean(gw) - x_hat * mean(gw * x_hat)) */    \
-    /*   mode 1 (RMS):        rstd * (gw - x_hat * mean(gw * x_hat))          */      \
-    /*   mode 2 (affine):     rstd * gw                                       */      \
-    extern "C" __global__ void norm_bwd_##sfx(int mode, long long A, long long S,     \
-                                              long long B, long long P, long long Lp, \
-                                              int has_w, const T* x,                  \
-                                              const Acc<T>::type* mean,               \
-                                              const Acc<T>::type* rstd, const T* g,   \
-                                              const T* w, T* dx) {                    \
-        __shared__ double buf[LG_NORM_THREADS];                                       \
-        long long cnt = A * B;                                                        \
-        double div = cnt > 0 ? (double)cnt : 1.0;                                     \
-        for (long long s = blockIdx.x; s < S; s += gridDim.x) {                       \
-            double m = (double)mean[s], r = (double)rstd[s];                          \
-            double s1 = 0, s2 = 0;                                                    \
-            if (mode != 2) {                                                          \
-                for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS) {      \
-                    long long e = lg_norm_elem(k, s, S, B);                           \
-                    double gw = lg_to_f64(g[e]) * (has_w ? lg_to_f64(w[e / Lp % P]) : 1.0); \
-                    double h = lg_to_f64(lg_from_f64<T>((lg_to_f64(x[e]) - m) * r));  \
-                    s1 += gw;                                                         \
-                    s2 += gw * h;                                                     \
-                }                                                                     \
-                s1 = mode == 0 ? lg_norm_sum(s1, buf) / div : 0.0;                    \
-                s2 = lg_norm_sum(s2, buf) / div;                                      \
-            }                                                                         \
-            for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS) {          \
-                long long e = lg_norm_elem(k, s, S, B);                               \
-                double gw = lg_to_f64(g[e]) * (has_w ? lg_to_f64(w[e / Lp % P]) : 1.0); \
-                double v = gw;                                                        \
-                if (mode != 2) {                                                      \
-                    double h = lg_to_f64(lg_from_f64<T>((lg_to_f64(x[e]) - m) * r));  \
-                    v = gw - s1 - h * s2;                                             \
-                }                                                                     \
-                dx[e] = lg_from_f64<T>(r * v);                                        \
-            }                                                                         \
-        }                                                                             \
-    }                                                                                 \
-    /* Parameter gradients per parameter p: dw[p] = sum g * x_hat, */                 \
-    /* db[p] = sum g over the elements (o*P + p)*Lp + l; x_hat as in norm_bwd. */     \
-    extern "C" __global__ void norm_param_grad_##sfx(long long n, long long S,        \
-                                                     long long B, long long P,        \
-                                                     long long Lp, int want_w,        \
-                                                     int want_b, const T* x,          \
-                                                     const Acc<T>::type* mean,        \
-                                                     const Acc<T>::type* rstd,        \
-                                                     const T* g, T* dw, T* db) {      \
-        __shared__ double buf[LG_NORM_THREADS];                                       \
-        long long per = P * Lp > 0 ? n / (P * Lp) * Lp : 0;                           \
-        for (long long p = blockIdx.x; p < P; p += gridDim.x) {                       \
-            double sw = 0, sb = 0;                                                    \
-            for (long long k = threadIdx.x; k < per; k += LG_NORM_THREADS) {          \
-                long long e = (k / Lp * P + p) * Lp + k % Lp;                         \
-                double gv = lg_to_f64(g[e]);                                          \
-                sb += gv;                                                             \
-                if (want_w) {                                                         \
-                    long long s = e / B % S;                                          \
-                    double h = (lg_to_f64(x[e]) - (double)mean[s]) * (double)rstd[s]; \
-                    sw += gv * lg_to_f64(lg_from_f64<T>(h));                          \
-                }                                                                     \
-            }                                                                         \
-            sw = lg_norm_sum(sw, buf);                                                \
-            sb = lg_norm_sum(sb, buf);                                                \
-            if (threadIdx.x == 0) {                                                   \
-                if (want_w) dw[p] = lg_from_f64<T>(sw);                               \
-                if (want_b) db[p] = lg_from_f64<T>(sb);                               \
-            }                                                                         \
-        }                                                                             \
     }
 LG_FOR_FLOATS(LG_NORM)
-
-// Batch norm's running statistics, in place (train mode, as nn::batch_norm):
-// r <- (1 - momentum) * r + momentum * s * k with k = 1 for the mean and
-// k = unbias = count / (count - 1) for the variance; s from norm_stats.
-#define LG_NORM_RUNNING(sfx, T)                                                       \
-    extern "C" __global__ void norm_running_update_##sfx(long long c, double momentum, \
-                                                         double unbias, T* rmean,     \
-                                                         T* rvar,                     \
-                                                         const Acc<T>::type* mean,    \
-                                                         const Acc<T>::type* var) {   \
-        LG_GRID_LOOP(i, c) {                                                          \
-            double keep = 1.0 - momentum;                                             \
-            rmean[i] = lg_from_f64<T>(__dadd_rn(__dmul_rn(keep, lg_to_f64(rmean[i])), \
-                                                __dmul_rn(momentum, (double)mean[i])));  \
-            rvar[i] = lg_from_f64<T>(__dadd_rn(__dmul_rn(keep, lg_to_f64(rvar[i])),   \
-                                               __dmul_rn(__dmul_rn(momentum, (double)var[i]), unbias))); \
-        }                                                                             \
-    }
-LG_FOR_FLOATS(LG_NORM_RUNNING)
 
 // The layers' path (src/cpu/norm_cuda.rs), which saves what the CPU saves:
 // statistics come back unrounded in double (the host rounds them as

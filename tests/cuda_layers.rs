@@ -1,6 +1,7 @@
 //! The layer kernels (`src/cuda/layers_*.rs`) against the CPU: relu mask
-//! bits, dropout masks, pools, norms, conv, embedding, the attention
-//! softmax and optimizer updates. Without a GPU every test prints
+//! bits, dropout masks, pools, conv, embedding, the attention softmax and
+//! optimizer updates (the norms' kernels are checked through the layers in
+//! `tests/device_norm.rs`). Without a GPU every test prints
 //! `skipped: no CUDA device (…)` and passes.
 
 mod cuda_common;
@@ -9,7 +10,6 @@ use cuda_common::{assert_close, cpu_rand, dense, download, tol, upload, FLOATS};
 use leangrad::cuda::layers_conv::{self as conv, ConvGeom};
 use leangrad::cuda::layers_mask as mask;
 use leangrad::cuda::layers_misc::{self as misc, AttnMask, GradMap};
-use leangrad::cuda::layers_norm::{self as norm, NormGeom, NormGradMode};
 use leangrad::cuda::layers_pool::{self as pool, AvgPoolMode, PoolGeom};
 use leangrad::nn;
 use leangrad::optim::{apply_update, Adam, GradTransform, Sgd};
@@ -149,153 +149,6 @@ fn pools_match_the_cpu() {
             grads(&yc, &gy, &[&xl])[0],
             "adaptive bwd {dtype:?}"
         );
-    }
-}
-
-/// Runs a norm through the wrappers: (y, dx, dw, db).
-#[allow(clippy::too_many_arguments)]
-fn gpu_norm(
-    dev: &std::sync::Arc<leangrad::cuda::CudaDevice>,
-    x: &Tensor,
-    gy: &Tensor,
-    w: &Tensor,
-    b: Option<&Tensor>,
-    geo: &NormGeom,
-    centered: bool,
-    eps: f64,
-) -> [Vec<f64>; 4] {
-    let (gx, ggy, gw) = (upload(dev, x), upload(dev, gy), upload(dev, w));
-    let gb = b.map(|b| upload(dev, b));
-    let (mean, _var, rstd) = norm::norm_stats(&gx, geo, centered, eps).unwrap();
-    let (y, _) =
-        norm::norm_forward(&gx, geo, &mean, &rstd, Some(&gw), gb.as_ref(), true, false).unwrap();
-    let mode = if centered {
-        NormGradMode::Centered
-    } else {
-        NormGradMode::Uncentered
-    };
-    let dx = norm::norm_input_grad(&gx, &ggy, geo, &mean, &rstd, Some(&gw), mode).unwrap();
-    let (dw, db) = norm::norm_param_grads(&gx, &ggy, geo, &mean, &rstd, true, b.is_some()).unwrap();
-    let db = db.map(|d| download(&d)).unwrap_or_default();
-    [
-        download(&y.unwrap()),
-        download(&dx),
-        download(&dw.unwrap()),
-        db,
-    ]
-}
-
-#[test]
-fn norms_match_the_cpu() {
-    let dev = cuda_or_skip!("norm");
-    for dtype in FLOATS {
-        let t = tol(dtype) * 4.0;
-        let x = cpu_rand(&[4, 6, 5], -2.0, 2.0, dtype, 8);
-        let gy = cpu_rand(&[4, 6, 5], -1.0, 1.0, dtype, 9);
-        // layer norm over the last dim
-        let (w, b) = (
-            cpu_rand(&[5], 0.5, 1.5, dtype, 10),
-            cpu_rand(&[5], -0.5, 0.5, dtype, 11),
-        );
-        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
-        let yc = nn::layer_norm(&xl, &[5], Some(&wl), Some(&bl), 1e-5).unwrap();
-        let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
-        let got = gpu_norm(
-            &dev,
-            &x,
-            &gy,
-            &w,
-            Some(&b),
-            &NormGeom::row(24, 5),
-            true,
-            1e-5,
-        );
-        assert_close("layer_norm y", &got[0], &vals(&yc), t);
-        for i in 0..3 {
-            assert_close("layer_norm grads", &got[i + 1], &want[i], t);
-        }
-        // RMS norm
-        let (xl, wl) = (leaf(&x), leaf(&w));
-        let yc = nn::rms_norm(&xl, &[5], Some(&wl), Some(1e-6)).unwrap();
-        let want = grads(&yc, &gy, &[&xl, &wl]);
-        let got = gpu_norm(&dev, &x, &gy, &w, None, &NormGeom::row(24, 5), false, 1e-6);
-        assert_close("rms_norm y", &got[0], &vals(&yc), t);
-        assert_close("rms_norm dx", &got[1], &want[0], t);
-        assert_close("rms_norm dw", &got[2], &want[1], t);
-        // group norm: 6 channels in 3 groups, spatial 5
-        let (w, b) = (
-            cpu_rand(&[6], 0.5, 1.5, dtype, 12),
-            cpu_rand(&[6], -0.5, 0.5, dtype, 13),
-        );
-        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
-        let yc = nn::group_norm(&xl, 3, Some(&wl), Some(&bl), 1e-5).unwrap();
-        let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
-        let geo = NormGeom::group(4, 6, 5, 3).unwrap();
-        let got = gpu_norm(&dev, &x, &gy, &w, Some(&b), &geo, true, 1e-5);
-        assert_close("group_norm y", &got[0], &vals(&yc), t);
-        for i in 0..3 {
-            assert_close("group_norm grads", &got[i + 1], &want[i], t);
-        }
-        // batch norm (training statistics) over [4, 6, 5]
-        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
-        let yc = nn::batch_norm(&xl, None, None, Some(&wl), Some(&bl), true, 0.1, 1e-5).unwrap();
-        let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
-        let got = gpu_norm(
-            &dev,
-            &x,
-            &gy,
-            &w,
-            Some(&b),
-            &NormGeom::batch(4, 6, 5),
-            true,
-            1e-5,
-        );
-        assert_close("batch_norm y", &got[0], &vals(&yc), t);
-        for i in 0..3 {
-            assert_close("batch_norm grads", &got[i + 1], &want[i], t);
-        }
-        // running statistics of a train-mode batch norm
-        let (rm, rv) = (
-            cpu_rand(&[6], -0.5, 0.5, dtype, 14),
-            cpu_rand(&[6], 0.5, 2.0, dtype, 15),
-        );
-        let (mut grm, mut grv) = (upload(&dev, &rm), upload(&dev, &rv));
-        let (rmc, rvc) = (rm.to_dtype(dtype).unwrap(), rv.to_dtype(dtype).unwrap());
-        let (rmc, rvc) = (rmc.contiguous().unwrap(), rvc.contiguous().unwrap());
-        nn::batch_norm(&x, Some(&rmc), Some(&rvc), None, None, true, 0.1, 1e-5).unwrap();
-        let geo = NormGeom::batch(4, 6, 5);
-        let (mean, var, _) = norm::norm_stats(&upload(&dev, &x), &geo, true, 1e-5).unwrap();
-        norm::norm_running_update(&mut grm, &mut grv, &mean, &var, 20, 0.1).unwrap();
-        assert_close("running mean", &download(&grm), &vals(&rmc), t);
-        assert_close("running var", &download(&grv), &vals(&rvc), t);
-        // eval mode from running statistics
-        let (rm, rv) = (
-            cpu_rand(&[6], -0.5, 0.5, dtype, 14),
-            cpu_rand(&[6], 0.5, 2.0, dtype, 15),
-        );
-        let yc = nn::batch_norm(
-            &x,
-            Some(&rm),
-            Some(&rv),
-            Some(&w),
-            Some(&b),
-            false,
-            0.1,
-            1e-5,
-        )
-        .unwrap();
-        let (gw, gb) = (upload(&dev, &w), upload(&dev, &b));
-        let y = norm::norm_eval(
-            &upload(&dev, &x),
-            &NormGeom::batch(4, 6, 5),
-            &upload(&dev, &rm),
-            &upload(&dev, &rv),
-            Some(&gw),
-            Some(&gb),
-            1e-5,
-        )
-        .unwrap();
-        assert_close("batch_norm eval", &download(&y), &vals(&yc), t);
     }
 }
 
