@@ -26,11 +26,28 @@ __device__ __forceinline__ double lg_norm_sum(double v, double* buf) {
     return r;
 }
 
-// Element k (< A*B) of statistic s.
-__device__ __forceinline__ long long lg_norm_elem(long long k, long long s, long long S,
-                                                  long long B) {
-    return (k / B * S + s) * B + k % B;
-}
+// Element k (< A*B) of statistic s is (k / B * S + s) * B + k % B. A thread
+// visits k = threadIdx.x, threadIdx.x + LG_NORM_THREADS, … in that order
+// without a 64-bit division per element: k = a*B + b advances by the
+// block's stride as (a, b) += (stride / B, stride % B) with one carry
+// (B = 0 means no elements: the walk is never advanced then).
+struct LgNormWalk {
+    long long a, b, da, db;
+    __device__ __forceinline__ LgNormWalk(long long k0, long long B)
+        : a(B > 0 ? k0 / B : 0), b(B > 0 ? k0 % B : 0), da(B > 0 ? LG_NORM_THREADS / B : 0),
+          db(B > 0 ? LG_NORM_THREADS % B : 0) {}
+    __device__ __forceinline__ long long elem(long long s, long long S, long long B) const {
+        return (a * S + s) * B + b;
+    }
+    __device__ __forceinline__ void next(long long B) {
+        a += da;
+        b += db;
+        if (b >= B) {
+            b -= B;
+            ++a;
+        }
+    }
+};
 
 #define LG_NORM(sfx, T)                                                               \
     /* y = x_hat * w + b (w, b optional) and/or x_hat = (x - mean) * rstd, both */   \
@@ -70,13 +87,15 @@ LG_FOR_FLOATS(LG_NORM)
         for (long long s = blockIdx.x; s < S; s += gridDim.x) {                       \
             double m = 0;                                                             \
             if (centered) {                                                           \
-                for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS)        \
-                    m += lg_to_f64(x[lg_norm_elem(k, s, S, B)]);                      \
+                LgNormWalk it(threadIdx.x, B);                                        \
+                for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS, it.next(B)) \
+                    m += lg_to_f64(x[it.elem(s, S, B)]);                              \
                 m = lg_norm_sum(m, buf) / div;                                        \
             }                                                                         \
             double v = 0;                                                             \
-            for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS) {          \
-                double d = lg_to_f64(x[lg_norm_elem(k, s, S, B)]) - m;                \
+            LgNormWalk it(threadIdx.x, B);                                            \
+            for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS, it.next(B)) { \
+                double d = lg_to_f64(x[it.elem(s, S, B)]) - m;                        \
                 v += d * d;                                                           \
             }                                                                         \
             v = lg_norm_sum(v, buf) / div;                                            \
@@ -106,8 +125,9 @@ LG_FOR_FLOATS(LG_NORM)
             double r = (double)scale[s];                                              \
             double s1 = 0, s2 = 0;                                                    \
             if (mode != 2) {                                                          \
-                for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS) {      \
-                    long long e = lg_norm_elem(k, s, S, B);                           \
+                LgNormWalk it(threadIdx.x, B);                                        \
+                for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS, it.next(B)) { \
+                    long long e = it.elem(s, S, B);                                   \
                     double gw = __dmul_rn(lg_to_f64(g[e]),                            \
                                           has_w ? lg_to_f64(w[e / Lp % P]) : 1.0);    \
                     s1 += gw;                                                         \
@@ -116,8 +136,9 @@ LG_FOR_FLOATS(LG_NORM)
                 s1 = lg_norm_sum(s1, buf) / div;                                      \
                 s2 = lg_norm_sum(s2, buf) / div;                                      \
             }                                                                         \
-            for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS) {          \
-                long long e = lg_norm_elem(k, s, S, B);                               \
+            LgNormWalk it(threadIdx.x, B);                                            \
+            for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS, it.next(B)) { \
+                long long e = it.elem(s, S, B);                                       \
                 double gw = __dmul_rn(lg_to_f64(g[e]),                                \
                                       has_w ? lg_to_f64(w[e / Lp % P]) : 1.0);        \
                 double v = gw;                                                        \
@@ -140,8 +161,9 @@ LG_FOR_FLOATS(LG_NORM)
         long long per = P * Lp > 0 ? n / (P * Lp) * Lp : 0;                           \
         for (long long p = blockIdx.x; p < P; p += gridDim.x) {                       \
             double sw = 0, sb = 0;                                                    \
-            for (long long k = threadIdx.x; k < per; k += LG_NORM_THREADS) {          \
-                long long e = (k / Lp * P + p) * Lp + k % Lp;                         \
+            LgNormWalk it(threadIdx.x, Lp);                                           \
+            for (long long k = threadIdx.x; k < per; k += LG_NORM_THREADS, it.next(Lp)) { \
+                long long e = it.elem(p, P, Lp);                                      \
                 double gv = lg_to_f64(g[e]);                                          \
                 sb += gv;                                                             \
                 if (want_w) sw += gv * lg_to_f64(xhat[e]);                            \
