@@ -76,7 +76,10 @@ template <typename A> __device__ __forceinline__ A lg_unary(int op, A x, A p, A 
 // `p` is the op's scalar parameter (a double, so that ops computing in
 // double as the CPU does keep it exact). For the gradient kernels `a` is the
 // incoming gradient g and `b` the saved input x or output y.
-template <typename A> __device__ __forceinline__ A lg_binary(int op, A a, A b, double p) {
+// `pt` and `pm1t` are p and p - 1 rounded to the element type (the CPU
+// rounds a scalar to T before using it: powf's gradient).
+template <typename A> __device__ __forceinline__ A lg_binary(int op, A a, A b, double p, A pt,
+                                                              A pm1t) {
     switch (op) {
     case 0: return a + b;
     case 1: return a - b;
@@ -101,8 +104,8 @@ template <typename A> __device__ __forceinline__ A lg_binary(int op, A a, A b, d
         return a * s * ((A)1 + b * ((A)1 - s));
     }
     // powf: g · p · x^(p-1), and 0 for p = 0 (p and p - 1 each rounded to
-    // the arithmetic type, as the CPU rounds each to the dtype).
-    case 16: return p == 0.0 ? (A)0 : a * (A)p * pow(b, (A)(p - 1.0));
+    // the element type, as the CPU rounds each to the dtype).
+    case 16: return p == 0.0 ? (A)0 : a * pt * pow(b, pm1t);
     case 17: return a * (A)lg_gelu_grad((double)b, false);
     case 18: return a * (A)lg_gelu_grad((double)b, true);
     // The share of maximum's / minimum's gradient that goes to `a`: 1 where
@@ -134,10 +137,12 @@ LG_FOR_FLOATS(LG_UNARY)
                                             const T* a, Strided la,                   \
                                             const T* b, Strided lb) {                 \
         typedef Acc<T>::type A;                                                       \
+        A pt = lg_load(lg_from_f64<T>(param));                                        \
+        A pm1t = lg_load(lg_from_f64<T>(param - 1.0));                                \
         LG_GRID_LOOP(i, n) {                                                          \
             A va = lg_load(a[lg_offset(la, i)]);                                      \
             A vb = lg_load(b[lg_offset(lb, i)]);                                      \
-            out[i] = lg_store<T>(lg_binary<A>(op, va, vb, param));                    \
+            out[i] = lg_store<T>(lg_binary<A>(op, va, vb, param, pt, pm1t));          \
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_BINARY)

@@ -144,8 +144,7 @@ pub(crate) fn attention_probs(
             return Ok((p, RowLse::Host(vec![0.0; rows])));
         }
         crate::meta::Backend::Cuda(n) => {
-            let (p, lse) = crate::cuda::layers_attention::probs_tensor(s, spec, lse_in, n)?;
-            return Ok((p, RowLse::Device(lse)));
+            return crate::cuda::layers_attention::probs_tensor(s, spec, lse_in, n);
         }
         crate::meta::Backend::Cpu => {}
     }

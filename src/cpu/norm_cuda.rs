@@ -10,7 +10,6 @@ use super::norm::{stat_dtype, Geo, GradMode};
 use crate::cuda::layers_norm::{self as kern, NormGeom, NormGradMode};
 use crate::cuda::tensor::{adopt, uncounted, wrap};
 use crate::cuda::{CudaBuffer, CudaDevice};
-use crate::memory::{with_category, Category};
 use crate::tensor::Tensor;
 use crate::{DType, Result, WithDType};
 use std::ops::Range;
@@ -39,10 +38,10 @@ fn grad_mode(mode: GradMode) -> NormGradMode {
     }
 }
 
-/// `x` as one whole contiguous buffer (a copy counted as workspace if not).
+/// `x` as one whole contiguous buffer; a copy, when one is needed, stays
+/// out of the ledger, as the CPU's gather of a view into host values does.
 fn dense(x: &Tensor) -> Result<Tensor> {
-    let _ws = with_category(Category::Workspace);
-    crate::cuda::tensor::dense(x)
+    crate::cuda::tensor::uncounted(|| crate::cuda::tensor::dense(x))
 }
 
 /// The device `x` lives on.

@@ -111,8 +111,9 @@ impl UnaryOp {
 fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F32 => v as f32 as f64,
-        DType::F16 => half::f16::from_f64(v).to_f64(),
-        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        // Through f32, as `WithDType::from_f64` and PyTorch round.
+        DType::F16 => half::f16::from_f32(v as f32).to_f64(),
+        DType::BF16 => half::bf16::from_f32(v as f32).to_f64(),
         _ => v,
     }
 }

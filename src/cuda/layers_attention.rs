@@ -113,7 +113,11 @@ pub fn attention_probs_from(
             Ok((p, None))
         }
         None => {
-            let mut lse = CudaBuffer::alloc(s.device(), stat_dtype(s.dtype()), rows)?;
+            // Host values on the CPU until saved: uncounted here too (the
+            // caller counts it if it keeps it, `RowLse::into_tensor`).
+            let mut lse = super::tensor::uncounted(|| {
+                CudaBuffer::alloc(s.device(), stat_dtype(s.dtype()), rows)
+            })?;
             let use_lse = 0i32;
             launch!(s.device(), "attention.cu", name, cfg;
                 &r64, &q64, &k64, &scale, &c, &kind, &m64, &use_lse, p.slice_mut(),
@@ -157,6 +161,9 @@ pub(crate) enum RowLse {
     Host(Vec<f64>),
     /// A `[rows]` tensor of the lse dtype on the scores' device.
     Device(Tensor),
+    /// A `[rows]` device buffer the forward just wrote, outside the ledger
+    /// (as the CPU's host values are) until [`RowLse::into_tensor`].
+    Uncounted(CudaBuffer),
 }
 
 impl RowLse {
@@ -165,6 +172,7 @@ impl RowLse {
         match self {
             RowLse::Host(v) => v.len(),
             RowLse::Device(t) => t.numel(),
+            RowLse::Uncounted(b) => b.len(),
         }
     }
 
@@ -173,7 +181,11 @@ impl RowLse {
     pub fn into_tensor(self, dtype: DType, device: Device) -> Result<Tensor> {
         match self {
             RowLse::Host(v) => Tensor::from_host_f64(&v, &[v.len()], dtype, device),
-            RowLse::Device(t) => Ok(t),
+            RowLse::Device(t) => t.to_dtype(dtype),
+            RowLse::Uncounted(b) => {
+                let rows = b.len();
+                tensor::adopt(b, &[rows])?.to_dtype(dtype)
+            }
         }
     }
 }
@@ -221,20 +233,20 @@ fn dense_mask(mask: &Tensor, spec: &ScoreSpec, like: &Tensor) -> Result<(Tensor,
 }
 
 /// The CUDA arm of `cpu::attention_probs`: the probabilities of scores `s`
-/// (any layout; a view is copied as Workspace) and the `[rows]` lse tensor
-/// (computed, or `lse_in` itself when given).
+/// (any layout; a view is copied as Workspace) and the `[rows]` lse
+/// (computed, uncounted until saved; or `lse_in` itself when given).
 pub(crate) fn probs_tensor(
     s: &Tensor,
     spec: &ScoreSpec,
     lse_in: Option<&Tensor>,
     ordinal: usize,
-) -> Result<(Tensor, Tensor)> {
+) -> Result<(Tensor, RowLse)> {
     let rows = s.numel().checked_div(spec.lk).unwrap_or(0);
     let stat = stat_dtype(s.dtype());
     if rows == 0 || spec.lk == 0 {
         let lse = match lse_in {
-            Some(l) => l.clone(),
-            None => tensor::zeros(&[rows], stat, ordinal)?,
+            Some(l) => RowLse::Device(l.clone()),
+            None => RowLse::Device(tensor::zeros(&[rows], stat, ordinal)?),
         };
         return Ok((tensor::zeros(s.shape(), s.dtype(), ordinal)?, lse));
     }
@@ -271,8 +283,8 @@ pub(crate) fn probs_tensor(
     )?;
     let p = tensor::wrap(p, s.shape())?;
     let lse = match (lse, lse_in) {
-        (Some(l), _) => tensor::wrap(l, &[rows])?,
-        (None, Some(l)) => l.clone(),
+        (Some(l), _) => RowLse::Uncounted(l),
+        (None, Some(l)) => RowLse::Device(l.clone()),
         (None, None) => return Err(invalid("cuda attention softmax", "no lse")),
     };
     Ok((p, lse))

@@ -102,12 +102,15 @@ pub(crate) fn adopt(mut buffer: CudaBuffer, shape: &[usize]) -> Result<Tensor> {
 /// a transpose) is the `place` kernel writing through `dst`'s layout.
 pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
     // A private copy when the two share a buffer (read and write locks of
-    // one storage cannot be held together).
-    let src = if dst.shares_storage_with(src) {
-        contiguous(src)?
-    } else {
-        dense(src)?
-    };
+    // one storage cannot be held together) or `src` is a view; the CPU
+    // reads a view in place, so the copy stays out of the ledger.
+    let src = uncounted(|| {
+        if dst.shares_storage_with(src) {
+            contiguous(src)
+        } else {
+            dense(src)
+        }
+    })?;
     let from = src.storage().cuda()?;
     match dst.layout().contiguous_range() {
         Some(range) => {
