@@ -14,7 +14,10 @@
 //! `--small` shrinks it (batch 2, 32×32, width 8, 1 warm-up, 2 timed), so
 //! the code path runs anywhere: `cargo test --bench conv_stack -- --cpu
 //! --small`. Also `--batch N --size N --width N --warmup N --iters N
-//! --dtypes f32,bf16 --cases all,input --policies lean,save-all`.
+//! --dtypes f32,bf16 --cases all,input --policies lean,save-all
+//! --workspace BYTES` (the CUDA conv column budget: 0, the default, is one
+//! item's columns as on the CPU; e.g. 268435456 trades memory for fewer
+//! GEMM launches).
 use leangrad::autograd::{with_save_policy, SavePolicy};
 use leangrad::cuda::CudaDevice;
 use leangrad::memory::{Category, Ledger};
@@ -36,6 +39,8 @@ struct Options {
     dtypes: Vec<String>,
     cases: Vec<String>,
     policies: Vec<String>,
+    /// CUDA conv column budget (0: one item, the CPU's ledger).
+    workspace: usize,
 }
 
 fn list(s: &str) -> Vec<String> {
@@ -53,6 +58,7 @@ fn parse() -> std::result::Result<Options, String> {
         dtypes: list("f32,bf16"),
         cases: list("all,input,input-bn-eval"),
         policies: list("lean,save-all"),
+        workspace: 0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -72,6 +78,7 @@ fn parse() -> std::result::Result<Options, String> {
             "--dtypes" => o.dtypes = list(&value()?),
             "--cases" => o.cases = list(&value()?),
             "--policies" => o.policies = list(&value()?),
+            "--workspace" => o.workspace = number(value()?)?,
             // What cargo passes to a bench or test binary.
             "--bench" | "--nocapture" => {}
             other => return Err(format!("unknown argument {other}")),
@@ -118,6 +125,7 @@ fn run(
 ) -> Result<()> {
     let ledger = Ledger::new();
     let _l = ledger.enter();
+    let _ws = leangrad::cuda::with_conv_workspace(o.workspace);
     let config = ResNetConfig {
         base_width: o.width,
         ..ResNetConfig::resnet18(1000)
@@ -218,6 +226,7 @@ fn main() {
                 out.insert("case".into(), json!(cname));
                 out.insert("dtype".into(), json!(torch_name));
                 out.insert("policy".into(), json!(pname));
+                out.insert("conv_workspace_budget".into(), json!(o.workspace));
                 out.insert("batch".into(), json!(o.batch));
                 out.insert("size".into(), json!(o.size));
                 out.insert("width".into(), json!(o.width));

@@ -28,6 +28,11 @@ for b in .gpu/benches/cuda_gemm-* .gpu/benches/conv_stack-*; do
   name=$(basename "$b" | sed 's/-[0-9a-f]*$//')
   echo "== bench $name"
   timeout 240 "$b" --bench 2>&1 | tee "$OUT/bench-$name.jsonl" | tail -20
+  if [ "$name" = conv_stack ]; then
+    echo "== bench conv_stack with a 256 MiB conv workspace (f32, lean)"
+    timeout 120 "$b" --bench --workspace 268435456 --dtypes f32 --policies lean 2>&1 \
+      | tee "$OUT/bench-conv_stack-ws256.jsonl" | tail -5
+  fi
 done
 echo "== pytorch conv stack"
 timeout 180 python3 python-compare/conv_stack_bench.py --device cuda 2>&1 | tee "$OUT/pytorch-conv-stack.jsonl" | tail -10

@@ -178,7 +178,7 @@ fn conv_matches_the_cpu_in_chunks() {
             upload(&dev, &gy),
         );
         // a 1-byte budget forces one item per chunk; the default takes all
-        for budget in [1, conv::DEFAULT_WORKSPACE_BYTES] {
+        for budget in [1, conv::LARGE_WORKSPACE_BYTES] {
             let y = conv::conv_forward(&gx, &gw, Some(&gb), &g, budget).unwrap();
             assert_close("conv y", &download(&y), &vals(&yc), t);
             let dx = conv::conv_input_grad(&ggy, &gw, &g, budget).unwrap();

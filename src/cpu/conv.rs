@@ -308,7 +308,7 @@ pub(crate) fn conv2d_forward(
                 w,
                 bb.as_deref(),
                 &cg,
-                crate::cuda::layers_conv::DEFAULT_WORKSPACE_BYTES,
+                crate::cuda::conv_workspace_bytes(),
             )
         });
     }
@@ -361,7 +361,7 @@ pub(crate) fn conv2d_input_grad(
                 w,
                 bb.as_deref(),
                 &cg,
-                crate::cuda::layers_conv::DEFAULT_WORKSPACE_BYTES,
+                crate::cuda::conv_workspace_bytes(),
             )
         });
     }
@@ -421,7 +421,7 @@ pub(crate) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Resul
                 gy,
                 x,
                 &cg,
-                crate::cuda::layers_conv::DEFAULT_WORKSPACE_BYTES,
+                crate::cuda::conv_workspace_bytes(),
             )
         });
     }

@@ -13,8 +13,10 @@ use crate::memory::Category;
 use crate::Result;
 use cudarc::driver::DeviceRepr;
 
-/// The default column-buffer budget: 256 MiB.
-pub const DEFAULT_WORKSPACE_BYTES: usize = 256 << 20;
+/// A column-buffer budget for speed over memory parity (256 MiB): pass it
+/// to [`super::with_conv_workspace`] (the default budget is one item's
+/// columns, as on the CPU).
+pub const LARGE_WORKSPACE_BYTES: usize = 256 << 20;
 
 /// The geometry of a 2-d convolution (1-d: `h = kh = 1`); laid out as
 /// `struct ConvGeo` in `kernels/conv.cu`. Input `[n, cin, h, w]`, weight

@@ -44,6 +44,7 @@ macro_rules! launch {
 mod buffer;
 mod check;
 mod context;
+mod conv_workspace;
 pub mod elementwise;
 pub mod gemm;
 pub mod index;
@@ -68,5 +69,6 @@ mod tf32;
 
 pub use buffer::CudaBuffer;
 pub use context::{library_status, CudaDevice, PoolUsage, MIN_COMPUTE_CAPABILITY};
+pub use conv_workspace::{conv_workspace_bytes, with_conv_workspace, ConvWorkspaceGuard};
 pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};
 pub use tf32::{tf32_enabled, with_tf32, Tf32Guard};
