@@ -171,13 +171,22 @@ pub fn compile(file: &str, arch: &str) -> Result<String> {
     compile_source(file, source_of(file)?, arch)
 }
 
+/// No contraction of `a * b + c` into one fused multiply-add: each
+/// operation rounds on its own, as the CPU's Rust code (which never fuses)
+/// computes, so a kernel written as the CPU's formula gives its result.
+const NO_FMA: &str = "--fmad=false";
+
 /// Compiles `source` (named `file` in messages) with the prelude in front
 /// to PTX for `arch`, as [`compile`] does for the files in `kernels/`.
 pub fn compile_source(file: &str, source: &str, arch: &str) -> Result<String> {
     let (text, include) = prepare(file, source)?;
     let opts = cudarc::nvrtc::CompileOptions {
         include_paths: vec![include.display().to_string()],
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".into(),
+            NO_FMA.into(),
+        ],
         name: Some(file.to_string()),
         ..Default::default()
     };
@@ -206,6 +215,7 @@ pub fn compile_cubin(file: &str, sm: &str) -> Result<Vec<u8>> {
     let options = [
         format!("--gpu-architecture={sm}"),
         "--std=c++17".to_string(),
+        NO_FMA.to_string(),
         format!("--include-path={}", include.display()),
     ];
     // SAFETY: `prog` was just created and is destroyed once, below; the
