@@ -41,7 +41,9 @@ __device__ __forceinline__ double lg_att_logit(double scale, double sv, int kind
     double x = __dmul_rn(scale, sv);
     if (kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[m]));
     else if (kind == 3) x = __dadd_rn(x, dmask[m]);
-    else if (kind == 2 && !bmask[m]) x = -(double)LG_INF;
+    // Added, not assigned, as the CPU's additive 0/-inf mask: a masked NaN
+    // or +inf score stays NaN.
+    else if (kind == 2 && !bmask[m]) x = __dadd_rn(x, -(double)LG_INF);
     return x;
 }
 

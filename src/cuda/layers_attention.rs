@@ -195,9 +195,8 @@ impl RowLse {
 /// not vary are dropped (a `[lq, lk]` mask serves every batch and head from
 /// one copy), the rest is made contiguous; a float mask of another dtype
 /// than the scores is converted to F64 (exact, as the CPU reads masks in
-/// f64). A Workspace temporary.
+/// f64). A temporary the caller keeps out of the ledger.
 fn dense_mask(mask: &Tensor, spec: &ScoreSpec, like: &Tensor) -> Result<(Tensor, usize)> {
-    let _ws = with_category(Category::Workspace);
     let mask = if mask.device() == like.device() {
         mask.detach()
     } else {
@@ -254,7 +253,8 @@ pub(crate) fn probs_tensor(
         let _ws = with_category(Category::Workspace);
         tensor::dense(s)?
     };
-    let mask = spec.mask.map(|m| dense_mask(m, spec, s)).transpose()?;
+    // The CPU reads the mask into host values (uncounted): so does this copy.
+    let mask = tensor::uncounted(|| spec.mask.map(|m| dense_mask(m, spec, s)).transpose())?;
     let lse_dense = match lse_in {
         Some(l) => {
             let _ws = with_category(Category::Workspace);
