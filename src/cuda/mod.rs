@@ -44,7 +44,6 @@ macro_rules! launch {
 mod buffer;
 mod check;
 mod context;
-mod conv_workspace;
 pub mod elementwise;
 pub mod gemm;
 pub mod index;
@@ -64,11 +63,12 @@ pub(crate) mod ops_matmul;
 pub mod optim;
 pub mod random;
 pub mod reduce;
+mod settings;
 pub(crate) mod tensor;
-mod tf32;
 
 pub use buffer::CudaBuffer;
 pub use context::{library_status, CudaDevice, PoolUsage, MIN_COMPUTE_CAPABILITY};
-pub use conv_workspace::{conv_workspace_bytes, with_conv_workspace, ConvWorkspaceGuard};
 pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};
-pub use tf32::{tf32_enabled, with_tf32, Tf32Guard};
+pub use settings::{
+    conv_workspace_bytes, tf32_enabled, with_conv_workspace, with_tf32, SettingGuard,
+};
