@@ -236,6 +236,20 @@ fn resolve_leading(pat: &str, context: &str, file_text: &str) -> Vec<String> {
     if !pat.starts_with('*') {
         return vec![pat.to_string()];
     }
+    let out: Vec<String> = caller_literals(context, file_text)
+        .iter()
+        .map(|lit| pat.replacen('*', lit, 1))
+        .collect();
+    assert!(
+        !out.is_empty(),
+        "cannot resolve the kernel name pattern {pat}"
+    );
+    out
+}
+
+/// The string literals that calls of the enclosing function (in the same
+/// file) pass it: what a parameter used as a kernel file or name may be.
+fn caller_literals(context: &str, file_text: &str) -> Vec<String> {
     let fn_name = context
         .split("fn ")
         .nth(1)
@@ -247,15 +261,9 @@ fn resolve_leading(pat: &str, context: &str, file_text: &str) -> Vec<String> {
     let mut rest = file_text;
     while let Some(i) = rest.find(&call) {
         let args = balanced(rest, i + call.len());
-        for lit in name_patterns(args) {
-            out.push(pat.replacen('*', &lit, 1));
-        }
+        out.extend(name_patterns(args));
         rest = &rest[i + call.len()..];
     }
-    assert!(
-        !out.is_empty(),
-        "cannot resolve the kernel name pattern {pat}"
-    );
     out
 }
 
@@ -310,7 +318,22 @@ fn sites(dir: &Path) -> Vec<Site> {
                 .max()
                 .unwrap_or(0);
             let context = text[fn_start..start].to_string();
-            let file = header[1].trim_matches('"').to_string();
+            // A literal kernel file, or a parameter: the `.cu` literals the
+            // enclosing function's callers pass (one site per file).
+            let files: Vec<String> = if header[1].starts_with('"') {
+                vec![header[1].trim_matches('"').to_string()]
+            } else {
+                let f: Vec<String> = caller_literals(&context, &text)
+                    .into_iter()
+                    .filter(|l| l.ends_with(".cu"))
+                    .collect();
+                assert!(
+                    !f.is_empty(),
+                    "{fname}: cannot resolve kernel file {}",
+                    header[1]
+                );
+                f
+            };
             let name_expr = header[2].clone();
             let names = if name_expr.contains('"') {
                 name_patterns(&name_expr)
@@ -322,19 +345,21 @@ fn sites(dir: &Path) -> Vec<Site> {
                 let stmt = &stmt[..stmt.find(";\n").unwrap_or(stmt.len())];
                 name_patterns(stmt)
             };
-            let names = names
+            let names: Vec<String> = names
                 .into_iter()
                 .flat_map(|p| resolve_leading(&p, &context, &text))
                 .collect();
             let lineno = text[..start].lines().count() + 1;
-            out.push(Site {
-                at: format!("src/cuda/{fname}:{lineno}"),
-                file,
-                names,
-                args,
-                context,
-                file_text: text.clone(),
-            });
+            for file in files {
+                out.push(Site {
+                    at: format!("src/cuda/{fname}:{lineno}"),
+                    file,
+                    names: names.clone(),
+                    args: args.clone(),
+                    context: context.clone(),
+                    file_text: text.clone(),
+                });
+            }
         }
     }
     out

@@ -46,18 +46,15 @@ pub fn relu_mask_backward(
     mask: &CudaBuffer,
     slope: f64,
 ) -> Result<CudaBuffer> {
-    let op = "cuda relu backward";
-    let sfx = float_suffix(op, g.dtype())?;
-    super::check::input(op, g, g.dtype(), lg, g)?;
-    let n = lg.numel();
-    expect(op, mask, DType::U32, mask_words(n), g)?;
-    let mut dx = CudaBuffer::alloc(g.device(), g.dtype(), n)?;
-    if n > 0 {
-        let (n64, lg) = (n as i64, lg.coalesced());
-        launch!(g.device(), "relu_mask.cu", format!("relu_mask_bwd_{sfx}"), CudaDevice::grid_for(n);
-            &slope, &n64, dx.slice_mut(), g.slice(), &lg, mask.slice())?;
-    }
-    Ok(dx)
+    masked_map(
+        "cuda relu backward",
+        "relu_mask.cu",
+        "relu_mask_bwd",
+        g,
+        lg,
+        mask,
+        slope,
+    )
 }
 
 /// The packed mask of `x > 0` alone (`cpu::bitmask::positive_mask`).
@@ -146,7 +143,30 @@ pub fn dropout_masked(
     mask: &CudaBuffer,
     scale: f64,
 ) -> Result<CudaBuffer> {
-    let op = "cuda dropout_masked";
+    masked_map(
+        "cuda dropout_masked",
+        "dropout.cu",
+        "dropout_masked",
+        x,
+        lx,
+        mask,
+        scale,
+    )
+}
+
+/// Runs `{kernel}_{dtype}(scalar, n, out, x, lx, mask)` of `file`: a float
+/// map of `x` (any layout) steered by the packed bit `mask` of its `n`
+/// elements, into a new contiguous buffer (ReLU's backward, a stored
+/// dropout mask).
+fn masked_map(
+    op: &'static str,
+    file: &'static str,
+    kernel: &str,
+    x: &CudaBuffer,
+    lx: &Strided,
+    mask: &CudaBuffer,
+    scalar: f64,
+) -> Result<CudaBuffer> {
     let sfx = float_suffix(op, x.dtype())?;
     super::check::input(op, x, x.dtype(), lx, x)?;
     let n = lx.numel();
@@ -154,8 +174,8 @@ pub fn dropout_masked(
     let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
     if n > 0 {
         let (n64, lx) = (n as i64, lx.coalesced());
-        launch!(x.device(), "dropout.cu", format!("dropout_masked_{sfx}"), CudaDevice::grid_for(n);
-            &scale, &n64, out.slice_mut(), x.slice(), &lx, mask.slice())?;
+        launch!(x.device(), file, format!("{kernel}_{sfx}"), CudaDevice::grid_for(n);
+            &scalar, &n64, out.slice_mut(), x.slice(), &lx, mask.slice())?;
     }
     Ok(out)
 }
