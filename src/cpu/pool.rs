@@ -167,18 +167,52 @@ fn cuda_avg_mode(mode: AvgMode) -> crate::cuda::layers_pool::AvgPoolMode {
     }
 }
 
-pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Vec<u8>)> {
+/// The argmax's position inside its window for every output of a max pool:
+/// host bytes on the CPU (and none on meta), the device buffer the kernel
+/// wrote on CUDA. Neither is counted until it becomes a saved tensor, so a
+/// frozen input costs nothing and CUDA never reads the positions back.
+pub(crate) enum WindowPositions {
+    /// Host bytes (CPU; empty on meta).
+    Host(Vec<u8>),
+    /// A U8 device buffer outside the ledger.
+    Device(crate::cuda::CudaBuffer),
+}
+
+impl WindowPositions {
+    /// The positions as a U8 tensor of `shape` on `device`, counted now.
+    pub(crate) fn into_tensor(self, shape: &[usize], device: crate::Device) -> Result<Tensor> {
+        match self {
+            WindowPositions::Host(v) => Tensor::from_host_vec(v, shape, device),
+            WindowPositions::Device(b) => crate::cuda::tensor::adopt(b, shape),
+        }
+    }
+
+    /// The positions as host bytes (SaveAll's flat indices are built from
+    /// them on the host, as on the CPU).
+    pub(crate) fn into_host(self) -> Result<Vec<u8>> {
+        match self {
+            WindowPositions::Host(v) => Ok(v),
+            WindowPositions::Device(b) => Ok(b.to_vec::<u8>()?),
+        }
+    }
+}
+
+pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, WindowPositions)> {
     match backend("max_pool2d", &[x])? {
         // No positions on meta: the caller sizes its saved tensors by shape.
-        Backend::Meta => return Ok((meta_plane_out(x, g.oh, g.ow, g)?, Vec::new())),
+        Backend::Meta => {
+            let out = meta_plane_out(x, g.oh, g.ow, g)?;
+            return Ok((out, WindowPositions::Host(Vec::new())));
+        }
         Backend::Cuda(_) => {
             let x = cuda_dense(x)?;
-            let (y, pos) =
-                crate::cuda::layers_pool::max_pool2d_forward(&*x.storage().cuda()?, &cuda_geom(g))?;
-            // The positions are a host vector here as on the CPU.
-            let pos = pos.to_cpu_data()?;
-            let pos = pos.as_slice::<u8>().map(<[u8]>::to_vec).unwrap_or_default();
-            return Ok((crate::cuda::tensor::wrap(y, &[g.planes, g.oh, g.ow])?, pos));
+            // The positions stay on the device, uncounted like the CPU's
+            // host vector; the output is counted as usual.
+            let (y, pos) = crate::cuda::tensor::uncounted(|| {
+                crate::cuda::layers_pool::max_pool2d_forward(&*x.storage().cuda()?, &cuda_geom(g))
+            })?;
+            let y = crate::cuda::tensor::adopt(y, &[g.planes, g.oh, g.ow])?;
+            return Ok((y, WindowPositions::Device(pos)));
         }
         Backend::Cpu => {}
     }
@@ -213,7 +247,8 @@ pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Vec<
         }
         Ok(crate::match_float_data!(data, "max_pool2d", v => go(&v[r], g, &mut pos)))
     })?;
-    Ok((Tensor::from_cpu_data(out, &[g.planes, g.oh, g.ow])?, pos))
+    let out = Tensor::from_cpu_data(out, &[g.planes, g.oh, g.ow])?;
+    Ok((out, WindowPositions::Host(pos)))
 }
 
 /// Flat in-plane input indices (`row · W + col`, -1 for an empty window) of

@@ -268,17 +268,16 @@ pub fn max_pool2d(x: &Tensor, o: &MaxPool2dOptions) -> Result<Tensor> {
         return Ok(out);
     }
     let saved = match save_policy() {
-        SavePolicy::Lean => MaxSaved::Window(SavedTensor::new(
-            &Tensor::from_host_vec(pos, &shape, x.device())?,
-            OP,
-        )),
-        SavePolicy::SaveAll => MaxSaved::Flat {
-            input: SavedTensor::new(x, OP),
-            indices: SavedTensor::new(
-                &Tensor::from_host_vec(window_to_flat(&pos, &geom), &shape, x.device())?,
-                OP,
-            ),
-        },
+        SavePolicy::Lean => {
+            MaxSaved::Window(SavedTensor::new(&pos.into_tensor(&shape, x.device())?, OP))
+        }
+        SavePolicy::SaveAll => {
+            let flat = window_to_flat(&pos.into_host()?, &geom);
+            MaxSaved::Flat {
+                input: SavedTensor::new(x, OP),
+                indices: SavedTensor::new(&Tensor::from_host_vec(flat, &shape, x.device())?, OP),
+            }
+        }
     };
     let op = MaxPoolBackward {
         geom,
