@@ -408,7 +408,7 @@ impl DeviceMemory {
             .map(|(&b, a)| (b, a.size()));
         let after = self.live.range(addr..).next().map(|(&b, a)| (b, a.size()));
         match (before, after) {
-            (Some((b, s)), Some((nb, ns))) if addr - (b + s) <= nb - addr => format!(
+            (Some((b, s)), Some((nb, _))) if addr - (b + s) <= nb - addr => format!(
                 "{} bytes past the end of allocation {b:#x} ({s} bytes)",
                 addr - (b + s)
             ),
