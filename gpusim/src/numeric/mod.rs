@@ -5,7 +5,27 @@
 //! references in this module's tests.
 //!
 //! Values travel as `u64` holding the type's bits right-aligned (an f16 in
-//! the low 16 bits, an s8 sign-extended or not — see [`cvt`]).
+//! the low 16 bits, an s8 sign-extended or not — see [`cvt`]). Inputs use
+//! only the type's low bits; results are zero-extended.
+//!
+//! NaN results: f16/bf16/f32 operations return the canonical NaN (all
+//! bits but the sign set: `0x7FFF`, `0x7FFFFFFF`) — the ISA leaves
+//! single-precision NaNs unspecified and that is the GPU's; f64 operations
+//! pass on the first NaN operand's payload (made quiet), the ISA's
+//! "NaN payloads are supported for double-precision instructions", and
+//! return `0x7FFFFFFFFFFFFFFF` for an invalid operation. `.ftz` applies to
+//! f32 (and f16, whose PTX forms take it) and flushes subnormal inputs and
+//! subnormal *rounded* results to the zero of their sign. `.sat` clamps to
+//! [+0, 1] with NaN and −0 going to +0.
+
+mod approx;
+mod arith;
+mod cvt;
+mod format;
+mod misc;
+
+use arith::{finish, ftz_applies, prep, Op};
+use format::Fmt;
 
 /// Rounding of a floating-point result (`.rn`, `.rz`, `.rm`, `.rp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,7 +95,8 @@ pub struct CvtMode {
     pub sat: bool,
     /// `.ftz`: subnormal f32 inputs and results flushed to sign-preserving zero.
     pub ftz: bool,
-    /// `.relu`: negative results (and NaN) become +0 (f16/bf16 destinations).
+    /// `.relu`: negative results (−0 included) become +0 and a NaN becomes
+    /// the canonical NaN, as the ISA says (f16/bf16 destinations).
     pub relu: bool,
 }
 
@@ -125,86 +146,108 @@ pub enum ApproxOp {
 /// `cvt` from `src` to `dst` with `mode`. The result's bits right-aligned,
 /// zero-extended to 64 bits.
 pub fn cvt(dst: CvtTy, src: CvtTy, mode: CvtMode, bits: u64) -> u64 {
-    let _ = (dst, src, mode, bits);
-    todo!("numeric::cvt")
+    cvt::cvt(dst, src, mode, bits)
 }
 
 /// `add{.rnd}{.ftz}{.sat}` on `ty`.
 pub fn fadd(ty: FloatTy, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
-    let _ = (ty, a, b, rnd, ftz, sat);
-    todo!("numeric::fadd")
+    binary(ty, Op::Add, a, b, rnd, ftz, sat)
 }
 
 /// `sub{.rnd}{.ftz}{.sat}` on `ty`.
 pub fn fsub(ty: FloatTy, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
-    let _ = (ty, a, b, rnd, ftz, sat);
-    todo!("numeric::fsub")
+    // a − b is a + (−b) exactly, NaNs included (their sign is free).
+    let f = Fmt::of(ty);
+    binary(ty, Op::Add, a, (b & f.mask()) ^ f.sign(), rnd, ftz, sat)
 }
 
 /// `mul{.rnd}{.ftz}{.sat}` on `ty`.
 pub fn fmul(ty: FloatTy, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
-    let _ = (ty, a, b, rnd, ftz, sat);
-    todo!("numeric::fmul")
+    binary(ty, Op::Mul, a, b, rnd, ftz, sat)
+}
+
+/// A two-operand operation with its modifiers.
+#[inline]
+fn binary(ty: FloatTy, op: Op, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
+    let f = Fmt::of(ty);
+    let ftz = ftz && ftz_applies(ty);
+    let (a, b) = (prep(f, a, ftz), prep(f, b, ftz));
+    finish(f, arith::binary(ty, op, a, b, rnd), ftz, sat)
 }
 
 /// `fma.rnd{.ftz}{.sat}` (and `mad.rnd`) on `ty`: `a * b + c` rounded once.
 pub fn ffma(ty: FloatTy, a: u64, b: u64, c: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
-    let _ = (ty, a, b, c, rnd, ftz, sat);
-    todo!("numeric::ffma")
+    let f = Fmt::of(ty);
+    let ftz = ftz && ftz_applies(ty);
+    let (a, b, c) = (prep(f, a, ftz), prep(f, b, ftz), prep(f, c, ftz));
+    finish(f, arith::fma(ty, a, b, c, rnd), ftz, sat)
+}
+
+/// The rounding of an IEEE precision; `.full` and `.approx` (outside the
+/// forms with their own definitions) are exactly rounded to nearest, which
+/// is within their 1–2 ulp bounds.
+#[inline]
+fn rnd_of(prec: Precision) -> Rnd {
+    match prec {
+        Precision::Ieee(r) => r,
+        Precision::Full | Precision::Approx => Rnd::Rn,
+    }
 }
 
 /// `div` on `ty` (f32/f64).
 pub fn fdiv(ty: FloatTy, a: u64, b: u64, prec: Precision, ftz: bool) -> u64 {
-    let _ = (ty, a, b, prec, ftz);
-    todo!("numeric::fdiv")
+    let ftz = ftz && ftz_applies(ty);
+    if prec == Precision::Approx && ty == FloatTy::F32 {
+        return approx::div_approx_f32(a, b, ftz);
+    }
+    binary(ty, Op::Div, a, b, rnd_of(prec), ftz, false)
 }
 
 /// `sqrt` on `ty` (f32/f64).
 pub fn fsqrt(ty: FloatTy, a: u64, prec: Precision, ftz: bool) -> u64 {
-    let _ = (ty, a, prec, ftz);
-    todo!("numeric::fsqrt")
+    let f = Fmt::of(ty);
+    let ftz = ftz && ftz_applies(ty);
+    let a = prep(f, a, ftz);
+    finish(f, arith::sqrt(ty, a, rnd_of(prec)), ftz, false)
 }
 
 /// `rcp` on `ty` (f32/f64); `rcp.approx.ftz.f64` included.
 pub fn frcp(ty: FloatTy, a: u64, prec: Precision, ftz: bool) -> u64 {
-    let _ = (ty, a, prec, ftz);
-    todo!("numeric::frcp")
+    if prec == Precision::Approx && ty == FloatTy::F64 {
+        // The only f64 approximate reciprocal is `rcp.approx.ftz.f64`.
+        return approx::rcp_approx_f64(a);
+    }
+    binary(ty, Op::Div, Fmt::of(ty).one(), a, rnd_of(prec), ftz, false)
 }
 
 /// `min` (or `max` when `is_max`) with `.ftz` and `.NaN` (propagate) as in
 /// the PTX ISA, including the signed-zero rule.
 pub fn fminmax(ty: FloatTy, a: u64, b: u64, is_max: bool, ftz: bool, nan: bool) -> u64 {
-    let _ = (ty, a, b, is_max, ftz, nan);
-    todo!("numeric::fminmax")
+    misc::fminmax(ty, a, b, is_max, ftz, nan)
 }
 
 /// `abs{.ftz}` on `ty`.
 pub fn fabs(ty: FloatTy, a: u64, ftz: bool) -> u64 {
-    let _ = (ty, a, ftz);
-    todo!("numeric::fabs")
+    misc::fabs(ty, a, ftz)
 }
 
 /// `neg{.ftz}` on `ty`.
 pub fn fneg(ty: FloatTy, a: u64, ftz: bool) -> u64 {
-    let _ = (ty, a, ftz);
-    todo!("numeric::fneg")
+    misc::fneg(ty, a, ftz)
 }
 
 /// `copysign.ty d, a, b`: `b`'s magnitude with `a`'s sign (PTX operand order).
 pub fn fcopysign(ty: FloatTy, a: u64, b: u64) -> u64 {
-    let _ = (ty, a, b);
-    todo!("numeric::fcopysign")
+    misc::fcopysign(ty, a, b)
 }
 
 /// An approximate instruction (`ex2.approx{.ftz}.f32`, `lg2.approx`, …),
 /// within the PTX ISA's documented maximum error.
 pub fn approx(op: ApproxOp, ty: FloatTy, a: u64, ftz: bool) -> u64 {
-    let _ = (op, ty, a, ftz);
-    todo!("numeric::approx")
+    approx::approx(op, ty, a, ftz)
 }
 
 /// A float comparison of `setp` (`.ftz` flushes subnormal f32 inputs).
 pub fn fcmp(ty: FloatTy, op: CmpOp, a: u64, b: u64, ftz: bool) -> bool {
-    let _ = (ty, op, a, b, ftz);
-    todo!("numeric::fcmp")
+    misc::fcmp(ty, op, a, b, ftz)
 }
