@@ -156,9 +156,11 @@ pub fn fadd(ty: FloatTy, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 
 
 /// `sub{.rnd}{.ftz}{.sat}` on `ty`.
 pub fn fsub(ty: FloatTy, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
-    // a − b is a + (−b) exactly, NaNs included (their sign is free).
+    // a − b is a + (−b) exactly; a NaN b is passed on as it is.
     let f = Fmt::of(ty);
-    binary(ty, Op::Add, a, (b & f.mask()) ^ f.sign(), rnd, ftz, sat)
+    let b = b & f.mask();
+    let nb = if f.is_nan(b) { b } else { b ^ f.sign() };
+    binary(ty, Op::Add, a, nb, rnd, ftz, sat)
 }
 
 /// `mul{.rnd}{.ftz}{.sat}` on `ty`.
