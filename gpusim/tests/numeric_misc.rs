@@ -260,7 +260,7 @@ fn ulp_err(r: f32, want: f64) -> f64 {
 /// sin by argument reduction with a two-part 2π and a Taylor series: an
 /// f64 reference independent of libm's sin (|error| ≪ 2^-30 on ±100π).
 fn sin_ref(x: f64) -> f64 {
-    const TWO_PI_HI: f64 = 6.283185307179586;
+    const TWO_PI_HI: f64 = std::f64::consts::TAU;
     const TWO_PI_LO: f64 = 2.4492935982947064e-16;
     let k = (x / TWO_PI_HI).round();
     let r = (x - k * TWO_PI_HI) - k * TWO_PI_LO;

@@ -17,7 +17,7 @@
 //! operations directly (IEEE-correct); only their NaN results are fixed
 //! up to the PTX ones.
 
-use super::format::{bit_len, from_f64, round_pack, Fmt, F64};
+use super::format::{bit_len, from_f64, round_pack, Fmt, BF16, F16, F32, F64};
 use super::{FloatTy, Rnd};
 
 /// The result of an exact sum before rounding: ±(m + sticky)·2^e.
@@ -227,7 +227,7 @@ pub(crate) fn soft_sqrt(f: Fmt, a: u64, rnd: Rnd) -> u64 {
 /// `s` (= rn(x) in f64) and the sign of the residual x − s made into the
 /// round-to-odd of x: s when exact, otherwise whichever of s and its
 /// neighbour towards x has an odd last bit.
-#[inline]
+#[inline(always)]
 fn to_odd(s: f64, residual_sign: f64) -> f64 {
     let b = s.to_bits();
     if residual_sign == 0.0 || b & 1 == 1 {
@@ -243,14 +243,14 @@ fn to_odd(s: f64, residual_sign: f64) -> f64 {
 }
 
 /// Error of the f64 sum `s = x + y` (TwoSum; exact without overflow).
-#[inline]
+#[inline(always)]
 fn two_sum_err(x: f64, y: f64, s: f64) -> f64 {
     let yy = s - x;
     (x - (s - yy)) + (y - yy)
 }
 
 /// A finite, non-NaN f16/bf16/f32 value, exactly, as f64.
-#[inline]
+#[inline(always)]
 pub(crate) fn widen(f: Fmt, x: u64) -> f64 {
     match f.bits {
         32 => f32::from_bits(x as u32) as f64,
@@ -261,6 +261,7 @@ pub(crate) fn widen(f: Fmt, x: u64) -> f64 {
 }
 
 /// `x + y` for f16/bf16/f32 operands (already checked non-NaN) via f64.
+#[inline(always)]
 fn narrow_sum(f: Fmt, x: f64, y: f64, rnd: Rnd) -> u64 {
     let s = x + y;
     if s.is_nan() {
@@ -278,6 +279,7 @@ fn narrow_sum(f: Fmt, x: f64, y: f64, rnd: Rnd) -> u64 {
 }
 
 /// f16/bf16/f32 `a + b` via f64.
+#[inline(always)]
 fn narrow_add(f: Fmt, a: u64, b: u64, rnd: Rnd) -> u64 {
     if f.is_nan(a) || f.is_nan(b) {
         return f.canonical_nan();
@@ -287,6 +289,7 @@ fn narrow_add(f: Fmt, a: u64, b: u64, rnd: Rnd) -> u64 {
 
 /// f16/bf16/f32 `a · b` via f64 (the product of two ≤ 24-bit mantissas is
 /// exact in f64, and far from its overflow and underflow).
+#[inline(always)]
 fn narrow_mul(f: Fmt, a: u64, b: u64, rnd: Rnd) -> u64 {
     if f.is_nan(a) || f.is_nan(b) {
         return f.canonical_nan();
@@ -300,6 +303,7 @@ fn narrow_mul(f: Fmt, a: u64, b: u64, rnd: Rnd) -> u64 {
 
 /// f16/bf16/f32 `a · b + c` via f64: the product is exact, the sum gets
 /// its residual from TwoSum.
+#[inline(always)]
 fn narrow_fma(f: Fmt, a: u64, b: u64, c: u64, rnd: Rnd) -> u64 {
     if f.is_nan(a) || f.is_nan(b) || f.is_nan(c) {
         return f.canonical_nan();
@@ -312,6 +316,7 @@ fn narrow_fma(f: Fmt, a: u64, b: u64, c: u64, rnd: Rnd) -> u64 {
 }
 
 /// f16/bf16/f32 `a / b` via f64 and the exact remainder a − q·b.
+#[inline(always)]
 fn narrow_div(f: Fmt, a: u64, b: u64, rnd: Rnd) -> u64 {
     if f.is_nan(a) || f.is_nan(b) {
         return f.canonical_nan();
@@ -332,6 +337,7 @@ fn narrow_div(f: Fmt, a: u64, b: u64, rnd: Rnd) -> u64 {
 }
 
 /// f16/bf16/f32 `sqrt(a)` via f64 and the exact remainder a − s².
+#[inline(always)]
 fn narrow_sqrt(f: Fmt, a: u64, rnd: Rnd) -> u64 {
     if f.is_nan(a) {
         return f.canonical_nan();
@@ -448,14 +454,19 @@ pub(crate) fn binary(ty: FloatTy, op: Op, a: u64, b: u64, rnd: Rnd) -> u64 {
             Op::Mul => soft_mul(F64, a, b, rnd),
             Op::Div => soft_div(F64, a, b, rnd),
         },
-        _ => {
-            let f = Fmt::of(ty);
-            match op {
-                Op::Add => narrow_add(f, a, b, rnd),
-                Op::Mul => narrow_mul(f, a, b, rnd),
-                Op::Div => narrow_div(f, a, b, rnd),
-            }
-        }
+        (FloatTy::F32, _) => narrow_binary(F32, op, a, b, rnd),
+        (FloatTy::F16, _) => narrow_binary(F16, op, a, b, rnd),
+        (FloatTy::Bf16, _) => narrow_binary(BF16, op, a, b, rnd),
+    }
+}
+
+/// A narrow-format `a op b` (inlined per format by [`binary`]).
+#[inline(always)]
+fn narrow_binary(f: Fmt, op: Op, a: u64, b: u64, rnd: Rnd) -> u64 {
+    match op {
+        Op::Add => narrow_add(f, a, b, rnd),
+        Op::Mul => narrow_mul(f, a, b, rnd),
+        Op::Div => narrow_div(f, a, b, rnd),
     }
 }
 
@@ -471,7 +482,10 @@ pub(crate) fn fma(ty: FloatTy, a: u64, b: u64, c: u64, rnd: Rnd) -> u64 {
             f64_result(x.mul_add(y, z), &[a, b, c])
         }
         (FloatTy::F64, _) => soft_fma(F64, a, b, c, rnd),
-        _ => narrow_fma(Fmt::of(ty), a, b, c, rnd),
+        // One instance per format, so each is specialized to its constants.
+        (FloatTy::F32, _) => narrow_fma(F32, a, b, c, rnd),
+        (FloatTy::F16, _) => narrow_fma(F16, a, b, c, rnd),
+        (FloatTy::Bf16, _) => narrow_fma(BF16, a, b, c, rnd),
     }
 }
 
@@ -481,6 +495,8 @@ pub(crate) fn sqrt(ty: FloatTy, a: u64, rnd: Rnd) -> u64 {
         (FloatTy::F32, Rnd::Rn) => f32_result(f32::from_bits(a as u32).sqrt()),
         (FloatTy::F64, Rnd::Rn) => f64_result(f64::from_bits(a).sqrt(), &[a]),
         (FloatTy::F64, _) => soft_sqrt(F64, a, rnd),
-        _ => narrow_sqrt(Fmt::of(ty), a, rnd),
+        (FloatTy::F32, _) => narrow_sqrt(F32, a, rnd),
+        (FloatTy::F16, _) => narrow_sqrt(F16, a, rnd),
+        (FloatTy::Bf16, _) => narrow_sqrt(BF16, a, rnd),
     }
 }

@@ -18,7 +18,8 @@
 
 use super::arith::{saturate, widen};
 use super::format::{
-    convert_finite, f16_to_f32_bits, f32_to_bf16, f32_to_f16_rn, round_pack, shift_round, Fmt, F64,
+    convert_finite, f16_to_f32_bits, f32_to_bf16, f32_to_f16_rn, round_pack, shift_round, Fmt,
+    CANON32, F32, F64,
 };
 use super::{CvtMode, CvtTy, FloatTy, IntTy, Rnd};
 
@@ -79,15 +80,42 @@ impl IntTy {
     }
 }
 
-/// See [`super::cvt`].
+/// See [`super::cvt`]. A small dispatcher: the hot forms (`cvt.u32.u64`,
+/// the f32 ↔ f64/f16/bf16 conversions without modifiers) take short paths
+/// before the general ones.
+#[inline]
 pub(crate) fn cvt(dst: CvtTy, src: CvtTy, mode: CvtMode, bits: u64) -> u64 {
     match (dst, src) {
         (CvtTy::Int(d), CvtTy::Int(s)) => {
-            let v = s.value(bits);
             if mode.sat {
-                d.encode(v.clamp(d.min(), d.max()))
+                d.encode(s.value(bits).clamp(d.min(), d.max()))
             } else {
-                d.encode(v)
+                // Extend from the source width, truncate to the destination's.
+                let sh = 64 - s.bits();
+                let v = if s.signed() {
+                    ((bits << sh) as i64 >> sh) as u64
+                } else {
+                    (bits << sh) >> sh
+                };
+                v & (u64::MAX >> (64 - d.bits()))
+            }
+        }
+        (CvtTy::Float(d), CvtTy::Float(s)) => {
+            let plain = !(mode.integral || mode.ftz || mode.sat || mode.relu);
+            match (plain, d, s) {
+                (true, FloatTy::F64, FloatTy::F32) => f32_to_f64(bits as u32),
+                (true, FloatTy::F32, FloatTy::F16) => f16_to_f32_bits(bits as u16) as u64,
+                (true, FloatTy::F32, FloatTy::Bf16) => bf16_to_f32_bits(bits as u16) as u64,
+                (true, FloatTy::Bf16, FloatTy::F32) => {
+                    f32_to_bf16(bits as u32, mode.rnd.unwrap_or(Rnd::Rn)) as u64
+                }
+                (true, FloatTy::F16, FloatTy::F32) if mode.rnd.unwrap_or(Rnd::Rn) == Rnd::Rn => {
+                    f32_to_f16_rn(bits as u32) as u64
+                }
+                (true, FloatTy::F32, FloatTy::F64) if mode.rnd.unwrap_or(Rnd::Rn) == Rnd::Rn => {
+                    f64_to_f32_rn(bits)
+                }
+                _ => float_to_float(d, s, mode, bits),
             }
         }
         (CvtTy::Int(d), CvtTy::Float(s)) => float_to_int(d, s, mode, bits),
@@ -95,7 +123,37 @@ pub(crate) fn cvt(dst: CvtTy, src: CvtTy, mode: CvtMode, bits: u64) -> u64 {
             let r = int_to_float(d, s.value(bits), s.signed(), mode.rnd.unwrap_or(Rnd::Rn));
             post(Fmt::of(d), r, mode)
         }
-        (CvtTy::Float(d), CvtTy::Float(s)) => float_to_float(d, s, mode, bits),
+    }
+}
+
+/// f32 → f64, exact; a NaN keeps its sign and payload and is made quiet.
+#[inline]
+fn f32_to_f64(x: u32) -> u64 {
+    let v = f32::from_bits(x);
+    if v.is_nan() {
+        return convert_nan(F64, F32, x as u64);
+    }
+    (v as f64).to_bits()
+}
+
+/// bfloat16 → f32, exact; a NaN becomes the canonical NaN.
+#[inline]
+fn bf16_to_f32_bits(h: u16) -> u32 {
+    if h & 0x7fff > 0x7f80 {
+        CANON32
+    } else {
+        (h as u32) << 16
+    }
+}
+
+/// f64 → f32 to nearest (the host's cast); a NaN becomes the canonical NaN.
+#[inline]
+fn f64_to_f32_rn(x: u64) -> u64 {
+    let v = f64::from_bits(x);
+    if v.is_nan() {
+        CANON32 as u64
+    } else {
+        (v as f32).to_bits() as u64
     }
 }
 
@@ -193,8 +251,8 @@ fn convert(d: FloatTy, s: FloatTy, x: u64, rnd: Rnd) -> u64 {
         return convert_nan(fd, fs, x);
     }
     match (d, s, rnd) {
-        (FloatTy::F64, FloatTy::F32, _) => (f32::from_bits(x as u32) as f64).to_bits(),
-        (FloatTy::F32, FloatTy::F64, Rnd::Rn) => (f64::from_bits(x) as f32).to_bits() as u64,
+        (FloatTy::F64, FloatTy::F32, _) => f32_to_f64(x as u32),
+        (FloatTy::F32, FloatTy::F64, Rnd::Rn) => f64_to_f32_rn(x),
         (FloatTy::F16, FloatTy::F32, Rnd::Rn) => f32_to_f16_rn(x as u32) as u64,
         (FloatTy::Bf16, FloatTy::F32, _) => f32_to_bf16(x as u32, rnd) as u64,
         (FloatTy::F32, FloatTy::F16, _) => f16_to_f32_bits(x as u16) as u64,

@@ -303,9 +303,62 @@ pub(crate) fn round_pack(f: Fmt, neg: bool, m: u128, e: i32, sticky: bool, rnd: 
     sign | ((field as u64) << f.man) | (q as u64 & f.frac_mask())
 }
 
+/// [`round_pack`] for an exact value with a mantissa of at most 64 bits
+/// and no sticky bit (conversions, and the f64 round-to-odd results of the
+/// narrow arithmetic): the same steps in 64-bit arithmetic, which keeps the
+/// per-lane conversions cheap.
+#[inline(always)]
+pub(crate) fn round_pack64(f: Fmt, neg: bool, m: u64, e: i32, rnd: Rnd) -> u64 {
+    let sign = if neg { f.sign() } else { 0 };
+    if m == 0 {
+        return sign;
+    }
+    let man = f.man as i32;
+    let top = e + 63 - m.leading_zeros() as i32;
+    let mut lsb = top.max(f.emin()) - man;
+    let s = lsb - e;
+    let mut q = if s <= 0 {
+        m << (-s) as u32
+    } else if s > 64 {
+        // Below half the last place: zero or the smallest subnormal.
+        match rnd {
+            Rnd::Rm if neg => 1,
+            Rnd::Rp if !neg => 1,
+            _ => 0,
+        }
+    } else {
+        let s = s as u32;
+        let q = m.checked_shr(s).unwrap_or(0);
+        let r = m & (u64::MAX >> (64 - s));
+        let half = 1u64 << (s - 1);
+        let up = match rnd {
+            Rnd::Rn => r > half || (r == half && q & 1 == 1),
+            Rnd::Rz => false,
+            Rnd::Rm => neg && r != 0,
+            Rnd::Rp => !neg && r != 0,
+        };
+        q + up as u64
+    };
+    if q >> (man + 1) != 0 {
+        q >>= 1;
+        lsb += 1;
+    }
+    if q == 0 {
+        return sign;
+    }
+    if q >> man == 0 {
+        return sign | q;
+    }
+    let field = lsb + man + f.bias();
+    if field >= (1 << f.exp) - 1 {
+        return f.overflow(neg, rnd);
+    }
+    sign | ((field as u64) << f.man) | (q & f.frac_mask())
+}
+
 /// Converts a finite or infinite `x` of format `from` into `to`, rounding
 /// in direction `rnd` (exact when `to` is wider). NaNs are the caller's.
-#[inline]
+#[inline(always)]
 pub(crate) fn convert_finite(to: Fmt, from: Fmt, x: u64, rnd: Rnd) -> u64 {
     let neg = from.is_neg(x);
     let sign = if neg { to.sign() } else { 0 };
@@ -313,12 +366,12 @@ pub(crate) fn convert_finite(to: Fmt, from: Fmt, x: u64, rnd: Rnd) -> u64 {
         return sign | to.inf();
     }
     let (neg, m, e) = from.unpack(x);
-    round_pack(to, neg, m as u128, e, false, rnd)
+    round_pack64(to, neg, m, e, rnd)
 }
 
 /// `x` (a finite f64 value) rounded into `f`: `round_pack` of its exact
 /// mantissa and exponent.
-#[inline]
+#[inline(always)]
 pub(crate) fn from_f64(f: Fmt, x: f64, rnd: Rnd) -> u64 {
     convert_finite(f, F64, x.to_bits(), rnd)
 }

@@ -145,16 +145,19 @@ pub enum ApproxOp {
 
 /// `cvt` from `src` to `dst` with `mode`. The result's bits right-aligned,
 /// zero-extended to 64 bits.
+#[inline]
 pub fn cvt(dst: CvtTy, src: CvtTy, mode: CvtMode, bits: u64) -> u64 {
     cvt::cvt(dst, src, mode, bits)
 }
 
 /// `add{.rnd}{.ftz}{.sat}` on `ty`.
+#[inline]
 pub fn fadd(ty: FloatTy, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
     binary(ty, Op::Add, a, b, rnd, ftz, sat)
 }
 
 /// `sub{.rnd}{.ftz}{.sat}` on `ty`.
+#[inline]
 pub fn fsub(ty: FloatTy, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
     // a − b is a + (−b) exactly; a NaN b is passed on as it is.
     let f = Fmt::of(ty);
@@ -164,6 +167,7 @@ pub fn fsub(ty: FloatTy, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 
 }
 
 /// `mul{.rnd}{.ftz}{.sat}` on `ty`.
+#[inline]
 pub fn fmul(ty: FloatTy, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
     binary(ty, Op::Mul, a, b, rnd, ftz, sat)
 }
@@ -178,6 +182,7 @@ fn binary(ty: FloatTy, op: Op, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -
 }
 
 /// `fma.rnd{.ftz}{.sat}` (and `mad.rnd`) on `ty`: `a * b + c` rounded once.
+#[inline]
 pub fn ffma(ty: FloatTy, a: u64, b: u64, c: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
     let f = Fmt::of(ty);
     let ftz = ftz && ftz_applies(ty);
@@ -197,6 +202,7 @@ fn rnd_of(prec: Precision) -> Rnd {
 }
 
 /// `div` on `ty` (f32/f64).
+#[inline]
 pub fn fdiv(ty: FloatTy, a: u64, b: u64, prec: Precision, ftz: bool) -> u64 {
     let ftz = ftz && ftz_applies(ty);
     if prec == Precision::Approx && ty == FloatTy::F32 {
@@ -206,6 +212,7 @@ pub fn fdiv(ty: FloatTy, a: u64, b: u64, prec: Precision, ftz: bool) -> u64 {
 }
 
 /// `sqrt` on `ty` (f32/f64).
+#[inline]
 pub fn fsqrt(ty: FloatTy, a: u64, prec: Precision, ftz: bool) -> u64 {
     let f = Fmt::of(ty);
     let ftz = ftz && ftz_applies(ty);
@@ -214,6 +221,7 @@ pub fn fsqrt(ty: FloatTy, a: u64, prec: Precision, ftz: bool) -> u64 {
 }
 
 /// `rcp` on `ty` (f32/f64); `rcp.approx.ftz.f64` included.
+#[inline]
 pub fn frcp(ty: FloatTy, a: u64, prec: Precision, ftz: bool) -> u64 {
     if prec == Precision::Approx && ty == FloatTy::F64 {
         // The only f64 approximate reciprocal is `rcp.approx.ftz.f64`.
@@ -224,32 +232,38 @@ pub fn frcp(ty: FloatTy, a: u64, prec: Precision, ftz: bool) -> u64 {
 
 /// `min` (or `max` when `is_max`) with `.ftz` and `.NaN` (propagate) as in
 /// the PTX ISA, including the signed-zero rule.
+#[inline]
 pub fn fminmax(ty: FloatTy, a: u64, b: u64, is_max: bool, ftz: bool, nan: bool) -> u64 {
     misc::fminmax(ty, a, b, is_max, ftz, nan)
 }
 
 /// `abs{.ftz}` on `ty`.
+#[inline]
 pub fn fabs(ty: FloatTy, a: u64, ftz: bool) -> u64 {
     misc::fabs(ty, a, ftz)
 }
 
 /// `neg{.ftz}` on `ty`.
+#[inline]
 pub fn fneg(ty: FloatTy, a: u64, ftz: bool) -> u64 {
     misc::fneg(ty, a, ftz)
 }
 
 /// `copysign.ty d, a, b`: `b`'s magnitude with `a`'s sign (PTX operand order).
+#[inline]
 pub fn fcopysign(ty: FloatTy, a: u64, b: u64) -> u64 {
     misc::fcopysign(ty, a, b)
 }
 
 /// An approximate instruction (`ex2.approx{.ftz}.f32`, `lg2.approx`, …),
 /// within the PTX ISA's documented maximum error.
+#[inline]
 pub fn approx(op: ApproxOp, ty: FloatTy, a: u64, ftz: bool) -> u64 {
     approx::approx(op, ty, a, ftz)
 }
 
 /// A float comparison of `setp` (`.ftz` flushes subnormal f32 inputs).
+#[inline]
 pub fn fcmp(ty: FloatTy, op: CmpOp, a: u64, b: u64, ftz: bool) -> bool {
     misc::fcmp(ty, op, a, b, ftz)
 }
