@@ -1,22 +1,31 @@
 //! Floating-point semantics of PTX instructions, on raw bits: every
 //! rounding mode, flush-to-zero, saturation, f16/bf16 conversions bit-exact
 //! with IEEE 754, and the approximate instructions within the maximum
-//! errors the PTX ISA documents. Pure functions, checked against host
-//! references in this module's tests.
+//! errors the PTX ISA documents. Pure functions, checked against exact
+//! big-integer references in `gpusim/tests/numeric_*.rs`.
 //!
 //! Values travel as `u64` holding the type's bits right-aligned (an f16 in
-//! the low 16 bits, an s8 sign-extended or not — see [`cvt`]). Inputs use
-//! only the type's low bits; results are zero-extended.
+//! the low 16 bits). Inputs use only the type's low bits (as PTX does with
+//! a wider register); results are zero-extended — a signed integer result
+//! of [`cvt`] too, the interpreter sign-extends into a wider register.
 //!
-//! NaN results: f16/bf16/f32 operations return the canonical NaN (all
-//! bits but the sign set: `0x7FFF`, `0x7FFFFFFF`) — the ISA leaves
-//! single-precision NaNs unspecified and that is the GPU's; f64 operations
-//! pass on the first NaN operand's payload (made quiet), the ISA's
-//! "NaN payloads are supported for double-precision instructions", and
-//! return `0x7FFFFFFFFFFFFFFF` for an invalid operation. `.ftz` applies to
-//! f32 (and f16, whose PTX forms take it) and flushes subnormal inputs and
-//! subnormal *rounded* results to the zero of their sign. `.sat` clamps to
-//! [+0, 1] with NaN and −0 going to +0.
+//! Choices where the ISA leaves room (each matches what CUDA's own headers
+//! or the ISA's neighbouring text say):
+//! - NaN results of f16/bf16/f32 operations and conversions are the
+//!   canonical NaN (all bits but the sign: `0x7FFF`, `0x7FFFFFFF`), which
+//!   CUDA's host emulations of `cvt.rn.f16.f32`, `cvt.rn.bf16.f32` and
+//!   `cvt.f32.f16` return; f64 operations pass on the first NaN operand
+//!   (a, then b, then c) made quiet — "NaN payloads are supported for
+//!   double-precision instructions" — and return `0x7FFFFFFFFFFFFFFF` for
+//!   an invalid operation (∞ − ∞, 0 · ∞, √−1); a NaN converted to f64 keeps
+//!   its sign and payload, made quiet.
+//! - `.ftz` applies to f32 (and to f16, whose PTX forms take it): subnormal
+//!   inputs, and results subnormal *after* rounding, become the zero of
+//!   their sign.
+//! - `.sat` clamps to [+0.0, 1.0]: NaN and every negative value, −0.0
+//!   included, give +0.0.
+//! - `abs`/`neg` pass a NaN through unchanged (the ISA: "for abs.f64, NaN
+//!   input is passed through unchanged"; unspecified otherwise).
 
 mod approx;
 mod arith;
