@@ -177,6 +177,13 @@ fn count(ty: FloatTy) -> usize {
     }
 }
 
+/// `x` moved `d` representable values away in magnitude (sign kept).
+fn nudge(f: Fm, x: u64, d: i64) -> u64 {
+    let abs = f.sign() - 1;
+    let mag = ((x & abs) as i128 + d as i128).clamp(0, abs as i128) as u64;
+    (x & f.sign()) | mag
+}
+
 /// An operand near `x` in magnitude (a few binades away, random bits).
 fn near(rng: &mut Rng, f: Fm, x: u64) -> u64 {
     let field = ((x >> f.man) & ((1 << f.exp) - 1)) as i64;
@@ -197,7 +204,7 @@ fn add_sub_all_roundings() {
                 0 | 1 => operand(&mut rng, f),
                 2 => near(&mut rng, f, a),
                 // −a nudged by a few ulps: heavy cancellation
-                _ => ((a ^ f.sign()) as i64 + rng.below(7) as i64 - 3) as u64 & f.mask(),
+                _ => nudge(f, a ^ f.sign(), rng.below(7) as i64 - 3),
             };
             for rnd in RNDS {
                 let got = fadd(ty, a, b, rnd, false, false);
@@ -273,7 +280,7 @@ fn fma_all_roundings() {
                     if f.is_nan(p) || f.is_inf(p) {
                         operand(&mut rng, f)
                     } else {
-                        ((p ^ f.sign()) as i64 + rng.below(5) as i64 - 2).max(0) as u64 & f.mask()
+                        nudge(f, p ^ f.sign(), rng.below(5) as i64 - 2)
                     }
                 }
             };
@@ -335,7 +342,7 @@ fn sqrt_all_roundings() {
                 // exact squares and their neighbours
                 let r = operand(&mut rng, f) & !f.sign();
                 let sq = ref_mul(ty, r, r, Rnd::Rn);
-                a = (sq as i64 + rng.below(3) as i64 - 1).max(0) as u64;
+                a = nudge(f, sq, rng.below(3) as i64 - 1);
             }
             for rnd in RNDS {
                 let got = fsqrt(ty, a, Precision::Ieee(rnd), false);

@@ -23,6 +23,18 @@ use super::format::{
 };
 use super::{CvtMode, CvtTy, FloatTy, IntTy, Rnd};
 
+impl FloatTy {
+    /// Width in bits.
+    #[inline]
+    pub const fn bits(self) -> u32 {
+        match self {
+            FloatTy::F16 | FloatTy::Bf16 => 16,
+            FloatTy::F32 => 32,
+            FloatTy::F64 => 64,
+        }
+    }
+}
+
 impl IntTy {
     /// Width in bits.
     #[inline]
@@ -114,6 +126,21 @@ pub(crate) fn cvt(dst: CvtTy, src: CvtTy, mode: CvtMode, bits: u64) -> u64 {
                 }
                 (true, FloatTy::F32, FloatTy::F64) if mode.rnd.unwrap_or(Rnd::Rn) == Rnd::Rn => {
                     f64_to_f32_rn(bits)
+                }
+                // `cvt{.ftz}.sat.f32.f32` and the like: a move with clamps.
+                (false, _, _) if d == s && !mode.integral && !mode.relu => {
+                    let f = Fmt::of(d);
+                    let x = bits & f.mask();
+                    let x = if mode.ftz && d == FloatTy::F32 {
+                        f.flush(x)
+                    } else {
+                        x
+                    };
+                    if mode.sat {
+                        saturate(f, x)
+                    } else {
+                        x
+                    }
                 }
                 _ => float_to_float(d, s, mode, bits),
             }
@@ -218,7 +245,8 @@ fn float_to_int(d: IntTy, s: FloatTy, mode: CvtMode, bits: u64) -> u64 {
     let v = widen(f, x);
     let r = match mode.rnd.unwrap_or(Rnd::Rz) {
         Rnd::Rn => v.round_ties_even(),
-        Rnd::Rz => v.trunc(),
+        // The casts below truncate towards zero themselves.
+        Rnd::Rz => v,
         Rnd::Rm => v.floor(),
         Rnd::Rp => v.ceil(),
     };
