@@ -35,9 +35,34 @@ pub struct ParamSpec {
     pub align: usize,
 }
 
-/// A loaded module: its kernels, decoded.
+mod alu;
+mod cfg;
+mod decode;
+mod exec;
+mod ir;
+mod launch;
+mod mem;
+mod opcode;
+mod opcode_cmp;
+mod opcode_mem;
+mod parse;
+
+/// Generic-address window of the kernel's parameters (what `mov` of a
+/// kernel parameter's name gives; `ld.param` through a register).
+pub const PARAM_WIN: u64 = 0x0300_0000_0000_0000;
+/// Generic-address window of shared memory (`cvta.shared`).
+pub const SHARED_WIN: u64 = 0x0100_0000_0000_0000;
+/// Generic-address window of local memory (`cvta.local`).
+pub const LOCAL_WIN: u64 = 0x0200_0000_0000_0000;
+
+/// A loaded module: its kernels, decoded, and the device addresses of its
+/// `.global` variables.
 pub struct Module {
-    _private: (),
+    d: decode::Decoded,
+    /// Function index of each kernel (by [`KernelId`]).
+    kernels: Vec<usize>,
+    /// Parameters of each kernel.
+    specs: Vec<Vec<ParamSpec>>,
 }
 
 /// Index of a kernel (`.entry`) in its module.
@@ -45,34 +70,57 @@ pub struct Module {
 pub struct KernelId(pub usize);
 
 impl Module {
-    /// Parses and validates `text` (PTX as NVRTC writes it).
-    pub fn load(text: &str) -> Result<Module, LoadError> {
-        let _ = text;
-        todo!("ptx::Module::load")
+    /// Parses and validates `text` (PTX as NVRTC writes it), allocating and
+    /// initialising its module-scope `.global` variables in `mem`.
+    pub fn load(text: &str, mem: &mut DeviceMemory) -> Result<Module, LoadError> {
+        let raw = parse::parse(text)?;
+        let d = decode::decode(raw, mem)?;
+        let kernels: Vec<usize> = (0..d.funcs.len())
+            .filter(|&i| d.funcs[i].is_entry)
+            .collect();
+        let specs = kernels
+            .iter()
+            .map(|&f| d.funcs[f].kparams.iter().map(|p| p.1).collect())
+            .collect();
+        Ok(Module { d, kernels, specs })
+    }
+
+    /// Frees the module's `.global` variables.
+    pub fn unload(&self, mem: &mut DeviceMemory) {
+        for &g in &self.d.globals {
+            let _ = mem.free(g);
+        }
     }
 
     /// The kernel named `name`.
     pub fn kernel(&self, name: &str) -> Option<KernelId> {
-        let _ = name;
-        todo!("ptx::Module::kernel")
+        self.kernels
+            .iter()
+            .position(|&f| self.d.funcs[f].name == name)
+            .map(KernelId)
+    }
+
+    /// Names of all kernels, in order of their [`KernelId`].
+    pub fn kernel_names(&self) -> Vec<&str> {
+        self.kernels
+            .iter()
+            .map(|&f| self.d.funcs[f].name.as_str())
+            .collect()
     }
 
     /// The kernel's name.
     pub fn kernel_name(&self, k: KernelId) -> &str {
-        let _ = k;
-        todo!("ptx::Module::kernel_name")
+        &self.d.funcs[self.kernels[k.0]].name
     }
 
     /// The kernel's parameters, in order.
     pub fn params(&self, k: KernelId) -> &[ParamSpec] {
-        let _ = k;
-        todo!("ptx::Module::params")
+        &self.specs[k.0]
     }
 
     /// Bytes of static `.shared` memory the kernel declares.
     pub fn static_shared_bytes(&self, k: KernelId) -> usize {
-        let _ = k;
-        todo!("ptx::Module::static_shared_bytes")
+        self.d.funcs[self.kernels[k.0]].shared_bytes as usize
     }
 }
 
@@ -169,6 +217,5 @@ pub fn launch(
     params: &[&[u8]],
     mem: &mut DeviceMemory,
 ) -> Result<LaunchStats, Fault> {
-    let _ = (module, k, dims, params, mem);
-    todo!("ptx::launch")
+    launch::launch(module, k, dims, params, mem)
 }
