@@ -168,3 +168,176 @@ fn integer_semantics_match_the_host() {
         assert_eq!(&got[12 * i..12 * i + 12], &want, "i={i} a={x} b={y}");
     }
 }
+
+#[test]
+fn bf16_atomic_add_is_a_cas_loop() {
+    let mut d = Dev::fixture("basic.ptx");
+    assert!(std::fs::read_to_string(fixture("basic.ptx"))
+        .unwrap()
+        .contains("atom.global.cas.b16"));
+    let n = 500usize;
+    let idx: Vec<i32> = (0..n).map(|i| (i % 7) as i32).collect();
+    // Small integers: every partial sum is exact in bf16, in any order.
+    let src: Vec<u16> = (0..n)
+        .map(|i| half::bf16::from_f32((i % 3) as f32).to_bits())
+        .collect();
+    let ia = d.upload(&i32s(&idx));
+    let sa = d.upload(
+        &src.iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    );
+    let dst = d.zeros(2 * 7);
+    d.launch(
+        "scatter_add_bf16",
+        2,
+        256,
+        &[p64(n as u64), p64(ia), p64(sa), p64(dst)],
+    )
+    .unwrap();
+    let got = to_u16(&d.download(dst, 14));
+    for k in 0..7 {
+        let want: f32 = (0..n).filter(|i| i % 7 == k).map(|i| (i % 3) as f32).sum();
+        assert_eq!(half::bf16::from_bits(got[k]).to_f32(), want, "slot {k}");
+    }
+}
+
+#[test]
+fn atomics_of_every_kind() {
+    let mut d = Dev::fixture("basic.ptx");
+    let n = 700usize;
+    let mut rng = Rng(5);
+    let x: Vec<i32> = (0..n).map(|_| (rng.next() % 2000) as i32 - 1000).collect();
+    let xa = d.upload(&i32s(&x));
+    let (fs, ds, cnt, imax, bits, hs) = (
+        d.zeros(4),
+        d.zeros(8),
+        d.zeros(8),
+        d.upload(&i32s(&[i32::MIN])),
+        d.zeros(4),
+        d.zeros(2),
+    );
+    d.launch(
+        "atomics",
+        3,
+        256,
+        &[
+            p64(n as u64),
+            p64(xa),
+            p64(fs),
+            p64(ds),
+            p64(cnt),
+            p64(imax),
+            p64(bits),
+            p64(hs),
+        ],
+    )
+    .unwrap();
+    let sum: i64 = x.iter().map(|&v| v as i64).sum();
+    assert_eq!(to_f32(&d.download(fs, 4))[0], sum as f32); // |partial sums| < 2^24: exact
+    assert_eq!(to_f64(&d.download(ds, 8))[0], sum as f64 * 0.5);
+    assert_eq!(to_i64(&d.download(cnt, 8))[0], n as i64);
+    assert_eq!(
+        to_u32(&d.download(imax, 4))[0] as i32,
+        *x.iter().max().unwrap()
+    );
+    let want_bits = x.iter().fold(0u32, |b, &v| b | 1 << (v & 31));
+    assert_eq!(to_u32(&d.download(bits, 4))[0], want_bits);
+    let hsum: i32 = x.iter().map(|&v| v & 3).sum();
+    assert_eq!(
+        half::f16::from_bits(to_u16(&d.download(hs, 2))[0]).to_f32(),
+        hsum as f32
+    );
+}
+
+#[test]
+fn math_library_calls_locals_and_module_globals() {
+    let mut d = Dev::fixture("basic.ptx");
+    let text = std::fs::read_to_string(fixture("basic.ptx")).unwrap();
+    assert!(
+        text.contains("__cudart_i2opi_d")
+            && text.contains("call.uni")
+            && text.contains("__local_depot")
+    );
+    let mut x: Vec<f64> = (0..256).map(|i| (i as f64 - 128.0) * 0.37).collect();
+    // Large arguments take the slow-path reduction (a call with a local depot
+    // reading the module's __cudart_i2opi_d table).
+    x.extend([1e6, -3.5e9, 1e22, 123456.789, 0.0, -0.0, 1e-310]);
+    let n = x.len();
+    let xa = d.upload(&f64s(&x));
+    let (s, p) = (d.zeros(8 * n), d.zeros(8 * n));
+    d.launch(
+        "math_f64",
+        2,
+        256,
+        &[p64(n as u64), p64(xa), p64(s), p64(p)],
+    )
+    .unwrap();
+    let (gs, gp) = (to_f64(&d.download(s, 8 * n)), to_f64(&d.download(p, 8 * n)));
+    for i in 0..n {
+        let (ws, wp) = (x[i].sin(), x[i].powf(1.5));
+        // CUDA's sin and pow are within 2 ulp (pow of a negative base is NaN).
+        assert!(
+            (gs[i] - ws).abs() <= 4.0 * f64::EPSILON * ws.abs().max(1e-300),
+            "sin({}) = {} vs {}",
+            x[i],
+            gs[i],
+            ws
+        );
+        if wp.is_nan() {
+            assert!(gp[i].is_nan(), "pow({}) = {}", x[i], gp[i]);
+        } else {
+            assert!(
+                (gp[i] - wp).abs() <= 4.0 * f64::EPSILON * wp.abs(),
+                "pow({}) = {} vs {}",
+                x[i],
+                gp[i],
+                wp
+            );
+        }
+    }
+}
+
+#[test]
+fn half_conversions() {
+    let mut d = Dev::fixture("basic.ptx");
+    let x: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        1.0 / 3.0,
+        65504.0,
+        70000.0,
+        1e-6,
+        -2.5e-8,
+        3.0e38,
+        f32::INFINITY,
+        1.00390625,
+    ];
+    let n = x.len();
+    let xa = d.upload(&f32s(&x));
+    let (h, b, back) = (d.zeros(2 * n), d.zeros(2 * n), d.zeros(4 * n));
+    d.launch(
+        "halves",
+        1,
+        32,
+        &[p64(n as u64), p64(xa), p64(h), p64(b), p64(back)],
+    )
+    .unwrap();
+    let (gh, gb, gback) = (
+        to_u16(&d.download(h, 2 * n)),
+        to_u16(&d.download(b, 2 * n)),
+        to_f32(&d.download(back, 4 * n)),
+    );
+    for i in 0..n {
+        let (wh, wb) = (half::f16::from_f32(x[i]), half::bf16::from_f32(x[i]));
+        assert_eq!(gh[i], wh.to_bits(), "f16({})", x[i]);
+        assert_eq!(gb[i], wb.to_bits(), "bf16({})", x[i]);
+        assert_eq!(
+            gback[i].to_bits(),
+            (wh.to_f32() + wb.to_f32()).to_bits(),
+            "back({})",
+            x[i]
+        );
+    }
+}
