@@ -12,7 +12,8 @@ extern "C" __global__ void copy_f32(int n, const float* x, float* out) {
 }
 
 extern "C" __global__ void shared_race(float* out) {
-    __shared__ float s;
+    // volatile: the store and the load both stay in the PTX.
+    volatile __shared__ float s;
     s = (float)threadIdx.x;
     out[threadIdx.x] = s;
 }
