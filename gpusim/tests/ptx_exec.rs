@@ -341,3 +341,77 @@ fn half_conversions() {
         );
     }
 }
+
+/// leangrad's `Strided` layout (kernels/common.cuh), as the 144-byte struct
+/// parameter the kernels take by value.
+fn strided(offset: i64, shape: &[i64], strides: &[i64]) -> Vec<u8> {
+    let mut v = vec![shape.len() as i64, offset];
+    let mut sh = [0i64; 8];
+    let mut st = [0i64; 8];
+    sh[..shape.len()].copy_from_slice(shape);
+    st[..strides.len()].copy_from_slice(strides);
+    v.extend(sh);
+    v.extend(st);
+    i64s(&v)
+}
+
+#[test]
+fn leangrad_relu_mask_kernel_with_struct_parameter() {
+    // relu_mask_fwd_f32 from kernels/relu_mask.cu as NVRTC compiles it.
+    let mut d = Dev::fixture("relu_mask_fwd_f32.ptx");
+    let (rows, cols) = (37usize, 29usize);
+    let n = rows * cols;
+    let mut rng = Rng(9);
+    let mut buf: Vec<f32> = (0..n + 5).map(|_| rng.unit() as f32).collect();
+    buf[10] = f32::NAN;
+    let xa = d.upload(&f32s(&buf));
+    for (layout, slope) in [
+        (strided(0, &[n as i64], &[1]), 0.0),
+        // A transposed view with an offset: the division/remainder path.
+        (
+            strided(5, &[rows as i64, cols as i64], &[1, rows as i64]),
+            0.125,
+        ),
+    ] {
+        let y = d.zeros(4 * n);
+        let words = n.div_ceil(32);
+        let mask = d.zeros(4 * words);
+        d.launch(
+            "relu_mask_fwd_f32",
+            3,
+            256,
+            &[
+                p64((slope as f64).to_bits()),
+                p64(n as u64),
+                p64(y),
+                p64(mask),
+                p64(xa),
+                layout.clone(),
+            ],
+        )
+        .unwrap();
+        let (gy, gm) = (
+            to_f32(&d.download(y, 4 * n)),
+            to_u32(&d.download(mask, 4 * words)),
+        );
+        let rank = i64::from_le_bytes(layout[..8].try_into().unwrap());
+        for i in 0..n {
+            let off = if rank == 1 {
+                i
+            } else {
+                5 + (i % cols) * rows + i / cols
+            };
+            let v = buf[off];
+            let pos = v > 0.0;
+            let want = if pos {
+                v
+            } else if slope == 0.0 && !v.is_nan() {
+                0.0
+            } else {
+                v * slope as f32
+            };
+            assert_eq!(gy[i].to_bits(), want.to_bits(), "i={i} x={v}");
+            assert_eq!(gm[i / 32] >> (i % 32) & 1, pos as u32, "mask bit {i}");
+        }
+    }
+}

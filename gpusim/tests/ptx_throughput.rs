@@ -17,7 +17,12 @@ fn throughput() {
     let out = d.zeros(4 * n);
     let t = Instant::now();
     let st = d
-        .launch("add_f32", (n / 256) as u32, 256, &[p64(n as u64), p64(xa), p64(ya), p64(out)])
+        .launch(
+            "add_f32",
+            (n / 256) as u32,
+            256,
+            &[p64(n as u64), p64(xa), p64(ya), p64(out)],
+        )
         .unwrap();
     let dt = t.elapsed().as_secs_f64();
     let got = to_f32(&d.download(out, 4 * n));
@@ -34,7 +39,12 @@ fn throughput() {
     let sums = d.zeros(8 * blocks);
     let t = Instant::now();
     let st2 = d
-        .launch("block_sum", blocks as u32, 256, &[p64(n as u64), p64(xda), p64(sums)])
+        .launch(
+            "block_sum",
+            blocks as u32,
+            256,
+            &[p64(n as u64), p64(xda), p64(sums)],
+        )
         .unwrap();
     let dt2 = t.elapsed().as_secs_f64();
     let got = to_f64(&d.download(sums, 8 * blocks));

@@ -20,6 +20,9 @@ pub(crate) fn set_reconvergence(code: &mut [Inst], base: u32) -> Result<(), (usi
     for (i, inst) in code.iter().enumerate() {
         match inst.op {
             Op::Bra { target, .. } => {
+                if target < base || (target - base) as usize >= n {
+                    return Err((i, "branch to the end of the function".into()));
+                }
                 leader[(target - base) as usize] = true;
                 leader[i + 1] = true;
             }

@@ -34,6 +34,10 @@ pub(crate) enum Name {
     Frame(u32),
 }
 
+/// A callee: its index, its parameters' (offset, size) in its frame, its
+/// return value's.
+pub(crate) type Callee<'a> = (u32, &'a [(u32, u32)], Option<(u32, u32)>);
+
 /// Signature of a function: where its parameters and return value go in
 /// its frame.
 #[derive(Clone, Debug)]
@@ -167,10 +171,16 @@ impl FnCtx<'_> {
         }
     }
 
-    /// A value destination (`_` is a sink).
+    /// A fresh slot nothing reads (where a result is discarded).
+    pub(crate) fn scratch(&mut self) -> Slot {
+        self.nslots += 1;
+        self.nslots - 1
+    }
+
+    /// A value destination (`_` is a scratch slot).
     pub(crate) fn dst(&mut self, o: &Operand, line: usize) -> Result<Slot, LoadError> {
         match o {
-            Operand::Sink => Ok(SINK),
+            Operand::Sink => Ok(self.scratch()),
             Operand::Name(n) => match self.name(n, line)? {
                 Name::Val(s, _) => Ok(s),
                 _ => lerr(line, format!("`{n}` is not a value register")),
@@ -243,11 +253,7 @@ impl FnCtx<'_> {
     }
 
     /// The index and signature (param offsets, return) of a callee.
-    pub(crate) fn callee(
-        &self,
-        n: &str,
-        line: usize,
-    ) -> Result<(u32, &[(u32, u32)], Option<(u32, u32)>), LoadError> {
+    pub(crate) fn callee(&self, n: &str, line: usize) -> Result<Callee<'_>, LoadError> {
         let i = *self.func_index.get(n).ok_or(LoadError {
             line,
             message: format!("call of unknown function `{n}`"),
@@ -268,7 +274,7 @@ pub(crate) fn imm_bits(i: Imm, bits: u32, float: bool) -> Option<u64> {
     let m = super::alu::mask(bits);
     Some(match (i, float, bits) {
         (Imm::Int(v), false, _) | (Imm::Int(v), true, 16) => {
-            if v < -(1i128 << 64) || v >= (1i128 << 64) {
+            if !(-(1i128 << 64)..(1i128 << 64)).contains(&v) {
                 return None;
             }
             (v as u64) & m
@@ -461,10 +467,8 @@ fn decode_func(
     let mut n = 0u32;
     for s in body {
         match s {
-            Stmt::Label(l, line) => {
-                if cx.labels.insert(l.clone(), base + n).is_some() {
-                    return lerr(*line, format!("label `{l}` defined twice"));
-                }
+            Stmt::Label(l, line) if cx.labels.insert(l.clone(), base + n).is_some() => {
+                return lerr(*line, format!("label `{l}` defined twice"));
             }
             Stmt::Inst(_) => n += 1,
             _ => {}
@@ -483,6 +487,9 @@ fn decode_func(
                     line: *line,
                     message: format!("unsupported register type `{ty}`"),
                 })?;
+                if names.len() > 1 << 20 {
+                    return lerr(*line, "too many registers");
+                }
                 for nm in names {
                     let v = if w == 1 {
                         cx.npreds += 1;
@@ -523,7 +530,6 @@ fn decode_func(
             }
         }
     }
-    let end = out.code.len() as u32;
     super::cfg::set_reconvergence(&mut out.code[base as usize..], base).map_err(|(i, m)| {
         LoadError {
             line: insts.get(i).map_or(f.line, |r| r.line),
@@ -534,13 +540,10 @@ fn decode_func(
         name: f.name.clone(),
         is_entry: f.is_entry,
         start: base,
-        end,
         nslots: cx.nslots,
         npreds: cx.npreds,
         init: cx.init,
         frame_bytes: align_up(cx.frame_bytes, 16),
-        param_frame: sig.params.clone(),
-        ret_frame: sig.ret,
         kparams,
         kparam_bytes,
         shared: cx.shared,

@@ -402,8 +402,6 @@ pub(crate) struct Func {
     pub is_entry: bool,
     /// First instruction (index into the module's code).
     pub start: u32,
-    /// One past the last instruction.
-    pub end: u32,
     /// Value slots of its register window.
     pub nslots: u32,
     /// Predicate slots.
@@ -413,10 +411,6 @@ pub(crate) struct Func {
     /// Bytes of its frame in local memory (params, return value, call-block
     /// params, depot).
     pub frame_bytes: u32,
-    /// Offsets of its parameters in its frame (`.func`) and sizes.
-    pub param_frame: Vec<(u32, u32)>,
-    /// Offset and size of its return value in its frame.
-    pub ret_frame: Option<(u32, u32)>,
     /// Kernel parameters (`.entry`): offset in the parameter buffer, spec.
     pub kparams: Vec<(u32, super::ParamSpec)>,
     /// Bytes of kernel parameters.

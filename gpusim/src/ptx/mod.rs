@@ -5,6 +5,10 @@
 //!
 //! This file is the interface the driver (`crate::driver`) uses.
 
+// Lane loops index several per-lane arrays by the lane number: a range loop
+// says that more plainly than zipped iterators.
+#![allow(clippy::needless_range_loop)]
+
 use crate::memory::DeviceMemory;
 use std::fmt;
 

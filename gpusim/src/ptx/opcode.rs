@@ -77,29 +77,6 @@ fn rnd(s: &str) -> Option<Rnd> {
     })
 }
 
-fn cmp_code(s: &str) -> Option<(CmpOp, u8)> {
-    use CmpOp::*;
-    let all = [
-        ("eq", Eq),
-        ("ne", Ne),
-        ("lt", Lt),
-        ("le", Le),
-        ("gt", Gt),
-        ("ge", Ge),
-        ("equ", Equ),
-        ("neu", Neu),
-        ("ltu", Ltu),
-        ("leu", Leu),
-        ("gtu", Gtu),
-        ("geu", Geu),
-        ("num", Num),
-        ("nan", Nan),
-    ];
-    all.iter()
-        .position(|(n, _)| *n == s)
-        .map(|i| (all[i].1, i as u8))
-}
-
 /// A float comparison through `numeric::fcmp` (ftz, f16, bf16), one
 /// monomorphization per type/op/ftz.
 struct NCmp<const T: u8, const OP: u8, const FTZ: bool>;
@@ -607,7 +584,7 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
             let (d, pd) = if bal {
                 (cx.dst(&ops[0], line)?, 0)
             } else {
-                (SINK, cx.pred(&ops[0], line)?)
+                (cx.scratch(), cx.pred(&ops[0], line)?)
             };
             Op::Vote {
                 mode,

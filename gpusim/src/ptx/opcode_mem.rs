@@ -58,15 +58,17 @@ pub(crate) fn mem(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError> {
             n = 4;
         } else if let Some(t) = mem_ty(m) {
             ty = Some((*m, t));
-        } else if matches!(
+        } else if (matches!(
             *m,
             "nc" | "volatile" | "ca" | "cg" | "cs" | "lu" | "cv" | "wb" | "wt"
-        ) && matches!(base, "ld" | "st")
+        ) && matches!(base, "ld" | "st"))
+            || matches!(
+                *m,
+                "relaxed" | "acquire" | "release" | "acq_rel" | "cta" | "gpu" | "sys"
+            )
         {
-        } else if matches!(
-            *m,
-            "relaxed" | "acquire" | "release" | "acq_rel" | "cta" | "gpu" | "sys"
-        ) {
+            // Cache hints and memory-model qualifiers: one thread runs at a
+            // time here, so every access is already sequentially consistent.
         } else if *m == "noftz" && matches!(base, "atom" | "red") {
             noftz = true;
         } else if matches!(base, "atom" | "red")
@@ -176,7 +178,11 @@ pub(crate) fn mem(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError> {
             if ops.len() != first + 1 + nsrc {
                 return Err(unsupported());
             }
-            let d = if is_red { SINK } else { cx.dst(&ops[0], line)? };
+            let d = if is_red {
+                cx.scratch()
+            } else {
+                cx.dst(&ops[0], line)?
+            };
             let addr = cx.addr(&ops[first], line)?;
             let b = cx.src(&ops[first + 1], bits, float, line)?;
             let c = if nsrc == 2 {

@@ -331,6 +331,12 @@ impl<'a> P<'a> {
         if elem == 0 {
             return err(line, format!("variable `{name}` has no type"));
         }
+        if count > 1 << 30 || align > 1 << 16 || align & align.wrapping_sub(1) != 0 {
+            return err(
+                line,
+                format!("variable `{name}`: unsupported size or alignment"),
+            );
+        }
         let mut init = None;
         if self.is_punct('=') {
             self.next()?;
