@@ -52,6 +52,27 @@ impl Dev {
         v
     }
 
+    /// Launches kernel `name` on a 3-D grid.
+    pub fn launch3(
+        &mut self,
+        name: &str,
+        grid: [u32; 3],
+        block: [u32; 3],
+        params: &[Vec<u8>],
+    ) -> Result<LaunchStats, Fault> {
+        let k = self
+            .module
+            .kernel(name)
+            .unwrap_or_else(|| panic!("no kernel {name}"));
+        let refs: Vec<&[u8]> = params.iter().map(|p| p.as_slice()).collect();
+        let dims = LaunchDims {
+            grid,
+            block,
+            dynamic_shared_bytes: 0,
+        };
+        ptx::launch(&self.module, k, &dims, &refs, &mut self.mem)
+    }
+
     /// Launches kernel `name` on a 1-D grid.
     pub fn launch(
         &mut self,
