@@ -165,29 +165,25 @@ impl Exec<'_> {
             }
         }
         // Split by space (generic addresses by window).
-        let mut gm = 0u32;
-        let mut sm = 0u32;
-        let mut lm = 0u32;
-        let mut pm = 0u32;
-        for l in 0..32 {
-            if m >> l & 1 == 0 {
-                continue;
-            }
-            let bit = 1u32 << l;
-            match space {
-                Space::Global => gm |= bit,
-                Space::Shared => sm |= bit,
-                Space::Local => lm |= bit,
-                Space::Param => {
-                    if addrs[l] >> 56 == PARAM_WIN >> 56 {
-                        pm |= bit
-                    } else {
-                        lm |= bit
+        let (mut gm, mut sm, mut lm, mut pm) = (0u32, 0u32, 0u32, 0u32);
+        match space {
+            Space::Global => gm = m,
+            Space::Shared => sm = m,
+            Space::Local => lm = m,
+            Space::Param | Space::Generic => {
+                for l in 0..32 {
+                    if m >> l & 1 == 0 {
+                        continue;
                     }
-                }
-                Space::Generic => {
+                    let bit = 1u32 << l;
                     let a = addrs[l];
-                    if a >> 56 == SHARED_WIN >> 56 {
+                    if space == Space::Param {
+                        if a >> 56 == PARAM_WIN >> 56 {
+                            pm |= bit
+                        } else {
+                            lm |= bit
+                        }
+                    } else if a >> 56 == SHARED_WIN >> 56 {
                         addrs[l] = a - SHARED_WIN;
                         sm |= bit;
                     } else if a >> 56 == LOCAL_WIN >> 56 {
@@ -646,8 +642,21 @@ impl Exec<'_> {
         };
         let (size, n) = (size as usize, n as usize);
         let rb = w.reg_base;
+        let first = m.trailing_zeros() as usize;
+        let uniform = addrs
+            .iter()
+            .enumerate()
+            .all(|(l, &a)| m >> l & 1 == 0 || a == addrs[first]);
         for l in 0..32usize {
             if m >> l & 1 == 0 {
+                continue;
+            }
+            if uniform && l > first {
+                // Same address in every lane (the common case): copy lane `first`.
+                for &ds in &d[..n] {
+                    let i = (rb + ds as usize) * 32;
+                    w.regs[i + l] = w.regs[i + first];
+                }
                 continue;
             }
             let x = addrs[l] - PARAM_WIN;
