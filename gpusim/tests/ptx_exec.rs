@@ -415,3 +415,23 @@ fn leangrad_relu_mask_kernel_with_struct_parameter() {
         }
     }
 }
+
+#[test]
+fn early_return_before_a_barrier() {
+    let mut d = Dev::fixture("basic.ptx");
+    let n = 45usize; // the second warp is split by the return
+    let x: Vec<f32> = (0..n).map(|i| i as f32 * 1.5).collect();
+    let xa = d.upload(&f32s(&x));
+    let out = d.zeros(4 * 64);
+    d.launch(
+        "early_return_barrier",
+        1,
+        64,
+        &[p32(n as u32), p64(xa), p64(out)],
+    )
+    .unwrap();
+    let got = to_f32(&d.download(out, 4 * 64));
+    for t in 0..64 {
+        assert_eq!(got[t], if t < n { x[n - 1 - t] } else { 0.0 }, "t={t}");
+    }
+}

@@ -327,6 +327,33 @@ impl Exec<'_> {
                             pc += 1;
                             continue;
                         }
+                        // Lanes whose path is an unguarded kernel exit
+                        // exit now rather than wait at the reconvergence
+                        // point: the early-return idiom before a barrier
+                        // (`if (i >= n) return; … __syncthreads();`) is legal
+                        // since Volta, and exited threads count as arrived.
+                        let is_exit = |p: u32| {
+                            matches!(
+                                code.get(p as usize),
+                                Some(Inst {
+                                    op: Op::Exit,
+                                    guard: None
+                                })
+                            )
+                        };
+                        let mut gone = 0;
+                        if is_exit(*target) {
+                            gone |= m;
+                        }
+                        if is_exit(pc + 1) {
+                            gone |= mask & !m;
+                        }
+                        if gone != 0 {
+                            w.exited |= gone;
+                            w.stack[top].pc = if gone & m != 0 { pc + 1 } else { *target };
+                            Self::remove_lanes(w, 0, gone);
+                            continue 'outer;
+                        }
                         // Divergence: the top entry waits at the
                         // reconvergence point; each path gets an entry.
                         w.stack[top].pc = *brpc;

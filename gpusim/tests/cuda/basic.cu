@@ -117,3 +117,14 @@ extern "C" __global__ void halves(long long n, const float* x, __half* h, __nv_b
         back[i] = __half2float(hv) + __bfloat162float(bv);
     }
 }
+
+// Early return before a barrier: the returning threads exit (legal since
+// Volta), the others synchronize.
+extern "C" __global__ void early_return_barrier(int n, const float* x, float* out) {
+    __shared__ float s[256];
+    int t = threadIdx.x;
+    if (t >= n) return;
+    s[t] = x[t];
+    __syncthreads();
+    out[t] = s[n - 1 - t];
+}
