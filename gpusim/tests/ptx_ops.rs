@@ -442,3 +442,30 @@ fn module_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<leangrad_gpusim::ptx::Module>();
 }
+
+const ATOM_F32: &str = r#"
+.visible .entry atom_f32(.param .u64 p, .param .u64 q, .param .u32 v)
+{
+    .reg .f32 %f<4>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [p];
+    ld.param.u64 %rd2, [q];
+    ld.param.f32 %f1, [v];
+    atom.global.add.f32 %f2, [%rd1], %f1;
+    red.global.add.f64 [%rd2], 0d0000000000000001;
+    ret;
+}
+"#;
+
+#[test]
+fn atomic_f32_add_flushes_subnormals() {
+    let mut d = Dev::text(&format!("{HEADER}{ATOM_F32}"));
+    let p = d.upload(&f32s(&[1.0]));
+    let q = d.zeros(8);
+    let tiny = f32::from_bits(1); // subnormal
+    d.launch("atom_f32", 1, 32, &[p64(p), p64(q), p32(tiny.to_bits())])
+        .unwrap();
+    assert_eq!(to_f32(&d.download(p, 4))[0], 1.0);
+    // f64 keeps subnormals: 32 lanes add the smallest one.
+    assert_eq!(to_i64(&d.download(q, 8))[0], 32);
+}

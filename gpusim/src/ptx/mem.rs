@@ -696,7 +696,9 @@ fn atom_value(op: AtomOp, size: u8, signed: bool, old: u64, b: u64, c: u64) -> u
     let (so, sb) = (super::alu::sext(old, w), super::alu::sext(b, w));
     (match op {
         AtomOp::Add => old.wrapping_add(b),
-        AtomOp::FAdd(FloatTy::F32) => numeric::fadd(FloatTy::F32, old, b, Rnd::Rn, false, false),
+        // The PTX ISA: atom.add.f32 flushes subnormal inputs and results to
+        // sign-preserving zero; f64 and the .noftz f16/bf16 forms do not.
+        AtomOp::FAdd(FloatTy::F32) => numeric::fadd(FloatTy::F32, old, b, Rnd::Rn, true, false),
         AtomOp::FAdd(ty) => numeric::fadd(ty, old, b, Rnd::Rn, false, false),
         AtomOp::Cas => {
             if old == b & mk {
