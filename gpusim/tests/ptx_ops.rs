@@ -460,12 +460,13 @@ const ATOM_F32: &str = r#"
 #[test]
 fn atomic_f32_add_flushes_subnormals() {
     let mut d = Dev::text(&format!("{HEADER}{ATOM_F32}"));
-    let p = d.upload(&f32s(&[1.0]));
+    let p = d.upload(&f32s(&[0.0]));
     let q = d.zeros(8);
     let tiny = f32::from_bits(1); // subnormal
     d.launch("atom_f32", 1, 32, &[p64(p), p64(q), p32(tiny.to_bits())])
         .unwrap();
-    assert_eq!(to_f32(&d.download(p, 4))[0], 1.0);
+    // Without the flush the sum would be 32 * 2^-149.
+    assert_eq!(to_f32(&d.download(p, 4))[0].to_bits(), 0);
     // f64 keeps subnormals: 32 lanes add the smallest one.
     assert_eq!(to_i64(&d.download(q, 8))[0], 32);
 }
