@@ -470,3 +470,102 @@ fn atomic_f32_add_flushes_subnormals() {
     // f64 keeps subnormals: 32 lanes add the smallest one.
     assert_eq!(to_i64(&d.download(q, 8))[0], 32);
 }
+
+/// Each of 64 threads applies every atomic once with its own operand;
+/// slots: 0 exch.b32, 1 min.s32, 2 max.u32, 3 and.b32, 4 xor.b32, 5 inc.u32,
+/// 6 dec.u32, 7 cas.b32 (counter), 8-9 cas.b64, 10-11 min.u64; 12 shared
+/// add.u32 read back after a barrier.
+const ATOMS: &str = r#"
+.visible .entry atoms(.param .u64 p, .param .u64 olds)
+{
+    .shared .align 4 .b8 sh[4];
+    .reg .pred %p<3>;
+    .reg .b32 %r<20>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [p];
+    ld.param.u64 %rd2, [olds];
+    mov.u32 %r1, %tid.x;
+    mul.lo.s32 %r2, %r1, 7919;
+    xor.b32 %r2, %r2, 0x5a5a;
+    sub.s32 %r3, 20, %r1;
+    atom.global.exch.b32 %r4, [%rd1], %r1;
+    atom.global.min.s32 %r5, [%rd1+4], %r3;
+    atom.global.max.u32 %r6, [%rd1+8], %r2;
+    atom.global.and.b32 %r7, [%rd1+12], %r2;
+    atom.global.xor.b32 %r8, [%rd1+16], %r2;
+    atom.global.inc.u32 %r9, [%rd1+20], 9;
+    atom.global.dec.u32 %r10, [%rd1+24], 5;
+CAS:
+    ld.global.u32 %r11, [%rd1+28];
+    add.s32 %r12, %r11, 1;
+    atom.global.cas.b32 %r13, [%rd1+28], %r11, %r12;
+    setp.ne.s32 %p1, %r13, %r11;
+    @%p1 bra CAS;
+    cvt.u64.u32 %rd3, %r1;
+    atom.global.cas.b64 %rd4, [%rd1+32], 0, %rd3;
+    mul.lo.s64 %rd5, %rd3, -3;
+    atom.global.min.u64 %rd6, [%rd1+40], %rd5;
+    setp.eq.s32 %p2, %r1, 0;
+    @%p2 st.shared.u32 [sh], 100;
+    bar.sync 0;
+    atom.shared.add.u32 %r14, [sh], %r1;
+    bar.sync 0;
+    ld.shared.u32 %r15, [sh];
+    st.global.u32 [%rd1+48], %r15;
+    mul.wide.u32 %rd7, %r1, 4;
+    add.s64 %rd8, %rd2, %rd7;
+    st.global.u32 [%rd8], %r4;
+    ret;
+}
+"#;
+
+#[test]
+fn atomics_in_lane_order() {
+    let mut d = Dev::text(&format!("{HEADER}{ATOMS}"));
+    let init: [u32; 13] = [77, 1000, 3, !0, 0, 7, 2, 0, 0, 0, u32::MAX, u32::MAX, 0];
+    assert_eq!(
+        (0..64u64).map(|t| t.wrapping_mul(3).wrapping_neg()).min(),
+        Some(0)
+    );
+    let p = d.upload(
+        &init
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    );
+    let olds = d.zeros(4 * 64);
+    d.launch("atoms", 1, 64, &[p64(p), p64(olds)]).unwrap();
+    let got = to_u32(&d.download(p, 52));
+    let v = |t: u32| (t.wrapping_mul(7919)) ^ 0x5a5a;
+    let mut inc = 7u32;
+    let mut dec = 2u32;
+    for _ in 0..64 {
+        inc = if inc >= 9 { 0 } else { inc + 1 };
+        dec = if dec == 0 || dec > 5 { 5 } else { dec - 1 };
+    }
+    let want = [
+        63,
+        (0..64).map(|t| 20 - t).min().unwrap() as u32,
+        (0..64).map(v).max().unwrap().max(3),
+        (0..64).map(v).fold(!0, |a, b| a & b),
+        (0..64).map(v).fold(0, |a, b| a ^ b),
+        inc,
+        dec,
+        64,
+        0, // cas.b64: thread 0 swaps 0 for 0, then nobody matches 0... (below)
+        0,
+        // min.u64 of -3t: thread 0's 0 is below the initial all-ones.
+        0,
+        0,
+        100 + (0..64).sum::<u32>(),
+    ];
+    // cas.b64: every thread compares with 0; thread 0 writes 0, thread 1
+    // then finds 0 and writes 1, after which no one matches.
+    let mut want = want;
+    want[8] = 1;
+    assert_eq!(got, want);
+    // exch returns the previous value in lane order: 77, then 0, 1, 2, …
+    let olds = to_u32(&d.download(olds, 256));
+    assert_eq!(olds[0], 77);
+    assert!((1..64).all(|t| olds[t] == t as u32 - 1), "{olds:?}");
+}
