@@ -4,6 +4,28 @@
 //! on every access.
 //!
 //! This file is the interface the driver (`crate::driver`) uses.
+//!
+//! Design: `parse` splits statements, `decode`/`opcode` resolve every
+//! name to a register slot, an address or a frame offset and pick one
+//! monomorphized lane function per instruction (`alu`); `cfg` computes
+//! each branch's reconvergence point (immediate post-dominator); `exec`
+//! runs warps in lockstep with a SIMT stack (registers `[slot][lane]`,
+//! predicates as lane bit masks), `mem` does the memory spaces and the
+//! sanitizer, `launch` the grid.
+//!
+//! Semantics chosen where the ISA leaves freedom (visible to kernels):
+//! integer division by zero gives all ones (remainder: the dividend);
+//! `.rn` f32/f64 add/sub/mul/div/sqrt/fma are native IEEE operations (NaN
+//! payloads as the host produces them); every other float operation goes
+//! through [`crate::numeric`]; blocks run one after another and warps of a
+//! block one at a time between barriers, so atomics are applied in lane
+//! order. A thread whose path branches into a kernel `ret`/`exit` exits at
+//! once (exited threads count as arrived at barriers); a `bar.sync` reached
+//! by part of a warp's live lanes is a [`FaultKind::DivergentBarrier`], as
+//! is a `vote.sync` whose member mask names live lanes that are not there.
+//! Kernel parameters, shared and local memory have generic-address windows
+//! ([`PARAM_WIN`], [`SHARED_WIN`], [`LOCAL_WIN`]); a global address is its
+//! own generic address.
 
 // Lane loops index several per-lane arrays by the lane number: a range loop
 // says that more plainly than zipped iterators.
