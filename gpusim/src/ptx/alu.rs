@@ -178,7 +178,10 @@ const fn wide(x: u64, w: u32, s: bool) -> i128 {
 op2!(Add, <W: u32>, |a, b| a.wrapping_add(b) & mask(W));
 op2!(Sub, <W: u32>, |a, b| a.wrapping_sub(b) & mask(W));
 op2!(MulLo, <W: u32>, |a, b| a.wrapping_mul(b) & mask(W));
-op2!(MulHi, <W: u32, S: bool>, |a, b| ((wide(a, W, S) * wide(b, W, S)) >> W) as u64 & mask(W));
+// (The i128 product of two u64 can exceed i128::MAX: wrapping keeps its low
+// 128 bits, which are all that is used.)
+op2!(MulHi, <W: u32, S: bool>, |a, b| (wide(a, W, S).wrapping_mul(wide(b, W, S)) >> W) as u64
+    & mask(W));
 op2!(MulWide, <W: u32, S: bool>, |a, b| (wide(a, W, S) * wide(b, W, S)) as u64 & mask(2 * W));
 op2!(And, <W: u32>, |a, b| a & b & mask(W));
 op2!(Or, <W: u32>, |a, b| (a | b) & mask(W));
@@ -230,7 +233,7 @@ op2!(FDivRn, <D: bool>, |a, b| if D {
 });
 
 op3!(MadLo, <W: u32>, |a, b, c| a.wrapping_mul(b).wrapping_add(c) & mask(W));
-op3!(MadHi, <W: u32, S: bool>, |a, b, c| (((wide(a, W, S) * wide(b, W, S)) >> W) as u64)
+op3!(MadHi, <W: u32, S: bool>, |a, b, c| ((wide(a, W, S).wrapping_mul(wide(b, W, S)) >> W) as u64)
     .wrapping_add(c)
     & mask(W));
 op3!(MadWide, <W: u32, S: bool>, |a, b, c| ((wide(a, W, S) * wide(b, W, S)) as u64)
