@@ -4,6 +4,32 @@
 //! on every access.
 //!
 //! This file is the interface the driver (`crate::driver`) uses.
+//!
+//! Design: `parse` splits statements, `decode`/`opcode` resolve every
+//! name to a register slot, an address or a frame offset and pick one
+//! monomorphized lane function per instruction (`alu`); `cfg` computes
+//! each branch's reconvergence point (immediate post-dominator); `exec`
+//! runs warps in lockstep with a SIMT stack (registers `[slot][lane]`,
+//! predicates as lane bit masks), `mem` does the memory spaces and the
+//! sanitizer, `launch` the grid.
+//!
+//! Semantics chosen where the ISA leaves freedom (visible to kernels):
+//! integer division by zero gives all ones (remainder: the dividend);
+//! `.rn` f32/f64 add/sub/mul/div/sqrt/fma are native IEEE operations (NaN
+//! payloads as the host produces them); every other float operation goes
+//! through [`crate::numeric`]; blocks run one after another and warps of a
+//! block one at a time between barriers, so atomics are applied in lane
+//! order. A thread whose path branches into a kernel `ret`/`exit` exits at
+//! once (exited threads count as arrived at barriers); a `bar.sync` reached
+//! by part of a warp's live lanes is a [`FaultKind::DivergentBarrier`], as
+//! is a `vote.sync` whose member mask names live lanes that are not there.
+//! Kernel parameters, shared and local memory have generic-address windows
+//! ([`PARAM_WIN`], [`SHARED_WIN`], [`LOCAL_WIN`]); a global address is its
+//! own generic address.
+
+// Lane loops index several per-lane arrays by the lane number: a range loop
+// says that more plainly than zipped iterators.
+#![allow(clippy::needless_range_loop)]
 
 use crate::memory::DeviceMemory;
 use std::fmt;
@@ -35,9 +61,34 @@ pub struct ParamSpec {
     pub align: usize,
 }
 
-/// A loaded module: its kernels, decoded.
+mod alu;
+mod cfg;
+mod decode;
+mod exec;
+mod ir;
+mod launch;
+mod mem;
+mod opcode;
+mod opcode_cmp;
+mod opcode_mem;
+mod parse;
+
+/// Generic-address window of the kernel's parameters (what `mov` of a
+/// kernel parameter's name gives; `ld.param` through a register).
+pub const PARAM_WIN: u64 = 0x0300_0000_0000_0000;
+/// Generic-address window of shared memory (`cvta.shared`).
+pub const SHARED_WIN: u64 = 0x0100_0000_0000_0000;
+/// Generic-address window of local memory (`cvta.local`).
+pub const LOCAL_WIN: u64 = 0x0200_0000_0000_0000;
+
+/// A loaded module: its kernels, decoded, and the device addresses of its
+/// `.global` variables.
 pub struct Module {
-    _private: (),
+    d: decode::Decoded,
+    /// Function index of each kernel (by [`KernelId`]).
+    kernels: Vec<usize>,
+    /// Parameters of each kernel.
+    specs: Vec<Vec<ParamSpec>>,
 }
 
 /// Index of a kernel (`.entry`) in its module.
@@ -45,34 +96,57 @@ pub struct Module {
 pub struct KernelId(pub usize);
 
 impl Module {
-    /// Parses and validates `text` (PTX as NVRTC writes it).
-    pub fn load(text: &str) -> Result<Module, LoadError> {
-        let _ = text;
-        todo!("ptx::Module::load")
+    /// Parses and validates `text` (PTX as NVRTC writes it), allocating and
+    /// initialising its module-scope `.global` variables in `mem`.
+    pub fn load(text: &str, mem: &mut DeviceMemory) -> Result<Module, LoadError> {
+        let raw = parse::parse(text)?;
+        let d = decode::decode(raw, mem)?;
+        let kernels: Vec<usize> = (0..d.funcs.len())
+            .filter(|&i| d.funcs[i].is_entry)
+            .collect();
+        let specs = kernels
+            .iter()
+            .map(|&f| d.funcs[f].kparams.iter().map(|p| p.1).collect())
+            .collect();
+        Ok(Module { d, kernels, specs })
+    }
+
+    /// Frees the module's `.global` variables.
+    pub fn unload(&self, mem: &mut DeviceMemory) {
+        for &g in &self.d.globals {
+            let _ = mem.free(g);
+        }
     }
 
     /// The kernel named `name`.
     pub fn kernel(&self, name: &str) -> Option<KernelId> {
-        let _ = name;
-        todo!("ptx::Module::kernel")
+        self.kernels
+            .iter()
+            .position(|&f| self.d.funcs[f].name == name)
+            .map(KernelId)
+    }
+
+    /// Names of all kernels, in order of their [`KernelId`].
+    pub fn kernel_names(&self) -> Vec<&str> {
+        self.kernels
+            .iter()
+            .map(|&f| self.d.funcs[f].name.as_str())
+            .collect()
     }
 
     /// The kernel's name.
     pub fn kernel_name(&self, k: KernelId) -> &str {
-        let _ = k;
-        todo!("ptx::Module::kernel_name")
+        &self.d.funcs[self.kernels[k.0]].name
     }
 
     /// The kernel's parameters, in order.
     pub fn params(&self, k: KernelId) -> &[ParamSpec] {
-        let _ = k;
-        todo!("ptx::Module::params")
+        &self.specs[k.0]
     }
 
     /// Bytes of static `.shared` memory the kernel declares.
     pub fn static_shared_bytes(&self, k: KernelId) -> usize {
-        let _ = k;
-        todo!("ptx::Module::static_shared_bytes")
+        self.d.funcs[self.kernels[k.0]].shared_bytes as usize
     }
 }
 
@@ -169,6 +243,5 @@ pub fn launch(
     params: &[&[u8]],
     mem: &mut DeviceMemory,
 ) -> Result<LaunchStats, Fault> {
-    let _ = (module, k, dims, params, mem);
-    todo!("ptx::launch")
+    launch::launch(module, k, dims, params, mem)
 }

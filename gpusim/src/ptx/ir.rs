@@ -1,0 +1,431 @@
+//! The decoded form of a module: every instruction resolved once at load
+//! time into an [`Op`] whose operands are register slots (immediates and
+//! special registers live in slots too, filled before execution), whose
+//! branch targets are instruction indices and whose reconvergence points
+//! are precomputed. Nothing is looked up by name while a kernel runs.
+
+use super::alu::{BinFn, CmpFn, TernFn, UnFn};
+use crate::numeric::{ApproxOp, CvtMode, CvtTy, FloatTy, Precision, Rnd};
+
+/// A value register slot (relative to the function's register window).
+pub(crate) type Slot = u32;
+/// A predicate register slot (relative to the function's predicate window).
+pub(crate) type PSlot = u32;
+
+/// No reconvergence point inside the function (paths meet only at exit).
+pub(crate) const NO_PC: u32 = u32::MAX;
+/// A register sink (`_`, or the `%temp` half of an unpacking `mov`).
+pub(crate) const SINK: Slot = u32::MAX;
+
+/// A state space of a memory instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Space {
+    /// Device memory.
+    Global,
+    /// The block's shared memory (32-bit offsets).
+    Shared,
+    /// The thread's local memory (offsets in its stack of frames).
+    Local,
+    /// Kernel parameters (read-only) or a frame's call parameters.
+    Param,
+    /// Generic: decided by the address's window.
+    Generic,
+}
+
+/// Base of an address operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Base {
+    /// A register's value.
+    Reg(Slot),
+    /// None: the offset is the address (resolved symbol or literal).
+    Abs,
+    /// The current frame's base in local memory (params of a `.func`,
+    /// call-block `.param`s, the local depot).
+    Frame,
+}
+
+/// An address operand `[base+off]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Addr {
+    /// The base.
+    pub base: Base,
+    /// Byte offset added.
+    pub off: u64,
+}
+
+/// An atomic operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AtomOp {
+    /// Integer add.
+    Add,
+    /// Float add (`.f16/.bf16/.f32/.f64`, round to nearest, no ftz).
+    FAdd(FloatTy),
+    /// Compare and swap.
+    Cas,
+    /// Exchange.
+    Exch,
+    /// Min (signedness from the type).
+    Min,
+    /// Max.
+    Max,
+    /// Bitwise and.
+    And,
+    /// Bitwise or.
+    Or,
+    /// Bitwise xor.
+    Xor,
+    /// `inc`: `old >= b ? 0 : old + 1`.
+    Inc,
+    /// `dec`: `old == 0 || old > b ? b : old - 1`.
+    Dec,
+}
+
+/// Float binary operations with modifiers (the general, slow path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FBin {
+    /// add
+    Add(Rnd),
+    /// sub
+    Sub(Rnd),
+    /// mul
+    Mul(Rnd),
+    /// div
+    Div(Precision),
+    /// min (`nan` = `.NaN`)
+    Min { nan: bool },
+    /// max
+    Max { nan: bool },
+    /// copysign
+    Copysign,
+}
+
+/// Float unary operations with modifiers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FUn {
+    /// abs
+    Abs,
+    /// neg
+    Neg,
+    /// sqrt
+    Sqrt(Precision),
+    /// rcp
+    Rcp(Precision),
+    /// ex2, lg2, sin, cos, rsqrt, tanh (`.approx`).
+    Approx(ApproxOp),
+}
+
+/// Carry-chain operations (`.cc` writes the carry flag, `c` forms read it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CarryOp {
+    /// add.cc / addc / addc.cc
+    Add { cin: bool, cout: bool },
+    /// sub.cc / subc / subc.cc (borrow in the flag)
+    Sub { cin: bool, cout: bool },
+    /// mad.lo.cc / madc.lo / madc.lo.cc / mad.hi.cc / madc.hi / madc.hi.cc
+    Mad { hi: bool, cin: bool, cout: bool },
+}
+
+/// Vote modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum VoteMode {
+    /// ballot.b32
+    Ballot,
+    /// all.pred
+    All,
+    /// any.pred
+    Any,
+    /// uni.pred
+    Uni,
+}
+
+/// Predicate combination of `setp`'s `.and/.or/.xor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BoolOp {
+    /// and
+    And,
+    /// or
+    Or,
+    /// xor
+    Xor,
+}
+
+/// A call's parameter copy: bytes from the caller's frame at `from` to the
+/// callee's frame at `to` (or back, for the return value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ParamCopy {
+    /// Offset in the source frame.
+    pub from: u32,
+    /// Offset in the destination frame.
+    pub to: u32,
+    /// Bytes.
+    pub size: u32,
+}
+
+/// A decoded instruction's operation.
+#[derive(Clone, Debug)]
+pub(crate) enum Op {
+    /// `d = a` (any width: values are canonical already).
+    Mov { d: Slot, a: Slot },
+    /// `mov.pred d, 0/1` (any non-zero immediate is true).
+    PConst { d: PSlot, v: bool },
+    /// `d = p` for predicates.
+    PMov { d: PSlot, a: PSlot },
+    /// Predicate logic (`and/or/xor.pred`); `not` is `Xor` with `b` = None.
+    PLogic {
+        op: BoolOp,
+        d: PSlot,
+        a: PSlot,
+        b: Option<PSlot>,
+        neg_b: bool,
+    },
+    /// `selp d, a, b, p`.
+    Selp { d: Slot, a: Slot, b: Slot, p: PSlot },
+    /// `mov.bN d, {s0, s1, …}`: `n` pieces of `bits` each, s0 lowest.
+    Pack {
+        d: Slot,
+        s: [Slot; 4],
+        n: u8,
+        bits: u8,
+    },
+    /// `mov.bN {d0, d1, …}, a`.
+    Unpack {
+        d: [Slot; 4],
+        n: u8,
+        bits: u8,
+        a: Slot,
+    },
+    /// `d = frame base + off` (`mov %SPL, __local_depot0`).
+    FrameAddr { d: Slot, off: u64 },
+    /// A lane-wise binary operation (integer ops and the fast float ops).
+    Bin { f: BinFn, d: Slot, a: Slot, b: Slot },
+    /// A lane-wise ternary operation (mad, fma, bfe, …).
+    Tern {
+        f: TernFn,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    /// A lane-wise unary operation (not, neg, cvt between ints, …).
+    Un { f: UnFn, d: Slot, a: Slot },
+    /// `bfi.bN d, a, b, c, e`.
+    Bfi {
+        bits: u8,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+        e: Slot,
+    },
+    /// Carry chains on 32/64-bit values.
+    Carry {
+        op: CarryOp,
+        bits: u8,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    /// `setp.cmp[.bop] d[|d2], a, b[, [!]c]`.
+    Setp {
+        f: CmpFn,
+        d: PSlot,
+        d2: Option<PSlot>,
+        a: Slot,
+        b: Slot,
+        comb: Option<(BoolOp, PSlot, bool)>,
+    },
+    /// `set.cmp.dtype d, a, b`: all ones (or 1.0f for `.f32`) when true.
+    Set {
+        f: CmpFn,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        one: u64,
+    },
+    /// `slct.dtype.s32/f32 d, a, b, c`: `c >= 0 ? a : b`.
+    Slct {
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+        f32: bool,
+    },
+    /// `cvt` through [`crate::numeric::cvt`].
+    Cvt {
+        dst: CvtTy,
+        src: CvtTy,
+        mode: CvtMode,
+        d: Slot,
+        a: Slot,
+    },
+    /// A float binary op with modifiers, through [`crate::numeric`].
+    FBin {
+        op: FBin,
+        ty: FloatTy,
+        ftz: bool,
+        sat: bool,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    /// `fma`/`mad` with modifiers, through [`crate::numeric::ffma`].
+    Fma {
+        ty: FloatTy,
+        rnd: Rnd,
+        ftz: bool,
+        sat: bool,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    /// A float unary op with modifiers, through [`crate::numeric`].
+    FUn {
+        op: FUn,
+        ty: FloatTy,
+        ftz: bool,
+        d: Slot,
+        a: Slot,
+    },
+    /// Load `n` elements of `size` bytes into `d` (sign-extended to
+    /// `sext_bits` when the type is signed; 0 = zero-extend).
+    Ld {
+        space: Space,
+        size: u8,
+        n: u8,
+        sext_bits: u8,
+        d: [Slot; 4],
+        addr: Addr,
+    },
+    /// Store `n` elements of `size` bytes from `s`.
+    St {
+        space: Space,
+        size: u8,
+        n: u8,
+        s: [Slot; 4],
+        addr: Addr,
+    },
+    /// An atomic read-modify-write; `d` receives the old value.
+    Atom {
+        space: Space,
+        op: AtomOp,
+        size: u8,
+        signed: bool,
+        d: Slot,
+        addr: Addr,
+        b: Slot,
+        c: Slot,
+    },
+    /// `cvta` (`to`: generic → space) for shared/local windows; global is `Mov`.
+    Cvta {
+        space: Space,
+        to: bool,
+        bits: u8,
+        d: Slot,
+        a: Slot,
+    },
+    /// Branch; `rpc` is the reconvergence point (immediate post-dominator).
+    Bra { target: u32, rpc: u32 },
+    /// Call of function `func` of the module.
+    Call {
+        func: u32,
+        args: Box<[ParamCopy]>,
+        ret: Option<ParamCopy>,
+    },
+    /// `ret`.
+    Ret,
+    /// `exit`.
+    Exit,
+    /// `trap`.
+    Trap,
+    /// `bar.sync` / `barrier.sync` (id ignored: one barrier per block).
+    Bar,
+    /// `vote.sync`.
+    Vote {
+        mode: VoteMode,
+        d: Slot,
+        pd: PSlot,
+        p: PSlot,
+        neg: bool,
+        member: Slot,
+    },
+    /// No effect (`membar`, …).
+    Nop,
+}
+
+/// One decoded instruction.
+#[derive(Clone, Debug)]
+pub(crate) struct Inst {
+    /// The operation.
+    pub op: Op,
+    /// Guard predicate slot (or `None`), and whether it is negated.
+    pub guard: Option<(PSlot, bool)>,
+}
+
+/// What fills a slot before a function runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SlotInit {
+    /// The same value in every lane.
+    Const(u64),
+    /// A special register.
+    Special(Special),
+}
+
+/// Special registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Special {
+    /// %tid.{x,y,z}
+    Tid(u8),
+    /// %ntid.{x,y,z}
+    Ntid(u8),
+    /// %ctaid.{x,y,z}
+    Ctaid(u8),
+    /// %nctaid.{x,y,z}
+    Nctaid(u8),
+    /// %laneid
+    LaneId,
+    /// %warpid
+    WarpId,
+    /// %nwarpid
+    NWarpId,
+    /// %warpsize (WARP_SZ)
+    WarpSize,
+}
+
+/// A decoded function (`.entry` or `.func`).
+#[derive(Clone, Debug)]
+pub(crate) struct Func {
+    /// Name.
+    pub name: String,
+    /// Kernel entry point.
+    pub is_entry: bool,
+    /// First instruction (index into the module's code).
+    pub start: u32,
+    /// Value slots of its register window.
+    pub nslots: u32,
+    /// Predicate slots.
+    pub npreds: u32,
+    /// Slots filled before it runs.
+    pub init: Vec<(Slot, SlotInit)>,
+    /// Bytes of its frame in local memory (params, return value, call-block
+    /// params, depot).
+    pub frame_bytes: u32,
+    /// Kernel parameters (`.entry`): offset in the parameter buffer, spec.
+    pub kparams: Vec<(u32, super::ParamSpec)>,
+    /// Bytes of kernel parameters.
+    pub kparam_bytes: u32,
+    /// `.shared` variables: name, offset, size.
+    pub shared: Vec<(String, u32, u32)>,
+    /// Bytes of static shared memory.
+    pub shared_bytes: u32,
+}
+
+/// Per-instruction source information, for faults.
+#[derive(Clone, Debug)]
+pub(crate) struct SrcInfo {
+    /// 1-based PTX line.
+    pub line: u32,
+    /// The statement's text.
+    pub text: String,
+}
