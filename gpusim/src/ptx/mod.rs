@@ -45,10 +45,17 @@ pub struct Module {
 pub struct KernelId(pub usize);
 
 impl Module {
-    /// Parses and validates `text` (PTX as NVRTC writes it).
-    pub fn load(text: &str) -> Result<Module, LoadError> {
-        let _ = text;
+    /// Parses and validates `text` (PTX as NVRTC writes it), allocating
+    /// the module's `.global` data in `mem`.
+    pub fn load(text: &str, mem: &mut DeviceMemory) -> Result<Module, LoadError> {
+        let _ = (text, mem);
         todo!("ptx::Module::load")
+    }
+
+    /// Frees the module's `.global` data in `mem`.
+    pub fn unload(&self, mem: &mut DeviceMemory) {
+        let _ = mem;
+        todo!("ptx::Module::unload")
     }
 
     /// The kernel named `name`.
