@@ -174,3 +174,43 @@ fn allocation_runs_pending_frees_before_refusing() {
         assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
     }
 }
+
+#[test]
+fn events_complete_when_the_queue_reaches_their_record() {
+    use leangrad_gpusim::driver::api_event::*;
+    let _g = setup();
+    let a = alloc(4);
+    unsafe {
+        let (mut e0, mut e1, mut untimed) = (null_mut(), null_mut(), null_mut());
+        assert_eq!(cuEventCreate(&mut e0, 0), CUDA_SUCCESS);
+        assert_eq!(cuEventCreate(&mut e1, 0), CUDA_SUCCESS);
+        assert_eq!(cuEventCreate(&mut untimed, 2), CUDA_SUCCESS);
+        assert_eq!(cuEventQuery(e0), CUDA_SUCCESS, "never recorded: complete");
+        assert_eq!(cuEventRecord(e0, null_mut()), CUDA_SUCCESS);
+        assert_eq!(cuMemsetD8Async(a, 6, 4, null_mut()), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(e1, null_mut()), CUDA_SUCCESS);
+        assert_eq!(cuMemsetD8Async(a, 7, 4, null_mut()), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(untimed, null_mut()), CUDA_SUCCESS);
+        assert_eq!(cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+        let mut ms = -1.0f32;
+        assert_eq!(cuEventElapsedTime_v2(&mut ms, e0, e1), CUDA_ERROR_NOT_READY);
+        assert_eq!(cuStreamWaitEvent(null_mut(), e1, 0), CUDA_SUCCESS);
+        // Synchronising on e1 runs up to its record, not past it.
+        assert_eq!(cuEventSynchronize(e1), CUDA_SUCCESS);
+        assert_eq!(cuEventQuery(e1), CUDA_SUCCESS);
+        assert_eq!(queued(), 2);
+        assert_eq!(cuEventElapsedTime(&mut ms, e0, e1), CUDA_SUCCESS);
+        assert!(ms >= 0.0 && ms < 10_000.0, "{ms}");
+        assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
+        assert_eq!(
+            cuEventElapsedTime(&mut ms, e0, untimed),
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        for e in [e0, e1, untimed] {
+            assert_eq!(cuEventDestroy_v2(e), CUDA_SUCCESS);
+        }
+        assert_eq!(cuEventQuery(e0), CUDA_ERROR_INVALID_HANDLE);
+    }
+    assert_eq!(read(a, 4), [7, 7, 7, 7]);
+    assert_eq!(cuMemFreeAsync(a, null_mut()), CUDA_SUCCESS);
+}

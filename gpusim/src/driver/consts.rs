@@ -43,6 +43,8 @@ pub const CUDA_ERROR_INVALID_PTX: CUresult = 218;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 /// A named symbol (kernel) does not exist.
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+/// An event or query whose work has not run yet.
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 /// A memory fault in device code (memcheck, initcheck).
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
 /// An instruction the interpreter cannot run.

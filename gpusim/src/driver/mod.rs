@@ -8,6 +8,7 @@
 //! `cuGetErrorString` returns the standard text followed by that detail.
 
 pub mod api_device;
+pub mod api_event;
 pub mod api_memory;
 pub mod api_module;
 pub mod config;

@@ -30,6 +30,8 @@ pub const TAG_FUNCTION: u64 = 0xf0c0 << 48;
 pub const TAG_POOL: u64 = 0x9000 << 48;
 /// Tag of cuBLAS handles.
 pub const TAG_BLAS: u64 = 0xb1a0 << 48;
+/// Tag of event handles.
+pub const TAG_EVENT: u64 = 0xe7e0 << 48;
 
 /// The handle `tag | id` as a pointer.
 pub fn handle(tag: u64, id: u64) -> *mut c_void {
@@ -120,6 +122,13 @@ pub enum Op {
         /// The allocation.
         ptr: u64,
     },
+    /// `cuEventRecord`: completes record number `generation` of `event`.
+    Marker {
+        /// The event handle.
+        event: u64,
+        /// Which record of the event this is.
+        generation: u64,
+    },
     /// Host work (a cuBLAS GEMM); `what` names it in messages.
     Host {
         /// What it is, for messages.
@@ -185,6 +194,19 @@ pub struct BlasEntry {
     pub math_mode: u32,
 }
 
+/// An event: its latest record, and when that record completed.
+#[derive(Clone, Copy, Debug)]
+pub struct EventEntry {
+    /// `cuEventCreate` flags.
+    pub flags: u32,
+    /// Device of the latest record (`None`: never recorded).
+    pub device: Option<usize>,
+    /// Number of records so far.
+    pub generation: u64,
+    /// When the latest record ran (`None`: not yet).
+    pub done: Option<std::time::Instant>,
+}
+
 /// Faults waiting for the thread that enqueued the faulting work.
 #[derive(Default)]
 pub struct Pending {
@@ -209,6 +231,8 @@ pub struct Sim {
     pub streams: HashMap<u64, usize>,
     /// cuBLAS handles.
     pub blas: HashMap<u64, BlasEntry>,
+    /// Events.
+    pub events: HashMap<u64, EventEntry>,
     /// Faults by enqueuing thread.
     pub pending: HashMap<ThreadId, Pending>,
     next_id: u64,
@@ -284,6 +308,7 @@ impl Sim {
             function_ids: HashMap::new(),
             streams: HashMap::new(),
             blas: HashMap::new(),
+            events: HashMap::new(),
             pending: HashMap::new(),
             next_id: 1,
         }
@@ -396,6 +421,11 @@ impl Sim {
             None => q.len(),
             Some(s) => q.iter().rposition(|w| w.stream == s).map_or(0, |i| i + 1),
         };
+        self.drain_n(dev, n);
+    }
+
+    /// Runs the first `n` queued items of `dev`, then trims the pool.
+    pub fn drain_n(&mut self, dev: usize, n: usize) {
         for _ in 0..n {
             if let Some(w) = self.devices[dev].queue.pop_front() {
                 self.execute(dev, w);
@@ -446,6 +476,14 @@ impl Sim {
     }
 
     fn execute(&mut self, dev: usize, w: Work) {
+        if let Op::Marker { event, generation } = w.op {
+            if let Some(e) = self.events.get_mut(&event) {
+                if e.generation == generation {
+                    e.done = Some(std::time::Instant::now());
+                }
+            }
+            return;
+        }
         if let Op::Free { ptr } = w.op {
             // Frees run even after a fault, so that nothing leaks.
             if let Err(e) = self.free_now(dev, ptr) {
@@ -501,7 +539,7 @@ impl Sim {
                 };
                 (what, r)
             }
-            Op::Free { .. } => return,
+            Op::Free { .. } | Op::Marker { .. } => return,
         };
         if let Err(e) = r {
             self.fault(w.thread, &what, e);
