@@ -56,13 +56,17 @@ pub fn report(func: &str, e: DrvErr) -> CUresult {
     if !e.printed {
         eprintln!("{text}");
     }
-    DETAILS.with(|d| d.borrow_mut().insert(e.code, text));
+    // try_with: a call from a thread-local destructor must not panic.
+    let _ = DETAILS.try_with(|d| d.borrow_mut().insert(e.code, text));
     e.code
 }
 
 /// The detail of the most recent error `code` on this thread, if any.
 pub fn detail(code: CUresult) -> Option<String> {
-    DETAILS.with(|d| d.borrow().get(&code).cloned())
+    DETAILS
+        .try_with(|d| d.borrow().get(&code).cloned())
+        .ok()
+        .flatten()
 }
 
 /// A C string that lives for the rest of the process (each distinct text is
