@@ -384,7 +384,7 @@ mod tests {
     #[test]
     fn tf32_rounds_to_nearest_even_on_ten_bits() {
         let one = 1.0f32;
-        let ulp = f32::EPSILON * 1024.0; // 2^-13 at 1.0 → tf32 ulp is 2^-10
+        let ulp = 2f32.powi(-10); // TF32 keeps 10 mantissa bits: its ulp at 1.0
         assert_eq!(round_tf32(one + ulp / 4.0), one);
         assert_eq!(round_tf32(one + ulp * 0.75), one + ulp);
         // A tie goes to the even mantissa: 1 + ulp/2 → 1, 1 + 1.5 ulp → 1 + 2 ulp.

@@ -382,6 +382,20 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     })
 }
 
+/// The first byte of `[off, off + n)` of `a` never written, checked one
+/// shadow word (64 bytes) at a time.
+fn first_unwritten(a: &crate::memory::Allocation, off: usize, n: usize) -> Option<usize> {
+    let (mut start, end) = (off, off + n);
+    while start < end {
+        let stop = end.min((start / 64 + 1) * 64);
+        if !a.is_written(start, stop - start) {
+            return a.first_unwritten(start, stop - start);
+        }
+        start = stop;
+    }
+    None
+}
+
 /// Reads `n` bytes at `src` of `dev` into `dst` (host). Bytes never
 /// written are copied (as zeros) with a warning on stderr: the sanitizer's
 /// initcheck covers device reads, and a copy to the host is where a
@@ -404,7 +418,7 @@ unsafe fn read_to_host(
     })?;
     if let Ok(a) = mem.find(src, n as u64) {
         let off = (src - a.base) as usize;
-        if let Some(i) = a.first_unwritten(off, n) {
+        if let Some(i) = first_unwritten(a, off, n) {
             eprintln!(
                 "gpusim: {func}: warning: copying {n} bytes at {src:#x} to the host, byte {i} of which ({:#x}) was never written: {}",
                 src + (i - off) as u64,
@@ -502,4 +516,23 @@ pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) 
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::DeviceMemory;
+
+    #[test]
+    fn first_unwritten_byte_is_found_word_by_word() {
+        let mut m = DeviceMemory::new(1 << 20);
+        let p = m.alloc(300).unwrap();
+        m.write(p, &[1; 70]).unwrap();
+        m.write(p + 72, &[1; 228]).unwrap();
+        let a = m.find(p, 300).unwrap();
+        assert_eq!(first_unwritten(a, 0, 300), Some(70));
+        assert_eq!(first_unwritten(a, 71, 229), Some(71));
+        assert_eq!(first_unwritten(a, 72, 228), None);
+        assert_eq!(first_unwritten(a, 3, 60), None);
+    }
 }
