@@ -6,6 +6,8 @@
 //! the real NVRTC wrote, and run it on an interpreter with a sanitizer that
 //! is always on. `gpusim/run <command…>` runs any command with it in place.
 
+pub mod cublas;
+pub mod driver;
 pub mod memory;
 pub mod numeric;
 pub mod ptx;

@@ -1,0 +1,411 @@
+//! cuBLAS's column-major GEMM, exactly: argument checks as the library
+//! makes them, and the product computed on the host in the compute type.
+//!
+//! `C = alpha·op(A)·op(B) + beta·C` per batch, each element accumulated in
+//! k order with one fused multiply-add per step (`acc = fma(a, b, acc)`,
+//! starting from 0), then `alpha·acc` (beta = 0) or `fma(alpha, acc,
+//! beta·C)`, rounded once to C's type. TF32 rounds each A and B element to
+//! a 10-bit mantissa (to nearest, ties to even) first. beta = 0 never reads
+//! C; alpha = 0 or k = 0 never reads A or B.
+
+use crate::driver::consts::*;
+use crate::driver::errors::{DResult, DrvErr};
+use crate::memory::DeviceMemory;
+use half::{bf16, f16};
+
+/// An element type of A, B or C (`cudaDataType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    /// `CUDA_R_32F`.
+    F32,
+    /// `CUDA_R_64F`.
+    F64,
+    /// `CUDA_R_16F`.
+    F16,
+    /// `CUDA_R_16BF`.
+    Bf16,
+}
+
+impl Elem {
+    /// From a `cudaDataType` value.
+    pub fn from_cuda(t: u32) -> Option<Elem> {
+        Some(match t {
+            0 => Elem::F32,
+            1 => Elem::F64,
+            2 => Elem::F16,
+            14 => Elem::Bf16,
+            _ => return None,
+        })
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Elem::F32 => 4,
+            Elem::F64 => 8,
+            Elem::F16 | Elem::Bf16 => 2,
+        }
+    }
+
+    fn decode(self, b: &[u8]) -> f64 {
+        match self {
+            Elem::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+            Elem::F64 => f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+            Elem::F16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
+            Elem::Bf16 => bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+        }
+    }
+}
+
+/// How products are accumulated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compute {
+    /// f32 (`CUBLAS_COMPUTE_32F`, its pedantic form, legacy `CUDA_R_32F`).
+    F32,
+    /// f32 with A and B rounded to TF32 (`CUBLAS_COMPUTE_32F_FAST_TF32`,
+    /// or 32F under `CUBLAS_TF32_TENSOR_OP_MATH`).
+    Tf32,
+    /// f64 (`CUBLAS_COMPUTE_64F`, pedantic, legacy `CUDA_R_64F`).
+    F64,
+}
+
+/// One checked GEMM call (a non-batched call is a batch of one).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemm {
+    /// op(A) = Aᵀ.
+    pub transa: bool,
+    /// op(B) = Bᵀ.
+    pub transb: bool,
+    /// Rows of C.
+    pub m: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// The contracted size.
+    pub k: usize,
+    /// alpha (an f32 value exactly, under f32 compute).
+    pub alpha: f64,
+    /// beta.
+    pub beta: f64,
+    /// A's address.
+    pub a: u64,
+    /// Leading dimension of A.
+    pub lda: usize,
+    /// Elements between batches of A.
+    pub stride_a: i64,
+    /// B's address.
+    pub b: u64,
+    /// Leading dimension of B.
+    pub ldb: usize,
+    /// Elements between batches of B.
+    pub stride_b: i64,
+    /// C's address.
+    pub c: u64,
+    /// Leading dimension of C.
+    pub ldc: usize,
+    /// Elements between batches of C.
+    pub stride_c: i64,
+    /// Number of products.
+    pub batch: usize,
+    /// Type of A and B.
+    pub ab: Elem,
+    /// Type of C.
+    pub ct: Elem,
+    /// Accumulation.
+    pub compute: Compute,
+}
+
+/// Rounds an f32 to TF32 (10 explicit mantissa bits), to nearest, ties to
+/// even; infinities and NaN unchanged.
+pub fn round_tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    let b = x.to_bits();
+    let lsb = (b >> 13) & 1;
+    f32::from_bits((b + 0xfff + lsb) & !0x1fff)
+}
+
+/// Arithmetic of the accumulator type.
+trait Acc: Copy + Default + std::ops::Mul<Output = Self> {
+    fn fma(self, b: Self, c: Self) -> Self;
+    fn of(v: f64) -> Self;
+    fn widen(self) -> f64;
+    /// `fma(x[p], y[p], acc)` for p in order, from 0.
+    fn dot(x: &[Self], y: &[Self]) -> Self;
+}
+
+/// The sequential fused dot product, compiled once for the host's FMA
+/// instruction (the portable `mul_add` is a library call, 5× slower) and
+/// once portable; both round identically.
+macro_rules! dot_impls {
+    ($t:ty, $fast:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "fma")]
+        fn $fast(x: &[$t], y: &[$t]) -> $t {
+            x.iter().zip(y).fold(0.0, |acc, (&u, &v)| u.mul_add(v, acc))
+        }
+
+        impl Acc for $t {
+            fn fma(self, b: $t, c: $t) -> $t {
+                self.mul_add(b, c)
+            }
+            fn of(v: f64) -> $t {
+                v as $t
+            }
+            fn widen(self) -> f64 {
+                self as f64
+            }
+            fn dot(x: &[$t], y: &[$t]) -> $t {
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has the FMA instructions.
+                    return unsafe { $fast(x, y) };
+                }
+                x.iter().zip(y).fold(0.0, |acc, (&u, &v)| u.mul_add(v, acc))
+            }
+        }
+    };
+}
+
+dot_impls!(f32, dot_f32_fma);
+dot_impls!(f64, dot_f64_fma);
+
+/// The first and one-past-last byte of the batches of a stored
+/// `rows × cols` matrix with leading dimension `ld` and batch stride `st`.
+fn footprint(
+    base: u64,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    st: i64,
+    batch: usize,
+    es: usize,
+) -> Option<(u64, u64)> {
+    let span = (cols as i128 - 1) * ld as i128 + rows as i128;
+    let last = (batch as i128 - 1) * st as i128;
+    let lo = base as i128 + last.min(0) * es as i128;
+    let hi = base as i128 + (last.max(0) + span) * es as i128;
+    (lo >= 0 && hi <= u64::MAX as i128).then_some((lo as u64, hi as u64))
+}
+
+impl Gemm {
+    /// Whether A and B are read (not when alpha = 0 or k = 0).
+    fn reads_ab(&self) -> bool {
+        self.k > 0 && self.alpha != 0.0
+    }
+
+    /// Stored shape (rows, cols) of A and of B.
+    fn shapes(&self) -> ((usize, usize), (usize, usize)) {
+        let a = if self.transa {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let b = if self.transb {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        (a, b)
+    }
+
+    /// Checks that each operand's footprint over all batches lies inside
+    /// one live allocation of `mem`.
+    pub fn check_footprints(&self, mem: &DeviceMemory) -> Result<(), String> {
+        let ((ar, ac), (br, bc)) = self.shapes();
+        let mut ops = vec![(
+            "C",
+            self.c,
+            self.m,
+            self.n,
+            self.ldc,
+            self.stride_c,
+            self.ct,
+        )];
+        if self.reads_ab() {
+            ops.push(("A", self.a, ar, ac, self.lda, self.stride_a, self.ab));
+            ops.push(("B", self.b, br, bc, self.ldb, self.stride_b, self.ab));
+        }
+        for (name, base, r, c, ld, st, t) in ops {
+            let (lo, hi) = footprint(base, r, c, ld, st, self.batch, t.size())
+                .ok_or_else(|| format!("{name}'s footprint overflows the address space"))?;
+            mem.find(lo, hi - lo).map_err(|e| {
+                format!(
+                    "{name} ({r}×{c}, ld {ld}, batch stride {st}, {} batches) spans {lo:#x}..{hi:#x}, not inside one live allocation: {e}",
+                    self.batch
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Reads the used `rows × cols` of a stored matrix (column by column:
+    /// padding rows are not read), as values.
+    #[allow(clippy::too_many_arguments)]
+    fn read(
+        &self,
+        mem: &DeviceMemory,
+        name: &str,
+        base: u64,
+        rows: usize,
+        cols: usize,
+        ld: usize,
+        t: Elem,
+    ) -> DResult<Vec<f64>> {
+        let es = t.size();
+        let mut bytes = vec![0u8; rows * es];
+        let mut out = Vec::with_capacity(rows * cols);
+        for j in 0..cols {
+            let addr = base.wrapping_add((j * ld * es) as u64);
+            mem.read(addr, &mut bytes, true).map_err(|e| {
+                DrvErr::new(
+                    CUDA_ERROR_ILLEGAL_ADDRESS,
+                    format!("reading {name} column {j}: {e}"),
+                )
+            })?;
+            out.extend(bytes.chunks_exact(es).map(|b| t.decode(b)));
+        }
+        Ok(out)
+    }
+
+    /// Runs every batch against `mem`.
+    pub fn run(&self, mem: &mut DeviceMemory) -> DResult<()> {
+        match self.compute {
+            Compute::F64 => self.run_in::<f64>(mem),
+            Compute::F32 | Compute::Tf32 => self.run_in::<f32>(mem),
+        }
+    }
+
+    fn run_in<T: Acc>(&self, mem: &mut DeviceMemory) -> DResult<()> {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let ((ar, ac), (br, bc)) = self.shapes();
+        let (es_ab, es_c) = (self.ab.size() as i64, self.ct.size() as i64);
+        let tf32 = self.compute == Compute::Tf32;
+        let conv = |v: f64| -> T {
+            if tf32 {
+                T::of(round_tf32(v as f32) as f64)
+            } else {
+                T::of(v)
+            }
+        };
+        let (alpha, beta) = (T::of(self.alpha), T::of(self.beta));
+        let mut ap = vec![T::default(); m * k];
+        let mut bp = vec![T::default(); n * k];
+        let mut out = vec![0u8; m * es_c as usize];
+        for batch in 0..self.batch as i64 {
+            let at = |base: u64, st: i64, es: i64| base.wrapping_add((batch * st * es) as u64);
+            let c_base = at(self.c, self.stride_c, es_c);
+            if self.reads_ab() {
+                let a = self.read(
+                    mem,
+                    "A",
+                    at(self.a, self.stride_a, es_ab),
+                    ar,
+                    ac,
+                    self.lda,
+                    self.ab,
+                )?;
+                let b = self.read(
+                    mem,
+                    "B",
+                    at(self.b, self.stride_b, es_ab),
+                    br,
+                    bc,
+                    self.ldb,
+                    self.ab,
+                )?;
+                // Pack op(A) by rows and op(B) by columns, so that the k
+                // loop runs over contiguous data.
+                for i in 0..m {
+                    for p in 0..k {
+                        ap[i * k + p] = conv(if self.transa {
+                            a[p + i * k]
+                        } else {
+                            a[i + p * m]
+                        });
+                    }
+                }
+                for j in 0..n {
+                    for p in 0..k {
+                        bp[j * k + p] = conv(if self.transb {
+                            b[j + p * n]
+                        } else {
+                            b[p + j * k]
+                        });
+                    }
+                }
+            }
+            let c_old = if self.beta != 0.0 {
+                self.read(mem, "C", c_base, m, n, self.ldc, self.ct)?
+            } else {
+                Vec::new()
+            };
+            for j in 0..n {
+                for i in 0..m {
+                    let r = if self.reads_ab() {
+                        let (x, y) = (&ap[i * k..(i + 1) * k], &bp[j * k..(j + 1) * k]);
+                        let acc = T::dot(x, y);
+                        if self.beta == 0.0 {
+                            alpha * acc
+                        } else {
+                            alpha.fma(acc, beta * T::of(c_old[i + j * m]))
+                        }
+                    } else if self.beta == 0.0 {
+                        T::default()
+                    } else {
+                        beta * T::of(c_old[i + j * m])
+                    };
+                    let v = r.widen();
+                    let o = &mut out[i * es_c as usize..(i + 1) * es_c as usize];
+                    match self.ct {
+                        Elem::F32 => o.copy_from_slice(&(v as f32).to_le_bytes()),
+                        Elem::F64 => o.copy_from_slice(&v.to_le_bytes()),
+                        Elem::F16 => o.copy_from_slice(&f16::from_f64(v).to_le_bytes()),
+                        Elem::Bf16 => o.copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
+                    }
+                }
+                let addr = c_base.wrapping_add((j as i64 * self.ldc as i64 * es_c) as u64);
+                mem.write(addr, &out).map_err(|e| {
+                    DrvErr::new(
+                        CUDA_ERROR_ILLEGAL_ADDRESS,
+                        format!("writing C column {j}: {e}"),
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tf32_rounds_to_nearest_even_on_ten_bits() {
+        let one = 1.0f32;
+        let ulp = 2f32.powi(-10); // TF32 keeps 10 mantissa bits: its ulp at 1.0
+        assert_eq!(round_tf32(one + ulp / 4.0), one);
+        assert_eq!(round_tf32(one + ulp * 0.75), one + ulp);
+        // A tie goes to the even mantissa: 1 + ulp/2 → 1, 1 + 1.5 ulp → 1 + 2 ulp.
+        assert_eq!(round_tf32(one + ulp / 2.0), one);
+        assert_eq!(round_tf32(one + ulp * 1.5), one + 2.0 * ulp);
+        assert_eq!(round_tf32(-(one + ulp * 0.75)), -(one + ulp));
+        assert!(round_tf32(f32::NAN).is_nan());
+        assert_eq!(round_tf32(f32::MAX), f32::INFINITY);
+    }
+
+    #[test]
+    fn footprints_cover_every_batch() {
+        // 3×2 with ld 4, stride 10, 3 batches of 4-byte elements.
+        assert_eq!(
+            footprint(1000, 3, 2, 4, 10, 3, 4),
+            Some((1000, 1000 + (20 + 7) * 4))
+        );
+        assert_eq!(
+            footprint(1000, 3, 2, 4, -10, 3, 4),
+            Some((1000 - 80, 1000 + 28))
+        );
+        assert_eq!(footprint(1000, 3, 2, 4, 0, 5, 4), Some((1000, 1028)));
+    }
+}
