@@ -87,7 +87,8 @@ fn transformer_meta_prediction_equals_cpu_measurement() {
 }
 
 /// On a GPU the CUDA step's ledger equals the meta prediction byte for
-/// byte; without one, `--device cuda` is a clear error (printed as skipped).
+/// byte; without one, `--device cuda` is a clear error (printed as skipped;
+/// a failure under `LEANGRAD_REQUIRE_CUDA=1`).
 #[test]
 fn cuda_measurement_equals_meta_prediction_or_is_a_clear_error() {
     let probe = leangrad(&[
@@ -110,6 +111,11 @@ fn cuda_measurement_equals_meta_prediction_or_is_a_clear_error() {
         let stderr = String::from_utf8_lossy(&probe.stderr);
         assert!(stderr.contains("not available"), "{stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
+        let required = std::env::var("LEANGRAD_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "LEANGRAD_REQUIRE_CUDA=1 but `leangrad memory --device cuda` failed: {stderr}"
+        );
         let line = format!("skipped: no CUDA device [leangrad memory --device cuda]: {stderr}");
         let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         return;

@@ -19,6 +19,10 @@ fn availability_is_a_typed_answer_never_a_panic() {
             println!("CUDA device 0: {d:?} {}", d.name().unwrap());
         }
         Err(e) => {
+            assert!(
+                !cuda_common::cuda_required(),
+                "LEANGRAD_REQUIRE_CUDA=1 but no CUDA device: {e}"
+            );
             assert!(matches!(e, Error::DeviceUnavailable { .. }), "{e}");
             assert_eq!(Device::cuda_if_available(0), Device::Cpu);
             assert!(!Device::Cuda(0).is_available());

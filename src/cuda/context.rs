@@ -1,7 +1,7 @@
 //! Opening CUDA devices: library checks, one context + stream per ordinal,
 //! kernel modules and the cuBLAS handle, all created once per process.
 
-use super::nvrtc;
+use super::nvrtc::{self, ImageKind};
 use crate::{Device, Error, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
@@ -11,6 +11,28 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 /// The oldest compute capability the kernels are written for (Ampere):
 /// bf16 atomics and `compute_80` PTX.
 pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
+
+/// The name the simulated GPU (`gpusim/`) reports for its devices
+/// (`cuDeviceGetName`); a device of that name is given PTX (see
+/// [`kernel_image`]).
+pub const SIMULATOR_NAME: &str = "leangrad gpusim";
+
+/// What kernels are compiled to for a device named `name`: the one place
+/// where the simulated GPU is told apart from a real one. A GPU gets a
+/// CUBIN for its exact architecture (`sm_XY`), which loads on any driver of
+/// the CUDA major version NVRTC belongs to and needs no JIT at load time.
+/// The simulated GPU interprets PTX and refuses CUBIN (machine code for a
+/// real chip), so it gets PTX for the virtual architecture `compute_XY` of
+/// its reported compute capability — the same PTX NVRTC writes inside an
+/// `sm_XY` compile. Decided by the name the driver reports, never by an
+/// environment variable, so a run cannot load the wrong kind by accident.
+pub fn kernel_image(name: &str) -> ImageKind {
+    if name == SIMULATOR_NAME {
+        ImageKind::Ptx
+    } else {
+        ImageKind::Cubin
+    }
+}
 
 /// The driver's memory-pool counters for one device, in bytes
 /// ([`CudaDevice::pool_usage`]).
@@ -63,6 +85,7 @@ pub struct CudaDevice {
     ordinal: usize,
     stream: Arc<CudaStream>,
     compute: (i32, i32),
+    image: ImageKind,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
     blas: Mutex<Option<CudaBlas>>,
@@ -115,6 +138,10 @@ impl CudaDevice {
                 compute.0, compute.1, MIN_COMPUTE_CAPABILITY.0, MIN_COMPUTE_CAPABILITY.1
             )));
         }
+        let name = ctx
+            .name()
+            .map_err(|e| unavailable(format!("cannot read the device name: {e}")))?;
+        let image = kernel_image(&name);
         // SAFETY: all work of this device is issued on its one stream, so
         // stream order alone orders every read after its write; per-buffer
         // events would only add overhead.
@@ -124,6 +151,7 @@ impl CudaDevice {
             ordinal,
             stream,
             compute,
+            image,
             modules: Mutex::default(),
             functions: Mutex::default(),
             blas: Mutex::default(),
@@ -150,9 +178,21 @@ impl CudaDevice {
         self.compute
     }
 
-    /// The real architecture kernels are compiled for, e.g. `sm_90`.
+    /// What this device's kernels are compiled to ([`kernel_image`]):
+    /// a CUBIN on a GPU, PTX on the simulated one.
+    pub fn kernel_image(&self) -> ImageKind {
+        self.image
+    }
+
+    /// Whether this is the simulated GPU (its name is [`SIMULATOR_NAME`]).
+    pub fn is_simulated(&self) -> bool {
+        self.image == ImageKind::Ptx
+    }
+
+    /// The architecture kernels are compiled for: the real one (`sm_90`)
+    /// on a GPU, the virtual one (`compute_80`) on the simulated GPU.
     pub fn arch(&self) -> String {
-        format!("sm_{}{}", self.compute.0, self.compute.1)
+        self.image.arch(self.compute)
     }
 
     /// The stream all of this device's work runs on.
@@ -270,8 +310,9 @@ impl CudaDevice {
     }
 
     /// The kernel `name` of `kernels/<file>`, compiling the file with NVRTC
-    /// to a CUBIN for this device (once per process) and loading it (once
-    /// per device).
+    /// for this device (a CUBIN, or PTX on the simulated GPU; once per
+    /// process, or read from the kernel cache) and loading it (once per
+    /// device).
     pub fn function(&self, file: &'static str, name: &str) -> Result<CudaFunction> {
         if let Some(f) = lock(&self.functions).get(&(file, name.to_string())) {
             return Ok(f.clone());
@@ -289,11 +330,16 @@ impl CudaDevice {
         if let Some(m) = modules.get(file) {
             return Ok(m.clone());
         }
-        let cubin = nvrtc::cubin_for(file, &self.arch())?;
+        let image = match self.image {
+            ImageKind::Ptx => cudarc::nvrtc::Ptx::from_src(nvrtc::ptx_for(file, &self.arch())?),
+            ImageKind::Cubin => {
+                cudarc::nvrtc::Ptx::from_binary(nvrtc::cubin_for(file, &self.arch())?)
+            }
+        };
         let m = self
             .stream
             .context()
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .load_module(image)
             .map_err(|e| self.error(format!("load module {file}"), e))?;
         modules.insert(file, m.clone());
         Ok(m)
@@ -339,10 +385,26 @@ impl CudaDevice {
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "CudaDevice(cuda:{}, sm_{}{})",
-            self.ordinal, self.compute.0, self.compute.1
-        )
+        write!(f, "CudaDevice(cuda:{}, {})", self.ordinal, self.arch())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_simulator_gets_ptx() {
+        assert_eq!(kernel_image(SIMULATOR_NAME), ImageKind::Ptx);
+        for gpu in [
+            "NVIDIA H100 80GB HBM3",
+            "NVIDIA A100-SXM4-40GB",
+            "leangrad gpusim 2",
+            "",
+        ] {
+            assert_eq!(kernel_image(gpu), ImageKind::Cubin, "{gpu}");
+        }
+        assert_eq!(ImageKind::Ptx.arch((8, 0)), "compute_80");
+        assert_eq!(ImageKind::Cubin.arch((9, 0)), "sm_90");
     }
 }

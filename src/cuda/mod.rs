@@ -14,7 +14,8 @@
 //!   under `Device::Cuda(n)`, with host copies for every dtype; what a
 //!   tensor storage holds as its CUDA backing.
 //! - [`nvrtc`]: the kernel sources, the CUDA include folder, compilation
-//!   per compute capability with a per-process cache.
+//!   per compute capability (CUBIN for a GPU, PTX for the simulated one),
+//!   cached in memory and on disk.
 //! - [`elementwise`], [`reduce`], [`index`], [`random`]: launch wrappers
 //!   taking buffers plus shapes/strides ([`Strided`]); [`gemm`]: cuBLAS.
 
@@ -47,6 +48,7 @@ mod context;
 pub mod elementwise;
 pub mod gemm;
 pub mod index;
+mod kernel_cache;
 pub mod layers_attention;
 pub mod layers_conv;
 mod layers_gemm;
@@ -67,7 +69,9 @@ mod settings;
 pub(crate) mod tensor;
 
 pub use buffer::CudaBuffer;
-pub use context::{library_status, CudaDevice, PoolUsage, MIN_COMPUTE_CAPABILITY};
+pub use context::{
+    kernel_image, library_status, CudaDevice, PoolUsage, MIN_COMPUTE_CAPABILITY, SIMULATOR_NAME,
+};
 pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};
 pub use settings::{
     conv_workspace_bytes, tf32_enabled, with_conv_workspace, with_tf32, SettingGuard,

@@ -1,13 +1,22 @@
 //! Run-time compilation of `kernels/*.cu` with NVRTC.
 //!
 //! The sources are embedded in the binary with `include_str!`; each is
-//! compiled with [`PRELUDE`] (`kernels/common.cuh`) in front of it, once per
-//! process: for a device, to a CUBIN for its compute capability (`sm_XY`;
-//! [`compile_cubin`]); for the compile check, to PTX for a virtual
-//! architecture (`compute_XY`; [`compile`]). The
-//! kernels include `cuda_fp16.h` / `cuda_bf16.h`, which NVRTC does not
-//! carry: [`include_dir`] finds CUDA's include folder at run time.
+//! compiled with [`PRELUDE`] (`kernels/common.cuh`) in front of it: for a
+//! GPU, to a CUBIN for its compute capability (`sm_XY`; [`cubin_for`]); for
+//! the simulated GPU and the compile check, to PTX for a virtual
+//! architecture (`compute_XY`; [`ptx_for`], [`compile`]). Which one a
+//! device gets is decided in `CudaDevice::open`. The kernels include
+//! `cuda_fp16.h` / `cuda_bf16.h`, which NVRTC does not carry:
+//! [`include_dir`] finds CUDA's include folder at run time.
+//!
+//! Compiled images are kept in memory for the process ([`image_for`]) and
+//! on disk across processes ([`kernel_cache_dir`]: `LEANGRAD_KERNEL_CACHE`,
+//! else `$XDG_CACHE_HOME/leangrad/kernels`, else
+//! `$HOME/.cache/leangrad/kernels`), keyed by a SHA-256 of the compiled
+//! text, NVRTC's version, the architecture and the options; without a
+//! writable folder kernels are compiled every time, never an error.
 
+use super::kernel_cache;
 use crate::{Device, Error, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -163,12 +172,34 @@ fn prepare(file: &str, source: &str) -> Result<(String, PathBuf)> {
     Ok((format!("{PRELUDE}\n#line 1 \"{file}\"\n{source}"), include))
 }
 
-/// Compiles kernel file `file` (a name from [`SOURCES`]) to PTX for the
-/// virtual architecture `arch` (e.g. `compute_90`). No GPU is needed.
-/// Errors: libnvrtc or the headers missing ([`Error::DeviceUnavailable`]),
-/// or a compile error ([`Error::KernelCompile`] with NVRTC's log).
-pub fn compile(file: &str, arch: &str) -> Result<String> {
-    compile_source(file, source_of(file)?, arch)
+/// What NVRTC is asked to produce for a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ImageKind {
+    /// PTX text for a virtual architecture (`compute_XY`): what the
+    /// simulated GPU (`gpusim/`) interprets; a real driver would JIT it.
+    Ptx,
+    /// A CUBIN for a real architecture (`sm_XY`): what a GPU loads. Unlike
+    /// PTX, which a driver older than the NVRTC that wrote it refuses, a
+    /// CUBIN loads on any driver of the same CUDA major version.
+    Cubin,
+}
+
+impl ImageKind {
+    /// The NVRTC architecture for compute capability `cc`: `compute_XY`
+    /// for PTX, `sm_XY` for a CUBIN.
+    pub fn arch(self, cc: (i32, i32)) -> String {
+        match self {
+            ImageKind::Ptx => format!("compute_{}{}", cc.0, cc.1),
+            ImageKind::Cubin => format!("sm_{}{}", cc.0, cc.1),
+        }
+    }
+
+    fn extension(self) -> &'static str {
+        match self {
+            ImageKind::Ptx => "ptx",
+            ImageKind::Cubin => "cubin",
+        }
+    }
 }
 
 /// No contraction of `a * b + c` into one fused multiply-add: each
@@ -176,35 +207,60 @@ pub fn compile(file: &str, arch: &str) -> Result<String> {
 /// computes, so a kernel written as the CPU's formula gives its result.
 const NO_FMA: &str = "--fmad=false";
 
-/// Compiles `source` (named `file` in messages) with the prelude in front
-/// to PTX for `arch`, as [`compile`] does for the files in `kernels/`.
-pub fn compile_source(file: &str, source: &str, arch: &str) -> Result<String> {
-    let (text, include) = prepare(file, source)?;
-    let opts = cudarc::nvrtc::CompileOptions {
-        include_paths: vec![include.display().to_string()],
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "--std=c++17".into(),
-            NO_FMA.into(),
-        ],
-        name: Some(file.to_string()),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(text, opts)
-        .map_err(|e| compile_error(file, arch, e))?;
-    Ok(ptx.to_src())
+/// The options every kernel file is compiled with.
+fn options(arch: &str, include: &Path) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        NO_FMA.into(),
+        format!("--include-path={}", include.display()),
+    ]
 }
 
-/// Compiles kernel file `file` to a CUBIN for the real architecture `sm`
-/// (e.g. `sm_90`): what devices load. Unlike PTX, which a driver older
-/// than the NVRTC that wrote it refuses, a CUBIN loads on any driver of
-/// the same CUDA major version. No GPU is needed; errors as [`compile`].
-pub fn compile_cubin(file: &str, sm: &str) -> Result<Vec<u8>> {
+/// NVRTC's version `(major, minor)` (`nvrtcVersion`), read once; part of
+/// every kernel cache key, so a new NVRTC never reuses an old one's images.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    static VERSION: OnceLock<std::result::Result<(i32, i32), String>> = OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            if !nvrtc_present() {
+                return Err("cannot load libnvrtc".to_string());
+            }
+            let (mut major, mut minor) = (0, 0);
+            // SAFETY: libnvrtc is present (checked above); the call only
+            // writes the two integers.
+            unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+                .result()
+                .map(|()| (major, minor))
+                .map_err(|e| format!("nvrtcVersion failed: {e}"))
+        })
+        .clone()
+        .map_err(|reason| Error::DeviceUnavailable {
+            device: Device::Cuda(0),
+            reason,
+        })
+}
+
+thread_local! {
+    /// NVRTC compilations run on this thread (tests count cache misses
+    /// with it; NVRTC runs on the calling thread).
+    static NVRTC_RUNS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs NVRTC once on `text` (named `file`) and returns the PTX text's
+/// bytes (without the trailing NUL) or the CUBIN.
+fn run_nvrtc(
+    file: &str,
+    text: &str,
+    arch: &str,
+    kind: ImageKind,
+    options: &[String],
+) -> Result<Vec<u8>> {
     use cudarc::nvrtc::{result, sys};
-    let (text, include) = prepare(file, source_of(file)?)?;
+    NVRTC_RUNS.with(|n| n.set(n.get() + 1));
     let fail = |msg: String, log: String| Error::KernelCompile {
         file: file.to_string(),
-        arch: sm.to_string(),
+        arch: arch.to_string(),
         msg,
         log,
     };
@@ -212,75 +268,295 @@ pub fn compile_cubin(file: &str, sm: &str) -> Result<Vec<u8>> {
     let name = std::ffi::CString::new(file).map_err(|e| fail(e.to_string(), String::new()))?;
     let prog = result::create_program(&text, Some(&name))
         .map_err(|e| fail(e.to_string(), String::new()))?;
-    let options = [
-        format!("--gpu-architecture={sm}"),
-        "--std=c++17".to_string(),
-        NO_FMA.to_string(),
-        format!("--include-path={}", include.display()),
-    ];
-    // SAFETY: `prog` was just created and is destroyed once, below; the
-    // CUBIN buffer has the size NVRTC reported.
-    let out = unsafe {
-        match result::compile_program(prog, &options) {
-            Err(e) => {
-                let log = result::get_program_log(prog)
-                    .map(|l| {
-                        std::ffi::CStr::from_ptr(l.as_ptr())
-                            .to_string_lossy()
-                            .into_owned()
-                    })
-                    .unwrap_or_default();
-                Err(fail(e.to_string(), log))
+    // SAFETY: `prog` was just created and is destroyed once, below; each
+    // output buffer has the size NVRTC reported for it.
+    let out =
+        unsafe {
+            match result::compile_program(prog, options) {
+                Err(e) => {
+                    let log = result::get_program_log(prog)
+                        .map(|l| {
+                            std::ffi::CStr::from_ptr(l.as_ptr())
+                                .to_string_lossy()
+                                .into_owned()
+                        })
+                        .unwrap_or_default();
+                    Err(fail(e.to_string(), log))
+                }
+                Ok(()) => {
+                    let mut size = 0usize;
+                    let image =
+                        match kind {
+                            ImageKind::Ptx => sys::nvrtcGetPTXSize(prog, &mut size)
+                                .result()
+                                .and_then(|()| {
+                                    let mut ptx = vec![0u8; size];
+                                    sys::nvrtcGetPTX(prog, ptx.as_mut_ptr().cast())
+                                        .result()
+                                        .map(|()| ptx)
+                                }),
+                            ImageKind::Cubin => sys::nvrtcGetCUBINSize(prog, &mut size)
+                                .result()
+                                .and_then(|()| {
+                                    let mut cubin = vec![0u8; size];
+                                    sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+                                        .result()
+                                        .map(|()| cubin)
+                                }),
+                        };
+                    image.map_err(|e| fail(e.to_string(), String::new()))
+                }
             }
-            Ok(()) => {
-                let mut size = 0usize;
-                sys::nvrtcGetCUBINSize(prog, &mut size)
-                    .result()
-                    .and_then(|()| {
-                        let mut cubin = vec![0u8; size];
-                        sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
-                            .result()
-                            .map(|()| cubin)
-                    })
-                    .map_err(|e| fail(e.to_string(), String::new()))
-            }
-        }
-    };
+        };
     // SAFETY: created above, not destroyed before.
     let _ = unsafe { result::destroy_program(prog) };
-    out
+    let mut image = out?;
+    if kind == ImageKind::Ptx {
+        // PTX is returned as a C string.
+        while image.last() == Some(&0) {
+            image.pop();
+        }
+    }
+    Ok(image)
 }
 
-fn compile_error(file: &str, arch: &str, e: cudarc::nvrtc::CompileError) -> Error {
-    let (msg, log) = match e {
-        cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
-            (nvrtc.to_string(), log.to_string_lossy().into_owned())
-        }
-        other => (format!("{other:?}"), String::new()),
-    };
-    Error::KernelCompile {
+/// `source` (named `file`) compiled with the prelude for `arch`, read from
+/// the kernel cache in `dir` when an entry for exactly this input is there
+/// (see `kernel_cache`), compiled and stored otherwise.
+fn compile_in(
+    dir: Option<&Path>,
+    file: &str,
+    source: &str,
+    arch: &str,
+    kind: ImageKind,
+) -> Result<Vec<u8>> {
+    let (text, include) = prepare(file, source)?;
+    let options = options(arch, &include);
+    let (major, minor) = nvrtc_version()?;
+    let key = kernel_cache::key(&[
+        text.as_bytes(),
+        &major.to_le_bytes(),
+        &minor.to_le_bytes(),
+        arch.as_bytes(),
+        kind.extension().as_bytes(),
+        options.join("\n").as_bytes(),
+    ]);
+    // A readable prefix for people looking in the folder; the key decides.
+    let readable: String = file
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let name = format!(
+        "{readable}.{arch}.{}.{}",
+        kernel_cache::hex(&key),
+        kind.extension()
+    );
+    kernel_cache::get_or_compile(dir, &name, &key, || {
+        run_nvrtc(file, &text, arch, kind, &options)
+    })
+}
+
+/// PTX bytes as text (NVRTC writes ASCII).
+fn ptx_text(file: &str, arch: &str, bytes: Vec<u8>) -> Result<String> {
+    String::from_utf8(bytes).map_err(|e| Error::KernelCompile {
         file: file.to_string(),
         arch: arch.to_string(),
-        msg,
-        log,
-    }
+        msg: format!("PTX is not UTF-8: {e}"),
+        log: String::new(),
+    })
+}
+
+/// Where compiled kernels are cached on disk for this process (see the
+/// module documentation), or `None` when no candidate folder is writable
+/// and kernels are compiled without caching.
+pub fn kernel_cache_dir() -> Option<&'static Path> {
+    kernel_cache::cache_dir()
+}
+
+/// Compiles kernel file `file` (a name from [`SOURCES`]) to PTX for the
+/// virtual architecture `arch` (e.g. `compute_90`), or reads it from the
+/// kernel cache. No GPU is needed.
+/// Errors: libnvrtc or the headers missing ([`Error::DeviceUnavailable`]),
+/// or a compile error ([`Error::KernelCompile`] with NVRTC's log).
+pub fn compile(file: &str, arch: &str) -> Result<String> {
+    compile_source(file, source_of(file)?, arch)
+}
+
+/// Compiles `source` (named `file` in messages) with the prelude in front
+/// to PTX for `arch`, as [`compile`] does for the files in `kernels/`.
+pub fn compile_source(file: &str, source: &str, arch: &str) -> Result<String> {
+    let ptx = compile_in(kernel_cache_dir(), file, source, arch, ImageKind::Ptx)?;
+    ptx_text(file, arch, ptx)
+}
+
+/// Compiles kernel file `file` to a CUBIN for the real architecture `sm`
+/// (e.g. `sm_90`), or reads it from the kernel cache: what GPUs load. No
+/// GPU is needed; errors as [`compile`].
+pub fn compile_cubin(file: &str, sm: &str) -> Result<Vec<u8>> {
+    compile_in(
+        kernel_cache_dir(),
+        file,
+        source_of(file)?,
+        sm,
+        ImageKind::Cubin,
+    )
 }
 
 /// Compiled images by (kernel file, architecture).
-type BinaryCache = HashMap<(&'static str, String), Vec<u8>>;
+type ImageCache = HashMap<(&'static str, String), Vec<u8>>;
 
-/// [`compile_cubin`] with a per-process cache keyed by (file, sm).
-pub fn cubin_for(file: &'static str, sm: &str) -> Result<Vec<u8>> {
-    static CACHE: OnceLock<Mutex<BinaryCache>> = OnceLock::new();
+/// The image of kernel file `file` for `arch` (`compute_XY` for
+/// [`ImageKind::Ptx`], `sm_XY` for a CUBIN), kept in memory for the rest of
+/// the process after the first call (which reads the disk cache or runs
+/// NVRTC).
+pub fn image_for(file: &'static str, kind: ImageKind, arch: &str) -> Result<Vec<u8>> {
+    static CACHE: OnceLock<Mutex<ImageCache>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (file, sm.to_string());
+    let key = (file, arch.to_string());
     if let Some(c) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(c.clone());
     }
-    let cubin = compile_cubin(file, sm)?;
+    let image = compile_in(kernel_cache_dir(), file, source_of(file)?, arch, kind)?;
     cache
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(key, cubin.clone());
-    Ok(cubin)
+        .insert(key, image.clone());
+    Ok(image)
+}
+
+/// [`image_for`] a CUBIN for the real architecture `sm` (e.g. `sm_90`).
+pub fn cubin_for(file: &'static str, sm: &str) -> Result<Vec<u8>> {
+    image_for(file, ImageKind::Cubin, sm)
+}
+
+/// [`image_for`] PTX for the virtual architecture `compute` (e.g.
+/// `compute_80`), as text.
+pub fn ptx_for(file: &'static str, compute: &str) -> Result<String> {
+    ptx_text(file, compute, image_for(file, ImageKind::Ptx, compute)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether NVRTC and the headers are here; without them these tests
+    /// print why and pass, unless `LEANGRAD_REQUIRE_NVRTC=1` (as in CI).
+    fn nvrtc_usable(test: &str) -> bool {
+        let why = if !nvrtc_present() {
+            "libnvrtc not found".to_string()
+        } else if let Err(e) = include_dir() {
+            e.to_string()
+        } else {
+            return true;
+        };
+        let required = std::env::var("LEANGRAD_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        assert!(!required, "LEANGRAD_REQUIRE_NVRTC=1 but {why}");
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("skipped: {why} [{test}]\n").as_bytes(),
+        );
+        false
+    }
+
+    fn runs() -> usize {
+        NVRTC_RUNS.with(|n| n.get())
+    }
+
+    fn scratch(test: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "leangrad-nvrtc-cache-{test}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn entries(dir: &Path) -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_second_compile_reads_the_cache_and_a_corrupt_entry_is_recompiled() {
+        if !nvrtc_usable("nvrtc cache") {
+            return;
+        }
+        let dir = scratch("hits");
+        let src = source_of("relu_mask.cu").unwrap();
+        let compile = |arch, kind| compile_in(Some(&dir), "relu_mask.cu", src, arch, kind);
+        let start = runs();
+        let t = std::time::Instant::now();
+        let cold = compile("compute_80", ImageKind::Ptx).unwrap();
+        let cold_time = t.elapsed();
+        assert_eq!(runs(), start + 1);
+        assert!(std::str::from_utf8(&cold).unwrap().contains(".entry"));
+        let t = std::time::Instant::now();
+        let warm = compile("compute_80", ImageKind::Ptx).unwrap();
+        let warm_time = t.elapsed();
+        assert_eq!(runs(), start + 1, "the second compile ran NVRTC");
+        assert_eq!(warm, cold);
+        assert!(warm_time < cold_time, "{warm_time:?} vs {cold_time:?}");
+        assert_eq!(entries(&dir).len(), 1);
+
+        // Another architecture, or a CUBIN, is another entry.
+        let ptx86 = compile("compute_86", ImageKind::Ptx).unwrap();
+        assert!(std::str::from_utf8(&ptx86)
+            .unwrap()
+            .contains(".target sm_86"));
+        let cubin = compile("sm_80", ImageKind::Cubin).unwrap();
+        assert!(cubin.starts_with(b"\x7fELF"));
+        assert_eq!(runs(), start + 3);
+        let files = entries(&dir);
+        assert_eq!(files.len(), 3);
+
+        // A corrupted entry is compiled again (same output) and rewritten.
+        let entry = files
+            .iter()
+            .find(|p| p.to_string_lossy().contains(".compute_80."))
+            .unwrap();
+        let mut bytes = std::fs::read(entry).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x20;
+        std::fs::write(entry, &bytes).unwrap();
+        assert_eq!(compile("compute_80", ImageKind::Ptx).unwrap(), cold);
+        assert_eq!(runs(), start + 4);
+        assert_eq!(compile("compute_80", ImageKind::Ptx).unwrap(), cold);
+        assert_eq!(runs(), start + 4, "the rewritten entry is read");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_key_covers_the_source() {
+        if !nvrtc_usable("nvrtc cache key") {
+            return;
+        }
+        let dir = scratch("source");
+        let a = "extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }";
+        let b = "extern \"C\" __global__ void k(float* x) { x[0] = 2.0f; }";
+        let start = runs();
+        let pa = compile_in(Some(&dir), "k.cu", a, "compute_80", ImageKind::Ptx).unwrap();
+        let pb = compile_in(Some(&dir), "k.cu", b, "compute_80", ImageKind::Ptx).unwrap();
+        assert_ne!(pa, pb);
+        assert_eq!(runs(), start + 2);
+        assert_eq!(entries(&dir).len(), 2);
+        // A compile error is not cached.
+        let broken = "extern \"C\" __global__ void k(float* x) { x[0] = nope; }";
+        for _ in 0..2 {
+            let e = compile_in(Some(&dir), "k.cu", broken, "compute_80", ImageKind::Ptx);
+            assert!(matches!(e, Err(Error::KernelCompile { .. })), "{e:?}");
+        }
+        assert_eq!(runs(), start + 4);
+        assert_eq!(entries(&dir).len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
