@@ -155,7 +155,24 @@ impl Allocation {
 
     /// The first byte of `[off, off + len)` never written, if any.
     pub fn first_unwritten(&self, off: usize, len: usize) -> Option<usize> {
-        (off..off + len).find(|&i| self.written[i / 64] >> (i % 64) & 1 == 0)
+        let end = off + len;
+        let mut i = off;
+        while i < end {
+            // Whole shadow words at a time where the range covers them.
+            if i.is_multiple_of(64) && i + 64 <= end {
+                let w = self.written[i / 64];
+                if w != !0 {
+                    return Some(i + w.trailing_ones() as usize);
+                }
+                i += 64;
+            } else {
+                if self.written[i / 64] >> (i % 64) & 1 == 0 {
+                    return Some(i);
+                }
+                i += 1;
+            }
+        }
+        None
     }
 
     /// Marks `[off, off + len)` written.
@@ -174,7 +191,7 @@ impl Allocation {
         let end = off + len;
         let mut i = off;
         while i < end {
-            if i % 64 == 0 && i + 64 <= end {
+            if i.is_multiple_of(64) && i + 64 <= end {
                 self.written[i / 64] = !0;
                 i += 64;
             } else {
@@ -206,18 +223,29 @@ struct Freed {
 pub struct DeviceMemory {
     live: BTreeMap<u64, Allocation>,
     freed: BTreeMap<u64, Freed>,
+    base: u64,
     next: u64,
     capacity: u64,
     used: u64,
 }
 
 impl DeviceMemory {
-    /// An empty device of `capacity` bytes.
+    /// An empty device of `capacity` bytes, addresses from [`DEVICE_BASE`].
     pub fn new(capacity: u64) -> DeviceMemory {
+        DeviceMemory::with_base(DEVICE_BASE, capacity)
+    }
+
+    /// An empty device of `capacity` bytes whose addresses start at `base`
+    /// (≥ [`DEVICE_BASE`], a multiple of [`ALIGN`]): each simulated device
+    /// gets a range of its own, so a pointer of one device used on another
+    /// is found in no allocation.
+    pub fn with_base(base: u64, capacity: u64) -> DeviceMemory {
+        let base = base.max(DEVICE_BASE).div_ceil(ALIGN) * ALIGN;
         DeviceMemory {
             live: BTreeMap::new(),
             freed: BTreeMap::new(),
-            next: DEVICE_BASE,
+            base,
+            next: base,
             capacity,
             used: 0,
         }
@@ -377,10 +405,11 @@ impl DeviceMemory {
     /// end of the nearest one, inside a freed one, or outside device memory
     /// altogether (e.g. a host pointer).
     pub fn describe(&self, addr: u64) -> String {
-        if addr < DEVICE_BASE || addr >= self.next.max(DEVICE_BASE + 1) + (1 << 32) {
+        if addr < self.base || addr >= self.next + (1 << 32) {
+            let base = self.base;
             return format!(
-                "{addr:#x} is not a device address (device memory starts at {DEVICE_BASE:#x}; \
-                 a host pointer or a corrupted pointer?)"
+                "{addr:#x} is not a device address of this device (its memory starts at {base:#x}; \
+                 a host pointer, another device's pointer or a corrupted one?)"
             );
         }
         if let Some((&b, a)) = self.live.range(..=addr).next_back() {
@@ -434,7 +463,7 @@ mod tests {
         let mut m = DeviceMemory::new(1 << 20);
         let a = m.alloc(100).unwrap();
         let b = m.alloc(10).unwrap();
-        assert!(b >= a + 100 + RED_ZONE && b % ALIGN == 0);
+        assert!(b >= a + 100 + RED_ZONE && b.is_multiple_of(ALIGN));
         m.write(a, &[1; 100]).unwrap();
         let e = m.write(a + 97, &[0; 4]).unwrap_err();
         assert!(matches!(e, MemError::OutOfBounds { .. }), "{e}");

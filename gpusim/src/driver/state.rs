@@ -6,7 +6,7 @@ use super::config::Config;
 use super::consts::*;
 use super::errors::{fail, report, DResult, DrvErr};
 use super::pool::Pool;
-use crate::memory::DeviceMemory;
+use crate::memory::{self, DeviceMemory};
 use crate::ptx::{KernelId, LaunchDims, Module};
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -293,10 +293,15 @@ impl Sim {
     pub fn new(config: &Config) -> Sim {
         Sim {
             devices: (0..config.devices)
-                .map(|_| Device {
+                .map(|ordinal| Device {
                     name: "leangrad gpusim".to_string(),
                     compute: config.compute,
-                    mem: DeviceMemory::new(config.memory_bytes),
+                    // A 2^44-byte address range per device, so a pointer
+                    // of one device is foreign to every other.
+                    mem: DeviceMemory::with_base(
+                        memory::DEVICE_BASE + ((ordinal as u64) << 44),
+                        config.memory_bytes,
+                    ),
                     pool: Pool::new(),
                     allocs: BTreeMap::new(),
                     queue: VecDeque::new(),
