@@ -348,3 +348,34 @@ pub extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
         sim.sync(d, Some(key))
     })
 }
+
+/// `cuGetExportTable`: the driver's private tables of undocumented entry
+/// points, which the simulator does not have. NVRTC asks for one when it
+/// finds a libcuda (and compiles as usual after this error: without the
+/// symbol at all it crashes). Returns `CUDA_ERROR_NOT_SUPPORTED` and a null
+/// table; the detail is printed once per process, not at every compile.
+///
+/// # Safety
+/// `table` must be null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetExportTable(
+    table: *mut *const std::ffi::c_void,
+    _id: *const std::ffi::c_void,
+) -> CUresult {
+    static PRINTED: std::sync::Once = std::sync::Once::new();
+    if !table.is_null() {
+        // SAFETY: the caller passed a writable pointer.
+        unsafe { *table = std::ptr::null() };
+    }
+    let e = DrvErr::new(
+        CUDA_ERROR_NOT_SUPPORTED,
+        "the driver's private export tables are not simulated",
+    );
+    let mut first = false;
+    PRINTED.call_once(|| first = true);
+    if first {
+        report("cuGetExportTable", e)
+    } else {
+        CUDA_ERROR_NOT_SUPPORTED
+    }
+}
