@@ -62,6 +62,15 @@ pub fn check(test: &str, inputs: &[&Tensor], op: impl Fn(&[Tensor]) -> Result<Te
     }
 }
 
+/// A copy of `t` on `dev` in storage of its own, allocated in the ledger
+/// entered now: `to_device` onto a tensor's own device shares its storage
+/// (counted in whichever ledger made it), which would hide what a node
+/// saves of its input on that device and not on another.
+pub fn fresh_copy(t: &Tensor, dev: Device) -> Tensor {
+    let values = t.to_f64_vec().unwrap();
+    Tensor::from_f64_slice(&values, t.shape(), t.dtype(), dev).unwrap()
+}
+
 /// What one layer step leaves to compare across devices: the output, the
 /// gradients of the inputs that required grad (on the host, in dtype
 /// precision) and the bytes the autograd graph saved for backward.
@@ -87,7 +96,7 @@ pub fn layer_run(
     let leaves: Vec<Tensor> = inputs
         .iter()
         .zip(requires)
-        .map(|(t, &r)| t.to_device(dev).unwrap().set_requires_grad(r).unwrap())
+        .map(|(t, &r)| fresh_copy(t, dev).set_requires_grad(r).unwrap())
         .collect();
     let out = f(&leaves).unwrap_or_else(|e| panic!("forward on {dev}: {e}"));
     let saved = ledger.live_in(dev, Category::Saved);
