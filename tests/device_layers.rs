@@ -10,7 +10,9 @@
 mod cuda_common;
 mod device_common;
 
-use device_common::{check_layer, check_layer_under, check_layer_with, input, tol, FLOATS};
+use device_common::{
+    check_layer, check_layer_under, check_layer_with, fresh_copy, input, tol, FLOATS,
+};
 use leangrad::autograd::SavePolicy;
 use leangrad::nn::{scaled_dot_product_attention as sdpa, Module, SdpaOptions};
 use leangrad::{DType, Device, Result, Tensor};
@@ -41,11 +43,14 @@ fn qkv(
     ]
 }
 
-/// SDPA of `t` with `opts`, the mask (if any) moved to the inputs' device.
+/// SDPA of `t` with `opts`, the mask (if any) a fresh copy on the inputs'
+/// device in the run's ledger: attention saves the mask, and `to_device`
+/// onto the CPU would share the caller's storage (counted outside the
+/// ledger) while CUDA uploads a copy.
 fn run_sdpa(t: &[Tensor], opts: &SdpaOptions) -> Result<Tensor> {
     let mut o = opts.clone();
     if let Some(m) = &opts.mask {
-        o.mask = Some(m.to_device(t[0].device())?);
+        o.mask = Some(fresh_copy(m, t[0].device()));
     }
     sdpa(&t[0], &t[1], &t[2], &o)
 }
@@ -265,8 +270,11 @@ fn conv_transpose2d_layer() {
                 t[0].device(),
                 9,
             )?;
-            m.weight = w2.to_device(t[0].device())?;
-            m.bias = Some(b6.to_device(t[0].device())?);
+            // Fresh copies in the run's ledger (the weight is saved for
+            // the input's gradient; `to_device` onto the CPU would share
+            // the caller's storage, counted outside the ledger).
+            m.weight = fresh_copy(&w2, t[0].device());
+            m.bias = Some(fresh_copy(&b6, t[0].device()));
             m.forward(&t[0])
         });
     }
@@ -376,10 +384,10 @@ fn saved_value_activations() {
 
 /// The shapes above reach both of attention's lean saving paths (checked
 /// on the CPU, the reference the devices are compared with). The inputs
-/// are leaves, counted under their own category, so the Saved bytes are
-/// what attention made for backward: LONG with q, k, v requiring grad
-/// keeps the f32 lse (rows = 2·3·9) instead of P (2·3·9·13); WIDE keeps
-/// P (1·2·3·4) whether only v or only q requires grad.
+/// are fresh leaves in the run's ledger, so those attention keeps count as
+/// Saved too: LONG with q, k, v requiring grad keeps q, k, v and the f32
+/// lse (rows = 2·3·9) instead of P (2·3·9·13); WIDE keeps P (1·2·3·4)
+/// alone when only v requires grad, and P with k and v when only q does.
 #[test]
 fn sdpa_shapes_cover_both_saving_paths() {
     let f = |t: &[Tensor]| run_sdpa(t, &SdpaOptions::default());
@@ -387,10 +395,13 @@ fn sdpa_shapes_cover_both_saving_paths() {
         let [q, k, v] = qkv(DType::F32, dims);
         device_common::layer_run(Device::Cpu, SavePolicy::Lean, &[&q, &k, &v], requires, &f).saved
     };
-    assert_eq!(saved(LONG, &[true, true, true]), 54 * 4);
+    // f32 elements of q, k, v: LONG (2, 3, 9, 13, 3, 5), WIDE (1, 2, 3, 4, 33, 7).
+    let (lq, lk, lv) = (2 * 3 * 9 * 3, 2 * 3 * 13 * 3, 2 * 3 * 13 * 5);
+    let (wk, wv) = (2 * 4 * 33, 2 * 4 * 7);
+    assert_eq!(saved(LONG, &[true, true, true]), (lq + lk + lv + 54) * 4);
     assert_eq!(saved(WIDE, &[false, false, true]), 24 * 4);
-    assert_eq!(saved(WIDE, &[true, false, false]), 24 * 4);
-    // SaveAll keeps P (and its inputs) in every case.
+    assert_eq!(saved(WIDE, &[true, false, false]), (wk + wv + 24) * 4);
+    // SaveAll keeps P and its inputs in every case.
     let [q, k, v] = qkv(DType::F32, LONG);
     let all = device_common::layer_run(
         Device::Cpu,
@@ -399,5 +410,5 @@ fn sdpa_shapes_cover_both_saving_paths() {
         &[true; 3],
         &f,
     );
-    assert_eq!(all.saved, 702 * 4);
+    assert_eq!(all.saved, (lq + lk + lv + 702) * 4);
 }

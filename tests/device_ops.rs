@@ -8,7 +8,7 @@
 mod cuda_common;
 mod device_common;
 
-use device_common::{check, check_layer, check_layer_under, input, FLOATS};
+use device_common::{check, check_layer, check_layer_under, fresh_copy, input, FLOATS};
 use leangrad::memory::Ledger;
 use leangrad::ops::CrossEntropyOptions;
 use leangrad::{DType, Device, Error, Result, Tensor};
@@ -407,8 +407,11 @@ fn embedding_layer() {
         let idx = Tensor::from_vec(vec![3i64, 0, 8, 3, 3, 1, 7, 0], &[2, 4], Device::Cpu).unwrap();
         for padding in [None, Some(3)] {
             let idx = idx.clone();
+            // A fresh copy of the indices in the run's ledger on every
+            // device (saved when the table trains; `to_device` onto the CPU
+            // would share the caller's storage, counted outside the ledger).
             check_layer("embedding", &[&w], move |t| {
-                let idx = idx.to_device(t[0].device())?;
+                let idx = fresh_copy(&idx, t[0].device());
                 leangrad::nn::embedding(&t[0], &idx, padding)
             });
         }
