@@ -8,7 +8,9 @@
 mod cuda_common;
 mod device_common;
 
-use device_common::{check, check_layer, check_layer_under, fresh_copy, input, FLOATS};
+use device_common::{
+    check, check_layer, check_layer_under, check_multilinear, fresh_copy, input, FLOATS,
+};
 use leangrad::memory::Ledger;
 use leangrad::ops::CrossEntropyOptions;
 use leangrad::{DType, Device, Error, Result, Tensor};
@@ -354,13 +356,16 @@ fn conv2d_layer_and_bias_grad() {
         let x = input(&[3, 4, 7, 6], dtype, 31, -1.0, 1.0);
         let w = input(&[6, 2, 3, 2], dtype, 32, -0.5, 0.5);
         let b = input(&[6], dtype, 33, -0.5, 0.5);
+        // cuBLAS and the CPU's gemm sum in different orders: an element
+        // that cancels (a weight gradient of 75 terms) differs by more
+        // than 1e-5 of itself, within the sums' rounding bound.
         for (name, opts) in [("conv2d", grouped), ("conv2d strided", strided)] {
-            check_layer(name, &[&x, &w, &b], |t| {
+            check_multilinear(name, &[&x, &w, &b], |t| {
                 conv2d(&t[0], &t[1], Some(&t[2]), &opts)
             });
             // The input as a permuted view (a dense copy on the way in).
             let xt = x.transpose(2, 3).unwrap();
-            check_layer(&format!("{name} of a view"), &[&xt, &w], |t| {
+            check_multilinear(&format!("{name} of a view"), &[&xt, &w], |t| {
                 conv2d(&t[0].transpose(2, 3)?, &t[1], None, &opts)
             });
         }
