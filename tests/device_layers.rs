@@ -375,9 +375,9 @@ fn dropout_under_save_all() {
 
 /// The activations that save a value (GELU, SiLU: the input; Sigmoid,
 /// Tanh: the output). Their backwards are the elementwise gradient kernels
-/// `GeluB`, `SiluB`, `SigmoidB`, `TanhB` of `src/ops/unary.rs`, which have
-/// no CUDA op yet (outside issue #5's files): on a GPU this test reports
-/// their `NotOnCuda` until they get one; the forwards already dispatch.
+/// `GeluB`, `SiluB`, `SigmoidB`, `TanhB` of `src/ops/unary.rs`, on CUDA
+/// `lg_binary` in kernels/elementwise.cu, which rounds half types after
+/// every operation as the CPU does.
 #[test]
 fn saved_value_activations() {
     use leangrad::nn::{SiLU, Sigmoid, Tanh, GELU};
