@@ -4,10 +4,24 @@
 // kernels of the unary ops are binary maps `(g, saved) -> dx`). Outputs are
 // contiguous. The op codes must match `UnaryOp` / `BinaryOp` in
 // src/cuda/elementwise.rs, and each formula the CPU kernel of the same op
-// (src/ops/unary.rs, scalar.rs, loss.rs), operation for operation.
+// (src/ops/unary.rs, scalar.rs, loss.rs), operation for operation. The CPU
+// computes half types one operation at a time, each rounded to the element
+// type, so every intermediate here goes through `lg_rt` (the identity for
+// float and double): a formula of several operations rounded only once
+// differs from the CPU's by ulps, and by far more where it cancels
+// (tanh's 1 - y² for y near ±1).
 
-template <typename A> __device__ __forceinline__ A lg_sigmoid(A x) {
-    return (A)1 / ((A)1 + exp(-x));
+// `v` rounded to the element type T and back to its arithmetic type.
+template <typename T>
+__device__ __forceinline__ typename Acc<T>::type lg_rt(typename Acc<T>::type v) {
+    return lg_load(lg_store<T>(v));
+}
+
+// 1 / (1 + e^-x), each operation rounded to T (the CPU's `sigmoid`).
+template <typename T>
+__device__ __forceinline__ typename Acc<T>::type lg_sigmoid(typename Acc<T>::type x) {
+    typedef typename Acc<T>::type A;
+    return lg_rt<T>((A)1 / lg_rt<T>((A)1 + lg_rt<T>(exp(-x))));
 }
 
 // GELU and its derivative in double whatever the element type, as
@@ -33,8 +47,10 @@ __device__ __forceinline__ double lg_gelu_grad(double x, bool approximate) {
 }
 
 // `p` and `q` are the parameters in the arithmetic type, `pd` the first in
-// double (for the ops that compute in double as the CPU does).
-template <typename A> __device__ __forceinline__ A lg_unary(int op, A x, A p, A q, double pd) {
+// double (for the ops that compute in double as the CPU does). The result
+// is rounded to T by the caller's store.
+template <typename T, typename A = typename Acc<T>::type>
+__device__ __forceinline__ A lg_unary(int op, A x, A p, A q, double pd) {
     switch (op) {
     case 0: return -x;
     case 1: return exp(x);
@@ -46,10 +62,10 @@ template <typename A> __device__ __forceinline__ A lg_unary(int op, A x, A p, A 
     case 7: return sin(x);
     case 8: return cos(x);
     case 9: return tanh(x);
-    case 10: return lg_sigmoid(x);
+    case 10: return lg_sigmoid<T>(x);
     case 11: return (A)lg_gelu((double)x, false);
     case 12: return (A)lg_gelu((double)x, true);
-    case 13: return x * lg_sigmoid(x);
+    case 13: return x * lg_sigmoid<T>(x);
     // relu: `x <= 0` is false for NaN, so NaN propagates (as the CPU).
     case 14: return x <= (A)0 ? (A)0 : x;
     case 15: return pow(x, p);
@@ -77,9 +93,10 @@ template <typename A> __device__ __forceinline__ A lg_unary(int op, A x, A p, A 
 // double as the CPU does keep it exact). For the gradient kernels `a` is the
 // incoming gradient g and `b` the saved input x or output y.
 // `pt` and `pm1t` are p and p - 1 rounded to the element type (the CPU
-// rounds a scalar to T before using it: powf's gradient).
-template <typename A> __device__ __forceinline__ A lg_binary(int op, A a, A b, double p, A pt,
-                                                              A pm1t) {
+// rounds a scalar to T before using it: powf's gradient). Intermediates are
+// rounded to T as the CPU's (`lg_rt`); the result by the caller's store.
+template <typename T, typename A = typename Acc<T>::type>
+__device__ __forceinline__ A lg_binary(int op, A a, A b, double p, A pt, A pm1t) {
     switch (op) {
     case 0: return a + b;
     case 1: return a - b;
@@ -91,23 +108,25 @@ template <typename A> __device__ __forceinline__ A lg_binary(int op, A a, A b, d
     case 4: return (a != a || b != b) ? a + b : (a >= b ? a : b);
     case 5: return (a != a || b != b) ? a + b : (a >= b ? b : a);
     case 6: return pow(a, b);
-    case 7: return a / (b + b);                          // sqrt: g / 2y
-    case 8: return b > (A)0 ? a : (b < (A)0 ? -a : (A)0); // abs: 0 at 0 and NaN
-    case 9: return a * (b + b);                          // square: g · 2x
-    case 10: return -(a * b * b);                        // recip: -g y²
-    case 11: return a * cos(b);                          // sin
-    case 12: return -(a * sin(b));                       // cos
-    case 13: return a * ((A)1 - b * b);                  // tanh: g (1 - y²)
-    case 14: return a * b * ((A)1 - b);                  // sigmoid: g y (1 - y)
-    case 15: {                                           // silu
-        A s = lg_sigmoid(b);
-        return a * s * ((A)1 + b * ((A)1 - s));
+    case 7: return a / lg_rt<T>(b + b);                             // sqrt: g / 2y
+    case 8: return b > (A)0 ? a : (b < (A)0 ? -a : (A)0);            // abs: 0 at 0 and NaN
+    case 9: return a * lg_rt<T>(b + b);                             // square: g · 2x
+    case 10: return -(lg_rt<T>(a * b) * b);                         // recip: -g y²
+    case 11: return a * lg_rt<T>(cos(b));                           // sin
+    case 12: return -(a * lg_rt<T>(sin(b)));                        // cos
+    case 13: return a * lg_rt<T>((A)1 - lg_rt<T>(b * b));           // tanh: g (1 - y²)
+    case 14: return lg_rt<T>(a * b) * lg_rt<T>((A)1 - b);           // sigmoid: g y (1 - y)
+    case 15: {                                                      // silu
+        A s = lg_sigmoid<T>(b);
+        return lg_rt<T>(a * s) * lg_rt<T>((A)1 + lg_rt<T>(b * lg_rt<T>((A)1 - s)));
     }
     // powf: g · p · x^(p-1), and 0 for p = 0 (p and p - 1 each rounded to
     // the element type, as the CPU rounds each to the dtype).
-    case 16: return p == 0.0 ? (A)0 : a * pt * pow(b, pm1t);
-    case 17: return a * (A)lg_gelu_grad((double)b, false);
-    case 18: return a * (A)lg_gelu_grad((double)b, true);
+    case 16: return p == 0.0 ? (A)0 : lg_rt<T>(a * pt) * lg_rt<T>(pow(b, pm1t));
+    // gelu': computed in double, rounded to T through float (the CPU's
+    // `c::<T>(gelu_f64(x).1)`), then the product.
+    case 17: return a * lg_rt<T>((A)lg_gelu_grad((double)b, false));
+    case 18: return a * lg_rt<T>((A)lg_gelu_grad((double)b, true));
     // The share of maximum's / minimum's gradient that goes to `a`: 1 where
     // a wins, 1/2 on a tie, 0 where b wins or either is NaN.
     case 19: return a == b ? (A)0.5 : (a > b ? (A)1 : (A)0);
@@ -126,7 +145,7 @@ template <typename A> __device__ __forceinline__ A lg_binary(int op, A a, A b, d
         typedef Acc<T>::type A;                                                       \
         /* the scalars rounded to T first, as the CPU's `c::<T>(p)` */                \
         A p = lg_load(lg_from_f64<T>(param)), q = lg_load(lg_from_f64<T>(param2));    \
-        LG_GRID_LOOP(i, n) { out[i] = lg_store<T>(lg_unary<A>(op, lg_load(x[lg_offset(lx, i)]), p, q, param)); } \
+        LG_GRID_LOOP(i, n) { out[i] = lg_store<T>(lg_unary<T>(op, lg_load(x[lg_offset(lx, i)]), p, q, param)); } \
     }
 LG_FOR_FLOATS(LG_UNARY)
 
@@ -142,7 +161,7 @@ LG_FOR_FLOATS(LG_UNARY)
         LG_GRID_LOOP(i, n) {                                                          \
             A va = lg_load(a[lg_offset(la, i)]);                                      \
             A vb = lg_load(b[lg_offset(lb, i)]);                                      \
-            out[i] = lg_store<T>(lg_binary<A>(op, va, vb, param, pt, pm1t));          \
+            out[i] = lg_store<T>(lg_binary<T>(op, va, vb, param, pt, pm1t));          \
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_BINARY)

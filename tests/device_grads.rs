@@ -10,7 +10,7 @@
 mod cuda_common;
 mod device_common;
 
-use device_common::{check, check_layer, input, FLOATS};
+use device_common::{check, check_layer, fresh_copy, input, FLOATS};
 use leangrad::ops::Reduction;
 use leangrad::{DType, Device, Result, Tensor};
 
@@ -248,12 +248,16 @@ fn scatter_add_source_gradient() {
         let src = input(&[5, 4, 3], dtype, 65, -1.0, 1.0);
         let wide = input(&[6, 5, 4], dtype, 66, -1.0, 1.0);
         let gi = &gi;
+        // The index is made inside each run, a fresh copy in the run's
+        // ledger on every device: scatter_add saves it for the source's
+        // gradient, and `to_device` onto the CPU would share the caller's
+        // storage (counted outside the ledger) while CUDA uploads a copy.
         check_layer("scatter_add", &[&x, &src], move |t| {
-            t[0].scatter_add(0, &gi.to_device(t[0].device())?, &t[1])
+            t[0].scatter_add(0, &fresh_copy(gi, t[0].device()), &t[1])
         });
         // src larger than the index: the uncovered part gets zeros.
         check_layer("scatter_add, src larger", &[&x, &wide], move |t| {
-            t[0].scatter_add(0, &gi.to_device(t[0].device())?, &t[1])
+            t[0].scatter_add(0, &fresh_copy(gi, t[0].device()), &t[1])
         });
         let gi1 = &gi1;
         let tall = input(&[4, 5, 5], dtype, 69, -1.0, 1.0);
@@ -262,7 +266,7 @@ fn scatter_add_source_gradient() {
             &[&x, &tall],
             move |t| {
                 let s = t[1].transpose(0, 2)?;
-                t[0].scatter_add(1, &gi1.to_device(t[0].device())?, &s)
+                t[0].scatter_add(1, &fresh_copy(gi1, t[0].device()), &s)
             },
         );
     }

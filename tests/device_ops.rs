@@ -8,7 +8,9 @@
 mod cuda_common;
 mod device_common;
 
-use device_common::{check, check_layer, check_layer_under, input, FLOATS};
+use device_common::{
+    check, check_layer, check_layer_under, check_multilinear, fresh_copy, input, FLOATS,
+};
 use leangrad::memory::Ledger;
 use leangrad::ops::CrossEntropyOptions;
 use leangrad::{DType, Device, Error, Result, Tensor};
@@ -354,13 +356,16 @@ fn conv2d_layer_and_bias_grad() {
         let x = input(&[3, 4, 7, 6], dtype, 31, -1.0, 1.0);
         let w = input(&[6, 2, 3, 2], dtype, 32, -0.5, 0.5);
         let b = input(&[6], dtype, 33, -0.5, 0.5);
+        // cuBLAS and the CPU's gemm sum in different orders: an element
+        // that cancels (a weight gradient of 75 terms) differs by more
+        // than 1e-5 of itself, within the sums' rounding bound.
         for (name, opts) in [("conv2d", grouped), ("conv2d strided", strided)] {
-            check_layer(name, &[&x, &w, &b], |t| {
+            check_multilinear(name, &[&x, &w, &b], |t| {
                 conv2d(&t[0], &t[1], Some(&t[2]), &opts)
             });
             // The input as a permuted view (a dense copy on the way in).
             let xt = x.transpose(2, 3).unwrap();
-            check_layer(&format!("{name} of a view"), &[&xt, &w], |t| {
+            check_multilinear(&format!("{name} of a view"), &[&xt, &w], |t| {
                 conv2d(&t[0].transpose(2, 3)?, &t[1], None, &opts)
             });
         }
@@ -407,8 +412,11 @@ fn embedding_layer() {
         let idx = Tensor::from_vec(vec![3i64, 0, 8, 3, 3, 1, 7, 0], &[2, 4], Device::Cpu).unwrap();
         for padding in [None, Some(3)] {
             let idx = idx.clone();
+            // A fresh copy of the indices in the run's ledger on every
+            // device (saved when the table trains; `to_device` onto the CPU
+            // would share the caller's storage, counted outside the ledger).
             check_layer("embedding", &[&w], move |t| {
-                let idx = idx.to_device(t[0].device())?;
+                let idx = fresh_copy(&idx, t[0].device());
                 leangrad::nn::embedding(&t[0], &idx, padding)
             });
         }

@@ -80,6 +80,14 @@ pub struct LayerRun {
     pub saved: usize,
 }
 
+/// The output gradient of a layer run: seeded by the output's shape.
+fn run_gy(shape: &[usize], dtype: DType, dev: Device) -> Tensor {
+    Tensor::rand_range(shape, -1.0, 1.0, dtype, Device::Cpu, 99)
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
+}
+
 /// Runs `f` on copies of `inputs` on `dev` (input `i` requiring grad when
 /// `requires[i]`) in a fresh ledger under `policy`, then backpropagates
 /// `sum(out · gy)` (`gy` seeded by the output's shape).
@@ -100,10 +108,7 @@ pub fn layer_run(
         .collect();
     let out = f(&leaves).unwrap_or_else(|e| panic!("forward on {dev}: {e}"));
     let saved = ledger.live_in(dev, Category::Saved);
-    let gy = Tensor::rand_range(out.shape(), -1.0, 1.0, out.dtype(), Device::Cpu, 99)
-        .unwrap()
-        .to_device(dev)
-        .unwrap();
+    let gy = run_gy(out.shape(), out.dtype(), dev);
     out.mul(&gy).unwrap().sum_all().unwrap().backward().unwrap();
     let grads = leaves
         .iter()
@@ -147,25 +152,182 @@ pub fn check_layer_with(
     t: f64,
     f: impl Fn(&[Tensor]) -> Result<Tensor>,
 ) {
+    check_layers(test, policies, inputs, t, None, &f)
+}
+
+/// Per-element bounds on `|result − exact|` for any device: given the
+/// inputs' dtype, the inputs as exact f64 CPU tensors and the output
+/// gradient `gy` (f64), one f64 tensor for the output and one per input
+/// (its gradient's bound), in input order.
+pub type ErrorBound<'a> = &'a dyn Fn(DType, &[Tensor], &Tensor) -> Result<Vec<Tensor>>;
+
+/// [`check_layer_with`] where each element may also differ from the CPU's
+/// by twice `bound` (both results within it of the exact one): for layers
+/// whose devices legitimately sum in different orders (cuBLAS vs the CPU's
+/// gemm), where an element that cancels is off by far more than `t` of
+/// itself.
+pub fn check_layer_bounded(
+    test: &str,
+    policies: &[SavePolicy],
+    inputs: &[&Tensor],
+    t: f64,
+    bound: ErrorBound,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) {
+    check_layers(test, policies, inputs, t, Some(bound), &f)
+}
+
+/// [`check_layer`] for a layer that is a sum of products of its inputs
+/// (convolutions): elements may also differ by the two devices' summation
+/// orders, within [`multilinear_bound`].
+pub fn check_multilinear(test: &str, inputs: &[&Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let t = inputs.first().map_or(1e-5, |x| tol(x.dtype()));
+    let bound = multilinear_bound(&f);
+    let policies = [SavePolicy::Lean, SavePolicy::SaveAll];
+    check_layers(test, &policies, inputs, t, Some(&bound), &f)
+}
+
+/// The unit roundoff `u` of a float dtype (half its epsilon).
+pub fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 2f64.powi(-53),
+        DType::F32 => 2f64.powi(-24),
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        _ => 0.0,
+    }
+}
+
+/// `γ_n = n·u / (1 − n·u)` elementwise for a tensor of term counts `n`:
+/// computed in any order, with or without fused multiply-adds, a sum of
+/// `n` products (or of `n − 1` products and one more term) is within
+/// `γ_n · Σ|terms|` of the exact sum (Higham, Accuracy and Stability of
+/// Numerical Algorithms, §3.1).
+pub fn gamma(n: &Tensor, u: f64) -> Result<Tensor> {
+    n.mul_scalar(u)?.div(&n.mul_scalar(-u)?.add_scalar(1.0)?)
+}
+
+/// The output of `f` and the gradients of `sum(out · gy)` with respect to
+/// every input (all requiring grad), on the CPU.
+pub fn output_and_grads(
+    inputs: &[Tensor],
+    gy: &Tensor,
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) -> Result<Vec<Tensor>> {
+    let leaves = inputs
+        .iter()
+        .map(|t| t.detach().set_requires_grad(true))
+        .collect::<Result<Vec<_>>>()?;
+    let out = f(&leaves)?;
+    out.mul(gy)?.sum_all()?.backward()?;
+    let mut all = vec![out.detach()];
+    for l in &leaves {
+        all.push(
+            l.grad()
+                .ok_or(leangrad::Error::Backward("no gradient".into()))?,
+        );
+    }
+    Ok(all)
+}
+
+/// The [`ErrorBound`] of a layer whose output is a sum of products of its
+/// inputs' elements, each product taken once (convolutions, matmuls, with
+/// bias): every output and gradient element is such a sum, so each device
+/// is within `γ_(n+1) · Σ|terms|` of the exact value (`+1`: the rounding of
+/// a half-precision result computed in f32). `f` on `|inputs|` and `|gy|`
+/// in f64 gives `Σ|terms|` per element, `f` on ones the number of terms `n`.
+pub fn multilinear_bound(
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) -> impl Fn(DType, &[Tensor], &Tensor) -> Result<Vec<Tensor>> + '_ {
+    move |dtype, x, gy| {
+        let abs = x.iter().map(|t| t.abs()).collect::<Result<Vec<_>>>()?;
+        let magnitude = output_and_grads(&abs, &gy.abs()?, f)?;
+        let ones = x
+            .iter()
+            .map(|t| Tensor::ones(t.shape(), DType::F64, Device::Cpu))
+            .collect::<Result<Vec<_>>>()?;
+        let counts = output_and_grads(&ones, &gy.ones_like()?, f)?;
+        let u = unit_roundoff(dtype);
+        magnitude
+            .iter()
+            .zip(&counts)
+            .map(|(s, n)| gamma(&n.add_scalar(1.0)?, u)?.mul(s))
+            .collect()
+    }
+}
+
+fn check_layers(
+    test: &str,
+    policies: &[SavePolicy],
+    inputs: &[&Tensor],
+    t: f64,
+    bound: Option<ErrorBound>,
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) {
     let n = inputs.len();
+    // The same for every run: the output and each gradient are what they
+    // are whichever inputs require grad.
+    let mut bounds: Option<Vec<Vec<f64>>> = None;
     for mask in 1..(1u32 << n) {
         let requires: Vec<bool> = (0..n).map(|i| mask & (1 << i) != 0).collect();
         for &policy in policies {
-            let want = layer_run(Device::Cpu, policy, inputs, &requires, &f);
+            let want = layer_run(Device::Cpu, policy, inputs, &requires, f);
+            if bounds.is_none() {
+                bounds = bound.map(|b| exact_bounds(b, inputs, &want.out));
+            }
             for dev in cuda_common::devices(test) {
                 if dev == Device::Cpu {
                     continue;
                 }
-                let got = layer_run(dev, policy, inputs, &requires, &f);
+                let got = layer_run(dev, policy, inputs, &requires, f);
                 let what = format!("{test} on {dev} ({policy:?}, requires grad {requires:?})");
-                assert_close_tol(&what, &want.out, &got.out, t);
+                let within = |i: usize| bounds.as_ref().map(|b| b[i].as_slice());
+                assert_close_within(&what, &want.out, &got.out, t, within(0));
                 for (i, (w, g)) in want.grads.iter().zip(&got.grads).enumerate() {
                     if let (Some(w), Some(g)) = (w, g) {
-                        assert_close_tol(&format!("{what}: grad {i}"), w, g, t);
+                        let what = format!("{what}: grad {i}");
+                        assert_close_within(&what, w, g, t, within(i + 1));
                     }
                 }
                 assert_eq!(got.saved, want.saved, "{what}: saved bytes vs the CPU's");
             }
         }
+    }
+}
+
+/// `bound` evaluated on the exact (f64) inputs and the runs' `gy`.
+fn exact_bounds(bound: ErrorBound, inputs: &[&Tensor], out: &Tensor) -> Vec<Vec<f64>> {
+    let x = inputs
+        .iter()
+        .map(|t| t.to_dtype(DType::F64))
+        .collect::<Result<Vec<_>>>()
+        .unwrap();
+    let gy = run_gy(out.shape(), out.dtype(), Device::Cpu)
+        .to_dtype(DType::F64)
+        .unwrap();
+    let b = bound(inputs[0].dtype(), &x, &gy).unwrap();
+    b.iter().map(|t| t.to_f64_vec().unwrap()).collect()
+}
+
+/// [`assert_close_tol`], each element also passing within twice its
+/// `bound` (two results each within `bound` of the exact value).
+fn assert_close_within(what: &str, want: &Tensor, got: &Tensor, t: f64, bound: Option<&[f64]>) {
+    let Some(bound) = bound else {
+        return assert_close_tol(what, want, got, t);
+    };
+    assert_eq!(want.shape(), got.shape(), "{what}: shape");
+    assert_eq!(want.dtype(), got.dtype(), "{what}: dtype");
+    assert_eq!(bound.len(), want.numel(), "{what}: bound's size");
+    let (w, g) = (want.to_f64_vec().unwrap(), got.to_f64_vec().unwrap());
+    let big = w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    for (i, ((a, b), e)) in w.iter().zip(&g).zip(bound).enumerate() {
+        let ok = a == b
+            || (a.is_nan() && b.is_nan())
+            || (a - b).abs() <= t * a.abs().max(1e-3 * big)
+            || (a - b).abs() <= 2.0 * e;
+        assert!(
+            ok,
+            "{what}: element {i}: cpu {a} vs {b} (bound {e:e} from the exact)"
+        );
     }
 }
