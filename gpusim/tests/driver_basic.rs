@@ -1,6 +1,8 @@
 //! The driver entry points called directly: device queries, allocation,
 //! copies, handle and pointer validation, error strings.
 
+mod driver_common;
+use driver_common::{alloc, error_string, make_current, read};
 use leangrad_gpusim::driver::api_device::*;
 use leangrad_gpusim::driver::api_memory::*;
 use leangrad_gpusim::driver::api_module::*;
@@ -9,43 +11,9 @@ use leangrad_gpusim::driver::errors::{cuGetErrorName, cuGetErrorString};
 use std::ffi::{c_void, CStr};
 use std::ptr::null_mut;
 
-/// Initialises, retains device 0's primary context and makes it current on
-/// this thread.
-fn setup() -> CUcontext {
-    unsafe {
-        assert_eq!(cuInit(0), CUDA_SUCCESS);
-        let mut ctx = null_mut();
-        assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, 0), CUDA_SUCCESS);
-        assert_eq!(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-        ctx
-    }
-}
-
-fn error_string(code: CUresult) -> String {
-    let mut p = std::ptr::null();
-    assert_eq!(unsafe { cuGetErrorString(code, &mut p) }, CUDA_SUCCESS);
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-fn alloc(n: usize) -> u64 {
-    let mut p = 0;
-    assert_eq!(
-        unsafe { cuMemAllocAsync(&mut p, n, null_mut()) },
-        CUDA_SUCCESS
-    );
-    p
-}
-
-fn read(p: u64, n: usize) -> Vec<u8> {
-    let mut v = vec![0u8; n];
-    let r = unsafe { cuMemcpyDtoHAsync_v2(v.as_mut_ptr().cast(), p, n, null_mut()) };
-    assert_eq!(r, CUDA_SUCCESS, "{}", error_string(r));
-    v
-}
-
 #[test]
 fn device_queries() {
-    setup();
+    make_current();
     unsafe {
         let mut n = 0;
         assert_eq!(cuDeviceGetCount(&mut n), CUDA_SUCCESS);
@@ -119,7 +87,7 @@ fn error_names_and_strings() {
 
 #[test]
 fn copies_roundtrip_and_memset() {
-    setup();
+    make_current();
     let a = alloc(100);
     let b = alloc(100);
     let host: Vec<u8> = (0..100).collect();
@@ -173,7 +141,7 @@ fn copies_roundtrip_and_memset() {
 
 #[test]
 fn out_of_bounds_and_host_pointers_are_refused() {
-    setup();
+    make_current();
     let a = alloc(16);
     let host = [0u8; 32];
     unsafe {
@@ -227,7 +195,7 @@ fn out_of_bounds_and_host_pointers_are_refused() {
 
 #[test]
 fn out_of_memory() {
-    setup();
+    make_current();
     unsafe {
         let mut p = 0;
         assert_eq!(
@@ -246,7 +214,7 @@ fn out_of_memory() {
 
 #[test]
 fn handles_are_checked() {
-    setup();
+    make_current();
     unsafe {
         let bogus = 0x1234 as *mut c_void;
         assert_eq!(cuStreamSynchronize(bogus), CUDA_ERROR_INVALID_HANDLE);
@@ -301,7 +269,7 @@ fn handles_are_checked() {
 
 #[test]
 fn binaries_are_refused_with_a_message() {
-    setup();
+    make_current();
     unsafe {
         let mut m = null_mut();
         let elf = b"\x7fELF\x02\x01\x01\0\0\0";

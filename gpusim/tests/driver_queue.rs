@@ -2,12 +2,12 @@
 //! host bytes are staged at enqueue; a fault goes to the enqueuing thread.
 //! The tests of this file run one at a time (they look at the queue).
 
+mod driver_common;
+use driver_common::{alloc, error_string, make_current, read};
 use leangrad_gpusim::driver::api_device::*;
 use leangrad_gpusim::driver::api_memory::*;
 use leangrad_gpusim::driver::consts::*;
-use leangrad_gpusim::driver::errors::cuGetErrorString;
 use leangrad_gpusim::driver::state;
-use std::ffi::CStr;
 use std::ptr::null_mut;
 use std::sync::{Mutex, MutexGuard};
 
@@ -15,42 +15,15 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn setup() -> MutexGuard<'static, ()> {
     let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    unsafe {
-        assert_eq!(cuInit(0), CUDA_SUCCESS);
-        let mut ctx = null_mut();
-        assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, 0), CUDA_SUCCESS);
-        assert_eq!(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-        assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
-    }
+    make_current();
+    assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
     g
-}
-
-fn error_string(code: CUresult) -> String {
-    let mut p = std::ptr::null();
-    assert_eq!(unsafe { cuGetErrorString(code, &mut p) }, CUDA_SUCCESS);
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 fn queued() -> usize {
     state::lock()
         .as_ref()
         .map_or(0, |s| s.devices[0].queue.len())
-}
-
-fn alloc(n: usize) -> u64 {
-    let mut p = 0;
-    assert_eq!(
-        unsafe { cuMemAllocAsync(&mut p, n, null_mut()) },
-        CUDA_SUCCESS
-    );
-    p
-}
-
-fn read(p: u64, n: usize) -> Vec<u8> {
-    let mut v = vec![0u8; n];
-    let r = unsafe { cuMemcpyDtoHAsync_v2(v.as_mut_ptr().cast(), p, n, null_mut()) };
-    assert_eq!(r, CUDA_SUCCESS, "{}", error_string(r));
-    v
 }
 
 #[test]
