@@ -94,6 +94,59 @@ fn rd(b: &[u8]) -> u64 {
     u64::from_le_bytes(v)
 }
 
+/// Sign-extends a loaded `size`-byte value to `sext_bits` (0: zero-extended,
+/// as loaded).
+#[inline(always)]
+fn extend(v: u64, size: usize, sext_bits: u8) -> u64 {
+    if sext_bits == 0 {
+        return v;
+    }
+    super::alu::sext(v, size as u32 * 8) as u64 & super::alu::mask(sext_bits as u32)
+}
+
+/// Loads the values of `size` bytes at `data[off..]` into lane `l` of
+/// registers `d` (one register a value), extended as `sext_bits` says.
+#[inline(always)]
+fn load_lane(
+    w: &mut Warp,
+    l: usize,
+    d: &[Slot],
+    size: usize,
+    sext_bits: u8,
+    data: &[u8],
+    off: usize,
+) {
+    let rb = w.reg_base;
+    for (i, &ds) in d.iter().enumerate() {
+        let o = off + i * size;
+        w.regs[(rb + ds as usize) * 32 + l] = extend(rd(&data[o..o + size]), size, sext_bits);
+    }
+}
+
+/// Calls `f(lane, offset)` for each lane of `*pending` whose access of
+/// `total` bytes lies inside the allocation at `lo` of `len` bytes, and
+/// takes those lanes off `*pending`: one allocation lookup serves them all.
+#[inline(always)]
+fn each_lane_inside<E>(
+    pending: &mut u32,
+    addrs: &[u64; 32],
+    (lo, len, total): (u64, u64, u64),
+    mut f: impl FnMut(usize, usize) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut rest = *pending;
+    while rest != 0 {
+        let l = rest.trailing_zeros() as usize;
+        rest &= rest - 1;
+        let x = addrs[l];
+        if x < lo || x - lo + total > len {
+            continue;
+        }
+        *pending &= !(1 << l);
+        f(l, (x - lo) as usize)?;
+    }
+    Ok(())
+}
+
 impl Exec<'_> {
     fn mem_fault(&self, w: u32, lane: u32, pc: u32, e: MemError) -> Fault {
         let (kind, addr) = match &e {
@@ -233,7 +286,6 @@ impl Exec<'_> {
         d: [Slot; 4],
     ) -> Result<(), Fault> {
         let total = size as u64 * n as u64;
-        let rb = w.reg_base;
         let mut pending = m;
         while pending != 0 {
             let l0 = pending.trailing_zeros() as usize;
@@ -241,17 +293,8 @@ impl Exec<'_> {
                 Ok(a) => a,
                 Err(e) => return Err(self.mem_fault(w.id, l0 as u32, pc, e)),
             };
-            let (lo, len) = (a.base, a.size());
-            let mut rest = pending;
-            while rest != 0 {
-                let l = rest.trailing_zeros() as usize;
-                rest &= rest - 1;
-                let x = addrs[l];
-                if x < lo || x - lo + total > len {
-                    continue;
-                }
-                pending &= !(1 << l);
-                let off = (x - lo) as usize;
+            let lo = a.base;
+            each_lane_inside(&mut pending, addrs, (lo, a.size(), total), |l, off| {
                 if !a.is_written(off, total as usize) {
                     let first = a.first_unwritten(off, total as usize).unwrap_or(off);
                     let e = MemError::Uninitialized {
@@ -261,16 +304,10 @@ impl Exec<'_> {
                     };
                     return Err(self.mem_fault(w.id, l as u32, pc, e));
                 }
-                for (i, &ds) in d[..n as usize].iter().enumerate() {
-                    let o = off + i * size as usize;
-                    let mut v = rd(&a.data[o..o + size as usize]);
-                    if sext_bits != 0 {
-                        v = super::alu::sext(v, size as u32 * 8) as u64
-                            & super::alu::mask(sext_bits as u32);
-                    }
-                    w.regs[(rb + ds as usize) * 32 + l] = v;
-                }
-            }
+                let d = &d[..n as usize];
+                load_lane(w, l, d, size as usize, sext_bits, &a.data, off);
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -298,24 +335,16 @@ impl Exec<'_> {
                     return Err(self.mem_fault(w.id, l0 as u32, pc, e));
                 }
             };
-            let (lo, len) = (a.base, a.size());
-            let mut rest = pending;
-            while rest != 0 {
-                let l = rest.trailing_zeros() as usize;
-                rest &= rest - 1;
-                let x = addrs[l];
-                if x < lo || x - lo + total > len {
-                    continue;
-                }
-                pending &= !(1 << l);
-                let off = (x - lo) as usize;
+            let span = (a.base, a.size(), total);
+            each_lane_inside(&mut pending, addrs, span, |l, off| {
                 for (i, &ss) in s[..n as usize].iter().enumerate() {
                     let o = off + i * size as usize;
                     let v = w.regs[(rb + ss as usize) * 32 + l];
                     a.data[o..o + size as usize].copy_from_slice(&v.to_le_bytes()[..size as usize]);
                 }
                 a.mark_written(off, total as usize);
-            }
+                Ok::<(), Fault>(())
+            })?;
         }
         Ok(())
     }
@@ -528,15 +557,8 @@ impl Exec<'_> {
                     self.shared.written[off..off + total].fill(true);
                 }
                 Op::Ld { sext_bits, d, .. } => {
-                    for (i, &ds) in d[..n as usize].iter().enumerate() {
-                        let o = off + i * size as usize;
-                        let mut v = rd(&self.shared.data[o..o + size as usize]);
-                        if sext_bits != 0 {
-                            v = super::alu::sext(v, size as u32 * 8) as u64
-                                & super::alu::mask(sext_bits as u32);
-                        }
-                        w.regs[(rb + ds as usize) * 32 + l] = v;
-                    }
+                    let (d, data) = (&d[..n as usize], &self.shared.data);
+                    load_lane(w, l, d, size as usize, sext_bits, data, off);
                 }
                 _ => {}
             }
@@ -596,11 +618,7 @@ impl Exec<'_> {
                         for k in 0..size {
                             v |= (w.local[(o + k) * 32 + l] as u64) << (8 * k);
                         }
-                        if sext_bits != 0 {
-                            v = super::alu::sext(v, size as u32 * 8) as u64
-                                & super::alu::mask(sext_bits as u32);
-                        }
-                        w.regs[(rb + d[i] as usize) * 32 + l] = v;
+                        w.regs[(rb + d[i] as usize) * 32 + l] = extend(v, size, sext_bits);
                     }
                     Op::St { s, .. } => {
                         let v = w.regs[(rb + s[i] as usize) * 32 + l];
@@ -675,15 +693,7 @@ impl Exec<'_> {
                     detail,
                 ));
             }
-            for (i, &ds) in d[..n].iter().enumerate() {
-                let o = x as usize + i * size;
-                let mut v = rd(&self.kparams[o..o + size]);
-                if sext_bits != 0 {
-                    v = super::alu::sext(v, size as u32 * 8) as u64
-                        & super::alu::mask(sext_bits as u32);
-                }
-                w.regs[(rb + ds as usize) * 32 + l] = v;
-            }
+            load_lane(w, l, &d[..n], size, sext_bits, &self.kparams, x as usize);
         }
         Ok(())
     }
