@@ -342,6 +342,27 @@ pub extern "C" fn cublasGetStatusString(status: CublasStatus) -> *const c_char {
     intern(s.map_or("unknown error", |s| s.2))
 }
 
+/// One matrix operand of a GEMM entry point, raw: device address, data
+/// type, leading dimension and batch stride (0 for the unbatched calls).
+struct Mat {
+    ptr: u64,
+    ty: u32,
+    ld: c_int,
+    stride: c_longlong,
+}
+
+impl Mat {
+    /// The operand from the entry points' arguments, in their order.
+    fn new(ptr: u64, ty: u32, ld: c_int, stride: c_longlong) -> Mat {
+        Mat {
+            ptr,
+            ty,
+            ld,
+            stride,
+        }
+    }
+}
+
 /// The raw arguments of any GEMM entry point.
 struct Args {
     transa: u32,
@@ -350,19 +371,10 @@ struct Args {
     n: c_int,
     k: c_int,
     alpha: *const c_void,
-    a: *const c_void,
-    atype: u32,
-    lda: c_int,
-    stride_a: c_longlong,
-    b: *const c_void,
-    btype: u32,
-    ldb: c_int,
-    stride_b: c_longlong,
     beta: *const c_void,
-    c: *mut c_void,
-    ctype: u32,
-    ldc: c_int,
-    stride_c: c_longlong,
+    a: Mat,
+    b: Mat,
+    c: Mat,
     batch: c_int,
     compute: u32,
     algo: i32,
@@ -393,9 +405,9 @@ unsafe fn check(x: &Args, math_mode: u32) -> BResult<Option<Gemm>> {
     let need_a = if transa { k } else { m }.max(1);
     let need_b = if transb { n } else { k }.max(1);
     for (name, ld, need) in [
-        ("lda", x.lda, need_a),
-        ("ldb", x.ldb, need_b),
-        ("ldc", x.ldc, m.max(1)),
+        ("lda", x.a.ld, need_a),
+        ("ldb", x.b.ld, need_b),
+        ("ldc", x.c.ld, m.max(1)),
     ] {
         if ld < 0 || (ld as usize) < need {
             return bfail(
@@ -405,15 +417,15 @@ unsafe fn check(x: &Args, math_mode: u32) -> BResult<Option<Gemm>> {
         }
     }
     let (Some(ab), Some(bt), Some(ct)) = (
-        Elem::from_cuda(x.atype),
-        Elem::from_cuda(x.btype),
-        Elem::from_cuda(x.ctype),
+        Elem::from_cuda(x.a.ty),
+        Elem::from_cuda(x.b.ty),
+        Elem::from_cuda(x.c.ty),
     ) else {
         return bfail(
             CUBLAS_STATUS_NOT_SUPPORTED,
             format!(
                 "data types A={} B={} C={} (supported: 32F, 64F, 16F, 16BF)",
-                x.atype, x.btype, x.ctype
+                x.a.ty, x.b.ty, x.c.ty
             ),
         );
     };
@@ -482,15 +494,15 @@ unsafe fn check(x: &Args, math_mode: u32) -> BResult<Option<Gemm>> {
         k,
         alpha,
         beta,
-        a: x.a as u64,
-        lda: x.lda as usize,
-        stride_a: x.stride_a,
-        b: x.b as u64,
-        ldb: x.ldb as usize,
-        stride_b: x.stride_b,
-        c: x.c as u64,
-        ldc: x.ldc as usize,
-        stride_c: x.stride_c,
+        a: x.a.ptr,
+        lda: x.a.ld as usize,
+        stride_a: x.a.stride,
+        b: x.b.ptr,
+        ldb: x.b.ld as usize,
+        stride_b: x.b.stride,
+        c: x.c.ptr,
+        ldc: x.c.ld as usize,
+        stride_c: x.c.stride,
         batch: x.batch as usize,
         ab,
         ct,
@@ -579,19 +591,10 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
         n,
         k,
         alpha,
-        a,
-        atype,
-        lda,
-        stride_a,
-        b,
-        btype,
-        ldb,
-        stride_b,
         beta,
-        c,
-        ctype,
-        ldc,
-        stride_c,
+        a: Mat::new(a as u64, atype, lda, stride_a),
+        b: Mat::new(b as u64, btype, ldb, stride_b),
+        c: Mat::new(c as u64, ctype, ldc, stride_c),
         batch: batch_count,
         compute: compute_type,
         algo,
@@ -633,19 +636,10 @@ pub unsafe extern "C" fn cublasGemmEx(
         n,
         k,
         alpha,
-        a,
-        atype,
-        lda,
-        stride_a: 0,
-        b,
-        btype,
-        ldb,
-        stride_b: 0,
         beta,
-        c,
-        ctype,
-        ldc,
-        stride_c: 0,
+        a: Mat::new(a as u64, atype, lda, 0),
+        b: Mat::new(b as u64, btype, ldb, 0),
+        c: Mat::new(c as u64, ctype, ldc, 0),
         batch: 1,
         compute: compute_type,
         algo,
@@ -691,19 +685,10 @@ macro_rules! typed_gemm {
                 n,
                 k,
                 alpha: alpha.cast(),
-                a: a.cast(),
-                atype: $dt,
-                lda,
-                stride_a,
-                b: b.cast(),
-                btype: $dt,
-                ldb,
-                stride_b,
                 beta: beta.cast(),
-                c: c.cast(),
-                ctype: $dt,
-                ldc,
-                stride_c,
+                a: Mat::new(a as u64, $dt, lda, stride_a),
+                b: Mat::new(b as u64, $dt, ldb, stride_b),
+                c: Mat::new(c as u64, $dt, ldc, stride_c),
                 batch: batch_count,
                 compute: $dt,
                 algo: -1,
@@ -741,19 +726,10 @@ macro_rules! typed_gemm {
                 n,
                 k,
                 alpha: alpha.cast(),
-                a: a.cast(),
-                atype: $dt,
-                lda,
-                stride_a: 0,
-                b: b.cast(),
-                btype: $dt,
-                ldb,
-                stride_b: 0,
                 beta: beta.cast(),
-                c: c.cast(),
-                ctype: $dt,
-                ldc,
-                stride_c: 0,
+                a: Mat::new(a as u64, $dt, lda, 0),
+                b: Mat::new(b as u64, $dt, ldb, 0),
+                c: Mat::new(c as u64, $dt, ldc, 0),
                 batch: 1,
                 compute: $dt,
                 algo: -1,
