@@ -105,21 +105,14 @@ fn extend(v: u64, size: usize, sext_bits: u8) -> u64 {
 }
 
 /// Loads the values of `size` bytes at `data[off..]` into lane `l` of
-/// registers `d` (one register a value), extended as `sext_bits` says.
+/// registers `d` (one register a value), sign-extended to `sext` bits
+/// (0: zero-extended).
 #[inline(always)]
-fn load_lane(
-    w: &mut Warp,
-    l: usize,
-    d: &[Slot],
-    size: usize,
-    sext_bits: u8,
-    data: &[u8],
-    off: usize,
-) {
+fn load_lane(w: &mut Warp, l: usize, d: &[Slot], size: usize, sext: u8, data: &[u8], off: usize) {
     let rb = w.reg_base;
     for (i, &ds) in d.iter().enumerate() {
         let o = off + i * size;
-        w.regs[(rb + ds as usize) * 32 + l] = extend(rd(&data[o..o + size]), size, sext_bits);
+        w.regs[(rb + ds as usize) * 32 + l] = extend(rd(&data[o..o + size]), size, sext);
     }
 }
 
