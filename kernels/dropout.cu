@@ -33,3 +33,19 @@ extern "C" __global__ void dropout_bits(unsigned long long seed, unsigned long l
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_DROPOUT_MASKED)
+
+// out[i] = m[i] ? x[i] * scale : 0 from a byte mask m (1 = kept; what the
+// save-all policy keeps, as PyTorch), both read through their layouts: one
+// kernel, so backward allocates only the gradient, as on the CPU.
+#define LG_DROPOUT_BYTE_MASKED(sfx, T)                                                \
+    extern "C" __global__ void dropout_byte_masked_##sfx(double scale, long long n,   \
+                                                         T* out, const T* x, Strided lx, \
+                                                         const unsigned char* m, Strided lm) { \
+        typedef Acc<T>::type A;                                                       \
+        A s = lg_load(lg_from_f64<T>(scale));                                         \
+        LG_GRID_LOOP(i, n) {                                                          \
+            bool keep = m[lg_offset(lm, i)] != 0;                                     \
+            out[i] = keep ? lg_store<T>(lg_load(x[lg_offset(lx, i)]) * s) : lg_store<T>((A)0); \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_DROPOUT_BYTE_MASKED)

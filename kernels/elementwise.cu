@@ -149,6 +149,19 @@ __device__ __forceinline__ A lg_binary(int op, A a, A b, double p, A pt, A pm1t)
     }
 LG_FOR_FLOATS(LG_UNARY)
 
+// x[start + i] = op(x[start + i], param, param2) for i < n, in place (an
+// in-place op such as relu_ on a contiguous tensor): each element is read
+// and written by the same thread, so no temporary buffer is needed, as on
+// the CPU.
+#define LG_UNARY_INPLACE(sfx, T)                                                      \
+    extern "C" __global__ void unary_inplace_##sfx(int op, double param, double param2, \
+                                                   long long start, long long n, T* x) { \
+        typedef Acc<T>::type A;                                                       \
+        A p = lg_load(lg_from_f64<T>(param)), q = lg_load(lg_from_f64<T>(param2));    \
+        LG_GRID_LOOP(i, n) { x[start + i] = lg_store<T>(lg_unary<A>(op, lg_load(x[start + i]), p, q, param)); } \
+    }
+LG_FOR_FLOATS(LG_UNARY_INPLACE)
+
 // out[i] = op(a[i], b[i], param); la and lb carry the output shape (stride 0
 // where an input is broadcast).
 #define LG_BINARY(sfx, T)                                                             \

@@ -23,9 +23,18 @@ struct Block {
     bn: BatchNorm,
 }
 
-/// `t` moved to `dev`, frozen.
+/// `t` moved to `dev`, frozen, still counted in its own category (a
+/// parameter stays a parameter): onto the CPU `to_device` shares the
+/// storage and so keeps it, while onto CUDA it copies into the current
+/// category (`Other`) — and BatchNorm in eval mode saves a C-sized scale
+/// unless its weight is model state, which would cost CUDA bytes the CPU
+/// does not spend.
 fn frozen(t: Tensor, dev: Device) -> Tensor {
-    t.to_device(dev).unwrap().set_requires_grad(false).unwrap()
+    let moved = t.to_device(dev).unwrap();
+    if let Some(category) = t.memory_category() {
+        moved.set_memory_category(category);
+    }
+    moved.set_requires_grad(false).unwrap()
 }
 
 /// The frozen network, made on the CPU (the same values for every device)

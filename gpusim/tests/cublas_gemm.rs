@@ -225,11 +225,18 @@ impl Case {
         } else {
             let acc = terms.fold(0.0f32, |acc, (x, y)| (x as f32).mul_add(y as f32, acc));
             let (al, be) = (self.alpha as f32, self.beta as f32);
-            (if be == 0.0 {
+            let r = if be == 0.0 {
                 al * acc
             } else {
                 al.mul_add(acc, be * c as f32)
-            }) as f64
+            };
+            // Rounded once from the f32 (half's `from_f64` is not: see
+            // `half_results_round_the_accumulator_once`).
+            return match self.ct {
+                R_16F => f16::from_f32(r).to_f64(),
+                R_16BF => bf16::from_f32(r).to_f64(),
+                _ => r as f64,
+            };
         };
         decode(&encode(&[r], self.ct), self.ct)[0]
     }
@@ -340,6 +347,79 @@ fn gemm_ex(
             -1,
         )
     }
+}
+
+/// `C = A·B` for a 1×k row `a` and a k×1 column of ones in type `t`
+/// (f32 compute); C's bits.
+fn half_dot(h: CublasHandle, a: &[f64], t: u32) -> u16 {
+    let (pa, pb) = (
+        upload(&encode(a, t)),
+        upload(&encode(&vec![1.0; a.len()], t)),
+    );
+    let pc = upload(&encode(&[0.0], t));
+    let (one, zero) = (1.0f32, 0.0f32);
+    let k = a.len() as i32;
+    let st = unsafe {
+        cublasGemmEx(
+            h,
+            0,
+            0,
+            1,
+            1,
+            k,
+            (&one as *const f32).cast(),
+            pa as *const c_void,
+            t,
+            1,
+            pb as *const c_void,
+            t,
+            k,
+            (&zero as *const f32).cast(),
+            pc as *mut c_void,
+            t,
+            1,
+            COMPUTE_32F,
+            -1,
+        )
+    };
+    assert_eq!(st, CUBLAS_STATUS_SUCCESS);
+    let c = download(pc, 2);
+    for p in [pa, pb, pc] {
+        assert_eq!(cuMemFreeAsync(p, null_mut()), CUDA_SUCCESS);
+    }
+    u16::from_le_bytes([c[0], c[1]])
+}
+
+#[test]
+fn half_results_round_the_accumulator_once() {
+    let h = handle();
+    let p2 = |e: i32| f64::powi(2.0, e);
+    // bf16: 0x3dca (0.0986328125) + 2^-12 is the tie between bf16 0x3dca
+    // and 0x3dcb; + 2^-25 puts the f32 accumulator 4 f32 ulps above it
+    // (0x3dca8004), in bits an f64's upper word does not hold: it rounds
+    // up (the leangrad bf16 convolution that differed from the CPU's).
+    let base = bf16::from_bits(0x3dca).to_f64();
+    assert_eq!(half_dot(h, &[base, p2(-12), p2(-25)], R_16BF), 0x3dcb);
+    assert_eq!(
+        half_dot(h, &[base, p2(-12)], R_16BF),
+        0x3dca,
+        "a tie: to even"
+    );
+    assert_eq!(half_dot(h, &[-base, -p2(-12), -p2(-25)], R_16BF), 0xbdcb);
+    // f16: 1 + 2^-11 is the tie between 1 and 1 + 2^-10; 2^-23 is the f32
+    // accumulator's last bit.
+    assert_eq!(half_dot(h, &[1.0, p2(-11), p2(-23)], R_16F), 0x3c01);
+    assert_eq!(
+        half_dot(h, &[1.0, p2(-11)], R_16F),
+        0x3c00,
+        "a tie: to even"
+    );
+    assert_eq!(
+        half_dot(h, &[1.0, p2(-10), p2(-11)], R_16F),
+        0x3c02,
+        "a tie: to even"
+    );
+    assert_eq!(cublasDestroy_v2(h), CUBLAS_STATUS_SUCCESS);
 }
 
 #[test]

@@ -101,43 +101,21 @@ pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -
     }
 }
 
-/// The CUDA form of [`dropout_apply_mask`]: `where(mask, g · scale, 0)`,
-/// the product rounded in `g`'s dtype and the dropped elements `+0`, as on
-/// the CPU.
+/// The CUDA form of [`dropout_apply_mask`]: `mask ? g · scale : +0` in one
+/// kernel (the product rounded in `g`'s dtype, as on the CPU), so the only
+/// buffer it allocates is the gradient, as the CPU's.
 fn cuda_apply_mask(g: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
-    use crate::cuda::elementwise::BinaryOp;
-    use crate::cuda::ops;
+    use crate::cuda::tensor::strided;
     if mask.dtype() != DType::U8 || mask.shape() != g.shape() {
         return Err(Error::Backward(
             "dropout: the saved mask does not match the gradient".into(),
         ));
     }
-    // The two scalars are parameters, not tensor memory (host values on
-    // the CPU).
-    let (s, zero) = crate::cuda::tensor::uncounted(|| {
-        Ok((
-            Tensor::full(&[], scale, g.dtype(), g.device())?,
-            Tensor::zeros(&[], g.dtype(), g.device())?,
-        ))
-    })?;
-    let ls = s.layout().broadcast_to(g.shape())?;
-    let lz = zero.layout().broadcast_to(g.shape())?;
-    let scaled = ops::binary(
-        g,
-        g.layout(),
-        &s,
-        &ls,
-        g.shape(),
-        Some(BinaryOp::Mul),
-        "dropout",
-    )?;
-    let lsc = scaled.layout().clone();
-    ops::select(
-        (mask, mask.layout()),
-        (&scaled, &lsc),
-        (&zero, &lz),
-        g.shape(),
-    )
+    let lm = strided(mask.layout())?;
+    let m = mask.storage().cuda()?;
+    crate::cuda::tensor::map(g, g.shape(), |b, l| {
+        crate::cuda::layers_mask::dropout_byte_masked(b, l, &m, &lm, scale)
+    })
 }
 
 /// Backward from a stored byte mask (a U8 tensor made by [`dropout_mask`]):

@@ -55,7 +55,7 @@ pub(crate) fn matmul_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 /// Strides gemm can use for a `rows × cols` matrix, or `None` when the
 /// pattern must be copied: one axis must have unit stride and no axis longer
 /// than 1 may have stride 0. The stride of a unit axis is free and is chosen.
-fn usable(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<(usize, usize)> {
+pub(crate) fn usable(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<(usize, usize)> {
     if rows == 0 || cols == 0 {
         return Some((cols.max(1), 1));
     }

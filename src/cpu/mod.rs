@@ -34,7 +34,7 @@ pub use elementwise::{
 pub(crate) use elementwise::{check_pair, gather};
 pub(crate) use embedding::{embedding_backward, embedding_gather};
 #[allow(unused_imports)]
-pub(crate) use gemm::{matmul, matmul_into};
+pub(crate) use gemm::{matmul, matmul_into, usable as gemm_usable};
 pub(crate) use index::{
     add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };

@@ -234,6 +234,28 @@ pub fn unary(op: UnaryOp, x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     Ok(out)
 }
 
+/// `x[range] = op(x[range])` in place on the float buffer `x`, with no
+/// temporary: what an in-place op (`relu_`, `clamp_`…) allocates on the
+/// CPU, nothing.
+pub fn unary_inplace(op: UnaryOp, x: &mut CudaBuffer, range: std::ops::Range<usize>) -> Result<()> {
+    let sfx = float_suffix("cuda unary_inplace", x.dtype())?;
+    if range.end > x.len() || range.start > range.end {
+        return Err(crate::Error::InvalidArgument {
+            op: "cuda unary_inplace",
+            msg: format!("range {range:?} of a buffer of {}", x.len()),
+        });
+    }
+    let n = range.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let (code, param, param2) = op.code(x.dtype());
+    let (start, n64) = (range.start as i64, n as i64);
+    let device = x.device().clone();
+    launch!(&device, "elementwise.cu", format!("unary_inplace_{sfx}"), CudaDevice::grid_for(n);
+        &code, &param, &param2, &start, &n64, x.slice_mut())
+}
+
 /// `op(a, b)` elementwise; `la` and `lb` must have the output's shape
 /// (use [`super::broadcast_strides`] to broadcast).
 pub fn binary(

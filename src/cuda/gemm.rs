@@ -121,7 +121,7 @@ pub fn gemm(
 ) -> Result<()> {
     let op = "cuda gemm";
     let GemmShape { m, n, k, batch, .. } = shape;
-    let (data_type, compute, wide) = types(c.dtype(), cfg.tf32)?;
+    types(c.dtype(), cfg.tf32)?;
     for (buf, stride, size) in [(a, shape.stride_a, m * k), (b, shape.stride_b, k * n)] {
         check::same_device(op, buf, c)?;
         if buf.dtype() != c.dtype() {
@@ -156,6 +156,125 @@ pub fn gemm(
     if batch == 0 || m == 0 || n == 0 {
         return Ok(());
     }
+    // Leading dimensions of the stored row-major matrices (at least 1, as
+    // cuBLAS requires even when k = 0).
+    let va = MatrixView {
+        offset: 0,
+        stride: shape.stride_a,
+        ld: if cfg.trans_a { m } else { k }.max(1),
+        trans: cfg.trans_a,
+    };
+    let vb = MatrixView {
+        offset: 0,
+        stride: shape.stride_b,
+        ld: if cfg.trans_b { k } else { n }.max(1),
+        trans: cfg.trans_b,
+    };
+    launch((a, va), (b, vb), (c, 0), shape, cfg)
+}
+
+/// Where a GEMM operand's matrices lie in their buffer, read in place:
+/// `batch` matrices from element `offset`, `stride` elements apart (0: one
+/// matrix for every batch), each stored row-major with `ld` elements
+/// between rows — the `[rows, cols]` operand itself, or with `trans` its
+/// transpose `[cols, rows]`. So a view whose rows are spaced wider than
+/// they are long (a head of a `[batch, seq, heads·dim]` tensor) needs no
+/// copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatrixView {
+    /// Element offset of batch 0's matrix.
+    pub offset: usize,
+    /// Elements between consecutive batch matrices (0: shared).
+    pub stride: usize,
+    /// Elements between consecutive stored rows (at least the stored row
+    /// length, as cuBLAS requires).
+    pub ld: usize,
+    /// The matrix is stored transposed.
+    pub trans: bool,
+}
+
+impl MatrixView {
+    /// One past the last element the view addresses for `batch` matrices of
+    /// `rows × cols` (as used), or an error when `ld` is shorter than a
+    /// stored row.
+    fn end(&self, op: &'static str, rows: usize, cols: usize, batch: usize) -> Result<usize> {
+        let (srows, scols) = if self.trans {
+            (cols, rows)
+        } else {
+            (rows, cols)
+        };
+        if self.ld < scols.max(1) {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!("leading dimension {} below a row of {scols}", self.ld),
+            });
+        }
+        if batch == 0 || srows == 0 || scols == 0 {
+            return Ok(0);
+        }
+        Ok(self.offset + (batch - 1) * self.stride + (srows - 1) * self.ld + scols)
+    }
+}
+
+/// `C = alpha·op(A)·op(B) + beta·C` for every batch of `shape` (its strides
+/// are not read: the views carry them), with A and B read in place through
+/// their views and C contiguous `[batch, m, n]` from element `c_offset` of
+/// `c`. `cfg` gives alpha, beta and TF32; its transpose flags are not read.
+pub fn gemm_views(
+    a: (&CudaBuffer, MatrixView),
+    b: (&CudaBuffer, MatrixView),
+    c: (&mut CudaBuffer, usize),
+    shape: GemmShape,
+    cfg: &GemmConfig,
+) -> Result<()> {
+    let op = "cuda gemm";
+    let GemmShape { m, n, k, batch, .. } = shape;
+    for (buf, view, rows, cols) in [(a.0, a.1, m, k), (b.0, b.1, k, n)] {
+        check::same_device(op, buf, c.0)?;
+        if buf.dtype() != c.0.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: c.0.dtype(),
+                got: buf.dtype(),
+            });
+        }
+        if view.end(op, rows, cols, batch)? > buf.len() {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "a view {view:?} of {batch} × {rows}×{cols} reaches past {} elements",
+                    buf.len()
+                ),
+            });
+        }
+    }
+    if c.1 + batch * m * n > c.0.len() {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: format!(
+                "{batch} × {m}×{n} from element {} of an output of {}",
+                c.1,
+                c.0.len()
+            ),
+        });
+    }
+    if batch == 0 || m == 0 || n == 0 {
+        return Ok(());
+    }
+    launch(a, b, c, shape, cfg)
+}
+
+/// The cuBLAS call of [`gemm`] and [`gemm_views`] (arguments checked).
+fn launch(
+    a: (&CudaBuffer, MatrixView),
+    b: (&CudaBuffer, MatrixView),
+    c: (&mut CudaBuffer, usize),
+    shape: GemmShape,
+    cfg: &GemmConfig,
+) -> Result<()> {
+    let op = "cuda gemm";
+    let GemmShape { m, n, k, batch, .. } = shape;
+    let (data_type, compute, wide) = types(c.0.dtype(), cfg.tf32)?;
     let trans = |t: bool| {
         if t {
             cublasOperation_t::CUBLAS_OP_T
@@ -163,12 +282,8 @@ pub fn gemm(
             cublasOperation_t::CUBLAS_OP_N
         }
     };
-    // Leading dimensions of the stored row-major matrices (at least 1, as
-    // cuBLAS requires even when k = 0).
-    let lda = if cfg.trans_a { m } else { k }.max(1);
-    let ldb = if cfg.trans_b { k } else { n }.max(1);
     let (m_, n_, k_) = (int(op, m)?, int(op, n)?, int(op, k)?);
-    let (lda, ldb, ldc) = (int(op, lda)?, int(op, ldb)?, n_);
+    let (lda, ldb, ldc) = (int(op, a.1.ld)?, int(op, b.1.ld)?, n_);
     let (alpha32, beta32) = (cfg.alpha as f32, cfg.beta as f32);
     let (alpha, beta): (*const c_void, *const c_void) = if wide {
         (
@@ -181,20 +296,27 @@ pub fn gemm(
             (&beta32 as *const f32).cast(),
         )
     };
-    let device = c.device().clone();
+    let size = c.0.dtype().size_in_bytes() as u64;
+    let device = c.0.device().clone();
     let stream = device.stream().clone();
     device.with_blas(|blas| {
-        let (pa, _ra) = a.slice().device_ptr(&stream);
-        let (pb, _rb) = b.slice().device_ptr(&stream);
-        let (pc, _rc) = c.slice_mut().device_ptr_mut(&stream);
+        let (pa, _ra) = a.0.slice().device_ptr(&stream);
+        let (pb, _rb) = b.0.slice().device_ptr(&stream);
+        let (pc, _rc) = c.0.slice_mut().device_ptr_mut(&stream);
+        let (pa, pb, pc) = (
+            pa + a.1.offset as u64 * size,
+            pb + b.1.offset as u64 * size,
+            pc + c.1 as u64 * size,
+        );
         // SAFETY: the pointers are live device buffers holding every
-        // element addressed (checked above); alpha/beta point to locals of
-        // the compute type's scale type; the handle runs on our stream.
+        // element addressed (checked by the callers); alpha/beta point to
+        // locals of the compute type's scale type; the handle runs on our
+        // stream.
         let r = unsafe {
             cudarc::cublas::result::gemm_strided_batched_ex(
                 *blas.handle(),
-                trans(cfg.trans_b),
-                trans(cfg.trans_a),
+                trans(b.1.trans),
+                trans(a.1.trans),
                 n_,
                 m_,
                 k_,
@@ -202,11 +324,11 @@ pub fn gemm(
                 pb as *const c_void,
                 data_type,
                 ldb,
-                shape.stride_b as i64,
+                b.1.stride as i64,
                 pa as *const c_void,
                 data_type,
                 lda,
-                shape.stride_a as i64,
+                a.1.stride as i64,
                 beta,
                 pc as *mut c_void,
                 data_type,

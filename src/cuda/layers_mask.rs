@@ -154,6 +154,31 @@ pub fn dropout_masked(
     )
 }
 
+/// `x·scale` where the U8 `mask` (read through `lm`, of `x`'s shape) is
+/// non-zero, else `+0`: dropout's backward from the byte mask the
+/// save-all policy keeps, into one new contiguous buffer.
+pub fn dropout_byte_masked(
+    x: &CudaBuffer,
+    lx: &Strided,
+    mask: &CudaBuffer,
+    lm: &Strided,
+    scale: f64,
+) -> Result<CudaBuffer> {
+    let op = "cuda dropout_byte_masked";
+    let sfx = float_suffix(op, x.dtype())?;
+    super::check::same_shape(op, lx, lm)?;
+    super::check::input(op, x, x.dtype(), lx, x)?;
+    super::check::input(op, mask, DType::U8, lm, x)?;
+    let n = lx.numel();
+    let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
+    if n > 0 {
+        let (n64, lx, lm) = (n as i64, lx.coalesced(), lm.coalesced());
+        launch!(x.device(), "dropout.cu", format!("dropout_byte_masked_{sfx}"), CudaDevice::grid_for(n);
+            &scale, &n64, out.slice_mut(), x.slice(), &lx, mask.slice(), &lm)?;
+    }
+    Ok(out)
+}
+
 /// Runs `{kernel}_{dtype}(scalar, n, out, x, lx, mask)` of `file`: a float
 /// map of `x` (any layout) steered by the packed bit `mask` of its `n`
 /// elements, into a new contiguous buffer (ReLU's backward, a stored

@@ -69,10 +69,18 @@ pub(crate) fn binary_assign(
     super::tensor::copy_into(dst, &out)
 }
 
-/// `x = op(x)` in place on the contiguous `x` (a temporary, copied in).
+/// `x = op(x)` in place on the contiguous `x`, with no temporary (the
+/// CPU's in-place kernels allocate nothing, so neither may this).
 pub(crate) fn unary_assign(x: &Tensor, op: Option<UnaryOp>, name: &'static str) -> Result<()> {
-    let out = unary(x, op, name)?;
-    super::tensor::copy_into(x, &out)
+    let op = op.ok_or_else(|| missing(name, x))?;
+    let range = x
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op: name,
+            msg: "in-place destination must be contiguous".into(),
+        })?;
+    ew::unary_inplace(op, &mut *x.storage().cuda_mut()?, range)
 }
 
 fn compare_op(op: CmpOp) -> CompareOp {

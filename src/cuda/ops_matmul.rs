@@ -1,71 +1,67 @@
-//! `matmul` / `matmul_into` on CUDA: cuBLAS strided-batched GEMMs. An
-//! operand is read in place when it is a whole buffer, row-major or
-//! transposed in its last two dims, with a single matrix or one per batch;
-//! any other view is first made contiguous (broadcast batches expanded).
+//! `matmul` / `matmul_into` on CUDA: cuBLAS strided-batched GEMMs reading
+//! the operands in place, exactly where the CPU's gemm reads them in place
+//! (`cpu::gemm`: one unit stride in the matrix, no broadcast row or column —
+//! anything else `cpu::matmul` has already made contiguous, on either
+//! device): a row stride longer than a row is cuBLAS's leading dimension,
+//! and the batch matrices (any batch strides, broadcast included) are
+//! covered by one strided-batched call per run of evenly spaced ones. So a
+//! product allocates on CUDA exactly what it allocates on the CPU.
 
-use super::gemm::{self, GemmConfig, GemmShape};
+use super::gemm::{self, GemmConfig, GemmShape, MatrixView};
 use super::tensor::{strided, wrap};
 use super::{elementwise, CudaBuffer};
 use crate::tensor::{Layout, Tensor};
 use crate::Result;
 
-/// An operand ready for cuBLAS: the tensor holding it, whether it is
-/// stored transposed, and the elements between batch matrices (0: shared).
+/// An operand ready for cuBLAS: the tensor holding it, where each batch's
+/// matrix starts in its buffer, its leading dimension and whether it is
+/// stored transposed.
 struct Operand {
     tensor: Tensor,
+    offsets: Vec<usize>,
+    ld: usize,
     trans: bool,
-    stride: usize,
 }
 
-/// `t` as the `[batch.., rows, cols]` operand of a GEMM.
+/// `t` as the `[batch.., rows, cols]` operand of a GEMM, read in place when
+/// its matrix strides suit cuBLAS (as they suit the CPU's gemm).
 fn operand(t: &Tensor, batch: &[usize], rows: usize, cols: usize) -> Result<Operand> {
-    let l = t.layout();
-    let r = l.shape().len();
-    let (sr, sc) = (l.strides()[r - 2], l.strides()[r - 1]);
-    let whole = l.offset() == 0 && t.numel() == t.storage().len();
-    let tb: usize = l.shape()[..r - 2].iter().product();
-    let row_major = (cols == 1 || sc == 1) && (rows == 1 || sr == cols);
-    let transposed = (rows == 1 || sr == 1) && (cols == 1 || sc == rows);
     let nb = batch.len();
-    let own_batch = l.shape()[..r - 2].to_vec();
-    let padded: Vec<usize> = std::iter::repeat_n(1, nb - own_batch.len())
-        .chain(own_batch)
-        .collect();
-    if whole && tb <= 1 && (row_major || transposed) {
+    let full = [batch, &[rows, cols]].concat();
+    let l = t.layout().broadcast_to(&full)?;
+    let (rs, cs) = (l.strides()[nb], l.strides()[nb + 1]);
+    let offsets = |l: &Layout| {
+        Layout::from_parts(batch.to_vec(), l.strides()[..nb].to_vec(), l.offset()).offsets()
+    };
+    let view = match crate::cpu::gemm_usable(rows, cols, rs, cs) {
+        Some((rs, 1)) if rs >= cols.max(1) => Some((rs, false)),
+        Some((1, cs)) if cs >= rows.max(1) => Some((cs, true)),
+        _ => None,
+    };
+    if let Some((ld, trans)) = view {
         return Ok(Operand {
             tensor: t.clone(),
-            trans: !row_major,
-            stride: 0,
+            offsets: offsets(&l),
+            ld,
+            trans,
         });
     }
-    if whole && t.is_contiguous() && padded == batch {
-        return Ok(Operand {
-            tensor: t.clone(),
-            trans: false,
-            stride: rows * cols,
-        });
-    }
-    // Any other view: a contiguous copy (broadcast batch dims expanded).
-    let full = if tb <= 1 {
-        vec![rows, cols]
-    } else {
-        [batch, &[rows, cols]].concat()
-    };
-    let bl: Layout = l.broadcast_to(&[&padded[..], &[rows, cols]].concat())?;
-    let bl = if tb <= 1 {
-        Layout::from_parts(vec![rows, cols], bl.strides()[nb..].to_vec(), bl.offset())
-    } else {
-        l.broadcast_to(&full)?
-    };
-    let copy = elementwise::copy_strided(&*t.storage().cuda()?, &strided(&bl)?)?;
+    // Rows that overlap (a stride shorter than a row): cuBLAS cannot read
+    // them, so they are copied. The CPU reads such a view in place; no
+    // layer makes one.
+    let copy = elementwise::copy_strided(&*t.storage().cuda()?, &strided(&l)?)?;
+    let tensor = wrap(copy, &full)?;
+    let offsets = offsets(tensor.layout());
     Ok(Operand {
-        tensor: wrap(copy, &full)?,
+        tensor,
+        offsets,
+        ld: cols.max(1),
         trans: false,
-        stride: if tb <= 1 { 0 } else { rows * cols },
     })
 }
 
-/// The operands and GEMM sizes of `a · b` with product shape `shape`.
+/// The operands and GEMM sizes (`batch` = all batch matrices) of `a · b`
+/// with product shape `shape`.
 fn plan(a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<(Operand, Operand, GemmShape)> {
     let nb = shape.len() - 2;
     let (m, n) = (shape[nb], shape[nb + 1]);
@@ -77,27 +73,79 @@ fn plan(a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<(Operand, Operand, Ge
         n,
         k,
         batch: batch.iter().product(),
-        stride_a: oa.stride,
-        stride_b: ob.stride,
+        stride_a: 0,
+        stride_b: 0,
     };
     Ok((oa, ob, g))
 }
 
-fn config(oa: &Operand, ob: &Operand, beta: f64) -> GemmConfig {
-    GemmConfig {
-        trans_a: oa.trans,
-        trans_b: ob.trans,
+/// The spacing from batch `i` to `i + 1` of `offsets` (`None`: backwards,
+/// which one strided call cannot express).
+fn step(offsets: &[usize], i: usize) -> Option<usize> {
+    offsets[i + 1].checked_sub(offsets[i])
+}
+
+/// `dst[dst_offset..] = a · b` (`beta` 0) or `+=` (`beta` 1), `dst`
+/// contiguous `[batch, m, n]`: one strided-batched GEMM per run of batch
+/// matrices evenly spaced in both operands.
+fn run(oa: &Operand, ob: &Operand, dst: &mut CudaBuffer, g: GemmShape, beta: f64) -> Result<()> {
+    let cfg = GemmConfig {
         beta,
         tf32: super::tf32_enabled(),
         ..GemmConfig::default()
+    };
+    let (da, db) = (oa.tensor.storage().cuda()?, ob.tensor.storage().cuda()?);
+    let mut first = 0;
+    while first < g.batch {
+        let (mut last, mut sa, mut sb) = (first + 1, 0, 0);
+        if let (Some(a), Some(b)) = (
+            (last < g.batch).then(|| step(&oa.offsets, first)).flatten(),
+            (last < g.batch).then(|| step(&ob.offsets, first)).flatten(),
+        ) {
+            (sa, sb) = (a, b);
+            while last < g.batch
+                && step(&oa.offsets, last - 1) == Some(sa)
+                && step(&ob.offsets, last - 1) == Some(sb)
+            {
+                last += 1;
+            }
+        }
+        let view = |o: &Operand, stride: usize| MatrixView {
+            offset: o.offsets[first],
+            stride,
+            ld: o.ld,
+            trans: o.trans,
+        };
+        let shape = GemmShape {
+            batch: last - first,
+            ..g
+        };
+        gemm::gemm_views(
+            (&da, view(oa, sa)),
+            (&db, view(ob, sb)),
+            (dst, first * g.m * g.n),
+            shape,
+            &cfg,
+        )?;
+        first = last;
     }
+    Ok(())
 }
 
 /// `a · b` as a new contiguous tensor of `shape`.
 pub(crate) fn matmul(a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Tensor> {
     let (oa, ob, g) = plan(a, b, shape)?;
-    let (da, db) = (oa.tensor.storage().cuda()?, ob.tensor.storage().cuda()?);
-    let out: CudaBuffer = gemm::matmul(&da, &db, g, &config(&oa, &ob, 0.0))?;
+    let len = g.batch * g.m * g.n;
+    let device = oa.tensor.storage().cuda()?.device().clone();
+    let mut out = if g.k == 0 {
+        // cuBLAS with k = 0 only scales C by beta: the empty sum is zeros.
+        CudaBuffer::zeros(&device, a.dtype(), len)?
+    } else {
+        CudaBuffer::alloc(&device, a.dtype(), len)?
+    };
+    if g.k > 0 {
+        run(&oa, &ob, &mut out, g, 0.0)?;
+    }
     wrap(out, shape)
 }
 
@@ -112,13 +160,6 @@ pub(crate) fn matmul_into(dst: &Tensor, a: &Tensor, b: &Tensor, accumulate: bool
         });
     }
     let (oa, ob, g) = plan(a, b, dst.shape())?;
-    let (da, db) = (oa.tensor.storage().cuda()?, ob.tensor.storage().cuda()?);
     let beta = if accumulate { 1.0 } else { 0.0 };
-    gemm::gemm(
-        &da,
-        &db,
-        &mut *dst.storage().cuda_mut()?,
-        g,
-        &config(&oa, &ob, beta),
-    )
+    run(&oa, &ob, &mut *dst.storage().cuda_mut()?, g, beta)
 }

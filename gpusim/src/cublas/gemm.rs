@@ -11,6 +11,7 @@
 use crate::driver::consts::*;
 use crate::driver::errors::{DResult, DrvErr};
 use crate::memory::DeviceMemory;
+use crate::numeric::{cvt, CvtMode, CvtTy, FloatTy, Rnd};
 use half::{bf16, f16};
 
 /// An element type of A, B or C (`cudaDataType`).
@@ -123,6 +124,24 @@ pub fn round_tf32(x: f32) -> f32 {
     let b = x.to_bits();
     let lsb = (b >> 13) & 1;
     f32::from_bits((b + 0xfff + lsb) & !0x1fff)
+}
+
+/// `v` rounded once to `ty` (f16 or bf16), to nearest, ties to even, as
+/// the GPU converts the accumulator (`cvt.rn`). Not `half`'s `from_f64`:
+/// it drops the low 32 bits of the f64 before rounding, so an f32
+/// accumulator just above a tie by its lowest three mantissa bits (e.g.
+/// `0x3dca8004` → bf16) was rounded down as if it were the tie.
+fn round_half(ty: FloatTy, v: f64) -> u16 {
+    let mode = CvtMode {
+        rnd: Some(Rnd::Rn),
+        ..CvtMode::default()
+    };
+    cvt(
+        CvtTy::Float(ty),
+        CvtTy::Float(FloatTy::F64),
+        mode,
+        v.to_bits(),
+    ) as u16
 }
 
 /// Arithmetic of the accumulator type.
@@ -360,8 +379,10 @@ impl Gemm {
                     match self.ct {
                         Elem::F32 => o.copy_from_slice(&(v as f32).to_le_bytes()),
                         Elem::F64 => o.copy_from_slice(&v.to_le_bytes()),
-                        Elem::F16 => o.copy_from_slice(&f16::from_f64(v).to_le_bytes()),
-                        Elem::Bf16 => o.copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
+                        Elem::F16 => o.copy_from_slice(&round_half(FloatTy::F16, v).to_le_bytes()),
+                        Elem::Bf16 => {
+                            o.copy_from_slice(&round_half(FloatTy::Bf16, v).to_le_bytes())
+                        }
                     }
                 }
                 let addr = c_base.wrapping_add((j as i64 * self.ldc as i64 * es_c) as u64);
