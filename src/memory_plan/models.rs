@@ -105,7 +105,7 @@ pub enum StepInput {
 impl StepInput {
     /// The input tensor for `batch` samples: images or embeddings from a
     /// seeded normal (requiring grad when `input_grad`), or ids.
-    pub(super) fn make(
+    pub fn make(
         &self,
         batch: usize,
         input_grad: bool,
