@@ -1,5 +1,5 @@
-//! Checks every `launch!` in `src/cuda/` against the kernels NVRTC compiles
-//! from `kernels/*.cu`, without a GPU: a launch whose argument list does not
+//! Checks every `launch!` in `src/` against the kernels NVRTC compiles
+//! from the `.cu` files, without a GPU: a launch whose argument list does not
 //! match its kernel's parameters would read garbage or fault on a device,
 //! and no test on a machine without one could notice.
 //!
@@ -352,7 +352,7 @@ fn sites(dir: &Path) -> Vec<Site> {
             let lineno = text[..start].lines().count() + 1;
             for file in files {
                 out.push(Site {
-                    at: format!("src/cuda/{fname}:{lineno}"),
+                    at: format!("src/{fname}:{lineno}"),
                     file,
                     names: names.clone(),
                     args: args.clone(),
@@ -736,7 +736,7 @@ fn every_launch_matches_its_kernels_parameters() {
         let ptx = nvrtc::compile(file, "compute_80").unwrap();
         modules.insert(file.to_string(), ptx_entries(&ptx));
     }
-    let sites = sites(&root.join("src/cuda"));
+    let sites = sites(&root.join("src"));
     assert!(
         sites.len() >= 40,
         "found only {} launch! sites",

@@ -1,4 +1,4 @@
-//! Compiles every `kernels/*.cu` with NVRTC for the architectures we support
+//! Compiles every kernel file (`kernels/*.cu` and the `.cu` files beside their launch code in `src/`) with NVRTC for the architectures we support
 //! (PTX for compute_80 and compute_90, and the CUBIN for sm_90 that a device
 //! loads, which also runs the assembler), and loads every file's compute_80
 //! PTX in the simulated GPU's PTX interpreter (`gpusim/`), so a kernel using
@@ -31,25 +31,33 @@ macro_rules! report {
 
 #[test]
 fn every_kernel_file_is_embedded() {
-    let dir = manifest_dir().join("kernels");
-    let Ok(entries) = std::fs::read_dir(&dir) else {
+    let root = manifest_dir();
+    if !root.join("kernels").is_dir() {
         report!(
             "skipped: {} not found (binary run outside the repository)",
-            dir.display()
+            root.join("kernels").display()
         );
         return;
-    };
-    let mut on_disk: Vec<String> = entries
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".cu"))
-        .collect();
+    }
+    // Kernel files live in kernels/ (shared ones) and beside the Rust code
+    // that launches them (src/<family>/<file>.cu).
+    let mut on_disk: Vec<String> = Vec::new();
+    let mut folders = vec![root.join("kernels"), root.join("src")];
+    while let Some(d) = folders.pop() {
+        for p in std::fs::read_dir(&d).unwrap().flatten().map(|e| e.path()) {
+            if p.is_dir() {
+                folders.push(p);
+            } else if p.extension().is_some_and(|e| e == "cu") {
+                on_disk.push(p.file_name().unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
     on_disk.sort();
     let mut embedded: Vec<String> = nvrtc::SOURCES.iter().map(|s| s.0.to_string()).collect();
     embedded.sort();
     assert_eq!(
         on_disk, embedded,
-        "src/cuda/nvrtc.rs SOURCES must list every kernels/*.cu"
+        "src/cuda/nvrtc.rs SOURCES must list every .cu file (kernels/ and src/), names unique"
     );
 }
 

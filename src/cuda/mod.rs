@@ -67,6 +67,8 @@ pub mod random;
 pub mod reduce;
 mod settings;
 pub(crate) mod tensor;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use buffer::CudaBuffer;
 pub use context::{
