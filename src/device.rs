@@ -16,27 +16,6 @@ pub enum Device {
 }
 
 impl Device {
-    /// The CUDA device `ordinal` when it really opens (the CUDA libraries
-    /// load, the device exists and is supported), the CPU otherwise. Never
-    /// panics; [`Device::check_available`] says why a device cannot be used.
-    pub fn cuda_if_available(ordinal: usize) -> Device {
-        if crate::cuda::CudaDevice::is_available(ordinal) {
-            Device::Cuda(ordinal)
-        } else {
-            Device::Cpu
-        }
-    }
-
-    /// `Ok` when the device can be used, else
-    /// [`crate::Error::DeviceUnavailable`] naming what is missing (a CUDA
-    /// library, the device, a recent enough compute capability).
-    pub fn check_available(self) -> crate::Result<()> {
-        match self {
-            Device::Cpu | Device::Meta => Ok(()),
-            Device::Cuda(n) => crate::cuda::CudaDevice::get(n).map(|_| ()),
-        }
-    }
-
     /// Whether the device can be used (see [`Device::check_available`]).
     pub fn is_available(self) -> bool {
         self.check_available().is_ok()

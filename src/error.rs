@@ -131,7 +131,7 @@ pub enum Error {
     /// A state dict does not fit a module: every problem, listed together.
     #[error(
         "{}",
-        crate::io::describe_mismatch(missing, unexpected, mismatched, wrong_dtype)
+        describe_mismatch(missing, unexpected, mismatched, wrong_dtype)
     )]
     StateDictMismatch {
         /// Names the module has but the state dict lacks (sorted).
@@ -151,3 +151,31 @@ pub enum Error {
 
 /// `std::result::Result` with leangrad's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// The readable text of [`crate::Error::StateDictMismatch`]: one line per
+/// kind of problem, each listing every name.
+fn describe_mismatch(
+    missing: &[String],
+    unexpected: &[String],
+    mismatched: &[(String, Vec<usize>, Vec<usize>)],
+    wrong_dtype: &[(String, DType, DType)],
+) -> String {
+    let mut lines = vec!["state dict does not match the module:".to_string()];
+    if !missing.is_empty() {
+        lines.push(format!("  missing keys: {}", missing.join(", ")));
+    }
+    if !unexpected.is_empty() {
+        lines.push(format!("  unexpected keys: {}", unexpected.join(", ")));
+    }
+    for (name, want, got) in mismatched {
+        lines.push(format!(
+            "  shape mismatch for {name}: module has {want:?}, state dict has {got:?}"
+        ));
+    }
+    for (name, want, got) in wrong_dtype {
+        lines.push(format!(
+            "  dtype mismatch for {name}: module has {want:?}, state dict has {got:?}"
+        ));
+    }
+    lines.join("\n")
+}

@@ -389,6 +389,32 @@ impl std::fmt::Debug for CudaDevice {
     }
 }
 
+/// Whether a device can be used: asked of the CUDA backend, which is what
+/// knows (the device enum itself stays plain data).
+impl Device {
+    /// The CUDA device `ordinal` when it really opens (the CUDA libraries
+    /// load, the device exists and is supported), the CPU otherwise. Never
+    /// panics; [`Device::check_available`] says why a device cannot be used.
+    pub fn cuda_if_available(ordinal: usize) -> Device {
+        if CudaDevice::is_available(ordinal) {
+            Device::Cuda(ordinal)
+        } else {
+            Device::Cpu
+        }
+    }
+
+    /// `Ok` when the device can be used, else
+    /// [`crate::Error::DeviceUnavailable`] naming what is missing (a CUDA
+    /// library, the device, a recent enough compute capability).
+    pub fn check_available(self) -> crate::Result<()> {
+        match self {
+            Device::Cpu | Device::Meta => Ok(()),
+            Device::Cuda(n) => CudaDevice::get(n).map(|_| ()),
+        }
+    }
+
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,32 +25,4 @@ pub use state_dict::{
     LoadReport,
 };
 
-use crate::DType;
 
-/// The readable text of [`crate::Error::StateDictMismatch`]: one line per
-/// kind of problem, each listing every name.
-pub(crate) fn describe_mismatch(
-    missing: &[String],
-    unexpected: &[String],
-    mismatched: &[(String, Vec<usize>, Vec<usize>)],
-    wrong_dtype: &[(String, DType, DType)],
-) -> String {
-    let mut lines = vec!["state dict does not match the module:".to_string()];
-    if !missing.is_empty() {
-        lines.push(format!("  missing keys: {}", missing.join(", ")));
-    }
-    if !unexpected.is_empty() {
-        lines.push(format!("  unexpected keys: {}", unexpected.join(", ")));
-    }
-    for (name, want, got) in mismatched {
-        lines.push(format!(
-            "  shape mismatch for {name}: module has {want:?}, state dict has {got:?}"
-        ));
-    }
-    for (name, want, got) in wrong_dtype {
-        lines.push(format!(
-            "  dtype mismatch for {name}: module has {want:?}, state dict has {got:?}"
-        ));
-    }
-    lines.join("\n")
-}
