@@ -129,10 +129,7 @@ pub enum Error {
         dtype: String,
     },
     /// A state dict does not fit a module: every problem, listed together.
-    #[error(
-        "{}",
-        describe_mismatch(missing, unexpected, mismatched, wrong_dtype)
-    )]
+    #[error("{}", describe_mismatch(missing, unexpected, mismatched, wrong_dtype))]
     StateDictMismatch {
         /// Names the module has but the state dict lacks (sorted).
         missing: Vec<String>,

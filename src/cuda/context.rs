@@ -412,7 +412,6 @@ impl Device {
             Device::Cuda(n) => CudaDevice::get(n).map(|_| ()),
         }
     }
-
 }
 
 #[cfg(test)]

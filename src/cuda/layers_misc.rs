@@ -97,10 +97,6 @@ pub fn embedding_backward(
     Ok(gw)
 }
 
-// The optimizer wrappers live in `super::optim`; re-exported here for the
-// callers that named them through this module.
-pub use super::optim::{adam_update, sgd_update, AdamParams, GradMap, SgdParams};
-
 /// Per channel of `gy` (`[n, c, l]`): the sum over `n` and `l` in f64 (the
 /// bias gradient), in `gy`'s dtype.
 pub fn channel_sum(gy: &CudaBuffer, n: usize, c: usize, l: usize) -> Result<CudaBuffer> {

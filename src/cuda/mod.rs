@@ -41,9 +41,11 @@ macro_rules! launch {
             .map_err(|e| dev.error(format!("launch {name}"), e))
     }};
 }
+/// The launch macro for the CUDA code of each op family (`<family>/cuda.rs`).
+pub(crate) use launch;
 
 mod buffer;
-mod check;
+pub(crate) mod check;
 mod context;
 pub mod elementwise;
 pub mod gemm;
@@ -62,7 +64,6 @@ pub mod nvrtc;
 pub(crate) mod ops;
 pub(crate) mod ops_index;
 pub(crate) mod ops_matmul;
-pub mod optim;
 pub mod random;
 pub mod reduce;
 mod settings;

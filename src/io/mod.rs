@@ -24,5 +24,3 @@ pub use state_dict::{
     load_into, load_state_dict, load_state_dict_of, state_dict, state_dict_of, LoadOptions,
     LoadReport,
 };
-
-

@@ -1,9 +1,8 @@
 //! Adam and AdamW, as `torch.optim.Adam` / `torch.optim.AdamW`
 //! (single-tensor path, bias-corrected, optional amsgrad).
 
-use super::kernels::{c, nonneg, Algorithm, GradReader};
-use crate::cuda::optim::{adam_step, AdamParams, UpdateArgs};
-use crate::cuda::CudaBuffer;
+use super::kernels::{c, nonneg, Algorithm, GradReader, UpdateRule};
+use super::AdamParams;
 use crate::{Error, FloatDType, Result};
 
 /// Adam / AdamW hyper-parameters, with torch.optim's meaning and defaults.
@@ -195,13 +194,8 @@ impl Algorithm for Adam {
         }
     }
 
-    fn update_cuda(
-        &self,
-        step: u64,
-        args: UpdateArgs<'_>,
-        state: &mut [&mut CudaBuffer],
-    ) -> Result<()> {
-        let hp = AdamParams {
+    fn rule(&self) -> Option<UpdateRule> {
+        Some(UpdateRule::Adam(AdamParams {
             lr: self.lr,
             beta1: self.beta1,
             beta2: self.beta2,
@@ -210,10 +204,6 @@ impl Algorithm for Adam {
             decoupled_weight_decay: self.decoupled_weight_decay,
             amsgrad: self.amsgrad,
             maximize: self.maximize,
-        };
-        let [m, v, rest @ ..] = state else {
-            return Err(invalid(format!("{} state buffers, 2 needed", state.len())));
-        };
-        adam_step(args, m, v, rest.first_mut().map(|b| &mut **b), step, &hp)
+        }))
     }
 }

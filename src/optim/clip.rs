@@ -58,9 +58,7 @@ fn clamp_grad(g: &Tensor, clip: f64) -> Result<Tensor> {
                 msg: format!("bounds [{}, {clip}] are not an interval", -clip),
             });
         }
-        let layout = crate::cuda::tensor::strided(g.layout())?;
-        let out = crate::cuda::optim::clamp_abs(&*g.storage().cuda()?, &layout, clip)?;
-        return crate::cuda::tensor::wrap(out, g.shape());
+        return super::cuda::clamp_abs(g, clip);
     }
     g.clamp(-clip, clip)
 }

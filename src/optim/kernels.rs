@@ -8,8 +8,6 @@
 //! gradient handed over by backward), so both give bit-identical parameters.
 
 use crate::autograd::no_grad;
-use crate::cuda::optim::{GradMap, UpdateArgs};
-use crate::cuda::CudaBuffer;
 use crate::tensor::{CpuData, Layout};
 use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
 use half::{bf16, f16};
@@ -23,17 +21,6 @@ pub enum GradTransform {
     Scale(f64),
     /// Limited to `[-c, c]` (value clipping; NaN passes through).
     ClampAbs(f64),
-}
-
-impl GradTransform {
-    /// The same transform as the CUDA kernels' argument.
-    pub fn to_cuda(self) -> GradMap {
-        match self {
-            GradTransform::Identity => GradMap::Identity,
-            GradTransform::Scale(s) => GradMap::Scale(s),
-            GradTransform::ClampAbs(c) => GradMap::ClampAbs(c),
-        }
-    }
 }
 
 /// How many interleaved lanes [`sum_of_squares`] adds a gradient's squares
@@ -131,21 +118,60 @@ pub trait Algorithm: Clone + std::fmt::Debug {
         grad: &GradReader<'_, T>,
         state: &mut [&mut [T]],
     );
-    /// The same update on CUDA: the parameter and gradient in `args`, the
-    /// [`Algorithm::state_slots`] state buffers in `state` (whole and
-    /// contiguous). The default answers [`Error::NotOnCuda`].
-    fn update_cuda(
-        &self,
-        step: u64,
-        args: UpdateArgs<'_>,
-        state: &mut [&mut CudaBuffer],
-    ) -> Result<()> {
-        let _ = (step, state);
-        Err(Error::NotOnCuda {
-            op: Self::NAME,
-            device: args.param.device().device(),
-        })
+    /// The update as plain hyper-parameters, for devices that run it as one
+    /// kernel (CUDA). `None` (the default, for algorithms of your own):
+    /// such a device answers [`Error::NotOnCuda`].
+    fn rule(&self) -> Option<UpdateRule> {
+        None
     }
+}
+
+/// An update rule as data: what a device kernel needs to run
+/// [`Algorithm::update`] bit-identically.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UpdateRule {
+    /// [`crate::optim::Sgd`]'s update.
+    Sgd(SgdParams),
+    /// [`crate::optim::Adam`]'s update (Adam and AdamW).
+    Adam(AdamParams),
+}
+
+/// SGD hyper-parameters ([`crate::optim::Sgd`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdParams {
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum (0: no buffer).
+    pub momentum: f64,
+    /// Dampening of the momentum.
+    pub dampening: f64,
+    /// L2 weight decay.
+    pub weight_decay: f64,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+    /// Ascend instead of descend.
+    pub maximize: bool,
+}
+
+/// Adam / AdamW hyper-parameters ([`crate::optim::Adam`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamParams {
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator epsilon.
+    pub eps: f64,
+    /// Weight decay (L2, or decoupled for AdamW).
+    pub weight_decay: f64,
+    /// AdamW: decay the parameter instead of adding to the gradient.
+    pub decoupled_weight_decay: bool,
+    /// Keep the running maximum of the second moment.
+    pub amsgrad: bool,
+    /// Ascend instead of descend.
+    pub maximize: bool,
 }
 
 fn typed<'a, T: WithDType>(d: &'a CpuData, op: &'static str) -> Result<&'a [T]> {
@@ -242,8 +268,9 @@ pub fn apply_update<A: Algorithm>(
             state.iter().for_each(crate::meta::touch);
             return Ok(());
         }
-        crate::meta::Backend::Cuda(_) => {
-            return update_on_cuda(alg, step, param, range.start, grad, transform, state)
+        crate::meta::Backend::Cuda(n) => {
+            let rule = alg.rule().ok_or(crate::meta::not_on_cuda(A::NAME, n))?;
+            return super::cuda::update(rule, step, param, range.start, grad, transform, state);
         }
         crate::meta::Backend::Cpu => {}
     }
@@ -283,36 +310,6 @@ pub fn apply_update<A: Algorithm>(
     }
 }
 
-/// [`apply_update`] on CUDA: locks the storages (the gradient for reading,
-/// the parameter and state for writing, which bumps their versions) and
-/// hands the buffers to the algorithm's kernel. Allocates nothing.
-fn update_on_cuda<A: Algorithm>(
-    alg: &A,
-    step: u64,
-    param: &Tensor,
-    offset: usize,
-    grad: &Tensor,
-    transform: GradTransform,
-    state: &[Tensor],
-) -> Result<()> {
-    let layout = crate::cuda::tensor::strided(grad.layout())?;
-    let gbuf = grad.storage().cuda()?;
-    let mut pbuf = param.storage().cuda_mut()?;
-    let mut sbufs = state
-        .iter()
-        .map(|s| s.storage().cuda_mut())
-        .collect::<Result<Vec<_>>>()?;
-    let mut srefs: Vec<&mut CudaBuffer> = sbufs.iter_mut().map(|b| &mut **b).collect();
-    let args = UpdateArgs {
-        param: &mut pbuf,
-        offset,
-        grad: &gbuf,
-        layout,
-        map: transform.to_cuda(),
-    };
-    alg.update_cuda(step, args, &mut srefs)
-}
-
 /// The sum of squares of a gradient's elements in f64 (the building block
 /// of every norm used for clipping), added in the fixed order of
 /// [`NORM_LANES`] on every device, so a CUDA norm equals the CPU's bit for
@@ -320,10 +317,7 @@ fn update_on_cuda<A: Algorithm>(
 pub fn sum_of_squares(grad: &Tensor) -> Result<f64> {
     match crate::meta::backend("clip_grad_norm", &[grad])? {
         crate::meta::Backend::Meta => return Ok(0.0),
-        crate::meta::Backend::Cuda(_) => {
-            let layout = crate::cuda::tensor::strided(grad.layout())?;
-            return crate::cuda::optim::sum_of_squares(&*grad.storage().cuda()?, &layout);
-        }
+        crate::meta::Backend::Cuda(_) => return super::cuda::sum_of_squares(grad),
         crate::meta::Backend::Cpu => {}
     }
     let data = grad.storage().cpu()?;

@@ -20,7 +20,7 @@
 //! see `docs/optim.md` for the modes and their costs.
 //!
 //! On CUDA both paths run on the device: the update kernels of
-//! `kernels/optim.cu` ([`crate::cuda::optim`]) compute each algorithm's
+//! `optim.cu` (launched from `src/optim/cuda.rs`) compute each algorithm's
 //! formula operation by operation in the parameter's dtype, exactly as the
 //! CPU does (bit-identical parameters from identical gradients), the state
 //! lives on the parameter's device and is counted as on the CPU, and the
@@ -29,6 +29,7 @@
 
 mod adam;
 mod clip;
+mod cuda;
 mod fused;
 pub mod kernels;
 mod schedule;
@@ -36,7 +37,7 @@ mod sgd;
 
 pub use adam::Adam;
 pub use clip::{clip_grad_norm, clip_grad_value, total_norm};
-pub use kernels::{apply_update, Algorithm, GradTransform};
+pub use kernels::{apply_update, AdamParams, Algorithm, GradTransform, SgdParams, UpdateRule};
 pub use schedule::{LrScheduler, Schedule, SequentialLr};
 pub use sgd::Sgd;
 

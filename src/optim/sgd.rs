@@ -1,8 +1,7 @@
 //! Stochastic gradient descent, as `torch.optim.SGD` (single-tensor path).
 
-use super::kernels::{c, nonneg, Algorithm, GradReader};
-use crate::cuda::optim::{sgd_step, SgdParams, UpdateArgs};
-use crate::cuda::CudaBuffer;
+use super::kernels::{c, nonneg, Algorithm, GradReader, UpdateRule};
+use super::SgdParams;
 use crate::{Error, FloatDType, Result};
 
 /// SGD hyper-parameters, with torch.optim.SGD's meaning and defaults.
@@ -156,20 +155,14 @@ impl Algorithm for Sgd {
         }
     }
 
-    fn update_cuda(
-        &self,
-        step: u64,
-        args: UpdateArgs<'_>,
-        state: &mut [&mut CudaBuffer],
-    ) -> Result<()> {
-        let hp = SgdParams {
+    fn rule(&self) -> Option<UpdateRule> {
+        Some(UpdateRule::Sgd(SgdParams {
             lr: self.lr,
             momentum: self.momentum,
             dampening: self.dampening,
             weight_decay: self.weight_decay,
             nesterov: self.nesterov,
             maximize: self.maximize,
-        };
-        sgd_step(args, state.first_mut().map(|b| &mut **b), step, &hp)
+        }))
     }
 }

@@ -1,80 +1,31 @@
-//! Launch wrappers for the optimizer updates and gradient norms of
-//! `kernels/optim.cu`: SGD and Adam/AdamW in place, with clipping fused
-//! into the read of the gradient, and the f64 sum of squares that norm
-//! clipping needs. Each computes exactly what `src/optim` computes on the
-//! CPU, operation by operation and in the same order, so the parameters
-//! come out bit-identical.
+//! The optimizers on CUDA: the update, gradient-norm and clamp kernels of
+//! `optim.cu` (beside this file) and their glue from tensors. SGD and
+//! Adam/AdamW update in place, with clipping fused into the read of the
+//! gradient, and the f64 sum of squares that norm clipping needs. Each
+//! computes exactly what the CPU update in `kernels.rs` computes, operation
+//! by operation and in the same order, so the parameters come out
+//! bit-identical.
 
-use super::check::{float_suffix, input};
-use super::layers_util::{expect, invalid};
-use super::{CudaBuffer, CudaDevice, Strided};
-use crate::optim::kernels::NORM_LANES;
-use crate::Result;
+use super::kernels::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
+use crate::cuda::check::{float_suffix, input};
+use crate::cuda::layers_util::{expect, invalid};
+use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
+use crate::{Result, Tensor};
 use cudarc::driver::LaunchConfig;
 
-/// How the raw gradient is transformed before an update (`GradTransform`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum GradMap {
-    /// Used as is.
-    Identity,
-    /// Multiplied by the factor (rounded to the dtype first).
-    Scale(f64),
-    /// Clamped to `[-bound, bound]`.
-    ClampAbs(f64),
-}
-
-impl GradMap {
-    fn code(self) -> (i32, f64) {
-        match self {
-            GradMap::Identity => (0, 0.0),
-            GradMap::Scale(s) => (1, s),
-            GradMap::ClampAbs(b) => (2, b),
-        }
+/// The kernels' code of a gradient transform: (mode, value).
+fn code(map: GradTransform) -> (i32, f64) {
+    match map {
+        GradTransform::Identity => (0, 0.0),
+        GradTransform::Scale(s) => (1, s),
+        GradTransform::ClampAbs(b) => (2, b),
     }
-}
-
-/// SGD hyper-parameters (`crate::optim::Sgd`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SgdParams {
-    /// Learning rate.
-    pub lr: f64,
-    /// Momentum (0: no buffer).
-    pub momentum: f64,
-    /// Dampening of the momentum.
-    pub dampening: f64,
-    /// L2 weight decay.
-    pub weight_decay: f64,
-    /// Nesterov momentum.
-    pub nesterov: bool,
-    /// Ascend instead of descend.
-    pub maximize: bool,
-}
-
-/// Adam / AdamW hyper-parameters (`crate::optim::Adam`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamParams {
-    /// Learning rate.
-    pub lr: f64,
-    /// First-moment decay.
-    pub beta1: f64,
-    /// Second-moment decay.
-    pub beta2: f64,
-    /// Denominator epsilon.
-    pub eps: f64,
-    /// Weight decay (L2, or decoupled for AdamW).
-    pub weight_decay: f64,
-    /// AdamW: decay the parameter instead of adding to the gradient.
-    pub decoupled_weight_decay: bool,
-    /// Keep the running maximum of the second moment.
-    pub amsgrad: bool,
-    /// Ascend instead of descend.
-    pub maximize: bool,
 }
 
 /// The parameter and gradient of one update: `n` parameter elements,
 /// contiguous from element `offset` of `param`, and the gradient read
 /// through `layout` (any strides, `n` elements in row-major order).
-pub struct UpdateArgs<'a> {
+pub(crate) struct UpdateArgs<'a> {
     /// The parameter's buffer (written in place).
     pub param: &'a mut CudaBuffer,
     /// The parameter's first element in its buffer.
@@ -84,7 +35,7 @@ pub struct UpdateArgs<'a> {
     /// The gradient's layout in its buffer.
     pub layout: Strided,
     /// The gradient transform (clipping).
-    pub map: GradMap,
+    pub map: GradTransform,
 }
 
 impl UpdateArgs<'_> {
@@ -110,7 +61,7 @@ impl UpdateArgs<'_> {
 /// momentum buffer, whole and contiguous (required when momentum ≠ 0, and
 /// used whenever given, as the CPU uses a state slice).
 /// Allocates nothing. Bit-identical to the CPU update.
-pub fn sgd_step(
+pub(crate) fn sgd_step(
     a: UpdateArgs<'_>,
     buf: Option<&mut CudaBuffer>,
     step: u64,
@@ -131,7 +82,7 @@ pub fn sgd_step(
     // As on the CPU, a given buffer is used (the optimizer gives one
     // exactly when momentum ≠ 0).
     let has_buf = i32::from(buf.is_some());
-    let (n64, off, (gm, gp)) = (n as i64, a.offset as i64, a.map.code());
+    let (n64, off, (gm, gp)) = (n as i64, a.offset as i64, code(a.map));
     let flags = [
         i32::from(hp.nesterov),
         i32::from(hp.maximize),
@@ -142,15 +93,19 @@ pub fn sgd_step(
     let gl = a.layout.coalesced();
     let dev = a.param.device().clone();
     let name = format!("sgd_{sfx}");
+    let lr: f64 = hp.lr;
+    let momentum: f64 = hp.momentum;
+    let dampening: f64 = hp.dampening;
+    let decay: f64 = hp.weight_decay;
     match buf {
         Some(b) => launch!(&dev, "optim.cu", name, CudaDevice::grid_for(n);
-            &n64, &hp.lr, &hp.momentum, &hp.dampening, &hp.weight_decay, &flags[0], &flags[1],
+            &n64, &lr, &momentum, &dampening, &decay, &flags[0], &flags[1],
             &flags[2], &flags[3], &gm, &gp, a.param.slice_mut(), &off, a.grad.slice(), &gl,
             b.slice_mut()),
         // No buffer: the kernel never touches its `buf` argument, so the
         // gradient's pointer stands in (no placeholder allocation).
         None => launch!(&dev, "optim.cu", name, CudaDevice::grid_for(n);
-            &n64, &hp.lr, &hp.momentum, &hp.dampening, &hp.weight_decay, &flags[0], &flags[1],
+            &n64, &lr, &momentum, &dampening, &decay, &flags[0], &flags[1],
             &flags[2], &flags[3], &gm, &gp, a.param.slice_mut(), &off, a.grad.slice(), &gl,
             a.grad.slice()),
     }
@@ -160,7 +115,7 @@ pub fn sgd_step(
 /// `v` and, for amsgrad, `vmax` (used whenever given, as the CPU uses a
 /// third state slice; whole contiguous buffers of the parameter's length
 /// and dtype). Allocates nothing. Bit-identical to the CPU update.
-pub fn adam_step(
+pub(crate) fn adam_step(
     a: UpdateArgs<'_>,
     m: &mut CudaBuffer,
     v: &mut CudaBuffer,
@@ -187,8 +142,11 @@ pub fn adam_step(
     let t = step as f64;
     let neg_step = -(hp.lr / (1.0 - hp.beta1.powf(t)));
     let bc2_sqrt = (1.0 - hp.beta2.powf(t)).sqrt();
-    let weight = 1.0 - hp.beta1;
-    let shrink = 1.0 - hp.lr * hp.weight_decay;
+    let weight: f64 = 1.0 - hp.beta1;
+    let shrink: f64 = 1.0 - hp.lr * hp.weight_decay;
+    let eps: f64 = hp.eps;
+    let beta2: f64 = hp.beta2;
+    let weight_decay: f64 = hp.weight_decay;
     let decay = hp.weight_decay != 0.0;
     let flags = [
         i32::from(decay && !hp.decoupled_weight_decay),
@@ -198,74 +156,31 @@ pub fn adam_step(
         // one exactly with amsgrad).
         i32::from(vmax.is_some()),
     ];
-    let (n64, off, (gm, gp)) = (n as i64, a.offset as i64, a.map.code());
+    let (n64, off, (gm, gp)) = (n as i64, a.offset as i64, code(a.map));
     let gl = a.layout.coalesced();
     let dev = a.param.device().clone();
     let name = format!("adam_{sfx}");
     match vmax {
         Some(vm) => launch!(&dev, "optim.cu", name, CudaDevice::grid_for(n);
-            &n64, &neg_step, &bc2_sqrt, &hp.eps, &weight, &hp.beta2, &hp.weight_decay, &shrink,
+            &n64, &neg_step, &bc2_sqrt, &eps, &weight, &beta2, &weight_decay, &shrink,
             &flags[0], &flags[1], &flags[2], &flags[3], &gm, &gp, a.param.slice_mut(), &off,
             a.grad.slice(), &gl, m.slice_mut(), v.slice_mut(), vm.slice_mut()),
         // Without amsgrad the kernel never touches `vmax`: the gradient's
         // pointer stands in (no placeholder allocation).
         None => launch!(&dev, "optim.cu", name, CudaDevice::grid_for(n);
-            &n64, &neg_step, &bc2_sqrt, &hp.eps, &weight, &hp.beta2, &hp.weight_decay, &shrink,
+            &n64, &neg_step, &bc2_sqrt, &eps, &weight, &beta2, &weight_decay, &shrink,
             &flags[0], &flags[1], &flags[2], &flags[3], &gm, &gp, a.param.slice_mut(), &off,
             a.grad.slice(), &gl, m.slice_mut(), v.slice_mut(), a.grad.slice()),
     }
 }
 
-/// The whole contiguous `param`, its contiguous gradient and `map`.
-fn whole<'a>(
-    param: &'a mut CudaBuffer,
-    grad: &'a CudaBuffer,
-    map: GradMap,
-) -> Result<UpdateArgs<'a>> {
-    let layout = Strided::contiguous(&[param.len()])?;
-    Ok(UpdateArgs {
-        param,
-        offset: 0,
-        grad,
-        layout,
-        map,
-    })
-}
-
-/// [`sgd_step`] on the whole contiguous `param` from a contiguous `grad`.
-pub fn sgd_update(
-    param: &mut CudaBuffer,
-    grad: &CudaBuffer,
-    buf: Option<&mut CudaBuffer>,
-    step: u64,
-    hp: &SgdParams,
-    map: GradMap,
-) -> Result<()> {
-    sgd_step(whole(param, grad, map)?, buf, step, hp)
-}
-
-/// [`adam_step`] on the whole contiguous `param` from a contiguous `grad`.
-#[allow(clippy::too_many_arguments)]
-pub fn adam_update(
-    param: &mut CudaBuffer,
-    grad: &CudaBuffer,
-    m: &mut CudaBuffer,
-    v: &mut CudaBuffer,
-    vmax: Option<&mut CudaBuffer>,
-    step: u64,
-    hp: &AdamParams,
-    map: GradMap,
-) -> Result<()> {
-    adam_step(whole(param, grad, map)?, m, v, vmax, step, hp)
-}
-
 /// The sum of squares of the elements `layout` reads from `g`, in f64 and
-/// in the CPU's order (`crate::optim::kernels::sum_of_squares`): lane `k`
+/// in the CPU's order (`super::kernels::sum_of_squares`): lane `k`
 /// of `min(n, NORM_LANES)` sums the `i ≡ k` elements in increasing `i`,
 /// then the lanes (zero-padded to a power of two) are added as a pairwise
 /// tree. Its two small f64 buffers are scratch, outside the ledger (the
 /// CPU's lanes are host memory); reading the result back synchronizes.
-pub fn sum_of_squares(g: &CudaBuffer, layout: &Strided) -> Result<f64> {
+fn sum_of_squares_buffer(g: &CudaBuffer, layout: &Strided) -> Result<f64> {
     let op = "cuda sum_of_squares";
     let sfx = float_suffix(op, g.dtype())?;
     input(op, g, g.dtype(), layout, g)?;
@@ -278,7 +193,7 @@ pub fn sum_of_squares(g: &CudaBuffer, layout: &Strided) -> Result<f64> {
     let (n64, l64, p64) = (n as i64, lanes as i64, pow2 as i64);
     let gl = layout.coalesced();
     let dev = g.device().clone();
-    super::tensor::uncounted(|| {
+    crate::cuda::tensor::uncounted(|| {
         // Zeros: lanes..pow2 are the tree's padding.
         let mut part = CudaBuffer::zeros(&dev, crate::DType::F64, pow2)?;
         let mut total = CudaBuffer::alloc(&dev, crate::DType::F64, 1)?;
@@ -302,7 +217,7 @@ pub fn sum_of_squares(g: &CudaBuffer, layout: &Strided) -> Result<f64> {
 /// limited to `[-bound, bound]` in the dtype (NaN passes through): what
 /// `Tensor::clamp(-bound, bound)` computes, for `clip_grad_value` on CUDA.
 /// The output is counted under the current category, as clamp's is.
-pub fn clamp_abs(g: &CudaBuffer, layout: &Strided, bound: f64) -> Result<CudaBuffer> {
+fn clamp_abs_buffer(g: &CudaBuffer, layout: &Strided, bound: f64) -> Result<CudaBuffer> {
     let op = "cuda clamp_abs";
     let sfx = float_suffix(op, g.dtype())?;
     input(op, g, g.dtype(), layout, g)?;
@@ -315,4 +230,60 @@ pub fn clamp_abs(g: &CudaBuffer, layout: &Strided, bound: f64) -> Result<CudaBuf
             &n64, &bound, out.slice_mut(), g.slice(), &gl)?;
     }
     Ok(out)
+}
+
+/// `apply_update` on CUDA: locks the storages (the gradient for reading,
+/// the parameter and state for writing, which bumps their versions) and
+/// runs `rule`'s kernel on the buffers. Allocates nothing.
+pub(crate) fn update(
+    rule: UpdateRule,
+    step: u64,
+    param: &Tensor,
+    offset: usize,
+    grad: &Tensor,
+    transform: GradTransform,
+    state: &[Tensor],
+) -> Result<()> {
+    let layout = crate::cuda::tensor::strided(grad.layout())?;
+    let gbuf = grad.storage().cuda()?;
+    let mut pbuf = param.storage().cuda_mut()?;
+    let mut sbufs = state
+        .iter()
+        .map(|s| s.storage().cuda_mut())
+        .collect::<Result<Vec<_>>>()?;
+    let mut srefs: Vec<&mut CudaBuffer> = sbufs.iter_mut().map(|b| &mut **b).collect();
+    let args = UpdateArgs {
+        param: &mut pbuf,
+        offset,
+        grad: &gbuf,
+        layout,
+        map: transform,
+    };
+    match rule {
+        UpdateRule::Sgd(hp) => sgd_step(args, srefs.first_mut().map(|b| &mut **b), step, &hp),
+        UpdateRule::Adam(hp) => {
+            let [m, v, rest @ ..] = &mut srefs[..] else {
+                return Err(invalid(
+                    "cuda Adam",
+                    format!("{} state buffers, 2 needed", state.len()),
+                ));
+            };
+            adam_step(args, m, v, rest.first_mut().map(|b| &mut **b), step, &hp)
+        }
+    }
+}
+
+/// `sum_of_squares` of a CUDA gradient (any layout), bit-identical to the
+/// CPU's.
+pub(crate) fn sum_of_squares(grad: &Tensor) -> Result<f64> {
+    let layout = crate::cuda::tensor::strided(grad.layout())?;
+    sum_of_squares_buffer(&*grad.storage().cuda()?, &layout)
+}
+
+/// `g.clamp(-bound, bound)` of a CUDA gradient (where `clamp` has no kernel
+/// yet): the same values and the same one new contiguous buffer.
+pub(crate) fn clamp_abs(g: &Tensor, bound: f64) -> Result<Tensor> {
+    let layout = crate::cuda::tensor::strided(g.layout())?;
+    let out = clamp_abs_buffer(&*g.storage().cuda()?, &layout, bound)?;
+    crate::cuda::tensor::wrap(out, g.shape())
 }
