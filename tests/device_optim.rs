@@ -9,8 +9,9 @@ mod cuda_common;
 mod device_common;
 
 use leangrad::memory::{Category, Ledger};
-use leangrad::optim::kernels::{sum_of_squares, NORM_LANES};
-use leangrad::optim::{apply_update, Adam, Algorithm, Clip, GradTransform, Optimizer, Sgd};
+use leangrad::optim::{
+    apply_update, sum_of_squares, Adam, Algorithm, Clip, GradTransform, Optimizer, Sgd, NORM_LANES,
+};
 use leangrad::{DType, Device, Tensor};
 
 const STEPS: usize = 5;

@@ -1,8 +1,9 @@
 //! Adam and AdamW, as `torch.optim.Adam` / `torch.optim.AdamW`
 //! (single-tensor path, bias-corrected, optional amsgrad).
 
-use super::kernels::{c, nonneg, Algorithm, GradReader, UpdateRule};
+use super::kernels::{c, nonneg, Algorithm, GradReader};
 use super::AdamParams;
+use super::UpdateRule;
 use crate::{Error, FloatDType, Result};
 
 /// Adam / AdamW hyper-parameters, with torch.optim's meaning and defaults.

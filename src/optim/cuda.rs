@@ -6,7 +6,7 @@
 //! by operation and in the same order, so the parameters come out
 //! bit-identical.
 
-use super::kernels::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
+use super::rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
 use crate::cuda::check::{float_suffix, input};
 use crate::cuda::layers_util::{expect, invalid};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
@@ -175,7 +175,7 @@ pub(crate) fn adam_step(
 }
 
 /// The sum of squares of the elements `layout` reads from `g`, in f64 and
-/// in the CPU's order (`super::kernels::sum_of_squares`): lane `k`
+/// in the CPU's order (`super::kernels::sum_of_squares`, whose order this reproduces): lane `k`
 /// of `min(n, NORM_LANES)` sums the `i ≡ k` elements in increasing `i`,
 /// then the lanes (zero-padded to a power of two) are added as a pairwise
 /// tree. Its two small f64 buffers are scratch, outside the ledger (the

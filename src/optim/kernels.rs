@@ -7,29 +7,11 @@
 //! serves the usual path (`.grad` after backward) and the fused path (the
 //! gradient handed over by backward), so both give bit-identical parameters.
 
+use super::rule::{GradTransform, UpdateRule, NORM_LANES};
 use crate::autograd::no_grad;
 use crate::tensor::{CpuData, Layout};
 use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
 use half::{bf16, f16};
-
-/// What is done to each gradient element before the update (clipping).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum GradTransform {
-    /// The gradient as it is.
-    Identity,
-    /// Multiplied by a factor (norm clipping), converted to the element type.
-    Scale(f64),
-    /// Limited to `[-c, c]` (value clipping; NaN passes through).
-    ClampAbs(f64),
-}
-
-/// How many interleaved lanes [`sum_of_squares`] adds a gradient's squares
-/// in: with `L = min(n, NORM_LANES)` lanes, lane `k` sums the elements
-/// `i ≡ k (mod L)` in increasing `i`; the lanes, zero-padded to a power of
-/// two `P`, are then added as a pairwise tree (level `s = P/2, …, 1`:
-/// `lane[k] += lane[k + s]` for `k < s`). One fixed order that a GPU runs in
-/// parallel and the CPU reproduces exactly.
-pub const NORM_LANES: usize = 16384;
 
 /// Reads a gradient in row-major order whatever its strides, applying a
 /// [`GradTransform`] to each element.
@@ -124,54 +106,6 @@ pub trait Algorithm: Clone + std::fmt::Debug {
     fn rule(&self) -> Option<UpdateRule> {
         None
     }
-}
-
-/// An update rule as data: what a device kernel needs to run
-/// [`Algorithm::update`] bit-identically.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum UpdateRule {
-    /// [`crate::optim::Sgd`]'s update.
-    Sgd(SgdParams),
-    /// [`crate::optim::Adam`]'s update (Adam and AdamW).
-    Adam(AdamParams),
-}
-
-/// SGD hyper-parameters ([`crate::optim::Sgd`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SgdParams {
-    /// Learning rate.
-    pub lr: f64,
-    /// Momentum (0: no buffer).
-    pub momentum: f64,
-    /// Dampening of the momentum.
-    pub dampening: f64,
-    /// L2 weight decay.
-    pub weight_decay: f64,
-    /// Nesterov momentum.
-    pub nesterov: bool,
-    /// Ascend instead of descend.
-    pub maximize: bool,
-}
-
-/// Adam / AdamW hyper-parameters ([`crate::optim::Adam`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamParams {
-    /// Learning rate.
-    pub lr: f64,
-    /// First-moment decay.
-    pub beta1: f64,
-    /// Second-moment decay.
-    pub beta2: f64,
-    /// Denominator epsilon.
-    pub eps: f64,
-    /// Weight decay (L2, or decoupled for AdamW).
-    pub weight_decay: f64,
-    /// AdamW: decay the parameter instead of adding to the gradient.
-    pub decoupled_weight_decay: bool,
-    /// Keep the running maximum of the second moment.
-    pub amsgrad: bool,
-    /// Ascend instead of descend.
-    pub maximize: bool,
 }
 
 fn typed<'a, T: WithDType>(d: &'a CpuData, op: &'static str) -> Result<&'a [T]> {

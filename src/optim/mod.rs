@@ -25,19 +25,21 @@
 //! CPU does (bit-identical parameters from identical gradients), the state
 //! lives on the parameter's device and is counted as on the CPU, and the
 //! norms for clipping use the fixed summation order of
-//! [`kernels::NORM_LANES`] on every device.
+//! [`NORM_LANES`] on every device.
 
 mod adam;
 mod clip;
 mod cuda;
 mod fused;
 pub mod kernels;
+mod rule;
 mod schedule;
 mod sgd;
 
 pub use adam::Adam;
 pub use clip::{clip_grad_norm, clip_grad_value, total_norm};
-pub use kernels::{apply_update, AdamParams, Algorithm, GradTransform, SgdParams, UpdateRule};
+pub use kernels::{apply_update, sum_of_squares, Algorithm};
+pub use rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
 pub use schedule::{LrScheduler, Schedule, SequentialLr};
 pub use sgd::Sgd;
 

@@ -1,7 +1,8 @@
 //! Stochastic gradient descent, as `torch.optim.SGD` (single-tensor path).
 
-use super::kernels::{c, nonneg, Algorithm, GradReader, UpdateRule};
+use super::kernels::{c, nonneg, Algorithm, GradReader};
 use super::SgdParams;
+use super::UpdateRule;
 use crate::{Error, FloatDType, Result};
 
 /// SGD hyper-parameters, with torch.optim.SGD's meaning and defaults.
