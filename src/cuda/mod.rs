@@ -41,17 +41,18 @@ macro_rules! launch {
             .map_err(|e| dev.error(format!("launch {name}"), e))
     }};
 }
+// For the launch code beside each family's kernels (`src/nn/<family>/cuda.rs`).
+pub(crate) use launch;
 
 mod buffer;
-mod check;
+pub(crate) mod check;
 mod context;
 pub mod elementwise;
 pub mod gemm;
 pub mod index;
 mod kernel_cache;
 pub mod layers_attention;
-pub mod layers_conv;
-mod layers_gemm;
+pub(crate) mod layers_gemm;
 pub mod layers_mask;
 pub mod layers_misc;
 pub mod layers_norm;
@@ -77,4 +78,5 @@ pub use context::{
 pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};
 pub use settings::{
     conv_workspace_bytes, tf32_enabled, with_conv_workspace, with_tf32, SettingGuard,
+    LARGE_WORKSPACE_BYTES,
 };
