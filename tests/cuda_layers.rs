@@ -1,5 +1,5 @@
 //! The layer kernels (`src/cuda/layers_*.rs`) against the CPU: relu mask
-//! bits, dropout masks, pools, conv, embedding, the attention softmax and
+//! bits, dropout masks, pools, embedding, the attention softmax and
 //! optimizer updates (the norms' kernels are checked through the layers in
 //! `tests/device_norm.rs`). Without a GPU every test prints
 //! `skipped: no CUDA device (…)` and passes.
@@ -7,7 +7,6 @@
 mod cuda_common;
 
 use cuda_common::{assert_close, cpu_rand, dense, download, tol, upload, FLOATS};
-use leangrad::cuda::layers_conv::{self as conv, ConvGeom};
 use leangrad::cuda::layers_mask as mask;
 use leangrad::cuda::layers_misc::{self as misc, AttnMask};
 use leangrad::cuda::layers_pool::{self as pool, AvgPoolMode, PoolGeom};
@@ -148,59 +147,6 @@ fn pools_match_the_cpu() {
             grads(&yc, &gy, &[&xl])[0],
             "adaptive bwd {dtype:?}"
         );
-    }
-}
-
-#[test]
-fn conv_matches_the_cpu_in_chunks() {
-    let dev = cuda_or_skip!("conv");
-    for dtype in FLOATS {
-        let t = tol(dtype) * 8.0;
-        let x = cpu_rand(&[3, 4, 7, 8], -1.0, 1.0, dtype, 16);
-        let w = cpu_rand(&[6, 2, 3, 2], -1.0, 1.0, dtype, 17);
-        let b = cpu_rand(&[6], -1.0, 1.0, dtype, 18);
-        let opts = nn::Conv2dOptions {
-            stride: [2, 1],
-            padding: [1, 1],
-            dilation: [1, 2],
-            groups: 2,
-        };
-        let g = ConvGeom::new(3, 4, [7, 8], 6, [3, 2], [2, 1], [1, 1], [1, 2], 2).unwrap();
-        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
-        let yc = nn::conv2d(&xl, &wl, Some(&bl), &opts).unwrap();
-        let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 19);
-        let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
-        let (gx, gw, gb, ggy) = (
-            upload(&dev, &x),
-            upload(&dev, &w),
-            upload(&dev, &b),
-            upload(&dev, &gy),
-        );
-        // a 1-byte budget forces one item per chunk; the default takes all
-        for budget in [1, conv::LARGE_WORKSPACE_BYTES] {
-            let y = conv::conv_forward(&gx, &gw, Some(&gb), &g, budget).unwrap();
-            assert_close("conv y", &download(&y), &vals(&yc), t);
-            let dx = conv::conv_input_grad(&ggy, &gw, &g, budget).unwrap();
-            assert_close("conv dx", &download(&dx), &want[0], t);
-            let dw = conv::conv_weight_grad(&ggy, &gx, &g, budget).unwrap();
-            assert_close("conv dw", &download(&dw), &want[1], t);
-        }
-        let db = misc::channel_sum(&ggy, 3, 6, g.l()).unwrap();
-        assert_close("conv db", &download(&db), &want[2], t);
-        // 1-d
-        let x1 = cpu_rand(&[2, 3, 10], -1.0, 1.0, dtype, 20);
-        let w1 = cpu_rand(&[4, 3, 3], -1.0, 1.0, dtype, 21);
-        let o1 = nn::Conv1dOptions {
-            stride: 2,
-            padding: 1,
-            dilation: 1,
-            groups: 1,
-        };
-        let y1 = nn::conv1d(&x1, &w1, None, &o1).unwrap();
-        let g1 = ConvGeom::conv1d(2, 3, 10, 4, 3, 2, 1, 1, 1).unwrap();
-        let y =
-            conv::conv_forward(&upload(&dev, &x1), &upload(&dev, &w1), None, &g1, 1 << 20).unwrap();
-        assert_close("conv1d y", &download(&y), &vals(&y1), t);
     }
 }
 

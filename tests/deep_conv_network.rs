@@ -11,7 +11,7 @@
 //! save-everything's (masks hand over to the values kept anyway).
 use leangrad::autograd::{with_save_policy, SavePolicy};
 use leangrad::memory::{Category, Ledger};
-use leangrad::nn::{BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Module, ReLU};
+use leangrad::nn::{BatchNorm, BatchNormOptions, Conv2d, Module, ReLU};
 use leangrad::{DType, Device, Tensor};
 
 const CPU: Device = Device::Cpu;
@@ -26,24 +26,15 @@ struct Block {
 }
 
 fn network(depth: usize, trainable: bool) -> Vec<Block> {
-    let options = Conv2dOptions {
-        padding: [1, 1],
-        ..Conv2dOptions::default()
-    };
     (0..depth)
         .map(|i| {
-            let mut conv = Conv2d::new(
-                &format!("conv{i}"),
-                C,
-                C,
-                [3, 3],
-                options,
-                false,
-                DType::F32,
-                CPU,
-                i as u64,
-            )
-            .unwrap();
+            let mut conv = Conv2d::builder(C, C, 3)
+                .name(&format!("conv{i}"))
+                .padding(1)
+                .bias(false)
+                .seed(i as u64)
+                .build(&CPU)
+                .unwrap();
             let mut bn = BatchNorm::new2d(
                 &format!("bn{i}"),
                 C,

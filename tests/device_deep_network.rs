@@ -9,7 +9,7 @@ mod device_common;
 
 use leangrad::autograd::{with_save_policy, SavePolicy};
 use leangrad::memory::{Category, Ledger};
-use leangrad::nn::{BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Module, ReLU};
+use leangrad::nn::{BatchNorm, BatchNormOptions, Conv2d, Module, ReLU};
 use leangrad::{DType, Device, Tensor};
 
 const N: usize = 2;
@@ -40,24 +40,16 @@ fn frozen(t: Tensor, dev: Device) -> Tensor {
 /// The frozen network, made on the CPU (the same values for every device)
 /// and moved to `dev`; BatchNorm in eval mode with non-trivial statistics.
 fn network(depth: usize, dtype: DType, dev: Device) -> Vec<Block> {
-    let options = Conv2dOptions {
-        padding: [1, 1],
-        ..Conv2dOptions::default()
-    };
     (0..depth)
         .map(|i| {
             let name = format!("conv{i}");
-            let conv = Conv2d::new(
-                &name,
-                C,
-                C,
-                [3, 3],
-                options,
-                false,
-                dtype,
-                Device::Cpu,
-                i as u64,
-            );
+            let conv = Conv2d::builder(C, C, 3)
+                .name(&name)
+                .padding(1)
+                .bias(false)
+                .dtype(dtype)
+                .seed(i as u64)
+                .build(&Device::Cpu);
             let mut conv = conv.unwrap();
             let name = format!("bn{i}");
             let bn = BatchNorm::new2d(&name, C, BatchNormOptions::default(), dtype, Device::Cpu);

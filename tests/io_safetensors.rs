@@ -11,7 +11,7 @@ use leangrad::io::{
 };
 use leangrad::memory::Ledger;
 use leangrad::nn::MultiheadAttention;
-use leangrad::nn::{BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Linear, Module};
+use leangrad::nn::{BatchNorm, BatchNormOptions, Conv2d, Linear, Module};
 use leangrad::{DType, Device, Error, Tensor};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -154,18 +154,11 @@ fn pytorch_linear_f32_and_bf16() {
 
 #[test]
 fn pytorch_conv2d() {
-    let conv = Conv2d::new(
-        "conv",
-        2,
-        3,
-        [3, 3],
-        Conv2dOptions::default(),
-        true,
-        DType::F32,
-        Device::Cpu,
-        1,
-    )
-    .unwrap();
+    let conv = Conv2d::builder(2, 3, 3)
+        .name("conv")
+        .seed(1)
+        .build(&Device::Cpu)
+        .unwrap();
     check_fixture(&conv, "conv2d", "conv2d.safetensors", 1e-5);
 }
 

@@ -720,10 +720,7 @@ fn every_launch_matches_its_kernels_parameters() {
     }
     let structs: BTreeMap<&str, usize> = [
         ("Strided", std::mem::size_of::<leangrad::cuda::Strided>()),
-        (
-            "ConvGeom",
-            std::mem::size_of::<leangrad::cuda::layers_conv::ConvGeom>(),
-        ),
+        ("ConvGeom", std::mem::size_of::<leangrad::nn::ConvGeom>()),
         (
             "PoolGeom",
             std::mem::size_of::<leangrad::cuda::layers_pool::PoolGeom>(),

@@ -5,7 +5,6 @@ mod anytype;
 mod attention;
 mod batch_sum;
 mod bitmask;
-pub(crate) mod conv;
 mod dropout;
 mod elementwise;
 mod embedding;

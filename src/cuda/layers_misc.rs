@@ -1,5 +1,4 @@
-//! Launch wrappers for embedding (`embedding.cu`) and the per-channel sum
-//! of conv bias gradients (`conv.cu`). The fused attention softmax moved to
+//! Launch wrappers for embedding (`embedding.cu`). The fused attention softmax moved to
 //! [`super::layers_attention`] and the optimizer updates to [`super::optim`];
 //! both are re-exported here under their old paths.
 
@@ -97,17 +96,3 @@ pub fn embedding_backward(
     Ok(gw)
 }
 
-/// Per channel of `gy` (`[n, c, l]`): the sum over `n` and `l` in f64 (the
-/// bias gradient), in `gy`'s dtype.
-pub fn channel_sum(gy: &CudaBuffer, n: usize, c: usize, l: usize) -> Result<CudaBuffer> {
-    let op = "cuda channel_sum";
-    let sfx = float_suffix(op, gy.dtype())?;
-    expect(op, gy, gy.dtype(), n * c * l, gy)?;
-    let mut out = CudaBuffer::alloc(gy.device(), gy.dtype(), c)?;
-    if c > 0 {
-        let (n64, c64, l64) = (n as i64, c as i64, l as i64);
-        launch!(gy.device(), "conv.cu", format!("channel_sum_{sfx}"), CudaDevice::grid_per_row(c);
-            &n64, &c64, &l64, out.slice_mut(), gy.slice())?;
-    }
-    Ok(out)
-}

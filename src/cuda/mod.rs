@@ -52,8 +52,7 @@ pub mod gemm;
 pub mod index;
 mod kernel_cache;
 pub mod layers_attention;
-pub mod layers_conv;
-mod layers_gemm;
+pub(crate) mod layers_gemm;
 pub mod layers_mask;
 pub mod layers_misc;
 pub mod layers_norm;
@@ -78,4 +77,5 @@ pub use context::{
 pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};
 pub use settings::{
     conv_workspace_bytes, tf32_enabled, with_conv_workspace, with_tf32, SettingGuard,
+    LARGE_WORKSPACE_BYTES,
 };

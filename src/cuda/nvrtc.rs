@@ -41,7 +41,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
     ("softmax.cu", include_str!("../../kernels/softmax.cu")),
     ("attention.cu", include_str!("../../kernels/attention.cu")),
-    ("conv.cu", include_str!("../../kernels/conv.cu")),
+    ("conv.cu", include_str!("../nn/conv/conv.cu")),
     ("dropout.cu", include_str!("../../kernels/dropout.cu")),
     ("embedding.cu", include_str!("../../kernels/embedding.cu")),
     ("norm.cu", include_str!("../../kernels/norm.cu")),

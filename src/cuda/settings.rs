@@ -59,6 +59,11 @@ pub fn with_conv_workspace(bytes: usize) -> SettingGuard<usize> {
     set(&CONV_WORKSPACE, bytes)
 }
 
+/// A column budget for speed over memory parity (256 MiB): pass it to
+/// [`with_conv_workspace`] (the default budget is one item's columns, as on
+/// the CPU).
+pub const LARGE_WORKSPACE_BYTES: usize = 256 << 20;
+
 /// The column budget on this thread now (0: one item, as the CPU).
 pub fn conv_workspace_bytes() -> usize {
     CONV_WORKSPACE.with(Cell::get)

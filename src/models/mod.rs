@@ -32,7 +32,7 @@ pub use transformer::{Conv1D, Param, TextInput};
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
 pub use vit::{classic_vit_name, ViT, ViTConfig};
 
-use crate::nn::{BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, LayerKind, Module};
+use crate::nn::{BatchNorm, BatchNormOptions, Conv2d, LayerKind, Module};
 use crate::{DType, Device, Result, Tensor};
 
 /// The dtype and device every layer of a model is built with.
@@ -50,13 +50,15 @@ pub(crate) fn square_conv(
     c: Ctx,
     seed: u64,
 ) -> Result<Conv2d> {
-    let options = Conv2dOptions {
-        stride: [stride; 2],
-        padding: [k / 2; 2],
-        groups,
-        ..Conv2dOptions::default()
-    };
-    Conv2d::new(name, io[0], io[1], [k, k], options, false, c.0, c.1, seed)
+    Conv2d::builder(io[0], io[1], k)
+        .name(name)
+        .stride(stride)
+        .padding(k / 2)
+        .groups(groups)
+        .bias(false)
+        .dtype(c.0)
+        .seed(seed)
+        .build(&c.1)
 }
 
 /// A BatchNorm2d with PyTorch's default options.

@@ -5,8 +5,8 @@
 use super::{buffers_of, kinds_of, params_of, set_bn, set_conv, set_linear};
 use crate::memory::scope;
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Conv2dOptions, Dropout, LayerKind,
-    Linear, MaxPool2d, MaxPool2dOptions, Module, ReLU,
+    AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Dropout, LayerKind, Linear, MaxPool2d,
+    MaxPool2dOptions, Module, ReLU,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -107,10 +107,6 @@ impl Vgg {
         }
         let mut layers = Vec::new();
         let mut cin = c.in_channels;
-        let opts = Conv2dOptions {
-            padding: [1, 1],
-            ..Conv2dOptions::default()
-        };
         for &w in &c.plan {
             let name = format!("features.{}", layers.len());
             if w == 0 {
@@ -121,7 +117,12 @@ impl Vgg {
                 continue;
             }
             let s = seed.wrapping_add(layers.len() as u64);
-            let conv = Conv2d::new(&name, cin, w, [3, 3], opts, true, dtype, device, s)?;
+            let conv = Conv2d::builder(cin, w, 3)
+                .name(&name)
+                .padding(1)
+                .dtype(dtype)
+                .seed(s)
+                .build(&device)?;
             layers.push((name, Layer::Conv(conv)));
             if c.batch_norm {
                 let name = format!("features.{}", layers.len());

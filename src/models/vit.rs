@@ -12,7 +12,7 @@ use super::transformer::{
 };
 use super::Ctx;
 use crate::memory::scope;
-use crate::nn::{Conv2d, Conv2dOptions, LayerKind, LayerNorm, Linear, Module};
+use crate::nn::{Conv2d, LayerKind, LayerNorm, Linear, Module};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The shape of a [`ViT`] (Hugging Face's `ViTConfig` fields).
@@ -218,10 +218,6 @@ impl ViT {
             });
         }
         let c = (dtype, device);
-        let options = Conv2dOptions {
-            stride: [cfg.patch_size; 2],
-            ..Conv2dOptions::default()
-        };
         let p = cfg.patch_size;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| ViTLayer::new(&cfg, c, seed.wrapping_add(100 * (i as u64 + 1))))
@@ -231,17 +227,12 @@ impl ViT {
             config,
             cls_token: Param::new("cls_token", &[1, 1, d], c, seed)?,
             position_embeddings: Param::new("position_embeddings", &[1, tokens, d], c, seed + 1)?,
-            projection: Conv2d::new(
-                "projection",
-                cfg.num_channels,
-                d,
-                [p, p],
-                options,
-                true,
-                dtype,
-                device,
-                seed + 2,
-            )?,
+            projection: Conv2d::builder(cfg.num_channels, d, p)
+                .name("projection")
+                .stride(p)
+                .dtype(dtype)
+                .seed(seed + 2)
+                .build(&device)?,
             layers,
             layernorm: layer_norm("layernorm", d, cfg.layer_norm_eps, c)?,
             pooler: cfg

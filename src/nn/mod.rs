@@ -4,8 +4,6 @@
 
 mod activation;
 mod conv;
-mod conv_layers;
-mod conv_options;
 mod dropout;
 mod embedding;
 mod linear;
@@ -14,9 +12,10 @@ mod pool;
 
 pub use activation::{Flatten, LeakyReLU, ReLU, SiLU, Sigmoid, Tanh, GELU};
 pub use conv::{
-    conv1d, conv2d, conv_transpose2d, Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions,
+    conv1d, conv2d, conv_transpose2d, Conv1d, Conv1dBuilder, Conv1dOptions, Conv2d, Conv2dBuilder,
+    Conv2dOptions, ConvGeom, ConvTranspose2d, ConvTranspose2dBuilder, ConvTranspose2dOptions,
+    Size2,
 };
-pub use conv_layers::{Conv1d, Conv2d, ConvTranspose2d};
 pub use dropout::{dropout, Dropout};
 pub use embedding::{embedding, Embedding};
 pub use linear::Linear;

@@ -1,26 +1,221 @@
-//! Convolutions as fused ops: `conv1d`, `conv2d` and `conv_transpose2d`,
-//! with PyTorch's weight layouts, on the im2col + gemm kernels in
-//! `cpu::conv`, and one backward struct that saves only what the needed
-//! gradients read.
+//! Convolutions: `conv1d`, `conv2d` and `conv_transpose2d` as fused ops with
+//! PyTorch's weight layouts, and their modules [`Conv1d`], [`Conv2d`] and
+//! [`ConvTranspose2d`] (in `layers.rs`).
 //!
-//! What is saved (for every one of the three):
-//! - the input, only if the weight needs grad (its gradient reads it);
-//! - the weight, only if the input needs grad;
-//! - nothing for the bias (its gradient is a sum of the output gradient).
+//! Every convolution runs as a 2-d one over `[n, c, h, w]` described by one
+//! [`ConvGeom`] (1-d: a unit height; transposed: the convolution whose input
+//! gradient it is): im2col + GEMM for the forward and the weight gradient,
+//! GEMM + col2im for the input gradient (which is also the transposed
+//! convolution's forward), a per-channel sum for the bias gradient.
 //!
-//! Under [`SavePolicy::SaveAll`](crate::autograd::SavePolicy) input and
-//! weight are both saved whenever a node is recorded, as PyTorch does.
+//! Files: this one holds the functional API, the options, the geometry, the
+//! backward and the dispatch seam (the only place here that picks a
+//! backend); `cpu.rs` the CPU (and meta) kernels; `cuda.rs` every line of
+//! CUDA code (tensor glue and launch wrappers); `conv.cu` the kernels.
+//!
+//! Saved for backward (the same for all three ops; `x` the input, `W` the
+//! weight, `b` the bias):
+//!
+//! | op | requires grad | saved for backward | why |
+//! | --- | --- | --- | --- |
+//! | conv1d / conv2d / conv_transpose2d | none | nothing (no node) | no gradient is computed |
+//! | same | `b` only | nothing | `gb` is `gy` summed over the batch and the positions |
+//! | same | `x` (± `b`) | `W` | `gx` is the transposed convolution of `gy` by `W` |
+//! | same | `W` (± `b`) | `x` | `gW` correlates `gy` with the columns of `x` |
+//! | same | `x` and `W` (± `b`) | `x` and `W` | both of the above |
+//! | same | any, under [`SavePolicy::SaveAll`](crate::autograd::SavePolicy) | `x` and `W` | what PyTorch keeps |
+//!
+//! A module's weight is a parameter: keeping it costs no extra bytes. The
+//! column buffer (one batch item's columns by default) is Workspace, freed
+//! before each call returns, not saved.
+
+mod cpu;
+mod cuda;
+mod layers;
 
 use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
 use crate::cpu::check_pair;
-use crate::cpu::conv::{
-    channel_sum, conv2d_forward, conv2d_input_grad, conv2d_weight_grad, ConvGeom,
-};
+use crate::meta::{backend, Backend};
 use crate::ops::expect_float;
 use crate::tensor::Layout;
 use crate::{Error, Result, Tensor};
 
-pub use super::conv_options::{Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions};
+pub use layers::{
+    Conv1d, Conv1dBuilder, Conv2d, Conv2dBuilder, ConvTranspose2d, ConvTranspose2dBuilder, Size2,
+};
+
+/// Options of [`conv2d`] (PyTorch's defaults: stride 1, no padding,
+/// dilation 1, one group), per axis `[height, width]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dOptions {
+    /// Step between output positions.
+    pub stride: [usize; 2],
+    /// Zeros added on both sides of the input.
+    pub padding: [usize; 2],
+    /// Spacing between kernel taps.
+    pub dilation: [usize; 2],
+    /// Channel groups (`groups == in_channels` is a depthwise convolution).
+    pub groups: usize,
+}
+
+impl Default for Conv2dOptions {
+    fn default() -> Self {
+        Conv2dOptions {
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+}
+
+/// Options of [`conv1d`] (PyTorch's defaults: stride 1, no padding,
+/// dilation 1, one group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv1dOptions {
+    /// Step between output positions.
+    pub stride: usize,
+    /// Zeros added on both sides of the input.
+    pub padding: usize,
+    /// Spacing between kernel taps.
+    pub dilation: usize,
+    /// Channel groups.
+    pub groups: usize,
+}
+
+impl Default for Conv1dOptions {
+    fn default() -> Self {
+        Conv1dOptions {
+            stride: 1,
+            padding: 0,
+            dilation: 1,
+            groups: 1,
+        }
+    }
+}
+
+/// Options of [`conv_transpose2d`], per axis `[height, width]` (PyTorch's
+/// defaults: stride 1, no padding or output padding, dilation 1, one group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvTranspose2dOptions {
+    /// Step between input positions in the output.
+    pub stride: [usize; 2],
+    /// Removed from both sides of the full output.
+    pub padding: [usize; 2],
+    /// Added to one side of the output (must be below stride or dilation).
+    pub output_padding: [usize; 2],
+    /// Spacing between kernel taps.
+    pub dilation: [usize; 2],
+    /// Channel groups.
+    pub groups: usize,
+}
+
+impl Default for ConvTranspose2dOptions {
+    fn default() -> Self {
+        ConvTranspose2dOptions {
+            stride: [1, 1],
+            padding: [0, 0],
+            output_padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+}
+
+/// The geometry of one 2-d convolution (a 1-d one has `h = kh = 1`): input
+/// `[n, cin, h, w]`, weight `[cout, cin/groups, kh, kw]`, output
+/// `[n, cout, oh, ow]`. A transposed convolution is described by the
+/// convolution whose input gradient it is (its own output is
+/// `[n, cin, h, w]`).
+///
+/// One type for the CPU kernels, the CUDA launch code and the kernels in
+/// `conv.cu`, which take it by value as `struct ConvGeom`: hence
+/// `#[repr(C)]`, the kernel struct's field order, and `usize` fields laid
+/// out as its `long long`s (64-bit targets; checked at compile time in
+/// `cuda.rs`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvGeom {
+    /// Batch size.
+    pub n: usize,
+    /// Input channels.
+    pub cin: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Output channels.
+    pub cout: usize,
+    /// Kernel height.
+    pub kh: usize,
+    /// Kernel width.
+    pub kw: usize,
+    /// Stride (height, width).
+    pub stride: [usize; 2],
+    /// Zero padding on both sides (height, width).
+    pub pad: [usize; 2],
+    /// Dilation (height, width).
+    pub dil: [usize; 2],
+    /// Channel groups.
+    pub groups: usize,
+    /// Output height.
+    pub oh: usize,
+    /// Output width.
+    pub ow: usize,
+}
+
+impl ConvGeom {
+    /// Rows of one group's column block: `cin/groups · kh · kw`.
+    fn k(&self) -> usize {
+        self.cin / self.groups * self.kh * self.kw
+    }
+    /// Output positions per channel: `oh · ow`.
+    fn l(&self) -> usize {
+        self.oh * self.ow
+    }
+    /// Output channels per group.
+    fn cout_g(&self) -> usize {
+        self.cout / self.groups
+    }
+}
+
+// The dispatch seam: each kernel entry picks its backend here, once. The CPU
+// kernels serve the meta device too (they dispatch Cpu/Meta again at their
+// innermost data access, so a meta step moves the ledger as a CPU step);
+// CUDA tensors go to `cuda.rs`.
+
+/// `y = conv(x, w) + b` as a new contiguous `[n, cout, oh, ow]` tensor.
+fn forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &ConvGeom) -> Result<Tensor> {
+    match backend("conv2d", &[x, w])? {
+        Backend::Cpu | Backend::Meta => cpu::conv2d_forward(x, w, bias, g),
+        Backend::Cuda(_) => cuda::conv2d_forward(x, w, bias, g),
+    }
+}
+
+/// The input gradient `[n, cin, h, w]` from `gy` (with `bias` `[cin]`: the
+/// transposed convolution of `gy` by `w`).
+fn input_grad(gy: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &ConvGeom) -> Result<Tensor> {
+    match backend("conv2d_backward", &[gy, w])? {
+        Backend::Cpu | Backend::Meta => cpu::conv2d_input_grad(gy, w, bias, g),
+        Backend::Cuda(_) => cuda::conv2d_input_grad(gy, w, bias, g),
+    }
+}
+
+/// The weight gradient `[cout, cin/groups, kh, kw]` from `gy` and `x`.
+fn weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Result<Tensor> {
+    match backend("conv2d_backward", &[gy, x])? {
+        Backend::Cpu | Backend::Meta => cpu::conv2d_weight_grad(gy, x, g),
+        Backend::Cuda(_) => cuda::conv2d_weight_grad(gy, x, g),
+    }
+}
+
+/// The bias gradient `[c]`: `gy` `[n, c, …]` summed over every dim but 1.
+fn bias_grad(gy: &Tensor) -> Result<Tensor> {
+    match backend("conv_bias_grad", &[gy])? {
+        Backend::Cpu | Backend::Meta => cpu::channel_sum(gy),
+        Backend::Cuda(_) => cuda::channel_sum(gy),
+    }
+}
 
 fn invalid(op: &'static str, msg: String) -> Error {
     Error::InvalidArgument { op, msg }
@@ -177,8 +372,8 @@ impl BackwardOp for ConvBackward {
         let gx = if self.needs[0] {
             let w = saved(&self.w, self.name)?;
             let gx = match self.kind {
-                Kind::Conv => conv2d_input_grad(&g, w, None, geom)?,
-                Kind::Transpose => conv2d_forward(&g, w, None, geom)?,
+                Kind::Conv => input_grad(&g, w, None, geom)?,
+                Kind::Transpose => forward(&g, w, None, geom)?,
             };
             Some(reshaped(gx, &self.x_shape))
         } else {
@@ -187,8 +382,8 @@ impl BackwardOp for ConvBackward {
         let gw = if self.needs[1] {
             let x = saved(&self.x, self.name)?;
             let gw = match self.kind {
-                Kind::Conv => conv2d_weight_grad(&g, x, geom)?,
-                Kind::Transpose => conv2d_weight_grad(x, &g, geom)?,
+                Kind::Conv => weight_grad(&g, x, geom)?,
+                Kind::Transpose => weight_grad(x, &g, geom)?,
             };
             Some(reshaped(gw, &self.w_shape))
         } else {
@@ -197,7 +392,7 @@ impl BackwardOp for ConvBackward {
         let mut grads = vec![gx, gw];
         if self.has_bias {
             grads.push(if self.needs[2] {
-                Some(channel_sum(&g)?)
+                Some(bias_grad(&g)?)
             } else {
                 None
             });
@@ -216,8 +411,8 @@ fn record(
     out_shape: &[usize],
 ) -> Result<Tensor> {
     let out = match kind {
-        Kind::Conv => conv2d_forward(x, w, bias, &geom)?,
-        Kind::Transpose => conv2d_input_grad(x, w, bias, &geom)?,
+        Kind::Conv => forward(x, w, bias, &geom)?,
+        Kind::Transpose => input_grad(x, w, bias, &geom)?,
     };
     let out = reshaped(out, out_shape);
     let [nx, nw] = needs_grad([x, w]);

@@ -1,4 +1,5 @@
-//! Convolution kernels: im2col / col2im around the gemm kernel.
+//! The CPU kernels of the convolutions (and their meta forms): im2col /
+//! col2im around the gemm kernel. Reached through the seam in `mod.rs`.
 //!
 //! Every convolution here is a 2-d one over `[n, c, h, w]` (1-d convolutions
 //! use a unit height). For each batch item the input is unfolded into a
@@ -10,8 +11,13 @@
 //! - input gradient: `cols_i[g] = W[g]ᵀ · gy_i[g]`, folded back by col2im
 //!   (this is also the forward of the transposed convolution);
 //! - weight gradient: `gW[g] = Σ_i gy_i[g] · cols_i[g]ᵀ`.
+//!
+//! The products go through `matmul_into`, which dispatches Cpu/Meta itself;
+//! the data accesses here ask [`on_meta`] at the innermost point, so a meta
+//! run allocates (and the ledger moves) exactly as a CPU run.
 
-use super::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
+use super::ConvGeom;
+use crate::cpu::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, Backend};
 use crate::tensor::{contiguous_strides, CpuData, Layout, Tensor};
@@ -20,42 +26,23 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// The geometry of one 2-d convolution: input `[n, cin, h, w]`, weight
-/// `[cout, cin/groups, kh, kw]`, output `[n, cout, oh, ow]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ConvGeom {
-    pub n: usize,
-    pub cin: usize,
-    pub h: usize,
-    pub w: usize,
-    pub cout: usize,
-    pub kh: usize,
-    pub kw: usize,
-    pub stride: [usize; 2],
-    pub pad: [usize; 2],
-    pub dil: [usize; 2],
-    pub groups: usize,
-    pub oh: usize,
-    pub ow: usize,
-}
-
 impl ConvGeom {
-    /// Rows of one group's column block: `cin/groups · kh · kw`.
-    fn k(&self) -> usize {
-        self.cin / self.groups * self.kh * self.kw
-    }
-    /// Output positions per channel.
-    fn l(&self) -> usize {
-        self.oh * self.ow
-    }
-    fn cout_g(&self) -> usize {
-        self.cout / self.groups
-    }
     /// The input coordinate read by output `o` through kernel tap `k` along
     /// axis `a` (0 = height, 1 = width), if it lies inside the input.
     fn src(&self, a: usize, o: usize, k: usize, len: usize) -> Option<usize> {
         let i = (o * self.stride[a] + k * self.dil[a]).checked_sub(self.pad[a])?;
         (i < len).then_some(i)
+    }
+}
+
+/// Whether a data access runs on meta (shapes only: the destination is just
+/// touched) rather than on the CPU. The seam sends CUDA tensors elsewhere;
+/// one reaching a CPU kernel anyway is answered as not on CUDA.
+fn on_meta(op: &'static str, tensors: &[&Tensor]) -> Result<bool> {
+    match backend(op, tensors)? {
+        Backend::Cpu => Ok(false),
+        Backend::Meta => Ok(true),
+        Backend::Cuda(n) => Err(crate::meta::not_on_cuda(op, n)),
     }
 }
 
@@ -73,7 +60,12 @@ macro_rules! by_dtype {
 }
 
 fn slice<T: FloatDType>(d: &CpuData, r: Range<usize>) -> Result<&[T]> {
-    Ok(&super::elementwise::typed::<T>(d, "conv")?[r])
+    let s = d.as_slice::<T>().ok_or(Error::DTypeMismatch {
+        op: "conv",
+        expected: T::DTYPE,
+        got: d.dtype(),
+    })?;
+    Ok(&s[r])
 }
 
 fn slice_mut<T: FloatDType>(d: &mut CpuData, r: Range<usize>) -> Result<&mut [T]> {
@@ -227,61 +219,10 @@ fn channel_sums<T: FloatDType>(
     Ok(())
 }
 
-/// The CUDA form of a geometry (same sizes, the kernels' integer type).
-fn cuda_geom(g: &ConvGeom) -> crate::cuda::layers_conv::ConvGeom {
-    let c = |v: usize| v as i64;
-    crate::cuda::layers_conv::ConvGeom {
-        n: c(g.n),
-        cin: c(g.cin),
-        h: c(g.h),
-        w: c(g.w),
-        cout: c(g.cout),
-        kh: c(g.kh),
-        kw: c(g.kw),
-        stride: g.stride.map(c),
-        pad: g.pad.map(c),
-        dil: g.dil.map(c),
-        groups: c(g.groups),
-        oh: c(g.oh),
-        ow: c(g.ow),
-    }
-}
-
-/// Runs a CUDA convolution wrapper on the whole-buffer dense forms of
-/// `a` and `b` (copies when they are views) and wraps its output as `shape`.
-fn on_cuda(
-    a: &Tensor,
-    b: &Tensor,
-    shape: &[usize],
-    f: impl FnOnce(
-        &crate::cuda::CudaBuffer,
-        &crate::cuda::CudaBuffer,
-    ) -> Result<crate::cuda::CudaBuffer>,
-) -> Result<Tensor> {
-    use crate::cuda::tensor::{dense, wrap};
-    let (a, b) = {
-        let _ws = with_category(Category::Workspace);
-        (dense(a)?, dense(b)?)
-    };
-    let out = f(&*a.storage().cuda()?, &*b.storage().cuda()?)?;
-    wrap(out, shape)
-}
-
-/// A bias as the whole-buffer dense CUDA tensor the kernels read (a view
-/// copied as Workspace).
-fn cuda_bias(bias: Option<&Tensor>) -> Result<Option<Tensor>> {
-    let _ws = with_category(Category::Workspace);
-    bias.map(crate::cuda::tensor::dense).transpose()
-}
-
 fn unfold(x: &Tensor, start: usize, cols: &Tensor, g: &ConvGeom) -> Result<()> {
-    match backend("conv", &[x, cols])? {
-        Backend::Meta => {
-            crate::meta::touch(cols);
-            return Ok(());
-        }
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("conv", n)),
-        Backend::Cpu => {}
+    if on_meta("conv", &[x, cols])? {
+        crate::meta::touch(cols);
+        return Ok(());
     }
     let xd = x.storage().cpu()?;
     let mut cd = cols.storage().cpu_mut()?;
@@ -292,38 +233,22 @@ fn unfold(x: &Tensor, start: usize, cols: &Tensor, g: &ConvGeom) -> Result<()> {
 /// The convolution `y = conv(x, w) + b` (no autograd): `x` `[n, cin, h, w]`,
 /// `w` `[cout, cin/groups, kh, kw]`, `b` `[cout]`; a new contiguous
 /// `[n, cout, oh, ow]` tensor.
-pub(crate) fn conv2d_forward(
+pub(super) fn conv2d_forward(
     x: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
     g: &ConvGeom,
 ) -> Result<Tensor> {
-    if let Backend::Cuda(_) = backend("conv2d", &[x, w])? {
-        let b = cuda_bias(bias)?;
-        let bb = b.as_ref().map(|b| b.storage().cuda()).transpose()?;
-        let cg = cuda_geom(g);
-        return on_cuda(x, w, &[g.n, g.cout, g.oh, g.ow], |x, w| {
-            crate::cuda::layers_conv::conv_forward(
-                x,
-                w,
-                bb.as_deref(),
-                &cg,
-                crate::cuda::conv_workspace_bytes(),
-            )
-        });
-    }
     let out = Tensor::zeros(&[g.n, g.cout, g.oh, g.ow], x.dtype(), x.device())?;
     let _ws = with_category(Category::Workspace);
     if let Some(b) = bias {
         let (b, bs) = dense(b)?;
-        match backend("conv2d", &[x, &b])? {
-            Backend::Meta => crate::meta::touch(&out),
-            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("conv2d", n)),
-            Backend::Cpu => {
-                let bd = b.storage().cpu()?;
-                let mut od = out.storage().cpu_mut()?;
-                by_dtype!(x.dtype(), fill_bias(&mut od, &bd, bs..bs + g.cout, g.l()))?;
-            }
+        if on_meta("conv2d", &[x, &b])? {
+            crate::meta::touch(&out);
+        } else {
+            let bd = b.storage().cpu()?;
+            let mut od = out.storage().cpu_mut()?;
+            by_dtype!(x.dtype(), fill_bias(&mut od, &bd, bs..bs + g.cout, g.l()))?;
         }
     }
     let (x, xs) = dense(x)?;
@@ -342,44 +267,26 @@ pub(crate) fn conv2d_forward(
 /// The gradient of [`conv2d_forward`] with respect to `x`, given `gy`
 /// `[n, cout, oh, ow]`: a new contiguous `[n, cin, h, w]` tensor. This is
 /// also the transposed convolution of `gy` by `w`, whose bias `[cin]`, if
-/// given, is added.
-pub(crate) fn conv2d_input_grad(
+/// given, is the starting value of every position (the taps added after it).
+pub(super) fn conv2d_input_grad(
     gy: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
     g: &ConvGeom,
 ) -> Result<Tensor> {
-    if let Backend::Cuda(_) = backend("conv2d_backward", &[gy, w])? {
-        // The bias (conv_transpose2d) is the starting value of every
-        // position, the taps added after it, as below.
-        let b = cuda_bias(bias)?;
-        let bb = b.as_ref().map(|b| b.storage().cuda()).transpose()?;
-        let cg = cuda_geom(g);
-        return on_cuda(gy, w, &[g.n, g.cin, g.h, g.w], |gy, w| {
-            crate::cuda::layers_conv::conv_input_grad_bias(
-                gy,
-                w,
-                bb.as_deref(),
-                &cg,
-                crate::cuda::conv_workspace_bytes(),
-            )
-        });
-    }
     let gx = Tensor::zeros(&[g.n, g.cin, g.h, g.w], gy.dtype(), gy.device())?;
     let _ws = with_category(Category::Workspace);
     if let Some(b) = bias {
         let (b, bs) = dense(b)?;
-        match backend("conv_transpose2d", &[gy, &b])? {
-            Backend::Meta => crate::meta::touch(&gx),
-            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("conv_transpose2d", n)),
-            Backend::Cpu => {
-                let bd = b.storage().cpu()?;
-                let mut xd = gx.storage().cpu_mut()?;
-                by_dtype!(
-                    gy.dtype(),
-                    fill_bias(&mut xd, &bd, bs..bs + g.cin, g.h * g.w)
-                )?;
-            }
+        if on_meta("conv_transpose2d", &[gy, &b])? {
+            crate::meta::touch(&gx);
+        } else {
+            let bd = b.storage().cpu()?;
+            let mut xd = gx.storage().cpu_mut()?;
+            by_dtype!(
+                gy.dtype(),
+                fill_bias(&mut xd, &bd, bs..bs + g.cin, g.h * g.w)
+            )?;
         }
     }
     let (gy, gs) = dense(gy)?;
@@ -391,13 +298,9 @@ pub(crate) fn conv2d_input_grad(
     for i in 0..g.n {
         let gyv = view(&gy, &[g.groups, cg, l], gs + i * g.cout * l);
         matmul_into(&cols, &wt, &gyv, false)?;
-        match backend("conv2d_backward", &[&cols, &gx])? {
-            Backend::Meta => {
-                crate::meta::touch(&gx);
-                continue;
-            }
-            Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("conv2d_backward", n)),
-            Backend::Cpu => {}
+        if on_meta("conv2d_backward", &[&cols, &gx])? {
+            crate::meta::touch(&gx);
+            continue;
         }
         let cd = cols.storage().cpu()?;
         let mut xd = gx.storage().cpu_mut()?;
@@ -412,19 +315,8 @@ pub(crate) fn conv2d_input_grad(
 /// The gradient of [`conv2d_forward`] with respect to `w`, given `gy`
 /// `[n, cout, oh, ow]` and the input `x`: a new `[cout, cin/groups, kh, kw]`
 /// tensor.
-pub(crate) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Result<Tensor> {
+pub(super) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Result<Tensor> {
     let cin_g = g.cin / g.groups;
-    if let Backend::Cuda(_) = backend("conv2d_backward", &[gy, x])? {
-        let cg = cuda_geom(g);
-        return on_cuda(gy, x, &[g.cout, cin_g, g.kh, g.kw], |gy, x| {
-            crate::cuda::layers_conv::conv_weight_grad(
-                gy,
-                x,
-                &cg,
-                crate::cuda::conv_workspace_bytes(),
-            )
-        });
-    }
     let gw = Tensor::zeros(&[g.cout, cin_g, g.kh, g.kw], gy.dtype(), gy.device())?;
     let _ws = with_category(Category::Workspace);
     let (gy, gs) = dense(gy)?;
@@ -442,27 +334,15 @@ pub(crate) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Resul
 }
 
 /// The bias gradient: `gy` `[n, c, …]` summed over every dim but 1.
-pub(crate) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
+pub(super) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
     let (n, c) = (gy.shape()[0], gy.shape()[1]);
     let l = gy.shape()[2..].iter().product();
-    if let Backend::Cuda(_) = backend("conv_bias_grad", &[gy])? {
-        let gy = {
-            let _ws = with_category(Category::Workspace);
-            crate::cuda::tensor::dense(gy)?
-        };
-        let out = crate::cuda::layers_misc::channel_sum(&*gy.storage().cuda()?, n, c, l)?;
-        return crate::cuda::tensor::wrap(out, &[c]);
-    }
     let gb = Tensor::zeros(&[c], gy.dtype(), gy.device())?;
     let _ws = with_category(Category::Workspace);
     let (gy, gs) = dense(gy)?;
-    match backend("conv_bias_grad", &[&gy, &gb])? {
-        Backend::Meta => {
-            crate::meta::touch(&gb);
-            return Ok(gb);
-        }
-        Backend::Cuda(n) => return Err(crate::meta::not_on_cuda("conv_bias_grad", n)),
-        Backend::Cpu => {}
+    if on_meta("conv_bias_grad", &[&gy, &gb])? {
+        crate::meta::touch(&gb);
+        return Ok(gb);
     }
     let gd = gy.storage().cpu()?;
     let mut bd = gb.storage().cpu_mut()?;

@@ -1,4 +1,4 @@
-// Convolution helpers, as src/cpu/conv.rs: im2col / col2im for 2-d (1-d is
+// Convolution helpers, as cpu.rs beside this file: im2col / col2im for 2-d (1-d is
 // h = kh = 1) with stride, padding and dilation, the bias fill and the
 // per-channel sum for bias gradients. Groups need nothing here: the column
 // rows of group g are the contiguous block g*K .. (g+1)*K (K = cin/groups *
@@ -6,9 +6,11 @@
 //
 // Columns of item i: [cin*kh*kw, oh*ow], row r = (c*kh + ki)*kw + kj,
 // column l = oy*ow + ox; a chunk of nb items is [nb, cin*kh*kw, oh*ow].
-// ConvGeo must match `ConvGeom` in src/cuda/layers_conv.rs.
+// Launched from cuda.rs beside this file. `struct ConvGeom` is the Rust
+// `leangrad::nn::ConvGeom` (src/nn/conv/mod.rs, #[repr(C)]): same fields in
+// the same order, its usize fields laid out as these long longs.
 
-struct ConvGeo {
+struct ConvGeom {
     long long n, cin, h, w, cout, kh, kw;
     long long stride[2], pad[2], dil[2];
     long long groups, oh, ow;
@@ -16,7 +18,7 @@ struct ConvGeo {
 
 #define LG_CONV(sfx, T)                                                               \
     /* cols of items first .. first+nb of x ([n, cin, h, w]). */                     \
-    extern "C" __global__ void im2col_##sfx(ConvGeo g, long long first, long long nb, \
+    extern "C" __global__ void im2col_##sfx(ConvGeom g, long long first, long long nb, \
                                             T* cols, const T* x) {                    \
         long long kk = g.kh * g.kw, L = g.oh * g.ow, rows = g.cin * kk;               \
         long long n = nb * rows * L;                                                  \
@@ -33,7 +35,7 @@ struct ConvGeo {
     /* overwriting those items (or, with accumulate, adding to what they hold: */     \
     /* the transposed convolution's bias): each input element gathers its taps */     \
     /* in (ki, kj) order, the CPU's order of additions, each rounded in T. */         \
-    extern "C" __global__ void col2im_##sfx(ConvGeo g, long long first, long long nb, \
+    extern "C" __global__ void col2im_##sfx(ConvGeom g, long long first, long long nb, \
                                             int accumulate, T* gx, const T* cols) {   \
         typedef Acc<T>::type A;                                                       \
         long long kk = g.kh * g.kw, L = g.oh * g.ow, rows = g.cin * kk;               \

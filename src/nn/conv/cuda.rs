@@ -1,177 +1,131 @@
-//! Convolution on the GPU (`conv.cu` + cuBLAS), as `cpu::conv`: im2col /
+//! Every line of the convolutions' CUDA code: the glue from tensors to
+//! device buffers (what the seam in `mod.rs` calls for CUDA tensors) and the
+//! launch wrappers of `conv.cu` + cuBLAS, mirroring `cpu.rs`: im2col /
 //! col2im for 1-d and 2-d with stride, padding, dilation and groups, and the
-//! forward, input-gradient and weight-gradient GEMMs over column buffers.
+//! forward, input-gradient and weight-gradient GEMMs over column buffers,
+//! the bias fill and the bias gradient's per-channel sum.
+//!
 //! The column buffer is ledger-counted as [`Category::Workspace`] and
-//! bounded by a byte budget: the batch is processed in chunks of items so
-//! that it stays under the budget (at least one item per chunk).
+//! bounded by a byte budget ([`crate::cuda::with_conv_workspace`]): the
+//! batch is processed in chunks of items so that it stays under the budget
+//! (at least one item per chunk). The default budget, 0, is one item's
+//! columns: exactly the CPU's buffer, so the ledgers match.
 
-use super::check::float_suffix;
-use super::layers_gemm::{gemm_sub, SubGemm};
-use super::layers_util::{expect, invalid};
-use super::{CudaBuffer, CudaDevice};
-use crate::memory::Category;
-use crate::Result;
+use super::ConvGeom;
+use crate::cuda::check::float_suffix;
+use crate::cuda::launch;
+use crate::cuda::layers_gemm::{gemm_sub, SubGemm};
+use crate::cuda::layers_util::{expect, invalid};
+use crate::cuda::tensor::{dense, wrap};
+use crate::cuda::{conv_workspace_bytes, CudaBuffer, CudaDevice};
+use crate::memory::{with_category, Category};
+use crate::{Result, Tensor};
 use cudarc::driver::DeviceRepr;
 
-/// A column-buffer budget for speed over memory parity (256 MiB): pass it
-/// to [`super::with_conv_workspace`] (the default budget is one item's
-/// columns, as on the CPU).
-pub const LARGE_WORKSPACE_BYTES: usize = 256 << 20;
+// The kernels take `struct ConvGeom` of 16 `long long`s by value; `usize`
+// has their layout only where it is 8 bytes.
+const _: () = assert!(std::mem::size_of::<ConvGeom>() == 16 * 8);
 
-/// The geometry of a 2-d convolution (1-d: `h = kh = 1`); laid out as
-/// `struct ConvGeo` in `kernels/conv.cu`. Input `[n, cin, h, w]`, weight
-/// `[cout, cin/groups, kh, kw]`, output `[n, cout, oh, ow]`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConvGeom {
-    /// Batch size.
-    pub n: i64,
-    /// Input channels.
-    pub cin: i64,
-    /// Input height.
-    pub h: i64,
-    /// Input width.
-    pub w: i64,
-    /// Output channels.
-    pub cout: i64,
-    /// Kernel height.
-    pub kh: i64,
-    /// Kernel width.
-    pub kw: i64,
-    /// Stride (row, column).
-    pub stride: [i64; 2],
-    /// Zero padding (row, column).
-    pub pad: [i64; 2],
-    /// Dilation (row, column).
-    pub dil: [i64; 2],
-    /// Channel groups.
-    pub groups: i64,
-    /// Output height.
-    pub oh: i64,
-    /// Output width.
-    pub ow: i64,
-}
-
-// SAFETY: a plain `repr(C)` struct of i64s, laid out as `struct ConvGeo`.
+// SAFETY: a plain `repr(C)` struct of 16 usizes (8 bytes each, asserted
+// above), laid out as `struct ConvGeom` in `conv.cu`.
 unsafe impl DeviceRepr for ConvGeom {}
 
 impl ConvGeom {
-    /// A 2-d geometry; errors on zero sizes, channels not divisible by
-    /// `groups`, or a kernel larger than the padded input.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        n: usize,
-        cin: usize,
-        hw: [usize; 2],
-        cout: usize,
-        k: [usize; 2],
-        stride: [usize; 2],
-        pad: [usize; 2],
-        dil: [usize; 2],
-        groups: usize,
-    ) -> Result<ConvGeom> {
-        let op = "cuda conv";
-        if groups == 0 || !cin.is_multiple_of(groups) || !cout.is_multiple_of(groups) {
-            return Err(invalid(
-                op,
-                format!("{cin} → {cout} channels in {groups} groups"),
-            ));
-        }
-        if k.contains(&0) || stride.contains(&0) || dil.contains(&0) {
-            return Err(invalid(
-                op,
-                format!("kernel {k:?}, stride {stride:?}, dilation {dil:?}"),
-            ));
-        }
-        let out = |a: usize| {
-            let span = dil[a] * (k[a] - 1) + 1;
-            (hw[a] + 2 * pad[a])
-                .checked_sub(span)
-                .map(|v| v / stride[a] + 1)
-        };
-        let (Some(oh), Some(ow)) = (out(0), out(1)) else {
-            return Err(invalid(
-                op,
-                format!("kernel {k:?} larger than the padded input {hw:?}"),
-            ));
-        };
-        let c = |v: usize| v as i64;
-        Ok(ConvGeom {
-            n: c(n),
-            cin: c(cin),
-            h: c(hw[0]),
-            w: c(hw[1]),
-            cout: c(cout),
-            kh: c(k[0]),
-            kw: c(k[1]),
-            stride: stride.map(c),
-            pad: pad.map(c),
-            dil: dil.map(c),
-            groups: c(groups),
-            oh: c(oh),
-            ow: c(ow),
-        })
-    }
-
-    /// A 1-d geometry: input `[n, cin, len]`, kernel `k`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn conv1d(
-        n: usize,
-        cin: usize,
-        len: usize,
-        cout: usize,
-        k: usize,
-        stride: usize,
-        pad: usize,
-        dil: usize,
-        groups: usize,
-    ) -> Result<ConvGeom> {
-        ConvGeom::new(
-            n,
-            cin,
-            [1, len],
-            cout,
-            [1, k],
-            [1, stride],
-            [0, pad],
-            [1, dil],
-            groups,
-        )
-    }
-
     /// Column rows of one item (`cin·kh·kw`).
-    pub fn rows(&self) -> usize {
-        (self.cin * self.kh * self.kw) as usize
-    }
-    /// Output positions per channel (`oh·ow`).
-    pub fn l(&self) -> usize {
-        (self.oh * self.ow) as usize
-    }
-    /// Column rows of one group (`cin/groups·kh·kw`).
-    fn k(&self) -> usize {
-        self.rows() / self.groups as usize
-    }
-    fn cout_g(&self) -> usize {
-        (self.cout / self.groups) as usize
+    fn rows(&self) -> usize {
+        self.cin * self.kh * self.kw
     }
     /// Elements of the input, weight and output.
-    pub fn sizes(&self) -> (usize, usize, usize) {
-        let n = self.n as usize;
+    fn sizes(&self) -> (usize, usize, usize) {
         (
-            n * (self.cin * self.h * self.w) as usize,
-            self.cout as usize * self.k(),
-            n * self.cout as usize * self.l(),
+            self.n * self.cin * self.h * self.w,
+            self.cout * self.k(),
+            self.n * self.cout * self.l(),
         )
     }
     /// Items per chunk whose columns fit in `budget` bytes (at least 1).
-    pub fn chunk_items(&self, elem_bytes: usize, budget: usize) -> usize {
+    fn chunk_items(&self, elem_bytes: usize, budget: usize) -> usize {
         let per = (self.rows() * self.l() * elem_bytes).max(1);
-        (budget / per).clamp(1, (self.n as usize).max(1))
+        (budget / per).clamp(1, self.n.max(1))
     }
 }
 
+/// Runs a launch wrapper on the whole-buffer dense forms of `a` and `b`
+/// (copies, counted as Workspace, when they are views) and wraps its output
+/// as `shape`.
+fn on_buffers(
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[usize],
+    f: impl FnOnce(&CudaBuffer, &CudaBuffer) -> Result<CudaBuffer>,
+) -> Result<Tensor> {
+    let (a, b) = {
+        let _ws = with_category(Category::Workspace);
+        (dense(a)?, dense(b)?)
+    };
+    let out = f(&*a.storage().cuda()?, &*b.storage().cuda()?)?;
+    wrap(out, shape)
+}
+
+/// A bias as the whole-buffer dense tensor the kernels read (a view copied
+/// as Workspace).
+fn dense_bias(bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+    let _ws = with_category(Category::Workspace);
+    bias.map(dense).transpose()
+}
+
+/// `cpu::conv2d_forward` on CUDA tensors.
+pub(super) fn conv2d_forward(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    g: &ConvGeom,
+) -> Result<Tensor> {
+    let b = dense_bias(bias)?;
+    let bb = b.as_ref().map(|b| b.storage().cuda()).transpose()?;
+    on_buffers(x, w, &[g.n, g.cout, g.oh, g.ow], |x, w| {
+        conv_forward(x, w, bb.as_deref(), g, conv_workspace_bytes())
+    })
+}
+
+/// `cpu::conv2d_input_grad` on CUDA tensors: the bias (conv_transpose2d) is
+/// the starting value of every position, the taps added after it, as on
+/// the CPU.
+pub(super) fn conv2d_input_grad(
+    gy: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    g: &ConvGeom,
+) -> Result<Tensor> {
+    let b = dense_bias(bias)?;
+    let bb = b.as_ref().map(|b| b.storage().cuda()).transpose()?;
+    on_buffers(gy, w, &[g.n, g.cin, g.h, g.w], |gy, w| {
+        conv_input_grad(gy, w, bb.as_deref(), g, conv_workspace_bytes())
+    })
+}
+
+/// `cpu::conv2d_weight_grad` on CUDA tensors.
+pub(super) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Result<Tensor> {
+    let shape = [g.cout, g.cin / g.groups, g.kh, g.kw];
+    on_buffers(gy, x, &shape, |gy, x| {
+        conv_weight_grad(gy, x, g, conv_workspace_bytes())
+    })
+}
+
+/// `cpu::channel_sum` (the bias gradient) on a CUDA tensor.
+pub(super) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
+    let (n, c) = (gy.shape()[0], gy.shape()[1]);
+    let l = gy.shape()[2..].iter().product();
+    let gy = {
+        let _ws = with_category(Category::Workspace);
+        dense(gy)?
+    };
+    let out = channel_sum_buffer(&*gy.storage().cuda()?, n, c, l)?;
+    wrap(out, &[c])
+}
+
 /// Writes the columns of items `first .. first + nb` of `x` into `cols`.
-pub fn im2col_into(
+fn im2col_into(
     x: &CudaBuffer,
     g: &ConvGeom,
     first: usize,
@@ -180,7 +134,7 @@ pub fn im2col_into(
 ) -> Result<()> {
     let op = "cuda im2col";
     let sfx = float_suffix(op, x.dtype())?;
-    if first + nb > g.n as usize {
+    if first + nb > g.n {
         return Err(invalid(op, format!("items {first}+{nb} of {}", g.n)));
     }
     expect(op, x, x.dtype(), g.sizes().0, x)?;
@@ -199,7 +153,7 @@ pub fn im2col_into(
 /// tap rounded in the dtype, after the held value, as the CPU's bias-first
 /// transposed convolution); deterministic (each input gathers its taps in
 /// order).
-pub fn col2im_into(
+fn col2im_into(
     cols: &CudaBuffer,
     g: &ConvGeom,
     first: usize,
@@ -209,15 +163,15 @@ pub fn col2im_into(
 ) -> Result<()> {
     let op = "cuda col2im";
     let sfx = float_suffix(op, cols.dtype())?;
-    if first + nb > g.n as usize {
+    if first + nb > g.n {
         return Err(invalid(op, format!("items {first}+{nb} of {}", g.n)));
     }
     expect(op, cols, cols.dtype(), nb * g.rows() * g.l(), cols)?;
     expect(op, gx, cols.dtype(), g.sizes().0, cols)?;
-    let len = nb * (g.cin * g.h * g.w) as usize;
+    let len = nb * g.cin * g.h * g.w;
     if len > 0 {
         let (f, nb, acc) = (first as i64, nb as i64, i32::from(accumulate));
-        // Parameters: (ConvGeo g, i64 first, i64 nb, i32 accumulate, T* gx,
+        // Parameters: (ConvGeom g, i64 first, i64 nb, i32 accumulate, T* gx,
         // const T* cols).
         launch!(cols.device(), "conv.cu", format!("col2im_{sfx}"), CudaDevice::grid_for(len);
             g, &f, &nb, &acc, gx.slice_mut(), cols.slice())?;
@@ -244,7 +198,7 @@ fn for_each_column_chunk(
     budget: usize,
     mut each: impl FnMut(usize, usize, &CudaBuffer) -> Result<()>,
 ) -> Result<()> {
-    let n = g.n as usize;
+    let n = g.n;
     let chunk = g.chunk_items(x.dtype().size_in_bytes(), budget);
     let mut cols = workspace(x, g, chunk)?;
     for first in (0..n).step_by(chunk) {
@@ -280,7 +234,7 @@ fn bias_filled(
 /// Convolution forward: `y = bias + W ⊛ x` (`[n, cout, oh, ow]`) by
 /// im2col + one strided-batched GEMM per group and chunk; the column buffer
 /// stays under `budget` bytes.
-pub fn conv_forward(
+fn conv_forward(
     x: &CudaBuffer,
     w: &CudaBuffer,
     bias: Option<&CudaBuffer>,
@@ -292,15 +246,15 @@ pub fn conv_forward(
     expect(op, x, x.dtype(), nx, x)?;
     expect(op, w, x.dtype(), nw, x)?;
     let mut y = match bias {
-        Some(b) => bias_filled(op, x, b, ny, g.cout as usize, g.l())?,
+        Some(b) => bias_filled(op, x, b, ny, g.cout, g.l())?,
         None => CudaBuffer::zeros(x.device(), x.dtype(), ny)?,
     };
     if ny == 0 || g.rows() == 0 {
         return Ok(y);
     }
-    let (l, k, cg, rows, cout) = (g.l(), g.k(), g.cout_g(), g.rows(), g.cout as usize);
+    let (l, k, cg, rows, cout) = (g.l(), g.k(), g.cout_g(), g.rows(), g.cout);
     for_each_column_chunk(x, g, budget, |first, nb, cols| {
-        for grp in 0..g.groups as usize {
+        for grp in 0..g.groups {
             let s = SubGemm {
                 m: cg,
                 n: l,
@@ -323,22 +277,11 @@ pub fn conv_forward(
 }
 
 /// The input gradient `[n, cin, h, w]` of a convolution from the output
-/// gradient `gy`: per chunk, `cols = Wᵀ·gy` per group, then col2im.
-pub fn conv_input_grad(
-    gy: &CudaBuffer,
-    w: &CudaBuffer,
-    g: &ConvGeom,
-    budget: usize,
-) -> Result<CudaBuffer> {
-    conv_input_grad_bias(gy, w, None, g, budget)
-}
-
-/// The input gradient `[n, cin, h, w]` of a convolution from the output
-/// gradient `gy` ([`conv_input_grad`]) with an optional bias. This is
+/// gradient `gy`: per chunk, `cols = Wᵀ·gy` per group, then col2im. This is
 /// also the transposed convolution of `gy` by `w`; with `bias` (`[cin]`)
 /// every position starts from its channel's bias and the taps are added
 /// after it, as on the CPU.
-pub fn conv_input_grad_bias(
+fn conv_input_grad(
     gy: &CudaBuffer,
     w: &CudaBuffer,
     bias: Option<&CudaBuffer>,
@@ -349,9 +292,9 @@ pub fn conv_input_grad_bias(
     let (nx, nw, ny) = g.sizes();
     expect(op, gy, gy.dtype(), ny, gy)?;
     expect(op, w, gy.dtype(), nw, gy)?;
-    let plane = (g.h * g.w) as usize;
+    let plane = g.h * g.w;
     let mut gx = match bias {
-        Some(b) => bias_filled(op, gy, b, nx, g.cin as usize, plane)?,
+        Some(b) => bias_filled(op, gy, b, nx, g.cin, plane)?,
         None if g.rows() == 0 || g.l() == 0 || g.cout == 0 => {
             return CudaBuffer::zeros(gy.device(), gy.dtype(), nx)
         }
@@ -360,19 +303,12 @@ pub fn conv_input_grad_bias(
     if g.rows() == 0 || g.l() == 0 || g.cout == 0 {
         return Ok(gx);
     }
-    let (n, l, k, cg, rows, cout) = (
-        g.n as usize,
-        g.l(),
-        g.k(),
-        g.cout_g(),
-        g.rows(),
-        g.cout as usize,
-    );
+    let (n, l, k, cg, rows, cout) = (g.n, g.l(), g.k(), g.cout_g(), g.rows(), g.cout);
     let chunk = g.chunk_items(gy.dtype().size_in_bytes(), budget);
     let mut cols = workspace(gy, g, chunk)?;
     for first in (0..n).step_by(chunk) {
         let nb = chunk.min(n - first);
-        for grp in 0..g.groups as usize {
+        for grp in 0..g.groups {
             let s = SubGemm {
                 m: k,
                 n: l,
@@ -396,7 +332,7 @@ pub fn conv_input_grad_bias(
 
 /// The weight gradient `[cout, cin/groups, kh, kw]`: `Σ_items gy·colsᵀ`
 /// per group, accumulated into a zeroed buffer.
-pub fn conv_weight_grad(
+fn conv_weight_grad(
     gy: &CudaBuffer,
     x: &CudaBuffer,
     g: &ConvGeom,
@@ -410,10 +346,10 @@ pub fn conv_weight_grad(
     if nw == 0 || g.l() == 0 {
         return Ok(gw);
     }
-    let (l, k, cg, rows, cout) = (g.l(), g.k(), g.cout_g(), g.rows(), g.cout as usize);
+    let (l, k, cg, rows, cout) = (g.l(), g.k(), g.cout_g(), g.rows(), g.cout);
     for_each_column_chunk(x, g, budget, |first, nb, cols| {
         for j in 0..nb {
-            for grp in 0..g.groups as usize {
+            for grp in 0..g.groups {
                 let s = SubGemm {
                     m: cg,
                     n: k,
@@ -435,4 +371,20 @@ pub fn conv_weight_grad(
         Ok(())
     })?;
     Ok(gw)
+}
+
+/// Per channel of `gy` (`[n, c, l]`): the sum over `n` and `l` in f64 (the
+/// bias gradient), in `gy`'s dtype.
+fn channel_sum_buffer(gy: &CudaBuffer, n: usize, c: usize, l: usize) -> Result<CudaBuffer> {
+    let op = "cuda channel_sum";
+    let sfx = float_suffix(op, gy.dtype())?;
+    expect(op, gy, gy.dtype(), n * c * l, gy)?;
+    let mut out = CudaBuffer::alloc(gy.device(), gy.dtype(), c)?;
+    if c > 0 {
+        let (n64, c64, l64) = (n as i64, c as i64, l as i64);
+        // Parameters: (i64 n, i64 c, i64 l, T* out, const T* gy).
+        launch!(gy.device(), "conv.cu", format!("channel_sum_{sfx}"), CudaDevice::grid_per_row(c);
+            &n64, &c64, &l64, out.slice_mut(), gy.slice())?;
+    }
+    Ok(out)
 }

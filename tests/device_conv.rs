@@ -1,0 +1,228 @@
+//! The convolutions written once for every device: conv2d (grouped,
+//! strided, dilated, of views) with its bias gradient, conv_transpose2d
+//! with and without bias and the ConvTranspose2d module, each on the CPU and
+//! on CUDA 0 when present for every requires-grad combination and both save
+//! policies, comparing outputs, gradients and saved bytes with the CPU's;
+//! the CUDA column budget's chunking (one item per chunk, the whole batch
+//! in one) against the CPU; and the rounding bound the comparisons accept,
+//! checked on the CPU. Without a GPU the CUDA half prints `skipped: no CUDA
+//! device`.
+
+mod cuda_common;
+mod device_common;
+
+use cuda_common::cpu_rand;
+use device_common::{check_multilinear, input, FLOATS};
+use leangrad::cuda::{with_conv_workspace, LARGE_WORKSPACE_BYTES};
+use leangrad::memory::{Category, Ledger};
+use leangrad::nn::{
+    conv1d, conv2d, conv_transpose2d, Conv1dOptions, Conv2dOptions, ConvTranspose2d,
+    ConvTranspose2dOptions, Module,
+};
+use leangrad::{DType, Device, Result, Tensor};
+
+#[test]
+fn conv2d_layer_and_bias_grad() {
+    let grouped = Conv2dOptions {
+        groups: 2,
+        ..Conv2dOptions::default()
+    };
+    let strided = Conv2dOptions {
+        stride: [2, 1],
+        padding: [1, 2],
+        dilation: [1, 2],
+        groups: 2,
+    };
+    for dtype in FLOATS {
+        let x = input(&[3, 4, 7, 6], dtype, 31, -1.0, 1.0);
+        let w = input(&[6, 2, 3, 2], dtype, 32, -0.5, 0.5);
+        let b = input(&[6], dtype, 33, -0.5, 0.5);
+        // cuBLAS and the CPU's gemm sum in different orders: an element
+        // that cancels (a weight gradient of 75 terms) differs by more
+        // than 1e-5 of itself, within the sums' rounding bound.
+        for (name, opts) in [("conv2d", grouped), ("conv2d strided", strided)] {
+            check_multilinear(name, &[&x, &w, &b], |t| {
+                conv2d(&t[0], &t[1], Some(&t[2]), &opts)
+            });
+            // The input as a permuted view (a dense copy on the way in).
+            let xt = x.transpose(2, 3).unwrap();
+            check_multilinear(&format!("{name} of a view"), &[&xt, &w], |t| {
+                conv2d(&t[0].transpose(2, 3)?, &t[1], None, &opts)
+            });
+        }
+    }
+}
+
+const FULL: ConvTranspose2dOptions = ConvTranspose2dOptions {
+    stride: [2, 3],
+    padding: [1, 0],
+    output_padding: [1, 2],
+    dilation: [1, 2],
+    groups: 2,
+};
+
+#[test]
+fn conv_transpose2d_layer() {
+    let plain = ConvTranspose2dOptions::default();
+    let full = FULL;
+    // cuBLAS and the CPU's gemm sum the taps' products in different
+    // orders: outputs that cancel differ within the sums' rounding bound.
+    for dtype in FLOATS {
+        let x = input(&[2, 4, 5, 3], dtype, 81, -1.0, 1.0);
+        // [cin, cout/groups, kh, kw]: cout = 6 with 2 groups, 3 ungrouped.
+        let w2 = input(&[4, 3, 3, 2], dtype, 82, -0.5, 0.5);
+        let b6 = input(&[6], dtype, 83, -0.5, 0.5);
+        let b3 = input(&[3], dtype, 84, -0.5, 0.5);
+        check_multilinear("conv_transpose2d bias", &[&x, &w2, &b3], |t| {
+            conv_transpose2d(&t[0], &t[1], Some(&t[2]), &plain)
+        });
+        check_multilinear("conv_transpose2d no bias", &[&x, &w2], |t| {
+            conv_transpose2d(&t[0], &t[1], None, &plain)
+        });
+        check_multilinear(
+            "conv_transpose2d grouped strided bias",
+            &[&x, &w2, &b6],
+            |t| conv_transpose2d(&t[0], &t[1], Some(&t[2]), &full),
+        );
+        // A permuted input view and a bias view.
+        let xt = x.transpose(2, 3).unwrap();
+        let bb = input(&[12], dtype, 85, -0.5, 0.5);
+        check_multilinear("conv_transpose2d of views", &[&xt, &w2, &bb], |t| {
+            let b = t[2].narrow(0, 3, 6)?;
+            conv_transpose2d(&t[0].transpose(2, 3)?, &t[1], Some(&b), &full)
+        });
+        // The module, its weight and bias given as the layer's inputs (so
+        // they are fresh copies in each run's ledger, as the weight is saved
+        // for the input's gradient, and their gradients are checked too).
+        check_multilinear("ConvTranspose2d module", &[&x, &w2, &b6], |t| {
+            let mut m = ConvTranspose2d::builder(4, 6, [3, 2])
+                .name("up")
+                .options(full)
+                .dtype(t[0].dtype())
+                .seed(9)
+                .build(&t[0].device())?;
+            m.weight = t[1].clone();
+            m.bias = Some(t[2].clone());
+            m.forward(&t[0])
+        });
+    }
+}
+
+fn leaf(t: &Tensor) -> Tensor {
+    t.clone().set_requires_grad(true).unwrap()
+}
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_f64_vec().unwrap()
+}
+
+/// Backpropagates `sum(y · gy)` and returns the gradients of `leaves`.
+fn grads(y: &Tensor, gy: &Tensor, leaves: &[&Tensor]) -> Vec<Vec<f64>> {
+    y.mul(gy).unwrap().sum_all().unwrap().backward().unwrap();
+    leaves.iter().map(|l| vals(&l.grad().unwrap())).collect()
+}
+
+/// The CUDA launch code processes the batch in chunks whose column buffer
+/// fits the thread's budget (`cuda::with_conv_workspace`): a 1-byte budget
+/// forces one item per chunk, `LARGE_WORKSPACE_BYTES` takes the whole batch
+/// in one. Both give the CPU's output, input, weight and bias gradients, in
+/// every float dtype (f64 included); a strided 1-d convolution too.
+#[test]
+fn conv_matches_the_cpu_in_chunks() {
+    let _dev = cuda_or_skip!("conv");
+    let on_cuda = |t: &Tensor| t.to_device(Device::Cuda(0)).unwrap();
+    let assert_close = cuda_common::assert_close;
+    for dtype in cuda_common::FLOATS {
+        let t = cuda_common::tol(dtype) * 8.0;
+        let x = cpu_rand(&[3, 4, 7, 8], -1.0, 1.0, dtype, 16);
+        let w = cpu_rand(&[6, 2, 3, 2], -1.0, 1.0, dtype, 17);
+        let b = cpu_rand(&[6], -1.0, 1.0, dtype, 18);
+        let opts = Conv2dOptions {
+            stride: [2, 1],
+            padding: [1, 1],
+            dilation: [1, 2],
+            groups: 2,
+        };
+        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
+        let yc = conv2d(&xl, &wl, Some(&bl), &opts).unwrap();
+        let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 19);
+        let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
+        // One item's columns: [cin·kh·kw, oh·ow] = [4·3·2, 4·8].
+        let item_cols = 24 * 32 * dtype.size_in_bytes();
+        for (budget, items) in [(1, 1), (LARGE_WORKSPACE_BYTES, 3)] {
+            let _ws = with_conv_workspace(budget);
+            let (xd, wd, bd) = (leaf(&on_cuda(&x)), leaf(&on_cuda(&w)), leaf(&on_cuda(&b)));
+            let ledger = Ledger::new();
+            let entered = ledger.enter();
+            let y = conv2d(&xd, &wd, Some(&bd), &opts).unwrap();
+            drop(entered);
+            // The budget reached the launch code: the column buffer held
+            // `items` items at a time.
+            let peak = ledger.peak_in(Device::Cuda(0), Category::Workspace);
+            assert_eq!(peak, items * item_cols, "{dtype:?} budget {budget}");
+            assert_close("conv y", &vals(&y), &vals(&yc), t);
+            let got = grads(&y, &on_cuda(&gy), &[&xd, &wd, &bd]);
+            assert_close("conv dx", &got[0], &want[0], t);
+            assert_close("conv dw", &got[1], &want[1], t);
+            assert_close("conv db", &got[2], &want[2], t);
+        }
+        // 1-d
+        let x1 = cpu_rand(&[2, 3, 10], -1.0, 1.0, dtype, 20);
+        let w1 = cpu_rand(&[4, 3, 3], -1.0, 1.0, dtype, 21);
+        let o1 = Conv1dOptions {
+            stride: 2,
+            padding: 1,
+            dilation: 1,
+            groups: 1,
+        };
+        let y1 = conv1d(&x1, &w1, None, &o1).unwrap();
+        let _ws = with_conv_workspace(1 << 20);
+        let y = conv1d(&on_cuda(&x1), &on_cuda(&w1), None, &o1).unwrap();
+        assert_close("conv1d y", &vals(&y), &vals(&y1), t);
+    }
+}
+
+/// The rounding bound the checks above accept differences within (CPU only,
+/// so it runs without a GPU): it holds for the CPU's own f32 results against
+/// the exact (f64) ones and stays small next to the values (at most 1e-4 of
+/// the largest), so a missing term — off by the size of a term — could not
+/// pass as rounding.
+#[test]
+fn rounding_bound_holds_and_stays_small() {
+    use device_common::{multilinear_bound, output_and_grads};
+    let check = |name: &str, inputs: &[&Tensor], f: &dyn Fn(&[Tensor]) -> Result<Tensor>| {
+        let bound = multilinear_bound(f);
+        let x: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
+        let out_shape = f(&x).unwrap().shape().to_vec();
+        let gy = Tensor::rand_range(&out_shape, -1.0, 1.0, DType::F32, Device::Cpu, 99).unwrap();
+        let got = output_and_grads(&x, &gy, f).unwrap();
+        let x64: Vec<Tensor> = x.iter().map(|t| t.to_dtype(DType::F64).unwrap()).collect();
+        let g64 = gy.to_dtype(DType::F64).unwrap();
+        let exact = output_and_grads(&x64, &g64, f).unwrap();
+        let bounds = bound(DType::F32, &x64, &g64).unwrap();
+        for (j, ((g, e), b)) in got.iter().zip(&exact).zip(&bounds).enumerate() {
+            let (g, e, b) = (vals(g), vals(e), vals(b));
+            let big = e.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let worst = b.iter().fold(0.0f64, |m, v| m.max(*v));
+            for i in 0..g.len() {
+                assert!(
+                    (g[i] - e[i]).abs() <= b[i],
+                    "{name} [{j}] element {i}: {} vs exact {} beyond {}",
+                    g[i],
+                    e[i],
+                    b[i]
+                );
+            }
+            assert!(
+                worst <= 1e-4 * big,
+                "{name} [{j}]: bound {worst:e} vs largest value {big:e}"
+            );
+        }
+    };
+    let x = input(&[2, 4, 5, 3], DType::F32, 81, -1.0, 1.0);
+    let w = input(&[4, 3, 3, 2], DType::F32, 82, -0.5, 0.5);
+    let b = input(&[6], DType::F32, 83, -0.5, 0.5);
+    check("conv_transpose2d", &[&x, &w, &b], &|t| {
+        conv_transpose2d(&t[0], &t[1], Some(&t[2]), &FULL)
+    });
+}
