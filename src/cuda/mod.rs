@@ -41,9 +41,11 @@ macro_rules! launch {
             .map_err(|e| dev.error(format!("launch {name}"), e))
     }};
 }
+// For the launch code beside each family's kernels (`src/nn/<family>/cuda.rs`).
+pub(crate) use launch;
 
 mod buffer;
-mod check;
+pub(crate) mod check;
 mod context;
 pub mod elementwise;
 pub mod gemm;
@@ -54,7 +56,6 @@ pub mod layers_conv;
 mod layers_gemm;
 pub mod layers_mask;
 pub mod layers_misc;
-pub mod layers_norm;
 pub mod layers_pool;
 pub mod layers_util;
 mod layout;
