@@ -270,7 +270,7 @@ fn caller_literals(context: &str, file_text: &str) -> Vec<String> {
 /// Every `launch!` site in the Rust files under `dir`.
 fn sites(dir: &Path) -> Vec<Site> {
     let mut out = Vec::new();
-    // Every .rs file under `dir`, sub-folders (e.g. `layers_norm/`) included.
+    // Every .rs file under `dir`, sub-folders (e.g. `nn/norm/`) included.
     let mut files: Vec<PathBuf> = Vec::new();
     let mut folders = vec![dir.to_path_buf()];
     while let Some(d) = folders.pop() {
@@ -719,6 +719,7 @@ fn every_launch_matches_its_kernels_parameters() {
         return;
     }
     let structs: BTreeMap<&str, usize> = [
+        ("NormGeom", std::mem::size_of::<leangrad::nn::NormGeom>()),
         ("Strided", std::mem::size_of::<leangrad::cuda::Strided>()),
         ("ConvGeom", std::mem::size_of::<leangrad::nn::ConvGeom>()),
         (

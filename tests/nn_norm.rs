@@ -571,3 +571,86 @@ fn batchnorm_module_in_eval_keeps_nothing_for_an_input_gradient() {
     // x·(weight·invstd) scaling: the same bits as with the C-sized vector.
     assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), gx);
 }
+
+#[test]
+fn builders_give_the_positional_constructors_layers() {
+    use leangrad::nn::Module;
+    let x = f32s(&[4, 6, 3, 2], 41);
+    let out = |m: &dyn Module| m.forward(&x).unwrap().to_vec::<f32>().unwrap();
+    let names = |m: &dyn Module| {
+        let mut v: Vec<String> = m.named_parameters().into_iter().map(|p| p.0).collect();
+        v.extend(m.named_buffers().into_iter().map(|b| b.0));
+        v
+    };
+    // BatchNorm: options through the builder, PyTorch's defaults otherwise.
+    let opts = BatchNormOptions {
+        eps: 1e-3,
+        momentum: None,
+        affine: false,
+        track_running_stats: true,
+    };
+    let a = BatchNorm::new2d("bn", 6, opts, DType::F32, Device::Cpu).unwrap();
+    let b = BatchNorm::builder(6)
+        .name("bn")
+        .eps(1e-3)
+        .momentum(None)
+        .affine(false)
+        .build2d(Device::Cpu)
+        .unwrap();
+    assert_eq!(out(&a), out(&b));
+    assert_eq!(names(&a), names(&b));
+    assert_eq!(
+        buffers(&a),
+        buffers(&b),
+        "running statistics after one step"
+    );
+    let d = BatchNorm::builder(6).build1d(Device::Cpu).unwrap();
+    assert_eq!(names(&d).len(), 5);
+    assert!(
+        d.forward(&x).is_err(),
+        "BatchNorm1d takes [N, C] or [N, C, L]"
+    );
+    let e = BatchNorm::builder(6)
+        .track_running_stats(false)
+        .dtype(DType::F64)
+        .build2d(Device::Cpu)
+        .unwrap();
+    assert!(e.running_mean.is_none() && e.num_batches_tracked.is_none());
+    assert_eq!(e.weight.as_ref().unwrap().dtype(), DType::F64);
+    // LayerNorm, GroupNorm, RMSNorm.
+    let a = LayerNorm::new("ln", &[3, 2], 1e-3, true, false, DType::F32, Device::Cpu).unwrap();
+    let b = LayerNorm::builder(&[3, 2])
+        .name("ln")
+        .eps(1e-3)
+        .bias(false)
+        .build(Device::Cpu)
+        .unwrap();
+    assert_eq!((out(&a), names(&a)), (out(&b), names(&b)));
+    let c = LayerNorm::builder(&[2])
+        .elementwise_affine(false)
+        .build(Device::Cpu)
+        .unwrap();
+    assert!(c.weight.is_none() && c.bias.is_none());
+    let a = GroupNorm::new("gn", 3, 6, 1e-4, false, DType::F32, Device::Cpu).unwrap();
+    let b = GroupNorm::builder(3, 6)
+        .name("gn")
+        .eps(1e-4)
+        .affine(false)
+        .build(Device::Cpu)
+        .unwrap();
+    assert_eq!((out(&a), names(&a)), (out(&b), names(&b)));
+    assert!(GroupNorm::builder(4, 6).build(Device::Cpu).is_err());
+    let a = RMSNorm::new("rms", &[2], Some(1e-6), true, DType::F32, Device::Cpu).unwrap();
+    let b = RMSNorm::builder(&[2])
+        .name("rms")
+        .eps(Some(1e-6))
+        .build(Device::Cpu)
+        .unwrap();
+    assert_eq!((out(&a), names(&a)), (out(&b), names(&b)));
+    let c = RMSNorm::builder(&[2])
+        .elementwise_affine(false)
+        .dtype(DType::F64)
+        .build(Device::Cpu)
+        .unwrap();
+    assert!(c.weight.is_none());
+}

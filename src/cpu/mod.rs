@@ -11,9 +11,6 @@ mod embedding;
 mod gemm;
 mod index;
 mod loss;
-pub(crate) mod norm;
-mod norm_cuda;
-mod norm_grad;
 mod pool;
 mod reduce;
 mod softmax;
@@ -45,6 +42,9 @@ pub(crate) use pool::{
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
 pub(crate) use softmax::{softmax_backward, softmax_forward};
+// Shared with `nn::norm`'s CPU kernels.
+pub(crate) use elementwise::typed;
+pub(crate) use softmax::Dense;
 
 /// Element count above which kernels split work across rayon's threads.
 pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;

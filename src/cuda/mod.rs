@@ -55,7 +55,6 @@ pub mod layers_attention;
 pub(crate) mod layers_gemm;
 pub mod layers_mask;
 pub mod layers_misc;
-pub mod layers_norm;
 pub mod layers_pool;
 pub mod layers_util;
 mod layout;

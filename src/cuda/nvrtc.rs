@@ -44,7 +44,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("conv.cu", include_str!("../nn/conv/conv.cu")),
     ("dropout.cu", include_str!("../../kernels/dropout.cu")),
     ("embedding.cu", include_str!("../../kernels/embedding.cu")),
-    ("norm.cu", include_str!("../../kernels/norm.cu")),
+    ("norm.cu", include_str!("../nn/norm/norm.cu")),
     ("optim.cu", include_str!("../optim/optim.cu")),
     ("pool.cu", include_str!("../../kernels/pool.cu")),
     ("relu_mask.cu", include_str!("../../kernels/relu_mask.cu")),

@@ -24,13 +24,12 @@ pub use pool::{
     adaptive_avg_pool2d, avg_pool2d, max_pool2d, AdaptiveAvgPool2d, AvgPool2d, AvgPool2dOptions,
     MaxPool2d, MaxPool2dOptions,
 };
-mod batch_norm;
 mod norm;
-mod norm_layers;
 
-pub use batch_norm::batch_norm;
-pub use norm::{group_norm, layer_norm, rms_norm};
-pub use norm_layers::{BatchNorm, BatchNormOptions, GroupNorm, LayerNorm, RMSNorm};
+pub use norm::{
+    batch_norm, group_norm, layer_norm, rms_norm, BatchNorm, BatchNormBuilder, BatchNormOptions,
+    GroupNorm, GroupNormBuilder, LayerNorm, LayerNormBuilder, NormGeom, RMSNorm, RMSNormBuilder,
+};
 mod attention;
 
 pub use attention::{scaled_dot_product_attention, SdpaOptions};

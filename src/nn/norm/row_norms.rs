@@ -1,4 +1,5 @@
-//! Row-wise normalisation as fused ops: layer norm, group norm and RMS norm.
+//! Row-wise normalisation as fused ops: layer norm, group norm and RMS
+//! norm, and their shared backward.
 //!
 //! Each is one op whose backward holds typed saved state. Under the lean
 //! policy it keeps the normalised input `x̂` (input dtype, n elements) only
@@ -6,101 +7,15 @@
 //! (f32, or f64 for f64 inputs) only for the input gradient, and the
 //! weight only for the input gradient; a bias-only gradient keeps nothing.
 //! Under `SaveAll` it keeps what PyTorch keeps: the input, weight (and bias
-//! for layer norm), mean and rstd, and recomputes `x̂` in backward.
-//! On CUDA the kernels run on the device and exactly the same tensors are
-//! saved (`cpu::norm`'s CUDA arms keep the statistics as host vectors, as
-//! the CPU does).
+//! for layer norm), mean and rstd, and recomputes `x̂` in backward. The
+//! family's saved-state table is in `norm/mod.rs`.
 
-use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cpu::norm::{
-    input_grad, norm_stats, normalize, param_grads, round_stat, stat_dtype, Geo, GradMode,
+use super::{
+    grads_of, input_grad, inputs_of, norm_stats, normalize, optional_needs, param_grads,
+    param_values, recompute_xhat, round_stat, rstd_of, stat_tensor, GradMode, NormGeom,
 };
-use crate::memory::{with_category, Category};
+use crate::autograd::{attach, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::{DType, Error, Result, Tensor};
-
-/// The values of an optional parameter, checked against `shape` and `x`.
-pub(crate) fn param_values(
-    op: &'static str,
-    p: Option<&Tensor>,
-    shape: &[usize],
-    x: &Tensor,
-) -> Result<Option<Vec<f64>>> {
-    let Some(p) = p else { return Ok(None) };
-    if p.shape() != shape {
-        return Err(Error::ShapeMismatch {
-            op,
-            lhs: shape.to_vec(),
-            rhs: p.shape().to_vec(),
-        });
-    }
-    if p.dtype() != x.dtype() {
-        return Err(Error::DTypeMismatch {
-            op,
-            expected: x.dtype(),
-            got: p.dtype(),
-        });
-    }
-    if p.device() != x.device() {
-        return Err(Error::DeviceMismatch {
-            op,
-            lhs: x.device(),
-            rhs: p.device(),
-        });
-    }
-    Ok(Some(p.small_values()?))
-}
-
-/// Which of the input, weight and bias (if given) need a gradient now.
-pub(crate) fn optional_needs(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>) -> [bool; 3] {
-    let [nx] = needs_grad([x]);
-    let on = |t: Option<&Tensor>| t.is_some_and(|t| needs_grad([t])[0]);
-    [nx, on(w), on(b)]
-}
-
-/// The op's inputs in gradient order: the input, then the weight and bias if given.
-pub(crate) fn inputs_of<'a>(
-    x: &'a Tensor,
-    w: Option<&'a Tensor>,
-    b: Option<&'a Tensor>,
-) -> Vec<&'a Tensor> {
-    std::iter::once(x).chain(w).chain(b).collect()
-}
-
-/// Gradients in the order of [`inputs_of`] (`present`: weight, bias given).
-pub(crate) fn grads_of(
-    gx: Option<Tensor>,
-    gw: Option<Tensor>,
-    gb: Option<Tensor>,
-    present: [bool; 2],
-) -> Vec<Option<Tensor>> {
-    let mut v = vec![gx];
-    if present[0] {
-        v.push(gw);
-    }
-    if present[1] {
-        v.push(gb);
-    }
-    v
-}
-
-/// A statistics vector as a tensor of the statistics dtype for `x`.
-pub(crate) fn stat_tensor(values: &[f64], x: &Tensor) -> Result<Tensor> {
-    Tensor::from_host_f64(values, &[values.len()], stat_dtype(x.dtype()), x.device())
-}
-
-/// `1/√(v + eps)` per value, rounded to the statistics dtype for `dtype`.
-pub(crate) fn rstd_of(var: &[f64], eps: f64, dtype: DType) -> Vec<f64> {
-    var.iter()
-        .map(|v| round_stat(dtype, 1.0 / (v + eps).sqrt()))
-        .collect()
-}
-
-/// Recomputes `x̂` from the input and statistics, counted as workspace.
-pub(crate) fn recompute_xhat(x: &Tensor, geo: Geo, mean: &[f64], rstd: &[f64]) -> Result<Tensor> {
-    let _ws = with_category(Category::Workspace);
-    let (_, xh) = normalize(x, geo, mean, rstd, None, None, false, true)?;
-    xh.ok_or_else(|| Error::Backward("norm: x̂ not computed".into()))
-}
 
 enum RowSaved {
     Lean {
@@ -120,7 +35,7 @@ enum RowSaved {
 /// Backward of layer/group/RMS norm (see the module doc for what is kept).
 struct RowNormBackward {
     name: &'static str,
-    geo: Geo,
+    geo: NormGeom,
     mode: GradMode,
     needs: [bool; 3],
     present: [bool; 2],
@@ -194,7 +109,7 @@ impl BackwardOp for RowNormBackward {
 fn row_norm(
     name: &'static str,
     x: &Tensor,
-    geo: Geo,
+    geo: NormGeom,
     param_shape: &[usize],
     weight: Option<&Tensor>,
     bias: Option<&Tensor>,
@@ -263,7 +178,7 @@ fn row_norm(
 }
 
 /// Splits `x`'s shape into (rows, len) over `normalized_shape`, its trailing dims.
-fn rows_over(op: &'static str, x: &Tensor, normalized_shape: &[usize]) -> Result<Geo> {
+fn rows_over(op: &'static str, x: &Tensor, normalized_shape: &[usize]) -> Result<NormGeom> {
     let r = x.rank();
     let k = normalized_shape.len();
     if k == 0 || k > r || x.shape()[r - k..] != *normalized_shape {
@@ -273,10 +188,10 @@ fn rows_over(op: &'static str, x: &Tensor, normalized_shape: &[usize]) -> Result
             rhs: x.shape().to_vec(),
         });
     }
-    Ok(Geo::Row {
-        rows: x.shape()[..r - k].iter().product(),
-        len: normalized_shape.iter().product(),
-    })
+    Ok(NormGeom::row(
+        x.shape()[..r - k].iter().product(),
+        normalized_shape.iter().product(),
+    ))
 }
 
 /// Layer norm over the trailing dims `normalized_shape` (like
@@ -356,17 +271,7 @@ pub fn group_norm(
         });
     }
     let c = x.shape()[1];
-    if num_groups == 0 || !c.is_multiple_of(num_groups) {
-        return Err(Error::InvalidArgument {
-            op: "group_norm",
-            msg: format!("{num_groups} groups do not divide {c} channels"),
-        });
-    }
-    let geo = Geo::Group {
-        n: x.shape()[0],
-        c,
-        spatial: x.shape()[2..].iter().product(),
-        groups: num_groups,
-    };
+    let spatial = x.shape()[2..].iter().product();
+    let geo = NormGeom::group(x.shape()[0], c, spatial, num_groups)?;
     row_norm("group_norm", x, geo, &[c], weight, bias, eps, true)
 }

@@ -1,13 +1,14 @@
 //! Batch, layer, group and RMS normalisation modules over the fused ops
-//! [`batch_norm`], [`layer_norm`], [`group_norm`] and [`rms_norm`]. Parameters start as PyTorch's
-//! do (weight ones, bias zeros), so the constructors take no seed.
+//! [`batch_norm`], [`layer_norm`], [`group_norm`] and [`rms_norm`] (what
+//! each saves for backward: the table in `norm/mod.rs`). Parameters start
+//! as PyTorch's do (weight ones, bias zeros), so the constructors take no
+//! seed. Each module has a positional `new` and a builder with PyTorch's
+//! defaults (`LayerNorm::builder(&[768]).eps(1e-12).build(device)`).
 
-use super::batch_norm::batch_norm;
-use super::norm::{group_norm, layer_norm, rms_norm};
-use super::Module;
-use crate::cpu::norm::write_values;
+use super::{batch_norm, group_norm, layer_norm, rms_norm, write_values};
 use crate::memory::scope;
 use crate::memory::Category;
+use crate::nn::Module;
 use crate::{DType, Device, Error, Result, Tensor};
 
 fn param(shape: &[usize], v: f64, dtype: DType, device: Device) -> Result<Tensor> {
@@ -65,6 +66,70 @@ impl LayerNorm {
             eps,
             name: name.to_string(),
         })
+    }
+
+    /// A builder with PyTorch's defaults (`eps` 1e-5, affine with bias,
+    /// f32, named `layer_norm`).
+    pub fn builder(normalized_shape: &[usize]) -> LayerNormBuilder {
+        LayerNormBuilder {
+            name: "layer_norm".into(),
+            normalized_shape: normalized_shape.to_vec(),
+            eps: 1e-5,
+            elementwise_affine: true,
+            bias: true,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// Builds a [`LayerNorm`]; see [`LayerNorm::builder`] for the defaults.
+#[derive(Clone, Debug)]
+pub struct LayerNormBuilder {
+    name: String,
+    normalized_shape: Vec<usize>,
+    eps: f64,
+    elementwise_affine: bool,
+    bias: bool,
+    dtype: DType,
+}
+
+impl LayerNormBuilder {
+    /// The layer's name (its scope in memory reports).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+    /// Added to the variance.
+    pub fn eps(mut self, eps: f64) -> Self {
+        self.eps = eps;
+        self
+    }
+    /// Learnable weight (and bias, unless [`Self::bias`] is false).
+    pub fn elementwise_affine(mut self, on: bool) -> Self {
+        self.elementwise_affine = on;
+        self
+    }
+    /// Learnable bias (only with `elementwise_affine`).
+    pub fn bias(mut self, on: bool) -> Self {
+        self.bias = on;
+        self
+    }
+    /// Dtype of the parameters.
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+    /// The layer norm, its parameters on `device`.
+    pub fn build(self, device: Device) -> Result<LayerNorm> {
+        LayerNorm::new(
+            &self.name,
+            &self.normalized_shape,
+            self.eps,
+            self.elementwise_affine,
+            self.bias,
+            self.dtype,
+            device,
+        )
     }
 }
 
@@ -132,6 +197,66 @@ impl GroupNorm {
             eps,
             name: name.to_string(),
         })
+    }
+
+    /// A builder with PyTorch's defaults (`eps` 1e-5, affine, f32, named
+    /// `group_norm`).
+    pub fn builder(num_groups: usize, num_channels: usize) -> GroupNormBuilder {
+        GroupNormBuilder {
+            name: "group_norm".into(),
+            num_groups,
+            num_channels,
+            eps: 1e-5,
+            affine: true,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// Builds a [`GroupNorm`]; see [`GroupNorm::builder`] for the defaults.
+#[derive(Clone, Debug)]
+pub struct GroupNormBuilder {
+    name: String,
+    num_groups: usize,
+    num_channels: usize,
+    eps: f64,
+    affine: bool,
+    dtype: DType,
+}
+
+impl GroupNormBuilder {
+    /// The layer's name (its scope in memory reports).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+    /// Added to the variance.
+    pub fn eps(mut self, eps: f64) -> Self {
+        self.eps = eps;
+        self
+    }
+    /// Learnable per-channel weight and bias.
+    pub fn affine(mut self, on: bool) -> Self {
+        self.affine = on;
+        self
+    }
+    /// Dtype of the parameters.
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+    /// The group norm, its parameters on `device` (an error unless the
+    /// groups divide the channels).
+    pub fn build(self, device: Device) -> Result<GroupNorm> {
+        GroupNorm::new(
+            &self.name,
+            self.num_groups,
+            self.num_channels,
+            self.eps,
+            self.affine,
+            self.dtype,
+            device,
+        )
     }
 }
 
@@ -201,6 +326,62 @@ impl RMSNorm {
             eps,
             name: name.to_string(),
         })
+    }
+
+    /// A builder with PyTorch's defaults (`eps` `None`: the dtype's machine
+    /// epsilon; affine; f32; named `rms_norm`).
+    pub fn builder(normalized_shape: &[usize]) -> RMSNormBuilder {
+        RMSNormBuilder {
+            name: "rms_norm".into(),
+            normalized_shape: normalized_shape.to_vec(),
+            eps: None,
+            elementwise_affine: true,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// Builds an [`RMSNorm`]; see [`RMSNorm::builder`] for the defaults.
+#[derive(Clone, Debug)]
+pub struct RMSNormBuilder {
+    name: String,
+    normalized_shape: Vec<usize>,
+    eps: Option<f64>,
+    elementwise_affine: bool,
+    dtype: DType,
+}
+
+impl RMSNormBuilder {
+    /// The layer's name (its scope in memory reports).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+    /// Added to the mean square (`None`: the dtype's machine epsilon).
+    pub fn eps(mut self, eps: Option<f64>) -> Self {
+        self.eps = eps;
+        self
+    }
+    /// Learnable weight.
+    pub fn elementwise_affine(mut self, on: bool) -> Self {
+        self.elementwise_affine = on;
+        self
+    }
+    /// Dtype of the parameters.
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+    /// The RMS norm, its parameters on `device`.
+    pub fn build(self, device: Device) -> Result<RMSNorm> {
+        RMSNorm::new(
+            &self.name,
+            &self.normalized_shape,
+            self.eps,
+            self.elementwise_affine,
+            self.dtype,
+            device,
+        )
     }
 }
 
@@ -329,6 +510,81 @@ impl BatchNorm {
     /// Whether the layer is in training mode.
     pub fn is_training(&self) -> bool {
         self.training
+    }
+
+    /// A builder with PyTorch's defaults ([`BatchNormOptions::default`],
+    /// f32, named `batch_norm`):
+    /// `BatchNorm::builder(64).momentum(None).build2d(device)`.
+    pub fn builder(num_features: usize) -> BatchNormBuilder {
+        BatchNormBuilder {
+            name: "batch_norm".into(),
+            num_features,
+            options: BatchNormOptions::default(),
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// Builds a [`BatchNorm`] (`build1d` / `build2d`, as
+/// [`BatchNorm::new1d`] / [`BatchNorm::new2d`]); see [`BatchNorm::builder`].
+#[derive(Clone, Debug)]
+pub struct BatchNormBuilder {
+    name: String,
+    num_features: usize,
+    options: BatchNormOptions,
+    dtype: DType,
+}
+
+impl BatchNormBuilder {
+    /// The layer's name (its scope in memory reports).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+    /// Added to the variance.
+    pub fn eps(mut self, eps: f64) -> Self {
+        self.options.eps = eps;
+        self
+    }
+    /// Running-statistics factor; `None` = cumulative average.
+    pub fn momentum(mut self, momentum: Option<f64>) -> Self {
+        self.options.momentum = momentum;
+        self
+    }
+    /// Learnable per-channel weight and bias.
+    pub fn affine(mut self, on: bool) -> Self {
+        self.options.affine = on;
+        self
+    }
+    /// Keep running statistics for eval mode.
+    pub fn track_running_stats(mut self, on: bool) -> Self {
+        self.options.track_running_stats = on;
+        self
+    }
+    /// Dtype of the parameters and running statistics.
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+    /// `BatchNorm1d` (inputs `[N, C]` or `[N, C, L]`) on `device`.
+    pub fn build1d(self, device: Device) -> Result<BatchNorm> {
+        BatchNorm::new1d(
+            &self.name,
+            self.num_features,
+            self.options,
+            self.dtype,
+            device,
+        )
+    }
+    /// `BatchNorm2d` (inputs `[N, C, H, W]`) on `device`.
+    pub fn build2d(self, device: Device) -> Result<BatchNorm> {
+        BatchNorm::new2d(
+            &self.name,
+            self.num_features,
+            self.options,
+            self.dtype,
+            device,
+        )
     }
 }
 

@@ -1,31 +1,32 @@
 //! Batch normalisation (`BatchNorm1d` over `[N, C]` / `[N, C, L]`,
-//! `BatchNorm2d` over `[N, C, H, W]`) as one fused op.
+//! `BatchNorm2d` over `[N, C, H, W]`) as one fused op, and its backward.
 //!
 //! Saved for backward under the lean policy (`n` = input elements, `C` =
-//! channels, statistics in f32, or f64 for f64 inputs):
+//! channels, statistics in f32, or f64 for f64 inputs; the family's table
+//! is in `norm/mod.rs`):
 //! - train mode: the input gradient keeps `x̂` (n, input dtype) and
 //!   `scale = weight·invstd` (C statistics); the weight gradient keeps `x̂`;
 //!   the bias gradient keeps nothing.
 //! - eval mode (running statistics: an affine map): the input gradient keeps
-//!   only `scale = weight·invstd` (C); the weight gradient keeps `x̂` (n) —
-//!   cheaper than the input plus two C-sized statistics, and immune to later
-//!   updates of the running statistics; the bias gradient keeps nothing.
+//!   only `scale = weight·invstd` (C), or nothing when the weight and the
+//!   running variance are model state (it reads them in backward); the
+//!   weight gradient keeps `x̂` (n) — cheaper than the input plus two
+//!   C-sized statistics, and immune to later updates of the running
+//!   statistics; the bias gradient keeps nothing.
 //!
 //! Under `SaveAll` it keeps what PyTorch keeps: the input, the weight, the
 //! running mean and variance, and in train mode `save_mean`/`save_invstd`.
 //!
-//! On CUDA the same tensors are saved and the running statistics are
-//! updated with the same f64 formula (the statistics come back to the host
-//! as on the CPU; `cpu::norm`'s CUDA arms write them into the device
-//! buffers).
+//! The running statistics are updated on the host in f64 from the
+//! unrounded batch moments and written back into the tensors' own storage
+//! (`write_values`), on every device alike.
 
-use super::norm::{
-    grads_of, inputs_of, optional_needs, param_values, recompute_xhat, rstd_of, stat_tensor,
+use super::{
+    grads_of, input_grad, inputs_of, norm_stats, normalize, optional_needs, param_grads,
+    param_values, recompute_xhat, round_stat, rstd_of, stat_tensor, write_values, GradMode,
+    NormGeom,
 };
 use crate::autograd::{attach, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cpu::norm::{
-    input_grad, norm_stats, normalize, param_grads, round_stat, write_values, Geo, GradMode,
-};
 use crate::{DType, Error, Result, Tensor};
 
 /// Where the lean input gradient's per-channel `weight·invstd` comes from.
@@ -56,7 +57,7 @@ enum BnSaved {
 
 /// Backward of batch norm (see the module doc for what is kept).
 struct BatchNormBackward {
-    geo: Geo,
+    geo: NormGeom,
     train: bool,
     eps: f64,
     needs: [bool; 3],
@@ -198,11 +199,7 @@ pub fn batch_norm(
         });
     }
     let (c, dt) = (x.shape()[1], x.dtype());
-    let geo = Geo::Channel {
-        outer: x.shape()[0],
-        c,
-        inner: x.shape()[2..].iter().product(),
-    };
+    let geo = NormGeom::batch(x.shape()[0], c, x.shape()[2..].iter().product());
     let w = param_values(OP, weight, &[c], x)?;
     let b = param_values(OP, bias, &[c], x)?;
     let running = match (running_mean, running_var) {

@@ -1,16 +1,25 @@
-// Normalization layers over a contiguous input, as src/cpu/norm.rs.
+// Normalization layers over a contiguous input, as cpu.rs beside this file;
+// launched from cuda.rs beside it.
 //
-// Statistics: the input is viewed as [A, S, B]; statistic s covers the
-// elements (a*S + s)*B + b for all a < A, b < B:
-//   batch norm  [outer, C, inner]   -> A = outer, S = C, B = inner
-//   group norm  [N, C, spatial]     -> A = 1, S = N*groups, B = C/groups*spatial
-//   layer / RMS [rows, len]         -> A = 1, S = rows, B = len
-// Affine parameters: element e uses parameter (e / Lp) % P (batch and group
-// norm: P = C, Lp = inner/spatial; layer/RMS norm: P = len, Lp = 1).
+// Geometry: `struct NormGeom` is the Rust `leangrad::nn::NormGeom`
+// (src/nn/norm/mod.rs, #[repr(C)]): same fields in the same order, its usize
+// fields laid out as these long longs. Statistics: the input is viewed as
+// [a, s, b]; statistic i covers the elements (k*s + i)*b + j for all k < a,
+// j < b:
+//   batch norm  [outer, C, inner]   -> a = outer, s = C, b = inner
+//   group norm  [N, C, spatial]     -> a = 1, s = N*groups, b = C/groups*spatial
+//   layer / RMS [rows, len]         -> a = 1, s = rows, b = len
+// Affine parameters: element e uses parameter (e / lp) % p (batch and group
+// norm: p = C, lp = inner/spatial; layer/RMS norm: p = len, lp = 1). `seg`
+// is the CPU's unit of work and is not used here.
 // Reductions and the normalization run in double (as the CPU, which uses
 // f64; the affine map with uncontracted __dmul_rn/__dadd_rn as Rust's); statistics are stored in the statistics type (double for f64,
 // float otherwise: `Acc<T>`). One block of LG_NORM_THREADS per statistic or
 // per parameter; sums use a fixed tree order, so results are deterministic.
+
+struct NormGeom {
+    long long a, s, b, p, lp, seg;
+};
 
 #define LG_NORM_THREADS 256
 
@@ -52,12 +61,12 @@ struct LgNormWalk {
 #define LG_NORM(sfx, T)                                                               \
     /* y = x_hat * w + b (w, b optional) and/or x_hat = (x - mean) * rstd, both */   \
     /* rounded to T; the statistic of element e is (e / B) % S. */                    \
-    extern "C" __global__ void norm_fwd_##sfx(long long n, long long S, long long B,  \
-                                              long long P, long long Lp, int want_y,  \
-                                              int want_xhat, int has_w, int has_b,    \
-                                              const T* x, const Acc<T>::type* mean,   \
+    extern "C" __global__ void norm_fwd_##sfx(NormGeom g, int want_y, int want_xhat,  \
+                                              int has_w, int has_b, const T* x,       \
+                                              const Acc<T>::type* mean,               \
                                               const Acc<T>::type* rstd, const T* w,   \
                                               const T* b, T* y, T* xhat) {            \
+        long long n = g.a * g.s * g.b, S = g.s, B = g.b, P = g.p, Lp = g.lp;          \
         LG_GRID_LOOP(e, n) {                                                          \
             long long s = e / B % S, p = e / Lp % P;                                  \
             double h = (lg_to_f64(x[e]) - (double)mean[s]) * (double)rstd[s];         \
@@ -71,17 +80,17 @@ struct LgNormWalk {
     }
 LG_FOR_FLOATS(LG_NORM)
 
-// The layers' path (src/cpu/norm_cuda.rs), which saves what the CPU saves:
-// statistics come back unrounded in double (the host rounds them as
-// cpu::norm does), and the gradients read the saved x_hat rather than
-// recomputing it from x. Same [A, S, B] / (P, Lp) geometry as above.
+// The kernels that let CUDA save what the CPU saves: statistics come back
+// unrounded in double (the host rounds them as for the CPU), and the
+// gradients read the saved x_hat rather than recomputing it from x.
 #define LG_NORM_SAVED(sfx, T)                                                         \
     /* Per statistic: the mean (0 unless centered) and the biased variance */         \
     /* (mean square when not centered), both unrounded doubles. */                    \
-    extern "C" __global__ void norm_moments_##sfx(long long A, long long S, long long B, \
-                                                  int centered, double* mean,         \
-                                                  double* var, const T* x) {          \
+    extern "C" __global__ void norm_moments_##sfx(NormGeom g, int centered,           \
+                                                  double* mean, double* var,          \
+                                                  const T* x) {                       \
         __shared__ double buf[LG_NORM_THREADS];                                       \
+        long long A = g.a, S = g.s, B = g.b;                                          \
         long long cnt = A * B;                                                        \
         double div = cnt > 0 ? (double)cnt : 1.0;                                     \
         for (long long s = blockIdx.x; s < S; s += gridDim.x) {                       \
@@ -112,13 +121,12 @@ LG_FOR_FLOATS(LG_NORM)
     /*   mode 2 (affine):   scale * gw (x_hat is not read)                   */       \
     /* mode is uniform over the grid, so the block-wide sums are reached by */       \
     /* every thread of a block or by none. */                                         \
-    extern "C" __global__ void norm_bwd_saved_##sfx(int mode, long long A, long long S, \
-                                                    long long B, long long P,         \
-                                                    long long Lp, int has_w,          \
+    extern "C" __global__ void norm_bwd_saved_##sfx(NormGeom geo, int mode, int has_w, \
                                                     const T* xhat,                    \
                                                     const Acc<T>::type* scale,        \
                                                     const T* g, const T* w, T* dx) {  \
         __shared__ double buf[LG_NORM_THREADS];                                       \
+        long long A = geo.a, S = geo.s, B = geo.b, P = geo.p, Lp = geo.lp;            \
         long long cnt = A * B;                                                        \
         double div = cnt > 0 ? (double)cnt : 1.0;                                     \
         for (long long s = blockIdx.x; s < S; s += gridDim.x) {                       \
@@ -153,11 +161,11 @@ LG_FOR_FLOATS(LG_NORM)
     /* Parameter gradients from the saved x_hat: dw[p] = sum g * x_hat (when */       \
     /* want_w; x_hat is not read otherwise), db[p] = sum g (when want_b), over */     \
     /* the elements (o*P + p)*Lp + l; one block per parameter. */                     \
-    extern "C" __global__ void norm_param_grad_saved_##sfx(long long n, long long P,  \
-                                                           long long Lp, int want_w,  \
+    extern "C" __global__ void norm_param_grad_saved_##sfx(NormGeom geo, int want_w,  \
                                                            int want_b, const T* xhat, \
                                                            const T* g, T* dw, T* db) { \
         __shared__ double buf[LG_NORM_THREADS];                                       \
+        long long n = geo.a * geo.s * geo.b, P = geo.p, Lp = geo.lp;                  \
         long long per = P * Lp > 0 ? n / (P * Lp) * Lp : 0;                           \
         for (long long p = blockIdx.x; p < P; p += gridDim.x) {                       \
             double sw = 0, sb = 0;                                                    \

@@ -1,0 +1,384 @@
+//! The CPU kernels of the norms (batch, layer, group and RMS norm), called
+//! by the dispatch seam in `norm/mod.rs` for CPU tensors: statistics in f64
+//! (two passes), the normalised input `x̂`, the affine output, the input
+//! and parameter gradients, and the running statistics' write-back;
+//! parallel over segments/statistics, in a fixed summation order.
+//!
+//! A contiguous input is cut into *segments* ([`NormGeom::seg`]): runs of
+//! elements that share one statistic and (for batch/group norm) one affine
+//! parameter. Batch norm over `[outer, C, inner]` has segments of `inner`
+//! elements with channel `k % C`; group norm over `[N, C, S]` has segments
+//! of `S`; layer/RMS norm has one segment per row, whose parameter index
+//! runs along the row.
+
+use super::{GradMode, NormGeom};
+use crate::cpu::{typed, Dense, PARALLEL_THRESHOLD};
+use crate::tensor::{CpuData, Tensor};
+use crate::{FloatDType, Result, WithDType};
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// The CPU's walk over the geometry, in segments.
+impl NormGeom {
+    /// Number of segments (none when the input is empty).
+    fn nseg(&self) -> usize {
+        self.numel().checked_div(self.seg).unwrap_or(0)
+    }
+
+    /// The statistic of segment `k`.
+    fn stat_of(&self, k: usize) -> usize {
+        (k * self.seg / self.b.max(1)) % self.s.max(1)
+    }
+
+    /// The first parameter of segment `k` and whether it advances per
+    /// element (a segment holds one parameter, or walks a row of them).
+    fn param_of(&self, k: usize) -> (usize, bool) {
+        debug_assert!(self.seg == self.lp || self.lp == 1);
+        (
+            (k * self.seg / self.lp.max(1)) % self.p.max(1),
+            self.seg > self.lp,
+        )
+    }
+
+    /// The segments of statistic `i`, in element order: each of its `a`
+    /// runs of `b` elements is `b / seg` consecutive segments.
+    fn segs_of(&self, i: usize) -> impl Iterator<Item = usize> {
+        let per_run = self.b.checked_div(self.seg).unwrap_or(0);
+        let (s, a) = (self.s, self.a);
+        (0..a).flat_map(move |r| (r * s + i) * per_run..(r * s + i + 1) * per_run)
+    }
+}
+
+/// Output and x̂ slices of one task (absent when not wanted).
+type SegPair<'a, T> = (Option<&'a mut [T]>, Option<&'a mut [T]>);
+
+/// Weight (`Σ g·x̂`) and bias (`Σ g`) gradients as f64 sums, when wanted.
+type ParamSums = (Option<Vec<f64>>, Option<Vec<f64>>);
+
+#[inline(always)]
+fn f<T: WithDType>(v: T) -> f64 {
+    WithDType::to_f64(v)
+}
+
+/// Maps `0..n` in parallel when `work` (elements touched) is large.
+fn par_map<R: Send>(n: usize, work: usize, g: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    if work >= PARALLEL_THRESHOLD {
+        (0..n).into_par_iter().map(g).collect()
+    } else {
+        (0..n).map(g).collect()
+    }
+}
+
+/// Per statistic: the mean (0 when not `centered`) and the biased variance
+/// (the mean square when not `centered`), in f64.
+pub(super) fn norm_stats(
+    x: &Tensor,
+    geo: NormGeom,
+    centered: bool,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let dense = Dense::new(x)?;
+    let (data, range) = dense.parts();
+    fn go<T: FloatDType>(x: &[T], geo: NormGeom, centered: bool) -> Vec<(f64, f64)> {
+        let seg = geo.seg;
+        let cnt = geo.count().max(1) as f64;
+        par_map(geo.nstat(), x.len(), |s| {
+            let segs = || geo.segs_of(s).map(|k| &x[k * seg..][..seg]);
+            let mean = if centered {
+                segs().flatten().map(|v| f(*v)).sum::<f64>() / cnt
+            } else {
+                0.0
+            };
+            let var = segs()
+                .flatten()
+                .map(|v| (f(*v) - mean) * (f(*v) - mean))
+                .sum::<f64>()
+                / cnt;
+            (mean, var)
+        })
+    }
+    let r = crate::match_float_data!(data, "norm", v => go(&v[range], geo, centered));
+    Ok(r.into_iter().unzip())
+}
+
+/// `x̂ = (x − mean)·rstd` per statistic, and optionally `y = x̂·w + b` per
+/// parameter (`w`, `b` default to 1 and 0). Returns (y, x̂) as requested,
+/// contiguous, in `x`'s dtype; `x̂` is rounded to that dtype. Tasks of whole
+/// segments write disjoint slices of the outputs.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn normalize(
+    x: &Tensor,
+    geo: NormGeom,
+    mean: &[f64],
+    rstd: &[f64],
+    w: Option<&[f64]>,
+    b: Option<&[f64]>,
+    want_y: bool,
+    want_xhat: bool,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let dense = Dense::new(x)?;
+    let (data, range) = dense.parts();
+    #[allow(clippy::too_many_arguments)]
+    fn go<T: FloatDType>(
+        x: &[T],
+        geo: NormGeom,
+        mean: &[f64],
+        rstd: &[f64],
+        w: Option<&[f64]>,
+        b: Option<&[f64]>,
+        want_y: bool,
+        want_xhat: bool,
+    ) -> (Option<CpuData>, Option<CpuData>) {
+        let seg = geo.seg;
+        let n = x.len();
+        let mut y = if want_y { vec![T::zero(); n] } else { vec![] };
+        let mut xh = if want_xhat {
+            vec![T::zero(); n]
+        } else {
+            vec![]
+        };
+        // tasks of `per` whole segments (at least ~4096 elements each)
+        let (nseg, per) = (geo.nseg(), 4096usize.div_ceil(seg.max(1)));
+        let body = |t: usize, ys: &mut [T], xs: &mut [T]| {
+            for k in t * per..((t + 1) * per).min(nseg) {
+                let (s, (p0, step)) = (geo.stat_of(k), geo.param_of(k));
+                let o = (k - t * per) * seg;
+                for (j, v) in x[k * seg..(k + 1) * seg].iter().enumerate() {
+                    let h = (f(*v) - mean[s]) * rstd[s];
+                    if !xs.is_empty() {
+                        xs[o + j] = T::from_f64(h);
+                    }
+                    if !ys.is_empty() {
+                        let p = if step { p0 + j } else { p0 };
+                        let wv = w.map_or(1.0, |w| w[p]);
+                        let bv = b.map_or(0.0, |b| b[p]);
+                        ys[o + j] = T::from_f64(h * wv + bv);
+                    }
+                }
+            }
+        };
+        fn tasks<T>(buf: &mut [T], block: usize, n: usize) -> Vec<Option<&mut [T]>> {
+            if buf.is_empty() {
+                (0..n).map(|_| None).collect()
+            } else {
+                buf.chunks_mut(block).map(Some).collect()
+            }
+        }
+        let ntask = nseg.div_ceil(per);
+        let block = (per * seg).max(1);
+        let (ya, xa) = (tasks(&mut y, block, ntask), tasks(&mut xh, block, ntask));
+        let run = |(t, (yo, xo)): (usize, SegPair<'_, T>)| {
+            body(t, yo.unwrap_or(&mut []), xo.unwrap_or(&mut []))
+        };
+        if n >= PARALLEL_THRESHOLD {
+            ya.into_par_iter()
+                .zip(xa.into_par_iter())
+                .enumerate()
+                .for_each(run);
+        } else {
+            ya.into_iter().zip(xa).enumerate().for_each(run);
+        }
+        (want_y.then(|| T::wrap(y)), want_xhat.then(|| T::wrap(xh)))
+    }
+    let (y, xh) = crate::match_float_data!(data, "norm", v =>
+        go(&v[range], geo, mean, rstd, w, b, want_y, want_xhat));
+    drop(dense);
+    let wrap = |d: Option<CpuData>| d.map(|d| Tensor::from_cpu_data(d, x.shape())).transpose();
+    Ok((wrap(y)?, wrap(xh)?))
+}
+
+/// Overwrites elements `range` of `t`'s storage (the whole contiguous
+/// tensor, checked by the seam) with `values` rounded to its dtype.
+pub(super) fn write_values(t: &Tensor, range: Range<usize>, values: &[f64]) -> Result<()> {
+    let mut data = t.storage().cpu_mut()?;
+    fn go<T: WithDType>(d: &mut [T], values: &[f64]) {
+        d.iter_mut()
+            .zip(values)
+            .for_each(|(d, v)| *d = T::from_f64(*v));
+    }
+    crate::match_cpu_data!(&mut *data, d => go(&mut d[range.clone()], values));
+    Ok(())
+}
+
+/// Parameter gradients as f64 sums per affine parameter: `Σ g·x̂` (when
+/// `xhat` is given) and `Σ g` (when `want_b`), in blocks of whole segments
+/// whose partial sums are added in block order (a fixed order).
+pub(super) fn param_sums(
+    g: &Tensor,
+    xhat: Option<&Tensor>,
+    geo: NormGeom,
+    want_b: bool,
+) -> Result<ParamSums> {
+    let dg = Dense::new(g)?;
+    let dx = xhat.map(Dense::new).transpose()?;
+    let (gdata, gr) = dg.parts();
+    fn go<T: FloatDType>(g: &[T], xh: Option<&[T]>, geo: NormGeom, want_b: bool) -> ParamSums {
+        let (seg, nseg, np) = (geo.seg, geo.nseg(), geo.nparam());
+        let blocks = 64.min(nseg.max(1));
+        let per = nseg.div_ceil(blocks).max(1);
+        let parts = par_map(nseg.div_ceil(per), g.len(), |bi| {
+            let mut gw = vec![0.0; if xh.is_some() { np } else { 0 }];
+            let mut gb = vec![0.0; if want_b { np } else { 0 }];
+            for k in bi * per..((bi + 1) * per).min(nseg) {
+                let (p0, step) = geo.param_of(k);
+                for j in 0..seg {
+                    let p = if step { p0 + j } else { p0 };
+                    let gv = f(g[k * seg + j]);
+                    if let Some(xh) = xh {
+                        gw[p] += gv * f(xh[k * seg + j]);
+                    }
+                    if want_b {
+                        gb[p] += gv;
+                    }
+                }
+            }
+            (gw, gb)
+        });
+        let mut gw = xh.map(|_| vec![0.0; np]);
+        let mut gb = want_b.then(|| vec![0.0; np]);
+        for (pw, pb) in parts {
+            if let Some(gw) = gw.as_mut() {
+                gw.iter_mut().zip(pw).for_each(|(a, v)| *a += v);
+            }
+            if let Some(gb) = gb.as_mut() {
+                gb.iter_mut().zip(pb).for_each(|(a, v)| *a += v);
+            }
+        }
+        (gw, gb)
+    }
+    Ok(crate::match_float_data!(gdata, "norm_backward", v => {
+        let xs = match &dx {
+            Some(d) => {
+                let (xd, xr) = d.parts();
+                Some(&typed(xd, "norm_backward")?[xr])
+            }
+            None => None,
+        };
+        go(&v[gr], xs, geo, want_b)
+    }))
+}
+
+/// The input gradient, with `scale` per statistic and `w` per parameter
+/// (1 when absent); `xhat` (checked by the seam against `g`) is read unless
+/// `mode` is `Affine`.
+pub(super) fn input_grad(
+    g: &Tensor,
+    xhat: Option<&Tensor>,
+    geo: NormGeom,
+    mode: GradMode,
+    scale: &[f64],
+    w: Option<&[f64]>,
+) -> Result<Tensor> {
+    let dg = Dense::new(g)?;
+    let dx = xhat.map(Dense::new).transpose()?;
+    let (gdata, gr) = dg.parts();
+    fn go<T: FloatDType>(
+        g: &[T],
+        xh: Option<&[T]>,
+        geo: NormGeom,
+        mode: GradMode,
+        scale: &[f64],
+        w: Option<&[f64]>,
+    ) -> CpuData {
+        let seg = geo.seg;
+        // g·w at element j of segment k, whose parameters are `(p0, step)`.
+        let gw = |k: usize, j: usize, (p0, step): (usize, bool)| {
+            let p = if step { p0 + j } else { p0 };
+            f(g[k * seg + j]) * w.map_or(1.0, |w| w[p])
+        };
+        let cnt = geo.count().max(1) as f64;
+        let sums: Vec<(f64, f64)> = match (mode, xh) {
+            (GradMode::Affine, _) | (_, None) => vec![(0.0, 0.0); geo.nstat()],
+            (_, Some(xh)) => par_map(geo.nstat(), g.len(), |s| {
+                let (mut a, mut b) = (0.0, 0.0);
+                for k in geo.segs_of(s) {
+                    let ps = geo.param_of(k);
+                    for j in 0..seg {
+                        let v = gw(k, j, ps);
+                        a += v;
+                        b += v * f(xh[k * seg + j]);
+                    }
+                }
+                (a / cnt, b / cnt)
+            }),
+        };
+        let mut out = vec![T::zero(); g.len()];
+        let body = |(k, o): (usize, &mut [T])| {
+            let s = geo.stat_of(k);
+            let (ma, mb) = sums[s];
+            let ps = geo.param_of(k);
+            for (j, d) in o.iter_mut().enumerate() {
+                let v = gw(k, j, ps);
+                let r = match (mode, xh) {
+                    (GradMode::Centered, Some(xh)) => v - ma - f(xh[k * seg + j]) * mb,
+                    (GradMode::Uncentered, Some(xh)) => v - f(xh[k * seg + j]) * mb,
+                    _ => v,
+                };
+                *d = T::from_f64(scale[s] * r);
+            }
+        };
+        if g.len() >= PARALLEL_THRESHOLD {
+            out.par_chunks_mut(seg.max(1)).enumerate().for_each(body);
+        } else {
+            out.chunks_mut(seg.max(1)).enumerate().for_each(body);
+        }
+        T::wrap(out)
+    }
+    let out = crate::match_float_data!(gdata, "norm_backward", v => {
+        let xs = match &dx {
+            Some(d) => {
+                let (xd, xr) = d.parts();
+                Some(&typed(xd, "norm_backward")?[xr])
+            }
+            None => None,
+        };
+        go(&v[gr], xs, geo, mode, scale, w)
+    });
+    drop((dg, dx));
+    Tensor::from_cpu_data(out, g.shape())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NormGeom;
+
+    /// The segment walk agrees with the kernels' per-element rule (element
+    /// `e`: statistic `(e / b) % s`, parameter `(e / lp) % p`), visits each
+    /// statistic's elements in element order, and cuts segments as the CPU
+    /// always has (its parameter-gradient rounding depends on it).
+    #[test]
+    fn segments_follow_the_shared_geometry() {
+        let geos = [
+            (NormGeom::batch(3, 4, 5), 5),
+            (NormGeom::batch(6, 3, 1), 1),
+            (NormGeom::group(2, 6, 4, 3).unwrap(), 4),
+            (NormGeom::group(5, 4, 1, 1).unwrap(), 1),
+            (NormGeom::row(7, 9), 9),
+            (NormGeom::row(4, 1), 1),
+        ];
+        for (geo, seg) in geos {
+            assert_eq!(geo.seg, seg, "{geo:?}");
+            assert_eq!(geo.nseg() * geo.seg, geo.numel(), "{geo:?}");
+            for k in 0..geo.nseg() {
+                let (p0, step) = geo.param_of(k);
+                for j in 0..geo.seg {
+                    let e = k * geo.seg + j;
+                    assert_eq!(geo.stat_of(k), e / geo.b % geo.s, "{geo:?} e={e}");
+                    let p = if step { p0 + j } else { p0 };
+                    assert_eq!(p, e / geo.lp % geo.p, "{geo:?} e={e}");
+                }
+            }
+            for i in 0..geo.nstat() {
+                let walked: Vec<usize> = geo
+                    .segs_of(i)
+                    .flat_map(|k| k * geo.seg..(k + 1) * geo.seg)
+                    .collect();
+                let want: Vec<usize> = (0..geo.numel())
+                    .filter(|e| e / geo.b % geo.s == i)
+                    .collect();
+                assert_eq!(walked, want, "{geo:?} stat {i}");
+                assert_eq!(walked.len(), geo.count());
+            }
+        }
+        assert!(NormGeom::group(2, 6, 4, 4).is_err());
+    }
+}

@@ -1,0 +1,442 @@
+//! Normalisation: batch norm (`BatchNorm1d`/`BatchNorm2d`), layer norm,
+//! group norm and RMS norm, each one fused op whose backward struct holds
+//! typed saved state.
+//!
+//! Where things are (everything of the family lives in this folder):
+//! - `batch_norm.rs`: [`batch_norm`] (forward, running statistics, what it
+//!   saves) and its backward;
+//! - `row_norms.rs`: [`layer_norm`], [`group_norm`], [`rms_norm`] and their
+//!   shared backward;
+//! - `layers.rs`: the modules [`BatchNorm`], [`LayerNorm`], [`GroupNorm`],
+//!   [`RMSNorm`] (and their builders);
+//! - `cpu.rs`: the CPU kernels (statistics, normalise, input and parameter
+//!   gradients); `cuda.rs`: the CUDA glue and launch wrappers; `norm.cu`:
+//!   the CUDA kernels;
+//! - this file: the geometry all of them share ([`NormGeom`]), the helpers
+//!   the ops share, and the dispatch seam (the only code outside `cuda.rs`
+//!   that names CUDA).
+//!
+//! How it computes: statistics (mean, biased variance) in f64, two passes,
+//! then rounded once to the statistics dtype (f32, or f64 for f64 inputs:
+//! PyTorch's accumulation type); `x̂ = (x − mean)·rstd` and `y = x̂·w + b`
+//! in f64, rounded to the input dtype. Backward works from `x̂` (saved, or
+//! recomputed from the input under `SaveAll` with the same rounding), so
+//! gradients are bit-identical under both save policies. On CUDA the
+//! moments come back to the host unrounded, exactly what the CPU computes,
+//! so statistics, running statistics and every saved tensor are the CPU's;
+//! `x̂`, the output and the gradients are computed on the device.
+//!
+//! # Saved for backward
+//!
+//! `n` = input elements, `C` = channels, `R` = rows (elements / `D`), `D` =
+//! product of `normalized_shape`, `N·G` = samples × groups; `T` = bytes of
+//! the input dtype, `S` = bytes of the statistics dtype. Nothing is saved
+//! (no node is recorded) when nothing requires grad. A saved weight or
+//! running statistic is a reference: when it is model state (a parameter
+//! or buffer, alive anyway) it keeps its own ledger category and its `D·T`
+//! / `C·T` terms below cost nothing. The same tensors are saved on CUDA.
+//!
+//! | op | requires grad | saved for backward (lean) | bytes | why |
+//! |---|---|---|---|---|
+//! | batch_norm, train | x (± w, b) | `x̂`, `scale = w·invstd` (C) | `n·T + C·S` | `dx = scale·(g − mean(g) − x̂·mean(g·x̂))` |
+//! | batch_norm, train | w (± b), not x | `x̂` | `n·T` | `dw = Σ g·x̂` |
+//! | batch_norm, eval | x only | nothing when w and running_var are model state (the gradient reads them), else `scale` | 0, else `C·S` | eval mode is an affine map: `dx = scale·g` |
+//! | batch_norm, eval | w (± b), not x | `x̂` | `n·T` | `dw = Σ g·x̂`; cheaper than the input plus two C-sized statistics, and immune to later updates of the running statistics |
+//! | batch_norm, eval | x and w (± b) | `x̂`, and `scale` unless w and running_var are model state | `n·T` (+ `C·S`) | both of the above |
+//! | batch_norm | b only | nothing | 0 | `db = Σ g` |
+//! | layer_norm | x (± w, b) | `x̂`, rstd (R), w (if affine) | `n·T + R·S + D·T` | `dx = rstd·(g·w − mean(g·w) − x̂·mean(g·w·x̂))` per row |
+//! | layer_norm | w (± b), not x | `x̂` | `n·T` | `dw = Σ g·x̂` |
+//! | layer_norm | b only | nothing | 0 | `db = Σ g` |
+//! | group_norm | x (± w, b) | `x̂`, rstd (N·G), w (if affine) | `n·T + N·G·S + C·T` | as layer norm, per (sample, group) |
+//! | group_norm | w (± b), not x | `x̂` | `n·T` | `dw = Σ g·x̂` |
+//! | group_norm | b only | nothing | 0 | `db = Σ g` |
+//! | rms_norm | x (± w) | `x̂`, rstd (R), w (if affine) | `n·T + R·S + D·T` | `dx = rstd·(g·w − x̂·mean(g·w·x̂))` (no mean subtracted) |
+//! | rms_norm | w only | `x̂` | `n·T` | `dw = Σ g·x̂` |
+//!
+//! Under `SaveAll` each op keeps what PyTorch keeps, and backward
+//! recomputes `x̂` (as `Workspace`):
+//!
+//! | op | saved for backward (SaveAll) | bytes |
+//! |---|---|---|
+//! | batch_norm | x, w, running_mean, running_var; train mode also `save_mean`, `save_invstd` | `n·T + C·T + 2C·T` (+ `2C·S` in train mode) |
+//! | layer_norm | x, w, b, mean, rstd | `n·T + 2D·T + 2R·S` |
+//! | group_norm | x, w, mean, rstd | `n·T + C·T + 2·N·G·S` |
+//! | rms_norm | x, w, rstd | `n·T + D·T + R·S` |
+//!
+//! Without affine parameters drop the `w`/`b` terms (batch norm's `scale`
+//! is then `invstd`); without running statistics batch norm uses batch
+//! statistics in eval mode too.
+
+mod batch_norm;
+mod cpu;
+mod cuda;
+mod layers;
+mod row_norms;
+
+pub use batch_norm::batch_norm;
+pub use layers::{
+    BatchNorm, BatchNormBuilder, BatchNormOptions, GroupNorm, GroupNormBuilder, LayerNorm,
+    LayerNormBuilder, RMSNorm, RMSNormBuilder,
+};
+pub use row_norms::{group_norm, layer_norm, rms_norm};
+
+use crate::autograd::needs_grad;
+use crate::cuda::layers_util::stat_dtype;
+use crate::memory::{with_category, Category};
+use crate::meta::{backend, Backend};
+use crate::{DType, Error, Result, Tensor};
+
+/// How a norm's statistics and affine parameters lie over its contiguous
+/// input: the one geometry of the family, used by the CPU kernels, the CUDA
+/// launch wrappers and, passed by value, the kernels (`struct NormGeom` in
+/// `norm.cu`, same fields in the same order; `usize` is laid out as the
+/// kernels' `long long` on 64-bit targets).
+///
+/// The input is viewed as `[a, s, b]`: statistic `i` covers the `a` runs of
+/// `b` contiguous elements starting at `(k·s + i)·b` (`k < a`); element `e`
+/// has statistic `(e / b) % s` and affine parameter `(e / lp) % p`.
+///
+/// | norm | input | a | s | b | p | lp | seg |
+/// |---|---|---|---|---|---|---|---|
+/// | batch | `[outer, C, inner]` | outer | C | inner | C | inner | inner |
+/// | group, G groups | `[N, C, spatial]` | 1 | N·G | C/G·spatial | C | spatial | spatial |
+/// | layer / RMS | `[rows, len]` | 1 | rows | len | len | 1 | len |
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NormGeom {
+    /// Runs per statistic.
+    pub a: usize,
+    /// Number of statistics.
+    pub s: usize,
+    /// Elements per run (contiguous).
+    pub b: usize,
+    /// Number of affine parameters.
+    pub p: usize,
+    /// Consecutive elements sharing one parameter.
+    pub lp: usize,
+    /// Elements per CPU segment: a run that shares one statistic and either
+    /// one parameter (`lp`: batch and group norm) or a whole row of
+    /// parameters (`b`: layer and RMS norm). The CPU's unit of parallel
+    /// work; its weight-gradient partial sums are cut at segment
+    /// boundaries, so `seg` fixes their rounding. The kernels ignore it.
+    pub seg: usize,
+}
+
+impl NormGeom {
+    /// Batch norm over `[outer, c, inner]`: one statistic per channel.
+    pub fn batch(outer: usize, c: usize, inner: usize) -> NormGeom {
+        NormGeom {
+            a: outer,
+            s: c,
+            b: inner,
+            p: c,
+            lp: inner,
+            seg: inner,
+        }
+    }
+
+    /// Group norm over `[n, c, spatial]` in `groups` groups of channels (an
+    /// error unless `groups` divides `c`): one statistic per (sample, group).
+    pub fn group(n: usize, c: usize, spatial: usize, groups: usize) -> Result<NormGeom> {
+        if groups == 0 || !c.is_multiple_of(groups) {
+            return Err(Error::InvalidArgument {
+                op: "group_norm",
+                msg: format!("{groups} groups do not divide {c} channels"),
+            });
+        }
+        Ok(NormGeom {
+            a: 1,
+            s: n * groups,
+            b: c / groups * spatial,
+            p: c,
+            lp: spatial,
+            seg: spatial,
+        })
+    }
+
+    /// Layer / RMS norm over `rows` rows of `len`: one statistic per row,
+    /// one parameter per position in the row.
+    pub fn row(rows: usize, len: usize) -> NormGeom {
+        NormGeom {
+            a: 1,
+            s: rows,
+            b: len,
+            p: len,
+            lp: 1,
+            seg: len,
+        }
+    }
+
+    /// Elements of the input.
+    pub fn numel(&self) -> usize {
+        self.a * self.s * self.b
+    }
+
+    /// Number of statistics.
+    pub fn nstat(&self) -> usize {
+        self.s
+    }
+
+    /// Number of affine parameters.
+    pub fn nparam(&self) -> usize {
+        self.p
+    }
+
+    /// Elements per statistic.
+    pub fn count(&self) -> usize {
+        self.a * self.b
+    }
+}
+
+/// What the input gradient's formula subtracts (`scale` per statistic, `w`
+/// per parameter, 1 when absent).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum GradMode {
+    /// `scale·(g·w − mean(g·w) − x̂·mean(g·w·x̂))` (batch/layer/group norm).
+    Centered,
+    /// `scale·(g·w − x̂·mean(g·w·x̂))` (RMS norm).
+    Uncentered,
+    /// `scale·g·w`: an affine map (batch norm in eval mode); no `x̂`.
+    Affine,
+}
+
+/// Weight (`Σ g·x̂`) and bias (`Σ g`) gradients, when wanted.
+type ParamGrads = (Option<Tensor>, Option<Tensor>);
+
+// ---- helpers the ops share ----
+
+/// The values of an optional parameter, checked against `shape` and `x`.
+fn param_values(
+    op: &'static str,
+    p: Option<&Tensor>,
+    shape: &[usize],
+    x: &Tensor,
+) -> Result<Option<Vec<f64>>> {
+    let Some(p) = p else { return Ok(None) };
+    if p.shape() != shape {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: shape.to_vec(),
+            rhs: p.shape().to_vec(),
+        });
+    }
+    if p.dtype() != x.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: x.dtype(),
+            got: p.dtype(),
+        });
+    }
+    if p.device() != x.device() {
+        return Err(Error::DeviceMismatch {
+            op,
+            lhs: x.device(),
+            rhs: p.device(),
+        });
+    }
+    Ok(Some(p.small_values()?))
+}
+
+/// Which of the input, weight and bias (if given) need a gradient now.
+fn optional_needs(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>) -> [bool; 3] {
+    let [nx] = needs_grad([x]);
+    let on = |t: Option<&Tensor>| t.is_some_and(|t| needs_grad([t])[0]);
+    [nx, on(w), on(b)]
+}
+
+/// The op's inputs in gradient order: the input, then the weight and bias if given.
+fn inputs_of<'a>(x: &'a Tensor, w: Option<&'a Tensor>, b: Option<&'a Tensor>) -> Vec<&'a Tensor> {
+    std::iter::once(x).chain(w).chain(b).collect()
+}
+
+/// Gradients in the order of [`inputs_of`] (`present`: weight, bias given).
+fn grads_of(
+    gx: Option<Tensor>,
+    gw: Option<Tensor>,
+    gb: Option<Tensor>,
+    present: [bool; 2],
+) -> Vec<Option<Tensor>> {
+    let mut v = vec![gx];
+    if present[0] {
+        v.push(gw);
+    }
+    if present[1] {
+        v.push(gb);
+    }
+    v
+}
+
+/// Rounds `v` to the statistics dtype for inputs of dtype `d`.
+fn round_stat(d: DType, v: f64) -> f64 {
+    if stat_dtype(d) == DType::F64 {
+        v
+    } else {
+        v as f32 as f64
+    }
+}
+
+/// A statistics vector as a tensor of the statistics dtype for `x`.
+fn stat_tensor(values: &[f64], x: &Tensor) -> Result<Tensor> {
+    Tensor::from_host_f64(values, &[values.len()], stat_dtype(x.dtype()), x.device())
+}
+
+/// `1/√(v + eps)` per value, rounded to the statistics dtype for `dtype`.
+fn rstd_of(var: &[f64], eps: f64, dtype: DType) -> Vec<f64> {
+    var.iter()
+        .map(|v| round_stat(dtype, 1.0 / (v + eps).sqrt()))
+        .collect()
+}
+
+/// Recomputes `x̂` from the input and statistics (SaveAll's backward),
+/// counted as workspace.
+fn recompute_xhat(x: &Tensor, geo: NormGeom, mean: &[f64], rstd: &[f64]) -> Result<Tensor> {
+    let _ws = with_category(Category::Workspace);
+    let (_, xh) = normalize(x, geo, mean, rstd, None, None, false, true)?;
+    xh.ok_or_else(|| Error::Backward("norm: x̂ not computed".into()))
+}
+
+/// Checks that `g` matches `like` in shape and dtype.
+fn check_like(op: &'static str, g: &Tensor, like: &[usize], dtype: DType) -> Result<()> {
+    if g.shape() != like {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: like.to_vec(),
+            rhs: g.shape().to_vec(),
+        });
+    }
+    if g.dtype() != dtype {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: dtype,
+            got: g.dtype(),
+        });
+    }
+    Ok(())
+}
+
+// ---- the dispatch seam: one match per kernel, CPU / meta / CUDA ----
+//
+// Meta tensors get outputs of the right shape and dtype made by the same
+// allocations as on the CPU (so the ledgers match), and zeros for the small
+// host vectors whose values are never used on meta.
+
+/// Per statistic: the mean (0 when not `centered`) and the biased variance
+/// (the mean square when not `centered`), unrounded f64.
+fn norm_stats(x: &Tensor, geo: NormGeom, centered: bool) -> Result<(Vec<f64>, Vec<f64>)> {
+    match backend("norm", &[x])? {
+        Backend::Cpu => cpu::norm_stats(x, geo, centered),
+        Backend::Meta => Ok((vec![0.0; geo.nstat()], vec![0.0; geo.nstat()])),
+        Backend::Cuda(_) => cuda::norm_stats(x, geo, centered),
+    }
+}
+
+/// `x̂ = (x − mean)·rstd` per statistic, and optionally `y = x̂·w + b` per
+/// parameter (`w`, `b` default to 1 and 0). Returns (y, x̂) as requested,
+/// new contiguous tensors of `x`'s dtype counted under the current category.
+#[allow(clippy::too_many_arguments)]
+fn normalize(
+    x: &Tensor,
+    geo: NormGeom,
+    mean: &[f64],
+    rstd: &[f64],
+    w: Option<&[f64]>,
+    b: Option<&[f64]>,
+    want_y: bool,
+    want_xhat: bool,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    match backend("norm", &[x])? {
+        Backend::Cpu => cpu::normalize(x, geo, mean, rstd, w, b, want_y, want_xhat),
+        Backend::Meta => {
+            crate::meta::float("norm", x.dtype())?;
+            let out = |want: bool| {
+                want.then(|| crate::meta::empty(x.shape(), x.dtype()))
+                    .transpose()
+            };
+            Ok((out(want_y)?, out(want_xhat)?))
+        }
+        Backend::Cuda(_) => cuda::normalize(x, geo, mean, rstd, w, b, want_y, want_xhat),
+    }
+}
+
+/// Parameter gradients: `Σ g·x̂` (when `xhat` is given) and `Σ g` (when
+/// `want_b`) per affine parameter, summed in f64 in a fixed order and
+/// rounded once to `g`'s dtype, shaped `shape`, on `g`'s device.
+fn param_grads(
+    g: &Tensor,
+    xhat: Option<&Tensor>,
+    geo: NormGeom,
+    want_b: bool,
+    shape: &[usize],
+) -> Result<ParamGrads> {
+    if let Some(xh) = xhat {
+        check_like("norm_backward", xh, g.shape(), g.dtype())?;
+    }
+    let with_xhat: Vec<&Tensor> = std::iter::once(g).chain(xhat).collect();
+    let (gw, gb) = match backend("norm_backward", &with_xhat)? {
+        Backend::Cpu => cpu::param_sums(g, xhat, geo, want_b)?,
+        Backend::Meta => {
+            let np = geo.nparam();
+            (xhat.map(|_| vec![0.0; np]), want_b.then(|| vec![0.0; np]))
+        }
+        Backend::Cuda(_) => return cuda::param_grads(g, xhat, geo, want_b, shape),
+    };
+    let wrap = |v: Option<Vec<f64>>| {
+        v.map(|v| Tensor::from_host_f64(&v, shape, g.dtype(), g.device()))
+            .transpose()
+    };
+    Ok((wrap(gw)?, wrap(gb)?))
+}
+
+/// The input gradient, with `scale` per statistic and `w` per parameter
+/// (1 when absent); `xhat` is needed unless `mode` is `Affine`.
+fn input_grad(
+    g: &Tensor,
+    xhat: Option<&Tensor>,
+    geo: NormGeom,
+    mode: GradMode,
+    scale: &[f64],
+    w: Option<&[f64]>,
+) -> Result<Tensor> {
+    if let Some(xh) = xhat {
+        check_like("norm_backward", xh, g.shape(), g.dtype())?;
+    } else if mode != GradMode::Affine {
+        return Err(Error::Backward("norm: x̂ missing".into()));
+    }
+    let with_xhat: Vec<&Tensor> = std::iter::once(g).chain(xhat).collect();
+    match backend("norm_backward", &with_xhat)? {
+        Backend::Cpu => cpu::input_grad(g, xhat, geo, mode, scale, w),
+        Backend::Meta => {
+            crate::meta::float("norm_backward", g.dtype())?;
+            crate::meta::empty(g.shape(), g.dtype())
+        }
+        Backend::Cuda(_) => cuda::input_grad(g, xhat, geo, mode, scale, w),
+    }
+}
+
+/// Overwrites the contiguous tensor `t` with `values` (rounded to its
+/// dtype); bumps its version. Used for the running statistics and
+/// `num_batches_tracked` (not recorded by autograd).
+fn write_values(t: &Tensor, values: &[f64]) -> Result<()> {
+    let range = t
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op: "norm",
+            msg: "running statistics must be contiguous".into(),
+        })?;
+    if range.len() != values.len() {
+        return Err(Error::ShapeMismatch {
+            op: "norm",
+            lhs: t.shape().to_vec(),
+            rhs: vec![values.len()],
+        });
+    }
+    match backend("norm", &[t])? {
+        Backend::Cpu => cpu::write_values(t, range, values),
+        Backend::Meta => {
+            crate::meta::touch(t);
+            Ok(())
+        }
+        Backend::Cuda(_) => cuda::write_values(t, range, values),
+    }
+}
