@@ -258,7 +258,7 @@ fn on_cuda(
         &crate::cuda::CudaBuffer,
     ) -> Result<crate::cuda::CudaBuffer>,
 ) -> Result<Tensor> {
-    use crate::cuda::tensor::{dense, wrap};
+    use crate::tensor::cuda::{dense, wrap};
     let (a, b) = {
         let _ws = with_category(Category::Workspace);
         (dense(a)?, dense(b)?)
@@ -271,7 +271,7 @@ fn on_cuda(
 /// copied as Workspace).
 fn cuda_bias(bias: Option<&Tensor>) -> Result<Option<Tensor>> {
     let _ws = with_category(Category::Workspace);
-    bias.map(crate::cuda::tensor::dense).transpose()
+    bias.map(crate::tensor::cuda::dense).transpose()
 }
 
 fn unfold(x: &Tensor, start: usize, cols: &Tensor, g: &ConvGeom) -> Result<()> {
@@ -448,10 +448,10 @@ pub(crate) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
     if let Backend::Cuda(_) = backend("conv_bias_grad", &[gy])? {
         let gy = {
             let _ws = with_category(Category::Workspace);
-            crate::cuda::tensor::dense(gy)?
+            crate::tensor::cuda::dense(gy)?
         };
         let out = crate::cuda::layers_misc::channel_sum(&*gy.storage().cuda()?, n, c, l)?;
-        return crate::cuda::tensor::wrap(out, &[c]);
+        return crate::tensor::cuda::wrap(out, &[c]);
     }
     let gb = Tensor::zeros(&[c], gy.dtype(), gy.device())?;
     let _ws = with_category(Category::Workspace);

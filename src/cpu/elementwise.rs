@@ -224,7 +224,7 @@ pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()>
 pub fn contiguous_copy(x: &Tensor) -> Result<Tensor> {
     match backend("contiguous_copy", &[x])? {
         Backend::Meta => return meta::empty(x.shape(), x.dtype()),
-        Backend::Cuda(_) => return crate::cuda::tensor::contiguous(x),
+        Backend::Cuda(_) => return crate::tensor::cuda::contiguous(x),
         Backend::Cpu => {}
     }
     Tensor::from_cpu_data(gather(x)?, x.shape())
@@ -252,7 +252,7 @@ pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
             meta::touch(dst);
             return Ok(());
         }
-        Backend::Cuda(_) => return crate::cuda::tensor::copy_into(dst, src),
+        Backend::Cuda(_) => return crate::tensor::cuda::copy_into(dst, src),
         Backend::Cpu => {}
     }
     let values = gather(src)?;

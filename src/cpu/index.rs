@@ -53,7 +53,7 @@ pub(crate) fn read_indices(op: &'static str, index: &Tensor, size: usize) -> Res
         // that is not tensor memory.
         crate::meta::Backend::Cuda(_) => {
             let host =
-                crate::cuda::tensor::uncounted(|| index.detach().to_device(crate::Device::Cpu))?;
+                crate::tensor::cuda::uncounted(|| index.detach().to_device(crate::Device::Cpu))?;
             return read_indices(op, &host, size);
         }
         crate::meta::Backend::Cpu => {}

@@ -8,8 +8,8 @@
 
 use super::norm::{stat_dtype, Geo, GradMode};
 use crate::cuda::layers_norm::{self as kern, NormGeom, NormGradMode};
-use crate::cuda::tensor::{adopt, uncounted, wrap};
 use crate::cuda::{CudaBuffer, CudaDevice};
+use crate::tensor::cuda::{adopt, uncounted, wrap};
 use crate::tensor::Tensor;
 use crate::{DType, Result, WithDType};
 use std::ops::Range;
@@ -41,7 +41,7 @@ fn grad_mode(mode: GradMode) -> NormGradMode {
 /// `x` as one whole contiguous buffer; a copy, when one is needed, stays
 /// out of the ledger, as the CPU's gather of a view into host values does.
 fn dense(x: &Tensor) -> Result<Tensor> {
-    crate::cuda::tensor::uncounted(|| crate::cuda::tensor::dense(x))
+    crate::tensor::cuda::uncounted(|| crate::tensor::cuda::dense(x))
 }
 
 /// The device `x` lives on.

@@ -67,7 +67,6 @@ pub(crate) mod ops_matmul;
 pub mod random;
 pub mod reduce;
 mod settings;
-pub(crate) mod tensor;
 #[cfg(test)]
 pub(crate) mod testing;
 

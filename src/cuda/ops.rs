@@ -5,9 +5,9 @@
 
 use super::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
 use super::reduce::{self as red, ReduceOp};
-use super::tensor::{adopt, contiguous, dense, map, strided, uncounted, wrap};
 use super::CudaBuffer;
 use crate::cpu::{CmpOp, CrossEntropyForward};
+use crate::tensor::cuda::{adopt, contiguous, dense, map, strided, uncounted, wrap};
 use crate::tensor::Layout;
 use crate::{DType, Error, Result, Tensor};
 
@@ -66,7 +66,7 @@ pub(crate) fn binary_assign(
         return ew::axpy(&mut *dst.storage().cuda_mut()?, alpha, &s, &ls);
     }
     let out = binary(dst, dst.layout(), src, lsrc, dst.shape(), Some(op), name)?;
-    super::tensor::copy_into(dst, &out)
+    crate::tensor::cuda::copy_into(dst, &out)
 }
 
 /// `x = op(x)` in place on the contiguous `x`, with no temporary (the

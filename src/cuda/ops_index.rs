@@ -5,8 +5,8 @@
 //! are run under a private ledger: the CPU reads indices on the host.
 
 use super::index as kernels;
-use super::tensor::{adopt, contiguous, dense, strided, uncounted};
 use super::{elementwise, CudaBuffer};
+use crate::tensor::cuda::{adopt, contiguous, dense, strided, uncounted};
 use crate::tensor::{Layout, Tensor};
 use crate::{DType, Result};
 
@@ -17,7 +17,7 @@ fn i64_index(index: &Tensor) -> Result<Tensor> {
     }
     let li = strided(index.layout())?;
     let buf = elementwise::cast(&*index.storage().cuda()?, &li, DType::I64)?;
-    super::tensor::wrap(buf, index.shape())
+    crate::tensor::cuda::wrap(buf, index.shape())
 }
 
 /// `x.index_select(dim, index)` for a 1-d `index`.
@@ -88,7 +88,7 @@ pub(crate) fn gather_backward(
     let dev = g.storage().cuda()?.device().clone();
     let n = input_shape.iter().product();
     let zeros = CudaBuffer::zeros(&dev, g.dtype(), n)?;
-    let out = super::tensor::wrap(zeros, input_shape)?;
+    let out = crate::tensor::cuda::wrap(zeros, input_shape)?;
     add_into(&out, dim, index, g)?;
     Ok(out)
 }
@@ -112,7 +112,7 @@ pub(crate) fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tens
         })?;
         at += chunk;
     }
-    super::tensor::wrap(out, shape)
+    crate::tensor::cuda::wrap(out, shape)
 }
 
 /// The elements of `x`'s storage at `offsets` as a new contiguous tensor
@@ -142,14 +142,14 @@ pub(crate) fn index_select_backward(
 ) -> Result<Tensor> {
     let dev = g.storage().cuda()?.device().clone();
     let n = input_shape.iter().product();
-    let out = super::tensor::wrap(CudaBuffer::zeros(&dev, g.dtype(), n)?, input_shape)?;
+    let out = crate::tensor::cuda::wrap(CudaBuffer::zeros(&dev, g.dtype(), n)?, input_shape)?;
     let mut strides = vec![0; g.rank()];
     strides[dim] = index.layout().strides()[0];
     let spread = Layout::from_parts(g.shape().to_vec(), strides, index.layout().offset());
     let ls = strided(&spread)?;
     let expanded = uncounted(|| {
         let buf = elementwise::copy_strided(&*index.storage().cuda()?, &ls)?;
-        super::tensor::wrap(buf, g.shape())
+        crate::tensor::cuda::wrap(buf, g.shape())
     })?;
     add_into(&out, dim, &expanded, g)?;
     Ok(out)
@@ -197,5 +197,5 @@ pub(crate) fn scatter_add_src_grad(
     );
     kernels::place(&mut zeros, &strided(&corner)?, &*vals.storage().cuda()?)?;
     drop(vals);
-    super::tensor::wrap(zeros, src_shape)
+    crate::tensor::cuda::wrap(zeros, src_shape)
 }

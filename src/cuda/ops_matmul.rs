@@ -8,8 +8,8 @@
 //! product allocates on CUDA exactly what it allocates on the CPU.
 
 use super::gemm::{self, GemmConfig, GemmShape, MatrixView};
-use super::tensor::{strided, wrap};
 use super::{elementwise, CudaBuffer};
+use crate::tensor::cuda::{strided, wrap};
 use crate::tensor::{Layout, Tensor};
 use crate::Result;
 

@@ -40,7 +40,7 @@ impl MaskRule {
             MaskRule::Within(lo, hi) => {
                 if let crate::meta::Backend::Cuda(_) = crate::meta::backend(op, &[source])? {
                     let words = [mask_words(source.numel())];
-                    return crate::cuda::tensor::map(source, &words, |b, l| {
+                    return crate::tensor::cuda::map(source, &words, |b, l| {
                         crate::cuda::layers_mask::within_mask(b, l, lo, hi)
                     });
                 }
