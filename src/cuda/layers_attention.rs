@@ -6,8 +6,8 @@
 use super::check::float_suffix;
 use super::layers_util::{expect, invalid, stat_dtype};
 use super::{CudaBuffer, CudaDevice};
-use crate::cpu::ScoreSpec;
 use crate::memory::{with_category, Category};
+use crate::primitives::ScoreSpec;
 use crate::tensor::cuda as tensor;
 use crate::tensor::Layout;
 use crate::{DType, Device, Result, Tensor};

@@ -23,7 +23,7 @@ use super::norm::{
     grads_of, inputs_of, optional_needs, param_values, recompute_xhat, rstd_of, stat_tensor,
 };
 use crate::autograd::{attach, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cpu::norm::{
+use crate::primitives::norm::{
     input_grad, norm_stats, normalize, param_grads, round_stat, write_values, Geo, GradMode,
 };
 use crate::{DType, Error, Result, Tensor};

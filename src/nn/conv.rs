@@ -12,11 +12,11 @@
 //! weight are both saved whenever a node is recorded, as PyTorch does.
 
 use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::check_pair;
-use crate::cpu::conv::{
+use crate::ops::expect_float;
+use crate::primitives::check_pair;
+use crate::primitives::conv::{
     channel_sum, conv2d_forward, conv2d_input_grad, conv2d_weight_grad, ConvGeom,
 };
-use crate::ops::expect_float;
 use crate::tensor::Layout;
 use crate::{Error, Result, Tensor};
 

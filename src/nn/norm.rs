@@ -12,10 +12,10 @@
 //! the CPU does).
 
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cpu::norm::{
+use crate::memory::{with_category, Category};
+use crate::primitives::norm::{
     input_grad, norm_stats, normalize, param_grads, round_stat, stat_dtype, Geo, GradMode,
 };
-use crate::memory::{with_category, Category};
 use crate::{DType, Error, Result, Tensor};
 
 /// The values of an optional parameter, checked against `shape` and `x`.

@@ -5,9 +5,9 @@
 use super::batch_norm::batch_norm;
 use super::norm::{group_norm, layer_norm, rms_norm};
 use super::Module;
-use crate::cpu::norm::write_values;
 use crate::memory::scope;
 use crate::memory::Category;
+use crate::primitives::norm::write_values;
 use crate::{DType, Device, Error, Result, Tensor};
 
 fn param(shape: &[usize], v: f64, dtype: DType, device: Device) -> Result<Tensor> {

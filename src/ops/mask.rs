@@ -9,7 +9,7 @@
 //! than it saves, and never keeps the values alive longer.
 
 use crate::autograd::{save_policy, SavePolicy, SavedTensor};
-use crate::cpu::{mask_scale, mask_where, mask_words, positive_mask_for};
+use crate::primitives::{mask_scale, mask_where, mask_words, positive_mask_for};
 use crate::tensor::{Layout, SaveEvent, SaveListener, Storage};
 use crate::{Result, Tensor};
 use std::sync::{Arc, Mutex};

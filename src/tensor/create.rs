@@ -1,6 +1,7 @@
 //! Creating tensors: from data, constants, and seeded random numbers.
 
-use super::{CpuData, Tensor};
+use super::Tensor;
+use crate::dtype::CpuData;
 use crate::{rng, DType, Device, Error, Result, WithDType};
 
 /// Data can be created on the CPU and on CUDA; the meta device holds none
@@ -238,7 +239,16 @@ impl Tensor {
         }
         let data = match self.device() {
             Device::Cuda(_) => crate::tensor::cuda::download(self)?,
-            _ => crate::cpu::gather(self)?,
+            _ => {
+                // The elements in row-major order, whatever the strides.
+                let data = self.storage().cpu()?;
+                let layout = self.layout();
+                crate::match_cpu_data!(&*data, v => {
+                    let mut out = Vec::with_capacity(layout.numel());
+                    layout.for_each_offset(|o| out.push(v[o]));
+                    crate::dtype::CpuElement::wrap(out)
+                })
+            }
         };
         Tensor::from_data_on(data, self.shape(), device)
     }

@@ -3,7 +3,8 @@
 //! (`<family>/cuda.rs`) and by tensor creation and device copies.
 
 use crate::cuda::{CudaBuffer, CudaDevice, Strided};
-use crate::tensor::{CpuData, Layout, Storage, Tensor};
+use crate::dtype::CpuData;
+use crate::tensor::{Layout, Storage, Tensor};
 use crate::{DType, Result};
 use std::sync::Arc;
 

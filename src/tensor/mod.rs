@@ -6,9 +6,10 @@ mod layout;
 mod storage;
 
 pub use layout::{broadcast_shapes, contiguous_strides, resolve_dim, Layout};
-pub use storage::{Backing, CpuData, CpuElement, SaveEvent, SaveListener, Storage};
+pub use storage::{Backing, SaveEvent, SaveListener, Storage};
 
 use crate::autograd::{GradMeta, Leaf};
+use crate::dtype::CpuData;
 use crate::memory::Category;
 use crate::{DType, Device, Error, Result, WithDType};
 use std::sync::Arc;

@@ -7,9 +7,10 @@
 
 use super::elementwise::gather;
 use super::PARALLEL_THRESHOLD;
+use crate::dtype::CpuData;
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, Backend};
-use crate::tensor::{CpuData, Tensor};
+use crate::tensor::Tensor;
 use crate::{FloatDType, Result, WithDType};
 use rayon::prelude::*;
 

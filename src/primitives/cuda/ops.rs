@@ -3,10 +3,10 @@
 //! Outputs are allocated exactly as the CPU kernels allocate theirs, so a
 //! program moves the CUDA ledger as it moves the CPU's.
 
-use super::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
-use super::reduce::{self as red, ReduceOp};
-use super::CudaBuffer;
-use crate::cpu::{CmpOp, CrossEntropyForward};
+use crate::cuda::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
+use crate::cuda::reduce::{self as red, ReduceOp};
+use crate::cuda::CudaBuffer;
+use crate::primitives::{CmpOp, CrossEntropyForward};
 use crate::tensor::cuda::{adopt, contiguous, dense, map, strided, uncounted, wrap};
 use crate::tensor::Layout;
 use crate::{DType, Error, Result, Tensor};
@@ -190,9 +190,9 @@ pub(crate) fn arg_extremum(
     let (idx, vals) = uncounted(|| {
         let dx = x.storage().cuda()?;
         let idx = red::arg_reduce(&dx, &lx, dim, max)?;
-        let li = super::Strided::contiguous(lanes)?;
+        let li = crate::cuda::Strided::contiguous(lanes)?;
         let vals = values
-            .then(|| super::index::gather(&dx, &lx, dim, &idx, &li))
+            .then(|| crate::cuda::index::gather(&dx, &lx, dim, &idx, &li))
             .transpose()?;
         Ok((idx.to_vec::<i64>()?, vals))
     })?;

@@ -12,9 +12,10 @@
 //! - weight gradient: `gW[g] = Σ_i gy_i[g] · cols_i[g]ᵀ`.
 
 use super::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
+use crate::dtype::CpuData;
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, Backend};
-use crate::tensor::{contiguous_strides, CpuData, Layout, Tensor};
+use crate::tensor::{contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
 use rayon::prelude::*;

@@ -10,8 +10,9 @@
 
 use super::softmax::Dense;
 use super::PARALLEL_THRESHOLD;
+use crate::dtype::CpuData;
 use crate::meta::{backend, Backend};
-use crate::tensor::{CpuData, Tensor};
+use crate::tensor::Tensor;
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 

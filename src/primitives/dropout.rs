@@ -3,9 +3,10 @@
 //! backward evaluate alike (any layout in, row-major element order).
 
 use super::elementwise::{fill, Source};
+use crate::dtype::CpuData;
 use crate::meta::{self, backend, Backend};
 use crate::rng::dropout_keep;
-use crate::tensor::{CpuData, Layout, Tensor};
+use crate::tensor::{Layout, Tensor};
 use crate::{DType, Device, Error, FloatDType, Result, WithDType};
 
 /// The (seed, offset) of a dropout draw and its drop probability.

@@ -2,7 +2,8 @@
 //! whole input or output. Bit `i % 32` of word `i / 32` is element `i`.
 
 use super::PARALLEL_THRESHOLD;
-use crate::tensor::{CpuData, Layout, Tensor};
+use crate::dtype::CpuData;
+use crate::tensor::{Layout, Tensor};
 use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 

@@ -4,8 +4,8 @@
 //! kernels' status buffer. Status buffers and an I64 copy of a U32 index
 //! are run under a private ledger: the CPU reads indices on the host.
 
-use super::index as kernels;
-use super::{elementwise, CudaBuffer};
+use crate::cuda::index as kernels;
+use crate::cuda::{elementwise, CudaBuffer};
 use crate::tensor::cuda::{adopt, contiguous, dense, strided, uncounted};
 use crate::tensor::{Layout, Tensor};
 use crate::{DType, Result};
@@ -120,8 +120,8 @@ pub(crate) fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tens
 /// are uploaded outside the ledger).
 pub(crate) fn take(x: &Tensor, offsets: &[usize], shape: &[usize]) -> Result<Tensor> {
     let storage_len = x.storage().len();
-    let flat = super::Strided::contiguous(&[storage_len])?;
-    let lo = super::Strided::contiguous(&[offsets.len()])?;
+    let flat = crate::cuda::Strided::contiguous(&[storage_len])?;
+    let lo = crate::cuda::Strided::contiguous(&[offsets.len()])?;
     let out = uncounted(|| {
         let dx = x.storage().cuda()?;
         let at: Vec<i64> = offsets.iter().map(|&o| o as i64).collect();
@@ -155,7 +155,7 @@ pub(crate) fn index_select_backward(
     Ok(out)
 }
 
-/// The backward of max/min along `dim` (`crate::cpu::scatter_along`):
+/// The backward of max/min along `dim` (`crate::primitives::scatter_along`):
 /// zeros of `shape` with `g` (the keepdim shape) placed at `indices` along
 /// `dim`. The indices stay on the device; the status buffer is uncounted.
 pub(crate) fn scatter_along(

@@ -6,8 +6,9 @@ use super::elementwise::typed;
 use super::norm::{f, par_map, Geo};
 use super::softmax::Dense;
 use super::PARALLEL_THRESHOLD;
+use crate::dtype::CpuData;
 use crate::meta::{backend, Backend};
-use crate::tensor::{CpuData, Tensor};
+use crate::tensor::Tensor;
 use crate::{DType, Error, FloatDType, Result};
 use rayon::prelude::*;
 

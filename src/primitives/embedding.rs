@@ -2,7 +2,8 @@
 //! (sequential) scatter-add of their gradient.
 
 use super::elementwise::Source;
-use crate::tensor::{CpuData, Layout, Tensor};
+use crate::dtype::CpuData;
+use crate::tensor::{Layout, Tensor};
 use crate::{FloatDType, Result};
 
 /// `x` as a whole-buffer dense CUDA tensor (a Workspace copy of a view).
