@@ -4,7 +4,6 @@
 //! The map of the code is in `docs/ARCHITECTURE.md`.
 
 pub mod autograd;
-pub mod cpu;
 pub mod cuda;
 pub mod demo;
 pub mod device;
@@ -18,6 +17,7 @@ pub mod models;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+pub mod primitives;
 pub mod rng;
 pub mod tensor;
 

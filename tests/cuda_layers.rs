@@ -39,7 +39,7 @@ fn relu_mask_bits_and_values_match_the_cpu() {
         let (gx, ggy) = (upload(&dev, &x), upload(&dev, &gy));
         for slope in [0.0, 0.1] {
             let (y, m) = mask::relu_mask_forward(&gx, &dense(&[5, 37]), slope).unwrap();
-            let want_mask = leangrad::cpu::positive_mask(&x).unwrap();
+            let want_mask = leangrad::primitives::positive_mask(&x).unwrap();
             assert_eq!(
                 m.to_vec::<u32>().unwrap(),
                 want_mask.to_vec::<u32>().unwrap()
@@ -60,7 +60,7 @@ fn relu_mask_bits_and_values_match_the_cpu() {
             );
         }
         let pm = mask::positive_mask(&gx, &dense(&[5, 37])).unwrap();
-        let want = leangrad::cpu::positive_mask(&x).unwrap();
+        let want = leangrad::primitives::positive_mask(&x).unwrap();
         assert_eq!(pm.to_vec::<u32>().unwrap(), want.to_vec::<u32>().unwrap());
     }
 }
@@ -70,7 +70,7 @@ fn dropout_masks_replay_the_cpu_rule() {
     let dev = cuda_or_skip!("dropout");
     let (seed, offset, p, n) = (7u64, 1234u64, 0.3, 1000usize);
     let bits = mask::dropout_bits(&dev, seed, offset, p, n).unwrap();
-    let want = leangrad::cpu::pack_bits(n, |i| {
+    let want = leangrad::primitives::pack_bits(n, |i| {
         leangrad::rng::dropout_keep(seed, offset, i as u64, p)
     });
     assert_eq!(bits.to_vec::<u32>().unwrap(), want);

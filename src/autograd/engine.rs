@@ -98,11 +98,11 @@ pub fn merge_param_gradient(existing: Option<Tensor>, grad: Tensor) -> Result<Te
 /// into a new buffer.
 pub fn accumulate(existing: Tensor, incoming: Tensor) -> Result<Tensor> {
     if is_exclusive(&existing) {
-        crate::ops::add_assign(&existing, &incoming)?;
+        crate::primitives::add_assign(&existing, &incoming)?;
         return Ok(existing);
     }
     if is_exclusive(&incoming) {
-        crate::ops::add_assign(&incoming, &existing)?;
+        crate::primitives::add_assign(&incoming, &existing)?;
         return Ok(incoming);
     }
     let _ng = no_grad();

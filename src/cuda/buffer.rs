@@ -1,8 +1,8 @@
 //! `CudaBuffer`: a typed, ledger-counted device buffer.
 
 use super::CudaDevice;
+use crate::dtype::CpuData;
 use crate::memory::{current_category, Allocation, Category, Ledger};
-use crate::tensor::CpuData;
 use crate::{DType, Error, Result, WithDType};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use std::sync::Arc;

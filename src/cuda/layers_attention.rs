@@ -5,9 +5,10 @@
 
 use super::check::float_suffix;
 use super::layers_util::{expect, invalid, stat_dtype};
-use super::{tensor, CudaBuffer, CudaDevice};
-use crate::cpu::ScoreSpec;
+use super::{CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
+use crate::primitives::ScoreSpec;
+use crate::tensor::cuda as tensor;
 use crate::tensor::Layout;
 use crate::{DType, Device, Result, Tensor};
 
@@ -115,7 +116,7 @@ pub fn attention_probs_from(
         None => {
             // Host values on the CPU until saved: uncounted here too (the
             // caller counts it if it keeps it, `RowLse::into_tensor`).
-            let mut lse = super::tensor::uncounted(|| {
+            let mut lse = crate::tensor::cuda::uncounted(|| {
                 CudaBuffer::alloc(s.device(), stat_dtype(s.dtype()), rows)
             })?;
             let use_lse = 0i32;

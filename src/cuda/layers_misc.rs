@@ -39,7 +39,7 @@ pub fn embedding_forward(
     if !out.is_empty() {
         // The indices are host values on the CPU (read, never stored): the
         // upload stays out of the ledger so both devices count the same.
-        super::tensor::uncounted(|| {
+        crate::tensor::cuda::uncounted(|| {
             let d_idx = CudaBuffer::from_slice(w.device(), &host)?;
             let (k, d) = (idx.len() as i64, dim as i64);
             launch!(w.device(), "embedding.cu", format!("embedding_fwd_{sfx}"), CudaDevice::grid_for(idx.len() * dim);
@@ -85,7 +85,7 @@ pub fn embedding_backward(
     let dev = g.device();
     // The row grouping is host bookkeeping on the CPU: its upload stays out
     // of the ledger, so both devices count the same bytes.
-    super::tensor::uncounted(|| {
+    crate::tensor::cuda::uncounted(|| {
         let d_rows = CudaBuffer::from_slice(dev, &rows)?;
         let d_starts = CudaBuffer::from_slice(dev, &starts)?;
         let d_pos = CudaBuffer::from_slice(dev, &pos)?;
@@ -95,4 +95,3 @@ pub fn embedding_backward(
     })?;
     Ok(gw)
 }
-

@@ -59,13 +59,9 @@ pub mod layers_pool;
 pub mod layers_util;
 mod layout;
 pub mod nvrtc;
-pub(crate) mod ops;
-pub(crate) mod ops_index;
-pub(crate) mod ops_matmul;
 pub mod random;
 pub mod reduce;
 mod settings;
-pub(crate) mod tensor;
 #[cfg(test)]
 pub(crate) mod testing;
 

@@ -148,7 +148,7 @@ pub fn load_into(
         .collect::<Result<Vec<_>>>()?;
     let mut loaded = Vec::with_capacity(pairs.len());
     for ((name, dst, _), src) in pairs.iter().zip(&cast) {
-        crate::cpu::copy_into(dst, src)?;
+        crate::primitives::copy_into(dst, src)?;
         loaded.push((*name).clone());
     }
     loaded.sort();

@@ -10,13 +10,13 @@
 //! keeps: `q`, `k`, `v`, `P` and the dropout mask as U8.
 
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cpu::{
-    attention_probs, attention_softmax_grad, dropout_apply, dropout_apply_mask, dropout_mask,
-    matmul, DropoutDraw, ScoreSpec,
-};
 use crate::cuda::layers_attention::RowLse;
 use crate::memory::{with_category, Category};
 use crate::ops::expect_float;
+use crate::primitives::{
+    attention_probs, attention_softmax_grad, dropout_apply, dropout_apply_mask, dropout_mask,
+    matmul, DropoutDraw, ScoreSpec,
+};
 use crate::{DType, Error, Result, Tensor};
 
 const OP: &str = "scaled_dot_product_attention";

@@ -6,9 +6,9 @@
 
 use super::Module;
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cpu::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
 use crate::memory::scope;
 use crate::ops::expect_float;
+use crate::primitives::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
 use crate::rng::Generator;
 use crate::{Error, Result, Tensor};
 

@@ -3,9 +3,9 @@
 
 use super::Module;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::{embedding_backward, embedding_gather, read_indices};
 use crate::memory::scope;
 use crate::ops::expect_float;
+use crate::primitives::{embedding_backward, embedding_gather, read_indices};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// Backward of embedding: saves the index tensor only (the weight's shape

@@ -11,13 +11,13 @@
 
 use super::Module;
 use crate::autograd::{attach, keep, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cpu::{
-    avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_backward_cuda,
-    max_pool_forward, window_to_flat, ArgSource, AvgMode, PoolGeom,
-};
 use crate::memory::scope;
 use crate::meta::{backend, Backend};
 use crate::ops::expect_float;
+use crate::primitives::{
+    avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_backward_cuda,
+    max_pool_forward, window_to_flat, ArgSource, AvgMode, PoolGeom,
+};
 use crate::tensor::Layout;
 use crate::{Error, Result, Tensor};
 

@@ -3,8 +3,8 @@
 use super::check_in_place;
 use super::sum_to_shape;
 use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::{binary_assign, binary_map, BinaryKernel};
 use crate::cuda::elementwise::BinaryOp;
+use crate::primitives::{binary_assign, binary_map, AddK, BinaryKernel};
 use crate::{FloatDType, Result, Tensor};
 
 macro_rules! kernel {
@@ -21,16 +21,9 @@ macro_rules! kernel {
         }
     };
 }
-kernel!(AddK, "add", Add, |a, b| a + b);
 kernel!(SubK, "sub", Sub, |a, b| a - b);
 kernel!(MulK, "mul", Mul, |a, b| a * b);
 kernel!(DivK, "div", Div, |a, b| a / b);
-
-/// `dst += src` in place (src broadcasts to dst; dst contiguous). Used by
-/// gradient accumulation; bumps dst's version.
-pub(crate) fn add_assign(dst: &Tensor, src: &Tensor) -> Result<()> {
-    binary_assign(dst, src, &AddK)
-}
 
 /// Shapes of both inputs, to reduce broadcast gradients back.
 struct Shapes {

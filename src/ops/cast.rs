@@ -1,7 +1,7 @@
 //! Dtype conversion.
 
 use crate::autograd::{attach, BackwardOp};
-use crate::cpu::cast;
+use crate::primitives::cast;
 use crate::{DType, Result, Tensor};
 
 /// Backward of a float-to-float cast: casts the gradient back to the input

@@ -3,7 +3,7 @@
 
 use super::sum_to_shape;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::{compare_map, compare_scalar, select, CmpOp};
+use crate::primitives::{compare_map, compare_scalar, select, CmpOp};
 use crate::{Result, Tensor};
 
 /// Backward of where_cond: saves only the U8 condition (and the input

@@ -20,7 +20,7 @@ fn check_same_kind(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
         msg: "no tensors given".into(),
     })?;
     for t in &tensors[1..] {
-        crate::cpu::check_pair(op, first, t)?;
+        crate::primitives::check_pair(op, first, t)?;
     }
     Ok(())
 }
@@ -102,7 +102,7 @@ impl Tensor {
             }
             shape[d] += t.shape()[d];
         }
-        let out = crate::cpu::cat(tensors, d, &shape)?;
+        let out = crate::primitives::cat(tensors, d, &shape)?;
         let needs = needs_each(tensors);
         if !needs.contains(&true) {
             return Ok(out);
@@ -139,7 +139,7 @@ impl Tensor {
                 .map(|t| t.detach().unsqueeze(d as isize))
                 .collect::<Result<Vec<_>>>()?;
             let refs: Vec<&Tensor> = views.iter().collect();
-            crate::cpu::cat(&refs, d, &shape)?
+            crate::primitives::cat(&refs, d, &shape)?
         };
         let needs = needs_each(tensors);
         if !needs.contains(&true) {

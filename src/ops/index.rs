@@ -4,11 +4,11 @@
 //! `0..size` of the indexed dimension, else `Error::IndexOutOfRange`.
 
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::{
+use crate::meta::{backend, Backend};
+use crate::primitives::cuda::index as cuda_index;
+use crate::primitives::{
     add_at, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };
-use crate::cuda::ops_index as cuda_index;
-use crate::meta::{backend, Backend};
 use crate::tensor::{resolve_dim, Layout};
 use crate::{DType, Error, Result, Tensor};
 
@@ -307,7 +307,13 @@ impl Tensor {
                 let idx = read_indices(OP, index, self.shape()[d])?;
                 let dst = gather_offsets(&Layout::contiguous(self.shape()), d, index.shape(), &idx);
                 let src_at = corner(src.layout(), index.shape()).offsets();
-                add_at(crate::cpu::gather(self)?, self.shape(), &dst, src, &src_at)?
+                add_at(
+                    crate::primitives::gather(self)?,
+                    self.shape(),
+                    &dst,
+                    src,
+                    &src_at,
+                )?
             }
         };
         let [needs_self, needs_src] = needs_grad([self, src]);

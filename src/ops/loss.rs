@@ -2,11 +2,11 @@
 
 use super::expect_float;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::CrossEntropyForward;
-use crate::cpu::{
+use crate::meta::{backend, Backend};
+use crate::primitives::CrossEntropyForward;
+use crate::primitives::{
     binary_map, cross_entropy_backward, cross_entropy_forward, sum_scaled, BinaryKernel,
 };
-use crate::meta::{backend, Backend};
 use crate::tensor::Layout;
 use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
 
@@ -99,7 +99,9 @@ impl BackwardOp for CrossEntropyBackward {
             }
             Backend::Cuda(_) => {
                 let w = self.weights(g)?;
-                crate::cuda::ops::cross_entropy_backward(probs, c, targets, &w, ignore, eps)?
+                crate::primitives::cuda::ops::cross_entropy_backward(
+                    probs, c, targets, &w, ignore, eps,
+                )?
             }
             Backend::Cpu => {
                 let t = targets.to_vec::<i64>()?;
@@ -219,7 +221,7 @@ impl Tensor {
                         .transpose()?,
                 }
             }
-            Backend::Cuda(_) => crate::cuda::ops::cross_entropy_forward(
+            Backend::Cuda(_) => crate::primitives::cuda::ops::cross_entropy_forward(
                 self,
                 class_dim,
                 targets,

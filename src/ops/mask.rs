@@ -9,7 +9,7 @@
 //! than it saves, and never keeps the values alive longer.
 
 use crate::autograd::{save_policy, SavePolicy, SavedTensor};
-use crate::cpu::{mask_scale, mask_where, mask_words, positive_mask_for};
+use crate::primitives::{mask_scale, mask_where, mask_words, positive_mask_for};
 use crate::tensor::{Layout, SaveEvent, SaveListener, Storage};
 use crate::{Result, Tensor};
 use std::sync::{Arc, Mutex};
@@ -40,7 +40,7 @@ impl MaskRule {
             MaskRule::Within(lo, hi) => {
                 if let crate::meta::Backend::Cuda(_) = crate::meta::backend(op, &[source])? {
                     let words = [mask_words(source.numel())];
-                    return crate::cuda::tensor::map(source, &words, |b, l| {
+                    return crate::tensor::cuda::map(source, &words, |b, l| {
                         crate::cuda::layers_mask::within_mask(b, l, lo, hi)
                     });
                 }

@@ -4,7 +4,7 @@
 use super::reduce::unit_reshape;
 use super::sum_to_shape;
 use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::{matmul as product, matmul_sum_batches};
+use crate::primitives::{matmul as product, matmul_sum_batches};
 use crate::tensor::Layout;
 use crate::{Error, Result, Tensor};
 
@@ -143,7 +143,7 @@ impl Tensor {
 
 #[cfg(test)]
 mod tests {
-    use crate::cpu::matmul_into;
+    use crate::primitives::matmul_into;
     use crate::{DType, Device, Tensor};
 
     #[test]

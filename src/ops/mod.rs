@@ -16,7 +16,6 @@ mod softmax;
 mod unary;
 mod view;
 
-pub(crate) use binary::add_assign;
 pub use loss::{CrossEntropyOptions, Reduction};
 pub use view::sum_to_shape;
 

@@ -3,7 +3,7 @@
 
 use super::expect_float;
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cpu::{
+use crate::primitives::{
     arg_extremum, compact_indices, contiguous_copy, i64_indices, scatter_along, sum_scaled,
     unary_map, UnaryKernel,
 };

@@ -3,7 +3,7 @@
 
 use super::expect_float;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::{softmax_backward, softmax_forward};
+use crate::primitives::{softmax_backward, softmax_forward};
 use crate::tensor::resolve_dim;
 use crate::{Result, Tensor};
 

@@ -2,7 +2,7 @@
 //! (un)squeeze; and `contiguous`, which copies only when it must.
 
 use crate::autograd::{attach, BackwardOp};
-use crate::cpu::{reduce_to, ReduceKind};
+use crate::primitives::{reduce_to, ReduceKind};
 use crate::tensor::{resolve_dim, Layout};
 use crate::{Error, Result, Tensor};
 
@@ -76,7 +76,7 @@ impl BackwardOp for NarrowBackward {
             self.start,
             g.shape()[self.dim],
         )?);
-        crate::cpu::copy_into(&window, &g)?;
+        crate::primitives::copy_into(&window, &g)?;
         drop(window);
         Ok(vec![Some(full)])
     }
@@ -123,7 +123,7 @@ impl Tensor {
         let out = match self.layout().reshape_contiguous(shape) {
             Some(l) => self.view_with_layout(l),
             None => {
-                let c = crate::cpu::contiguous_copy(self)?;
+                let c = crate::primitives::contiguous_copy(self)?;
                 c.view_with_layout(Layout::contiguous(shape))
             }
         };
@@ -242,7 +242,7 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        let out = crate::cpu::contiguous_copy(self)?;
+        let out = crate::primitives::contiguous_copy(self)?;
         Ok(attach(out, &[self], IdentityBackward))
     }
 }

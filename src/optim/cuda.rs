@@ -193,7 +193,7 @@ fn sum_of_squares_buffer(g: &CudaBuffer, layout: &Strided) -> Result<f64> {
     let (n64, l64, p64) = (n as i64, lanes as i64, pow2 as i64);
     let gl = layout.coalesced();
     let dev = g.device().clone();
-    crate::cuda::tensor::uncounted(|| {
+    crate::tensor::cuda::uncounted(|| {
         // Zeros: lanes..pow2 are the tree's padding.
         let mut part = CudaBuffer::zeros(&dev, crate::DType::F64, pow2)?;
         let mut total = CudaBuffer::alloc(&dev, crate::DType::F64, 1)?;
@@ -244,7 +244,7 @@ pub(crate) fn update(
     transform: GradTransform,
     state: &[Tensor],
 ) -> Result<()> {
-    let layout = crate::cuda::tensor::strided(grad.layout())?;
+    let layout = crate::tensor::cuda::strided(grad.layout())?;
     let gbuf = grad.storage().cuda()?;
     let mut pbuf = param.storage().cuda_mut()?;
     let mut sbufs = state
@@ -276,14 +276,14 @@ pub(crate) fn update(
 /// `sum_of_squares` of a CUDA gradient (any layout), bit-identical to the
 /// CPU's.
 pub(crate) fn sum_of_squares(grad: &Tensor) -> Result<f64> {
-    let layout = crate::cuda::tensor::strided(grad.layout())?;
+    let layout = crate::tensor::cuda::strided(grad.layout())?;
     sum_of_squares_buffer(&*grad.storage().cuda()?, &layout)
 }
 
 /// `g.clamp(-bound, bound)` of a CUDA gradient (where `clamp` has no kernel
 /// yet): the same values and the same one new contiguous buffer.
 pub(crate) fn clamp_abs(g: &Tensor, bound: f64) -> Result<Tensor> {
-    let layout = crate::cuda::tensor::strided(g.layout())?;
+    let layout = crate::tensor::cuda::strided(g.layout())?;
     let out = clamp_abs_buffer(&*g.storage().cuda()?, &layout, bound)?;
-    crate::cuda::tensor::wrap(out, g.shape())
+    crate::tensor::cuda::wrap(out, g.shape())
 }

@@ -9,7 +9,8 @@
 
 use super::rule::{GradTransform, UpdateRule, NORM_LANES};
 use crate::autograd::no_grad;
-use crate::tensor::{CpuData, Layout};
+use crate::dtype::CpuData;
+use crate::tensor::Layout;
 use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
 use half::{bf16, f16};
 

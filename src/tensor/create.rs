@@ -1,6 +1,7 @@
 //! Creating tensors: from data, constants, and seeded random numbers.
 
-use super::{CpuData, Tensor};
+use super::Tensor;
+use crate::dtype::CpuData;
 use crate::{rng, DType, Device, Error, Result, WithDType};
 
 /// Data can be created on the CPU and on CUDA; the meta device holds none
@@ -45,7 +46,7 @@ impl Tensor {
     /// counted).
     pub(crate) fn from_data_on(data: CpuData, shape: &[usize], device: Device) -> Result<Tensor> {
         match device {
-            Device::Cuda(n) => crate::cuda::tensor::upload(&data, shape, n),
+            Device::Cuda(n) => crate::tensor::cuda::upload(&data, shape, n),
             _ => Tensor::from_cpu_data(data, shape),
         }
     }
@@ -129,7 +130,7 @@ impl Tensor {
         }
         check_device("zeros", device)?;
         if let Device::Cuda(n) = device {
-            return crate::cuda::tensor::zeros(shape, dtype, n);
+            return crate::tensor::cuda::zeros(shape, dtype, n);
         }
         Tensor::from_cpu_data(CpuData::zeros(dtype, shape.iter().product())?, shape)
     }
@@ -180,9 +181,9 @@ impl Tensor {
         }
         let n = shape.iter().product();
         if let (Device::Cuda(d), true) = (device, dtype.is_float()) {
-            let dev = crate::cuda::tensor::device(d)?;
+            let dev = crate::tensor::cuda::device(d)?;
             let buf = crate::cuda::random::uniform(&dev, dtype, seed, 0, n)?;
-            return crate::cuda::tensor::wrap(buf, shape);
+            return crate::tensor::cuda::wrap(buf, shape);
         }
         Tensor::from_f64_slice(&rng::uniform(seed, 0, n), shape, dtype, device)
     }
@@ -214,9 +215,9 @@ impl Tensor {
         }
         let n = shape.iter().product();
         if let (Device::Cuda(d), true) = (device, dtype.is_float()) {
-            let dev = crate::cuda::tensor::device(d)?;
+            let dev = crate::tensor::cuda::device(d)?;
             let buf = crate::cuda::random::normal(&dev, dtype, seed, 0, n)?;
-            return crate::cuda::tensor::wrap(buf, shape);
+            return crate::tensor::cuda::wrap(buf, shape);
         }
         Tensor::from_f64_slice(&rng::normal(seed, 0, n), shape, dtype, device)
     }
@@ -237,8 +238,17 @@ impl Tensor {
             return Err(Error::NoData { op: "to_device" });
         }
         let data = match self.device() {
-            Device::Cuda(_) => crate::cuda::tensor::download(self)?,
-            _ => crate::cpu::gather(self)?,
+            Device::Cuda(_) => crate::tensor::cuda::download(self)?,
+            _ => {
+                // The elements in row-major order, whatever the strides.
+                let data = self.storage().cpu()?;
+                let layout = self.layout();
+                crate::match_cpu_data!(&*data, v => {
+                    let mut out = Vec::with_capacity(layout.numel());
+                    layout.for_each_offset(|o| out.push(v[o]));
+                    crate::dtype::CpuElement::wrap(out)
+                })
+            }
         };
         Tensor::from_data_on(data, self.shape(), device)
     }

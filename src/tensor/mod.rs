@@ -1,13 +1,15 @@
 //! Tensors: a view (layout) onto counted storage, plus autograd metadata.
 
 mod create;
+pub(crate) mod cuda;
 mod layout;
 mod storage;
 
 pub use layout::{broadcast_shapes, contiguous_strides, resolve_dim, Layout};
-pub use storage::{Backing, CpuData, CpuElement, SaveEvent, SaveListener, Storage};
+pub use storage::{Backing, SaveEvent, SaveListener, Storage};
 
 use crate::autograd::{GradMeta, Leaf};
+use crate::dtype::CpuData;
 use crate::memory::Category;
 use crate::{DType, Device, Error, Result, WithDType};
 use std::sync::Arc;
@@ -174,7 +176,7 @@ impl Tensor {
             });
         }
         if let Device::Cuda(_) = self.device() {
-            let data = crate::cuda::tensor::download(self)?;
+            let data = crate::tensor::cuda::download(self)?;
             return Ok(T::cpu_slice(&data).map(<[T]>::to_vec).unwrap_or_default());
         }
         let data = self.0.storage.cpu()?;
@@ -197,7 +199,7 @@ impl Tensor {
             return Err(Error::NoData { op: "to_f64_vec" });
         }
         if let Device::Cuda(_) = self.device() {
-            return Ok(crate::cuda::tensor::download(self)?.to_vec_as());
+            return Ok(crate::tensor::cuda::download(self)?.to_vec_as());
         }
         let data = self.0.storage.cpu()?;
         let mut out = Vec::with_capacity(self.numel());

@@ -1,78 +1,14 @@
 //! Storage: the counted buffer behind one or more tensors, with its version.
 
 use crate::cuda::CudaBuffer;
+use crate::dtype::CpuData;
 use crate::memory::{current_category, Allocation, Category, Ledger};
-use crate::{DType, Device, Error, Result, WithDType};
+use crate::{DType, Device, Error, Result};
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
-/// Host data of one dtype.
-#[derive(Clone, Debug)]
-pub enum CpuData {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    F64(Vec<f64>),
-    U8(Vec<u8>),
-    U32(Vec<u32>),
-    I64(Vec<i64>),
-}
-
-/// Runs `$body` with `$v` bound to the typed vector inside a [`CpuData`].
-#[macro_export]
-#[doc(hidden)]
-macro_rules! match_cpu_data {
-    ($data:expr, $v:ident => $body:expr) => {
-        match $data {
-            $crate::tensor::CpuData::F32($v) => $body,
-            $crate::tensor::CpuData::F16($v) => $body,
-            $crate::tensor::CpuData::BF16($v) => $body,
-            $crate::tensor::CpuData::F64($v) => $body,
-            $crate::tensor::CpuData::U8($v) => $body,
-            $crate::tensor::CpuData::U32($v) => $body,
-            $crate::tensor::CpuData::I64($v) => $body,
-        }
-    };
-}
-
-/// Like [`match_cpu_data`] for the float dtypes; other dtypes give
-/// `Error::UnsupportedDType` for `$op`.
-#[macro_export]
-#[doc(hidden)]
-macro_rules! match_float_data {
-    ($data:expr, $op:expr, $v:ident => $body:expr) => {
-        match $data {
-            $crate::tensor::CpuData::F32($v) => $body,
-            $crate::tensor::CpuData::F16($v) => $body,
-            $crate::tensor::CpuData::BF16($v) => $body,
-            $crate::tensor::CpuData::F64($v) => $body,
-            other => {
-                return Err($crate::Error::UnsupportedDType {
-                    op: $op,
-                    dtype: other.dtype(),
-                })
-            }
-        }
-    };
-}
-
 impl CpuData {
-    /// The dtype of the elements.
-    pub fn dtype(&self) -> DType {
-        match_cpu_data!(self, v => element_dtype(v))
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        match_cpu_data!(self, v => v.len())
-    }
-
-    /// Whether there are no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// `n` zeros of `dtype`, failing cleanly when the host cannot allocate.
     pub fn zeros(dtype: DType, n: usize) -> Result<CpuData> {
         fn z<T: Clone>(n: usize, zero: T) -> Result<Vec<T>> {
@@ -95,65 +31,7 @@ impl CpuData {
             DType::I64 => CpuData::I64(z(n, 0)?),
         })
     }
-
-    /// The elements converted to `T` (in storage order).
-    pub fn to_vec_as<T: WithDType>(&self) -> Vec<T> {
-        match_cpu_data!(self, v => v.iter().map(|&x| T::from_f64(x.to_f64())).collect())
-    }
-
-    /// A typed slice, if the dtype is `T`'s.
-    pub fn as_slice<T: WithDType>(&self) -> Option<&[T]> {
-        T::cpu_slice(self)
-    }
-
-    /// A typed mutable slice, if the dtype is `T`'s.
-    pub fn as_mut_slice<T: WithDType>(&mut self) -> Option<&mut [T]> {
-        T::cpu_slice_mut(self)
-    }
 }
-
-fn element_dtype<T: WithDType>(_: &[T]) -> DType {
-    T::DTYPE
-}
-
-/// Moves typed vectors in and out of [`CpuData`].
-pub trait CpuElement: Sized {
-    /// Wraps a vector.
-    fn wrap(v: Vec<Self>) -> CpuData;
-    /// The slice inside, if the dtype matches.
-    fn cpu_slice(d: &CpuData) -> Option<&[Self]>;
-    /// The mutable slice inside, if the dtype matches.
-    fn cpu_slice_mut(d: &mut CpuData) -> Option<&mut [Self]>;
-}
-
-macro_rules! cpu_element {
-    ($t:ty, $v:ident) => {
-        impl CpuElement for $t {
-            fn wrap(v: Vec<Self>) -> CpuData {
-                CpuData::$v(v)
-            }
-            fn cpu_slice(d: &CpuData) -> Option<&[Self]> {
-                match d {
-                    CpuData::$v(v) => Some(v),
-                    _ => None,
-                }
-            }
-            fn cpu_slice_mut(d: &mut CpuData) -> Option<&mut [Self]> {
-                match d {
-                    CpuData::$v(v) => Some(v),
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-cpu_element!(f32, F32);
-cpu_element!(f16, F16);
-cpu_element!(bf16, BF16);
-cpu_element!(f64, F64);
-cpu_element!(u8, U8);
-cpu_element!(u32, U32);
-cpu_element!(i64, I64);
 
 /// What holds a storage's elements. Every kernel entry dispatches on this
 /// once (through `crate::meta::backend`): host data is computed by the

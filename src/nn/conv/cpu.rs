@@ -17,10 +17,11 @@
 //! run allocates (and the ledger moves) exactly as a CPU run.
 
 use super::ConvGeom;
-use crate::cpu::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
+use crate::dtype::CpuData;
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, Backend};
-use crate::tensor::{contiguous_strides, CpuData, Layout, Tensor};
+use crate::primitives::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
+use crate::tensor::{contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
 use rayon::prelude::*;

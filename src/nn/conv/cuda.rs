@@ -16,9 +16,9 @@ use crate::cuda::check::float_suffix;
 use crate::cuda::launch;
 use crate::cuda::layers_gemm::{gemm_sub, SubGemm};
 use crate::cuda::layers_util::{expect, invalid};
-use crate::cuda::tensor::{dense, wrap};
 use crate::cuda::{conv_workspace_bytes, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
+use crate::tensor::cuda::{dense, wrap};
 use crate::{Result, Tensor};
 use cudarc::driver::DeviceRepr;
 

@@ -34,9 +34,9 @@ mod cuda;
 mod layers;
 
 use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
-use crate::cpu::check_pair;
 use crate::meta::{backend, Backend};
 use crate::ops::expect_float;
+use crate::primitives::check_pair;
 use crate::tensor::Layout;
 use crate::{Error, Result, Tensor};
 

@@ -12,8 +12,9 @@
 //! runs along the row.
 
 use super::{GradMode, NormGeom};
-use crate::cpu::{typed, Dense, PARALLEL_THRESHOLD};
-use crate::tensor::{CpuData, Tensor};
+use crate::dtype::CpuData;
+use crate::primitives::{typed, Dense, PARALLEL_THRESHOLD};
+use crate::tensor::Tensor;
 use crate::{FloatDType, Result, WithDType};
 use rayon::prelude::*;
 use std::ops::Range;

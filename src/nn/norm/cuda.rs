@@ -21,8 +21,8 @@ use super::{GradMode, NormGeom};
 use crate::cuda::check::float_suffix;
 use crate::cuda::launch;
 use crate::cuda::layers_util::{expect, invalid, stat_dtype};
-use crate::cuda::tensor::{adopt, uncounted, wrap};
 use crate::cuda::{CudaBuffer, CudaDevice};
+use crate::tensor::cuda::{adopt, uncounted, wrap};
 use crate::tensor::Tensor;
 use crate::{DType, Result, WithDType};
 use cudarc::driver::DeviceRepr;
@@ -42,7 +42,7 @@ unsafe impl DeviceRepr for NormGeom {}
 /// `x` as one whole contiguous buffer; a copy, when one is needed, stays
 /// out of the ledger, as the CPU's gather of a view into host values does.
 fn dense(x: &Tensor) -> Result<Tensor> {
-    uncounted(|| crate::cuda::tensor::dense(x))
+    uncounted(|| crate::tensor::cuda::dense(x))
 }
 
 /// The device `x` lives on.

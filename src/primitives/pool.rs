@@ -7,9 +7,10 @@
 
 use super::elementwise::gather;
 use super::PARALLEL_THRESHOLD;
+use crate::dtype::CpuData;
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, Backend};
-use crate::tensor::{CpuData, Tensor};
+use crate::tensor::Tensor;
 use crate::{FloatDType, Result, WithDType};
 use rayon::prelude::*;
 
@@ -132,7 +133,7 @@ fn cuda_geom(g: &PoolGeom) -> crate::cuda::layers_pool::PoolGeom {
 /// `x` as a whole-buffer dense CUDA tensor (a Workspace copy of a view).
 fn cuda_dense(x: &Tensor) -> Result<Tensor> {
     let _ws = crate::memory::with_category(crate::memory::Category::Workspace);
-    crate::cuda::tensor::dense(x)
+    crate::tensor::cuda::dense(x)
 }
 
 /// Max pooling backward on CUDA from the saved argmax (a tensor on the
@@ -150,7 +151,7 @@ pub(crate) fn max_pool_backward_cuda(
         crate::DType::I64 => max_pool2d_backward_flat(&dy, &at, &geom)?,
         _ => max_pool2d_backward(&dy, &at, &geom)?,
     };
-    crate::cuda::tensor::wrap(out, &[g.planes, g.h, g.w])
+    crate::tensor::cuda::wrap(out, &[g.planes, g.h, g.w])
 }
 
 /// The CUDA form of an average mode.
@@ -183,7 +184,7 @@ impl WindowPositions {
     pub(crate) fn into_tensor(self, shape: &[usize], device: crate::Device) -> Result<Tensor> {
         match self {
             WindowPositions::Host(v) => Tensor::from_host_vec(v, shape, device),
-            WindowPositions::Device(b) => crate::cuda::tensor::adopt(b, shape),
+            WindowPositions::Device(b) => crate::tensor::cuda::adopt(b, shape),
         }
     }
 
@@ -208,10 +209,10 @@ pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Wind
             let x = cuda_dense(x)?;
             // The positions stay on the device, uncounted like the CPU's
             // host vector; the output is counted as usual.
-            let (y, pos) = crate::cuda::tensor::uncounted(|| {
+            let (y, pos) = crate::tensor::cuda::uncounted(|| {
                 crate::cuda::layers_pool::max_pool2d_forward(&*x.storage().cuda()?, &cuda_geom(g))
             })?;
-            let y = crate::cuda::tensor::adopt(y, &[g.planes, g.oh, g.ow])?;
+            let y = crate::tensor::cuda::adopt(y, &[g.planes, g.oh, g.ow])?;
             return Ok((y, WindowPositions::Device(pos)));
         }
         Backend::Cpu => {}
@@ -281,14 +282,14 @@ pub(crate) fn max_pool_backward(grad_out: &Tensor, arg: ArgSource, g: &PoolGeom)
         Backend::Meta => return meta_plane_out(grad_out, g.h, g.w, g),
         Backend::Cuda(n) => match arg {
             ArgSource::Window(pos) => {
-                let pos = crate::cuda::tensor::uncounted(|| {
-                    crate::cuda::tensor::upload(&CpuData::U8(pos.to_vec()), &[pos.len()], n)
+                let pos = crate::tensor::cuda::uncounted(|| {
+                    crate::tensor::cuda::upload(&CpuData::U8(pos.to_vec()), &[pos.len()], n)
                 })?;
                 return max_pool_backward_cuda(grad_out, &pos, g);
             }
             ArgSource::Flat(idx) => {
-                let idx = crate::cuda::tensor::uncounted(|| {
-                    crate::cuda::tensor::upload(&CpuData::I64(idx.to_vec()), &[idx.len()], n)
+                let idx = crate::tensor::cuda::uncounted(|| {
+                    crate::tensor::cuda::upload(&CpuData::I64(idx.to_vec()), &[idx.len()], n)
                 })?;
                 return max_pool_backward_cuda(grad_out, &idx, g);
             }
@@ -366,7 +367,7 @@ pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Resul
                 &cuda_geom(g),
                 cuda_avg_mode(mode),
             )?;
-            return crate::cuda::tensor::wrap(y, &[g.planes, g.oh, g.ow]);
+            return crate::tensor::cuda::wrap(y, &[g.planes, g.oh, g.ow]);
         }
         Backend::Cpu => {}
     }
@@ -407,7 +408,7 @@ pub(crate) fn avg_pool_backward(grad_out: &Tensor, g: &PoolGeom, mode: AvgMode) 
                 &cuda_geom(g),
                 cuda_avg_mode(mode),
             )?;
-            return crate::cuda::tensor::wrap(dx, &[g.planes, g.h, g.w]);
+            return crate::tensor::cuda::wrap(dx, &[g.planes, g.h, g.w]);
         }
         Backend::Cpu => {}
     }

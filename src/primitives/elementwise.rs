@@ -1,8 +1,9 @@
 //! Elementwise kernels: any layout in, a contiguous tensor out.
 
 use super::PARALLEL_THRESHOLD;
+use crate::dtype::CpuData;
 use crate::meta::{self, backend, Backend};
-use crate::tensor::{broadcast_shapes, CpuData, Layout, Tensor};
+use crate::tensor::{broadcast_shapes, Layout, Tensor};
 use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 
@@ -30,6 +31,26 @@ pub trait BinaryKernel: Sync {
     fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
         None
     }
+}
+
+/// Addition, the one binary kernel the layers below the ops need:
+/// `Tensor::add` and gradient accumulation ([`add_assign`]) share it.
+pub(crate) struct AddK;
+
+impl BinaryKernel for AddK {
+    const NAME: &'static str = "add";
+    fn f<T: FloatDType>(&self, a: T, b: T) -> T {
+        a + b
+    }
+    fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
+        Some(crate::cuda::elementwise::BinaryOp::Add)
+    }
+}
+
+/// `dst += src` in place (src broadcasts to dst; dst contiguous): gradient
+/// accumulation. Bumps dst's version.
+pub(crate) fn add_assign(dst: &Tensor, src: &Tensor) -> Result<()> {
+    binary_assign(dst, src, &AddK)
 }
 
 /// Reads a strided view by logical (row-major) index.
@@ -80,7 +101,7 @@ pub fn unary_map<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
             meta::float(K::NAME, x.dtype())?;
             return meta::empty(x.shape(), x.dtype());
         }
-        Backend::Cuda(_) => return crate::cuda::ops::unary(x, k.cuda(), K::NAME),
+        Backend::Cuda(_) => return crate::primitives::cuda::ops::unary(x, k.cuda(), K::NAME),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
@@ -105,7 +126,7 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
             return meta::empty(&shape, a.dtype());
         }
         Backend::Cuda(_) => {
-            return crate::cuda::ops::binary(a, &la, b, &lb, &shape, k.cuda(), K::NAME)
+            return crate::primitives::cuda::ops::binary(a, &la, b, &lb, &shape, k.cuda(), K::NAME)
         }
         Backend::Cpu => {}
     }
@@ -151,7 +172,7 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
             return Ok(());
         }
         Backend::Cuda(_) => {
-            return crate::cuda::ops::binary_assign(
+            return crate::primitives::cuda::ops::binary_assign(
                 dst,
                 range.clone(),
                 src,
@@ -224,7 +245,7 @@ pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()>
 pub fn contiguous_copy(x: &Tensor) -> Result<Tensor> {
     match backend("contiguous_copy", &[x])? {
         Backend::Meta => return meta::empty(x.shape(), x.dtype()),
-        Backend::Cuda(_) => return crate::cuda::tensor::contiguous(x),
+        Backend::Cuda(_) => return crate::tensor::cuda::contiguous(x),
         Backend::Cpu => {}
     }
     Tensor::from_cpu_data(gather(x)?, x.shape())
@@ -252,7 +273,7 @@ pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
             meta::touch(dst);
             return Ok(());
         }
-        Backend::Cuda(_) => return crate::cuda::tensor::copy_into(dst, src),
+        Backend::Cuda(_) => return crate::tensor::cuda::copy_into(dst, src),
         Backend::Cpu => {}
     }
     let values = gather(src)?;
@@ -283,7 +304,9 @@ pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
             meta::touch(x);
             return Ok(());
         }
-        Backend::Cuda(_) => return crate::cuda::ops::unary_assign(x, k.cuda(), K::NAME),
+        Backend::Cuda(_) => {
+            return crate::primitives::cuda::ops::unary_assign(x, k.cuda(), K::NAME)
+        }
         Backend::Cpu => {}
     }
     let mut data = x.storage().cpu_mut()?;

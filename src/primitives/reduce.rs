@@ -7,8 +7,9 @@
 //! not depend on the thread count; other layouts use the general walk.
 
 use super::{gather, PARALLEL_THRESHOLD};
+use crate::dtype::CpuData;
 use crate::meta::{backend, backend_of, Backend};
-use crate::tensor::{CpuData, Layout, Tensor};
+use crate::tensor::{Layout, Tensor};
 use crate::{DType, Device, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 
@@ -55,7 +56,11 @@ pub fn reduce_to(x: &Tensor, out_shape: &[usize], kind: ReduceKind) -> Result<Te
                     return crate::meta::empty(out_shape, x.dtype());
                 }
                 Backend::Cuda(_) => {
-                    return crate::cuda::ops::extremum_to(x, out_shape, kind == ReduceKind::Max)
+                    return crate::primitives::cuda::ops::extremum_to(
+                        x,
+                        out_shape,
+                        kind == ReduceKind::Max,
+                    )
                 }
                 Backend::Cpu => {}
             }
@@ -73,7 +78,7 @@ pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<
             crate::meta::float("sum", x.dtype())?;
             return crate::meta::empty(out_shape, x.dtype());
         }
-        Backend::Cuda(_) => return crate::cuda::ops::sum_scaled(x, out_shape, scale),
+        Backend::Cuda(_) => return crate::primitives::cuda::ops::sum_scaled(x, out_shape, scale),
         Backend::Cpu => {}
     }
     if let (Some(range), Some((outer, red, inner))) =
@@ -277,7 +282,7 @@ pub(crate) fn arg_extremum(
             return Ok((Vec::new(), vals));
         }
         Backend::Cuda(_) => {
-            return crate::cuda::ops::arg_extremum(x, dim, max, values, lanes.shape())
+            return crate::primitives::cuda::ops::arg_extremum(x, dim, max, values, lanes.shape())
         }
         Backend::Cpu => {}
     }
@@ -374,7 +379,9 @@ pub(crate) fn scatter_along(
     match backend("scatter_along", &[g, indices])? {
         // Indices are not read on meta (treated as valid).
         Backend::Meta => return crate::meta::empty(shape, g.dtype()),
-        Backend::Cuda(_) => return crate::cuda::ops_index::scatter_along(g, indices, shape, dim),
+        Backend::Cuda(_) => {
+            return crate::primitives::cuda::index::scatter_along(g, indices, shape, dim)
+        }
         Backend::Cpu => {}
     }
     let idx: Vec<usize> = match &*indices.storage().cpu()? {

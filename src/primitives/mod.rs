@@ -1,10 +1,13 @@
-//! CPU kernels shared by the ops: elementwise maps with broadcasting and
-//! reductions, written once for every float dtype through small traits.
+//! The shared primitives (elementwise maps with broadcasting, reductions,
+//! indexing, GEMM, casts and comparisons, bit masks, softmax): each entry is
+//! the one dispatch seam of its kernel — the CPU kernel written once for every
+//! float dtype, the meta arm, and the CUDA arm in `cuda/`.
 
 mod anytype;
 mod attention;
 mod batch_sum;
 mod bitmask;
+pub(crate) mod cuda;
 mod dropout;
 mod elementwise;
 mod embedding;
@@ -23,11 +26,11 @@ pub use bitmask::{
     get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,
 };
 pub(crate) use dropout::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
+pub(crate) use elementwise::{add_assign, check_pair, gather, AddK};
 pub use elementwise::{
     binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
     UnaryKernel,
 };
-pub(crate) use elementwise::{check_pair, gather};
 pub(crate) use embedding::{embedding_backward, embedding_gather};
 #[allow(unused_imports)]
 pub(crate) use gemm::{matmul, matmul_into, usable as gemm_usable};

@@ -8,8 +8,9 @@
 use super::softmax::Dense;
 use super::PARALLEL_THRESHOLD;
 use crate::cuda::layers_attention::RowLse;
+use crate::dtype::CpuData;
 use crate::memory::{with_category, Category};
-use crate::tensor::{CpuData, Tensor};
+use crate::tensor::Tensor;
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 

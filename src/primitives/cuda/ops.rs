@@ -3,11 +3,11 @@
 //! Outputs are allocated exactly as the CPU kernels allocate theirs, so a
 //! program moves the CUDA ledger as it moves the CPU's.
 
-use super::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
-use super::reduce::{self as red, ReduceOp};
-use super::tensor::{adopt, contiguous, dense, map, strided, uncounted, wrap};
-use super::CudaBuffer;
-use crate::cpu::{CmpOp, CrossEntropyForward};
+use crate::cuda::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
+use crate::cuda::reduce::{self as red, ReduceOp};
+use crate::cuda::CudaBuffer;
+use crate::primitives::{CmpOp, CrossEntropyForward};
+use crate::tensor::cuda::{adopt, contiguous, dense, map, strided, uncounted, wrap};
 use crate::tensor::Layout;
 use crate::{DType, Error, Result, Tensor};
 
@@ -66,7 +66,7 @@ pub(crate) fn binary_assign(
         return ew::axpy(&mut *dst.storage().cuda_mut()?, alpha, &s, &ls);
     }
     let out = binary(dst, dst.layout(), src, lsrc, dst.shape(), Some(op), name)?;
-    super::tensor::copy_into(dst, &out)
+    crate::tensor::cuda::copy_into(dst, &out)
 }
 
 /// `x = op(x)` in place on the contiguous `x`, with no temporary (the
@@ -190,9 +190,9 @@ pub(crate) fn arg_extremum(
     let (idx, vals) = uncounted(|| {
         let dx = x.storage().cuda()?;
         let idx = red::arg_reduce(&dx, &lx, dim, max)?;
-        let li = super::Strided::contiguous(lanes)?;
+        let li = crate::cuda::Strided::contiguous(lanes)?;
         let vals = values
-            .then(|| super::index::gather(&dx, &lx, dim, &idx, &li))
+            .then(|| crate::cuda::index::gather(&dx, &lx, dim, &idx, &li))
             .transpose()?;
         Ok((idx.to_vec::<i64>()?, vals))
     })?;

@@ -2,7 +2,8 @@
 //! dtype. Indexing is expressed as lists of storage offsets: `take` reads
 //! elements at offsets, `add_at` accumulates elements into offsets.
 
-use crate::tensor::{CpuData, Layout, Tensor};
+use crate::dtype::CpuData;
+use crate::tensor::{Layout, Tensor};
 use crate::{DType, Error, Result, WithDType};
 use half::{bf16, f16};
 use std::ops::Add;
@@ -53,7 +54,7 @@ pub(crate) fn read_indices(op: &'static str, index: &Tensor, size: usize) -> Res
         // that is not tensor memory.
         crate::meta::Backend::Cuda(_) => {
             let host =
-                crate::cuda::tensor::uncounted(|| index.detach().to_device(crate::Device::Cpu))?;
+                crate::tensor::cuda::uncounted(|| index.detach().to_device(crate::Device::Cpu))?;
             return read_indices(op, &host, size);
         }
         crate::meta::Backend::Cpu => {}
@@ -130,7 +131,9 @@ pub(crate) fn gather_offsets(
 pub(crate) fn take(x: &Tensor, offsets: &[usize], shape: &[usize]) -> Result<Tensor> {
     match crate::meta::backend("take", &[x])? {
         crate::meta::Backend::Meta => return crate::meta::empty(shape, x.dtype()),
-        crate::meta::Backend::Cuda(_) => return crate::cuda::ops_index::take(x, offsets, shape),
+        crate::meta::Backend::Cuda(_) => {
+            return crate::primitives::cuda::index::take(x, offsets, shape)
+        }
         crate::meta::Backend::Cpu => {}
     }
     let mut out = CpuData::zeros(x.dtype(), offsets.len())?;
@@ -191,7 +194,9 @@ pub(crate) fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tens
         })?;
     match crate::meta::backend("cat", parts)? {
         crate::meta::Backend::Meta => return crate::meta::empty(shape, dtype),
-        crate::meta::Backend::Cuda(_) => return crate::cuda::ops_index::cat(parts, dim, shape),
+        crate::meta::Backend::Cuda(_) => {
+            return crate::primitives::cuda::index::cat(parts, dim, shape)
+        }
         crate::meta::Backend::Cpu => {}
     }
     let mut out = CpuData::zeros(dtype, shape.iter().product())?;

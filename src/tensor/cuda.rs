@@ -1,9 +1,10 @@
 //! Tensors on CUDA: the glue between `Tensor` (storage + layout) and the
-//! launch wrappers, used by the CUDA arms of the kernel entries in
-//! `src/cpu/` and by tensor creation and device copies.
+//! launch wrappers of the CUDA runtime, used by every op family's CUDA code
+//! (`<family>/cuda.rs`) and by tensor creation and device copies.
 
-use super::{CudaBuffer, CudaDevice, Strided};
-use crate::tensor::{CpuData, Layout, Storage, Tensor};
+use crate::cuda::{CudaBuffer, CudaDevice, Strided};
+use crate::dtype::CpuData;
+use crate::tensor::{Layout, Storage, Tensor};
 use crate::{DType, Result};
 use std::sync::Arc;
 
@@ -54,7 +55,7 @@ pub(crate) fn zeros(shape: &[usize], dtype: DType, n: usize) -> Result<Tensor> {
 
 /// A contiguous device copy of `x` (any layout).
 pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor> {
-    map(x, x.shape(), super::elementwise::copy_strided)
+    map(x, x.shape(), crate::cuda::elementwise::copy_strided)
 }
 
 /// `x`'s elements in row-major order, copied to the host.
@@ -118,7 +119,7 @@ pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
                 .cuda_mut()?
                 .copy_range_from(range.start, &from, 0, range.len())
         }
-        None => super::index::place(
+        None => crate::cuda::index::place(
             &mut *dst.storage().cuda_mut()?,
             &strided(dst.layout())?,
             &from,

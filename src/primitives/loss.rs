@@ -3,7 +3,8 @@
 //! in f64 with the lane maximum subtracted.
 
 use super::softmax::{for_blocks, lane_stats, split, Dense};
-use crate::tensor::{CpuData, Tensor};
+use crate::dtype::CpuData;
+use crate::tensor::Tensor;
 use crate::{Error, FloatDType, Result, WithDType};
 
 /// What the cross-entropy forward computes.

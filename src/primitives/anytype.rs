@@ -2,8 +2,9 @@
 //! selection by a mask, and dtype casts. Any layout in, contiguous out.
 
 use super::elementwise::{check_pair, check_same_device, fill, typed, Source};
+use crate::dtype::CpuData;
 use crate::meta::{self, backend, Backend};
-use crate::tensor::{broadcast_shapes, CpuData, Layout, Tensor};
+use crate::tensor::{broadcast_shapes, Layout, Tensor};
 use crate::{DType, Error, Result, WithDType};
 use half::{bf16, f16};
 
@@ -62,7 +63,9 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
     );
     match backend(op.name(), &[a, b])? {
         Backend::Meta => return meta::empty(&shape, DType::U8),
-        Backend::Cuda(_) => return crate::cuda::ops::compare(a, &la, b, &lb, &shape, op),
+        Backend::Cuda(_) => {
+            return crate::primitives::cuda::ops::compare(a, &la, b, &lb, &shape, op)
+        }
         Backend::Cpu => {}
     }
     let (da, db) = (a.storage().cpu()?, b.storage().cpu()?);
@@ -89,7 +92,7 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
 pub fn compare_scalar(x: &Tensor, s: f64, op: CmpOp) -> Result<Tensor> {
     match backend(op.name(), &[x])? {
         Backend::Meta => return meta::empty(x.shape(), DType::U8),
-        Backend::Cuda(_) => return crate::cuda::ops::compare_scalar(x, s, op),
+        Backend::Cuda(_) => return crate::primitives::cuda::ops::compare_scalar(x, s, op),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
@@ -125,7 +128,7 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     match backend(OP, &[cond, a, b])? {
         Backend::Meta => return meta::empty(&shape, a.dtype()),
         Backend::Cuda(_) => {
-            return crate::cuda::ops::select((cond, &lc), (a, &la), (b, &lb), &shape)
+            return crate::primitives::cuda::ops::select((cond, &lc), (a, &la), (b, &lb), &shape)
         }
         Backend::Cpu => {}
     }
@@ -162,7 +165,7 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     match backend("cast", &[x])? {
         Backend::Meta => return meta::empty(x.shape(), dtype),
-        Backend::Cuda(_) => return crate::cuda::ops::cast(x, dtype),
+        Backend::Cuda(_) => return crate::primitives::cuda::ops::cast(x, dtype),
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;

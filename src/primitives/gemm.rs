@@ -5,9 +5,10 @@
 //! f32, f64 and f16 run natively; bf16 goes through f32 and back.
 
 use super::contiguous_copy;
-use crate::cuda::ops_matmul;
+use super::cuda::matmul as ops_matmul;
+use crate::dtype::CpuData;
 use crate::meta::{backend, Backend};
-use crate::tensor::{broadcast_shapes, CpuData, Layout, Tensor};
+use crate::tensor::{broadcast_shapes, Layout, Tensor};
 use crate::{Error, Result};
 use gemm::Parallelism;
 use half::{bf16, f16};

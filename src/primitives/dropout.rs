@@ -3,9 +3,10 @@
 //! backward evaluate alike (any layout in, row-major element order).
 
 use super::elementwise::{fill, Source};
+use crate::dtype::CpuData;
 use crate::meta::{self, backend, Backend};
 use crate::rng::dropout_keep;
-use crate::tensor::{CpuData, Layout, Tensor};
+use crate::tensor::{Layout, Tensor};
 use crate::{DType, Device, Error, FloatDType, Result, WithDType};
 
 /// The (seed, offset) of a dropout draw and its drop probability.
@@ -76,7 +77,7 @@ pub(crate) fn dropout_apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
     if let Backend::Cuda(_) = backend("dropout", &[x])? {
         // The same keep rule, replayed from Philox on the device.
         let (seed, offset, p, scale) = (draw.seed, draw.offset, draw.p, draw.scale());
-        return crate::cuda::tensor::map(x, x.shape(), |b, l| {
+        return crate::tensor::cuda::map(x, x.shape(), |b, l| {
             crate::cuda::layers_mask::dropout_forward(b, l, seed, offset, p, scale)
         });
     }
@@ -89,10 +90,10 @@ pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -
     match meta::backend_of("dropout", device)? {
         Backend::Meta => meta::empty(shape, DType::U8),
         Backend::Cuda(n) => {
-            let dev = crate::cuda::tensor::device(n)?;
+            let dev = crate::tensor::cuda::device(n)?;
             let n = shape.iter().product();
             let mask = crate::cuda::random::dropout_mask(&dev, draw.seed, draw.offset, draw.p, n)?;
-            crate::cuda::tensor::wrap(mask, shape)
+            crate::tensor::cuda::wrap(mask, shape)
         }
         Backend::Cpu => {
             let n = shape.iter().product();
@@ -105,7 +106,7 @@ pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -
 /// kernel (the product rounded in `g`'s dtype, as on the CPU), so the only
 /// buffer it allocates is the gradient, as the CPU's.
 fn cuda_apply_mask(g: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
-    use crate::cuda::tensor::strided;
+    use crate::tensor::cuda::strided;
     if mask.dtype() != DType::U8 || mask.shape() != g.shape() {
         return Err(Error::Backward(
             "dropout: the saved mask does not match the gradient".into(),
@@ -113,7 +114,7 @@ fn cuda_apply_mask(g: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
     }
     let lm = strided(mask.layout())?;
     let m = mask.storage().cuda()?;
-    crate::cuda::tensor::map(g, g.shape(), |b, l| {
+    crate::tensor::cuda::map(g, g.shape(), |b, l| {
         crate::cuda::layers_mask::dropout_byte_masked(b, l, &m, &lm, scale)
     })
 }

@@ -2,7 +2,8 @@
 //! whole input or output. Bit `i % 32` of word `i / 32` is element `i`.
 
 use super::PARALLEL_THRESHOLD;
-use crate::tensor::{CpuData, Layout, Tensor};
+use crate::dtype::CpuData;
+use crate::tensor::{Layout, Tensor};
 use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 
@@ -47,7 +48,7 @@ pub fn positive_mask(x: &Tensor) -> Result<Tensor> {
 pub(crate) fn positive_mask_for(x: &Tensor, op: &'static str) -> Result<Tensor> {
     if let crate::meta::Backend::Cuda(_) = crate::meta::backend(op, &[x])? {
         let words = mask_words(x.numel());
-        return crate::cuda::tensor::map(x, &[words], crate::cuda::layers_mask::positive_mask);
+        return crate::tensor::cuda::map(x, &[words], crate::cuda::layers_mask::positive_mask);
     }
     mask_where(x, op, |v| v > 0.0)
 }
@@ -100,8 +101,8 @@ pub fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {
             return crate::meta::empty(g.shape(), g.dtype());
         }
         crate::meta::Backend::Cuda(_) => {
-            let mask = crate::cuda::tensor::dense(mask)?;
-            return crate::cuda::tensor::map(g, g.shape(), |b, l| {
+            let mask = crate::tensor::cuda::dense(mask)?;
+            return crate::tensor::cuda::map(g, g.shape(), |b, l| {
                 crate::cuda::layers_mask::relu_mask_backward(b, l, &*mask.storage().cuda()?, slope)
             });
         }

@@ -4,9 +4,9 @@
 //! kernels' status buffer. Status buffers and an I64 copy of a U32 index
 //! are run under a private ledger: the CPU reads indices on the host.
 
-use super::index as kernels;
-use super::tensor::{adopt, contiguous, dense, strided, uncounted};
-use super::{elementwise, CudaBuffer};
+use crate::cuda::index as kernels;
+use crate::cuda::{elementwise, CudaBuffer};
+use crate::tensor::cuda::{adopt, contiguous, dense, strided, uncounted};
 use crate::tensor::{Layout, Tensor};
 use crate::{DType, Result};
 
@@ -17,7 +17,7 @@ fn i64_index(index: &Tensor) -> Result<Tensor> {
     }
     let li = strided(index.layout())?;
     let buf = elementwise::cast(&*index.storage().cuda()?, &li, DType::I64)?;
-    super::tensor::wrap(buf, index.shape())
+    crate::tensor::cuda::wrap(buf, index.shape())
 }
 
 /// `x.index_select(dim, index)` for a 1-d `index`.
@@ -88,7 +88,7 @@ pub(crate) fn gather_backward(
     let dev = g.storage().cuda()?.device().clone();
     let n = input_shape.iter().product();
     let zeros = CudaBuffer::zeros(&dev, g.dtype(), n)?;
-    let out = super::tensor::wrap(zeros, input_shape)?;
+    let out = crate::tensor::cuda::wrap(zeros, input_shape)?;
     add_into(&out, dim, index, g)?;
     Ok(out)
 }
@@ -112,7 +112,7 @@ pub(crate) fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tens
         })?;
         at += chunk;
     }
-    super::tensor::wrap(out, shape)
+    crate::tensor::cuda::wrap(out, shape)
 }
 
 /// The elements of `x`'s storage at `offsets` as a new contiguous tensor
@@ -120,8 +120,8 @@ pub(crate) fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tens
 /// are uploaded outside the ledger).
 pub(crate) fn take(x: &Tensor, offsets: &[usize], shape: &[usize]) -> Result<Tensor> {
     let storage_len = x.storage().len();
-    let flat = super::Strided::contiguous(&[storage_len])?;
-    let lo = super::Strided::contiguous(&[offsets.len()])?;
+    let flat = crate::cuda::Strided::contiguous(&[storage_len])?;
+    let lo = crate::cuda::Strided::contiguous(&[offsets.len()])?;
     let out = uncounted(|| {
         let dx = x.storage().cuda()?;
         let at: Vec<i64> = offsets.iter().map(|&o| o as i64).collect();
@@ -142,20 +142,20 @@ pub(crate) fn index_select_backward(
 ) -> Result<Tensor> {
     let dev = g.storage().cuda()?.device().clone();
     let n = input_shape.iter().product();
-    let out = super::tensor::wrap(CudaBuffer::zeros(&dev, g.dtype(), n)?, input_shape)?;
+    let out = crate::tensor::cuda::wrap(CudaBuffer::zeros(&dev, g.dtype(), n)?, input_shape)?;
     let mut strides = vec![0; g.rank()];
     strides[dim] = index.layout().strides()[0];
     let spread = Layout::from_parts(g.shape().to_vec(), strides, index.layout().offset());
     let ls = strided(&spread)?;
     let expanded = uncounted(|| {
         let buf = elementwise::copy_strided(&*index.storage().cuda()?, &ls)?;
-        super::tensor::wrap(buf, g.shape())
+        crate::tensor::cuda::wrap(buf, g.shape())
     })?;
     add_into(&out, dim, &expanded, g)?;
     Ok(out)
 }
 
-/// The backward of max/min along `dim` (`crate::cpu::scatter_along`):
+/// The backward of max/min along `dim` (`crate::primitives::scatter_along`):
 /// zeros of `shape` with `g` (the keepdim shape) placed at `indices` along
 /// `dim`. The indices stay on the device; the status buffer is uncounted.
 pub(crate) fn scatter_along(
@@ -197,5 +197,5 @@ pub(crate) fn scatter_add_src_grad(
     );
     kernels::place(&mut zeros, &strided(&corner)?, &*vals.storage().cuda()?)?;
     drop(vals);
-    super::tensor::wrap(zeros, src_shape)
+    crate::tensor::cuda::wrap(zeros, src_shape)
 }

@@ -7,9 +7,9 @@
 //! covered by one strided-batched call per run of evenly spaced ones. So a
 //! product allocates on CUDA exactly what it allocates on the CPU.
 
-use super::gemm::{self, GemmConfig, GemmShape, MatrixView};
-use super::tensor::{strided, wrap};
-use super::{elementwise, CudaBuffer};
+use crate::cuda::gemm::{self, GemmConfig, GemmShape, MatrixView};
+use crate::cuda::{elementwise, CudaBuffer};
+use crate::tensor::cuda::{strided, wrap};
 use crate::tensor::{Layout, Tensor};
 use crate::Result;
 
@@ -33,7 +33,7 @@ fn operand(t: &Tensor, batch: &[usize], rows: usize, cols: usize) -> Result<Oper
     let offsets = |l: &Layout| {
         Layout::from_parts(batch.to_vec(), l.strides()[..nb].to_vec(), l.offset()).offsets()
     };
-    let view = match crate::cpu::gemm_usable(rows, cols, rs, cs) {
+    let view = match crate::primitives::gemm_usable(rows, cols, rs, cs) {
         Some((rs, 1)) if rs >= cols.max(1) => Some((rs, false)),
         Some((1, cs)) if cs >= rows.max(1) => Some((cs, true)),
         _ => None,
@@ -91,7 +91,7 @@ fn step(offsets: &[usize], i: usize) -> Option<usize> {
 fn run(oa: &Operand, ob: &Operand, dst: &mut CudaBuffer, g: GemmShape, beta: f64) -> Result<()> {
     let cfg = GemmConfig {
         beta,
-        tf32: super::tf32_enabled(),
+        tf32: crate::cuda::tf32_enabled(),
         ..GemmConfig::default()
     };
     let (da, db) = (oa.tensor.storage().cuda()?, ob.tensor.storage().cuda()?);

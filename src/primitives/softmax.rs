@@ -5,7 +5,8 @@
 //! outer block is one independent task.
 
 use super::{gather, PARALLEL_THRESHOLD};
-use crate::tensor::{CpuData, Tensor};
+use crate::dtype::CpuData;
+use crate::tensor::Tensor;
 use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -97,7 +98,7 @@ pub(crate) fn softmax_forward(x: &Tensor, dim: usize, log: bool) -> Result<Tenso
             crate::meta::float("softmax", x.dtype())?;
             return crate::meta::empty(x.shape(), x.dtype());
         }
-        crate::meta::Backend::Cuda(_) => return crate::cuda::ops::softmax(x, dim, log),
+        crate::meta::Backend::Cuda(_) => return crate::primitives::cuda::ops::softmax(x, dim, log),
         crate::meta::Backend::Cpu => {}
     }
     let (_, len, inner) = split(x.shape(), dim);
@@ -135,7 +136,9 @@ pub(crate) fn softmax_backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) ->
     }
     match crate::meta::backend("softmax_backward", &[y, g])? {
         crate::meta::Backend::Meta => return crate::meta::empty(y.shape(), y.dtype()),
-        crate::meta::Backend::Cuda(_) => return crate::cuda::ops::softmax_backward(y, g, dim, log),
+        crate::meta::Backend::Cuda(_) => {
+            return crate::primitives::cuda::ops::softmax_backward(y, g, dim, log)
+        }
         crate::meta::Backend::Cpu => {}
     }
     let (_, len, inner) = split(y.shape(), dim);

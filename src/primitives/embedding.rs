@@ -2,13 +2,14 @@
 //! (sequential) scatter-add of their gradient.
 
 use super::elementwise::Source;
-use crate::tensor::{CpuData, Layout, Tensor};
+use crate::dtype::CpuData;
+use crate::tensor::{Layout, Tensor};
 use crate::{FloatDType, Result};
 
 /// `x` as a whole-buffer dense CUDA tensor (a Workspace copy of a view).
 fn cuda_dense(x: &Tensor) -> Result<Tensor> {
     let _ws = crate::memory::with_category(crate::memory::Category::Workspace);
-    crate::cuda::tensor::dense(x)
+    crate::tensor::cuda::dense(x)
 }
 
 /// Rows `idx[k]` of the `[num, dim]` weight (any layout), stacked into a
@@ -22,7 +23,7 @@ pub(crate) fn embedding_gather(weight: &Tensor, idx: &[usize], shape: &[usize]) 
             let num = weight.shape()[0];
             let out =
                 crate::cuda::layers_misc::embedding_forward(&*w.storage().cuda()?, num, dim, idx)?;
-            return crate::cuda::tensor::wrap(out, shape);
+            return crate::tensor::cuda::wrap(out, shape);
         }
         crate::meta::Backend::Cpu => {}
     }
@@ -61,7 +62,7 @@ pub(crate) fn embedding_backward(
                 dim,
                 padding,
             )?;
-            return crate::cuda::tensor::wrap(out, &[num, dim]);
+            return crate::tensor::cuda::wrap(out, &[num, dim]);
         }
         crate::meta::Backend::Cpu => {}
     }
