@@ -1,5 +1,5 @@
 //! The layer kernels (`src/cuda/layers_*.rs`) against the CPU: relu mask
-//! bits, dropout masks, pools, conv, embedding, the attention softmax and
+//! bits, dropout masks, conv, embedding, the attention softmax and
 //! optimizer updates (the norms' kernels are checked through the layers in
 //! `tests/device_norm.rs`). Without a GPU every test prints
 //! `skipped: no CUDA device (…)` and passes.
@@ -10,7 +10,6 @@ use cuda_common::{assert_close, cpu_rand, dense, download, tol, upload, FLOATS};
 use leangrad::cuda::layers_conv::{self as conv, ConvGeom};
 use leangrad::cuda::layers_mask as mask;
 use leangrad::cuda::layers_misc::{self as misc, AttnMask, GradMap};
-use leangrad::cuda::layers_pool::{self as pool, AvgPoolMode, PoolGeom};
 use leangrad::nn;
 use leangrad::optim::{apply_update, Adam, GradTransform, Sgd};
 use leangrad::{DType, Device, Tensor};
@@ -88,66 +87,6 @@ fn dropout_masks_replay_the_cpu_rule() {
             download(&from_bits),
             vals(&cpu),
             "dropout from bits {dtype:?}"
-        );
-    }
-}
-
-#[test]
-fn pools_match_the_cpu() {
-    let dev = cuda_or_skip!("pool");
-    for dtype in FLOATS {
-        let x = cpu_rand(&[2, 3, 9, 11], -1.0, 1.0, dtype, 4);
-        let gx = upload(&dev, &x);
-        let mut o = nn::MaxPool2dOptions::new([3, 2]);
-        o.stride = Some([2, 2]);
-        o.padding = [1, 1];
-        o.dilation = [1, 2];
-        let g = PoolGeom::new(6, 9, 11, [3, 2], [2, 2], [1, 1], [1, 2]).unwrap();
-        let (y, pos) = pool::max_pool2d_forward(&gx, &g).unwrap();
-        let xl = leaf(&x);
-        let yc = nn::max_pool2d(&xl, &o).unwrap();
-        assert_eq!(download(&y), vals(&yc), "max pool {dtype:?}");
-        let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 5);
-        let dx = pool::max_pool2d_backward(&upload(&dev, &gy), &pos, &g).unwrap();
-        assert_eq!(
-            download(&dx),
-            grads(&yc, &gy, &[&xl])[0],
-            "max pool bwd {dtype:?}"
-        );
-        for include in [false, true] {
-            let mut o = nn::AvgPool2dOptions::new([3, 3]);
-            o.stride = Some([2, 2]);
-            o.padding = [1, 1];
-            o.count_include_pad = include;
-            let g = PoolGeom::new(6, 9, 11, [3, 3], [2, 2], [1, 1], [1, 1]).unwrap();
-            let mode = if include {
-                AvgPoolMode::FixedCountPad
-            } else {
-                AvgPoolMode::Fixed
-            };
-            let xl = leaf(&x);
-            let yc = nn::avg_pool2d(&xl, &o).unwrap();
-            let y = pool::avg_pool2d_forward(&gx, &g, mode).unwrap();
-            assert_eq!(download(&y), vals(&yc), "avg pool {dtype:?} {include}");
-            let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 6);
-            let dx = pool::avg_pool2d_backward(&upload(&dev, &gy), &g, mode).unwrap();
-            assert_eq!(
-                download(&dx),
-                grads(&yc, &gy, &[&xl])[0],
-                "avg bwd {dtype:?}"
-            );
-        }
-        let g = PoolGeom::adaptive(6, 9, 11, 4, 3).unwrap();
-        let xl = leaf(&x);
-        let yc = nn::adaptive_avg_pool2d(&xl, [4, 3]).unwrap();
-        let y = pool::avg_pool2d_forward(&gx, &g, AvgPoolMode::Adaptive).unwrap();
-        assert_eq!(download(&y), vals(&yc), "adaptive {dtype:?}");
-        let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 7);
-        let dx = pool::avg_pool2d_backward(&upload(&dev, &gy), &g, AvgPoolMode::Adaptive).unwrap();
-        assert_eq!(
-            download(&dx),
-            grads(&yc, &gy, &[&xl])[0],
-            "adaptive bwd {dtype:?}"
         );
     }
 }

@@ -724,10 +724,7 @@ fn every_launch_matches_its_kernels_parameters() {
             "ConvGeom",
             std::mem::size_of::<leangrad::cuda::layers_conv::ConvGeom>(),
         ),
-        (
-            "PoolGeom",
-            std::mem::size_of::<leangrad::cuda::layers_pool::PoolGeom>(),
-        ),
+        ("PoolGeom", std::mem::size_of::<leangrad::nn::PoolGeom>()),
     ]
     .into_iter()
     .collect();

@@ -15,7 +15,6 @@ mod loss;
 pub(crate) mod norm;
 mod norm_cuda;
 mod norm_grad;
-mod pool;
 mod reduce;
 mod softmax;
 
@@ -39,10 +38,6 @@ pub(crate) use index::{
     add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };
 pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward, CrossEntropyForward};
-pub(crate) use pool::{
-    avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_backward_cuda,
-    max_pool_forward, window_to_flat, ArgSource, AvgMode, PoolGeom,
-};
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
 pub(crate) use softmax::{softmax_backward, softmax_forward};

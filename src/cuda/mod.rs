@@ -41,9 +41,11 @@ macro_rules! launch {
             .map_err(|e| dev.error(format!("launch {name}"), e))
     }};
 }
+// For the launch code that lives beside its family (`src/nn/<family>/cuda.rs`).
+pub(crate) use launch;
 
 mod buffer;
-mod check;
+pub(crate) mod check;
 mod context;
 pub mod elementwise;
 pub mod gemm;
@@ -55,7 +57,6 @@ mod layers_gemm;
 pub mod layers_mask;
 pub mod layers_misc;
 pub mod layers_norm;
-pub mod layers_pool;
 pub mod layers_util;
 mod layout;
 pub mod nvrtc;

@@ -46,7 +46,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("embedding.cu", include_str!("../../kernels/embedding.cu")),
     ("norm.cu", include_str!("../../kernels/norm.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
-    ("pool.cu", include_str!("../../kernels/pool.cu")),
+    ("pool.cu", include_str!("../nn/pool/pool.cu")),
     ("relu_mask.cu", include_str!("../../kernels/relu_mask.cu")),
 ];
 

@@ -23,7 +23,7 @@ pub use linear::Linear;
 pub use module::{parameters_of_kind, LayerKind, Module};
 pub use pool::{
     adaptive_avg_pool2d, avg_pool2d, max_pool2d, AdaptiveAvgPool2d, AvgPool2d, AvgPool2dOptions,
-    MaxPool2d, MaxPool2dOptions,
+    MaxPool2d, MaxPool2dOptions, PoolGeom,
 };
 mod batch_norm;
 mod norm;
