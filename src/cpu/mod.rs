@@ -6,7 +6,6 @@ mod attention;
 mod batch_sum;
 mod bitmask;
 pub(crate) mod conv;
-mod dropout;
 mod elementwise;
 mod embedding;
 mod gemm;
@@ -25,12 +24,12 @@ pub(crate) use bitmask::positive_mask_for;
 pub use bitmask::{
     get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,
 };
-pub(crate) use dropout::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
 pub use elementwise::{
     binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
     UnaryKernel,
 };
 pub(crate) use elementwise::{check_pair, gather};
+pub(crate) use elementwise::{fill, Source};
 pub(crate) use embedding::{embedding_backward, embedding_gather};
 #[allow(unused_imports)]
 pub(crate) use gemm::{matmul, matmul_into, usable as gemm_usable};

@@ -42,7 +42,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("softmax.cu", include_str!("../../kernels/softmax.cu")),
     ("attention.cu", include_str!("../../kernels/attention.cu")),
     ("conv.cu", include_str!("../../kernels/conv.cu")),
-    ("dropout.cu", include_str!("../../kernels/dropout.cu")),
+    ("dropout.cu", include_str!("../nn/dropout/dropout.cu")),
     ("embedding.cu", include_str!("../../kernels/embedding.cu")),
     ("norm.cu", include_str!("../../kernels/norm.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),

@@ -9,11 +9,9 @@
 //! whichever keeps fewer bytes. `SaveAll` keeps what PyTorch's math path
 //! keeps: `q`, `k`, `v`, `P` and the dropout mask as U8.
 
+use super::dropout::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cpu::{
-    attention_probs, attention_softmax_grad, dropout_apply, dropout_apply_mask, dropout_mask,
-    matmul, DropoutDraw, ScoreSpec,
-};
+use crate::cpu::{attention_probs, attention_softmax_grad, matmul, ScoreSpec};
 use crate::cuda::layers_attention::RowLse;
 use crate::memory::{with_category, Category};
 use crate::ops::expect_float;
