@@ -1,5 +1,5 @@
 //! The layer kernels (`src/cuda/layers_*.rs`) against the CPU: relu mask
-//! bits, conv, embedding, the attention softmax and
+//! bits, conv, the attention softmax and
 //! optimizer updates (the norms' kernels are checked through the layers in
 //! `tests/device_norm.rs`). Without a GPU every test prints
 //! `skipped: no CUDA device (…)` and passes.
@@ -12,7 +12,7 @@ use leangrad::cuda::layers_mask as mask;
 use leangrad::cuda::layers_misc::{self as misc, AttnMask, GradMap};
 use leangrad::nn;
 use leangrad::optim::{apply_update, Adam, GradTransform, Sgd};
-use leangrad::{DType, Device, Tensor};
+use leangrad::{Device, Tensor};
 
 fn leaf(t: &Tensor) -> Tensor {
     t.clone().set_requires_grad(true).unwrap()
@@ -117,39 +117,6 @@ fn conv_matches_the_cpu_in_chunks() {
             conv::conv_forward(&upload(&dev, &x1), &upload(&dev, &w1), None, &g1, 1 << 20).unwrap();
         assert_close("conv1d y", &download(&y), &vals(&y1), t);
     }
-}
-
-#[test]
-fn embedding_matches_the_cpu_bit_for_bit() {
-    let dev = cuda_or_skip!("embedding");
-    let idx = [3usize, 1, 3, 0, 5, 3, 1, 2];
-    let it = Tensor::from_vec(
-        idx.iter().map(|&i| i as i64).collect(),
-        &[2, 4],
-        Device::Cpu,
-    )
-    .unwrap();
-    for dtype in FLOATS {
-        let w = cpu_rand(&[6, 5], -1.0, 1.0, dtype, 22);
-        let wl = leaf(&w);
-        let yc = nn::embedding(&wl, &it, Some(1)).unwrap();
-        let y = misc::embedding_forward(&upload(&dev, &w), 6, 5, &idx).unwrap();
-        assert_eq!(download(&y), vals(&yc), "embedding {dtype:?}");
-        let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 23);
-        let dw = misc::embedding_backward(&upload(&dev, &gy), &idx, 6, 5, Some(1)).unwrap();
-        assert_eq!(
-            download(&dw),
-            grads(&yc, &gy, &[&wl])[0],
-            "embedding bwd {dtype:?}"
-        );
-    }
-    assert!(misc::embedding_forward(
-        &upload(&dev, &cpu_rand(&[6, 5], 0.0, 1.0, DType::F32, 1)),
-        6,
-        5,
-        &[6]
-    )
-    .is_err());
 }
 
 #[test]

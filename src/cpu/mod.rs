@@ -7,7 +7,6 @@ mod batch_sum;
 mod bitmask;
 pub(crate) mod conv;
 mod elementwise;
-mod embedding;
 mod gemm;
 mod index;
 mod loss;
@@ -30,7 +29,6 @@ pub use elementwise::{
 };
 pub(crate) use elementwise::{check_pair, gather};
 pub(crate) use elementwise::{fill, Source};
-pub(crate) use embedding::{embedding_backward, embedding_gather};
 #[allow(unused_imports)]
 pub(crate) use gemm::{matmul, matmul_into, usable as gemm_usable};
 pub(crate) use index::{

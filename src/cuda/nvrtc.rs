@@ -43,7 +43,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention.cu", include_str!("../../kernels/attention.cu")),
     ("conv.cu", include_str!("../../kernels/conv.cu")),
     ("dropout.cu", include_str!("../nn/dropout/dropout.cu")),
-    ("embedding.cu", include_str!("../../kernels/embedding.cu")),
+    ("embedding.cu", include_str!("../nn/embedding/embedding.cu")),
     ("norm.cu", include_str!("../../kernels/norm.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("pool.cu", include_str!("../nn/pool/pool.cu")),
