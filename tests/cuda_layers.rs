@@ -1,5 +1,5 @@
 //! The layer kernels (`src/cuda/layers_*.rs`) against the CPU: relu mask
-//! bits, conv, the attention softmax and
+//! bits, conv and
 //! optimizer updates (the norms' kernels are checked through the layers in
 //! `tests/device_norm.rs`). Without a GPU every test prints
 //! `skipped: no CUDA device (…)` and passes.
@@ -9,7 +9,7 @@ mod cuda_common;
 use cuda_common::{assert_close, cpu_rand, dense, download, tol, upload, FLOATS};
 use leangrad::cuda::layers_conv::{self as conv, ConvGeom};
 use leangrad::cuda::layers_mask as mask;
-use leangrad::cuda::layers_misc::{self as misc, AttnMask, GradMap};
+use leangrad::cuda::layers_misc::{self as misc, GradMap};
 use leangrad::nn;
 use leangrad::optim::{apply_update, Adam, GradTransform, Sgd};
 use leangrad::{Device, Tensor};
@@ -116,66 +116,6 @@ fn conv_matches_the_cpu_in_chunks() {
         let y =
             conv::conv_forward(&upload(&dev, &x1), &upload(&dev, &w1), None, &g1, 1 << 20).unwrap();
         assert_close("conv1d y", &download(&y), &vals(&y1), t);
-    }
-}
-
-#[test]
-fn attention_softmax_matches_a_reference() {
-    let dev = cuda_or_skip!("attention");
-    let (rows, lq, lk, scale) = (2 * 3usize, 3usize, 4usize, 0.5);
-    for dtype in FLOATS {
-        let t = tol(dtype) * 4.0;
-        let s = cpu_rand(&[rows, lk], -2.0, 2.0, dtype, 24);
-        let sv = vals(&s);
-        let mask = cpu_rand(&[lq, lk], -1.0, 0.0, dtype, 25);
-        let mv = vals(&mask);
-        let gs = upload(&dev, &s);
-        let gm = upload(&dev, &mask);
-        for causal in [false, true] {
-            let (p, lse) =
-                misc::attention_probs(&gs, lq, lk, scale, causal, AttnMask::Float(&gm, lq), None)
-                    .unwrap();
-            let mut want = vec![0.0; rows * lk];
-            for r in 0..rows {
-                let x: Vec<f64> = (0..lk)
-                    .map(|j| {
-                        if causal && j > r % lq {
-                            f64::NEG_INFINITY
-                        } else {
-                            scale * sv[r * lk + j] + mv[r % lq * lk + j]
-                        }
-                    })
-                    .collect();
-                let mx = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = x.iter().map(|v| (v - mx).exp()).sum();
-                for j in 0..lk {
-                    want[r * lk + j] = (x[j] - mx).exp() / sum;
-                }
-            }
-            assert_close("attention P", &download(&p), &want, t);
-            let (p2, _) = misc::attention_probs(
-                &gs,
-                lq,
-                lk,
-                scale,
-                causal,
-                AttnMask::Float(&gm, lq),
-                Some(lse),
-            )
-            .unwrap();
-            assert_eq!(download(&p2), download(&p), "P recomputed from lse");
-            let dp = cpu_rand(&[rows, lk], -1.0, 1.0, dtype, 26);
-            let ds = misc::attention_softmax_grad(&p, &upload(&dev, &dp), lk, scale).unwrap();
-            let (pv, dv) = (download(&p), vals(&dp));
-            let want: Vec<f64> = (0..rows * lk)
-                .map(|k| {
-                    let r = k / lk;
-                    let dot: f64 = (0..lk).map(|j| pv[r * lk + j] * dv[r * lk + j]).sum();
-                    scale * pv[k] * (dv[k] - dot)
-                })
-                .collect();
-            assert_close("attention dS", &download(&ds), &want, t);
-        }
     }
 }
 

@@ -2,7 +2,6 @@
 //! reductions, written once for every float dtype through small traits.
 
 mod anytype;
-mod attention;
 mod batch_sum;
 mod bitmask;
 pub(crate) mod conv;
@@ -17,7 +16,6 @@ mod reduce;
 mod softmax;
 
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
-pub(crate) use attention::{attention_probs, attention_softmax_grad, ScoreSpec};
 pub(crate) use batch_sum::matmul_sum_batches;
 pub(crate) use bitmask::positive_mask_for;
 pub use bitmask::{
@@ -37,6 +35,7 @@ pub(crate) use index::{
 pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward, CrossEntropyForward};
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
+pub(crate) use softmax::Dense;
 pub(crate) use softmax::{softmax_backward, softmax_forward};
 
 /// Element count above which kernels split work across rayon's threads.

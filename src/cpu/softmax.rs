@@ -13,13 +13,13 @@ use std::sync::RwLockReadGuard;
 
 /// A tensor's elements in row-major order: its own storage when contiguous,
 /// else a gathered copy.
-pub(super) enum Dense<'a> {
+pub(crate) enum Dense<'a> {
     Borrowed(RwLockReadGuard<'a, CpuData>, Range<usize>),
     Owned(CpuData),
 }
 
 impl<'a> Dense<'a> {
-    pub(super) fn new(x: &'a Tensor) -> Result<Dense<'a>> {
+    pub(crate) fn new(x: &'a Tensor) -> Result<Dense<'a>> {
         Ok(match x.layout().contiguous_range() {
             Some(r) => Dense::Borrowed(x.storage().cpu()?, r),
             None => Dense::Owned(gather(x)?),
@@ -27,7 +27,7 @@ impl<'a> Dense<'a> {
     }
 
     /// The data and the range of it that holds the elements.
-    pub(super) fn parts(&self) -> (&CpuData, Range<usize>) {
+    pub(crate) fn parts(&self) -> (&CpuData, Range<usize>) {
         match self {
             Dense::Borrowed(g, r) => (g, r.clone()),
             Dense::Owned(d) => (d, 0..d.len()),

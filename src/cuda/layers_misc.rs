@@ -1,16 +1,11 @@
 //! Launch wrapper for the per-channel sum of conv bias gradients
-//! (`conv.cu`). The fused attention softmax moved to
-//! [`super::layers_attention`] and the optimizer updates to [`super::optim`];
-//! both are re-exported here under their old paths.
+//! (`conv.cu`). The optimizer updates moved to [`super::optim`] and are
+//! re-exported here under their old paths.
 
 use super::check::float_suffix;
 use super::layers_util::expect;
 use super::{CudaBuffer, CudaDevice};
 use crate::Result;
-
-// The fused attention softmax moved to `layers_attention.rs`; its old path
-// stays valid.
-pub use super::layers_attention::{attention_probs, attention_softmax_grad, AttnMask};
 
 // The optimizer wrappers live in `super::optim`; re-exported here for the
 // callers that named them through this module.

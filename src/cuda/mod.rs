@@ -51,7 +51,6 @@ pub mod elementwise;
 pub mod gemm;
 pub mod index;
 mod kernel_cache;
-pub mod layers_attention;
 pub mod layers_conv;
 mod layers_gemm;
 pub mod layers_mask;

@@ -40,7 +40,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("random.cu", include_str!("../../kernels/random.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
     ("softmax.cu", include_str!("../../kernels/softmax.cu")),
-    ("attention.cu", include_str!("../../kernels/attention.cu")),
+    ("attention.cu", include_str!("../nn/attention/attention.cu")),
     ("conv.cu", include_str!("../../kernels/conv.cu")),
     ("dropout.cu", include_str!("../nn/dropout/dropout.cu")),
     ("embedding.cu", include_str!("../nn/embedding/embedding.cu")),

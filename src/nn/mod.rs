@@ -34,7 +34,4 @@ pub use norm::{group_norm, layer_norm, rms_norm};
 pub use norm_layers::{BatchNorm, BatchNormOptions, GroupNorm, LayerNorm, RMSNorm};
 mod attention;
 
-pub use attention::{scaled_dot_product_attention, SdpaOptions};
-mod multihead;
-
-pub use multihead::{MhaOptions, MultiheadAttention};
+pub use attention::{scaled_dot_product_attention, MhaOptions, MultiheadAttention, SdpaOptions};
