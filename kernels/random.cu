@@ -1,8 +1,9 @@
 // Philox4x32-10 streams, bit-identical to src/rng/mod.rs: word w of the
 // stream for `seed` is word w%4 of philox(counter = [b, b>>32, 0, 0] with
 // b = w/4, key = [seed, seed>>32]). Uniforms use the top 24 bits of a word;
-// normals use words 2k, 2k+1 of block j/2 (Box-Muller, in double); dropout
-// keeps element i iff the uniform of word offset+i is >= p.
+// normals use words 2k, 2k+1 of block j/2 (Box-Muller, in double). Dropout
+// (keep element i iff the uniform of word offset+i is >= p) is in
+// src/nn/dropout/dropout.cu.
 
 // lg_philox, lg_word and lg_unit live in common.cuh (shared with dropout.cu).
 
@@ -10,12 +11,6 @@
 extern "C" __global__ void philox_words(unsigned long long seed, unsigned long long offset,
                                         long long n, unsigned int* out) {
     LG_GRID_LOOP(i, n) { out[i] = lg_word(seed, offset + i); }
-}
-
-// Dropout's keep-mask as bytes (1 = kept): what the save-everything policy stores.
-extern "C" __global__ void dropout_mask(unsigned long long seed, unsigned long long offset,
-                                        double p, long long n, unsigned char* out) {
-    LG_GRID_LOOP(i, n) { out[i] = lg_unit(lg_word(seed, offset + i)) >= p; }
 }
 
 #define LG_RANDOM(sfx, T)                                                             \
@@ -35,18 +30,6 @@ extern "C" __global__ void dropout_mask(unsigned long long seed, unsigned long l
             double u2 = (double)(b >> 8) / 16777216.0;                                \
             double r = sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);      \
             out[i] = lg_from_f64<T>(r);                                               \
-        }                                                                             \
-    }                                                                                 \
-    /* out[i] = keep(i) ? x[i] * scale : 0, the product rounded in T as the CPU */    \
-    extern "C" __global__ void dropout_##sfx(unsigned long long seed,                \
-                                             unsigned long long offset, double p,     \
-                                             double scale, long long n, T* out,       \
-                                             const T* x, Strided lx) {                \
-        typedef Acc<T>::type A;                                                       \
-        A s = lg_load(lg_from_f64<T>(scale));                                         \
-        LG_GRID_LOOP(i, n) {                                                          \
-            bool keep = lg_keep(seed, offset, i, p);                                    \
-            out[i] = keep ? lg_store<T>(lg_load(x[lg_offset(lx, i)]) * s) : lg_store<T>((A)0); \
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_RANDOM)

@@ -1,6 +1,7 @@
 //! Indexing kernels against the CPU (gather, index_select, scatter-add,
 //! out-of-range indices as typed errors) and the Philox4x32-10 kernels
-//! bit for bit against `leangrad::rng` and the CPU dropout. Without a GPU:
+//! bit for bit against `leangrad::rng` (dropout's are tested beside their
+//! launch code, `src/nn/dropout/tests.rs`). Without a GPU:
 //! `skipped: no CUDA device (…)`.
 
 mod cuda_common;
@@ -130,41 +131,6 @@ fn philox_streams_are_bit_identical_to_the_cpu() {
             assert_close(&format!("normal {dtype:?}"), &got, &want, tol(dtype) / 4.0);
         }
     }
-}
-
-#[test]
-fn dropout_replays_the_cpu_mask_bit_for_bit() {
-    let dev = cuda_or_skip!("dropout");
-    let (p, seed, offset) = (0.3, 1234u64, 96u64);
-    for dtype in FLOATS {
-        let x = cuda_common::cpu_rand(&[7, 131], -2.0, 2.0, dtype, 25);
-        let want = leangrad::nn::dropout(&x, p, seed, offset)
-            .unwrap()
-            .to_f64_vec()
-            .unwrap();
-        let got = random::dropout(
-            &upload(&dev, &x),
-            &dense(&[7, 131]),
-            seed,
-            offset,
-            p,
-            1.0 / (1.0 - p),
-        )
-        .unwrap();
-        assert_eq!(download(&got), want, "dropout {dtype:?}");
-    }
-    let mask = random::dropout_mask(&dev, seed, offset, p, 1000)
-        .unwrap()
-        .to_vec::<u8>()
-        .unwrap();
-    let want: Vec<u8> = (0..1000)
-        .map(|i| u8::from(rng::dropout_keep(seed, offset, i, p)))
-        .collect();
-    assert_eq!(mask, want);
-    let empty = CudaBuffer::alloc(&dev, DType::F32, 0).unwrap();
-    assert!(random::dropout(&empty, &dense(&[0]), seed, 0, p, 2.0)
-        .unwrap()
-        .is_empty());
 }
 
 #[test]

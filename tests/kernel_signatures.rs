@@ -722,10 +722,7 @@ fn every_launch_matches_its_kernels_parameters() {
         ("NormGeom", std::mem::size_of::<leangrad::nn::NormGeom>()),
         ("Strided", std::mem::size_of::<leangrad::cuda::Strided>()),
         ("ConvGeom", std::mem::size_of::<leangrad::nn::ConvGeom>()),
-        (
-            "PoolGeom",
-            std::mem::size_of::<leangrad::cuda::layers_pool::PoolGeom>(),
-        ),
+        ("PoolGeom", std::mem::size_of::<leangrad::nn::PoolGeom>()),
     ]
     .into_iter()
     .collect();

@@ -1,19 +1,11 @@
-//! Launch wrappers for the 1-bit mask kernels (`relu_mask.cu`) and dropout
-//! (`dropout.cu`, plus `random.cu`'s replayed apply): ReLU/LeakyReLU save
-//! only a packed mask (bit `i` of word `i/32`, as `cpu::bitmask`); dropout
-//! saves nothing but (seed, offset) and regenerates its keep mask with the
-//! rule of `crate::rng::dropout_keep`.
+//! Launch wrappers for the 1-bit mask kernels (`relu_mask.cu`):
+//! ReLU/LeakyReLU save only a packed mask (bit `i` of word `i/32`, as
+//! `cpu::bitmask`).
 
 use super::check::float_suffix;
-use super::layers_util::{expect, mask_words};
+use super::layers_util::{ballot_grid, expect, mask_words};
 use super::{CudaBuffer, CudaDevice, Strided};
 use crate::{DType, Result};
-use std::sync::Arc;
-
-/// Launch configuration for the warp-per-word ballot kernels.
-fn ballot_grid(n: usize) -> cudarc::driver::LaunchConfig {
-    CudaDevice::grid_for(mask_words(n).max(1) * 32)
-}
 
 /// ReLU (`slope` 0) or LeakyReLU forward of `x` (layout `lx`): returns the
 /// contiguous output (`x > 0 ? x : x·slope`, exactly 0 for ReLU) and the
@@ -90,99 +82,9 @@ pub fn within_mask(x: &CudaBuffer, lx: &Strided, lo: f64, hi: f64) -> Result<Cud
     Ok(mask)
 }
 
-/// Dropout forward: `x·scale` where element `i` is kept by
-/// `crate::rng::dropout_keep(seed, offset, i, p)`, else 0. Nothing is
-/// saved: [`dropout_backward`] regenerates the mask from (seed, offset).
-pub fn dropout_forward(
-    x: &CudaBuffer,
-    lx: &Strided,
-    seed: u64,
-    offset: u64,
-    p: f64,
-    scale: f64,
-) -> Result<CudaBuffer> {
-    super::random::dropout(x, lx, seed, offset, p, scale)
-}
-
-/// Dropout backward: the incoming gradient through the keep mask of the
-/// same (seed, offset, p), regenerated, times `scale`.
-pub fn dropout_backward(
-    g: &CudaBuffer,
-    lg: &Strided,
-    seed: u64,
-    offset: u64,
-    p: f64,
-    scale: f64,
-) -> Result<CudaBuffer> {
-    super::random::dropout(g, lg, seed, offset, p, scale)
-}
-
-/// The keep mask of a dropout draw over `n` elements, packed 1 bit per
-/// element (U32 words, bit set = kept).
-pub fn dropout_bits(
-    device: &Arc<CudaDevice>,
-    seed: u64,
-    offset: u64,
-    p: f64,
-    n: usize,
-) -> Result<CudaBuffer> {
-    let mut mask = CudaBuffer::alloc(device, DType::U32, mask_words(n))?;
-    if n > 0 {
-        let n64 = n as i64;
-        launch!(device, "dropout.cu", "dropout_bits", ballot_grid(n);
-            &seed, &offset, &p, &n64, mask.slice_mut())?;
-    }
-    Ok(mask)
-}
-
-/// `x·scale` where the packed `mask` bit is set, else 0 (dropout applied
-/// from a stored mask, e.g. [`dropout_bits`]).
-pub fn dropout_masked(
-    x: &CudaBuffer,
-    lx: &Strided,
-    mask: &CudaBuffer,
-    scale: f64,
-) -> Result<CudaBuffer> {
-    masked_map(
-        "cuda dropout_masked",
-        "dropout.cu",
-        "dropout_masked",
-        x,
-        lx,
-        mask,
-        scale,
-    )
-}
-
-/// `x·scale` where the U8 `mask` (read through `lm`, of `x`'s shape) is
-/// non-zero, else `+0`: dropout's backward from the byte mask the
-/// save-all policy keeps, into one new contiguous buffer.
-pub fn dropout_byte_masked(
-    x: &CudaBuffer,
-    lx: &Strided,
-    mask: &CudaBuffer,
-    lm: &Strided,
-    scale: f64,
-) -> Result<CudaBuffer> {
-    let op = "cuda dropout_byte_masked";
-    let sfx = float_suffix(op, x.dtype())?;
-    super::check::same_shape(op, lx, lm)?;
-    super::check::input(op, x, x.dtype(), lx, x)?;
-    super::check::input(op, mask, DType::U8, lm, x)?;
-    let n = lx.numel();
-    let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
-    if n > 0 {
-        let (n64, lx, lm) = (n as i64, lx.coalesced(), lm.coalesced());
-        launch!(x.device(), "dropout.cu", format!("dropout_byte_masked_{sfx}"), CudaDevice::grid_for(n);
-            &scale, &n64, out.slice_mut(), x.slice(), &lx, mask.slice(), &lm)?;
-    }
-    Ok(out)
-}
-
 /// Runs `{kernel}_{dtype}(scalar, n, out, x, lx, mask)` of `file`: a float
 /// map of `x` (any layout) steered by the packed bit `mask` of its `n`
-/// elements, into a new contiguous buffer (ReLU's backward, a stored
-/// dropout mask).
+/// elements, into a new contiguous buffer (ReLU's backward).
 fn masked_map(
     op: &'static str,
     file: &'static str,

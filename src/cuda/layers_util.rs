@@ -52,3 +52,9 @@ pub fn stat_dtype(dtype: DType) -> DType {
 pub fn mask_words(n: usize) -> usize {
     n.div_ceil(32)
 }
+
+/// Launch configuration for the warp-per-word ballot kernels (a packed
+/// mask over `n` elements: one warp per word).
+pub(crate) fn ballot_grid(n: usize) -> cudarc::driver::LaunchConfig {
+    super::CudaDevice::grid_for(mask_words(n).max(1) * 32)
+}

@@ -40,13 +40,13 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("random.cu", include_str!("../../kernels/random.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
     ("softmax.cu", include_str!("../../kernels/softmax.cu")),
-    ("attention.cu", include_str!("../../kernels/attention.cu")),
+    ("attention.cu", include_str!("../nn/attention/attention.cu")),
     ("conv.cu", include_str!("../nn/conv/conv.cu")),
-    ("dropout.cu", include_str!("../../kernels/dropout.cu")),
-    ("embedding.cu", include_str!("../../kernels/embedding.cu")),
+    ("dropout.cu", include_str!("../nn/dropout/dropout.cu")),
+    ("embedding.cu", include_str!("../nn/embedding/embedding.cu")),
     ("norm.cu", include_str!("../nn/norm/norm.cu")),
     ("optim.cu", include_str!("../optim/optim.cu")),
-    ("pool.cu", include_str!("../../kernels/pool.cu")),
+    ("pool.cu", include_str!("../nn/pool/pool.cu")),
     ("relu_mask.cu", include_str!("../../kernels/relu_mask.cu")),
 ];
 

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 /// CUDA device 0, or `None` after printing `skipped: no CUDA device
 /// (reason) [test]`; panics with the reason under `LEANGRAD_REQUIRE_CUDA=1`.
-#[allow(dead_code)] // the families' launch tests use it
 pub(crate) fn device(test: &str) -> Option<Arc<CudaDevice>> {
     match CudaDevice::get(0) {
         Ok(d) => Some(d),

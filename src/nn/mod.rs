@@ -22,7 +22,7 @@ pub use linear::Linear;
 pub use module::{parameters_of_kind, LayerKind, Module};
 pub use pool::{
     adaptive_avg_pool2d, avg_pool2d, max_pool2d, AdaptiveAvgPool2d, AvgPool2d, AvgPool2dOptions,
-    MaxPool2d, MaxPool2dOptions,
+    MaxPool2d, MaxPool2dOptions, PoolGeom,
 };
 mod norm;
 
@@ -32,7 +32,4 @@ pub use norm::{
 };
 mod attention;
 
-pub use attention::{scaled_dot_product_attention, SdpaOptions};
-mod multihead;
-
-pub use multihead::{MhaOptions, MultiheadAttention};
+pub use attention::{scaled_dot_product_attention, MhaOptions, MultiheadAttention, SdpaOptions};

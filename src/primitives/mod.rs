@@ -4,48 +4,38 @@
 //! float dtype, the meta arm, and the CUDA arm in `cuda/`.
 
 mod anytype;
-mod attention;
 mod batch_sum;
 mod bitmask;
 pub(crate) mod cuda;
-mod dropout;
 mod elementwise;
-mod embedding;
 mod gemm;
 mod index;
 mod loss;
-mod pool;
 mod reduce;
 mod softmax;
 
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
-pub(crate) use attention::{attention_probs, attention_softmax_grad, ScoreSpec};
 pub(crate) use batch_sum::matmul_sum_batches;
 pub(crate) use bitmask::positive_mask_for;
 pub use bitmask::{
     get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,
 };
-pub(crate) use dropout::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
 pub(crate) use elementwise::{add_assign, check_pair, gather, AddK};
 pub use elementwise::{
     binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
     UnaryKernel,
 };
-pub(crate) use embedding::{embedding_backward, embedding_gather};
+pub(crate) use elementwise::{fill, Source};
 #[allow(unused_imports)]
 pub(crate) use gemm::{matmul, matmul_into, usable as gemm_usable};
 pub(crate) use index::{
     add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };
 pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward, CrossEntropyForward};
-pub(crate) use pool::{
-    avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_backward_cuda,
-    max_pool_forward, window_to_flat, ArgSource, AvgMode, PoolGeom,
-};
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
 pub(crate) use softmax::{softmax_backward, softmax_forward};
-// Shared with `nn::norm`'s CPU kernels.
+// Shared with the layer families' CPU kernels.
 pub(crate) use elementwise::typed;
 pub(crate) use softmax::Dense;
 

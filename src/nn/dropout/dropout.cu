@@ -1,10 +1,32 @@
 // Dropout with the keep rule of src/rng (`lg_keep` in common.cuh): element i
 // of the draw (seed, offset) is kept iff the 24-bit uniform of Philox word
-// offset + i is >= p. The plain apply (forward, and backward on the incoming
-// gradient) is `dropout_*` in random.cu; this file adds the packed 1-bit
-// keep mask (bit i of word i/32, written by one warp per word with
-// __ballot_sync; blocks a multiple of 32 threads) and the apply from such a
-// mask, for callers that store the mask instead of replaying it.
+// offset + i is >= p. Launched from src/nn/dropout/cuda.rs: the replayed
+// apply (forward, and lean backward on the incoming gradient), the byte
+// keep mask SaveAll stores and the apply from it, and the packed 1-bit keep
+// mask (bit i of word i/32, written by one warp per word with
+// __ballot_sync; blocks a multiple of 32 threads) with the apply from such
+// a mask, for callers that store the mask instead of replaying it.
+
+// out[i] = keep(i) ? x[i] * scale : 0, the product rounded in T as the CPU.
+#define LG_DROPOUT(sfx, T)                                                            \
+    extern "C" __global__ void dropout_##sfx(unsigned long long seed,                \
+                                             unsigned long long offset, double p,     \
+                                             double scale, long long n, T* out,       \
+                                             const T* x, Strided lx) {                \
+        typedef Acc<T>::type A;                                                       \
+        A s = lg_load(lg_from_f64<T>(scale));                                         \
+        LG_GRID_LOOP(i, n) {                                                          \
+            bool keep = lg_keep(seed, offset, i, p);                                    \
+            out[i] = keep ? lg_store<T>(lg_load(x[lg_offset(lx, i)]) * s) : lg_store<T>((A)0); \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_DROPOUT)
+
+// The keep-mask as bytes (1 = kept): what the save-everything policy stores.
+extern "C" __global__ void dropout_mask(unsigned long long seed, unsigned long long offset,
+                                        double p, long long n, unsigned char* out) {
+    LG_GRID_LOOP(i, n) { out[i] = lg_unit(lg_word(seed, offset + i)) >= p; }
+}
 
 extern "C" __global__ void dropout_bits(unsigned long long seed, unsigned long long offset,
                                         double p, long long n, unsigned int* mask) {

@@ -5,40 +5,14 @@
 //! inside a plane backward accumulates in output order, so gradients are
 //! deterministic.
 
-use super::elementwise::gather;
-use super::PARALLEL_THRESHOLD;
+use super::{AvgMode, PoolGeom, WindowPositions};
 use crate::dtype::CpuData;
 use crate::memory::{with_category, Category};
-use crate::meta::{backend, Backend};
+use crate::meta::{backend, not_on_cuda, Backend};
+use crate::primitives::{gather, PARALLEL_THRESHOLD};
 use crate::tensor::Tensor;
-use crate::{FloatDType, Result, WithDType};
+use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
-
-/// The geometry of one 2-d pooling: input `h × w`, output `oh × ow`,
-/// window `kh × kw` with stride, padding and dilation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct PoolGeom {
-    pub planes: usize,
-    pub h: usize,
-    pub w: usize,
-    pub oh: usize,
-    pub ow: usize,
-    pub k: [usize; 2],
-    pub s: [usize; 2],
-    pub p: [usize; 2],
-    pub d: [usize; 2],
-}
-
-impl PoolGeom {
-    /// Input row/column touched by window position `(ki, kj)` of output
-    /// `(i, j)`, or `None` when it falls in the padding.
-    #[inline(always)]
-    fn at(&self, i: usize, j: usize, ki: usize, kj: usize) -> Option<usize> {
-        let r = (i * self.s[0] + ki * self.d[0]).checked_sub(self.p[0])?;
-        let c = (j * self.s[1] + kj * self.d[1]).checked_sub(self.p[1])?;
-        (r < self.h && c < self.w).then_some(r * self.w + c)
-    }
-}
 
 /// Runs `f(plane, out_chunk, extra_chunk)` for every plane, in parallel
 /// when the output is large.
@@ -70,14 +44,14 @@ fn per_plane1<A: Send>(out: &mut [A], plane: usize, f: impl Fn(usize, &mut [A]) 
     per_plane(out, &mut none, plane, |p, o, _| f(p, o));
 }
 
-/// A contiguous copy of `x`'s elements (a workspace buffer), or `None`
-/// when `x` is already contiguous and can be read in place.
 /// The meta output `[planes, h, w]` of a pooling kernel over `x`.
 fn meta_plane_out(x: &Tensor, h: usize, w: usize, g: &PoolGeom) -> Result<Tensor> {
     crate::meta::float("pool", x.dtype())?;
     crate::meta::empty(&[g.planes, h, w], x.dtype())
 }
 
+/// A contiguous copy of `x`'s elements (a workspace buffer), or `None`
+/// when `x` is already contiguous and can be read in place.
 fn dense(x: &Tensor) -> Result<Option<CpuData>> {
     if x.is_contiguous() {
         return Ok(None);
@@ -102,7 +76,7 @@ fn with_dense<R>(
             let range = x
                 .layout()
                 .contiguous_range()
-                .ok_or(crate::Error::InvalidArgument {
+                .ok_or(Error::InvalidArgument {
                     op,
                     msg: "expected a contiguous tensor".into(),
                 })?;
@@ -114,90 +88,6 @@ fn with_dense<R>(
 /// Max pooling: the output and, per output element, the position of the
 /// first maximum inside its window (`ki · kw + kj`; a NaN counts as the
 /// maximum). A window lying wholly in the padding gives -inf and position 0.
-/// The CUDA form of a geometry (same sizes, the kernels' integer type).
-fn cuda_geom(g: &PoolGeom) -> crate::cuda::layers_pool::PoolGeom {
-    let c = |v: usize| v as i64;
-    crate::cuda::layers_pool::PoolGeom {
-        planes: c(g.planes),
-        h: c(g.h),
-        w: c(g.w),
-        oh: c(g.oh),
-        ow: c(g.ow),
-        k: g.k.map(c),
-        s: g.s.map(c),
-        p: g.p.map(c),
-        d: g.d.map(c),
-    }
-}
-
-/// `x` as a whole-buffer dense CUDA tensor (a Workspace copy of a view).
-fn cuda_dense(x: &Tensor) -> Result<Tensor> {
-    let _ws = crate::memory::with_category(crate::memory::Category::Workspace);
-    crate::tensor::cuda::dense(x)
-}
-
-/// Max pooling backward on CUDA from the saved argmax (a tensor on the
-/// gradient's device): U8 window positions (lean) or I64 flat in-plane
-/// indices (`SaveAll`).
-pub(crate) fn max_pool_backward_cuda(
-    grad_out: &Tensor,
-    arg: &Tensor,
-    g: &PoolGeom,
-) -> Result<Tensor> {
-    use crate::cuda::layers_pool::{max_pool2d_backward, max_pool2d_backward_flat};
-    let (dy, arg) = (cuda_dense(grad_out)?, cuda_dense(arg)?);
-    let (dy, at, geom) = (dy.storage().cuda()?, arg.storage().cuda()?, cuda_geom(g));
-    let out = match arg.dtype() {
-        crate::DType::I64 => max_pool2d_backward_flat(&dy, &at, &geom)?,
-        _ => max_pool2d_backward(&dy, &at, &geom)?,
-    };
-    crate::tensor::cuda::wrap(out, &[g.planes, g.h, g.w])
-}
-
-/// The CUDA form of an average mode.
-fn cuda_avg_mode(mode: AvgMode) -> crate::cuda::layers_pool::AvgPoolMode {
-    use crate::cuda::layers_pool::AvgPoolMode;
-    match mode {
-        AvgMode::Fixed {
-            count_include_pad: false,
-        } => AvgPoolMode::Fixed,
-        AvgMode::Fixed {
-            count_include_pad: true,
-        } => AvgPoolMode::FixedCountPad,
-        AvgMode::Adaptive => AvgPoolMode::Adaptive,
-    }
-}
-
-/// The argmax's position inside its window for every output of a max pool:
-/// host bytes on the CPU (and none on meta), the device buffer the kernel
-/// wrote on CUDA. Neither is counted until it becomes a saved tensor, so a
-/// frozen input costs nothing and CUDA never reads the positions back.
-pub(crate) enum WindowPositions {
-    /// Host bytes (CPU; empty on meta).
-    Host(Vec<u8>),
-    /// A U8 device buffer outside the ledger.
-    Device(crate::cuda::CudaBuffer),
-}
-
-impl WindowPositions {
-    /// The positions as a U8 tensor of `shape` on `device`, counted now.
-    pub(crate) fn into_tensor(self, shape: &[usize], device: crate::Device) -> Result<Tensor> {
-        match self {
-            WindowPositions::Host(v) => Tensor::from_host_vec(v, shape, device),
-            WindowPositions::Device(b) => crate::tensor::cuda::adopt(b, shape),
-        }
-    }
-
-    /// The positions as host bytes (SaveAll's flat indices are built from
-    /// them on the host, as on the CPU).
-    pub(crate) fn into_host(self) -> Result<Vec<u8>> {
-        match self {
-            WindowPositions::Host(v) => Ok(v),
-            WindowPositions::Device(b) => Ok(b.to_vec::<u8>()?),
-        }
-    }
-}
-
 pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, WindowPositions)> {
     match backend("max_pool2d", &[x])? {
         // No positions on meta: the caller sizes its saved tensors by shape.
@@ -205,16 +95,7 @@ pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Wind
             let out = meta_plane_out(x, g.oh, g.ow, g)?;
             return Ok((out, WindowPositions::Host(Vec::new())));
         }
-        Backend::Cuda(_) => {
-            let x = cuda_dense(x)?;
-            // The positions stay on the device, uncounted like the CPU's
-            // host vector; the output is counted as usual.
-            let (y, pos) = crate::tensor::cuda::uncounted(|| {
-                crate::cuda::layers_pool::max_pool2d_forward(&*x.storage().cuda()?, &cuda_geom(g))
-            })?;
-            let y = crate::tensor::cuda::adopt(y, &[g.planes, g.oh, g.ow])?;
-            return Ok((y, WindowPositions::Device(pos)));
-        }
+        Backend::Cuda(n) => return Err(not_on_cuda("max_pool2d", n)),
         Backend::Cpu => {}
     }
     let n_out = g.planes * g.oh * g.ow;
@@ -252,22 +133,8 @@ pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Wind
     Ok((out, WindowPositions::Host(pos)))
 }
 
-/// Flat in-plane input indices (`row · W + col`, -1 for an empty window) of
-/// the window positions `pos`: what PyTorch keeps as its i64 indices.
-pub(crate) fn window_to_flat(pos: &[u8], g: &PoolGeom) -> Vec<i64> {
-    let plane = g.oh * g.ow;
-    pos.iter()
-        .enumerate()
-        .map(|(e, &q)| {
-            let (i, j) = ((e % plane) / g.ow, e % g.ow);
-            let (ki, kj) = (q as usize / g.k[1], q as usize % g.k[1]);
-            g.at(i, j, ki, kj).map_or(-1, |o| o as i64)
-        })
-        .collect()
-}
-
 /// Where each output element's gradient goes.
-pub(crate) enum ArgSource<'a> {
+enum ArgSource<'a> {
     /// Positions inside the window (u8).
     Window(&'a [u8]),
     /// Flat in-plane input indices (i64, -1 for none).
@@ -275,27 +142,32 @@ pub(crate) enum ArgSource<'a> {
 }
 
 /// Backward of max pooling: `grad_out` (`[planes, oh, ow]`, any layout)
-/// scattered onto a zero `[planes, h, w]` gradient at the recorded argmax,
+/// scattered onto a zero `[planes, h, w]` gradient at the argmax saved in
+/// `arg` (U8 window positions, or with `flat` I64 flat in-plane indices),
 /// accumulating in output order within each plane.
-pub(crate) fn max_pool_backward(grad_out: &Tensor, arg: ArgSource, g: &PoolGeom) -> Result<Tensor> {
+pub(crate) fn max_pool_backward(
+    grad_out: &Tensor,
+    arg: &Tensor,
+    flat: bool,
+    g: &PoolGeom,
+) -> Result<Tensor> {
     match backend("max_pool2d", &[grad_out])? {
+        // No positions to read on meta: the output has the input's shape.
         Backend::Meta => return meta_plane_out(grad_out, g.h, g.w, g),
-        Backend::Cuda(n) => match arg {
-            ArgSource::Window(pos) => {
-                let pos = crate::tensor::cuda::uncounted(|| {
-                    crate::tensor::cuda::upload(&CpuData::U8(pos.to_vec()), &[pos.len()], n)
-                })?;
-                return max_pool_backward_cuda(grad_out, &pos, g);
-            }
-            ArgSource::Flat(idx) => {
-                let idx = crate::tensor::cuda::uncounted(|| {
-                    crate::tensor::cuda::upload(&CpuData::I64(idx.to_vec()), &[idx.len()], n)
-                })?;
-                return max_pool_backward_cuda(grad_out, &idx, g);
-            }
-        },
+        Backend::Cuda(n) => return Err(not_on_cuda("max_pool2d", n)),
         Backend::Cpu => {}
     }
+    let saved = arg.storage().cpu()?;
+    let n_out = g.planes * g.oh * g.ow;
+    let arg = match (flat, saved.as_slice::<i64>(), saved.as_slice::<u8>()) {
+        (true, Some(idx), _) if idx.len() >= n_out => ArgSource::Flat(idx),
+        (false, _, Some(pos)) if pos.len() >= n_out => ArgSource::Window(pos),
+        _ => {
+            return Err(Error::Backward(
+                "max_pool2d: saved indices do not match".into(),
+            ))
+        }
+    };
     let data = with_dense(grad_out, "max_pool2d", |data, r| {
         fn go<T: FloatDType>(gs: &[T], arg: &ArgSource, g: &PoolGeom) -> CpuData {
             let mut gi = vec![T::zero(); g.planes * g.h * g.w];
@@ -319,16 +191,6 @@ pub(crate) fn max_pool_backward(grad_out: &Tensor, arg: ArgSource, g: &PoolGeom)
         Ok(crate::match_float_data!(data, "max_pool2d", v => go(&v[r], &arg, g)))
     })?;
     Tensor::from_cpu_data(data, &[g.planes, g.h, g.w])
-}
-
-/// How average pooling windows and divisors are formed.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum AvgMode {
-    /// Fixed windows (`k`, `s`, `p` of the geometry); padding counts toward
-    /// the divisor when `count_include_pad`.
-    Fixed { count_include_pad: bool },
-    /// Adaptive: row window `floor(i·H/oh) .. ceil((i+1)·H/oh)`, likewise columns.
-    Adaptive,
 }
 
 /// The input rows and columns (half-open ranges) of output `(i, j)` and its divisor.
@@ -360,15 +222,7 @@ fn avg_window(g: &PoolGeom, mode: AvgMode, i: usize, j: usize) -> ([usize; 4], f
 pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Result<Tensor> {
     match backend("avg_pool2d", &[x])? {
         Backend::Meta => return meta_plane_out(x, g.oh, g.ow, g),
-        Backend::Cuda(_) => {
-            let x = cuda_dense(x)?;
-            let y = crate::cuda::layers_pool::avg_pool2d_forward(
-                &*x.storage().cuda()?,
-                &cuda_geom(g),
-                cuda_avg_mode(mode),
-            )?;
-            return crate::tensor::cuda::wrap(y, &[g.planes, g.oh, g.ow]);
-        }
+        Backend::Cuda(n) => return Err(not_on_cuda("avg_pool2d", n)),
         Backend::Cpu => {}
     }
     let data = with_dense(x, "avg_pool2d", |data, r| {
@@ -401,15 +255,7 @@ pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Resul
 pub(crate) fn avg_pool_backward(grad_out: &Tensor, g: &PoolGeom, mode: AvgMode) -> Result<Tensor> {
     match backend("avg_pool2d", &[grad_out])? {
         Backend::Meta => return meta_plane_out(grad_out, g.h, g.w, g),
-        Backend::Cuda(_) => {
-            let dy = cuda_dense(grad_out)?;
-            let dx = crate::cuda::layers_pool::avg_pool2d_backward(
-                &*dy.storage().cuda()?,
-                &cuda_geom(g),
-                cuda_avg_mode(mode),
-            )?;
-            return crate::tensor::cuda::wrap(dx, &[g.planes, g.h, g.w]);
-        }
+        Backend::Cuda(n) => return Err(not_on_cuda("avg_pool2d", n)),
         Backend::Cpu => {}
     }
     let data = with_dense(grad_out, "avg_pool2d", |data, r| {

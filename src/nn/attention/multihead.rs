@@ -2,8 +2,9 @@
 //! input projections by matmul (+ bias), heads split by reshape/permute
 //! views, the fused [`scaled_dot_product_attention`], then `out_proj`.
 
-use super::{scaled_dot_product_attention, Linear, Module, SdpaOptions};
+use super::{scaled_dot_product_attention, SdpaOptions};
 use crate::memory::scope;
+use crate::nn::{Linear, Module};
 use crate::rng::Generator;
 use crate::{DType, Device, Error, Result, Tensor};
 

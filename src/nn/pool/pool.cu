@@ -1,5 +1,5 @@
 // 2-d pooling over contiguous [planes, h, w] planes (planes = N*C), as
-// src/cpu/pool.rs: max pooling recording the argmax as a u8 position
+// src/nn/pool/cpu.rs: max pooling recording the argmax as a u8 position
 // ki*kw + kj inside its window (first maximum in window order; a NaN wins;
 // an all-padding window gives -inf and position 0), and average / adaptive
 // average pooling. Backward kernels gather (one thread per input element,
@@ -7,7 +7,8 @@
 // atomics are used and the sums are deterministic; each addition is rounded
 // in T as the CPU's.
 //
-// PoolGeo must match `PoolGeom` in src/cuda/layers_pool.rs.
+// PoolGeo is `leangrad::nn::PoolGeom` (src/nn/pool/mod.rs, #[repr(C)], usize
+// fields in this order): the two must stay in step.
 
 struct PoolGeo {
     long long planes, h, w, oh, ow;

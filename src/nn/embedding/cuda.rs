@@ -1,20 +1,49 @@
-//! Launch wrappers for embedding (`embedding.cu`). The fused attention softmax moved to
-//! [`super::layers_attention`] and the optimizer updates to [`super::optim`];
-//! both are re-exported here under their old paths.
+//! Embedding on CUDA: the glue from tensors to device buffers and the
+//! launch wrappers of `embedding.cu`. Indices come from the host (read and
+//! checked there, as on the CPU); their uploads stay out of the ledger, so
+//! both devices count the same bytes. The weight gradient is deterministic
+//! and bit-identical to the CPU's: positions are grouped by row on the host
+//! and one block sums a row in index order.
 
-use super::check::float_suffix;
-use super::layers_util::expect;
-use super::{CudaBuffer, CudaDevice};
-use crate::Result;
+use crate::cuda::check::float_suffix;
+use crate::cuda::layers_util::expect;
+use crate::cuda::{launch, CudaBuffer, CudaDevice};
+use crate::memory::{with_category, Category};
+use crate::tensor::cuda as tensor;
+use crate::{Error, Result, Tensor};
 
-// The fused attention softmax moved to `layers_attention.rs`; its old path
-// stays valid.
-pub use super::layers_attention::{attention_probs, attention_softmax_grad, AttnMask};
+/// `x` as a whole-buffer dense CUDA tensor (a Workspace copy of a view).
+fn dense(x: &Tensor) -> Result<Tensor> {
+    let _ws = with_category(Category::Workspace);
+    tensor::dense(x)
+}
+
+/// Rows `idx[k]` of the `[num, dim]` weight (any layout) as a contiguous
+/// tensor of `shape` (`idx.len() · dim` elements).
+pub(super) fn gather(weight: &Tensor, idx: &[usize], shape: &[usize]) -> Result<Tensor> {
+    let (num, dim) = (weight.shape()[0], weight.shape()[1]);
+    let w = dense(weight)?;
+    let out = embedding_forward(&*w.storage().cuda()?, num, dim, idx)?;
+    tensor::wrap(out, shape)
+}
+
+/// The `[num, dim]` weight gradient from `g` (any layout).
+pub(super) fn backward(
+    g: &Tensor,
+    idx: &[usize],
+    num: usize,
+    dim: usize,
+    padding: Option<usize>,
+) -> Result<Tensor> {
+    let g = dense(g)?;
+    let out = embedding_backward(&*g.storage().cuda()?, idx, num, dim, padding)?;
+    tensor::wrap(out, &[num, dim])
+}
 
 /// Checks host indices against a table of `num` rows, as i64.
 fn indices(op: &'static str, idx: &[usize], num: usize) -> Result<Vec<i64>> {
     match idx.iter().find(|&&i| i >= num) {
-        Some(&i) => Err(crate::Error::IndexOutOfRange {
+        Some(&i) => Err(Error::IndexOutOfRange {
             op,
             index: i as i64,
             size: num,
@@ -25,7 +54,7 @@ fn indices(op: &'static str, idx: &[usize], num: usize) -> Result<Vec<i64>> {
 
 /// Embedding lookup: rows `idx` of the contiguous `[num, dim]` table `w`,
 /// as a contiguous `[idx.len(), dim]` buffer.
-pub fn embedding_forward(
+pub(crate) fn embedding_forward(
     w: &CudaBuffer,
     num: usize,
     dim: usize,
@@ -39,7 +68,7 @@ pub fn embedding_forward(
     if !out.is_empty() {
         // The indices are host values on the CPU (read, never stored): the
         // upload stays out of the ledger so both devices count the same.
-        crate::tensor::cuda::uncounted(|| {
+        tensor::uncounted(|| {
             let d_idx = CudaBuffer::from_slice(w.device(), &host)?;
             let (k, d) = (idx.len() as i64, dim as i64);
             launch!(w.device(), "embedding.cu", format!("embedding_fwd_{sfx}"), CudaDevice::grid_for(idx.len() * dim);
@@ -53,7 +82,7 @@ pub fn embedding_forward(
 /// dim]`): row `idx[k]` gets row `k` of `g` added, in `k` order, except
 /// where `idx[k]` is `padding`. Deterministic and bit-identical to the CPU:
 /// the positions are grouped by row on the host and one block sums a row.
-pub fn embedding_backward(
+pub(crate) fn embedding_backward(
     g: &CudaBuffer,
     idx: &[usize],
     num: usize,
@@ -85,7 +114,7 @@ pub fn embedding_backward(
     let dev = g.device();
     // The row grouping is host bookkeeping on the CPU: its upload stays out
     // of the ledger, so both devices count the same bytes.
-    crate::tensor::cuda::uncounted(|| {
+    tensor::uncounted(|| {
         let d_rows = CudaBuffer::from_slice(dev, &rows)?;
         let d_starts = CudaBuffer::from_slice(dev, &starts)?;
         let d_pos = CudaBuffer::from_slice(dev, &pos)?;

@@ -1,4 +1,5 @@
-// Fused attention softmax (src/cpu/attention.rs): scores S ([rows, lk],
+// Fused attention softmax (as src/nn/attention/cpu.rs; launched from
+// src/nn/attention/cuda.rs): scores S ([rows, lk],
 // rows = batch*heads*lq, a fresh GEMM output) to probabilities
 //   logit(r, j) = -inf if causal and j > r % lq, else scale*S[r, j] + mask
 //   lse(r) = max + log(sum exp(logit - max)) (rounded to the lse type;

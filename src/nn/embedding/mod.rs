@@ -1,12 +1,60 @@
 //! Embedding lookup: rows of a `[num_embeddings, embedding_dim]` weight
-//! gathered by an integer index tensor of any shape.
+//! gathered by an integer index tensor of any shape. The indices are read
+//! on the host (and checked there) on every device; the weight gradient is
+//! a scatter-add in index order, deterministic and bit-identical on the
+//! CPU and on CUDA (`embedding.cu` groups the positions by row instead of
+//! using float atomics).
+//!
+//! Saved for backward, for `k` index elements of `bi` bytes (8 for I64, 4
+//! for U32):
+//!
+//! | op | requires grad | saved for backward | why |
+//! |---|---|---|---|
+//! | `embedding` (both policies) | weight | the index tensor: `k·bi` bytes | names the rows the gradient goes to |
+//! | `embedding` | nothing (frozen) | — (no node) | |
+//!
+//! The index never needs grad; the weight itself is never saved (its
+//! gradient does not read it); the `padding_idx` row gets no gradient.
+
+mod cpu;
+mod cuda;
+#[cfg(test)]
+mod tests;
 
 use super::Module;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::memory::scope;
+use crate::meta::{backend, Backend};
 use crate::ops::expect_float;
-use crate::primitives::{embedding_backward, embedding_gather, read_indices};
+use crate::primitives::read_indices;
 use crate::{DType, Device, Error, Result, Tensor};
+
+// The dispatch seam: one small function per kernel, the only place here
+// (besides cuda.rs) that names CUDA.
+
+/// Rows `idx[k]` of the `[num, dim]` weight (any layout), stacked into a
+/// contiguous `[idx.len(), dim]` tensor of shape `shape`.
+fn embedding_gather(weight: &Tensor, idx: &[usize], shape: &[usize]) -> Result<Tensor> {
+    match backend("embedding", &[weight])? {
+        Backend::Cpu | Backend::Meta => cpu::gather(weight, idx, shape),
+        Backend::Cuda(_) => cuda::gather(weight, idx, shape),
+    }
+}
+
+/// The `[num, dim]` weight gradient: row `k` of `g` added to row `idx[k]`,
+/// in `k` order, except where `idx[k]` is `padding`.
+fn embedding_backward(
+    g: &Tensor,
+    idx: &[usize],
+    num: usize,
+    dim: usize,
+    padding: Option<usize>,
+) -> Result<Tensor> {
+    match backend("embedding", &[g])? {
+        Backend::Cpu | Backend::Meta => cpu::backward(g, idx, num, dim, padding),
+        Backend::Cuda(_) => cuda::backward(g, idx, num, dim, padding),
+    }
+}
 
 /// Backward of embedding: saves the index tensor only (the weight's shape
 /// and the padding row are plain numbers).

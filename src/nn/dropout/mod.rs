@@ -1,16 +1,91 @@
 //! Dropout whose mask is replayed, not stored: forward draws element `i`'s
 //! keep-bit as `rng::dropout_keep(seed, offset, i, p)` from a reserved
 //! (seed, offset) range, and backward recomputes the same bits from those
-//! two numbers. Under the lean policy dropout keeps no bytes at all for
-//! backward; under `SaveAll` it keeps PyTorch's one-byte-per-element mask.
+//! two numbers. Kept elements are scaled by `1/(1−p)` in the tensor's dtype.
+//! The same draw serves attention's dropout on its probabilities
+//! (`DropoutDraw`, `dropout_apply`, `dropout_apply_mask`, `dropout_mask`).
+//!
+//! Saved for backward, for an input of `n` elements:
+//!
+//! | op | requires grad | saved for backward | why |
+//! |---|---|---|---|
+//! | `dropout` (lean), train, `0 < p ≤ 1` | input | nothing: (seed, offset, p) | the keep mask is replayed through `rng::dropout_keep` |
+//! | `dropout` (`SaveAll`), train, `0 < p ≤ 1` | input | the keep mask, U8: `n` bytes | what PyTorch keeps |
+//! | `dropout`, eval or `p = 0` | input | — (returns the input itself) | identity |
+//! | any | nothing | — (no node) | |
+//!
+//! Both policies give bit-identical gradients (the same mask, the same
+//! product rounded in the dtype). On CUDA the replay runs the same Philox
+//! keep rule on the device (`dropout.cu`).
+
+mod cpu;
+mod cuda;
+#[cfg(test)]
+mod tests;
 
 use super::Module;
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::memory::scope;
+use crate::meta::{backend, backend_of, Backend};
 use crate::ops::expect_float;
-use crate::primitives::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
-use crate::rng::Generator;
-use crate::{Error, Result, Tensor};
+use crate::rng::{dropout_keep, Generator};
+use crate::{Device, Error, Result, Tensor};
+
+/// The (seed, offset) of a dropout draw and its drop probability.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct DropoutDraw {
+    pub seed: u64,
+    pub offset: u64,
+    pub p: f64,
+}
+
+impl DropoutDraw {
+    /// Whether element `i` is kept.
+    #[inline(always)]
+    pub fn keep(&self, i: usize) -> bool {
+        dropout_keep(self.seed, self.offset, i as u64, self.p)
+    }
+
+    /// The factor kept elements are scaled by: `1/(1-p)` (0 for `p = 1`,
+    /// where nothing is kept).
+    pub fn scale(&self) -> f64 {
+        if self.p >= 1.0 {
+            0.0
+        } else {
+            1.0 / (1.0 - self.p)
+        }
+    }
+}
+
+// The dispatch seam: one small function per kernel, the only place here
+// (besides cuda.rs) that names CUDA.
+
+/// Forward (and lean backward): the elements of `x` (any layout) kept by
+/// `draw` scaled by `1/(1-p)`, the others zero, as a new contiguous tensor.
+pub(crate) fn dropout_apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
+    match backend("dropout", &[x])? {
+        Backend::Cpu | Backend::Meta => cpu::apply(x, draw),
+        Backend::Cuda(_) => cuda::apply(x, draw),
+    }
+}
+
+/// The keep-mask of `draw` over a tensor of `shape` as a U8 tensor on
+/// `device` (1 = kept): what PyTorch keeps for backward.
+pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -> Result<Tensor> {
+    match backend_of("dropout", device)? {
+        Backend::Cpu | Backend::Meta => cpu::mask(shape, draw, device),
+        Backend::Cuda(n) => cuda::mask(shape, draw, n),
+    }
+}
+
+/// Backward from a stored byte mask (a U8 tensor made by [`dropout_mask`]):
+/// `g · scale` where the mask is set, else 0.
+pub(crate) fn dropout_apply_mask(g: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
+    match backend("dropout", &[g, mask])? {
+        Backend::Cpu | Backend::Meta => cpu::apply_mask(g, mask, scale),
+        Backend::Cuda(_) => cuda::apply_mask(g, mask, scale),
+    }
+}
 
 /// Checks `0 <= p <= 1`.
 fn check_p(p: f64) -> Result<()> {

@@ -1,35 +1,18 @@
-//! Attention kernels: the row-wise softmax of scaled scores written as
-//! `exp(x − lse)` with the row's log-sum-exp (so backward can rebuild the
-//! probabilities bit for bit from a saved `lse`), and the softmax backward
-//! `scale · P ⊙ (dP − Σ dP ⊙ P)`. Rows are independent; work is done in f64.
-//! On CUDA both are one fused kernel each (`kernels/attention.cu`, glue in
-//! `src/cuda/layers_attention.rs`) with the same formulas.
+//! Attention kernels on the CPU (and their meta form): the row-wise
+//! softmax of scaled scores written as `exp(x − lse)` with the row's
+//! log-sum-exp (so backward can rebuild the probabilities bit for bit from
+//! a saved `lse`), and the softmax backward `scale · P ⊙ (dP − Σ dP ⊙ P)`.
+//! Rows are independent; work is done in f64. The CUDA kernels
+//! (`attention.cu`) use the same formulas.
 
-use super::softmax::Dense;
-use super::PARALLEL_THRESHOLD;
-use crate::cuda::layers_attention::RowLse;
+use super::{RowLse, ScoreSpec, OP};
 use crate::dtype::CpuData;
 use crate::memory::{with_category, Category};
+use crate::meta::{self, backend, not_on_cuda, Backend};
+use crate::primitives::{Dense, PARALLEL_THRESHOLD};
 use crate::tensor::Tensor;
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
-
-/// How the logits of a score row are formed from `S = Q·Kᵀ`:
-/// `x = scale·S + mask`, with `−∞` above the diagonal when `causal`
-/// (top-left aligned: query `i` sees keys `j ≤ i`).
-pub(crate) struct ScoreSpec<'a> {
-    pub scale: f64,
-    pub causal: bool,
-    /// The score mask, if any: a float mask is added, a U8 mask removes
-    /// (`−∞`) where it is 0; broadcastable to `scores`.
-    pub mask: Option<&'a Tensor>,
-    /// The scores' (broadcast) shape `[.., lq, lk]`.
-    pub scores: &'a [usize],
-    pub lq: usize,
-    pub lk: usize,
-    /// Whether the saved log-sum-exp is kept in f32 (else f64).
-    pub lse_f32: bool,
-}
 
 /// The CPU's logit rule over an f64 additive mask of all scores.
 struct Logits<'a> {
@@ -132,22 +115,20 @@ fn probs_rows<T: FloatDType>(s: &[T], lg: &Logits, lse_in: Option<&[f64]>) -> (C
 /// `lse_in` (a saved `lse` tensor), the same formula with that `lse`: bit
 /// for bit forward's probabilities (and the returned lse is `lse_in`'s).
 /// The mask's dense form is a Workspace temporary.
-pub(crate) fn attention_probs(
+pub(super) fn attention_probs(
     s: &Tensor,
     spec: &ScoreSpec,
     lse_in: Option<&Tensor>,
 ) -> Result<(Tensor, RowLse)> {
-    match crate::meta::backend("scaled_dot_product_attention", &[s])? {
-        crate::meta::Backend::Meta => {
+    match backend(OP, &[s])? {
+        Backend::Meta => {
             // One (unread) lse per row: its length sizes the saved lse.
             let rows = s.numel().checked_div(spec.lk).unwrap_or(0);
-            let p = crate::meta::empty(s.shape(), s.dtype())?;
+            let p = meta::empty(s.shape(), s.dtype())?;
             return Ok((p, RowLse::Host(vec![0.0; rows])));
         }
-        crate::meta::Backend::Cuda(n) => {
-            return crate::cuda::layers_attention::probs_tensor(s, spec, lse_in, n);
-        }
-        crate::meta::Backend::Cpu => {}
+        Backend::Cuda(n) => return Err(not_on_cuda(OP, n)),
+        Backend::Cpu => {}
     }
     let mask = match spec.mask {
         Some(m) => {
@@ -163,7 +144,7 @@ pub(crate) fn attention_probs(
     };
     let dense = Dense::new(s)?;
     let (data, range) = dense.parts();
-    let (p, lse) = crate::match_float_data!(data, "scaled_dot_product_attention", v =>
+    let (p, lse) = crate::match_float_data!(data, OP, v =>
         probs_rows(&v[range], &logits, lse_in.as_deref()));
     Ok((Tensor::from_cpu_data(p, s.shape())?, RowLse::Host(lse)))
 }
@@ -189,24 +170,18 @@ fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], lk: usize, scale: f64) -> CpuData
 }
 
 /// The gradient of the scaled scores `Q·Kᵀ`: `scale · P ⊙ (dP − Σ_j dP ⊙ P)`
-/// per row of `lk` elements (any layouts, same shape and dtype).
-pub(crate) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
-    if p.shape() != dp.shape() || p.dtype() != dp.dtype() {
-        return Err(Error::Backward(
-            "scaled_dot_product_attention: probability gradient does not match".into(),
-        ));
-    }
-    match crate::meta::backend("scaled_dot_product_attention", &[p, dp])? {
-        crate::meta::Backend::Meta => return crate::meta::empty(p.shape(), p.dtype()),
-        crate::meta::Backend::Cuda(_) => {
-            return crate::cuda::layers_attention::softmax_grad_tensor(p, dp, scale)
-        }
-        crate::meta::Backend::Cpu => {}
+/// per row of `lk` elements (any layouts, same shape and dtype: the seam
+/// checked).
+pub(super) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
+    match backend(OP, &[p, dp])? {
+        Backend::Meta => return meta::empty(p.shape(), p.dtype()),
+        Backend::Cuda(n) => return Err(not_on_cuda(OP, n)),
+        Backend::Cpu => {}
     }
     let lk = p.shape().last().copied().unwrap_or(1);
     let (dpn, ddn) = (Dense::new(p)?, Dense::new(dp)?);
     let ((pd, pr), (dd, dr)) = (dpn.parts(), ddn.parts());
-    let out: CpuData = crate::match_float_data!(pd, "scaled_dot_product_attention", v => {
+    let out: CpuData = crate::match_float_data!(pd, OP, v => {
         let g = dd.as_slice().ok_or_else(|| Error::Backward("attention: dtype".into()))?;
         grad_rows(&v[pr], &g[dr], lk, scale)
     });

@@ -1,4 +1,5 @@
-// Embedding lookup and its deterministic backward (src/cpu/embedding.rs).
+// Embedding lookup and its deterministic backward (as src/nn/embedding/cpu.rs;
+// launched from src/nn/embedding/cuda.rs).
 // Indices are i64 and were checked against the table on the host.
 //
 // Backward without float atomics: the host groups the positions by weight

@@ -1,21 +1,53 @@
-//! Launch wrappers for the fused attention softmax (`attention.cu`): scaled,
+//! Attention on CUDA: the glue from tensors to device buffers and the
+//! launch wrappers of the fused attention softmax (`attention.cu`): scaled,
 //! masked scores to probabilities with the per-row log-sum-exp (or from a
 //! given one, recomputing forward's probabilities in backward), and the
-//! softmax backward of attention. Semantics are `src/cpu/attention.rs`'s.
+//! softmax backward of attention. Semantics are `cpu.rs`'s; the GEMMs
+//! around them are the shared matmul (cuBLAS).
 
-use super::check::float_suffix;
-use super::layers_util::{expect, invalid, stat_dtype};
-use super::{CudaBuffer, CudaDevice};
+use super::{RowLse, ScoreSpec};
+use crate::cuda::check::float_suffix;
+use crate::cuda::layers_util::{expect, invalid, stat_dtype};
+use crate::cuda::{elementwise, launch, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
-use crate::primitives::ScoreSpec;
 use crate::tensor::cuda as tensor;
 use crate::tensor::Layout;
-use crate::{DType, Device, Result, Tensor};
+use crate::{DType, Result, Tensor};
+
+/// The per-row log-sum-exp on the device.
+pub(super) enum DeviceLse {
+    /// A `[rows]` tensor of the lse dtype on the scores' device.
+    Tensor(Tensor),
+    /// A `[rows]` device buffer the forward just wrote, outside the ledger
+    /// (as the CPU's host values are) until [`DeviceLse::into_tensor`].
+    Uncounted(CudaBuffer),
+}
+
+impl DeviceLse {
+    /// Rows covered.
+    pub(super) fn len(&self) -> usize {
+        match self {
+            DeviceLse::Tensor(t) => t.numel(),
+            DeviceLse::Uncounted(b) => b.len(),
+        }
+    }
+
+    /// As a `[rows]` tensor of `dtype` (an uncounted buffer is counted now).
+    pub(super) fn into_tensor(self, dtype: DType) -> Result<Tensor> {
+        match self {
+            DeviceLse::Tensor(t) => t.to_dtype(dtype),
+            DeviceLse::Uncounted(b) => {
+                let rows = b.len();
+                tensor::adopt(b, &[rows])?.to_dtype(dtype)
+            }
+        }
+    }
+}
 
 /// The mask of the fused attention softmax; `rows` is the number of mask
 /// rows of `lk` elements (score row `r` reads mask row `r % rows`).
 #[derive(Clone, Copy)]
-pub enum AttnMask<'a> {
+pub(crate) enum AttnMask<'a> {
     /// No mask.
     None,
     /// An additive float mask of the scores' dtype, `[rows, lk]`.
@@ -30,31 +62,12 @@ pub enum AttnMask<'a> {
 /// Probabilities of attention scores `s` (contiguous `[rows, lk]`, rows =
 /// batch·heads·`lq`): `P = exp(scale·s + mask − lse)` per row, with causal
 /// masking (`j > row % lq` removed); row `r` reads mask row `r % rows` of
-/// the mask. Returns `P` and the per-row log-sum-exp ([`stat_dtype`]; −∞
-/// for a fully masked row, whose probabilities are 0). With `lse_in`, that
-/// lse is used instead (recomputing forward's `P` in backward) and returned
-/// unchanged.
-pub fn attention_probs(
-    s: &CudaBuffer,
-    lq: usize,
-    lk: usize,
-    scale: f64,
-    causal: bool,
-    mask: AttnMask,
-    lse_in: Option<CudaBuffer>,
-) -> Result<(CudaBuffer, CudaBuffer)> {
-    let (p, lse) = attention_probs_from(s, lq, lk, scale, causal, mask, lse_in.as_ref())?;
-    match (lse, lse_in) {
-        (Some(l), _) | (None, Some(l)) => Ok((p, l)),
-        (None, None) => Err(invalid("cuda attention softmax", "no lse")),
-    }
-}
-
-/// [`attention_probs`] reading a borrowed lse (a saved tensor's buffer,
-/// not copied): returns `P` and, when `lse_in` is `None`, the per-row
-/// log-sum-exp it computed; with `lse_in` (`rows` values of
-/// [`stat_dtype`]), that lse is used instead: forward's `P` bit for bit.
-pub fn attention_probs_from(
+/// the mask. Returns `P` and, when `lse_in` is `None`, the per-row
+/// log-sum-exp it computed ([`stat_dtype`]; −∞ for a fully masked row,
+/// whose probabilities are 0), uncounted. With `lse_in` (`rows` values of
+/// [`stat_dtype`], a saved tensor's buffer, not copied), that lse is used
+/// instead: forward's `P` bit for bit.
+pub(crate) fn attention_probs(
     s: &CudaBuffer,
     lq: usize,
     lk: usize,
@@ -116,9 +129,8 @@ pub fn attention_probs_from(
         None => {
             // Host values on the CPU until saved: uncounted here too (the
             // caller counts it if it keeps it, `RowLse::into_tensor`).
-            let mut lse = crate::tensor::cuda::uncounted(|| {
-                CudaBuffer::alloc(s.device(), stat_dtype(s.dtype()), rows)
-            })?;
+            let mut lse =
+                tensor::uncounted(|| CudaBuffer::alloc(s.device(), stat_dtype(s.dtype()), rows))?;
             let use_lse = 0i32;
             launch!(s.device(), "attention.cu", name, cfg;
                 &r64, &q64, &k64, &scale, &c, &kind, &m64, &use_lse, p.slice_mut(),
@@ -130,7 +142,7 @@ pub fn attention_probs_from(
 
 /// The gradient of the scaled scores: `scale·P ⊙ (dP − Σ_j P ⊙ dP)` per
 /// row of `lk` (contiguous `p`, `dp` of the same length).
-pub fn attention_softmax_grad(
+pub(crate) fn attention_softmax_grad(
     p: &CudaBuffer,
     dp: &CudaBuffer,
     lk: usize,
@@ -152,43 +164,6 @@ pub fn attention_softmax_grad(
             &r64, &k64, &scale, ds.slice_mut(), p.slice(), dp.slice())?;
     }
     Ok(ds)
-}
-
-/// The per-row log-sum-exp of the attention probabilities
-/// (`cpu::attention_probs`): host values on the CPU
-/// (a tensor only once saved), a device tensor on CUDA.
-pub(crate) enum RowLse {
-    /// Host values (CPU and meta).
-    Host(Vec<f64>),
-    /// A `[rows]` tensor of the lse dtype on the scores' device.
-    Device(Tensor),
-    /// A `[rows]` device buffer the forward just wrote, outside the ledger
-    /// (as the CPU's host values are) until [`RowLse::into_tensor`].
-    Uncounted(CudaBuffer),
-}
-
-impl RowLse {
-    /// Rows covered.
-    pub fn len(&self) -> usize {
-        match self {
-            RowLse::Host(v) => v.len(),
-            RowLse::Device(t) => t.numel(),
-            RowLse::Uncounted(b) => b.len(),
-        }
-    }
-
-    /// As a `[rows]` tensor of `dtype` on `device` (host values converted
-    /// and counted now; a device lse as it is).
-    pub fn into_tensor(self, dtype: DType, device: Device) -> Result<Tensor> {
-        match self {
-            RowLse::Host(v) => Tensor::from_host_f64(&v, &[v.len()], dtype, device),
-            RowLse::Device(t) => t.to_dtype(dtype),
-            RowLse::Uncounted(b) => {
-                let rows = b.len();
-                tensor::adopt(b, &[rows])?.to_dtype(dtype)
-            }
-        }
-    }
 }
 
 /// The score mask as a dense device tensor for [`attention_probs`] and its
@@ -224,18 +199,16 @@ fn dense_mask(mask: &Tensor, spec: &ScoreSpec, like: &Tensor) -> Result<(Tensor,
     let dense = if target == mask.dtype() {
         tensor::dense(&view)?
     } else {
-        tensor::map(&view, view.shape(), |b, l| {
-            super::elementwise::cast(b, l, target)
-        })?
+        tensor::map(&view, view.shape(), |b, l| elementwise::cast(b, l, target))?
     };
     let rows = dense.numel() / spec.lk;
     Ok((dense, rows))
 }
 
-/// The CUDA arm of `cpu::attention_probs`: the probabilities of scores `s`
-/// (any layout; a view is copied as Workspace) and the `[rows]` lse
-/// (computed, uncounted until saved; or `lse_in` itself when given).
-pub(crate) fn probs_tensor(
+/// The probabilities of scores `s` (any layout; a view is copied as
+/// Workspace) and the `[rows]` lse (computed, uncounted until saved; or
+/// `lse_in` itself when given).
+pub(super) fn probs_tensor(
     s: &Tensor,
     spec: &ScoreSpec,
     lse_in: Option<&Tensor>,
@@ -245,9 +218,10 @@ pub(crate) fn probs_tensor(
     let stat = stat_dtype(s.dtype());
     if rows == 0 || spec.lk == 0 {
         let lse = match lse_in {
-            Some(l) => RowLse::Device(l.clone()),
-            None => RowLse::Device(tensor::zeros(&[rows], stat, ordinal)?),
+            Some(l) => DeviceLse::Tensor(l.clone()),
+            None => DeviceLse::Tensor(tensor::zeros(&[rows], stat, ordinal)?),
         };
+        let lse = RowLse::Cuda(lse);
         return Ok((tensor::zeros(s.shape(), s.dtype(), ordinal)?, lse));
     }
     let sd = {
@@ -273,7 +247,7 @@ pub(crate) fn probs_tensor(
         _ => AttnMask::None,
     };
     let lse_guard = lse_dense.as_ref().map(|l| l.storage().cuda()).transpose()?;
-    let (p, lse) = attention_probs_from(
+    let (p, lse) = attention_probs(
         &*sd.storage().cuda()?,
         spec.lq,
         spec.lk,
@@ -284,16 +258,16 @@ pub(crate) fn probs_tensor(
     )?;
     let p = tensor::wrap(p, s.shape())?;
     let lse = match (lse, lse_in) {
-        (Some(l), _) => RowLse::Uncounted(l),
-        (None, Some(l)) => RowLse::Device(l.clone()),
+        (Some(l), _) => DeviceLse::Uncounted(l),
+        (None, Some(l)) => DeviceLse::Tensor(l.clone()),
         (None, None) => return Err(invalid("cuda attention softmax", "no lse")),
     };
-    Ok((p, lse))
+    Ok((p, RowLse::Cuda(lse)))
 }
 
-/// The CUDA arm of `cpu::attention_softmax_grad` (`p`, `dp` of one shape
-/// and dtype, any layouts; views are copied as Workspace).
-pub(crate) fn softmax_grad_tensor(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
+/// The gradient of the scaled scores (`p`, `dp` of one shape and dtype,
+/// any layouts; views are copied as Workspace).
+pub(super) fn softmax_grad_tensor(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
     let lk = p.shape().last().copied().unwrap_or(1);
     if p.numel() == 0 || lk == 0 {
         return p.zeros_like();

@@ -1,25 +1,36 @@
-//! 2-d pooling layers over `[N, C, H, W]` (or `[C, H, W]`) inputs:
-//! max pooling, average pooling and adaptive average pooling, each a fused
-//! op with its own backward.
+//! 2-d pooling over `[N, C, H, W]` (or `[C, H, W]`) inputs: max pooling,
+//! average pooling and adaptive average pooling, each a fused op with its
+//! own backward. The kernels see the input as `[planes, H, W]` (planes =
+//! N·C) described by one [`PoolGeom`], shared by the CPU kernels
+//! (`cpu.rs`), the CUDA launch code (`cuda.rs`) and the kernels
+//! (`pool.cu`, as `struct PoolGeo`).
 //!
-//! Saved for backward (only when the input needs grad):
-//! - max pooling: the argmax's position inside its window, one byte per
-//!   output element (U8); under `SaveAll`, PyTorch's input and i64 flat
-//!   in-plane indices instead.
-//! - average pooling (fixed and adaptive): nothing but shapes; under
-//!   `SaveAll`, the input, as PyTorch keeps it.
+//! Saved for backward, for an input of `n` elements of `b` bytes and an
+//! output of `m` elements:
+//!
+//! | op | requires grad | saved for backward | why |
+//! |---|---|---|---|
+//! | `max_pool2d` (lean) | input | the argmax's position inside its window, U8: `m` bytes | routes each output gradient to its input; a window holds at most 256 positions |
+//! | `max_pool2d` (`SaveAll`) | input | the input and i64 flat in-plane indices: `n·b + 8m` bytes | what PyTorch keeps; only the indices are read |
+//! | `avg_pool2d`, `adaptive_avg_pool2d` (lean) | input | nothing (shapes only) | the gradient depends on the geometry alone |
+//! | `avg_pool2d`, `adaptive_avg_pool2d` (`SaveAll`) | input | the input: `n·b` bytes | what PyTorch keeps; not read |
+//! | any | nothing | — (no node) | |
+//!
+//! Both policies give bit-identical gradients: each backward adds the
+//! output gradients into an input in output order within a plane (the CPU
+//! scatters in that order, the CUDA kernels gather in it).
 
-use super::Module;
+mod cpu;
+mod cuda;
+mod layers;
+
+pub use layers::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d};
+
 use crate::autograd::{attach, keep, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::memory::scope;
 use crate::meta::{backend, Backend};
 use crate::ops::expect_float;
-use crate::primitives::{
-    avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_backward_cuda,
-    max_pool_forward, window_to_flat, ArgSource, AvgMode, PoolGeom,
-};
 use crate::tensor::Layout;
-use crate::{Error, Result, Tensor};
+use crate::{Device, Error, Result, Tensor};
 
 /// Settings of [`max_pool2d`]: `kernel`, `stride` (default: the kernel),
 /// zero `padding` (at most half the effective kernel), `dilation` and
@@ -76,6 +87,124 @@ impl AvgPool2dOptions {
             padding: [0, 0],
             count_include_pad: true,
         }
+    }
+}
+
+/// The geometry of one 2-d pooling over `[planes, h, w]` row-major data:
+/// input `h × w`, output `oh × ow`, window `k` with stride `s`, padding `p`
+/// and dilation `d` (each (row, column)). Made by the pooling functions from
+/// their options; the CPU kernels, the CUDA launch code and the kernels all
+/// read this one struct. `#[repr(C)]` with `usize` fields: on 64-bit targets
+/// the layout of `struct PoolGeo` (all `long long`, same order) in
+/// `src/nn/pool/pool.cu`, which receives it by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolGeom {
+    /// Number of planes (N·C).
+    pub planes: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Output height.
+    pub oh: usize,
+    /// Output width.
+    pub ow: usize,
+    /// Window size.
+    pub k: [usize; 2],
+    /// Stride.
+    pub s: [usize; 2],
+    /// Padding.
+    pub p: [usize; 2],
+    /// Dilation.
+    pub d: [usize; 2],
+}
+
+impl PoolGeom {
+    /// Input row/column touched by window position `(ki, kj)` of output
+    /// `(i, j)`, or `None` when it falls in the padding.
+    #[inline(always)]
+    fn at(&self, i: usize, j: usize, ki: usize, kj: usize) -> Option<usize> {
+        let r = (i * self.s[0] + ki * self.d[0]).checked_sub(self.p[0])?;
+        let c = (j * self.s[1] + kj * self.d[1]).checked_sub(self.p[1])?;
+        (r < self.h && c < self.w).then_some(r * self.w + c)
+    }
+}
+
+/// How average pooling windows and divisors are formed.
+#[derive(Clone, Copy, Debug)]
+enum AvgMode {
+    /// Fixed windows (`k`, `s`, `p` of the geometry); padding counts toward
+    /// the divisor when `count_include_pad`.
+    Fixed { count_include_pad: bool },
+    /// Adaptive: row window `floor(i·H/oh) .. ceil((i+1)·H/oh)`, likewise columns.
+    Adaptive,
+}
+
+/// The argmax's position inside its window for every output of a max pool:
+/// host bytes on the CPU (and none on meta), the device buffer the kernel
+/// wrote on CUDA. Neither is counted until it becomes a saved tensor, so a
+/// frozen input costs nothing and CUDA never reads the positions back.
+enum WindowPositions {
+    /// Host bytes (CPU; empty on meta).
+    Host(Vec<u8>),
+    /// A U8 device buffer outside the ledger.
+    Device(cuda::Positions),
+}
+
+impl WindowPositions {
+    /// The positions as a U8 tensor of `shape` on `device`, counted now.
+    fn into_tensor(self, shape: &[usize], device: Device) -> Result<Tensor> {
+        match self {
+            WindowPositions::Host(v) => Tensor::from_host_vec(v, shape, device),
+            WindowPositions::Device(b) => b.into_tensor(shape),
+        }
+    }
+
+    /// The positions as host bytes (SaveAll's flat indices are built from
+    /// them on the host, on every device).
+    fn into_host(self) -> Result<Vec<u8>> {
+        match self {
+            WindowPositions::Host(v) => Ok(v),
+            WindowPositions::Device(b) => b.into_host(),
+        }
+    }
+}
+
+// The dispatch seam: one small function per kernel, the only place here
+// (besides cuda.rs) that names CUDA. The CPU functions handle the meta
+// device themselves (shapes only), so meta ledgers equal CPU ledgers.
+
+/// Max pooling forward: the `[planes, oh, ow]` output and the positions.
+fn max_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, WindowPositions)> {
+    match backend("max_pool2d", &[x])? {
+        Backend::Cpu | Backend::Meta => cpu::max_pool_forward(x, g),
+        Backend::Cuda(_) => cuda::max_pool_forward(x, g),
+    }
+}
+
+/// Max pooling backward from the saved argmax `arg` (U8 window positions,
+/// or with `flat` I64 flat in-plane indices): the `[planes, h, w]` gradient.
+fn max_backward(grad: &Tensor, arg: &Tensor, flat: bool, g: &PoolGeom) -> Result<Tensor> {
+    match backend("max_pool2d", &[grad, arg])? {
+        Backend::Cpu | Backend::Meta => cpu::max_pool_backward(grad, arg, flat, g),
+        Backend::Cuda(_) => cuda::max_pool_backward(grad, arg, g),
+    }
+}
+
+/// Average pooling forward: the `[planes, oh, ow]` output.
+fn avg_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Result<Tensor> {
+    match backend("avg_pool2d", &[x])? {
+        Backend::Cpu | Backend::Meta => cpu::avg_pool_forward(x, g, mode),
+        Backend::Cuda(_) => cuda::avg_pool_forward(x, g, mode),
+    }
+}
+
+/// Average pooling backward: the `[planes, h, w]` gradient.
+fn avg_backward(grad: &Tensor, g: &PoolGeom, mode: AvgMode) -> Result<Tensor> {
+    match backend("avg_pool2d", &[grad])? {
+        Backend::Cpu | Backend::Meta => cpu::avg_pool_backward(grad, g, mode),
+        Backend::Cuda(_) => cuda::avg_pool_backward(grad, g, mode),
     }
 }
 
@@ -150,6 +279,20 @@ fn out_shape(x: &Tensor, g: &PoolGeom) -> Vec<usize> {
     shape
 }
 
+/// Flat in-plane input indices (`row · W + col`, -1 for an empty window) of
+/// the window positions `pos`: what PyTorch keeps as its i64 indices.
+fn window_to_flat(pos: &[u8], g: &PoolGeom) -> Vec<i64> {
+    let plane = g.oh * g.ow;
+    pos.iter()
+        .enumerate()
+        .map(|(e, &q)| {
+            let (i, j) = ((e % plane) / g.ow, e % g.ow);
+            let (ki, kj) = (q as usize / g.k[1], q as usize % g.k[1]);
+            g.at(i, j, ki, kj).map_or(-1, |o| o as i64)
+        })
+        .collect()
+}
+
 /// What max pooling keeps for backward.
 enum MaxSaved {
     /// Lean: the argmax's position inside its window (U8).
@@ -181,37 +324,7 @@ impl BackwardOp for MaxPoolBackward {
                 (indices.get()?, true)
             }
         };
-        match backend("max_pool2d", &[&g, t])? {
-            // Meta: no positions to read; the kernel gives the shape.
-            Backend::Meta => {
-                let gi = max_pool_backward(&g, ArgSource::Window(&[]), &self.geom)?;
-                return Ok(vec![Some(
-                    gi.view_with_layout(Layout::contiguous(&self.input_shape)),
-                )]);
-            }
-            // The U8 positions (lean) or the I64 flat indices (SaveAll)
-            // are read on the device.
-            Backend::Cuda(_) => {
-                let gi = max_pool_backward_cuda(&g, t, &self.geom)?;
-                return Ok(vec![Some(
-                    gi.view_with_layout(Layout::contiguous(&self.input_shape)),
-                )]);
-            }
-            Backend::Cpu => {}
-        }
-        let data = t.storage().cpu()?;
-        let n_out = self.geom.planes * self.geom.oh * self.geom.ow;
-        let arg = match (flat, data.as_slice::<i64>(), data.as_slice::<u8>()) {
-            (true, Some(idx), _) if idx.len() >= n_out => ArgSource::Flat(idx),
-            (false, _, Some(pos)) if pos.len() >= n_out => ArgSource::Window(pos),
-            _ => {
-                return Err(Error::Backward(
-                    "max_pool2d: saved indices do not match".into(),
-                ))
-            }
-        };
-        let gi = max_pool_backward(&g, arg, &self.geom)?;
-        drop(data);
+        let gi = max_backward(&g, t, flat, &self.geom)?;
         Ok(vec![Some(
             gi.view_with_layout(Layout::contiguous(&self.input_shape)),
         )])
@@ -260,7 +373,7 @@ pub fn max_pool2d(x: &Tensor, o: &MaxPool2dOptions) -> Result<Tensor> {
         p: o.padding,
         d: o.dilation,
     };
-    let (out, pos) = max_pool_forward(x, &geom)?;
+    let (out, pos) = max_forward(x, &geom)?;
     let shape = out_shape(x, &geom);
     let out = out.view_with_layout(Layout::contiguous(&shape));
     let [needs] = needs_grad([x]);
@@ -305,7 +418,7 @@ impl BackwardOp for AvgPoolBackward {
         if let Some(x) = &self.input {
             x.get()?;
         }
-        let gi = avg_pool_backward(&g, &self.geom, self.mode)?;
+        let gi = avg_backward(&g, &self.geom, self.mode)?;
         Ok(vec![Some(
             gi.view_with_layout(Layout::contiguous(&self.input_shape)),
         )])
@@ -313,7 +426,7 @@ impl BackwardOp for AvgPoolBackward {
 }
 
 fn avg_common(op: &'static str, x: &Tensor, geom: PoolGeom, mode: AvgMode) -> Result<Tensor> {
-    let out = avg_pool_forward(x, &geom, mode)?;
+    let out = avg_forward(x, &geom, mode)?;
     let out = out.view_with_layout(Layout::contiguous(&out_shape(x, &geom)));
     let [needs] = needs_grad([x]);
     if !needs {
@@ -377,51 +490,3 @@ pub fn adaptive_avg_pool2d(x: &Tensor, output: [usize; 2]) -> Result<Tensor> {
     };
     avg_common(OP, x, geom, AvgMode::Adaptive)
 }
-
-macro_rules! pool_module {
-    ($(#[$m:meta])* $name:ident, $opts:ty, |$x:ident, $o:ident| $call:expr) => {
-        $(#[$m])*
-        pub struct $name {
-            /// The pooling settings.
-            pub options: $opts,
-            name: String,
-        }
-
-        impl $name {
-            /// The layer named `name` (its scope in memory reports).
-            pub fn new(name: &str, options: $opts) -> Self {
-                $name {
-                    options,
-                    name: name.to_string(),
-                }
-            }
-        }
-
-        impl Module for $name {
-            fn forward(&self, $x: &Tensor) -> Result<Tensor> {
-                let _s = scope(self.name.clone());
-                let $o = &self.options;
-                $call
-            }
-
-            fn named_parameters(&self) -> Vec<(String, Tensor)> {
-                Vec::new()
-            }
-        }
-    };
-}
-
-pool_module!(
-    /// `torch.nn.MaxPool2d`: see [`max_pool2d`]; saves one byte per output
-    /// element when the input needs grad. No parameters.
-    MaxPool2d, MaxPool2dOptions, |x, o| max_pool2d(x, o)
-);
-pool_module!(
-    /// `torch.nn.AvgPool2d`: see [`avg_pool2d`]; saves nothing. No parameters.
-    AvgPool2d, AvgPool2dOptions, |x, o| avg_pool2d(x, o)
-);
-pool_module!(
-    /// `torch.nn.AdaptiveAvgPool2d` with output size `options` (rows,
-    /// columns): see [`adaptive_avg_pool2d`]; saves nothing. No parameters.
-    AdaptiveAvgPool2d, [usize; 2], |x, o| adaptive_avg_pool2d(x, *o)
-);

@@ -1,23 +1,48 @@
 //! Scaled-dot-product attention as one fused op: `S = scale·Q·Kᵀ (+ mask)`,
 //! `P = exp(S − lse)` with the per-row log-sum-exp `lse`, `P' = dropout(P)`
-//! (mask replayed from (seed, offset), never stored), `O = P'·V`.
+//! (mask replayed from (seed, offset), never stored), `O = P'·V`; backward
+//! `dV = P'ᵀ·dO`, `dS = scale·P ⊙ (dP − Σ_j dP ⊙ P)` with `dP = dropout(dO·Vᵀ)`,
+//! `dQ = dS·K`, `dK = dSᵀ·Q`. The GEMMs are the shared matmul; the family's
+//! own kernels are the fused masked softmax (`P` and `lse`, or `P` again
+//! from a saved `lse`) and its backward (`cpu.rs`, `cuda.rs`,
+//! `attention.cu`). `MultiheadAttention` (`multihead.rs`) is composed of
+//! matmuls, views and this op.
 //!
-//! Lean saving (see docs/layers/attention.md): `V` only if `q` or `k` needs
-//! grad, `K` only if `q` does, `Q` only if `k` does; the probabilities are
-//! either saved or recomputed in backward from `Q`, `K`, the mask and the
-//! saved `lse` (same GEMM, same `exp(S − lse)`: bit for bit forward's),
-//! whichever keeps fewer bytes. `SaveAll` keeps what PyTorch's math path
-//! keeps: `q`, `k`, `v`, `P` and the dropout mask as U8.
+//! Saved for backward (sizes: `|Q|`, `|K|`, `|V|`, `|P|` the bytes of the
+//! q, k, v storages and of the `[.., Lq, Lk]` probabilities, `|M|` of the
+//! user's mask storage, `|lse|` = 4 (8 for f64 inputs) bytes per score row;
+//! views of one storage count once):
+//!
+//! | op | requires grad | saved for backward | why |
+//! |---|---|---|---|
+//! | sdpa (lean) | v only | `P`, or `Q`, `K`, mask, `lse`: `min(|Q|+|K|+|M|+|lse|, |P|)` | `dV = P'ᵀ·dO` |
+//! | sdpa (lean) | q (± v) | `V`, `K`, then `P` or `Q`, mask, `lse`: `|V|+|K|+min(|Q|+|M|+|lse|, |P|)` | `dQ = dS·K`; `dS` reads `P` and `dO·Vᵀ` |
+//! | sdpa (lean) | k (± v) | `V`, `Q`, then `P` or `K`, mask, `lse`: `|V|+|Q|+min(|K|+|M|+|lse|, |P|)` | `dK = dSᵀ·Q` |
+//! | sdpa (lean) | q, k (± v) | `V`, `Q`, `K`, then `P` or mask, `lse`: `|V|+|Q|+|K|+min(|M|+|lse|, |P|)` | both |
+//! | sdpa (`SaveAll`) | any | `q`, `k`, `v`, `P`, and for `p > 0` the U8 dropout mask | what PyTorch's math path keeps |
+//! | any | nothing | — (no node) | |
+//!
+//! `P` is recomputed (same GEMM on the same Q, K, same `exp(S − lse)` with
+//! the saved `lse`: forward's `P` bit for bit) iff that keeps no more bytes
+//! than saving it. Dropout masks are never kept by the lean policy
+//! (replayed from (seed, offset)). Gradients are bit-identical under both
+//! policies.
 
+mod cpu;
+mod cuda;
+mod multihead;
+#[cfg(test)]
+mod tests;
+
+pub use multihead::{MhaOptions, MultiheadAttention};
+
+use super::dropout::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
-use crate::cuda::layers_attention::RowLse;
 use crate::memory::{with_category, Category};
+use crate::meta::{backend, Backend};
 use crate::ops::expect_float;
-use crate::primitives::{
-    attention_probs, attention_softmax_grad, dropout_apply, dropout_apply_mask, dropout_mask,
-    matmul, DropoutDraw, ScoreSpec,
-};
-use crate::{DType, Error, Result, Tensor};
+use crate::primitives::matmul;
+use crate::{DType, Device, Error, Result, Tensor};
 
 const OP: &str = "scaled_dot_product_attention";
 
@@ -61,6 +86,83 @@ impl SdpaOptions {
     pub fn scale(mut self, scale: f64) -> SdpaOptions {
         self.scale = Some(scale);
         self
+    }
+}
+
+/// How the logits of a score row are formed from `S = Q·Kᵀ`:
+/// `x = scale·S + mask`, with `−∞` above the diagonal when `causal`
+/// (top-left aligned: query `i` sees keys `j ≤ i`).
+struct ScoreSpec<'a> {
+    scale: f64,
+    causal: bool,
+    /// The score mask, if any: a float mask is added, a U8 mask removes
+    /// (`−∞`) where it is 0; broadcastable to `scores`.
+    mask: Option<&'a Tensor>,
+    /// The scores' (broadcast) shape `[.., lq, lk]`.
+    scores: &'a [usize],
+    lq: usize,
+    lk: usize,
+    /// Whether the saved log-sum-exp is kept in f32 (else f64).
+    lse_f32: bool,
+}
+
+/// The per-row log-sum-exp of the attention probabilities: host values on
+/// the CPU (a tensor only once saved), device data on CUDA.
+enum RowLse {
+    /// Host values (CPU and meta).
+    Host(Vec<f64>),
+    /// On the device.
+    Cuda(cuda::DeviceLse),
+}
+
+impl RowLse {
+    /// Rows covered.
+    fn len(&self) -> usize {
+        match self {
+            RowLse::Host(v) => v.len(),
+            RowLse::Cuda(l) => l.len(),
+        }
+    }
+
+    /// As a `[rows]` tensor of `dtype` on `device` (host values converted
+    /// and counted now; a device lse as it is, counted from now on).
+    fn into_tensor(self, dtype: DType, device: Device) -> Result<Tensor> {
+        match self {
+            RowLse::Host(v) => Tensor::from_host_f64(&v, &[v.len()], dtype, device),
+            RowLse::Cuda(l) => l.into_tensor(dtype),
+        }
+    }
+}
+
+// The dispatch seam: one small function per kernel, the only place here
+// (besides cuda.rs) that names CUDA. The CPU functions handle the meta
+// device themselves (shapes only), so meta ledgers equal CPU ledgers.
+
+/// The probabilities `P = exp(x − lse)` for scores `s` `[.., lq, lk]` and
+/// the per-row `lse`; with `lse_in` (a saved `lse` tensor), forward's `P`
+/// recomputed bit for bit.
+fn attention_probs(
+    s: &Tensor,
+    spec: &ScoreSpec,
+    lse_in: Option<&Tensor>,
+) -> Result<(Tensor, RowLse)> {
+    match backend(OP, &[s])? {
+        Backend::Cpu | Backend::Meta => cpu::attention_probs(s, spec, lse_in),
+        Backend::Cuda(n) => cuda::probs_tensor(s, spec, lse_in, n),
+    }
+}
+
+/// The gradient of the scaled scores `Q·Kᵀ`: `scale · P ⊙ (dP − Σ_j dP ⊙ P)`
+/// per row (`p`, `dp` of one shape and dtype, any layouts).
+fn attention_softmax_grad(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
+    if p.shape() != dp.shape() || p.dtype() != dp.dtype() {
+        return Err(Error::Backward(format!(
+            "{OP}: probability gradient does not match"
+        )));
+    }
+    match backend(OP, &[p, dp])? {
+        Backend::Cpu | Backend::Meta => cpu::attention_softmax_grad(p, dp, scale),
+        Backend::Cuda(_) => cuda::softmax_grad_tensor(p, dp, scale),
     }
 }
 
