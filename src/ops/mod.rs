@@ -1,6 +1,34 @@
 //! Tensor ops. Each file holds one op family: its public API on [`Tensor`],
 //! the backward structs with their typed saved state, and the calls into the
-//! CPU kernels. What each op saves for backward is stated in its doc comment.
+//! shared primitives. What each op saves for backward (`n` elements of `s`
+//! bytes; `⌈n/32⌉·4` bytes is a 1-bit packed mask; nothing at all is
+//! recorded when no input requires grad):
+//!
+//! | op | saved, and when | bytes |
+//! |---|---|---|
+//! | add, sub, neg, add/sub/mul/div_scalar, scalar_sub | nothing | 0 |
+//! | mul(a, b) | `b` if a needs grad; `a` if b needs grad | n·s per saved input |
+//! | div(a, b) | `b` if either needs grad; `a` if b needs grad | n·s per saved input |
+//! | maximum, minimum | both inputs (the comparison decides either gradient) | both inputs |
+//! | exp, sqrt, recip, tanh, sigmoid | the output | n·s |
+//! | log, abs, square, sin, cos, gelu, silu, powf | the input | n·s |
+//! | relu, leaky_relu | 1-bit mask of `x > 0` (neither input nor output) | ⌈n/32⌉·4 |
+//! | clamp | 1-bit mask of `min ≤ x ≤ max` | ⌈n/32⌉·4 |
+//! | where_cond(c, a, b) | the u8 condition, if a or b needs grad | n |
+//! | to_dtype (float→float) | nothing | 0 |
+//! | reshape, flatten, (un)squeeze, permute, transpose, narrow, broadcast_to, contiguous | shapes only | 0 |
+//! | cat, stack, chunk, split | sizes along the dim only | 0 |
+//! | index_select, gather | the index tensor, if the source needs grad | index bytes |
+//! | scatter_add(self, index, src) | the index, if src needs grad | index bytes |
+//! | matmul(a, b) | `b` if a needs grad; `a` if b needs grad (views, no copies) | per saved input |
+//! | sum, mean, sum_all, mean_all | shapes only | 0 |
+//! | max, min (over a dim) | the arg-extremum per output element as u8 (dim ≤ 256), u32 (≤ 2³²) or i64 | out elements × 1/4/8 |
+//! | softmax, log_softmax | the output | n·s |
+//! | cross_entropy | the softmax probabilities and the targets tensor (shared, not copied), if the logits need grad | N·C·s (+ targets) |
+//! | mse_loss(a, b) | the difference a − b, if either needs grad | n·s |
+//!
+//! Backward never materialises a zero-filled stand-in for an input that
+//! needs no grad: it returns `None`, and the engine skips the edge.
 
 mod binary;
 mod cast;

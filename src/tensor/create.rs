@@ -181,9 +181,7 @@ impl Tensor {
         }
         let n = shape.iter().product();
         if let (Device::Cuda(d), true) = (device, dtype.is_float()) {
-            let dev = crate::tensor::cuda::device(d)?;
-            let buf = crate::cuda::random::uniform(&dev, dtype, seed, 0, n)?;
-            return crate::tensor::cuda::wrap(buf, shape);
+            return super::cuda::rand(d, shape, dtype, seed, n, false);
         }
         Tensor::from_f64_slice(&rng::uniform(seed, 0, n), shape, dtype, device)
     }
@@ -215,9 +213,7 @@ impl Tensor {
         }
         let n = shape.iter().product();
         if let (Device::Cuda(d), true) = (device, dtype.is_float()) {
-            let dev = crate::tensor::cuda::device(d)?;
-            let buf = crate::cuda::random::normal(&dev, dtype, seed, 0, n)?;
-            return crate::tensor::cuda::wrap(buf, shape);
+            return super::cuda::rand(d, shape, dtype, seed, n, true);
         }
         Tensor::from_f64_slice(&rng::normal(seed, 0, n), shape, dtype, device)
     }

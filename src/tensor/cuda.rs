@@ -126,3 +126,23 @@ pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
         ),
     }
 }
+
+/// `n` Philox numbers on CUDA device `ordinal` as a tensor of `shape`:
+/// standard normal when `normal`, else uniform in [0, 1) — the CPU's
+/// numbers (`Tensor::rand` / `Tensor::randn`).
+pub(crate) fn rand(
+    ordinal: usize,
+    shape: &[usize],
+    dtype: DType,
+    seed: u64,
+    n: usize,
+    normal: bool,
+) -> Result<Tensor> {
+    let dev = device(ordinal)?;
+    let buf = if normal {
+        crate::cuda::random::normal(&dev, dtype, seed, 0, n)?
+    } else {
+        crate::cuda::random::uniform(&dev, dtype, seed, 0, n)?
+    };
+    wrap(buf, shape)
+}
