@@ -80,33 +80,18 @@ pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<De
     let (x, y) = spiral(opts.points_per_class, opts.seed)?;
     let (x, y) = (x.to_device(opts.device)?, y.to_device(opts.device)?);
     let layers = [
-        Linear::new(
-            "fc1",
-            2,
-            opts.hidden,
-            true,
-            DType::F32,
-            opts.device,
-            opts.seed + 1,
-        )?,
-        Linear::new(
-            "fc2",
-            opts.hidden,
-            opts.hidden,
-            true,
-            DType::F32,
-            opts.device,
-            opts.seed + 2,
-        )?,
-        Linear::new(
-            "fc3",
-            opts.hidden,
-            3,
-            true,
-            DType::F32,
-            opts.device,
-            opts.seed + 3,
-        )?,
+        Linear::builder(2, opts.hidden)
+            .name("fc1")
+            .seed(opts.seed + 1)
+            .build(&opts.device)?,
+        Linear::builder(opts.hidden, opts.hidden)
+            .name("fc2")
+            .seed(opts.seed + 2)
+            .build(&opts.device)?,
+        Linear::builder(opts.hidden, 3)
+            .name("fc3")
+            .seed(opts.seed + 3)
+            .build(&opts.device)?,
     ];
     let forward = |x: &Tensor| -> Result<Tensor> {
         let h = layers[0].forward(x)?.relu()?;

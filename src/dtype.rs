@@ -5,12 +5,19 @@ use half::{bf16, f16};
 /// The element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum DType {
+    /// 32-bit IEEE float.
     F32,
+    /// 16-bit IEEE float (half).
     F16,
+    /// bfloat16: f32's 8-bit exponent with a 7-bit mantissa.
     BF16,
+    /// 64-bit IEEE float.
     F64,
+    /// Unsigned byte (masks).
     U8,
+    /// Unsigned 32-bit integer (indices).
     U32,
+    /// Signed 64-bit integer (indices, class targets, counters).
     I64,
 }
 
@@ -105,12 +112,19 @@ pub(crate) fn from_f64_like<T: WithDType>(_like: &[T], value: f64) -> T {
 /// Host data of one dtype.
 #[derive(Clone, Debug)]
 pub enum CpuData {
+    /// [`DType::F32`] elements.
     F32(Vec<f32>),
+    /// [`DType::F16`] elements.
     F16(Vec<f16>),
+    /// [`DType::BF16`] elements.
     BF16(Vec<bf16>),
+    /// [`DType::F64`] elements.
     F64(Vec<f64>),
+    /// [`DType::U8`] elements.
     U8(Vec<u8>),
+    /// [`DType::U32`] elements.
     U32(Vec<u32>),
+    /// [`DType::I64`] elements.
     I64(Vec<i64>),
 }
 

@@ -8,33 +8,57 @@ pub enum Error {
     /// Two shapes that had to agree (or broadcast) did not.
     #[error("shape mismatch in {op}: {lhs:?} vs {rhs:?}")]
     ShapeMismatch {
+        /// The operation that failed.
         op: &'static str,
+        /// The first shape (or the one expected).
         lhs: Vec<usize>,
+        /// The second shape (or the one given).
         rhs: Vec<usize>,
     },
     /// A shape or argument is not valid for the operation.
     #[error("invalid argument to {op}: {msg}")]
-    InvalidArgument { op: &'static str, msg: String },
+    InvalidArgument {
+        /// The operation that failed.
+        op: &'static str,
+        /// What is wrong with the argument.
+        msg: String,
+    },
     /// The operation needed a different dtype.
     #[error("dtype mismatch in {op}: expected {expected:?}, got {got:?}")]
     DTypeMismatch {
+        /// The operation that failed.
         op: &'static str,
+        /// The dtype it needed.
         expected: DType,
+        /// The dtype it was given.
         got: DType,
     },
     /// The operation is not defined for this dtype.
     #[error("{op} does not support dtype {dtype:?}")]
-    UnsupportedDType { op: &'static str, dtype: DType },
+    UnsupportedDType {
+        /// The operation that failed.
+        op: &'static str,
+        /// The dtype it was given.
+        dtype: DType,
+    },
     /// Tensors on different devices were combined.
     #[error("device mismatch in {op}: {lhs} vs {rhs}")]
     DeviceMismatch {
+        /// The operation that failed.
         op: &'static str,
+        /// The first operand's device.
         lhs: Device,
+        /// The second operand's device.
         rhs: Device,
     },
     /// The device was asked for explicitly but cannot be used.
     #[error("device {device} is not available: {reason}")]
-    DeviceUnavailable { device: Device, reason: String },
+    DeviceUnavailable {
+        /// The device asked for.
+        device: Device,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// The op has no CUDA kernel yet (the layers' kernels: convolution,
     /// norms, pooling, dropout, masks, attention, embedding, optimizer
     /// updates). Copy the tensors to the CPU to run it there.
@@ -70,19 +94,28 @@ pub enum Error {
     /// The values of a meta-device tensor were asked for: meta tensors have
     /// shapes, dtypes and counted sizes but no data.
     #[error("{op}: a tensor on the meta device has no data (only its shape, dtype and size)")]
-    NoData { op: &'static str },
+    NoData {
+        /// The operation that asked for the values.
+        op: &'static str,
+    },
     /// A dimension index outside `-rank..rank`.
     #[error("dimension {dim} out of range for a tensor of rank {rank} in {op}")]
     DimOutOfRange {
+        /// The operation that failed.
         op: &'static str,
+        /// The dimension given.
         dim: isize,
+        /// The tensor's rank.
         rank: usize,
     },
     /// An index value (gather, index_select, class target) outside its axis.
     #[error("index {index} out of range for an axis of size {size} in {op}")]
     IndexOutOfRange {
+        /// The operation that failed.
         op: &'static str,
+        /// The index value found.
         index: i64,
+        /// The size of the axis it indexes.
         size: usize,
     },
     /// A tensor saved for backward was changed in place before backward used it.
@@ -92,8 +125,11 @@ pub enum Error {
          clone it before modifying it, or modify it after backward"
     )]
     SavedTensorModified {
+        /// The op that saved the tensor.
         op: String,
+        /// The tensor's version counter when it was saved.
         saved_version: u64,
+        /// Its version counter when backward read it.
         current_version: u64,
     },
     /// backward was asked of something that cannot be differentiated this way.
@@ -101,13 +137,20 @@ pub enum Error {
     Backward(String),
     /// An in-place change of a tensor the autograd graph still depends on.
     #[error("in-place {op} on a tensor that requires grad while grad mode is enabled; use no_grad() or detach()")]
-    InPlaceOnRequiresGrad { op: &'static str },
+    InPlaceOnRequiresGrad {
+        /// The in-place operation.
+        op: &'static str,
+    },
     /// The allocator could not satisfy a request.
     #[error("out of memory on {device}: asked for {requested} bytes while {live} bytes are live\n{summary}")]
     OutOfMemory {
+        /// The device whose limit was hit.
         device: Device,
+        /// Bytes of the allocation that failed.
         requested: usize,
+        /// Bytes live on the device at the time.
         live: usize,
+        /// The ledger's report at the time, as a table.
         summary: String,
     },
     /// A weights file (or buffer) is not a valid safetensors file.

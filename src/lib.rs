@@ -3,6 +3,8 @@
 //!
 //! The map of the code is in `docs/ARCHITECTURE.md`.
 
+#![warn(missing_docs)]
+
 pub mod autograd;
 pub mod cuda;
 pub mod demo;

@@ -11,7 +11,7 @@
 //! save-everything's (masks hand over to the values kept anyway).
 use leangrad::autograd::{with_save_policy, SavePolicy};
 use leangrad::memory::{Category, Ledger};
-use leangrad::nn::{BatchNorm, BatchNormOptions, Conv2d, Module, ReLU};
+use leangrad::nn::{BatchNorm, Conv2d, Module, ReLU};
 use leangrad::{DType, Device, Tensor};
 
 const CPU: Device = Device::Cpu;
@@ -35,14 +35,10 @@ fn network(depth: usize, trainable: bool) -> Vec<Block> {
                 .seed(i as u64)
                 .build(&CPU)
                 .unwrap();
-            let mut bn = BatchNorm::new2d(
-                &format!("bn{i}"),
-                C,
-                BatchNormOptions::default(),
-                DType::F32,
-                CPU,
-            )
-            .unwrap();
+            let mut bn = BatchNorm::builder(C)
+                .name(&format!("bn{i}"))
+                .build2d(&CPU)
+                .unwrap();
             bn.set_training(false);
             if !trainable {
                 conv.weight = conv.weight.clone().set_requires_grad(false).unwrap();

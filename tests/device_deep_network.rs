@@ -9,7 +9,7 @@ mod device_common;
 
 use leangrad::autograd::{with_save_policy, SavePolicy};
 use leangrad::memory::{Category, Ledger};
-use leangrad::nn::{BatchNorm, BatchNormOptions, Conv2d, Module, ReLU};
+use leangrad::nn::{BatchNorm, Conv2d, Module, ReLU};
 use leangrad::{DType, Device, Tensor};
 
 const N: usize = 2;
@@ -52,7 +52,10 @@ fn network(depth: usize, dtype: DType, dev: Device) -> Vec<Block> {
                 .build(&Device::Cpu);
             let mut conv = conv.unwrap();
             let name = format!("bn{i}");
-            let bn = BatchNorm::new2d(&name, C, BatchNormOptions::default(), dtype, Device::Cpu);
+            let bn = BatchNorm::builder(C)
+                .name(&name)
+                .dtype(dtype)
+                .build2d(&Device::Cpu);
             let mut bn = bn.unwrap();
             bn.set_training(false);
             conv.weight = frozen(conv.weight.clone(), dev);

@@ -175,16 +175,12 @@ fn sdpa_dropout() {
 /// out_proj.bias]`, built on the inputs' device with the same seed.
 fn mha(t: &[Tensor], cross: bool, dropout: f64, opts: &leangrad::nn::MhaOptions) -> Result<Tensor> {
     let (e, heads) = (t[0].shape()[2], 3);
-    let mut m = leangrad::nn::MultiheadAttention::new(
-        "mha",
-        e,
-        heads,
-        dropout,
-        true,
-        t[0].dtype(),
-        t[0].device(),
-        5,
-    )?;
+    let mut m = leangrad::nn::MultiheadAttention::builder(e, heads)
+        .name("mha")
+        .dropout(dropout)
+        .dtype(t[0].dtype())
+        .seed(5)
+        .build(&t[0].device())?;
     let p = if cross { 2 } else { 1 };
     m.in_proj_weight = t[p].clone();
     m.in_proj_bias = Some(t[p + 1].clone());

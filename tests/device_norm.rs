@@ -39,7 +39,10 @@ fn layer_norm_matches_the_cpu() {
         });
         // The module (parameters are ones and zeros, made on the device).
         check_layer("LayerNorm module", &[&x], |t| {
-            let m = LayerNorm::new("ln", &[7], 1e-5, true, true, dtype, t[0].device())?;
+            let m = LayerNorm::builder(&[7])
+                .name("ln")
+                .dtype(dtype)
+                .build(&t[0].device())?;
             m.forward(&t[0])
         });
     }
@@ -63,7 +66,11 @@ fn rms_norm_matches_the_cpu() {
             rms_norm(&t[0].transpose(0, 1)?, &[3, 5], Some(&t[1]), Some(1e-6))
         });
         check_layer("RMSNorm module", &[&x], |t| {
-            let m = RMSNorm::new("rms", &[9], Some(1e-6), true, dtype, t[0].device())?;
+            let m = RMSNorm::builder(&[9])
+                .name("rms")
+                .eps(Some(1e-6))
+                .dtype(dtype)
+                .build(&t[0].device())?;
             m.forward(&t[0])
         });
     }
@@ -90,7 +97,10 @@ fn group_norm_matches_the_cpu() {
             group_norm(&t[0].transpose(2, 3)?, 1, Some(&t[1]), None, 1e-5)
         });
         check_layer("GroupNorm module", &[&x], |t| {
-            let m = GroupNorm::new("gn", 3, 6, 1e-5, true, dtype, t[0].device())?;
+            let m = GroupNorm::builder(3, 6)
+                .name("gn")
+                .dtype(dtype)
+                .build(&t[0].device())?;
             m.forward(&t[0])
         });
     }
@@ -184,7 +194,11 @@ fn batch_norm_matches_the_cpu() {
                 &[&x2],
                 |t| {
                     let opts = BatchNormOptions::default();
-                    let mut m = BatchNorm::new2d("bn", 4, opts, dtype, t[0].device())?;
+                    let mut m = BatchNorm::builder(4)
+                        .name("bn")
+                        .options(opts)
+                        .dtype(dtype)
+                        .build2d(&t[0].device())?;
                     m.set_training(train);
                     m.forward(&t[0])
                 },
@@ -266,7 +280,12 @@ fn batch_norm_module_state_matches_the_cpu() {
         let x2 = input(&[3, 2, 4, 3], dtype, 22, -1.0, 3.0);
         let mut cpu: Option<Vec<Tensor>> = None;
         for dev in cuda_common::devices("BatchNorm module state") {
-            let mut m = BatchNorm::new2d("bn", 2, opts, dtype, dev).unwrap();
+            let mut m = BatchNorm::builder(2)
+                .name("bn")
+                .options(opts)
+                .dtype(dtype)
+                .build2d(&dev)
+                .unwrap();
             m.forward(&x1.to_device(dev).unwrap()).unwrap();
             m.forward(&x2.to_device(dev).unwrap()).unwrap();
             m.set_training(false);

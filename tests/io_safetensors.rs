@@ -11,7 +11,7 @@ use leangrad::io::{
 };
 use leangrad::memory::Ledger;
 use leangrad::nn::MultiheadAttention;
-use leangrad::nn::{BatchNorm, BatchNormOptions, Conv2d, Linear, Module};
+use leangrad::nn::{BatchNorm, Conv2d, Linear, Module};
 use leangrad::{DType, Device, Error, Tensor};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -63,7 +63,12 @@ fn values(m: &dyn Module) -> Vec<(String, Vec<f64>, u64)> {
 }
 
 fn linear(dtype: DType) -> Linear {
-    Linear::new("fc", 4, 3, true, dtype, Device::Cpu, 7).unwrap()
+    Linear::builder(4, 3)
+        .name("fc")
+        .dtype(dtype)
+        .seed(7)
+        .build(&Device::Cpu)
+        .unwrap()
 }
 
 #[test]
@@ -164,14 +169,10 @@ fn pytorch_conv2d() {
 
 #[test]
 fn pytorch_batchnorm2d_running_stats() {
-    let mut bn = BatchNorm::new2d(
-        "bn",
-        3,
-        BatchNormOptions::default(),
-        DType::F32,
-        Device::Cpu,
-    )
-    .unwrap();
+    let mut bn = BatchNorm::builder(3)
+        .name("bn")
+        .build2d(&Device::Cpu)
+        .unwrap();
     bn.set_training(false);
     check_fixture(&bn, "batchnorm2d", "batchnorm2d.safetensors", 1e-5);
     let n = bn.num_batches_tracked.as_ref().unwrap();
@@ -180,8 +181,11 @@ fn pytorch_batchnorm2d_running_stats() {
 
 #[test]
 fn pytorch_multihead_attention() {
-    let mut mha =
-        MultiheadAttention::new("mha", 8, 2, 0.0, true, DType::F32, Device::Cpu, 3).unwrap();
+    let mut mha = MultiheadAttention::builder(8, 2)
+        .name("mha")
+        .seed(3)
+        .build(&Device::Cpu)
+        .unwrap();
     mha.set_training(false);
     check_fixture(&mha, "mha", "mha.safetensors", 1e-5);
 }
@@ -189,14 +193,10 @@ fn pytorch_multihead_attention() {
 #[test]
 fn composite_models_prefix_names() {
     let fc = linear(DType::F32);
-    let mut bn = BatchNorm::new2d(
-        "bn",
-        3,
-        BatchNormOptions::default(),
-        DType::F32,
-        Device::Cpu,
-    )
-    .unwrap();
+    let mut bn = BatchNorm::builder(3)
+        .name("bn")
+        .build2d(&Device::Cpu)
+        .unwrap();
     bn.set_training(false);
     let children: [(&str, &dyn Module); 2] = [("head.0", &fc), ("layer1.0.bn1", &bn)];
     let names: Vec<String> = state_dict_of(&children)
@@ -239,14 +239,10 @@ fn composite_models_prefix_names() {
     // A saved state dict loads back into a fresh model.
     let bytes = serialize_safetensors(&state_dict_of(&children)).unwrap();
     let fresh = linear(DType::F32);
-    let fresh_bn = BatchNorm::new2d(
-        "bn",
-        3,
-        BatchNormOptions::default(),
-        DType::F32,
-        Device::Cpu,
-    )
-    .unwrap();
+    let fresh_bn = BatchNorm::builder(3)
+        .name("bn")
+        .build2d(&Device::Cpu)
+        .unwrap();
     let fresh_children: [(&str, &dyn Module); 2] =
         [("head.0", &fresh), ("layer1.0.bn1", &fresh_bn)];
     let loaded = load_safetensors_bytes(&bytes).unwrap();

@@ -33,16 +33,11 @@ impl BackwardOp for SavedProbe {
 fn mlp() -> Vec<Linear> {
     (0..LAYERS)
         .map(|i| {
-            Linear::new(
-                &format!("fc{i}"),
-                WIDTH,
-                WIDTH,
-                true,
-                DType::F32,
-                CPU,
-                100 + i as u64,
-            )
-            .unwrap()
+            Linear::builder(WIDTH, WIDTH)
+                .name(&format!("fc{i}"))
+                .seed(100 + i as u64)
+                .build(&CPU)
+                .unwrap()
         })
         .collect()
 }

@@ -316,14 +316,25 @@ fn errors() {
         InvalidArgument
     );
     assert_err!(
-        MultiheadAttention::new("m", 6, 4, 0.0, true, DType::F64, Device::Cpu, 0),
+        MultiheadAttention::builder(6, 4)
+            .name("m")
+            .dtype(DType::F64)
+            .build(&Device::Cpu),
         InvalidArgument
     );
     assert_err!(
-        MultiheadAttention::new("m", 6, 2, 2.0, true, DType::F64, Device::Cpu, 0),
+        MultiheadAttention::builder(6, 2)
+            .name("m")
+            .dropout(2.0)
+            .dtype(DType::F64)
+            .build(&Device::Cpu),
         InvalidArgument
     );
-    let m = MultiheadAttention::new("m", 6, 2, 0.0, true, DType::F64, Device::Cpu, 0).unwrap();
+    let m = MultiheadAttention::builder(6, 2)
+        .name("m")
+        .dtype(DType::F64)
+        .build(&Device::Cpu)
+        .unwrap();
     assert_err!(m.forward(&rand64(&[1, 3, 5], 5)), InvalidArgument);
 }
 

@@ -14,7 +14,14 @@ fn vals(t: &Tensor) -> Vec<f64> {
 }
 
 fn mha(e: usize, h: usize, p: f64, bias: bool) -> MultiheadAttention {
-    MultiheadAttention::new("mha", e, h, p, bias, DType::F64, Device::Cpu, 42).unwrap()
+    MultiheadAttention::builder(e, h)
+        .name("mha")
+        .dropout(p)
+        .bias(bias)
+        .dtype(DType::F64)
+        .seed(42)
+        .build(&Device::Cpu)
+        .unwrap()
 }
 
 #[test]
@@ -185,7 +192,12 @@ fn mha_policies_exact_bytes() {
                 attn_mask: None,
             };
             let f = |t: &[Tensor]| {
-                let m = MultiheadAttention::new("mha", e, h, p, true, DType::F64, Device::Cpu, 7)?;
+                let m = MultiheadAttention::builder(e, h)
+                    .name("mha")
+                    .dropout(p)
+                    .dtype(DType::F64)
+                    .seed(7)
+                    .build(&Device::Cpu)?;
                 m.attention(&t[0], &t[0], &t[0], &o)
             };
             let rows = check_policies(&f, &[rand64(&[b, l, e], 70)]);

@@ -152,7 +152,12 @@ fn running_statistics_after_two_train_steps() {
             momentum,
             ..Default::default()
         };
-        let m = BatchNorm::new1d("bn", 2, opts, DType::F64, Device::Cpu).unwrap();
+        let m = BatchNorm::builder(2)
+            .name("bn")
+            .options(opts)
+            .dtype(DType::F64)
+            .build1d(&Device::Cpu)
+            .unwrap();
         m.forward(&x1).unwrap();
         m.forward(&x2).unwrap();
         let (rm, rv, n) = buffers(&m);
@@ -161,7 +166,11 @@ fn running_statistics_after_two_train_steps() {
         assert_eq!(n, 2.0);
     }
     // eval uses (and does not change) the running statistics
-    let mut m = BatchNorm::new1d("bn", 2, Default::default(), DType::F64, Device::Cpu).unwrap();
+    let mut m = BatchNorm::builder(2)
+        .name("bn")
+        .dtype(DType::F64)
+        .build1d(&Device::Cpu)
+        .unwrap();
     m.forward(&x1).unwrap();
     m.set_training(false);
     let before = buffers(&m);
@@ -340,23 +349,36 @@ fn f64_statistics_are_kept_in_f64() {
 
 #[test]
 fn modules_report_pytorch_names_and_scopes() {
-    let m = BatchNorm::new2d("bn", 3, Default::default(), DType::F32, Device::Cpu).unwrap();
+    let m = BatchNorm::builder(3)
+        .name("bn")
+        .build2d(&Device::Cpu)
+        .unwrap();
     let names: Vec<String> = m.named_buffers().into_iter().map(|b| b.0).collect();
     assert_eq!(
         names,
         ["running_mean", "running_var", "num_batches_tracked"]
     );
     assert_eq!(m.named_parameters().len(), 2);
-    let ln = LayerNorm::new("ln", &[4], 1e-5, true, false, DType::F32, Device::Cpu).unwrap();
+    let ln = LayerNorm::builder(&[4])
+        .name("ln")
+        .bias(false)
+        .build(&Device::Cpu)
+        .unwrap();
     assert_eq!(ln.named_parameters().len(), 1);
     let y = ln.forward(&f32s(&[2, 4], 60)).unwrap();
     assert_eq!(y.shape(), &[2, 4]);
-    let gn = GroupNorm::new("gn", 2, 4, 1e-5, true, DType::F32, Device::Cpu).unwrap();
+    let gn = GroupNorm::builder(2, 4)
+        .name("gn")
+        .build(&Device::Cpu)
+        .unwrap();
     assert_eq!(
         gn.forward(&f32s(&[2, 4, 3], 61)).unwrap().shape(),
         &[2, 4, 3]
     );
-    let rn = RMSNorm::new("rms", &[4], None, true, DType::F32, Device::Cpu).unwrap();
+    let rn = RMSNorm::builder(&[4])
+        .name("rms")
+        .build(&Device::Cpu)
+        .unwrap();
     let names: Vec<String> = rn.named_parameters().into_iter().map(|b| b.0).collect();
     assert_eq!(names, ["weight"]);
     let no_track = BatchNormOptions {
@@ -364,7 +386,11 @@ fn modules_report_pytorch_names_and_scopes() {
         affine: false,
         ..Default::default()
     };
-    let mut m = BatchNorm::new1d("bn", 3, no_track, DType::F32, Device::Cpu).unwrap();
+    let mut m = BatchNorm::builder(3)
+        .name("bn")
+        .options(no_track)
+        .build1d(&Device::Cpu)
+        .unwrap();
     m.set_training(false);
     // without running statistics eval uses batch statistics
     assert!(m.forward(&f32s(&[4, 3], 62)).is_ok());
@@ -373,7 +399,10 @@ fn modules_report_pytorch_names_and_scopes() {
 
 #[test]
 fn errors_are_typed() {
-    let bn1 = BatchNorm::new1d("bn", 3, Default::default(), DType::F32, Device::Cpu).unwrap();
+    let bn1 = BatchNorm::builder(3)
+        .name("bn")
+        .build1d(&Device::Cpu)
+        .unwrap();
     assert_err!(bn1.forward(&f32s(&[4, 5], 70)), ShapeMismatch);
     assert_err!(bn1.forward(&f32s(&[2, 3, 4, 4], 71)), InvalidArgument);
     assert_err!(bn1.forward(&f32s(&[1, 3], 72)), InvalidArgument);
@@ -384,7 +413,10 @@ fn errors_are_typed() {
         .flat_map(|b| b.1.to_f64_vec().unwrap())
         .collect();
     assert_eq!(buffers, [0., 0., 0., 1., 1., 1., 0.]);
-    let bn2 = BatchNorm::new2d("bn", 3, Default::default(), DType::F32, Device::Cpu).unwrap();
+    let bn2 = BatchNorm::builder(3)
+        .name("bn")
+        .build2d(&Device::Cpu)
+        .unwrap();
     assert_err!(bn2.forward(&f32s(&[2, 4, 2, 2], 73)), ShapeMismatch);
     let x = f32s(&[4, 3], 74);
     assert_err!(
@@ -412,16 +444,22 @@ fn errors_are_typed() {
         ShapeMismatch
     );
     assert_err!(rms_norm(&x, &[3, 3], None, None), ShapeMismatch);
-    let ln = LayerNorm::new("ln", &[5], 1e-5, true, true, DType::F32, Device::Cpu).unwrap();
+    let ln = LayerNorm::builder(&[5])
+        .name("ln")
+        .build(&Device::Cpu)
+        .unwrap();
     assert_err!(ln.forward(&x), ShapeMismatch);
 
     assert_err!(group_norm(&x, 2, None, None, 1e-5), InvalidArgument);
     assert_err!(group_norm(&x, 0, None, None, 1e-5), InvalidArgument);
     assert_err!(
-        GroupNorm::new("gn", 4, 6, 1e-5, true, DType::F32, Device::Cpu),
+        GroupNorm::builder(4, 6).name("gn").build(&Device::Cpu),
         InvalidArgument
     );
-    let gn = GroupNorm::new("gn", 2, 4, 1e-5, true, DType::F32, Device::Cpu).unwrap();
+    let gn = GroupNorm::builder(2, 4)
+        .name("gn")
+        .build(&Device::Cpu)
+        .unwrap();
     assert_err!(gn.forward(&x), ShapeMismatch);
 }
 
@@ -492,8 +530,14 @@ fn modules_report_saved_bytes_by_layer_and_parameters_stay_parameters() {
     use leangrad::memory::{Category, Ledger};
     let ledger = Ledger::new();
     let _l = ledger.enter();
-    let bn = BatchNorm::new2d("bn1", 4, Default::default(), DType::F32, Device::Cpu).unwrap();
-    let ln = LayerNorm::new("ln1", &[6], 1e-5, true, true, DType::F32, Device::Cpu).unwrap();
+    let bn = BatchNorm::builder(4)
+        .name("bn1")
+        .build2d(&Device::Cpu)
+        .unwrap();
+    let ln = LayerNorm::builder(&[6])
+        .name("ln1")
+        .build(&Device::Cpu)
+        .unwrap();
     let x = f32s(&[2, 4, 3, 6], 100).set_requires_grad(true).unwrap();
     let y = ln.forward(&bn.forward(&x).unwrap()).unwrap();
     // bn: x̂ + scale (the weight is a parameter: not counted as saved);
@@ -524,17 +568,13 @@ fn modules_report_saved_bytes_by_layer_and_parameters_stay_parameters() {
 
 #[test]
 fn batchnorm_module_in_eval_keeps_nothing_for_an_input_gradient() {
-    use leangrad::nn::{BatchNorm, BatchNormOptions, Module};
+    use leangrad::nn::{BatchNorm, Module};
     let ledger = leangrad::memory::Ledger::new();
     let _l = ledger.enter();
-    let mut bn = BatchNorm::new2d(
-        "bn",
-        3,
-        BatchNormOptions::default(),
-        DType::F32,
-        Device::Cpu,
-    )
-    .unwrap();
+    let mut bn = BatchNorm::builder(3)
+        .name("bn")
+        .build2d(&Device::Cpu)
+        .unwrap();
     bn.set_training(false);
     {
         let _ng = leangrad::autograd::no_grad();
@@ -573,7 +613,7 @@ fn batchnorm_module_in_eval_keeps_nothing_for_an_input_gradient() {
 }
 
 #[test]
-fn builders_give_the_positional_constructors_layers() {
+fn builders_default_to_pytorch_and_apply_each_setting() {
     use leangrad::nn::Module;
     let x = f32s(&[4, 6, 3, 2], 41);
     let out = |m: &dyn Module| m.forward(&x).unwrap().to_vec::<f32>().unwrap();
@@ -582,20 +622,25 @@ fn builders_give_the_positional_constructors_layers() {
         v.extend(m.named_buffers().into_iter().map(|b| b.0));
         v
     };
-    // BatchNorm: options through the builder, PyTorch's defaults otherwise.
+    // BatchNorm: all options at once equal the same options one by one
+    // (PyTorch's defaults for the rest).
     let opts = BatchNormOptions {
         eps: 1e-3,
         momentum: None,
         affine: false,
         track_running_stats: true,
     };
-    let a = BatchNorm::new2d("bn", 6, opts, DType::F32, Device::Cpu).unwrap();
+    let a = BatchNorm::builder(6)
+        .name("bn")
+        .options(opts)
+        .build2d(&Device::Cpu)
+        .unwrap();
     let b = BatchNorm::builder(6)
         .name("bn")
         .eps(1e-3)
         .momentum(None)
         .affine(false)
-        .build2d(Device::Cpu)
+        .build2d(&Device::Cpu)
         .unwrap();
     assert_eq!(out(&a), out(&b));
     assert_eq!(names(&a), names(&b));
@@ -604,7 +649,7 @@ fn builders_give_the_positional_constructors_layers() {
         buffers(&b),
         "running statistics after one step"
     );
-    let d = BatchNorm::builder(6).build1d(Device::Cpu).unwrap();
+    let d = BatchNorm::builder(6).build1d(&Device::Cpu).unwrap();
     assert_eq!(names(&d).len(), 5);
     assert!(
         d.forward(&x).is_err(),
@@ -613,44 +658,64 @@ fn builders_give_the_positional_constructors_layers() {
     let e = BatchNorm::builder(6)
         .track_running_stats(false)
         .dtype(DType::F64)
-        .build2d(Device::Cpu)
+        .build2d(&Device::Cpu)
         .unwrap();
     assert!(e.running_mean.is_none() && e.num_batches_tracked.is_none());
     assert_eq!(e.weight.as_ref().unwrap().dtype(), DType::F64);
     // LayerNorm, GroupNorm, RMSNorm.
-    let a = LayerNorm::new("ln", &[3, 2], 1e-3, true, false, DType::F32, Device::Cpu).unwrap();
+    // Every setting spelled out equals the defaults plus the changed ones.
+    let a = LayerNorm::builder(&[3, 2])
+        .name("ln")
+        .eps(1e-3)
+        .elementwise_affine(true)
+        .bias(false)
+        .dtype(DType::F32)
+        .build(&Device::Cpu)
+        .unwrap();
     let b = LayerNorm::builder(&[3, 2])
         .name("ln")
         .eps(1e-3)
         .bias(false)
-        .build(Device::Cpu)
+        .build(&Device::Cpu)
         .unwrap();
     assert_eq!((out(&a), names(&a)), (out(&b), names(&b)));
     let c = LayerNorm::builder(&[2])
         .elementwise_affine(false)
-        .build(Device::Cpu)
+        .build(&Device::Cpu)
         .unwrap();
     assert!(c.weight.is_none() && c.bias.is_none());
-    let a = GroupNorm::new("gn", 3, 6, 1e-4, false, DType::F32, Device::Cpu).unwrap();
+    let a = GroupNorm::builder(3, 6)
+        .name("gn")
+        .eps(1e-4)
+        .affine(false)
+        .dtype(DType::F32)
+        .build(&Device::Cpu)
+        .unwrap();
     let b = GroupNorm::builder(3, 6)
         .name("gn")
         .eps(1e-4)
         .affine(false)
-        .build(Device::Cpu)
+        .build(&Device::Cpu)
         .unwrap();
     assert_eq!((out(&a), names(&a)), (out(&b), names(&b)));
-    assert!(GroupNorm::builder(4, 6).build(Device::Cpu).is_err());
-    let a = RMSNorm::new("rms", &[2], Some(1e-6), true, DType::F32, Device::Cpu).unwrap();
+    assert!(GroupNorm::builder(4, 6).build(&Device::Cpu).is_err());
+    let a = RMSNorm::builder(&[2])
+        .name("rms")
+        .eps(Some(1e-6))
+        .elementwise_affine(true)
+        .dtype(DType::F32)
+        .build(&Device::Cpu)
+        .unwrap();
     let b = RMSNorm::builder(&[2])
         .name("rms")
         .eps(Some(1e-6))
-        .build(Device::Cpu)
+        .build(&Device::Cpu)
         .unwrap();
     assert_eq!((out(&a), names(&a)), (out(&b), names(&b)));
     let c = RMSNorm::builder(&[2])
         .elementwise_affine(false)
         .dtype(DType::F64)
-        .build(Device::Cpu)
+        .build(&Device::Cpu)
         .unwrap();
     assert!(c.weight.is_none());
 }

@@ -475,7 +475,12 @@ fn embedding_saves_the_indices_only_for_the_weight() {
     let ledger = Ledger::new();
     let _l = ledger.enter();
     let i = idx(&[1, 9, 9, 0, 3, 2], &[2, 3]);
-    let mut e = Embedding::new("emb", 10, 4, Some(3), DType::F32, Device::Cpu, 20).unwrap();
+    let mut e = Embedding::builder(10, 4)
+        .name("emb")
+        .padding_idx(Some(3))
+        .seed(20)
+        .build(&Device::Cpu)
+        .unwrap();
     let names: Vec<String> = e.named_parameters().into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["weight"]);
     assert_eq!(e.weight.to_vec::<f32>().unwrap()[12..16], [0.0; 4]);
@@ -509,7 +514,10 @@ fn embedding_errors() {
         UnsupportedDType
     );
     assert_err!(
-        Embedding::new("e", 4, 2, Some(7), DType::F32, Device::Cpu, 0),
+        Embedding::builder(4, 2)
+            .name("e")
+            .padding_idx(Some(7))
+            .build(&Device::Cpu),
         IndexOutOfRange
     );
 }

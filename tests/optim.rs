@@ -32,7 +32,11 @@ fn f64_tensor(v: &Value, shape: &[usize]) -> Tensor {
 }
 
 fn linear(name: &str, w: &Value, b: &Value, inp: usize, out: usize) -> Linear {
-    let mut l = Linear::new(name, inp, out, true, DType::F64, CPU, 0).unwrap();
+    let mut l = Linear::builder(inp, out)
+        .name(name)
+        .dtype(DType::F64)
+        .build(&CPU)
+        .unwrap();
     l.weight = f64_tensor(w, &[out, inp]).into_parameter().unwrap();
     l.bias = Some(f64_tensor(b, &[out]).into_parameter().unwrap());
     l
@@ -341,7 +345,11 @@ fn fused_update_bumps_versions_and_other_leaves_collect_grads() {
 fn frozen_parameters_get_no_state_and_no_update() {
     let ledger = Ledger::new();
     let _g = ledger.enter();
-    let mut l = Linear::new("fc", 4, 4, true, DType::F32, CPU, 3).unwrap();
+    let mut l = Linear::builder(4, 4)
+        .name("fc")
+        .seed(3)
+        .build(&CPU)
+        .unwrap();
     l.weight = l.weight.detach();
     let before = l.weight.to_vec::<f32>().unwrap();
     let mut opt = Optimizer::new(l.parameters(), Adam::new(0.1)).unwrap();

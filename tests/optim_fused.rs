@@ -16,16 +16,11 @@ fn small_mlp() -> Vec<Linear> {
         .iter()
         .enumerate()
         .map(|(i, &(a, b))| {
-            Linear::new(
-                &format!("fc{i}"),
-                a,
-                b,
-                true,
-                DType::F32,
-                CPU,
-                40 + i as u64,
-            )
-            .unwrap()
+            Linear::builder(a, b)
+                .name(&format!("fc{i}"))
+                .seed(40 + i as u64)
+                .build(&CPU)
+                .unwrap()
         })
         .collect()
 }
@@ -227,16 +222,11 @@ const BIAS: usize = WIDTH * 4;
 fn deep_mlp() -> Vec<Linear> {
     (0..LAYERS)
         .map(|i| {
-            Linear::new(
-                &format!("fc{i}"),
-                WIDTH,
-                WIDTH,
-                true,
-                DType::F32,
-                CPU,
-                200 + i as u64,
-            )
-            .unwrap()
+            Linear::builder(WIDTH, WIDTH)
+                .name(&format!("fc{i}"))
+                .seed(200 + i as u64)
+                .build(&CPU)
+                .unwrap()
         })
         .collect()
 }

@@ -5,9 +5,9 @@
 //! ```no_run
 //! use leangrad::io::{load_safetensors, load_state_dict, LoadOptions};
 //! use leangrad::nn::Linear;
-//! use leangrad::{DType, Device};
+//! use leangrad::Device;
 //!
-//! let layer = Linear::new("fc", 4, 3, true, DType::F32, Device::Cpu, 0)?;
+//! let layer = Linear::builder(4, 3).name("fc").build(&Device::Cpu)?;
 //! let tensors = load_safetensors("linear.safetensors")?;
 //! let report = load_state_dict(&layer, &tensors, LoadOptions::default())?;
 //! assert_eq!(report.loaded, ["bias", "weight"]);

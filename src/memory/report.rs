@@ -7,11 +7,17 @@ use std::fmt::Write;
 /// Bytes in each category.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct CategoryBytes {
+    /// [`Category::Parameter`]: model weights and buffers.
     pub parameter: usize,
+    /// [`Category::Gradient`]: gradient buffers.
     pub gradient: usize,
+    /// [`Category::Saved`]: tensors held for backward.
     pub saved: usize,
+    /// [`Category::OptimizerState`]: moments and momentum buffers.
     pub optimizer_state: usize,
+    /// [`Category::Workspace`]: temporaries of running ops.
     pub workspace: usize,
+    /// [`Category::Other`]: inputs, activations, results.
     pub other: usize,
 }
 
@@ -40,22 +46,32 @@ impl CategoryBytes {
     }
 }
 
-/// Saved-for-backward bytes held for one layer/op.
+/// Saved-for-backward bytes held by one op in one layer scope.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LayerBytes {
+    /// `scope/op` of the op that saved the bytes (`op` outside any scope).
     pub layer: String,
+    /// Bytes it holds for backward now.
     pub live: usize,
+    /// The most it held at once.
     pub peak: usize,
 }
 
 /// One device's counts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeviceReport {
+    /// The device's name (e.g. `cpu`, `cuda:0`).
     pub device: String,
+    /// Bytes live now, all categories.
     pub live_total: usize,
+    /// The most bytes live at once, all categories.
     pub peak_total: usize,
+    /// Allocations ever counted on the device.
     pub allocations: u64,
+    /// Bytes live now, per category.
     pub live: CategoryBytes,
+    /// Each category's own peak (they need not coincide, so they may sum
+    /// to more than `peak_total`).
     pub peak: CategoryBytes,
     /// Gradient bytes that have reached a parameter (part of `gradient`).
     pub parameter_gradient_live: usize,
@@ -68,6 +84,7 @@ pub struct DeviceReport {
 /// A snapshot of a ledger.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MemoryReport {
+    /// One entry per device that has seen an allocation.
     pub devices: Vec<DeviceReport>,
 }
 

@@ -168,7 +168,11 @@ impl Bert {
         check_sizes("Bert", &sizes, d, cfg.num_attention_heads)?;
         let c = (dtype, device);
         let table = |name: &str, n: usize, s: u64| {
-            Embedding::new(name, n, d, None, dtype, device, seed.wrapping_add(s))
+            Embedding::builder(n, d)
+                .name(name)
+                .dtype(dtype)
+                .seed(seed.wrapping_add(s))
+                .build(&device)
         };
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| BertLayer::new(&cfg, c, seed.wrapping_add(100 * (i as u64 + 1))))

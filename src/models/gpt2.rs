@@ -77,11 +77,27 @@ impl Block {
         let (d, eps) = (cfg.n_embd, cfg.layer_norm_epsilon);
         Ok(Block {
             ln_1: layer_norm("ln_1", d, eps, c)?,
-            c_attn: Conv1D::new("c_attn", d, 3 * d, c, seed)?,
-            attn_proj: Conv1D::new("c_proj", d, d, c, seed.wrapping_add(1))?,
+            c_attn: Conv1D::builder(d, 3 * d)
+                .name("c_attn")
+                .dtype(c.0)
+                .seed(seed)
+                .build(&c.1)?,
+            attn_proj: Conv1D::builder(d, d)
+                .name("c_proj")
+                .dtype(c.0)
+                .seed(seed.wrapping_add(1))
+                .build(&c.1)?,
             ln_2: layer_norm("ln_2", d, eps, c)?,
-            c_fc: Conv1D::new("c_fc", d, cfg.n_inner, c, seed.wrapping_add(2))?,
-            mlp_proj: Conv1D::new("c_proj", cfg.n_inner, d, c, seed.wrapping_add(3))?,
+            c_fc: Conv1D::builder(d, cfg.n_inner)
+                .name("c_fc")
+                .dtype(c.0)
+                .seed(seed.wrapping_add(2))
+                .build(&c.1)?,
+            mlp_proj: Conv1D::builder(cfg.n_inner, d)
+                .name("c_proj")
+                .dtype(c.0)
+                .seed(seed.wrapping_add(3))
+                .build(&c.1)?,
             heads: cfg.n_head,
         })
     }
@@ -154,8 +170,16 @@ impl Gpt2 {
             .collect::<Result<_>>()?;
         Ok(Gpt2 {
             config,
-            wte: Embedding::new("wte", cfg.vocab_size, d, None, dtype, device, seed)?,
-            wpe: Embedding::new("wpe", cfg.n_positions, d, None, dtype, device, seed + 1)?,
+            wte: Embedding::builder(cfg.vocab_size, d)
+                .name("wte")
+                .dtype(dtype)
+                .seed(seed)
+                .build(&device)?,
+            wpe: Embedding::builder(cfg.n_positions, d)
+                .name("wpe")
+                .dtype(dtype)
+                .seed(seed + 1)
+                .build(&device)?,
             blocks,
             ln_f: layer_norm("ln_f", d, cfg.layer_norm_epsilon, c)?,
         })

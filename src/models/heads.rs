@@ -42,7 +42,11 @@ impl<B: Backbone> Classifier<B> {
         seed: u64,
     ) -> Result<Classifier<B>> {
         let width = backbone.feature_width();
-        let classifier = Linear::new("classifier", width, classes, true, dtype, device, seed)?;
+        let classifier = Linear::builder(width, classes)
+            .name("classifier")
+            .dtype(dtype)
+            .seed(seed)
+            .build(&device)?;
         Ok(Classifier {
             backbone,
             classifier,

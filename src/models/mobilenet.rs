@@ -224,15 +224,11 @@ impl MobileNetV2 {
             blocks,
             avgpool: AdaptiveAvgPool2d::new("avgpool", [1, 1]),
             dropout: Dropout::new("classifier.0", cfg.dropout, seed.wrapping_add(8))?,
-            fc: Linear::new(
-                "classifier.1",
-                cfg.last_channel,
-                cfg.num_classes,
-                true,
-                dtype,
-                device,
-                seed.wrapping_add(9),
-            )?,
+            fc: Linear::builder(cfg.last_channel, cfg.num_classes)
+                .name("classifier.1")
+                .dtype(dtype)
+                .seed(seed.wrapping_add(9))
+                .build(&device)?,
         })
     }
 

@@ -28,11 +28,11 @@ pub use gpt2::{Gpt2, Gpt2Config};
 pub use heads::{Backbone, BertClassifier, Classifier, ViTClassifier};
 pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
-pub use transformer::{Conv1D, Param, TextInput};
+pub use transformer::{Conv1D, Conv1DBuilder, Param, TextInput};
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
 pub use vit::{classic_vit_name, ViT, ViTConfig};
 
-use crate::nn::{BatchNorm, BatchNormOptions, Conv2d, LayerKind, Module};
+use crate::nn::{BatchNorm, Conv2d, LayerKind, Module};
 use crate::{DType, Device, Result, Tensor};
 
 /// The dtype and device every layer of a model is built with.
@@ -63,7 +63,10 @@ pub(crate) fn square_conv(
 
 /// A BatchNorm2d with PyTorch's default options.
 pub(crate) fn batch_norm2d(name: &str, channels: usize, c: Ctx) -> Result<BatchNorm> {
-    BatchNorm::new2d(name, channels, BatchNormOptions::default(), c.0, c.1)
+    BatchNorm::builder(channels)
+        .name(name)
+        .dtype(c.0)
+        .build2d(&c.1)
 }
 
 /// `prefix.name` for each of `module`'s parameters.

@@ -240,15 +240,11 @@ impl ResNet {
             maxpool: MaxPool2d::new("maxpool", pool),
             stages,
             avgpool: AdaptiveAvgPool2d::new("avgpool", [1, 1]),
-            fc: Linear::new(
-                "fc",
-                cin,
-                cfg.num_classes,
-                true,
-                dtype,
-                device,
-                seed.wrapping_add(9),
-            )?,
+            fc: Linear::builder(cin, cfg.num_classes)
+                .name("fc")
+                .dtype(dtype)
+                .seed(seed.wrapping_add(9))
+                .build(&device)?,
         })
     }
 

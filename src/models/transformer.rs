@@ -11,7 +11,7 @@ use crate::nn::{
     scaled_dot_product_attention, Conv2d, Embedding, LayerKind, LayerNorm, Linear, Module,
     SdpaOptions,
 };
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Device, Error, Result, Tensor};
 
 /// What a text model reads: token ids (I64 or U32 `[B, L]`) or input
 /// embeddings (`[B, L, hidden]`, e.g. to differentiate with respect to
@@ -160,15 +160,61 @@ pub struct Conv1D {
     name: String,
 }
 
+/// Builds a [`Conv1D`]: [`Conv1D::builder`], then the settings that
+/// differ from the defaults, then [`build`](Conv1DBuilder::build).
+#[derive(Clone, Debug)]
+pub struct Conv1DBuilder {
+    nx: usize,
+    nf: usize,
+    dtype: DType,
+    seed: u64,
+    name: String,
+}
+
 impl Conv1D {
-    /// A layer with weight N(0, 0.02²) and zero bias, as GPT-2 initialises.
-    pub fn new(name: &str, nx: usize, nf: usize, c: Ctx, seed: u64) -> Result<Conv1D> {
-        let weight = Param::new("weight", &[nx, nf], c, seed)?.value;
-        let bias = Tensor::zeros(&[nf], c.0, c.1)?.into_parameter()?;
+    /// A builder of a layer from `nx` to `nf` features, f32, seed 0, named
+    /// `conv1d`.
+    pub fn builder(nx: usize, nf: usize) -> Conv1DBuilder {
+        Conv1DBuilder {
+            nx,
+            nf,
+            dtype: DType::F32,
+            seed: 0,
+            name: "conv1d".into(),
+        }
+    }
+}
+
+impl Conv1DBuilder {
+    /// The layer's name in scopes and reports (default: `conv1d`).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+
+    /// The parameters' dtype (default: f32).
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// The seed of the Philox normal stream the weight is drawn from
+    /// (default: 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The layer on `device`: weight N(0, 0.02²) and zero bias, as GPT-2
+    /// initialises (on the meta device nothing is drawn).
+    pub fn build(&self, device: &Device) -> Result<Conv1D> {
+        let c = (self.dtype, *device);
+        let weight = Param::new("weight", &[self.nx, self.nf], c, self.seed)?.value;
+        let bias = Tensor::zeros(&[self.nf], c.0, c.1)?.into_parameter()?;
         Ok(Conv1D {
             weight,
             bias,
-            name: name.to_string(),
+            name: self.name.clone(),
         })
     }
 }
@@ -200,12 +246,20 @@ impl Leaf for Conv1D {
 
 /// A LayerNorm over the last `dim` features.
 pub(crate) fn layer_norm(name: &str, dim: usize, eps: f64, c: Ctx) -> Result<LayerNorm> {
-    LayerNorm::new(name, &[dim], eps, true, true, c.0, c.1)
+    LayerNorm::builder(&[dim])
+        .name(name)
+        .eps(eps)
+        .dtype(c.0)
+        .build(&c.1)
 }
 
 /// A biased Linear layer `cin → cout`.
 pub(crate) fn linear(name: &str, cin: usize, cout: usize, c: Ctx, seed: u64) -> Result<Linear> {
-    Linear::new(name, cin, cout, true, c.0, c.1, seed)
+    Linear::builder(cin, cout)
+        .name(name)
+        .dtype(c.0)
+        .seed(seed)
+        .build(&c.1)
 }
 
 /// Checks that `heads` divides `hidden` and every size is positive.

@@ -5,8 +5,8 @@
 use super::{buffers_of, kinds_of, params_of, set_bn, set_conv, set_linear};
 use crate::memory::scope;
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, BatchNormOptions, Conv2d, Dropout, LayerKind, Linear, MaxPool2d,
-    MaxPool2dOptions, Module, ReLU,
+    AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, LayerKind, Linear, MaxPool2d, MaxPool2dOptions,
+    Module, ReLU,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -126,7 +126,10 @@ impl Vgg {
             layers.push((name, Layer::Conv(conv)));
             if c.batch_norm {
                 let name = format!("features.{}", layers.len());
-                let bn = BatchNorm::new2d(&name, w, BatchNormOptions::default(), dtype, device)?;
+                let bn = BatchNorm::builder(w)
+                    .name(&name)
+                    .dtype(dtype)
+                    .build2d(&device)?;
                 layers.push((name, Layer::Bn(bn)));
             }
             layers.push((
@@ -145,7 +148,11 @@ impl Vgg {
         for i in 0..3 {
             let name = format!("classifier.{}", 3 * i);
             let s = seed.wrapping_add(500 + i as u64);
-            let fc = Linear::new(&name, sizes[i], sizes[i + 1], true, dtype, device, s)?;
+            let fc = Linear::builder(sizes[i], sizes[i + 1])
+                .name(&name)
+                .dtype(dtype)
+                .seed(s)
+                .build(&device)?;
             layers.push((name, Layer::Linear(fc)));
             if i < 2 {
                 let (r, d) = (

@@ -16,18 +16,71 @@ pub struct Linear {
     name: String,
 }
 
+/// Builds a [`Linear`]: [`Linear::builder`], then the settings that differ
+/// from the defaults, then [`build`](LinearBuilder::build).
+#[derive(Clone, Debug)]
+pub struct LinearBuilder {
+    in_features: usize,
+    out_features: usize,
+    bias: bool,
+    dtype: DType,
+    seed: u64,
+    name: String,
+}
+
 impl Linear {
-    /// A layer initialised like PyTorch's default (uniform in ±1/√in),
-    /// from a seeded Philox stream; parameters are counted as parameters.
-    pub fn new(
-        name: &str,
-        in_features: usize,
-        out_features: usize,
-        bias: bool,
-        dtype: DType,
-        device: Device,
-        seed: u64,
-    ) -> Result<Linear> {
+    /// A builder of a layer from `in_features` to `out_features` with
+    /// PyTorch's defaults (a bias) and f32 parameters, seed 0, named
+    /// `linear`.
+    pub fn builder(in_features: usize, out_features: usize) -> LinearBuilder {
+        LinearBuilder {
+            in_features,
+            out_features,
+            bias: true,
+            dtype: DType::F32,
+            seed: 0,
+            name: "linear".into(),
+        }
+    }
+
+    /// The layer's name in scopes and reports.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl LinearBuilder {
+    /// The layer's name in scopes and reports (default: `linear`).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+
+    /// Whether the layer has a bias (default: true, as PyTorch).
+    pub fn bias(mut self, bias: bool) -> Self {
+        self.bias = bias;
+        self
+    }
+
+    /// The parameters' dtype (default: f32).
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// The seed of the Philox stream the weight is drawn from (default: 0;
+    /// the bias uses `seed ^ 0x5eed`).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The layer on `device`, initialised like PyTorch's default (uniform
+    /// in ±1/√in_features) from the seeded Philox stream; the tensors are
+    /// counted as parameters.
+    pub fn build(&self, device: &Device) -> Result<Linear> {
+        let (device, dtype, seed) = (*device, self.dtype, self.seed);
+        let (in_features, out_features) = (self.in_features, self.out_features);
         let bound = 1.0 / (in_features as f64).sqrt();
         let weight = Tensor::rand_range(
             &[out_features, in_features],
@@ -38,7 +91,7 @@ impl Linear {
             seed,
         )?
         .into_parameter()?;
-        let bias = if bias {
+        let bias = if self.bias {
             Some(
                 Tensor::rand_range(&[out_features], -bound, bound, dtype, device, seed ^ 0x5eed)?
                     .into_parameter()?,
@@ -49,13 +102,8 @@ impl Linear {
         Ok(Linear {
             weight,
             bias,
-            name: name.to_string(),
+            name: self.name.clone(),
         })
-    }
-
-    /// The layer's name in scopes and reports.
-    pub fn name(&self) -> &str {
-        &self.name
     }
 }
 

@@ -17,8 +17,8 @@ pub use conv::{
     Size2,
 };
 pub use dropout::{dropout, Dropout};
-pub use embedding::{embedding, Embedding};
-pub use linear::Linear;
+pub use embedding::{embedding, Embedding, EmbeddingBuilder};
+pub use linear::{Linear, LinearBuilder};
 pub use module::{parameters_of_kind, LayerKind, Module};
 pub use pool::{
     adaptive_avg_pool2d, avg_pool2d, max_pool2d, AdaptiveAvgPool2d, AvgPool2d, AvgPool2dOptions,
@@ -32,4 +32,7 @@ pub use norm::{
 };
 mod attention;
 
-pub use attention::{scaled_dot_product_attention, MhaOptions, MultiheadAttention, SdpaOptions};
+pub use attention::{
+    scaled_dot_product_attention, MhaOptions, MultiheadAttention, MultiheadAttentionBuilder,
+    SdpaOptions,
+};

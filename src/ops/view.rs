@@ -109,9 +109,9 @@ impl BackwardOp for IdentityBackward {
 }
 
 impl Tensor {
-    /// The same elements with a new shape (one dim may be `usize::MAX`…
-    /// no: give the exact shape). A view when contiguous, else a copy.
-    /// Saves only the input shape.
+    /// The same elements in row-major order with the exact new `shape` (same
+    /// element count, else an error). A view when contiguous, else a
+    /// contiguous copy. Saves only the input shape.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         if shape.iter().product::<usize>() != self.numel() {
             return Err(Error::ShapeMismatch {
@@ -133,7 +133,9 @@ impl Tensor {
         Ok(attach(out, &[self], op))
     }
 
-    /// Flattens dims `start..=end` into one.
+    /// Flattens dims `start..=end` (negative counts from the end) into one;
+    /// a 0-d tensor becomes `[1]`. A [`Tensor::reshape`]: saves only the
+    /// input shape.
     pub fn flatten(&self, start: isize, end: isize) -> Result<Tensor> {
         if self.rank() == 0 {
             return self.reshape(&[1]);
@@ -152,7 +154,8 @@ impl Tensor {
         self.reshape(&shape)
     }
 
-    /// Inserts a dimension of size 1 at `dim`.
+    /// Inserts a dimension of size 1 at `dim` (in `-(rank+1)..=rank`).
+    /// Always a view; saves only the input shape.
     pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
         let d = resolve_dim("unsqueeze", dim, self.rank() + 1)?;
         let mut shape = self.shape().to_vec();
@@ -160,7 +163,8 @@ impl Tensor {
         self.reshape_view(shape)
     }
 
-    /// Removes dimension `dim`, which must have size 1.
+    /// Removes dimension `dim`, which must have size 1. Always a view; saves
+    /// only the input shape.
     pub fn squeeze(&self, dim: isize) -> Result<Tensor> {
         let d = resolve_dim("squeeze", dim, self.rank())?;
         if self.shape()[d] != 1 {
@@ -211,7 +215,8 @@ impl Tensor {
         self.permute(&dims)
     }
 
-    /// The transpose of the last two dimensions.
+    /// The transpose of the last two dimensions (a view, as
+    /// [`Tensor::transpose`]).
     pub fn t(&self) -> Result<Tensor> {
         self.transpose(-2, -1)
     }

@@ -22,7 +22,7 @@ pub enum GradTransform {
 pub const NORM_LANES: usize = 16384;
 
 /// An update rule as data: what a device kernel needs to run
-/// [`Algorithm::update`] bit-identically.
+/// [`Algorithm::update`](crate::optim::Algorithm::update) bit-identically.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UpdateRule {
     /// [`crate::optim::Sgd`]'s update.

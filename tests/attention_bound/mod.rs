@@ -313,16 +313,12 @@ pub fn mha_error_bound(
         let mut opts = SdpaOptions::default().causal(causal);
         if dropout > 0.0 {
             let (bq, lq, lk) = (src_q.v.shape()[0], src_q.v.shape()[1], src_kv.v.shape()[1]);
-            let m = leangrad::nn::MultiheadAttention::new(
-                "mha",
-                e,
-                heads_n,
-                dropout,
-                true,
-                DType::F64,
-                Device::Cpu,
-                seed,
-            )?;
+            let m = leangrad::nn::MultiheadAttention::builder(e, heads_n)
+                .name("mha")
+                .dropout(dropout)
+                .dtype(DType::F64)
+                .seed(seed)
+                .build(&Device::Cpu)?;
             let (s, o) = m.generator().reserve((bq * heads_n * lq * lk) as u64);
             opts = opts.dropout(dropout, s, o);
         }

@@ -34,7 +34,7 @@ mod multihead;
 #[cfg(test)]
 mod tests;
 
-pub use multihead::{MhaOptions, MultiheadAttention};
+pub use multihead::{MhaOptions, MultiheadAttention, MultiheadAttentionBuilder};
 
 use super::dropout::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};

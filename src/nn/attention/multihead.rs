@@ -46,21 +46,61 @@ pub struct MultiheadAttention {
     name: String,
 }
 
-impl MultiheadAttention {
-    /// A layer with `num_heads` heads over `embed_dim` features (which must
-    /// divide), dropout `p` on the attention probabilities, optional biases,
-    /// initialised from Philox streams derived from `seed`; training mode.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        name: &str,
-        embed_dim: usize,
-        num_heads: usize,
-        dropout: f64,
-        bias: bool,
-        dtype: DType,
-        device: Device,
-        seed: u64,
-    ) -> Result<MultiheadAttention> {
+/// Builds a [`MultiheadAttention`]: [`MultiheadAttention::builder`], then
+/// the settings that differ from the defaults, then
+/// [`build`](MultiheadAttentionBuilder::build).
+#[derive(Clone, Debug)]
+pub struct MultiheadAttentionBuilder {
+    embed_dim: usize,
+    num_heads: usize,
+    dropout: f64,
+    bias: bool,
+    dtype: DType,
+    seed: u64,
+    name: String,
+}
+
+impl MultiheadAttentionBuilder {
+    /// The layer's name in scopes and reports (default:
+    /// `multihead_attention`).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+
+    /// Dropout probability on the attention probabilities in training mode
+    /// (in `[0, 1]`; default: 0).
+    pub fn dropout(mut self, p: f64) -> Self {
+        self.dropout = p;
+        self
+    }
+
+    /// Whether the input and output projections have biases (default:
+    /// true, as PyTorch).
+    pub fn bias(mut self, bias: bool) -> Self {
+        self.bias = bias;
+        self
+    }
+
+    /// The parameters' dtype (default: f32).
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// The seed the Philox streams are derived from (default: 0): the input
+    /// projection uses `seed`, `out_proj` `seed ^ 0x0a7`, the dropout
+    /// generator `seed ^ 0xd50`.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The layer on `device`, in training mode; an error unless `num_heads`
+    /// divides `embed_dim` and the dropout is in `[0, 1]`.
+    pub fn build(&self, device: &Device) -> Result<MultiheadAttention> {
+        let (embed_dim, num_heads, dropout) = (self.embed_dim, self.num_heads, self.dropout);
+        let (bias, dtype, device, seed) = (self.bias, self.dtype, *device, self.seed);
         if num_heads == 0 || !embed_dim.is_multiple_of(num_heads) {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -82,7 +122,12 @@ impl MultiheadAttention {
         } else {
             None
         };
-        let mut out_proj = Linear::new("out_proj", e, e, bias, dtype, device, seed ^ 0x0a7)?;
+        let mut out_proj = Linear::builder(e, e)
+            .name("out_proj")
+            .bias(bias)
+            .dtype(dtype)
+            .seed(seed ^ 0x0a7)
+            .build(&device)?;
         if bias {
             out_proj.bias = Some(Tensor::zeros(&[e], dtype, device)?.into_parameter()?);
         }
@@ -95,8 +140,25 @@ impl MultiheadAttention {
             dropout,
             training: true,
             generator: Generator::new(seed ^ 0xd50),
-            name: name.to_string(),
+            name: self.name.clone(),
         })
+    }
+}
+
+impl MultiheadAttention {
+    /// A builder of a layer with `num_heads` heads over `embed_dim`
+    /// features (which they must divide), with PyTorch's defaults (no
+    /// dropout, biases), f32, seed 0, named `multihead_attention`.
+    pub fn builder(embed_dim: usize, num_heads: usize) -> MultiheadAttentionBuilder {
+        MultiheadAttentionBuilder {
+            embed_dim,
+            num_heads,
+            dropout: 0.0,
+            bias: true,
+            dtype: DType::F32,
+            seed: 0,
+            name: OP.into(),
+        }
     }
 
     /// `x · W[i·E..(i+1)·E]ᵀ + b[i·E..]` for projection `i` (0 q, 1 k, 2 v).

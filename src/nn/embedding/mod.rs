@@ -144,40 +144,81 @@ pub struct Embedding {
     name: String,
 }
 
-impl Embedding {
-    /// A table of `num_embeddings` rows of `embedding_dim`, from a seeded
-    /// Philox normal stream; `padding_idx` (negative counts from the end)
-    /// names a row kept at zero that gets no gradient.
-    pub fn new(
-        name: &str,
-        num_embeddings: usize,
-        embedding_dim: usize,
-        padding_idx: Option<i64>,
-        dtype: DType,
-        device: Device,
-        seed: u64,
-    ) -> Result<Embedding> {
-        let padding = resolve_padding(padding_idx, num_embeddings)?;
-        if device.is_meta() {
-            let weight =
-                Tensor::zeros(&[num_embeddings, embedding_dim], dtype, device)?.into_parameter()?;
-            return Ok(Embedding {
-                weight,
-                padding_idx,
-                name: name.to_string(),
-            });
-        }
-        let mut v = crate::rng::normal(seed, 0, num_embeddings * embedding_dim);
-        if let Some(p) = padding {
-            v[p * embedding_dim..(p + 1) * embedding_dim].fill(0.0);
-        }
-        let weight = Tensor::from_f64_slice(&v, &[num_embeddings, embedding_dim], dtype, device)?
-            .into_parameter()?;
+/// Builds an [`Embedding`]: [`Embedding::builder`], then the settings that
+/// differ from the defaults, then [`build`](EmbeddingBuilder::build).
+#[derive(Clone, Debug)]
+pub struct EmbeddingBuilder {
+    num_embeddings: usize,
+    embedding_dim: usize,
+    padding_idx: Option<i64>,
+    dtype: DType,
+    seed: u64,
+    name: String,
+}
+
+impl EmbeddingBuilder {
+    /// The layer's name in scopes and reports (default: `embedding`).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+
+    /// A row kept at zero that gets no gradient (negative counts from the
+    /// end; default: none).
+    pub fn padding_idx(mut self, padding_idx: Option<i64>) -> Self {
+        self.padding_idx = padding_idx;
+        self
+    }
+
+    /// The weight's dtype (default: f32).
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// The seed of the Philox normal stream the weight is drawn from
+    /// (default: 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The table on `device`, N(0, 1) from the seeded stream with the
+    /// padding row zeroed (on the meta device: a data-less weight, nothing
+    /// drawn); an error if `padding_idx` is outside the table.
+    pub fn build(&self, device: &Device) -> Result<Embedding> {
+        let (num, dim, dtype, device) =
+            (self.num_embeddings, self.embedding_dim, self.dtype, *device);
+        let padding = resolve_padding(self.padding_idx, num)?;
+        let weight = if device.is_meta() {
+            Tensor::zeros(&[num, dim], dtype, device)?.into_parameter()?
+        } else {
+            let mut v = crate::rng::normal(self.seed, 0, num * dim);
+            if let Some(p) = padding {
+                v[p * dim..(p + 1) * dim].fill(0.0);
+            }
+            Tensor::from_f64_slice(&v, &[num, dim], dtype, device)?.into_parameter()?
+        };
         Ok(Embedding {
             weight,
-            padding_idx,
-            name: name.to_string(),
+            padding_idx: self.padding_idx,
+            name: self.name.clone(),
         })
+    }
+}
+
+impl Embedding {
+    /// A builder of a table of `num_embeddings` rows of `embedding_dim`,
+    /// with no padding row, f32, seed 0, named `embedding`.
+    pub fn builder(num_embeddings: usize, embedding_dim: usize) -> EmbeddingBuilder {
+        EmbeddingBuilder {
+            num_embeddings,
+            embedding_dim,
+            padding_idx: None,
+            dtype: DType::F32,
+            seed: 0,
+            name: "embedding".into(),
+        }
     }
 
     /// The padding row, as given.

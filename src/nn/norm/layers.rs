@@ -2,8 +2,8 @@
 //! [`batch_norm`], [`layer_norm`], [`group_norm`] and [`rms_norm`] (what
 //! each saves for backward: the table in `norm/mod.rs`). Parameters start
 //! as PyTorch's do (weight ones, bias zeros), so the constructors take no
-//! seed. Each module has a positional `new` and a builder with PyTorch's
-//! defaults (`LayerNorm::builder(&[768]).eps(1e-12).build(device)`).
+//! seed. Each module is made by a builder with PyTorch's defaults
+//! (`LayerNorm::builder(&[768]).eps(1e-12).build(&device)`).
 
 use super::{batch_norm, group_norm, layer_norm, rms_norm, write_values};
 use crate::memory::scope;
@@ -38,16 +38,10 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
-    /// A layer norm with PyTorch's parameters (`eps` default there: 1e-5).
-    pub fn new(
-        name: &str,
-        normalized_shape: &[usize],
-        eps: f64,
-        elementwise_affine: bool,
-        bias: bool,
-        dtype: DType,
-        device: Device,
-    ) -> Result<LayerNorm> {
+    /// The layer `b` describes, its parameters on `device`.
+    fn new(b: &LayerNormBuilder, device: Device) -> Result<LayerNorm> {
+        let (normalized_shape, dtype) = (&b.normalized_shape[..], b.dtype);
+        let (elementwise_affine, bias) = (b.elementwise_affine, b.bias);
         if normalized_shape.is_empty() {
             return Err(Error::InvalidArgument {
                 op: "LayerNorm",
@@ -63,8 +57,8 @@ impl LayerNorm {
                 .then(|| param(s, 0.0, dtype, device))
                 .transpose()?,
             normalized_shape: s.to_vec(),
-            eps,
-            name: name.to_string(),
+            eps: b.eps,
+            name: b.name.clone(),
         })
     }
 
@@ -119,17 +113,10 @@ impl LayerNormBuilder {
         self.dtype = dtype;
         self
     }
-    /// The layer norm, its parameters on `device`.
-    pub fn build(self, device: Device) -> Result<LayerNorm> {
-        LayerNorm::new(
-            &self.name,
-            &self.normalized_shape,
-            self.eps,
-            self.elementwise_affine,
-            self.bias,
-            self.dtype,
-            device,
-        )
+    /// The layer norm, its parameters on `device` (an error if
+    /// `normalized_shape` is empty).
+    pub fn build(&self, device: &Device) -> Result<LayerNorm> {
+        LayerNorm::new(self, *device)
     }
 }
 
@@ -172,16 +159,10 @@ pub struct GroupNorm {
 }
 
 impl GroupNorm {
-    /// A group norm; `num_groups` must divide `num_channels`.
-    pub fn new(
-        name: &str,
-        num_groups: usize,
-        num_channels: usize,
-        eps: f64,
-        affine: bool,
-        dtype: DType,
-        device: Device,
-    ) -> Result<GroupNorm> {
+    /// The layer `b` describes, its parameters on `device`.
+    fn new(b: &GroupNormBuilder, device: Device) -> Result<GroupNorm> {
+        let (num_groups, num_channels) = (b.num_groups, b.num_channels);
+        let (affine, dtype) = (b.affine, b.dtype);
         if num_groups == 0 || !num_channels.is_multiple_of(num_groups) {
             return Err(Error::InvalidArgument {
                 op: "GroupNorm",
@@ -194,8 +175,8 @@ impl GroupNorm {
             bias: affine.then(|| param(&c, 0.0, dtype, device)).transpose()?,
             num_groups,
             num_channels,
-            eps,
-            name: name.to_string(),
+            eps: b.eps,
+            name: b.name.clone(),
         })
     }
 
@@ -247,16 +228,8 @@ impl GroupNormBuilder {
     }
     /// The group norm, its parameters on `device` (an error unless the
     /// groups divide the channels).
-    pub fn build(self, device: Device) -> Result<GroupNorm> {
-        GroupNorm::new(
-            &self.name,
-            self.num_groups,
-            self.num_channels,
-            self.eps,
-            self.affine,
-            self.dtype,
-            device,
-        )
+    pub fn build(&self, device: &Device) -> Result<GroupNorm> {
+        GroupNorm::new(self, *device)
     }
 }
 
@@ -303,15 +276,9 @@ pub struct RMSNorm {
 }
 
 impl RMSNorm {
-    /// An RMS norm with PyTorch's parameters.
-    pub fn new(
-        name: &str,
-        normalized_shape: &[usize],
-        eps: Option<f64>,
-        elementwise_affine: bool,
-        dtype: DType,
-        device: Device,
-    ) -> Result<RMSNorm> {
+    /// The layer `b` describes, its parameters on `device`.
+    fn new(b: &RMSNormBuilder, device: Device) -> Result<RMSNorm> {
+        let (normalized_shape, dtype) = (&b.normalized_shape[..], b.dtype);
         if normalized_shape.is_empty() {
             return Err(Error::InvalidArgument {
                 op: "RMSNorm",
@@ -319,12 +286,13 @@ impl RMSNorm {
             });
         }
         Ok(RMSNorm {
-            weight: elementwise_affine
+            weight: b
+                .elementwise_affine
                 .then(|| param(normalized_shape, 1.0, dtype, device))
                 .transpose()?,
             normalized_shape: normalized_shape.to_vec(),
-            eps,
-            name: name.to_string(),
+            eps: b.eps,
+            name: b.name.clone(),
         })
     }
 
@@ -372,16 +340,10 @@ impl RMSNormBuilder {
         self.dtype = dtype;
         self
     }
-    /// The RMS norm, its parameters on `device`.
-    pub fn build(self, device: Device) -> Result<RMSNorm> {
-        RMSNorm::new(
-            &self.name,
-            &self.normalized_shape,
-            self.eps,
-            self.elementwise_affine,
-            self.dtype,
-            device,
-        )
+    /// The RMS norm, its parameters on `device` (an error if
+    /// `normalized_shape` is empty).
+    pub fn build(&self, device: &Device) -> Result<RMSNorm> {
+        RMSNorm::new(self, *device)
     }
 }
 
@@ -485,28 +447,6 @@ impl BatchNorm {
         })
     }
 
-    /// `BatchNorm1d`: inputs `[N, C]` or `[N, C, L]`.
-    pub fn new1d(
-        name: &str,
-        num_features: usize,
-        options: BatchNormOptions,
-        dtype: DType,
-        device: Device,
-    ) -> Result<BatchNorm> {
-        BatchNorm::new(name, num_features, options, &[2, 3], dtype, device)
-    }
-
-    /// `BatchNorm2d`: inputs `[N, C, H, W]`.
-    pub fn new2d(
-        name: &str,
-        num_features: usize,
-        options: BatchNormOptions,
-        dtype: DType,
-        device: Device,
-    ) -> Result<BatchNorm> {
-        BatchNorm::new(name, num_features, options, &[4], dtype, device)
-    }
-
     /// Whether the layer is in training mode.
     pub fn is_training(&self) -> bool {
         self.training
@@ -514,7 +454,7 @@ impl BatchNorm {
 
     /// A builder with PyTorch's defaults ([`BatchNormOptions::default`],
     /// f32, named `batch_norm`):
-    /// `BatchNorm::builder(64).momentum(None).build2d(device)`.
+    /// `BatchNorm::builder(64).momentum(None).build2d(&device)`.
     pub fn builder(num_features: usize) -> BatchNormBuilder {
         BatchNormBuilder {
             name: "batch_norm".into(),
@@ -525,8 +465,8 @@ impl BatchNorm {
     }
 }
 
-/// Builds a [`BatchNorm`] (`build1d` / `build2d`, as
-/// [`BatchNorm::new1d`] / [`BatchNorm::new2d`]); see [`BatchNorm::builder`].
+/// Builds a [`BatchNorm`] (`BatchNorm1d` by [`build1d`](Self::build1d),
+/// `BatchNorm2d` by [`build2d`](Self::build2d)); see [`BatchNorm::builder`].
 #[derive(Clone, Debug)]
 pub struct BatchNormBuilder {
     name: String,
@@ -561,30 +501,32 @@ impl BatchNormBuilder {
         self.options.track_running_stats = on;
         self
     }
+    /// Every option at once.
+    pub fn options(mut self, options: BatchNormOptions) -> Self {
+        self.options = options;
+        self
+    }
     /// Dtype of the parameters and running statistics.
     pub fn dtype(mut self, dtype: DType) -> Self {
         self.dtype = dtype;
         self
     }
     /// `BatchNorm1d` (inputs `[N, C]` or `[N, C, L]`) on `device`.
-    pub fn build1d(self, device: Device) -> Result<BatchNorm> {
-        BatchNorm::new1d(
-            &self.name,
+    pub fn build1d(&self, device: &Device) -> Result<BatchNorm> {
+        let (name, options) = (&self.name, self.options);
+        BatchNorm::new(
+            name,
             self.num_features,
-            self.options,
+            options,
+            &[2, 3],
             self.dtype,
-            device,
+            *device,
         )
     }
     /// `BatchNorm2d` (inputs `[N, C, H, W]`) on `device`.
-    pub fn build2d(self, device: Device) -> Result<BatchNorm> {
-        BatchNorm::new2d(
-            &self.name,
-            self.num_features,
-            self.options,
-            self.dtype,
-            device,
-        )
+    pub fn build2d(&self, device: &Device) -> Result<BatchNorm> {
+        let (name, options) = (&self.name, self.options);
+        BatchNorm::new(name, self.num_features, options, &[4], self.dtype, *device)
     }
 }
 
