@@ -1,17 +1,17 @@
-//! CUDA throughput: our GEMM wrapper vs cuBLAS called directly at 4096³
-//! (f32, TF32, bf16), and elementwise bandwidth vs a device-to-device copy.
-//! Prints JSON lines. Run: `cargo bench --bench cuda_gemm`; without a GPU
-//! it prints that it was skipped.
+//! CUDA throughput: `Tensor::matmul` on `Device::Cuda(0)` (our cuBLAS
+//! wrapper and its checks) vs cuBLAS called directly on the same device
+//! buffers at 4096³ (f32, TF32, bf16), and elementwise bandwidth
+//! (`mul_scalar`) vs a device-to-device copy. Prints JSON lines. Run:
+//! `cargo bench --bench cuda_gemm`; without a GPU it prints that it was
+//! skipped.
 use cudarc::cublas::sys::{
     cublasComputeType_t as Compute, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
 };
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
-use leangrad::cuda::elementwise::{self, UnaryOp};
-use leangrad::cuda::gemm::{self, GemmConfig, GemmShape};
-use leangrad::cuda::{random, CudaBuffer, CudaDevice, Strided};
-use leangrad::DType;
+use leangrad::cuda::{with_tf32, CudaBuffer, CudaDevice};
+use leangrad::{DType, Device, Tensor};
 use std::ffi::c_void;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Best-of-`reps` seconds for `f`, each run waited for on the device.
@@ -29,8 +29,11 @@ fn best(dev: &CudaDevice, reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// cuBLAS `gemm_ex` on raw buffers, square n³, no checks: the baseline.
+/// `blas` runs on the device's stream, whose context is current.
+#[allow(clippy::too_many_arguments)]
 fn direct(
-    dev: &Arc<CudaDevice>,
+    dev: &CudaDevice,
+    blas: &CudaBlas,
     a: &CudaBuffer,
     b: &CudaBuffer,
     c: &mut CudaBuffer,
@@ -40,7 +43,7 @@ fn direct(
 ) {
     let stream = dev.stream().clone();
     let (alpha, beta) = (1.0f32, 0.0f32);
-    dev.with_blas(|blas| {
+    {
         let (pa, _ra) = a.slice().device_ptr(&stream);
         let (pb, _rb) = b.slice().device_ptr(&stream);
         let (pc, _rc) = c.slice_mut().device_ptr_mut(&stream);
@@ -69,9 +72,8 @@ fn direct(
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| dev.error("gemm_ex", format!("{e:?}")))
-    })
-    .unwrap();
+        .unwrap_or_else(|e| panic!("gemm_ex: {e:?}"));
+    }
 }
 
 fn main() {
@@ -112,20 +114,24 @@ fn main() {
             Compute::CUBLAS_COMPUTE_32F,
         ),
     ];
+    // The baseline's own handle on the device's stream (the context made
+    // current first: raw cuBLAS calls do not do it).
+    dev.stream().context().bind_to_thread().unwrap();
+    let blas = CudaBlas::new(dev.stream().clone()).unwrap();
+    let cuda = Device::Cuda(dev.ordinal());
     for (name, dtype, tf32, ty, compute) in cases {
-        let a = random::normal(&dev, dtype, 1, 0, n * n).unwrap();
-        let b = random::normal(&dev, dtype, 2, 0, n * n).unwrap();
-        let mut c = CudaBuffer::zeros(&dev, dtype, n * n).unwrap();
-        let cfg = GemmConfig {
-            tf32,
-            ..Default::default()
+        let a = Tensor::randn(&[n, n], dtype, cuda, 1).unwrap();
+        let b = Tensor::randn(&[n, n], dtype, cuda, 2).unwrap();
+        let c = Tensor::zeros(&[n, n], dtype, cuda).unwrap();
+        let _tf32 = with_tf32(tf32);
+        let ours = best(&dev, 10, || drop(a.matmul(&b).unwrap()));
+        let theirs = {
+            let (a, b) = (a.storage().cuda().unwrap(), b.storage().cuda().unwrap());
+            let mut c = c.storage().cuda_mut().unwrap();
+            best(&dev, 10, || {
+                direct(&dev, &blas, &a, &b, &mut c, n as i32, ty, compute)
+            })
         };
-        let ours = best(&dev, 10, || {
-            gemm::gemm(&a, &b, &mut c, GemmShape::single(n, n, n), &cfg).unwrap()
-        });
-        let theirs = best(&dev, 10, || {
-            direct(&dev, &a, &b, &mut c, n as i32, ty, compute)
-        });
         println!(
             "{{\"bench\": \"gemm\", \"dtype\": \"{name}\", \"n\": {n}, \"ours_tflops\": {:.1}, \"cublas_tflops\": {:.1}}}",
             flops / ours / 1e12,
@@ -134,16 +140,16 @@ fn main() {
     }
     // Elementwise bandwidth: read + write of 1 GiB of f32.
     let len = 256 << 20;
-    let x = CudaBuffer::zeros(&dev, DType::F32, len).unwrap();
-    let layout = Strided::contiguous(&[len]).unwrap();
-    let map = best(&dev, 10, || {
-        drop(elementwise::unary(UnaryOp::MulScalar(2.0), &x, &layout).unwrap())
-    });
-    let mut y = CudaBuffer::zeros(&dev, DType::F32, len).unwrap();
+    let x = Tensor::zeros(&[len], DType::F32, cuda).unwrap();
+    let map = best(&dev, 10, || drop(x.mul_scalar(2.0).unwrap()));
+    let y = Tensor::zeros(&[len], DType::F32, cuda).unwrap();
     let stream = dev.stream().clone();
-    let copy = best(&dev, 10, || {
-        stream.memcpy_dtod(x.slice(), y.slice_mut()).unwrap()
-    });
+    let copy = {
+        let (x, mut y) = (x.storage().cuda().unwrap(), y.storage().cuda_mut().unwrap());
+        best(&dev, 10, || {
+            stream.memcpy_dtod(x.slice(), y.slice_mut()).unwrap()
+        })
+    };
     let bytes = 2.0 * (len * 4) as f64;
     println!(
         "{{\"bench\": \"elementwise\", \"bytes\": {bytes}, \"mul_scalar_gbs\": {:.0}, \"dtod_copy_gbs\": {:.0}}}",

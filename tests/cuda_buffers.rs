@@ -1,11 +1,12 @@
-//! CUDA device and buffers: availability answers, host↔device copies for
-//! every dtype, ledger counts equal to the CPU's, the typed out-of-memory
-//! error, and the driver's memory view. Without a GPU the device tests
-//! print `skipped: no CUDA device (…)`.
+//! CUDA device and buffers through the public API: availability answers,
+//! host↔device copies for every dtype, ledger counts equal to the CPU's,
+//! the typed out-of-memory error, and the driver's memory view. (`fill`, a
+//! launch wrapper, is tested in the crate: `src/cuda/tests/elementwise.rs`.)
+//! Without a GPU the device tests print `skipped: no CUDA device (…)`.
 
 mod cuda_common;
 
-use leangrad::cuda::{elementwise, CudaBuffer, CudaDevice};
+use leangrad::cuda::{CudaBuffer, CudaDevice};
 use leangrad::memory::{Category, Ledger};
 use leangrad::{DType, Device, Error, Tensor};
 
@@ -55,23 +56,6 @@ fn copies_round_trip_for_every_dtype_and_odd_size() {
             assert_eq!(cuda_common::download(&c), t.to_f64_vec().unwrap());
         }
     }
-}
-
-#[test]
-fn fill_and_zeros_write_every_element() {
-    let dev = cuda_or_skip!("fill_and_zeros");
-    let z = CudaBuffer::zeros(&dev, DType::BF16, 1001).unwrap();
-    assert!(cuda_common::download(&z).iter().all(|&v| v == 0.0));
-    let mut b = CudaBuffer::alloc(&dev, DType::I64, 777).unwrap();
-    elementwise::fill(&mut b, -5i64).unwrap();
-    assert!(b.to_vec::<i64>().unwrap().iter().all(|&v| v == -5));
-    let mut h = CudaBuffer::alloc(&dev, DType::F16, 3).unwrap();
-    elementwise::fill(&mut h, half::f16::from_f32(1.5)).unwrap();
-    assert_eq!(cuda_common::download(&h), vec![1.5; 3]);
-    assert!(matches!(
-        elementwise::fill(&mut h, 1.0f32),
-        Err(Error::DTypeMismatch { .. })
-    ));
 }
 
 #[test]

@@ -301,7 +301,7 @@ impl CudaDevice {
     }
 
     /// A typed [`Error::Cuda`] for this device.
-    pub fn error(&self, op: impl Into<String>, e: impl std::fmt::Display) -> Error {
+    pub(crate) fn error(&self, op: impl Into<String>, e: impl std::fmt::Display) -> Error {
         Error::Cuda {
             device: self.device(),
             op: op.into(),
@@ -309,11 +309,12 @@ impl CudaDevice {
         }
     }
 
-    /// The kernel `name` of `kernels/<file>`, compiling the file with NVRTC
-    /// for this device (a CUBIN, or PTX on the simulated GPU; once per
-    /// process, or read from the kernel cache) and loading it (once per
-    /// device).
-    pub fn function(&self, file: &'static str, name: &str) -> Result<CudaFunction> {
+    /// The kernel `name` of kernel file `file` (a name in
+    /// [`nvrtc::SOURCES`]: in `kernels/` or beside its family's launch
+    /// code), compiling the file with NVRTC for this device (a CUBIN, or
+    /// PTX on the simulated GPU; once per process, or read from the kernel
+    /// cache) and loading it (once per device).
+    pub(crate) fn function(&self, file: &'static str, name: &str) -> Result<CudaFunction> {
         if let Some(f) = lock(&self.functions).get(&(file, name.to_string())) {
             return Ok(f.clone());
         }
@@ -348,7 +349,7 @@ impl CudaDevice {
     /// Runs `f` with this device's cuBLAS handle, created on first use.
     /// The device's context is made current on the calling thread first
     /// (raw cuBLAS calls do not do it themselves).
-    pub fn with_blas<R>(&self, f: impl FnOnce(&CudaBlas) -> Result<R>) -> Result<R> {
+    pub(crate) fn with_blas<R>(&self, f: impl FnOnce(&CudaBlas) -> Result<R>) -> Result<R> {
         self.stream
             .context()
             .bind_to_thread()
@@ -367,7 +368,7 @@ impl CudaDevice {
 
     /// The launch configuration for `n` independent elements: blocks of
     /// 256 threads, at most 65 536 blocks (kernels loop over the rest).
-    pub fn grid_for(n: usize) -> LaunchConfig {
+    pub(crate) fn grid_for(n: usize) -> LaunchConfig {
         let blocks = n.div_ceil(256).clamp(1, 65_536) as u32;
         LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -378,7 +379,7 @@ impl CudaDevice {
 
     /// One 256-thread block per row (`rows` reductions, softmax lanes), at
     /// most 65 536 blocks (kernels loop over the rest).
-    pub fn grid_per_row(rows: usize) -> LaunchConfig {
+    pub(crate) fn grid_per_row(rows: usize) -> LaunchConfig {
         Self::grid_for(rows.saturating_mul(256))
     }
 }

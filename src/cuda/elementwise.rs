@@ -9,6 +9,8 @@ use super::{CudaBuffer, CudaDevice, Strided};
 use crate::{DType, Result, WithDType};
 
 /// A float map `x ↦ f(x)`; the variants with a value are tensor-scalar ops.
+// `pub` (unreachable outside the crate: the module is not) because the
+// public `primitives::UnaryKernel::cuda` names it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
     /// `-x`
@@ -121,6 +123,8 @@ fn round_to(dtype: DType, v: f64) -> f64 {
 /// A float map of two tensors; the `…Grad` variants are the gradient
 /// kernels of the unary ops, `(g, saved) ↦ dx` with `saved` the op's input
 /// `x` or output `y` as its CPU kernel keeps it (src/ops/unary.rs).
+// `pub` (unreachable outside the crate: the module is not) because the
+// public `primitives::BinaryKernel::cuda` names it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum BinaryOp {
     /// `a + b`
@@ -202,7 +206,7 @@ impl BinaryOp {
 
 /// A comparison; results are u8 (1 = true).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CompareOp {
+pub(crate) enum CompareOp {
     /// `a == b`
     Eq = 0,
     /// `a != b`
@@ -218,7 +222,7 @@ pub enum CompareOp {
 }
 
 /// `op(x)` for every element of the float buffer `x` read through `lx`.
-pub fn unary(op: UnaryOp, x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
+pub(crate) fn unary(op: UnaryOp, x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     let sfx = float_suffix("cuda unary", x.dtype())?;
     check::input("cuda unary", x, x.dtype(), lx, x)?;
     let n = lx.numel();
@@ -237,7 +241,11 @@ pub fn unary(op: UnaryOp, x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
 /// `x[range] = op(x[range])` in place on the float buffer `x`, with no
 /// temporary: what an in-place op (`relu_`, `clamp_`…) allocates on the
 /// CPU, nothing.
-pub fn unary_inplace(op: UnaryOp, x: &mut CudaBuffer, range: std::ops::Range<usize>) -> Result<()> {
+pub(crate) fn unary_inplace(
+    op: UnaryOp,
+    x: &mut CudaBuffer,
+    range: std::ops::Range<usize>,
+) -> Result<()> {
     let sfx = float_suffix("cuda unary_inplace", x.dtype())?;
     if range.end > x.len() || range.start > range.end {
         return Err(crate::Error::InvalidArgument {
@@ -258,7 +266,7 @@ pub fn unary_inplace(op: UnaryOp, x: &mut CudaBuffer, range: std::ops::Range<usi
 
 /// `op(a, b)` elementwise; `la` and `lb` must have the output's shape
 /// (use [`super::broadcast_strides`] to broadcast).
-pub fn binary(
+pub(crate) fn binary(
     op: BinaryOp,
     a: &CudaBuffer,
     la: &Strided,
@@ -283,7 +291,7 @@ pub fn binary(
 
 /// `acc += alpha · x` in place (`acc` contiguous, `x` read through `lx` of
 /// `acc`'s length): how gradients of a value used twice are summed.
-pub fn axpy(acc: &mut CudaBuffer, alpha: f64, x: &CudaBuffer, lx: &Strided) -> Result<()> {
+pub(crate) fn axpy(acc: &mut CudaBuffer, alpha: f64, x: &CudaBuffer, lx: &Strided) -> Result<()> {
     let sfx = float_suffix("cuda axpy", acc.dtype())?;
     check::input("cuda axpy", x, acc.dtype(), lx, acc)?;
     let n = acc.len();
@@ -306,7 +314,7 @@ pub fn axpy(acc: &mut CudaBuffer, alpha: f64, x: &CudaBuffer, lx: &Strided) -> R
 
 /// `op(a, b)` as u8 for buffers of any (equal) dtype; `la`, `lb` of the
 /// output's shape.
-pub fn compare(
+pub(crate) fn compare(
     op: CompareOp,
     a: &CudaBuffer,
     la: &Strided,
@@ -330,7 +338,12 @@ pub fn compare(
 }
 
 /// `op(a, s)` as u8, comparing each element (as f64) with the scalar.
-pub fn compare_scalar(op: CompareOp, a: &CudaBuffer, la: &Strided, s: f64) -> Result<CudaBuffer> {
+pub(crate) fn compare_scalar(
+    op: CompareOp,
+    a: &CudaBuffer,
+    la: &Strided,
+    s: f64,
+) -> Result<CudaBuffer> {
     check::input("cuda compare_scalar", a, a.dtype(), la, a)?;
     let n = la.numel();
     let mut out = CudaBuffer::alloc(a.device(), DType::U8, n)?;
@@ -347,7 +360,7 @@ pub fn compare_scalar(op: CompareOp, a: &CudaBuffer, la: &Strided, s: f64) -> Re
 
 /// `cond ? a : b` elementwise (`cond` u8; `a`, `b` of one dtype); all three
 /// layouts of the output's shape.
-pub fn where_cond(
+pub(crate) fn where_cond(
     cond: &CudaBuffer,
     lc: &Strided,
     a: &CudaBuffer,
@@ -374,7 +387,7 @@ pub fn where_cond(
 }
 
 /// `x` converted to `to` (Rust `as` semantics through f64, like the CPU).
-pub fn cast(x: &CudaBuffer, lx: &Strided, to: DType) -> Result<CudaBuffer> {
+pub(crate) fn cast(x: &CudaBuffer, lx: &Strided, to: DType) -> Result<CudaBuffer> {
     check::input("cuda cast", x, x.dtype(), lx, x)?;
     let n = lx.numel();
     let mut out = CudaBuffer::alloc(x.device(), to, n)?;
@@ -390,7 +403,7 @@ pub fn cast(x: &CudaBuffer, lx: &Strided, to: DType) -> Result<CudaBuffer> {
 }
 
 /// A contiguous copy of `x` read through `lx` (make contiguous), any dtype.
-pub fn copy_strided(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
+pub(crate) fn copy_strided(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     check::input("cuda copy_strided", x, x.dtype(), lx, x)?;
     let n = lx.numel();
     let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
@@ -406,7 +419,11 @@ pub fn copy_strided(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
 }
 
 /// Sets every element of `buf` to `value` (whose type must be the buffer's).
-pub fn fill<T: WithDType>(buf: &mut CudaBuffer, value: T) -> Result<()> {
+/// No library code fills a device buffer with a value today (zeros are a
+/// memset, other constants an upload); kept, and tested, as the `copy.cu`
+/// fill kernels' entry.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn fill<T: WithDType>(buf: &mut CudaBuffer, value: T) -> Result<()> {
     if T::DTYPE != buf.dtype() {
         return Err(crate::Error::DTypeMismatch {
             op: "cuda fill",

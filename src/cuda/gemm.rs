@@ -10,8 +10,13 @@
 //! bf16 (f32 accumulation, `gemm_ex`), f64. `beta = 1` accumulates into C
 //! in place (how the autograd engine adds a weight gradient into its buffer).
 //! cuBLAS's own workspace is not counted in the ledger.
+//!
+//! Three entries, one cuBLAS call ([`launch`]): [`gemm_views`] on operands
+//! read in place through [`MatrixView`]s (the matmul primitive, strided
+//! views included), [`gemm_sub`] on sub-ranges with an output stride (the
+//! convolution's im2col products), and [`gemm`] on whole buffers.
 
-use super::check;
+use super::check::{self, invalid};
 use super::CudaBuffer;
 use crate::{DType, Error, Result};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -20,7 +25,7 @@ use std::ffi::c_void;
 
 /// How a GEMM is computed: `C = alpha·op(A)·op(B) + beta·C`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GemmConfig {
+pub(crate) struct GemmConfig {
     /// A is stored as `[k, m]` (row-major) and used transposed.
     pub trans_a: bool,
     /// B is stored as `[n, k]` (row-major) and used transposed.
@@ -50,7 +55,7 @@ impl Default for GemmConfig {
 /// Batch `i` reads A at `i·stride_a` and B at `i·stride_b` elements and
 /// writes C at `i·m·n`; a stride of 0 reuses one matrix for every batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GemmShape {
+pub(crate) struct GemmShape {
     /// Rows of C.
     pub m: usize,
     /// Columns of C.
@@ -65,6 +70,8 @@ pub struct GemmShape {
     pub stride_b: usize,
 }
 
+// The whole-buffer constructors serve `gemm` and `matmul` (see there).
+#[cfg_attr(not(test), allow(dead_code))]
 impl GemmShape {
     /// One product `[m×k]·[k×n]`.
     pub fn single(m: usize, n: usize, k: usize) -> GemmShape {
@@ -84,8 +91,13 @@ impl GemmShape {
     }
 }
 
-/// cuBLAS data type, compute type, and whether alpha/beta are f64.
-fn types(dtype: DType, tf32: bool) -> Result<(cudaDataType, cublasComputeType_t, bool)> {
+/// cuBLAS data type, compute type, and whether alpha/beta are f64; other
+/// dtypes are `UnsupportedDType` for `op`.
+fn types(
+    op: &'static str,
+    dtype: DType,
+    tf32: bool,
+) -> Result<(cudaDataType, cublasComputeType_t, bool)> {
     use cublasComputeType_t::*;
     use cudaDataType::*;
     Ok(match dtype {
@@ -94,12 +106,7 @@ fn types(dtype: DType, tf32: bool) -> Result<(cudaDataType, cublasComputeType_t,
         DType::F16 => (CUDA_R_16F, CUBLAS_COMPUTE_32F, false),
         DType::BF16 => (CUDA_R_16BF, CUBLAS_COMPUTE_32F, false),
         DType::F64 => (CUDA_R_64F, CUBLAS_COMPUTE_64F, true),
-        dtype => {
-            return Err(Error::UnsupportedDType {
-                op: "cuda gemm",
-                dtype,
-            })
-        }
+        dtype => return Err(Error::UnsupportedDType { op, dtype }),
     })
 }
 
@@ -112,7 +119,11 @@ fn int(op: &'static str, v: usize) -> Result<i32> {
 
 /// `C = alpha·op(A)·op(B) + beta·C` for every batch of `shape`, in place
 /// in `c` (contiguous `[batch, m, n]`). All three buffers share a float dtype.
-pub fn gemm(
+/// The library's matmul reads its operands through views ([`gemm_views`]);
+/// this whole-buffer form is kept, and tested, as the plain entry of the
+/// one cuBLAS call ([`launch`]) all three entries share.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn gemm(
     a: &CudaBuffer,
     b: &CudaBuffer,
     c: &mut CudaBuffer,
@@ -121,7 +132,7 @@ pub fn gemm(
 ) -> Result<()> {
     let op = "cuda gemm";
     let GemmShape { m, n, k, batch, .. } = shape;
-    types(c.dtype(), cfg.tf32)?;
+    types(op, c.dtype(), cfg.tf32)?;
     for (buf, stride, size) in [(a, shape.stride_a, m * k), (b, shape.stride_b, k * n)] {
         check::same_device(op, buf, c)?;
         if buf.dtype() != c.dtype() {
@@ -170,7 +181,7 @@ pub fn gemm(
         ld: if cfg.trans_b { k } else { n }.max(1),
         trans: cfg.trans_b,
     };
-    launch((a, va), (b, vb), (c, 0), shape, cfg)
+    launch(op, (a, va), (b, vb), (c, 0, m * n), shape, cfg)
 }
 
 /// Where a GEMM operand's matrices lie in their buffer, read in place:
@@ -181,7 +192,7 @@ pub fn gemm(
 /// they are long (a head of a `[batch, seq, heads·dim]` tensor) needs no
 /// copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MatrixView {
+pub(crate) struct MatrixView {
     /// Element offset of batch 0's matrix.
     pub offset: usize,
     /// Elements between consecutive batch matrices (0: shared).
@@ -220,7 +231,7 @@ impl MatrixView {
 /// are not read: the views carry them), with A and B read in place through
 /// their views and C contiguous `[batch, m, n]` from element `c_offset` of
 /// `c`. `cfg` gives alpha, beta and TF32; its transpose flags are not read.
-pub fn gemm_views(
+pub(crate) fn gemm_views(
     a: (&CudaBuffer, MatrixView),
     b: (&CudaBuffer, MatrixView),
     c: (&mut CudaBuffer, usize),
@@ -261,20 +272,22 @@ pub fn gemm_views(
     if batch == 0 || m == 0 || n == 0 {
         return Ok(());
     }
-    launch(a, b, c, shape, cfg)
+    launch(op, a, b, (c.0, c.1, m * n), shape, cfg)
 }
 
-/// The cuBLAS call of [`gemm`] and [`gemm_views`] (arguments checked).
+/// The cuBLAS call of [`gemm`], [`gemm_views`] and [`gemm_sub`] (arguments
+/// checked by them): C's batch `i` is written row-major (`ldc = n`) from
+/// element `c.1 + i·c.2` of `c.0`; the transpose flags are the views'.
 fn launch(
+    op: &'static str,
     a: (&CudaBuffer, MatrixView),
     b: (&CudaBuffer, MatrixView),
-    c: (&mut CudaBuffer, usize),
+    c: (&mut CudaBuffer, usize, usize),
     shape: GemmShape,
     cfg: &GemmConfig,
 ) -> Result<()> {
-    let op = "cuda gemm";
     let GemmShape { m, n, k, batch, .. } = shape;
-    let (data_type, compute, wide) = types(c.0.dtype(), cfg.tf32)?;
+    let (data_type, compute, wide) = types(op, c.0.dtype(), cfg.tf32)?;
     let trans = |t: bool| {
         if t {
             cublasOperation_t::CUBLAS_OP_T
@@ -333,7 +346,7 @@ fn launch(
                 pc as *mut c_void,
                 data_type,
                 ldc,
-                (m * n) as i64,
+                c.2 as i64,
                 int(op, batch)?,
                 compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -343,8 +356,84 @@ fn launch(
     })
 }
 
-/// A new `[batch, m, n]` buffer `alpha·op(A)·op(B)` (beta is ignored).
-pub fn matmul(
+/// One operand of [`gemm_sub`]: its buffer, the element offset of batch 0
+/// and the elements between batches (0 reuses one matrix).
+pub(crate) type Operand<'a> = (&'a CudaBuffer, usize, usize);
+
+/// The sizes of a [`gemm_sub`]: `batch` products `[m×k]·[k×n]`, A stored
+/// `[k, m]` when `trans_a`, B stored `[n, k]` when `trans_b`; C scaled by
+/// `beta` before the product is added.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SubGemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub beta: f64,
+}
+
+/// `C[c_off + i·c_stride] = op(A_i)·op(B_i) + beta·C` (row-major, ldc = n)
+/// for every batch `i`, with A, B and C sub-ranges of their buffers (the
+/// convolution's products of weights and im2col columns, which [`gemm`]'s
+/// whole-buffer C cannot address). Bounds are checked against the buffers.
+pub(crate) fn gemm_sub(
+    a: Operand,
+    b: Operand,
+    c: (&mut CudaBuffer, usize, usize),
+    s: SubGemm,
+) -> Result<()> {
+    let op = "cuda conv gemm";
+    let dtype = c.0.dtype();
+    types(op, dtype, false)?;
+    if s.batch == 0 || s.m == 0 || s.n == 0 {
+        return Ok(());
+    }
+    let last = |off: usize, stride: usize, size: usize| off + (s.batch - 1) * stride + size;
+    for (buf, off, stride, size) in [(a.0, a.1, a.2, s.m * s.k), (b.0, b.1, b.2, s.k * s.n)] {
+        check::same_device(op, buf, c.0)?;
+        if buf.dtype() != dtype || buf.len() < last(off, stride, size) {
+            return Err(invalid(
+                op,
+                format!("operand of {} {:?} elements", buf.len(), buf.dtype()),
+            ));
+        }
+    }
+    if c.0.len() < last(c.1, c.2, s.m * s.n) {
+        return Err(invalid(op, format!("output of {} elements", c.0.len())));
+    }
+    let va = MatrixView {
+        offset: a.1,
+        stride: a.2,
+        ld: if s.trans_a { s.m } else { s.k }.max(1),
+        trans: s.trans_a,
+    };
+    let vb = MatrixView {
+        offset: b.1,
+        stride: b.2,
+        ld: if s.trans_b { s.k } else { s.n }.max(1),
+        trans: s.trans_b,
+    };
+    let shape = GemmShape {
+        m: s.m,
+        n: s.n,
+        k: s.k,
+        batch: s.batch,
+        stride_a: a.2,
+        stride_b: b.2,
+    };
+    let cfg = GemmConfig {
+        beta: s.beta,
+        ..GemmConfig::default()
+    };
+    launch(op, (a.0, va), (b.0, vb), c, shape, &cfg)
+}
+
+/// A new `[batch, m, n]` buffer `alpha·op(A)·op(B)` (beta is ignored);
+/// [`gemm`] into fresh memory, kept with it.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn matmul(
     a: &CudaBuffer,
     b: &CudaBuffer,
     shape: GemmShape,

@@ -28,7 +28,7 @@ fn check_status(op: &'static str, st: &CudaBuffer, size: usize) -> Result<()> {
 
 /// `out[.., i, ..] = x[.., index[.., i, ..], ..]` along `dim`: the result
 /// has the index's shape (`li`); any dtype.
-pub fn gather(
+pub(crate) fn gather(
     x: &CudaBuffer,
     lx: &Strided,
     dim: usize,
@@ -63,7 +63,7 @@ pub fn gather(
 
 /// `out[.., i, ..] = x[.., index[i], ..]` along `dim` for a 1-D contiguous
 /// i64 `index`: `x`'s shape with `dim` of size `index.len()`; any dtype.
-pub fn index_select(
+pub(crate) fn index_select(
     x: &CudaBuffer,
     lx: &Strided,
     dim: usize,
@@ -101,7 +101,7 @@ pub fn index_select(
 /// through `out`'s layout `lo`; `index` (`li`) and `src` (`ls`) have one
 /// shape. Float dtypes; atomic adds, so the order of additions (and the
 /// last bits of f16/bf16/f32 sums) may vary from run to run.
-pub fn scatter_add(
+pub(crate) fn scatter_add(
     out: &mut CudaBuffer,
     lo: &Strided,
     dim: usize,
@@ -144,7 +144,7 @@ pub fn scatter_add(
 /// `g`'s element count. A negative I64 index reads as 0 and one past the
 /// axis is `InvalidArgument`, as on the CPU. No two elements share a
 /// target, so the result is exact.
-pub fn scatter_along(
+pub(crate) fn scatter_along(
     g: &CudaBuffer,
     lg: &Strided,
     indices: &CudaBuffer,
@@ -196,7 +196,7 @@ pub fn scatter_along(
 /// Writes the contiguous `x` into `out` through `lo` (of `x`'s element
 /// count; a layout that addresses each element once, such as a corner of
 /// a contiguous layout), any dtype: a block placed into a larger tensor.
-pub fn place(out: &mut CudaBuffer, lo: &Strided, x: &CudaBuffer) -> Result<()> {
+pub(crate) fn place(out: &mut CudaBuffer, lo: &Strided, x: &CudaBuffer) -> Result<()> {
     let op = "cuda place";
     check::input(op, out, x.dtype(), lo, x)?;
     let n = x.len();

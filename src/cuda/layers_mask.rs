@@ -3,7 +3,7 @@
 //! `cpu::bitmask`).
 
 use super::check::float_suffix;
-use super::layers_util::{ballot_grid, expect, mask_words};
+use super::check::{ballot_grid, expect, mask_words};
 use super::{CudaBuffer, CudaDevice, Strided};
 use crate::{DType, Result};
 

@@ -1,5 +1,6 @@
-//! The CUDA backend (issue #4): devices, counted device buffers, NVRTC
-//! kernels from `kernels/*.cu`, and cuBLAS GEMMs.
+//! The CUDA runtime (issue #4): devices, counted device buffers, NVRTC
+//! compilation of the kernel files (the shared primitives' in `kernels/`,
+//! each op family's beside its launch code), and cuBLAS GEMMs.
 //!
 //! Everything is loaded at run time (cudarc with dynamic loading): a binary
 //! built here runs on a machine without CUDA and answers
@@ -12,18 +13,27 @@
 //!   kernel modules and a cuBLAS handle.
 //! - [`CudaBuffer`]: a typed device buffer counted in the memory ledger
 //!   under `Device::Cuda(n)`, with host copies for every dtype; what a
-//!   tensor storage holds as its CUDA backing.
+//!   tensor storage holds as its CUDA backing (public because
+//!   [`crate::tensor::Storage::cuda`] hands it out).
 //! - [`nvrtc`]: the kernel sources, the CUDA include folder, compilation
 //!   per compute capability (CUBIN for a GPU, PTX for the simulated one),
 //!   cached in memory and on disk.
-//! - [`elementwise`], [`reduce`], [`index`], [`random`]: launch wrappers
-//!   taking buffers plus shapes/strides ([`Strided`]); [`gemm`]: cuBLAS.
+//! - Settings read by the launch code: [`with_tf32`],
+//!   [`with_conv_workspace`].
+//!
+//! Inside the crate: the `launch!` macro and `check` (launch-argument
+//! checks) for every family's `cuda.rs`; the shared primitives' launch
+//! wrappers `elementwise`, `reduce`, `index`, `random` (buffers plus
+//! shapes/strides, [`Strided`]) and `gemm` (cuBLAS), all `pub(crate)`:
+//! tensors reach them through their ops on `Device::Cuda(n)`. Their unit
+//! tests are in `src/cuda/tests/` (run on the simulated GPU by `--lib`).
 
 #![warn(missing_docs)]
 
-/// Launches kernel `$name` of kernel file `$file` on `$dev`'s stream with
-/// `$cfg` and the given arguments (each a reference that outlives the call);
-/// maps a launch failure to [`crate::Error::Cuda`].
+/// Launches kernel `$name` of kernel file `$file` (a name in
+/// [`nvrtc::SOURCES`]: in `kernels/` or beside its family's launch code) on
+/// `$dev`'s stream with `$cfg` and the given arguments (each a reference
+/// that outlives the call); maps a launch failure to [`crate::Error::Cuda`].
 macro_rules! launch {
     ($dev:expr, $file:expr, $name:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
         use cudarc::driver::PushKernelArg;
@@ -34,8 +44,9 @@ macro_rules! launch {
         let mut builder = stream.launch_builder(&func);
         $( builder.arg($arg); )*
         // SAFETY: the argument list matches the kernel's parameters in
-        // `kernels/$file` (types and order); buffers were checked by the
-        // caller to hold every element the layouts address.
+        // the kernel file named in the launch, `$file` (in `kernels/` or
+        // beside its family's launch code; types and order); buffers were
+        // checked by the caller to hold every element the layouts address.
         unsafe { builder.launch($cfg) }
             .map(|_| ())
             .map_err(|e| dev.error(format!("launch {name}"), e))
@@ -47,20 +58,23 @@ pub(crate) use launch;
 mod buffer;
 pub(crate) mod check;
 mod context;
-pub mod elementwise;
-pub mod gemm;
-pub mod index;
+pub(crate) mod elementwise;
+pub(crate) mod gemm;
+pub(crate) mod index;
 mod kernel_cache;
-pub(crate) mod layers_gemm;
 pub mod layers_mask;
-pub mod layers_util;
 mod layout;
 pub mod nvrtc;
-pub mod random;
+pub(crate) mod random;
+// Public only for the softmax and cross-entropy launch wrappers still here,
+// whose tests (`tests/cuda_reduce.rs`) move in-crate with them; the
+// reductions themselves are `pub(crate)`.
 pub mod reduce;
 mod settings;
 #[cfg(test)]
 pub(crate) mod testing;
+#[cfg(test)]
+mod tests;
 
 pub use buffer::CudaBuffer;
 pub use context::{

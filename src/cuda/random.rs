@@ -10,7 +10,11 @@ use crate::{DType, Result};
 use std::sync::Arc;
 
 /// The raw words `offset .. offset + n` of the stream for `seed` (u32).
-pub fn philox_words(
+/// No library code draws raw words on the device; kept, and tested, as the
+/// bit-for-bit check of the device Philox against `crate::rng` that the
+/// uniforms, normals and dropout's keep rule build on.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn philox_words(
     device: &Arc<CudaDevice>,
     seed: u64,
     offset: u64,
@@ -27,7 +31,7 @@ pub fn philox_words(
 
 /// `n` uniforms in [0, 1) of float `dtype` from `offset` of the stream for
 /// `seed`: `crate::rng::uniform` converted to `dtype`.
-pub fn uniform(
+pub(crate) fn uniform(
     device: &Arc<CudaDevice>,
     dtype: DType,
     seed: u64,
@@ -39,7 +43,7 @@ pub fn uniform(
 
 /// `n` standard normals of float `dtype` from `offset` of the normal stream
 /// for `seed`: `crate::rng::normal` converted to `dtype`.
-pub fn normal(
+pub(crate) fn normal(
     device: &Arc<CudaDevice>,
     dtype: DType,
     seed: u64,

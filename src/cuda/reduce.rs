@@ -8,7 +8,7 @@ use crate::{DType, Error, Result};
 
 /// What a reduction computes over the reduced elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReduceOp {
+pub(crate) enum ReduceOp {
     /// Their sum.
     Sum = 0,
     /// Their mean.
@@ -57,7 +57,12 @@ fn split_dims(
 /// Reduces dims `dims` of the float buffer `x` (layout `lx`). The result is
 /// contiguous with the kept dims' shape (reduced dims removed; a keepdim
 /// result is the same buffer with 1s put back in the shape).
-pub fn reduce(op: ReduceOp, x: &CudaBuffer, lx: &Strided, dims: &[usize]) -> Result<CudaBuffer> {
+pub(crate) fn reduce(
+    op: ReduceOp,
+    x: &CudaBuffer,
+    lx: &Strided,
+    dims: &[usize],
+) -> Result<CudaBuffer> {
     let sfx = float_suffix("cuda reduce", x.dtype())?;
     check::input("cuda reduce", x, x.dtype(), lx, x)?;
     let (permuted, outer, inner, _) = split_dims("cuda reduce", lx, dims)?;
@@ -82,7 +87,12 @@ pub fn reduce(op: ReduceOp, x: &CudaBuffer, lx: &Strided, dims: &[usize]) -> Res
 /// The index along `dim` of the largest (`max`) or smallest element of
 /// each lane, as i64, with `dim` removed: the first on ties, the first NaN
 /// if a lane holds one (as the CPU). Every dtype (integers compare exactly).
-pub fn arg_reduce(x: &CudaBuffer, lx: &Strided, dim: usize, max: bool) -> Result<CudaBuffer> {
+pub(crate) fn arg_reduce(
+    x: &CudaBuffer,
+    lx: &Strided,
+    dim: usize,
+    max: bool,
+) -> Result<CudaBuffer> {
     let sfx = check::suffix(x.dtype());
     check::input("cuda argmax", x, x.dtype(), lx, x)?;
     let (permuted, outer, inner, _) = split_dims("cuda argmax", lx, &[dim])?;

@@ -7,8 +7,7 @@
 //! bit-identical.
 
 use super::rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
-use crate::cuda::check::{float_suffix, input};
-use crate::cuda::layers_util::{expect, invalid};
+use crate::cuda::check::{expect, float_suffix, input, invalid};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
 use crate::{Result, Tensor};
 use cudarc::driver::LaunchConfig;

@@ -6,8 +6,7 @@
 //! around them are the shared matmul (cuBLAS).
 
 use super::{RowLse, ScoreSpec};
-use crate::cuda::check::float_suffix;
-use crate::cuda::layers_util::{expect, invalid, stat_dtype};
+use crate::cuda::check::{expect, float_suffix, invalid, stat_dtype};
 use crate::cuda::{elementwise, launch, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
 use crate::tensor::cuda as tensor;

@@ -12,10 +12,9 @@
 //! columns: exactly the CPU's buffer, so the ledgers match.
 
 use super::ConvGeom;
-use crate::cuda::check::float_suffix;
+use crate::cuda::check::{expect, float_suffix, invalid};
+use crate::cuda::gemm::{gemm_sub, SubGemm};
 use crate::cuda::launch;
-use crate::cuda::layers_gemm::{gemm_sub, SubGemm};
-use crate::cuda::layers_util::{expect, invalid};
 use crate::cuda::{conv_workspace_bytes, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
 use crate::tensor::cuda::{dense, wrap};

@@ -5,8 +5,7 @@
 //! there. Nothing is saved by the lean path; `SaveAll` keeps the U8 mask.
 
 use super::DropoutDraw;
-use crate::cuda::check::{float_suffix, input, same_shape};
-use crate::cuda::layers_util::{ballot_grid, expect, mask_words};
+use crate::cuda::check::{ballot_grid, expect, float_suffix, input, mask_words, same_shape};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
 use crate::tensor::cuda as tensor;
 use crate::{DType, Error, Result, Tensor};

@@ -5,8 +5,7 @@
 //! and bit-identical to the CPU's: positions are grouped by row on the host
 //! and one block sums a row in index order.
 
-use crate::cuda::check::float_suffix;
-use crate::cuda::layers_util::expect;
+use crate::cuda::check::{expect, float_suffix};
 use crate::cuda::{launch, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
 use crate::tensor::cuda as tensor;

@@ -18,9 +18,8 @@
 //! the statistics dtype (f32, f64 for f64).
 
 use super::{GradMode, NormGeom};
-use crate::cuda::check::float_suffix;
+use crate::cuda::check::{expect, float_suffix, invalid, stat_dtype};
 use crate::cuda::launch;
-use crate::cuda::layers_util::{expect, invalid, stat_dtype};
 use crate::cuda::{CudaBuffer, CudaDevice};
 use crate::tensor::cuda::{adopt, uncounted, wrap};
 use crate::tensor::Tensor;

@@ -6,8 +6,7 @@
 //! CPU's bit for bit.
 
 use super::{AvgMode, PoolGeom, WindowPositions};
-use crate::cuda::check::float_suffix;
-use crate::cuda::layers_util::expect;
+use crate::cuda::check::{expect, float_suffix};
 use crate::cuda::{launch, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
 use crate::tensor::cuda as tensor;

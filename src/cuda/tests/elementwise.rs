@@ -1,13 +1,15 @@
-//! The elementwise CUDA kernels against the CPU backend: unary and scalar
-//! maps, broadcasting binary ops, strided inputs, comparisons, `where`,
-//! casts, strided copies. Without a GPU: `skipped: no CUDA device (…)`.
+//! The elementwise launch wrappers against the CPU backend: unary and
+//! scalar maps, broadcasting binary ops, strided inputs, comparisons,
+//! `where`, casts, strided copies (were `tests/cuda_elementwise.rs`), and
+//! `fill` (was in `tests/cuda_buffers.rs`). Without a GPU: `skipped: no
+//! CUDA device (…)`.
 
-mod cuda_common;
-
-use cuda_common::{assert_close, dense, download, tol, upload, FLOATS};
-use leangrad::cuda::elementwise::{self, BinaryOp, CompareOp, UnaryOp};
-use leangrad::cuda::{broadcast_strides, contiguous_strides, Strided};
-use leangrad::{DType, Result, Tensor};
+use super::common::{
+    assert_close, cpu_rand, cuda_or_skip, dense, download, tol, upload, ALL, FLOATS,
+};
+use crate::cuda::elementwise::{self, BinaryOp, CompareOp, UnaryOp};
+use crate::cuda::{broadcast_strides, contiguous_strides, CudaBuffer, Strided};
+use crate::{DType, Error, Result, Tensor};
 
 type CpuUnary = fn(&Tensor) -> Result<Tensor>;
 type CpuBinary = fn(&Tensor, &Tensor) -> Result<Tensor>;
@@ -52,7 +54,7 @@ fn unary_and_scalar_ops_match_the_cpu() {
     for dtype in FLOATS {
         for (i, (op, cpu, positive)) in cases.iter().enumerate() {
             let (lo, hi) = if *positive { (0.2, 2.5) } else { (-3.0, 3.0) };
-            let x = cuda_common::cpu_rand(&[5, 201], lo, hi, dtype, i as u64);
+            let x = cpu_rand(&[5, 201], lo, hi, dtype, i as u64);
             let want = cpu(&x).unwrap().to_f64_vec().unwrap();
             let got = elementwise::unary(*op, &upload(&dev, &x), &dense(&[5, 201])).unwrap();
             assert_close(
@@ -78,8 +80,8 @@ fn binary_ops_broadcast_through_strides() {
     ];
     let (sa, sb, out) = ([3, 1, 33], [7, 33], [3, 7, 33]);
     for dtype in FLOATS {
-        let a = cuda_common::cpu_rand(&sa, 0.5, 2.0, dtype, 1);
-        let b = cuda_common::cpu_rand(&sb, 0.5, 2.0, dtype, 2);
+        let a = cpu_rand(&sa, 0.5, 2.0, dtype, 1);
+        let b = cpu_rand(&sb, 0.5, 2.0, dtype, 2);
         let (ga, gb) = (upload(&dev, &a), upload(&dev, &b));
         let la = broadcast_strides(&sa, &contiguous_strides(&sa), 0, &out).unwrap();
         let lb = broadcast_strides(&sb, &contiguous_strides(&sb), 0, &out).unwrap();
@@ -95,7 +97,7 @@ fn binary_ops_broadcast_through_strides() {
         }
     }
     // Mismatched output shapes are a typed error, not a launch.
-    let x = upload(&dev, &cuda_common::cpu_rand(&[4], 0.0, 1.0, DType::F32, 3));
+    let x = upload(&dev, &cpu_rand(&[4], 0.0, 1.0, DType::F32, 3));
     let r = elementwise::binary(BinaryOp::Add, &x, &dense(&[4]), &x, &dense(&[2, 2]));
     assert!(r.is_err());
 }
@@ -106,8 +108,8 @@ fn nan_propagation_and_clamp_match_the_cpu() {
     let va = [f64::NAN, 1.0, 2.0, -0.0, 0.1, f64::NAN];
     let vb = [0.0, f64::NAN, 2.0, 0.0, 0.7, f64::NAN];
     for dtype in FLOATS {
-        let a = Tensor::from_f64_slice(&va, &[6], dtype, leangrad::Device::Cpu).unwrap();
-        let b = Tensor::from_f64_slice(&vb, &[6], dtype, leangrad::Device::Cpu).unwrap();
+        let a = Tensor::from_f64_slice(&va, &[6], dtype, crate::Device::Cpu).unwrap();
+        let b = Tensor::from_f64_slice(&vb, &[6], dtype, crate::Device::Cpu).unwrap();
         let (ga, gb, l) = (upload(&dev, &a), upload(&dev, &b), dense(&[6]));
         let cases: [(BinaryOp, CpuBinary); 2] = [
             (BinaryOp::Max, |a, b| a.maximum(b)),
@@ -130,9 +132,9 @@ fn nan_propagation_and_clamp_match_the_cpu() {
 #[test]
 fn strided_views_copy_and_accumulate() {
     let dev = cuda_or_skip!("strided");
-    for dtype in cuda_common::ALL {
+    for dtype in ALL {
         // The transpose of a [5, 9] matrix, read in place.
-        let x = cuda_common::cpu_rand(&[5, 9], 0.0, 100.0, dtype, 4);
+        let x = cpu_rand(&[5, 9], 0.0, 100.0, dtype, 4);
         let lt = Strided::new(&[9, 5], &[1, 9], 0).unwrap();
         let got = elementwise::copy_strided(&upload(&dev, &x), &lt).unwrap();
         let v = x.to_f64_vec().unwrap();
@@ -145,8 +147,8 @@ fn strided_views_copy_and_accumulate() {
         assert_eq!(download(&got), want, "{dtype:?} window");
     }
     for dtype in FLOATS {
-        let a = cuda_common::cpu_rand(&[6, 4], -1.0, 1.0, dtype, 5);
-        let g = cuda_common::cpu_rand(&[4, 6], -1.0, 1.0, dtype, 6);
+        let a = cpu_rand(&[6, 4], -1.0, 1.0, dtype, 5);
+        let g = cpu_rand(&[4, 6], -1.0, 1.0, dtype, 6);
         let mut acc = upload(&dev, &a);
         let gt = Strided::new(&[6, 4], &[1, 6], 0).unwrap();
         elementwise::axpy(&mut acc, 1.0, &upload(&dev, &g), &gt).unwrap();
@@ -178,9 +180,9 @@ fn comparisons_where_and_casts_match_the_cpu() {
         CompareOp::Gt,
         CompareOp::Ge,
     ];
-    for dtype in cuda_common::ALL {
-        let a = cuda_common::cpu_rand(&[301], 0.0, 4.0, dtype, 7);
-        let b = cuda_common::cpu_rand(&[301], 0.0, 4.0, dtype, 8);
+    for dtype in ALL {
+        let a = cpu_rand(&[301], 0.0, 4.0, dtype, 7);
+        let b = cpu_rand(&[301], 0.0, 4.0, dtype, 8);
         let (av, bv) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
         let (ga, gb, l) = (upload(&dev, &a), upload(&dev, &b), dense(&[301]));
         for op in ops {
@@ -211,8 +213,8 @@ fn comparisons_where_and_casts_match_the_cpu() {
             .map(|(&x, &y)| if x < y { x } else { y })
             .collect();
         assert_eq!(download(&picked), want, "where {dtype:?}");
-        for to in cuda_common::ALL {
-            let x = cuda_common::cpu_rand(&[257], -300.0, 300.0, DType::F64, 9)
+        for to in ALL {
+            let x = cpu_rand(&[257], -300.0, 300.0, DType::F64, 9)
                 .to_dtype(dtype)
                 .unwrap();
             let want = x.to_dtype(to).unwrap().to_f64_vec().unwrap();
@@ -221,4 +223,21 @@ fn comparisons_where_and_casts_match_the_cpu() {
             assert_eq!(download(&got), want, "cast {dtype:?} -> {to:?}");
         }
     }
+}
+
+#[test]
+fn fill_and_zeros_write_every_element() {
+    let dev = cuda_or_skip!("fill_and_zeros");
+    let z = CudaBuffer::zeros(&dev, DType::BF16, 1001).unwrap();
+    assert!(download(&z).iter().all(|&v| v == 0.0));
+    let mut b = CudaBuffer::alloc(&dev, DType::I64, 777).unwrap();
+    elementwise::fill(&mut b, -5i64).unwrap();
+    assert!(b.to_vec::<i64>().unwrap().iter().all(|&v| v == -5));
+    let mut h = CudaBuffer::alloc(&dev, DType::F16, 3).unwrap();
+    elementwise::fill(&mut h, half::f16::from_f32(1.5)).unwrap();
+    assert_eq!(download(&h), vec![1.5; 3]);
+    assert!(matches!(
+        elementwise::fill(&mut h, 1.0f32),
+        Err(Error::DTypeMismatch { .. })
+    ));
 }

@@ -1,14 +1,15 @@
-//! Indexing kernels against the CPU (gather, index_select, scatter-add,
-//! out-of-range indices as typed errors) and the Philox4x32-10 kernels
-//! bit for bit against `leangrad::rng` (dropout's are tested beside their
-//! launch code, `src/nn/dropout/tests.rs`). Without a GPU:
-//! `skipped: no CUDA device (…)`.
+//! Indexing launch wrappers against the CPU (gather, index_select,
+//! scatter-add, out-of-range indices as typed errors) and the Philox4x32-10
+//! kernels bit for bit against `crate::rng` (were
+//! `tests/cuda_index_random.rs`; dropout's are tested beside their launch
+//! code, `src/nn/dropout/tests.rs`). Without a GPU: `skipped: no CUDA
+//! device (…)`.
 
-mod cuda_common;
-
-use cuda_common::{assert_close, dense, download, tol, upload, FLOATS};
-use leangrad::cuda::{index, random, CudaBuffer, Strided};
-use leangrad::{rng, DType, Device, Error, Tensor};
+use super::common::{
+    assert_close, cpu_rand, cuda_or_skip, dense, download, tol, upload, ALL, FLOATS,
+};
+use crate::cuda::{index, random, CudaBuffer, Strided};
+use crate::{rng, DType, Device, Error, Tensor};
 
 fn index_tensor(values: &[i64], shape: &[usize]) -> Tensor {
     Tensor::from_vec(values.to_vec(), shape, Device::Cpu).unwrap()
@@ -17,8 +18,8 @@ fn index_tensor(values: &[i64], shape: &[usize]) -> Tensor {
 #[test]
 fn gather_index_select_scatter_add_match_the_cpu() {
     let dev = cuda_or_skip!("index");
-    for dtype in cuda_common::ALL {
-        let x = cuda_common::cpu_rand(&[6, 9], 0.0, 50.0, dtype, 21);
+    for dtype in ALL {
+        let x = cpu_rand(&[6, 9], 0.0, 50.0, dtype, 21);
         let gx = upload(&dev, &x);
         let ids: Vec<i64> = (0..6 * 4).map(|i| (i * 5 + 3) % 9).collect();
         let idx = index_tensor(&ids, &[6, 4]);
@@ -53,8 +54,8 @@ fn gather_index_select_scatter_add_match_the_cpu() {
         );
     }
     for dtype in FLOATS {
-        let base = cuda_common::cpu_rand(&[4, 7], -1.0, 1.0, dtype, 22);
-        let src = cuda_common::cpu_rand(&[4, 12], -1.0, 1.0, dtype, 23);
+        let base = cpu_rand(&[4, 7], -1.0, 1.0, dtype, 22);
+        let src = cpu_rand(&[4, 12], -1.0, 1.0, dtype, 23);
         let ids: Vec<i64> = (0..48).map(|i| (i * 3) % 7).collect();
         let idx = index_tensor(&ids, &[4, 12]);
         let want = base
@@ -81,10 +82,7 @@ fn gather_index_select_scatter_add_match_the_cpu() {
             tol(dtype) * 4.0,
         );
     }
-    let x = upload(
-        &dev,
-        &cuda_common::cpu_rand(&[3, 4], 0.0, 1.0, DType::F32, 24),
-    );
+    let x = upload(&dev, &cpu_rand(&[3, 4], 0.0, 1.0, DType::F32, 24));
     let bad = upload(&dev, &index_tensor(&[1, 4], &[2]));
     match index::index_select(&x, &dense(&[3, 4]), 1, &bad) {
         Err(Error::IndexOutOfRange { index, size, .. }) => assert_eq!((index, size), (4, 4)),
@@ -138,8 +136,8 @@ fn scatter_along_and_place_write_their_lanes() {
     let dev = cuda_or_skip!("scatter_along");
     // g of the keepdim shape [2, 1, 3] into zeros of [2, 4, 3] along dim 1.
     let ids = [3.0, 0.0, 2.0, 1.0, 1.0, 3.0];
-    for dtype in cuda_common::ALL {
-        let g = cuda_common::cpu_rand(&[2, 1, 3], 1.0, 9.0, dtype, 31);
+    for dtype in ALL {
+        let g = cpu_rand(&[2, 1, 3], 1.0, 9.0, dtype, 31);
         let gv = g.to_f64_vec().unwrap();
         let want: Vec<f64> = (0..24)
             .map(|o| {
@@ -167,10 +165,7 @@ fn scatter_along_and_place_write_their_lanes() {
     }
     // As on the CPU: a negative I64 index reads as 0, one past the axis is
     // InvalidArgument; the indices may be a strided view (a transpose).
-    let g = upload(
-        &dev,
-        &cuda_common::cpu_rand(&[1, 1, 3], 1.0, 2.0, DType::F32, 32),
-    );
+    let g = upload(&dev, &cpu_rand(&[1, 1, 3], 1.0, 2.0, DType::F32, 32));
     let gv = download(&g);
     let neg = upload(&dev, &index_tensor(&[-5, 1, 0], &[3, 1]));
     let lt = Strided::new(&[1, 3], &[1, 1], 0).unwrap();

@@ -1,12 +1,11 @@
-//! cuBLAS GEMM wrapper against the CPU matmul: f32 (with and without TF32),
-//! bf16, f16, f64; transposed operands without copies; strided batches;
-//! beta = 1 accumulation. Without a GPU: `skipped: no CUDA device (…)`.
+//! The cuBLAS GEMM wrapper against the CPU matmul: f32 (with and without
+//! TF32), bf16, f16, f64; transposed operands without copies; strided
+//! batches; beta = 1 accumulation (were `tests/cuda_gemm.rs`). Without a
+//! GPU: `skipped: no CUDA device (…)`.
 
-mod cuda_common;
-
-use cuda_common::{assert_close, download, upload};
-use leangrad::cuda::gemm::{self, GemmConfig, GemmShape};
-use leangrad::{DType, Tensor};
+use super::common::{assert_close, cpu_rand, cuda_or_skip, download, tol, upload};
+use crate::cuda::gemm::{self, GemmConfig, GemmShape};
+use crate::{DType, Tensor};
 
 /// The row-major transpose of a `[r, c]` matrix's values.
 fn transpose(v: &[f64], r: usize, c: usize) -> Vec<f64> {
@@ -14,12 +13,12 @@ fn transpose(v: &[f64], r: usize, c: usize) -> Vec<f64> {
 }
 
 fn tensor(v: &[f64], shape: &[usize], dtype: DType) -> Tensor {
-    Tensor::from_f64_slice(v, shape, dtype, leangrad::Device::Cpu).unwrap()
+    Tensor::from_f64_slice(v, shape, dtype, crate::Device::Cpu).unwrap()
 }
 
 /// Tolerance for a length-`k` dot product in `dtype` (TF32 has a 10-bit mantissa).
 fn gemm_tol(dtype: DType, k: usize, tf32: bool) -> f64 {
-    let per = if tf32 { 1e-3 } else { cuda_common::tol(dtype) };
+    let per = if tf32 { 1e-3 } else { tol(dtype) };
     per * (k as f64).sqrt().max(1.0)
 }
 
@@ -29,8 +28,8 @@ fn gemm_matches_the_cpu_with_transposes() {
     let sizes = [(1, 1, 1), (33, 65, 17), (128, 96, 200), (7, 300, 5)];
     for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
         for (i, &(m, n, k)) in sizes.iter().enumerate() {
-            let a = cuda_common::cpu_rand(&[m, k], -1.0, 1.0, dtype, 31 + i as u64);
-            let b = cuda_common::cpu_rand(&[k, n], -1.0, 1.0, dtype, 41 + i as u64);
+            let a = cpu_rand(&[m, k], -1.0, 1.0, dtype, 31 + i as u64);
+            let b = cpu_rand(&[k, n], -1.0, 1.0, dtype, 41 + i as u64);
             let want = a.matmul(&b).unwrap().to_f64_vec().unwrap();
             let (av, bv) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
             for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -75,9 +74,9 @@ fn batched_gemm_broadcasts_and_beta_one_accumulates_in_place() {
     let dev = cuda_or_skip!("gemm_batched");
     let (batch, m, n, k) = (3, 9, 11, 13);
     for dtype in [DType::F32, DType::BF16] {
-        let a = cuda_common::cpu_rand(&[m, k], -1.0, 1.0, dtype, 51);
-        let b = cuda_common::cpu_rand(&[batch, k, n], -1.0, 1.0, dtype, 52);
-        let c0 = cuda_common::cpu_rand(&[batch, m, n], -1.0, 1.0, dtype, 53);
+        let a = cpu_rand(&[m, k], -1.0, 1.0, dtype, 51);
+        let b = cpu_rand(&[batch, k, n], -1.0, 1.0, dtype, 52);
+        let c0 = cpu_rand(&[batch, m, n], -1.0, 1.0, dtype, 53);
         let mut want = Vec::new();
         for i in 0..batch {
             let bi = b.to_f64_vec().unwrap()[i * k * n..(i + 1) * k * n].to_vec();
@@ -108,7 +107,7 @@ fn batched_gemm_broadcasts_and_beta_one_accumulates_in_place() {
         );
     }
     // Operands too small for the shape are refused before cuBLAS sees them.
-    let a = upload(&dev, &cuda_common::cpu_rand(&[4], 0.0, 1.0, DType::F32, 54));
+    let a = upload(&dev, &cpu_rand(&[4], 0.0, 1.0, DType::F32, 54));
     let r = gemm::matmul(&a, &a, GemmShape::single(2, 2, 3), &GemmConfig::default());
     assert!(r.is_err());
     let e = gemm::matmul(&a, &a, GemmShape::single(2, 2, 0), &GemmConfig::default()).unwrap();
