@@ -187,6 +187,12 @@ fn top_module(rel: &Path) -> Option<String> {
     }
 }
 
+/// Whether a file under `src/` is an in-crate test module.
+fn is_test_code(rel: &Path) -> bool {
+    rel.file_name().is_some_and(|n| n == "tests.rs")
+        || rel.components().any(|c| c.as_os_str() == "tests")
+}
+
 /// Uses between top-level modules: (from, to) → the files that make them.
 fn module_uses() -> BTreeMap<(String, String), BTreeSet<String>> {
     let src = root().join("src");
@@ -197,6 +203,10 @@ fn module_uses() -> BTreeMap<(String, String), BTreeSet<String>> {
         let Some(from) = top_module(&rel) else {
             continue;
         };
+        // In-crate tests (`tests.rs`, `tests/`) compare with anything.
+        if is_test_code(&rel) {
+            continue;
+        }
         let code = code_only(&std::fs::read_to_string(&path).unwrap());
         for seg in first_segments(&code, "crate::") {
             let to = reexports.get(&seg).cloned().unwrap_or(seg);
