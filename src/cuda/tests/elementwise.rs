@@ -4,10 +4,10 @@
 //! `fill` (was in `tests/cuda_buffers.rs`). Without a GPU: `skipped: no
 //! CUDA device (…)`.
 
-use super::common::{
+use crate::cuda::elementwise::{self, BinaryOp, CompareOp, UnaryOp};
+use crate::cuda::testing::{
     assert_close, cpu_rand, cuda_or_skip, dense, download, tol, upload, ALL, FLOATS,
 };
-use crate::cuda::elementwise::{self, BinaryOp, CompareOp, UnaryOp};
 use crate::cuda::{broadcast_strides, contiguous_strides, CudaBuffer, Strided};
 use crate::{DType, Error, Result, Tensor};
 

@@ -3,8 +3,8 @@
 //! batches; beta = 1 accumulation (were `tests/cuda_gemm.rs`). Without a
 //! GPU: `skipped: no CUDA device (…)`.
 
-use super::common::{assert_close, cpu_rand, cuda_or_skip, download, tol, upload};
 use crate::cuda::gemm::{self, GemmConfig, GemmShape};
+use crate::cuda::testing::{assert_close, cpu_rand, cuda_or_skip, download, tol, upload};
 use crate::{DType, Tensor};
 
 /// The row-major transpose of a `[r, c]` matrix's values.

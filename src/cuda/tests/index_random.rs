@@ -5,7 +5,7 @@
 //! code, `src/nn/dropout/tests.rs`). Without a GPU: `skipped: no CUDA
 //! device (…)`.
 
-use super::common::{
+use crate::cuda::testing::{
     assert_close, cpu_rand, cuda_or_skip, dense, download, tol, upload, ALL, FLOATS,
 };
 use crate::cuda::{index, random, CudaBuffer, Strided};

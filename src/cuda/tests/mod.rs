@@ -6,7 +6,6 @@
 //! under `LEANGRAD_REQUIRE_CUDA=1` (the simulated-GPU CI phase runs
 //! `--lib`) a missing device fails it.
 
-mod common;
 mod elementwise;
 mod gemm;
 mod index_random;

@@ -3,8 +3,10 @@
 //! the reduction tests of `tests/cuda_reduce.rs`). Without a GPU:
 //! `skipped: no CUDA device (…)`.
 
-use super::common::{assert_close, cpu_rand, cuda_or_skip, dense, download, tol, upload, FLOATS};
 use crate::cuda::reduce::{self, ReduceOp};
+use crate::cuda::testing::{
+    assert_close, cpu_rand, cuda_or_skip, dense, download, tol, upload, FLOATS,
+};
 use crate::cuda::{CudaBuffer, Strided};
 use crate::DType;
 

@@ -5,58 +5,7 @@
 //! `skipped: no CUDA device (…)` and passes.
 
 use super::cuda::{attention_probs, attention_softmax_grad, AttnMask};
-use crate::cuda::testing::device;
-use crate::cuda::{CudaBuffer, CudaDevice};
-use crate::{DType, Device, Tensor};
-use std::sync::Arc;
-
-const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
-
-/// Absolute + relative tolerance of a kernel against the reference in
-/// `dtype` (half types compute in f32 on the GPU, round once more).
-fn tol(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => 1e-11,
-        DType::F32 => 2e-5,
-        DType::F16 => 4e-3,
-        DType::BF16 => 3e-2,
-        _ => 0.0,
-    }
-}
-
-/// Asserts `got` matches `want` within `tol` (absolute + relative); NaNs
-/// and infinities must match exactly.
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let ok = if w.is_finite() {
-            (g - w).abs() <= tol * (1.0 + w.abs())
-        } else {
-            g.is_nan() == w.is_nan() && (w.is_nan() || g == w)
-        };
-        assert!(ok, "{what}: element {i}: got {g}, want {w} (tol {tol})");
-    }
-}
-
-/// A seeded CPU tensor of `shape` in `dtype` with values in `[lo, hi)`.
-fn cpu_rand(shape: &[usize], lo: f64, hi: f64, dtype: DType, seed: u64) -> Tensor {
-    Tensor::rand_range(shape, lo, hi, DType::F64, Device::Cpu, seed)
-        .and_then(|t| t.to_dtype(dtype))
-        .unwrap()
-}
-
-/// A device copy of a contiguous CPU tensor's elements.
-fn upload(dev: &Arc<CudaDevice>, t: &Tensor) -> CudaBuffer {
-    CudaBuffer::from_cpu_data(dev, &t.storage().cpu().unwrap()).unwrap()
-}
-
-fn download(b: &CudaBuffer) -> Vec<f64> {
-    b.to_cpu_data().unwrap().to_vec_as::<f64>()
-}
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_f64_vec().unwrap()
-}
+use crate::cuda::testing::*;
 
 #[test]
 fn attention_softmax_matches_a_reference() {

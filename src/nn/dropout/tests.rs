@@ -5,38 +5,11 @@
 //! `skipped: no CUDA device (…)` and passes.
 
 use super::cuda::{dropout, dropout_bits, dropout_mask, dropout_masked};
-use crate::cuda::testing::device;
-use crate::cuda::{CudaBuffer, CudaDevice, Strided};
+use crate::cuda::testing::*;
+use crate::cuda::CudaBuffer;
 use crate::primitives::pack_bits;
 use crate::rng::dropout_keep;
-use crate::{DType, Device, Tensor};
-use std::sync::Arc;
-
-const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
-
-/// A seeded CPU tensor of `shape` in `dtype` with values in `[lo, hi)`.
-fn cpu_rand(shape: &[usize], lo: f64, hi: f64, dtype: DType, seed: u64) -> Tensor {
-    Tensor::rand_range(shape, lo, hi, DType::F64, Device::Cpu, seed)
-        .and_then(|t| t.to_dtype(dtype))
-        .unwrap()
-}
-
-/// A device copy of a contiguous CPU tensor's elements.
-fn upload(dev: &Arc<CudaDevice>, t: &Tensor) -> CudaBuffer {
-    CudaBuffer::from_cpu_data(dev, &t.storage().cpu().unwrap()).unwrap()
-}
-
-fn download(b: &CudaBuffer) -> Vec<f64> {
-    b.to_cpu_data().unwrap().to_vec_as::<f64>()
-}
-
-fn dense(shape: &[usize]) -> Strided {
-    Strided::contiguous(shape).unwrap()
-}
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_f64_vec().unwrap()
-}
+use crate::DType;
 
 #[test]
 fn dropout_masks_replay_the_cpu_rule() {

@@ -4,32 +4,8 @@
 //! `skipped: no CUDA device (…)` and passes.
 
 use super::cuda::{embedding_backward, embedding_forward};
-use crate::cuda::testing::device;
-use crate::cuda::{CudaBuffer, CudaDevice};
+use crate::cuda::testing::*;
 use crate::{DType, Device, Tensor};
-use std::sync::Arc;
-
-const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
-
-/// A seeded CPU tensor of `shape` in `dtype` with values in `[lo, hi)`.
-fn cpu_rand(shape: &[usize], lo: f64, hi: f64, dtype: DType, seed: u64) -> Tensor {
-    Tensor::rand_range(shape, lo, hi, DType::F64, Device::Cpu, seed)
-        .and_then(|t| t.to_dtype(dtype))
-        .unwrap()
-}
-
-/// A device copy of a contiguous CPU tensor's elements.
-fn upload(dev: &Arc<CudaDevice>, t: &Tensor) -> CudaBuffer {
-    CudaBuffer::from_cpu_data(dev, &t.storage().cpu().unwrap()).unwrap()
-}
-
-fn download(b: &CudaBuffer) -> Vec<f64> {
-    b.to_cpu_data().unwrap().to_vec_as::<f64>()
-}
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_f64_vec().unwrap()
-}
 
 #[test]
 fn embedding_matches_the_cpu_bit_for_bit() {
