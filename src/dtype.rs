@@ -38,6 +38,16 @@ impl DType {
     }
 }
 
+/// The dtype statistics and log-sum-exps are kept in: f64 for f64, else f32
+/// (on every device: the CUDA kernels' `Acc<T>`).
+pub(crate) fn stat_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
 /// A Rust type that is the element of some [`DType`].
 pub trait WithDType:
     CpuElement + Copy + Send + Sync + std::fmt::Debug + PartialOrd + 'static

@@ -187,9 +187,11 @@ fn top_module(rel: &Path) -> Option<String> {
     }
 }
 
-/// Whether a file under `src/` is an in-crate test module.
+/// Whether a file under `src/` is an in-crate test module (or the
+/// helpers of those, `cuda/testing.rs`).
 fn is_test_code(rel: &Path) -> bool {
-    rel.file_name().is_some_and(|n| n == "tests.rs")
+    rel.file_name()
+        .is_some_and(|n| n == "tests.rs" || n == "testing.rs")
         || rel.components().any(|c| c.as_os_str() == "tests")
 }
 
@@ -595,10 +597,6 @@ fn in_cuda_backend(rel: &str) -> bool {
 /// Files outside the CUDA backend that still name it, with why (to remove;
 /// each must still be true).
 const NAMES_CUDA_FOR_NOW: &[(&str, &str)] = &[
-    (
-        "nn/norm/mod.rs",
-        "stat_dtype comes from the CUDA launch checks",
-    ),
     (
         "ops/binary.rs",
         "elementwise kernels name their CUDA op code",

@@ -129,16 +129,6 @@ pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> Error {
     }
 }
 
-/// The dtype statistics and log-sum-exps are kept in: f64 for f64, else f32
-/// (the kernels' `Acc<T>`).
-pub(crate) fn stat_dtype(dtype: DType) -> DType {
-    if dtype == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    }
-}
-
 /// Words of a 1-bit packed mask over `n` elements (32 per u32 word).
 pub(crate) fn mask_words(n: usize) -> usize {
     n.div_ceil(32)

@@ -6,8 +6,9 @@
 //! around them are the shared matmul (cuBLAS).
 
 use super::{RowLse, ScoreSpec};
-use crate::cuda::check::{expect, float_suffix, invalid, stat_dtype};
+use crate::cuda::check::{expect, float_suffix, invalid};
 use crate::cuda::{elementwise, launch, CudaBuffer, CudaDevice};
+use crate::dtype::stat_dtype;
 use crate::memory::{with_category, Category};
 use crate::tensor::cuda as tensor;
 use crate::tensor::Layout;

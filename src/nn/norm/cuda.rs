@@ -18,9 +18,10 @@
 //! the statistics dtype (f32, f64 for f64).
 
 use super::{GradMode, NormGeom};
-use crate::cuda::check::{expect, float_suffix, invalid, stat_dtype};
+use crate::cuda::check::{expect, float_suffix, invalid};
 use crate::cuda::launch;
 use crate::cuda::{CudaBuffer, CudaDevice};
+use crate::dtype::stat_dtype;
 use crate::tensor::cuda::{adopt, uncounted, wrap};
 use crate::tensor::Tensor;
 use crate::{DType, Result, WithDType};

@@ -81,7 +81,7 @@ pub use layers::{
 pub use row_norms::{group_norm, layer_norm, rms_norm};
 
 use crate::autograd::needs_grad;
-use crate::cuda::check::stat_dtype;
+use crate::dtype::stat_dtype;
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, Backend};
 use crate::{DType, Error, Result, Tensor};
