@@ -52,7 +52,6 @@ pub mod gemm;
 pub mod index;
 mod kernel_cache;
 pub(crate) mod layers_gemm;
-pub mod layers_mask;
 pub mod layers_util;
 mod layout;
 pub mod nvrtc;

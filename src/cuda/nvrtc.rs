@@ -47,7 +47,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("norm.cu", include_str!("../nn/norm/norm.cu")),
     ("optim.cu", include_str!("../optim/optim.cu")),
     ("pool.cu", include_str!("../nn/pool/pool.cu")),
-    ("relu_mask.cu", include_str!("../../kernels/relu_mask.cu")),
+    ("relu_mask.cu", include_str!("../ops/mask/relu_mask.cu")),
 ];
 
 /// The environment variables naming CUDA's include folder, in the order

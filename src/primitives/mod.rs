@@ -1,5 +1,5 @@
 //! The shared primitives (elementwise maps with broadcasting, reductions,
-//! indexing, GEMM, casts and comparisons, bit masks, softmax): each entry is
+//! indexing, GEMM, casts and comparisons, bit packing, softmax): each entry is
 //! the one dispatch seam of its kernel — the CPU kernel written once for every
 //! float dtype, the meta arm, and the CUDA arm in `cuda/`.
 
@@ -16,10 +16,7 @@ mod softmax;
 
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
 pub(crate) use batch_sum::matmul_sum_batches;
-pub(crate) use bitmask::positive_mask_for;
-pub use bitmask::{
-    get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,
-};
+pub use bitmask::{get_bit, mask_words, pack_bits, unpack_bits};
 pub(crate) use elementwise::{add_assign, check_pair, gather, AddK};
 pub use elementwise::{
     binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
