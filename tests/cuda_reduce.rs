@@ -1,4 +1,4 @@
-//! Reductions, softmax and cross-entropy on CUDA against the CPU backend
+//! Reductions and cross-entropy on CUDA against the CPU backend
 //! (and the formulas of `src/cpu/loss.rs`), odd sizes included. Without a
 //! GPU: `skipped: no CUDA device (…)`.
 
@@ -102,57 +102,6 @@ fn nan_is_the_extremum_as_on_the_cpu() {
     }
     let empty = CudaBuffer::alloc(&dev, DType::F32, 0).unwrap();
     assert!(reduce::arg_reduce(&empty, &dense(&[3, 0]), 1, true).is_err());
-}
-
-/// `dx` of softmax (or log-softmax) from `y` and `g` by the formula, in f64.
-fn softmax_grad(y: &[f64], g: &[f64], outer: usize, c: usize, inner: usize, log: bool) -> Vec<f64> {
-    let mut dx = vec![0.0; y.len()];
-    for o in 0..outer {
-        for j in 0..inner {
-            let at = |k: usize| (o * c + k) * inner + j;
-            let s: f64 = (0..c)
-                .map(|k| if log { g[at(k)] } else { g[at(k)] * y[at(k)] })
-                .sum();
-            for k in 0..c {
-                let i = at(k);
-                dx[i] = if log {
-                    g[i] - y[i].exp() * s
-                } else {
-                    y[i] * (g[i] - s)
-                };
-            }
-        }
-    }
-    dx
-}
-
-#[test]
-fn softmax_and_log_softmax_forward_and_backward() {
-    let dev = cuda_or_skip!("softmax");
-    let shape = [4, 300, 3];
-    for dtype in FLOATS {
-        let x = cuda_common::cpu_rand(&shape, -4.0, 4.0, dtype, 13);
-        let g = cuda_common::cpu_rand(&shape, -1.0, 1.0, dtype, 14);
-        for log in [false, true] {
-            let y_cpu = if log { x.log_softmax(1) } else { x.softmax(1) }.unwrap();
-            let y = reduce::softmax(&upload(&dev, &x), &shape, 1, log).unwrap();
-            let what = format!("softmax log={log} {dtype:?}");
-            assert_close(
-                &what,
-                &download(&y),
-                &y_cpu.to_f64_vec().unwrap(),
-                tol(dtype),
-            );
-            let dx = reduce::softmax_backward(&y, &upload(&dev, &g), &shape, 1, log).unwrap();
-            let want = softmax_grad(&download(&y), &g.to_f64_vec().unwrap(), 4, 300, 3, log);
-            assert_close(
-                &format!("{what} backward"),
-                &download(&dx),
-                &want,
-                tol(dtype) * 4.0,
-            );
-        }
-    }
 }
 
 #[test]

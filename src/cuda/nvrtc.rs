@@ -39,7 +39,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("loss.cu", include_str!("../../kernels/loss.cu")),
     ("random.cu", include_str!("../../kernels/random.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
-    ("softmax.cu", include_str!("../../kernels/softmax.cu")),
+    ("softmax.cu", include_str!("../ops/softmax/softmax.cu")),
     ("attention.cu", include_str!("../nn/attention/attention.cu")),
     ("conv.cu", include_str!("../nn/conv/conv.cu")),
     ("dropout.cu", include_str!("../nn/dropout/dropout.cu")),

@@ -1,5 +1,5 @@
-//! Launch wrappers for reductions (`reduce.cu`), softmax (`softmax.cu`) and
-//! cross-entropy (`loss.cu`).
+//! Launch wrappers for reductions (`reduce.cu`) and cross-entropy
+//! (`loss.cu`).
 
 use super::check::{self, float_suffix};
 use super::{CudaBuffer, CudaDevice, Strided};
@@ -117,51 +117,6 @@ fn lanes(op: &'static str, x: &CudaBuffer, shape: &[usize], dim: usize) -> Resul
     let outer: usize = shape[..dim].iter().product();
     let inner: usize = shape[dim + 1..].iter().product();
     Ok((outer as i64, shape[dim] as i64, inner as i64))
-}
-
-/// Softmax (or log-softmax when `log`) over `dim` of the contiguous float
-/// buffer `x` of `shape`.
-pub fn softmax(x: &CudaBuffer, shape: &[usize], dim: usize, log: bool) -> Result<CudaBuffer> {
-    let sfx = float_suffix("cuda softmax", x.dtype())?;
-    let (outer, classes, inner) = lanes("cuda softmax", x, shape, dim)?;
-    let mut y = CudaBuffer::alloc(x.device(), x.dtype(), x.len())?;
-    if x.is_empty() {
-        return Ok(y);
-    }
-    let mode = i32::from(log);
-    let cfg = CudaDevice::grid_per_row((outer * inner) as usize);
-    launch!(x.device(), "softmax.cu", format!("softmax_fwd_{sfx}"), cfg;
-        &mode, &outer, &classes, &inner, y.slice_mut(), x.slice())?;
-    Ok(y)
-}
-
-/// The gradient of [`softmax`] from its output `y` and the incoming
-/// gradient `g` (both contiguous of `shape`).
-pub fn softmax_backward(
-    y: &CudaBuffer,
-    g: &CudaBuffer,
-    shape: &[usize],
-    dim: usize,
-    log: bool,
-) -> Result<CudaBuffer> {
-    let sfx = float_suffix("cuda softmax_backward", y.dtype())?;
-    let (outer, classes, inner) = lanes("cuda softmax_backward", y, shape, dim)?;
-    check::input(
-        "cuda softmax_backward",
-        g,
-        y.dtype(),
-        &Strided::contiguous(shape)?,
-        y,
-    )?;
-    let mut dx = CudaBuffer::alloc(y.device(), y.dtype(), y.len())?;
-    if y.is_empty() {
-        return Ok(dx);
-    }
-    let mode = i32::from(log);
-    let cfg = CudaDevice::grid_per_row((outer * inner) as usize);
-    launch!(y.device(), "softmax.cu", format!("softmax_bwd_{sfx}"), cfg;
-        &mode, &outer, &classes, &inner, dx.slice_mut(), y.slice(), g.slice())?;
-    Ok(dx)
 }
 
 /// What [`cross_entropy_forward`] computes.

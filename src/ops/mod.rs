@@ -12,7 +12,7 @@ mod mask;
 mod matmul;
 mod reduce;
 mod scalar;
-mod softmax;
+pub(crate) mod softmax; // cross-entropy (still in primitives) reads its lane helpers
 mod unary;
 mod view;
 

@@ -2,8 +2,9 @@
 //! the class dim, one integer target per `(outer, inner)` sample; computed
 //! in f64 with the lane maximum subtracted.
 
-use super::softmax::{for_blocks, lane_stats, split, Dense};
+use super::Dense;
 use crate::dtype::CpuData;
+use crate::ops::softmax::{for_blocks, lane_stats, split};
 use crate::tensor::Tensor;
 use crate::{Error, FloatDType, Result, WithDType};
 

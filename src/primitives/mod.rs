@@ -1,5 +1,5 @@
 //! The shared primitives (elementwise maps with broadcasting, reductions,
-//! indexing, GEMM, casts and comparisons, bit packing, softmax): each entry is
+//! indexing, GEMM, casts and comparisons, bit packing): each entry is
 //! the one dispatch seam of its kernel — the CPU kernel written once for every
 //! float dtype, the meta arm, and the CUDA arm in `cuda/`.
 
@@ -12,7 +12,6 @@ mod gemm;
 mod index;
 mod loss;
 mod reduce;
-mod softmax;
 
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
 pub(crate) use batch_sum::matmul_sum_batches;
@@ -31,10 +30,9 @@ pub(crate) use index::{
 pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward, CrossEntropyForward};
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
-pub(crate) use softmax::{softmax_backward, softmax_forward};
 // Shared with the layer families' CPU kernels.
 pub(crate) use elementwise::typed;
-pub(crate) use softmax::Dense;
+pub(crate) use elementwise::Dense;
 
 /// Element count above which kernels split work across rayon's threads.
 pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;

@@ -200,23 +200,6 @@ pub(crate) fn arg_extremum(
     Ok((idx.into_iter().map(|i| i as usize).collect(), vals))
 }
 
-/// Softmax (or log-softmax) of `x` along `dim`.
-pub(crate) fn softmax(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
-    let x = dense(x)?;
-    let out = red::softmax(&*x.storage().cuda()?, x.shape(), dim, log)?;
-    wrap(out, x.shape())
-}
-
-/// The gradient of softmax from its output `y` and the incoming `g`.
-pub(crate) fn softmax_backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
-    let (y, g) = (dense(y)?, dense(g)?);
-    let (dy, dg) = (y.storage().cuda()?, g.storage().cuda()?);
-    wrap(
-        red::softmax_backward(&dy, &dg, y.shape(), dim, log)?,
-        y.shape(),
-    )
-}
-
 /// The I64 targets as a dense device tensor (a typed error for other dtypes).
 fn targets_i64(op: &'static str, targets: &Tensor) -> Result<Tensor> {
     if targets.dtype() != DType::I64 {
