@@ -36,7 +36,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../kernels/elementwise.cu"),
     ),
     ("index.cu", include_str!("../../kernels/index.cu")),
-    ("loss.cu", include_str!("../../kernels/loss.cu")),
+    ("loss.cu", include_str!("../ops/loss/loss.cu")),
     ("random.cu", include_str!("../../kernels/random.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
     ("softmax.cu", include_str!("../ops/softmax/softmax.cu")),

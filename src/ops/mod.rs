@@ -12,7 +12,7 @@ mod mask;
 mod matmul;
 mod reduce;
 mod scalar;
-pub(crate) mod softmax; // cross-entropy (still in primitives) reads its lane helpers
+mod softmax;
 mod unary;
 mod view;
 

@@ -10,7 +10,6 @@ pub(crate) mod cuda;
 mod elementwise;
 mod gemm;
 mod index;
-mod loss;
 mod reduce;
 
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
@@ -27,7 +26,6 @@ pub(crate) use gemm::{matmul, matmul_into, usable as gemm_usable};
 pub(crate) use index::{
     add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };
-pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward, CrossEntropyForward};
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
 // Shared with the layer families' CPU kernels.

@@ -3,6 +3,7 @@
 //! with the lane maximum subtracted). Inputs of any layout are made dense
 //! first (a counted copy, as the CPU's gather).
 
+use super::cpu::split;
 use crate::cuda::check::{self, float_suffix};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
 use crate::tensor::cuda::{dense, wrap};
@@ -22,14 +23,15 @@ pub(super) fn backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<
     wrap(softmax_backward(&dy, &dg, y.shape(), dim, log)?, y.shape())
 }
 
-/// `(outer, classes, inner)` around `dim`, checking that `x` is a
-/// contiguous buffer of `shape`.
+/// The `(outer, classes, inner)` lanes around `dim`, as the CPU's
+/// [`split`], checking that `x` is a contiguous buffer of `shape`. Shared
+/// with cross-entropy's launch wrappers.
 pub(crate) fn lanes(
     op: &'static str,
     x: &CudaBuffer,
     shape: &[usize],
     dim: usize,
-) -> Result<(i64, i64, i64)> {
+) -> Result<(usize, usize, usize)> {
     check::dim(op, dim, shape.len())?;
     if x.len() != shape.iter().product::<usize>() {
         return Err(Error::ShapeMismatch {
@@ -38,9 +40,7 @@ pub(crate) fn lanes(
             rhs: shape.to_vec(),
         });
     }
-    let outer: usize = shape[..dim].iter().product();
-    let inner: usize = shape[dim + 1..].iter().product();
-    Ok((outer as i64, shape[dim] as i64, inner as i64))
+    Ok(split(shape, dim))
 }
 
 /// Softmax (or log-softmax when `log`) over `dim` of the contiguous float
@@ -57,10 +57,10 @@ pub(crate) fn softmax(
     if x.is_empty() {
         return Ok(y);
     }
-    let mode = i32::from(log);
-    let cfg = CudaDevice::grid_per_row((outer * inner) as usize);
+    let (mode, o64, c64, i64_) = (i32::from(log), outer as i64, classes as i64, inner as i64);
+    let cfg = CudaDevice::grid_per_row(outer * inner);
     launch!(x.device(), "softmax.cu", format!("softmax_fwd_{sfx}"), cfg;
-        &mode, &outer, &classes, &inner, y.slice_mut(), x.slice())?;
+        &mode, &o64, &c64, &i64_, y.slice_mut(), x.slice())?;
     Ok(y)
 }
 
@@ -86,9 +86,9 @@ pub(crate) fn softmax_backward(
     if y.is_empty() {
         return Ok(dx);
     }
-    let mode = i32::from(log);
-    let cfg = CudaDevice::grid_per_row((outer * inner) as usize);
+    let (mode, o64, c64, i64_) = (i32::from(log), outer as i64, classes as i64, inner as i64);
+    let cfg = CudaDevice::grid_per_row(outer * inner);
     launch!(y.device(), "softmax.cu", format!("softmax_bwd_{sfx}"), cfg;
-        &mode, &outer, &classes, &inner, dx.slice_mut(), y.slice(), g.slice())?;
+        &mode, &o64, &c64, &i64_, dx.slice_mut(), y.slice(), g.slice())?;
     Ok(dx)
 }

@@ -19,6 +19,7 @@ mod cuda;
 
 // The lanes around a dim, shared with cross-entropy's kernels.
 pub(crate) use cpu::{for_blocks, lane_stats, split};
+pub(crate) use cuda::lanes;
 
 use super::expect_float;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
