@@ -1,11 +1,13 @@
 //! The meta device: tensors with shapes, dtypes, strides, versions and
 //! ledger registrations but no data.
 //!
-//! Every kernel entry (in `src/cpu/`, and the few ops that read host data
-//! directly) starts with one `match` on `backend`: `Backend::Cpu` runs the
-//! CPU kernel, `Backend::Meta` returns outputs of the right shape and dtype
-//! made by `empty` without arithmetic and without host buffers the size of
-//! the data; an in-place kernel only bumps the version. Allocations made by
+//! Every kernel call goes through a dispatch seam (each shared primitive's
+//! entry in `src/primitives/`, each op family's seam functions in its
+//! `mod.rs`) with one `match` on `backend`: `Backend::Cuda` calls the
+//! family's `cuda.rs`, `Backend::Cpu` runs the CPU kernel, and
+//! `Backend::Meta` returns outputs of the right shape and dtype made by
+//! `empty` without arithmetic and without host buffers the size of the
+//! data; an in-place kernel only bumps the version. Allocations made by
 //! the kernels (outputs, workspace, contiguous copies) go through the same
 //! code on both devices, so a training step on meta moves the ledger exactly
 //! as the same step on the CPU does, category by category and byte by byte

@@ -602,10 +602,9 @@ const NAMES_CUDA_FOR_NOW: &[(&str, &str)] = &[
         "elementwise kernels name their CUDA op code",
     ),
     (
-        "ops/loss.rs",
-        "elementwise kernels name their CUDA op code; CUDA arms",
+        "ops/loss/mod.rs",
+        "mse's elementwise kernel names its CUDA op code",
     ),
-    ("ops/mask.rs", "the clamp mask's CUDA arm"),
     (
         "ops/reduce.rs",
         "elementwise kernels name their CUDA op code",
@@ -618,7 +617,6 @@ const NAMES_CUDA_FOR_NOW: &[(&str, &str)] = &[
         "ops/unary.rs",
         "elementwise kernels name their CUDA op code",
     ),
-    ("primitives/bitmask.rs", "the relu mask's CUDA arms"),
     (
         "primitives/elementwise.rs",
         "UnaryKernel/BinaryKernel name their CUDA op code",

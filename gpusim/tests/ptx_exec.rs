@@ -359,7 +359,7 @@ fn strided(offset: i64, shape: &[i64], strides: &[i64]) -> Vec<u8> {
 
 #[test]
 fn leangrad_relu_mask_kernel_with_struct_parameter() {
-    // relu_mask_fwd_f32 from kernels/relu_mask.cu as NVRTC compiles it.
+    // relu_mask_fwd_f32 from src/ops/mask/relu_mask.cu as NVRTC compiles it.
     let mut d = Dev::fixture("relu_mask_fwd_f32.ptx");
     let (rows, cols) = (37usize, 29usize);
     let n = rows * cols;

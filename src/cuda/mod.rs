@@ -62,14 +62,10 @@ pub(crate) mod elementwise;
 pub(crate) mod gemm;
 pub(crate) mod index;
 mod kernel_cache;
-pub mod layers_mask;
 mod layout;
 pub mod nvrtc;
 pub(crate) mod random;
-// Public only for the softmax and cross-entropy launch wrappers still here,
-// whose tests (`tests/cuda_reduce.rs`) move in-crate with them; the
-// reductions themselves are `pub(crate)`.
-pub mod reduce;
+pub(crate) mod reduce;
 mod settings;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -36,10 +36,10 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../kernels/elementwise.cu"),
     ),
     ("index.cu", include_str!("../../kernels/index.cu")),
-    ("loss.cu", include_str!("../../kernels/loss.cu")),
+    ("loss.cu", include_str!("../ops/loss/loss.cu")),
     ("random.cu", include_str!("../../kernels/random.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
-    ("softmax.cu", include_str!("../../kernels/softmax.cu")),
+    ("softmax.cu", include_str!("../ops/softmax/softmax.cu")),
     ("attention.cu", include_str!("../nn/attention/attention.cu")),
     ("conv.cu", include_str!("../nn/conv/conv.cu")),
     ("dropout.cu", include_str!("../nn/dropout/dropout.cu")),
@@ -47,7 +47,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("norm.cu", include_str!("../nn/norm/norm.cu")),
     ("optim.cu", include_str!("../optim/optim.cu")),
     ("pool.cu", include_str!("../nn/pool/pool.cu")),
-    ("relu_mask.cu", include_str!("../../kernels/relu_mask.cu")),
+    ("relu_mask.cu", include_str!("../ops/mask/relu_mask.cu")),
 ];
 
 /// The environment variables naming CUDA's include folder, in the order

@@ -45,6 +45,7 @@ mod unary;
 mod view;
 
 pub use loss::{CrossEntropyOptions, Reduction};
+pub use mask::{mask_scale, mask_where, positive_mask};
 pub use view::sum_to_shape;
 
 use crate::{Error, Result, Tensor};

@@ -6,6 +6,8 @@ use crate::meta::{self, backend, Backend};
 use crate::tensor::{broadcast_shapes, Layout, Tensor};
 use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
+use std::ops::Range;
+use std::sync::RwLockReadGuard;
 
 /// A float function of one element, written once for every float dtype.
 pub trait UnaryKernel: Sync {
@@ -214,6 +216,31 @@ pub(crate) fn gather(x: &Tensor) -> Result<CpuData> {
         T::wrap(fill(l.numel(), |i| src.get(i)))
     }
     Ok(crate::match_cpu_data!(&*data, v => go(v, x.layout())))
+}
+
+/// A tensor's elements in row-major order: its own storage when contiguous,
+/// else a gathered copy. For the CPU kernels that read whole tensors
+/// (softmax, cross-entropy, `nn::norm`, `nn::attention`).
+pub(crate) enum Dense<'a> {
+    Borrowed(RwLockReadGuard<'a, CpuData>, Range<usize>),
+    Owned(CpuData),
+}
+
+impl<'a> Dense<'a> {
+    pub(crate) fn new(x: &'a Tensor) -> Result<Dense<'a>> {
+        Ok(match x.layout().contiguous_range() {
+            Some(r) => Dense::Borrowed(x.storage().cpu()?, r),
+            None => Dense::Owned(gather(x)?),
+        })
+    }
+
+    /// The data and the range of it that holds the elements.
+    pub(crate) fn parts(&self) -> (&CpuData, Range<usize>) {
+        match self {
+            Dense::Borrowed(g, r) => (g, r.clone()),
+            Dense::Owned(d) => (d, 0..d.len()),
+        }
+    }
 }
 
 /// Checks that two operands are on one device.

@@ -1,5 +1,5 @@
 //! The shared primitives (elementwise maps with broadcasting, reductions,
-//! indexing, GEMM, casts and comparisons, bit masks, softmax): each entry is
+//! indexing, GEMM, casts and comparisons, bit packing): each entry is
 //! the one dispatch seam of its kernel — the CPU kernel written once for every
 //! float dtype, the meta arm, and the CUDA arm in `cuda/`.
 
@@ -10,16 +10,11 @@ pub(crate) mod cuda;
 mod elementwise;
 mod gemm;
 mod index;
-mod loss;
 mod reduce;
-mod softmax;
 
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
 pub(crate) use batch_sum::matmul_sum_batches;
-pub(crate) use bitmask::positive_mask_for;
-pub use bitmask::{
-    get_bit, mask_scale, mask_where, mask_words, pack_bits, positive_mask, unpack_bits,
-};
+pub use bitmask::{get_bit, mask_words, pack_bits, unpack_bits};
 pub(crate) use elementwise::{add_assign, check_pair, gather, AddK};
 pub use elementwise::{
     binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
@@ -31,13 +26,11 @@ pub(crate) use gemm::{matmul, matmul_into, usable as gemm_usable};
 pub(crate) use index::{
     add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };
-pub(crate) use loss::{cross_entropy_backward, cross_entropy_forward, CrossEntropyForward};
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
-pub(crate) use softmax::{softmax_backward, softmax_forward};
 // Shared with the layer families' CPU kernels.
 pub(crate) use elementwise::typed;
-pub(crate) use softmax::Dense;
+pub(crate) use elementwise::Dense;
 
 /// Element count above which kernels split work across rayon's threads.
 pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;

@@ -1,13 +1,12 @@
-//! The CUDA arms of the kernel entries in `src/cpu/`: each takes tensors
+//! The CUDA arms of the shared primitives (`src/primitives/`): each takes tensors
 //! (CUDA storages + layouts), calls one launch wrapper and wraps the output.
 //! Outputs are allocated exactly as the CPU kernels allocate theirs, so a
 //! program moves the CUDA ledger as it moves the CPU's.
 
 use crate::cuda::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
 use crate::cuda::reduce::{self as red, ReduceOp};
-use crate::cuda::CudaBuffer;
-use crate::primitives::{CmpOp, CrossEntropyForward};
-use crate::tensor::cuda::{adopt, contiguous, dense, map, strided, uncounted, wrap};
+use crate::primitives::CmpOp;
+use crate::tensor::cuda::{adopt, contiguous, map, strided, uncounted, wrap};
 use crate::tensor::Layout;
 use crate::{DType, Error, Result, Tensor};
 
@@ -198,90 +197,4 @@ pub(crate) fn arg_extremum(
     })?;
     let vals = vals.map(|v| adopt(v, lanes)).transpose()?;
     Ok((idx.into_iter().map(|i| i as usize).collect(), vals))
-}
-
-/// Softmax (or log-softmax) of `x` along `dim`.
-pub(crate) fn softmax(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
-    let x = dense(x)?;
-    let out = red::softmax(&*x.storage().cuda()?, x.shape(), dim, log)?;
-    wrap(out, x.shape())
-}
-
-/// The gradient of softmax from its output `y` and the incoming `g`.
-pub(crate) fn softmax_backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
-    let (y, g) = (dense(y)?, dense(g)?);
-    let (dy, dg) = (y.storage().cuda()?, g.storage().cuda()?);
-    wrap(
-        red::softmax_backward(&dy, &dg, y.shape(), dim, log)?,
-        y.shape(),
-    )
-}
-
-/// The I64 targets as a dense device tensor (a typed error for other dtypes).
-fn targets_i64(op: &'static str, targets: &Tensor) -> Result<Tensor> {
-    if targets.dtype() != DType::I64 {
-        return Err(Error::DTypeMismatch {
-            op,
-            expected: DType::I64,
-            got: targets.dtype(),
-        });
-    }
-    dense(targets)
-}
-
-/// Cross-entropy forward: per-sample losses read back to the host, the
-/// count of samples not ignored, and the probabilities (counted, as on the
-/// CPU) when `want_probs`.
-pub(crate) fn cross_entropy_forward(
-    logits: &Tensor,
-    class_dim: usize,
-    targets: &Tensor,
-    ignore_index: i64,
-    eps: f64,
-    want_probs: bool,
-) -> Result<CrossEntropyForward> {
-    let x = dense(logits)?;
-    let (losses, count, probs) = uncounted(|| {
-        let t = targets_i64("cross_entropy", targets)?;
-        let (dx, dt) = (x.storage().cuda()?, t.storage().cuda()?);
-        let ce = red::cross_entropy_forward(
-            &dx,
-            x.shape(),
-            class_dim,
-            &dt,
-            ignore_index,
-            eps,
-            want_probs,
-        )?;
-        Ok((ce.losses.to_vec::<f64>()?, ce.count, ce.probs))
-    })?;
-    let probs = probs.map(|p| adopt(p, x.shape())).transpose()?;
-    Ok(CrossEntropyForward {
-        losses,
-        count,
-        probs,
-    })
-}
-
-/// Cross-entropy backward from the saved probabilities and targets, with
-/// per-sample (or one shared) f64 `weights`.
-pub(crate) fn cross_entropy_backward(
-    probs: &Tensor,
-    class_dim: usize,
-    targets: &Tensor,
-    weights: &[f64],
-    ignore_index: i64,
-    eps: f64,
-) -> Result<Tensor> {
-    let p = dense(probs)?;
-    let dev = p.storage().cuda()?.device().clone();
-    // Host values on the CPU: the targets' copy and the weights stay out
-    // of the ledger.
-    let (t, w) = uncounted(|| {
-        let t = targets_i64("cross_entropy", targets)?;
-        Ok((t, CudaBuffer::from_slice(&dev, weights)?))
-    })?;
-    let (dp, dt) = (p.storage().cuda()?, t.storage().cuda()?);
-    let out = red::cross_entropy_backward(&dp, p.shape(), class_dim, &dt, &w, ignore_index, eps)?;
-    wrap(out, p.shape())
 }

@@ -1,44 +1,22 @@
-//! Softmax and log-softmax along one dim, and their backward, computed in
-//! f64 with the lane maximum subtracted (numerically stable).
+//! Softmax and log-softmax on the CPU (and their meta forms), forward and
+//! backward, computed in f64 with the lane maximum subtracted (numerically
+//! stable).
 //!
 //! A tensor is viewed as `[outer, len, inner]` around the softmax dim; each
-//! outer block is one independent task.
+//! outer block is one independent task. The lane helpers ([`split`],
+//! [`for_blocks`], [`lane_stats`]) are shared with cross-entropy's CPU
+//! kernels (`ops::loss`), which read logits the same way.
 
-use super::{gather, PARALLEL_THRESHOLD};
 use crate::dtype::CpuData;
+use crate::meta::{self, backend, not_on_cuda, Backend};
+use crate::primitives::{Dense, PARALLEL_THRESHOLD};
 use crate::tensor::Tensor;
 use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 use std::ops::Range;
-use std::sync::RwLockReadGuard;
-
-/// A tensor's elements in row-major order: its own storage when contiguous,
-/// else a gathered copy. Shared with the kernels outside `cpu/` that read
-/// whole tensors (`nn::norm`).
-pub(crate) enum Dense<'a> {
-    Borrowed(RwLockReadGuard<'a, CpuData>, Range<usize>),
-    Owned(CpuData),
-}
-
-impl<'a> Dense<'a> {
-    pub(crate) fn new(x: &'a Tensor) -> Result<Dense<'a>> {
-        Ok(match x.layout().contiguous_range() {
-            Some(r) => Dense::Borrowed(x.storage().cpu()?, r),
-            None => Dense::Owned(gather(x)?),
-        })
-    }
-
-    /// The data and the range of it that holds the elements.
-    pub(crate) fn parts(&self) -> (&CpuData, Range<usize>) {
-        match self {
-            Dense::Borrowed(g, r) => (g, r.clone()),
-            Dense::Owned(d) => (d, 0..d.len()),
-        }
-    }
-}
 
 /// `(outer, len, inner)` element counts around `dim`.
-pub(super) fn split(shape: &[usize], dim: usize) -> (usize, usize, usize) {
+pub(crate) fn split(shape: &[usize], dim: usize) -> (usize, usize, usize) {
     (
         shape[..dim].iter().product(),
         shape[dim],
@@ -48,7 +26,7 @@ pub(super) fn split(shape: &[usize], dim: usize) -> (usize, usize, usize) {
 
 /// Runs `f(block index, output block)` over `out` in blocks of `block`
 /// elements, in parallel when the whole is large.
-pub(super) fn for_blocks<T: Send>(
+pub(crate) fn for_blocks<T: Send>(
     out: &mut [T],
     block: usize,
     f: impl Fn(usize, &mut [T]) + Sync + Send,
@@ -67,7 +45,7 @@ pub(super) fn for_blocks<T: Send>(
 
 /// Per lane (`inner` lanes of `len` elements, strided by `inner`): the
 /// maximum and the log of Σ exp(x − max). NaN propagates.
-pub(super) fn lane_stats<T: FloatDType>(
+pub(crate) fn lane_stats<T: FloatDType>(
     src: &[T],
     len: usize,
     inner: usize,
@@ -92,14 +70,14 @@ pub(super) fn lane_stats<T: FloatDType>(
 
 /// Softmax (or log-softmax when `log`) of `x` along `dim`: a new contiguous
 /// tensor of `x`'s shape and dtype.
-pub(crate) fn softmax_forward(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
-    match crate::meta::backend("softmax", &[x])? {
-        crate::meta::Backend::Meta => {
-            crate::meta::float("softmax", x.dtype())?;
-            return crate::meta::empty(x.shape(), x.dtype());
+pub(super) fn forward(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    match backend("softmax", &[x])? {
+        Backend::Meta => {
+            meta::float("softmax", x.dtype())?;
+            return meta::empty(x.shape(), x.dtype());
         }
-        crate::meta::Backend::Cuda(_) => return crate::primitives::cuda::ops::softmax(x, dim, log),
-        crate::meta::Backend::Cpu => {}
+        Backend::Cuda(n) => return Err(not_on_cuda("softmax", n)),
+        Backend::Cpu => {}
     }
     let (_, len, inner) = split(x.shape(), dim);
     let dense = Dense::new(x)?;
@@ -125,21 +103,13 @@ pub(crate) fn softmax_forward(x: &Tensor, dim: usize, log: bool) -> Result<Tenso
 
 /// The gradient of softmax (`log == false`) or log-softmax along `dim` from
 /// the op's output `y` and the output gradient `g` (same shape and dtype):
-/// `y·(g − Σ g·y)` or `g − exp(y)·Σ g`, the sums along `dim`.
-pub(crate) fn softmax_backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
-    if y.shape() != g.shape() {
-        return Err(Error::ShapeMismatch {
-            op: "softmax_backward",
-            lhs: y.shape().to_vec(),
-            rhs: g.shape().to_vec(),
-        });
-    }
-    match crate::meta::backend("softmax_backward", &[y, g])? {
-        crate::meta::Backend::Meta => return crate::meta::empty(y.shape(), y.dtype()),
-        crate::meta::Backend::Cuda(_) => {
-            return crate::primitives::cuda::ops::softmax_backward(y, g, dim, log)
-        }
-        crate::meta::Backend::Cpu => {}
+/// `y·(g − Σ g·y)` or `g − exp(y)·Σ g`, the sums along `dim` (shapes
+/// checked by the caller).
+pub(super) fn backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    match backend("softmax_backward", &[y, g])? {
+        Backend::Meta => return meta::empty(y.shape(), y.dtype()),
+        Backend::Cuda(n) => return Err(not_on_cuda("softmax_backward", n)),
+        Backend::Cpu => {}
     }
     let (_, len, inner) = split(y.shape(), dim);
     let (dy, dg) = (Dense::new(y)?, Dense::new(g)?);

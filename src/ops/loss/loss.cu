@@ -1,7 +1,7 @@
 // Cross-entropy on logits of a contiguous tensor viewed as
 // [outer, classes, inner] (element (o, c, j) at (o*classes + c)*inner + j),
 // one i64 target per sample (o, j), label smoothing eps, ignore_index.
-// Mirrors src/cpu/loss.rs:
+// Mirrors the CPU kernels (src/ops/loss/cpu.rs):
 //   loss = lse - (1-eps)*x_t - eps/C * sum_c x_c      (0 where ignored)
 //   dx   = w * (p - eps/C - (1-eps)*[c == t])         (0 where ignored)
 //

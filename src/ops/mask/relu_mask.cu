@@ -1,4 +1,4 @@
-// ReLU / LeakyReLU saving a 1-bit packed mask (src/cpu/bitmask.rs): bit i
+// ReLU / LeakyReLU saving a 1-bit packed mask (src/ops/mask/): bit i
 // of word i/32 is set iff x[i] > 0. One warp writes one word with
 // __ballot_sync, so blocks must be a multiple of 32 threads (256 is used).
 // Backward reads only the mask: dx = bit ? g : g * slope (exactly 0 when
@@ -43,7 +43,7 @@
     }
 LG_FOR_FLOATS(LG_RELU_MASK)
 
-// The mask alone, for any test `x > 0` (positive_mask of src/cpu/bitmask.rs).
+// The mask alone, for any test `x > 0` (positive_mask of src/ops/mask/).
 #define LG_POSITIVE_MASK(sfx, T)                                                      \
     extern "C" __global__ void positive_mask_##sfx(long long n, unsigned int* mask,  \
                                                    const T* x, Strided lx) {          \

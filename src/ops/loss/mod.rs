@@ -1,12 +1,30 @@
-//! Losses: cross-entropy over class logits and mean squared error.
+//! Losses: cross-entropy over class logits (a fused log-softmax and
+//! negative log-likelihood with label smoothing and an ignored target:
+//! CPU kernels in `cpu.rs`, CUDA in `cuda.rs` and `loss.cu`, logits read in
+//! the lanes of `ops::softmax`) and mean squared error (elementwise
+//! primitives only).
+//!
+//! Saved for backward, for logits of `n` elements of `b` bytes, `s` samples
+//! (targets I64) and `m` elements in `mse_loss`:
+//!
+//! | op | requires grad | saved for backward | why |
+//! |---|---|---|---|
+//! | `cross_entropy` | logits | the softmax probabilities: `n·b` bytes; the targets: `8·s` bytes (the caller's tensor, not copied) | the gradient is `w·(p − ε/C − (1−ε)·onehot(t))`: the same bytes as the logits, and no softmax recomputed |
+//! | `cross_entropy` | nothing | — (no node; no probabilities computed) | |
+//! | `mse_loss` | either input | `self − target`: `m·b` bytes | both gradients are `±2·(self − target)·g` (scaled for the mean) |
+//! | `mse_loss` | nothing | — (no node) | |
+//!
+//! The same under both save policies. The targets never need grad.
+
+mod cpu;
+mod cuda;
+#[cfg(test)]
+mod tests;
 
 use super::expect_float;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::meta::{backend, Backend};
-use crate::primitives::CrossEntropyForward;
-use crate::primitives::{
-    binary_map, cross_entropy_backward, cross_entropy_forward, sum_scaled, BinaryKernel,
-};
+use crate::primitives::{binary_map, sum_scaled, BinaryKernel};
 use crate::tensor::Layout;
 use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
 
@@ -43,6 +61,67 @@ impl Default for CrossEntropyOptions {
             label_smoothing: 0.0,
         }
     }
+}
+
+/// What the cross-entropy forward computes.
+struct CrossEntropyForward {
+    /// The loss of every sample (0 where the target is ignored; empty on
+    /// meta).
+    losses: Vec<f64>,
+    /// How many samples are not ignored.
+    count: usize,
+    /// The softmax probabilities (logits' shape and dtype), when asked for.
+    probs: Option<Tensor>,
+}
+
+// The dispatch seam: one small function per kernel, the only place here
+// (besides cuda.rs) that names CUDA.
+
+/// Per-sample cross-entropy of `logits` (classes on `class_dim`) against the
+/// I64 `targets` (one per sample), and the probabilities when `want_probs`.
+fn cross_entropy_forward(
+    logits: &Tensor,
+    class_dim: usize,
+    targets: &Tensor,
+    opts: &CrossEntropyOptions,
+    want_probs: bool,
+) -> Result<CrossEntropyForward> {
+    let (ignore, eps) = (opts.ignore_index, opts.label_smoothing);
+    match backend("cross_entropy", &[logits, targets])? {
+        Backend::Cpu | Backend::Meta => {
+            cpu::forward(logits, class_dim, targets, ignore, eps, want_probs)
+        }
+        Backend::Cuda(_) => cuda::forward(logits, class_dim, targets, ignore, eps, want_probs),
+    }
+}
+
+/// The gradient with respect to the logits from the saved probabilities
+/// and targets and the incoming gradient `g` (read into per-sample weights
+/// by [`sample_weights`], then dropped).
+fn cross_entropy_backward(
+    g: Tensor,
+    probs: &Tensor,
+    targets: &Tensor,
+    class_dim: usize,
+    opts: &CrossEntropyOptions,
+    count: usize,
+) -> Result<Tensor> {
+    match backend("cross_entropy", &[&g, probs])? {
+        Backend::Cpu | Backend::Meta => cpu::backward(g, probs, targets, class_dim, opts, count),
+        Backend::Cuda(_) => cuda::backward(g, probs, targets, class_dim, opts, count),
+    }
+}
+
+/// The per-sample weights of the cross-entropy gradient from the incoming
+/// gradient `g` (read to the host, then dropped): one per sample for no
+/// reduction, one for all otherwise (over the `count` samples not ignored
+/// for the mean).
+fn sample_weights(g: Tensor, reduction: Reduction, count: usize) -> Result<Vec<f64>> {
+    Ok(match reduction {
+        Reduction::None => g.to_f64_vec()?,
+        Reduction::Sum => vec![g.to_scalar()?],
+        Reduction::Mean => vec![g.to_scalar()? / count as f64],
+    })
 }
 
 /// `a − b`.
@@ -90,38 +169,9 @@ impl BackwardOp for CrossEntropyBackward {
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let (probs, targets) = (self.probs.get()?, self.targets.get()?);
-        let (c, o) = (self.class_dim, &self.opts);
-        let (eps, ignore) = (o.label_smoothing, o.ignore_index);
-        let grad = match backend("cross_entropy", &[&g, probs])? {
-            Backend::Meta => {
-                drop(g); // as on the CPU: the incoming gradient goes first
-                crate::meta::empty(probs.shape(), probs.dtype())?
-            }
-            Backend::Cuda(_) => {
-                let w = self.weights(g)?;
-                crate::primitives::cuda::ops::cross_entropy_backward(
-                    probs, c, targets, &w, ignore, eps,
-                )?
-            }
-            Backend::Cpu => {
-                let t = targets.to_vec::<i64>()?;
-                let w = self.weights(g)?;
-                cross_entropy_backward(probs, c, &t, &w, ignore, eps)?
-            }
-        };
+        let grad =
+            cross_entropy_backward(g, probs, targets, self.class_dim, &self.opts, self.count)?;
         Ok(vec![Some(grad)])
-    }
-}
-
-impl CrossEntropyBackward {
-    /// The per-sample weights of the gradient from the incoming gradient
-    /// `g` (read to the host, then dropped).
-    fn weights(&self, g: Tensor) -> Result<Vec<f64>> {
-        Ok(match self.opts.reduction {
-            Reduction::None => g.to_f64_vec()?,
-            Reduction::Sum => vec![g.to_scalar()?],
-            Reduction::Mean => vec![g.to_scalar()? / self.count as f64],
-        })
     }
 }
 
@@ -201,46 +251,7 @@ impl Tensor {
             });
         }
         let need = needs_grad([self])[0];
-        let fwd = match backend("cross_entropy", &[self, targets])? {
-            // Targets are not read on meta: every sample counts as a valid,
-            // non-ignored target.
-            Backend::Meta => {
-                expect_float("cross_entropy", self)?;
-                if targets.dtype() != DType::I64 {
-                    return Err(Error::DTypeMismatch {
-                        op: "cross_entropy",
-                        expected: DType::I64,
-                        got: targets.dtype(),
-                    });
-                }
-                CrossEntropyForward {
-                    losses: Vec::new(),
-                    count: targets.numel(),
-                    probs: need
-                        .then(|| crate::meta::empty(self.shape(), self.dtype()))
-                        .transpose()?,
-                }
-            }
-            Backend::Cuda(_) => crate::primitives::cuda::ops::cross_entropy_forward(
-                self,
-                class_dim,
-                targets,
-                opts.ignore_index,
-                opts.label_smoothing,
-                need,
-            )?,
-            Backend::Cpu => {
-                let t = targets.to_vec::<i64>()?;
-                cross_entropy_forward(
-                    self,
-                    class_dim,
-                    &t,
-                    opts.ignore_index,
-                    opts.label_smoothing,
-                    need,
-                )?
-            }
-        };
+        let fwd = cross_entropy_forward(self, class_dim, targets, &opts, need)?;
         let total = || fwd.losses.iter().sum::<f64>();
         let out = match opts.reduction {
             Reduction::None => {
@@ -299,22 +310,5 @@ impl Tensor {
             needs,
         };
         Ok(attach(out, &[self, target], op))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cuda::elementwise::BinaryOp;
-
-    /// mse_loss's kernels have their CUDA forms, and `ScaledMul` takes its
-    /// products in f64 before one rounding (which the CUDA op reproduces).
-    #[test]
-    fn kernels_have_their_cuda_forms() {
-        assert_eq!(Diff.cuda(), Some(BinaryOp::Sub));
-        assert_eq!(ScaledMul(-0.5).cuda(), Some(BinaryOp::ScaledMul(-0.5)));
-        // 7 · 7 · (1/7): exactly 7 from f64, 7.0000005 in f32 arithmetic.
-        assert_eq!(ScaledMul(1.0 / 7.0).f(7.0f32, 7.0), 7.0);
-        assert_ne!(7.0f32 * 7.0 * (1.0 / 7.0f64) as f32, 7.0);
     }
 }

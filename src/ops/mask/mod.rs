@@ -1,4 +1,11 @@
-//! Masks kept for backward by relu-like ops.
+//! The 1-bit masks relu-like ops keep for backward: `relu` and `leaky_relu`
+//! (in `ops/unary.rs`, rule `x > 0`) and `clamp` (in `ops/scalar.rs`, rule
+//! `lo <= x <= hi`) save a [`SavedMask`] instead of a float tensor, and
+//! their gradient is `g` where the bit is set, `g · slope` elsewhere
+//! ([`mask_scale`]). Bit `i % 32` of U32 word `i / 32` is element `i` (the
+//! packing helpers `pack_bits`, `get_bit`, `mask_words` are shared
+//! primitives); on CUDA one warp writes one word with `__ballot_sync`
+//! (`relu_mask.cu`).
 //!
 //! Under the lean policy a mask is 1 bit per element. When the tensor the
 //! mask was computed from is later saved by another op anyway (a ReLU
@@ -7,12 +14,83 @@
 //! releases the values (its backward ran) and nothing else holds them, the
 //! mask is rebuilt and the values freed. The 1-bit mask never costs more
 //! than it saves, and never keeps the values alive longer.
+//!
+//! Saved for backward, for `n` elements of `b` bytes:
+//!
+//! | op | requires grad | saved for backward | why |
+//! |---|---|---|---|
+//! | `relu`, `relu_inplace` (lean) | input | the mask of `output > 0`: `4·⌈n/32⌉` bytes; nothing of its own while another op keeps the output (the mask is rebuilt when that op lets go) | which elements pass the gradient |
+//! | `leaky_relu` (lean) | input | the mask of `input > 0`: `4·⌈n/32⌉` bytes (or the input while another op keeps it) | which elements get `g`, which `g · slope` |
+//! | `clamp` (lean) | input | the mask of `min ≤ input ≤ max`: `4·⌈n/32⌉` bytes (or the input while another op keeps it) | which elements pass the gradient |
+//! | `relu` (`SaveAll`) | input | the output: `n·b` bytes | what PyTorch keeps |
+//! | `leaky_relu`, `clamp` (`SaveAll`) | input | the input: `n·b` bytes | what PyTorch keeps |
+//! | any of them | nothing | — (no node) | |
+//!
+//! Every form gives bit-identical gradients (the mask is recomputed from
+//! the kept values by the same rule).
+
+mod cpu;
+mod cuda;
+#[cfg(test)]
+mod tests;
 
 use crate::autograd::{save_policy, SavePolicy, SavedTensor};
-use crate::primitives::{mask_scale, mask_where, mask_words, positive_mask_for};
+use crate::meta::{backend, not_on_cuda, Backend};
 use crate::tensor::{Layout, SaveEvent, SaveListener, Storage};
 use crate::{Result, Tensor};
 use std::sync::{Arc, Mutex};
+
+// The dispatch seam: one small function per kernel, the only place here
+// (besides cuda.rs) that names CUDA.
+
+/// The packed mask of `x > 0` (relu, leaky_relu) under `op`'s name.
+fn positive_mask_for(x: &Tensor, op: &'static str) -> Result<Tensor> {
+    match backend(op, &[x])? {
+        Backend::Cpu | Backend::Meta => cpu::mask_where(x, op, |v| v > 0.0),
+        Backend::Cuda(_) => cuda::positive(x),
+    }
+}
+
+/// The packed mask of `lo <= x <= hi` (clamp) under `op`'s name.
+fn within_mask(x: &Tensor, op: &'static str, lo: f64, hi: f64) -> Result<Tensor> {
+    match backend(op, &[x])? {
+        Backend::Cpu | Backend::Meta => cpu::mask_where(x, op, move |v| v >= lo && v <= hi),
+        Backend::Cuda(_) => cuda::within(x, lo, hi),
+    }
+}
+
+/// A U32 tensor of `ceil(n/32)` words with bit `i` set where element `i`
+/// of the float tensor `x` (any layout, row-major order) is `> 0`: the
+/// mask relu and leaky_relu keep. Saves nothing (not differentiable).
+pub fn positive_mask(x: &Tensor) -> Result<Tensor> {
+    positive_mask_for(x, "positive_mask")
+}
+
+/// A U32 tensor of `ceil(n/32)` words with bit `i` set where `keep` holds
+/// for element `i` of the float tensor `x` (any layout, row-major order).
+/// Every float dtype converts to f64 exactly, so the test is exact. CPU
+/// and meta only: a host predicate has no device form (the rules that run
+/// on CUDA have their own kernels). Saves nothing (not differentiable).
+pub fn mask_where(
+    x: &Tensor,
+    op: &'static str,
+    keep: impl Fn(f64) -> bool + Sync,
+) -> Result<Tensor> {
+    match backend(op, &[x])? {
+        Backend::Cpu | Backend::Meta => cpu::mask_where(x, op, keep),
+        Backend::Cuda(n) => Err(not_on_cuda(op, n)),
+    }
+}
+
+/// `g` where the mask bit is set and `g * slope` elsewhere (exactly 0 when
+/// `slope` is 0): the backward of relu, leaky_relu and clamp. `g` may have
+/// any layout; the result is contiguous. Saves nothing (not differentiable).
+pub fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {
+    match backend("mask_scale", &[g, mask])? {
+        Backend::Cpu | Backend::Meta => cpu::mask_scale(g, mask, slope),
+        Backend::Cuda(_) => cuda::scale(g, mask, slope),
+    }
+}
 
 /// Which elements pass the gradient.
 #[derive(Clone, Copy, Debug)]
@@ -24,28 +102,11 @@ pub(crate) enum MaskRule {
 }
 
 impl MaskRule {
-    fn test(self, v: f64) -> bool {
-        match self {
-            MaskRule::Positive => v > 0.0,
-            MaskRule::Within(lo, hi) => v >= lo && v <= hi,
-        }
-    }
-
+    /// The packed mask of this rule over `source`, under `op`'s name.
     fn bits(self, source: &Tensor, op: &'static str) -> Result<Tensor> {
         match self {
-            // The rule with a CUDA kernel (same bits as the generic one).
             MaskRule::Positive => positive_mask_for(source, op),
-            // clamp's rule: its own kernel on CUDA (a generic predicate
-            // has no device form), the generic packer elsewhere.
-            MaskRule::Within(lo, hi) => {
-                if let crate::meta::Backend::Cuda(_) = crate::meta::backend(op, &[source])? {
-                    let words = [mask_words(source.numel())];
-                    return crate::tensor::cuda::map(source, &words, |b, l| {
-                        crate::cuda::layers_mask::within_mask(b, l, lo, hi)
-                    });
-                }
-                mask_where(source, op, move |v| self.test(v))
-            }
+            MaskRule::Within(lo, hi) => within_mask(source, op, lo, hi),
         }
     }
 }

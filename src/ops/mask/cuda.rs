@@ -1,23 +1,48 @@
-//! Launch wrappers for the 1-bit mask kernels (`relu_mask.cu`):
-//! ReLU/LeakyReLU save only a packed mask (bit `i` of word `i/32`, as
-//! `cpu::bitmask`).
+//! The masks on CUDA: the glue from tensors to device buffers and the
+//! launch wrappers of `relu_mask.cu`. A mask is the CPU's bit for bit (bit
+//! `i` of word `i/32`, one warp per word by `__ballot_sync`), so a mask made
+//! on either device reads the same.
 
-use super::check::float_suffix;
-use super::check::{ballot_grid, expect, mask_words};
-use super::{CudaBuffer, CudaDevice, Strided};
-use crate::{DType, Result};
+use crate::cuda::check::{self, ballot_grid, expect, float_suffix};
+use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
+use crate::primitives::mask_words;
+use crate::tensor::cuda as tensor;
+use crate::{DType, Result, Tensor};
+
+/// The packed mask of `x > 0` (any layout).
+pub(super) fn positive(x: &Tensor) -> Result<Tensor> {
+    tensor::map(x, &[mask_words(x.numel())], positive_mask)
+}
+
+/// The packed mask of `lo <= x <= hi` (any layout).
+pub(super) fn within(x: &Tensor, lo: f64, hi: f64) -> Result<Tensor> {
+    tensor::map(x, &[mask_words(x.numel())], |b, l| {
+        within_mask(b, l, lo, hi)
+    })
+}
+
+/// `g` (any layout) where the bit of `mask` is set, else `g · slope`.
+pub(super) fn scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {
+    let mask = tensor::dense(mask)?;
+    tensor::map(g, g.shape(), |b, l| {
+        relu_mask_backward(b, l, &*mask.storage().cuda()?, slope)
+    })
+}
 
 /// ReLU (`slope` 0) or LeakyReLU forward of `x` (layout `lx`): returns the
 /// contiguous output (`x > 0 ? x : x·slope`, exactly 0 for ReLU) and the
 /// U32 mask of `ceil(n/32)` words with bit `i` set where `x[i] > 0`.
-pub fn relu_mask_forward(
+/// (No op uses the fused kernel yet: relu runs the elementwise kernel and
+/// [`positive_mask`]; the unit tests check it against the CPU.)
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn relu_mask_forward(
     x: &CudaBuffer,
     lx: &Strided,
     slope: f64,
 ) -> Result<(CudaBuffer, CudaBuffer)> {
     let op = "cuda relu";
     let sfx = float_suffix(op, x.dtype())?;
-    super::check::input(op, x, x.dtype(), lx, x)?;
+    check::input(op, x, x.dtype(), lx, x)?;
     let n = lx.numel();
     let mut y = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
     let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
@@ -32,7 +57,7 @@ pub fn relu_mask_forward(
 /// ReLU/LeakyReLU backward from the packed mask alone: `g` where the bit
 /// is set, else `g·slope` rounded in the dtype (exactly 0 when `slope` is
 /// 0); `g` may have any layout, the result is contiguous.
-pub fn relu_mask_backward(
+pub(crate) fn relu_mask_backward(
     g: &CudaBuffer,
     lg: &Strided,
     mask: &CudaBuffer,
@@ -49,11 +74,11 @@ pub fn relu_mask_backward(
     )
 }
 
-/// The packed mask of `x > 0` alone (`cpu::bitmask::positive_mask`).
-pub fn positive_mask(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
+/// The packed mask of `x > 0` alone (the CPU's `positive_mask`).
+pub(crate) fn positive_mask(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     let op = "cuda positive_mask";
     let sfx = float_suffix(op, x.dtype())?;
-    super::check::input(op, x, x.dtype(), lx, x)?;
+    check::input(op, x, x.dtype(), lx, x)?;
     let n = lx.numel();
     let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
     if n > 0 {
@@ -64,12 +89,12 @@ pub fn positive_mask(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     Ok(mask)
 }
 
-/// The packed mask of `lo <= x <= hi` (clamp's rule; `cpu::bitmask`'s
+/// The packed mask of `lo <= x <= hi` (clamp's rule; the CPU's
 /// `mask_where` with that test, compared in f64).
-pub fn within_mask(x: &CudaBuffer, lx: &Strided, lo: f64, hi: f64) -> Result<CudaBuffer> {
+pub(crate) fn within_mask(x: &CudaBuffer, lx: &Strided, lo: f64, hi: f64) -> Result<CudaBuffer> {
     let op = "cuda within_mask";
     let sfx = float_suffix(op, x.dtype())?;
-    super::check::input(op, x, x.dtype(), lx, x)?;
+    check::input(op, x, x.dtype(), lx, x)?;
     let n = lx.numel();
     let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
     if n > 0 {
@@ -95,7 +120,7 @@ fn masked_map(
     scalar: f64,
 ) -> Result<CudaBuffer> {
     let sfx = float_suffix(op, x.dtype())?;
-    super::check::input(op, x, x.dtype(), lx, x)?;
+    check::input(op, x, x.dtype(), lx, x)?;
     let n = lx.numel();
     expect(op, mask, DType::U32, mask_words(n), x)?;
     let mut out = CudaBuffer::alloc(x.device(), x.dtype(), n)?;

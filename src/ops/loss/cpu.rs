@@ -1,20 +1,73 @@
-//! Cross-entropy kernels: logits viewed as `[outer, classes, inner]` around
-//! the class dim, one integer target per `(outer, inner)` sample; computed
-//! in f64 with the lane maximum subtracted.
+//! Cross-entropy on the CPU (and its meta form): logits viewed as
+//! `[outer, classes, inner]` around the class dim (the lanes of
+//! `ops::softmax`), one integer target per `(outer, inner)` sample;
+//! computed in f64 with the lane maximum subtracted.
 
-use super::softmax::{for_blocks, lane_stats, split, Dense};
+use super::{sample_weights, CrossEntropyForward, CrossEntropyOptions};
 use crate::dtype::CpuData;
+use crate::meta::{self, backend, not_on_cuda, Backend};
+use crate::ops::softmax::{for_blocks, lane_stats, split};
+use crate::primitives::Dense;
 use crate::tensor::Tensor;
 use crate::{Error, FloatDType, Result, WithDType};
 
-/// What the cross-entropy forward computes.
-pub(crate) struct CrossEntropyForward {
-    /// The loss of every sample (0 where the target is ignored).
-    pub losses: Vec<f64>,
-    /// How many samples are not ignored.
-    pub count: usize,
-    /// The softmax probabilities (logits' shape and dtype), when asked for.
-    pub probs: Option<Tensor>,
+/// Cross-entropy forward: the I64 `targets` are read to the host (not on
+/// meta, where every sample counts as a valid, non-ignored target and no
+/// loss is computed).
+pub(super) fn forward(
+    logits: &Tensor,
+    class_dim: usize,
+    targets: &Tensor,
+    ignore_index: i64,
+    eps: f64,
+    want_probs: bool,
+) -> Result<CrossEntropyForward> {
+    match backend("cross_entropy", &[logits, targets])? {
+        Backend::Meta => {
+            return Ok(CrossEntropyForward {
+                losses: Vec::new(),
+                count: targets.numel(),
+                probs: want_probs
+                    .then(|| meta::empty(logits.shape(), logits.dtype()))
+                    .transpose()?,
+            })
+        }
+        Backend::Cuda(n) => return Err(not_on_cuda("cross_entropy", n)),
+        Backend::Cpu => {}
+    }
+    let t = targets.to_vec::<i64>()?;
+    sample_losses(logits, class_dim, &t, ignore_index, eps, want_probs)
+}
+
+/// Cross-entropy backward from the saved probabilities and targets and the
+/// incoming gradient `g`, read into the per-sample weights (on meta, `g` is
+/// dropped before the gradient is allocated, as the CPU drops it there).
+pub(super) fn backward(
+    g: Tensor,
+    probs: &Tensor,
+    targets: &Tensor,
+    class_dim: usize,
+    opts: &CrossEntropyOptions,
+    count: usize,
+) -> Result<Tensor> {
+    match backend("cross_entropy", &[&g, probs])? {
+        Backend::Meta => {
+            drop(g); // as on the CPU: the incoming gradient goes first
+            return meta::empty(probs.shape(), probs.dtype());
+        }
+        Backend::Cuda(n) => return Err(not_on_cuda("cross_entropy", n)),
+        Backend::Cpu => {}
+    }
+    let t = targets.to_vec::<i64>()?;
+    let w = sample_weights(g, opts.reduction, count)?;
+    logit_grad(
+        probs,
+        class_dim,
+        &t,
+        &w,
+        opts.ignore_index,
+        opts.label_smoothing,
+    )
 }
 
 /// Checks every target that is not `ignore_index` against `classes`;
@@ -41,7 +94,7 @@ fn count_targets(targets: &[i64], classes: usize, ignore_index: i64) -> Result<u
 /// `targets` (one per sample, row-major), with label smoothing `eps`:
 /// `lse − (1−ε)·x_t − ε/C·Σ_c x_c`, where `lse` = log Σ exp x. Gives the
 /// softmax probabilities too when `want_probs`.
-pub(crate) fn cross_entropy_forward(
+fn sample_losses(
     logits: &Tensor,
     class_dim: usize,
     targets: &[i64],
@@ -124,7 +177,7 @@ pub(crate) fn cross_entropy_forward(
 /// The gradient with respect to the logits, from the saved probabilities:
 /// `w·(p − ε/C − (1−ε)·[c = t])` for each sample, 0 where the target is
 /// ignored. `weights` holds one weight per sample, or a single one for all.
-pub(crate) fn cross_entropy_backward(
+fn logit_grad(
     probs: &Tensor,
     class_dim: usize,
     targets: &[i64],

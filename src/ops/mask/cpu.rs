@@ -1,0 +1,111 @@
+//! The mask kernels on the CPU (and their meta forms): packing a float
+//! tensor's test into bits, and the masked gradient read back from them.
+
+use crate::dtype::CpuData;
+use crate::meta::{self, backend, not_on_cuda, Backend};
+use crate::primitives::{get_bit, mask_words, pack_bits, PARALLEL_THRESHOLD};
+use crate::tensor::{Layout, Tensor};
+use crate::{DType, Error, FloatDType, Result, WithDType};
+use rayon::prelude::*;
+
+/// A U32 tensor of `ceil(n/32)` words with bit `i` set where `keep` holds
+/// for element `i` of the float tensor `x` (any layout, row-major order).
+pub(super) fn mask_where(
+    x: &Tensor,
+    op: &'static str,
+    keep: impl Fn(f64) -> bool + Sync,
+) -> Result<Tensor> {
+    match backend(op, &[x])? {
+        Backend::Meta => {
+            meta::float(op, x.dtype())?;
+            return meta::empty(&[mask_words(x.numel())], DType::U32);
+        }
+        // A host predicate has no device form: the rules that run on CUDA
+        // (`x > 0`, clamp's `lo <= x <= hi`) have their own kernels, chosen
+        // in the seam.
+        Backend::Cuda(n) => return Err(not_on_cuda(op, n)),
+        Backend::Cpu => {}
+    }
+    let data = x.storage().cpu()?;
+    fn go<T: FloatDType>(s: &[T], l: &Layout, keep: &(impl Fn(f64) -> bool + Sync)) -> Vec<u32> {
+        match l.contiguous_range() {
+            Some(r) => {
+                let s = &s[r];
+                pack_bits(s.len(), |i| keep(s[i].to_f64()))
+            }
+            None => {
+                let o = l.offsets();
+                pack_bits(o.len(), |i| keep(s[o[i]].to_f64()))
+            }
+        }
+    }
+    let words = crate::match_float_data!(&*data, op, v => go(v, x.layout(), &keep));
+    drop(data);
+    let n = words.len();
+    Tensor::from_vec(words, &[n], x.device())
+}
+
+/// `g` where the mask bit is set and `g * slope` elsewhere (exactly 0 when
+/// `slope` is 0); `g` may have any layout.
+pub(super) fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {
+    let n = g.numel();
+    match backend("mask_scale", &[g, mask])? {
+        Backend::Meta => {
+            meta::float("mask_scale", g.dtype())?;
+            return meta::empty(g.shape(), g.dtype());
+        }
+        Backend::Cuda(d) => return Err(not_on_cuda("mask_scale", d)),
+        Backend::Cpu => {}
+    }
+    let mdata = mask.storage().cpu()?;
+    let words = mdata.as_slice::<u32>().ok_or(Error::DTypeMismatch {
+        op: "mask_scale",
+        expected: DType::U32,
+        got: mask.dtype(),
+    })?;
+    if words.len() < mask_words(n) {
+        return Err(Error::InvalidArgument {
+            op: "mask_scale",
+            msg: format!("mask of {} words cannot cover {n} elements", words.len()),
+        });
+    }
+    let gdata = g.storage().cpu()?;
+    fn go<T: FloatDType>(s: &[T], l: &Layout, words: &[u32], slope: f64) -> CpuData {
+        let slope = <T as WithDType>::from_f64(slope);
+        let zero = T::zero();
+        let f = |bit: bool, v: T| {
+            if bit {
+                v
+            } else if slope == zero {
+                zero
+            } else {
+                v * slope
+            }
+        };
+        let out: Vec<T> = match l.contiguous_range() {
+            Some(r) if r.len() >= PARALLEL_THRESHOLD => s[r]
+                .par_iter()
+                .enumerate()
+                .map(|(i, &v)| f(get_bit(words, i), v))
+                .collect(),
+            Some(r) => s[r]
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| f(get_bit(words, i), v))
+                .collect(),
+            None => {
+                let mut out = Vec::with_capacity(l.numel());
+                let mut i = 0;
+                l.for_each_offset(|o| {
+                    out.push(f(get_bit(words, i), s[o]));
+                    i += 1;
+                });
+                out
+            }
+        };
+        T::wrap(out)
+    }
+    let out = crate::match_float_data!(&*gdata, "mask_scale", v => go(v, g.layout(), words, slope));
+    drop((gdata, mdata));
+    Tensor::from_cpu_data(out, g.shape())
+}

@@ -1,0 +1,94 @@
+//! Softmax on CUDA: the glue from tensors to device buffers and the launch
+//! wrappers of `softmax.cu` (one block per lane; math in f32, f64 for f64,
+//! with the lane maximum subtracted). Inputs of any layout are made dense
+//! first (a counted copy, as the CPU's gather).
+
+use super::cpu::split;
+use crate::cuda::check::{self, float_suffix};
+use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
+use crate::tensor::cuda::{dense, wrap};
+use crate::{Error, Result, Tensor};
+
+/// Softmax (or log-softmax) of `x` along `dim`.
+pub(super) fn forward(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    let x = dense(x)?;
+    let out = softmax(&*x.storage().cuda()?, x.shape(), dim, log)?;
+    wrap(out, x.shape())
+}
+
+/// The gradient of softmax from its output `y` and the incoming `g`.
+pub(super) fn backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    let (y, g) = (dense(y)?, dense(g)?);
+    let (dy, dg) = (y.storage().cuda()?, g.storage().cuda()?);
+    wrap(softmax_backward(&dy, &dg, y.shape(), dim, log)?, y.shape())
+}
+
+/// The `(outer, classes, inner)` lanes around `dim`, as the CPU's
+/// [`split`], checking that `x` is a contiguous buffer of `shape`. Shared
+/// with cross-entropy's launch wrappers.
+pub(crate) fn lanes(
+    op: &'static str,
+    x: &CudaBuffer,
+    shape: &[usize],
+    dim: usize,
+) -> Result<(usize, usize, usize)> {
+    check::dim(op, dim, shape.len())?;
+    if x.len() != shape.iter().product::<usize>() {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: vec![x.len()],
+            rhs: shape.to_vec(),
+        });
+    }
+    Ok(split(shape, dim))
+}
+
+/// Softmax (or log-softmax when `log`) over `dim` of the contiguous float
+/// buffer `x` of `shape`.
+pub(crate) fn softmax(
+    x: &CudaBuffer,
+    shape: &[usize],
+    dim: usize,
+    log: bool,
+) -> Result<CudaBuffer> {
+    let sfx = float_suffix("cuda softmax", x.dtype())?;
+    let (outer, classes, inner) = lanes("cuda softmax", x, shape, dim)?;
+    let mut y = CudaBuffer::alloc(x.device(), x.dtype(), x.len())?;
+    if x.is_empty() {
+        return Ok(y);
+    }
+    let (mode, o64, c64, i64_) = (i32::from(log), outer as i64, classes as i64, inner as i64);
+    let cfg = CudaDevice::grid_per_row(outer * inner);
+    launch!(x.device(), "softmax.cu", format!("softmax_fwd_{sfx}"), cfg;
+        &mode, &o64, &c64, &i64_, y.slice_mut(), x.slice())?;
+    Ok(y)
+}
+
+/// The gradient of [`softmax`] from its output `y` and the incoming
+/// gradient `g` (both contiguous of `shape`).
+pub(crate) fn softmax_backward(
+    y: &CudaBuffer,
+    g: &CudaBuffer,
+    shape: &[usize],
+    dim: usize,
+    log: bool,
+) -> Result<CudaBuffer> {
+    let sfx = float_suffix("cuda softmax_backward", y.dtype())?;
+    let (outer, classes, inner) = lanes("cuda softmax_backward", y, shape, dim)?;
+    check::input(
+        "cuda softmax_backward",
+        g,
+        y.dtype(),
+        &Strided::contiguous(shape)?,
+        y,
+    )?;
+    let mut dx = CudaBuffer::alloc(y.device(), y.dtype(), y.len())?;
+    if y.is_empty() {
+        return Ok(dx);
+    }
+    let (mode, o64, c64, i64_) = (i32::from(log), outer as i64, classes as i64, inner as i64);
+    let cfg = CudaDevice::grid_per_row(outer * inner);
+    launch!(y.device(), "softmax.cu", format!("softmax_bwd_{sfx}"), cfg;
+        &mode, &o64, &c64, &i64_, dx.slice_mut(), y.slice(), g.slice())?;
+    Ok(dx)
+}
