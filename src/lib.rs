@@ -17,6 +17,7 @@ pub mod memory_plan;
 pub mod meta;
 pub mod models;
 pub mod nn;
+pub mod op_code;
 pub mod ops;
 pub mod optim;
 pub mod primitives;

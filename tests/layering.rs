@@ -596,32 +596,7 @@ fn in_cuda_backend(rel: &str) -> bool {
 
 /// Files outside the CUDA backend that still name it, with why (to remove;
 /// each must still be true).
-const NAMES_CUDA_FOR_NOW: &[(&str, &str)] = &[
-    (
-        "ops/binary.rs",
-        "elementwise kernels name their CUDA op code",
-    ),
-    (
-        "ops/loss/mod.rs",
-        "mse's elementwise kernel names its CUDA op code",
-    ),
-    (
-        "ops/reduce.rs",
-        "elementwise kernels name their CUDA op code",
-    ),
-    (
-        "ops/scalar.rs",
-        "elementwise kernels name their CUDA op code",
-    ),
-    (
-        "ops/unary.rs",
-        "elementwise kernels name their CUDA op code",
-    ),
-    (
-        "primitives/elementwise.rs",
-        "UnaryKernel/BinaryKernel name their CUDA op code",
-    ),
-];
+const NAMES_CUDA_FOR_NOW: &[(&str, &str)] = &[];
 
 #[test]
 fn only_the_cuda_backend_names_cuda() {

@@ -3,7 +3,7 @@
 use super::check_in_place;
 use super::sum_to_shape;
 use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
-use crate::cuda::elementwise::BinaryOp;
+use crate::op_code::BinaryOp;
 use crate::primitives::{binary_assign, binary_map, AddK, BinaryKernel};
 use crate::{FloatDType, Result, Tensor};
 

@@ -18,8 +18,8 @@ impl UnaryKernel for Scale {
     fn f<T: FloatDType>(&self, x: T) -> T {
         T::from_f64(crate::WithDType::to_f64(x) * self.0)
     }
-    fn cuda(&self) -> Option<crate::cuda::elementwise::UnaryOp> {
-        Some(crate::cuda::elementwise::UnaryOp::Scale(self.0))
+    fn cuda(&self) -> Option<crate::op_code::UnaryOp> {
+        Some(crate::op_code::UnaryOp::Scale(self.0))
     }
 }
 
@@ -250,7 +250,7 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::elementwise::UnaryOp;
+    use crate::op_code::UnaryOp;
 
     /// Mean's backward scale has its CUDA form, which also takes the
     /// product in f64 before rounding, as here.

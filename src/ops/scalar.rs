@@ -5,7 +5,7 @@ use super::binary::{MulK, SubK};
 use super::mask::{MaskRule, SavedMask};
 use super::{check_in_place, sum_to_shape};
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cuda::elementwise::{BinaryOp, UnaryOp};
+use crate::op_code::{BinaryOp, UnaryOp};
 use crate::primitives::{binary_map, unary_assign, unary_map, BinaryKernel, UnaryKernel};
 use crate::{Error, FloatDType, Result, Tensor, WithDType};
 

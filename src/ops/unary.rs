@@ -3,7 +3,7 @@
 
 use super::mask::{MaskRule, SavedMask};
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
-use crate::cuda::elementwise::{BinaryOp as CudaBinary, UnaryOp as CudaUnary};
+use crate::op_code::{BinaryOp as CudaBinary, UnaryOp as CudaUnary};
 use crate::primitives::{binary_map, unary_assign, unary_map, BinaryKernel, UnaryKernel};
 use crate::{FloatDType, Result, Tensor, WithDType};
 use std::f64::consts::{FRAC_2_SQRT_PI, PI, SQRT_2};

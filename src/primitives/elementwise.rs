@@ -17,7 +17,7 @@ pub trait UnaryKernel: Sync {
     fn f<T: FloatDType>(&self, x: T) -> T;
     /// The same function as a CUDA kernel op, where one exists (`None`:
     /// the kernel is not on CUDA yet, a typed `NotOnCuda` there).
-    fn cuda(&self) -> Option<crate::cuda::elementwise::UnaryOp> {
+    fn cuda(&self) -> Option<crate::op_code::UnaryOp> {
         None
     }
 }
@@ -30,7 +30,7 @@ pub trait BinaryKernel: Sync {
     fn f<T: FloatDType>(&self, a: T, b: T) -> T;
     /// The same function as a CUDA kernel op, where one exists (`None`:
     /// the kernel is not on CUDA yet, a typed `NotOnCuda` there).
-    fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
+    fn cuda(&self) -> Option<crate::op_code::BinaryOp> {
         None
     }
 }
@@ -44,8 +44,8 @@ impl BinaryKernel for AddK {
     fn f<T: FloatDType>(&self, a: T, b: T) -> T {
         a + b
     }
-    fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
-        Some(crate::cuda::elementwise::BinaryOp::Add)
+    fn cuda(&self) -> Option<crate::op_code::BinaryOp> {
+        Some(crate::op_code::BinaryOp::Add)
     }
 }
 

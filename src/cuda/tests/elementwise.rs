@@ -4,11 +4,12 @@
 //! `fill` (was in `tests/cuda_buffers.rs`). Without a GPU: `skipped: no
 //! CUDA device (…)`.
 
-use crate::cuda::elementwise::{self, BinaryOp, CompareOp, UnaryOp};
+use crate::cuda::elementwise;
 use crate::cuda::testing::{
     assert_close, cpu_rand, cuda_or_skip, dense, download, tol, upload, ALL, FLOATS,
 };
 use crate::cuda::{broadcast_strides, contiguous_strides, CudaBuffer, Strided};
+use crate::op_code::{BinaryOp, CompareOp, UnaryOp};
 use crate::{DType, Error, Result, Tensor};
 
 type CpuUnary = fn(&Tensor) -> Result<Tensor>;

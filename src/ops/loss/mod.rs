@@ -132,8 +132,8 @@ impl BinaryKernel for Diff {
     fn f<T: FloatDType>(&self, a: T, b: T) -> T {
         a - b
     }
-    fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
-        Some(crate::cuda::elementwise::BinaryOp::Sub)
+    fn cuda(&self) -> Option<crate::op_code::BinaryOp> {
+        Some(crate::op_code::BinaryOp::Sub)
     }
 }
 
@@ -145,8 +145,8 @@ impl BinaryKernel for ScaledMul {
     fn f<T: FloatDType>(&self, a: T, b: T) -> T {
         T::from_f64(WithDType::to_f64(a) * WithDType::to_f64(b) * self.0)
     }
-    fn cuda(&self) -> Option<crate::cuda::elementwise::BinaryOp> {
-        Some(crate::cuda::elementwise::BinaryOp::ScaledMul(self.0))
+    fn cuda(&self) -> Option<crate::op_code::BinaryOp> {
+        Some(crate::op_code::BinaryOp::ScaledMul(self.0))
     }
 }
 

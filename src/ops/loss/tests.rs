@@ -7,9 +7,9 @@
 
 use super::cuda::{cross_entropy_backward, cross_entropy_forward};
 use super::{Diff, ScaledMul};
-use crate::cuda::elementwise::BinaryOp;
 use crate::cuda::testing::device;
 use crate::cuda::{CudaBuffer, CudaDevice};
+use crate::op_code::BinaryOp;
 use crate::primitives::BinaryKernel;
 use crate::{DType, Device, Tensor};
 use std::sync::Arc;

@@ -3,8 +3,9 @@
 //! Outputs are allocated exactly as the CPU kernels allocate theirs, so a
 //! program moves the CUDA ledger as it moves the CPU's.
 
-use crate::cuda::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
+use crate::cuda::elementwise as ew;
 use crate::cuda::reduce::{self as red, ReduceOp};
+use crate::op_code::{BinaryOp, CompareOp, UnaryOp};
 use crate::primitives::CmpOp;
 use crate::tensor::cuda::{adopt, contiguous, map, strided, uncounted, wrap};
 use crate::tensor::Layout;
