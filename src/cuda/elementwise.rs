@@ -18,7 +18,11 @@ pub(crate) fn unary(op: UnaryOp, x: &CudaBuffer, lx: &Strided) -> Result<CudaBuf
     if n == 0 {
         return Ok(out);
     }
-    let (code, param, param2) = op.code(x.dtype());
+    // Typed lets: the op code and its scalars as the kernel's int, double, double.
+    let op_code = op.code(x.dtype());
+    let code: i32 = op_code.0;
+    let param: f64 = op_code.1;
+    let param2: f64 = op_code.2;
     let n64 = n as i64;
     let lx = lx.coalesced();
     launch!(x.device(), "elementwise.cu", format!("unary_{sfx}"), CudaDevice::grid_for(n);
@@ -45,7 +49,11 @@ pub(crate) fn unary_inplace(
     if n == 0 {
         return Ok(());
     }
-    let (code, param, param2) = op.code(x.dtype());
+    // Typed lets: the op code and its scalars as the kernel's int, double, double.
+    let op_code = op.code(x.dtype());
+    let code: i32 = op_code.0;
+    let param: f64 = op_code.1;
+    let param2: f64 = op_code.2;
     let (start, n64) = (range.start as i64, n as i64);
     let device = x.device().clone();
     launch!(&device, "elementwise.cu", format!("unary_inplace_{sfx}"), CudaDevice::grid_for(n);
@@ -70,7 +78,10 @@ pub(crate) fn binary(
     if n == 0 {
         return Ok(out);
     }
-    let ((code, param), n64) = (op.code(), n as i64);
+    let op_code = op.code();
+    let code: i32 = op_code.0;
+    let param: f64 = op_code.1;
+    let n64 = n as i64;
     let (la, lb) = (la.coalesced(), lb.coalesced());
     launch!(a.device(), "elementwise.cu", format!("binary_{sfx}"), CudaDevice::grid_for(n);
         &code, &param, &n64, out.slice_mut(), a.slice(), &la, b.slice(), &lb)?;
