@@ -8,8 +8,11 @@
 //! checked on the CPU. Without a GPU the CUDA half prints `skipped: no CUDA
 //! device`.
 
+mod attention_bound;
 mod cuda_common;
 mod device_common;
+
+use attention_bound::assert_within_bound;
 
 use cuda_common::cpu_rand;
 use device_common::{check_multilinear, input, FLOATS};
@@ -202,21 +205,7 @@ fn rounding_bound_holds_and_stays_small() {
         let bounds = bound(DType::F32, &x64, &g64).unwrap();
         for (j, ((g, e), b)) in got.iter().zip(&exact).zip(&bounds).enumerate() {
             let (g, e, b) = (vals(g), vals(e), vals(b));
-            let big = e.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-            let worst = b.iter().fold(0.0f64, |m, v| m.max(*v));
-            for i in 0..g.len() {
-                assert!(
-                    (g[i] - e[i]).abs() <= b[i],
-                    "{name} [{j}] element {i}: {} vs exact {} beyond {}",
-                    g[i],
-                    e[i],
-                    b[i]
-                );
-            }
-            assert!(
-                worst <= 1e-4 * big,
-                "{name} [{j}]: bound {worst:e} vs largest value {big:e}"
-            );
+            assert_within_bound(name, j, &g, &e, &b);
         }
     };
     let x = input(&[2, 4, 5, 3], DType::F32, 81, -1.0, 1.0);

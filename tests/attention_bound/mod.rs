@@ -19,6 +19,8 @@
 //! subtraction, exp) are bounded relative to `P` (see [`probabilities`]).
 //! Both devices are within `e` of the exact value, so within `2e` of each
 //! other (the harness's [`crate::device_common::check_layer_bounded`]).
+// Each test file that declares this module uses a part of it.
+#![allow(dead_code)]
 
 use crate::device_common::unit_roundoff;
 use leangrad::nn::{scaled_dot_product_attention as sdpa, SdpaOptions};
@@ -372,4 +374,26 @@ pub fn mha_error_bound(
         bounds.push(dob.e.reshape(&[e])?);
         Ok(bounds)
     }
+}
+
+/// Asserts every element of `got` is within `bound` of `exact` (all f64
+/// values of output or gradient `j` of the layer `name`), and that the
+/// largest bound stays within `1e-4` of the largest exact value, so a bound
+/// that holds only because it is huge fails.
+pub fn assert_within_bound(name: &str, j: usize, got: &[f64], exact: &[f64], bound: &[f64]) {
+    let big = exact.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let worst = bound.iter().fold(0.0f64, |m, v| m.max(*v));
+    for i in 0..got.len() {
+        assert!(
+            (got[i] - exact[i]).abs() <= bound[i],
+            "{name} [{j}] element {i}: {} vs exact {} beyond {}",
+            got[i],
+            exact[i],
+            bound[i]
+        );
+    }
+    assert!(
+        worst <= 1e-4 * big,
+        "{name} [{j}]: bound {worst:e} vs largest value {big:e}"
+    );
 }

@@ -24,7 +24,7 @@
 use super::{
     grads_of, input_grad, inputs_of, norm_stats, normalize, optional_needs, param_grads,
     param_values, recompute_xhat, round_stat, rstd_of, stat_tensor, write_values, GradMode,
-    NormGeom,
+    NormGeom, Normalize,
 };
 use crate::autograd::{attach, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::{DType, Error, Result, Tensor};
@@ -253,12 +253,14 @@ pub fn batch_norm(
     let (y, xhat) = normalize(
         x,
         geo,
-        &mean,
-        &invstd,
-        w.as_deref(),
-        b.as_deref(),
-        true,
-        want_xhat,
+        &Normalize {
+            mean: &mean,
+            rstd: &invstd,
+            w: w.as_deref(),
+            b: b.as_deref(),
+            want_y: true,
+            want_xhat,
+        },
     )?;
     let y = y.ok_or_else(|| Error::Backward("batch_norm: output not computed".into()))?;
     if !(nx || nw || nb) {

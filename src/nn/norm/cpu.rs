@@ -11,7 +11,7 @@
 //! of `S`; layer/RMS norm has one segment per row, whose parameter index
 //! runs along the row.
 
-use super::{GradMode, NormGeom};
+use super::{GradMode, NormGeom, Normalize};
 use crate::dtype::CpuData;
 use crate::primitives::{typed, Dense, PARALLEL_THRESHOLD};
 use crate::tensor::Tensor;
@@ -105,17 +105,19 @@ pub(super) fn norm_stats(
 /// parameter (`w`, `b` default to 1 and 0). Returns (y, x̂) as requested,
 /// contiguous, in `x`'s dtype; `x̂` is rounded to that dtype. Tasks of whole
 /// segments write disjoint slices of the outputs.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn normalize(
     x: &Tensor,
     geo: NormGeom,
-    mean: &[f64],
-    rstd: &[f64],
-    w: Option<&[f64]>,
-    b: Option<&[f64]>,
-    want_y: bool,
-    want_xhat: bool,
+    n: &Normalize<'_>,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let Normalize {
+        mean,
+        rstd,
+        w,
+        b,
+        want_y,
+        want_xhat,
+    } = *n;
     let dense = Dense::new(x)?;
     let (data, range) = dense.parts();
     #[allow(clippy::too_many_arguments)]

@@ -17,7 +17,7 @@
 //! fixed order (deterministic); statistics passed to the kernels are in
 //! the statistics dtype (f32, f64 for f64).
 
-use super::{GradMode, NormGeom};
+use super::{GradMode, NormGeom, Normalize};
 use crate::cuda::check::{expect, float_suffix, invalid};
 use crate::cuda::launch;
 use crate::cuda::{CudaBuffer, CudaDevice};
@@ -88,17 +88,19 @@ pub(super) fn norm_stats(
 
 /// The CPU's `normalize` on CUDA: `y` and/or `x̂` as new contiguous tensors
 /// counted under the current category, as the CPU's.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn normalize(
     x: &Tensor,
     geo: NormGeom,
-    mean: &[f64],
-    rstd: &[f64],
-    w: Option<&[f64]>,
-    b: Option<&[f64]>,
-    want_y: bool,
-    want_xhat: bool,
+    n: &Normalize<'_>,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let Normalize {
+        mean,
+        rstd,
+        w,
+        b,
+        want_y,
+        want_xhat,
+    } = *n;
     let xd = dense(x)?;
     let (y, xh) = {
         let xb = xd.storage().cuda()?;

@@ -291,7 +291,15 @@ fn rstd_of(var: &[f64], eps: f64, dtype: DType) -> Vec<f64> {
 /// counted as workspace.
 fn recompute_xhat(x: &Tensor, geo: NormGeom, mean: &[f64], rstd: &[f64]) -> Result<Tensor> {
     let _ws = with_category(Category::Workspace);
-    let (_, xh) = normalize(x, geo, mean, rstd, None, None, false, true)?;
+    let only_xhat = Normalize {
+        mean,
+        rstd,
+        w: None,
+        b: None,
+        want_y: false,
+        want_xhat: true,
+    };
+    let (_, xh) = normalize(x, geo, &only_xhat)?;
     xh.ok_or_else(|| Error::Backward("norm: x̂ not computed".into()))
 }
 
@@ -330,31 +338,43 @@ fn norm_stats(x: &Tensor, geo: NormGeom, centered: bool) -> Result<(Vec<f64>, Ve
     }
 }
 
-/// `x̂ = (x − mean)·rstd` per statistic, and optionally `y = x̂·w + b` per
-/// parameter (`w`, `b` default to 1 and 0). Returns (y, x̂) as requested,
-/// new contiguous tensors of `x`'s dtype counted under the current category.
-#[allow(clippy::too_many_arguments)]
+/// What [`normalize`] computes from the statistics: `x̂ = (x − mean)·rstd`
+/// per statistic, and `y = x̂·w + b` per parameter (`w`, `b` host values,
+/// defaulting to 1 and 0), each only if wanted.
+#[derive(Clone, Copy)]
+pub(super) struct Normalize<'a> {
+    /// Per-statistic means.
+    pub mean: &'a [f64],
+    /// Per-statistic reciprocal standard deviations.
+    pub rstd: &'a [f64],
+    /// Per-parameter weights (`None`: 1).
+    pub w: Option<&'a [f64]>,
+    /// Per-parameter biases (`None`: 0).
+    pub b: Option<&'a [f64]>,
+    /// Whether `y` is computed.
+    pub want_y: bool,
+    /// Whether `x̂` is computed.
+    pub want_xhat: bool,
+}
+
+/// `x̂` and/or `y` as `n` says; (y, x̂) as requested, new contiguous tensors
+/// of `x`'s dtype counted under the current category.
 fn normalize(
     x: &Tensor,
     geo: NormGeom,
-    mean: &[f64],
-    rstd: &[f64],
-    w: Option<&[f64]>,
-    b: Option<&[f64]>,
-    want_y: bool,
-    want_xhat: bool,
+    n: &Normalize<'_>,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
     match backend("norm", &[x])? {
-        Backend::Cpu => cpu::normalize(x, geo, mean, rstd, w, b, want_y, want_xhat),
+        Backend::Cpu => cpu::normalize(x, geo, n),
         Backend::Meta => {
             crate::meta::float("norm", x.dtype())?;
             let out = |want: bool| {
                 want.then(|| crate::meta::empty(x.shape(), x.dtype()))
                     .transpose()
             };
-            Ok((out(want_y)?, out(want_xhat)?))
+            Ok((out(n.want_y)?, out(n.want_xhat)?))
         }
-        Backend::Cuda(_) => cuda::normalize(x, geo, mean, rstd, w, b, want_y, want_xhat),
+        Backend::Cuda(_) => cuda::normalize(x, geo, n),
     }
 }
 
