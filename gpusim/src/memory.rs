@@ -324,6 +324,15 @@ impl DeviceMemory {
             .expect("found above"))
     }
 
+    /// Whether all of `[addr, addr + len)` lies inside one allocation that
+    /// has been freed (addresses are never reused, so this stays true).
+    pub fn inside_freed(&self, addr: u64, len: u64) -> bool {
+        matches!(
+            self.freed.range(..=addr).next_back(),
+            Some((&b, f)) if addr + len <= b + f.size
+        )
+    }
+
     fn out_of_bounds(&self, addr: u64, len: u64) -> MemError {
         MemError::OutOfBounds {
             addr,

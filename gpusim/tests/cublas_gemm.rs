@@ -676,6 +676,17 @@ fn streams_and_the_sanitizer_see_gemms() {
         );
         assert_eq!(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
         assert!(error_string(CUDA_ERROR_ILLEGAL_ADDRESS).contains("use after free"));
+        // The same with the free already run when the GEMM is enqueued (as
+        // when another thread's sync runs it first): the same fault, at the
+        // same place, whatever the timing.
+        let b = f32s(&[1.0; 4]);
+        assert_eq!(cuMemFree_v2(b), CUDA_SUCCESS);
+        assert_eq!(
+            gemm_ex(h, 2, 2, 2, b, 2, b, 2, c, 2, 1.0, 0.0, COMPUTE_32F),
+            CUBLAS_STATUS_SUCCESS
+        );
+        assert_eq!(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert!(error_string(CUDA_ERROR_ILLEGAL_ADDRESS).contains("use after free"));
         assert_eq!(cublasDestroy_v2(h), CUBLAS_STATUS_SUCCESS);
         assert_eq!(cuStreamDestroy_v2(s), CUDA_SUCCESS);
     }
