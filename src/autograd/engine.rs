@@ -11,9 +11,10 @@
 //!    the [`GradientSink`] at that moment: collected as `.grad`, or handed to
 //!    a callback (the hook the fused optimizer uses) which may then drop it.
 
-use super::{no_grad, Edge, GradMeta, Leaf, Node};
+use super::node::node_of;
+use super::{no_grad, Edge, Node};
 use crate::memory::{with_category, Category};
-use crate::tensor::Tensor;
+use crate::tensor::{Leaf, Tensor};
 use crate::{Error, Result};
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
@@ -164,17 +165,14 @@ pub fn backward_with(
             )))
         }
     };
-    let root_node = match root.grad_meta() {
-        GradMeta::None => {
-            return Err(Error::Backward(
-                "the root does not require grad (no input of it requires grad, or it was computed under no_grad)".into(),
-            ))
-        }
-        GradMeta::Leaf(leaf) => {
-            seed.storage().allocation().mark_param_gradient();
-            return sink.gradient_ready(leaf, Some(root), seed);
-        }
-        GradMeta::Node(n) => n.clone(),
+    if let Some(leaf) = root.leaf() {
+        seed.storage().allocation().mark_param_gradient();
+        return sink.gradient_ready(leaf, Some(root), seed);
+    }
+    let Some(root_node) = node_of(root) else {
+        return Err(Error::Backward(
+            "the root does not require grad (no input of it requires grad, or it was computed under no_grad)".into(),
+        ));
     };
 
     // 1. Dependency counts.

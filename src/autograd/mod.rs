@@ -12,27 +12,12 @@
 pub mod engine;
 mod grad_mode;
 pub mod gradcheck;
-mod leaf;
 mod node;
 mod policy;
 mod saved;
 
 pub use engine::{backward_with, CallbackSink, CollectGrads, GradientSink};
 pub use grad_mode::{is_grad_enabled, no_grad, NoGradGuard};
-pub use leaf::Leaf;
 pub use node::{attach, needs_grad, BackwardOp, Edge, Node};
 pub use policy::{keep, save_policy, with_save_policy, SavePolicy, SavePolicyGuard};
 pub use saved::SavedTensor;
-
-use std::sync::Arc;
-
-/// What a tensor knows about its place in the graph.
-#[derive(Clone)]
-pub enum GradMeta {
-    /// Gradients do not flow to it.
-    None,
-    /// A leaf requiring grad (its gradient goes to a sink).
-    Leaf(Arc<Leaf>),
-    /// The output of a recorded op.
-    Node(Arc<Node>),
-}

@@ -1,7 +1,7 @@
 //! Graph nodes: one per recorded op, owning only its saved state.
 
-use super::{is_grad_enabled, GradMeta, Leaf};
-use crate::tensor::Tensor;
+use super::is_grad_enabled;
+use crate::tensor::{Leaf, Tensor};
 use crate::{DType, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -121,10 +121,10 @@ pub fn attach(output: Tensor, inputs: &[&Tensor], op: impl BackwardOp + 'static)
     let edges = inputs
         .iter()
         .map(|t| {
-            let edge = match t.grad_meta() {
-                GradMeta::None => return None,
-                GradMeta::Leaf(l) => Edge::Leaf(l.clone()),
-                GradMeta::Node(n) => Edge::Node(n.clone()),
+            let edge = match (t.leaf(), node_of(t)) {
+                (Some(l), _) => Edge::Leaf(l.clone()),
+                (None, Some(n)) => Edge::Node(n),
+                (None, None) => return None,
             };
             Some(InputEdge {
                 edge,
@@ -139,5 +139,11 @@ pub fn attach(output: Tensor, inputs: &[&Tensor], op: impl BackwardOp + 'static)
         backward: Mutex::new(Some(Box::new(op))),
         inputs: edges,
     };
-    output.with_grad_meta(GradMeta::Node(Arc::new(node)))
+    output.with_op_node(Arc::new(node))
+}
+
+/// The node of the op that produced `t`, if one was recorded. (Only
+/// [`attach`] records nodes, so the tensor's op node is always a [`Node`].)
+pub(crate) fn node_of(t: &Tensor) -> Option<Arc<Node>> {
+    t.op_node()?.clone().downcast::<Node>().ok()
 }

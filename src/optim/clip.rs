@@ -66,7 +66,7 @@ fn clamp_grad(g: &Tensor, clip: f64) -> Result<Tensor> {
 /// Swaps `p`'s `.grad` for `g` (computed under no grad: `.grad` never
 /// requires grad), freeing the old one.
 fn replace_grad(p: &Tensor, g: Tensor) {
-    if let crate::autograd::GradMeta::Leaf(l) = p.grad_meta() {
+    if let Some(l) = p.leaf() {
         l.set_grad(Some(g));
     }
 }

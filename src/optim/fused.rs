@@ -4,7 +4,8 @@
 
 use super::{kernels, Algorithm, Optimizer};
 use crate::autograd::engine::merge_param_gradient;
-use crate::autograd::{CollectGrads, GradientSink, Leaf};
+use crate::autograd::{CollectGrads, GradientSink};
+use crate::tensor::Leaf;
 use crate::{Result, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,4 +1,12 @@
-//! Tensors: a view (layout) onto counted storage, plus autograd metadata.
+//! Tensors: a view (layout) onto counted storage, plus the tensor's place
+//! in the autograd graph.
+//!
+//! The graph record a tensor carries is defined here, below autograd: a
+//! [`Leaf`] (a tensor that requires grad and collects its gradient) or the
+//! node of the op that produced it. The node's type belongs to the autograd
+//! layer, which records it and reads it back; this layer only holds it (as
+//! PyTorch's tensors hold an autograd-meta interface), so the two modules do
+//! not import each other.
 
 mod create;
 pub(crate) mod cuda;
@@ -8,11 +16,12 @@ mod storage;
 pub use layout::{broadcast_shapes, contiguous_strides, resolve_dim, Layout};
 pub use storage::{Backing, SaveEvent, SaveListener, Storage};
 
-use crate::autograd::{GradMeta, Leaf};
 use crate::dtype::CpuData;
 use crate::memory::Category;
 use crate::{DType, Device, Error, Result, WithDType};
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// An n-dimensional array on a device. Cloning is cheap (shared storage).
 ///
@@ -21,6 +30,66 @@ use std::sync::Arc;
 /// produced it; that node owns exactly what the op saved for backward.
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<TensorInner>);
+
+/// The recorded op that produced a tensor, as this layer holds it: the
+/// autograd layer's node type, opaque here.
+pub(crate) type OpNode = Arc<dyn Any + Send + Sync>;
+
+/// What a tensor knows about its place in the graph.
+#[derive(Clone)]
+pub(crate) enum GradMeta {
+    /// Gradients do not flow to it.
+    None,
+    /// A leaf requiring grad (its gradient goes to a sink).
+    Leaf(Arc<Leaf>),
+    /// The output of a recorded op.
+    Node(OpNode),
+}
+
+static NEXT_LEAF: AtomicU64 = AtomicU64::new(0);
+
+/// The autograd identity of a leaf tensor and its collected gradient.
+pub struct Leaf {
+    id: u64,
+    tensor: Weak<TensorInner>,
+    grad: Mutex<Option<Tensor>>,
+}
+
+impl Leaf {
+    fn new(tensor: Weak<TensorInner>) -> Leaf {
+        Leaf {
+            id: NEXT_LEAF.fetch_add(1, Ordering::Relaxed),
+            tensor,
+            grad: Mutex::new(None),
+        }
+    }
+
+    /// A process-unique id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The leaf tensor itself, while it is alive.
+    pub fn tensor(&self) -> Option<Tensor> {
+        self.tensor.upgrade().map(Tensor)
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<Tensor>> {
+        self.grad.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn grad(&self) -> Option<Tensor> {
+        self.slot().clone()
+    }
+
+    pub(crate) fn take_grad(&self) -> Option<Tensor> {
+        self.slot().take()
+    }
+
+    pub(crate) fn set_grad(&self, grad: Option<Tensor>) {
+        *self.slot() = grad;
+    }
+}
 
 pub(crate) struct TensorInner {
     pub(crate) storage: Arc<Storage>,
@@ -65,7 +134,7 @@ impl Tensor {
     }
 
     /// The same storage and layout with other autograd metadata.
-    pub(crate) fn with_grad_meta(&self, grad: GradMeta) -> Tensor {
+    fn with_grad_meta(&self, grad: GradMeta) -> Tensor {
         Tensor(Arc::new(TensorInner {
             storage: self.0.storage.clone(),
             layout: self.0.layout.clone(),
@@ -294,7 +363,24 @@ impl Tensor {
         }
     }
 
-    pub(crate) fn grad_meta(&self) -> &GradMeta {
-        &self.0.grad
+    /// This tensor's leaf record, if it is a leaf requiring grad.
+    pub(crate) fn leaf(&self) -> Option<&Arc<Leaf>> {
+        match &self.0.grad {
+            GradMeta::Leaf(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// The node of the op that produced this tensor, if one was recorded.
+    pub(crate) fn op_node(&self) -> Option<&OpNode> {
+        match &self.0.grad {
+            GradMeta::Node(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The same storage and layout as the output of the recorded op `node`.
+    pub(crate) fn with_op_node(&self, node: OpNode) -> Tensor {
+        self.with_grad_meta(GradMeta::Node(node))
     }
 }
