@@ -723,6 +723,8 @@ fn every_launch_matches_its_kernels_parameters() {
         ("Strided", std::mem::size_of::<leangrad::cuda::Strided>()),
         ("ConvGeom", std::mem::size_of::<leangrad::nn::ConvGeom>()),
         ("PoolGeom", std::mem::size_of::<leangrad::nn::PoolGeom>()),
+        ("LaneGeom", std::mem::size_of::<leangrad::ops::LaneGeom>()),
+        ("ScoreGeom", std::mem::size_of::<leangrad::nn::ScoreGeom>()),
     ]
     .into_iter()
     .collect();

@@ -34,5 +34,5 @@ mod attention;
 
 pub use attention::{
     scaled_dot_product_attention, MhaOptions, MultiheadAttention, MultiheadAttentionBuilder,
-    SdpaOptions,
+    ScoreGeom, SdpaOptions,
 };

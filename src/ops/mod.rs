@@ -46,6 +46,7 @@ mod view;
 
 pub use loss::{CrossEntropyOptions, Reduction};
 pub use mask::{mask_scale, mask_where, positive_mask};
+pub use softmax::LaneGeom;
 pub use view::sum_to_shape;
 
 use crate::{Error, Result, Tensor};

@@ -17,6 +17,14 @@
 
 #define LG_ATT_THREADS 256
 
+// ScoreGeom is `leangrad::nn::ScoreGeom` (src/nn/attention/mod.rs,
+// #[repr(C)]): the same fields in the same order, usize as long long.
+struct ScoreGeom {
+    long long lq, lk;
+    double scale;
+    bool causal;
+};
+
 // Block-wide max or sum; every thread of the block must call it (the row
 // loop is block-uniform, so it is).
 __device__ __forceinline__ double lg_att_reduce(double v, double* buf, bool is_max) {
@@ -49,14 +57,16 @@ __device__ __forceinline__ double lg_att_logit(double scale, double sv, int kind
 }
 
 #define LG_ATTENTION(sfx, T)                                                          \
-    extern "C" __global__ void attn_probs_##sfx(long long rows, long long lq,        \
-                                                long long lk, double scale, int causal, \
+    extern "C" __global__ void attn_probs_##sfx(ScoreGeom g, long long rows,         \
                                                 int mask_kind, long long mask_rows,   \
                                                 int use_lse, T* p, Acc<T>::type* lse,  \
                                                 const T* s, const T* fmask,           \
                                                 const unsigned char* bmask,           \
                                                 const double* dmask) {                \
         typedef Acc<T>::type St;                                                      \
+        long long lq = g.lq, lk = g.lk;                                               \
+        double scale = g.scale;                                                       \
+        bool causal = g.causal;                                                       \
         __shared__ double buf[LG_ATT_THREADS];                                        \
         for (long long r = blockIdx.x; r < rows; r += gridDim.x) {                    \
             const T* srow = s + r * lk;                                               \
@@ -96,9 +106,11 @@ __device__ __forceinline__ double lg_att_logit(double scale, double sv, int kind
             }                                                                         \
         }                                                                             \
     }                                                                                 \
-    extern "C" __global__ void attn_softmax_bwd_##sfx(long long rows, long long lk,  \
-                                                      double scale, T* ds,            \
-                                                      const T* p, const T* dp) {      \
+    extern "C" __global__ void attn_softmax_bwd_##sfx(ScoreGeom g, long long rows,   \
+                                                      T* ds, const T* p,              \
+                                                      const T* dp) {                  \
+        long long lk = g.lk;                                                          \
+        double scale = g.scale;                                                       \
         __shared__ double buf[LG_ATT_THREADS];                                        \
         for (long long r = blockIdx.x; r < rows; r += gridDim.x) {                    \
             double dot = 0;                                                           \

@@ -5,7 +5,7 @@
 //! Rows are independent; work is done in f64. The CUDA kernels
 //! (`attention.cu`) use the same formulas.
 
-use super::{RowLse, ScoreSpec, OP};
+use super::{RowLse, ScoreGeom, ScoreSpec, OP};
 use crate::dtype::CpuData;
 use crate::memory::{with_category, Category};
 use crate::meta::{self, backend, not_on_cuda, Backend};
@@ -23,13 +23,13 @@ struct Logits<'a> {
 impl Logits<'_> {
     #[inline(always)]
     fn logit(&self, row: usize, j: usize, s: f64) -> f64 {
-        let spec = self.spec;
-        if spec.causal && j > row % spec.lq {
+        let g = self.spec.geom;
+        if g.causal && j > row % g.lq {
             return f64::NEG_INFINITY;
         }
-        let x = spec.scale * s;
+        let x = g.scale * s;
         match self.mask {
-            Some(m) => x + m[row * spec.lk + j],
+            Some(m) => x + m[row * g.lk + j],
             None => x,
         }
     }
@@ -75,7 +75,7 @@ fn run_rows<T: Send>(
 
 fn probs_rows<T: FloatDType>(s: &[T], lg: &Logits, lse_in: Option<&[f64]>) -> (CpuData, Vec<f64>) {
     let spec = lg.spec;
-    let lk = spec.lk;
+    let lk = spec.geom.lk;
     let rows = s.len().checked_div(lk).unwrap_or(0);
     let mut p = vec![T::zero(); s.len()];
     let mut lse = vec![0.0f64; rows];
@@ -123,7 +123,7 @@ pub(super) fn attention_probs(
     match backend(OP, &[s])? {
         Backend::Meta => {
             // One (unread) lse per row: its length sizes the saved lse.
-            let rows = s.numel().checked_div(spec.lk).unwrap_or(0);
+            let rows = s.numel().checked_div(spec.geom.lk).unwrap_or(0);
             let p = meta::empty(s.shape(), s.dtype())?;
             return Ok((p, RowLse::Host(vec![0.0; rows])));
         }
@@ -149,7 +149,8 @@ pub(super) fn attention_probs(
     Ok((Tensor::from_cpu_data(p, s.shape())?, RowLse::Host(lse)))
 }
 
-fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], lk: usize, scale: f64) -> CpuData {
+fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], geom: ScoreGeom) -> CpuData {
+    let (lk, scale) = (geom.lk, geom.scale);
     let rows = p.len().checked_div(lk).unwrap_or(0);
     let mut ds = vec![T::zero(); p.len()];
     let mut unused = vec![0.0f64; rows];
@@ -172,18 +173,17 @@ fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], lk: usize, scale: f64) -> CpuData
 /// The gradient of the scaled scores `Q·Kᵀ`: `scale · P ⊙ (dP − Σ_j dP ⊙ P)`
 /// per row of `lk` elements (any layouts, same shape and dtype: the seam
 /// checked).
-pub(super) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
+pub(super) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, geom: ScoreGeom) -> Result<Tensor> {
     match backend(OP, &[p, dp])? {
         Backend::Meta => return meta::empty(p.shape(), p.dtype()),
         Backend::Cuda(n) => return Err(not_on_cuda(OP, n)),
         Backend::Cpu => {}
     }
-    let lk = p.shape().last().copied().unwrap_or(1);
     let (dpn, ddn) = (Dense::new(p)?, Dense::new(dp)?);
     let ((pd, pr), (dd, dr)) = (dpn.parts(), ddn.parts());
     let out: CpuData = crate::match_float_data!(pd, OP, v => {
         let g = dd.as_slice().ok_or_else(|| Error::Backward("attention: dtype".into()))?;
-        grad_rows(&v[pr], &g[dr], lk, scale)
+        grad_rows(&v[pr], &g[dr], geom)
     });
     Tensor::from_cpu_data(out, p.shape())
 }

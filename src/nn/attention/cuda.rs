@@ -5,7 +5,7 @@
 //! softmax backward of attention. Semantics are `cpu.rs`'s; the GEMMs
 //! around them are the shared matmul (cuBLAS).
 
-use super::{RowLse, ScoreSpec};
+use super::{RowLse, ScoreGeom, ScoreSpec};
 use crate::cuda::check::{expect, float_suffix, invalid};
 use crate::cuda::{elementwise, launch, CudaBuffer, CudaDevice};
 use crate::dtype::stat_dtype;
@@ -13,6 +13,10 @@ use crate::memory::{with_category, Category};
 use crate::tensor::cuda as tensor;
 use crate::tensor::Layout;
 use crate::{DType, Result, Tensor};
+
+// SAFETY: ScoreGeom is #[repr(C)] plain data, laid out as attention.cu's
+// `struct ScoreGeom`.
+unsafe impl cudarc::driver::DeviceRepr for ScoreGeom {}
 
 /// The per-row log-sum-exp on the device.
 pub(super) enum DeviceLse {
@@ -69,15 +73,13 @@ pub(crate) enum AttnMask<'a> {
 /// instead: forward's `P` bit for bit.
 pub(crate) fn attention_probs(
     s: &CudaBuffer,
-    lq: usize,
-    lk: usize,
-    scale: f64,
-    causal: bool,
+    geom: ScoreGeom,
     mask: AttnMask,
     lse_in: Option<&CudaBuffer>,
 ) -> Result<(CudaBuffer, Option<CudaBuffer>)> {
     let op = "cuda attention softmax";
     let sfx = float_suffix(op, s.dtype())?;
+    let (lq, lk) = (geom.lq, geom.lk);
     if lq == 0 || lk == 0 || !s.len().is_multiple_of(lq * lk) {
         return Err(invalid(
             op,
@@ -105,24 +107,18 @@ pub(crate) fn attention_probs(
         return Err(invalid(op, "a mask of 0 rows"));
     }
     let mut p = CudaBuffer::alloc(s.device(), s.dtype(), s.len())?;
-    let (r64, q64, k64, m64, c) = (
-        rows as i64,
-        lq as i64,
-        lk as i64,
-        mrows as i64,
-        i32::from(causal),
-    );
+    let (r64, m64) = (rows as i64, mrows as i64);
     let name = format!("attn_probs_{sfx}");
     let cfg = CudaDevice::grid_per_row(rows);
-    // Parameters: (i64 rows, i64 lq, i64 lk, f64 scale, i32 causal,
-    // i32 kind, i64 mask_rows, i32 use_lse, T* p, Acc<T>* lse, const T* s,
-    // const T* fmask, const u8* bmask, const f64* dmask).
+    // Parameters: (ScoreGeom g, i64 rows, i32 kind, i64 mask_rows,
+    // i32 use_lse, T* p, Acc<T>* lse, const T* s, const T* fmask,
+    // const u8* bmask, const f64* dmask).
     match lse_in {
         Some(l) => {
             expect(op, l, stat_dtype(s.dtype()), rows, s)?;
             let use_lse = 1i32;
             launch!(s.device(), "attention.cu", name, cfg;
-                &r64, &q64, &k64, &scale, &c, &kind, &m64, &use_lse, p.slice_mut(), l.slice(),
+                &geom, &r64, &kind, &m64, &use_lse, p.slice_mut(), l.slice(),
                 s.slice(), fm.slice(), bm.slice(), dm.slice())?;
             Ok((p, None))
         }
@@ -133,7 +129,7 @@ pub(crate) fn attention_probs(
                 tensor::uncounted(|| CudaBuffer::alloc(s.device(), stat_dtype(s.dtype()), rows))?;
             let use_lse = 0i32;
             launch!(s.device(), "attention.cu", name, cfg;
-                &r64, &q64, &k64, &scale, &c, &kind, &m64, &use_lse, p.slice_mut(),
+                &geom, &r64, &kind, &m64, &use_lse, p.slice_mut(),
                 lse.slice_mut(), s.slice(), fm.slice(), bm.slice(), dm.slice())?;
             Ok((p, Some(lse)))
         }
@@ -145,9 +141,9 @@ pub(crate) fn attention_probs(
 pub(crate) fn attention_softmax_grad(
     p: &CudaBuffer,
     dp: &CudaBuffer,
-    lk: usize,
-    scale: f64,
+    geom: ScoreGeom,
 ) -> Result<CudaBuffer> {
+    let lk = geom.lk;
     let op = "cuda attention softmax backward";
     let sfx = float_suffix(op, p.dtype())?;
     expect(op, dp, p.dtype(), p.len(), p)?;
@@ -157,11 +153,10 @@ pub(crate) fn attention_softmax_grad(
     let rows = p.len() / lk;
     let mut ds = CudaBuffer::alloc(p.device(), p.dtype(), p.len())?;
     if rows > 0 {
-        let (r64, k64) = (rows as i64, lk as i64);
-        // Parameters: (i64 rows, i64 lk, f64 scale, T* ds, const T* p,
-        // const T* dp).
+        let r64 = rows as i64;
+        // Parameters: (ScoreGeom g, i64 rows, T* ds, const T* p, const T* dp).
         launch!(p.device(), "attention.cu", format!("attn_softmax_bwd_{sfx}"), CudaDevice::grid_per_row(rows);
-            &r64, &k64, &scale, ds.slice_mut(), p.slice(), dp.slice())?;
+            &geom, &r64, ds.slice_mut(), p.slice(), dp.slice())?;
     }
     Ok(ds)
 }
@@ -201,7 +196,7 @@ fn dense_mask(mask: &Tensor, spec: &ScoreSpec, like: &Tensor) -> Result<(Tensor,
     } else {
         tensor::map(&view, view.shape(), |b, l| elementwise::cast(b, l, target))?
     };
-    let rows = dense.numel() / spec.lk;
+    let rows = dense.numel() / spec.geom.lk;
     Ok((dense, rows))
 }
 
@@ -214,9 +209,9 @@ pub(super) fn probs_tensor(
     lse_in: Option<&Tensor>,
     ordinal: usize,
 ) -> Result<(Tensor, RowLse)> {
-    let rows = s.numel().checked_div(spec.lk).unwrap_or(0);
+    let rows = s.numel().checked_div(spec.geom.lk).unwrap_or(0);
     let stat = stat_dtype(s.dtype());
-    if rows == 0 || spec.lk == 0 {
+    if rows == 0 || spec.geom.lk == 0 {
         let lse = match lse_in {
             Some(l) => DeviceLse::Tensor(l.clone()),
             None => DeviceLse::Tensor(tensor::zeros(&[rows], stat, ordinal)?),
@@ -249,10 +244,7 @@ pub(super) fn probs_tensor(
     let lse_guard = lse_dense.as_ref().map(|l| l.storage().cuda()).transpose()?;
     let (p, lse) = attention_probs(
         &*sd.storage().cuda()?,
-        spec.lq,
-        spec.lk,
-        spec.scale,
-        spec.causal,
+        spec.geom,
         attn_mask,
         lse_guard.as_deref(),
     )?;
@@ -267,15 +259,14 @@ pub(super) fn probs_tensor(
 
 /// The gradient of the scaled scores (`p`, `dp` of one shape and dtype,
 /// any layouts; views are copied as Workspace).
-pub(super) fn softmax_grad_tensor(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
-    let lk = p.shape().last().copied().unwrap_or(1);
-    if p.numel() == 0 || lk == 0 {
+pub(super) fn softmax_grad_tensor(p: &Tensor, dp: &Tensor, geom: ScoreGeom) -> Result<Tensor> {
+    if p.numel() == 0 || geom.lk == 0 {
         return p.zeros_like();
     }
     let (pd, dd) = {
         let _ws = with_category(Category::Workspace);
         (tensor::dense(p)?, tensor::dense(dp)?)
     };
-    let ds = attention_softmax_grad(&*pd.storage().cuda()?, &*dd.storage().cuda()?, lk, scale)?;
+    let ds = attention_softmax_grad(&*pd.storage().cuda()?, &*dd.storage().cuda()?, geom)?;
     tensor::wrap(ds, p.shape())
 }

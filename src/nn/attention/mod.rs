@@ -89,19 +89,36 @@ impl SdpaOptions {
     }
 }
 
-/// How the logits of a score row are formed from `S = Q·Kᵀ`:
-/// `x = scale·S + mask`, with `−∞` above the diagonal when `causal`
+/// The geometry of attention's score rows, the family's one geometry type:
+/// each row `r` of `lk` scores belongs to query `r mod lq`, and its logits
+/// are `x = scale·S + mask`, with `−∞` above the diagonal when `causal`
 /// (top-left aligned: query `i` sees keys `j ≤ i`).
+///
+/// Shared by the CPU kernels, the CUDA launches and, as a `#[repr(C)]`
+/// struct passed by value, the kernels (`struct ScoreGeom` in
+/// `attention.cu`: `usize` as `long long`, `bool` as `bool`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoreGeom {
+    /// Queries per (batch, head): score row `r` is query `r mod lq`.
+    pub lq: usize,
+    /// Keys: the length of a score row.
+    pub lk: usize,
+    /// The factor on `Q·Kᵀ`.
+    pub scale: f64,
+    /// Whether keys after the query are removed.
+    pub causal: bool,
+}
+
+/// How the logits of the scores are formed: the geometry, the mask and the
+/// scores' broadcast shape.
 struct ScoreSpec<'a> {
-    scale: f64,
-    causal: bool,
+    geom: ScoreGeom,
     /// The score mask, if any: a float mask is added, a U8 mask removes
     /// (`−∞`) where it is 0; broadcastable to `scores`.
     mask: Option<&'a Tensor>,
     /// The scores' (broadcast) shape `[.., lq, lk]`.
     scores: &'a [usize],
-    lq: usize,
-    lk: usize,
     /// Whether the saved log-sum-exp is kept in f32 (else f64).
     lse_f32: bool,
 }
@@ -154,25 +171,22 @@ fn attention_probs(
 
 /// The gradient of the scaled scores `Q·Kᵀ`: `scale · P ⊙ (dP − Σ_j dP ⊙ P)`
 /// per row (`p`, `dp` of one shape and dtype, any layouts).
-fn attention_softmax_grad(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
+fn attention_softmax_grad(p: &Tensor, dp: &Tensor, geom: ScoreGeom) -> Result<Tensor> {
     if p.shape() != dp.shape() || p.dtype() != dp.dtype() {
         return Err(Error::Backward(format!(
             "{OP}: probability gradient does not match"
         )));
     }
     match backend(OP, &[p, dp])? {
-        Backend::Cpu | Backend::Meta => cpu::attention_softmax_grad(p, dp, scale),
-        Backend::Cuda(_) => cuda::softmax_grad_tensor(p, dp, scale),
+        Backend::Cpu | Backend::Meta => cpu::attention_softmax_grad(p, dp, geom),
+        Backend::Cuda(_) => cuda::softmax_grad_tensor(p, dp, geom),
     }
 }
 
 /// What rebuilding the scores needs besides `Q`, `K`.
 #[derive(Clone)]
 struct Geometry {
-    scale: f64,
-    causal: bool,
-    lq: usize,
-    lk: usize,
+    geom: ScoreGeom,
     /// The broadcast shape `[.., Lq, Lk]` of the scores.
     scores: Vec<usize>,
     draw: Option<DropoutDraw>,
@@ -197,12 +211,9 @@ fn probabilities(
         matmul(q, &k.detach().transpose(-2, -1)?)?
     };
     let spec = ScoreSpec {
-        scale: g.scale,
-        causal: g.causal,
+        geom: g.geom,
         mask,
         scores: &g.scores,
-        lq: g.lq,
-        lk: g.lk,
         lse_f32: g.lse_f32,
     };
     attention_probs(&s, &spec, lse)
@@ -273,7 +284,7 @@ impl BackwardOp for SdpaBackward {
                 let _ws = with_category(Category::Workspace);
                 let dpd = matmul(&g, &need(&self.v)?.detach().transpose(-2, -1)?)?;
                 let dp = drop(&dpd, geo, self.drop_mask.as_ref())?;
-                attention_softmax_grad(&p, &dp, geo.scale)?
+                attention_softmax_grad(&p, &dp, geo.geom)?
             };
             if nq {
                 dq = Some(matmul(&ds, need(&self.k)?)?);
@@ -356,10 +367,12 @@ pub fn scaled_dot_product_attention(
     let scores = check(q, k, v, opts)?;
     let r = q.rank();
     let geometry = Geometry {
-        scale: opts.scale.unwrap_or(1.0 / (q.shape()[r - 1] as f64).sqrt()),
-        causal: opts.causal,
-        lq: scores[r - 2],
-        lk: scores[r - 1],
+        geom: ScoreGeom {
+            lq: scores[r - 2],
+            lk: scores[r - 1],
+            scale: opts.scale.unwrap_or(1.0 / (q.shape()[r - 1] as f64).sqrt()),
+            causal: opts.causal,
+        },
         scores: scores.clone(),
         draw: (opts.dropout_p > 0.0).then_some(DropoutDraw {
             seed: opts.seed,

@@ -5,6 +5,7 @@
 //! `skipped: no CUDA device (…)` and passes.
 
 use super::cuda::{attention_probs, attention_softmax_grad, AttnMask};
+use super::ScoreGeom;
 use crate::cuda::testing::*;
 
 #[test]
@@ -13,6 +14,12 @@ fn attention_softmax_matches_a_reference() {
         return;
     };
     let (rows, lq, lk, scale) = (2 * 3usize, 3usize, 4usize, 0.5);
+    let geom = |causal| ScoreGeom {
+        lq,
+        lk,
+        scale,
+        causal,
+    };
     for dtype in FLOATS {
         let t = tol(dtype) * 4.0;
         let s = cpu_rand(&[rows, lk], -2.0, 2.0, dtype, 24);
@@ -23,8 +30,7 @@ fn attention_softmax_matches_a_reference() {
         let gm = upload(&dev, &mask);
         for causal in [false, true] {
             let (p, lse) =
-                attention_probs(&gs, lq, lk, scale, causal, AttnMask::Float(&gm, lq), None)
-                    .unwrap();
+                attention_probs(&gs, geom(causal), AttnMask::Float(&gm, lq), None).unwrap();
             let lse = lse.expect("computed lse");
             let mut want = vec![0.0; rows * lk];
             for r in 0..rows {
@@ -44,19 +50,11 @@ fn attention_softmax_matches_a_reference() {
                 }
             }
             assert_close("attention P", &download(&p), &want, t);
-            let (p2, _) = attention_probs(
-                &gs,
-                lq,
-                lk,
-                scale,
-                causal,
-                AttnMask::Float(&gm, lq),
-                Some(&lse),
-            )
-            .unwrap();
+            let (p2, _) =
+                attention_probs(&gs, geom(causal), AttnMask::Float(&gm, lq), Some(&lse)).unwrap();
             assert_eq!(download(&p2), download(&p), "P recomputed from lse");
             let dp = cpu_rand(&[rows, lk], -1.0, 1.0, dtype, 26);
-            let ds = attention_softmax_grad(&p, &upload(&dev, &dp), lk, scale).unwrap();
+            let ds = attention_softmax_grad(&p, &upload(&dev, &dp), geom(causal)).unwrap();
             let (pv, dv) = (download(&p), vals(&dp));
             let want: Vec<f64> = (0..rows * lk)
                 .map(|k| {

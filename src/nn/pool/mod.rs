@@ -3,7 +3,7 @@
 //! own backward. The kernels see the input as `[planes, H, W]` (planes =
 //! N·C) described by one [`PoolGeom`], shared by the CPU kernels
 //! (`cpu.rs`), the CUDA launch code (`cuda.rs`) and the kernels
-//! (`pool.cu`, as `struct PoolGeo`).
+//! (`pool.cu`, as `struct PoolGeom`).
 //!
 //! Saved for backward, for an input of `n` elements of `b` bytes and an
 //! output of `m` elements:
@@ -95,7 +95,7 @@ impl AvgPool2dOptions {
 /// and dilation `d` (each (row, column)). Made by the pooling functions from
 /// their options; the CPU kernels, the CUDA launch code and the kernels all
 /// read this one struct. `#[repr(C)]` with `usize` fields: on 64-bit targets
-/// the layout of `struct PoolGeo` (all `long long`, same order) in
+/// the layout of `struct PoolGeom` (all `long long`, same order) in
 /// `src/nn/pool/pool.cu`, which receives it by value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

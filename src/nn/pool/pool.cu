@@ -7,17 +7,17 @@
 // atomics are used and the sums are deterministic; each addition is rounded
 // in T as the CPU's.
 //
-// PoolGeo is `leangrad::nn::PoolGeom` (src/nn/pool/mod.rs, #[repr(C)], usize
+// PoolGeom is `leangrad::nn::PoolGeom` (src/nn/pool/mod.rs, #[repr(C)], usize
 // fields in this order): the two must stay in step.
 
-struct PoolGeo {
+struct PoolGeom {
     long long planes, h, w, oh, ow;
     long long k[2], s[2], p[2], d[2];
 };
 
 // Avg modes: 0 fixed windows (padding not counted), 1 fixed (padding
 // counted), 2 adaptive. Writes the clipped window and returns the divisor.
-__device__ __forceinline__ double lg_avg_window(const PoolGeo& g, int mode, long long i,
+__device__ __forceinline__ double lg_avg_window(const PoolGeom& g, int mode, long long i,
                                                 long long j, long long* win) {
     if (mode == 2) {
         win[0] = i * g.h / g.oh;
@@ -44,7 +44,7 @@ __device__ __forceinline__ double lg_avg_window(const PoolGeo& g, int mode, long
 // by the u8 window position `pos` or (when `pos` is null) by the flat
 // in-plane index `idx`. Each addition is rounded in T.
 template <typename T>
-__device__ __forceinline__ T lg_max_pool_grad(const PoolGeo& g, long long e, const T* dy,
+__device__ __forceinline__ T lg_max_pool_grad(const PoolGeom& g, long long e, const T* dy,
                                               const unsigned char* pos,
                                               const long long* idx) {
     typedef typename Acc<T>::type A;
@@ -68,7 +68,7 @@ __device__ __forceinline__ T lg_max_pool_grad(const PoolGeo& g, long long e, con
 }
 
 #define LG_POOL(sfx, T)                                                               \
-    extern "C" __global__ void max_pool2d_fwd_##sfx(PoolGeo g, T* y, unsigned char* pos, \
+    extern "C" __global__ void max_pool2d_fwd_##sfx(PoolGeom g, T* y, unsigned char* pos, \
                                                     const T* x) {                     \
         typedef Acc<T>::type A;                                                       \
         long long n = g.planes * g.oh * g.ow;                                         \
@@ -96,18 +96,18 @@ __device__ __forceinline__ T lg_max_pool_grad(const PoolGeo& g, long long e, con
             pos[e] = (unsigned char)at;                                               \
         }                                                                             \
     }                                                                                 \
-    extern "C" __global__ void max_pool2d_bwd_##sfx(PoolGeo g, T* dx, const T* dy,   \
+    extern "C" __global__ void max_pool2d_bwd_##sfx(PoolGeom g, T* dx, const T* dy,   \
                                                     const unsigned char* pos) {       \
         long long n = g.planes * g.h * g.w;                                           \
         LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T>(g, e, dy, pos, 0); }          \
     }                                                                                 \
     /* The same from flat in-plane input indices (SaveAll's i64 indices). */          \
-    extern "C" __global__ void max_pool2d_bwd_flat_##sfx(PoolGeo g, T* dx, const T* dy, \
+    extern "C" __global__ void max_pool2d_bwd_flat_##sfx(PoolGeom g, T* dx, const T* dy, \
                                                          const long long* idx) {      \
         long long n = g.planes * g.h * g.w;                                           \
         LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T>(g, e, dy, 0, idx); }          \
     }                                                                                 \
-    extern "C" __global__ void avg_pool2d_fwd_##sfx(PoolGeo g, int mode, T* y,       \
+    extern "C" __global__ void avg_pool2d_fwd_##sfx(PoolGeom g, int mode, T* y,       \
                                                     const T* x) {                     \
         long long n = g.planes * g.oh * g.ow;                                         \
         LG_GRID_LOOP(e, n) {                                                          \
@@ -121,7 +121,7 @@ __device__ __forceinline__ T lg_max_pool_grad(const PoolGeo& g, long long e, con
             y[e] = lg_from_f64<T>(s / div);                                           \
         }                                                                             \
     }                                                                                 \
-    extern "C" __global__ void avg_pool2d_bwd_##sfx(PoolGeo g, int mode, T* dx,      \
+    extern "C" __global__ void avg_pool2d_bwd_##sfx(PoolGeom g, int mode, T* dx,      \
                                                     const T* dy) {                    \
         typedef Acc<T>::type A;                                                       \
         long long n = g.planes * g.h * g.w;                                           \

@@ -6,7 +6,7 @@
 use super::{sample_weights, CrossEntropyForward, CrossEntropyOptions};
 use crate::dtype::CpuData;
 use crate::meta::{self, backend, not_on_cuda, Backend};
-use crate::ops::softmax::{for_blocks, lane_stats, split};
+use crate::ops::softmax::{for_blocks, lane_stats, LaneGeom};
 use crate::primitives::Dense;
 use crate::tensor::Tensor;
 use crate::{Error, FloatDType, Result, WithDType};
@@ -102,34 +102,33 @@ fn sample_losses(
     eps: f64,
     want_probs: bool,
 ) -> Result<CrossEntropyForward> {
-    let (outer, classes, inner) = split(logits.shape(), class_dim);
-    if targets.len() != outer * inner {
+    let geom = LaneGeom::around(logits.shape(), class_dim);
+    if targets.len() != geom.lanes() {
         return Err(Error::InvalidArgument {
             op: "cross_entropy",
-            msg: format!("{} targets for {} samples", targets.len(), outer * inner),
+            msg: format!("{} targets for {} samples", targets.len(), geom.lanes()),
         });
     }
-    let count = count_targets(targets, classes, ignore_index)?;
+    let count = count_targets(targets, geom.classes, ignore_index)?;
     let dense = Dense::new(logits)?;
     let (data, range) = dense.parts();
     type Out = (Vec<f64>, Option<CpuData>);
     fn go<T: FloatDType>(
         s: &[T],
         t: &[i64],
-        c: usize,
-        inner: usize,
+        g: LaneGeom,
         ignore: i64,
         eps: f64,
         want: bool,
     ) -> Out {
-        let block = c * inner;
+        let (c, inner, block) = (g.classes, g.inner, g.block());
         let mut losses = vec![0.0; t.len()];
         let lane_losses = |o: usize, loss: &mut [f64]| {
             if block == 0 {
                 return;
             }
             let src = &s[o * block..(o + 1) * block];
-            let (m, log_sum) = lane_stats(src, c, inner);
+            let (m, log_sum) = lane_stats(src, g);
             for (j, l) in loss.iter_mut().enumerate() {
                 let target = t[o * inner + j];
                 if target == ignore {
@@ -150,7 +149,7 @@ fn sample_losses(
             let mut p = vec![T::zero(); s.len()];
             for_blocks(&mut p, block, |o, dst| {
                 let src = &s[o * block..(o + 1) * block];
-                let (m, log_sum) = lane_stats(src, c, inner);
+                let (m, log_sum) = lane_stats(src, g);
                 for (i, (d, v)) in dst.iter_mut().zip(src).enumerate() {
                     let j = i % inner;
                     *d = T::from_f64((WithDType::to_f64(*v) - m[j] - log_sum[j]).exp());
@@ -161,7 +160,7 @@ fn sample_losses(
         (losses, probs)
     }
     let (losses, probs) = crate::match_float_data!(data, "cross_entropy", v => {
-        go(&v[range], targets, classes, inner, ignore_index, eps, want_probs)
+        go(&v[range], targets, geom, ignore_index, eps, want_probs)
     });
     drop(dense);
     let probs = probs
@@ -185,8 +184,8 @@ fn logit_grad(
     ignore_index: i64,
     eps: f64,
 ) -> Result<Tensor> {
-    let (outer, classes, inner) = split(probs.shape(), class_dim);
-    if targets.len() != outer * inner || (weights.len() != 1 && weights.len() != targets.len()) {
+    let geom = LaneGeom::around(probs.shape(), class_dim);
+    if targets.len() != geom.lanes() || (weights.len() != 1 && weights.len() != targets.len()) {
         return Err(Error::InvalidArgument {
             op: "cross_entropy_backward",
             msg: "targets or weights do not match the samples".into(),
@@ -198,13 +197,12 @@ fn logit_grad(
         p: &[T],
         t: &[i64],
         w: &[f64],
-        c: usize,
-        inner: usize,
+        g: LaneGeom,
         ignore: i64,
         eps: f64,
     ) -> CpuData {
         let mut out = vec![T::zero(); p.len()];
-        let block = c * inner;
+        let (c, inner, block) = (g.classes, g.inner, g.block());
         let smooth = eps / c as f64;
         for_blocks(&mut out, block, |o, dst| {
             let src = &p[o * block..(o + 1) * block];
@@ -227,7 +225,7 @@ fn logit_grad(
         T::wrap(out)
     }
     let out = crate::match_float_data!(data, "cross_entropy_backward", v => {
-        go(&v[range], targets, weights, classes, inner, ignore_index, eps)
+        go(&v[range], targets, weights, geom, ignore_index, eps)
     });
     drop(dense);
     Tensor::from_cpu_data(out, probs.shape())

@@ -9,7 +9,7 @@ use super::{sample_weights, CrossEntropyForward, CrossEntropyOptions};
 use crate::cuda::check::{self, float_suffix};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
 use crate::memory::Category;
-use crate::ops::softmax::lanes;
+use crate::ops::softmax::{lanes, LaneGeom};
 use crate::tensor::cuda::{adopt, dense, uncounted, wrap};
 use crate::{DType, Error, Result, Tensor};
 
@@ -120,8 +120,8 @@ pub(crate) fn cross_entropy_forward(
 ) -> Result<CrossEntropy> {
     let op = "cuda cross_entropy";
     let sfx = float_suffix(op, logits.dtype())?;
-    let (outer, classes, inner) = lanes(op, logits, shape, class_dim)?;
-    let samples = outer * inner;
+    let geom: LaneGeom = lanes(op, logits, shape, class_dim)?;
+    let samples = geom.lanes();
     check::input(
         op,
         targets,
@@ -137,17 +137,16 @@ pub(crate) fn cross_entropy_forward(
     let mut st = CudaBuffer::zeros_in(dev, DType::I64, 3, Category::Workspace)?;
     if samples > 0 {
         let null = 0u64;
-        let (o64, c64, i64_) = (outer as i64, classes as i64, inner as i64);
         let cfg = CudaDevice::grid_per_row(samples);
         let name = format!("cross_entropy_fwd_{sfx}");
         match probs.as_mut() {
-            Some(p) => launch!(dev, "loss.cu", name, cfg; &o64, &c64, &i64_, &ignore_index, &eps,
+            Some(p) => launch!(dev, "loss.cu", name, cfg; &geom, &ignore_index, &eps,
                 logits.slice(), targets.slice(), losses.slice_mut(), p.slice_mut(), st.slice_mut())?,
-            None => launch!(dev, "loss.cu", name, cfg; &o64, &c64, &i64_, &ignore_index, &eps,
+            None => launch!(dev, "loss.cu", name, cfg; &geom, &ignore_index, &eps,
                 logits.slice(), targets.slice(), losses.slice_mut(), &null, st.slice_mut())?,
         }
     }
-    let count = status(op, &st, classes)?[0] as usize;
+    let count = status(op, &st, geom.classes)?[0] as usize;
     Ok(CrossEntropy {
         losses,
         count,
@@ -169,8 +168,8 @@ pub(crate) fn cross_entropy_backward(
 ) -> Result<CudaBuffer> {
     let op = "cuda cross_entropy_backward";
     let sfx = float_suffix(op, probs.dtype())?;
-    let (outer, classes, inner) = lanes(op, probs, shape, class_dim)?;
-    let samples = outer * inner;
+    let geom: LaneGeom = lanes(op, probs, shape, class_dim)?;
+    let samples = geom.lanes();
     check::input(
         op,
         targets,
@@ -195,10 +194,9 @@ pub(crate) fn cross_entropy_backward(
     if probs.is_empty() {
         return Ok(dx);
     }
-    let (o64, c64, i64_) = (outer as i64, classes as i64, inner as i64);
     let n_weights = weights.len() as i64;
     launch!(probs.device(), "loss.cu", format!("cross_entropy_bwd_{sfx}"), CudaDevice::grid_for(probs.len());
-        &o64, &c64, &i64_, &ignore_index, &eps, probs.slice(), targets.slice(),
+        &geom, &ignore_index, &eps, probs.slice(), targets.slice(),
         weights.slice(), &n_weights, dx.slice_mut())?;
     Ok(dx)
 }

@@ -8,6 +8,13 @@
 // status (3 x i64, zeroed by the host): [0] += samples not ignored,
 // [1] = an out-of-range target, [2] = 1 if there was one.
 
+// LaneGeom is `leangrad::ops::LaneGeom` (src/ops/softmax/mod.rs, #[repr(C)]):
+// the same fields in the same order, its usize fields laid out as these
+// long longs.
+struct LaneGeom {
+    long long outer, classes, inner;
+};
+
 #define LG_CE_THREADS 256
 
 template <typename A> __device__ __forceinline__ A lg_ce_reduce(A v, A* buf, int is_max) {
@@ -28,9 +35,9 @@ template <typename A> __device__ __forceinline__ A lg_ce_reduce(A v, A* buf, int
 // null when not wanted.
 #define LG_CE_FWD(sfx, T)                                                             \
     extern "C" __global__ void cross_entropy_fwd_##sfx(                              \
-        long long outer, long long classes, long long inner, long long ignore_index, \
-        double eps, const T* x, const long long* targets, double* losses, T* probs,  \
-        long long* status) {                                                          \
+        LaneGeom g, long long ignore_index, double eps, const T* x,                  \
+        const long long* targets, double* losses, T* probs, long long* status) {      \
+        long long outer = g.outer, classes = g.classes, inner = g.inner;              \
         typedef Acc<T>::type A;                                                       \
         __shared__ A buf[LG_CE_THREADS];                                              \
         for (long long lane = blockIdx.x; lane < outer * inner; lane += gridDim.x) {  \
@@ -75,9 +82,9 @@ LG_FOR_FLOATS(LG_CE_FWD)
 // weights: n_weights doubles, one per sample or a single one for all.
 #define LG_CE_BWD(sfx, T)                                                             \
     extern "C" __global__ void cross_entropy_bwd_##sfx(                              \
-        long long outer, long long classes, long long inner, long long ignore_index, \
-        double eps, const T* probs, const long long* targets, const double* weights, \
-        long long n_weights, T* dx) {                                                 \
+        LaneGeom g, long long ignore_index, double eps, const T* probs,              \
+        const long long* targets, const double* weights, long long n_weights, T* dx) { \
+        long long outer = g.outer, classes = g.classes, inner = g.inner;              \
         long long n = outer * classes * inner;                                        \
         double smooth = eps / (double)classes;                                        \
         LG_GRID_LOOP(i, n) {                                                          \

@@ -2,11 +2,12 @@
 //! backward, computed in f64 with the lane maximum subtracted (numerically
 //! stable).
 //!
-//! A tensor is viewed as `[outer, len, inner]` around the softmax dim; each
-//! outer block is one independent task. The lane helpers ([`split`],
-//! [`for_blocks`], [`lane_stats`]) are shared with cross-entropy's CPU
+//! A tensor is viewed as [`LaneGeom`]'s `[outer, classes, inner]` around the
+//! softmax dim; each outer block is one independent task. The lane helpers
+//! ([`for_blocks`], [`lane_stats`]) are shared with cross-entropy's CPU
 //! kernels (`ops::loss`), which read logits the same way.
 
+use super::LaneGeom;
 use crate::dtype::CpuData;
 use crate::meta::{self, backend, not_on_cuda, Backend};
 use crate::primitives::{Dense, PARALLEL_THRESHOLD};
@@ -14,15 +15,6 @@ use crate::tensor::Tensor;
 use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 use std::ops::Range;
-
-/// `(outer, len, inner)` element counts around `dim`.
-pub(crate) fn split(shape: &[usize], dim: usize) -> (usize, usize, usize) {
-    (
-        shape[..dim].iter().product(),
-        shape[dim],
-        shape[dim + 1..].iter().product(),
-    )
-}
 
 /// Runs `f(block index, output block)` over `out` in blocks of `block`
 /// elements, in parallel when the whole is large.
@@ -43,13 +35,11 @@ pub(crate) fn for_blocks<T: Send>(
     }
 }
 
-/// Per lane (`inner` lanes of `len` elements, strided by `inner`): the
-/// maximum and the log of Σ exp(x − max). NaN propagates.
-pub(crate) fn lane_stats<T: FloatDType>(
-    src: &[T],
-    len: usize,
-    inner: usize,
-) -> (Vec<f64>, Vec<f64>) {
+/// Per lane of one outer block `src` (`inner` lanes of `classes` elements,
+/// strided by `inner`): the maximum and the log of Σ exp(x − max). NaN
+/// propagates.
+pub(crate) fn lane_stats<T: FloatDType>(src: &[T], g: LaneGeom) -> (Vec<f64>, Vec<f64>) {
+    let (len, inner) = (g.classes, g.inner);
     let mut m = vec![f64::NEG_INFINITY; inner];
     for r in 0..len {
         for (mj, v) in m.iter_mut().zip(&src[r * inner..(r + 1) * inner]) {
@@ -79,24 +69,24 @@ pub(super) fn forward(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
         Backend::Cuda(n) => return Err(not_on_cuda("softmax", n)),
         Backend::Cpu => {}
     }
-    let (_, len, inner) = split(x.shape(), dim);
+    let geom = LaneGeom::around(x.shape(), dim);
     let dense = Dense::new(x)?;
     let (data, range) = dense.parts();
-    fn go<T: FloatDType>(s: &[T], len: usize, inner: usize, log: bool) -> CpuData {
+    fn go<T: FloatDType>(s: &[T], g: LaneGeom, log: bool) -> CpuData {
         let mut out = vec![T::zero(); s.len()];
-        let block = len * inner;
+        let block = g.block();
         for_blocks(&mut out, block, |o, dst| {
             let src = &s[o * block..(o + 1) * block];
-            let (m, log_sum) = lane_stats(src, len, inner);
+            let (m, log_sum) = lane_stats(src, g);
             for (i, (d, v)) in dst.iter_mut().zip(src).enumerate() {
-                let j = i % inner;
+                let j = i % g.inner;
                 let shifted = WithDType::to_f64(*v) - m[j] - log_sum[j];
                 *d = T::from_f64(if log { shifted } else { shifted.exp() });
             }
         });
         T::wrap(out)
     }
-    let out = crate::match_float_data!(data, "softmax", v => go(&v[range], len, inner, log));
+    let out = crate::match_float_data!(data, "softmax", v => go(&v[range], geom, log));
     drop(dense);
     Tensor::from_cpu_data(out, x.shape())
 }
@@ -111,15 +101,14 @@ pub(super) fn backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<
         Backend::Cuda(n) => return Err(not_on_cuda("softmax_backward", n)),
         Backend::Cpu => {}
     }
-    let (_, len, inner) = split(y.shape(), dim);
+    let geom = LaneGeom::around(y.shape(), dim);
     let (dy, dg) = (Dense::new(y)?, Dense::new(g)?);
     let ((ydata, yr), (gdata, gr)) = (dy.parts(), dg.parts());
     fn go<T: FloatDType>(
         y: &[T],
         g: &CpuData,
         gr: Range<usize>,
-        len: usize,
-        inner: usize,
+        geom: LaneGeom,
         log: bool,
     ) -> Result<CpuData> {
         let g = &T::cpu_slice(g).ok_or(Error::DTypeMismatch {
@@ -128,7 +117,7 @@ pub(super) fn backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<
             got: g.dtype(),
         })?[gr];
         let mut out = vec![T::zero(); y.len()];
-        let block = len * inner;
+        let (block, inner) = (geom.block(), geom.inner);
         for_blocks(&mut out, block, |o, dst| {
             let (yb, gb) = (
                 &y[o * block..(o + 1) * block],
@@ -153,7 +142,8 @@ pub(super) fn backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<
         });
         Ok(T::wrap(out))
     }
-    let out = crate::match_float_data!(ydata, "softmax_backward", v => go(&v[yr], gdata, gr, len, inner, log)?);
+    let out =
+        crate::match_float_data!(ydata, "softmax_backward", v => go(&v[yr], gdata, gr, geom, log)?);
     drop((dy, dg));
     Tensor::from_cpu_data(out, y.shape())
 }

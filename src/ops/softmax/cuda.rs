@@ -3,11 +3,15 @@
 //! with the lane maximum subtracted). Inputs of any layout are made dense
 //! first (a counted copy, as the CPU's gather).
 
-use super::cpu::split;
+use super::LaneGeom;
 use crate::cuda::check::{self, float_suffix};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
 use crate::tensor::cuda::{dense, wrap};
 use crate::{Error, Result, Tensor};
+
+// SAFETY: LaneGeom is #[repr(C)] plain data (three usizes), laid out as
+// `struct LaneGeom` of softmax.cu and loss.cu.
+unsafe impl cudarc::driver::DeviceRepr for LaneGeom {}
 
 /// Softmax (or log-softmax) of `x` along `dim`.
 pub(super) fn forward(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
@@ -23,15 +27,15 @@ pub(super) fn backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<
     wrap(softmax_backward(&dy, &dg, y.shape(), dim, log)?, y.shape())
 }
 
-/// The `(outer, classes, inner)` lanes around `dim`, as the CPU's
-/// [`split`], checking that `x` is a contiguous buffer of `shape`. Shared
-/// with cross-entropy's launch wrappers.
+/// The lanes around `dim` ([`LaneGeom::around`]), checking that `x` is a
+/// contiguous buffer of `shape`. Shared with cross-entropy's launch
+/// wrappers.
 pub(crate) fn lanes(
     op: &'static str,
     x: &CudaBuffer,
     shape: &[usize],
     dim: usize,
-) -> Result<(usize, usize, usize)> {
+) -> Result<LaneGeom> {
     check::dim(op, dim, shape.len())?;
     if x.len() != shape.iter().product::<usize>() {
         return Err(Error::ShapeMismatch {
@@ -40,7 +44,7 @@ pub(crate) fn lanes(
             rhs: shape.to_vec(),
         });
     }
-    Ok(split(shape, dim))
+    Ok(LaneGeom::around(shape, dim))
 }
 
 /// Softmax (or log-softmax when `log`) over `dim` of the contiguous float
@@ -52,15 +56,15 @@ pub(crate) fn softmax(
     log: bool,
 ) -> Result<CudaBuffer> {
     let sfx = float_suffix("cuda softmax", x.dtype())?;
-    let (outer, classes, inner) = lanes("cuda softmax", x, shape, dim)?;
+    let geom = lanes("cuda softmax", x, shape, dim)?;
     let mut y = CudaBuffer::alloc(x.device(), x.dtype(), x.len())?;
     if x.is_empty() {
         return Ok(y);
     }
-    let (mode, o64, c64, i64_) = (i32::from(log), outer as i64, classes as i64, inner as i64);
-    let cfg = CudaDevice::grid_per_row(outer * inner);
+    let mode = i32::from(log);
+    let cfg = CudaDevice::grid_per_row(geom.lanes());
     launch!(x.device(), "softmax.cu", format!("softmax_fwd_{sfx}"), cfg;
-        &mode, &o64, &c64, &i64_, y.slice_mut(), x.slice())?;
+        &mode, &geom, y.slice_mut(), x.slice())?;
     Ok(y)
 }
 
@@ -74,7 +78,7 @@ pub(crate) fn softmax_backward(
     log: bool,
 ) -> Result<CudaBuffer> {
     let sfx = float_suffix("cuda softmax_backward", y.dtype())?;
-    let (outer, classes, inner) = lanes("cuda softmax_backward", y, shape, dim)?;
+    let geom = lanes("cuda softmax_backward", y, shape, dim)?;
     check::input(
         "cuda softmax_backward",
         g,
@@ -86,9 +90,9 @@ pub(crate) fn softmax_backward(
     if y.is_empty() {
         return Ok(dx);
     }
-    let (mode, o64, c64, i64_) = (i32::from(log), outer as i64, classes as i64, inner as i64);
-    let cfg = CudaDevice::grid_per_row(outer * inner);
+    let mode = i32::from(log);
+    let cfg = CudaDevice::grid_per_row(geom.lanes());
     launch!(y.device(), "softmax.cu", format!("softmax_bwd_{sfx}"), cfg;
-        &mode, &o64, &c64, &i64_, dx.slice_mut(), y.slice(), g.slice())?;
+        &mode, &geom, dx.slice_mut(), y.slice(), g.slice())?;
     Ok(dx)
 }

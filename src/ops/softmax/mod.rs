@@ -1,8 +1,9 @@
 //! Softmax and log-softmax along one dim, numerically stable: the lane
 //! maximum is subtracted, and the work is done in f64 on the CPU (in f32,
-//! f64 for f64, on CUDA: `softmax.cu`). A tensor is viewed as `[outer, len,
-//! inner]` around the dim; cross-entropy (`ops::loss`) reads logits the
-//! same way and shares the lane helpers re-exported here.
+//! f64 for f64, on CUDA: `softmax.cu`). A tensor is viewed as `[outer,
+//! classes, inner]` around the dim (the family's one geometry, [`LaneGeom`],
+//! passed by value to the kernels); cross-entropy (`ops::loss`) reads logits
+//! the same way and shares the geometry and the lane helpers.
 //!
 //! Saved for backward, for `n` elements of `b` bytes:
 //!
@@ -18,7 +19,7 @@ mod cpu;
 mod cuda;
 
 // The lanes around a dim, shared with cross-entropy's kernels.
-pub(crate) use cpu::{for_blocks, lane_stats, split};
+pub(crate) use cpu::{for_blocks, lane_stats};
 pub(crate) use cuda::lanes;
 
 use super::expect_float;
@@ -26,6 +27,46 @@ use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::meta::{backend, Backend};
 use crate::tensor::resolve_dim;
 use crate::{Error, Result, Tensor};
+
+/// The geometry of a softmax (and of cross-entropy's logits): a contiguous
+/// tensor viewed as `[outer, classes, inner]` around the class dim, element
+/// `(o, c, j)` at `(o·classes + c)·inner + j`. Each of the `outer·inner`
+/// lanes is one softmax over `classes` elements strided by `inner`.
+///
+/// Shared by the CPU kernels, the CUDA launches and, as a `#[repr(C)]`
+/// struct passed by value, the kernels (`struct LaneGeom` in `softmax.cu`
+/// and `loss.cu`: its `usize` fields are `long long`s there).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneGeom {
+    /// Product of the sizes before the class dim.
+    pub outer: usize,
+    /// Size of the class dim.
+    pub classes: usize,
+    /// Product of the sizes after the class dim (the lane stride).
+    pub inner: usize,
+}
+
+impl LaneGeom {
+    /// The lanes of `shape` around `dim` (which must be below its rank).
+    pub fn around(shape: &[usize], dim: usize) -> LaneGeom {
+        LaneGeom {
+            outer: shape[..dim].iter().product(),
+            classes: shape[dim],
+            inner: shape[dim + 1..].iter().product(),
+        }
+    }
+
+    /// How many lanes (softmaxes, or samples of cross-entropy).
+    pub fn lanes(&self) -> usize {
+        self.outer * self.inner
+    }
+
+    /// Elements in one outer block (`classes·inner`).
+    pub fn block(&self) -> usize {
+        self.classes * self.inner
+    }
+}
 
 // The dispatch seam: one small function per kernel, the only place here
 // (besides cuda.rs) that names CUDA.

@@ -7,6 +7,13 @@
 //   softmax:      dx = y * (g - sum_c g*y)
 //   log-softmax:  dx = g - exp(y) * sum_c g
 
+// LaneGeom is `leangrad::ops::LaneGeom` (src/ops/softmax/mod.rs, #[repr(C)]):
+// the same fields in the same order, its usize fields laid out as these
+// long longs.
+struct LaneGeom {
+    long long outer, classes, inner;
+};
+
 #define LG_SM_THREADS 256
 
 template <typename A> __device__ __forceinline__ A lg_sm_sum(A v, A* buf) {
@@ -34,9 +41,9 @@ template <typename A> __device__ __forceinline__ A lg_sm_max(A v, A* buf) {
 }
 
 #define LG_SOFTMAX(sfx, T)                                                            \
-    extern "C" __global__ void softmax_fwd_##sfx(int log_mode, long long outer,      \
-                                                 long long classes, long long inner,  \
-                                                 T* y, const T* x) {                  \
+    extern "C" __global__ void softmax_fwd_##sfx(int log_mode, LaneGeom g, T* y,     \
+                                                 const T* x) {                        \
+        long long outer = g.outer, classes = g.classes, inner = g.inner;              \
         typedef Acc<T>::type A;                                                       \
         __shared__ A buf[LG_SM_THREADS];                                              \
         for (long long lane = blockIdx.x; lane < outer * inner; lane += gridDim.x) {  \
@@ -56,9 +63,9 @@ template <typename A> __device__ __forceinline__ A lg_sm_max(A v, A* buf) {
             }                                                                         \
         }                                                                             \
     }                                                                                 \
-    extern "C" __global__ void softmax_bwd_##sfx(int log_mode, long long outer,      \
-                                                 long long classes, long long inner,  \
-                                                 T* dx, const T* y, const T* g) {     \
+    extern "C" __global__ void softmax_bwd_##sfx(int log_mode, LaneGeom geo, T* dx,  \
+                                                 const T* y, const T* g) {            \
+        long long outer = geo.outer, classes = geo.classes, inner = geo.inner;        \
         typedef Acc<T>::type A;                                                       \
         __shared__ A buf[LG_SM_THREADS];                                              \
         for (long long lane = blockIdx.x; lane < outer * inner; lane += gridDim.x) {  \
