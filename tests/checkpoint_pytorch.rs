@@ -61,7 +61,10 @@ fn resume(kind: &str, hyper: Adam) {
         let x = &cont[&format!("x{i}")];
         let y = &cont[&format!("y{i}")];
         let out = l2.forward(&l0.forward(x).unwrap().relu().unwrap()).unwrap();
-        out.mse_loss(y, Reduction::Mean).unwrap().backward().unwrap();
+        out.mse_loss(y, Reduction::Mean)
+            .unwrap()
+            .backward()
+            .unwrap();
         opt.step().unwrap();
         opt.zero_grad();
     }

@@ -277,7 +277,10 @@ fn check_resume<A: CheckpointHyper>(name: &str, hyper: A, s: Setup) {
     let whole = run(&hyper, &s, 7, None, total, None);
     let dir = scratch(name);
     let first = run(&hyper, &s, 7, None, s.split, Some(&dir));
-    assert_ne!(first.model, whole.model, "{name}: the split must be mid-run");
+    assert_ne!(
+        first.model, whole.model,
+        "{name}: the split must be mid-run"
+    );
     // A fresh start from another initialisation ends elsewhere ...
     let unrelated = run(&hyper, &s, 99, None, total, None);
     assert_ne!(unrelated.model, whole.model);
@@ -344,7 +347,10 @@ fn sgd_nesterov_weight_decay_fused_mid_accumulation() {
             eta_min: 0.001,
         }),
     );
-    let hyper = Sgd::new(0.05).momentum(0.9).nesterov(true).weight_decay(0.01);
+    let hyper = Sgd::new(0.05)
+        .momentum(0.9)
+        .nesterov(true)
+        .weight_decay(0.01);
     check_resume("sgd-nesterov-fused", hyper, s);
 }
 

@@ -21,7 +21,7 @@
 //! either the previous one or the new one is whole (if a crash falls between
 //! the two renames, [`Checkpoint::load`] finds the previous one).
 
-use super::{load_safetensors, load_into, serialize_safetensors, LoadOptions, LoadReport};
+use super::{load_into, load_safetensors, serialize_safetensors, LoadOptions, LoadReport};
 use crate::optim::{
     CheckpointHyper, Clip, GroupState, Optimizer, OptimizerState, SavedParamState, ScheduleState,
     Scheduler,
@@ -244,7 +244,10 @@ impl Checkpoint {
         let schedule = match (schedule, &self.schedule) {
             (Some(s), Some(saved)) => Some((s, saved)),
             (Some(_), None) => {
-                return Err(fault("schedule", "the checkpoint was saved without a schedule"))
+                return Err(fault(
+                    "schedule",
+                    "the checkpoint was saved without a schedule",
+                ))
             }
             (None, _) => None,
         };
@@ -482,16 +485,17 @@ impl OptimizerManifest {
                     grads
                         .as_mut()
                         .ok_or_else(|| {
-                            fault(name.as_str(), format!("{MANIFEST_FILE} says no grads were saved"))
+                            fault(
+                                name.as_str(),
+                                format!("{MANIFEST_FILE} says no grads were saved"),
+                            )
                         })?
                         .insert(id, t);
                 }
-                _ => {
-                    return Err(fault(
-                        name.as_str(),
-                        "not an optimizer tensor (state.{id}.{name}, accumulated.{id} or grad.{id})",
-                    ))
-                }
+                _ => return Err(fault(
+                    name.as_str(),
+                    "not an optimizer tensor (state.{id}.{name}, accumulated.{id} or grad.{id})",
+                )),
             }
         }
         Ok(OptimizerState {

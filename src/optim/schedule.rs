@@ -223,23 +223,23 @@ impl SequentialLr {
 /// Checks a schedule's parameters (as PyTorch's constructors do).
 fn check_schedule(schedule: &Schedule) -> Result<()> {
     let bad = match schedule {
-            Schedule::Step { step_size, .. } => *step_size == 0,
-            Schedule::Cosine { t_max, .. } => *t_max == 0,
-            Schedule::Linear {
-                start_factor,
-                end_factor,
-                total_iters,
-            } => {
-                !(*start_factor > 0.0 && *start_factor <= 1.0 && (0.0..=1.0).contains(end_factor))
-                    || *total_iters == 0
-            }
-        };
-        if bad {
-            return Err(Error::InvalidArgument {
-                op: "LrScheduler",
-                msg: format!("invalid schedule {schedule:?}"),
-            });
+        Schedule::Step { step_size, .. } => *step_size == 0,
+        Schedule::Cosine { t_max, .. } => *t_max == 0,
+        Schedule::Linear {
+            start_factor,
+            end_factor,
+            total_iters,
+        } => {
+            !(*start_factor > 0.0 && *start_factor <= 1.0 && (0.0..=1.0).contains(end_factor))
+                || *total_iters == 0
         }
+    };
+    if bad {
+        return Err(Error::InvalidArgument {
+            op: "LrScheduler",
+            msg: format!("invalid schedule {schedule:?}"),
+        });
+    }
     Ok(())
 }
 

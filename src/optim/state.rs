@@ -300,9 +300,7 @@ impl<A: CheckpointHyper> Optimizer<A> {
                     ),
                 ));
             }
-            if sg.params.len() != group.params.len()
-                || sg.param_names.len() != sg.params.len()
-            {
+            if sg.params.len() != group.params.len() || sg.param_names.len() != sg.params.len() {
                 return Err(fault(
                     format!("{entry}.params"),
                     format!(
@@ -346,7 +344,10 @@ impl<A: CheckpointHyper> Optimizer<A> {
                 )
             })?;
             let leaf = t.param.leaf_id().ok_or_else(|| {
-                fault(entry, "the parameter does not require grad, so has no state")
+                fault(
+                    entry,
+                    "the parameter does not require grad, so has no state",
+                )
             })?;
             Ok((t, leaf))
         };
@@ -367,9 +368,10 @@ impl<A: CheckpointHyper> Optimizer<A> {
             let mut tensors = Vec::with_capacity(wanted.len());
             for slot in wanted {
                 let entry = format!("state.{id}.{slot}");
-                let src = s.tensors.get(slot).ok_or_else(|| {
-                    fault(entry.as_str(), format!("missing (step {})", s.step))
-                })?;
+                let src = s
+                    .tensors
+                    .get(slot)
+                    .ok_or_else(|| fault(entry.as_str(), format!("missing (step {})", s.step)))?;
                 check_fits(&entry, src, &t.param, t.name.as_deref())?;
                 tensors.push((src, t));
             }
@@ -409,7 +411,10 @@ impl<A: CheckpointHyper> Optimizer<A> {
             Clip::Value(c) | Clip::ParamNorm(c) | Clip::GlobalNorm(c) => nonneg(c),
         };
         if !clip_ok {
-            return Err(fault("clip", format!("{:?}: the bound must be ≥ 0", saved.clip)));
+            return Err(fault(
+                "clip",
+                format!("{:?}: the bound must be ≥ 0", saved.clip),
+            ));
         }
 
         // Everything fits: copy (which may still run out of memory) before
@@ -428,7 +433,12 @@ impl<A: CheckpointHyper> Optimizer<A> {
         }
         let new_grads = grads
             .into_iter()
-            .map(|(g, t)| Ok((t.param.clone(), fresh_copy(g, &t.param, Category::Gradient)?)))
+            .map(|(g, t)| {
+                Ok((
+                    t.param.clone(),
+                    fresh_copy(g, &t.param, Category::Gradient)?,
+                ))
+            })
             .collect::<Result<Vec<_>>>()?;
 
         for (group, hyper) in self.groups.iter_mut().zip(hypers) {
@@ -471,7 +481,12 @@ fn flag(group: &Map<String, Value>, entry: &str, key: &str) -> Result<bool> {
 fn finite(kind: &str, key: &str, v: f64) -> Result<Value> {
     serde_json::Number::from_f64(v)
         .map(Value::Number)
-        .ok_or_else(|| fault(key, format!("{kind}'s {key} is {v}, which JSON cannot hold")))
+        .ok_or_else(|| {
+            fault(
+                key,
+                format!("{kind}'s {key} is {v}, which JSON cannot hold"),
+            )
+        })
 }
 
 impl CheckpointHyper for Sgd {
