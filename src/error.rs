@@ -187,6 +187,16 @@ pub enum Error {
     /// A file could not be read or written.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+    /// A checkpoint, or an optimizer's or schedule's saved state, cannot
+    /// be read or does not fit what it is loaded into.
+    #[error("checkpoint entry `{entry}`: {reason}")]
+    Checkpoint {
+        /// What is at fault: a file's path, or an entry such as
+        /// `state.3.exp_avg`, `param_groups.0.lr` or `kind`.
+        entry: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// `std::result::Result` with leangrad's [`Error`].

@@ -1,6 +1,7 @@
-//! Weight files: reading and writing safetensors, and PyTorch-style state
+//! Weight files: reading and writing safetensors, PyTorch-style state
 //! dicts that load a file's tensors into a module's parameters and buffers
-//! in place.
+//! in place, and training checkpoints ([`Checkpoint`]: model, optimizer and
+//! schedule together).
 //!
 //! ```no_run
 //! use leangrad::io::{load_safetensors, load_state_dict, LoadOptions};
@@ -14,8 +15,11 @@
 //! # Ok::<(), leangrad::Error>(())
 //! ```
 
+pub mod checkpoint;
 mod safetensors;
 mod state_dict;
+
+pub use checkpoint::{Checkpoint, Progress};
 
 pub use safetensors::{
     load_safetensors, load_safetensors_bytes, save_safetensors, serialize_safetensors,

@@ -35,13 +35,17 @@ pub mod kernels;
 mod rule;
 mod schedule;
 mod sgd;
+mod state;
 
 pub use adam::Adam;
 pub use clip::{clip_grad_norm, clip_grad_value, total_norm};
 pub use kernels::{apply_update, sum_of_squares, Algorithm};
 pub use rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
-pub use schedule::{LrScheduler, Schedule, SequentialLr};
+pub use schedule::{
+    LrScheduler, LrSchedulerState, Schedule, ScheduleState, Scheduler, SequentialLr,
+};
 pub use sgd::Sgd;
+pub use state::{CheckpointHyper, GroupState, OptimizerState, SavedParamState};
 
 use crate::autograd::backward_with;
 use crate::memory::{with_category, Category};

@@ -7,7 +7,8 @@ use crate::{Error, Result};
 use std::f64::consts::PI;
 
 /// A schedule's rule.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum Schedule {
     /// `StepLR`: the rate times `gamma` every `step_size` epochs.
     Step {
@@ -59,24 +60,7 @@ impl LrScheduler {
 
     /// Validated, with base rates taken from `opt`, without applying epoch 0.
     fn detached<A: Algorithm>(opt: &Optimizer<A>, schedule: Schedule) -> Result<LrScheduler> {
-        let bad = match &schedule {
-            Schedule::Step { step_size, .. } => *step_size == 0,
-            Schedule::Cosine { t_max, .. } => *t_max == 0,
-            Schedule::Linear {
-                start_factor,
-                end_factor,
-                total_iters,
-            } => {
-                !(*start_factor > 0.0 && *start_factor <= 1.0 && (0.0..=1.0).contains(end_factor))
-                    || *total_iters == 0
-            }
-        };
-        if bad {
-            return Err(Error::InvalidArgument {
-                op: "LrScheduler",
-                msg: format!("invalid schedule {schedule:?}"),
-            });
-        }
+        check_schedule(&schedule)?;
         Ok(LrScheduler {
             schedule,
             base_lrs: opt.lrs(),
@@ -233,5 +217,175 @@ impl SequentialLr {
         } else {
             s.step(opt)
         }
+    }
+}
+
+/// Checks a schedule's parameters (as PyTorch's constructors do).
+fn check_schedule(schedule: &Schedule) -> Result<()> {
+    let bad = match schedule {
+        Schedule::Step { step_size, .. } => *step_size == 0,
+        Schedule::Cosine { t_max, .. } => *t_max == 0,
+        Schedule::Linear {
+            start_factor,
+            end_factor,
+            total_iters,
+        } => {
+            !(*start_factor > 0.0 && *start_factor <= 1.0 && (0.0..=1.0).contains(end_factor))
+                || *total_iters == 0
+        }
+    };
+    if bad {
+        return Err(Error::InvalidArgument {
+            op: "LrScheduler",
+            msg: format!("invalid schedule {schedule:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// An [`LrScheduler`]'s position: its rule, base rates and epoch.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LrSchedulerState {
+    /// The rule.
+    pub schedule: Schedule,
+    /// One base rate per parameter group.
+    pub base_lrs: Vec<f64>,
+    /// The epoch reached.
+    pub last_epoch: u64,
+}
+
+/// A scheduler's position, to save and restore (what PyTorch's scheduler
+/// `state_dict` holds). The current rates themselves live in the
+/// optimizer's state, which is saved alongside.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ScheduleState {
+    /// An [`LrScheduler`]'s.
+    Single(LrSchedulerState),
+    /// A [`SequentialLr`]'s.
+    Sequential {
+        /// Each schedule's own position.
+        schedulers: Vec<LrSchedulerState>,
+        /// The epochs at which the next schedule takes over.
+        milestones: Vec<u64>,
+        /// The epoch reached.
+        last_epoch: u64,
+    },
+}
+
+/// A learning-rate scheduler whose position can be saved and restored.
+pub trait Scheduler {
+    /// The position to save.
+    fn state(&self) -> ScheduleState;
+
+    /// Restores a saved position, rule included (as PyTorch's
+    /// `load_state_dict` does). The saved state must be of the same kind
+    /// (single or sequential) with one base rate per group of this
+    /// scheduler's optimizer; errors are [`Error::Checkpoint`] naming the
+    /// entry, and nothing changes on error.
+    fn load_state(&mut self, state: &ScheduleState) -> Result<()>;
+}
+
+fn schedule_fault(entry: &str, reason: String) -> Error {
+    Error::Checkpoint {
+        entry: entry.to_string(),
+        reason,
+    }
+}
+
+impl LrScheduler {
+    /// Checks `state` against this scheduler (`entry` names it in errors).
+    fn check_state(&self, state: &LrSchedulerState, entry: &str) -> Result<()> {
+        check_schedule(&state.schedule)
+            .map_err(|e| schedule_fault(&format!("{entry}.schedule"), e.to_string()))?;
+        if state.base_lrs.len() != self.base_lrs.len() {
+            return Err(schedule_fault(
+                &format!("{entry}.base_lrs"),
+                format!(
+                    "{} base rates saved, the optimizer has {} groups",
+                    state.base_lrs.len(),
+                    self.base_lrs.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn own_state(&self) -> LrSchedulerState {
+        LrSchedulerState {
+            schedule: self.schedule.clone(),
+            base_lrs: self.base_lrs.clone(),
+            last_epoch: self.last_epoch,
+        }
+    }
+
+    fn set_state(&mut self, state: &LrSchedulerState) {
+        self.schedule = state.schedule.clone();
+        self.base_lrs = state.base_lrs.clone();
+        self.last_epoch = state.last_epoch;
+    }
+}
+
+impl Scheduler for LrScheduler {
+    fn state(&self) -> ScheduleState {
+        ScheduleState::Single(self.own_state())
+    }
+
+    fn load_state(&mut self, state: &ScheduleState) -> Result<()> {
+        let ScheduleState::Single(s) = state else {
+            return Err(schedule_fault(
+                "schedule",
+                "saved by a SequentialLr, this is an LrScheduler".into(),
+            ));
+        };
+        self.check_state(s, "schedule")?;
+        self.set_state(s);
+        Ok(())
+    }
+}
+
+impl Scheduler for SequentialLr {
+    fn state(&self) -> ScheduleState {
+        ScheduleState::Sequential {
+            schedulers: self.schedulers.iter().map(|s| s.own_state()).collect(),
+            milestones: self.milestones.clone(),
+            last_epoch: self.last_epoch,
+        }
+    }
+
+    fn load_state(&mut self, state: &ScheduleState) -> Result<()> {
+        let ScheduleState::Sequential {
+            schedulers,
+            milestones,
+            last_epoch,
+        } = state
+        else {
+            return Err(schedule_fault(
+                "schedule",
+                "saved by an LrScheduler, this is a SequentialLr".into(),
+            ));
+        };
+        if schedulers.len() != self.schedulers.len()
+            || milestones.len() + 1 != schedulers.len()
+            || milestones.windows(2).any(|w| w[0] >= w[1])
+        {
+            return Err(schedule_fault(
+                "schedule.schedulers",
+                format!(
+                    "{} schedules with milestones {milestones:?} saved, this SequentialLr has {}",
+                    schedulers.len(),
+                    self.schedulers.len()
+                ),
+            ));
+        }
+        for (i, (own, saved)) in self.schedulers.iter().zip(schedulers).enumerate() {
+            own.check_state(saved, &format!("schedule.schedulers.{i}"))?;
+        }
+        for (own, saved) in self.schedulers.iter_mut().zip(schedulers) {
+            own.set_state(saved);
+        }
+        self.milestones = milestones.clone();
+        self.last_epoch = *last_epoch;
+        Ok(())
     }
 }
