@@ -16,7 +16,7 @@
 
 use super::kernels::{nonneg, Algorithm};
 use super::{Adam, Clip, Optimizer, ParamState, Sgd};
-use crate::autograd::{no_grad, GradMeta};
+use crate::autograd::no_grad;
 use crate::memory::{with_category, Category};
 use crate::{Error, Result, Tensor};
 use serde_json::{Map, Value};
@@ -454,7 +454,7 @@ impl<A: CheckpointHyper> Optimizer<A> {
         if saved.grads.is_some() {
             self.zero_grad();
             for (p, g) in new_grads {
-                if let GradMeta::Leaf(leaf) = p.grad_meta() {
+                if let Some(leaf) = p.leaf() {
                     leaf.set_grad(Some(g));
                 }
             }

@@ -86,6 +86,44 @@ macro_rules! common_setters {
     };
 }
 
+/// The geometry setters every builder shares: each sets the option of that
+/// name, converting the argument with `$size` (`Size2::size2` for 2-d
+/// layers); `options` sets them all at once.
+macro_rules! geometry_setters {
+    ($arg:ty, $size:expr, $opts:ty, stride: $stride_doc:literal, padding: $padding_doc:literal) => {
+        #[doc = $stride_doc]
+        pub fn stride(mut self, stride: $arg) -> Self {
+            self.options.stride = $size(stride);
+            self
+        }
+
+        #[doc = $padding_doc]
+        pub fn padding(mut self, padding: $arg) -> Self {
+            self.options.padding = $size(padding);
+            self
+        }
+
+        /// Spacing between kernel taps.
+        pub fn dilation(mut self, dilation: $arg) -> Self {
+            self.options.dilation = $size(dilation);
+            self
+        }
+
+        /// Channel groups (`groups == in_channels`: depthwise); must divide
+        /// both channel counts.
+        pub fn groups(mut self, groups: usize) -> Self {
+            self.options.groups = groups;
+            self
+        }
+
+        /// Every option at once.
+        pub fn options(mut self, options: $opts) -> Self {
+            self.options = options;
+            self
+        }
+    };
+}
+
 /// Weight `shape` and optional bias `[bias_len]`, uniform in ±1/√fan_in like
 /// PyTorch's default (kaiming_uniform with a = √5), as parameters.
 fn init(
@@ -178,37 +216,13 @@ impl Conv2d {
 
 impl Conv2dBuilder {
     common_setters!();
-
-    /// Step between output positions (`2` or `[2, 1]`).
-    pub fn stride(mut self, stride: impl Size2) -> Self {
-        self.options.stride = stride.size2();
-        self
-    }
-
-    /// Zeros added on both sides of the input, per axis.
-    pub fn padding(mut self, padding: impl Size2) -> Self {
-        self.options.padding = padding.size2();
-        self
-    }
-
-    /// Spacing between kernel taps.
-    pub fn dilation(mut self, dilation: impl Size2) -> Self {
-        self.options.dilation = dilation.size2();
-        self
-    }
-
-    /// Channel groups (`groups == in_channels`: depthwise); must divide
-    /// both channel counts.
-    pub fn groups(mut self, groups: usize) -> Self {
-        self.options.groups = groups;
-        self
-    }
-
-    /// Every option at once.
-    pub fn options(mut self, options: Conv2dOptions) -> Self {
-        self.options = options;
-        self
-    }
+    geometry_setters!(
+        impl Size2,
+        Size2::size2,
+        Conv2dOptions,
+        stride: "Step between output positions (`2` or `[2, 1]`).",
+        padding: "Zeros added on both sides of the input, per axis."
+    );
 
     /// The layer on `device`, initialised like PyTorch's default (uniform
     /// in ±1/√fan_in, fan_in = in/groups·kh·kw) from the seeded Philox
@@ -297,36 +311,13 @@ impl Conv1d {
 
 impl Conv1dBuilder {
     common_setters!();
-
-    /// Step between output positions.
-    pub fn stride(mut self, stride: usize) -> Self {
-        self.options.stride = stride;
-        self
-    }
-
-    /// Zeros added on both sides of the input.
-    pub fn padding(mut self, padding: usize) -> Self {
-        self.options.padding = padding;
-        self
-    }
-
-    /// Spacing between kernel taps.
-    pub fn dilation(mut self, dilation: usize) -> Self {
-        self.options.dilation = dilation;
-        self
-    }
-
-    /// Channel groups; must divide both channel counts.
-    pub fn groups(mut self, groups: usize) -> Self {
-        self.options.groups = groups;
-        self
-    }
-
-    /// Every option at once.
-    pub fn options(mut self, options: Conv1dOptions) -> Self {
-        self.options = options;
-        self
-    }
+    geometry_setters!(
+        usize,
+        std::convert::identity,
+        Conv1dOptions,
+        stride: "Step between output positions.",
+        padding: "Zeros added on both sides of the input."
+    );
 
     /// The layer on `device`, initialised like PyTorch's default (uniform
     /// in ±1/√fan_in, fan_in = in/groups·k) from the seeded Philox stream.
@@ -420,41 +411,18 @@ impl ConvTranspose2d {
 
 impl ConvTranspose2dBuilder {
     common_setters!();
-
-    /// Step between input positions in the output (`2` or `[2, 1]`).
-    pub fn stride(mut self, stride: impl Size2) -> Self {
-        self.options.stride = stride.size2();
-        self
-    }
-
-    /// Removed from both sides of the full output, per axis.
-    pub fn padding(mut self, padding: impl Size2) -> Self {
-        self.options.padding = padding.size2();
-        self
-    }
+    geometry_setters!(
+        impl Size2,
+        Size2::size2,
+        ConvTranspose2dOptions,
+        stride: "Step between input positions in the output (`2` or `[2, 1]`).",
+        padding: "Removed from both sides of the full output, per axis."
+    );
 
     /// Added to one side of the output (must be below the stride or the
     /// dilation).
     pub fn output_padding(mut self, output_padding: impl Size2) -> Self {
         self.options.output_padding = output_padding.size2();
-        self
-    }
-
-    /// Spacing between kernel taps.
-    pub fn dilation(mut self, dilation: impl Size2) -> Self {
-        self.options.dilation = dilation.size2();
-        self
-    }
-
-    /// Channel groups; must divide both channel counts.
-    pub fn groups(mut self, groups: usize) -> Self {
-        self.options.groups = groups;
-        self
-    }
-
-    /// Every option at once.
-    pub fn options(mut self, options: ConvTranspose2dOptions) -> Self {
-        self.options = options;
         self
     }
 
