@@ -93,13 +93,19 @@ fn every_sample_once_per_epoch_with_its_label() {
     assert_eq!(seen, (0..10).collect::<Vec<_>>());
     for (indices, pixels, labels) in &batches {
         for (k, &i) in indices.iter().enumerate() {
-            assert_eq!(pixels[k * 4..k * 4 + 4], [i as f32, i as f32, i as f32, i as f32 + 0.5]);
+            assert_eq!(
+                pixels[k * 4..k * 4 + 4],
+                [i as f32, i as f32, i as f32, i as f32 + 0.5]
+            );
             assert_eq!(labels[k], (i % 3) as i64);
         }
     }
     // Without shuffling: dataset order.
     let plain = DataLoader::new(Numbers::new(10), 4).unwrap();
-    let order: Vec<usize> = collect(&plain, 3).iter().flat_map(|b| b.0.clone()).collect();
+    let order: Vec<usize> = collect(&plain, 3)
+        .iter()
+        .flat_map(|b| b.0.clone())
+        .collect();
     assert_eq!(order, (0..10).collect::<Vec<_>>());
 }
 
@@ -144,9 +150,15 @@ fn shuffles_repeat_with_the_seed_and_change_with_the_epoch() {
     assert_eq!(a, collect(&make(11, 2), 0));
     // Another epoch, or another seed: another order.
     let b = collect(&make(11, 2), 1);
-    assert_ne!(a.iter().map(|x| &x.0).collect::<Vec<_>>(), b.iter().map(|x| &x.0).collect::<Vec<_>>());
+    assert_ne!(
+        a.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        b.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
     let c = collect(&make(12, 2), 0);
-    assert_ne!(a.iter().map(|x| &x.0).collect::<Vec<_>>(), c.iter().map(|x| &x.0).collect::<Vec<_>>());
+    assert_ne!(
+        a.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        c.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
     // The flips are random per sample: some flipped, some not.
     let flipped = a
         .iter()
@@ -169,7 +181,9 @@ fn labels_feed_cross_entropy_on_the_chosen_device() {
         .unwrap();
     assert!((loss.to_scalar().unwrap() - 3f64.ln()).abs() < 1e-6);
     // Batches go to the loader's device (the meta device here).
-    let meta = DataLoader::new(Numbers::new(6), 4).unwrap().device(Device::Meta);
+    let meta = DataLoader::new(Numbers::new(6), 4)
+        .unwrap()
+        .device(Device::Meta);
     for batch in meta.epoch(0) {
         let batch = batch.unwrap();
         assert_eq!(batch.images.device(), Device::Meta);
@@ -183,10 +197,7 @@ fn workers_decode_ahead_of_a_slow_consumer() {
         delay: Duration::from_millis(20),
         ..Numbers::new(12)
     };
-    let loader = DataLoader::new(dataset, 1)
-        .unwrap()
-        .workers(2)
-        .prefetch(4);
+    let loader = DataLoader::new(dataset, 1).unwrap().workers(2).prefetch(4);
     let mut epoch = loader.epoch(0);
     let first = epoch.next().unwrap().unwrap();
     assert_eq!(first.indices, [0]);
@@ -194,7 +205,10 @@ fn workers_decode_ahead_of_a_slow_consumer() {
     // up to 4 ahead of the one being consumed (batches 0..=4).
     std::thread::sleep(Duration::from_millis(400));
     let made = loader.dataset().made.load(Ordering::SeqCst);
-    assert!((3..=5).contains(&made), "{made} samples made during the step");
+    assert!(
+        (3..=5).contains(&made),
+        "{made} samples made during the step"
+    );
     let rest: Vec<usize> = epoch.map(|b| b.unwrap().indices[0]).collect();
     assert_eq!(rest, (1..12).collect::<Vec<_>>());
     let threads = loader.dataset().threads.lock().unwrap().clone();

@@ -55,7 +55,11 @@ fn lossless_files_read_exactly_as_pil_and_to_tensor() {
         "rgb_9x11.bmp",
     ] {
         let got = image(name);
-        assert_eq!(max_diff(&got, &refs[&format!("to_tensor/{name}")]), 0.0, "{name}");
+        assert_eq!(
+            max_diff(&got, &refs[&format!("to_tensor/{name}")]),
+            0.0,
+            "{name}"
+        );
     }
 }
 
@@ -85,7 +89,9 @@ fn color_modes_keep_or_add_channels() {
     let rgba = read_image_as(fixtures_dir().join("rgba_4x5.png"), ColorMode::Unchanged).unwrap();
     assert_eq!(rgba.shape(), &[4, 4, 5]);
     let opaque = read_image_as(fixtures_dir().join("rgb_5x7.png"), ColorMode::Rgba).unwrap();
-    assert!(opaque.to_vec::<f32>().unwrap()[3 * 35..].iter().all(|&a| a == 1.0));
+    assert!(opaque.to_vec::<f32>().unwrap()[3 * 35..]
+        .iter()
+        .all(|&a| a == 1.0));
     // Decoding from memory gives the same tensor as from the file.
     let bytes = std::fs::read(fixtures_dir().join("rgb_5x7.png")).unwrap();
     let from_bytes = decode_image(&bytes, ColorMode::Rgb).unwrap();
@@ -117,7 +123,12 @@ fn resize_matches_torchvision_antialias_bilinear() {
     let shorter = Resize::shorter(16)
         .apply(&big, &mut SampleRng::new(0))
         .unwrap();
-    assert_close(&shorter, &refs["resize/37x53_shorter16"], RESIZE_TOL, "shorter 16");
+    assert_close(
+        &shorter,
+        &refs["resize/37x53_shorter16"],
+        RESIZE_TOL,
+        "shorter 16",
+    );
     let cases = [
         (&mid, (8, 12), "resize/23x31_to_8x12"),
         (&small, (9, 13), "resize/5x7_to_9x13"),
@@ -141,12 +152,21 @@ fn crops_flips_and_normalize_match_torchvision() {
     let small = image("rgb_5x7.png");
     // Crops and flips move values: exact.
     let exact = [
-        (center_crop(&big, 20, 30).unwrap(), "center_crop/37x53_to_20x30"),
-        (center_crop(&mid, 10, 11).unwrap(), "center_crop/23x31_to_10x11"),
+        (
+            center_crop(&big, 20, 30).unwrap(),
+            "center_crop/37x53_to_20x30",
+        ),
+        (
+            center_crop(&mid, 10, 11).unwrap(),
+            "center_crop/23x31_to_10x11",
+        ),
         (center_crop(&small, 8, 9).unwrap(), "center_crop/5x7_to_8x9"),
         (hflip(&mid).unwrap(), "hflip/23x31"),
         // (x − mean) / std in f32, the statistics rounded to f32 first.
-        (normalize(&big, &IMAGENET_MEAN, &IMAGENET_STD).unwrap(), "normalize/37x53"),
+        (
+            normalize(&big, &IMAGENET_MEAN, &IMAGENET_STD).unwrap(),
+            "normalize/37x53",
+        ),
     ];
     for (got, key) in exact {
         assert_eq!(max_diff(&got, &refs[key]), 0.0, "{key}");
@@ -228,4 +248,3 @@ fn png_round_trips_at_8_and_16_bits() {
     assert!(err.to_string().contains("two.png"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
-

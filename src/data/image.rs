@@ -210,10 +210,7 @@ pub fn write_png(tensor: &Tensor, path: impl AsRef<Path>, depth: PngDepth) -> Re
             }
         }
         PngDepth::Sixteen => {
-            let raw: Vec<u16> = interleave(65535.0)
-                .into_iter()
-                .map(|v| v as u16)
-                .collect();
+            let raw: Vec<u16> = interleave(65535.0).into_iter().map(|v| v as u16).collect();
             match c {
                 1 => ImageBuffer::<Luma<u16>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),
                 3 => ImageBuffer::<Rgb<u16>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),

@@ -41,7 +41,10 @@ impl SkipLog {
     fn note(&self, path: PathBuf, reason: &str) {
         let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
         if !files.contains(&path) {
-            eprintln!("warning: skipping unreadable image {}: {reason}", path.display());
+            eprintln!(
+                "warning: skipping unreadable image {}: {reason}",
+                path.display()
+            );
             files.insert(path);
         }
     }
@@ -179,7 +182,13 @@ impl<D: Dataset + 'static> DataLoader<D> {
             epoch,
             skip: self.skip_bad_files.then(|| self.skipped.clone()),
         });
-        Epoch::start(maker, self.num_batches(), self.workers, self.prefetch, self.device)
+        Epoch::start(
+            maker,
+            self.num_batches(),
+            self.workers,
+            self.prefetch,
+            self.device,
+        )
     }
 }
 

@@ -39,7 +39,9 @@ mod transforms;
 
 pub use dataset::Dataset;
 pub use folder::{has_image_extension, ImageFolder, IMG_EXTENSIONS};
-pub use image::{decode_image, read_image, read_image_as, to_tensor, write_png, ColorMode, PngDepth};
+pub use image::{
+    decode_image, read_image, read_image_as, to_tensor, write_png, ColorMode, PngDepth,
+};
 pub use loader::{Batch, DataLoader, Epoch};
 pub use random::{permutation, SampleRng};
 pub use resize::resize;

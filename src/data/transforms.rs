@@ -18,6 +18,12 @@ pub const IMAGENET_STD: [f64; 3] = [0.229, 0.224, 0.225];
 pub trait Transform: Send + Sync {
     /// Applies the step to `image`.
     fn apply(&self, image: &Tensor, rng: &mut SampleRng) -> Result<Tensor>;
+
+    /// Applies the step outside a loader, any random choice drawn from
+    /// seed 0.
+    fn apply_once(&self, image: &Tensor) -> Result<Tensor> {
+        self.apply(image, &mut SampleRng::new(0))
+    }
 }
 
 /// A chain of transforms applied in order (torchvision's `Compose`).
@@ -125,7 +131,13 @@ impl Transform for Resize {
 
 /// The `height × width` window at (`top`, `left`) of an image, as a view
 /// (no copy); differentiable.
-pub fn crop(image: &Tensor, top: usize, left: usize, height: usize, width: usize) -> Result<Tensor> {
+pub fn crop(
+    image: &Tensor,
+    top: usize,
+    left: usize,
+    height: usize,
+    width: usize,
+) -> Result<Tensor> {
     let (h, w) = image_hw("crop", image)?;
     if top + height > h || left + width > w {
         return Err(Error::InvalidArgument {
@@ -152,7 +164,13 @@ pub fn center_crop(image: &Tensor, height: usize, width: usize) -> Result<Tensor
 }
 
 /// `image` placed at (`top`, `left`) in zeros of `height × width`.
-fn pad_zeros(image: &Tensor, top: usize, left: usize, height: usize, width: usize) -> Result<Tensor> {
+fn pad_zeros(
+    image: &Tensor,
+    top: usize,
+    left: usize,
+    height: usize,
+    width: usize,
+) -> Result<Tensor> {
     let (h, w) = image_hw("center_crop", image)?;
     let planes: usize = image.shape()[..image.rank() - 2].iter().product();
     let src = image.to_dtype(DType::F32)?.to_vec::<f32>()?;
@@ -338,8 +356,13 @@ fn channel_stats(op: &'static str, image: &Tensor, values: &[f64]) -> Result<Ten
             ),
         });
     }
-    Tensor::from_f64_slice(values, &[values.len(), 1, 1], image.dtype(), crate::Device::Cpu)?
-        .to_device(image.device())
+    Tensor::from_f64_slice(
+        values,
+        &[values.len(), 1, 1],
+        image.dtype(),
+        crate::Device::Cpu,
+    )?
+    .to_device(image.device())
 }
 
 /// `(x − mean) / std` per channel (torchvision's `normalize`), with the
