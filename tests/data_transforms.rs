@@ -248,3 +248,53 @@ fn png_round_trips_at_8_and_16_bits() {
     assert!(err.to_string().contains("two.png"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn random_resized_crop_draws_valid_windows_reproducibly() {
+    use leangrad::data::{crop, RandomCrop, RandomResizedCrop};
+    let big = image("rgb_37x53.png");
+    let t = RandomResizedCrop::new(8);
+    let mut fallbacks = 0;
+    for seed in 0..200 {
+        let (top, left, h, w) = t.window(37, 53, &mut SampleRng::new(seed));
+        assert!(top + h <= 37 && left + w <= 53 && h > 0 && w > 0);
+        let area = (h * w) as f64 / (37.0 * 53.0);
+        // Rounding the sides moves area and ratio a little off their ranges.
+        assert!((0.06..=1.0).contains(&area), "area {area}");
+        let ratio = w as f64 / h as f64;
+        assert!((0.6..=1.5).contains(&ratio), "ratio {ratio}");
+        fallbacks += usize::from((h, w) == (37, 49));
+        // The same seed, the same window; the output is that window resized.
+        assert_eq!(
+            t.window(37, 53, &mut SampleRng::new(seed)),
+            (top, left, h, w)
+        );
+    }
+    assert!(fallbacks < 20, "{fallbacks} fallbacks");
+    let got = t.apply(&big, &mut SampleRng::new(3)).unwrap();
+    let (top, left, h, w) = t.window(37, 53, &mut SampleRng::new(3));
+    let want = resize(&crop(&big, top, left, h, w).unwrap(), 8, 8).unwrap();
+    assert_eq!(max_diff(&got, &want), 0.0);
+    // No draw can fit an area of 2–3 times the image: the fallback is the
+    // centred crop of the widest allowed ratio, 4/3: 37 × round(49.33).
+    let impossible = RandomResizedCrop {
+        scale: (2.0, 3.0),
+        ..RandomResizedCrop::new(8)
+    };
+    assert_eq!(
+        impossible.window(37, 53, &mut SampleRng::new(0)),
+        (0, 2, 37, 49)
+    );
+    // RandomCrop: inside the image, and too large a window is an error.
+    let rc = RandomCrop {
+        height: 30,
+        width: 50,
+    };
+    let out = rc.apply(&big, &mut SampleRng::new(9)).unwrap();
+    assert_eq!(out.shape(), &[3, 30, 50]);
+    let too_big = RandomCrop {
+        height: 38,
+        width: 10,
+    };
+    assert!(too_big.apply(&big, &mut SampleRng::new(9)).is_err());
+}

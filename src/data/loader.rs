@@ -4,8 +4,8 @@
 //! Each epoch's order is a permutation drawn from (seed, epoch), and each
 //! sample's random transforms from (seed, epoch, sample index), so a run is
 //! reproducible whatever the number of workers. Workers take whole batches
-//! in order, at most `prefetch` batches ahead of the one the consumer is
-//! about to take; batches are handed over in order.
+//! in order, at most `prefetch` batches past the one the consumer last
+//! took; batches are handed over in order.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -116,8 +116,8 @@ impl<D: Dataset + 'static> DataLoader<D> {
         self
     }
 
-    /// How many batches the workers may prepare ahead of the consumer (at
-    /// least 1).
+    /// How many batches past the one the consumer last took the workers
+    /// may prepare (at least 1).
     pub fn prefetch(mut self, batches: usize) -> Self {
         self.prefetch = batches.max(1);
         self
