@@ -197,6 +197,15 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// An image file (or an image folder) could not be read, decoded or
+    /// written: `path` names it, `reason` says why.
+    #[error("image {}: {reason}", path.display())]
+    Image {
+        /// The file or folder at fault.
+        path: std::path::PathBuf,
+        /// What is wrong (the decoder's or the file system's message).
+        reason: String,
+    },
 }
 
 /// `std::result::Result` with leangrad's [`Error`].

@@ -7,6 +7,7 @@
 
 pub mod autograd;
 pub mod cuda;
+pub mod data;
 pub mod demo;
 pub mod device;
 pub mod dtype;
