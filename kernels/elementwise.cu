@@ -85,6 +85,8 @@ __device__ __forceinline__ A lg_unary(int op, A x, A p, A q, double pd) {
     case 26: return x < p ? p : (x > q ? q : x);
     // x · factor with the product in double, as the CPU's `Scale`.
     case 27: return (A)((double)x * pd);
+    // sign: (0 < x) - (x < 0), so ±0 and NaN give 0 (as the CPU and PyTorch).
+    case 28: return (x > (A)0 ? (A)1 : (A)0) - (x < (A)0 ? (A)1 : (A)0);
     default: return x;
     }
 }

@@ -68,6 +68,9 @@ pub enum UnaryOp {
     Clamp(f64, f64),
     /// `x · s` with the product in f64 (the CPU's `Scale`, mean's backward)
     Scale(f64),
+    /// `−1`, `0` or `+1` by the sign of `x` (`±0` and NaN give `0`, as
+    /// PyTorch's `sign`)
+    Sign,
 }
 
 impl UnaryOp {
@@ -104,6 +107,7 @@ impl UnaryOp {
             DivScalar(s) => one(25, s),
             Clamp(lo, hi) => (26, round_to(dtype, lo), round_to(dtype, hi)),
             Scale(s) => one(27, s),
+            Sign => one(28, 0.0),
         }
     }
 }

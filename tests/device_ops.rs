@@ -118,6 +118,28 @@ fn unary_and_scalar_ops() {
     }
 }
 
+/// `sign` on every device equals the CPU's (which equals `torch.sign`),
+/// including ±0, NaN and ±∞ (all 0 but ±∞), on a strided view too, and its
+/// gradient is zero everywhere.
+#[test]
+fn sign_matches_the_cpu() {
+    for dtype in FLOATS {
+        let mut v = input(&[3, 5, 17], dtype, 4, -2.0, 2.0)
+            .to_f64_vec()
+            .unwrap();
+        let specials = [0.0, -0.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+        for (i, s) in specials.iter().enumerate() {
+            v[7 * i] = *s;
+        }
+        let x = Tensor::from_f64_slice(&v, &[3, 5, 17], dtype, Device::Cpu).unwrap();
+        check("sign", &[&x], |t| t[0].sign());
+        check("sign of a transpose", &[&x], |t| {
+            t[0].transpose(0, 2)?.sign()
+        });
+        check_layer("sign", &[&x], |t| t[0].sign()?.add(&t[0]));
+    }
+}
+
 #[test]
 fn binary_ops_broadcast_and_assign() {
     for dtype in FLOATS {

@@ -339,3 +339,51 @@ fn unary_errors() {
     assert_err!(u.gelu(true), UnsupportedDType);
     assert_err!(u.leaky_relu(0.1), UnsupportedDType);
 }
+
+/// `sign` as `torch.sign` (values printed by PyTorch 2.x for this input):
+/// −1, 0, +1; ±0 and NaN give 0 (PyTorch computes `(0 < x) − (x < 0)`);
+/// ±∞ give ±1. Its gradient is zero everywhere and it saves nothing.
+#[test]
+fn sign_matches_torch_sign_and_has_a_zero_gradient() {
+    let v = [
+        -0.0f32,
+        0.0,
+        f32::NAN,
+        -2.0,
+        3.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-30,
+        -1e-30,
+    ];
+    let want = [0.0, 0.0, 0.0, -1.0, 1.0, 1.0, -1.0, 1.0, -1.0];
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let x = t32(&v).to_dtype(dtype).unwrap();
+        let y = x.sign().unwrap();
+        assert_eq!(y.dtype(), dtype);
+        let got = vals(&y);
+        // 1e-30 underflows to ±0 in f16 only.
+        let expect: Vec<f64> = if dtype == DType::F16 {
+            want[..7].iter().copied().chain([0.0, 0.0]).collect()
+        } else {
+            want.to_vec()
+        };
+        assert_eq!(got, expect, "{dtype:?}");
+        // Exactly +0, never −0 (as PyTorch).
+        assert!(got.iter().all(|g| *g != 0.0 || g.is_sign_positive()));
+    }
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let x = Tensor::from_vec(v.to_vec(), &[3, 3], Device::Cpu)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    let y = x.sign().unwrap().mul_scalar(3.0).unwrap();
+    assert!(y.requires_grad());
+    assert_eq!(ledger.live_in(Device::Cpu, Category::Saved), 0);
+    y.sum_all().unwrap().backward().unwrap();
+    let g = x.grad().unwrap();
+    assert_eq!(g.shape(), &[3, 3]);
+    assert_eq!(vals(&g), vec![0.0; 9]);
+    assert!(t32(&[1.0]).to_dtype(DType::I64).unwrap().sign().is_err());
+}

@@ -72,6 +72,12 @@ kernel!(ReluK, "relu", Relu, |x| if x <= T::zero() {
 } else {
     x
 });
+// `(0 < x) − (x < 0)`: ±0 and NaN give 0, as PyTorch's `sign`.
+kernel!(SignK, "sign", Sign, |x| {
+    let pos = if x > T::zero() { T::one() } else { T::zero() };
+    let neg = if x < T::zero() { T::one() } else { T::zero() };
+    pos - neg
+});
 
 grad_kernel!(ExpB, "exp", Mul, |g, y| g * y);
 grad_kernel!(LogB, "log", Div, |g, x| g / x);
@@ -229,6 +235,20 @@ impl BackwardOp for NegBackward {
     }
 }
 
+/// Backward of sign: the gradient is zero everywhere (as PyTorch's
+/// `sign_backward`), so nothing is saved; the zeros are made from the
+/// incoming gradient's shape, dtype and device.
+struct SignBackward;
+
+impl BackwardOp for SignBackward {
+    fn name(&self) -> &'static str {
+        "sign"
+    }
+    fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(Tensor::zeros(g.shape(), g.dtype(), g.device())?)])
+    }
+}
+
 /// Backward of a unary op whose input gradient is `k(g, saved)`; `saved`
 /// is the op's input or its output, as the op's doc comment says.
 struct SavedBackward<K> {
@@ -315,6 +335,13 @@ impl Tensor {
     /// `-self`. Saves nothing for backward.
     pub fn neg(&self) -> Result<Tensor> {
         Ok(attach(unary_map(self, &NegK)?, &[self], NegBackward))
+    }
+
+    /// `−1`, `0` or `+1` by the sign of each element, as `torch.sign`:
+    /// `±0` and NaN give `0` (PyTorch computes `(0 < x) − (x < 0)`). The
+    /// gradient is zero everywhere; nothing is saved for backward.
+    pub fn sign(&self) -> Result<Tensor> {
+        Ok(attach(unary_map(self, &SignK)?, &[self], SignBackward))
     }
 
     /// `e^x`. Saves its output for backward.

@@ -23,6 +23,7 @@ fn every_kernel_has_a_distinct_cuda_form() {
         (SigmoidK::NAME, SigmoidK.cuda()),
         (SiluK::NAME, SiluK.cuda()),
         (ReluK::NAME, ReluK.cuda()),
+        (SignK::NAME, SignK.cuda()),
         (PowK::NAME, PowK(1.5).cuda()),
         (LeakyK::NAME, LeakyK(0.1).cuda()),
         ("gelu", GeluK(false).cuda()),
