@@ -13,6 +13,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod io;
+pub mod jobs;
 pub mod memory;
 pub mod memory_plan;
 pub mod meta;

@@ -3,9 +3,11 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use leangrad::demo::{self, DemoOptions};
+use leangrad::jobs::{self, adversarial, adversarial::AdversarialOptions, adversarial::Attack};
 use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec, MODELS};
 use leangrad::models::Case;
 use leangrad::{DType, Device};
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
@@ -85,6 +87,59 @@ enum Command {
         /// How many layers with the most saved bytes to list.
         #[arg(long, default_value_t = 10)]
         top: usize,
+    },
+    /// Adversarial examples (FGSM, PGD, PGD-L2) against an image classifier
+    /// with every parameter frozen: writes each adversarial image as PNG
+    /// and prints clean vs adversarial accuracy, the success rate, the
+    /// perturbation norms and the memory next to what PyTorch keeps.
+    Adversarial {
+        /// The model (an image model of `leangrad memory`).
+        #[arg(long, default_value = "resnet18")]
+        model: String,
+        /// A safetensors file of the torchvision model's `state_dict()`
+        /// (without it the model is randomly initialised).
+        #[arg(long)]
+        weights: Option<PathBuf>,
+        /// The images: a folder of image files, or of sub-folders named by
+        /// class index (`207/`), which then give the labels.
+        #[arg(long)]
+        images: PathBuf,
+        /// `fgsm`, `pgd` (L∞) or `pgd-l2`.
+        #[arg(long, default_value = "pgd", value_parser = ["fgsm", "pgd", "pgd-l2"])]
+        attack: String,
+        /// Perturbation bound, in pixel units ([0, 1]).
+        #[arg(long, default_value_t = 8.0 / 255.0)]
+        eps: f64,
+        /// Step of the iterative attacks.
+        #[arg(long, default_value_t = 2.0 / 255.0)]
+        alpha: f64,
+        /// Steps of the iterative attacks.
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+        /// Push every image towards this class.
+        #[arg(long)]
+        targeted: Option<usize>,
+        /// Image size (shorter side resized, then centre-cropped).
+        #[arg(long, default_value_t = 224)]
+        size: usize,
+        /// Images attacked at once.
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+        /// The classifier's classes.
+        #[arg(long, default_value_t = 1000)]
+        classes: usize,
+        /// Seed of PGD's random start.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// `auto`: CUDA 0 when it can be opened, else the CPU.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
+        device: String,
+        /// Where the adversarial images are written.
+        #[arg(long)]
+        out: PathBuf,
+        /// Write only JSON to stdout (no progress bar).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -209,6 +264,46 @@ fn run(cli: Cli) -> Result<()> {
                 plan.to_json() + "\n"
             } else {
                 plan.to_table(top)
+            };
+            emit(&text)?;
+        }
+        Command::Adversarial {
+            model,
+            weights,
+            images,
+            attack,
+            eps,
+            alpha,
+            steps,
+            targeted,
+            size,
+            batch,
+            classes,
+            seed,
+            device,
+            out,
+            json,
+        } => {
+            let opts = AdversarialOptions {
+                weights,
+                attack: Attack::parse(&attack)?,
+                eps,
+                alpha,
+                steps,
+                targeted,
+                size,
+                batch,
+                classes,
+                device: jobs::choose_device(&device)?,
+                seed,
+                quiet: json,
+                ..AdversarialOptions::new(&model, images, out)
+            };
+            let report = adversarial::run(&opts)?;
+            let text = if json {
+                serde_json::to_string_pretty(&report)? + "\n"
+            } else {
+                adversarial::describe(&report)
             };
             emit(&text)?;
         }

@@ -1,0 +1,515 @@
+//! Adversarial examples: FGSM, PGD (L∞) and PGD-L2 against an image
+//! classifier whose every parameter is frozen and whose BatchNorms are in
+//! evaluation mode (the `input-bn-eval` case), so backward computes only
+//! the input's gradient and keeps only what that gradient needs.
+//!
+//! The attack works in pixel space (`[0, 1]` RGB, the image as read,
+//! resized and centre-cropped); the ImageNet normalisation is applied
+//! inside the differentiated function, so the perturbation bounds `eps`
+//! and the step `alpha` are in pixel units (8/255 is 8 grey levels).
+//!
+//! Labels: when the image folder has sub-folders named by class index
+//! (`207/`, `385/`), those are the labels and accuracies are reported;
+//! otherwise the model's clean prediction stands for the label and the
+//! success rate is the fraction whose prediction the attack changed (or,
+//! targeted, moved to the target).
+
+use super::{image_files, image_model, read_square, Progress};
+use crate::autograd::{no_grad, with_save_policy, SavePolicy};
+use crate::data::{normalize, write_png, PngDepth, IMAGENET_MEAN, IMAGENET_STD};
+use crate::memory::Ledger;
+use crate::memory_plan::{parse_case, StepModel};
+use crate::ops::CrossEntropyOptions;
+use crate::{DType, Device, Error, Result, Tensor};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The attack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Attack {
+    /// One step of `eps · sign(∇x loss)` (Goodfellow et al.).
+    Fgsm,
+    /// `steps` steps of `alpha · sign(∇x loss)` from a random start in the
+    /// L∞ ball of radius `eps`, projected back into it after each step
+    /// (Madry et al.).
+    Pgd,
+    /// `steps` steps of `alpha · ∇x loss / ‖∇x loss‖₂` per image, projected
+    /// into the L2 ball of radius `eps` (started at the image).
+    PgdL2,
+}
+
+impl Attack {
+    /// The attack called `name` (`fgsm`, `pgd`, `pgd-l2`).
+    pub fn parse(name: &str) -> Result<Attack> {
+        match name {
+            "fgsm" => Ok(Attack::Fgsm),
+            "pgd" => Ok(Attack::Pgd),
+            "pgd-l2" => Ok(Attack::PgdL2),
+            _ => Err(Error::InvalidArgument {
+                op: "adversarial",
+                msg: format!("unknown attack `{name}`; known: fgsm, pgd, pgd-l2"),
+            }),
+        }
+    }
+}
+
+/// What [`run`] does; [`AdversarialOptions::new`] gives the defaults of
+/// the `leangrad adversarial` command.
+#[derive(Clone, Debug)]
+pub struct AdversarialOptions {
+    /// The model (`resnet18`, `vgg16`, `mobilenet_v2`, …).
+    pub model: String,
+    /// A safetensors file of the torchvision model's `state_dict()`; `None`
+    /// attacks a randomly initialised model (and says so).
+    pub weights: Option<PathBuf>,
+    /// The folder of images (or of class-index sub-folders of images).
+    pub images: PathBuf,
+    /// Where the adversarial images are written, as PNG.
+    pub out: PathBuf,
+    /// The attack.
+    pub attack: Attack,
+    /// The perturbation bound (L∞ or L2, in pixel units).
+    pub eps: f64,
+    /// The step of the iterative attacks.
+    pub alpha: f64,
+    /// Steps of the iterative attacks (FGSM takes one).
+    pub steps: usize,
+    /// Push every image towards this class instead of away from its label.
+    pub targeted: Option<usize>,
+    /// Images are resized (shorter side) and centre-cropped to this size.
+    pub size: usize,
+    /// Images attacked at once.
+    pub batch: usize,
+    /// The classifier's classes.
+    pub classes: usize,
+    /// Where to run.
+    pub device: Device,
+    /// Seed of PGD's random start.
+    pub seed: u64,
+    /// No progress bar.
+    pub quiet: bool,
+}
+
+impl AdversarialOptions {
+    /// PGD with eps 8/255, alpha 2/255, 10 steps, 224² images in batches of
+    /// 8, 1000 classes, on the CPU.
+    pub fn new(model: &str, images: impl Into<PathBuf>, out: impl Into<PathBuf>) -> Self {
+        AdversarialOptions {
+            model: model.to_string(),
+            weights: None,
+            images: images.into(),
+            out: out.into(),
+            attack: Attack::Pgd,
+            eps: 8.0 / 255.0,
+            alpha: 2.0 / 255.0,
+            steps: 10,
+            targeted: None,
+            size: 224,
+            batch: 8,
+            classes: 1000,
+            device: Device::Cpu,
+            seed: 0,
+            quiet: true,
+        }
+    }
+}
+
+/// One attacked image.
+#[derive(Clone, Debug, Serialize)]
+pub struct ImageResult {
+    /// The image read.
+    pub file: PathBuf,
+    /// The adversarial image written.
+    pub written: PathBuf,
+    /// Its label, when the folder gives one.
+    pub label: Option<usize>,
+    /// The prediction on the clean image.
+    pub clean: usize,
+    /// The prediction on the adversarial image.
+    pub adversarial: usize,
+    /// Largest change of any pixel value.
+    pub linf: f64,
+    /// L2 norm of the perturbation.
+    pub l2: f64,
+}
+
+/// Device memory of one attack step (forward, loss, input gradient) of the
+/// first batch, predicted on the meta device under both policies, and the
+/// peak measured over the whole run.
+#[derive(Clone, Debug, Serialize)]
+pub struct AttackMemory {
+    /// Peak bytes of one step under the lean policy (predicted).
+    pub lean_step_bytes: usize,
+    /// Peak bytes of the same step keeping what PyTorch's autograd keeps
+    /// (predicted).
+    pub pytorch_step_bytes: usize,
+    /// Peak bytes measured on the device over the whole run.
+    pub measured_peak_bytes: usize,
+}
+
+/// The outcome of [`run`].
+#[derive(Clone, Debug, Serialize)]
+pub struct AdversarialReport {
+    /// The model.
+    pub model: String,
+    /// Whether the model was randomly initialised (no weights given).
+    pub random_init: bool,
+    /// The attack and its parameters.
+    pub attack: Attack,
+    /// The bound.
+    pub eps: f64,
+    /// The step.
+    pub alpha: f64,
+    /// Steps taken.
+    pub steps: usize,
+    /// The target class, if targeted.
+    pub targeted: Option<usize>,
+    /// Where it ran.
+    pub device: String,
+    /// Accuracy on the clean images (when labels are known).
+    pub clean_accuracy: Option<f64>,
+    /// Accuracy on the adversarial images (when labels are known).
+    pub adversarial_accuracy: Option<f64>,
+    /// Fraction of images the attack succeeded on: the prediction moved
+    /// away from the label (or clean prediction), or onto the target.
+    pub success_rate: f64,
+    /// Mean and largest L∞ norm of the perturbations.
+    pub linf_mean: f64,
+    /// Largest L∞ norm.
+    pub linf_max: f64,
+    /// Mean L2 norm of the perturbations.
+    pub l2_mean: f64,
+    /// Memory, lean next to what PyTorch keeps.
+    pub memory: AttackMemory,
+    /// Seconds the attack took.
+    pub seconds: f64,
+    /// Every image.
+    pub images: Vec<ImageResult>,
+}
+
+/// Runs the attack on every image of `opts.images` and writes the
+/// adversarial images to `opts.out` (same file stems, `.png`).
+pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
+    check(opts)?;
+    let files = image_files(&opts.images)?;
+    std::fs::create_dir_all(&opts.out).map_err(|e| Error::Image {
+        path: opts.out.clone(),
+        reason: e.to_string(),
+    })?;
+    let memory = predict_memory(opts)?;
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let start = Instant::now();
+    let mut model = image_model(
+        &opts.model,
+        opts.weights.as_deref(),
+        opts.classes,
+        opts.size,
+        opts.device,
+    )?;
+    parse_case("input-bn-eval")?.apply(model.as_mut())?;
+    let batches: Vec<_> = files.chunks(opts.batch).collect();
+    let steps = if opts.attack == Attack::Fgsm {
+        1
+    } else {
+        opts.steps
+    };
+    let progress = Progress::new(
+        (batches.len() * steps) as u64,
+        "attack",
+        &ledger,
+        opts.device,
+        opts.quiet,
+    );
+    let mut results = Vec::new();
+    for (b, chunk) in batches.iter().enumerate() {
+        let images = chunk
+            .iter()
+            .map(|(p, _)| read_square(p, opts.size))
+            .collect::<Result<Vec<_>>>()?;
+        let x = Tensor::stack(&images.iter().collect::<Vec<_>>(), 0)?.to_device(opts.device)?;
+        let labels: Vec<Option<usize>> = chunk
+            .iter()
+            .map(|(_, class)| class.as_deref().and_then(|c| c.parse().ok()))
+            .map(|l: Option<usize>| l.filter(|&l| l < opts.classes))
+            .collect();
+        let clean = predict(model.as_ref(), &x)?;
+        let reference: Vec<usize> = labels
+            .iter()
+            .zip(&clean)
+            .map(|(l, c)| l.unwrap_or(*c))
+            .collect();
+        let goal = opts
+            .targeted
+            .map_or(reference.clone(), |t| vec![t; chunk.len()]);
+        let targets = Tensor::from_vec(
+            goal.iter().map(|&t| t as i64).collect::<Vec<_>>(),
+            &[goal.len()],
+            opts.device,
+        )?;
+        let seed = opts.seed.wrapping_add(b as u64);
+        let adv = attack(model.as_ref(), &x, &targets, opts, seed, &progress)?;
+        let adversarial = predict(model.as_ref(), &adv)?;
+        let delta = adv.sub(&x)?;
+        let linf = delta.abs()?.flatten(1, -1)?.max(1, false)?.to_f64_vec()?;
+        let l2 = delta
+            .square()?
+            .sum(&[1, 2, 3], false)?
+            .sqrt()?
+            .to_f64_vec()?;
+        for (i, (file, _)) in chunk.iter().enumerate() {
+            let written = written_path(&opts.out, file);
+            write_png(&adv.narrow(0, i, 1)?, &written, PngDepth::Eight)?;
+            results.push(ImageResult {
+                file: file.clone(),
+                written,
+                label: labels[i],
+                clean: clean[i],
+                adversarial: adversarial[i],
+                linf: linf[i],
+                l2: l2[i],
+            });
+        }
+    }
+    progress.finish();
+    let seconds = start.elapsed().as_secs_f64();
+    let memory = AttackMemory {
+        measured_peak_bytes: ledger.peak(opts.device),
+        ..memory
+    };
+    Ok(summarise(opts, results, memory, seconds))
+}
+
+fn check(opts: &AdversarialOptions) -> Result<()> {
+    let bad = |msg: String| {
+        Err(Error::InvalidArgument {
+            op: "adversarial",
+            msg,
+        })
+    };
+    if !(opts.eps.is_finite() && opts.eps > 0.0) {
+        return bad(format!("eps must be a positive number, not {}", opts.eps));
+    }
+    if opts.attack != Attack::Fgsm && !(opts.alpha.is_finite() && opts.alpha > 0.0) {
+        return bad(format!(
+            "alpha must be a positive number, not {}",
+            opts.alpha
+        ));
+    }
+    if opts.attack != Attack::Fgsm && opts.steps == 0 {
+        return bad("steps must be at least 1".into());
+    }
+    if opts.batch == 0 || opts.size == 0 || opts.classes == 0 {
+        return bad("batch, size and classes must be at least 1".into());
+    }
+    if let Some(t) = opts.targeted.filter(|&t| t >= opts.classes) {
+        return bad(format!("target class {t} is not below {}", opts.classes));
+    }
+    Ok(())
+}
+
+/// The classes predicted for images `x` (no graph recorded).
+fn predict(model: &dyn StepModel, x: &Tensor) -> Result<Vec<usize>> {
+    let _g = no_grad();
+    let logits = model.step_logits(&normalize(x, &IMAGENET_MEAN, &IMAGENET_STD)?)?;
+    Ok(logits
+        .argmax(1, false)?
+        .to_vec::<i64>()?
+        .into_iter()
+        .map(|c| c as usize)
+        .collect())
+}
+
+/// The gradient of the cross-entropy to `targets` with respect to the
+/// images `x` (the only thing requiring grad), and the loss.
+fn input_grad(model: &dyn StepModel, x: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+    let x = x.detach().set_requires_grad(true)?;
+    let logits = model.step_logits(&normalize(&x, &IMAGENET_MEAN, &IMAGENET_STD)?)?;
+    let loss = logits.cross_entropy(targets, CrossEntropyOptions::default())?;
+    loss.backward()?;
+    let grad = x
+        .take_grad()
+        .ok_or_else(|| Error::Backward("the image received no gradient".into()))?;
+    Ok((grad, loss.detach()))
+}
+
+/// The adversarial images for `x`.
+fn attack(
+    model: &dyn StepModel,
+    x: &Tensor,
+    targets: &Tensor,
+    opts: &AdversarialOptions,
+    seed: u64,
+    progress: &Progress,
+) -> Result<Tensor> {
+    // Untargeted attacks climb the loss of the label; targeted ones descend
+    // the loss of the target.
+    let direction = if opts.targeted.is_some() { -1.0 } else { 1.0 };
+    let (eps, alpha) = (opts.eps, opts.alpha);
+    let mut adv = match opts.attack {
+        Attack::Fgsm => {
+            let (g, loss) = input_grad(model, x, targets)?;
+            progress.step(loss.to_scalar()?);
+            let _g = no_grad();
+            return x
+                .add(&g.sign()?.mul_scalar(direction * eps)?)?
+                .clamp(0.0, 1.0);
+        }
+        Attack::Pgd => {
+            let noise = Tensor::rand_range(x.shape(), -eps, eps, DType::F32, opts.device, seed)?;
+            x.add(&noise)?.clamp(0.0, 1.0)?
+        }
+        Attack::PgdL2 => x.clone(),
+    };
+    for _ in 0..opts.steps {
+        let (g, loss) = input_grad(model, &adv, targets)?;
+        progress.step(loss.to_scalar()?);
+        let _g = no_grad();
+        let delta = match opts.attack {
+            Attack::PgdL2 => {
+                let step = g.div(&per_image_l2(&g)?.add_scalar(1e-12)?)?;
+                let delta = adv.add(&step.mul_scalar(direction * alpha)?)?.sub(x)?;
+                let norm = per_image_l2(&delta)?;
+                // Scale each perturbation by min(1, eps / ‖δ‖₂).
+                let factor = norm
+                    .add_scalar(1e-12)?
+                    .recip()?
+                    .mul_scalar(eps)?
+                    .clamp(0.0, 1.0)?;
+                delta.mul(&factor)?
+            }
+            _ => adv
+                .add(&g.sign()?.mul_scalar(direction * alpha)?)?
+                .sub(x)?
+                .clamp(-eps, eps)?,
+        };
+        adv = x.add(&delta)?.clamp(0.0, 1.0)?;
+    }
+    Ok(adv)
+}
+
+/// ‖t_i‖₂ of each image of `t` `[N, C, H, W]`, shaped `[N, 1, 1, 1]`.
+fn per_image_l2(t: &Tensor) -> Result<Tensor> {
+    t.square()?.sum(&[1, 2, 3], true)?.sqrt()
+}
+
+/// One attack step of the first batch on the meta device, under the lean
+/// policy and under PyTorch's, each in a fresh ledger.
+fn predict_memory(opts: &AdversarialOptions) -> Result<AttackMemory> {
+    let peak = |policy: SavePolicy| -> Result<usize> {
+        let ledger = Ledger::new();
+        let _l = ledger.enter();
+        let mut model = image_model(&opts.model, None, opts.classes, opts.size, Device::Meta)?;
+        parse_case("input-bn-eval")?.apply(model.as_mut())?;
+        let n = opts.batch;
+        let x = Tensor::zeros(&[n, 3, opts.size, opts.size], DType::F32, Device::Meta)?;
+        let targets = Tensor::zeros(&[n], DType::I64, Device::Meta)?;
+        let _p = with_save_policy(policy);
+        drop(input_grad(model.as_ref(), &x, &targets)?);
+        Ok(ledger.peak(Device::Meta))
+    };
+    Ok(AttackMemory {
+        lean_step_bytes: peak(SavePolicy::Lean)?,
+        pytorch_step_bytes: peak(SavePolicy::SaveAll)?,
+        measured_peak_bytes: 0,
+    })
+}
+
+fn summarise(
+    opts: &AdversarialOptions,
+    images: Vec<ImageResult>,
+    memory: AttackMemory,
+    seconds: f64,
+) -> AdversarialReport {
+    let n = images.len().max(1) as f64;
+    let labelled: Vec<&ImageResult> = images.iter().filter(|r| r.label.is_some()).collect();
+    let accuracy = |pick: fn(&ImageResult) -> usize| {
+        (!labelled.is_empty()).then(|| {
+            labelled.iter().filter(|r| Some(pick(r)) == r.label).count() as f64
+                / labelled.len() as f64
+        })
+    };
+    let success = images
+        .iter()
+        .filter(|r| match opts.targeted {
+            Some(t) => r.adversarial == t,
+            None => r.adversarial != r.label.unwrap_or(r.clean),
+        })
+        .count() as f64
+        / n;
+    AdversarialReport {
+        model: opts.model.clone(),
+        random_init: opts.weights.is_none(),
+        attack: opts.attack,
+        eps: opts.eps,
+        alpha: opts.alpha,
+        steps: if opts.attack == Attack::Fgsm {
+            1
+        } else {
+            opts.steps
+        },
+        targeted: opts.targeted,
+        device: opts.device.to_string(),
+        clean_accuracy: accuracy(|r| r.clean),
+        adversarial_accuracy: accuracy(|r| r.adversarial),
+        success_rate: success,
+        linf_mean: images.iter().map(|r| r.linf).sum::<f64>() / n,
+        linf_max: images.iter().map(|r| r.linf).fold(0.0, f64::max),
+        l2_mean: images.iter().map(|r| r.l2).sum::<f64>() / n,
+        memory,
+        seconds,
+        images,
+    }
+}
+
+/// A few lines for people: accuracies, success, norms, memory.
+pub fn describe(r: &AdversarialReport) -> String {
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    let pct = |v: Option<f64>| v.map_or("n/a (no labels)".into(), |v| format!("{:.1}%", 100.0 * v));
+    let mut s = String::new();
+    if r.random_init {
+        s += "note: no --weights given: the model is randomly initialised\n";
+    }
+    s += &format!(
+        "{} on {} ({} images, {}): {:?} eps {:.4} alpha {:.4} steps {}{}\n",
+        r.model,
+        r.device,
+        r.images.len(),
+        format_args!("{:.1} s", r.seconds),
+        r.attack,
+        r.eps,
+        r.alpha,
+        r.steps,
+        r.targeted
+            .map_or(String::new(), |t| format!(" targeted at class {t}")),
+    );
+    s += &format!(
+        "clean accuracy {}  adversarial accuracy {}  success rate {:.1}%\n",
+        pct(r.clean_accuracy),
+        pct(r.adversarial_accuracy),
+        100.0 * r.success_rate
+    );
+    s += &format!(
+        "perturbation: L∞ mean {:.4} max {:.4}, L2 mean {:.4}\n",
+        r.linf_mean, r.linf_max, r.l2_mean
+    );
+    let m = &r.memory;
+    s += &format!(
+        "memory of one attack step, parameters included: {:.1} MiB (keeping what PyTorch keeps: {:.1} MiB, {:.2}×); measured peak {:.1} MiB\n",
+        mib(m.lean_step_bytes),
+        mib(m.pytorch_step_bytes),
+        m.pytorch_step_bytes as f64 / m.lean_step_bytes.max(1) as f64,
+        mib(m.measured_peak_bytes)
+    );
+    s
+}
+
+/// Where the adversarial image of `file` goes in `out`.
+pub fn written_path(out: &Path, file: &Path) -> PathBuf {
+    let stem = file
+        .file_stem()
+        .map_or("image".into(), |s| s.to_string_lossy());
+    out.join(format!("{stem}.png"))
+}
