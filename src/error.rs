@@ -184,6 +184,16 @@ pub enum Error {
         /// the other an integer type.
         wrong_dtype: Vec<(String, DType, DType)>,
     },
+    /// A layer name a model does not have (feature extraction by name).
+    #[error("{model} has no layer `{name}`; valid names: {}", valid.join(", "))]
+    UnknownLayer {
+        /// The model asked (e.g. `ResNet`).
+        model: &'static str,
+        /// The name given.
+        name: String,
+        /// Every name the model answers to, in the order it runs them.
+        valid: Vec<String>,
+    },
     /// A file could not be read or written.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

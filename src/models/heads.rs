@@ -4,7 +4,11 @@
 //! after the backbone's own parameters. The head saves what a Linear
 //! saves (its input only when its weight trains).
 
-use super::{kinds_of, params_of, set_linear, Bert, BertConfig, Freeze, TextInput, ViT, ViTConfig};
+use super::surgery::{head_like, HeadInit};
+use super::{
+    kinds_of, params_of, set_linear, Bert, BertConfig, Freeze, ReplaceHead, TextInput, ViT,
+    ViTConfig,
+};
 use crate::nn::{LayerKind, Linear, Module};
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -12,6 +16,12 @@ use crate::{DType, Device, Error, Result, Tensor};
 pub trait Backbone: Freeze {
     /// Width of the features.
     fn feature_width(&self) -> usize;
+    /// Standard deviation of the normal weights Hugging Face initialises
+    /// a classifier head with (`initializer_range`; 0.02 in ViT's and
+    /// BERT's configurations).
+    fn initializer_range(&self) -> f64 {
+        0.02
+    }
     /// Features `[N, width]` of the input.
     fn features(&self, input: &Tensor) -> Result<Tensor>;
 }
@@ -128,6 +138,24 @@ impl Backbone for Bert {
             op: "BertClassifier",
             msg: "the BERT has no pooler".into(),
         })
+    }
+}
+
+impl<B: Backbone> ReplaceHead for Classifier<B> {
+    fn head_name(&self) -> &str {
+        "classifier"
+    }
+
+    fn num_classes(&self) -> usize {
+        self.classifier.weight.shape()[0]
+    }
+
+    /// A fresh `classifier`, initialised as Hugging Face initialises it
+    /// (weight normal with std `initializer_range`, bias zero).
+    fn replace_head(&mut self, num_classes: usize, seed: u64) -> Result<()> {
+        let init = HeadInit::Normal(self.backbone.initializer_range());
+        self.classifier = head_like(&self.classifier, num_classes, init, seed)?;
+        Ok(())
     }
 }
 

@@ -2,9 +2,10 @@
 //! `features.N.conv.M` names and depthwise convolutions, plus small
 //! configurations for tests.
 
+use super::surgery::{head_like, HeadInit};
 use super::{
-    batch_norm2d, kinds, part_of, set_bn, set_conv, set_linear, square_conv, tensors, Ctx, Named,
-    Part,
+    batch_norm2d, kinds, part_of, ran_to_the_end, set_bn, set_conv, set_linear, square_conv,
+    stop_if, tensors, Ctx, FeatureMaps, Named, Part, ReplaceHead,
 };
 use crate::memory::scope;
 use crate::nn::{AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, LayerKind, Linear, Module};
@@ -279,15 +280,70 @@ impl Block {
     }
 }
 
-impl Module for MobileNetV2 {
-    /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl FeatureMaps for MobileNetV2 {
+    const MODEL: &'static str = "MobileNetV2";
+
+    /// `features.0` … `features.N` (the stem, each inverted residual, the
+    /// last 1×1 convolution), then torchvision's functional nodes
+    /// `adaptive_avg_pool2d` and `flatten`, `classifier.0` (Dropout),
+    /// `classifier.1`.
+    fn feature_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.blocks.iter().map(|b| b.name.clone()).collect();
+        names.extend(
+            [
+                "adaptive_avg_pool2d",
+                "flatten",
+                "classifier.0",
+                "classifier.1",
+            ]
+            .map(String::from),
+        );
+        names
+    }
+
+    fn walk(
+        &self,
+        x: &Tensor,
+        visit: &mut dyn FnMut(&str, &Tensor) -> bool,
+    ) -> Result<Option<Tensor>> {
         let mut h = x.clone();
         for block in &self.blocks {
             h = block.forward(&h)?;
+            stop_if!(visit(&block.name, &h));
         }
-        let h = self.avgpool.forward(&h)?.flatten(1, -1)?;
-        self.fc.forward(&self.dropout.forward(&h)?)
+        h = self.avgpool.forward(&h)?;
+        stop_if!(visit("adaptive_avg_pool2d", &h));
+        h = h.flatten(1, -1)?;
+        stop_if!(visit("flatten", &h));
+        h = self.dropout.forward(&h)?;
+        stop_if!(visit("classifier.0", &h));
+        h = self.fc.forward(&h)?;
+        stop_if!(visit("classifier.1", &h));
+        Ok(Some(h))
+    }
+}
+
+impl ReplaceHead for MobileNetV2 {
+    fn head_name(&self) -> &str {
+        "classifier.1"
+    }
+
+    fn num_classes(&self) -> usize {
+        self.fc.weight.shape()[0]
+    }
+
+    /// A fresh `classifier.1`, initialised as torchvision's MobileNetV2
+    /// initialises it (weight normal with std 0.01, bias zero).
+    fn replace_head(&mut self, num_classes: usize, seed: u64) -> Result<()> {
+        self.fc = head_like(&self.fc, num_classes, HeadInit::Normal(0.01), seed)?;
+        Ok(())
+    }
+}
+
+impl Module for MobileNetV2 {
+    /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        ran_to_the_end(self.walk(x, &mut |_, _| false)?, "MobileNetV2")
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {

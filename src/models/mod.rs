@@ -18,6 +18,7 @@ pub mod gpt2;
 pub mod heads;
 pub mod mobilenet;
 pub mod resnet;
+pub mod surgery;
 pub mod transformer;
 pub mod vgg;
 pub mod vit;
@@ -28,12 +29,32 @@ pub use gpt2::{Gpt2, Gpt2Config};
 pub use heads::{Backbone, BertClassifier, Classifier, ViTClassifier};
 pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
+pub use surgery::{FeatureMaps, ReplaceHead};
 pub use transformer::{Conv1D, Conv1DBuilder, Param, TextInput};
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
 pub use vit::{classic_vit_name, ViT, ViTConfig};
 
 use crate::nn::{BatchNorm, Conv2d, LayerKind, Module};
 use crate::{DType, Device, Result, Tensor};
+
+/// In a [`FeatureMaps::walk`]: returns `Ok(None)` (stop) when the visitor
+/// says so.
+macro_rules! stop_if {
+    ($visit:expr) => {
+        if $visit {
+            return Ok(None);
+        }
+    };
+}
+pub(crate) use stop_if;
+
+/// The output of a walk that no visitor stopped.
+pub(crate) fn ran_to_the_end(out: Option<Tensor>, model: &'static str) -> Result<Tensor> {
+    out.ok_or_else(|| crate::Error::InvalidArgument {
+        op: model,
+        msg: "the forward pass stopped early".into(),
+    })
+}
 
 /// The dtype and device every layer of a model is built with.
 pub(crate) type Ctx = (DType, Device);

@@ -2,9 +2,10 @@
 //! a Bottleneck sits on its 3×3 convolution), with torchvision's
 //! state-dict names, plus small configurations for tests.
 
+use super::surgery::{head_like, HeadInit};
 use super::{
-    batch_norm2d, kinds, part_of, set_bn, set_conv, set_linear, square_conv, tensors, Ctx, Named,
-    Part,
+    batch_norm2d, kinds, part_of, ran_to_the_end, set_bn, set_conv, set_linear, square_conv,
+    stop_if, tensors, Ctx, FeatureMaps, Named, Part, ReplaceHead,
 };
 use crate::memory::scope;
 use crate::nn::{
@@ -287,20 +288,81 @@ impl ResNet {
     }
 }
 
-impl Module for ResNet {
-    /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut h = self.bn1.forward(&self.conv1.forward(x)?)?;
+impl FeatureMaps for ResNet {
+    const MODEL: &'static str = "ResNet";
+
+    /// `conv1`, `bn1`, `relu`, `maxpool`, each block (`layer1.0`, …) and
+    /// stage (`layer1` … `layer4`, its last block's output), `avgpool`,
+    /// `flatten`, `fc`.
+    fn feature_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = ["conv1", "bn1", "relu", "maxpool"].map(String::from).into();
+        for (s, stage) in self.stages.iter().enumerate() {
+            names.extend(stage.iter().map(|b| b.name.clone()));
+            names.push(format!("layer{}", s + 1));
+        }
+        names.extend(["avgpool", "flatten", "fc"].map(String::from));
+        names
+    }
+
+    fn walk(
+        &self,
+        x: &Tensor,
+        visit: &mut dyn FnMut(&str, &Tensor) -> bool,
+    ) -> Result<Option<Tensor>> {
+        // One binding reassigned, so each layer's input is freed as soon
+        // as its output exists (as a chain of calls would).
+        let mut h = self.conv1.forward(x)?;
+        stop_if!(visit("conv1", &h));
+        h = self.bn1.forward(&h)?;
+        stop_if!(visit("bn1", &h));
         h = {
             let _s = scope("relu");
             ReLU { inplace: true }.apply(h)?
         };
+        stop_if!(visit("relu", &h));
         h = self.maxpool.forward(&h)?;
-        for block in self.stages.iter().flatten() {
-            h = block.forward(&h)?;
+        stop_if!(visit("maxpool", &h));
+        for (s, stage) in self.stages.iter().enumerate() {
+            for block in stage {
+                h = block.forward(&h)?;
+                stop_if!(visit(&block.name, &h));
+            }
+            stop_if!(visit(STAGES[s], &h));
         }
-        let h = self.avgpool.forward(&h)?.flatten(1, -1)?;
-        self.fc.forward(&h)
+        h = self.avgpool.forward(&h)?;
+        stop_if!(visit("avgpool", &h));
+        h = h.flatten(1, -1)?;
+        stop_if!(visit("flatten", &h));
+        h = self.fc.forward(&h)?;
+        stop_if!(visit("fc", &h));
+        Ok(Some(h))
+    }
+}
+
+const STAGES: [&str; 4] = ["layer1", "layer2", "layer3", "layer4"];
+
+impl ReplaceHead for ResNet {
+    fn head_name(&self) -> &str {
+        "fc"
+    }
+
+    fn num_classes(&self) -> usize {
+        self.config.num_classes
+    }
+
+    /// A fresh `fc`, initialised as torchvision's ResNet leaves it
+    /// (PyTorch's default: uniform in ±1/√in).
+    fn replace_head(&mut self, num_classes: usize, seed: u64) -> Result<()> {
+        self.fc = head_like(&self.fc, num_classes, HeadInit::Default, seed)?;
+        self.config.num_classes = num_classes;
+        Ok(())
+    }
+}
+
+impl Module for ResNet {
+    /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        ran_to_the_end(self.walk(x, &mut |_, _| false)?, "ResNet")
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {

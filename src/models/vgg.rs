@@ -2,7 +2,11 @@
 //! with torchvision's `features.N` / `classifier.N` names, plus small
 //! configurations for tests.
 
-use super::{buffers_of, kinds_of, params_of, set_bn, set_conv, set_linear};
+use super::surgery::{head_like, HeadInit};
+use super::{
+    buffers_of, kinds_of, params_of, ran_to_the_end, set_bn, set_conv, set_linear, stop_if,
+    FeatureMaps, ReplaceHead,
+};
 use crate::memory::scope;
 use crate::nn::{
     AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, LayerKind, Linear, MaxPool2d, MaxPool2dOptions,
@@ -16,7 +20,14 @@ pub const VGG16_PLAN: [usize; 18] = [
     64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0,
 ];
 
-/// The shape of a [`Vgg`]; torchvision's VGG-16 is [`VggConfig::vgg16`].
+/// torchvision's VGG-19 feature plan ("E"): four 3×3 convolutions in each
+/// of the last three stages.
+pub const VGG19_PLAN: [usize; 21] = [
+    64, 64, 0, 128, 128, 0, 256, 256, 256, 256, 0, 512, 512, 512, 512, 0, 512, 512, 512, 512, 0,
+];
+
+/// The shape of a [`Vgg`]; torchvision's VGG-16 is [`VggConfig::vgg16`],
+/// VGG-19 [`VggConfig::vgg19`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct VggConfig {
     /// Convolution widths in order, `0` for a max pool (e.g. [`VGG16_PLAN`]).
@@ -46,6 +57,16 @@ impl VggConfig {
             hidden: 4096,
             num_classes,
             dropout: 0.5,
+        }
+    }
+
+    /// torchvision's VGG-19 (`vgg19`, or `vgg19_bn` with `batch_norm`):
+    /// its ReLUs are `features.1, 3` (relu1_1, relu1_2), `6, 8`, `11, 13,
+    /// 15, 17`, `20, 22, 24, 26`, `29, 31, 33, 35` without BatchNorm.
+    pub fn vgg19(batch_norm: bool, num_classes: usize) -> Self {
+        VggConfig {
+            plan: VGG19_PLAN.to_vec(),
+            ..VggConfig::vgg16(batch_norm, num_classes)
         }
     }
 }
@@ -187,17 +208,80 @@ impl Vgg {
     }
 }
 
+impl FeatureMaps for Vgg {
+    const MODEL: &'static str = "Vgg";
+
+    /// `features.0` … (every convolution, BatchNorm, ReLU and pool, by
+    /// torchvision's index), `avgpool`, `flatten`, `classifier.0` …
+    /// `classifier.6`.
+    fn feature_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for (i, (name, _)) in self.layers.iter().enumerate() {
+            if i == self.features {
+                names.extend(["avgpool", "flatten"].map(String::from));
+            }
+            names.push(name.clone());
+        }
+        names
+    }
+
+    fn walk(
+        &self,
+        x: &Tensor,
+        visit: &mut dyn FnMut(&str, &Tensor) -> bool,
+    ) -> Result<Option<Tensor>> {
+        let mut h = x.clone();
+        for (i, (name, layer)) in self.layers.iter().enumerate() {
+            if i == self.features {
+                h = self.avgpool.forward(&h)?;
+                stop_if!(visit("avgpool", &h));
+                h = h.flatten(1, -1)?;
+                stop_if!(visit("flatten", &h));
+            }
+            h = layer.forward(h)?;
+            stop_if!(visit(name, &h));
+        }
+        Ok(Some(h))
+    }
+}
+
+impl ReplaceHead for Vgg {
+    fn head_name(&self) -> &str {
+        self.head().map_or("classifier.6", |(n, _)| n.as_str())
+    }
+
+    fn num_classes(&self) -> usize {
+        self.head().map_or(0, |(_, l)| l.weight.shape()[0])
+    }
+
+    /// A fresh `classifier.6`, initialised as torchvision's VGG initialises
+    /// its Linear layers (weight normal with std 0.01, bias zero).
+    fn replace_head(&mut self, num_classes: usize, seed: u64) -> Result<()> {
+        let head = self.layers.iter_mut().rev().find_map(|(_, l)| match l {
+            Layer::Linear(m) => Some(m),
+            _ => None,
+        });
+        if let Some(head) = head {
+            *head = head_like(head, num_classes, HeadInit::Normal(0.01), seed)?;
+        }
+        Ok(())
+    }
+}
+
+impl Vgg {
+    /// The last Linear layer and its name.
+    fn head(&self) -> Option<(&String, &Linear)> {
+        self.layers.iter().rev().find_map(|(n, l)| match l {
+            Layer::Linear(m) => Some((n, m)),
+            _ => None,
+        })
+    }
+}
+
 impl Module for Vgg {
     /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut h = x.clone();
-        for (i, (_, layer)) in self.layers.iter().enumerate() {
-            if i == self.features {
-                h = self.avgpool.forward(&h)?.flatten(1, -1)?;
-            }
-            h = layer.forward(h)?;
-        }
-        Ok(h)
+        ran_to_the_end(self.walk(x, &mut |_, _| false)?, "Vgg")
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {

@@ -9,6 +9,7 @@ mod embedding;
 mod linear;
 mod module;
 mod pool;
+mod sequential;
 
 pub use activation::{Flatten, LeakyReLU, ReLU, SiLU, Sigmoid, Tanh, GELU};
 pub use conv::{
@@ -24,6 +25,7 @@ pub use pool::{
     adaptive_avg_pool2d, avg_pool2d, max_pool2d, AdaptiveAvgPool2d, AvgPool2d, AvgPool2dOptions,
     MaxPool2d, MaxPool2dOptions, PoolGeom,
 };
+pub use sequential::Sequential;
 mod norm;
 
 pub use norm::{

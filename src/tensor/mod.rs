@@ -10,6 +10,7 @@
 
 mod create;
 pub(crate) mod cuda;
+mod display;
 mod layout;
 mod storage;
 
