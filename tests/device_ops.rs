@@ -140,6 +140,22 @@ fn sign_matches_the_cpu() {
     }
 }
 
+/// `format!("{t}")` reads device values: the CPU's text plus PyTorch's
+/// `device='cuda:0'` suffix.
+#[test]
+fn display_prints_device_values() {
+    let x = input(&[2, 3], DType::F32, 5, -2.0, 2.0);
+    let on_cpu = format!("{x}");
+    for dev in cuda_common::devices("display") {
+        let shown = format!("{}", x.to_device(dev).unwrap());
+        let want = match dev {
+            Device::Cpu => on_cpu.clone(),
+            _ => format!("{}, device='{dev}')", on_cpu.strip_suffix(')').unwrap()),
+        };
+        assert_eq!(shown, want);
+    }
+}
+
 #[test]
 fn binary_ops_broadcast_and_assign() {
     for dtype in FLOATS {

@@ -403,6 +403,9 @@ fn unknown_layer_names_are_typed_errors_listing_the_valid_names() {
         vgg16.features(&x, &["features.31"]),
         Err(Error::UnknownLayer { .. })
     ));
+    // The trait is object safe: one code path for every CNN.
+    let models: [&dyn FeatureMaps; 2] = [&model, &vgg16];
+    assert_eq!(models.map(|m| m.model_name()), ["ResNet", "Vgg"]);
     let mobile = mobilenet().feature_names();
     assert_eq!(mobile.first().unwrap(), "features.0");
     assert_eq!(mobile.last().unwrap(), "classifier.1");

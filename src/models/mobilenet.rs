@@ -281,7 +281,9 @@ impl Block {
 }
 
 impl FeatureMaps for MobileNetV2 {
-    const MODEL: &'static str = "MobileNetV2";
+    fn model_name(&self) -> &'static str {
+        "MobileNetV2"
+    }
 
     /// `features.0` … `features.N` (the stem, each inverted residual, the
     /// last 1×1 convolution), then torchvision's functional nodes

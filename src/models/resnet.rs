@@ -289,7 +289,9 @@ impl ResNet {
 }
 
 impl FeatureMaps for ResNet {
-    const MODEL: &'static str = "ResNet";
+    fn model_name(&self) -> &'static str {
+        "ResNet"
+    }
 
     /// `conv1`, `bn1`, `relu`, `maxpool`, each block (`layer1.0`, …) and
     /// stage (`layer1` … `layer4`, its last block's output), `avgpool`,

@@ -50,8 +50,8 @@ pub trait ReplaceHead {
 /// output even where the next layer is an in-place ReLU (which then works
 /// out of place; PyTorch's forward hooks would see the overwritten values).
 pub trait FeatureMaps {
-    /// The model's name in errors.
-    const MODEL: &'static str;
+    /// The model's name in errors (`ResNet`, `Vgg`, `MobileNetV2`).
+    fn model_name(&self) -> &'static str;
 
     /// Every layer name, in the order the forward pass runs them (the
     /// names of torchvision's `create_feature_extractor` nodes).
@@ -75,7 +75,7 @@ pub trait FeatureMaps {
         let valid = self.feature_names();
         if let Some(bad) = names.iter().find(|n| !valid.iter().any(|v| v == *n)) {
             return Err(Error::UnknownLayer {
-                model: Self::MODEL,
+                model: self.model_name(),
                 name: bad.to_string(),
                 valid,
             });
@@ -99,7 +99,7 @@ pub trait FeatureMaps {
             .map(|(n, t)| {
                 t.map(|t| (n.to_string(), t))
                     .ok_or_else(|| Error::UnknownLayer {
-                        model: Self::MODEL,
+                        model: self.model_name(),
                         name: n.to_string(),
                         valid: self.feature_names(),
                     })

@@ -209,7 +209,9 @@ impl Vgg {
 }
 
 impl FeatureMaps for Vgg {
-    const MODEL: &'static str = "Vgg";
+    fn model_name(&self) -> &'static str {
+        "Vgg"
+    }
 
     /// `features.0` … (every convolution, BatchNorm, ReLU and pool, by
     /// torchvision's index), `avgpool`, `flatten`, `classifier.0` …
