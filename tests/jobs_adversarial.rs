@@ -124,7 +124,7 @@ fn pgd_stays_in_its_ball_and_moves_the_loss_the_right_way() {
 /// Mean cross-entropy of the model on `images`, to `target` or each
 /// image's label.
 fn mean_loss(r: &AdversarialReport, target: Option<usize>, images: Vec<Tensor>) -> f64 {
-    let model = image_model("resnet18", None, 1000, 32, Device::Cpu).unwrap();
+    let model = image_model("resnet18", None, 1000, Device::Cpu).unwrap();
     let x = Tensor::stack(&images.iter().collect::<Vec<_>>(), 0).unwrap();
     let x = normalize(&x, &IMAGENET_MEAN, &IMAGENET_STD).unwrap();
     let goal: Vec<i64> = r

@@ -3,7 +3,9 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use leangrad::demo::{self, DemoOptions};
-use leangrad::jobs::{self, adversarial, adversarial::AdversarialOptions, adversarial::Attack};
+use leangrad::jobs;
+use leangrad::jobs::adversarial::{self, AdversarialOptions, Attack};
+use leangrad::jobs::finetune::{self, FinetuneOptions};
 use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec, MODELS};
 use leangrad::models::Case;
 use leangrad::{DType, Device};
@@ -87,6 +89,65 @@ enum Command {
         /// How many layers with the most saved bytes to list.
         #[arg(long, default_value_t = 10)]
         top: usize,
+    },
+    /// Fine-tune an image classifier on a folder of images (one sub-folder
+    /// per class): the head is replaced to match the classes, the backbone
+    /// frozen by the case; prints per-epoch loss and accuracy and the step's
+    /// memory next to what PyTorch keeps, and writes a checkpoint.
+    Finetune {
+        /// The model: resnet18, resnet50, vgg16, vgg16_bn, vgg19, vgg19_bn, mobilenet_v2.
+        #[arg(long, default_value = "resnet18")]
+        model: String,
+        /// A safetensors file of the torchvision model's `state_dict()`
+        /// (without it the model starts from a random initialisation).
+        #[arg(long)]
+        weights: Option<PathBuf>,
+        /// Training images, one sub-folder per class.
+        #[arg(long)]
+        data: PathBuf,
+        /// Validation images, the same class sub-folders.
+        #[arg(long)]
+        val: Option<PathBuf>,
+        /// Which parameters train (`linear-bn-eval`: the head only, every
+        /// BatchNorm in evaluation mode).
+        #[arg(long, default_value = "linear-bn-eval", value_parser = clap::builder::PossibleValuesParser::new(Case::all_names()))]
+        case: String,
+        /// Passes over the training images.
+        #[arg(long, default_value_t = 1)]
+        epochs: usize,
+        /// Images per step.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        /// Image size.
+        #[arg(long, default_value_t = 224)]
+        size: usize,
+        /// Learning rate.
+        #[arg(long, default_value_t = 0.01)]
+        lr: f64,
+        /// Optimizer (sgd has momentum 0.9).
+        #[arg(long, default_value = "sgd", value_parser = ["sgd", "adam", "adamw"])]
+        optimizer: String,
+        /// Update each parameter inside backward as soon as its gradient is final.
+        #[arg(long)]
+        fused: bool,
+        /// The checkpoint folder written after every epoch.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Resume from this checkpoint folder.
+        #[arg(long)]
+        resume: Option<PathBuf>,
+        /// Seed of the shuffling and the random crops and flips.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Threads decoding images ahead of the step.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// `auto`: CUDA 0 when it can be opened, else the CPU.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
+        device: String,
+        /// Write only JSON to stdout (no progress bar).
+        #[arg(long)]
+        json: bool,
     },
     /// Adversarial examples (FGSM, PGD, PGD-L2) against an image classifier
     /// with every parameter frozen: writes each adversarial image as PNG
@@ -264,6 +325,51 @@ fn run(cli: Cli) -> Result<()> {
                 plan.to_json() + "\n"
             } else {
                 plan.to_table(top)
+            };
+            emit(&text)?;
+        }
+        Command::Finetune {
+            model,
+            weights,
+            data,
+            val,
+            case,
+            epochs,
+            batch,
+            size,
+            lr,
+            optimizer,
+            fused,
+            out,
+            resume,
+            seed,
+            workers,
+            device,
+            json,
+        } => {
+            let opts = FinetuneOptions {
+                weights,
+                val,
+                case,
+                epochs,
+                batch,
+                size,
+                lr,
+                optimizer: OptimizerKind::parse(&optimizer)?,
+                fused,
+                out,
+                resume,
+                device: jobs::choose_device(&device)?,
+                seed,
+                workers,
+                quiet: json,
+                ..FinetuneOptions::new(&model, data)
+            };
+            let report = finetune::run(&opts)?;
+            let text = if json {
+                serde_json::to_string_pretty(&report)? + "\n"
+            } else {
+                finetune::describe(&report)
             };
             emit(&text)?;
         }

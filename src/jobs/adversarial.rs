@@ -14,11 +14,11 @@
 //! success rate is the fraction whose prediction the attack changed (or,
 //! targeted, moved to the target).
 
-use super::{image_files, image_model, read_square, Progress};
+use super::{image_files, image_model, read_square, ImageClassifier, Progress};
 use crate::autograd::{no_grad, with_save_policy, SavePolicy};
 use crate::data::{normalize, write_png, PngDepth, IMAGENET_MEAN, IMAGENET_STD};
 use crate::memory::Ledger;
-use crate::memory_plan::{parse_case, StepModel};
+use crate::memory_plan::parse_case;
 use crate::ops::CrossEntropyOptions;
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
@@ -206,7 +206,6 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
         &opts.model,
         opts.weights.as_deref(),
         opts.classes,
-        opts.size,
         opts.device,
     )?;
     parse_case("input-bn-eval")?.apply(model.as_mut())?;
@@ -311,7 +310,7 @@ fn check(opts: &AdversarialOptions) -> Result<()> {
 }
 
 /// The classes predicted for images `x` (no graph recorded).
-fn predict(model: &dyn StepModel, x: &Tensor) -> Result<Vec<usize>> {
+fn predict(model: &dyn ImageClassifier, x: &Tensor) -> Result<Vec<usize>> {
     let _g = no_grad();
     let logits = model.step_logits(&normalize(x, &IMAGENET_MEAN, &IMAGENET_STD)?)?;
     Ok(logits
@@ -324,7 +323,11 @@ fn predict(model: &dyn StepModel, x: &Tensor) -> Result<Vec<usize>> {
 
 /// The gradient of the cross-entropy to `targets` with respect to the
 /// images `x` (the only thing requiring grad), and the loss.
-fn input_grad(model: &dyn StepModel, x: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+fn input_grad(
+    model: &dyn ImageClassifier,
+    x: &Tensor,
+    targets: &Tensor,
+) -> Result<(Tensor, Tensor)> {
     let x = x.detach().set_requires_grad(true)?;
     let logits = model.step_logits(&normalize(&x, &IMAGENET_MEAN, &IMAGENET_STD)?)?;
     let loss = logits.cross_entropy(targets, CrossEntropyOptions::default())?;
@@ -337,7 +340,7 @@ fn input_grad(model: &dyn StepModel, x: &Tensor, targets: &Tensor) -> Result<(Te
 
 /// The adversarial images for `x`.
 fn attack(
-    model: &dyn StepModel,
+    model: &dyn ImageClassifier,
     x: &Tensor,
     targets: &Tensor,
     opts: &AdversarialOptions,
@@ -401,7 +404,7 @@ fn predict_memory(opts: &AdversarialOptions) -> Result<AttackMemory> {
     let peak = |policy: SavePolicy| -> Result<usize> {
         let ledger = Ledger::new();
         let _l = ledger.enter();
-        let mut model = image_model(&opts.model, None, opts.classes, opts.size, Device::Meta)?;
+        let mut model = image_model(&opts.model, None, opts.classes, Device::Meta)?;
         parse_case("input-bn-eval")?.apply(model.as_mut())?;
         let n = opts.batch;
         let x = Tensor::zeros(&[n, 3, opts.size, opts.size], DType::F32, Device::Meta)?;

@@ -1,6 +1,8 @@
 //! The jobs leangrad is for, as library functions with the same options as
 //! their commands: [`adversarial`] (adversarial examples with every
-//! parameter frozen: only the input gets a gradient).
+//! parameter frozen: only the input gets a gradient) and [`finetune`]
+//! (a classifier with a new head on an image folder, backbone frozen by
+//! the named case).
 //!
 //! What they share lives here: choosing the device (`auto`, `cpu`,
 //! `cuda`), building a model by name with or without weights, the image
@@ -8,11 +10,15 @@
 //! the ledger's current and peak device memory).
 
 pub mod adversarial;
+pub mod finetune;
 
 use crate::data::{has_image_extension, read_image, CenterCrop, Compose, Resize, Transform};
 use crate::io::{load_safetensors, load_state_dict, LoadOptions};
 use crate::memory::Ledger;
-use crate::memory_plan::{find_model, InputKind, StepModel};
+use crate::memory_plan::StepModel;
+use crate::models::{
+    MobileNetV2, MobileNetV2Config, ReplaceHead, ResNet, ResNetConfig, Vgg, VggConfig,
+};
 use crate::{DType, Device, Error, Result, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
@@ -38,29 +44,91 @@ pub fn choose_device(choice: &str) -> Result<Device> {
     }
 }
 
-/// An image classifier by name (`resnet18`, `vgg16`, `mobilenet_v2`, … the
-/// image models of `leangrad memory`), in f32 on `device`, with `classes`
-/// outputs; with `weights` (a safetensors file of a torchvision
-/// `state_dict()`), loaded strictly (every name and shape must match),
-/// otherwise randomly initialised.
+/// An image classifier the jobs can use: a step model (forward to logits,
+/// freezable by name) whose head can be replaced.
+pub trait ImageClassifier: StepModel + ReplaceHead {}
+
+impl<T: StepModel + ReplaceHead> ImageClassifier for T {}
+
+/// The image classifiers the jobs know, by torchvision's names.
+pub const CLASSIFIERS: &[&str] = &[
+    "resnet18",
+    "resnet50",
+    "vgg16",
+    "vgg16_bn",
+    "vgg19",
+    "vgg19_bn",
+    "mobilenet_v2",
+];
+
+/// The classifier `name` (one of [`CLASSIFIERS`]) with `classes` outputs,
+/// randomly initialised (seed 0) in f32 on `device`.
+pub fn build_classifier(
+    name: &str,
+    classes: usize,
+    device: Device,
+) -> Result<Box<dyn ImageClassifier>> {
+    let f32 = DType::F32;
+    Ok(match name {
+        "resnet18" => Box::new(ResNet::new(
+            ResNetConfig::resnet18(classes),
+            f32,
+            device,
+            0,
+        )?),
+        "resnet50" => Box::new(ResNet::new(
+            ResNetConfig::resnet50(classes),
+            f32,
+            device,
+            0,
+        )?),
+        "vgg16" | "vgg16_bn" | "vgg19" | "vgg19_bn" => {
+            let bn = name.ends_with("_bn");
+            let config = if name.starts_with("vgg16") {
+                VggConfig::vgg16(bn, classes)
+            } else {
+                VggConfig::vgg19(bn, classes)
+            };
+            Box::new(Vgg::new(&config, f32, device, 0)?)
+        }
+        "mobilenet_v2" => Box::new(MobileNetV2::new(
+            &MobileNetV2Config::v2(classes),
+            f32,
+            device,
+            0,
+        )?),
+        _ => {
+            return Err(Error::InvalidArgument {
+                op: "model",
+                msg: format!("unknown model `{name}`; known: {}", CLASSIFIERS.join(", ")),
+            })
+        }
+    })
+}
+
+/// The classifier `name` on `device` with `classes` outputs: with `weights`
+/// (a safetensors file of the torchvision model's `state_dict()`, of any
+/// class count), the weights are loaded strictly (every name and shape must
+/// match) and the head is then replaced when its class count differs
+/// (a fresh head, as `model.fc = nn.Linear(…, classes)`); without, the model
+/// is randomly initialised.
 pub fn image_model(
     name: &str,
     weights: Option<&Path>,
     classes: usize,
-    size: usize,
     device: Device,
-) -> Result<Box<dyn StepModel>> {
-    let entry = find_model(name)?;
-    if !matches!(entry.input, InputKind::Image { .. }) {
-        return Err(Error::InvalidArgument {
-            op: "model",
-            msg: format!("{name} does not read images"),
-        });
-    }
-    let model = (entry.build)(classes, size, DType::F32, device)?;
-    if let Some(path) = weights {
-        let tensors = load_safetensors(path)?;
-        load_state_dict(model.as_ref(), &tensors, LoadOptions::default())?;
+) -> Result<Box<dyn ImageClassifier>> {
+    let Some(path) = weights else {
+        return build_classifier(name, classes, device);
+    };
+    let tensors = load_safetensors(path)?;
+    let probe = build_classifier(name, classes, Device::Meta)?;
+    let head = format!("{}.weight", probe.head_name());
+    let file_classes = tensors.get(&head).map_or(classes, |w| w.shape()[0]);
+    let mut model = build_classifier(name, file_classes, device)?;
+    load_state_dict(model.as_ref(), &tensors, LoadOptions::default())?;
+    if file_classes != classes {
+        model.replace_head(classes, 0)?;
     }
     Ok(model)
 }

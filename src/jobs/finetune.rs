@@ -1,0 +1,440 @@
+//! Fine-tuning an image classifier on a folder of images: the model's head
+//! is replaced to match the folder's classes, the backbone is frozen by a
+//! named case (default `linear-bn-eval`: only Linear layers train, every
+//! BatchNorm in evaluation mode), and the rest trains with SGD, Adam or
+//! AdamW, optionally with the update fused into backward. Each epoch
+//! reports the training loss and accuracy and, with a validation folder,
+//! the validation accuracy; a checkpoint (model, optimizer, progress) is
+//! written after every epoch and a run resumes from one bit for bit.
+//!
+//! Training images get torchvision's `RandomResizedCrop(size)` and
+//! `RandomHorizontalFlip()`, validation images `Resize(size·256/224)` and
+//! `CenterCrop(size)`; both are normalised with ImageNet's mean and std.
+
+use super::{image_model, ImageClassifier, Progress};
+use crate::autograd::{no_grad, SavePolicy};
+use crate::data::{
+    CenterCrop, Compose, DataLoader, ImageFolder, Normalize, RandomHorizontalFlip,
+    RandomResizedCrop, Resize,
+};
+use crate::io::{state_dict, Checkpoint};
+use crate::memory::Ledger;
+use crate::memory_plan::{parse_case, run_step, OptimizerKind, StepInput, StepModel, StepSpec};
+use crate::models::Case;
+use crate::ops::CrossEntropyOptions;
+use crate::optim::{Adam, Algorithm, CheckpointHyper, Optimizer, Sgd};
+use crate::{DType, Device, Error, Result, Tensor};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// What [`run`] does; [`FinetuneOptions::new`] gives the defaults of the
+/// `leangrad finetune` command.
+#[derive(Clone, Debug)]
+pub struct FinetuneOptions {
+    /// The model (one of [`super::CLASSIFIERS`]).
+    pub model: String,
+    /// A safetensors file of the torchvision model's `state_dict()`; `None`
+    /// trains from a random initialisation (and says so).
+    pub weights: Option<PathBuf>,
+    /// The training images, one sub-folder per class (ImageFolder).
+    pub data: PathBuf,
+    /// Validation images with the same class folders.
+    pub val: Option<PathBuf>,
+    /// Which parameters train and whether BatchNorm is in evaluation mode.
+    pub case: String,
+    /// Passes over the training images.
+    pub epochs: usize,
+    /// Images per step.
+    pub batch: usize,
+    /// Image height and width.
+    pub size: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// The optimizer (SGD has momentum 0.9).
+    pub optimizer: OptimizerKind,
+    /// Update each parameter inside backward, as soon as its gradient is
+    /// final (`Optimizer::backward_step`).
+    pub fused: bool,
+    /// The checkpoint folder written after every epoch.
+    pub out: Option<PathBuf>,
+    /// A checkpoint folder to resume from.
+    pub resume: Option<PathBuf>,
+    /// Where to train.
+    pub device: Device,
+    /// Seed of the shuffling and the random transforms.
+    pub seed: u64,
+    /// Threads decoding images ahead of the training step.
+    pub workers: usize,
+    /// No progress bar.
+    pub quiet: bool,
+}
+
+impl FinetuneOptions {
+    /// The head only (`linear-bn-eval`) with SGD (lr 0.01, momentum 0.9),
+    /// one epoch of batches of 32 images of 224², two decoding threads,
+    /// on the CPU.
+    pub fn new(model: &str, data: impl Into<PathBuf>) -> Self {
+        FinetuneOptions {
+            model: model.to_string(),
+            weights: None,
+            data: data.into(),
+            val: None,
+            case: "linear-bn-eval".into(),
+            epochs: 1,
+            batch: 32,
+            size: 224,
+            lr: 0.01,
+            optimizer: OptimizerKind::Sgd,
+            fused: false,
+            out: None,
+            resume: None,
+            device: Device::Cpu,
+            seed: 0,
+            workers: 2,
+            quiet: true,
+        }
+    }
+}
+
+/// One epoch's numbers.
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochResult {
+    /// The epoch (from 0).
+    pub epoch: usize,
+    /// Mean training loss over the epoch's batches.
+    pub train_loss: f64,
+    /// Training accuracy (of the predictions made while training).
+    pub train_accuracy: f64,
+    /// Validation accuracy, with a validation folder.
+    pub val_accuracy: Option<f64>,
+    /// Training images per second.
+    pub images_per_second: f64,
+}
+
+/// Bytes of one training step: predicted on the meta device under the lean
+/// policy and keeping what PyTorch's autograd keeps, and the peak measured
+/// over the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepBytes {
+    /// Peak of one step, lean (predicted).
+    pub lean_step_bytes: usize,
+    /// Peak of the same step keeping what PyTorch keeps (predicted).
+    pub pytorch_step_bytes: usize,
+    /// Peak measured on the device over the whole run.
+    pub measured_peak_bytes: usize,
+}
+
+/// The outcome of [`run`].
+#[derive(Clone, Debug, Serialize)]
+pub struct FinetuneReport {
+    /// The model.
+    pub model: String,
+    /// Whether it started from a random initialisation.
+    pub random_init: bool,
+    /// The classes (sub-folder names, in index order).
+    pub classes: Vec<String>,
+    /// The case.
+    pub case: String,
+    /// Parameters trained / in the model.
+    pub trainable_parameters: usize,
+    /// All parameters.
+    pub parameters: usize,
+    /// Where it ran.
+    pub device: String,
+    /// The epoch it started from (0, or the resumed checkpoint's next).
+    pub first_epoch: usize,
+    /// Each epoch run.
+    pub epochs: Vec<EpochResult>,
+    /// Memory.
+    pub memory: StepBytes,
+    /// The checkpoint written last.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// Fine-tunes as `opts` says.
+pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
+    if opts.batch == 0 || opts.size == 0 || opts.epochs == 0 {
+        return Err(Error::InvalidArgument {
+            op: "finetune",
+            msg: "batch, size and epochs must be at least 1".into(),
+        });
+    }
+    if !(opts.lr.is_finite() && opts.lr > 0.0) {
+        return Err(Error::InvalidArgument {
+            op: "finetune",
+            msg: format!(
+                "the learning rate must be a positive number, not {}",
+                opts.lr
+            ),
+        });
+    }
+    let case = parse_case(&opts.case)?;
+    let train = ImageFolder::new(&opts.data)?.with_transform(
+        Compose::new()
+            .then(RandomResizedCrop::new(opts.size))
+            .then(RandomHorizontalFlip::default())
+            .then(Normalize::imagenet()),
+    );
+    let classes = train.classes().to_vec();
+    let val = match &opts.val {
+        Some(dir) => {
+            let v = ImageFolder::new(dir)?.with_transform(
+                Compose::new()
+                    .then(Resize::shorter(opts.size * 256 / 224))
+                    .then(CenterCrop::square(opts.size))
+                    .then(Normalize::imagenet()),
+            );
+            if v.classes() != classes.as_slice() {
+                return Err(Error::Image {
+                    path: dir.clone(),
+                    reason: format!(
+                        "its class folders {:?} differ from the training folders {:?}",
+                        v.classes(),
+                        classes
+                    ),
+                });
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let memory = predict_step(opts, case, classes.len())?;
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let mut model = image_model(
+        &opts.model,
+        opts.weights.as_deref(),
+        classes.len(),
+        opts.device,
+    )?;
+    case.apply(model.as_mut())?;
+    let all = model.parameters();
+    let params: Vec<Tensor> = all.iter().filter(|p| p.requires_grad()).cloned().collect();
+    if params.is_empty() {
+        return Err(Error::InvalidArgument {
+            op: "finetune",
+            msg: format!("case `{}` trains no parameter of {}", opts.case, opts.model),
+        });
+    }
+    let job = Job {
+        opts,
+        case,
+        model: model.as_mut(),
+        train: DataLoader::new(train, opts.batch)?
+            .shuffle(true)
+            .seed(opts.seed)
+            .workers(opts.workers)
+            .device(opts.device),
+        val: val
+            .map(|v| {
+                DataLoader::new(v, opts.batch).map(|l| l.workers(opts.workers).device(opts.device))
+            })
+            .transpose()?,
+        ledger: &ledger,
+    };
+    let (first_epoch, epochs, checkpoint) = match opts.optimizer {
+        OptimizerKind::Sgd => job.train(Optimizer::new(
+            params.clone(),
+            Sgd::new(opts.lr).momentum(0.9),
+        )?)?,
+        OptimizerKind::Adam => job.train(Optimizer::new(params.clone(), Adam::new(opts.lr))?)?,
+        OptimizerKind::Adamw => job.train(Optimizer::new(params.clone(), Adam::adamw(opts.lr))?)?,
+    };
+    Ok(FinetuneReport {
+        model: opts.model.clone(),
+        random_init: opts.weights.is_none(),
+        classes,
+        case: opts.case.clone(),
+        trainable_parameters: params.iter().map(Tensor::numel).sum(),
+        parameters: all.iter().map(Tensor::numel).sum(),
+        device: opts.device.to_string(),
+        first_epoch,
+        epochs,
+        memory: StepBytes {
+            measured_peak_bytes: ledger.peak(opts.device),
+            ..memory
+        },
+        checkpoint,
+    })
+}
+
+/// One step of the same model, case, batch and optimizer on the meta
+/// device under both policies.
+fn predict_step(opts: &FinetuneOptions, case: Case, classes: usize) -> Result<StepBytes> {
+    let spec = StepSpec {
+        batch: opts.batch,
+        input: StepInput::Image {
+            channels: 3,
+            size: opts.size,
+        },
+        classes,
+        dtype: DType::F32,
+        optimizer: opts.optimizer,
+        fused: opts.fused,
+        case,
+        device: Device::Meta,
+    };
+    let name = opts.model.clone();
+    let build = move |_: DType, device: Device| -> Result<Box<dyn StepModel>> {
+        Ok(image_model(&name, None, classes, device)?)
+    };
+    let peak = |policy| run_step(&build, &spec, policy).map(|m| m.report.peak_total);
+    Ok(StepBytes {
+        lean_step_bytes: peak(SavePolicy::Lean)?,
+        pytorch_step_bytes: peak(SavePolicy::SaveAll)?,
+        measured_peak_bytes: 0,
+    })
+}
+
+/// The training run's parts.
+struct Job<'a> {
+    opts: &'a FinetuneOptions,
+    case: Case,
+    model: &'a mut dyn ImageClassifier,
+    train: DataLoader<ImageFolder>,
+    val: Option<DataLoader<ImageFolder>>,
+    ledger: &'a Ledger,
+}
+
+impl Job<'_> {
+    /// Every epoch, from the resumed one; returns the first epoch, the
+    /// epochs' results and the last checkpoint written.
+    fn train<A: Algorithm + CheckpointHyper>(
+        mut self,
+        mut opt: Optimizer<A>,
+    ) -> Result<(usize, Vec<EpochResult>, Option<PathBuf>)> {
+        let mut first = 0;
+        if let Some(dir) = &self.opts.resume {
+            let ckpt = Checkpoint::load(dir)?;
+            ckpt.restore(&state_dict(&*self.model, ""), &mut opt, None)?;
+            first = ckpt.progress.epoch as usize + 1;
+        }
+        let mut results = Vec::new();
+        let mut written = None;
+        for epoch in first..self.opts.epochs {
+            results.push(self.epoch(epoch, &mut opt)?);
+            if let Some(dir) = &self.opts.out {
+                let steps = (epoch as u64 + 1) * self.train.num_batches() as u64;
+                Checkpoint::capture(&state_dict(&*self.model, ""), &opt, None)?
+                    .with_progress(epoch as u64, steps)
+                    .with_metadata("model", self.opts.model.as_str())
+                    .save(dir)?;
+                written = Some(dir.clone());
+            }
+        }
+        Ok((first, results, written))
+    }
+
+    fn epoch<A: Algorithm>(&mut self, epoch: usize, opt: &mut Optimizer<A>) -> Result<EpochResult> {
+        let progress = Progress::new(
+            self.train.num_batches() as u64,
+            &format!("epoch {epoch}"),
+            self.ledger,
+            self.opts.device,
+            self.opts.quiet,
+        );
+        let start = Instant::now();
+        let (mut loss_sum, mut batches, mut right, mut seen) = (0.0, 0usize, 0usize, 0usize);
+        for batch in self.train.epoch(epoch as u64) {
+            let batch = batch?;
+            let logits = self.model.step_logits(&batch.images)?;
+            let loss = logits.cross_entropy(&batch.labels, CrossEntropyOptions::default())?;
+            right += correct(&logits, &batch.labels)?;
+            seen += batch.indices.len();
+            let value = loss.to_scalar()?;
+            if self.opts.fused {
+                opt.backward_step(&loss)?;
+            } else {
+                loss.backward()?;
+                opt.step()?;
+                opt.zero_grad();
+            }
+            loss_sum += value;
+            batches += 1;
+            progress.step(value);
+        }
+        progress.finish();
+        let seconds = start.elapsed().as_secs_f64();
+        let val_accuracy = self.validate()?;
+        Ok(EpochResult {
+            epoch,
+            train_loss: loss_sum / batches.max(1) as f64,
+            train_accuracy: right as f64 / seen.max(1) as f64,
+            val_accuracy,
+            images_per_second: seen as f64 / seconds.max(1e-9),
+        })
+    }
+
+    /// Accuracy on the validation images, every layer in evaluation mode.
+    fn validate(&mut self) -> Result<Option<f64>> {
+        let Some(val) = &self.val else {
+            return Ok(None);
+        };
+        self.model.set_training(false);
+        let _g = no_grad();
+        let (mut right, mut seen) = (0, 0);
+        for batch in val.epoch(0) {
+            let batch = batch?;
+            right += correct(&self.model.step_logits(&batch.images)?, &batch.labels)?;
+            seen += batch.indices.len();
+        }
+        // Back to the case's modes (BatchNorm in evaluation mode or not).
+        self.model.set_training(self.case.training());
+        Ok(Some(right as f64 / seen.max(1) as f64))
+    }
+}
+
+/// How many rows of `logits` have their largest value at the label.
+fn correct(logits: &Tensor, labels: &Tensor) -> Result<usize> {
+    let predicted = logits.detach().argmax(1, false)?.to_vec::<i64>()?;
+    let labels = labels.to_vec::<i64>()?;
+    Ok(predicted
+        .iter()
+        .zip(&labels)
+        .filter(|(p, l)| p == l)
+        .count())
+}
+
+/// A few lines for people: per-epoch numbers, memory, checkpoint.
+pub fn describe(r: &FinetuneReport) -> String {
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    let mut s = String::new();
+    if r.random_init {
+        s += "note: no --weights given: the model starts from a random initialisation\n";
+    }
+    s += &format!(
+        "{} on {}: {} classes, case {} trains {} of {} parameters\n",
+        r.model,
+        r.device,
+        r.classes.len(),
+        r.case,
+        r.trainable_parameters,
+        r.parameters
+    );
+    for e in &r.epochs {
+        s += &format!(
+            "epoch {:>3}  loss {:.4}  train accuracy {:.1}%{}  {:.1} images/s\n",
+            e.epoch,
+            e.train_loss,
+            100.0 * e.train_accuracy,
+            e.val_accuracy.map_or(String::new(), |v| format!(
+                "  val accuracy {:.1}%",
+                100.0 * v
+            )),
+            e.images_per_second
+        );
+    }
+    let m = &r.memory;
+    s += &format!(
+        "memory of one training step: {:.1} MiB (keeping what PyTorch keeps: {:.1} MiB, {:.2}×); measured peak {:.1} MiB\n",
+        mib(m.lean_step_bytes),
+        mib(m.pytorch_step_bytes),
+        m.pytorch_step_bytes as f64 / m.lean_step_bytes.max(1) as f64,
+        mib(m.measured_peak_bytes)
+    );
+    if let Some(c) = &r.checkpoint {
+        s += &format!("checkpoint: {}\n", c.display());
+    }
+    s
+}

@@ -1,0 +1,189 @@
+//! `leangrad finetune` as a library function on a tiny image folder:
+//! what trains, resuming bit for bit, fused = usual, memory and errors.
+
+use leangrad::data::{write_png, PngDepth};
+use leangrad::io::load_safetensors;
+use leangrad::jobs::finetune::{run, FinetuneOptions};
+use leangrad::memory_plan::OptimizerKind;
+use leangrad::{DType, Device, Error, Tensor};
+use std::path::{Path, PathBuf};
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("leangrad-ft-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Six 40×40 images per class: `dark/` in [0, 0.4], `light/` in [0.6, 1].
+fn folder(root: &Path, name: &str, classes: &[&str]) -> PathBuf {
+    let dir = root.join(name);
+    for (c, class) in classes.iter().enumerate() {
+        std::fs::create_dir_all(dir.join(class)).unwrap();
+        for i in 0..6 {
+            let lo = if c == 0 { 0.0 } else { 0.6 };
+            let t = Tensor::rand_range(
+                &[3, 40, 40],
+                lo,
+                lo + 0.4,
+                DType::F32,
+                Device::Cpu,
+                (10 * c + i) as u64,
+            )
+            .unwrap();
+            write_png(
+                &t,
+                dir.join(class).join(format!("{i}.png")),
+                PngDepth::Eight,
+            )
+            .unwrap();
+        }
+    }
+    dir
+}
+
+fn options(root: &Path) -> FinetuneOptions {
+    FinetuneOptions {
+        size: 32,
+        batch: 4,
+        epochs: 2,
+        lr: 0.05,
+        workers: 1,
+        val: Some(folder(root, "val", &["dark", "light"])),
+        ..FinetuneOptions::new("resnet18", folder(root, "train", &["dark", "light"]))
+    }
+}
+
+fn weights(ckpt: &Path) -> Vec<(String, Vec<u8>)> {
+    load_safetensors(ckpt.join("model.safetensors"))
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| {
+            (
+                n,
+                t.to_vec::<f32>()
+                    .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_head_trains_and_a_resumed_run_ends_bit_for_bit_where_an_unbroken_one_does() {
+    let root = tempdir("resume");
+    let whole = run(&FinetuneOptions {
+        out: Some(root.join("whole")),
+        ..options(&root)
+    })
+    .unwrap();
+    assert!(whole.random_init);
+    assert_eq!(whole.classes, ["dark", "light"]);
+    // linear-bn-eval on ResNet-18: only fc (512·2 + 2) trains.
+    assert_eq!(whole.trainable_parameters, 512 * 2 + 2);
+    assert_eq!(whole.epochs.len(), 2);
+    for e in &whole.epochs {
+        assert!(e.train_loss.is_finite());
+        let v = e.val_accuracy.unwrap();
+        assert!((0.0..=1.0).contains(&v));
+    }
+    assert!(whole.memory.lean_step_bytes <= whole.memory.pytorch_step_bytes);
+    assert!(whole.memory.measured_peak_bytes > 0);
+
+    // The backbone is untouched: every tensor but fc equals a fresh model's.
+    let fresh = leangrad::jobs::image_model("resnet18", None, 2, Device::Cpu).unwrap();
+    let mut fresh: Vec<(String, Tensor)> = leangrad::io::state_dict(fresh.as_ref(), "");
+    fresh.sort_by(|a, b| a.0.cmp(&b.0));
+    let trained = weights(&root.join("whole"));
+    assert_eq!(fresh.len(), trained.len());
+    let mut changed = Vec::new();
+    for ((name, t), (n2, bytes)) in fresh.iter().zip(&trained) {
+        assert_eq!(name, n2);
+        let same = t
+            .to_vec::<f32>()
+            .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>() == *bytes)
+            .unwrap_or(true);
+        if !same {
+            changed.push(name.clone());
+        }
+    }
+    assert_eq!(changed, ["fc.bias", "fc.weight"]);
+
+    // One epoch, then a resumed second one: the same bytes.
+    run(&FinetuneOptions {
+        epochs: 1,
+        out: Some(root.join("first")),
+        ..options(&root)
+    })
+    .unwrap();
+    let resumed = run(&FinetuneOptions {
+        resume: Some(root.join("first")),
+        out: Some(root.join("resumed")),
+        ..options(&root)
+    })
+    .unwrap();
+    assert_eq!(resumed.first_epoch, 1);
+    assert_eq!(resumed.epochs.len(), 1);
+    assert_eq!(weights(&root.join("resumed")), trained);
+    assert_eq!(
+        resumed.epochs[0].train_loss.to_bits(),
+        whole.epochs[1].train_loss.to_bits()
+    );
+}
+
+#[test]
+fn the_fused_update_gives_the_usual_one_bit_for_bit() {
+    let root = tempdir("fused");
+    for optimizer in [OptimizerKind::Sgd, OptimizerKind::Adamw] {
+        let usual = run(&FinetuneOptions {
+            optimizer,
+            epochs: 1,
+            out: Some(root.join("usual")),
+            ..options(&root)
+        })
+        .unwrap();
+        let fused = run(&FinetuneOptions {
+            optimizer,
+            epochs: 1,
+            fused: true,
+            out: Some(root.join("fused")),
+            ..options(&root)
+        })
+        .unwrap();
+        assert_eq!(weights(&root.join("usual")), weights(&root.join("fused")));
+        assert_eq!(
+            usual.epochs[0].train_loss.to_bits(),
+            fused.epochs[0].train_loss.to_bits()
+        );
+    }
+}
+
+#[test]
+fn mismatched_folders_and_bad_options_are_typed_errors() {
+    let root = tempdir("errors");
+    let other = folder(&root, "other", &["dark", "medium", "light"]);
+    match run(&FinetuneOptions {
+        val: Some(other.clone()),
+        ..options(&root)
+    }) {
+        Err(Error::Image { path, .. }) => assert_eq!(path, other),
+        r => panic!("{:?}", r.map(|r| r.epochs)),
+    }
+    assert!(matches!(
+        run(&FinetuneOptions {
+            lr: -1.0,
+            ..options(&root)
+        }),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(run(&FinetuneOptions {
+        case: "nonsense".into(),
+        ..options(&root)
+    })
+    .is_err());
+    let missing = root.join("missing");
+    assert!(matches!(
+        run(&FinetuneOptions::new("resnet18", &missing)),
+        Err(Error::Image { .. })
+    ));
+}
