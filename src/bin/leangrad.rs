@@ -224,6 +224,16 @@ fn emit(text: &str) -> Result<()> {
     }
 }
 
+/// Writes a job's report: as JSON only, or described for people.
+fn report<R: serde::Serialize>(report: &R, json: bool, describe: fn(&R) -> String) -> Result<()> {
+    let text = if json {
+        serde_json::to_string_pretty(report)? + "\n"
+    } else {
+        describe(report)
+    };
+    emit(&text)
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Demo {
@@ -365,13 +375,7 @@ fn run(cli: Cli) -> Result<()> {
                 quiet: json,
                 ..FinetuneOptions::new(&model, data)
             };
-            let report = finetune::run(&opts)?;
-            let text = if json {
-                serde_json::to_string_pretty(&report)? + "\n"
-            } else {
-                finetune::describe(&report)
-            };
-            emit(&text)?;
+            report(&finetune::run(&opts)?, json, finetune::describe)?;
         }
         Command::Adversarial {
             model,
@@ -405,13 +409,7 @@ fn run(cli: Cli) -> Result<()> {
                 quiet: json,
                 ..AdversarialOptions::new(&model, images, out)
             };
-            let report = adversarial::run(&opts)?;
-            let text = if json {
-                serde_json::to_string_pretty(&report)? + "\n"
-            } else {
-                adversarial::describe(&report)
-            };
-            emit(&text)?;
+            report(&adversarial::run(&opts)?, json, adversarial::describe)?;
         }
     }
     Ok(())

@@ -14,7 +14,7 @@
 //! success rate is the fraction whose prediction the attack changed (or,
 //! targeted, moved to the target).
 
-use super::{image_files, image_model, read_square, ImageClassifier, Progress};
+use super::{image_files, image_model, read_square, ImageClassifier, Progress, StepBytes};
 use crate::autograd::{no_grad, with_save_policy, SavePolicy};
 use crate::data::{normalize, write_png, PngDepth, IMAGENET_MEAN, IMAGENET_STD};
 use crate::memory::Ledger;
@@ -135,20 +135,6 @@ pub struct ImageResult {
     pub l2: f64,
 }
 
-/// Device memory of one attack step (forward, loss, input gradient) of the
-/// first batch, predicted on the meta device under both policies, and the
-/// peak measured over the whole run.
-#[derive(Clone, Debug, Serialize)]
-pub struct AttackMemory {
-    /// Peak bytes of one step under the lean policy (predicted).
-    pub lean_step_bytes: usize,
-    /// Peak bytes of the same step keeping what PyTorch's autograd keeps
-    /// (predicted).
-    pub pytorch_step_bytes: usize,
-    /// Peak bytes measured on the device over the whole run.
-    pub measured_peak_bytes: usize,
-}
-
 /// The outcome of [`run`].
 #[derive(Clone, Debug, Serialize)]
 pub struct AdversarialReport {
@@ -182,7 +168,7 @@ pub struct AdversarialReport {
     /// Mean L2 norm of the perturbations.
     pub l2_mean: f64,
     /// Memory, lean next to what PyTorch keeps.
-    pub memory: AttackMemory,
+    pub memory: StepBytes,
     /// Seconds the attack took.
     pub seconds: f64,
     /// Every image.
@@ -274,7 +260,7 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
     }
     progress.finish();
     let seconds = start.elapsed().as_secs_f64();
-    let memory = AttackMemory {
+    let memory = StepBytes {
         measured_peak_bytes: ledger.peak(opts.device),
         ..memory
     };
@@ -400,7 +386,7 @@ fn per_image_l2(t: &Tensor) -> Result<Tensor> {
 
 /// One attack step of the first batch on the meta device, under the lean
 /// policy and under PyTorch's, each in a fresh ledger.
-fn predict_memory(opts: &AdversarialOptions) -> Result<AttackMemory> {
+fn predict_memory(opts: &AdversarialOptions) -> Result<StepBytes> {
     let peak = |policy: SavePolicy| -> Result<usize> {
         let ledger = Ledger::new();
         let _l = ledger.enter();
@@ -413,7 +399,7 @@ fn predict_memory(opts: &AdversarialOptions) -> Result<AttackMemory> {
         drop(input_grad(model.as_ref(), &x, &targets)?);
         Ok(ledger.peak(Device::Meta))
     };
-    Ok(AttackMemory {
+    Ok(StepBytes {
         lean_step_bytes: peak(SavePolicy::Lean)?,
         pytorch_step_bytes: peak(SavePolicy::SaveAll)?,
         measured_peak_bytes: 0,
@@ -423,7 +409,7 @@ fn predict_memory(opts: &AdversarialOptions) -> Result<AttackMemory> {
 fn summarise(
     opts: &AdversarialOptions,
     images: Vec<ImageResult>,
-    memory: AttackMemory,
+    memory: StepBytes,
     seconds: f64,
 ) -> AdversarialReport {
     let n = images.len().max(1) as f64;
@@ -469,7 +455,6 @@ fn summarise(
 
 /// A few lines for people: accuracies, success, norms, memory.
 pub fn describe(r: &AdversarialReport) -> String {
-    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
     let pct = |v: Option<f64>| v.map_or("n/a (no labels)".into(), |v| format!("{:.1}%", 100.0 * v));
     let mut s = String::new();
     if r.random_init {
@@ -498,14 +483,7 @@ pub fn describe(r: &AdversarialReport) -> String {
         "perturbation: L∞ mean {:.4} max {:.4}, L2 mean {:.4}\n",
         r.linf_mean, r.linf_max, r.l2_mean
     );
-    let m = &r.memory;
-    s += &format!(
-        "memory of one attack step, parameters included: {:.1} MiB (keeping what PyTorch keeps: {:.1} MiB, {:.2}×); measured peak {:.1} MiB\n",
-        mib(m.lean_step_bytes),
-        mib(m.pytorch_step_bytes),
-        m.pytorch_step_bytes as f64 / m.lean_step_bytes.max(1) as f64,
-        mib(m.measured_peak_bytes)
-    );
+    s += &r.memory.describe("attack step");
     s
 }
 

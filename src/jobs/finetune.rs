@@ -11,7 +11,7 @@
 //! `RandomHorizontalFlip()`, validation images `Resize(size·256/224)` and
 //! `CenterCrop(size)`; both are normalised with ImageNet's mean and std.
 
-use super::{image_model, ImageClassifier, Progress};
+use super::{image_model, ImageClassifier, Progress, StepBytes};
 use crate::autograd::{no_grad, SavePolicy};
 use crate::data::{
     CenterCrop, Compose, DataLoader, ImageFolder, Normalize, RandomHorizontalFlip,
@@ -110,19 +110,6 @@ pub struct EpochResult {
     pub val_accuracy: Option<f64>,
     /// Training images per second.
     pub images_per_second: f64,
-}
-
-/// Bytes of one training step: predicted on the meta device under the lean
-/// policy and keeping what PyTorch's autograd keeps, and the peak measured
-/// over the run.
-#[derive(Clone, Debug, Serialize)]
-pub struct StepBytes {
-    /// Peak of one step, lean (predicted).
-    pub lean_step_bytes: usize,
-    /// Peak of the same step keeping what PyTorch keeps (predicted).
-    pub pytorch_step_bytes: usize,
-    /// Peak measured on the device over the whole run.
-    pub measured_peak_bytes: usize,
 }
 
 /// The outcome of [`run`].
@@ -398,7 +385,6 @@ fn correct(logits: &Tensor, labels: &Tensor) -> Result<usize> {
 
 /// A few lines for people: per-epoch numbers, memory, checkpoint.
 pub fn describe(r: &FinetuneReport) -> String {
-    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
     let mut s = String::new();
     if r.random_init {
         s += "note: no --weights given: the model starts from a random initialisation\n";
@@ -425,14 +411,7 @@ pub fn describe(r: &FinetuneReport) -> String {
             e.images_per_second
         );
     }
-    let m = &r.memory;
-    s += &format!(
-        "memory of one training step: {:.1} MiB (keeping what PyTorch keeps: {:.1} MiB, {:.2}×); measured peak {:.1} MiB\n",
-        mib(m.lean_step_bytes),
-        mib(m.pytorch_step_bytes),
-        m.pytorch_step_bytes as f64 / m.lean_step_bytes.max(1) as f64,
-        mib(m.measured_peak_bytes)
-    );
+    s += &r.memory.describe("training step");
     if let Some(c) = &r.checkpoint {
         s += &format!("checkpoint: {}\n", c.display());
     }

@@ -21,6 +21,7 @@ use crate::models::{
 };
 use crate::{DType, Device, Error, Result, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 /// `auto` (CUDA 0 when it can be opened, else the CPU), `cpu` or `cuda`
@@ -236,5 +237,33 @@ impl Progress {
     /// Removes the bar.
     pub fn finish(&self) {
         self.bar.finish_and_clear();
+    }
+}
+
+/// Bytes of one step of a job: predicted on the meta device under the lean
+/// policy and keeping what PyTorch's autograd keeps, and the peak measured
+/// over the whole run.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepBytes {
+    /// Peak of one step, lean (predicted).
+    pub lean_step_bytes: usize,
+    /// Peak of the same step keeping what PyTorch keeps (predicted).
+    pub pytorch_step_bytes: usize,
+    /// Peak measured on the device over the whole run.
+    pub measured_peak_bytes: usize,
+}
+
+impl StepBytes {
+    /// One line for people: `memory of one <step>: … MiB (keeping what
+    /// PyTorch keeps: … MiB, r×); measured peak … MiB`.
+    pub fn describe(&self, step: &str) -> String {
+        let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+        format!(
+            "memory of one {step}, parameters included: {:.1} MiB (keeping what PyTorch keeps: {:.1} MiB, {:.2}×); measured peak {:.1} MiB\n",
+            mib(self.lean_step_bytes),
+            mib(self.pytorch_step_bytes),
+            self.pytorch_step_bytes as f64 / self.lean_step_bytes.max(1) as f64,
+            mib(self.measured_peak_bytes)
+        )
     }
 }
