@@ -1,13 +1,37 @@
 //! How long a memory prediction on the meta device takes: one whole
 //! training step (forward, loss, backward, update) under the lean policy
 //! and under save-all, for each full-size model and case, as JSON lines
-//! (best of 5). Run: `cargo bench --bench meta_plan`.
+//! (best of 5), then ResNet-18 (all trainable) at batch 10² … 10⁶: the
+//! prediction's time must not grow with the batch. Run:
+//! `cargo bench --bench meta_plan`.
 use leangrad::memory_plan::{plan, OptimizerKind, StepSpec, MODELS};
 use leangrad::models::Case;
 use leangrad::{DType, Device};
 use std::time::Instant;
 
 fn main() {
+    for batch in [100, 10_000, 1_000_000] {
+        let model = &MODELS[0];
+        let spec = StepSpec {
+            batch,
+            input: model.step_input(None, None).expect("resnet18 reads images"),
+            classes: 1000,
+            dtype: DType::F32,
+            optimizer: OptimizerKind::Sgd,
+            fused: false,
+            case: Case::all()[0],
+            device: Device::Meta,
+        };
+        let t = Instant::now();
+        let p = plan(model.name, &spec).expect("resnet18 plans");
+        println!(
+            "{{\"model\":\"{}\",\"case\":\"{}\",\"batch\":{batch},\"seconds\":{:.4},\"lean_peak\":{}}}",
+            model.name,
+            spec.case,
+            t.elapsed().as_secs_f64(),
+            p.lean.report.peak_total
+        );
+    }
     for model in MODELS {
         for case in Case::all() {
             let Ok(input) = model.step_input(None, None) else {
