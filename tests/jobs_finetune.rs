@@ -187,3 +187,83 @@ fn mismatched_folders_and_bad_options_are_typed_errors() {
         Err(Error::Image { .. })
     ));
 }
+
+/// Eight 40×40 images per class, each class one dominant colour channel.
+fn colour_folder(root: &Path, name: &str) -> PathBuf {
+    let dir = root.join(name);
+    for (c, class) in ["blue", "green", "red"].iter().enumerate() {
+        std::fs::create_dir_all(dir.join(class)).unwrap();
+        for i in 0..8 {
+            let noise = Tensor::rand_range(
+                &[3, 40, 40],
+                0.0,
+                0.3,
+                DType::F32,
+                Device::Cpu,
+                (100 * c + i) as u64,
+            )
+            .unwrap();
+            let mut bias = vec![0.0f32; 3];
+            bias[2 - c] = 0.6; // blue → channel 2, green → 1, red → 0
+            let bias = Tensor::from_vec(bias, &[3, 1, 1], Device::Cpu).unwrap();
+            let t = noise.add(&bias).unwrap();
+            write_png(
+                &t,
+                dir.join(class).join(format!("{i}.png")),
+                PngDepth::Eight,
+            )
+            .unwrap();
+        }
+    }
+    dir
+}
+
+#[test]
+fn three_classes_are_learnt_and_the_trained_model_is_then_attacked() {
+    use leangrad::jobs::adversarial::{self, AdversarialOptions, Attack};
+    let root = tempdir("three");
+    let data = colour_folder(&root, "train");
+    let r = run(&FinetuneOptions {
+        size: 32,
+        batch: 4,
+        epochs: 4,
+        lr: 0.05,
+        workers: 1,
+        out: Some(root.join("ckpt")),
+        ..FinetuneOptions::new("resnet18", &data)
+    })
+    .unwrap();
+    let last = r.epochs.last().unwrap();
+    assert!(last.train_accuracy >= 0.9, "{:?}", r.epochs);
+    assert!(last.train_loss < r.epochs[0].train_loss, "{:?}", r.epochs);
+
+    // The fine-tuned weights (a 3-class head) attacked by PGD: labels from
+    // the class folders would be names, so the clean predictions stand in.
+    let flat = root.join("attack");
+    std::fs::create_dir_all(&flat).unwrap();
+    for class in ["blue", "green", "red"] {
+        for i in 0..2 {
+            std::fs::copy(
+                data.join(class).join(format!("{i}.png")),
+                flat.join(format!("{class}{i}.png")),
+            )
+            .unwrap();
+        }
+    }
+    let a = adversarial::run(&AdversarialOptions {
+        weights: Some(root.join("ckpt").join("model.safetensors")),
+        classes: 3,
+        size: 32,
+        batch: 3,
+        eps: 0.1,
+        alpha: 0.02,
+        steps: 10,
+        attack: Attack::Pgd,
+        ..AdversarialOptions::new("resnet18", &flat, root.join("adv"))
+    })
+    .unwrap();
+    assert!(!a.random_init);
+    let changed = a.images.iter().filter(|i| i.adversarial != i.clean).count();
+    assert!(changed * 2 > a.images.len(), "{:?}", a.images);
+    assert!(a.linf_max <= 0.1 + 1e-6);
+}
