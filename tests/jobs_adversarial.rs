@@ -189,3 +189,76 @@ fn bad_arguments_are_typed_errors() {
     ));
     assert!(unknown.is_err());
 }
+
+/// One FGSM step against PyTorch's (python-compare/fgsm_fixture.py): a
+/// small ResNet with torchvision's names, frozen, in evaluation mode.
+#[test]
+fn one_fgsm_step_matches_pytorch() {
+    use leangrad::io::{load_safetensors, load_state_dict, LoadOptions};
+    use leangrad::jobs::adversarial::{input_gradient, perturb};
+    use leangrad::models::{BlockKind, ResNet, ResNetConfig};
+    use std::collections::BTreeMap;
+
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/adversarial/fgsm.safetensors"
+    );
+    let f = load_safetensors(path).unwrap();
+    let config = ResNetConfig {
+        block: BlockKind::Basic,
+        layers: [2, 2, 2, 2],
+        base_width: 2,
+        num_classes: 5,
+        in_channels: 3,
+    };
+    let mut model = ResNet::new(config, leangrad::DType::F32, Device::Cpu, 9).unwrap();
+    let weights: BTreeMap<String, Tensor> = f
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("model.").map(|k| (k.to_string(), v.clone())))
+        .collect();
+    load_state_dict(&model, &weights, LoadOptions::default()).unwrap();
+    leangrad::memory_plan::parse_case("input-bn-eval")
+        .unwrap()
+        .apply(&mut model)
+        .unwrap();
+    let (x, labels) = (&f["images"], &f["labels"]);
+
+    let (grad, loss) = input_gradient(&model, x, labels).unwrap();
+    let want_loss = f["loss"].to_f64_vec().unwrap()[0];
+    assert!((loss.to_scalar().unwrap() - want_loss).abs() < 1e-5);
+    let (g, want_g) = (grad.to_f64_vec().unwrap(), f["grad"].to_f64_vec().unwrap());
+    let scale = want_g.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let worst = g
+        .iter()
+        .zip(&want_g)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst <= 1e-4 * scale,
+        "gradient off by {worst} (scale {scale})"
+    );
+
+    let opts = AdversarialOptions {
+        attack: Attack::Fgsm,
+        eps: 8.0 / 255.0,
+        classes: 5,
+        ..AdversarialOptions::new("resnet18", "unused", "unused")
+    };
+    let adv = perturb(&model, x, labels, &opts, 0)
+        .unwrap()
+        .to_f64_vec()
+        .unwrap();
+    let want = f["adversarial"].to_f64_vec().unwrap();
+    // Equal within 1e-4 wherever the gradient's sign is not in doubt: its
+    // magnitude above the gradients' agreement (1e-4 of their scale), or
+    // exactly 0 (pixels no output depends on: no step in either).
+    let mut doubtful = 0;
+    for ((a, w), gv) in adv.iter().zip(&want).zip(&want_g) {
+        if *gv != 0.0 && gv.abs() <= 1e-4 * scale {
+            doubtful += 1;
+            continue;
+        }
+        assert!((a - w).abs() < 1e-4, "{a} vs {w} (grad {gv})");
+    }
+    assert!(doubtful * 100 < want.len(), "{doubtful} of {}", want.len());
+}

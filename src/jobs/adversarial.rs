@@ -307,9 +307,11 @@ fn predict(model: &dyn ImageClassifier, x: &Tensor) -> Result<Vec<usize>> {
         .collect())
 }
 
-/// The gradient of the cross-entropy to `targets` with respect to the
-/// images `x` (the only thing requiring grad), and the loss.
-fn input_grad(
+/// The gradient of the mean cross-entropy to `targets` with respect to the
+/// images `x` (in [0, 1]; ImageNet-normalised inside), and the loss: the
+/// one backward of each attack step. Nothing else gets a gradient when the
+/// model's parameters are frozen.
+pub fn input_gradient(
     model: &dyn ImageClassifier,
     x: &Tensor,
     targets: &Tensor,
@@ -324,7 +326,23 @@ fn input_grad(
     Ok((grad, loss.detach()))
 }
 
-/// The adversarial images for `x`.
+/// The adversarial images of `x` `[N, 3, H, W]` (in [0, 1]) for the
+/// class `targets` (the labels, or with `opts.targeted` the target), as
+/// [`run`] makes them for each batch: `opts` gives the attack, `eps`,
+/// `alpha`, `steps` and the device; `seed` PGD's random start.
+pub fn perturb(
+    model: &dyn ImageClassifier,
+    x: &Tensor,
+    targets: &Tensor,
+    opts: &AdversarialOptions,
+    seed: u64,
+) -> Result<Tensor> {
+    check(opts)?;
+    let hidden = Progress::new(0, "", &Ledger::current(), opts.device, true);
+    attack(model, x, targets, opts, seed, &hidden)
+}
+
+/// The adversarial images for `x`, one progress step per gradient.
 fn attack(
     model: &dyn ImageClassifier,
     x: &Tensor,
@@ -339,7 +357,7 @@ fn attack(
     let (eps, alpha) = (opts.eps, opts.alpha);
     let mut adv = match opts.attack {
         Attack::Fgsm => {
-            let (g, loss) = input_grad(model, x, targets)?;
+            let (g, loss) = input_gradient(model, x, targets)?;
             progress.step(loss.to_scalar()?);
             let _g = no_grad();
             return x
@@ -353,7 +371,7 @@ fn attack(
         Attack::PgdL2 => x.clone(),
     };
     for _ in 0..opts.steps {
-        let (g, loss) = input_grad(model, &adv, targets)?;
+        let (g, loss) = input_gradient(model, &adv, targets)?;
         progress.step(loss.to_scalar()?);
         let _g = no_grad();
         let delta = match opts.attack {
@@ -396,7 +414,7 @@ fn predict_memory(opts: &AdversarialOptions) -> Result<StepBytes> {
         let x = Tensor::zeros(&[n, 3, opts.size, opts.size], DType::F32, Device::Meta)?;
         let targets = Tensor::zeros(&[n], DType::I64, Device::Meta)?;
         let _p = with_save_policy(policy);
-        drop(input_grad(model.as_ref(), &x, &targets)?);
+        drop(input_gradient(model.as_ref(), &x, &targets)?);
         Ok(ledger.peak(Device::Meta))
     };
     Ok(StepBytes {
