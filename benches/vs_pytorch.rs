@@ -42,21 +42,96 @@ struct Workload {
 }
 
 const WORKLOADS: &[Workload] = &[
-    Workload { name: "matmul_1024", what: "f32 [1024,1024]·[1024,1024]", reps: 3, warmup: 2 },
-    Workload { name: "add_1e7", what: "f32 add of two 10^7 vectors", reps: 5, warmup: 2 },
-    Workload { name: "gelu_1e7", what: "exact GELU fwd+bwd, 10^7 f32", reps: 2, warmup: 1 },
-    Workload { name: "conv_l1_fwd", what: "3×3 conv 64→64 [8,64,28,28] forward", reps: 3, warmup: 2 },
-    Workload { name: "conv_l1_dx", what: "same, input-gradient (backward only)", reps: 3, warmup: 2 },
-    Workload { name: "conv_l1_dw", what: "same, weight-gradient (backward only)", reps: 3, warmup: 2 },
-    Workload { name: "conv_l3_fwd", what: "3×3 conv 256→256 [8,256,7,7] forward", reps: 3, warmup: 2 },
-    Workload { name: "conv_l3_dx", what: "same, input-gradient (backward only)", reps: 3, warmup: 2 },
-    Workload { name: "conv_l3_dw", what: "same, weight-gradient (backward only)", reps: 3, warmup: 2 },
-    Workload { name: "sgd_10m", what: "SGD momentum update, 10 × [1000,1000]", reps: 3, warmup: 2 },
-    Workload { name: "adam_10m", what: "Adam update, 10 × [1000,1000]", reps: 3, warmup: 2 },
-    Workload { name: "resnet18_all", what: "ResNet-18 step, batch 8 112², all train, SGD", reps: 1, warmup: 2 },
-    Workload { name: "resnet18_input_bn_eval", what: "ResNet-18 step, input-bn-eval (frozen)", reps: 1, warmup: 2 },
-    Workload { name: "bert_all", what: "BERT-base step, batch 2×128, all train, Adam", reps: 1, warmup: 1 },
-    Workload { name: "bert_input", what: "BERT-base step, 2×128, frozen, input grad", reps: 1, warmup: 1 },
+    Workload {
+        name: "matmul_1024",
+        what: "f32 [1024,1024]·[1024,1024]",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "add_1e7",
+        what: "f32 add of two 10^7 vectors",
+        reps: 5,
+        warmup: 2,
+    },
+    Workload {
+        name: "gelu_1e7",
+        what: "exact GELU fwd+bwd, 10^7 f32",
+        reps: 2,
+        warmup: 1,
+    },
+    Workload {
+        name: "conv_l1_fwd",
+        what: "3×3 conv 64→64 [8,64,28,28] forward",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_l1_dx",
+        what: "same, input-gradient (backward only)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_l1_dw",
+        what: "same, weight-gradient (backward only)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_l3_fwd",
+        what: "3×3 conv 256→256 [8,256,7,7] forward",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_l3_dx",
+        what: "same, input-gradient (backward only)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_l3_dw",
+        what: "same, weight-gradient (backward only)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "sgd_10m",
+        what: "SGD momentum update, 10 × [1000,1000]",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "adam_10m",
+        what: "Adam update, 10 × [1000,1000]",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "resnet18_all",
+        what: "ResNet-18 step, batch 8 112², all train, SGD",
+        reps: 1,
+        warmup: 2,
+    },
+    Workload {
+        name: "resnet18_input_bn_eval",
+        what: "ResNet-18 step, input-bn-eval (frozen)",
+        reps: 1,
+        warmup: 2,
+    },
+    Workload {
+        name: "bert_all",
+        what: "BERT-base step, batch 2×128, all train, Adam",
+        reps: 1,
+        warmup: 1,
+    },
+    Workload {
+        name: "bert_input",
+        what: "BERT-base step, 2×128, frozen, input grad",
+        reps: 1,
+        warmup: 1,
+    },
 ];
 
 /// One timed iteration: returns its milliseconds (setup work such as the
@@ -223,7 +298,10 @@ struct Worker {
 
 impl Worker {
     fn start(python: &str, threads: usize) -> std::result::Result<Worker, String> {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python-compare/speed_worker.py");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/python-compare/speed_worker.py"
+        );
         let mut child = Command::new(python)
             .arg(script)
             .arg("--threads")
@@ -423,7 +501,10 @@ fn main() {
     );
     let mut rows = Vec::new();
     for w in WORKLOADS {
-        if o.only.as_ref().is_some_and(|only| !only.iter().any(|n| n == w.name)) {
+        if o.only
+            .as_ref()
+            .is_some_and(|only| !only.iter().any(|n| n == w.name))
+        {
             continue;
         }
         match measure(w, o.rounds, &mut worker) {
