@@ -265,6 +265,10 @@ pub fn apply_update<A: Algorithm>(
 /// Elements of one parameter chunk that one rayon task updates.
 const UPDATE_CHUNK: usize = 1 << 15;
 
+/// One chunk of an update: its first element's index, the parameter's
+/// elements and each state tensor's.
+type UpdateChunk<'a, T> = (usize, &'a mut [T], Vec<&'a mut [T]>);
+
 /// The update of a large or non-contiguously graded parameter: the same
 /// per-element arithmetic over chunks of [`UPDATE_CHUNK`] elements, in
 /// parallel (every algorithm's update is elementwise, so the values are
@@ -281,7 +285,7 @@ fn update_in_chunks<T: FloatDType, A: Algorithm>(
     states: Vec<&mut [T]>,
 ) {
     use rayon::prelude::*;
-    let mut chunks: Vec<(usize, &mut [T], Vec<&mut [T]>)> = p
+    let mut chunks: Vec<UpdateChunk<'_, T>> = p
         .chunks_mut(UPDATE_CHUNK)
         .enumerate()
         .map(|(i, c)| (i * UPDATE_CHUNK, c, Vec::with_capacity(states.len())))
