@@ -6,8 +6,12 @@ use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::op_code::{BinaryOp as CudaBinary, UnaryOp as CudaUnary};
 use crate::primitives::{binary_map, unary_assign, unary_map, BinaryKernel, UnaryKernel};
 use crate::{FloatDType, Result, Tensor, WithDType};
-use std::f64::consts::{FRAC_2_SQRT_PI, PI, SQRT_2};
 use std::sync::Arc;
+
+mod gelu;
+#[cfg(test)]
+use gelu::erf;
+use gelu::{gelu_grad_f64, gelu_value_f64};
 
 /// `v` as a `T`.
 #[inline(always)]
@@ -150,54 +154,19 @@ impl UnaryKernel for LeakyK {
     }
 }
 
-/// The error function, to about 1e-15: for |x| < 3 the series
-/// `erf(a) = 2/√π · e^(-a²) · Σ 2ⁿ a^(2n+1) / (1·3·…·(2n+1))` (all terms
-/// positive, so no cancellation), else `1 - erfc` from erfc's continued fraction.
-pub(crate) fn erf(x: f64) -> f64 {
-    if x.is_nan() {
-        return x;
-    }
-    let a = x.abs();
-    let r = if a < 3.0 {
-        let (a2, mut term, mut sum, mut n) = (a * a, a, a, 0.0);
-        while term > 1e-17 * sum {
-            n += 1.0;
-            term *= 2.0 * a2 / (2.0 * n + 1.0);
-            sum += term;
-        }
-        sum * FRAC_2_SQRT_PI * (-a2).exp()
-    } else {
-        // erfc(a) = e^(-a²)/√π · 1/(a + (1/2)/(a + 1/(a + (3/2)/(a + …))))
-        let mut f = a;
-        for k in (1..=60).rev() {
-            f = a + (k as f64 / 2.0) / f;
-        }
-        1.0 - (-a * a).exp() / (PI.sqrt() * f)
-    };
-    r.copysign(x)
-}
-
-const GELU_K: f64 = 0.797_884_560_802_865_4; // √(2/π)
-const GELU_A: f64 = 0.044_715;
-
-/// gelu(x) and gelu'(x) in f64, exact (erf) or tanh-approximated.
-fn gelu_f64(x: f64, approximate: bool) -> (f64, f64) {
-    if approximate {
-        let t = (GELU_K * (x + GELU_A * x * x * x)).tanh();
-        let d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_A * x * x);
-        (0.5 * x * (1.0 + t), d)
-    } else {
-        let cdf = 0.5 * (1.0 + erf(x / SQRT_2));
-        let pdf = (-0.5 * x * x).exp() / (2.0 * PI).sqrt();
-        (x * cdf, cdf + x * pdf)
-    }
-}
-
 struct GeluK(bool);
 impl UnaryKernel for GeluK {
     const NAME: &'static str = "gelu";
+    const BLOCKWISE: bool = true;
     fn f<T: FloatDType>(&self, x: T) -> T {
-        c(gelu_f64(f64_of(x), self.0).0)
+        c(gelu_value_f64(f64_of(x), self.0))
+    }
+    fn f_block<T: FloatDType>(&self, src: &[T], out: &mut [T]) {
+        if self.0 {
+            out.iter_mut().zip(src).for_each(|(o, &x)| *o = self.f(x));
+        } else {
+            gelu::fast_block(src, out, false);
+        }
     }
     fn cuda(&self) -> Option<CudaUnary> {
         Some(if self.0 {
@@ -211,8 +180,19 @@ impl UnaryKernel for GeluK {
 struct GeluB(bool);
 impl BinaryKernel for GeluB {
     const NAME: &'static str = "gelu";
+    const BLOCKWISE: bool = true;
     fn f<T: FloatDType>(&self, g: T, x: T) -> T {
-        g * c(gelu_f64(f64_of(x), self.0).1)
+        g * c(gelu_grad_f64(f64_of(x), self.0))
+    }
+    fn f_block<T: FloatDType>(&self, g: &[T], x: &[T], out: &mut [T]) {
+        if self.0 {
+            for ((o, &g), &x) in out.iter_mut().zip(g).zip(x) {
+                *o = self.f(g, x);
+            }
+        } else {
+            gelu::fast_block(x, out, true);
+            out.iter_mut().zip(g).for_each(|(o, &g)| *o = g * *o);
+        }
     }
     fn cuda(&self) -> Option<CudaBinary> {
         Some(if self.0 {
@@ -396,7 +376,9 @@ impl Tensor {
 
     /// `x · Φ(x)`: exact with erf, or the tanh approximation
     /// `0.5x(1 + tanh(√(2/π)(x + 0.044715x³)))` when `approximate`.
-    /// Computed in f64 whatever the dtype. Saves its input for backward.
+    /// Computed in f64 whatever the dtype and rounded once (f32/f16/bf16
+    /// blocks of the exact form through a vectorised path that returns the
+    /// same bits). Saves its input for backward.
     pub fn gelu(&self, approximate: bool) -> Result<Tensor> {
         unary_op(self, GeluK(approximate), Keep::Input, GeluB(approximate))
     }

@@ -56,6 +56,13 @@ impl<'a, T: FloatDType> GradReader<'a, T> {
         }
     }
 
+    /// A reader over a dense slice (one chunk of a gradient).
+    fn dense(data: &'a [T], transform: GradTransform) -> Self {
+        let mut r = GradReader::new(data, &Layout::contiguous(&[data.len()]), transform);
+        r.offsets = None;
+        r
+    }
+
     /// Element `i` after the transform.
     #[inline(always)]
     pub fn get(&self, i: usize) -> T {
@@ -80,7 +87,7 @@ impl<'a, T: FloatDType> GradReader<'a, T> {
 ///
 /// Implemented by [`crate::optim::Sgd`] and [`crate::optim::Adam`]; a
 /// parameter group holds one value of it.
-pub trait Algorithm: Clone + std::fmt::Debug {
+pub trait Algorithm: Clone + std::fmt::Debug + Sync {
     /// The algorithm's name, for errors.
     const NAME: &'static str;
     /// The learning rate.
@@ -227,12 +234,22 @@ pub fn apply_update<A: Algorithm>(
         s: &mut [std::sync::RwLockWriteGuard<'_, CpuData>],
     ) -> Result<()> {
         let p = &mut typed_mut::<T>(p, A::NAME)?[range];
-        let g = GradReader::new(typed::<T>(g, A::NAME)?, glayout, transform);
+        let g = typed::<T>(g, A::NAME)?;
         let mut states = s
             .iter_mut()
             .map(|guard| typed_mut::<T>(guard, A::NAME))
             .collect::<Result<Vec<_>>>()?;
-        alg.update(step, p, &g, &mut states);
+        let contiguous = glayout.contiguous_range();
+        if p.len() < UPDATE_CHUNK && contiguous.is_some() {
+            alg.update(
+                step,
+                p,
+                &GradReader::new(g, glayout, transform),
+                &mut states,
+            );
+            return Ok(());
+        }
+        update_in_chunks(alg, step, p, g, glayout, transform, states);
         Ok(())
     }
     let (p, g, s, l) = (&mut *pdata, &*gdata, &mut sdata[..], grad.layout());
@@ -243,6 +260,91 @@ pub fn apply_update<A: Algorithm>(
         DType::BF16 => go::<bf16, A>(alg, step, p, range, g, l, transform, s),
         dtype => Err(Error::UnsupportedDType { op: A::NAME, dtype }),
     }
+}
+
+/// Elements of one parameter chunk that one rayon task updates.
+const UPDATE_CHUNK: usize = 1 << 15;
+
+/// One chunk of an update: its first element's index, the parameter's
+/// elements and each state tensor's.
+type UpdateChunk<'a, T> = (usize, &'a mut [T], Vec<&'a mut [T]>);
+
+/// The update of a large or non-contiguously graded parameter: the same
+/// per-element arithmetic over chunks of [`UPDATE_CHUNK`] elements, in
+/// parallel (every algorithm's update is elementwise, so the values are
+/// those of one pass). A strided gradient is read chunk by chunk into a
+/// dense buffer by walking its strides from the chunk's first element, so
+/// no offset vector of the whole tensor is built.
+fn update_in_chunks<T: FloatDType, A: Algorithm>(
+    alg: &A,
+    step: u64,
+    p: &mut [T],
+    g: &[T],
+    glayout: &Layout,
+    transform: GradTransform,
+    states: Vec<&mut [T]>,
+) {
+    use rayon::prelude::*;
+    let mut chunks: Vec<UpdateChunk<'_, T>> = p
+        .chunks_mut(UPDATE_CHUNK)
+        .enumerate()
+        .map(|(i, c)| (i * UPDATE_CHUNK, c, Vec::with_capacity(states.len())))
+        .collect();
+    for st in states {
+        for (chunk, part) in chunks.iter_mut().zip(st.chunks_mut(UPDATE_CHUNK)) {
+            chunk.2.push(part);
+        }
+    }
+    let contiguous = glayout.contiguous_range();
+    chunks.into_par_iter().for_each(|(start, p, mut st)| {
+        let n = p.len();
+        let gathered;
+        let dense = match &contiguous {
+            Some(r) => &g[r.start + start..r.start + start + n],
+            None => {
+                gathered = gather_range(g, glayout, start, n);
+                &gathered[..]
+            }
+        };
+        alg.update(step, p, &GradReader::dense(dense, transform), &mut st);
+    });
+}
+
+/// Elements `start..start + n` (row-major) of the strided view `layout`
+/// of `data`: an odometer over the multi-index from `start`'s.
+fn gather_range<T: Copy>(data: &[T], layout: &Layout, start: usize, n: usize) -> Vec<T> {
+    let (shape, strides) = (layout.shape(), layout.strides());
+    let rank = shape.len();
+    let mut out = Vec::with_capacity(n);
+    if rank == 0 {
+        out.extend((0..n).map(|_| data[layout.offset()]));
+        return out;
+    }
+    let mut index = vec![0usize; rank];
+    let mut rest = start;
+    let mut offset = layout.offset();
+    for d in (0..rank).rev() {
+        index[d] = rest % shape[d];
+        rest /= shape[d];
+        offset += index[d] * strides[d];
+    }
+    let (inner, inner_stride) = (shape[rank - 1], strides[rank - 1]);
+    while out.len() < n {
+        let run = (inner - index[rank - 1]).min(n - out.len());
+        out.extend((0..run).map(|k| data[offset + k * inner_stride]));
+        offset += run * inner_stride;
+        index[rank - 1] += run;
+        // Carry into the outer dimensions like an odometer.
+        let mut d = rank - 1;
+        while index[d] == shape[d] && d > 0 {
+            offset -= shape[d] * strides[d];
+            index[d] = 0;
+            d -= 1;
+            index[d] += 1;
+            offset += strides[d];
+        }
+    }
+    out
 }
 
 /// The sum of squares of a gradient's elements in f64 (the building block
@@ -297,4 +399,32 @@ pub(crate) fn nonneg(x: f64) -> bool {
 #[inline(always)]
 pub(crate) fn c<T: FloatDType>(v: f64) -> T {
     <T as WithDType>::from_f64(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `gather_range` reads the same elements as the layout's full offset
+    /// list, from any start, across row boundaries.
+    #[test]
+    fn gather_range_matches_the_offsets() {
+        let data: Vec<u32> = (0..(4 * 6 * 5) as u32).collect();
+        let layout = Layout::contiguous(&[4, 6, 5])
+            .permute(&[2, 0, 1])
+            .unwrap()
+            .narrow(2, 1, 4)
+            .unwrap();
+        let all: Vec<u32> = layout.offsets().iter().map(|&o| data[o]).collect();
+        for start in [0, 1, 3, 4, 7, 15, 16, 50] {
+            for n in [1, 2, 5, 9, all.len() - start] {
+                let n = n.min(all.len() - start);
+                assert_eq!(
+                    gather_range(&data, &layout, start, n),
+                    all[start..start + n],
+                    "start {start}, n {n}"
+                );
+            }
+        }
+    }
 }

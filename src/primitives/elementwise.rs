@@ -6,6 +6,7 @@ use crate::meta::{self, backend, Backend};
 use crate::tensor::{broadcast_shapes, Layout, Tensor};
 use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::RwLockReadGuard;
 
@@ -15,6 +16,19 @@ pub trait UnaryKernel: Sync {
     const NAME: &'static str;
     /// The function.
     fn f<T: FloatDType>(&self, x: T) -> T;
+    /// `out[i] = f(src[i])` over a block of at most [`KERNEL_BLOCK`] elements (the
+    /// two slices have one length). Overridden by kernels that compute a
+    /// whole block faster than element by element (GELU); it must give
+    /// exactly `f`'s values.
+    #[inline(always)]
+    fn f_block<T: FloatDType>(&self, src: &[T], out: &mut [T]) {
+        for (o, &x) in out.iter_mut().zip(src) {
+            *o = self.f(x);
+        }
+    }
+    /// Whether [`UnaryKernel::f_block`] is overridden (the dense loops call
+    /// `f` directly otherwise, with no block buffer in between).
+    const BLOCKWISE: bool = false;
     /// The same function as a CUDA kernel op, where one exists (`None`:
     /// the kernel is not on CUDA yet, a typed `NotOnCuda` there).
     fn cuda(&self) -> Option<crate::op_code::UnaryOp> {
@@ -28,6 +42,18 @@ pub trait BinaryKernel: Sync {
     const NAME: &'static str;
     /// The function.
     fn f<T: FloatDType>(&self, a: T, b: T) -> T;
+    /// `out[i] = f(a[i], b[i])` over a block of at most [`KERNEL_BLOCK`] elements
+    /// (the three slices have one length). Overridden by kernels that
+    /// compute a whole block faster than element by element (GELU's
+    /// gradient); it must give exactly `f`'s values.
+    #[inline(always)]
+    fn f_block<T: FloatDType>(&self, a: &[T], b: &[T], out: &mut [T]) {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = self.f(x, y);
+        }
+    }
+    /// Whether [`BinaryKernel::f_block`] is overridden.
+    const BLOCKWISE: bool = false;
     /// The same function as a CUDA kernel op, where one exists (`None`:
     /// the kernel is not on CUDA yet, a typed `NotOnCuda` there).
     fn cuda(&self) -> Option<crate::op_code::BinaryOp> {
@@ -108,6 +134,9 @@ pub fn unary_map<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
     }
     let data = x.storage().cpu()?;
     fn go<T: FloatDType, K: UnaryKernel>(s: &[T], l: &Layout, k: &K) -> CpuData {
+        if let Some(r) = l.contiguous_range() {
+            return T::wrap(dense_unary(&s[r], k));
+        }
         let src = Source::new(s, l);
         T::wrap(fill(l.numel(), |i| k.f(src.get(i))))
     }
@@ -142,6 +171,9 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
         k: &K,
     ) -> Result<CpuData> {
         let sb = typed::<T>(db, K::NAME)?;
+        if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
+            return Ok(T::wrap(dense_binary(&sa[ra], &sb[rb], k)));
+        }
         let (a, b) = (Source::new(sa, la), Source::new(sb, lb));
         Ok(T::wrap(fill(la.numel(), |i| k.f(a.get(i), b.get(i)))))
     }
@@ -193,7 +225,20 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
         l: &Layout,
         k: &K,
     ) -> Result<()> {
-        let s = Source::new(typed::<T>(ds, K::NAME)?, l);
+        let src = typed::<T>(ds, K::NAME)?;
+        if let Some(r) = l.contiguous_range() {
+            let src = &src[r];
+            let body = |(d, s): (&mut [T], &[T])| assign_binary(d, s, k);
+            if d.len() >= PARALLEL_THRESHOLD {
+                d.par_chunks_mut(CHUNK)
+                    .zip(src.par_chunks(CHUNK))
+                    .for_each(body);
+            } else {
+                body((d, src));
+            }
+            return Ok(());
+        }
+        let s = Source::new(src, l);
         if d.len() >= PARALLEL_THRESHOLD {
             d.par_iter_mut()
                 .enumerate()
@@ -339,11 +384,117 @@ pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
     let mut data = x.storage().cpu_mut()?;
     fn go<T: FloatDType, K: UnaryKernel>(d: &mut [T], k: &K) {
         if d.len() >= PARALLEL_THRESHOLD {
-            d.par_iter_mut().for_each(|v| *v = k.f(*v));
+            d.par_chunks_mut(CHUNK).for_each(|d| assign_unary(d, k));
         } else {
-            d.iter_mut().for_each(|v| *v = k.f(*v));
+            assign_unary(d, k);
         }
     }
     crate::match_float_data!(&mut *data, K::NAME, v => go(&mut v[range], k));
     Ok(())
+}
+
+/// Elements one rayon task maps in the dense loops (big enough that the
+/// task's overhead vanishes, small enough to balance the threads).
+const CHUNK: usize = 1 << 14;
+
+/// Elements of one block of [`UnaryKernel::f_block`] /
+/// [`BinaryKernel::f_block`] (a stack buffer that stays in L1).
+pub const KERNEL_BLOCK: usize = 256;
+
+/// A vector of `n` elements whose every slot `body` writes, chunk by chunk
+/// (in parallel above the threshold): no zero-fill before the values are
+/// written.
+fn write_all<T: Send>(n: usize, body: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    let spare = &mut out.spare_capacity_mut()[..n];
+    if n >= PARALLEL_THRESHOLD {
+        spare
+            .par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, o)| body(c * CHUNK, o));
+    } else {
+        body(0, spare);
+    }
+    // SAFETY: the chunks partition `0..n` and `body` (the two callers
+    // below) writes every slot of the chunk it is given.
+    unsafe { out.set_len(n) };
+    out
+}
+
+/// `k(x)` over a dense slice: a monomorphised loop (vectorised where `k`
+/// allows), no per-element indirection, no zero-fill.
+fn dense_unary<T: FloatDType, K: UnaryKernel>(src: &[T], k: &K) -> Vec<T> {
+    write_all(src.len(), |start, out: &mut [MaybeUninit<T>]| {
+        let src = &src[start..start + out.len()];
+        if K::BLOCKWISE {
+            let mut buf = [T::zero(); KERNEL_BLOCK];
+            for (o, s) in out.chunks_mut(KERNEL_BLOCK).zip(src.chunks(KERNEL_BLOCK)) {
+                let b = &mut buf[..s.len()];
+                k.f_block(s, b);
+                for (o, &v) in o.iter_mut().zip(b.iter()) {
+                    o.write(v);
+                }
+            }
+        } else {
+            for (o, &x) in out.iter_mut().zip(src) {
+                o.write(k.f(x));
+            }
+        }
+    })
+}
+
+/// `k(a, b)` over two dense slices of one length.
+fn dense_binary<T: FloatDType, K: BinaryKernel>(a: &[T], b: &[T], k: &K) -> Vec<T> {
+    write_all(a.len(), |start, out: &mut [MaybeUninit<T>]| {
+        let r = start..start + out.len();
+        let (a, b) = (&a[r.clone()], &b[r]);
+        if K::BLOCKWISE {
+            let mut buf = [T::zero(); KERNEL_BLOCK];
+            for ((o, x), y) in out
+                .chunks_mut(KERNEL_BLOCK)
+                .zip(a.chunks(KERNEL_BLOCK))
+                .zip(b.chunks(KERNEL_BLOCK))
+            {
+                let t = &mut buf[..x.len()];
+                k.f_block(x, y, t);
+                for (o, &v) in o.iter_mut().zip(t.iter()) {
+                    o.write(v);
+                }
+            }
+        } else {
+            for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                o.write(k.f(x, y));
+            }
+        }
+    })
+}
+
+/// `d = k(d)` over a dense slice.
+fn assign_unary<T: FloatDType, K: UnaryKernel>(d: &mut [T], k: &K) {
+    if K::BLOCKWISE {
+        let mut buf = [T::zero(); KERNEL_BLOCK];
+        for d in d.chunks_mut(KERNEL_BLOCK) {
+            let b = &mut buf[..d.len()];
+            k.f_block(d, b);
+            d.copy_from_slice(b);
+        }
+    } else {
+        d.iter_mut().for_each(|v| *v = k.f(*v));
+    }
+}
+
+/// `d = k(d, s)` over two dense slices of one length.
+fn assign_binary<T: FloatDType, K: BinaryKernel>(d: &mut [T], s: &[T], k: &K) {
+    if K::BLOCKWISE {
+        let mut buf = [T::zero(); KERNEL_BLOCK];
+        for (d, s) in d.chunks_mut(KERNEL_BLOCK).zip(s.chunks(KERNEL_BLOCK)) {
+            let b = &mut buf[..d.len()];
+            k.f_block(d, s, b);
+            d.copy_from_slice(b);
+        }
+    } else {
+        for (x, &y) in d.iter_mut().zip(s) {
+            *x = k.f(*x, y);
+        }
+    }
 }

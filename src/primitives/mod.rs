@@ -18,7 +18,7 @@ pub use bitmask::{get_bit, mask_words, pack_bits, unpack_bits};
 pub(crate) use elementwise::{add_assign, check_pair, gather, AddK};
 pub use elementwise::{
     binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
-    UnaryKernel,
+    UnaryKernel, KERNEL_BLOCK,
 };
 pub(crate) use elementwise::{fill, Source};
 #[allow(unused_imports)]

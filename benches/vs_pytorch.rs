@@ -1,0 +1,548 @@
+//! leangrad's CPU next to PyTorch eager on the same machine, same thread
+//! count, f32: each workload runs in both frameworks in alternating rounds
+//! (leangrad first in even rounds, PyTorch first in odd ones) after a
+//! warm-up, so a change of machine load hits both sides alike. PyTorch runs
+//! in a worker process (`python-compare/speed_worker.py`) driven over its
+//! stdin/stdout; each side times its own iteration, so the pipe is not
+//! timed. Prints a table (median of the rounds, both sides, and the ratio
+//! leangrad/PyTorch: above 1 means leangrad is slower) and, with
+//! `--json FILE`, writes every sample.
+//!
+//! ```text
+//! cargo bench --bench vs_pytorch -- [--threads N] [--rounds R] [--only a,b]
+//!     [--json out.json] [--python python3] [--no-torch] [--list]
+//! ```
+//!
+//! `--threads` sets rayon's pool and `torch.set_num_threads` (default: the
+//! machine's cores). Without PyTorch (the worker cannot import torch, or
+//! `--no-torch`) only leangrad's column is measured, with a note.
+use leangrad::autograd::{backward_with, no_grad, CollectGrads};
+use leangrad::memory_plan::find_model;
+use leangrad::models::Case;
+use leangrad::nn::{conv2d, Conv2dOptions};
+use leangrad::ops::CrossEntropyOptions;
+use leangrad::optim::{Adam, Algorithm, Optimizer, Sgd};
+use leangrad::{DType, Device, Result, Tensor};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
+const CPU: Device = Device::Cpu;
+const F32: DType = DType::F32;
+
+/// One workload: its name (shared with the worker), what it measures, how
+/// many iterations one sample averages (fast kernels are averaged so the
+/// sample is not a single 10 ms run) and how many untimed warm-up samples.
+struct Workload {
+    name: &'static str,
+    what: &'static str,
+    reps: usize,
+    warmup: usize,
+}
+
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "matmul_1024",
+        what: "f32 [1024,1024]·[1024,1024]",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "add_1e7",
+        what: "f32 add of two 10^7 vectors",
+        reps: 5,
+        warmup: 2,
+    },
+    Workload {
+        name: "gelu_1e7",
+        what: "exact GELU fwd+bwd, 10^7 f32",
+        reps: 2,
+        warmup: 1,
+    },
+    Workload {
+        name: "conv_l1_fwd",
+        what: "3×3 conv 64→64 [8,64,28,28] forward",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_l1_dx",
+        what: "same, input-gradient (backward only)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_l1_dw",
+        what: "same, weight-gradient (backward only)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_l3_fwd",
+        what: "3×3 conv 256→256 [8,256,7,7] forward",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_l3_dx",
+        what: "same, input-gradient (backward only)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_l3_dw",
+        what: "same, weight-gradient (backward only)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "sgd_10m",
+        what: "SGD momentum update, 10 × [1000,1000]",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "adam_10m",
+        what: "Adam update, 10 × [1000,1000]",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "resnet18_all",
+        what: "ResNet-18 step, batch 8 112², all train, SGD",
+        reps: 1,
+        warmup: 2,
+    },
+    Workload {
+        name: "resnet18_input_bn_eval",
+        what: "ResNet-18 step, input-bn-eval (frozen)",
+        reps: 1,
+        warmup: 2,
+    },
+    Workload {
+        name: "bert_all",
+        what: "BERT-base step, batch 2×128, all train, Adam",
+        reps: 1,
+        warmup: 1,
+    },
+    Workload {
+        name: "bert_input",
+        what: "BERT-base step, 2×128, frozen, input grad",
+        reps: 1,
+        warmup: 1,
+    },
+];
+
+/// One timed iteration: returns its milliseconds (setup work such as the
+/// forward before a backward-only measurement is done outside the clock).
+type Iteration = Box<dyn FnMut() -> Result<f64>>;
+
+fn timed(f: impl FnOnce() -> Result<()>) -> Result<f64> {
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+/// A conv workload at `[8, c, hw, hw]`, 3×3, padding 1: `part` is `fwd`,
+/// `dx` (input gradient) or `dw` (weight gradient); the backward ones time
+/// only the backward pass.
+fn conv(c: usize, hw: usize, part: &'static str) -> Result<Iteration> {
+    let opts = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    let x = Tensor::randn(&[8, c, hw, hw], F32, CPU, 1)?.set_requires_grad(part == "dx")?;
+    let w = Tensor::randn(&[c, c, 3, 3], F32, CPU, 2)?
+        .mul_scalar(0.05)?
+        .set_requires_grad(part == "dw")?;
+    let g = Tensor::randn(&[8, c, hw, hw], F32, CPU, 3)?;
+    Ok(Box::new(move || {
+        if part == "fwd" {
+            let _ng = no_grad();
+            return timed(|| conv2d(&x, &w, None, &opts).map(drop));
+        }
+        let y = conv2d(&x, &w, None, &opts)?;
+        let ms = timed(|| backward_with(&y, Some(g.clone()), &mut CollectGrads))?;
+        x.zero_grad();
+        w.zero_grad();
+        Ok(ms)
+    }))
+}
+
+/// An optimizer update over ten `[1000, 1000]` weights whose gradients
+/// come from a real matmul backward (so their layout is what a Linear
+/// layer's weight gradient has).
+fn optimizer<A: Algorithm + 'static>(hyper: A) -> Result<Iteration> {
+    let ws: Vec<Tensor> = (0..10)
+        .map(|i| Tensor::randn(&[1000, 1000], F32, CPU, 10 + i)?.into_parameter())
+        .collect::<Result<_>>()?;
+    let x = Tensor::randn(&[16, 1000], F32, CPU, 5)?;
+    let mut loss = x.matmul(&ws[0].t()?)?.sum_all()?;
+    for w in &ws[1..] {
+        loss = loss.add(&x.matmul(&w.t()?)?.sum_all()?)?;
+    }
+    loss.backward()?;
+    let mut opt = Optimizer::new(ws, hyper)?;
+    Ok(Box::new(move || timed(|| opt.step())))
+}
+
+/// One training step of a model of `leangrad memory` in a case: forward,
+/// cross-entropy, backward and (when a parameter trains) the optimizer's
+/// update, gradients dropped after it as `zero_grad(set_to_none)` does.
+fn model_step(name: &str, case: &str, classes: usize, adam: bool) -> Result<Iteration> {
+    let entry = find_model(name)?;
+    let (size, seq) = if name == "resnet18" {
+        (Some(112), None)
+    } else {
+        (None, Some(128))
+    };
+    let input = entry.step_input(size, seq)?;
+    let case: Case = case.parse()?;
+    let batch = if name == "resnet18" { 8 } else { 2 };
+    let mut model = (entry.build)(classes, size.unwrap_or(224), F32, CPU)?;
+    case.apply(model.as_mut())?;
+    let params: Vec<Tensor> = model
+        .parameters()
+        .into_iter()
+        .filter(|p| p.requires_grad())
+        .collect();
+    let x = input.make(batch, case.input_requires_grad(), F32, CPU)?;
+    let targets = input.targets(batch, classes, CPU)?;
+    let mut opt: Option<Box<dyn FnMut() -> Result<()>>> = match (params.is_empty(), adam) {
+        (true, _) => None,
+        (false, true) => {
+            let mut o = Optimizer::new(params, Adam::new(1e-4))?;
+            Some(Box::new(move || {
+                o.step()?;
+                o.zero_grad();
+                Ok(())
+            }))
+        }
+        (false, false) => {
+            let mut o = Optimizer::new(params, Sgd::new(0.01).momentum(0.9))?;
+            Some(Box::new(move || {
+                o.step()?;
+                o.zero_grad();
+                Ok(())
+            }))
+        }
+    };
+    Ok(Box::new(move || {
+        timed(|| {
+            let loss = model
+                .step_logits(&x)?
+                .cross_entropy(&targets, CrossEntropyOptions::default())?;
+            loss.backward()?;
+            if let Some(step) = opt.as_mut() {
+                step()?;
+            }
+            x.zero_grad();
+            Ok(())
+        })
+    }))
+}
+
+/// leangrad's side of a workload.
+fn leangrad_setup(name: &str) -> Result<Iteration> {
+    match name {
+        "matmul_1024" => {
+            let a = Tensor::randn(&[1024, 1024], F32, CPU, 1)?;
+            let b = Tensor::randn(&[1024, 1024], F32, CPU, 2)?;
+            Ok(Box::new(move || timed(|| a.matmul(&b).map(drop))))
+        }
+        "add_1e7" => {
+            let a = Tensor::randn(&[10_000_000], F32, CPU, 1)?;
+            let b = Tensor::randn(&[10_000_000], F32, CPU, 2)?;
+            Ok(Box::new(move || timed(|| a.add(&b).map(drop))))
+        }
+        "gelu_1e7" => {
+            let x = Tensor::randn(&[10_000_000], F32, CPU, 1)?.set_requires_grad(true)?;
+            let g = Tensor::randn(&[10_000_000], F32, CPU, 2)?;
+            Ok(Box::new(move || {
+                let ms = timed(|| {
+                    let y = x.gelu(false)?;
+                    backward_with(&y, Some(g.clone()), &mut CollectGrads)
+                })?;
+                x.zero_grad();
+                Ok(ms)
+            }))
+        }
+        "conv_l1_fwd" => conv(64, 28, "fwd"),
+        "conv_l1_dx" => conv(64, 28, "dx"),
+        "conv_l1_dw" => conv(64, 28, "dw"),
+        "conv_l3_fwd" => conv(256, 7, "fwd"),
+        "conv_l3_dx" => conv(256, 7, "dx"),
+        "conv_l3_dw" => conv(256, 7, "dw"),
+        "sgd_10m" => optimizer(Sgd::new(0.01).momentum(0.9)),
+        "adam_10m" => optimizer(Adam::new(1e-3)),
+        "resnet18_all" => model_step("resnet18", "all", 1000, false),
+        "resnet18_input_bn_eval" => model_step("resnet18", "input-bn-eval", 1000, false),
+        "bert_all" => model_step("bert_base", "all", 2, true),
+        "bert_input" => model_step("bert_base", "input", 2, true),
+        other => Err(leangrad::Error::InvalidArgument {
+            op: "vs_pytorch",
+            msg: format!("unknown workload {other}"),
+        }),
+    }
+}
+
+/// The PyTorch worker process: one JSON request per line, one JSON answer
+/// per line.
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    torch: String,
+}
+
+impl Worker {
+    fn start(python: &str, threads: usize) -> std::result::Result<Worker, String> {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/python-compare/speed_worker.py"
+        );
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg("--threads")
+            .arg(threads.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start {python}: {e}"))?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        let mut w = Worker {
+            child,
+            stdin,
+            stdout,
+            torch: String::new(),
+        };
+        let hello = w.read()?;
+        match hello.get("torch").and_then(Value::as_str) {
+            Some(v) => w.torch = v.to_string(),
+            None => return Err(format!("worker: {}", hello["error"])),
+        }
+        Ok(w)
+    }
+
+    fn read(&mut self) -> std::result::Result<Value, String> {
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .map_err(|e| format!("worker: {e}"))?;
+        if line.is_empty() {
+            return Err("the worker exited".into());
+        }
+        serde_json::from_str(&line).map_err(|e| format!("worker said {line:?}: {e}"))
+    }
+
+    fn ask(&mut self, request: Value) -> std::result::Result<Value, String> {
+        writeln!(self.stdin, "{request}").map_err(|e| format!("worker: {e}"))?;
+        self.stdin.flush().map_err(|e| format!("worker: {e}"))?;
+        let answer = self.read()?;
+        match answer.get("error") {
+            Some(e) => Err(format!("worker: {e}")),
+            None => Ok(answer),
+        }
+    }
+
+    /// One sample: the mean of `reps` iterations, in milliseconds.
+    fn sample(&mut self, reps: usize) -> std::result::Result<f64, String> {
+        let a = self.ask(json!({"cmd": "time", "reps": reps}))?;
+        a["ms"].as_f64().ok_or_else(|| format!("worker said {a}"))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "{}", json!({"cmd": "quit"}));
+        let _ = self.child.wait();
+    }
+}
+
+struct Options {
+    threads: usize,
+    rounds: usize,
+    only: Option<Vec<String>>,
+    json: Option<String>,
+    python: String,
+    torch: bool,
+}
+
+fn parse() -> std::result::Result<Options, String> {
+    let mut o = Options {
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        rounds: 7,
+        only: None,
+        json: None,
+        python: "python3".into(),
+        torch: true,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{a} needs a value"));
+        let number = |v: String| v.parse::<usize>().map_err(|e| format!("{a} {v}: {e}"));
+        match a.as_str() {
+            "--threads" => o.threads = number(value()?)?.max(1),
+            "--rounds" => o.rounds = number(value()?)?.max(1),
+            "--only" => o.only = Some(value()?.split(',').map(str::to_string).collect()),
+            "--json" => o.json = Some(value()?),
+            "--python" => o.python = value()?,
+            "--no-torch" => o.torch = false,
+            "--list" => {
+                for w in WORKLOADS {
+                    println!("{:24} {}", w.name, w.what);
+                }
+                std::process::exit(0);
+            }
+            "--bench" | "--nocapture" => {}
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if let Some(only) = &o.only {
+        if let Some(bad) = only.iter().find(|n| WORKLOADS.iter().all(|w| w.name != *n)) {
+            return Err(format!("unknown workload {bad} (--list names them)"));
+        }
+    }
+    Ok(o)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// Runs one workload on both sides, interleaved; returns (leangrad
+/// samples, PyTorch samples) in milliseconds.
+fn measure(
+    w: &Workload,
+    rounds: usize,
+    worker: &mut Option<Worker>,
+) -> std::result::Result<(Vec<f64>, Vec<f64>), String> {
+    let mut ours = leangrad_setup(w.name).map_err(|e| format!("leangrad: {e}"))?;
+    let mut our_sample = || -> std::result::Result<f64, String> {
+        let mut sum = 0.0;
+        for _ in 0..w.reps {
+            sum += ours().map_err(|e| format!("leangrad: {e}"))?;
+        }
+        Ok(sum / w.reps as f64)
+    };
+    if let Some(p) = worker.as_mut() {
+        p.ask(json!({"cmd": "setup", "workload": w.name}))?;
+    }
+    for _ in 0..w.warmup {
+        our_sample()?;
+        if let Some(p) = worker.as_mut() {
+            p.sample(w.reps)?;
+        }
+    }
+    let (mut l, mut t) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            l.push(our_sample()?);
+        }
+        if let Some(p) = worker.as_mut() {
+            t.push(p.sample(w.reps)?);
+        }
+        if round % 2 == 1 {
+            l.push(our_sample()?);
+        }
+    }
+    if let Some(p) = worker.as_mut() {
+        p.ask(json!({"cmd": "teardown"}))?;
+    }
+    Ok((l, t))
+}
+
+fn main() {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("vs_pytorch: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = rayon::ThreadPoolBuilder::new()
+        .num_threads(o.threads)
+        .build_global()
+    {
+        eprintln!("vs_pytorch: rayon pool: {e}");
+    }
+    let mut worker = if o.torch {
+        match Worker::start(&o.python, o.threads) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                println!("note: PyTorch is not available ({e}); measuring leangrad only");
+                None
+            }
+        }
+    } else {
+        println!("note: --no-torch; measuring leangrad only");
+        None
+    };
+    let torch = worker.as_ref().map(|w| w.torch.clone());
+    println!(
+        "threads {} · rounds {} · f32 · PyTorch {}",
+        o.threads,
+        o.rounds,
+        torch.as_deref().unwrap_or("absent")
+    );
+    println!(
+        "{:24} {:>12} {:>12} {:>8}  what",
+        "workload", "leangrad ms", "pytorch ms", "ratio"
+    );
+    let mut rows = Vec::new();
+    for w in WORKLOADS {
+        if o.only
+            .as_ref()
+            .is_some_and(|only| !only.iter().any(|n| n == w.name))
+        {
+            continue;
+        }
+        match measure(w, o.rounds, &mut worker) {
+            Ok((l, t)) => {
+                let (lm, tm) = (median(&l), (!t.is_empty()).then(|| median(&t)));
+                let cell = |v: Option<f64>, digits: usize| {
+                    v.map_or("-".to_string(), |v| format!("{v:.digits$}"))
+                };
+                println!(
+                    "{:24} {:>12.2} {:>12} {:>8}  {}",
+                    w.name,
+                    lm,
+                    cell(tm, 2),
+                    cell(tm.map(|tm| lm / tm), 2),
+                    w.what
+                );
+                rows.push(json!({
+                    "workload": w.name, "what": w.what, "reps_per_sample": w.reps,
+                    "leangrad_ms": l, "pytorch_ms": t,
+                    "leangrad_median_ms": lm, "pytorch_median_ms": tm,
+                    "ratio": tm.map(|tm| lm / tm),
+                }));
+            }
+            Err(e) => {
+                println!("{:24} error: {e}", w.name);
+                rows.push(json!({"workload": w.name, "error": e}));
+            }
+        }
+    }
+    if let Some(path) = &o.json {
+        let doc = json!({
+            "threads": o.threads, "rounds": o.rounds, "torch": torch,
+            "dtype": "f32", "results": rows,
+        });
+        let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("vs_pytorch: {path}: {e}");
+            std::process::exit(1);
+        }
+    }
+}

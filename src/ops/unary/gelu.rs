@@ -1,0 +1,375 @@
+//! GELU and its derivative on the CPU.
+//!
+//! The reference is the f64 formula ([`gelu_value_f64`], [`gelu_grad_f64`]
+//! with the series/continued-fraction [`erf`]), rounded once to the
+//! element type: that is what every dtype has always returned, and what the
+//! CUDA kernels compute. It is exact but slow (a series of up to ~60 terms
+//! per element), so blocks of f32/f16/bf16 elements go through a fast,
+//! vectorised f64 candidate instead ([`fast_block`]: a Chebyshev expansion
+//! of `erfcx` and a polynomial `exp`, no branches) together with a bound on
+//! its distance from the reference. Rounding is monotonic, so when both
+//! ends of `candidate ± bound` round to the same element value, the
+//! reference rounds to it too: that value is returned. Otherwise (a value
+//! within the bound of a rounding boundary, about one element in 10⁵ for
+//! typical inputs; NaN, ±∞, far tails) the reference is computed. The
+//! result is therefore bit-identical to the reference by construction,
+//! for every input, whatever the speed path; f64 elements always use the
+//! reference.
+
+use crate::{FloatDType, WithDType};
+use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI, PI, SQRT_2};
+
+/// The error function, to about 1e-15: for |x| < 3 the series
+/// `erf(a) = 2/√π · e^(-a²) · Σ 2ⁿ a^(2n+1) / (1·3·…·(2n+1))` (all terms
+/// positive, so no cancellation), else `1 - erfc` from erfc's continued fraction.
+pub(crate) fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    let r = if a < 3.0 {
+        let (a2, mut term, mut sum, mut n) = (a * a, a, a, 0.0);
+        while term > 1e-17 * sum {
+            n += 1.0;
+            term *= 2.0 * a2 / (2.0 * n + 1.0);
+            sum += term;
+        }
+        sum * FRAC_2_SQRT_PI * (-a2).exp()
+    } else {
+        // erfc(a) = e^(-a²)/√π · 1/(a + (1/2)/(a + 1/(a + (3/2)/(a + …))))
+        let mut f = a;
+        for k in (1..=60).rev() {
+            f = a + (k as f64 / 2.0) / f;
+        }
+        1.0 - (-a * a).exp() / (PI.sqrt() * f)
+    };
+    r.copysign(x)
+}
+
+const GELU_K: f64 = 0.797_884_560_802_865_4; // √(2/π)
+const GELU_A: f64 = 0.044_715;
+
+/// gelu(x) in f64, exact (erf) or tanh-approximated: the reference.
+pub(crate) fn gelu_value_f64(x: f64, approximate: bool) -> f64 {
+    if approximate {
+        let t = (GELU_K * (x + GELU_A * x * x * x)).tanh();
+        0.5 * x * (1.0 + t)
+    } else {
+        x * (0.5 * (1.0 + erf(x / SQRT_2)))
+    }
+}
+
+/// gelu'(x) in f64, exact (erf) or tanh-approximated: the reference.
+pub(crate) fn gelu_grad_f64(x: f64, approximate: bool) -> f64 {
+    if approximate {
+        let t = (GELU_K * (x + GELU_A * x * x * x)).tanh();
+        0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_A * x * x)
+    } else {
+        let cdf = 0.5 * (1.0 + erf(x / SQRT_2));
+        let pdf = (-0.5 * x * x).exp() / (2.0 * PI).sqrt();
+        cdf + x * pdf
+    }
+}
+
+/// Chebyshev coefficients of `erfcx(z) = e^(z²)·erfc(z)` in
+/// `t = (z − K)/(z + K)`, `K = 3.75`, over `z ∈ [0, ∞)` (computed with
+/// 40-digit arithmetic; the omitted tail sums to 3e-17).
+const ERFCX_K: f64 = 3.75;
+const ERFCX_CHEB: [f64; 23] = [
+    0.305_071_540_961_600_2,
+    -0.434_841_272_712_577_5,
+    0.176_351_193_643_605_5,
+    -0.060_710_795_609_249_41,
+    0.017_712_068_995_694_11,
+    -0.004_321_119_385_567_294,
+    0.000_854_216_676_887_098_7,
+    -0.000_127_155_090_609_162_7,
+    0.000_011_248_167_243_671_19,
+    0.000_000_313_063_885_421_821,
+    -0.000_000_270_988_068_537_762,
+    0.000_000_030_737_622_701_407_69,
+    0.000_000_002_515_620_384_817_623,
+    -0.000_000_001_028_929_921_320_319,
+    0.000_000_000_029_944_052_119_949_94,
+    0.000_000_000_026_051_789_687_266_94,
+    -0.000_000_000_002_634_839_924_171_969,
+    -0.000_000_000_000_643_404_509_890_636_4,
+    0.000_000_000_000_112_457_401_801_663_4,
+    0.000_000_000_000_017_281_533_389_986_1,
+    -0.000_000_000_000_004_264_101_694_942_375,
+    -0.000_000_000_000_000_545_371_977_880_190_6,
+    0.000_000_000_000_000_158_697_607_761_671_2,
+];
+
+/// Bound on |Φ_fast − Φ_reference| (absolute; Φ ≤ 1): both are within a
+/// few 1e-16 of the true Φ; `tests::fast_candidate_is_within_its_bound`
+/// measures the largest distance over a dense grid (below 1e-15).
+pub(crate) const PHI_BOUND: f64 = 1e-14;
+
+/// `e^y` for `y ≤ 0` to about 2 ulp: Cody–Waite reduction by ln 2 and a
+/// degree-13 Taylor polynomial, no branches or calls (so loops of it
+/// vectorise). `y` below −708 is clamped (the result is then ≤ 3e-308,
+/// far below anything the callers can tell from 0).
+#[inline(always)]
+fn exp_neg(y: f64) -> f64 {
+    const SHIFT: f64 = 6_755_399_441_055_744.0; // 1.5·2⁵², rounds to an integer
+    const LN2_HI: f64 = 0.693_147_180_369_123_8; // ln 2, low 32 bits zero
+    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+    let y = y.max(-708.0);
+    let k = y * std::f64::consts::LOG2_E + SHIFT;
+    let n = k - SHIFT;
+    let r = (y - n * LN2_HI) - n * LN2_LO;
+    let mut p = 1.0 / 6_227_020_800.0; // 1/13!
+    for d in [
+        479_001_600.0,
+        39_916_800.0,
+        3_628_800.0,
+        362_880.0,
+        40_320.0,
+        5_040.0,
+        720.0,
+        120.0,
+        24.0,
+        6.0,
+        2.0,
+        1.0,
+        1.0,
+    ] {
+        p = p * r + 1.0 / d;
+    }
+    let ni = (k.to_bits() as i64).wrapping_sub(SHIFT.to_bits() as i64);
+    p * f64::from_bits(((ni + 1023) as u64) << 52)
+}
+
+/// Φ(x) (the normal CDF) and `e^(−x²/2)`, fast: `½·e^(−z²)·erfcx(z)` with
+/// `z = |x|/√2` for the lower tail, `1 −` that for x ≥ 0.
+#[inline(always)]
+fn phi_fast(x: f64) -> (f64, f64) {
+    let z = x.abs() * FRAC_1_SQRT_2;
+    let t = (z - ERFCX_K) / (z + ERFCX_K);
+    let (mut b1, mut b2) = (0.0, 0.0);
+    for &c in ERFCX_CHEB[1..].iter().rev() {
+        let b0 = c + 2.0 * t * b1 - b2;
+        b2 = b1;
+        b1 = b0;
+    }
+    let erfcx = ERFCX_CHEB[0] + t * b1 - b2;
+    let e = exp_neg(-(z * z));
+    let half_erfc = 0.5 * e * erfcx;
+    let phi = if x < 0.0 { half_erfc } else { 1.0 - half_erfc };
+    (phi, e)
+}
+
+/// 1/√(2π).
+const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
+/// The fast candidates and their bounds for one block: `v[i]` near
+/// gelu(x[i]) (or gelu'(x[i]) when `grad`), `|v[i] − reference| ≤ b[i]`.
+#[inline(always)]
+fn candidates_body(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
+    for ((&x, v), b) in x.iter().zip(v.iter_mut()).zip(b.iter_mut()) {
+        let (phi, e) = phi_fast(x);
+        if grad {
+            // Φ + x·φ: the Φ term's bound, φ's (the exponent x²/2 rounds
+            // differently from the reference's: ≤ 1e-13 relative for the
+            // x where φ is not negligible) and the final roundings.
+            let xpdf = x * (e * INV_SQRT_2PI);
+            let d = phi + xpdf;
+            *v = d;
+            *b = PHI_BOUND + xpdf.abs() * 1e-13 + d.abs() * 1e-15;
+        } else {
+            let g = x * phi;
+            *v = g;
+            *b = x.abs() * PHI_BOUND + g.abs() * 1e-15;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn candidates_avx512(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
+    candidates_body(x, v, b, grad)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn candidates_avx2(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
+    candidates_body(x, v, b, grad)
+}
+
+/// [`candidates_body`] compiled for the widest vectors the CPU has (the
+/// same IEEE operations in every version, so the same values).
+fn candidates(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { candidates_avx512(x, v, b, grad) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { candidates_avx2(x, v, b, grad) };
+        }
+    }
+    candidates_body(x, v, b, grad)
+}
+
+/// Elements of one block (the callers' blocks are at most this long).
+const BLOCK: usize = crate::primitives::KERNEL_BLOCK;
+
+/// `out[i] = T(reference(src[i]))` (exact GELU, or its derivative when
+/// `grad`), for a block of at most [`BLOCK`] elements, exactly as
+/// [`gelu_value_f64`] / [`gelu_grad_f64`] rounded to `T` give it; f64
+/// blocks take the reference directly.
+pub(crate) fn fast_block<T: FloatDType>(src: &[T], out: &mut [T], grad: bool) {
+    let reference = |x: f64| {
+        if grad {
+            gelu_grad_f64(x, false)
+        } else {
+            gelu_value_f64(x, false)
+        }
+    };
+    if T::DTYPE == crate::DType::F64 {
+        for (o, &x) in out.iter_mut().zip(src) {
+            *o = T::from_f64(reference(WithDType::to_f64(x)));
+        }
+        return;
+    }
+    let n = src.len();
+    let mut x = [0.0f64; BLOCK];
+    let mut v = [0.0f64; BLOCK];
+    let mut b = [0.0f64; BLOCK];
+    let mut settled = [false; BLOCK];
+    for (x, s) in x.iter_mut().zip(src) {
+        *x = WithDType::to_f64(*s);
+    }
+    candidates(&x[..n], &mut v[..n], &mut b[..n], grad);
+    for i in 0..n {
+        let lo = T::from_f64(v[i] - b[i]);
+        let hi = T::from_f64(v[i] + b[i]);
+        out[i] = lo;
+        settled[i] = lo == hi;
+    }
+    for i in 0..n {
+        if !settled[i] {
+            out[i] = T::from_f64(reference(x[i]));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    /// A dense grid over where GELU's inputs live: every 2⁻¹² step over
+    /// [−12, 12], plus tiny and huge magnitudes.
+    fn grid() -> Vec<f64> {
+        let mut xs: Vec<f64> = (-(12 << 12)..=(12 << 12))
+            .map(|i| i as f64 / 4096.0)
+            .collect();
+        for e in -40..=20 {
+            let m = 2f64.powi(e) * 1.37;
+            xs.extend([m, -m]);
+        }
+        xs
+    }
+
+    #[test]
+    fn fast_candidate_is_within_its_bound() {
+        let mut worst = 0.0f64;
+        for &x in &grid() {
+            if !(-40.0..=40.0).contains(&x) {
+                continue;
+            }
+            let (phi, _) = phi_fast(x);
+            let reference = 0.5 * (1.0 + erf(x / SQRT_2));
+            worst = worst.max((phi - reference).abs());
+        }
+        assert!(worst < PHI_BOUND / 10.0, "max |Φ_fast − Φ_ref| = {worst:e}");
+    }
+
+    #[test]
+    fn exp_neg_matches_std() {
+        for i in 0..20_000 {
+            let y = -(i as f64) * 0.0354;
+            let (a, b) = (exp_neg(y), y.exp());
+            assert!((a - b).abs() <= 4e-16 * b, "exp({y}): {a:e} vs {b:e}");
+        }
+    }
+
+    /// Max error of the fast f32 GELU against the f64 reference over a
+    /// dense grid: the bits are the reference's, so within ½ ulp of f32
+    /// wherever the reference is accurate.
+    #[test]
+    fn f32_block_equals_the_reference_bit_for_bit() {
+        let xs = grid();
+        for grad in [false, true] {
+            for chunk in xs.chunks(BLOCK) {
+                let src: Vec<f32> = chunk.iter().map(|&x| x as f32).collect();
+                let mut out = vec![0f32; src.len()];
+                fast_block(&src, &mut out, grad);
+                for (&s, &o) in src.iter().zip(&out) {
+                    let x = s as f64;
+                    let want = if grad {
+                        gelu_grad_f64(x, false)
+                    } else {
+                        gelu_value_f64(x, false)
+                    };
+                    assert_eq!(o.to_bits(), (want as f32).to_bits(), "x = {s}, grad {grad}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn half_blocks_and_specials_equal_the_reference() {
+        let xs = [
+            0.0,
+            -0.0,
+            1e-30,
+            -3.5,
+            -7.25,
+            -40.0,
+            0.75,
+            9.0,
+            1e30,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ];
+        for grad in [false, true] {
+            let f = |x: f64| {
+                if grad {
+                    gelu_grad_f64(x, false)
+                } else {
+                    gelu_value_f64(x, false)
+                }
+            };
+            let src: Vec<f32> = xs.iter().map(|&x| x as f32).collect();
+            let mut out = vec![0f32; xs.len()];
+            fast_block(&src, &mut out, grad);
+            for (&s, o) in src.iter().zip(&out) {
+                let want = f(s as f64) as f32;
+                assert!(o.to_bits() == want.to_bits() || (o.is_nan() && want.is_nan()));
+            }
+            let src: Vec<bf16> = xs.iter().map(|&x| bf16::from_f64(x)).collect();
+            let mut out = vec![bf16::ZERO; xs.len()];
+            fast_block(&src, &mut out, grad);
+            for (&s, o) in src.iter().zip(&out) {
+                let want = bf16::from_f64(f(s.to_f64()));
+                assert!(o.to_bits() == want.to_bits() || (o.is_nan() && want.is_nan()));
+            }
+            let src: Vec<f16> = (-2000..2000)
+                .map(|i| f16::from_f64(i as f64 / 250.0))
+                .collect();
+            for chunk in src.chunks(BLOCK) {
+                let mut out = vec![f16::ZERO; chunk.len()];
+                fast_block(chunk, &mut out, grad);
+                for (&s, o) in chunk.iter().zip(&out) {
+                    assert_eq!(o.to_bits(), f16::from_f64(f(s.to_f64())).to_bits());
+                }
+            }
+        }
+    }
+}
