@@ -8,6 +8,7 @@
 //! the ledger's current and peak device memory).
 
 pub mod adversarial;
+pub mod style;
 
 use crate::data::{has_image_extension, read_image, CenterCrop, Compose, Resize, Transform};
 use crate::io::{load_safetensors, load_state_dict, LoadOptions};
