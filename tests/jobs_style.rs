@@ -205,7 +205,8 @@ fn only_the_image_gets_a_gradient() {
 
 #[test]
 fn frames_are_written_at_the_right_steps() {
-    let dir = tempdir("frames");
+    // A folder that does not exist yet: it is created.
+    let dir = tempdir("frames").join("new");
     let opts = StyleOptions {
         every: Some(2),
         ..options(&dir, StyleOptimizer::Adam, 5)

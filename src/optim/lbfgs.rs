@@ -325,9 +325,10 @@ impl Lbfgs {
                 q.add_(&h.dirs[i].mul_scalar(-al[i])?)?;
             }
             let r = q.mul_scalar(h.h_diag)?;
-            for i in 0..n {
-                let be = dot(&h.dirs[i], &r)? * h.ro[i];
-                r.add_(&h.steps[i].mul_scalar(al[i] - be)?)?;
+            let pairs = h.dirs.iter().zip(&h.steps).zip(&h.ro);
+            for (((y, s), ro), a) in pairs.zip(&al) {
+                let be = dot(y, &r)? * ro;
+                r.add_(&s.mul_scalar(a - be)?)?;
             }
             Ok(r)
         })

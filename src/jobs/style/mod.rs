@@ -296,6 +296,12 @@ pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
     let content = read_resized(&opts.content, opts.size)?;
     let style = read_resized(&opts.style, opts.size)?;
     let memory = predict_memory(opts, content.shape(), style.shape())?;
+    if let Some(dir) = opts.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Image {
+            path: dir.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    }
     let ledger = Ledger::new();
     let _l = ledger.enter();
     let start = Instant::now();
@@ -317,7 +323,7 @@ pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
     let mut history = Vec::with_capacity(opts.steps);
     let mut frames = Vec::new();
     let mut frame = |step: usize, transfer: &Transfer| -> Result<()> {
-        if opts.every.is_some_and(|n| step % n == 0) {
+        if opts.every.is_some_and(|n| step.is_multiple_of(n)) {
             let path = frame_path(&opts.out, step);
             write_png(transfer.image(), &path, PngDepth::Eight)?;
             frames.push(path);
@@ -354,12 +360,6 @@ pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
     progress.finish();
     transfer.clamp_image()?;
     let losses = transfer.losses()?;
-    if let Some(dir) = opts.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::Image {
-            path: dir.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-    }
     write_png(transfer.image(), &opts.out, PngDepth::Eight)?;
     let shape = transfer.image().shape().to_vec();
     Ok(StyleReport {
