@@ -6,6 +6,7 @@ use leangrad::demo::{self, DemoOptions};
 use leangrad::jobs;
 use leangrad::jobs::adversarial::{self, AdversarialOptions, Attack};
 use leangrad::jobs::finetune::{self, FinetuneOptions};
+use leangrad::jobs::style::{self, StyleInit, StyleNet, StyleOptimizer, StyleOptions};
 use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec, MODELS};
 use leangrad::models::Case;
 use leangrad::{DType, Device};
@@ -198,6 +199,63 @@ enum Command {
         /// Where the adversarial images are written.
         #[arg(long)]
         out: PathBuf,
+        /// Write only JSON to stdout (no progress bar).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Neural style transfer (Gatys et al.): optimises an image so that
+    /// its VGG features match the content image's and its Gram matrices the
+    /// style image's; only the image gets a gradient. Writes OUT.png (and a
+    /// frame every N steps) and prints the losses and the memory next to
+    /// what PyTorch keeps.
+    Style {
+        /// The content image (PNG, JPEG or BMP).
+        #[arg(long)]
+        content: PathBuf,
+        /// The style image.
+        #[arg(long)]
+        style: PathBuf,
+        /// A safetensors file of torchvision's VGG `state_dict()` (whole,
+        /// or only its `features.*`); without it the VGG is randomly
+        /// initialised.
+        #[arg(long)]
+        weights: Option<PathBuf>,
+        /// The network.
+        #[arg(long, default_value = "vgg19", value_parser = ["vgg19", "vgg16"])]
+        model: String,
+        /// Shorter side of both images (aspect kept).
+        #[arg(long, default_value_t = 256)]
+        size: usize,
+        /// Steps (loss-and-gradient evaluations).
+        #[arg(long, default_value_t = 300)]
+        steps: usize,
+        /// Weight of the content loss.
+        #[arg(long, default_value_t = 1.0)]
+        content_weight: f64,
+        /// Weight of the style loss.
+        #[arg(long, default_value_t = 1e6)]
+        style_weight: f64,
+        /// `lbfgs` or `adam`.
+        #[arg(long, default_value = "lbfgs", value_parser = ["lbfgs", "adam"])]
+        optimizer: String,
+        /// Learning rate (default: 1 for lbfgs, 0.02 for adam).
+        #[arg(long)]
+        lr: Option<f64>,
+        /// Start from the `content` image or from uniform `noise`.
+        #[arg(long, default_value = "content", value_parser = ["content", "noise"])]
+        init: String,
+        /// Seed of the noise start and of the random VGG.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The result (PNG).
+        #[arg(long)]
+        out: PathBuf,
+        /// Also write OUT-000100.png etc. every N steps.
+        #[arg(long)]
+        every: Option<usize>,
+        /// `auto`: CUDA 0 when it can be opened, else the CPU.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
+        device: String,
         /// Write only JSON to stdout (no progress bar).
         #[arg(long)]
         json: bool,
@@ -410,6 +468,46 @@ fn run(cli: Cli) -> Result<()> {
                 ..AdversarialOptions::new(&model, images, out)
             };
             report(&adversarial::run(&opts)?, json, adversarial::describe)?;
+        }
+        Command::Style {
+            content,
+            style: style_image,
+            weights,
+            model,
+            size,
+            steps,
+            content_weight,
+            style_weight,
+            optimizer,
+            lr,
+            init,
+            seed,
+            out,
+            every,
+            device,
+            json,
+        } => {
+            let opts = StyleOptions {
+                net: StyleNet::named(&model)?,
+                weights,
+                size,
+                steps,
+                content_weight,
+                style_weight,
+                optimizer: StyleOptimizer::parse(&optimizer)?,
+                lr,
+                init: if init == "noise" {
+                    StyleInit::Noise
+                } else {
+                    StyleInit::Content
+                },
+                seed,
+                every,
+                device: jobs::choose_device(&device)?,
+                quiet: json,
+                ..StyleOptions::new(content, style_image, out)
+            };
+            report(&style::run(&opts)?, json, style::describe)?;
         }
     }
     Ok(())

@@ -11,6 +11,7 @@
 
 pub mod adversarial;
 pub mod finetune;
+pub mod style;
 
 use crate::data::{has_image_extension, read_image, CenterCrop, Compose, Resize, Transform};
 use crate::io::{load_safetensors, load_state_dict, LoadOptions};

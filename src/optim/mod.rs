@@ -1,4 +1,5 @@
-//! Optimizers (SGD, Adam, AdamW), with the step fused into backward.
+//! Optimizers (SGD, Adam, AdamW), with the step fused into backward, and
+//! L-BFGS ([`Lbfgs`], driven by a closure as `torch.optim.LBFGS`).
 //!
 //! One per-parameter update ([`kernels::apply_update`]) serves two paths:
 //!
@@ -32,6 +33,7 @@ mod clip;
 mod cuda;
 mod fused;
 pub mod kernels;
+mod lbfgs;
 mod rule;
 mod schedule;
 mod sgd;
@@ -40,6 +42,7 @@ mod state;
 pub use adam::Adam;
 pub use clip::{clip_grad_norm, clip_grad_value, total_norm};
 pub use kernels::{apply_update, sum_of_squares, Algorithm};
+pub use lbfgs::{Lbfgs, LbfgsOptions, LineSearch};
 pub use rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
 pub use schedule::{
     LrScheduler, LrSchedulerState, Schedule, ScheduleState, Scheduler, SequentialLr,

@@ -1,0 +1,487 @@
+//! Neural style transfer (Gatys, Ecker and Bethge), as PyTorch's tutorial
+//! computes it: an image is optimised so that its VGG features match the
+//! content image's at the content layers and its Gram matrices match the
+//! style image's at the style layers.
+//!
+//! - **Images**: each is read as RGB in [0, 1] and resized (antialiased)
+//!   so that its shorter side is `size`, keeping its aspect ratio (no
+//!   crop). The result has the content image's size; the style image may
+//!   have another (a Gram matrix is `C×C` whatever the size, and its
+//!   normalisation by `C·H·W` makes sizes comparable).
+//! - **Network**: VGG-19 (default) or VGG-16, features only (the
+//!   classifier is never run, nor loaded), with the ImageNet normalisation
+//!   inside its input. Losses read the **convolution outputs** (before
+//!   ReLU, as the tutorial does): style conv1_1, conv2_1, conv3_1,
+//!   conv4_1, conv5_1 and content conv4_2 (Gatys et al.'s layers):
+//!   VGG-19 `features.0, 5, 10, 19, 28` and `features.21`; VGG-16
+//!   `features.0, 5, 10, 17, 24` and `features.19`.
+//! - **Losses**: content `content_weight · mse(F, F_content)`, style
+//!   `style_weight · Σ mse(G, G_style)` with `G = F·Fᵀ / (C·H·W)`.
+//! - **Only the image requires grad**: every VGG parameter is frozen, the
+//!   targets are computed once without a graph, so backward computes the
+//!   image's gradient and keeps only what it needs.
+//! - **Optimisers**: Adam (one forward/backward per step, then the image
+//!   is clamped to [0, 1]) or L-BFGS (PyTorch's defaults, one iteration per
+//!   step with the tutorial's closure: clamp, loss, backward); either way a
+//!   step is one evaluation of the loss and its gradient.
+
+mod transfer;
+
+pub use transfer::{gram, load_vgg_features, StyleLosses, Transfer};
+
+use super::Progress;
+use crate::autograd::{with_save_policy, SavePolicy};
+use crate::data::{read_image, write_png, Compose, PngDepth, Resize, Transform};
+use crate::memory::Ledger;
+use crate::models::{Vgg, VggConfig};
+use crate::optim::{Adam, Lbfgs, LbfgsOptions, Optimizer};
+use crate::{DType, Device, Error, Result, Tensor};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// VGG-19's style layers (conv1_1 … conv5_1, torchvision indices).
+pub const VGG19_STYLE_LAYERS: [&str; 5] = [
+    "features.0",
+    "features.5",
+    "features.10",
+    "features.19",
+    "features.28",
+];
+/// VGG-19's content layer (conv4_2).
+pub const VGG19_CONTENT_LAYERS: [&str; 1] = ["features.21"];
+/// VGG-16's style layers (conv1_1 … conv5_1).
+pub const VGG16_STYLE_LAYERS: [&str; 5] = [
+    "features.0",
+    "features.5",
+    "features.10",
+    "features.17",
+    "features.24",
+];
+/// VGG-16's content layer (conv4_2).
+pub const VGG16_CONTENT_LAYERS: [&str; 1] = ["features.19"];
+
+/// The network of a style transfer and the layers its losses read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StyleNet {
+    /// Its name in reports (`vgg19`, `vgg16`).
+    pub name: String,
+    /// The VGG; only its `features` run.
+    pub config: VggConfig,
+    /// Layers whose Gram matrices are matched.
+    pub style_layers: Vec<String>,
+    /// Layers whose maps are matched.
+    pub content_layers: Vec<String>,
+}
+
+impl StyleNet {
+    /// VGG-19 with Gatys et al.'s layers.
+    pub fn vgg19() -> StyleNet {
+        Self::classic(
+            "vgg19",
+            VggConfig::vgg19(false, 1),
+            &VGG19_STYLE_LAYERS,
+            &VGG19_CONTENT_LAYERS,
+        )
+    }
+
+    /// VGG-16 with the same layers (conv1_1 … conv5_1, conv4_2).
+    pub fn vgg16() -> StyleNet {
+        Self::classic(
+            "vgg16",
+            VggConfig::vgg16(false, 1),
+            &VGG16_STYLE_LAYERS,
+            &VGG16_CONTENT_LAYERS,
+        )
+    }
+
+    /// `vgg19` or `vgg16`; anything else is [`Error::InvalidArgument`]
+    /// naming it.
+    pub fn named(name: &str) -> Result<StyleNet> {
+        match name {
+            "vgg19" => Ok(StyleNet::vgg19()),
+            "vgg16" => Ok(StyleNet::vgg16()),
+            _ => Err(Error::InvalidArgument {
+                op: "style",
+                msg: format!("unknown model `{name}`; use vgg19 or vgg16"),
+            }),
+        }
+    }
+
+    fn classic(name: &str, config: VggConfig, style: &[&str], content: &[&str]) -> StyleNet {
+        StyleNet {
+            name: name.to_string(),
+            // The classifier is never run: keep it tiny instead of 120M
+            // parameters.
+            config: VggConfig {
+                pool_size: 1,
+                hidden: 1,
+                num_classes: 1,
+                ..config
+            },
+            style_layers: style.iter().map(|s| s.to_string()).collect(),
+            content_layers: content.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+/// Adam or L-BFGS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StyleOptimizer {
+    /// Adam (default lr 0.02).
+    Adam,
+    /// L-BFGS (default lr 1), one iteration per step.
+    Lbfgs,
+}
+
+impl StyleOptimizer {
+    /// `adam` or `lbfgs`.
+    pub fn parse(name: &str) -> Result<StyleOptimizer> {
+        match name {
+            "adam" => Ok(StyleOptimizer::Adam),
+            "lbfgs" => Ok(StyleOptimizer::Lbfgs),
+            _ => Err(Error::InvalidArgument {
+                op: "style",
+                msg: format!("unknown optimizer `{name}`; use adam or lbfgs"),
+            }),
+        }
+    }
+
+    /// The learning rate used when none is given.
+    pub fn default_lr(self) -> f64 {
+        match self {
+            StyleOptimizer::Adam => 0.02,
+            StyleOptimizer::Lbfgs => 1.0,
+        }
+    }
+}
+
+/// Where the optimised image starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StyleInit {
+    /// The content image (the tutorial's choice).
+    Content,
+    /// Uniform noise in [0, 1) (seeded).
+    Noise,
+}
+
+/// What [`run`] does; [`StyleOptions::new`] gives the defaults of the
+/// `leangrad style` command.
+#[derive(Clone, Debug)]
+pub struct StyleOptions {
+    /// The network and its layers.
+    pub net: StyleNet,
+    /// A safetensors file of torchvision's VGG `state_dict()` (whole or
+    /// `features.*` only); `None` runs a randomly initialised VGG (and
+    /// says so).
+    pub weights: Option<PathBuf>,
+    /// The content image.
+    pub content: PathBuf,
+    /// The style image.
+    pub style: PathBuf,
+    /// The result, written as PNG; frames go next to it.
+    pub out: PathBuf,
+    /// Shorter side of both images after resizing.
+    pub size: usize,
+    /// Steps (loss-and-gradient evaluations).
+    pub steps: usize,
+    /// Weight of the content loss.
+    pub content_weight: f64,
+    /// Weight of the style loss.
+    pub style_weight: f64,
+    /// Adam or L-BFGS.
+    pub optimizer: StyleOptimizer,
+    /// Learning rate; `None` is the optimizer's default.
+    pub lr: Option<f64>,
+    /// Where the image starts.
+    pub init: StyleInit,
+    /// Seed of the noise start and of the random VGG.
+    pub seed: u64,
+    /// Write a frame `OUT-000100.png` every this many steps.
+    pub every: Option<usize>,
+    /// Where to run.
+    pub device: Device,
+    /// No progress bar.
+    pub quiet: bool,
+}
+
+impl StyleOptions {
+    /// VGG-19, 256-pixel images, 300 L-BFGS steps, content weight 1, style
+    /// weight 10⁶ (the tutorial's), starting from the content image, on
+    /// the CPU.
+    pub fn new(
+        content: impl Into<PathBuf>,
+        style: impl Into<PathBuf>,
+        out: impl Into<PathBuf>,
+    ) -> StyleOptions {
+        StyleOptions {
+            net: StyleNet::vgg19(),
+            weights: None,
+            content: content.into(),
+            style: style.into(),
+            out: out.into(),
+            size: 256,
+            steps: 300,
+            content_weight: 1.0,
+            style_weight: 1e6,
+            optimizer: StyleOptimizer::Lbfgs,
+            lr: None,
+            init: StyleInit::Content,
+            seed: 0,
+            every: None,
+            device: Device::Cpu,
+            quiet: true,
+        }
+    }
+}
+
+/// Device memory of one step (forward, losses, the image's gradient),
+/// predicted on the meta device under both policies, and the peak measured
+/// over the whole run (optimizer state included).
+#[derive(Clone, Debug, Serialize)]
+pub struct StyleMemory {
+    /// Peak bytes of one step under the lean policy (predicted).
+    pub lean_step_bytes: usize,
+    /// Peak bytes of the same step keeping what PyTorch's autograd keeps
+    /// (predicted).
+    pub pytorch_step_bytes: usize,
+    /// Peak bytes measured on the device over the whole run.
+    pub measured_peak_bytes: usize,
+}
+
+/// The outcome of [`run`].
+#[derive(Clone, Debug, Serialize)]
+pub struct StyleReport {
+    /// The network.
+    pub model: String,
+    /// Whether the VGG was randomly initialised (no weights given).
+    pub random_init: bool,
+    /// The optimizer.
+    pub optimizer: StyleOptimizer,
+    /// Its learning rate.
+    pub lr: f64,
+    /// Where the image started.
+    pub init: StyleInit,
+    /// Steps taken.
+    pub steps: usize,
+    /// Height and width of the result.
+    pub height: usize,
+    /// Width of the result.
+    pub width: usize,
+    /// Where it ran.
+    pub device: String,
+    /// The weights of the two losses.
+    pub content_weight: f64,
+    /// Weight of the style loss.
+    pub style_weight: f64,
+    /// Losses of the final image (as written).
+    pub losses: StyleLosses,
+    /// Total loss at each step's evaluation, before its update.
+    pub history: Vec<f64>,
+    /// The result.
+    pub written: PathBuf,
+    /// Frames written, in order.
+    pub frames: Vec<PathBuf>,
+    /// Memory, lean next to what PyTorch keeps.
+    pub memory: StyleMemory,
+    /// Seconds the run took.
+    pub seconds: f64,
+}
+
+/// Runs the style transfer of `opts` and writes the result (and frames).
+pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
+    check(opts)?;
+    let content = read_resized(&opts.content, opts.size)?;
+    let style = read_resized(&opts.style, opts.size)?;
+    let memory = predict_memory(opts, content.shape(), style.shape())?;
+    if let Some(dir) = opts.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Image {
+            path: dir.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    }
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let start = Instant::now();
+    let device = opts.device;
+    let vgg = Vgg::new(&opts.net.config, DType::F32, device, opts.seed)?;
+    if let Some(path) = &opts.weights {
+        load_vgg_features(&vgg, path)?;
+    }
+    let (content, style) = (content.to_device(device)?, style.to_device(device)?);
+    let init = match opts.init {
+        StyleInit::Content => content.clone(),
+        StyleInit::Noise => Tensor::rand(content.shape(), DType::F32, device, opts.seed)?,
+    };
+    let weights = (opts.content_weight, opts.style_weight);
+    let transfer = Transfer::new(vgg, &opts.net, (&content, &style), &init, weights)?;
+    drop((content, style, init));
+    let progress = Progress::new(opts.steps as u64, "style", &ledger, device, opts.quiet);
+    let lr = opts.lr.unwrap_or(opts.optimizer.default_lr());
+    let mut history = Vec::with_capacity(opts.steps);
+    let mut frames = Vec::new();
+    let mut frame = |step: usize, transfer: &Transfer| -> Result<()> {
+        if opts.every.is_some_and(|n| step.is_multiple_of(n)) {
+            let path = frame_path(&opts.out, step);
+            write_png(transfer.image(), &path, PngDepth::Eight)?;
+            frames.push(path);
+        }
+        Ok(())
+    };
+    match opts.optimizer {
+        StyleOptimizer::Adam => {
+            let mut adam = Optimizer::new([transfer.image().clone()], Adam::new(lr))?;
+            for step in 1..=opts.steps {
+                let loss = transfer.evaluate()?.total;
+                adam.step()?;
+                adam.zero_grad();
+                transfer.clamp_image()?;
+                history.push(loss);
+                progress.step(loss);
+                frame(step, &transfer)?;
+            }
+        }
+        StyleOptimizer::Lbfgs => {
+            let options = LbfgsOptions::new(lr).max_iter(1);
+            let mut lbfgs = Lbfgs::new([transfer.image().clone()], options)?;
+            for step in 1..=opts.steps {
+                let loss = lbfgs.step(|| {
+                    transfer.clamp_image()?;
+                    Ok(transfer.evaluate()?.total)
+                })?;
+                history.push(loss);
+                progress.step(loss);
+                frame(step, &transfer)?;
+            }
+        }
+    }
+    progress.finish();
+    transfer.clamp_image()?;
+    let losses = transfer.losses()?;
+    write_png(transfer.image(), &opts.out, PngDepth::Eight)?;
+    let shape = transfer.image().shape().to_vec();
+    Ok(StyleReport {
+        model: opts.net.name.clone(),
+        random_init: opts.weights.is_none(),
+        optimizer: opts.optimizer,
+        lr,
+        init: opts.init,
+        steps: opts.steps,
+        height: shape[2],
+        width: shape[3],
+        device: device.to_string(),
+        content_weight: opts.content_weight,
+        style_weight: opts.style_weight,
+        losses,
+        history,
+        written: opts.out.clone(),
+        frames,
+        memory: StyleMemory {
+            measured_peak_bytes: ledger.peak(device),
+            ..memory
+        },
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+fn check(opts: &StyleOptions) -> Result<()> {
+    let bad = |msg: String| Err(Error::InvalidArgument { op: "style", msg });
+    if opts.size == 0 || opts.steps == 0 {
+        return bad("size and steps must be at least 1".into());
+    }
+    if opts.every == Some(0) {
+        return bad("every must be at least 1".into());
+    }
+    for (what, w) in [
+        ("content weight", opts.content_weight),
+        ("style weight", opts.style_weight),
+    ] {
+        if !(w.is_finite() && w >= 0.0) {
+            return bad(format!("{what} must be a number ≥ 0, not {w}"));
+        }
+    }
+    if let Some(lr) = opts.lr.filter(|lr| !(lr.is_finite() && *lr > 0.0)) {
+        return bad(format!("lr must be a positive number, not {lr}"));
+    }
+    Ok(())
+}
+
+/// `path` read as RGB in [0, 1], its shorter side resized to `size`
+/// (aspect kept), as `[1, 3, H, W]` on the CPU.
+pub fn read_resized(path: &Path, size: usize) -> Result<Tensor> {
+    let image = Compose::new()
+        .then(Resize::shorter(size))
+        .apply_once(&read_image(path)?)?;
+    image.unsqueeze(0)
+}
+
+/// The frame of step `step`: `OUT-000100.png` next to `OUT.png`.
+pub fn frame_path(out: &Path, step: usize) -> PathBuf {
+    let stem = out
+        .file_stem()
+        .map_or("style".into(), |s| s.to_string_lossy());
+    out.with_file_name(format!("{stem}-{step:06}.png"))
+}
+
+/// One step on the meta device (the VGG, the targets, the image and its
+/// gradient), under the lean policy and under PyTorch's, each in a fresh
+/// ledger.
+fn predict_memory(opts: &StyleOptions, content: &[usize], style: &[usize]) -> Result<StyleMemory> {
+    let peak = |policy: SavePolicy| -> Result<usize> {
+        let ledger = Ledger::new();
+        let _l = ledger.enter();
+        let vgg = Vgg::new(&opts.net.config, DType::F32, Device::Meta, 0)?;
+        let c = Tensor::zeros(content, DType::F32, Device::Meta)?;
+        let s = Tensor::zeros(style, DType::F32, Device::Meta)?;
+        let transfer = Transfer::new(vgg, &opts.net, (&c, &s), &c, (1.0, 1.0))?;
+        drop((c, s));
+        let _p = with_save_policy(policy);
+        drop(transfer.backward()?);
+        Ok(ledger.peak(Device::Meta))
+    };
+    Ok(StyleMemory {
+        lean_step_bytes: peak(SavePolicy::Lean)?,
+        pytorch_step_bytes: peak(SavePolicy::SaveAll)?,
+        measured_peak_bytes: 0,
+    })
+}
+
+/// A few lines for people: losses, time, memory.
+pub fn describe(r: &StyleReport) -> String {
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    let mut s = String::new();
+    if r.random_init {
+        s += "note: no --weights given: the VGG is randomly initialised\n";
+    }
+    s += &format!(
+        "{} on {}: {}×{} image, {} {:?} steps (lr {}) in {:.1} s, written to {}\n",
+        r.model,
+        r.device,
+        r.height,
+        r.width,
+        r.steps,
+        r.optimizer,
+        r.lr,
+        r.seconds,
+        r.written.display()
+    );
+    if !r.frames.is_empty() {
+        s += &format!("{} frames written next to it\n", r.frames.len());
+    }
+    let first = r.history.first().copied().unwrap_or(f64::NAN);
+    s += &format!(
+        "loss: content {:.4e}  style {:.4e}  total {:.4e} (first step {:.4e})\n",
+        r.losses.content, r.losses.style, r.losses.total, first
+    );
+    let m = &r.memory;
+    s += &format!(
+        "memory of one step, parameters included: {:.1} MiB (keeping what PyTorch keeps: {:.1} MiB, {:.2}×); measured peak {:.1} MiB\n",
+        mib(m.lean_step_bytes),
+        mib(m.pytorch_step_bytes),
+        m.pytorch_step_bytes as f64 / m.lean_step_bytes.max(1) as f64,
+        mib(m.measured_peak_bytes)
+    );
+    s
+}
