@@ -29,7 +29,7 @@ mod transfer;
 
 pub use transfer::{gram, load_vgg_features, StyleLosses, Transfer};
 
-use super::Progress;
+use super::{Progress, StepBytes};
 use crate::autograd::{with_save_policy, SavePolicy};
 use crate::data::{read_image, write_png, Compose, PngDepth, Resize, Transform};
 use crate::memory::Ledger;
@@ -237,20 +237,6 @@ impl StyleOptions {
     }
 }
 
-/// Device memory of one step (forward, losses, the image's gradient),
-/// predicted on the meta device under both policies, and the peak measured
-/// over the whole run (optimizer state included).
-#[derive(Clone, Debug, Serialize)]
-pub struct StyleMemory {
-    /// Peak bytes of one step under the lean policy (predicted).
-    pub lean_step_bytes: usize,
-    /// Peak bytes of the same step keeping what PyTorch's autograd keeps
-    /// (predicted).
-    pub pytorch_step_bytes: usize,
-    /// Peak bytes measured on the device over the whole run.
-    pub measured_peak_bytes: usize,
-}
-
 /// The outcome of [`run`].
 #[derive(Clone, Debug, Serialize)]
 pub struct StyleReport {
@@ -285,7 +271,7 @@ pub struct StyleReport {
     /// Frames written, in order.
     pub frames: Vec<PathBuf>,
     /// Memory, lean next to what PyTorch keeps.
-    pub memory: StyleMemory,
+    pub memory: StepBytes,
     /// Seconds the run took.
     pub seconds: f64,
 }
@@ -378,7 +364,7 @@ pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
         history,
         written: opts.out.clone(),
         frames,
-        memory: StyleMemory {
+        memory: StepBytes {
             measured_peak_bytes: ledger.peak(device),
             ..memory
         },
@@ -428,7 +414,7 @@ pub fn frame_path(out: &Path, step: usize) -> PathBuf {
 /// One step on the meta device (the VGG, the targets, the image and its
 /// gradient), under the lean policy and under PyTorch's, each in a fresh
 /// ledger.
-fn predict_memory(opts: &StyleOptions, content: &[usize], style: &[usize]) -> Result<StyleMemory> {
+fn predict_memory(opts: &StyleOptions, content: &[usize], style: &[usize]) -> Result<StepBytes> {
     let peak = |policy: SavePolicy| -> Result<usize> {
         let ledger = Ledger::new();
         let _l = ledger.enter();
@@ -441,7 +427,7 @@ fn predict_memory(opts: &StyleOptions, content: &[usize], style: &[usize]) -> Re
         drop(transfer.backward()?);
         Ok(ledger.peak(Device::Meta))
     };
-    Ok(StyleMemory {
+    Ok(StepBytes {
         lean_step_bytes: peak(SavePolicy::Lean)?,
         pytorch_step_bytes: peak(SavePolicy::SaveAll)?,
         measured_peak_bytes: 0,
@@ -450,7 +436,6 @@ fn predict_memory(opts: &StyleOptions, content: &[usize], style: &[usize]) -> Re
 
 /// A few lines for people: losses, time, memory.
 pub fn describe(r: &StyleReport) -> String {
-    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
     let mut s = String::new();
     if r.random_init {
         s += "note: no --weights given: the VGG is randomly initialised\n";
@@ -475,13 +460,6 @@ pub fn describe(r: &StyleReport) -> String {
         "loss: content {:.4e}  style {:.4e}  total {:.4e} (first step {:.4e})\n",
         r.losses.content, r.losses.style, r.losses.total, first
     );
-    let m = &r.memory;
-    s += &format!(
-        "memory of one step, parameters included: {:.1} MiB (keeping what PyTorch keeps: {:.1} MiB, {:.2}×); measured peak {:.1} MiB\n",
-        mib(m.lean_step_bytes),
-        mib(m.pytorch_step_bytes),
-        m.pytorch_step_bytes as f64 / m.lean_step_bytes.max(1) as f64,
-        mib(m.measured_peak_bytes)
-    );
+    s += &r.memory.describe("step");
     s
 }
