@@ -495,17 +495,14 @@ mod tests {
         let src = source_of("relu_mask.cu").unwrap();
         let compile = |arch, kind| compile_in(Some(&dir), "relu_mask.cu", src, arch, kind);
         let start = runs();
-        let t = std::time::Instant::now();
         let cold = compile("compute_80", ImageKind::Ptx).unwrap();
-        let cold_time = t.elapsed();
         assert_eq!(runs(), start + 1);
         assert!(std::str::from_utf8(&cold).unwrap().contains(".entry"));
-        let t = std::time::Instant::now();
+        // The hit is seen by NVRTC's run count, not by timing (a loaded
+        // machine made a warm read slower than a cold compile once).
         let warm = compile("compute_80", ImageKind::Ptx).unwrap();
-        let warm_time = t.elapsed();
         assert_eq!(runs(), start + 1, "the second compile ran NVRTC");
         assert_eq!(warm, cold);
-        assert!(warm_time < cold_time, "{warm_time:?} vs {cold_time:?}");
         assert_eq!(entries(&dir).len(), 1);
 
         // Another architecture, or a CUBIN, is another entry.
