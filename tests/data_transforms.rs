@@ -286,15 +286,9 @@ fn random_resized_crop_draws_valid_windows_reproducibly() {
         (0, 2, 37, 49)
     );
     // RandomCrop: inside the image, and too large a window is an error.
-    let rc = RandomCrop {
-        height: 30,
-        width: 50,
-    };
+    let rc = RandomCrop::new(30, 50);
     let out = rc.apply(&big, &mut SampleRng::new(9)).unwrap();
     assert_eq!(out.shape(), &[3, 30, 50]);
-    let too_big = RandomCrop {
-        height: 38,
-        width: 10,
-    };
+    let too_big = RandomCrop::new(38, 10);
     assert!(too_big.apply(&big, &mut SampleRng::new(9)).is_err());
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use image::{DynamicImage, ImageBuffer, ImageFormat, ImageReader, Luma, Rgb, Rgba};
 
+use super::pad::make_grid;
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// Which channels an image is read with.
@@ -151,7 +152,7 @@ fn image_shape(t: &Tensor, path: &Path) -> Result<(usize, usize, usize)> {
             return Err(image_error(
                 path,
                 format!(
-                    "cannot write a tensor of shape {shape:?}: expected [C, H, W] or [1, C, H, W]"
+                    "cannot write a tensor of shape {shape:?}: expected [C, H, W] or a batch [N, C, H, W]"
                 ),
             ))
         }
@@ -172,13 +173,24 @@ fn image_shape(t: &Tensor, path: &Path) -> Result<(usize, usize, usize)> {
 }
 
 /// Writes a `[C, H, W]` (or `[1, C, H, W]`) float tensor with values in
-/// [0, 1] as a PNG file: C = 1 gray, 3 RGB, 4 RGBA. Values are scaled,
+/// [0, 1] as a PNG file: C = 1 gray, 3 RGB, 4 RGBA. A batch `[N, C, H, W]`
+/// is written as one grid, as `save_image` does (see [`make_grid`]: eight
+/// to a row, 2 black pixels between). Values are scaled,
 /// rounded and clamped as torchvision's `save_image` does (`x·255 + 0.5`,
 /// clamped to [0, 255], truncated; NaN becomes 0), in f32; with
 /// [`PngDepth::Sixteen`], with 65535 instead of 255. A tensor on a GPU is
 /// copied to the host first.
 pub fn write_png(tensor: &Tensor, path: impl AsRef<Path>, depth: PngDepth) -> Result<()> {
     let path = path.as_ref();
+    // A batch is written as save_image writes it: make_grid's defaults.
+    let grid;
+    let tensor = match tensor.shape() {
+        [n, ..] if tensor.rank() == 4 && *n > 1 => {
+            grid = make_grid(tensor, 8, 2, 0.0)?;
+            &grid
+        }
+        _ => tensor,
+    };
     let (c, h, w) = image_shape(tensor, path)?;
     if !tensor.dtype().is_float() {
         return Err(Error::UnsupportedDType {

@@ -33,6 +33,7 @@ mod dataset;
 mod folder;
 mod image;
 mod loader;
+mod pad;
 mod random;
 mod resize;
 mod transforms;
@@ -43,6 +44,7 @@ pub use image::{
     decode_image, read_image, read_image_as, to_tensor, write_png, ColorMode, PngDepth,
 };
 pub use loader::{Batch, DataLoader, Epoch};
+pub use pad::{make_grid, pad, PaddingMode};
 pub use random::{permutation, SampleRng};
 pub use resize::resize;
 pub use transforms::{

@@ -3,6 +3,7 @@
 //! draw from the [`SampleRng`] they are handed, so a loader's seed decides
 //! every crop and flip.
 
+use super::pad::{pad, PaddingMode};
 use super::random::SampleRng;
 use super::resize::resize;
 use crate::{DType, Error, Result, Tensor};
@@ -213,31 +214,75 @@ impl Transform for CenterCrop {
     }
 }
 
-/// A window at a uniformly random position (torchvision's `RandomCrop`
-/// without padding); an image smaller than the window is an error.
+/// A window at a uniformly random position (torchvision's `RandomCrop`):
+/// the image is first padded by `padding` (`[left, top, right, bottom]`)
+/// and, with `pad_if_needed`, a side shorter than the window is padded by
+/// the missing length on *both* sides, as torchvision does; borders are
+/// filled by `padding_mode`.
 #[derive(Debug, Clone, Copy)]
 pub struct RandomCrop {
     /// Window height.
     pub height: usize,
     /// Window width.
     pub width: usize,
+    /// Border added before cropping, `[left, top, right, bottom]`.
+    pub padding: Option<[usize; 4]>,
+    /// Pads a side shorter than the window instead of failing.
+    pub pad_if_needed: bool,
+    /// How borders are filled.
+    pub padding_mode: PaddingMode,
+}
+
+impl RandomCrop {
+    /// A `height × width` window, without padding.
+    pub fn new(height: usize, width: usize) -> RandomCrop {
+        RandomCrop {
+            height,
+            width,
+            padding: None,
+            pad_if_needed: false,
+            padding_mode: PaddingMode::default(),
+        }
+    }
+
+    /// The same with `padding` pixels on every side (torchvision's
+    /// `RandomCrop(size, padding=p)`, CIFAR's usual 32 with 4).
+    pub fn padding(mut self, padding: usize) -> RandomCrop {
+        self.padding = Some([padding; 4]);
+        self
+    }
 }
 
 impl Transform for RandomCrop {
     fn apply(&self, image: &Tensor, rng: &mut SampleRng) -> Result<Tensor> {
-        let (h, w) = image_hw("RandomCrop", image)?;
+        image_hw("RandomCrop", image)?;
+        let mut image = match self.padding {
+            Some(borders) => pad(image, borders, self.padding_mode)?,
+            None => image.clone(),
+        };
+        let (_, w) = image_hw("RandomCrop", &image)?;
+        if self.pad_if_needed && w < self.width {
+            let d = self.width - w;
+            image = pad(&image, [d, 0, d, 0], self.padding_mode)?;
+        }
+        let (h, _) = image_hw("RandomCrop", &image)?;
+        if self.pad_if_needed && h < self.height {
+            let d = self.height - h;
+            image = pad(&image, [0, d, 0, d], self.padding_mode)?;
+        }
+        let (h, w) = image_hw("RandomCrop", &image)?;
         if self.height > h || self.width > w {
             return Err(Error::InvalidArgument {
                 op: "RandomCrop",
                 msg: format!(
-                    "window {}×{} is larger than the {h}×{w} image",
+                    "window {}×{} is larger than the {h}×{w} image (set pad_if_needed to pad it)",
                     self.height, self.width
                 ),
             });
         }
         let top = rng.below(h - self.height + 1);
         let left = rng.below(w - self.width + 1);
-        crop(image, top, left, self.height, self.width)
+        crop(&image, top, left, self.height, self.width)
     }
 }
 
