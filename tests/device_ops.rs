@@ -232,6 +232,36 @@ fn softmax_and_cross_entropy() {
     }
 }
 
+/// The fused head and loss on every device, in chunks of 4 rows (the last
+/// chunk has 1): loss, the gradients of h, W and b, and the saved bytes
+/// (h and the targets) equal the CPU's.
+#[test]
+fn linear_cross_entropy_in_chunks() {
+    for dtype in [DType::F32, DType::F64] {
+        let h = input(&[9, 6], dtype, 11, -1.0, 1.0);
+        let w = input(&[13, 6], dtype, 12, -1.0, 1.0);
+        let b = input(&[13], dtype, 13, -0.5, 0.5);
+        let targets = Tensor::from_vec(
+            (0..9)
+                .map(|i| if i == 4 { -100 } else { (i * 5 % 13) as i64 })
+                .collect::<Vec<_>>(),
+            &[9],
+            Device::Cpu,
+        )
+        .unwrap();
+        let opts = CrossEntropyOptions {
+            label_smoothing: 0.1,
+            ..CrossEntropyOptions::default()
+        };
+        check_layer("linear_cross_entropy", &[&h, &w, &b], |t| {
+            // In this run's ledger on every device (a CPU `to_device`
+            // would share the outer tensor).
+            let targets = fresh_copy(&targets, t[0].device());
+            t[0].linear_cross_entropy_in_chunks(&t[1], Some(&t[2]), &targets, opts, 4)
+        });
+    }
+}
+
 #[test]
 fn matmul_layouts() {
     for dtype in FLOATS {

@@ -32,7 +32,7 @@
 //! for the text models the input embeddings `[N, seq, hidden]` fed in place
 //! of the word-embedding lookup (`forward_embeds`).
 
-use crate::autograd::{with_save_policy, SavePolicy};
+use crate::autograd::{save_policy, with_save_policy, SavePolicy};
 use crate::memory::{DeviceReport, Ledger, MemoryReport};
 use crate::models::Case;
 use crate::ops::CrossEntropyOptions;
@@ -227,9 +227,15 @@ fn step<A: Algorithm>(
     fused: bool,
     ledger: &Ledger,
 ) -> Result<MemoryReport> {
-    let loss = model
-        .step_logits(x)?
-        .cross_entropy(targets, CrossEntropyOptions::default())?;
+    // The PyTorch policy measures PyTorch's own path (the whole logits,
+    // then cross-entropy); the lean one takes the model's leanest loss.
+    let loss = if save_policy() == SavePolicy::SaveAll {
+        model
+            .step_logits(x)?
+            .cross_entropy(targets, CrossEntropyOptions::default())?
+    } else {
+        model.step_loss(x, targets)?
+    };
     if fused {
         opt.backward_step(&loss)?;
     } else {

@@ -8,6 +8,7 @@ use crate::models::{
     ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use crate::nn::Module;
+use crate::ops::CrossEntropyOptions;
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
 
@@ -19,6 +20,15 @@ pub trait StepModel: Freeze {
     /// input embeddings `[N, L, hidden]` (float). `rows` is the number of
     /// targets ([`StepInput::targets`]).
     fn step_logits(&self, input: &Tensor) -> Result<Tensor>;
+
+    /// The step's mean cross-entropy against `targets`: by default
+    /// [`StepModel::step_logits`] then `cross_entropy`; a language model
+    /// overrides it with its head fused into the loss, so that the logits
+    /// never exist whole.
+    fn step_loss(&self, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        self.step_logits(input)?
+            .cross_entropy(targets, CrossEntropyOptions::default())
+    }
 }
 
 macro_rules! step_by_forward {
@@ -45,6 +55,12 @@ impl StepModel for Gpt2 {
         let logits = self.logits(text_input(input))?;
         let s = logits.shape().to_vec();
         logits.reshape(&[s[0] * s[1], s[2]])
+    }
+
+    /// The next-token loss through [`Gpt2::lm_loss`]: no `[N·L, vocab]`
+    /// tensor is ever alive.
+    fn step_loss(&self, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        self.lm_loss(text_input(input), targets, CrossEntropyOptions::default())
     }
 }
 

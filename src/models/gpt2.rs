@@ -10,6 +10,7 @@ use super::transformer::{
 use super::Ctx;
 use crate::memory::scope;
 use crate::nn::{Embedding, LayerKind, LayerNorm, Module};
+use crate::ops::CrossEntropyOptions;
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The shape of a [`Gpt2`] (Hugging Face's `GPT2Config` fields).
@@ -221,6 +222,24 @@ impl Gpt2 {
         let h = self.hidden(input)?;
         let _s = scope("lm_head");
         h.matmul(&self.wte.weight.t()?)
+    }
+
+    /// The cross-entropy of the next-token logits against `targets`
+    /// (`[B·L]`, I64) without the logits: the tied head and the loss in one
+    /// [`Tensor::linear_cross_entropy`], which holds at most a chunk of the
+    /// `[B·L, vocab]` logits at a time. Equals `cross_entropy` of
+    /// [`Gpt2::logits`] reshaped to `[B·L, vocab]`.
+    pub fn lm_loss(
+        &self,
+        input: TextInput,
+        targets: &Tensor,
+        opts: CrossEntropyOptions,
+    ) -> Result<Tensor> {
+        let h = self.hidden(input)?;
+        let s = h.shape().to_vec();
+        let _s = scope("lm_head");
+        h.reshape(&[s[0] * s[1], s[2]])?
+            .linear_cross_entropy(&self.wte.weight, None, targets, opts)
     }
 
     /// Logits of token ids `[B, L]` (I64 or U32).

@@ -25,6 +25,7 @@
 //! | max, min (over a dim) | the arg-extremum per output element as u8 (dim ≤ 256), u32 (≤ 2³²) or i64 | out elements × 1/4/8 |
 //! | softmax, log_softmax | the output | n·s |
 //! | cross_entropy | the softmax probabilities and the targets tensor (shared, not copied), if the logits need grad | N·C·s (+ targets) |
+//! | linear_cross_entropy(h, W, b) | h and the targets (shared), if any input needs grad; no logits | N·D·s (+ targets) |
 //! | mse_loss(a, b) | the difference a − b, if either needs grad | n·s |
 //!
 //! Backward never materialises a zero-filled stand-in for an input that
@@ -44,7 +45,7 @@ mod softmax;
 mod unary;
 mod view;
 
-pub use loss::{CrossEntropyOptions, Reduction};
+pub use loss::{CrossEntropyOptions, Reduction, CHUNK_ELEMENTS};
 pub use mask::{mask_scale, mask_where, positive_mask};
 pub use softmax::LaneGeom;
 pub use view::sum_to_shape;

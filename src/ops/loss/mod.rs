@@ -2,7 +2,8 @@
 //! negative log-likelihood with label smoothing and an ignored target:
 //! CPU kernels in `cpu.rs`, CUDA in `cuda.rs` and `loss.cu`, logits read in
 //! the lanes of `ops::softmax`) and mean squared error (elementwise
-//! primitives only).
+//! primitives only), and [`Tensor::linear_cross_entropy`] (a Linear layer
+//! and cross-entropy over row chunks, in `linear.rs`).
 //!
 //! Saved for backward, for logits of `n` elements of `b` bytes, `s` samples
 //! (targets I64) and `m` elements in `mse_loss`:
@@ -18,6 +19,9 @@
 
 mod cpu;
 mod cuda;
+mod linear;
+
+pub use linear::CHUNK_ELEMENTS;
 #[cfg(test)]
 mod tests;
 
