@@ -9,6 +9,7 @@ use crate::nn::{Linear, Module};
 use crate::ops::CrossEntropyOptions;
 use crate::optim::{Optimizer, Sgd};
 use crate::{rng, DType, Device, Error, Result, Tensor};
+use std::ops::ControlFlow;
 
 /// What the demo trains.
 #[derive(Clone, Debug)]
@@ -134,8 +135,13 @@ pub fn predict_peak(opts: &DemoOptions) -> Result<usize> {
     Ok(ledger.peak(Device::Meta))
 }
 
-/// Runs the demo in its own ledger; `on_step(step, loss)` is called after each step.
-pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<DemoResult> {
+/// Runs the demo in its own ledger; `on_step(step, loss)` is called after
+/// each step and may stop the training early (`ControlFlow::Break`: the
+/// result then covers the steps run).
+pub fn run(
+    opts: &DemoOptions,
+    mut on_step: impl FnMut(usize, f64) -> ControlFlow<()>,
+) -> Result<DemoResult> {
     opts.check()?;
     let ledger = Ledger::new();
     let _entered = ledger.enter();
@@ -155,7 +161,9 @@ pub fn run(opts: &DemoOptions, mut on_step: impl FnMut(usize, f64)) -> Result<De
         // final, and the gradient is dropped right after.
         opt.backward_step(&loss)?;
         losses.push(value);
-        on_step(step, value);
+        if on_step(step, value).is_break() {
+            break;
+        }
     }
     let accuracy = {
         let _ng = no_grad();

@@ -156,11 +156,11 @@ pub enum Error {
     /// A run was refused before it started: its peak, predicted on the
     /// meta device, is more than the device has free.
     #[error(
-        "{what} needs {} on {device} (predicted on the meta device) but only {} {} free: {} short; \
-         use a smaller batch or model, or free memory",
+        "{what} needs {} on {device} (predicted on the meta device), but {device} has only {} free{}: \
+         {} short; make the run smaller (batch, sizes, model) or free memory",
         bytes_text(*needed),
         bytes_text(*available),
-        if device.is_cpu() { "is available (MemAvailable + SwapFree)" } else { "is" },
+        if device.is_cpu() { " (MemAvailable + SwapFree)" } else { "" },
         bytes_text(needed.saturating_sub(*available))
     )]
     WillNotFit {
