@@ -73,23 +73,15 @@ fn cgroup_available() -> Option<usize> {
     Some(limit.saturating_sub(used.saturating_sub(cache)))
 }
 
-/// The out-of-memory error of a host request of `bytes`, with the current
-/// ledger's summary after `why`.
+/// The out-of-memory error of a host request of `bytes`: `why`, then the
+/// current ledger's table.
 fn host_oom(bytes: usize, why: &str) -> Error {
     let ledger = Ledger::current();
-    match ledger.out_of_memory(Device::Cpu, bytes, ledger.live(Device::Cpu)) {
-        Error::OutOfMemory {
-            device,
-            requested,
-            live,
-            summary,
-        } => Error::OutOfMemory {
-            device,
-            requested,
-            live,
-            summary: format!("{why}\n{summary}"),
-        },
-        other => other,
+    Error::OutOfMemory {
+        device: Device::Cpu,
+        requested: bytes,
+        live: ledger.live(Device::Cpu),
+        summary: format!("{why}\n{}", ledger.report().to_table()),
     }
 }
 

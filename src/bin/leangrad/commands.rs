@@ -2,7 +2,7 @@
 //! refused before it starts when its peak (predicted on the meta device)
 //! does not fit the device, then run and reported.
 
-use crate::output::{stdout, PipeClosed, Progress};
+use crate::output::{stdout, Progress};
 use anyhow::Result;
 use leangrad::demo::{self, DemoOptions};
 use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec};
@@ -53,21 +53,21 @@ pub fn demo(a: DemoArgs) -> Result<()> {
         a.lr
     ))?;
     let every = (steps / 10).max(1);
-    let mut closed = false;
+    // A line that cannot be written (stdout closed) stops the training.
+    let mut failed = None;
     let result = demo::run(&opts, |step, loss| {
         if step % every == 0 || step + 1 == steps {
-            closed = progress
+            failed = progress
                 .line(&format!("step {step:>5}  loss {loss:.4}"))
-                .is_err();
+                .err();
         }
-        if closed {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
+        match failed {
+            Some(_) => ControlFlow::Break(()),
+            None => ControlFlow::Continue(()),
         }
     })?;
-    if closed {
-        return Err(PipeClosed.into());
+    if let Some(e) = failed {
+        return Err(e);
     }
     progress.line(&format!(
         "training accuracy: {:.1}%",
