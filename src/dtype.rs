@@ -49,8 +49,10 @@ pub(crate) fn stat_dtype(dtype: DType) -> DType {
 }
 
 /// A Rust type that is the element of some [`DType`].
+/// (`Zeroable`: all-zero bytes are the value zero, so zeroed host buffers
+/// come from a zeroed allocation, `memory::host::try_zeroed`.)
 pub trait WithDType:
-    CpuElement + Copy + Send + Sync + std::fmt::Debug + PartialOrd + 'static
+    CpuElement + bytemuck::Zeroable + Copy + Send + Sync + std::fmt::Debug + PartialOrd + 'static
 {
     /// The matching dtype.
     const DTYPE: DType;

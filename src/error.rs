@@ -153,6 +153,26 @@ pub enum Error {
         /// The ledger's report at the time, as a table.
         summary: String,
     },
+    /// A run was refused before it started: its peak, predicted on the
+    /// meta device, is more than the device has free.
+    #[error(
+        "{what} needs {} on {device} (predicted on the meta device), but {device} has only {} free{}: \
+         {} short; make the run smaller (batch, sizes, model) or free memory",
+        bytes_text(*needed),
+        bytes_text(*available),
+        if device.is_cpu() { " (MemAvailable + SwapFree)" } else { "" },
+        bytes_text(needed.saturating_sub(*available))
+    )]
+    WillNotFit {
+        /// What was refused (e.g. `the demo`, `one resnet18 step`).
+        what: String,
+        /// The device it was to run on.
+        device: Device,
+        /// Its predicted peak, in bytes.
+        needed: usize,
+        /// Bytes the device has free.
+        available: usize,
+    },
     /// A weights file (or buffer) is not a valid safetensors file.
     #[error("malformed weights in {what}{}: {reason}", tensor.as_ref().map(|t| format!(" (tensor `{t}`)")).unwrap_or_default())]
     MalformedWeights {
@@ -184,6 +204,17 @@ pub enum Error {
         /// the other an integer type.
         wrong_dtype: Vec<(String, DType, DType)>,
     },
+    /// A layer was given an input it cannot take; `layer` is its name in
+    /// the model (its scope path, e.g. `layer1.0.conv1`).
+    #[error("{layer} expects {expected}, got {got}")]
+    LayerInput {
+        /// The layer's name.
+        layer: String,
+        /// What it takes (e.g. `3 input channels`).
+        expected: String,
+        /// What it was given.
+        got: String,
+    },
     /// A layer name a model does not have (feature extraction by name).
     #[error("{model} has no layer `{name}`; valid names: {}", valid.join(", "))]
     UnknownLayer {
@@ -197,6 +228,16 @@ pub enum Error {
     /// A file could not be read or written.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+    /// A file could not be read or written: `path` names it.
+    #[error("cannot {action} {}: {source}", path.display())]
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What was being done: `read`, `write`.
+        action: &'static str,
+        /// The system's error.
+        source: std::io::Error,
+    },
     /// A checkpoint, or an optimizer's or schedule's saved state, cannot
     /// be read or does not fit what it is loaded into.
     #[error("checkpoint entry `{entry}`: {reason}")]
@@ -220,6 +261,23 @@ pub enum Error {
 
 /// `std::result::Result` with leangrad's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// `bytes` for people: `1.50 GiB (1610612736 bytes)`, or `512 bytes`.
+fn bytes_text(bytes: usize) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    let (mut value, mut unit) = (bytes as f64, None);
+    for u in UNITS {
+        if value < 1024.0 {
+            break;
+        }
+        value /= 1024.0;
+        unit = Some(u);
+    }
+    match unit {
+        Some(u) => format!("{value:.2} {u} ({bytes} bytes)"),
+        None => format!("{bytes} bytes"),
+    }
+}
 
 /// The readable text of [`crate::Error::StateDictMismatch`]: one line per
 /// kind of problem, each listing every name.

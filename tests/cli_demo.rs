@@ -66,10 +66,10 @@ fn demo_json_is_valid_on_every_device() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(stdout.contains(&format!("({dev}, f32")), "{stdout}");
-        let json = &stdout[stdout.find('{').expect("a JSON object")..];
-        let v: serde_json::Value = serde_json::from_str(json).expect("valid JSON");
+        // Progress goes to stderr, so that stdout is the JSON alone.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("({dev}, f32")), "{stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("only JSON");
         let report = v["devices"]
             .as_array()
             .unwrap()

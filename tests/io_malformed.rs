@@ -134,7 +134,14 @@ fn unsupported_dtypes_name_tensor_and_dtype() {
 #[test]
 fn file_errors_name_the_path() {
     let missing = std::env::temp_dir().join("leangrad-no-such-file.safetensors");
-    assert!(matches!(load_safetensors(&missing), Err(Error::Io(_))));
+    match load_safetensors(&missing) {
+        Err(e @ Error::File { .. }) => {
+            let text = e.to_string();
+            assert!(text.starts_with("cannot read "), "{text}");
+            assert!(text.contains(&missing.display().to_string()), "{text}");
+        }
+        r => panic!("expected Error::File, got {:?}", r.map(|m| m.len())),
+    }
     let path =
         std::env::temp_dir().join(format!("leangrad-bad-{}.safetensors", std::process::id()));
     std::fs::write(&path, b"not a safetensors file").unwrap();

@@ -55,8 +55,10 @@ impl CudaBuffer {
         len: usize,
         category: Category,
     ) -> Result<CudaBuffer> {
-        let bytes = len * dtype.size_in_bytes();
         let ledger = Ledger::current();
+        let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| {
+            ledger.out_of_memory(device.device(), usize::MAX, ledger.live(device.device()))
+        })?;
         // Counted first, so a ledger limit refuses before the driver is asked.
         let allocation = ledger.register(device.device(), bytes, category)?;
         // SAFETY: the contents are unspecified until written; callers of
@@ -131,7 +133,7 @@ impl CudaBuffer {
     /// The elements copied to the host (waits for pending work).
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
         self.check::<T>("to_vec", self.len)?;
-        let mut out = vec![T::from_f64(0.0); self.len];
+        let mut out = crate::memory::host::try_zeroed::<T>(self.len)?;
         if self.len == 0 {
             return Ok(out);
         }

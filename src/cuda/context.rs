@@ -413,6 +413,34 @@ impl Device {
             Device::Cuda(n) => CudaDevice::get(n).map(|_| ()),
         }
     }
+
+    /// Bytes the device can still take now: on the CPU what the host can
+    /// hand out (`crate::memory::host_available_bytes`), on CUDA the
+    /// driver's free memory; `None` for the meta device (no data) or where
+    /// unknown. A CUDA device that cannot be opened is its typed error.
+    pub fn free_bytes(self) -> crate::Result<Option<usize>> {
+        match self {
+            Device::Cpu => Ok(crate::memory::host_available_bytes()),
+            Device::Meta => Ok(None),
+            Device::Cuda(n) => Ok(Some(CudaDevice::get(n)?.mem_get_info()?.0)),
+        }
+    }
+
+    /// Refuses a run (`what`, e.g. `the demo`) whose peak, predicted on the
+    /// meta device, is `needed` bytes, when the device has less free:
+    /// [`crate::Error::WillNotFit`], saying by how much. `Ok` when it fits
+    /// or when the free memory is unknown.
+    pub fn check_fits(self, what: &str, needed: usize) -> crate::Result<()> {
+        match self.free_bytes()? {
+            Some(available) if needed > available => Err(crate::Error::WillNotFit {
+                what: what.to_string(),
+                device: self,
+                needed,
+                available,
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -332,7 +332,7 @@ fn sync_dir(dir: &Path) {
 
 fn read_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
     load_safetensors(path).map_err(|e| match e {
-        Error::Io(e) => path_fault(path, format!("cannot read: {e}")),
+        Error::File { source, .. } => path_fault(path, format!("cannot read: {source}")),
         other => other,
     })
 }

@@ -176,15 +176,55 @@ fn parse(what: &str, bytes: &[u8]) -> Result<BTreeMap<String, Tensor>> {
 /// counted in the current ledger. Supported dtypes: F32, F16, BF16, F64, U8,
 /// U32 and I64; any other gives [`Error::UnsupportedWeightDType`], a damaged
 /// file [`Error::MalformedWeights`].
+///
+/// A file that cannot be read is [`Error::File`] naming it; a PyTorch
+/// pickle (what `torch.save` writes, usually `.pt`/`.pth`) is
+/// [`Error::MalformedWeights`] saying how to convert it.
 pub fn load_safetensors(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path)?;
-    parse(&path.display().to_string(), &bytes)
+    let bytes = std::fs::read(path).map_err(|source| Error::File {
+        path: path.to_path_buf(),
+        action: "read",
+        source,
+    })?;
+    let what = path.display().to_string();
+    let pickle_name = path
+        .extension()
+        .is_some_and(|e| ["pt", "pth", "pkl", "ckpt"].contains(&&*e.to_string_lossy()));
+    parse(&what, &bytes).map_err(|e| pickle_hint(e, &what, &bytes, pickle_name))
 }
 
 /// [`load_safetensors`] from an in-memory buffer.
 pub fn load_safetensors_bytes(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>> {
-    parse(IN_MEMORY, bytes)
+    parse(IN_MEMORY, bytes).map_err(|e| pickle_hint(e, IN_MEMORY, bytes, false))
+}
+
+/// Whether `bytes` start as `torch.save` output does: a zip archive (its
+/// format since PyTorch 1.6) or a bare pickle (protocol 2 to 5, older
+/// files). Asked only of bytes that failed as safetensors: a safetensors
+/// header length can begin with the same bytes.
+fn looks_like_pickle(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"PK\x03\x04") || matches!(bytes, [0x80, 2..=5, ..])
+}
+
+/// Turns the failure to read a PyTorch pickle as safetensors (recognised
+/// by its first bytes, or by its `.pt`/`.pth` name) into a message saying
+/// how to convert it; other errors pass through.
+fn pickle_hint(e: Error, what: &str, bytes: &[u8], pickle_name: bool) -> Error {
+    if !matches!(e, Error::MalformedWeights { .. }) || !(pickle_name || looks_like_pickle(bytes)) {
+        return e;
+    }
+    let p = if what == IN_MEMORY { "p" } else { what };
+    malformed(
+        what,
+        None,
+        format!(
+            "this is a PyTorch pickle (what torch.save writes), not a safetensors file; \
+             convert it once in Python: `import torch, safetensors.torch; \
+             safetensors.torch.save_file(torch.load({p:?}), \"w.safetensors\")` \
+             (a state dict; for a whole pickled model, save `model.state_dict()`)"
+        ),
+    )
 }
 
 fn encode<T: WithDType, const N: usize>(t: &Tensor, to: fn(T) -> [u8; N]) -> Result<Vec<u8>> {
@@ -236,6 +276,10 @@ pub fn serialize_safetensors(tensors: &[(String, Tensor)]) -> Result<Vec<u8>> {
 /// [`load_safetensors`] reads back exactly.
 pub fn save_safetensors(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> {
     let bytes = serialize_safetensors(tensors)?;
-    std::fs::write(path, bytes)?;
-    Ok(())
+    let path = path.as_ref();
+    std::fs::write(path, bytes).map_err(|source| Error::File {
+        path: path.to_path_buf(),
+        action: "write",
+        source,
+    })
 }

@@ -168,12 +168,13 @@ impl Ledger {
     pub fn register(&self, device: Device, bytes: usize, category: Category) -> Result<Allocation> {
         let mut st = self.state();
         let stats = st.devices.entry(device).or_default();
-        if let Some(limit) = stats.limit {
-            if stats.live_total + bytes > limit {
-                let live = stats.live_total;
-                drop(st);
-                return Err(self.out_of_memory(device, bytes, live));
-            }
+        // Past usize (only the meta device, which holds no data, gets
+        // there) is out of memory too.
+        let total = stats.live_total.checked_add(bytes);
+        if total.is_none_or(|t| stats.limit.is_some_and(|limit| t > limit)) {
+            let live = stats.live_total;
+            drop(st);
+            return Err(self.out_of_memory(device, bytes, live));
         }
         stats.add(category, bytes);
         stats.allocations += 1;

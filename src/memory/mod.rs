@@ -12,10 +12,12 @@
 //! tests running on other threads. A storage remembers the ledger it was
 //! counted in, so it is uncounted there wherever it is dropped.
 
+pub mod host;
 mod ledger;
 mod report;
 mod scope;
 
+pub use host::host_available_bytes;
 pub use ledger::{Allocation, Ledger};
 pub use report::{human_bytes, CategoryBytes, DeviceReport, LayerBytes, MemoryReport};
 pub use scope::{current_category, current_scope, scope, with_category, CategoryGuard, ScopeGuard};

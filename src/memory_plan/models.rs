@@ -171,9 +171,7 @@ fn ids(n: usize, range: usize, shift: usize, device: Device) -> Result<Tensor> {
     match device {
         Device::Meta => Tensor::zeros(&[n], DType::I64, Device::Meta),
         d => Tensor::from_vec(
-            (0..n)
-                .map(|i| ((i + shift) % range) as i64)
-                .collect::<Vec<_>>(),
+            crate::memory::host::try_collect(n, (0..n).map(|i| ((i + shift) % range) as i64))?,
             &[n],
             d,
         ),

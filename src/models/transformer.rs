@@ -114,16 +114,10 @@ impl Param {
     /// A parameter of `shape` drawn from N(0, 0.02²) (seeded; on the meta
     /// device a data-less tensor of the same shape, nothing drawn).
     pub fn new(name: &str, shape: &[usize], c: Ctx, seed: u64) -> Result<Param> {
-        let n = if c.1.is_meta() {
-            0
-        } else {
-            shape.iter().product()
-        };
-        let v: Vec<f64> = crate::rng::normal(seed, 0, n)
-            .into_iter()
-            .map(|x| 0.02 * x)
-            .collect();
-        let value = Tensor::from_host_f64(&v, shape, c.0, c.1)?.into_parameter()?;
+        let value = Tensor::from_f64_fn(shape, c.0, c.1, |i| {
+            0.02 * crate::rng::normal_at(seed, i as u64)
+        })?
+        .into_parameter()?;
         Ok(Param {
             value,
             name: name.to_string(),

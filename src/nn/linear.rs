@@ -2,6 +2,7 @@
 
 use super::Module;
 use crate::memory::scope;
+use crate::nn::input::{check_dtype, check_min_rank, check_size};
 use crate::{DType, Device, Result, Tensor};
 
 /// `y = x Wᵀ + b`, weight `[out, in]` and bias `[out]` as in `torch.nn.Linear`.
@@ -111,6 +112,14 @@ impl Module for Linear {
     /// Applies the layer to `x` of shape `[…, in_features]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        check_min_rank(x, 1, "[.., features]")?;
+        check_size(
+            x,
+            x.rank() - 1,
+            self.weight.shape()[1],
+            "input features (last dim)",
+        )?;
+        check_dtype(x, self.weight.dtype())?;
         let y = x.matmul(&self.weight.t()?)?;
         match &self.bias {
             Some(b) => y.add(b),

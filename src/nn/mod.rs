@@ -6,6 +6,7 @@ mod activation;
 mod conv;
 mod dropout;
 mod embedding;
+mod input;
 mod linear;
 mod module;
 mod pool;

@@ -88,7 +88,7 @@ impl BackwardOp for IndexSelectBackward {
             self.input_shape[self.dim],
         )?;
         drop(self.index);
-        let dst = select_offsets(&Layout::contiguous(&self.input_shape), self.dim, &idx);
+        let dst = select_offsets(&Layout::contiguous(&self.input_shape), self.dim, &idx)?;
         Ok(vec![Some(scatter_into_zeros(&self.input_shape, &dst, &g)?)])
     }
 }
@@ -123,7 +123,7 @@ impl BackwardOp for GatherBackward {
             self.dim,
             index.shape(),
             &idx,
-        );
+        )?;
         drop(self.index);
         Ok(vec![Some(scatter_into_zeros(&self.input_shape, &dst, &g)?)])
     }
@@ -156,7 +156,7 @@ impl BackwardOp for ScatterAddBackward {
                     crate::meta::empty(index.shape(), g.dtype())?
                 } else {
                     let idx = read_indices("scatter_add", index, self.self_size)?;
-                    let at = gather_offsets(g.layout(), self.dim, index.shape(), &idx);
+                    let at = gather_offsets(g.layout(), self.dim, index.shape(), &idx)?;
                     take(&g, &at, index.shape())?
                 };
                 if index.shape() == src_shape.as_slice() {
@@ -169,7 +169,7 @@ impl BackwardOp for ScatterAddBackward {
                             Some(crate::meta::empty(src_shape, vals.dtype())?),
                         ]);
                     }
-                    let dst = corner(&Layout::contiguous(src_shape), index.shape()).offsets();
+                    let dst = corner(&Layout::contiguous(src_shape), index.shape()).offsets()?;
                     Some(scatter_into_zeros(src_shape, &dst, &vals)?)
                 }
             }
@@ -232,7 +232,7 @@ impl Tensor {
                 let idx = read_indices(OP, index, self.shape()[d])?;
                 let mut shape = self.shape().to_vec();
                 shape[d] = idx.len();
-                take(self, &select_offsets(self.layout(), d, &idx), &shape)?
+                take(self, &select_offsets(self.layout(), d, &idx)?, &shape)?
             }
         };
         let [need] = needs_grad([self]);
@@ -261,7 +261,7 @@ impl Tensor {
             Backend::Cuda(_) => cuda_index::gather(self, d, index)?,
             Backend::Cpu => {
                 let idx = read_indices(OP, index, self.shape()[d])?;
-                let at = gather_offsets(self.layout(), d, index.shape(), &idx);
+                let at = gather_offsets(self.layout(), d, index.shape(), &idx)?;
                 take(self, &at, index.shape())?
             }
         };
@@ -305,8 +305,9 @@ impl Tensor {
             (Backend::Cuda(_), _) => cuda_index::scatter_add(self, d, index, src)?,
             (Backend::Cpu, _) => {
                 let idx = read_indices(OP, index, self.shape()[d])?;
-                let dst = gather_offsets(&Layout::contiguous(self.shape()), d, index.shape(), &idx);
-                let src_at = corner(src.layout(), index.shape()).offsets();
+                let dst =
+                    gather_offsets(&Layout::contiguous(self.shape()), d, index.shape(), &idx)?;
+                let src_at = corner(src.layout(), index.shape()).offsets()?;
                 add_at(
                     crate::primitives::gather(self)?,
                     self.shape(),

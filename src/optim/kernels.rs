@@ -26,12 +26,22 @@ pub struct GradReader<'a, T> {
 }
 
 impl<'a, T: FloatDType> GradReader<'a, T> {
-    /// A reader over `data` laid out as `layout`.
-    pub fn new(data: &'a [T], layout: &Layout, transform: GradTransform) -> Self {
+    /// A reader over `data` laid out as `layout` (a strided layout lists
+    /// its offsets: [`crate::Error::OutOfMemory`] when the host cannot).
+    pub fn new(data: &'a [T], layout: &Layout, transform: GradTransform) -> Result<Self> {
         let (offsets, base) = match layout.contiguous_range() {
             Some(r) => (None, r.start),
-            None => (Some(layout.offsets()), 0),
+            None => (Some(layout.offsets()?), 0),
         };
+        Ok(GradReader::with_offsets(data, offsets, base, transform))
+    }
+
+    fn with_offsets(
+        data: &'a [T],
+        offsets: Option<Vec<usize>>,
+        base: usize,
+        transform: GradTransform,
+    ) -> Self {
         let (scale, bound) = match transform {
             GradTransform::Scale(s) => (T::from_f64(s), T::zero()),
             GradTransform::ClampAbs(c) => (T::one(), T::from_f64(c)),
@@ -58,9 +68,7 @@ impl<'a, T: FloatDType> GradReader<'a, T> {
 
     /// A reader over a dense slice (one chunk of a gradient).
     fn dense(data: &'a [T], transform: GradTransform) -> Self {
-        let mut r = GradReader::new(data, &Layout::contiguous(&[data.len()]), transform);
-        r.offsets = None;
-        r
+        GradReader::with_offsets(data, None, 0, transform)
     }
 
     /// Element `i` after the transform.
@@ -244,7 +252,7 @@ pub fn apply_update<A: Algorithm>(
             alg.update(
                 step,
                 p,
-                &GradReader::new(g, glayout, transform),
+                &GradReader::new(g, glayout, transform)?,
                 &mut states,
             );
             return Ok(());
@@ -359,7 +367,7 @@ pub fn sum_of_squares(grad: &Tensor) -> Result<f64> {
     }
     let data = grad.storage().cpu()?;
     fn go<T: FloatDType>(d: &CpuData, l: &Layout) -> Result<f64> {
-        let r = GradReader::new(typed::<T>(d, "clip_grad_norm")?, l, GradTransform::Identity);
+        let r = GradReader::new(typed::<T>(d, "clip_grad_norm")?, l, GradTransform::Identity)?;
         let n = l.numel();
         let lanes = n.clamp(1, NORM_LANES);
         let mut part = vec![0.0f64; lanes.next_power_of_two()];
@@ -415,7 +423,7 @@ mod tests {
             .unwrap()
             .narrow(2, 1, 4)
             .unwrap();
-        let all: Vec<u32> = layout.offsets().iter().map(|&o| data[o]).collect();
+        let all: Vec<u32> = layout.offsets().unwrap().iter().map(|&o| data[o]).collect();
         for start in [0, 1, 3, 4, 7, 15, 16, 50] {
             for n in [1, 2, 5, 9, all.len() - start] {
                 let n = n.min(all.len() - start);

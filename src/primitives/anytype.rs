@@ -77,10 +77,10 @@ pub fn compare_map(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
         op: CmpOp,
     ) -> Result<Vec<u8>> {
         let (a, b) = (
-            Source::new(sa, la),
-            Source::new(typed::<T>(db, op.name())?, lb),
+            Source::new(sa, la)?,
+            Source::new(typed::<T>(db, op.name())?, lb)?,
         );
-        Ok(fill(la.numel(), |i| u8::from(op.test(a.get(i), b.get(i)))))
+        fill(la.numel(), |i| u8::from(op.test(a.get(i), b.get(i))))
     }
     let out = crate::match_cpu_data!(&*da, v => go(v, &la, &db, &lb, op)?);
     drop((da, db));
@@ -96,11 +96,11 @@ pub fn compare_scalar(x: &Tensor, s: f64, op: CmpOp) -> Result<Tensor> {
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
-    fn go<T: WithDType>(v: &[T], l: &Layout, s: f64, op: CmpOp) -> Vec<u8> {
-        let src = Source::new(v, l);
+    fn go<T: WithDType>(v: &[T], l: &Layout, s: f64, op: CmpOp) -> Result<Vec<u8>> {
+        let src = Source::new(v, l)?;
         fill(l.numel(), |i| u8::from(op.test(src.get(i).to_f64(), s)))
     }
-    let out = crate::match_cpu_data!(&*data, v => go(v, x.layout(), s, op));
+    let out = crate::match_cpu_data!(&*data, v => go(v, x.layout(), s, op)?);
     drop(data);
     Tensor::from_cpu_data(CpuData::U8(out), x.shape())
 }
@@ -137,7 +137,7 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         a.storage().cpu()?,
         b.storage().cpu()?,
     );
-    let c = Source::new(typed::<u8>(&dc, OP)?, &lc);
+    let c = Source::new(typed::<u8>(&dc, OP)?, &lc)?;
     fn go<T: WithDType>(
         c: &Source<u8>,
         sa: &[T],
@@ -145,14 +145,14 @@ pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         db: &CpuData,
         lb: &Layout,
     ) -> Result<CpuData> {
-        let (a, b) = (Source::new(sa, la), Source::new(typed::<T>(db, OP)?, lb));
+        let (a, b) = (Source::new(sa, la)?, Source::new(typed::<T>(db, OP)?, lb)?);
         Ok(T::wrap(fill(la.numel(), |i| {
             if c.get(i) != 0 {
                 a.get(i)
             } else {
                 b.get(i)
             }
-        })))
+        })?))
     }
     let out = crate::match_cpu_data!(&*da, v => go(&c, v, &la, &db, &lb)?);
     drop(c);
@@ -169,11 +169,11 @@ pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
-    fn conv<S: WithDType, D: WithDType>(src: &Source<S>, n: usize) -> CpuData {
-        D::wrap(fill(n, |i| D::from_f64(src.get(i).to_f64())))
+    fn conv<S: WithDType, D: WithDType>(src: &Source<S>, n: usize) -> Result<CpuData> {
+        Ok(D::wrap(fill(n, |i| D::from_f64(src.get(i).to_f64()))?))
     }
-    fn go<S: WithDType>(v: &[S], l: &Layout, dtype: DType) -> CpuData {
-        let (src, n) = (Source::new(v, l), l.numel());
+    fn go<S: WithDType>(v: &[S], l: &Layout, dtype: DType) -> Result<CpuData> {
+        let (src, n) = (Source::new(v, l)?, l.numel());
         match dtype {
             DType::F32 => conv::<S, f32>(&src, n),
             DType::F16 => conv::<S, f16>(&src, n),
@@ -184,7 +184,7 @@ pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
             DType::I64 => conv::<S, i64>(&src, n),
         }
     }
-    let out = crate::match_cpu_data!(&*data, v => go(v, x.layout(), dtype));
+    let out = crate::match_cpu_data!(&*data, v => go(v, x.layout(), dtype)?);
     drop(data);
     Tensor::from_cpu_data(out, x.shape())
 }

@@ -46,7 +46,7 @@ pub(crate) fn matmul_sum_batches(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     let offsets = |l: &Layout| {
         Layout::from_parts(batch.to_vec(), l.strides()[..nb].to_vec(), l.offset()).offsets()
     };
-    for (i, (xo, yo)) in offsets(&xl).into_iter().zip(offsets(&yl)).enumerate() {
+    for (i, (xo, yo)) in offsets(&xl)?.into_iter().zip(offsets(&yl)?).enumerate() {
         let xi = x.view_with_layout(Layout::from_parts(
             vec![p, q],
             xl.strides()[nb..].to_vec(),

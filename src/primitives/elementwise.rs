@@ -2,6 +2,7 @@
 
 use super::PARALLEL_THRESHOLD;
 use crate::dtype::CpuData;
+use crate::memory::host::{try_collect, try_par_collect, try_vec};
 use crate::meta::{self, backend, Backend};
 use crate::tensor::{broadcast_shapes, Layout, Tensor};
 use crate::{Error, FloatDType, Result, WithDType};
@@ -88,11 +89,13 @@ pub(crate) enum Source<'a, T> {
 }
 
 impl<'a, T: Copy> Source<'a, T> {
-    pub(crate) fn new(data: &'a [T], layout: &Layout) -> Self {
-        match layout.contiguous_range() {
+    /// A reader of `layout` over `data`; a strided layout lists its offsets
+    /// (a host buffer: [`Error::OutOfMemory`] when it cannot be made).
+    pub(crate) fn new(data: &'a [T], layout: &Layout) -> Result<Self> {
+        Ok(match layout.contiguous_range() {
             Some(r) => Source::Dense(&data[r]),
-            None => Source::Strided(data, layout.offsets()),
-        }
+            None => Source::Strided(data, layout.offsets()?),
+        })
     }
 
     #[inline(always)]
@@ -113,12 +116,13 @@ pub(crate) fn typed<'a, T: WithDType>(data: &'a CpuData, op: &'static str) -> Re
     })
 }
 
-/// `at(i)` for `i in 0..n`, in parallel above the threshold.
-pub(crate) fn fill<T: Send>(n: usize, at: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+/// `at(i)` for `i in 0..n`, in parallel above the threshold
+/// ([`Error::OutOfMemory`] when the host cannot hold the result).
+pub(crate) fn fill<T: Send>(n: usize, at: impl Fn(usize) -> T + Sync + Send) -> Result<Vec<T>> {
     if n >= PARALLEL_THRESHOLD {
-        (0..n).into_par_iter().map(at).collect()
+        try_par_collect(n, (0..n).into_par_iter().map(at))
     } else {
-        (0..n).map(at).collect()
+        try_collect(n, (0..n).map(at))
     }
 }
 
@@ -133,14 +137,14 @@ pub fn unary_map<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
-    fn go<T: FloatDType, K: UnaryKernel>(s: &[T], l: &Layout, k: &K) -> CpuData {
+    fn go<T: FloatDType, K: UnaryKernel>(s: &[T], l: &Layout, k: &K) -> Result<CpuData> {
         if let Some(r) = l.contiguous_range() {
-            return T::wrap(dense_unary(&s[r], k));
+            return Ok(T::wrap(dense_unary(&s[r], k)?));
         }
-        let src = Source::new(s, l);
-        T::wrap(fill(l.numel(), |i| k.f(src.get(i))))
+        let src = Source::new(s, l)?;
+        Ok(T::wrap(fill(l.numel(), |i| k.f(src.get(i)))?))
     }
-    let out = crate::match_float_data!(&*data, K::NAME, v => go(v, x.layout(), k));
+    let out = crate::match_float_data!(&*data, K::NAME, v => go(v, x.layout(), k)?);
     drop(data);
     Tensor::from_cpu_data(out, x.shape())
 }
@@ -172,10 +176,10 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
     ) -> Result<CpuData> {
         let sb = typed::<T>(db, K::NAME)?;
         if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
-            return Ok(T::wrap(dense_binary(&sa[ra], &sb[rb], k)));
+            return Ok(T::wrap(dense_binary(&sa[ra], &sb[rb], k)?));
         }
-        let (a, b) = (Source::new(sa, la), Source::new(sb, lb));
-        Ok(T::wrap(fill(la.numel(), |i| k.f(a.get(i), b.get(i)))))
+        let (a, b) = (Source::new(sa, la)?, Source::new(sb, lb)?);
+        Ok(T::wrap(fill(la.numel(), |i| k.f(a.get(i), b.get(i)))?))
     }
     let out = crate::match_float_data!(&*da, K::NAME, v => go(v, &la, &db, &lb, k)?);
     drop((da, db));
@@ -238,7 +242,7 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
             }
             return Ok(());
         }
-        let s = Source::new(src, l);
+        let s = Source::new(src, l)?;
         if d.len() >= PARALLEL_THRESHOLD {
             d.par_iter_mut()
                 .enumerate()
@@ -256,11 +260,11 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
 /// A contiguous copy of any tensor's elements.
 pub(crate) fn gather(x: &Tensor) -> Result<CpuData> {
     let data = x.storage().cpu()?;
-    fn go<T: WithDType>(s: &[T], l: &Layout) -> CpuData {
-        let src = Source::new(s, l);
-        T::wrap(fill(l.numel(), |i| src.get(i)))
+    fn go<T: WithDType>(s: &[T], l: &Layout) -> Result<CpuData> {
+        let src = Source::new(s, l)?;
+        Ok(T::wrap(fill(l.numel(), |i| src.get(i))?))
     }
-    Ok(crate::match_cpu_data!(&*data, v => go(v, x.layout())))
+    crate::match_cpu_data!(&*data, v => go(v, x.layout()))
 }
 
 /// A tensor's elements in row-major order: its own storage when contiguous,
@@ -349,7 +353,7 @@ pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
         Backend::Cpu => {}
     }
     let values = gather(src)?;
-    let offsets = dst.layout().offsets();
+    let offsets = dst.layout().offsets()?;
     let mut dd = dst.storage().cpu_mut()?;
     fn go<T: WithDType>(d: &mut [T], values: &CpuData, offsets: &[usize]) -> Result<()> {
         let v = typed::<T>(values, "copy_into")?;
@@ -404,8 +408,11 @@ pub const KERNEL_BLOCK: usize = 256;
 /// A vector of `n` elements whose every slot `body` writes, chunk by chunk
 /// (in parallel above the threshold): no zero-fill before the values are
 /// written.
-fn write_all<T: Send>(n: usize, body: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync) -> Vec<T> {
-    let mut out: Vec<T> = Vec::with_capacity(n);
+fn write_all<T: Send>(
+    n: usize,
+    body: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync,
+) -> Result<Vec<T>> {
+    let mut out: Vec<T> = try_vec(n)?;
     let spare = &mut out.spare_capacity_mut()[..n];
     if n >= PARALLEL_THRESHOLD {
         spare
@@ -418,12 +425,12 @@ fn write_all<T: Send>(n: usize, body: impl Fn(usize, &mut [MaybeUninit<T>]) + Sy
     // SAFETY: the chunks partition `0..n` and `body` (the two callers
     // below) writes every slot of the chunk it is given.
     unsafe { out.set_len(n) };
-    out
+    Ok(out)
 }
 
 /// `k(x)` over a dense slice: a monomorphised loop (vectorised where `k`
 /// allows), no per-element indirection, no zero-fill.
-fn dense_unary<T: FloatDType, K: UnaryKernel>(src: &[T], k: &K) -> Vec<T> {
+fn dense_unary<T: FloatDType, K: UnaryKernel>(src: &[T], k: &K) -> Result<Vec<T>> {
     write_all(src.len(), |start, out: &mut [MaybeUninit<T>]| {
         let src = &src[start..start + out.len()];
         if K::BLOCKWISE {
@@ -444,7 +451,7 @@ fn dense_unary<T: FloatDType, K: UnaryKernel>(src: &[T], k: &K) -> Vec<T> {
 }
 
 /// `k(a, b)` over two dense slices of one length.
-fn dense_binary<T: FloatDType, K: BinaryKernel>(a: &[T], b: &[T], k: &K) -> Vec<T> {
+fn dense_binary<T: FloatDType, K: BinaryKernel>(a: &[T], b: &[T], k: &K) -> Result<Vec<T>> {
     write_all(a.len(), |start, out: &mut [MaybeUninit<T>]| {
         let r = start..start + out.len();
         let (a, b) = (&a[r.clone()], &b[r]);

@@ -7,8 +7,9 @@
 use super::contiguous_copy;
 use super::cuda::matmul as ops_matmul;
 use crate::dtype::CpuData;
+use crate::memory::host::{try_collect, try_vec, try_zeroed};
 use crate::meta::{backend, Backend};
-use crate::tensor::{broadcast_shapes, Layout, Tensor};
+use crate::tensor::{broadcast_shapes, checked_numel, Layout, Tensor};
 use crate::{Error, Result};
 use gemm::Parallelism;
 use half::{bf16, f16};
@@ -50,6 +51,7 @@ pub(crate) fn matmul_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     }
     let mut out = broadcast_shapes("matmul", &a[..ra - 2], &b[..rb - 2]).map_err(|_| err())?;
     out.extend([a[ra - 2], b[rb - 1]]);
+    checked_numel("matmul", &out)?;
     Ok(out)
 }
 
@@ -116,7 +118,7 @@ fn operand(l: &Layout, batch: &[usize], rows: usize, cols: usize) -> Result<Oper
     )?;
     let batch_layout = Layout::from_parts(batch.to_vec(), bl.strides()[..nb].to_vec(), bl.offset());
     Ok(Operand {
-        offsets: batch_layout.offsets(),
+        offsets: batch_layout.offsets()?,
         rs,
         cs,
     })
@@ -257,10 +259,10 @@ fn execute<T: Copy + Send + Sync + 'static>(
     Ok(())
 }
 
-fn to_f32(data: &[bf16], l: &Layout) -> Vec<f32> {
-    let mut v = Vec::with_capacity(l.numel());
+fn to_f32(data: &[bf16], l: &Layout) -> Result<Vec<f32>> {
+    let mut v = try_vec(l.numel())?;
     l.for_each_offset(|o| v.push(data[o].to_f32()));
-    v
+    Ok(v)
 }
 
 /// `dst[range] = a·b` (or `+=`), for operands gemm can read.
@@ -295,16 +297,16 @@ fn product_into(
             (f16::ZERO, f16::ONE),
         ),
         (CpuData::BF16(d), CpuData::BF16(x), CpuData::BF16(y)) => {
-            let (x, y) = (to_f32(x, la), to_f32(y, lb));
+            let (x, y) = (to_f32(x, la)?, to_f32(y, lb)?);
             let p = plan(
                 &Layout::contiguous(a.shape()),
                 &Layout::contiguous(b.shape()),
             )?;
             let d = &mut d[range];
             let mut acc: Vec<f32> = if accumulate {
-                d.iter().map(|v| v.to_f32()).collect()
+                try_collect(d.len(), d.iter().map(|v| v.to_f32()))?
             } else {
-                vec![0.0; d.len()]
+                try_zeroed(d.len())?
             };
             execute(&p, &mut acc, &x, &y, accumulate, (0.0, 1.0))?;
             d.iter_mut()
@@ -349,7 +351,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         Backend::Cuda(_) => return ops_matmul::matmul(&a, &b, &shape),
         Backend::Cpu => {}
     }
-    let n = shape.iter().product();
+    let n = checked_numel("matmul", &shape)?;
     let mut data = CpuData::zeros(a.dtype(), n)?;
     product_into(&mut data, 0..n, &a, &b, false)?;
     Tensor::from_cpu_data(data, &shape)

@@ -3,7 +3,8 @@
 //! elements at offsets, `add_at` accumulates elements into offsets.
 
 use crate::dtype::CpuData;
-use crate::tensor::{Layout, Tensor};
+use crate::memory::host::{try_collect, try_vec};
+use crate::tensor::{checked_numel, Layout, Tensor};
 use crate::{DType, Error, Result, WithDType};
 use half::{bf16, f16};
 use std::ops::Add;
@@ -61,7 +62,10 @@ pub(crate) fn read_indices(op: &'static str, index: &Tensor, size: usize) -> Res
     }
     let raw: Vec<i64> = match index.dtype() {
         DType::I64 => index.to_vec::<i64>()?,
-        DType::U32 => index.to_vec::<u32>()?.into_iter().map(i64::from).collect(),
+        DType::U32 => {
+            let v = index.to_vec::<u32>()?;
+            try_collect(v.len(), v.into_iter().map(i64::from))?
+        }
         got => {
             return Err(Error::DTypeMismatch {
                 op,
@@ -70,12 +74,14 @@ pub(crate) fn read_indices(op: &'static str, index: &Tensor, size: usize) -> Res
             })
         }
     };
-    raw.into_iter()
-        .map(|i| match usize::try_from(i) {
-            Ok(u) if u < size => Ok(u),
-            _ => Err(Error::IndexOutOfRange { op, index: i, size }),
-        })
-        .collect()
+    let mut out = try_vec(raw.len())?;
+    for i in raw {
+        match usize::try_from(i) {
+            Ok(u) if u < size => out.push(u),
+            _ => return Err(Error::IndexOutOfRange { op, index: i, size }),
+        }
+    }
+    Ok(out)
 }
 
 /// The layout's corner of shape `shape` (every dim no larger than the
@@ -86,25 +92,26 @@ pub(crate) fn corner(layout: &Layout, shape: &[usize]) -> Layout {
 
 /// Storage offsets, in row-major order of the result, of
 /// `index_select(dim, idx)` applied to a tensor with `layout`.
-pub(crate) fn select_offsets(layout: &Layout, dim: usize, idx: &[usize]) -> Vec<usize> {
+pub(crate) fn select_offsets(layout: &Layout, dim: usize, idx: &[usize]) -> Result<Vec<usize>> {
     let (shape, strides) = (layout.shape(), layout.strides());
     let outer = Layout::from_parts(
         shape[..dim].to_vec(),
         strides[..dim].to_vec(),
         layout.offset(),
     )
-    .offsets();
+    .offsets()?;
     let inner =
-        Layout::from_parts(shape[dim + 1..].to_vec(), strides[dim + 1..].to_vec(), 0).offsets();
+        Layout::from_parts(shape[dim + 1..].to_vec(), strides[dim + 1..].to_vec(), 0).offsets()?;
     let stride = strides[dim];
-    let mut out = Vec::with_capacity(outer.len() * idx.len() * inner.len());
+    let n = checked_numel("index_select", &[outer.len(), idx.len(), inner.len()])?;
+    let mut out = try_vec(n)?;
     for &o in &outer {
         for &j in idx {
             let base = o + j * stride;
             out.extend(inner.iter().map(|&k| base + k));
         }
     }
-    out
+    Ok(out)
 }
 
 /// Storage offsets, in row-major order of `index_shape`, of
@@ -116,15 +123,16 @@ pub(crate) fn gather_offsets(
     dim: usize,
     index_shape: &[usize],
     idx: &[usize],
-) -> Vec<usize> {
+) -> Result<Vec<usize>> {
     let mut strides = layout.strides().to_vec();
     let stride = strides[dim];
     strides[dim] = 0;
-    let base = Layout::from_parts(index_shape.to_vec(), strides, layout.offset()).offsets();
-    base.iter()
+    let mut base = Layout::from_parts(index_shape.to_vec(), strides, layout.offset()).offsets()?;
+    base.truncate(idx.len());
+    base.iter_mut()
         .zip(idx)
-        .map(|(&b, &i)| b + i * stride)
-        .collect()
+        .for_each(|(b, &i)| *b += i * stride);
+    Ok(base)
 }
 
 /// A new contiguous tensor of `shape` holding `x`'s elements at `offsets`.
@@ -178,8 +186,8 @@ pub(crate) fn add_at(
 /// A zero tensor of `shape` and `dtype` with `src` added at `dst` offsets
 /// (read at `src`'s own element order): the backward of a gather-like read.
 pub(crate) fn scatter_into_zeros(shape: &[usize], dst: &[usize], src: &Tensor) -> Result<Tensor> {
-    let base = CpuData::zeros(src.dtype(), shape.iter().product())?;
-    add_at(base, shape, dst, src, &src.layout().offsets())
+    let base = CpuData::zeros(src.dtype(), checked_numel("scatter", shape)?)?;
+    add_at(base, shape, dst, src, &src.layout().offsets()?)
 }
 
 /// Concatenates `parts` along `dim` into a new contiguous tensor of `shape`.
@@ -199,7 +207,7 @@ pub(crate) fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tens
         }
         crate::meta::Backend::Cpu => {}
     }
-    let mut out = CpuData::zeros(dtype, shape.iter().product())?;
+    let mut out = CpuData::zeros(dtype, checked_numel("cat", shape)?)?;
     let inner: usize = shape[dim + 1..].iter().product();
     let row = shape[dim] * inner;
     let mut col = 0;

@@ -8,8 +8,9 @@
 
 use super::{gather, PARALLEL_THRESHOLD};
 use crate::dtype::CpuData;
+use crate::memory::host::{try_collect, try_filled, try_par_collect, try_vec};
 use crate::meta::{backend, backend_of, Backend};
-use crate::tensor::{Layout, Tensor};
+use crate::tensor::{checked_numel, Layout, Tensor};
 use crate::{DType, Device, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 
@@ -85,7 +86,7 @@ pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<
         (x.layout().contiguous_range(), blocks(x.shape(), out_shape))
     {
         let data = x.storage().cpu()?;
-        let out = crate::match_float_data!(&*data, "sum", v => sum_blocks(&v[range], outer, red, inner, scale));
+        let out = crate::match_float_data!(&*data, "sum", v => sum_blocks(&v[range], outer, red, inner, scale)?);
         drop(data);
         return Tensor::from_cpu_data(out, out_shape);
     }
@@ -171,27 +172,29 @@ fn sum_blocks<T: FloatDType>(
     red: usize,
     inner: usize,
     scale: f64,
-) -> CpuData {
+) -> Result<CpuData> {
     let big = s.len() >= PARALLEL_THRESHOLD;
     let out: Vec<T> = if inner == 1 {
         let row = |o: usize| T::from_f64(sum_f64(&s[o * red..(o + 1) * red]) * scale);
         if big && outer > 1 {
-            (0..outer).into_par_iter().map(row).collect()
+            try_par_collect(outer, (0..outer).into_par_iter().map(row))?
         } else {
-            (0..outer).map(row).collect()
+            try_collect(outer, (0..outer).map(row))?
         }
     } else {
         let block = |o: usize| -> Vec<T> {
             let sums = column_sums(&s[o * red * inner..(o + 1) * red * inner], red, inner);
             sums.into_iter().map(|v| T::from_f64(v * scale)).collect()
         };
+        let mut out = try_vec(outer * inner)?;
         if big && outer > 1 {
-            (0..outer).into_par_iter().flat_map_iter(block).collect()
+            out.par_extend((0..outer).into_par_iter().flat_map_iter(block));
         } else {
-            (0..outer).flat_map(block).collect()
+            out.extend((0..outer).flat_map(block));
         }
+        out
     };
-    T::wrap(out)
+    Ok(T::wrap(out))
 }
 
 /// The layout walk for any input layout.
@@ -205,14 +208,14 @@ fn general(x: &Tensor, out_shape: &[usize], kind: ReduceKind, scale: f64) -> Res
         n_out: usize,
         kind: ReduceKind,
         scale: f64,
-    ) -> CpuData {
+    ) -> Result<CpuData> {
         let init = match kind {
             ReduceKind::Sum => 0.0,
             ReduceKind::Max => f64::NEG_INFINITY,
             ReduceKind::Min => f64::INFINITY,
         };
-        let mut acc = vec![init; n_out];
-        let out_offsets = ol.offsets();
+        let mut acc = try_filled(n_out, init)?;
+        let out_offsets = ol.offsets()?;
         let mut i = 0;
         xl.for_each_offset(|o| {
             let v = s[o].to_f64();
@@ -225,10 +228,13 @@ fn general(x: &Tensor, out_shape: &[usize], kind: ReduceKind, scale: f64) -> Res
             };
             i += 1;
         });
-        T::wrap(acc.into_iter().map(|v| T::from_f64(v * scale)).collect())
+        Ok(T::wrap(try_collect(
+            n_out,
+            acc.into_iter().map(|v| T::from_f64(v * scale)),
+        )?))
     }
     let n_out = out_shape.iter().product();
-    let out = crate::match_float_data!(&*data, "reduce", v => go(v, x.layout(), &out_layout, n_out, kind, scale));
+    let out = crate::match_float_data!(&*data, "reduce", v => go(v, x.layout(), &out_layout, n_out, kind, scale)?);
     drop(data);
     Tensor::from_cpu_data(out, out_shape)
 }
@@ -287,7 +293,7 @@ pub(crate) fn arg_extremum(
         Backend::Cpu => {}
     }
     let stride = x.layout().strides()[dim];
-    let bases = lanes.offsets();
+    let bases = lanes.offsets()?;
     let data = x.storage().cpu()?;
     fn go<T: WithDType>(
         s: &[T],
@@ -296,30 +302,22 @@ pub(crate) fn arg_extremum(
         len: usize,
         max: bool,
         values: bool,
-    ) -> (Vec<usize>, Option<CpuData>) {
-        let idx: Vec<usize> = if bases.len() * len >= PARALLEL_THRESHOLD {
-            bases
-                .par_iter()
-                .map(|&b| scan(s, b, stride, len, max))
-                .collect()
+    ) -> Result<(Vec<usize>, Option<CpuData>)> {
+        let n = bases.len();
+        let idx: Vec<usize> = if n * len >= PARALLEL_THRESHOLD {
+            try_par_collect(n, bases.par_iter().map(|&b| scan(s, b, stride, len, max)))?
         } else {
-            bases
-                .iter()
-                .map(|&b| scan(s, b, stride, len, max))
-                .collect()
+            try_collect(n, bases.iter().map(|&b| scan(s, b, stride, len, max)))?
         };
-        let vals = values.then(|| {
-            T::wrap(
-                bases
-                    .iter()
-                    .zip(&idx)
-                    .map(|(&b, &i)| s[b + i * stride])
-                    .collect(),
-            )
-        });
-        (idx, vals)
+        let vals = values
+            .then(|| -> Result<CpuData> {
+                let v = bases.iter().zip(&idx).map(|(&b, &i)| s[b + i * stride]);
+                Ok(T::wrap(try_collect(n, v)?))
+            })
+            .transpose()?;
+        Ok((idx, vals))
     }
-    let (idx, vals) = crate::match_cpu_data!(&*data, v => go(v, &bases, stride, len, max, values));
+    let (idx, vals) = crate::match_cpu_data!(&*data, v => go(v, &bases, stride, len, max, values)?);
     drop(data);
     let vals = vals
         .map(|v| Tensor::from_cpu_data(v, lanes.shape()))
@@ -347,12 +345,13 @@ pub(crate) fn compact_indices(
         Backend::Meta => return crate::meta::empty(shape, dtype),
         Backend::Cuda(_) | Backend::Cpu => {}
     }
+    let n = idx.len();
     let data = if axis_len <= 1 << 8 {
-        CpuData::U8(idx.iter().map(|&i| i as u8).collect())
+        CpuData::U8(try_collect(n, idx.iter().map(|&i| i as u8))?)
     } else if axis_len as u64 <= 1 << 32 {
-        CpuData::U32(idx.iter().map(|&i| i as u32).collect())
+        CpuData::U32(try_collect(n, idx.iter().map(|&i| i as u32))?)
     } else {
-        CpuData::I64(idx.iter().map(|&i| i as i64).collect())
+        CpuData::I64(try_collect(n, idx.iter().map(|&i| i as i64))?)
     };
     Tensor::from_data_on(data, shape, device)
 }
@@ -363,7 +362,7 @@ pub(crate) fn i64_indices(idx: &[usize], shape: &[usize], device: Device) -> Res
         Backend::Meta => return crate::meta::empty(shape, DType::I64),
         Backend::Cuda(_) | Backend::Cpu => {}
     }
-    let data = CpuData::I64(idx.iter().map(|&i| i as i64).collect());
+    let data = CpuData::I64(try_collect(idx.len(), idx.iter().map(|&i| i as i64))?);
     Tensor::from_data_on(data, shape, device)
 }
 
@@ -384,25 +383,11 @@ pub(crate) fn scatter_along(
         }
         Backend::Cpu => {}
     }
-    let idx: Vec<usize> = match &*indices.storage().cpu()? {
-        CpuData::U8(v) => indices
-            .layout()
-            .offsets()
-            .iter()
-            .map(|&o| v[o] as usize)
-            .collect(),
-        CpuData::U32(v) => indices
-            .layout()
-            .offsets()
-            .iter()
-            .map(|&o| v[o] as usize)
-            .collect(),
-        CpuData::I64(v) => indices
-            .layout()
-            .offsets()
-            .iter()
-            .map(|&o| v[o].max(0) as usize)
-            .collect(),
+    let mut idx = indices.layout().offsets()?;
+    match &*indices.storage().cpu()? {
+        CpuData::U8(v) => idx.iter_mut().for_each(|o| *o = v[*o] as usize),
+        CpuData::U32(v) => idx.iter_mut().for_each(|o| *o = v[*o] as usize),
+        CpuData::I64(v) => idx.iter_mut().for_each(|o| *o = v[*o].max(0) as usize),
         other => {
             return Err(Error::UnsupportedDType {
                 op: "scatter_along",
@@ -418,7 +403,7 @@ pub(crate) fn scatter_along(
         });
     }
     let values = gather(g)?;
-    let mut out = CpuData::zeros(g.dtype(), shape.iter().product())?;
+    let mut out = CpuData::zeros(g.dtype(), checked_numel("scatter_along", shape)?)?;
     fn go<T: WithDType>(
         v: &[T],
         out: &mut CpuData,

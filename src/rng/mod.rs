@@ -59,27 +59,35 @@ pub fn u32_to_unit_f64(x: u32) -> f64 {
 /// `n` uniforms in [0, 1) starting at `offset` of the stream for `seed`.
 pub fn uniform(seed: u64, offset: u64, n: usize) -> Vec<f64> {
     (0..n as u64)
-        .map(|i| u32_to_unit_f64(random_u32(seed, offset + i)))
+        .map(|i| uniform_at(seed, offset + i))
         .collect()
+}
+
+/// Element `index` of the uniform stream for `seed` (what [`uniform`]
+/// returns at `index - offset`), for callers that write the numbers
+/// straight into their own buffer.
+pub fn uniform_at(seed: u64, index: u64) -> f64 {
+    u32_to_unit_f64(random_u32(seed, index))
 }
 
 /// `n` standard normals starting at `offset` of the normal stream for `seed`.
 pub fn normal(seed: u64, offset: u64, n: usize) -> Vec<f64> {
-    (0..n as u64)
-        .map(|i| {
-            let j = offset + i;
-            let w = block(seed, j / 2);
-            let (a, b) = if j.is_multiple_of(2) {
-                (w[0], w[1])
-            } else {
-                (w[2], w[3])
-            };
-            // (x + 1) / 2^24 lies in (0, 1], so the log is finite.
-            let u1 = ((a >> 8) as f64 + 1.0) / 16_777_216.0;
-            let u2 = (b >> 8) as f64 / 16_777_216.0;
-            (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-        })
-        .collect()
+    (0..n as u64).map(|i| normal_at(seed, offset + i)).collect()
+}
+
+/// Element `j` of the normal stream for `seed` (what [`normal`] returns at
+/// `j - offset`).
+pub fn normal_at(seed: u64, j: u64) -> f64 {
+    let w = block(seed, j / 2);
+    let (a, b) = if j.is_multiple_of(2) {
+        (w[0], w[1])
+    } else {
+        (w[2], w[3])
+    };
+    // (x + 1) / 2^24 lies in (0, 1], so the log is finite.
+    let u1 = ((a >> 8) as f64 + 1.0) / 16_777_216.0;
+    let u2 = (b >> 8) as f64 / 16_777_216.0;
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
 /// Whether element `index` of a dropout stream is kept (not zeroed) with

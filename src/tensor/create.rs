@@ -1,7 +1,8 @@
 //! Creating tensors: from data, constants, and seeded random numbers.
 
-use super::Tensor;
+use super::{checked_numel, Tensor};
 use crate::dtype::CpuData;
+use crate::memory::host::try_collect;
 use crate::{rng, DType, Device, Error, Result, WithDType};
 
 /// Data can be created on the CPU and on CUDA; the meta device holds none
@@ -14,7 +15,7 @@ fn check_device(op: &'static str, device: Device) -> Result<()> {
 }
 
 fn check_len(op: &'static str, len: usize, shape: &[usize]) -> Result<()> {
-    let n: usize = shape.iter().product();
+    let n = checked_numel(op, shape)?;
     if n != len {
         return Err(Error::InvalidArgument {
             op,
@@ -24,20 +25,31 @@ fn check_len(op: &'static str, len: usize, shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// Converts f64 values to a [`CpuData`] of `dtype`.
-pub(crate) fn cpu_data_from_f64(values: &[f64], dtype: DType) -> CpuData {
-    fn conv<T: WithDType>(v: &[f64]) -> CpuData {
-        T::wrap(v.iter().map(|&x| T::from_f64(x)).collect())
+/// `value(i)` for `i in 0..n`, converted to a [`CpuData`] of `dtype`
+/// (allocated through `memory::host`: [`Error::OutOfMemory`] when the host
+/// cannot hold it).
+pub(crate) fn cpu_data_from_fn<F: Fn(usize) -> f64>(
+    n: usize,
+    dtype: DType,
+    value: F,
+) -> Result<CpuData> {
+    fn conv<T: WithDType, F: Fn(usize) -> f64>(n: usize, f: &F) -> Result<CpuData> {
+        Ok(T::wrap(try_collect(n, (0..n).map(|i| T::from_f64(f(i))))?))
     }
     match dtype {
-        DType::F32 => conv::<f32>(values),
-        DType::F16 => conv::<half::f16>(values),
-        DType::BF16 => conv::<half::bf16>(values),
-        DType::F64 => conv::<f64>(values),
-        DType::U8 => conv::<u8>(values),
-        DType::U32 => conv::<u32>(values),
-        DType::I64 => conv::<i64>(values),
+        DType::F32 => conv::<f32, F>(n, &value),
+        DType::F16 => conv::<half::f16, F>(n, &value),
+        DType::BF16 => conv::<half::bf16, F>(n, &value),
+        DType::F64 => conv::<f64, F>(n, &value),
+        DType::U8 => conv::<u8, F>(n, &value),
+        DType::U32 => conv::<u32, F>(n, &value),
+        DType::I64 => conv::<i64, F>(n, &value),
     }
+}
+
+/// Converts f64 values to a [`CpuData`] of `dtype`.
+pub(crate) fn cpu_data_from_f64(values: &[f64], dtype: DType) -> Result<CpuData> {
+    cpu_data_from_fn(values.len(), dtype, |i| values[i])
 }
 
 impl Tensor {
@@ -53,7 +65,7 @@ impl Tensor {
 
     /// A contiguous meta tensor (no data), counted in the current ledger.
     pub(crate) fn new_meta(shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let storage = super::Storage::meta(dtype, shape.iter().product())?;
+        let storage = super::Storage::meta(dtype, checked_numel("new_meta", shape)?)?;
         Ok(Tensor::from_storage(
             std::sync::Arc::new(storage),
             super::Layout::contiguous(shape),
@@ -75,6 +87,22 @@ impl Tensor {
         }
     }
 
+    /// A contiguous tensor of `shape` whose element `i` is `value(i)`
+    /// converted to `dtype` (no host staging beyond the tensor itself); on
+    /// the meta device a data-less tensor, `value` never called.
+    pub(crate) fn from_f64_fn<F: Fn(usize) -> f64>(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        value: F,
+    ) -> Result<Tensor> {
+        if device.is_meta() {
+            return Tensor::new_meta(shape, dtype);
+        }
+        let n = checked_numel("from_f64_fn", shape)?;
+        Tensor::from_data_on(cpu_data_from_fn(n, dtype, value)?, shape, device)
+    }
+
     /// Like [`Tensor::from_host_f64`] for a typed vector (ignored on meta,
     /// where kernels return it empty).
     pub(crate) fn from_host_vec<T: WithDType>(
@@ -93,7 +121,7 @@ impl Tensor {
     /// (no data is read: the callers only use them for meta outputs' shapes).
     pub(crate) fn small_values(&self) -> Result<Vec<f64>> {
         match self.device() {
-            Device::Meta => Ok(vec![0.0; self.numel()]),
+            Device::Meta => crate::memory::host::try_zeroed(self.numel()),
             _ => self.to_f64_vec(),
         }
     }
@@ -115,7 +143,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         check_device("from_f64_slice", device)?;
         check_len("from_f64_slice", values.len(), shape)?;
-        Tensor::from_data_on(cpu_data_from_f64(values, dtype), shape, device)
+        Tensor::from_data_on(cpu_data_from_f64(values, dtype)?, shape, device)
     }
 
     /// A 0-dimensional tensor holding `value`.
@@ -129,10 +157,11 @@ impl Tensor {
             return Tensor::new_meta(shape, dtype);
         }
         check_device("zeros", device)?;
-        if let Device::Cuda(n) = device {
-            return crate::tensor::cuda::zeros(shape, dtype, n);
+        let n = checked_numel("zeros", shape)?;
+        if let Device::Cuda(ordinal) = device {
+            return crate::tensor::cuda::zeros(shape, dtype, ordinal);
         }
-        Tensor::from_cpu_data(CpuData::zeros(dtype, shape.iter().product())?, shape)
+        Tensor::from_cpu_data(CpuData::zeros(dtype, n)?, shape)
     }
 
     /// Ones of `shape`.
@@ -146,7 +175,7 @@ impl Tensor {
             return Tensor::new_meta(shape, dtype);
         }
         check_device("full", device)?;
-        let mut data = CpuData::zeros(dtype, shape.iter().product())?;
+        let mut data = CpuData::zeros(dtype, checked_numel("full", shape)?)?;
         crate::match_cpu_data!(&mut data, v => {
             let x = crate::dtype::from_f64_like(v, value);
             v.iter_mut().for_each(|e| *e = x);
@@ -169,8 +198,8 @@ impl Tensor {
         if device.is_meta() {
             return Tensor::new_meta(&[n], dtype);
         }
-        let v: Vec<f64> = (0..n).map(|i| i as f64).collect();
-        Tensor::from_f64_slice(&v, &[n], dtype, device)
+        check_device("arange", device)?;
+        Tensor::from_data_on(cpu_data_from_fn(n, dtype, |i| i as f64)?, &[n], device)
     }
 
     /// Uniform numbers in [0, 1) from Philox4x32-10 with `seed`; the same
@@ -179,11 +208,13 @@ impl Tensor {
         if device.is_meta() {
             return Tensor::new_meta(shape, dtype);
         }
-        let n = shape.iter().product();
+        check_device("rand", device)?;
+        let n = checked_numel("rand", shape)?;
         if let (Device::Cuda(d), true) = (device, dtype.is_float()) {
             return super::cuda::rand(d, shape, dtype, seed, n, false);
         }
-        Tensor::from_f64_slice(&rng::uniform(seed, 0, n), shape, dtype, device)
+        let data = cpu_data_from_fn(n, dtype, |i| rng::uniform_at(seed, i as u64))?;
+        Tensor::from_data_on(data, shape, device)
     }
 
     /// Uniform numbers in [low, high) (see [`Tensor::rand`]).
@@ -198,12 +229,12 @@ impl Tensor {
         if device.is_meta() {
             return Tensor::new_meta(shape, dtype);
         }
-        let n = shape.iter().product();
-        let v: Vec<f64> = rng::uniform(seed, 0, n)
-            .into_iter()
-            .map(|u| low + (high - low) * u)
-            .collect();
-        Tensor::from_f64_slice(&v, shape, dtype, device)
+        check_device("rand_range", device)?;
+        let n = checked_numel("rand_range", shape)?;
+        let data = cpu_data_from_fn(n, dtype, |i| {
+            low + (high - low) * rng::uniform_at(seed, i as u64)
+        })?;
+        Tensor::from_data_on(data, shape, device)
     }
 
     /// Standard normal numbers from Philox4x32-10 with `seed` (Box-Muller).
@@ -211,11 +242,13 @@ impl Tensor {
         if device.is_meta() {
             return Tensor::new_meta(shape, dtype);
         }
-        let n = shape.iter().product();
+        check_device("randn", device)?;
+        let n = checked_numel("randn", shape)?;
         if let (Device::Cuda(d), true) = (device, dtype.is_float()) {
             return super::cuda::rand(d, shape, dtype, seed, n, true);
         }
-        Tensor::from_f64_slice(&rng::normal(seed, 0, n), shape, dtype, device)
+        let data = cpu_data_from_fn(n, dtype, |i| rng::normal_at(seed, i as u64))?;
+        Tensor::from_data_on(data, shape, device)
     }
 
     /// A copy on `device`. On the same device, a new tensor sharing storage;
@@ -240,7 +273,7 @@ impl Tensor {
                 let data = self.storage().cpu()?;
                 let layout = self.layout();
                 crate::match_cpu_data!(&*data, v => {
-                    let mut out = Vec::with_capacity(layout.numel());
+                    let mut out = crate::memory::host::try_vec(layout.numel())?;
                     layout.for_each_offset(|o| out.push(v[o]));
                     crate::dtype::CpuElement::wrap(out)
                 })

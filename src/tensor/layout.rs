@@ -22,6 +22,18 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     strides
 }
 
+/// The number of elements of `shape`, or a typed error for `op` when the
+/// product does not fit in `usize` (a shape no device could hold).
+pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| Error::InvalidArgument {
+            op,
+            msg: format!("shape {shape:?} has more elements than a usize can count"),
+        })
+}
+
 /// The shape two shapes broadcast to (NumPy rules), or a shape error.
 pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let rank = a.len().max(b.len());
@@ -50,6 +62,7 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
             }
         };
     }
+    checked_numel(op, &out)?;
     Ok(out)
 }
 
@@ -243,10 +256,12 @@ impl Layout {
         }
     }
 
-    /// The storage offsets of every element, in row-major order.
-    pub fn offsets(&self) -> Vec<usize> {
-        let mut v = Vec::with_capacity(self.numel());
+    /// The storage offsets of every element, in row-major order (a host
+    /// buffer of 8 bytes per element: [`Error::OutOfMemory`] when the host
+    /// cannot hold it).
+    pub fn offsets(&self) -> Result<Vec<usize>> {
+        let mut v = crate::memory::host::try_vec(self.numel())?;
         self.for_each_offset(|o| v.push(o));
-        v
+        Ok(v)
     }
 }

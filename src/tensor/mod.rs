@@ -14,10 +14,11 @@ mod display;
 mod layout;
 mod storage;
 
-pub use layout::{broadcast_shapes, contiguous_strides, resolve_dim, Layout};
+pub use layout::{broadcast_shapes, checked_numel, contiguous_strides, resolve_dim, Layout};
 pub use storage::{Backing, SaveEvent, SaveListener, Storage};
 
 use crate::dtype::CpuData;
+use crate::memory::host::try_vec;
 use crate::memory::Category;
 use crate::{DType, Device, Error, Result, WithDType};
 use std::any::Any;
@@ -255,11 +256,11 @@ impl Tensor {
             expected: T::DTYPE,
             got: data.dtype(),
         })?;
-        if let Some(r) = self.0.layout.contiguous_range() {
-            return Ok(s[r].to_vec());
+        let mut out = try_vec(self.numel())?;
+        match self.0.layout.contiguous_range() {
+            Some(r) => out.extend_from_slice(&s[r]),
+            None => self.0.layout.for_each_offset(|o| out.push(s[o])),
         }
-        let mut out = Vec::with_capacity(self.numel());
-        self.0.layout.for_each_offset(|o| out.push(s[o]));
         Ok(out)
     }
 
@@ -272,7 +273,7 @@ impl Tensor {
             return Ok(crate::tensor::cuda::download(self)?.to_vec_as());
         }
         let data = self.0.storage.cpu()?;
-        let mut out = Vec::with_capacity(self.numel());
+        let mut out = try_vec(self.numel())?;
         crate::match_cpu_data!(&*data, v => self.0.layout.for_each_offset(|o| out.push(v[o].to_f64())));
         Ok(out)
     }

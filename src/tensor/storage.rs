@@ -4,31 +4,22 @@ use crate::cuda::CudaBuffer;
 use crate::dtype::CpuData;
 use crate::memory::{current_category, Allocation, Category, Ledger};
 use crate::{DType, Device, Error, Result};
-use half::{bf16, f16};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 impl CpuData {
-    /// `n` zeros of `dtype`, failing cleanly when the host cannot allocate.
+    /// `n` zeros of `dtype`, failing cleanly ([`Error::OutOfMemory`]) when
+    /// the host cannot hold them.
     pub fn zeros(dtype: DType, n: usize) -> Result<CpuData> {
-        fn z<T: Clone>(n: usize, zero: T) -> Result<Vec<T>> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| {
-                let ledger = Ledger::current();
-                let live = ledger.live(Device::Cpu);
-                ledger.out_of_memory(Device::Cpu, n * std::mem::size_of::<T>(), live)
-            })?;
-            v.resize(n, zero);
-            Ok(v)
-        }
+        use crate::memory::host::try_zeroed;
         Ok(match dtype {
-            DType::F32 => CpuData::F32(z(n, 0.0)?),
-            DType::F16 => CpuData::F16(z(n, f16::ZERO)?),
-            DType::BF16 => CpuData::BF16(z(n, bf16::ZERO)?),
-            DType::F64 => CpuData::F64(z(n, 0.0)?),
-            DType::U8 => CpuData::U8(z(n, 0)?),
-            DType::U32 => CpuData::U32(z(n, 0)?),
-            DType::I64 => CpuData::I64(z(n, 0)?),
+            DType::F32 => CpuData::F32(try_zeroed(n)?),
+            DType::F16 => CpuData::F16(try_zeroed(n)?),
+            DType::BF16 => CpuData::BF16(try_zeroed(n)?),
+            DType::F64 => CpuData::F64(try_zeroed(n)?),
+            DType::U8 => CpuData::U8(try_zeroed(n)?),
+            DType::U32 => CpuData::U32(try_zeroed(n)?),
+            DType::I64 => CpuData::I64(try_zeroed(n)?),
         })
     }
 }
@@ -110,8 +101,12 @@ impl Storage {
     /// as the same host storage would be counted under [`Device::Cpu`].
     pub fn meta(dtype: DType, len: usize) -> Result<Storage> {
         let category = current_category();
-        let allocation =
-            Ledger::current().register(Device::Meta, len * dtype.size_in_bytes(), category)?;
+        let ledger = Ledger::current();
+        // No buffer is made, so nothing else would notice a size past usize.
+        let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| {
+            ledger.out_of_memory(Device::Meta, usize::MAX, ledger.live(Device::Meta))
+        })?;
+        let allocation = ledger.register(Device::Meta, bytes, category)?;
         Ok(Storage {
             backing: Backing::Meta,
             device: Device::Meta,

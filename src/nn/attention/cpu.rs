@@ -7,6 +7,7 @@
 
 use super::{RowLse, ScoreGeom, ScoreSpec, OP};
 use crate::dtype::CpuData;
+use crate::memory::host::try_zeroed;
 use crate::memory::{with_category, Category};
 use crate::meta::{self, backend, not_on_cuda, Backend};
 use crate::primitives::{Dense, PARALLEL_THRESHOLD};
@@ -73,12 +74,16 @@ fn run_rows<T: Send>(
     }
 }
 
-fn probs_rows<T: FloatDType>(s: &[T], lg: &Logits, lse_in: Option<&[f64]>) -> (CpuData, Vec<f64>) {
+fn probs_rows<T: FloatDType>(
+    s: &[T],
+    lg: &Logits,
+    lse_in: Option<&[f64]>,
+) -> Result<(CpuData, Vec<f64>)> {
     let spec = lg.spec;
     let lk = spec.geom.lk;
     let rows = s.len().checked_div(lk).unwrap_or(0);
-    let mut p = vec![T::zero(); s.len()];
-    let mut lse = vec![0.0f64; rows];
+    let mut p = try_zeroed::<T>(s.len())?;
+    let mut lse = try_zeroed::<f64>(rows)?;
     run_rows(&mut p, lk, &mut lse, |r, prow, l| {
         let srow = &s[r * lk..(r + 1) * lk];
         let x = |j: usize| lg.logit(r, j, WithDType::to_f64(srow[j]));
@@ -106,7 +111,7 @@ fn probs_rows<T: FloatDType>(s: &[T], lg: &Logits, lse_in: Option<&[f64]>) -> (C
             *o = <T as WithDType>::from_f64((x(j) - value).exp());
         }
     });
-    (T::wrap(p), lse)
+    Ok((T::wrap(p), lse))
 }
 
 /// The probabilities `P = exp(x − lse)` for scores `s` `[.., lq, lk]` (a
@@ -125,7 +130,7 @@ pub(super) fn attention_probs(
             // One (unread) lse per row: its length sizes the saved lse.
             let rows = s.numel().checked_div(spec.geom.lk).unwrap_or(0);
             let p = meta::empty(s.shape(), s.dtype())?;
-            return Ok((p, RowLse::Host(vec![0.0; rows])));
+            return Ok((p, RowLse::Meta(rows)));
         }
         Backend::Cuda(n) => return Err(not_on_cuda(OP, n)),
         Backend::Cpu => {}
@@ -145,15 +150,15 @@ pub(super) fn attention_probs(
     let dense = Dense::new(s)?;
     let (data, range) = dense.parts();
     let (p, lse) = crate::match_float_data!(data, OP, v =>
-        probs_rows(&v[range], &logits, lse_in.as_deref()));
+        probs_rows(&v[range], &logits, lse_in.as_deref())?);
     Ok((Tensor::from_cpu_data(p, s.shape())?, RowLse::Host(lse)))
 }
 
-fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], geom: ScoreGeom) -> CpuData {
+fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], geom: ScoreGeom) -> Result<CpuData> {
     let (lk, scale) = (geom.lk, geom.scale);
     let rows = p.len().checked_div(lk).unwrap_or(0);
-    let mut ds = vec![T::zero(); p.len()];
-    let mut unused = vec![0.0f64; rows];
+    let mut ds = try_zeroed::<T>(p.len())?;
+    let mut unused = try_zeroed::<f64>(rows)?;
     run_rows(&mut ds, lk, &mut unused, |r, out, _| {
         let (pr, dr) = (&p[r * lk..(r + 1) * lk], &dp[r * lk..(r + 1) * lk]);
         let dot: f64 = pr
@@ -167,7 +172,7 @@ fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], geom: ScoreGeom) -> CpuData {
             );
         }
     });
-    T::wrap(ds)
+    Ok(T::wrap(ds))
 }
 
 /// The gradient of the scaled scores `Q·Kᵀ`: `scale · P ⊙ (dP − Σ_j dP ⊙ P)`
@@ -183,7 +188,7 @@ pub(super) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, geom: ScoreGeom) -
     let ((pd, pr), (dd, dr)) = (dpn.parts(), ddn.parts());
     let out: CpuData = crate::match_float_data!(pd, OP, v => {
         let g = dd.as_slice().ok_or_else(|| Error::Backward("attention: dtype".into()))?;
-        grad_rows(&v[pr], &g[dr], geom)
+        grad_rows(&v[pr], &g[dr], geom)?
     });
     Tensor::from_cpu_data(out, p.shape())
 }

@@ -126,8 +126,11 @@ struct ScoreSpec<'a> {
 /// The per-row log-sum-exp of the attention probabilities: host values on
 /// the CPU (a tensor only once saved), device data on CUDA.
 enum RowLse {
-    /// Host values (CPU and meta).
+    /// Host values (CPU).
     Host(Vec<f64>),
+    /// The row count only (meta: no values, and no host buffer that grows
+    /// with the batch).
+    Meta(usize),
     /// On the device.
     Cuda(cuda::DeviceLse),
 }
@@ -137,6 +140,7 @@ impl RowLse {
     fn len(&self) -> usize {
         match self {
             RowLse::Host(v) => v.len(),
+            RowLse::Meta(rows) => *rows,
             RowLse::Cuda(l) => l.len(),
         }
     }
@@ -146,6 +150,7 @@ impl RowLse {
     fn into_tensor(self, dtype: DType, device: Device) -> Result<Tensor> {
         match self {
             RowLse::Host(v) => Tensor::from_host_f64(&v, &[v.len()], dtype, device),
+            RowLse::Meta(rows) => Tensor::from_host_f64(&[], &[rows], dtype, Device::Meta),
             RowLse::Cuda(l) => l.into_tensor(dtype),
         }
     }

@@ -7,6 +7,7 @@ use super::{
     conv1d, conv2d, conv_transpose2d, Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions,
 };
 use crate::memory::scope;
+use crate::nn::input::{check_dtype, check_rank, check_size};
 use crate::nn::Module;
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -252,6 +253,8 @@ impl Module for Conv2d {
     /// Applies the layer to `x` `[n, in, h, w]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        let channels = self.weight.shape()[1] * self.options.groups;
+        check_input(x, &self.weight, 4, "[N, C, H, W]", channels)?;
         conv2d(x, &self.weight, self.bias.as_ref(), &self.options)
     }
 
@@ -346,6 +349,8 @@ impl Module for Conv1d {
     /// Applies the layer to `x` `[n, in, l]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        let channels = self.weight.shape()[1] * self.options.groups;
+        check_input(x, &self.weight, 3, "[N, C, L]", channels)?;
         conv1d(x, &self.weight, self.bias.as_ref(), &self.options)
     }
 
@@ -451,6 +456,7 @@ impl Module for ConvTranspose2d {
     /// Applies the layer to `x` `[n, in, h, w]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        check_input(x, &self.weight, 4, "[N, C, H, W]", self.weight.shape()[0])?;
         conv_transpose2d(x, &self.weight, self.bias.as_ref(), &self.options)
     }
 
@@ -461,4 +467,18 @@ impl Module for ConvTranspose2d {
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         params(&self.weight, &self.bias)
     }
+}
+
+/// What every convolution layer checks of its input, naming itself: the
+/// rank, the channel count (dim 1) and the weight's dtype.
+fn check_input(
+    x: &Tensor,
+    weight: &Tensor,
+    rank: usize,
+    layout: &str,
+    channels: usize,
+) -> Result<()> {
+    check_rank(x, &[rank], layout)?;
+    check_size(x, 1, channels, "input channels")?;
+    check_dtype(x, weight.dtype())
 }

@@ -28,18 +28,18 @@ fn masked_scale(x: &Tensor, scale: f64, keep: impl Fn(usize) -> bool + Sync) -> 
         l: &Layout,
         scale: f64,
         keep: &(impl Fn(usize) -> bool + Sync),
-    ) -> CpuData {
-        let src = Source::new(s, l);
+    ) -> Result<CpuData> {
+        let src = Source::new(s, l)?;
         let scale = <T as WithDType>::from_f64(scale);
-        T::wrap(fill(l.numel(), |i| {
+        Ok(T::wrap(fill(l.numel(), |i| {
             if keep(i) {
                 src.get(i) * scale
             } else {
                 T::zero()
             }
-        }))
+        })?))
     }
-    let out = crate::match_float_data!(&*data, "dropout", v => go(v, x.layout(), scale, &keep));
+    let out = crate::match_float_data!(&*data, "dropout", v => go(v, x.layout(), scale, &keep)?);
     drop(data);
     Tensor::from_cpu_data(out, x.shape())
 }
@@ -57,8 +57,8 @@ pub(super) fn mask(shape: &[usize], draw: DropoutDraw, device: Device) -> Result
         Backend::Meta => meta::empty(shape, DType::U8),
         Backend::Cuda(n) => Err(not_on_cuda("dropout", n)),
         Backend::Cpu => {
-            let n = shape.iter().product();
-            Tensor::from_vec(fill(n, |i| u8::from(draw.keep(i))), shape, device)
+            let n = crate::tensor::checked_numel("dropout", shape)?;
+            Tensor::from_vec(fill(n, |i| u8::from(draw.keep(i)))?, shape, device)
         }
     }
 }

@@ -18,7 +18,7 @@ fn dropout_masks_replay_the_cpu_rule() {
     };
     let (seed, offset, p, n) = (7u64, 1234u64, 0.3, 1000usize);
     let bits = dropout_bits(&dev, seed, offset, p, n).unwrap();
-    let want = pack_bits(n, |i| dropout_keep(seed, offset, i as u64, p));
+    let want = pack_bits(n, |i| dropout_keep(seed, offset, i as u64, p)).unwrap();
     assert_eq!(bits.to_vec::<u32>().unwrap(), want);
     for dtype in FLOATS {
         let x = cpu_rand(&[10, 100], -1.0, 1.0, dtype, 3);

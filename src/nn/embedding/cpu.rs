@@ -2,6 +2,7 @@
 //! index, and the deterministic (sequential) scatter-add of their gradient.
 
 use crate::dtype::CpuData;
+use crate::memory::host::{try_vec, try_zeroed};
 use crate::meta::{self, backend, not_on_cuda, Backend};
 use crate::primitives::Source;
 use crate::tensor::{Layout, Tensor};
@@ -17,15 +18,16 @@ pub(super) fn gather(weight: &Tensor, idx: &[usize], shape: &[usize]) -> Result<
         Backend::Cpu => {}
     }
     let data = weight.storage().cpu()?;
-    fn go<T: FloatDType>(s: &[T], l: &Layout, idx: &[usize], dim: usize) -> CpuData {
-        let src = Source::new(s, l);
-        let mut out = Vec::with_capacity(idx.len() * dim);
+    fn go<T: FloatDType>(s: &[T], l: &Layout, idx: &[usize], dim: usize) -> Result<CpuData> {
+        let src = Source::new(s, l)?;
+        let n = crate::tensor::checked_numel("embedding", &[idx.len(), dim])?;
+        let mut out = try_vec(n)?;
         for &r in idx {
             out.extend((0..dim).map(|c| src.get(r * dim + c)));
         }
-        T::wrap(out)
+        Ok(T::wrap(out))
     }
-    let out = crate::match_float_data!(&*data, "embedding", v => go(v, weight.layout(), idx, dim));
+    let out = crate::match_float_data!(&*data, "embedding", v => go(v, weight.layout(), idx, dim)?);
     drop(data);
     Tensor::from_cpu_data(out, shape)
 }
@@ -53,9 +55,9 @@ pub(super) fn backward(
         num: usize,
         dim: usize,
         padding: Option<usize>,
-    ) -> CpuData {
-        let src = Source::new(s, l);
-        let mut gw = vec![T::zero(); num * dim];
+    ) -> Result<CpuData> {
+        let src = Source::new(s, l)?;
+        let mut gw = try_zeroed::<T>(crate::tensor::checked_numel("embedding", &[num, dim])?)?;
         for (k, &r) in idx.iter().enumerate() {
             if Some(r) == padding {
                 continue;
@@ -65,9 +67,9 @@ pub(super) fn backward(
                 *v = *v + src.get(k * dim + c);
             }
         }
-        T::wrap(gw)
+        Ok(T::wrap(gw))
     }
-    let out = crate::match_float_data!(&*data, "embedding", v => go(v, g.layout(), idx, num, dim, padding));
+    let out = crate::match_float_data!(&*data, "embedding", v => go(v, g.layout(), idx, num, dim, padding)?);
     drop(data);
     Tensor::from_cpu_data(out, &[num, dim])
 }

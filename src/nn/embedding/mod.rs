@@ -193,11 +193,15 @@ impl EmbeddingBuilder {
         let weight = if device.is_meta() {
             Tensor::zeros(&[num, dim], dtype, device)?.into_parameter()?
         } else {
-            let mut v = crate::rng::normal(self.seed, 0, num * dim);
-            if let Some(p) = padding {
-                v[p * dim..(p + 1) * dim].fill(0.0);
-            }
-            Tensor::from_f64_slice(&v, &[num, dim], dtype, device)?.into_parameter()?
+            let seed = self.seed;
+            Tensor::from_f64_fn(&[num, dim], dtype, device, |i| {
+                if padding.is_some_and(|p| i / dim == p) {
+                    0.0
+                } else {
+                    crate::rng::normal_at(seed, i as u64)
+                }
+            })?
+            .into_parameter()?
         };
         Ok(Embedding {
             weight,

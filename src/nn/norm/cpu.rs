@@ -13,6 +13,7 @@
 
 use super::{GradMode, NormGeom, Normalize};
 use crate::dtype::CpuData;
+use crate::memory::host::try_zeroed;
 use crate::primitives::{typed, Dense, PARALLEL_THRESHOLD};
 use crate::tensor::Tensor;
 use crate::{FloatDType, Result, WithDType};
@@ -130,15 +131,11 @@ pub(super) fn normalize(
         b: Option<&[f64]>,
         want_y: bool,
         want_xhat: bool,
-    ) -> (Option<CpuData>, Option<CpuData>) {
+    ) -> Result<(Option<CpuData>, Option<CpuData>)> {
         let seg = geo.seg;
         let n = x.len();
-        let mut y = if want_y { vec![T::zero(); n] } else { vec![] };
-        let mut xh = if want_xhat {
-            vec![T::zero(); n]
-        } else {
-            vec![]
-        };
+        let mut y = try_zeroed::<T>(if want_y { n } else { 0 })?;
+        let mut xh = try_zeroed::<T>(if want_xhat { n } else { 0 })?;
         // tasks of `per` whole segments (at least ~4096 elements each)
         let (nseg, per) = (geo.nseg(), 4096usize.div_ceil(seg.max(1)));
         let body = |t: usize, ys: &mut [T], xs: &mut [T]| {
@@ -180,10 +177,10 @@ pub(super) fn normalize(
         } else {
             ya.into_iter().zip(xa).enumerate().for_each(run);
         }
-        (want_y.then(|| T::wrap(y)), want_xhat.then(|| T::wrap(xh)))
+        Ok((want_y.then(|| T::wrap(y)), want_xhat.then(|| T::wrap(xh))))
     }
     let (y, xh) = crate::match_float_data!(data, "norm", v =>
-        go(&v[range], geo, mean, rstd, w, b, want_y, want_xhat));
+        go(&v[range], geo, mean, rstd, w, b, want_y, want_xhat)?);
     drop(dense);
     let wrap = |d: Option<CpuData>| d.map(|d| Tensor::from_cpu_data(d, x.shape())).transpose();
     Ok((wrap(y)?, wrap(xh)?))
@@ -281,7 +278,7 @@ pub(super) fn input_grad(
         mode: GradMode,
         scale: &[f64],
         w: Option<&[f64]>,
-    ) -> CpuData {
+    ) -> Result<CpuData> {
         let seg = geo.seg;
         // g·w at element j of segment k, whose parameters are `(p0, step)`.
         let gw = |k: usize, j: usize, (p0, step): (usize, bool)| {
@@ -304,7 +301,7 @@ pub(super) fn input_grad(
                 (a / cnt, b / cnt)
             }),
         };
-        let mut out = vec![T::zero(); g.len()];
+        let mut out = try_zeroed::<T>(g.len())?;
         let body = |(k, o): (usize, &mut [T])| {
             let s = geo.stat_of(k);
             let (ma, mb) = sums[s];
@@ -324,7 +321,7 @@ pub(super) fn input_grad(
         } else {
             out.chunks_mut(seg.max(1)).enumerate().for_each(body);
         }
-        T::wrap(out)
+        Ok(T::wrap(out))
     }
     let out = crate::match_float_data!(gdata, "norm_backward", v => {
         let xs = match &dx {
@@ -334,7 +331,7 @@ pub(super) fn input_grad(
             }
             None => None,
         };
-        go(&v[gr], xs, geo, mode, scale, w)
+        go(&v[gr], xs, geo, mode, scale, w)?
     });
     drop((dg, dx));
     Tensor::from_cpu_data(out, g.shape())

@@ -8,6 +8,7 @@
 use super::{batch_norm, group_norm, layer_norm, rms_norm, write_values};
 use crate::memory::scope;
 use crate::memory::Category;
+use crate::nn::input::{check_dtype_of, check_min_rank, check_rank, check_size, check_trailing};
 use crate::nn::Module;
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -124,6 +125,8 @@ impl Module for LayerNorm {
     /// Layer norm of `x` `[…, *normalized_shape]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        check_trailing(x, &self.normalized_shape)?;
+        check_dtype_of(x, self.weight.as_ref())?;
         layer_norm(
             x,
             &self.normalized_shape,
@@ -237,13 +240,9 @@ impl Module for GroupNorm {
     /// Group norm of `x` `[N, C, *]` with `C` the layer's channel count.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
-        if x.rank() < 2 || x.shape()[1] != self.num_channels {
-            return Err(Error::ShapeMismatch {
-                op: "group_norm",
-                lhs: vec![self.num_channels],
-                rhs: x.shape().to_vec(),
-            });
-        }
+        check_min_rank(x, 2, "[N, C, *]")?;
+        check_size(x, 1, self.num_channels, "channels (dim 1)")?;
+        check_dtype_of(x, self.weight.as_ref())?;
         group_norm(
             x,
             self.num_groups,
@@ -351,6 +350,8 @@ impl Module for RMSNorm {
     /// RMS norm of `x` `[…, *normalized_shape]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        check_trailing(x, &self.normalized_shape)?;
+        check_dtype_of(x, self.weight.as_ref())?;
         rms_norm(x, &self.normalized_shape, self.weight.as_ref(), self.eps)
     }
 
@@ -536,19 +537,14 @@ impl Module for BatchNorm {
     /// `num_batches_tracked`; in eval mode with the running statistics.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
-        if !self.ranks.contains(&x.rank()) {
-            return Err(Error::InvalidArgument {
-                op: "batch_norm",
-                msg: format!("expected rank {:?}, got shape {:?}", self.ranks, x.shape()),
-            });
-        }
-        if x.shape()[1] != self.num_features {
-            return Err(Error::ShapeMismatch {
-                op: "batch_norm",
-                lhs: vec![self.num_features],
-                rhs: x.shape().to_vec(),
-            });
-        }
+        let layout = match self.ranks {
+            [4] => "[N, C, H, W]",
+            [5] => "[N, C, D, H, W]",
+            _ => "[N, C] or [N, C, L]",
+        };
+        check_rank(x, self.ranks, layout)?;
+        check_size(x, 1, self.num_features, "channels (dim 1)")?;
+        check_dtype_of(x, self.weight.as_ref().or(self.running_mean.as_ref()))?;
         // the batch count after this step (counted only if the step succeeds)
         let count = match (&self.num_batches_tracked, self.training) {
             (Some(n), true) => Some((n, n.small_values()?.first().copied().unwrap_or(0.0) + 1.0)),

@@ -82,6 +82,7 @@ pub use row_norms::{group_norm, layer_norm, rms_norm};
 
 use crate::autograd::needs_grad;
 use crate::dtype::stat_dtype;
+use crate::memory::host::try_zeroed;
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, Backend};
 use crate::{DType, Error, Result, Tensor};
@@ -333,7 +334,7 @@ fn check_like(op: &'static str, g: &Tensor, like: &[usize], dtype: DType) -> Res
 fn norm_stats(x: &Tensor, geo: NormGeom, centered: bool) -> Result<(Vec<f64>, Vec<f64>)> {
     match backend("norm", &[x])? {
         Backend::Cpu => cpu::norm_stats(x, geo, centered),
-        Backend::Meta => Ok((vec![0.0; geo.nstat()], vec![0.0; geo.nstat()])),
+        Backend::Meta => Ok((try_zeroed(geo.nstat())?, try_zeroed(geo.nstat())?)),
         Backend::Cuda(_) => cuda::norm_stats(x, geo, centered),
     }
 }
@@ -396,7 +397,11 @@ fn param_grads(
         Backend::Cpu => cpu::param_sums(g, xhat, geo, want_b)?,
         Backend::Meta => {
             let np = geo.nparam();
-            (xhat.map(|_| vec![0.0; np]), want_b.then(|| vec![0.0; np]))
+            let zeros = || try_zeroed::<f64>(np);
+            (
+                xhat.map(|_| zeros()).transpose()?,
+                want_b.then(zeros).transpose()?,
+            )
         }
         Backend::Cuda(_) => return cuda::param_grads(g, xhat, geo, want_b, shape),
     };

@@ -69,7 +69,7 @@ impl BackwardOp for RowNormBackward {
                 let rstd = rstd.get()?.small_values()?;
                 let mean = match mean {
                     Some(m) => m.get()?.small_values()?,
-                    None => vec![0.0; rstd.len()],
+                    None => crate::memory::host::try_zeroed(rstd.len())?,
                 };
                 let xhat = (nx || nw)
                     .then(|| recompute_xhat(input.get()?, geo, &mean, &rstd))

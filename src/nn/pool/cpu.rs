@@ -7,6 +7,7 @@
 
 use super::{AvgMode, PoolGeom, WindowPositions};
 use crate::dtype::CpuData;
+use crate::memory::host::{try_filled, try_zeroed};
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, not_on_cuda, Backend};
 use crate::primitives::{gather, PARALLEL_THRESHOLD};
@@ -99,10 +100,10 @@ pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Wind
         Backend::Cpu => {}
     }
     let n_out = g.planes * g.oh * g.ow;
-    let mut pos = vec![0u8; n_out];
+    let mut pos = try_zeroed::<u8>(n_out)?;
     let out = with_dense(x, "max_pool2d", |data, r| {
-        fn go<T: FloatDType>(x: &[T], g: &PoolGeom, pos: &mut [u8]) -> CpuData {
-            let mut out = vec![T::neg_infinity(); pos.len()];
+        fn go<T: FloatDType>(x: &[T], g: &PoolGeom, pos: &mut [u8]) -> Result<CpuData> {
+            let mut out = try_filled(pos.len(), T::neg_infinity())?;
             per_plane(&mut out, pos, g.oh * g.ow, |p, o, ps| {
                 let plane = &x[p * g.h * g.w..(p + 1) * g.h * g.w];
                 for i in 0..g.oh {
@@ -125,9 +126,9 @@ pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Wind
                     }
                 }
             });
-            T::wrap(out)
+            Ok(T::wrap(out))
         }
-        Ok(crate::match_float_data!(data, "max_pool2d", v => go(&v[r], g, &mut pos)))
+        Ok(crate::match_float_data!(data, "max_pool2d", v => go(&v[r], g, &mut pos)?))
     })?;
     let out = Tensor::from_cpu_data(out, &[g.planes, g.oh, g.ow])?;
     Ok((out, WindowPositions::Host(pos)))
@@ -169,8 +170,8 @@ pub(crate) fn max_pool_backward(
         }
     };
     let data = with_dense(grad_out, "max_pool2d", |data, r| {
-        fn go<T: FloatDType>(gs: &[T], arg: &ArgSource, g: &PoolGeom) -> CpuData {
-            let mut gi = vec![T::zero(); g.planes * g.h * g.w];
+        fn go<T: FloatDType>(gs: &[T], arg: &ArgSource, g: &PoolGeom) -> Result<CpuData> {
+            let mut gi = try_zeroed::<T>(g.planes * g.h * g.w)?;
             per_plane1(&mut gi, g.h * g.w, |p, gp| {
                 let base = p * g.oh * g.ow;
                 for e in 0..g.oh * g.ow {
@@ -186,9 +187,9 @@ pub(crate) fn max_pool_backward(
                     }
                 }
             });
-            T::wrap(gi)
+            Ok(T::wrap(gi))
         }
-        Ok(crate::match_float_data!(data, "max_pool2d", v => go(&v[r], &arg, g)))
+        Ok(crate::match_float_data!(data, "max_pool2d", v => go(&v[r], &arg, g)?))
     })?;
     Tensor::from_cpu_data(data, &[g.planes, g.h, g.w])
 }
@@ -226,8 +227,8 @@ pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Resul
         Backend::Cpu => {}
     }
     let data = with_dense(x, "avg_pool2d", |data, r| {
-        fn go<T: FloatDType>(x: &[T], g: &PoolGeom, mode: AvgMode) -> CpuData {
-            let mut out = vec![T::zero(); g.planes * g.oh * g.ow];
+        fn go<T: FloatDType>(x: &[T], g: &PoolGeom, mode: AvgMode) -> Result<CpuData> {
+            let mut out = try_zeroed::<T>(g.planes * g.oh * g.ow)?;
             per_plane1(&mut out, g.oh * g.ow, |p, o| {
                 let plane = &x[p * g.h * g.w..(p + 1) * g.h * g.w];
                 for i in 0..g.oh {
@@ -243,9 +244,9 @@ pub(crate) fn avg_pool_forward(x: &Tensor, g: &PoolGeom, mode: AvgMode) -> Resul
                     }
                 }
             });
-            T::wrap(out)
+            Ok(T::wrap(out))
         }
-        Ok(crate::match_float_data!(data, "avg_pool2d", v => go(&v[r], g, mode)))
+        Ok(crate::match_float_data!(data, "avg_pool2d", v => go(&v[r], g, mode)?))
     })?;
     Tensor::from_cpu_data(data, &[g.planes, g.oh, g.ow])
 }
@@ -259,8 +260,8 @@ pub(crate) fn avg_pool_backward(grad_out: &Tensor, g: &PoolGeom, mode: AvgMode) 
         Backend::Cpu => {}
     }
     let data = with_dense(grad_out, "avg_pool2d", |data, r| {
-        fn go<T: FloatDType>(gs: &[T], g: &PoolGeom, mode: AvgMode) -> CpuData {
-            let mut gi = vec![T::zero(); g.planes * g.h * g.w];
+        fn go<T: FloatDType>(gs: &[T], g: &PoolGeom, mode: AvgMode) -> Result<CpuData> {
+            let mut gi = try_zeroed::<T>(g.planes * g.h * g.w)?;
             per_plane1(&mut gi, g.h * g.w, |p, gp| {
                 let base = p * g.oh * g.ow;
                 for i in 0..g.oh {
@@ -277,9 +278,9 @@ pub(crate) fn avg_pool_backward(grad_out: &Tensor, g: &PoolGeom, mode: AvgMode) 
                     }
                 }
             });
-            T::wrap(gi)
+            Ok(T::wrap(gi))
         }
-        Ok(crate::match_float_data!(data, "avg_pool2d", v => go(&v[r], g, mode)))
+        Ok(crate::match_float_data!(data, "avg_pool2d", v => go(&v[r], g, mode)?))
     })?;
     Tensor::from_cpu_data(data, &[g.planes, g.h, g.w])
 }

@@ -281,16 +281,14 @@ fn out_shape(x: &Tensor, g: &PoolGeom) -> Vec<usize> {
 
 /// Flat in-plane input indices (`row · W + col`, -1 for an empty window) of
 /// the window positions `pos`: what PyTorch keeps as its i64 indices.
-fn window_to_flat(pos: &[u8], g: &PoolGeom) -> Vec<i64> {
+fn window_to_flat(pos: &[u8], g: &PoolGeom) -> Result<Vec<i64>> {
     let plane = g.oh * g.ow;
-    pos.iter()
-        .enumerate()
-        .map(|(e, &q)| {
-            let (i, j) = ((e % plane) / g.ow, e % g.ow);
-            let (ki, kj) = (q as usize / g.k[1], q as usize % g.k[1]);
-            g.at(i, j, ki, kj).map_or(-1, |o| o as i64)
-        })
-        .collect()
+    let flat = pos.iter().enumerate().map(|(e, &q)| {
+        let (i, j) = ((e % plane) / g.ow, e % g.ow);
+        let (ki, kj) = (q as usize / g.k[1], q as usize % g.k[1]);
+        g.at(i, j, ki, kj).map_or(-1, |o| o as i64)
+    });
+    crate::memory::host::try_collect(pos.len(), flat)
 }
 
 /// What max pooling keeps for backward.
@@ -385,7 +383,7 @@ pub fn max_pool2d(x: &Tensor, o: &MaxPool2dOptions) -> Result<Tensor> {
             MaxSaved::Window(SavedTensor::new(&pos.into_tensor(&shape, x.device())?, OP))
         }
         SavePolicy::SaveAll => {
-            let flat = window_to_flat(&pos.into_host()?, &geom);
+            let flat = window_to_flat(&pos.into_host()?, &geom)?;
             MaxSaved::Flat {
                 input: SavedTensor::new(x, OP),
                 indices: SavedTensor::new(&Tensor::from_host_vec(flat, &shape, x.device())?, OP),

@@ -5,6 +5,7 @@
 
 use super::{sample_weights, CrossEntropyForward, CrossEntropyOptions};
 use crate::dtype::CpuData;
+use crate::memory::host::try_zeroed;
 use crate::meta::{self, backend, not_on_cuda, Backend};
 use crate::ops::softmax::{for_blocks, lane_stats, LaneGeom};
 use crate::primitives::Dense;
@@ -120,9 +121,9 @@ fn sample_losses(
         ignore: i64,
         eps: f64,
         want: bool,
-    ) -> Out {
+    ) -> Result<Out> {
         let (c, inner, block) = (g.classes, g.inner, g.block());
-        let mut losses = vec![0.0; t.len()];
+        let mut losses = try_zeroed::<f64>(t.len())?;
         let lane_losses = |o: usize, loss: &mut [f64]| {
             if block == 0 {
                 return;
@@ -145,8 +146,8 @@ fn sample_losses(
             }
         };
         for_blocks(&mut losses, inner, lane_losses);
-        let probs = want.then(|| {
-            let mut p = vec![T::zero(); s.len()];
+        let probs = want.then(|| -> Result<CpuData> {
+            let mut p = try_zeroed::<T>(s.len())?;
             for_blocks(&mut p, block, |o, dst| {
                 let src = &s[o * block..(o + 1) * block];
                 let (m, log_sum) = lane_stats(src, g);
@@ -155,12 +156,12 @@ fn sample_losses(
                     *d = T::from_f64((WithDType::to_f64(*v) - m[j] - log_sum[j]).exp());
                 }
             });
-            T::wrap(p)
+            Ok(T::wrap(p))
         });
-        (losses, probs)
+        Ok((losses, probs.transpose()?))
     }
     let (losses, probs) = crate::match_float_data!(data, "cross_entropy", v => {
-        go(&v[range], targets, geom, ignore_index, eps, want_probs)
+        go(&v[range], targets, geom, ignore_index, eps, want_probs)?
     });
     drop(dense);
     let probs = probs
@@ -200,8 +201,8 @@ fn logit_grad(
         g: LaneGeom,
         ignore: i64,
         eps: f64,
-    ) -> CpuData {
-        let mut out = vec![T::zero(); p.len()];
+    ) -> Result<CpuData> {
+        let mut out = try_zeroed::<T>(p.len())?;
         let (c, inner, block) = (g.classes, g.inner, g.block());
         let smooth = eps / c as f64;
         for_blocks(&mut out, block, |o, dst| {
@@ -222,10 +223,10 @@ fn logit_grad(
                 *d = T::from_f64(w * (WithDType::to_f64(*pv) - smooth - hit));
             }
         });
-        T::wrap(out)
+        Ok(T::wrap(out))
     }
     let out = crate::match_float_data!(data, "cross_entropy_backward", v => {
-        go(&v[range], targets, weights, geom, ignore_index, eps)
+        go(&v[range], targets, weights, geom, ignore_index, eps)?
     });
     drop(dense);
     Tensor::from_cpu_data(out, probs.shape())

@@ -2,6 +2,7 @@
 //! tensor's test into bits, and the masked gradient read back from them.
 
 use crate::dtype::CpuData;
+use crate::memory::host::{try_collect, try_par_collect, try_vec};
 use crate::meta::{self, backend, not_on_cuda, Backend};
 use crate::primitives::{get_bit, mask_words, pack_bits, PARALLEL_THRESHOLD};
 use crate::tensor::{Layout, Tensor};
@@ -27,19 +28,23 @@ pub(super) fn mask_where(
         Backend::Cpu => {}
     }
     let data = x.storage().cpu()?;
-    fn go<T: FloatDType>(s: &[T], l: &Layout, keep: &(impl Fn(f64) -> bool + Sync)) -> Vec<u32> {
+    fn go<T: FloatDType>(
+        s: &[T],
+        l: &Layout,
+        keep: &(impl Fn(f64) -> bool + Sync),
+    ) -> Result<Vec<u32>> {
         match l.contiguous_range() {
             Some(r) => {
                 let s = &s[r];
                 pack_bits(s.len(), |i| keep(s[i].to_f64()))
             }
             None => {
-                let o = l.offsets();
+                let o = l.offsets()?;
                 pack_bits(o.len(), |i| keep(s[o[i]].to_f64()))
             }
         }
     }
-    let words = crate::match_float_data!(&*data, op, v => go(v, x.layout(), &keep));
+    let words = crate::match_float_data!(&*data, op, v => go(v, x.layout(), &keep)?);
     drop(data);
     let n = words.len();
     Tensor::from_vec(words, &[n], x.device())
@@ -70,7 +75,7 @@ pub(super) fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor
         });
     }
     let gdata = g.storage().cpu()?;
-    fn go<T: FloatDType>(s: &[T], l: &Layout, words: &[u32], slope: f64) -> CpuData {
+    fn go<T: FloatDType>(s: &[T], l: &Layout, words: &[u32], slope: f64) -> Result<CpuData> {
         let slope = <T as WithDType>::from_f64(slope);
         let zero = T::zero();
         let f = |bit: bool, v: T| {
@@ -83,18 +88,20 @@ pub(super) fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor
             }
         };
         let out: Vec<T> = match l.contiguous_range() {
-            Some(r) if r.len() >= PARALLEL_THRESHOLD => s[r]
-                .par_iter()
-                .enumerate()
-                .map(|(i, &v)| f(get_bit(words, i), v))
-                .collect(),
-            Some(r) => s[r]
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| f(get_bit(words, i), v))
-                .collect(),
+            Some(r) if r.len() >= PARALLEL_THRESHOLD => try_par_collect(
+                r.len(),
+                s[r].par_iter()
+                    .enumerate()
+                    .map(|(i, &v)| f(get_bit(words, i), v)),
+            )?,
+            Some(r) => try_collect(
+                r.len(),
+                s[r].iter()
+                    .enumerate()
+                    .map(|(i, &v)| f(get_bit(words, i), v)),
+            )?,
             None => {
-                let mut out = Vec::with_capacity(l.numel());
+                let mut out = try_vec(l.numel())?;
                 let mut i = 0;
                 l.for_each_offset(|o| {
                     out.push(f(get_bit(words, i), s[o]));
@@ -103,9 +110,10 @@ pub(super) fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor
                 out
             }
         };
-        T::wrap(out)
+        Ok(T::wrap(out))
     }
-    let out = crate::match_float_data!(&*gdata, "mask_scale", v => go(v, g.layout(), words, slope));
+    let out =
+        crate::match_float_data!(&*gdata, "mask_scale", v => go(v, g.layout(), words, slope)?);
     drop((gdata, mdata));
     Tensor::from_cpu_data(out, g.shape())
 }

@@ -9,6 +9,7 @@
 
 use super::LaneGeom;
 use crate::dtype::CpuData;
+use crate::memory::host::try_zeroed;
 use crate::meta::{self, backend, not_on_cuda, Backend};
 use crate::primitives::{Dense, PARALLEL_THRESHOLD};
 use crate::tensor::Tensor;
@@ -72,8 +73,8 @@ pub(super) fn forward(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
     let geom = LaneGeom::around(x.shape(), dim);
     let dense = Dense::new(x)?;
     let (data, range) = dense.parts();
-    fn go<T: FloatDType>(s: &[T], g: LaneGeom, log: bool) -> CpuData {
-        let mut out = vec![T::zero(); s.len()];
+    fn go<T: FloatDType>(s: &[T], g: LaneGeom, log: bool) -> Result<CpuData> {
+        let mut out = try_zeroed::<T>(s.len())?;
         let block = g.block();
         for_blocks(&mut out, block, |o, dst| {
             let src = &s[o * block..(o + 1) * block];
@@ -84,9 +85,9 @@ pub(super) fn forward(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
                 *d = T::from_f64(if log { shifted } else { shifted.exp() });
             }
         });
-        T::wrap(out)
+        Ok(T::wrap(out))
     }
-    let out = crate::match_float_data!(data, "softmax", v => go(&v[range], geom, log));
+    let out = crate::match_float_data!(data, "softmax", v => go(&v[range], geom, log)?);
     drop(dense);
     Tensor::from_cpu_data(out, x.shape())
 }
@@ -116,7 +117,7 @@ pub(super) fn backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<
             expected: T::DTYPE,
             got: g.dtype(),
         })?[gr];
-        let mut out = vec![T::zero(); y.len()];
+        let mut out = try_zeroed::<T>(y.len())?;
         let (block, inner) = (geom.block(), geom.inner);
         for_blocks(&mut out, block, |o, dst| {
             let (yb, gb) = (

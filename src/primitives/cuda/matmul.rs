@@ -41,7 +41,7 @@ fn operand(t: &Tensor, batch: &[usize], rows: usize, cols: usize) -> Result<Oper
     if let Some((ld, trans)) = view {
         return Ok(Operand {
             tensor: t.clone(),
-            offsets: offsets(&l),
+            offsets: offsets(&l)?,
             ld,
             trans,
         });
@@ -51,7 +51,7 @@ fn operand(t: &Tensor, batch: &[usize], rows: usize, cols: usize) -> Result<Oper
     // layer makes one.
     let copy = elementwise::copy_strided(&*t.storage().cuda()?, &strided(&l)?)?;
     let tensor = wrap(copy, &full)?;
-    let offsets = offsets(tensor.layout());
+    let offsets = offsets(tensor.layout())?;
     Ok(Operand {
         tensor,
         offsets,

@@ -1,0 +1,172 @@
+//! `leangrad demo` and `leangrad memory`: their options checked, the run
+//! refused before it starts when its peak (predicted on the meta device)
+//! does not fit the device, then run and reported.
+
+use crate::output::{stdout, Progress};
+use anyhow::Result;
+use leangrad::demo::{self, DemoOptions};
+use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec};
+use leangrad::{DType, Device};
+use std::ops::ControlFlow;
+
+/// `auto` (CUDA 0 when it opens, else the CPU), `cpu` or `cuda` (CUDA 0,
+/// an error without one).
+fn device(choice: &str) -> Result<Device> {
+    Ok(leangrad::jobs::choose_device(choice)?)
+}
+
+/// The arguments of `leangrad demo`.
+pub struct DemoArgs {
+    /// `auto`, `cpu` or `cuda`.
+    pub device: String,
+    /// Optimisation steps.
+    pub steps: usize,
+    /// Hidden width.
+    pub hidden: usize,
+    /// Points per class.
+    pub points: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// Only the ledger's JSON on stdout.
+    pub json: bool,
+}
+
+/// Trains the demo's MLP and prints the ledger.
+pub fn demo(a: DemoArgs) -> Result<()> {
+    let opts = DemoOptions {
+        steps: a.steps,
+        hidden: a.hidden,
+        points_per_class: a.points,
+        lr: a.lr,
+        device: device(&a.device)?,
+        ..DemoOptions::default()
+    };
+    opts.check()?;
+    let needed = demo::predict_peak(&opts)?;
+    opts.device.check_fits("the demo", needed)?;
+    let progress = Progress { json: a.json };
+    let (hidden, steps) = (a.hidden, a.steps);
+    progress.line(&format!(
+        "training a 2-{hidden}-{hidden}-3 MLP on {} spiral points for {steps} steps ({}, f32, fused SGD lr={})",
+        3 * a.points,
+        opts.device,
+        a.lr
+    ))?;
+    let every = (steps / 10).max(1);
+    // A line that cannot be written (stdout closed) stops the training.
+    let mut failed = None;
+    let result = demo::run(&opts, |step, loss| {
+        if step % every == 0 || step + 1 == steps {
+            failed = progress
+                .line(&format!("step {step:>5}  loss {loss:.4}"))
+                .err();
+        }
+        match failed {
+            Some(_) => ControlFlow::Break(()),
+            None => ControlFlow::Continue(()),
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    progress.line(&format!(
+        "training accuracy: {:.1}%",
+        100.0 * result.accuracy
+    ))?;
+    stdout(&if a.json {
+        result.memory.to_json() + "\n"
+    } else {
+        result.memory.to_table()
+    })
+}
+
+/// The arguments of `leangrad memory`.
+pub struct MemoryArgs {
+    /// The model's name.
+    pub model: String,
+    /// Samples per batch.
+    pub batch: u32,
+    /// The case's name.
+    pub case: String,
+    /// Image size, for image models.
+    pub size: Option<u32>,
+    /// Tokens per sequence, for text models.
+    pub seq: Option<u32>,
+    /// Classes.
+    pub classes: Option<u32>,
+    /// `f32`, `f16` or `bf16`.
+    pub dtype: String,
+    /// `sgd`, `adam` or `adamw`.
+    pub optimizer: String,
+    /// The fused optimizer.
+    pub fused: bool,
+    /// `meta`, `cpu` or `cuda`.
+    pub device: String,
+    /// JSON instead of a table.
+    pub json: bool,
+    /// Layers listed.
+    pub top: usize,
+}
+
+/// Predicts or measures one training step's memory.
+pub fn memory(a: MemoryArgs) -> Result<()> {
+    let entry = memory_plan::find_model(&a.model)?;
+    let input = entry.step_input(a.size.map(|s| s as usize), a.seq.map(|s| s as usize))?;
+    let classes = match entry.input {
+        InputKind::Tokens {
+            vocab,
+            next_token: true,
+            ..
+        } => {
+            if a.classes.is_some_and(|c| c as usize != vocab) {
+                anyhow::bail!(
+                    "{} predicts its vocabulary of {vocab} tokens: --classes does not apply",
+                    a.model
+                );
+            }
+            vocab
+        }
+        _ => a.classes.map_or(1000, |c| c as usize),
+    };
+    let spec = StepSpec {
+        batch: a.batch as usize,
+        input,
+        classes,
+        dtype: match a.dtype.as_str() {
+            "f16" => DType::F16,
+            "bf16" => DType::BF16,
+            _ => DType::F32,
+        },
+        optimizer: OptimizerKind::parse(&a.optimizer)?,
+        fused: a.fused,
+        case: memory_plan::parse_case(&a.case)?,
+        device: match a.device.as_str() {
+            "meta" => Device::Meta,
+            other => device(other)?,
+        },
+    };
+    if !spec.device.is_meta() {
+        // Both policies run one after the other, each in its own ledger:
+        // the larger peak is what the device must hold.
+        let predicted = memory_plan::plan(
+            &a.model,
+            &StepSpec {
+                device: Device::Meta,
+                ..spec.clone()
+            },
+        )?;
+        let needed = predicted
+            .lean
+            .report
+            .peak_total
+            .max(predicted.save_all.report.peak_total);
+        let what = format!("one {} training step at batch {}", a.model, a.batch);
+        spec.device.check_fits(&what, needed)?;
+    }
+    let plan = memory_plan::plan(&a.model, &spec)?;
+    stdout(&if a.json {
+        plan.to_json() + "\n"
+    } else {
+        plan.to_table(a.top)
+    })
+}

@@ -1,0 +1,189 @@
+//! The `leangrad` command-line tool.
+
+mod args;
+mod commands;
+mod output;
+
+use anyhow::Result;
+use args::{Cli, Command};
+use clap::Parser;
+use commands::{DemoArgs, MemoryArgs};
+use leangrad::jobs;
+use leangrad::jobs::adversarial::{self, AdversarialOptions, Attack};
+use leangrad::jobs::finetune::{self, FinetuneOptions};
+use leangrad::jobs::style::{self, StyleInit, StyleNet, StyleOptimizer, StyleOptions};
+use leangrad::memory_plan::OptimizerKind;
+use output::{report, PipeClosed};
+
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // The reader of stdout went away (`| head`): nothing left to say.
+        Err(e) if e.is::<PipeClosed>() => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            output::stderr(&format!("error: {e:#}\n"));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Demo {
+            device,
+            steps,
+            hidden,
+            points,
+            lr,
+            json,
+        } => commands::demo(DemoArgs {
+            device,
+            steps,
+            hidden,
+            points,
+            lr,
+            json,
+        })?,
+        Command::Memory {
+            model,
+            batch,
+            case,
+            size,
+            seq,
+            classes,
+            dtype,
+            optimizer,
+            fused,
+            device,
+            json,
+            top,
+        } => commands::memory(MemoryArgs {
+            model,
+            batch,
+            case,
+            size,
+            seq,
+            classes,
+            dtype,
+            optimizer,
+            fused,
+            device,
+            json,
+            top,
+        })?,
+        Command::Finetune {
+            model,
+            weights,
+            data,
+            val,
+            case,
+            epochs,
+            batch,
+            size,
+            lr,
+            optimizer,
+            fused,
+            out,
+            resume,
+            seed,
+            workers,
+            device,
+            json,
+        } => {
+            let opts = FinetuneOptions {
+                weights,
+                val,
+                case,
+                epochs,
+                batch,
+                size,
+                lr,
+                optimizer: OptimizerKind::parse(&optimizer)?,
+                fused,
+                out,
+                resume,
+                device: jobs::choose_device(&device)?,
+                seed,
+                workers,
+                quiet: json,
+                ..FinetuneOptions::new(&model, data)
+            };
+            report(&finetune::run(&opts)?, json, finetune::describe)?;
+        }
+        Command::Adversarial {
+            model,
+            weights,
+            images,
+            attack,
+            eps,
+            alpha,
+            steps,
+            targeted,
+            size,
+            batch,
+            classes,
+            seed,
+            device,
+            out,
+            json,
+        } => {
+            let opts = AdversarialOptions {
+                weights,
+                attack: Attack::parse(&attack)?,
+                eps,
+                alpha,
+                steps,
+                targeted,
+                size,
+                batch,
+                classes,
+                device: jobs::choose_device(&device)?,
+                seed,
+                quiet: json,
+                ..AdversarialOptions::new(&model, images, out)
+            };
+            report(&adversarial::run(&opts)?, json, adversarial::describe)?;
+        }
+        Command::Style {
+            content,
+            style: style_image,
+            weights,
+            model,
+            size,
+            steps,
+            content_weight,
+            style_weight,
+            optimizer,
+            lr,
+            init,
+            seed,
+            out,
+            every,
+            device,
+            json,
+        } => {
+            let opts = StyleOptions {
+                net: StyleNet::named(&model)?,
+                weights,
+                size,
+                steps,
+                content_weight,
+                style_weight,
+                optimizer: StyleOptimizer::parse(&optimizer)?,
+                lr,
+                init: if init == "noise" {
+                    StyleInit::Noise
+                } else {
+                    StyleInit::Content
+                },
+                seed,
+                every,
+                device: jobs::choose_device(&device)?,
+                quiet: json,
+                ..StyleOptions::new(content, style_image, out)
+            };
+            report(&style::run(&opts)?, json, style::describe)?;
+        }
+    }
+    Ok(())
+}
