@@ -225,6 +225,26 @@ pub enum Error {
         /// Every name the model answers to, in the order it runs them.
         valid: Vec<String>,
     },
+    /// Pretrained weights that are not installed where leangrad looks for
+    /// them; `hint` says how to install them.
+    #[error("{model} weights not found: {reason}; {hint}")]
+    PretrainedNotFound {
+        /// The model (e.g. `all-MiniLM-L6-v2`).
+        model: &'static str,
+        /// Where leangrad looked and what it found.
+        reason: String,
+        /// How to install them (the command to run).
+        hint: String,
+    },
+    /// A pretrained model's configuration or tokenizer file is missing,
+    /// malformed or asks for something leangrad does not have.
+    #[error("model file {}: {reason}", path.display())]
+    ModelFile {
+        /// The file at fault (e.g. `…/config.json`, `…/tokenizer.json`).
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A file could not be read or written.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

@@ -10,14 +10,19 @@
 //! parameters by name with `set_requires_grad(|name| …)`. The [`Freeze`]
 //! trait adds freezing by glob ([`Glob`]) for any model, and [`Case`]
 //! names the selective-differentiation cases (`norm`, `surgical-last`,
-//! `conv-bn-eval`, …) and applies them ([`cases`]).
+//! `conv-bn-eval`, …) and applies them ([`cases`]). Pretrained BERTs load
+//! from a Hugging Face folder ([`Bert::from_pretrained`]);
+//! [`SentenceEncoder`] turns sentences into sentence-transformers'
+//! embeddings (all-MiniLM-L6-v2: [`SentenceEncoder::minilm`]).
 
 pub mod bert;
 pub mod cases;
 pub mod gpt2;
 pub mod heads;
 pub mod mobilenet;
+pub mod pretrained;
 pub mod resnet;
+pub mod sentence;
 pub mod surgery;
 pub mod transformer;
 pub mod vgg;
@@ -28,7 +33,9 @@ pub use cases::{glob_match, layer_of, layers_in_order, Case, Freeze, Glob, Selec
 pub use gpt2::{Gpt2, Gpt2Config};
 pub use heads::{Backbone, BertClassifier, Classifier, ViTClassifier};
 pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
+pub use pretrained::{minilm_dir, MINILM_DIR_ENV, MINILM_INSTALL};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
+pub use sentence::{l2_normalize, mean_pool, SentenceEncoder, TextTokenizer, TokenBatch};
 pub use surgery::{FeatureMaps, ReplaceHead};
 pub use transformer::{Conv1D, Conv1DBuilder, Param, TextInput};
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
