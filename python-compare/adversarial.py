@@ -149,9 +149,12 @@ def run(a):
         delta = adv - x
         linf = delta.abs().flatten(1).max(1).values.tolist()
         l2 = delta.square().sum(dim=(1, 2, 3)).sqrt().tolist()
-        for i, (path, _) in enumerate(chunk):
+        for i, (path, cls) in enumerate(chunk):
             stem = os.path.splitext(os.path.basename(path))[0]
-            written = os.path.join(a.out, f"{stem}.png")
+            # A class sub-folder's image goes to out/<class>/, as leangrad's.
+            folder = a.out if cls is None else os.path.join(a.out, cls)
+            os.makedirs(folder, exist_ok=True)
+            written = os.path.join(folder, f"{stem}.png")
             jc.write_png(adv[i], written)
             results.append({"file": path, "written": written, "label": labels[i],
                             "clean": clean[i], "adversarial": adversarial[i],

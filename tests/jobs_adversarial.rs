@@ -26,7 +26,8 @@ fn images(root: &Path) -> PathBuf {
             i as u64,
         )
         .unwrap();
-        write_png(&t, d.join(format!("img{i}.png")), PngDepth::Eight).unwrap();
+        // The same names in both classes: `3/img0.png` and `7/img0.png`.
+        write_png(&t, d.join(format!("img{}.png", i % 2)), PngDepth::Eight).unwrap();
     }
     dir
 }
@@ -76,6 +77,15 @@ fn fgsm_moves_every_pixel_by_eps_and_labels_come_from_folder_names() {
     }
     let labels: Vec<Option<usize>> = r.images.iter().map(|i| i.label).collect();
     assert_eq!(labels, [Some(3), Some(3), Some(7), Some(7)]);
+    // Each image is written under its class folder: none overwrites another
+    // of the same name (check_written read each back as its own).
+    let written: Vec<PathBuf> = r.images.iter().map(|i| i.written.clone()).collect();
+    let out = root.join("out");
+    let want: Vec<PathBuf> = ["3/img0", "3/img1", "7/img0", "7/img1"]
+        .iter()
+        .map(|n| out.join(format!("{n}.png")))
+        .collect();
+    assert_eq!(written, want);
     let clean = r.images.iter().filter(|i| Some(i.clean) == i.label).count();
     assert_eq!(r.clean_accuracy, Some(clean as f64 / 4.0));
     // The memory of an input-only step: the lean policy never keeps more

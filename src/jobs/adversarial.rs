@@ -244,8 +244,14 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
             .sum(&[1, 2, 3], false)?
             .sqrt()?
             .to_f64_vec()?;
-        for (i, (file, _)) in chunk.iter().enumerate() {
-            let written = written_path(&opts.out, file);
+        for (i, (file, class)) in chunk.iter().enumerate() {
+            let written = written_path(&opts.out, file, class.as_deref());
+            if let Some(dir) = written.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| Error::Image {
+                    path: dir.to_path_buf(),
+                    reason: e.to_string(),
+                })?;
+            }
             write_png(&adv.narrow(0, i, 1)?, &written, PngDepth::Eight)?;
             results.push(ImageResult {
                 file: file.clone(),
@@ -505,10 +511,13 @@ pub fn describe(r: &AdversarialReport) -> String {
     s
 }
 
-/// Where the adversarial image of `file` goes in `out`.
-pub fn written_path(out: &Path, file: &Path) -> PathBuf {
+/// Where the adversarial image of `file` goes in `out`: `out/<stem>.png`,
+/// or `out/<class>/<stem>.png` for a file of a class sub-folder (so that
+/// `3/0.png` and `7/0.png` do not overwrite each other).
+pub fn written_path(out: &Path, file: &Path, class: Option<&str>) -> PathBuf {
     let stem = file
         .file_stem()
         .map_or("image".into(), |s| s.to_string_lossy());
-    out.join(format!("{stem}.png"))
+    let dir = class.map_or(out.to_path_buf(), |c| out.join(c));
+    dir.join(format!("{stem}.png"))
 }
