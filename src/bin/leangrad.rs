@@ -48,7 +48,8 @@ enum Command {
         json: bool,
     },
     /// Predict (on the meta device, default) or measure (on the CPU) the
-    /// memory of one training step, lean policy next to save-all.
+    /// memory of one training step, lean policy next to what PyTorch's
+    /// autograd keeps.
     Memory {
         /// The model (full size).
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(MODELS.iter().map(|m| m.name)))]
@@ -87,9 +88,15 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
-        /// How many layers with the most saved bytes to list.
+        /// How many layers to list (most saved by PyTorch's policy over lean first).
         #[arg(long, default_value_t = 10)]
         top: usize,
+        /// Also write every ledger event of both steps to this JSON file.
+        #[arg(long)]
+        timeline: Option<PathBuf>,
+        /// Also draw both steps' memory over time to this PNG or SVG file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
     },
     /// Fine-tune an image classifier on a folder of images (one sub-folder
     /// per class): the head is replaced to match the classes, the backbone
@@ -348,6 +355,8 @@ fn run(cli: Cli) -> Result<()> {
             device,
             json,
             top,
+            timeline,
+            plot,
         } => {
             let entry = memory_plan::find_model(&model)?;
             let input = entry.step_input(size.map(|s| s as usize), seq.map(|s| s as usize))?;
@@ -388,7 +397,14 @@ fn run(cli: Cli) -> Result<()> {
                     _ => Device::Meta,
                 },
             };
-            let plan = memory_plan::plan(&model, &spec)?;
+            let record = timeline.is_some() || plot.is_some();
+            let plan = memory_plan::plan_recording(&model, &spec, record)?;
+            if let Some(path) = &timeline {
+                memory_plan::plot::write_timeline(&plan, path)?;
+            }
+            if let Some(path) = &plot {
+                memory_plan::plot::write_plot(&plan, path)?;
+            }
             let text = if json {
                 plan.to_json() + "\n"
             } else {
