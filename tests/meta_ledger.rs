@@ -59,6 +59,7 @@ fn assert_meta_equals_cpu(model: &str, build: &Build, input: StepInput, case: Ca
             assert_eq!(c.peak, m.peak, "{what}: peak by category");
             assert_eq!(c.live, m.live, "{what}: live by category");
             assert_eq!(c.at_peak, m.at_peak, "{what}: the moment of the peak");
+            assert_eq!(c.at_peak.bytes.total(), c.peak_total, "{what}: rows add up");
             assert_eq!(c.gradients_peak, m.gradients_peak, "{what}: gradient peak");
             assert_eq!(c.saved_by_layer, m.saved_by_layer, "{what}: saved by layer");
             assert_eq!(c, m, "{what}: whole report");

@@ -198,7 +198,7 @@ impl MemoryPlan {
         if top > 0 {
             header(
                 &mut out,
-                "saved for backward, by layer (peak; most saved by pytorch over lean first)",
+                "saved for backward, by layer (each op's peak, summed), largest difference first",
                 "difference",
             );
             for r in shown {
