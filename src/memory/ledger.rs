@@ -155,8 +155,6 @@ impl Ledger {
     /// Counts allocations made on this thread in this ledger until the guard drops.
     pub fn enter(&self) -> LedgerGuard {
         CURRENT.with(|c| c.borrow_mut().push(self.clone()));
-        // An op named for another ledger does not run in this one.
-        note_op("");
         LedgerGuard(())
     }
 

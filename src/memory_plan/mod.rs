@@ -179,6 +179,8 @@ pub fn run_step_recording(
     let ledger = Ledger::new().record_timeline(timeline);
     let (report, mut events) = {
         let _l = ledger.enter();
+        // Also forgets the op that ran last on this thread: it was not this step's.
+        ledger.set_phase(Phase::Setup);
         let mut model = build(spec.dtype, spec.device)?;
         spec.case.apply(model.as_mut())?;
         let params: Vec<Tensor> = model
