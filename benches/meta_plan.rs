@@ -54,7 +54,7 @@ fn main() {
                 match plan(model.name, &spec) {
                     Ok(p) => {
                         best = best.min(t.elapsed().as_secs_f64());
-                        peaks = (p.lean.report.peak_total, p.save_all.report.peak_total);
+                        peaks = (p.lean.report.peak_total, p.pytorch.report.peak_total);
                     }
                     Err(e) => {
                         println!(
@@ -67,7 +67,7 @@ fn main() {
             }
             if best.is_finite() {
                 println!(
-                    "{{\"model\":\"{}\",\"case\":\"{}\",\"batch\":64,\"seconds\":{best:.4},\"lean_peak\":{},\"save_all_peak\":{}}}",
+                    "{{\"model\":\"{}\",\"case\":\"{}\",\"batch\":64,\"seconds\":{best:.4},\"lean_peak\":{},\"pytorch_peak\":{}}}",
                     model.name,
                     case,
                     peaks.0,

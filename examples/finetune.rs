@@ -115,7 +115,7 @@ fn main() -> Result<()> {
         "peak {:.1} MiB on {device}: saved for backward {:.2} MiB, head gradients {:.3} MiB; checkpoint in {}",
         mib(ledger.peak(device)),
         mib(ledger.peak_in(device, Category::Saved)),
-        mib(ledger.peak_in(device, Category::Gradient)),
+        mib(ledger.peak_in(device, Category::ParameterGradient)),
         out.display()
     );
     Ok(())

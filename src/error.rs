@@ -277,6 +277,15 @@ pub enum Error {
         /// What is wrong (the decoder's or the file system's message).
         reason: String,
     },
+    /// An output file (a report, a timeline, a plot) could not be made or
+    /// written: `path` names it, `reason` says why.
+    #[error("cannot write {}: {reason}", path.display())]
+    OutputFile {
+        /// The file at fault.
+        path: std::path::PathBuf,
+        /// What is wrong (an unknown extension, the file system's message).
+        reason: String,
+    },
 }
 
 /// `std::result::Result` with leangrad's [`Error`].

@@ -35,6 +35,7 @@ pub(crate) enum Backend {
 /// The backend for a kernel over `tensors`: they must share one device
 /// (else [`Error::DeviceMismatch`]).
 pub(crate) fn backend(op: &'static str, tensors: &[&Tensor]) -> Result<Backend> {
+    crate::memory::note_op(op);
     let Some(first) = tensors.first() else {
         return Ok(Backend::Cpu);
     };
@@ -51,7 +52,8 @@ pub(crate) fn backend(op: &'static str, tensors: &[&Tensor]) -> Result<Backend> 
 
 /// The backend of one device (a CUDA device is opened by the first kernel
 /// that uses it, which reports it unavailable with a typed error).
-pub(crate) fn backend_of(_op: &'static str, device: Device) -> Result<Backend> {
+pub(crate) fn backend_of(op: &'static str, device: Device) -> Result<Backend> {
+    crate::memory::note_op(op);
     match device {
         Device::Cpu => Ok(Backend::Cpu),
         Device::Meta => Ok(Backend::Meta),

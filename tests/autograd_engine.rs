@@ -245,7 +245,7 @@ fn saved_bytes_are_labelled_by_scope() {
     drop(y);
     assert_eq!(ledger.live_in(CPU, Category::Saved), 0);
     assert_eq!(
-        ledger.live_in(CPU, Category::Other),
+        ledger.live_in(CPU, Category::Activation),
         32,
         "x is back to its own category"
     );
@@ -269,7 +269,7 @@ fn out_of_memory_is_a_typed_error_with_the_ledger() {
             ..
         }) => {
             assert_eq!((requested, live), (400, 800));
-            assert!(summary.contains("other"));
+            assert!(summary.contains("activations"));
         }
         other => panic!("expected OutOfMemory, got {other:?}"),
     }

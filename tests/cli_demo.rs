@@ -21,13 +21,17 @@ fn demo_trains_and_prints_the_ledger() {
     );
     assert!(stdout.contains("memory ledger on cpu"), "{stdout}");
     for category in [
-        "parameter",
-        "gradient",
-        "saved",
-        "optimizer_state",
+        "parameters",
+        "optimizer state",
+        "activations",
+        "saved for backward",
         "workspace",
-        "other",
+        "parameter gradients",
+        "input gradients",
+        "intermediate gradients",
         "total",
+        "at peak",
+        "peak reached in",
     ] {
         assert!(stdout.contains(category), "missing {category}: {stdout}");
     }
@@ -78,7 +82,7 @@ fn demo_json_is_valid_on_every_device() {
             .unwrap_or_else(|| panic!("no ledger entry for {dev}: {v}"));
         // 2-64-64-3 MLP with biases, f32.
         let params = (2 * 64 + 64 + 64 * 64 + 64 + 64 * 3 + 3) * 4;
-        assert_eq!(report["live"]["parameter"], params, "{dev}");
+        assert_eq!(report["live"]["parameters"], params, "{dev}");
         assert_eq!(report["live"]["saved"], 0, "{dev}");
     }
 }

@@ -49,7 +49,7 @@ fn meta_prediction_equals_cpu_measurement() {
         let cpu = memory_json(model, case, extra, "cpu");
         assert_eq!(meta["lean"]["report"]["device"], "meta");
         assert_eq!(cpu["lean"]["report"]["device"], "cpu");
-        for policy in ["lean", "save_all"] {
+        for policy in ["lean", "pytorch"] {
             let (m, c) = (numbers(&meta, policy), numbers(&cpu, policy));
             assert_eq!(m, c, "{model} {case} {policy}");
             assert!(m["peak_total"].as_u64().unwrap() > 0);
@@ -57,7 +57,7 @@ fn meta_prediction_equals_cpu_measurement() {
         let saved =
             |p: &Value, policy: &str| p[policy]["report"]["peak"]["saved"].as_u64().unwrap();
         assert!(
-            saved(&meta, "lean") < saved(&meta, "save_all"),
+            saved(&meta, "lean") < saved(&meta, "pytorch"),
             "{model} {case}"
         );
     }
@@ -74,7 +74,7 @@ fn transformer_meta_prediction_equals_cpu_measurement() {
     ] {
         let meta = memory_json(model, case, extra, "meta");
         let cpu = memory_json(model, case, extra, "cpu");
-        for policy in ["lean", "save_all"] {
+        for policy in ["lean", "pytorch"] {
             let (m, c) = (numbers(&meta, policy), numbers(&cpu, policy));
             assert_eq!(m, c, "{model} {case} {policy}");
             assert!(m["peak_total"].as_u64().unwrap() > 0);
@@ -131,7 +131,7 @@ fn cuda_measurement_equals_meta_prediction_or_is_a_clear_error() {
         let meta = memory_json(model, case, extra, "meta");
         let cuda = memory_json(model, case, extra, "cuda");
         assert_eq!(cuda["lean"]["report"]["device"], "cuda:0");
-        for policy in ["lean", "save_all"] {
+        for policy in ["lean", "pytorch"] {
             let (m, c) = (numbers(&meta, policy), numbers(&cuda, policy));
             assert_eq!(m, c, "{model} {case} {policy}");
         }
@@ -146,13 +146,21 @@ fn table_lists_categories_and_layers() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     for word in [
+        "at the moment of the peak",
+        "each category's own peak",
         "parameters",
-        "gradients",
-        "saved",
+        "activations",
+        "saved for backward",
         "optimizer state",
         "workspace",
-        "total",
-        "save-all",
+        "parameter gradients",
+        "input gradients",
+        "intermediate gradients",
+        "total (the peak)",
+        "peak reached in",
+        "pytorch",
+        "what PyTorch's autograd keeps",
+        "difference",
         "layer",
     ] {
         assert!(text.contains(word), "{word} missing in\n{text}");
@@ -233,5 +241,99 @@ fn bad_arguments_are_clear_errors() {
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(stderr.contains(expect), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+/// `--timeline` writes every ledger event of both steps as JSON, whose
+/// allocations minus frees replay each event's live bytes and whose
+/// largest live value is the report's peak; `--plot` draws a PNG or an SVG
+/// (by the extension); any other extension, or a folder that does not
+/// exist, is an error naming the file.
+#[test]
+fn timeline_and_plot_files() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli_memory_timeline");
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let small = [
+        "memory",
+        "--model",
+        "resnet18",
+        "--batch",
+        "2",
+        "--size",
+        "32",
+        "--classes",
+        "10",
+        "--case",
+        "input",
+    ];
+    let (json, png, svg) = (path("t.json"), path("t.png"), path("t.svg"));
+    let mut args = small.to_vec();
+    args.extend(["--json", "--timeline", &json, "--plot", &png]);
+    let out = leangrad(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: Value = serde_json::from_slice(&out.stdout).expect("the plan's JSON");
+    let timeline: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the timeline")).expect("JSON");
+    assert_eq!(timeline["model"], "resnet18");
+    for policy in ["lean", "pytorch"] {
+        let events = timeline[policy]["events"].as_array().expect("events");
+        let mut live = 0i64;
+        let mut peak = 0i64;
+        for e in events {
+            let bytes = e["bytes"].as_i64().expect("bytes");
+            match e["kind"].as_str().expect("kind") {
+                "alloc" => live += bytes,
+                "free" => live -= bytes,
+                "move" => assert_ne!(e["from"], e["category"]),
+                other => panic!("unknown event kind {other}"),
+            }
+            assert_eq!(live, e["live"].as_i64().expect("live"), "{policy}: {e}");
+            peak = peak.max(live);
+        }
+        let report = &plan[policy]["report"];
+        assert_eq!(
+            peak,
+            report["peak_total"].as_i64().expect("peak"),
+            "{policy}"
+        );
+        assert_eq!(timeline[policy]["peak_total"], report["peak_total"]);
+        assert_eq!(timeline[policy]["at_peak"], report["at_peak"]);
+        let phases: Vec<&str> = events.iter().filter_map(|e| e["phase"].as_str()).collect();
+        for phase in ["setup", "forward", "backward"] {
+            assert!(phases.contains(&phase), "{policy}: no {phase} event");
+        }
+    }
+    let png_bytes = std::fs::read(&png).expect("the PNG");
+    assert!(png_bytes.len() > 10_000, "{} bytes", png_bytes.len());
+    assert_eq!(&png_bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let image = image::load_from_memory(&png_bytes).expect("a readable PNG");
+    assert_eq!((image.width(), image.height()), (1800, 760));
+
+    let mut args = small.to_vec();
+    args.extend(["--plot", &svg]);
+    let out = leangrad(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&svg).expect("the SVG");
+    assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+    assert!(text.contains("intermediate gradients") && text.contains("backward"));
+
+    let (gif, missing) = (path("t.gif"), path("no/such/folder/t.png"));
+    for bad in [&gif, &missing] {
+        let mut args = small.to_vec();
+        args.extend(["--plot", bad]);
+        let out = leangrad(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad}");
+        assert!(stderr.contains(bad.as_str()), "{bad}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }

@@ -74,7 +74,7 @@ fn ledger_counts_the_same_bytes_as_the_cpu() {
     for (shape, dtype) in shapes {
         keep_cpu.push(Tensor::zeros(shape, dtype, Device::Cpu).unwrap());
         let n = shape.iter().product();
-        keep_gpu.push(CudaBuffer::alloc_in(&dev, dtype, n, Category::Other).unwrap());
+        keep_gpu.push(CudaBuffer::alloc_in(&dev, dtype, n, Category::Activation).unwrap());
     }
     let cuda = Device::Cuda(0);
     assert_eq!(ledger.live(cuda), ledger.live(Device::Cpu));

@@ -3,7 +3,7 @@
 //! gradient alive would cost O(n²) buffers; with one buffer per value
 //! (first contribution moved in, later ones added in place) the gradient
 //! peak is linear in n.
-use leangrad::memory::{Category, Ledger};
+use leangrad::memory::Ledger;
 use leangrad::{DType, Device, Tensor};
 
 const CPU: Device = Device::Cpu;
@@ -45,7 +45,7 @@ fn peak_gradient_bytes(n: usize) -> usize {
     let (x0, loss) = chain(n);
     ledger.reset_peak();
     loss.backward().unwrap();
-    let peak = ledger.peak_in(CPU, Category::Gradient);
+    let peak = ledger.peak_gradients(CPU);
     let grad = x0.grad().unwrap().to_vec::<f32>().unwrap();
     assert!(
         grad.iter().all(|&g| g == expected_grad(n)),

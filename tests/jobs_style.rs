@@ -195,11 +195,13 @@ fn only_the_image_gets_a_gradient() {
     }
     let grad = t.image().grad().expect("the image has a gradient");
     assert_eq!(grad.shape(), &[1, 3, 12, 15]);
-    // The image's gradient is the only gradient left, and nothing is saved.
+    // The image's gradient is the only gradient left (an input's, not a
+    // parameter's), and nothing is saved.
     assert_eq!(
-        ledger.live_in(Device::Cpu, Category::Gradient),
+        ledger.live_in(Device::Cpu, Category::InputGradient),
         3 * 12 * 15 * 4
     );
+    assert_eq!(ledger.live_gradients(Device::Cpu), 3 * 12 * 15 * 4);
     assert_eq!(ledger.live_in(Device::Cpu, Category::Saved), 0);
 }
 

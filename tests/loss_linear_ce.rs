@@ -182,7 +182,7 @@ fn gpt2_lm_loss_matches_hugging_face_and_the_unfused_head() {
 
 /// One forward and backward of the op on `device` in a fresh ledger:
 /// (saved bytes after forward, the ledger's peak by category).
-fn step_bytes(device: Device, rows: usize) -> (usize, usize, usize, usize) {
+fn step_bytes(device: Device, rows: usize) -> (usize, usize, usize, (usize, usize)) {
     let (n, d, v) = (64, 8, 1000);
     let ledger = Ledger::new();
     let _l = ledger.enter();
@@ -213,7 +213,10 @@ fn step_bytes(device: Device, rows: usize) -> (usize, usize, usize, usize) {
         saved,
         ledger.peak_in(device, Category::Workspace),
         ledger.peak(device),
-        ledger.peak_in(device, Category::Gradient),
+        (
+            ledger.peak_in(device, Category::ParameterGradient),
+            ledger.peak_in(device, Category::InputGradient),
+        ),
     )
 }
 
@@ -233,8 +236,8 @@ fn saves_only_the_hidden_states_and_holds_one_chunk_of_logits() {
         peak - inputs < whole_logits,
         "peak {peak} holds the logits ({whole_logits})"
     );
-    // The gradients of h and W, and nothing else counted as gradient.
-    assert!(gradient >= (n * d + v * d) * 4);
+    // W's gradient is a parameter's, h's an input's: each exactly its size.
+    assert_eq!(gradient, (v * d * 4, n * d * 4));
     // The meta device predicts the same bytes.
     assert_eq!(
         step_bytes(Device::Meta, rows),

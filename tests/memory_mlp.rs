@@ -148,7 +148,8 @@ fn saved_bytes_are_exact_and_only_fall_during_backward_and_nothing_leaks() {
         params + collected,
         "parameters plus gradients, nothing else"
     );
-    assert_eq!(ledger.live_in(CPU, Category::Gradient), params);
+    assert_eq!(ledger.live_gradients(CPU), params);
+    assert_eq!(ledger.live_in(CPU, Category::ParameterGradient), params);
     KEEP.with(|k| k.borrow_mut().clear());
     assert_eq!(ledger.live(CPU), params);
 }
@@ -176,7 +177,7 @@ fn collected_grads_path_leaves_parameters_plus_grads() {
     assert_eq!(grads, params);
     assert_eq!(ledger.live(CPU), params + grads);
     assert_eq!(ledger.live_in(CPU, Category::Saved), 0);
-    assert_eq!(ledger.live_in(CPU, Category::Other), 0);
+    assert_eq!(ledger.live_in(CPU, Category::Activation), 0);
 }
 
 #[test]

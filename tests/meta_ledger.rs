@@ -54,14 +54,13 @@ fn assert_meta_equals_cpu(model: &str, build: &Build, input: StepInput, case: Ca
             c.device = m.device.clone();
             assert!(c.peak_total > 0, "{what}");
             // Taken at the end of the step: the model and its state are alive.
-            assert!(c.live.parameter > 0 && c.live_total > 0, "{what}");
+            assert!(c.live.parameters > 0 && c.live_total > 0, "{what}");
             assert!(!c.saved_by_layer.is_empty(), "{what}");
             assert_eq!(c.peak, m.peak, "{what}: peak by category");
             assert_eq!(c.live, m.live, "{what}: live by category");
-            assert_eq!(
-                c.parameter_gradient_peak, m.parameter_gradient_peak,
-                "{what}: parameter gradient peak"
-            );
+            assert_eq!(c.at_peak, m.at_peak, "{what}: the moment of the peak");
+            assert_eq!(c.at_peak.bytes.total(), c.peak_total, "{what}: rows add up");
+            assert_eq!(c.gradients_peak, m.gradients_peak, "{what}: gradient peak");
             assert_eq!(c.saved_by_layer, m.saved_by_layer, "{what}: saved by layer");
             assert_eq!(c, m, "{what}: whole report");
         }
@@ -161,9 +160,10 @@ fn full_size_resnet18_step_on_meta() {
     let params = 11_689_512 * 4;
     // BatchNorm buffers count as parameters too: running mean and variance
     // of 4800 channels (f32) and 20 `num_batches_tracked` (i64).
-    assert_eq!(lean.peak.parameter, params + 2 * 4800 * 4 + 20 * 8);
+    assert_eq!(lean.peak.parameters, params + 2 * 4800 * 4 + 20 * 8);
     assert_eq!(lean.peak.optimizer_state, params); // momentum
-    assert!(lean.peak.gradient >= params);
+    assert!(lean.gradients_peak >= params);
+    assert_eq!(lean.peak.parameter_gradients, params);
     // Activations of ResNet-18 at batch 64: a few GiB under save-all.
     assert!(
         all.peak.saved > (1 << 30) && all.peak.saved < (8 << 30),
@@ -232,7 +232,7 @@ fn meta_tensors_have_shapes_and_no_data() {
     let m = c.to_device(Device::Meta).unwrap();
     assert_eq!(m.shape(), c.shape());
     assert_eq!(
-        ledger.live_in(Device::Meta, Category::Other),
+        ledger.live_in(Device::Meta, Category::Activation),
         ledger.live(Device::Meta)
     );
 }

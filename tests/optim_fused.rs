@@ -298,16 +298,16 @@ fn peak_gradient_bytes_fused_vs_usual() {
                 "sgd" => sgd.backward_step(&loss).unwrap(),
                 _ => adam.backward_step(&loss).unwrap(),
             };
-            let peak = ledger.peak_in(CPU, Category::Gradient);
+            let peak = ledger.peak_gradients(CPU);
             assert_eq!(peak, expected_fused_peak(), "{alg} fused, step {step}");
             // Of those, gradients that reached a parameter: one at a time,
             // the largest single parameter gradient.
             assert_eq!(
-                ledger.peak_param_gradients(CPU),
+                ledger.peak_in(CPU, Category::ParameterGradient),
                 WEIGHT,
                 "{alg} fused, step {step}"
             );
-            assert_eq!(ledger.live_in(CPU, Category::Gradient), 0);
+            assert_eq!(ledger.live_gradients(CPU), 0);
             println!("{alg} fused peak gradient bytes: {peak}");
         }
         drop(sgd);
@@ -318,15 +318,19 @@ fn peak_gradient_bytes_fused_vs_usual() {
         let loss = deep_loss(&layers, 9);
         ledger.reset_peak();
         loss.backward().unwrap();
-        let peak = ledger.peak_in(CPU, Category::Gradient);
+        let peak = ledger.peak_gradients(CPU);
         assert_eq!(peak, expected_usual_peak(total), "usual");
         // Every parameter gradient is kept: their sum.
-        assert_eq!(ledger.peak_param_gradients(CPU), total, "usual");
-        assert_eq!(ledger.live_in(CPU, Category::Gradient), total);
+        assert_eq!(
+            ledger.peak_in(CPU, Category::ParameterGradient),
+            total,
+            "usual"
+        );
+        assert_eq!(ledger.live_gradients(CPU), total);
         println!("usual peak gradient bytes: {peak} (parameters: {total})");
         opt.step().unwrap();
         opt.zero_grad();
-        assert_eq!(ledger.live_in(CPU, Category::Gradient), 0);
+        assert_eq!(ledger.live_gradients(CPU), 0);
     }
 }
 
@@ -435,7 +439,7 @@ fn accumulation_buffers_count_as_gradients() {
     for micro in 0..3 {
         let loss = deep_loss(&layers, 50 + micro);
         opt.backward_step(&loss).unwrap();
-        let live = ledger.live_in(CPU, Category::Gradient);
+        let live = ledger.live_gradients(CPU);
         if micro < 2 {
             assert_eq!(opt.accumulation_bytes(), total);
             assert_eq!(live, total, "one buffer per parameter");
@@ -459,19 +463,13 @@ fn global_norm_two_pass_keeps_the_fused_peak() {
         ledger.reset_peak();
         let norm = opt.backward_norm_pass(&first).unwrap();
         assert!(norm > 0.5, "clipping engages: {norm}");
-        assert_eq!(
-            ledger.peak_in(CPU, Category::Gradient),
-            expected_fused_peak()
-        );
-        assert_eq!(ledger.live_in(CPU, Category::Gradient), 0);
+        assert_eq!(ledger.peak_gradients(CPU), expected_fused_peak());
+        assert_eq!(ledger.live_gradients(CPU), 0);
         let second = deep_loss(&layers, 60 + step);
         ledger.reset_peak();
         opt.backward_step(&second).unwrap();
-        assert_eq!(
-            ledger.peak_in(CPU, Category::Gradient),
-            expected_fused_peak()
-        );
-        assert_eq!(ledger.live_in(CPU, Category::Gradient), 0);
+        assert_eq!(ledger.peak_gradients(CPU), expected_fused_peak());
+        assert_eq!(ledger.live_gradients(CPU), 0);
     }
 }
 
@@ -496,13 +494,16 @@ fn last_micro_batch_peak_is_the_buffers_plus_the_fused_peak() {
         opt.backward_step(&loss).unwrap();
         if micro == 2 {
             assert_eq!(
-                ledger.peak_in(CPU, Category::Gradient),
+                ledger.peak_gradients(CPU),
                 total - BIAS + expected_fused_peak()
             );
             // Parameter gradients: the buffers (all but the top bias's, freed
             // first) plus the one weight gradient being added in.
-            assert_eq!(ledger.peak_param_gradients(CPU), total - BIAS + WEIGHT);
+            assert_eq!(
+                ledger.peak_in(CPU, Category::ParameterGradient),
+                total - BIAS + WEIGHT
+            );
         }
     }
-    assert_eq!(ledger.live_in(CPU, Category::Gradient), 0);
+    assert_eq!(ledger.live_gradients(CPU), 0);
 }

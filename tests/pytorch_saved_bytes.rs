@@ -57,7 +57,7 @@ fn save_all_keeps_what_pytorch_keeps_and_lean_never_more() {
         };
         let p = plan(&r.model, &spec).unwrap();
         let lean = p.lean.report.peak.saved;
-        let all = p.save_all.report.peak.saved;
+        let all = p.pytorch.report.peak.saved;
         let what = format!("{} batch {} {}", r.model, r.batch, r.case);
         // The measured differences, all explained: PyTorch also saves
         // nll_loss's 4-byte total weight; its addmm skips the classifier's

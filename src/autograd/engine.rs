@@ -13,7 +13,7 @@
 
 use super::node::node_of;
 use super::{no_grad, Edge, Node};
-use crate::memory::{with_category, Category};
+use crate::memory::{attribute_to_scope, note_op, with_category, Category};
 use crate::tensor::{Leaf, Tensor};
 use crate::{Error, Result};
 use std::collections::{BinaryHeap, HashMap};
@@ -39,10 +39,10 @@ impl GradientSink for CollectGrads {
     fn gradient_ready(
         &mut self,
         leaf: &Arc<Leaf>,
-        _param: Option<&Tensor>,
+        param: Option<&Tensor>,
         grad: Tensor,
     ) -> Result<()> {
-        let merged = merge_param_gradient(leaf.take_grad(), grad)?;
+        let merged = merge_leaf_gradient(leaf.take_grad(), grad, param)?;
         leaf.set_grad(Some(merged));
         Ok(())
     }
@@ -83,15 +83,28 @@ impl Tensor {
     }
 }
 
-/// A parameter's gradient buffer after adding `grad` to what it held (if
-/// anything), counted as a parameter gradient in the ledger.
-pub fn merge_param_gradient(existing: Option<Tensor>, grad: Tensor) -> Result<Tensor> {
+/// A leaf's gradient buffer after adding `grad` to what it held (if
+/// anything), counted in the ledger as the gradient of `leaf` (see
+/// [`mark_leaf_gradient`]).
+pub fn merge_leaf_gradient(
+    existing: Option<Tensor>,
+    grad: Tensor,
+    leaf: Option<&Tensor>,
+) -> Result<Tensor> {
     let merged = match existing {
         None => grad,
         Some(existing) => accumulate(existing, grad)?,
     };
-    merged.storage().allocation().mark_param_gradient();
+    mark_leaf_gradient(&merged, leaf);
     Ok(merged)
+}
+
+/// Counts `grad` in the ledger as a gradient that reached `leaf`: a
+/// parameter gradient when the leaf's storage is a parameter, an input
+/// gradient otherwise (an input image, or a leaf no longer alive).
+pub fn mark_leaf_gradient(grad: &Tensor, leaf: Option<&Tensor>) {
+    let is_parameter = leaf.is_some_and(|t| t.memory_category() == Some(Category::Parameter));
+    grad.storage().allocation().mark_leaf_gradient(is_parameter);
 }
 
 /// Adds `incoming` to `existing`, in place when `existing` (or else
@@ -144,8 +157,10 @@ pub fn backward_with(
     grad_output: Option<Tensor>,
     sink: &mut dyn GradientSink,
 ) -> Result<()> {
-    let _grad_category = with_category(Category::Gradient);
+    let _grad_category = with_category(Category::IntermediateGradient);
     let _no_grad = no_grad();
+    // Allocations before the first node (the seed) are the backward's own.
+    note_op("backward");
     let seed = match grad_output {
         Some(g) => {
             if g.shape() != root.shape() || g.dtype() != root.dtype() {
@@ -166,7 +181,7 @@ pub fn backward_with(
         }
     };
     if let Some(leaf) = root.leaf() {
-        seed.storage().allocation().mark_param_gradient();
+        mark_leaf_gradient(&seed, Some(root));
         return sink.gradient_ready(leaf, Some(root), seed);
     }
     let Some(root_node) = node_of(root) else {
@@ -207,6 +222,9 @@ pub fn backward_with(
     let mut ready = BinaryHeap::from([Ready(root_node)]);
     while let Some(Ready(node)) = ready.pop() {
         let grad = node_grads.remove(&node.seq());
+        // What this node allocates is reported under the layer that recorded it.
+        let _site = attribute_to_scope(node.scope().cloned());
+        note_op(node.name());
         let op = node.take_backward().ok_or_else(|| {
             Error::Backward(format!(
                 "{} was already run by another backward",
@@ -259,7 +277,7 @@ pub fn backward_with(
                         add_pending(&mut leaf_grads, leaf.id(), g)?;
                     }
                     if let Some(g) = leaf_grads.get(&leaf.id()) {
-                        g.storage().allocation().mark_param_gradient();
+                        mark_leaf_gradient(g, leaf.tensor().as_ref());
                     }
                     let d = leaf_deps.get_mut(&leaf.id()).expect("counted in the walk");
                     *d -= 1;

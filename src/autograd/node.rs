@@ -43,6 +43,8 @@ pub struct InputEdge {
 pub struct Node {
     seq: u64,
     name: &'static str,
+    /// The layer path the op ran in (its backward is reported there).
+    scope: Option<Arc<str>>,
     backward: Mutex<Option<Box<dyn BackwardOp>>>,
     inputs: Vec<Option<InputEdge>>,
 }
@@ -57,6 +59,11 @@ impl Node {
     /// The op's name.
     pub fn name(&self) -> &'static str {
         self.name
+    }
+
+    /// The layer path the op was recorded in (`None` outside any layer).
+    pub fn scope(&self) -> Option<&Arc<str>> {
+        self.scope.as_ref()
     }
 
     /// Edges to the inputs (`None` where the input does not require grad).
@@ -136,6 +143,7 @@ pub fn attach(output: Tensor, inputs: &[&Tensor], op: impl BackwardOp + 'static)
     let node = Node {
         seq: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
         name: op.name(),
+        scope: crate::memory::current_scope_path(),
         backward: Mutex::new(Some(Box::new(op))),
         inputs: edges,
     };

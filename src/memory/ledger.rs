@@ -1,54 +1,15 @@
-//! The ledger itself: exact live and peak bytes per device and category.
+//! The ledger itself: exact live and peak bytes per device and category,
+//! the moment of each device's peak, and (when asked) the timeline.
 
-use super::report::{CategoryBytes, DeviceReport, LayerBytes, MemoryReport};
-use super::Category;
+use super::report::{CategoryBytes, DeviceReport, LayerBytes, MemoryReport, PeakMoment};
+use super::scope::{current_site, note_op};
+use super::stats::{DeviceStats, Site};
+use super::timeline::{EventKind, TimelineEvent};
+use super::{Category, Phase};
 use crate::{Device, Error, Result};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-
-#[derive(Default)]
-struct DeviceStats {
-    live: [usize; 6],
-    peak: [usize; 6],
-    live_total: usize,
-    peak_total: usize,
-    allocations: u64,
-    limit: Option<usize>,
-    param_grad_live: usize,
-    param_grad_peak: usize,
-    saved_live: BTreeMap<Arc<str>, usize>,
-    saved_peak: BTreeMap<Arc<str>, usize>,
-}
-
-impl DeviceStats {
-    fn add(&mut self, category: Category, bytes: usize) {
-        let i = category.index();
-        self.live[i] += bytes;
-        self.peak[i] = self.peak[i].max(self.live[i]);
-        self.live_total += bytes;
-        self.peak_total = self.peak_total.max(self.live_total);
-    }
-
-    fn sub(&mut self, category: Category, bytes: usize) {
-        self.live[category.index()] -= bytes;
-        self.live_total -= bytes;
-    }
-
-    fn add_saved(&mut self, label: &Arc<str>, bytes: usize) {
-        let live = self.saved_live.entry(label.clone()).or_default();
-        *live += bytes;
-        let live = *live;
-        let peak = self.saved_peak.entry(label.clone()).or_default();
-        *peak = (*peak).max(live);
-    }
-
-    fn sub_saved(&mut self, label: &Arc<str>, bytes: usize) {
-        if let Some(live) = self.saved_live.get_mut(label) {
-            *live -= bytes;
-        }
-    }
-}
 
 struct Entry {
     device: Device,
@@ -56,20 +17,29 @@ struct Entry {
     base: Category,
     saved_refs: usize,
     saved_label: Option<Arc<str>>,
-    param_grad: bool,
+    /// Set once the bytes hold a leaf's gradient: [`Category::ParameterGradient`]
+    /// or [`Category::InputGradient`].
+    leaf_gradient: Option<Category>,
+}
+
+/// Parameters and optimizer state are alive regardless of the graph:
+/// saving them keeps nothing extra alive, and they never become gradients.
+fn is_model_state(category: Category) -> bool {
+    matches!(category, Category::Parameter | Category::OptimizerState)
 }
 
 impl Entry {
-    /// Saving a parameter or optimizer state keeps nothing extra alive.
     fn counts_as_saved(&self) -> bool {
-        self.saved_refs > 0 && !matches!(self.base, Category::Parameter | Category::OptimizerState)
+        self.saved_refs > 0 && !is_model_state(self.base)
     }
 
     fn effective(&self) -> Category {
         if self.counts_as_saved() {
             Category::Saved
-        } else {
+        } else if is_model_state(self.base) {
             self.base
+        } else {
+            self.leaf_gradient.unwrap_or(self.base)
         }
     }
 }
@@ -79,16 +49,47 @@ struct LedgerState {
     next_id: u64,
     entries: HashMap<u64, Entry>,
     devices: BTreeMap<Device, DeviceStats>,
+    phase: Phase,
+    /// `Some` while the timeline is recorded.
+    timeline: Option<Vec<TimelineEvent>>,
 }
 
 impl LedgerState {
+    /// Appends an event, if the timeline is recorded.
+    fn record(
+        &mut self,
+        kind: EventKind,
+        device: Device,
+        bytes: usize,
+        category: Category,
+        from: Option<Category>,
+    ) {
+        let Some(timeline) = self.timeline.as_mut() else {
+            return;
+        };
+        let (scope, op) = current_site();
+        let live = self.devices.get(&device).map_or(0, |s| s.live_total);
+        timeline.push(TimelineEvent {
+            kind,
+            device,
+            bytes,
+            category,
+            from,
+            scope,
+            op,
+            phase: self.phase,
+            live,
+        });
+    }
+
     /// Removes an entry's bytes from the stats, applies `change`, adds them back.
     fn recount(&mut self, id: u64, change: impl FnOnce(&mut Entry)) {
         let Some(entry) = self.entries.get_mut(&id) else {
             return;
         };
+        let before = entry.effective();
         let stats = self.devices.entry(entry.device).or_default();
-        stats.sub(entry.effective(), entry.bytes);
+        stats.sub(before, entry.bytes);
         if entry.counts_as_saved() {
             if let Some(label) = &entry.saved_label {
                 stats.sub_saved(label, entry.bytes);
@@ -98,11 +99,17 @@ impl LedgerState {
         if entry.saved_refs == 0 {
             entry.saved_label = None;
         }
-        stats.add(entry.effective(), entry.bytes);
+        let after = entry.effective();
+        // The same bytes come back: the total cannot reach a new peak here.
+        stats.add(after, entry.bytes);
         if entry.counts_as_saved() {
             if let Some(label) = &entry.saved_label {
                 stats.add_saved(label, entry.bytes);
             }
+        }
+        if before != after {
+            let (device, bytes) = (entry.device, entry.bytes);
+            self.record(EventKind::Move, device, bytes, after, Some(before));
         }
     }
 }
@@ -151,6 +158,41 @@ impl Ledger {
         LedgerGuard(())
     }
 
+    /// Turns the timeline on or off: while on, every allocation, free and
+    /// change of category on any device is kept as a [`TimelineEvent`]
+    /// (`Ledger::new().record_timeline(true)`). Off by default; off, the
+    /// ledger keeps no events and reads no extra context.
+    pub fn record_timeline(self, on: bool) -> Ledger {
+        {
+            let mut st = self.state();
+            match (on, st.timeline.is_some()) {
+                (true, false) => st.timeline = Some(Vec::new()),
+                (false, true) => st.timeline = None,
+                _ => {}
+            }
+        }
+        self
+    }
+
+    /// The events recorded so far (empty unless [`Ledger::record_timeline`]
+    /// is on), in order, every device together.
+    pub fn timeline(&self) -> Vec<TimelineEvent> {
+        self.state().timeline.clone().unwrap_or_default()
+    }
+
+    /// Marks the start of a phase of a training step: the peak and the
+    /// timeline events from now on carry it (and no op of the previous
+    /// phase is named for them on this thread).
+    pub fn set_phase(&self, phase: Phase) {
+        self.state().phase = phase;
+        note_op("");
+    }
+
+    /// The phase set last ([`Phase::Setup`] at first).
+    pub fn phase(&self) -> Phase {
+        self.state().phase
+    }
+
     fn state(&self) -> MutexGuard<'_, LedgerState> {
         // A poisoned ledger still holds correct counts: each update is done
         // under the lock in one step.
@@ -167,6 +209,7 @@ impl Ledger {
     /// uncounted when the returned handle drops.
     pub fn register(&self, device: Device, bytes: usize, category: Category) -> Result<Allocation> {
         let mut st = self.state();
+        let phase = st.phase;
         let stats = st.devices.entry(device).or_default();
         // Past usize (only the meta device, which holds no data, gets
         // there) is out of memory too.
@@ -176,8 +219,16 @@ impl Ledger {
             drop(st);
             return Err(self.out_of_memory(device, bytes, live));
         }
-        stats.add(category, bytes);
         stats.allocations += 1;
+        if stats.add(category, bytes) {
+            let (scope, op) = current_site();
+            stats.peak_site = Site {
+                scope,
+                op,
+                phase,
+                allocation: stats.allocations,
+            };
+        }
         let id = st.next_id;
         st.next_id += 1;
         st.entries.insert(
@@ -188,9 +239,10 @@ impl Ledger {
                 base: category,
                 saved_refs: 0,
                 saved_label: None,
-                param_grad: false,
+                leaf_gradient: None,
             },
         );
+        st.record(EventKind::Alloc, device, bytes, category, None);
         Ok(Allocation {
             ledger: self.clone(),
             id,
@@ -240,16 +292,21 @@ impl Ledger {
         self.with_stats(device, |s| s.allocations)
     }
 
-    /// Live bytes of gradients that have reached a parameter (a leaf): the
-    /// pending gradient of a leaf, its `.grad`, an accumulation buffer.
-    /// Activation gradients in flight between ops are not included.
-    pub fn live_param_gradients(&self, device: Device) -> usize {
-        self.with_stats(device, |s| s.param_grad_live)
+    /// Live bytes of the three gradient categories together.
+    pub fn live_gradients(&self, device: Device) -> usize {
+        self.with_stats(device, |s| s.gradients_live)
     }
 
-    /// Peak of [`Ledger::live_param_gradients`].
-    pub fn peak_param_gradients(&self, device: Device) -> usize {
-        self.with_stats(device, |s| s.param_grad_peak)
+    /// The most bytes the three gradient categories held at once (each
+    /// category's own peak is [`Ledger::peak_in`]).
+    pub fn peak_gradients(&self, device: Device) -> usize {
+        self.with_stats(device, |s| s.gradients_peak)
+    }
+
+    /// Live bytes by category at the first moment the peak of `device` was
+    /// reached; they add up to [`Ledger::peak`].
+    pub fn at_peak(&self, device: Device) -> CategoryBytes {
+        self.with_stats(device, |s| CategoryBytes::from_array(s.at_peak))
     }
 
     /// Live saved-for-backward bytes on `device`, by the layer/op that saved them.
@@ -263,16 +320,19 @@ impl Ledger {
         })
     }
 
-    /// Makes every peak equal to the current live value.
+    /// Makes every peak equal to the current live value (the peak moment
+    /// becomes now).
     pub fn reset_peak(&self) {
         let mut st = self.state();
+        let (scope, op) = current_site();
+        let now = Site {
+            scope,
+            op,
+            phase: st.phase,
+            allocation: 0,
+        };
         for s in st.devices.values_mut() {
-            s.peak = s.live;
-            s.peak_total = s.live_total;
-            s.param_grad_peak = s.param_grad_live;
-            for (k, v) in s.saved_peak.iter_mut() {
-                *v = s.saved_live.get(k).copied().unwrap_or(0);
-            }
+            s.reset_peak(now.clone());
         }
     }
 
@@ -300,8 +360,15 @@ impl Ledger {
                     allocations: s.allocations,
                     live: CategoryBytes::from_array(s.live),
                     peak: CategoryBytes::from_array(s.peak),
-                    parameter_gradient_live: s.param_grad_live,
-                    parameter_gradient_peak: s.param_grad_peak,
+                    at_peak: PeakMoment {
+                        bytes: CategoryBytes::from_array(s.at_peak),
+                        phase: s.peak_site.phase,
+                        scope: s.peak_site.scope.as_deref().unwrap_or("").to_string(),
+                        op: s.peak_site.op.to_string(),
+                        allocation: s.peak_site.allocation,
+                    },
+                    gradients_live: s.gradients_live,
+                    gradients_peak: s.gradients_peak,
                     saved_by_layer,
                 }
             })
@@ -314,16 +381,15 @@ impl Ledger {
         let Some(entry) = st.entries.remove(&id) else {
             return;
         };
+        let category = entry.effective();
         let stats = st.devices.entry(entry.device).or_default();
-        stats.sub(entry.effective(), entry.bytes);
-        if entry.param_grad {
-            stats.param_grad_live -= entry.bytes;
-        }
+        stats.sub(category, entry.bytes);
         if entry.counts_as_saved() {
             if let Some(label) = &entry.saved_label {
                 stats.sub_saved(label, entry.bytes);
             }
         }
+        st.record(EventKind::Free, entry.device, entry.bytes, category, None);
     }
 }
 
@@ -357,21 +423,22 @@ impl Allocation {
             .recount(self.id, |e| e.saved_refs = e.saved_refs.saturating_sub(1));
     }
 
-    /// Records that this allocation holds a parameter's (leaf's) gradient;
-    /// counted once, until it is freed.
-    pub fn mark_param_gradient(&self) {
-        let mut st = self.ledger.state();
-        let Some(entry) = st.entries.get_mut(&self.id) else {
-            return;
+    /// Records that this allocation holds a leaf's gradient, from now until
+    /// it is freed: counted as [`Category::ParameterGradient`] when the leaf
+    /// is a parameter, else as [`Category::InputGradient`]. The first call
+    /// decides; parameters and optimizer state are never moved.
+    pub fn mark_leaf_gradient(&self, leaf_is_parameter: bool) {
+        let kind = if leaf_is_parameter {
+            Category::ParameterGradient
+        } else {
+            Category::InputGradient
         };
-        if entry.param_grad {
-            return;
+        let mut st = self.ledger.state();
+        match st.entries.get(&self.id) {
+            Some(e) if e.leaf_gradient.is_none() && !is_model_state(e.base) => {}
+            _ => return,
         }
-        entry.param_grad = true;
-        let (device, bytes) = (entry.device, entry.bytes);
-        let stats = st.devices.entry(device).or_default();
-        stats.param_grad_live += bytes;
-        stats.param_grad_peak = stats.param_grad_peak.max(stats.param_grad_live);
+        st.recount(self.id, |e| e.leaf_gradient = Some(kind));
     }
 
     /// The allocation's own category (what it returns to when no longer saved).

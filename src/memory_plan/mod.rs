@@ -1,7 +1,8 @@
 //! `leangrad memory`: the memory of one whole training step of a model,
 //! predicted on the meta device (no data, no arithmetic: seconds for a
 //! full-size model) or measured on the CPU, under the lean save policy and
-//! under save-all side by side.
+//! under the save-everything policy (what PyTorch's autograd keeps) side by
+//! side.
 //!
 //! One step is: build the model (parameters counted), apply the
 //! [`Case`] (which parameters train, whether the input needs a gradient,
@@ -9,7 +10,11 @@
 //! cross-entropy loss, backward and an optimizer step (the usual
 //! `backward` + `step`, or the fused `backward_step`). Everything runs in a
 //! fresh [`Ledger`], so the report is exactly that step's allocations; on
-//! meta it equals the CPU's byte for byte (`tests/meta_ledger.rs`).
+//! meta it equals the CPU's byte for byte (`tests/meta_ledger.rs`). The
+//! step marks its phases on the ledger ([`Phase`]: setup, forward and loss,
+//! backward — with the updates when fused — and the optimizer step), and
+//! can record the ledger's timeline ([`run_step_recording`]), which
+//! [`plot`] draws.
 //!
 //! Models come from [`MODELS`], a table of names, constructors and input
 //! kinds: adding a model is one entry. The step's forward and loss:
@@ -33,7 +38,7 @@
 //! of the word-embedding lookup (`forward_embeds`).
 
 use crate::autograd::{save_policy, with_save_policy, SavePolicy};
-use crate::memory::{DeviceReport, Ledger, MemoryReport};
+use crate::memory::{DeviceReport, Ledger, MemoryReport, Phase, TimelineEvent};
 use crate::models::Case;
 use crate::ops::CrossEntropyOptions;
 use crate::optim::{Adam, Algorithm, Optimizer, Sgd};
@@ -41,11 +46,13 @@ use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
 
 mod models;
+pub mod plot;
 mod report;
 
 pub use models::{
     find_model, parse_case, BuildFn, InputKind, ModelEntry, StepInput, StepModel, MODELS,
 };
+pub use report::LayerComparison;
 use std::fmt::Display;
 use std::time::Instant;
 
@@ -124,11 +131,16 @@ fn display<T: Display, S: serde::Serializer>(d: &T, s: S) -> std::result::Result
 /// The ledger of one step under one policy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct StepMemory {
-    /// Peak bytes by category, peak total, live bytes at the end of the
-    /// step (model, gradients, optimizer state, input and loss still
-    /// alive), parameter-gradient peak and saved bytes by layer, on the
-    /// step's device.
+    /// On the step's device: the breakdown by category at the moment of
+    /// the peak (and where it was reached), each category's own peak, the
+    /// peak total, live bytes at the end of the step (model, gradients,
+    /// optimizer state, input and loss still alive) and saved bytes by
+    /// layer.
     pub report: DeviceReport,
+    /// The step's device's timeline, when it was recorded (not part of the
+    /// plan's JSON: [`MemoryPlan::timeline_json`] writes it).
+    #[serde(skip)]
+    pub timeline: Option<Vec<TimelineEvent>>,
 }
 
 /// Runs one training step of the model made by `build` (inside a fresh
@@ -139,6 +151,17 @@ pub fn run_step(
     build: &dyn Fn(DType, Device) -> Result<Box<dyn StepModel>>,
     spec: &StepSpec,
     policy: SavePolicy,
+) -> Result<StepMemory> {
+    run_step_recording(build, spec, policy, false)
+}
+
+/// [`run_step`], also recording the ledger's timeline when `timeline` is
+/// true (the report is the same either way).
+pub fn run_step_recording(
+    build: &dyn Fn(DType, Device) -> Result<Box<dyn StepModel>>,
+    spec: &StepSpec,
+    policy: SavePolicy,
+    timeline: bool,
 ) -> Result<StepMemory> {
     if spec.batch == 0 || spec.classes == 0 || spec.input.is_empty() {
         return Err(Error::InvalidArgument {
@@ -153,9 +176,11 @@ pub fn run_step(
         });
     }
     let input_grad = spec.case.input_requires_grad();
-    let ledger = Ledger::new();
-    let report = {
+    let ledger = Ledger::new().record_timeline(timeline);
+    let (report, mut events) = {
         let _l = ledger.enter();
+        // Also forgets the op that ran last on this thread: it was not this step's.
+        ledger.set_phase(Phase::Setup);
         let mut model = build(spec.dtype, spec.device)?;
         spec.case.apply(model.as_mut())?;
         let params: Vec<Tensor> = model
@@ -213,12 +238,17 @@ pub fn run_step(
             op: "memory",
             msg: format!("nothing was allocated on {}", spec.device),
         })?;
-    Ok(StepMemory { report })
+    let timeline = timeline.then(|| {
+        events.retain(|e| e.device == spec.device);
+        events
+    });
+    Ok(StepMemory { report, timeline })
 }
 
-/// Forward, loss, backward and update with `opt`; returns the ledger's
-/// report at the end of the step, while the model, its gradients, the
-/// optimizer state, the input and the loss are still alive.
+/// Forward, loss, backward and update with `opt`, each phase marked on
+/// `ledger`; returns the ledger's report and timeline at the end of the
+/// step, while the model, its gradients, the optimizer state, the input and
+/// the loss are still alive (what is freed afterwards is not the step's).
 fn step<A: Algorithm>(
     model: &dyn StepModel,
     x: &Tensor,
@@ -226,7 +256,8 @@ fn step<A: Algorithm>(
     mut opt: Optimizer<A>,
     fused: bool,
     ledger: &Ledger,
-) -> Result<MemoryReport> {
+) -> Result<(MemoryReport, Vec<TimelineEvent>)> {
+    ledger.set_phase(Phase::Forward);
     // The PyTorch policy measures PyTorch's own path (the whole logits,
     // then cross-entropy); the lean one takes the model's leanest loss.
     let loss = if save_policy() == SavePolicy::SaveAll {
@@ -236,16 +267,19 @@ fn step<A: Algorithm>(
     } else {
         model.step_loss(x, targets)?
     };
+    ledger.set_phase(Phase::Backward);
     if fused {
         opt.backward_step(&loss)?;
     } else {
         loss.backward()?;
+        ledger.set_phase(Phase::Optimizer);
         opt.step()?;
     }
-    Ok(ledger.report())
+    Ok((ledger.report(), ledger.timeline()))
 }
 
-/// The lean policy next to save-all for one model and step.
+/// The lean policy next to what PyTorch's autograd keeps, for one model
+/// and step.
 #[derive(Clone, Debug, Serialize)]
 pub struct MemoryPlan {
     /// The model's name.
@@ -254,8 +288,12 @@ pub struct MemoryPlan {
     pub spec: StepSpec,
     /// Under the lean policy (the default).
     pub lean: StepMemory,
-    /// Under the save-everything policy (what PyTorch keeps).
-    pub save_all: StepMemory,
+    /// Under the save-everything policy: what PyTorch's autograd keeps
+    /// ([`SavePolicy::SaveAll`]).
+    pub pytorch: StepMemory,
+    /// Every layer that saved bytes for backward under either policy, with
+    /// both policies' bytes, largest difference first.
+    pub layers: Vec<LayerComparison>,
     /// Wall-clock seconds for both steps.
     pub seconds: f64,
 }
@@ -263,6 +301,11 @@ pub struct MemoryPlan {
 /// Plans (meta) or measures (CPU) one step of the model `name` of
 /// [`MODELS`] under both policies.
 pub fn plan(name: &str, spec: &StepSpec) -> Result<MemoryPlan> {
+    plan_recording(name, spec, false)
+}
+
+/// [`plan`], also recording both steps' timelines when `timeline` is true.
+pub fn plan_recording(name: &str, spec: &StepSpec, timeline: bool) -> Result<MemoryPlan> {
     let entry = find_model(name)?;
     let matches = matches!(
         (entry.input, spec.input),
@@ -282,13 +325,14 @@ pub fn plan(name: &str, spec: &StepSpec) -> Result<MemoryPlan> {
     };
     let build = move |dtype: DType, device: Device| (entry.build)(classes, size, dtype, device);
     let start = Instant::now();
-    let lean = run_step(&build, spec, SavePolicy::Lean)?;
-    let save_all = run_step(&build, spec, SavePolicy::SaveAll)?;
+    let lean = run_step_recording(&build, spec, SavePolicy::Lean, timeline)?;
+    let pytorch = run_step_recording(&build, spec, SavePolicy::SaveAll, timeline)?;
     Ok(MemoryPlan {
         model: name.to_string(),
         spec: spec.clone(),
+        layers: report::compare_layers(&lean.report, &pytorch.report),
         lean,
-        save_all,
+        pytorch,
         seconds: start.elapsed().as_secs_f64(),
     })
 }

@@ -3,7 +3,7 @@
 //! pass of global-norm clipping, which only adds up squared norms.
 
 use super::{kernels, Algorithm, Optimizer};
-use crate::autograd::engine::merge_param_gradient;
+use crate::autograd::engine::merge_leaf_gradient;
 use crate::autograd::{CollectGrads, GradientSink};
 use crate::tensor::Leaf;
 use crate::{Result, Tensor};
@@ -34,7 +34,7 @@ impl<A: Algorithm> GradientSink for FusedSink<'_, A> {
             return CollectGrads.gradient_ready(leaf, param, grad);
         };
         // The buffer (if any) and this gradient, added as `.grad` would be.
-        let grad = merge_param_gradient(self.opt.buffers.remove(&id), grad)?;
+        let grad = merge_leaf_gradient(self.opt.buffers.remove(&id), grad, Some(param))?;
         match self.mode {
             Mode::Accumulate => {
                 self.opt.buffers.insert(id, grad);

@@ -330,6 +330,8 @@ impl<A: Algorithm> Optimizer<A> {
     /// (parameters without one are skipped, as in PyTorch). With
     /// [`Clip::GlobalNorm`] the total norm is taken over the `.grad`s first.
     pub fn step(&mut self) -> Result<()> {
+        // Allocations before the first update kernel are the step's own.
+        crate::memory::note_op("optimizer step");
         let params: Vec<(usize, Tensor)> = self.trainable().map(|(g, p)| (g, p.clone())).collect();
         let scale = match self.clip {
             Clip::GlobalNorm(max) => {

@@ -128,6 +128,15 @@ fn fresh_copy(src: &Tensor, like: &Tensor, category: Category) -> Result<Tensor>
     Ok(dst)
 }
 
+/// The ledger category of a restored gradient of `param`.
+fn gradient_category(param: &Tensor) -> Category {
+    if param.memory_category() == Some(Category::Parameter) {
+        Category::ParameterGradient
+    } else {
+        Category::InputGradient
+    }
+}
+
 /// Checks that `src` (entry `entry`) can stand for a tensor like `param`.
 fn check_fits(entry: &str, src: &Tensor, param: &Tensor, name: Option<&str>) -> Result<()> {
     let of = name.map(|n| format!(" `{n}`")).unwrap_or_default();
@@ -429,14 +438,14 @@ impl<A: CheckpointHyper> Optimizer<A> {
         }
         let mut new_buffers = HashMap::with_capacity(buffers.len());
         for (leaf, b, t) in buffers {
-            new_buffers.insert(leaf, fresh_copy(b, &t.param, Category::Gradient)?);
+            new_buffers.insert(leaf, fresh_copy(b, &t.param, gradient_category(&t.param))?);
         }
         let new_grads = grads
             .into_iter()
             .map(|(g, t)| {
                 Ok((
                     t.param.clone(),
-                    fresh_copy(g, &t.param, Category::Gradient)?,
+                    fresh_copy(g, &t.param, gradient_category(&t.param))?,
                 ))
             })
             .collect::<Result<Vec<_>>>()?;

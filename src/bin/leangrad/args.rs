@@ -41,7 +41,8 @@ pub enum Command {
         json: bool,
     },
     /// Predict (on the meta device, default) or measure (on the CPU) the
-    /// memory of one training step, lean policy next to save-all.
+    /// memory of one training step, lean policy next to what PyTorch's
+    /// autograd keeps.
     Memory {
         /// The model (full size).
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(MODELS.iter().map(|m| m.name)))]
@@ -80,9 +81,15 @@ pub enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
-        /// How many layers with the most saved bytes to list.
+        /// How many layers to list (most saved by PyTorch's policy over lean first).
         #[arg(long, default_value_t = 10)]
         top: usize,
+        /// Also write every ledger event of both steps to this JSON file.
+        #[arg(long)]
+        timeline: Option<PathBuf>,
+        /// Also draw both steps' memory over time to this PNG or SVG file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
     },
     /// Fine-tune an image classifier on a folder of images (one sub-folder
     /// per class): the head is replaced to match the classes, the backbone

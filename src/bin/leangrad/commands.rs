@@ -8,6 +8,7 @@ use leangrad::demo::{self, DemoOptions};
 use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec};
 use leangrad::{DType, Device};
 use std::ops::ControlFlow;
+use std::path::PathBuf;
 
 /// `auto` (CUDA 0 when it opens, else the CPU), `cpu` or `cuda` (CUDA 0,
 /// an error without one).
@@ -106,6 +107,10 @@ pub struct MemoryArgs {
     pub json: bool,
     /// Layers listed.
     pub top: usize,
+    /// Where to write the ledger events of both steps (JSON).
+    pub timeline: Option<PathBuf>,
+    /// Where to draw both steps' memory over time (PNG or SVG).
+    pub plot: Option<PathBuf>,
 }
 
 /// Predicts or measures one training step's memory.
@@ -159,11 +164,18 @@ pub fn memory(a: MemoryArgs) -> Result<()> {
             .lean
             .report
             .peak_total
-            .max(predicted.save_all.report.peak_total);
+            .max(predicted.pytorch.report.peak_total);
         let what = format!("one {} training step at batch {}", a.model, a.batch);
         spec.device.check_fits(&what, needed)?;
     }
-    let plan = memory_plan::plan(&a.model, &spec)?;
+    let record = a.timeline.is_some() || a.plot.is_some();
+    let plan = memory_plan::plan_recording(&a.model, &spec, record)?;
+    if let Some(path) = &a.timeline {
+        memory_plan::plot::write_timeline(&plan, path)?;
+    }
+    if let Some(path) = &a.plot {
+        memory_plan::plot::write_plot(&plan, path)?;
+    }
     stdout(&if a.json {
         plan.to_json() + "\n"
     } else {

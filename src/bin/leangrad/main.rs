@@ -57,6 +57,8 @@ fn run(cli: Cli) -> Result<()> {
             device,
             json,
             top,
+            timeline,
+            plot,
         } => commands::memory(MemoryArgs {
             model,
             batch,
@@ -70,6 +72,8 @@ fn run(cli: Cli) -> Result<()> {
             device,
             json,
             top,
+            timeline,
+            plot,
         })?,
         Command::Finetune {
             model,

@@ -1,0 +1,378 @@
+//! The memory timeline of a [`MemoryPlan`] made with
+//! [`plan_recording`](super::plan_recording): as JSON
+//! ([`write_timeline`], `leangrad memory --timeline FILE.json`) and as a
+//! plot ([`write_plot`], `--plot FILE.png` or `FILE.svg`).
+//!
+//! The plot has one panel per policy, lean on the left and what PyTorch's
+//! autograd keeps on the right, on the same y axis: the live bytes after
+//! each ledger event (x: the event's position in the step), stacked by
+//! category, over shaded phases (setup, forward, backward, optimizer), with
+//! a line at each panel's peak.
+
+use super::{MemoryPlan, StepInput, StepMemory, StepSpec};
+use crate::memory::TimelineEvent;
+use crate::memory::{human_bytes, replay, Category, CategoryBytes, PeakMoment, Phase};
+use crate::{Error, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde::Serialize;
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// The family name the bundled font is registered under.
+const FONT: &str = "sans-serif";
+/// DejaVu Sans (see `assets/fonts/LICENSE-DejaVu.txt`): text is drawn with
+/// it on every machine, without system font libraries.
+static FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+/// Pixels of the PNG (and units of the SVG).
+const SIZE: (u32, u32) = (1800, 760);
+
+/// One policy's timeline in the JSON file.
+#[derive(Serialize)]
+struct PolicyTimeline<'a> {
+    device: &'a str,
+    peak_total: usize,
+    at_peak: &'a PeakMoment,
+    events: &'a [TimelineEvent],
+}
+
+/// The JSON file of `--timeline`.
+#[derive(Serialize)]
+struct TimelineFile<'a> {
+    model: &'a str,
+    spec: &'a StepSpec,
+    lean: PolicyTimeline<'a>,
+    pytorch: PolicyTimeline<'a>,
+}
+
+fn events<'a>(step: &'a StepMemory, policy: &str) -> Result<&'a [TimelineEvent]> {
+    step.timeline
+        .as_deref()
+        .ok_or_else(|| Error::InvalidArgument {
+            op: "memory timeline",
+            msg: format!("the {policy} step was run without recording its timeline"),
+        })
+}
+
+impl MemoryPlan {
+    /// Both steps' timelines as JSON: `model`, `spec`, then `lean` and
+    /// `pytorch`, each with its `device`, `peak_total`, `at_peak` and
+    /// `events` (every [`TimelineEvent`] in order). An error if the plan
+    /// was made without them.
+    pub fn timeline_json(&self) -> Result<String> {
+        fn policy<'a>(step: &'a StepMemory, name: &str) -> Result<PolicyTimeline<'a>> {
+            Ok(PolicyTimeline {
+                device: &step.report.device,
+                peak_total: step.report.peak_total,
+                at_peak: &step.report.at_peak,
+                events: events(step, name)?,
+            })
+        }
+        let file = TimelineFile {
+            model: &self.model,
+            spec: &self.spec,
+            lean: policy(&self.lean, "lean")?,
+            pytorch: policy(&self.pytorch, "pytorch")?,
+        };
+        serde_json::to_string(&file).map_err(|e| Error::InvalidArgument {
+            op: "memory timeline",
+            msg: e.to_string(),
+        })
+    }
+}
+
+fn output_error(path: &Path, reason: impl ToString) -> Error {
+    Error::OutputFile {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Writes [`MemoryPlan::timeline_json`] to `path`.
+pub fn write_timeline(plan: &MemoryPlan, path: &Path) -> Result<()> {
+    let json = plan.timeline_json()?;
+    std::fs::write(path, json + "\n").map_err(|e| output_error(path, e))
+}
+
+/// Draws both policies' timelines to `path`: a PNG for `.png`, an SVG for
+/// `.svg` (any other extension is an error naming the file).
+pub fn write_plot(plan: &MemoryPlan, path: &Path) -> Result<()> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let svg = match ext.as_deref() {
+        Some("png") => false,
+        Some("svg") => true,
+        _ => {
+            return Err(output_error(
+                path,
+                "a plot is written as PNG or SVG, named by the extension .png or .svg",
+            ))
+        }
+    };
+    let panels = [
+        Panel::new(&plan.lean, "lean (what leangrad keeps)", "lean")?,
+        Panel::new(
+            &plan.pytorch,
+            "pytorch (what PyTorch's autograd keeps)",
+            "pytorch",
+        )?,
+    ];
+    register_font().map_err(|e| output_error(path, e))?;
+    let title = title(plan);
+    let (w, h) = SIZE;
+    if svg {
+        let mut text = String::new();
+        {
+            let root = SVGBackend::with_string(&mut text, SIZE).into_drawing_area();
+            draw(&root, &title, &panels).map_err(|e| output_error(path, e))?;
+            root.present().map_err(|e| output_error(path, e))?;
+        }
+        std::fs::write(path, text).map_err(|e| output_error(path, e))
+    } else {
+        let mut rgb = vec![0u8; w as usize * h as usize * 3];
+        {
+            let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+            draw(&root, &title, &panels).map_err(|e| output_error(path, e))?;
+            root.present().map_err(|e| output_error(path, e))?;
+        }
+        image::save_buffer_with_format(
+            path,
+            &rgb,
+            w,
+            h,
+            image::ExtendedColorType::Rgb8,
+            image::ImageFormat::Png,
+        )
+        .map_err(|e| output_error(path, e))
+    }
+}
+
+fn register_font() -> std::result::Result<(), &'static str> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font(FONT, FontStyle::Normal, FONT_BYTES).is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err("the bundled font could not be read")
+    }
+}
+
+fn title(plan: &MemoryPlan) -> String {
+    let s = &plan.spec;
+    let input = match s.input {
+        StepInput::Image { size, .. } => format!("{size}×{size}"),
+        StepInput::Tokens { seq, .. } => format!("{seq} tokens"),
+    };
+    let how = if s.device == crate::Device::Meta {
+        "predicted".to_string()
+    } else {
+        format!("measured on {}", s.device)
+    };
+    format!(
+        "Memory over one training step: {}, batch {}, {input}, case {}, {}{} ({how})",
+        plan.model,
+        s.batch,
+        s.case,
+        s.optimizer.name(),
+        if s.fused { " fused" } else { "" },
+    )
+}
+
+/// One policy's data, ready to draw.
+struct Panel {
+    caption: String,
+    /// Live bytes by category after each event.
+    live: Vec<CategoryBytes>,
+    /// (phase, first event, one past the last event).
+    phases: Vec<(Phase, usize, usize)>,
+    peak: usize,
+    /// The event that first reached the peak.
+    peak_event: Option<usize>,
+}
+
+impl Panel {
+    fn new(step: &StepMemory, name: &str, policy: &str) -> Result<Panel> {
+        let events = events(step, policy)?;
+        let mut phases: Vec<(Phase, usize, usize)> = Vec::new();
+        for (i, e) in events.iter().enumerate() {
+            match phases.last_mut() {
+                Some((p, _, end)) if *p == e.phase => *end = i + 1,
+                _ => phases.push((e.phase, i, i + 1)),
+            }
+        }
+        let r = &step.report;
+        Ok(Panel {
+            caption: format!(
+                "{name}: peak {} in {}",
+                human_bytes(r.peak_total),
+                r.at_peak.describe()
+            ),
+            live: replay(events),
+            phases,
+            peak: r.peak_total,
+            peak_event: events.iter().position(|e| e.live == r.peak_total),
+        })
+    }
+}
+
+fn color(c: Category) -> RGBColor {
+    match c {
+        Category::Parameter => RGBColor(140, 140, 140),
+        Category::OptimizerState => RGBColor(148, 103, 189),
+        Category::Activation => RGBColor(255, 152, 48),
+        Category::Saved => RGBColor(214, 39, 40),
+        Category::Workspace => RGBColor(188, 189, 34),
+        Category::ParameterGradient => RGBColor(44, 160, 44),
+        Category::InputGradient => RGBColor(23, 190, 207),
+        Category::IntermediateGradient => RGBColor(31, 119, 180),
+    }
+}
+
+fn phase_shade(p: Phase) -> RGBColor {
+    match p {
+        Phase::Setup => RGBColor(245, 245, 245),
+        Phase::Forward => RGBColor(232, 240, 252),
+        Phase::Backward => RGBColor(252, 238, 230),
+        Phase::Optimizer => RGBColor(234, 248, 234),
+    }
+}
+
+/// The unit of the y axis: the largest binary unit below `max` bytes.
+fn unit(max: usize) -> (f64, &'static str) {
+    const UNITS: [(f64, &str); 4] = [
+        (1024.0 * 1024.0 * 1024.0, "GiB"),
+        (1024.0 * 1024.0, "MiB"),
+        (1024.0, "KiB"),
+        (1.0, "bytes"),
+    ];
+    UNITS
+        .into_iter()
+        .find(|(u, _)| max as f64 >= 2.0 * u)
+        .unwrap_or((1.0, "bytes"))
+}
+
+type Drawn<DB> = std::result::Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
+
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    panels: &[Panel],
+) -> Drawn<DB> {
+    root.fill(&WHITE)?;
+    let root = root.titled(title, (FONT, 30))?;
+    let (_, height) = root.dim_in_pixel();
+    let (charts, legend) = root.split_vertically(height.saturating_sub(44));
+    let max = panels.iter().map(|p| p.peak).max().unwrap_or(0).max(1);
+    let (scale, unit_name) = unit(max);
+    let top = max as f64 / scale * 1.12;
+    // Categories that hold bytes somewhere get an area and a legend entry.
+    let shown: Vec<Category> = Category::ALL
+        .into_iter()
+        .filter(|&c| panels.iter().any(|p| p.live.iter().any(|b| b.get(c) > 0)))
+        .collect();
+    let areas = charts.split_evenly((1, panels.len()));
+    for (i, (panel, area)) in panels.iter().zip(areas.iter()).enumerate() {
+        let n = panel.live.len().max(2);
+        // Setup (building the model) is left out: its bytes are the base
+        // the step starts from. Events keep their numbers in the JSON.
+        let first = panel
+            .phases
+            .iter()
+            .find(|(p, _, _)| *p != Phase::Setup)
+            .map_or(0, |&(_, start, _)| start);
+        let span = (n - first.min(n - 1)) as f64;
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.caption, (FONT, 18))
+            .margin(14)
+            .x_label_area_size(56)
+            .y_label_area_size(if i == 0 { 84 } else { 60 })
+            .build_cartesian_2d(first as f64..n as f64, 0f64..top)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .light_line_style(RGBColor(232, 232, 232))
+            .x_desc("ledger event (allocation, free or change of category), in order")
+            .y_desc(format!("live memory ({unit_name})"))
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .axis_desc_style((FONT, 17))
+            .label_style((FONT, 15))
+            .draw()?;
+        let plot_width = chart.plotting_area().dim_in_pixel().0 as f64;
+        for &(phase, start, end) in panel.phases.iter().filter(|p| p.0 != Phase::Setup) {
+            chart.draw_series([Rectangle::new(
+                [(start as f64, 0.0), (end as f64, top)],
+                phase_shade(phase).filled(),
+            )])?;
+            // A name only where it fits (a phase can be a sliver).
+            if (end - start) as f64 / span * plot_width > 80.0 {
+                chart.draw_series([Text::new(
+                    phase.name(),
+                    (start as f64 + span * 0.008, top * 0.985),
+                    (FONT, 16).into_font().color(&RGBColor(90, 90, 90)),
+                )])?;
+            }
+        }
+        // Stacked: the sum of every shown category up to `c`, drawn from
+        // the top category down so each lower one covers the rest. Each
+        // value holds from its event to the next: a step, not a slope.
+        for (k, &c) in shown.iter().enumerate().rev() {
+            let points = panel
+                .live
+                .iter()
+                .enumerate()
+                .skip(first)
+                .flat_map(|(x, b)| {
+                    let y = shown[..=k].iter().map(|&d| b.get(d)).sum::<usize>() as f64 / scale;
+                    [(x as f64, y), (x as f64 + 1.0, y)]
+                });
+            chart.draw_series(AreaSeries::new(points, 0.0, color(c).filled()))?;
+        }
+        let peak = panel.peak as f64 / scale;
+        chart.draw_series(LineSeries::new(
+            [(first as f64, peak), (n as f64, peak)],
+            BLACK.stroke_width(1),
+        ))?;
+        if let Some(x) = panel.peak_event {
+            chart.draw_series([Circle::new((x as f64 + 0.5, peak), 5, BLACK.filled())])?;
+        }
+        chart.draw_series([Text::new(
+            format!("peak {}", human_bytes(panel.peak)),
+            (first as f64 + span * 0.008, peak + top * 0.045),
+            (FONT, 16).into_font(),
+        )])?;
+    }
+    draw_legend(&legend, &shown)
+}
+
+/// One row of swatches and names, centred in `area`.
+fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, shown: &[Category]) -> Drawn<DB> {
+    let font = TextStyle::from((FONT, 17).into_font()).color(&BLACK);
+    let (swatch, gap) = (16i32, 28i32);
+    let widths: Vec<i32> = shown
+        .iter()
+        .map(|c| {
+            let (w, _) = area
+                .estimate_text_size(c.label(), &font)
+                .unwrap_or((100, 0));
+            swatch + 6 + w as i32
+        })
+        .collect();
+    let total: i32 = widths.iter().sum::<i32>() + gap * (shown.len() as i32 - 1).max(0);
+    let (width, _) = area.dim_in_pixel();
+    let mut x = (width as i32 - total).max(0) / 2;
+    let y = 12;
+    for (c, w) in shown.iter().zip(widths) {
+        area.draw(&Rectangle::new(
+            [(x, y), (x + swatch, y + swatch)],
+            color(*c).filled(),
+        ))?;
+        area.draw_text(c.label(), &font, (x + swatch + 6, y))?;
+        x += w + gap;
+    }
+    Ok(())
+}
