@@ -271,3 +271,55 @@ fn bad_arguments_are_errors() {
     };
     assert!(h.linear_cross_entropy(&w, None, &t, bad).is_err());
 }
+
+/// GPT-2 small, batch 8 × 128 tokens, AdamW fused, every parameter
+/// training, on the meta device with the ledger's timeline: under the lean
+/// policy no allocation of the step is as large as the `[1024, 50257]`
+/// logits (the largest is the token table itself, at setup), while
+/// PyTorch's path allocates such tensors (logits, probabilities, their
+/// gradient). The lean step saves nothing for the loss but h and the
+/// targets; its peak is where the parameters, AdamW's two moments and
+/// `wte`'s gradient meet, at the end of backward.
+#[test]
+fn gpt2_small_step_never_holds_tokens_by_vocabulary() {
+    use leangrad::memory::{Category, EventKind};
+    use leangrad::memory_plan::{find_model, parse_case, plan_recording, OptimizerKind, StepSpec};
+    let spec = StepSpec {
+        batch: 8,
+        input: find_model("gpt2")
+            .unwrap()
+            .step_input(None, Some(128))
+            .unwrap(),
+        classes: 50257,
+        dtype: DType::F32,
+        optimizer: OptimizerKind::Adamw,
+        fused: true,
+        case: parse_case("all").unwrap(),
+        device: Device::Meta,
+    };
+    let plan = plan_recording("gpt2", &spec, true).unwrap();
+    let logits_bytes = 8 * 128 * 50257 * 4;
+    let large = |events: &[leangrad::memory::TimelineEvent]| {
+        events
+            .iter()
+            .filter(|e| e.kind == EventKind::Alloc && e.bytes >= logits_bytes)
+            .count()
+    };
+    let lean = plan.lean.timeline.as_ref().unwrap();
+    let pytorch = plan.pytorch.timeline.as_ref().unwrap();
+    assert_eq!(large(lean), 0);
+    assert!(large(pytorch) >= 3, "{}", large(pytorch));
+    let wte = 50257 * 768 * 4;
+    let biggest = lean.iter().map(|e| e.bytes).max().unwrap();
+    assert_eq!(biggest, wte);
+    // At the peak: parameters + AdamW's moments + wte's gradient, nothing else
+    // above a few KiB (the input ids).
+    let at = &plan.lean.report.at_peak.bytes;
+    assert_eq!(
+        at.get(Category::OptimizerState),
+        2 * at.get(Category::Parameter)
+    );
+    assert_eq!(at.get(Category::ParameterGradient), wte);
+    assert_eq!(at.get(Category::Saved), 0);
+    assert!(plan.lean.report.peak_total - at.get(Category::Parameter) * 3 - wte < 64 * 1024);
+}
