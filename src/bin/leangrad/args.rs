@@ -43,54 +43,7 @@ pub enum Command {
     /// Predict (on the meta device, default) or measure (on the CPU) the
     /// memory of one training step, lean policy next to what PyTorch's
     /// autograd keeps.
-    Memory {
-        /// The model (full size).
-        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(MODELS.iter().map(|m| m.name)))]
-        model: String,
-        /// Samples (images or sequences) per batch.
-        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
-        batch: u32,
-        /// Which parameters train, whether the input (images, or a text
-        /// model's input embeddings) needs a gradient, and `-bn-eval` for
-        /// evaluation mode.
-        #[arg(long, default_value = "all", value_parser = clap::builder::PossibleValuesParser::new(Case::all_names()))]
-        case: String,
-        /// Image height and width, for image models (default: the model's, 224).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-        size: Option<u32>,
-        /// Tokens per sequence, for text models (default 128).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-        seq: Option<u32>,
-        /// Classes of the classifier and the synthetic targets (default
-        /// 1000; gpt2's classes are its vocabulary).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-        classes: Option<u32>,
-        /// Compute dtype.
-        #[arg(long, default_value = "f32", value_parser = ["f32", "f16", "bf16"])]
-        dtype: String,
-        /// Optimizer (sgd has momentum 0.9).
-        #[arg(long, default_value = "sgd", value_parser = ["sgd", "adam", "adamw"])]
-        optimizer: String,
-        /// Fuse the optimizer into backward (`backward_step`).
-        #[arg(long)]
-        fused: bool,
-        /// `meta` predicts without data; `cpu` runs the step for real;
-        /// `cuda` runs it on CUDA device 0 (an error without one).
-        #[arg(long, default_value = "meta", value_parser = ["meta", "cpu", "cuda"])]
-        device: String,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// How many layers to list (most saved by PyTorch's policy over lean first).
-        #[arg(long, default_value_t = 10)]
-        top: usize,
-        /// Also write every ledger event of both steps to this JSON file.
-        #[arg(long)]
-        timeline: Option<PathBuf>,
-        /// Also draw both steps' memory over time to this PNG or SVG file.
-        #[arg(long)]
-        plot: Option<PathBuf>,
-    },
+    Memory(MemoryArgs),
     /// Fine-tune an image classifier on a folder of images (one sub-folder
     /// per class): the head is replaced to match the classes, the backbone
     /// frozen by the case; prints per-epoch loss and accuracy and the step's
@@ -260,4 +213,55 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// The arguments of `leangrad memory`.
+#[derive(clap::Args)]
+pub struct MemoryArgs {
+    /// The model (full size).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(MODELS.iter().map(|m| m.name)))]
+    pub model: String,
+    /// Samples (images or sequences) per batch.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    /// Which parameters train, whether the input (images, or a text
+    /// model's input embeddings) needs a gradient, and `-bn-eval` for
+    /// evaluation mode.
+    #[arg(long, default_value = "all", value_parser = clap::builder::PossibleValuesParser::new(Case::all_names()))]
+    pub case: String,
+    /// Image height and width, for image models (default: the model's, 224).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub size: Option<u32>,
+    /// Tokens per sequence, for text models (default 128).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub seq: Option<u32>,
+    /// Classes of the classifier and the synthetic targets (default
+    /// 1000; gpt2's classes are its vocabulary).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub classes: Option<u32>,
+    /// Compute dtype.
+    #[arg(long, default_value = "f32", value_parser = ["f32", "f16", "bf16"])]
+    pub dtype: String,
+    /// Optimizer (sgd has momentum 0.9).
+    #[arg(long, default_value = "sgd", value_parser = ["sgd", "adam", "adamw"])]
+    pub optimizer: String,
+    /// Fuse the optimizer into backward (`backward_step`).
+    #[arg(long)]
+    pub fused: bool,
+    /// `meta` predicts without data; `cpu` runs the step for real;
+    /// `cuda` runs it on CUDA device 0 (an error without one).
+    #[arg(long, default_value = "meta", value_parser = ["meta", "cpu", "cuda"])]
+    pub device: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// How many layers to list (most saved by PyTorch's policy over lean first).
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Also write every ledger event of both steps to this JSON file.
+    #[arg(long)]
+    pub timeline: Option<PathBuf>,
+    /// Also draw both steps' memory over time to this PNG or SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }

@@ -2,13 +2,13 @@
 //! refused before it starts when its peak (predicted on the meta device)
 //! does not fit the device, then run and reported.
 
+use crate::args::MemoryArgs;
 use crate::output::{stdout, Progress};
 use anyhow::Result;
 use leangrad::demo::{self, DemoOptions};
 use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec};
 use leangrad::{DType, Device};
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 
 /// `auto` (CUDA 0 when it opens, else the CPU), `cpu` or `cuda` (CUDA 0,
 /// an error without one).
@@ -79,38 +79,6 @@ pub fn demo(a: DemoArgs) -> Result<()> {
     } else {
         result.memory.to_table()
     })
-}
-
-/// The arguments of `leangrad memory`.
-pub struct MemoryArgs {
-    /// The model's name.
-    pub model: String,
-    /// Samples per batch.
-    pub batch: u32,
-    /// The case's name.
-    pub case: String,
-    /// Image size, for image models.
-    pub size: Option<u32>,
-    /// Tokens per sequence, for text models.
-    pub seq: Option<u32>,
-    /// Classes.
-    pub classes: Option<u32>,
-    /// `f32`, `f16` or `bf16`.
-    pub dtype: String,
-    /// `sgd`, `adam` or `adamw`.
-    pub optimizer: String,
-    /// The fused optimizer.
-    pub fused: bool,
-    /// `meta`, `cpu` or `cuda`.
-    pub device: String,
-    /// JSON instead of a table.
-    pub json: bool,
-    /// Layers listed.
-    pub top: usize,
-    /// Where to write the ledger events of both steps (JSON).
-    pub timeline: Option<PathBuf>,
-    /// Where to draw both steps' memory over time (PNG or SVG).
-    pub plot: Option<PathBuf>,
 }
 
 /// Predicts or measures one training step's memory.

@@ -7,7 +7,7 @@ mod output;
 use anyhow::Result;
 use args::{Cli, Command};
 use clap::Parser;
-use commands::{DemoArgs, MemoryArgs};
+use commands::DemoArgs;
 use leangrad::jobs;
 use leangrad::jobs::adversarial::{self, AdversarialOptions, Attack};
 use leangrad::jobs::finetune::{self, FinetuneOptions};
@@ -44,37 +44,7 @@ fn run(cli: Cli) -> Result<()> {
             lr,
             json,
         })?,
-        Command::Memory {
-            model,
-            batch,
-            case,
-            size,
-            seq,
-            classes,
-            dtype,
-            optimizer,
-            fused,
-            device,
-            json,
-            top,
-            timeline,
-            plot,
-        } => commands::memory(MemoryArgs {
-            model,
-            batch,
-            case,
-            size,
-            seq,
-            classes,
-            dtype,
-            optimizer,
-            fused,
-            device,
-            json,
-            top,
-            timeline,
-            plot,
-        })?,
+        Command::Memory(args) => commands::memory(args)?,
         Command::Finetune {
             model,
             weights,
