@@ -19,5 +19,8 @@ mod saved;
 pub use engine::{backward_with, CallbackSink, CollectGrads, GradientSink};
 pub use grad_mode::{is_grad_enabled, no_grad, NoGradGuard};
 pub use node::{attach, needs_grad, BackwardOp, Edge, Node};
-pub use policy::{keep, save_policy, with_save_policy, SavePolicy, SavePolicyGuard};
+pub use policy::{
+    buffer_reuse, keep, may_reuse, save_policy, with_buffer_reuse, with_save_policy,
+    BufferReuseGuard, SavePolicy, SavePolicyGuard,
+};
 pub use saved::SavedTensor;

@@ -267,14 +267,15 @@ impl Block {
         let _s = scope(self.name.clone());
         let mut h = x.clone();
         for u in &self.units {
-            h = u.bn.forward(&u.conv.forward(&h)?)?;
+            // The norm writes over the convolution's output (buffer reuse).
+            h = u.bn.forward_owned(u.conv.forward(&h)?)?;
             if let Some(act) = &u.relu6 {
                 let _a = scope(act.clone());
                 h = h.clamp(0.0, 6.0)?;
             }
         }
         if self.residual {
-            h = h.add(x)?;
+            h = h.add_owned(x)?;
         }
         Ok(h)
     }

@@ -142,25 +142,34 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The block on an input handed over: each norm, relu and the residual
+    /// add write over a buffer nothing else holds (buffer reuse), and `x`
+    /// itself becomes the identity.
+    fn forward(&self, x: Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
         let relu = ReLU { inplace: true };
         let last = self.convs.len() - 1;
-        let mut h = x.clone();
+        let mut h: Option<Tensor> = None;
         for (i, (cv, b)) in self.convs.iter().zip(&self.bns).enumerate() {
-            h = b.forward(&cv.forward(&h)?)?;
+            let conv = cv.forward(h.as_ref().unwrap_or(&x))?;
+            let mut out = b.forward_owned(conv)?;
             if i < last {
-                h = relu.apply(h)?;
+                out = relu.forward_owned(out)?;
             }
+            h = Some(out);
         }
+        let h = h.ok_or_else(|| Error::InvalidArgument {
+            op: "ResNet block",
+            msg: format!("{} has no convolutions", self.name),
+        })?;
         let identity = match &self.downsample {
             Some((cv, b)) => {
                 let _d = scope("downsample");
-                b.forward(&cv.forward(x)?)?
+                b.forward_owned(cv.forward(&x)?)?
             }
-            None => x.clone(),
+            None => x,
         };
-        relu.apply(h.add(&identity)?)
+        relu.forward_owned(h.add_owned(&identity)?)
     }
 
     fn parts(&self, part: Part) -> Vec<Named> {
@@ -313,20 +322,22 @@ impl FeatureMaps for ResNet {
     ) -> Result<Option<Tensor>> {
         // One binding reassigned, so each layer's input is freed as soon
         // as its output exists (as a chain of calls would).
+        // Each layer that can write over its input does (buffer reuse): the
+        // input is handed over (`forward_owned`) unless the visitor kept it.
         let mut h = self.conv1.forward(x)?;
         stop_if!(visit("conv1", &h));
-        h = self.bn1.forward(&h)?;
+        h = self.bn1.forward_owned(h)?;
         stop_if!(visit("bn1", &h));
         h = {
             let _s = scope("relu");
-            ReLU { inplace: true }.apply(h)?
+            ReLU { inplace: true }.forward_owned(h)?
         };
         stop_if!(visit("relu", &h));
         h = self.maxpool.forward(&h)?;
         stop_if!(visit("maxpool", &h));
         for (s, stage) in self.stages.iter().enumerate() {
             for block in stage {
-                h = block.forward(&h)?;
+                h = block.forward(h)?;
                 stop_if!(visit(&block.name, &h));
             }
             stop_if!(visit(STAGES[s], &h));

@@ -84,7 +84,7 @@ impl Layer {
     fn forward(&self, x: Tensor) -> Result<Tensor> {
         match self {
             Layer::Conv(m) => m.forward(&x),
-            Layer::Bn(m) => m.forward(&x),
+            Layer::Bn(m) => m.forward_owned(x),
             Layer::Relu(name) => {
                 let _s = scope(name.clone());
                 ReLU { inplace: true }.apply(x)

@@ -3,6 +3,7 @@
 //! None has parameters.
 
 use super::Module;
+use crate::autograd::buffer_reuse;
 use crate::{Result, Tensor};
 
 macro_rules! activation {
@@ -30,17 +31,35 @@ macro_rules! activation {
     };
 }
 
-activation!(
-    /// `torch.nn.ReLU`. Saves a packed 1-bit mask (`⌈n/32⌉` u32 words) when
-    /// the input needs grad. With `inplace`, [`ReLU::apply`] on an owned
-    /// tensor nothing else holds writes over its storage
-    /// ([`Tensor::relu_inplace`]); `forward` borrows its input, which the
-    /// caller still holds, so it always computes out of place.
-    ReLU {
-        /// Write over an unshared owned input in [`ReLU::apply`].
-        inplace: bool
-    } |s, x| x.relu()
-);
+/// `torch.nn.ReLU`. Saves a packed 1-bit mask (`⌈n/32⌉` u32 words) when
+/// the input needs grad. `forward` borrows its input, which the caller
+/// still holds, so it computes out of place; `forward_owned` writes over an
+/// input nothing else holds ([`Tensor::relu_inplace`]) when buffer reuse is
+/// on or `inplace` is set; [`ReLU::apply`] does when `inplace` is set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReLU {
+    /// Write over an unshared owned input even without buffer reuse (as
+    /// PyTorch's `inplace=True`).
+    pub inplace: bool,
+}
+
+impl Module for ReLU {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.relu()
+    }
+
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+        if self.inplace || buffer_reuse() {
+            x.relu_inplace()
+        } else {
+            x.relu()
+        }
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+}
 
 impl ReLU {
     /// `max(x, 0)` on an owned tensor: in place when `inplace` and nothing

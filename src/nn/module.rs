@@ -25,6 +25,17 @@ pub trait Module {
     /// Applies the layer.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
+    /// Applies the layer to an input the caller hands over. A layer that can
+    /// write its output over its input (activations, norms whose backward
+    /// does not read their input, residual adds) does so when buffer reuse
+    /// is on and nothing else holds the input
+    /// ([`crate::autograd::may_reuse`]); values, gradients and what is saved
+    /// are those of [`Module::forward`], only fewer bytes are allocated. The
+    /// models chain their layers through it. The default calls `forward`.
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+        self.forward(&x)
+    }
+
     /// Trainable (or frozen) parameters, with their PyTorch names.
     fn named_parameters(&self) -> Vec<(String, Tensor)>;
 

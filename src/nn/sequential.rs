@@ -124,6 +124,16 @@ impl Module for Sequential {
         Ok(h)
     }
 
+    /// Each child's `forward_owned` on the previous one's output, so that
+    /// every child that can reuse its input's buffer does.
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+        let mut h = x;
+        for child in &self.children {
+            h = child.forward_owned(h)?;
+        }
+        Ok(h)
+    }
+
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         self.prefixed(|c| c.named_parameters())
     }

@@ -2,7 +2,7 @@
 
 use super::check_in_place;
 use super::sum_to_shape;
-use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
+use crate::autograd::{attach, keep, may_reuse, needs_grad, BackwardOp, SavedTensor};
 use crate::op_code::BinaryOp;
 use crate::primitives::{binary_assign, binary_map, AddK, BinaryKernel};
 use crate::{FloatDType, Result, Tensor};
@@ -151,6 +151,29 @@ impl Tensor {
             needs,
         };
         Ok(attach(out, &[self, rhs], op))
+    }
+
+    /// `self + rhs` (`rhs` broadcasting to `self`'s shape) for a `self` the
+    /// caller hands over: the sum is written over `self`'s storage when
+    /// buffer reuse is on and nothing else holds `self`
+    /// ([`crate::autograd::may_reuse`]), else it is [`Tensor::add`]. The
+    /// same values and gradients either way (a residual connection's add).
+    /// Saves nothing for backward.
+    pub fn add_owned(self, rhs: &Tensor) -> Result<Tensor> {
+        let fits = self.dtype() == rhs.dtype()
+            && self.device() == rhs.device()
+            && crate::tensor::broadcast_shapes("add", self.shape(), rhs.shape())
+                .is_ok_and(|s| s == self.shape());
+        if !(fits && may_reuse(&self)) {
+            return self.add(rhs);
+        }
+        binary_assign(&self, rhs, &AddK)?;
+        let needs = needs_grad([&self, rhs]);
+        let op = AddBackward {
+            shapes: Shapes::of(&self, rhs),
+            needs,
+        };
+        Ok(attach(self.detach(), &[&self, rhs], op))
     }
 
     /// `self - rhs` with broadcasting. Saves nothing for backward.

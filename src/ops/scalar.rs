@@ -158,7 +158,7 @@ impl BackwardOp for ClampBackward {
         "clamp"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(self.inside.apply(&g, 0.0)?)])
+        Ok(vec![Some(self.inside.apply(g, 0.0)?)])
     }
 }
 

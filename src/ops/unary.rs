@@ -6,7 +6,6 @@ use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::op_code::{BinaryOp as CudaBinary, UnaryOp as CudaUnary};
 use crate::primitives::{binary_map, unary_assign, unary_map, BinaryKernel, UnaryKernel};
 use crate::{FloatDType, Result, Tensor, WithDType};
-use std::sync::Arc;
 
 mod gelu;
 #[cfg(test)]
@@ -259,7 +258,7 @@ impl BackwardOp for MaskBackward {
         self.name
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(self.mask.apply(&g, self.slope)?)])
+        Ok(vec![Some(self.mask.apply(g, self.slope)?)])
     }
 }
 
@@ -408,12 +407,7 @@ impl Tensor {
     /// [`Tensor::relu`]. Either way saves only the packed 1-bit mask of
     /// `output > 0` when the input needs grad (the output under `SaveAll`).
     pub fn relu_inplace(self) -> Result<Tensor> {
-        let exclusive = Arc::strong_count(&self.0) == 1
-            && Arc::strong_count(self.storage()) == 1
-            && self.is_contiguous()
-            && self.numel() == self.storage().len()
-            && !(self.is_leaf() && self.requires_grad());
-        if !exclusive {
+        if !self.is_exclusive() {
             return self.relu();
         }
         unary_assign(&self, &ReluK)?;

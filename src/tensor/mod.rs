@@ -298,6 +298,19 @@ impl Tensor {
         !matches!(self.0.grad, GradMeta::None)
     }
 
+    /// Whether nothing but this handle can see the tensor's elements: the
+    /// tensor and its storage are each held once (no clone, view or saved
+    /// tensor shares them), it covers its whole storage contiguously, and
+    /// it is not a leaf requiring grad. Only then may an op write its output
+    /// over the storage (in-place ops that take `self` by value).
+    pub fn is_exclusive(&self) -> bool {
+        Arc::strong_count(&self.0) == 1
+            && Arc::strong_count(&self.0.storage) == 1
+            && self.is_contiguous()
+            && self.numel() == self.0.storage.len()
+            && !(self.is_leaf() && self.requires_grad())
+    }
+
     /// Whether this is a leaf of the graph (not produced by a recorded op).
     pub fn is_leaf(&self) -> bool {
         !matches!(self.0.grad, GradMeta::Node(_))

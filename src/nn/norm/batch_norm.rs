@@ -26,7 +26,7 @@ use super::{
     param_values, recompute_xhat, round_stat, rstd_of, stat_tensor, write_values, GradMode,
     NormGeom, Normalize,
 };
-use crate::autograd::{attach, save_policy, BackwardOp, SavePolicy, SavedTensor};
+use crate::autograd::{attach, may_reuse, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::{DType, Error, Result, Tensor};
 
 /// Where the lean input gradient's per-channel `weight·invstd` comes from.
@@ -135,6 +135,14 @@ impl BackwardOp for BatchNormBackward {
                 )
             }
         };
+        // The parameters' sums read `g` first: the input gradient may then
+        // be written over it.
+        let (gw, gb) = if nw || nb {
+            let xh = xhat.as_ref().filter(|_| nw);
+            param_grads(&g, xh, geo, nb, &[geo.nparam()])?
+        } else {
+            (None, None)
+        };
         let gx = if nx {
             let scale = scale.ok_or_else(|| Error::Backward("batch_norm: scale missing".into()))?;
             let (mode, xh) = if self.train {
@@ -142,15 +150,9 @@ impl BackwardOp for BatchNormBackward {
             } else {
                 (GradMode::Affine, None)
             };
-            Some(input_grad(&g, xh, geo, mode, &scale, None)?)
+            Some(input_grad(g, xh, geo, mode, &scale, None)?)
         } else {
             None
-        };
-        let (gw, gb) = if nw || nb {
-            let xh = xhat.as_ref().filter(|_| nw);
-            param_grads(&g, xh, geo, nb, &[geo.nparam()])?
-        } else {
-            (None, None)
         };
         Ok(grads_of(gx, gw, gb, self.present))
     }
@@ -190,7 +192,64 @@ pub fn batch_norm(
     momentum: f64,
     eps: f64,
 ) -> Result<Tensor> {
+    let state = BnState {
+        running_mean,
+        running_var,
+        weight,
+        bias,
+    };
+    run(
+        x,
+        &state,
+        Mode {
+            training,
+            momentum,
+            eps,
+        },
+        false,
+    )
+}
+
+/// The tensors batch norm reads besides its input.
+pub(super) struct BnState<'a> {
+    pub running_mean: Option<&'a Tensor>,
+    pub running_var: Option<&'a Tensor>,
+    pub weight: Option<&'a Tensor>,
+    pub bias: Option<&'a Tensor>,
+}
+
+/// Batch statistics or running ones, the running statistics' momentum and
+/// the variance's epsilon.
+#[derive(Clone, Copy)]
+pub(super) struct Mode {
+    pub training: bool,
+    pub momentum: f64,
+    pub eps: f64,
+}
+
+/// [`batch_norm`] of an input the caller hands over: the output is written
+/// over `x`'s storage when buffer reuse is on, nothing else holds `x`, and
+/// backward will not read `x` (the lean policy never saves it; SaveAll
+/// does whenever a node is recorded). Values, gradients and saved tensors
+/// are those of [`batch_norm`].
+pub(super) fn batch_norm_owned(x: Tensor, state: &BnState<'_>, mode: Mode) -> Result<Tensor> {
+    let reuse = may_reuse(&x);
+    run(&x, state, mode, reuse)
+}
+
+fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tensor> {
     const OP: &str = "batch_norm";
+    let BnState {
+        running_mean,
+        running_var,
+        weight,
+        bias,
+    } = *state;
+    let Mode {
+        training,
+        momentum,
+        eps,
+    } = mode;
     crate::ops::expect_float(OP, x)?;
     if x.rank() < 2 {
         return Err(Error::InvalidArgument {
@@ -250,6 +309,8 @@ pub fn batch_norm(
     let [nx, nw, nb] = optional_needs(x, weight, bias);
     let lean = save_policy() == SavePolicy::Lean;
     let want_xhat = lean && ((training && nx) || nw);
+    // Backward reads the input only under SaveAll with a node recorded.
+    let y_over_x = reuse && (lean || !(nx || nw || nb));
     let (y, xhat) = normalize(
         x,
         geo,
@@ -260,6 +321,7 @@ pub fn batch_norm(
             b: b.as_deref(),
             want_y: true,
             want_xhat,
+            y_over_x,
         },
     )?;
     let y = y.ok_or_else(|| Error::Backward("batch_norm: output not computed".into()))?;

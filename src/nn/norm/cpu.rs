@@ -111,79 +111,114 @@ pub(super) fn normalize(
     geo: NormGeom,
     n: &Normalize<'_>,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    if n.y_over_x {
+        // `x` is exclusive (the seam checked it): y is written over it.
+        let xh = {
+            let range = dense_range(x)?;
+            let mut data = x.storage().cpu_mut()?;
+            crate::match_float_data!(&mut *data, "norm", v =>
+                normalize_into(None, &mut v[range], geo, n)?)
+        };
+        let xh = xh
+            .map(|d| Tensor::from_cpu_data(d, x.shape()))
+            .transpose()?;
+        return Ok((Some(x.detach()), xh));
+    }
+    let dense = Dense::new(x)?;
+    let (data, range) = dense.parts();
+    let (y, xh) = crate::match_float_data!(data, "norm", v => {
+        let xs = &v[range];
+        normalize_fresh(xs, geo, n)?
+    });
+    drop(dense);
+    let wrap = |d: Option<CpuData>| d.map(|d| Tensor::from_cpu_data(d, x.shape())).transpose();
+    Ok((wrap(y)?, wrap(xh)?))
+}
+
+/// `normalize_into` into a new `y` (when wanted): (y, x̂).
+fn normalize_fresh<T: FloatDType>(
+    xs: &[T],
+    geo: NormGeom,
+    n: &Normalize<'_>,
+) -> Result<(Option<CpuData>, Option<CpuData>)> {
+    let mut y = try_zeroed::<T>(if n.want_y { xs.len() } else { 0 })?;
+    let xh = normalize_into(Some(xs), &mut y, geo, n)?;
+    Ok((n.want_y.then(|| T::wrap(y)), xh))
+}
+
+/// The whole contiguous range of an exclusive tensor's storage.
+fn dense_range(x: &Tensor) -> Result<Range<usize>> {
+    x.layout()
+        .contiguous_range()
+        .ok_or_else(|| crate::Error::Backward("norm: in-place output must be contiguous".into()))
+}
+
+/// Computes `y` into `ys` (empty when not wanted) and returns `x̂` when
+/// wanted. The input is `x`, or `ys` itself when `x` is `None` (y written
+/// over x: each element is read before its slot is written, by one task).
+fn normalize_into<T: FloatDType>(
+    x: Option<&[T]>,
+    ys: &mut [T],
+    geo: NormGeom,
+    n: &Normalize<'_>,
+) -> Result<Option<CpuData>> {
     let Normalize {
         mean,
         rstd,
         w,
         b,
-        want_y,
         want_xhat,
+        ..
     } = *n;
-    let dense = Dense::new(x)?;
-    let (data, range) = dense.parts();
-    #[allow(clippy::too_many_arguments)]
-    fn go<T: FloatDType>(
-        x: &[T],
-        geo: NormGeom,
-        mean: &[f64],
-        rstd: &[f64],
-        w: Option<&[f64]>,
-        b: Option<&[f64]>,
-        want_y: bool,
-        want_xhat: bool,
-    ) -> Result<(Option<CpuData>, Option<CpuData>)> {
-        let seg = geo.seg;
-        let n = x.len();
-        let mut y = try_zeroed::<T>(if want_y { n } else { 0 })?;
-        let mut xh = try_zeroed::<T>(if want_xhat { n } else { 0 })?;
-        // tasks of `per` whole segments (at least ~4096 elements each)
-        let (nseg, per) = (geo.nseg(), 4096usize.div_ceil(seg.max(1)));
-        let body = |t: usize, ys: &mut [T], xs: &mut [T]| {
-            for k in t * per..((t + 1) * per).min(nseg) {
-                let (s, (p0, step)) = (geo.stat_of(k), geo.param_of(k));
-                let o = (k - t * per) * seg;
-                for (j, v) in x[k * seg..(k + 1) * seg].iter().enumerate() {
-                    let h = (f(*v) - mean[s]) * rstd[s];
-                    if !xs.is_empty() {
-                        xs[o + j] = T::from_f64(h);
-                    }
-                    if !ys.is_empty() {
-                        let p = if step { p0 + j } else { p0 };
-                        let wv = w.map_or(1.0, |w| w[p]);
-                        let bv = b.map_or(0.0, |b| b[p]);
-                        ys[o + j] = T::from_f64(h * wv + bv);
-                    }
+    let seg = geo.seg;
+    let len = x.map_or(ys.len(), |x| x.len());
+    let mut xh = try_zeroed::<T>(if want_xhat { len } else { 0 })?;
+    // tasks of `per` whole segments (at least ~4096 elements each)
+    let (nseg, per) = (geo.nseg(), 4096usize.div_ceil(seg.max(1)));
+    let body = |t: usize, ys: &mut [T], xs: &mut [T]| {
+        for k in t * per..((t + 1) * per).min(nseg) {
+            let (s, (p0, step)) = (geo.stat_of(k), geo.param_of(k));
+            let o = (k - t * per) * seg;
+            for j in 0..seg {
+                let v = match x {
+                    Some(x) => x[k * seg + j],
+                    None => ys[o + j],
+                };
+                let h = (f(v) - mean[s]) * rstd[s];
+                if !xs.is_empty() {
+                    xs[o + j] = T::from_f64(h);
+                }
+                if !ys.is_empty() {
+                    let p = if step { p0 + j } else { p0 };
+                    let wv = w.map_or(1.0, |w| w[p]);
+                    let bv = b.map_or(0.0, |b| b[p]);
+                    ys[o + j] = T::from_f64(h * wv + bv);
                 }
             }
-        };
-        fn tasks<T>(buf: &mut [T], block: usize, n: usize) -> Vec<Option<&mut [T]>> {
-            if buf.is_empty() {
-                (0..n).map(|_| None).collect()
-            } else {
-                buf.chunks_mut(block).map(Some).collect()
-            }
         }
-        let ntask = nseg.div_ceil(per);
-        let block = (per * seg).max(1);
-        let (ya, xa) = (tasks(&mut y, block, ntask), tasks(&mut xh, block, ntask));
-        let run = |(t, (yo, xo)): (usize, SegPair<'_, T>)| {
-            body(t, yo.unwrap_or(&mut []), xo.unwrap_or(&mut []))
-        };
-        if n >= PARALLEL_THRESHOLD {
-            ya.into_par_iter()
-                .zip(xa.into_par_iter())
-                .enumerate()
-                .for_each(run);
+    };
+    fn tasks<T>(buf: &mut [T], block: usize, n: usize) -> Vec<Option<&mut [T]>> {
+        if buf.is_empty() {
+            (0..n).map(|_| None).collect()
         } else {
-            ya.into_iter().zip(xa).enumerate().for_each(run);
+            buf.chunks_mut(block).map(Some).collect()
         }
-        Ok((want_y.then(|| T::wrap(y)), want_xhat.then(|| T::wrap(xh))))
     }
-    let (y, xh) = crate::match_float_data!(data, "norm", v =>
-        go(&v[range], geo, mean, rstd, w, b, want_y, want_xhat)?);
-    drop(dense);
-    let wrap = |d: Option<CpuData>| d.map(|d| Tensor::from_cpu_data(d, x.shape())).transpose();
-    Ok((wrap(y)?, wrap(xh)?))
+    let ntask = nseg.div_ceil(per);
+    let block = (per * seg).max(1);
+    let (ya, xa) = (tasks(ys, block, ntask), tasks(&mut xh, block, ntask));
+    let run = |(t, (yo, xo)): (usize, SegPair<'_, T>)| {
+        body(t, yo.unwrap_or(&mut []), xo.unwrap_or(&mut []))
+    };
+    if len >= PARALLEL_THRESHOLD {
+        ya.into_par_iter()
+            .zip(xa.into_par_iter())
+            .enumerate()
+            .for_each(run);
+    } else {
+        ya.into_iter().zip(xa).enumerate().for_each(run);
+    }
+    Ok(want_xhat.then(|| T::wrap(xh)))
 }
 
 /// Overwrites elements `range` of `t`'s storage (the whole contiguous
@@ -268,46 +303,116 @@ pub(super) fn input_grad(
     scale: &[f64],
     w: Option<&[f64]>,
 ) -> Result<Tensor> {
+    let grad = InputGrad {
+        geo,
+        mode,
+        scale,
+        w,
+    };
     let dg = Dense::new(g)?;
     let dx = xhat.map(Dense::new).transpose()?;
     let (gdata, gr) = dg.parts();
-    fn go<T: FloatDType>(
-        g: &[T],
-        xh: Option<&[T]>,
-        geo: NormGeom,
-        mode: GradMode,
-        scale: &[f64],
-        w: Option<&[f64]>,
-    ) -> Result<CpuData> {
+    let out = crate::match_float_data!(gdata, "norm_backward", v => {
+        let gs = &v[gr];
+        grad.fresh(gs, xhat_slice(dx.as_ref())?)?
+    });
+    drop((dg, dx));
+    Tensor::from_cpu_data(out, g.shape())
+}
+
+/// [`input_grad`] written over `g` itself, which nothing else holds (the
+/// seam checked): the same values, no new buffer.
+pub(super) fn input_grad_in_place(
+    g: &Tensor,
+    xhat: Option<&Tensor>,
+    geo: NormGeom,
+    mode: GradMode,
+    scale: &[f64],
+    w: Option<&[f64]>,
+) -> Result<()> {
+    let grad = InputGrad {
+        geo,
+        mode,
+        scale,
+        w,
+    };
+    let dx = xhat.map(Dense::new).transpose()?;
+    let range = g.layout().contiguous_range().ok_or_else(|| {
+        crate::Error::Backward("norm: in-place gradient must be contiguous".into())
+    })?;
+    let mut data = g.storage().cpu_mut()?;
+    crate::match_float_data!(&mut *data, "norm_backward", v =>
+        grad.run(None, &mut v[range], xhat_slice(dx.as_ref())?)?);
+    Ok(())
+}
+
+/// The saved `x̂` as a typed slice.
+fn xhat_slice<'a, T: FloatDType>(dx: Option<&'a Dense<'a>>) -> Result<Option<&'a [T]>> {
+    dx.map(|d| {
+        let (xd, xr) = d.parts();
+        Ok(&typed(xd, "norm_backward")?[xr])
+    })
+    .transpose()
+}
+
+/// What the input gradient of a norm is computed from, besides `g`, `x̂`.
+struct InputGrad<'a> {
+    geo: NormGeom,
+    mode: GradMode,
+    scale: &'a [f64],
+    w: Option<&'a [f64]>,
+}
+
+impl InputGrad<'_> {
+    /// The input gradient into a new buffer.
+    fn fresh<T: FloatDType>(&self, g: &[T], xh: Option<&[T]>) -> Result<CpuData> {
+        let mut out = try_zeroed::<T>(g.len())?;
+        self.run(Some(g), &mut out, xh)?;
+        Ok(T::wrap(out))
+    }
+
+    /// Writes the input gradient into `out`, reading `g`, or `out` itself
+    /// when `g` is `None` (in place: the sums read every element first, then
+    /// each task reads and writes only its own segments).
+    fn run<T: FloatDType>(&self, g: Option<&[T]>, out: &mut [T], xh: Option<&[T]>) -> Result<()> {
+        let InputGrad {
+            geo,
+            mode,
+            scale,
+            w,
+        } = *self;
         let seg = geo.seg;
-        // g·w at element j of segment k, whose parameters are `(p0, step)`.
-        let gw = |k: usize, j: usize, (p0, step): (usize, bool)| {
+        let len = out.len();
+        // g·w of value `v` at element j of a segment whose parameters are `(p0, step)`.
+        let gw = |v: T, j: usize, (p0, step): (usize, bool)| {
             let p = if step { p0 + j } else { p0 };
-            f(g[k * seg + j]) * w.map_or(1.0, |w| w[p])
+            f(v) * w.map_or(1.0, |w| w[p])
         };
         let cnt = geo.count().max(1) as f64;
-        let sums: Vec<(f64, f64)> = match (mode, xh) {
-            (GradMode::Affine, _) | (_, None) => vec![(0.0, 0.0); geo.nstat()],
-            (_, Some(xh)) => par_map(geo.nstat(), g.len(), |s| {
-                let (mut a, mut b) = (0.0, 0.0);
-                for k in geo.segs_of(s) {
-                    let ps = geo.param_of(k);
-                    for j in 0..seg {
-                        let v = gw(k, j, ps);
-                        a += v;
-                        b += v * f(xh[k * seg + j]);
+        let sums: Vec<(f64, f64)> = {
+            let gs: &[T] = g.unwrap_or(&*out);
+            match (mode, xh) {
+                (GradMode::Affine, _) | (_, None) => vec![(0.0, 0.0); geo.nstat()],
+                (_, Some(xh)) => par_map(geo.nstat(), len, |s| {
+                    let (mut a, mut b) = (0.0, 0.0);
+                    for k in geo.segs_of(s) {
+                        let ps = geo.param_of(k);
+                        for j in 0..seg {
+                            let v = gw(gs[k * seg + j], j, ps);
+                            a += v;
+                            b += v * f(xh[k * seg + j]);
+                        }
                     }
-                }
-                (a / cnt, b / cnt)
-            }),
+                    (a / cnt, b / cnt)
+                }),
+            }
         };
-        let mut out = try_zeroed::<T>(g.len())?;
         let body = |(k, o): (usize, &mut [T])| {
             let s = geo.stat_of(k);
             let (ma, mb) = sums[s];
             let ps = geo.param_of(k);
             for (j, d) in o.iter_mut().enumerate() {
-                let v = gw(k, j, ps);
+                let v = gw(g.map_or(*d, |g| g[k * seg + j]), j, ps);
                 let r = match (mode, xh) {
                     (GradMode::Centered, Some(xh)) => v - ma - f(xh[k * seg + j]) * mb,
                     (GradMode::Uncentered, Some(xh)) => v - f(xh[k * seg + j]) * mb,
@@ -316,25 +421,13 @@ pub(super) fn input_grad(
                 *d = T::from_f64(scale[s] * r);
             }
         };
-        if g.len() >= PARALLEL_THRESHOLD {
+        if len >= PARALLEL_THRESHOLD {
             out.par_chunks_mut(seg.max(1)).enumerate().for_each(body);
         } else {
             out.chunks_mut(seg.max(1)).enumerate().for_each(body);
         }
-        Ok(T::wrap(out))
+        Ok(())
     }
-    let out = crate::match_float_data!(gdata, "norm_backward", v => {
-        let xs = match &dx {
-            Some(d) => {
-                let (xd, xr) = d.parts();
-                Some(&typed(xd, "norm_backward")?[xr])
-            }
-            None => None,
-        };
-        go(&v[gr], xs, geo, mode, scale, w)?
-    });
-    drop((dg, dx));
-    Tensor::from_cpu_data(out, g.shape())
 }
 
 #[cfg(test)]

@@ -100,7 +100,30 @@ pub(super) fn normalize(
         b,
         want_y,
         want_xhat,
+        y_over_x,
     } = *n;
+    if y_over_x {
+        // `x` is exclusive and contiguous (the seam checked): y goes over it.
+        let xh = {
+            let mut xb = x.storage().cuda_mut()?;
+            let (dev, dt) = (xb.device().clone(), x.dtype());
+            uncounted(|| {
+                let sd = stat_dtype(dt);
+                let (mb, rb) = (host_buffer(&dev, mean, sd)?, host_buffer(&dev, rstd, sd)?);
+                let wb = w.map(|v| host_buffer(&dev, v, dt)).transpose()?;
+                let bb = b.map(|v| host_buffer(&dev, v, dt)).transpose()?;
+                let params = NormParams {
+                    mean: &mb,
+                    rstd: &rb,
+                    w: wb.as_ref(),
+                    b: bb.as_ref(),
+                };
+                norm_forward_in_place(&mut xb, &geo, &params, want_xhat)
+            })?
+        };
+        let xh = xh.map(|t| adopt(t, x.shape())).transpose()?;
+        return Ok((Some(x.detach()), xh));
+    }
     let xd = dense(x)?;
     let (y, xh) = {
         let xb = xd.storage().cuda()?;
@@ -155,6 +178,27 @@ pub(super) fn input_grad(
         norm_input_grad(&gb, xg.as_deref(), &geo, &sb, wb.as_ref(), mode)?
     };
     wrap(dx, g.shape())
+}
+
+/// [`input_grad`] written over `g` (exclusive and contiguous: the seam
+/// checked).
+pub(super) fn input_grad_in_place(
+    g: &Tensor,
+    xhat: Option<&Tensor>,
+    geo: NormGeom,
+    mode: GradMode,
+    scale: &[f64],
+    w: Option<&[f64]>,
+) -> Result<()> {
+    let xd = xhat.map(dense).transpose()?;
+    let dev = device_of(g)?;
+    let (sb, wb) = uncounted(|| {
+        let sb = host_buffer(&dev, scale, stat_dtype(g.dtype()))?;
+        Ok((sb, w.map(|v| host_buffer(&dev, v, g.dtype())).transpose()?))
+    })?;
+    let xg = xd.as_ref().map(|t| t.storage().cuda()).transpose()?;
+    let mut gb = g.storage().cuda_mut()?;
+    uncounted(|| norm_input_grad_in_place(&mut gb, xg.as_deref(), &geo, &sb, wb.as_ref(), mode))
 }
 
 /// The CPU's `param_sums` on CUDA: `Σ g·x̂` (when `xhat` is given) and `Σ g`
@@ -260,6 +304,97 @@ pub(crate) fn norm_forward(
     Ok((y, xh))
 }
 
+/// The statistics and affine parameters `norm_fwd` reads.
+pub(crate) struct NormParams<'a> {
+    /// Per-statistic means (statistics dtype).
+    pub mean: &'a CudaBuffer,
+    /// Per-statistic reciprocal standard deviations (statistics dtype).
+    pub rstd: &'a CudaBuffer,
+    /// Per-parameter weights (1 when absent).
+    pub w: Option<&'a CudaBuffer>,
+    /// Per-parameter biases (0 when absent).
+    pub b: Option<&'a CudaBuffer>,
+}
+
+/// [`norm_forward`]'s `y` written over `x` itself (buffer reuse), and `x̂`
+/// when `want_xhat`, which it returns.
+pub(crate) fn norm_forward_in_place(
+    x: &mut CudaBuffer,
+    geo: &NormGeom,
+    p: &NormParams<'_>,
+    want_xhat: bool,
+) -> Result<Option<CudaBuffer>> {
+    let op = "cuda norm";
+    let sfx = float_suffix(op, x.dtype())?;
+    let n = geo.numel();
+    expect(op, x, x.dtype(), n, x)?;
+    check_stats(op, x, geo, p.mean, p.rstd)?;
+    check_params(op, x, geo, [p.w, p.b])?;
+    let dev = x.device().clone();
+    let mut xh = want_xhat
+        .then(|| CudaBuffer::alloc(&dev, x.dtype(), n))
+        .transpose()?;
+    if n > 0 {
+        // Absent buffers are never read or written: stand-ins of 1 element.
+        let mut spare_x = CudaBuffer::alloc(&dev, x.dtype(), 1)?;
+        let spare_p = CudaBuffer::alloc(&dev, x.dtype(), 1)?;
+        let flags = [
+            i32::from(want_xhat),
+            i32::from(p.w.is_some()),
+            i32::from(p.b.is_some()),
+        ];
+        let (wb, bb) = (p.w.unwrap_or(&spare_p), p.b.unwrap_or(&spare_p));
+        let xs = xh.as_mut().unwrap_or(&mut spare_x);
+        launch!(&dev, "norm.cu", format!("norm_fwd_inplace_{sfx}"), CudaDevice::grid_for(n);
+            geo, &flags[0], &flags[1], &flags[2], x.slice_mut(), p.mean.slice(),
+            p.rstd.slice(), wb.slice(), bb.slice(), xs.slice_mut())?;
+    }
+    Ok(xh)
+}
+
+/// [`norm_input_grad`] written over `g` itself (buffer reuse).
+pub(crate) fn norm_input_grad_in_place(
+    g: &mut CudaBuffer,
+    xhat: Option<&CudaBuffer>,
+    geo: &NormGeom,
+    scale: &CudaBuffer,
+    w: Option<&CudaBuffer>,
+    mode: GradMode,
+) -> Result<()> {
+    let op = "cuda norm backward";
+    let sfx = float_suffix(op, g.dtype())?;
+    let n = geo.numel();
+    expect(op, g, g.dtype(), n, g)?;
+    if let Some(xh) = xhat {
+        expect(op, xh, g.dtype(), n, g)?;
+    } else if mode != GradMode::Affine {
+        return Err(crate::Error::Backward("cuda norm: x̂ missing".into()));
+    }
+    expect(op, scale, stat_dtype(g.dtype()), geo.s, g)?;
+    if n == 0 {
+        return Ok(());
+    }
+    check_params(op, g, geo, [w])?;
+    let dev = g.device().clone();
+    let code = mode_code(mode);
+    let hw = i32::from(w.is_some());
+    // Absent x̂ / w are never read: a 1-element stand-in.
+    let spare = CudaBuffer::alloc(&dev, g.dtype(), 1)?;
+    launch!(&dev, "norm.cu", format!("norm_bwd_saved_inplace_{sfx}"), CudaDevice::grid_per_row(geo.s);
+        geo, &code, &hw, xhat.unwrap_or(&spare).slice(), scale.slice(), g.slice_mut(),
+        w.unwrap_or(&spare).slice())?;
+    Ok(())
+}
+
+/// `norm_bwd_saved`'s mode codes.
+fn mode_code(mode: GradMode) -> i32 {
+    match mode {
+        GradMode::Centered => 0,
+        GradMode::Uncentered => 1,
+        GradMode::Affine => 2,
+    }
+}
+
 /// The input gradient from the incoming gradient `g` and the saved `x̂`
 /// (both contiguous, one shape; `x̂` is not read and may be `None` for
 /// [`GradMode::Affine`]), `scale` per statistic (in [`stat_dtype`]) and
@@ -288,12 +423,7 @@ pub(crate) fn norm_input_grad(
     }
     let mut dx = CudaBuffer::alloc(g.device(), g.dtype(), n)?;
     if n > 0 {
-        // `norm_bwd_saved`'s mode codes.
-        let code = match mode {
-            GradMode::Centered => 0i32,
-            GradMode::Uncentered => 1,
-            GradMode::Affine => 2,
-        };
+        let code = mode_code(mode);
         let hw = i32::from(w.is_some());
         // Absent x̂ / w are never read: g stands in for them.
         launch!(g.device(), "norm.cu", format!("norm_bwd_saved_{sfx}"), CudaDevice::grid_per_row(geo.s);

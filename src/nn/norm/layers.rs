@@ -5,6 +5,7 @@
 //! seed. Each module is made by a builder with PyTorch's defaults
 //! (`LayerNorm::builder(&[768]).eps(1e-12).build(&device)`).
 
+use super::batch_norm::{batch_norm_owned, BnState, Mode as BnMode};
 use super::{batch_norm, group_norm, layer_norm, rms_norm, write_values};
 use crate::memory::scope;
 use crate::memory::Category;
@@ -531,20 +532,19 @@ impl BatchNormBuilder {
     }
 }
 
-impl Module for BatchNorm {
-    /// Normalises `x`; in training mode (or without running statistics)
-    /// with batch statistics, updating the running statistics and
-    /// `num_batches_tracked`; in eval mode with the running statistics.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl BatchNorm {
+    /// The forward of both entry points: `x` borrowed (never written), or
+    /// handed over (`owned`: the output may take its buffer).
+    fn run(&self, x: Tensor, owned: bool) -> Result<Tensor> {
         let _s = scope(self.name.clone());
         let layout = match self.ranks {
             [4] => "[N, C, H, W]",
             [5] => "[N, C, D, H, W]",
             _ => "[N, C] or [N, C, L]",
         };
-        check_rank(x, self.ranks, layout)?;
-        check_size(x, 1, self.num_features, "channels (dim 1)")?;
-        check_dtype_of(x, self.weight.as_ref().or(self.running_mean.as_ref()))?;
+        check_rank(&x, self.ranks, layout)?;
+        check_size(&x, 1, self.num_features, "channels (dim 1)")?;
+        check_dtype_of(&x, self.weight.as_ref().or(self.running_mean.as_ref()))?;
         // the batch count after this step (counted only if the step succeeds)
         let count = match (&self.num_batches_tracked, self.training) {
             (Some(n), true) => Some((n, n.small_values()?.first().copied().unwrap_or(0.0) + 1.0)),
@@ -555,20 +555,51 @@ impl Module for BatchNorm {
             (None, Some((_, c))) => 1.0 / c,
             (None, None) => 0.0,
         };
-        let y = batch_norm(
-            x,
-            self.running_mean.as_ref(),
-            self.running_var.as_ref(),
-            self.weight.as_ref(),
-            self.bias.as_ref(),
-            self.training || self.running_mean.is_none(),
-            factor,
-            self.options.eps,
-        )?;
+        let state = BnState {
+            running_mean: self.running_mean.as_ref(),
+            running_var: self.running_var.as_ref(),
+            weight: self.weight.as_ref(),
+            bias: self.bias.as_ref(),
+        };
+        let mode = BnMode {
+            training: self.training || self.running_mean.is_none(),
+            momentum: factor,
+            eps: self.options.eps,
+        };
+        let y = if owned {
+            batch_norm_owned(x, &state, mode)?
+        } else {
+            batch_norm(
+                &x,
+                state.running_mean,
+                state.running_var,
+                state.weight,
+                state.bias,
+                mode.training,
+                mode.momentum,
+                mode.eps,
+            )?
+        };
         if let Some((n, c)) = count {
             write_values(n, &[c])?;
         }
         Ok(y)
+    }
+}
+
+impl Module for BatchNorm {
+    /// Normalises `x`; in training mode (or without running statistics)
+    /// with batch statistics, updating the running statistics and
+    /// `num_batches_tracked`; in eval mode with the running statistics.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.run(x.clone(), false)
+    }
+
+    /// As `forward`, writing the output over `x` when nothing else holds it
+    /// and buffer reuse is on (batch norm's backward never reads its input
+    /// under the lean policy), in train and eval mode alike.
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+        self.run(x, true)
     }
 
     fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {

@@ -80,7 +80,7 @@ pub use layers::{
 };
 pub use row_norms::{group_norm, layer_norm, rms_norm};
 
-use crate::autograd::needs_grad;
+use crate::autograd::{may_reuse, needs_grad};
 use crate::dtype::stat_dtype;
 use crate::memory::host::try_zeroed;
 use crate::memory::{with_category, Category};
@@ -299,6 +299,7 @@ fn recompute_xhat(x: &Tensor, geo: NormGeom, mean: &[f64], rstd: &[f64]) -> Resu
         b: None,
         want_y: false,
         want_xhat: true,
+        y_over_x: false,
     };
     let (_, xh) = normalize(x, geo, &only_xhat)?;
     xh.ok_or_else(|| Error::Backward("norm: x̂ not computed".into()))
@@ -356,15 +357,25 @@ pub(super) struct Normalize<'a> {
     pub want_y: bool,
     /// Whether `x̂` is computed.
     pub want_xhat: bool,
+    /// Whether `y` (wanted) is written over `x`'s storage, which nothing
+    /// else holds ([`crate::Tensor::is_exclusive`]); the returned `y`
+    /// shares it.
+    pub y_over_x: bool,
 }
 
 /// `x̂` and/or `y` as `n` says; (y, x̂) as requested, new contiguous tensors
-/// of `x`'s dtype counted under the current category.
+/// of `x`'s dtype counted under the current category (`y` sharing `x`'s
+/// storage when `n.y_over_x`).
 fn normalize(
     x: &Tensor,
     geo: NormGeom,
     n: &Normalize<'_>,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    if n.y_over_x && !(n.want_y && x.is_exclusive()) {
+        return Err(Error::Backward(
+            "norm: y can be written over x only when y is wanted and nothing else holds x".into(),
+        ));
+    }
     match backend("norm", &[x])? {
         Backend::Cpu => cpu::normalize(x, geo, n),
         Backend::Meta => {
@@ -373,7 +384,13 @@ fn normalize(
                 want.then(|| crate::meta::empty(x.shape(), x.dtype()))
                     .transpose()
             };
-            Ok((out(n.want_y)?, out(n.want_xhat)?))
+            let y = if n.y_over_x {
+                crate::meta::touch(x);
+                Some(x.detach())
+            } else {
+                out(n.want_y)?
+            };
+            Ok((y, out(n.want_xhat)?))
         }
         Backend::Cuda(_) => cuda::normalize(x, geo, n),
     }
@@ -413,9 +430,10 @@ fn param_grads(
 }
 
 /// The input gradient, with `scale` per statistic and `w` per parameter
-/// (1 when absent); `xhat` is needed unless `mode` is `Affine`.
+/// (1 when absent); `xhat` is needed unless `mode` is `Affine`. Written
+/// over `g` when buffer reuse is on and nothing else holds `g`.
 fn input_grad(
-    g: &Tensor,
+    g: Tensor,
     xhat: Option<&Tensor>,
     geo: NormGeom,
     mode: GradMode,
@@ -427,14 +445,27 @@ fn input_grad(
     } else if mode != GradMode::Affine {
         return Err(Error::Backward("norm: x̂ missing".into()));
     }
-    let with_xhat: Vec<&Tensor> = std::iter::once(g).chain(xhat).collect();
-    match backend("norm_backward", &with_xhat)? {
-        Backend::Cpu => cpu::input_grad(g, xhat, geo, mode, scale, w),
+    let over_g = may_reuse(&g);
+    let with_xhat: Vec<&Tensor> = std::iter::once(&g).chain(xhat).collect();
+    let backend = backend("norm_backward", &with_xhat)?;
+    if over_g {
+        match backend {
+            Backend::Cpu => cpu::input_grad_in_place(&g, xhat, geo, mode, scale, w)?,
+            Backend::Meta => {
+                crate::meta::float("norm_backward", g.dtype())?;
+                crate::meta::touch(&g);
+            }
+            Backend::Cuda(_) => cuda::input_grad_in_place(&g, xhat, geo, mode, scale, w)?,
+        }
+        return Ok(g);
+    }
+    match backend {
+        Backend::Cpu => cpu::input_grad(&g, xhat, geo, mode, scale, w),
         Backend::Meta => {
             crate::meta::float("norm_backward", g.dtype())?;
             crate::meta::empty(g.shape(), g.dtype())
         }
-        Backend::Cuda(_) => cuda::input_grad(g, xhat, geo, mode, scale, w),
+        Backend::Cuda(_) => cuda::input_grad(&g, xhat, geo, mode, scale, w),
     }
 }
 

@@ -61,11 +61,13 @@ struct LgNormWalk {
 #define LG_NORM(sfx, T)                                                               \
     /* y = x_hat * w + b (w, b optional) and/or x_hat = (x - mean) * rstd, both */   \
     /* rounded to T; the statistic of element e is (e / B) % S. */                    \
-    extern "C" __global__ void norm_fwd_##sfx(NormGeom g, int want_y, int want_xhat,  \
-                                              int has_w, int has_b, const T* x,       \
-                                              const Acc<T>::type* mean,               \
-                                              const Acc<T>::type* rstd, const T* w,   \
-                                              const T* b, T* y, T* xhat) {            \
+    /* y may be x itself: each element is read before it is written, by the */       \
+    /* one thread that owns it. */                                                    \
+    static __device__ void norm_fwd_body_##sfx(NormGeom g, int want_y, int want_xhat, \
+                                               int has_w, int has_b, const T* x,      \
+                                               const Acc<T>::type* mean,              \
+                                               const Acc<T>::type* rstd, const T* w,  \
+                                               const T* b, T* y, T* xhat) {           \
         long long n = g.a * g.s * g.b, S = g.s, B = g.b, P = g.p, Lp = g.lp;          \
         LG_GRID_LOOP(e, n) {                                                          \
             long long s = e / B % S, p = e / Lp % P;                                  \
@@ -77,6 +79,24 @@ struct LgNormWalk {
                 y[e] = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));              \
             }                                                                         \
         }                                                                             \
+    }                                                                                 \
+    extern "C" __global__ void norm_fwd_##sfx(NormGeom g, int want_y, int want_xhat,  \
+                                              int has_w, int has_b, const T* x,       \
+                                              const Acc<T>::type* mean,               \
+                                              const Acc<T>::type* rstd, const T* w,   \
+                                              const T* b, T* y, T* xhat) {            \
+        norm_fwd_body_##sfx(g, want_y, want_xhat, has_w, has_b, x, mean, rstd, w, b,  \
+                            y, xhat);                                                 \
+    }                                                                                 \
+    /* y written over x (buffer reuse: nothing else holds x). */                      \
+    extern "C" __global__ void norm_fwd_inplace_##sfx(NormGeom g, int want_xhat,      \
+                                                      int has_w, int has_b, T* x,     \
+                                                      const Acc<T>::type* mean,       \
+                                                      const Acc<T>::type* rstd,       \
+                                                      const T* w, const T* b,         \
+                                                      T* xhat) {                      \
+        norm_fwd_body_##sfx(g, 1, want_xhat, has_w, has_b, x, mean, rstd, w, b, x,    \
+                            xhat);                                                    \
     }
 LG_FOR_FLOATS(LG_NORM)
 
@@ -121,10 +141,13 @@ LG_FOR_FLOATS(LG_NORM)
     /*   mode 2 (affine):   scale * gw (x_hat is not read)                   */       \
     /* mode is uniform over the grid, so the block-wide sums are reached by */       \
     /* every thread of a block or by none. */                                         \
-    extern "C" __global__ void norm_bwd_saved_##sfx(NormGeom geo, int mode, int has_w, \
-                                                    const T* xhat,                    \
-                                                    const Acc<T>::type* scale,        \
-                                                    const T* g, const T* w, T* dx) {  \
+    /* dx may be g itself: a block reads all of its statistic's g (the sums) */      \
+    /* before any of them is written, and each element is then read and */           \
+    /* written by one thread. */                                                      \
+    static __device__ void norm_bwd_saved_body_##sfx(NormGeom geo, int mode,          \
+                                                     int has_w, const T* xhat,        \
+                                                     const Acc<T>::type* scale,       \
+                                                     const T* g, const T* w, T* dx) { \
         __shared__ double buf[LG_NORM_THREADS];                                       \
         long long A = geo.a, S = geo.s, B = geo.b, P = geo.p, Lp = geo.lp;            \
         long long cnt = A * B;                                                        \
@@ -157,6 +180,19 @@ LG_FOR_FLOATS(LG_NORM)
                 dx[e] = lg_from_f64<T>(__dmul_rn(r, v));                              \
             }                                                                         \
         }                                                                             \
+    }                                                                                 \
+    extern "C" __global__ void norm_bwd_saved_##sfx(NormGeom geo, int mode, int has_w, \
+                                                    const T* xhat,                    \
+                                                    const Acc<T>::type* scale,        \
+                                                    const T* g, const T* w, T* dx) {  \
+        norm_bwd_saved_body_##sfx(geo, mode, has_w, xhat, scale, g, w, dx);           \
+    }                                                                                 \
+    /* dx written over g (buffer reuse: nothing else holds g). */                     \
+    extern "C" __global__ void norm_bwd_saved_inplace_##sfx(NormGeom geo, int mode,   \
+                                                            int has_w, const T* xhat, \
+                                                            const Acc<T>::type* scale, \
+                                                            T* g, const T* w) {       \
+        norm_bwd_saved_body_##sfx(geo, mode, has_w, xhat, scale, g, w, g);            \
     }                                                                                 \
     /* Parameter gradients from the saved x_hat: dw[p] = sum g * x_hat (when */       \
     /* want_w; x_hat is not read otherwise), db[p] = sum g (when want_b), over */     \

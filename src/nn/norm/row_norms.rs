@@ -81,10 +81,18 @@ impl BackwardOp for RowNormBackward {
                 (xhat, Some(rstd), w)
             }
         };
+        // The parameters' sums read `g` first: the input gradient may then
+        // be written over it.
+        let (gw, gb) = if nw || nb {
+            let xh = xhat.as_ref().filter(|_| nw);
+            param_grads(&g, xh, geo, nb, &self.param_shape)?
+        } else {
+            (None, None)
+        };
         let gx = if nx {
             let rstd = rstd.ok_or_else(|| Error::Backward("norm: rstd missing".into()))?;
             Some(input_grad(
-                &g,
+                g,
                 xhat.as_ref(),
                 geo,
                 self.mode,
@@ -93,12 +101,6 @@ impl BackwardOp for RowNormBackward {
             )?)
         } else {
             None
-        };
-        let (gw, gb) = if nw || nb {
-            let xh = xhat.as_ref().filter(|_| nw);
-            param_grads(&g, xh, geo, nb, &self.param_shape)?
-        } else {
-            (None, None)
         };
         Ok(grads_of(gx, gw, gb, self.present))
     }
@@ -136,6 +138,7 @@ fn row_norm(
             b: b.as_deref(),
             want_y: true,
             want_xhat,
+            y_over_x: false,
         },
     )?;
     let y = y.ok_or_else(|| Error::Backward("norm: output not computed".into()))?;

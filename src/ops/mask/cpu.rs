@@ -50,6 +50,75 @@ pub(super) fn mask_where(
     Tensor::from_vec(words, &[n], x.device())
 }
 
+/// The words of `mask`, checked to cover `n` elements.
+fn mask_words_of<'a>(words: Option<&'a [u32]>, mask: &Tensor, n: usize) -> Result<&'a [u32]> {
+    let words = words.ok_or(Error::DTypeMismatch {
+        op: "mask_scale",
+        expected: DType::U32,
+        got: mask.dtype(),
+    })?;
+    if words.len() < mask_words(n) {
+        return Err(Error::InvalidArgument {
+            op: "mask_scale",
+            msg: format!("mask of {} words cannot cover {n} elements", words.len()),
+        });
+    }
+    Ok(words)
+}
+
+/// `v` where `bit` is set, else `v * slope` (exactly 0 when `slope` is 0).
+#[inline(always)]
+fn masked<T: FloatDType>(bit: bool, v: T, slope: T) -> T {
+    if bit {
+        v
+    } else if slope == T::zero() {
+        T::zero()
+    } else {
+        v * slope
+    }
+}
+
+/// [`mask_scale`] written over `g` (exclusive and contiguous: the caller
+/// checked), bit for bit the same values.
+pub(super) fn mask_scale_in_place(g: &Tensor, mask: &Tensor, slope: f64) -> Result<()> {
+    let n = g.numel();
+    match backend("mask_scale", &[g, mask])? {
+        Backend::Meta => {
+            meta::float("mask_scale", g.dtype())?;
+            meta::touch(g);
+            return Ok(());
+        }
+        Backend::Cuda(d) => return Err(not_on_cuda("mask_scale", d)),
+        Backend::Cpu => {}
+    }
+    let range = g
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op: "mask_scale",
+            msg: "in-place gradient must be contiguous".into(),
+        })?;
+    let mdata = mask.storage().cpu()?;
+    let words = mask_words_of(mdata.as_slice::<u32>(), mask, n)?;
+    let mut gdata = g.storage().cpu_mut()?;
+    fn go<T: FloatDType>(d: &mut [T], words: &[u32], slope: f64) {
+        let slope = <T as WithDType>::from_f64(slope);
+        let each = |(c, d): (usize, &mut [T])| {
+            for (i, v) in d.iter_mut().enumerate() {
+                *v = masked(get_bit(words, c * 32 + i), *v, slope);
+            }
+        };
+        // chunks of whole 32-element words, so a task reads its own words
+        if d.len() >= PARALLEL_THRESHOLD {
+            d.par_chunks_mut(32).enumerate().for_each(each);
+        } else {
+            d.chunks_mut(32).enumerate().for_each(each);
+        }
+    }
+    crate::match_float_data!(&mut *gdata, "mask_scale", v => go(&mut v[range], words, slope));
+    Ok(())
+}
+
 /// `g` where the mask bit is set and `g * slope` elsewhere (exactly 0 when
 /// `slope` is 0); `g` may have any layout.
 pub(super) fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {

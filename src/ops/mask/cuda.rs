@@ -29,6 +29,15 @@ pub(super) fn scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {
     })
 }
 
+/// [`scale`] written over `g` (exclusive and contiguous: the caller
+/// checked).
+pub(super) fn scale_in_place(g: &Tensor, mask: &Tensor, slope: f64) -> Result<()> {
+    let mask = tensor::dense(mask)?;
+    let mb = mask.storage().cuda()?;
+    let mut gb = g.storage().cuda_mut()?;
+    relu_mask_backward_in_place(&mut gb, g.numel(), &mb, slope)
+}
+
 /// ReLU (`slope` 0) or LeakyReLU forward of `x` (layout `lx`): returns the
 /// contiguous output (`x > 0 ? x : x·slope`, exactly 0 for ReLU) and the
 /// U32 mask of `ceil(n/32)` words with bit `i` set where `x[i] > 0`.
@@ -72,6 +81,26 @@ pub(crate) fn relu_mask_backward(
         mask,
         slope,
     )
+}
+
+/// [`relu_mask_backward`] written over the first `n` elements of the
+/// contiguous `g` itself.
+pub(crate) fn relu_mask_backward_in_place(
+    g: &mut CudaBuffer,
+    n: usize,
+    mask: &CudaBuffer,
+    slope: f64,
+) -> Result<()> {
+    let op = "cuda relu backward";
+    let sfx = float_suffix(op, g.dtype())?;
+    expect(op, g, g.dtype(), n, g)?;
+    expect(op, mask, DType::U32, mask_words(n), g)?;
+    if n > 0 {
+        let (n64, dev) = (n as i64, g.device().clone());
+        launch!(&dev, "relu_mask.cu", format!("relu_mask_bwd_inplace_{sfx}"), CudaDevice::grid_for(n);
+            &slope, &n64, g.slice_mut(), mask.slice())?;
+    }
+    Ok(())
 }
 
 /// The packed mask of `x > 0` alone (the CPU's `positive_mask`).

@@ -34,7 +34,7 @@ mod cuda;
 #[cfg(test)]
 mod tests;
 
-use crate::autograd::{save_policy, SavePolicy, SavedTensor};
+use crate::autograd::{may_reuse, save_policy, SavePolicy, SavedTensor};
 use crate::meta::{backend, not_on_cuda, Backend};
 use crate::tensor::{Layout, SaveEvent, SaveListener, Storage};
 use crate::{Result, Tensor};
@@ -90,6 +90,19 @@ pub fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {
         Backend::Cpu | Backend::Meta => cpu::mask_scale(g, mask, slope),
         Backend::Cuda(_) => cuda::scale(g, mask, slope),
     }
+}
+
+/// [`mask_scale`] of a gradient handed over: written over `g` when buffer
+/// reuse is on and nothing else holds `g` (the same values, no new buffer).
+pub(crate) fn mask_scale_owned(g: Tensor, mask: &Tensor, slope: f64) -> Result<Tensor> {
+    if !may_reuse(&g) {
+        return mask_scale(&g, mask, slope);
+    }
+    match backend("mask_scale", &[&g, mask])? {
+        Backend::Cpu | Backend::Meta => cpu::mask_scale_in_place(&g, mask, slope)?,
+        Backend::Cuda(_) => cuda::scale_in_place(&g, mask, slope)?,
+    }
+    Ok(g)
 }
 
 /// Which elements pass the gradient.
@@ -192,18 +205,19 @@ impl SavedMask {
         })
     }
 
-    /// `g` where the mask is set, `g · slope` elsewhere.
-    pub(crate) fn apply(&self, g: &Tensor, slope: f64) -> Result<Tensor> {
+    /// `g` where the mask is set, `g · slope` elsewhere; written over `g`
+    /// when buffer reuse is on and nothing else holds it.
+    pub(crate) fn apply(&self, g: Tensor, slope: f64) -> Result<Tensor> {
         let (source, rule, op) = match self {
             SavedMask::Lean(slot) => {
                 let state = slot.state.lock().unwrap_or_else(|e| e.into_inner());
                 match &*state {
-                    MaskState::Bits(bits) => return mask_scale(g, bits.get()?, slope),
+                    MaskState::Bits(bits) => return mask_scale_owned(g, bits.get()?, slope),
                     MaskState::Source(s) => (s.get()?.clone(), slot.rule, slot.op),
                 }
             }
             SavedMask::FromFloat(s, rule) => (s.get()?.clone(), *rule, "mask"),
         };
-        mask_scale(g, &rule.bits(&source, op)?, slope)
+        mask_scale_owned(g, &rule.bits(&source, op)?, slope)
     }
 }

@@ -40,6 +40,18 @@
             bool bit = (mask[i >> 5] >> (i & 31)) & 1u;                               \
             dx[i] = bit ? gv : lg_store<T>(slope == 0.0 ? (A)0 : lg_load(gv) * s);    \
         }                                                                             \
+    }                                                                                 \
+    /* The same written over a contiguous g (buffer reuse: nothing else holds g). */  \
+    extern "C" __global__ void relu_mask_bwd_inplace_##sfx(double slope, long long n, \
+                                                           T* g,                      \
+                                                           const unsigned int* mask) { \
+        typedef Acc<T>::type A;                                                       \
+        A s = lg_load(lg_from_f64<T>(slope));                                         \
+        LG_GRID_LOOP(i, n) {                                                          \
+            T gv = g[i];                                                              \
+            bool bit = (mask[i >> 5] >> (i & 31)) & 1u;                               \
+            g[i] = bit ? gv : lg_store<T>(slope == 0.0 ? (A)0 : lg_load(gv) * s);     \
+        }                                                                             \
     }
 LG_FOR_FLOATS(LG_RELU_MASK)
 

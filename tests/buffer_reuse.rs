@@ -1,0 +1,283 @@
+//! Buffer reuse: an op writes its output over an input nothing else holds
+//! (a norm, relu or residual add over the previous layer's output, a
+//! gradient over the incoming one). It must never change a result, and it
+//! must never write over values someone can still see. These tests compare
+//! every tiny model in every case with reuse on and off bit for bit, and
+//! try to make reuse overwrite something shared.
+
+mod tiny_models;
+
+use leangrad::autograd::{with_buffer_reuse, with_save_policy, SavePolicy};
+use leangrad::memory::Ledger;
+use leangrad::models::{Case, FeatureMaps, ResNet, ResNetConfig};
+use leangrad::nn::{BatchNorm, Module, ReLU};
+use leangrad::ops::CrossEntropyOptions;
+use leangrad::optim::{Optimizer, Sgd};
+use leangrad::{DType, Device, Result, Tensor};
+
+/// Everything one step computes (loss, logits, every parameter after a
+/// fused SGD step, every input gradient) as bit patterns, and the step's
+/// peak bytes and number of allocations.
+fn step(name: &str, case: &Case, reuse: bool) -> Result<(Vec<Vec<u64>>, [u64; 2])> {
+    let (_, build, input) = tiny_models::models()
+        .into_iter()
+        .find(|(n, _, _)| *n == name)
+        .expect("a tiny model");
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let _r = with_buffer_reuse(reuse);
+    let mut model = build(DType::F32, Device::Cpu)?;
+    case.apply(model.as_mut())?;
+    let params = model.parameters();
+    let trained: Vec<Tensor> = params
+        .iter()
+        .filter(|p| p.requires_grad())
+        .cloned()
+        .collect();
+    let x = input.make(2, case.input_requires_grad(), DType::F32, Device::Cpu)?;
+    let targets = input.targets(2, 5, Device::Cpu)?;
+    ledger.reset_peak(); // the step's own peak, not the model's building
+    let before = ledger.allocation_count(Device::Cpu);
+    let logits = model.step_logits(&x)?;
+    let loss = logits.cross_entropy(&targets, CrossEntropyOptions::default())?;
+    let mut bits = vec![bits_of(&loss)?, bits_of(&logits)?];
+    if trained.is_empty() {
+        if loss.requires_grad() {
+            loss.backward()?;
+        }
+    } else {
+        Optimizer::new(trained, Sgd::new(0.01).momentum(0.9))?.backward_step(&loss)?;
+    }
+    for p in &params {
+        bits.push(bits_of(p)?);
+    }
+    if let Some(g) = x.grad() {
+        bits.push(bits_of(&g)?);
+    }
+    let allocations = ledger.allocation_count(Device::Cpu) - before;
+    Ok((bits, [ledger.peak(Device::Cpu) as u64, allocations]))
+}
+
+fn bits_of(t: &Tensor) -> Result<Vec<u64>> {
+    Ok(t.to_f64_vec()?.iter().map(|v| v.to_bits()).collect())
+}
+
+#[test]
+fn every_model_and_case_gives_bit_identical_results_with_reuse_on_and_off() {
+    for (name, _, _) in tiny_models::models() {
+        for case in Case::all() {
+            let (on, [peak_on, made_on]) = step(name, &case, true).expect("step with reuse");
+            let (off, [peak_off, made_off]) = step(name, &case, false).expect("step without reuse");
+            assert_eq!(on.len(), off.len(), "{name} {case}");
+            for (i, (a, b)) in on.iter().zip(&off).enumerate() {
+                assert!(a == b, "{name} {case}: result {i} differs with reuse on");
+            }
+            assert!(
+                peak_on <= peak_off,
+                "{name} {case}: reuse raised the peak {peak_off} -> {peak_on}"
+            );
+            assert!(made_on <= made_off, "{name} {case}: reuse allocated more");
+            if name.starts_with("resnet")
+                || name.starts_with("mobilenet")
+                || name == "vgg16_bn_tiny"
+            {
+                // every norm of these writes over its convolution's output
+                assert!(made_on < made_off, "{name} {case}: nothing was reused");
+            }
+        }
+    }
+}
+
+fn randn(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::randn(shape, DType::F32, Device::Cpu, seed).expect("randn")
+}
+
+fn bn(c: usize) -> BatchNorm {
+    BatchNorm::builder(c).build2d(&Device::Cpu).expect("bn")
+}
+
+#[test]
+fn an_owned_input_that_another_op_saved_is_not_written_over() -> Result<()> {
+    let w = randn(&[1, 3, 1, 1], 2).set_requires_grad(true)?;
+    let x = randn(&[2, 3, 4, 4], 1);
+    let before = x.to_vec::<f32>()?;
+    // mul saves x for w's gradient; then x is handed to the norm and relu.
+    let kept = x.mul(&w)?;
+    let y = ReLU { inplace: false }.forward_owned(bn(3).forward_owned(x.clone())?)?;
+    drop(x);
+    kept.sum_all()?.add(&y.sum_all()?)?.backward()?;
+    // w's gradient is Σ x over everything but the channel: x is intact.
+    let g = w.grad().expect("grad").to_vec::<f32>()?;
+    for (c, gc) in g.iter().enumerate() {
+        let s: f32 = (0..2)
+            .flat_map(|n| (0..16).map(move |i| n * 48 + c * 16 + i))
+            .map(|i| before[i])
+            .sum();
+        assert!((gc - s).abs() <= 1e-5 * s.abs().max(1.0), "channel {c}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_view_or_clone_keeps_the_input_from_being_written_over() -> Result<()> {
+    let x = randn(&[2, 3, 4, 4], 3);
+    let before = x.to_vec::<f32>()?;
+    let view = x.reshape(&[6, 16])?;
+    let y = bn(3).forward_owned(x)?;
+    assert_eq!(
+        view.to_vec::<f32>()?,
+        before,
+        "a view saw its values change"
+    );
+    assert!(!y.shares_storage_with(&view));
+
+    let x = randn(&[2, 3, 4, 4], 4);
+    let copy = x.clone();
+    let y = ReLU { inplace: true }.forward_owned(x)?;
+    assert!(!y.shares_storage_with(&copy));
+    assert_eq!(
+        copy.to_vec::<f32>()?,
+        randn(&[2, 3, 4, 4], 4).to_vec::<f32>()?
+    );
+    Ok(())
+}
+
+#[test]
+fn an_exclusive_input_is_written_over_and_a_leaf_requiring_grad_never() -> Result<()> {
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let x = randn(&[2, 3, 8, 8], 5);
+    let bytes = x.storage_bytes();
+    let norm = bn(3);
+    let live = ledger.live(Device::Cpu);
+    // Without a gradient nothing is saved (with one, x̂ would be).
+    let plain = leangrad::autograd::no_grad();
+    let y = norm.forward_owned(x)?;
+    drop(plain);
+    assert_eq!(
+        ledger.live(Device::Cpu),
+        live,
+        "the norm allocated {bytes} bytes anew"
+    );
+    drop(y);
+
+    let leaf = randn(&[2, 3, 8, 8], 6).set_requires_grad(true)?;
+    let values = leaf.to_vec::<f32>()?;
+    let y = bn(3).forward_owned(leaf.clone())?;
+    assert!(!y.shares_storage_with(&leaf));
+    y.sum_all()?.backward()?;
+    assert_eq!(leaf.to_vec::<f32>()?, values);
+    assert!(leaf.grad().is_some());
+    Ok(())
+}
+
+#[test]
+fn a_relu_mask_does_not_switch_to_values_written_over_later() -> Result<()> {
+    // relu keeps a 1-bit mask and listens to its output's storage: if a
+    // later op saves those values, it reads them instead. A residual add
+    // written over the relu's output changes them, so the mask must stay.
+    let run = |reuse: bool| -> Result<Vec<f32>> {
+        let _r = with_buffer_reuse(reuse);
+        let x = randn(&[64], 7).set_requires_grad(true)?;
+        let r = randn(&[64], 8);
+        let h = x.mul_scalar(1.0)?.relu()?;
+        let z = h.add_owned(&r)?; // over relu's output when reuse is on
+        let sq = z.square()?; // saves z (the same storage)
+        sq.sum_all()?.backward()?;
+        x.grad().expect("grad").to_vec::<f32>()
+    };
+    assert_eq!(run(true)?, run(false)?);
+    Ok(())
+}
+
+#[test]
+fn modifying_a_saved_tensor_in_place_is_still_caught() -> Result<()> {
+    let w = randn(&[8], 9).set_requires_grad(true)?;
+    let x = randn(&[8], 10);
+    let y = x.mul(&w)?;
+    let _plain = leangrad::autograd::no_grad();
+    x.add_scalar_(1.0)?;
+    drop(_plain);
+    let err = y
+        .sum_all()?
+        .backward()
+        .expect_err("x was modified after being saved");
+    assert!(
+        matches!(err, leangrad::Error::SavedTensorModified { .. }),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn feature_maps_keep_their_values_though_later_layers_reuse_buffers() -> Result<()> {
+    let config = ResNetConfig {
+        base_width: 4,
+        num_classes: 5,
+        ..ResNetConfig::resnet18(5)
+    };
+    let model = ResNet::new(config, DType::F32, Device::Cpu, 3)?;
+    let x = randn(&[2, 3, 32, 32], 11);
+    let maps = model.features(&x, &["conv1", "bn1", "layer1.0", "layer1"])?;
+    let _r = with_buffer_reuse(false);
+    let fresh = model.features(&x, &["conv1", "bn1", "layer1.0", "layer1"])?;
+    for ((name, a), (_, b)) in maps.iter().zip(&fresh) {
+        assert_eq!(a.to_vec::<f32>()?, b.to_vec::<f32>()?, "{name}");
+    }
+    assert_ne!(maps[0].1.to_vec::<f32>()?, maps[1].1.to_vec::<f32>()?);
+    Ok(())
+}
+
+#[test]
+fn the_pytorch_policy_does_not_reuse_unless_asked() {
+    let _p = with_save_policy(SavePolicy::SaveAll);
+    assert!(!leangrad::autograd::buffer_reuse());
+    let _r = with_buffer_reuse(true);
+    assert!(leangrad::autograd::buffer_reuse());
+}
+
+/// ResNet-18, batch 64, 224², f32, SGD with momentum, one whole step,
+/// predicted on the meta device (which allocates exactly what the CPU
+/// does): the peaks buffer reuse brings, and what they were without it.
+#[test]
+fn resnet18_peaks_at_batch_64_with_and_without_reuse() {
+    use leangrad::memory_plan::{plan, OptimizerKind, StepInput, StepSpec};
+    const MIB: f64 = 1024.0 * 1024.0;
+    let peak = |case: &str, reuse: bool| {
+        let _r = with_buffer_reuse(reuse);
+        let spec = StepSpec {
+            batch: 64,
+            input: StepInput::Image {
+                channels: 3,
+                size: 224,
+            },
+            classes: 1000,
+            dtype: DType::F32,
+            optimizer: OptimizerKind::Sgd,
+            fused: false,
+            case: case.parse::<Case>().expect("case"),
+            device: Device::Meta,
+        };
+        let p = plan("resnet18", &spec).expect("plan");
+        p.lean.report.peak_total as f64 / MIB
+    };
+    let limits = [
+        ("input-bn-eval", 362.0),
+        ("surgical-last", 380.0),
+        // "1.11 GiB" as the report prints it (two decimals)
+        ("all", 1.115 * 1024.0),
+        ("input", 742.0),
+        ("norm", 742.0),
+    ];
+    for (case, limit) in limits {
+        let (on, off) = (peak(case, true), peak(case, false));
+        assert!(on <= limit, "{case}: {on:.2} MiB > {limit} MiB");
+        assert!(
+            on <= off,
+            "{case}: {on:.2} MiB with reuse, {off:.2} without"
+        );
+    }
+    // Without reuse the stem's norm output was a second 196 MiB buffer.
+    assert!(peak("input-bn-eval", false) > 479.0);
+    assert!(peak("surgical-last", false) > 473.0);
+}
