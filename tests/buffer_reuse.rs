@@ -77,11 +77,13 @@ fn every_model_and_case_gives_bit_identical_results_with_reuse_on_and_off() {
                 "{name} {case}: reuse raised the peak {peak_off} -> {peak_on}"
             );
             assert!(made_on <= made_off, "{name} {case}: reuse allocated more");
-            if name.starts_with("resnet")
-                || name.starts_with("mobilenet")
-                || name == "vgg16_bn_tiny"
-            {
-                // every norm of these writes over its convolution's output
+            // Every model reuses something in every case: a norm writes over
+            // its input, a residual add over a projection, a relu's or
+            // norm's input gradient over the incoming one. Except VGG-16
+            // without norms where nothing trains (its relus are in place
+            // either way, as PyTorch's `inplace=True`, and no backward runs).
+            let frozen_plain_vgg = name == "vgg16_tiny" && case.to_string().starts_with("norm");
+            if !frozen_plain_vgg {
                 assert!(made_on < made_off, "{name} {case}: nothing was reused");
             }
         }

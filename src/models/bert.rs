@@ -98,12 +98,15 @@ impl BertLayer {
                 self.attention.forward(x, mask)?
             };
             let _o = scope("output");
-            let y = self.attention_dense.forward(&ctx)?.add(x)?;
-            self.attention_norm.forward(&y)?
+            // Each residual sum and its norm write over the projection's
+            // output (buffer reuse).
+            let y = self.attention_dense.forward(&ctx)?.add_owned(x)?;
+            self.attention_norm.forward_owned(y)?
         };
-        let y = self.mlp.forward(&a)?.add(&a)?;
+        let y = self.mlp.forward(&a)?.add_owned(&a)?;
+        drop(a);
         let _o = scope("output");
-        self.output_norm.forward(&y)
+        self.output_norm.forward_owned(y)
     }
 
     fn leaves(&self, p: &str) -> Leaves<'_> {
@@ -230,7 +233,7 @@ impl Bert {
                 Some(t) => self.token_type_embeddings.forward(t)?,
                 None => self.token_type_embeddings.weight.narrow(0, 0, 1)?,
             };
-            self.norm.forward(&x.add(&types)?.add(&pos)?)?
+            self.norm.forward_owned(x.add(&types)?.add_owned(&pos)?)?
         };
         let mask = attention_mask
             .map(|m| key_mask(m, h.shape()[0], h.shape()[1]))

@@ -113,14 +113,15 @@ impl Block {
             let ctx = attend(&part(0)?, &part(1)?, &part(2)?, self.heads, true, None)?;
             self.attn_proj.forward(&ctx)?
         };
-        let h = a.add(x)?;
+        // The residual sums write over the projections' outputs (buffer reuse).
+        let h = a.add_owned(x)?;
         let normed = self.ln_2.forward(&h)?;
         let m = {
             let _s = scope("mlp");
             let inner = self.c_fc.forward(&normed)?.gelu(true)?;
             self.mlp_proj.forward(&inner)?
         };
-        m.add(&h)
+        m.add_owned(&h)
     }
 
     fn leaves(&self, p: &str) -> Leaves<'_> {

@@ -135,10 +135,11 @@ impl ViTLayer {
             let _o = scope("output");
             self.output.forward(&ctx)?
         };
-        let h = a.add(x)?;
+        // The residual sums write over the projections' outputs (buffer reuse).
+        let h = a.add_owned(x)?;
         self.mlp
             .forward(&self.layernorm_after.forward(&h)?)?
-            .add(&h)
+            .add_owned(&h)
     }
 
     fn leaves(&self, p: &str) -> Leaves<'_> {

@@ -6,6 +6,7 @@
 //! (`LayerNorm::builder(&[768]).eps(1e-12).build(&device)`).
 
 use super::batch_norm::{batch_norm_owned, BnState, Mode as BnMode};
+use super::row_norms::{group_norm_owned, layer_norm_owned};
 use super::{batch_norm, group_norm, layer_norm, rms_norm, write_values};
 use crate::memory::scope;
 use crate::memory::Category;
@@ -137,6 +138,21 @@ impl Module for LayerNorm {
         )
     }
 
+    /// As `forward`, writing the output over `x` when nothing else holds it
+    /// and buffer reuse is on.
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+        let _s = scope(self.name.clone());
+        check_trailing(&x, &self.normalized_shape)?;
+        check_dtype_of(&x, self.weight.as_ref())?;
+        layer_norm_owned(
+            x,
+            &self.normalized_shape,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
+    }
+
     fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
         crate::nn::parameters_of_kind(self, crate::nn::LayerKind::Norm)
     }
@@ -245,6 +261,22 @@ impl Module for GroupNorm {
         check_size(x, 1, self.num_channels, "channels (dim 1)")?;
         check_dtype_of(x, self.weight.as_ref())?;
         group_norm(
+            x,
+            self.num_groups,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
+    }
+
+    /// As `forward`, writing the output over `x` when nothing else holds it
+    /// and buffer reuse is on.
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+        let _s = scope(self.name.clone());
+        check_min_rank(&x, 2, "[N, C, *]")?;
+        check_size(&x, 1, self.num_channels, "channels (dim 1)")?;
+        check_dtype_of(&x, self.weight.as_ref())?;
+        group_norm_owned(
             x,
             self.num_groups,
             self.weight.as_ref(),

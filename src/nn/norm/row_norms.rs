@@ -14,7 +14,7 @@ use super::{
     grads_of, input_grad, inputs_of, norm_stats, normalize, optional_needs, param_grads,
     param_values, recompute_xhat, round_stat, rstd_of, stat_tensor, GradMode, NormGeom, Normalize,
 };
-use crate::autograd::{attach, save_policy, BackwardOp, SavePolicy, SavedTensor};
+use crate::autograd::{attach, may_reuse, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::{DType, Error, Result, Tensor};
 
 enum RowSaved {
@@ -106,18 +106,30 @@ impl BackwardOp for RowNormBackward {
     }
 }
 
-/// The shared forward of the row norms.
-#[allow(clippy::too_many_arguments)]
-fn row_norm(
+/// One row norm's call: which norm, its geometry and parameters.
+struct RowNorm<'a> {
     name: &'static str,
-    x: &Tensor,
     geo: NormGeom,
-    param_shape: &[usize],
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
+    param_shape: &'a [usize],
+    weight: Option<&'a Tensor>,
+    bias: Option<&'a Tensor>,
     eps: f64,
     centered: bool,
-) -> Result<Tensor> {
+}
+
+/// The shared forward of the row norms; `y` is written over `x` when
+/// `reuse` (the caller handed `x` over and nothing else holds it) and
+/// backward will not read `x` (never under the lean policy).
+fn row_norm(x: &Tensor, spec: &RowNorm<'_>, reuse: bool) -> Result<Tensor> {
+    let RowNorm {
+        name,
+        geo,
+        param_shape,
+        weight,
+        bias,
+        eps,
+        centered,
+    } = *spec;
     crate::ops::expect_float(name, x)?;
     let w = param_values(name, weight, param_shape, x)?;
     let b = param_values(name, bias, param_shape, x)?;
@@ -128,6 +140,7 @@ fn row_norm(
     let [nx, nw, nb] = optional_needs(x, weight, bias);
     let lean = save_policy() == SavePolicy::Lean;
     let want_xhat = lean && (nx || nw);
+    let y_over_x = reuse && (lean || !(nx || nw || nb));
     let (y, xhat) = normalize(
         x,
         geo,
@@ -138,7 +151,7 @@ fn row_norm(
             b: b.as_deref(),
             want_y: true,
             want_xhat,
-            y_over_x: false,
+            y_over_x,
         },
     )?;
     let y = y.ok_or_else(|| Error::Backward("norm: output not computed".into()))?;
@@ -212,17 +225,42 @@ pub fn layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    layer_norm_reusing(x, normalized_shape, weight, bias, eps, false)
+}
+
+/// [`layer_norm`] of an input the caller hands over: the output is written
+/// over it when buffer reuse is on and nothing else holds it (the lean
+/// policy's backward never reads the input). Same values and gradients.
+pub(super) fn layer_norm_owned(
+    x: Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    let reuse = may_reuse(&x);
+    layer_norm_reusing(&x, normalized_shape, weight, bias, eps, reuse)
+}
+
+fn layer_norm_reusing(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+    reuse: bool,
+) -> Result<Tensor> {
     let geo = rows_over("layer_norm", x, normalized_shape)?;
-    row_norm(
-        "layer_norm",
-        x,
+    let spec = RowNorm {
+        name: "layer_norm",
         geo,
-        normalized_shape,
+        param_shape: normalized_shape,
         weight,
         bias,
         eps,
-        true,
-    )
+        centered: true,
+    };
+    row_norm(x, &spec, reuse)
 }
 
 /// RMS norm over the trailing dims `normalized_shape` (like
@@ -244,16 +282,16 @@ pub fn rms_norm(
         DType::BF16 => half::bf16::EPSILON.to_f64(),
         _ => f32::EPSILON as f64,
     });
-    row_norm(
-        "rms_norm",
-        x,
+    let spec = RowNorm {
+        name: "rms_norm",
         geo,
-        normalized_shape,
+        param_shape: normalized_shape,
         weight,
-        None,
+        bias: None,
         eps,
-        false,
-    )
+        centered: false,
+    };
+    row_norm(x, &spec, false)
 }
 
 /// Group norm of `x` `[N, C, *]` in `num_groups` groups of channels (like
@@ -269,6 +307,30 @@ pub fn group_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    group_norm_reusing(x, num_groups, weight, bias, eps, false)
+}
+
+/// [`group_norm`] of an input the caller hands over, written over it as
+/// [`layer_norm_owned`] is.
+pub(super) fn group_norm_owned(
+    x: Tensor,
+    num_groups: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    let reuse = may_reuse(&x);
+    group_norm_reusing(&x, num_groups, weight, bias, eps, reuse)
+}
+
+fn group_norm_reusing(
+    x: &Tensor,
+    num_groups: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+    reuse: bool,
+) -> Result<Tensor> {
     if x.rank() < 2 {
         return Err(Error::InvalidArgument {
             op: "group_norm",
@@ -278,5 +340,14 @@ pub fn group_norm(
     let c = x.shape()[1];
     let spatial = x.shape()[2..].iter().product();
     let geo = NormGeom::group(x.shape()[0], c, spatial, num_groups)?;
-    row_norm("group_norm", x, geo, &[c], weight, bias, eps, true)
+    let spec = RowNorm {
+        name: "group_norm",
+        geo,
+        param_shape: &[c],
+        weight,
+        bias,
+        eps,
+        centered: true,
+    };
+    row_norm(x, &spec, reuse)
 }
