@@ -213,12 +213,13 @@ fn column(v: &Value, a: &MemoryArgs, args: &[String]) -> Result<TorchMeasured> {
         _ => None,
     };
     for key in ["model", "batch", "case", "device"] {
-        let want = asked(&format!("--{key}"));
-        if answered(key) != want {
+        let (want, got) = (asked(&format!("--{key}")), answered(key));
+        if got != want {
+            let show = |s: Option<String>| s.unwrap_or_else(|| "(none)".into());
             bail!(
-                "{SCRIPT_NAME} measured {key} {:?}, not the {:?} asked for",
-                answered(key),
-                want
+                "{SCRIPT_NAME} measured {key} {}, not the {} asked for",
+                show(got),
+                show(want)
             );
         }
     }
