@@ -120,19 +120,27 @@ fn without_torch_the_table_prints_with_the_install_line() {
     assert!(out.status.success());
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON only");
     assert_eq!(v["torch"]["install"], "pip install torch torchvision");
-    assert_eq!(v["torch"]["missing"], serde_json::json!(["torch", "torchvision"]));
+    assert_eq!(
+        v["torch"]["missing"],
+        serde_json::json!(["torch", "torchvision"])
+    );
     assert!(v["pytorch"]["report"]["peak"]["saved"].as_u64().unwrap() > 0);
 
     // The real script under a real Python without site-packages (-S: no
     // torch can be found), when this machine has a python3.
-    let real = Command::new("python3").args(["-S", "-c", "print(1)"]).output();
+    let real = Command::new("python3")
+        .args(["-S", "-c", "print(1)"])
+        .output();
     if real.is_ok_and(|o| o.status.success()) {
         let site_less = script(&dir, "python-no-site", "exec python3 -I -S \"$@\"\n");
         let out = memory(&site_less, &[]);
         table_and_hint(&out, "pip install torch torchvision");
         let out = memory(&site_less, &["--json"]);
         let v: Value = serde_json::from_slice(&out.stdout).expect("JSON only");
-        assert_eq!(v["torch"]["missing"], serde_json::json!(["torch", "torchvision"]));
+        assert_eq!(
+            v["torch"]["missing"],
+            serde_json::json!(["torch", "torchvision"])
+        );
     } else {
         eprintln!("skipped the site-less python3 part: no python3 on this machine");
     }
@@ -204,18 +212,29 @@ fn the_torch_column_shows_the_scripts_numbers() {
     assert_eq!(first.trim_end(), repo_script.lines().next().unwrap());
 
     assert!(
-        stdout.contains("torch: measured in PyTorch itself (torch 9.8.7, torchvision 6.5.4, on meta)"),
+        stdout.contains(
+            "torch: measured in PyTorch itself (torch 9.8.7, torchvision 6.5.4, on meta)"
+        ),
         "{stdout}"
     );
     let own = "each category's own peak";
     let at = "at the moment of the peak";
     let header = row_cells(&stdout, own, "lean");
     assert_eq!(header, ["pytorch", "torch", "pytorch/lean"]);
-    assert_eq!(row_cells(&stdout, own, "saved for backward")[2], human_bytes(123456789));
-    assert_eq!(row_cells(&stdout, own, "parameters")[2], human_bytes(44765128));
+    assert_eq!(
+        row_cells(&stdout, own, "saved for backward")[2],
+        human_bytes(123456789)
+    );
+    assert_eq!(
+        row_cells(&stdout, own, "parameters")[2],
+        human_bytes(44765128)
+    );
     assert_eq!(row_cells(&stdout, own, "optimizer state")[2], "—");
     assert_eq!(row_cells(&stdout, own, "workspace")[2], "—");
-    assert_eq!(row_cells(&stdout, at, "total (the peak)")[2], human_bytes(987654321));
+    assert_eq!(
+        row_cells(&stdout, at, "total (the peak)")[2],
+        human_bytes(987654321)
+    );
     assert_eq!(row_cells(&stdout, at, "saved for backward")[2], "—");
     // Every row of the sections has the four cells.
     assert_eq!(row_cells(&stdout, at, "intermediate gradients").len(), 4);
@@ -251,12 +270,21 @@ fn a_failing_or_mismatched_script_is_an_error_naming_it() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     // An answer for another step (batch 3) is not shown as this one's.
-    let other = ANSWER.replace('\n', "").replace("\"batch\": 2", "\"batch\": 3");
-    let wrong = script(&dir, "python-wrong", &format!("cat <<'EOF'\n{other}\nEOF\n"));
+    let other = ANSWER
+        .replace('\n', "")
+        .replace("\"batch\": 2", "\"batch\": 3");
+    let wrong = script(
+        &dir,
+        "python-wrong",
+        &format!("cat <<'EOF'\n{other}\nEOF\n"),
+    );
     let out = memory(&wrong, &[]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("measured batch 3, not the 2 asked for"), "{stderr}");
+    assert!(
+        stderr.contains("measured batch 3, not the 2 asked for"),
+        "{stderr}"
+    );
 
     // Output that is not JSON.
     let garbage = script(&dir, "python-garbage", "echo 'hello'\n");

@@ -172,7 +172,12 @@ fn expected_gap(r: &TorchStep) -> Option<usize> {
                 // trains; leangrad reads a view of the table.
                 return Some(4 + 8 * r.seq.unwrap());
             }
-            of(&["linear", "surgical-last", "linear-bn-eval", "surgical-last-bn-eval"])
+            of(&[
+                "linear",
+                "surgical-last",
+                "linear-bn-eval",
+                "surgical-last-bn-eval",
+            ])
         }
         _ => false,
     };
@@ -207,13 +212,22 @@ fn real_pytorch_steps_agree_with_save_all_where_they_keep_the_same() {
         assert_eq!(lean.parameter_gradients, 4 * r.trainable, "{what}");
         // The same model: Hugging Face's BERT also holds two I64 [1, 512]
         // buffers (position and token-type ids).
-        let buffers_only_in_pytorch = if r.model == "bert_base" { 2 * 512 * 8 } else { 0 };
+        let buffers_only_in_pytorch = if r.model == "bert_base" {
+            2 * 512 * 8
+        } else {
+            0
+        };
         assert_eq!(
             all.parameters + buffers_only_in_pytorch,
             r.parameter_bytes,
             "{what}"
         );
-        assert!(lean.saved <= r.saved, "{what}: lean {} > PyTorch {}", lean.saved, r.saved);
+        assert!(
+            lean.saved <= r.saved,
+            "{what}: lean {} > PyTorch {}",
+            lean.saved,
+            r.saved
+        );
         match expected_gap(r) {
             Some(gap) => {
                 agreeing += 1;

@@ -159,7 +159,11 @@ pub fn measure(a: &MemoryArgs, args: &[String]) -> Result<Outcome> {
         if let Ok(v) = serde_json::from_str::<Value>(stdout.trim()) {
             let missing: Vec<String> = v["missing"]
                 .as_array()
-                .map(|m| m.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|s| s.as_str().map(String::from))
+                        .collect()
+                })
                 .unwrap_or_default();
             if !missing.is_empty() {
                 let why = format!("`{python}` cannot import {}", missing.join(", "));
@@ -237,7 +241,7 @@ fn column(v: &Value, a: &MemoryArgs, args: &[String]) -> Result<TorchMeasured> {
     if saved.is_none() {
         bail!("{SCRIPT_NAME} gave no `saved_bytes` for {}", a.model);
     }
-    let versions = ["torch", "torchvision", "transformers"]
+    let versions = ["torch", companion(&a.model)]
         .iter()
         .filter_map(|m| v["versions"][m].as_str().map(|ver| format!("{m} {ver}")))
         .collect::<Vec<_>>();
