@@ -124,6 +124,9 @@ fn cells(lean: String, pytorch: String, torch: Option<Option<usize>>, last: Stri
     v
 }
 
+/// The torch column's number for each category, when there is one.
+type TorchCells<'a> = Option<&'a dyn Fn(Category) -> Option<usize>>;
+
 /// Category rows of `lean` next to `pytorch`, with `torch`'s number for
 /// each category when there is a torch column.
 fn category_rows(
@@ -131,7 +134,7 @@ fn category_rows(
     width: usize,
     lean: &CategoryBytes,
     pytorch: &CategoryBytes,
-    torch: Option<&dyn Fn(Category) -> Option<usize>>,
+    torch: TorchCells,
 ) {
     for c in Category::ALL {
         let (l, p) = (lean.get(c), pytorch.get(c));
@@ -226,10 +229,7 @@ impl MemoryPlan {
                 _ => None,
             })
         };
-        let (at_peak_torch, own_peak_torch): (
-            Option<&dyn Fn(Category) -> Option<usize>>,
-            Option<&dyn Fn(Category) -> Option<usize>>,
-        ) = match torch {
+        let (at_peak_torch, own_peak_torch): (TorchCells, TorchCells) = match torch {
             Some(_) => (Some(&unmeasured), Some(&own_peak)),
             None => (None, None),
         };
