@@ -52,7 +52,7 @@ mod report;
 pub use models::{
     find_model, parse_case, BuildFn, InputKind, ModelEntry, StepInput, StepModel, MODELS,
 };
-pub use report::LayerComparison;
+pub use report::{LayerComparison, TorchMeasured};
 use std::fmt::Display;
 use std::time::Instant;
 

@@ -84,22 +84,67 @@ fn signed_bytes(b: i64) -> String {
     }
 }
 
-/// Writes one row: a name, then right-aligned columns.
-fn row(out: &mut String, width: usize, name: &str, cells: [String; 3]) {
-    let [a, b, c] = cells;
-    let _ = writeln!(out, "  {name:<width$} {a:>12} {b:>12} {c:>14}");
+/// What PyTorch itself measured for the same step (run by `leangrad
+/// memory --compare-torch` with `python-compare/torch_step_memory.py`):
+/// the extra column of [`MemoryPlan::to_table_compared`]. `None` is a
+/// number PyTorch does not give for this step (shown as `—`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TorchMeasured {
+    /// Where the numbers come from, for the table's legend (`torch
+    /// 2.15.0, torchvision 0.29.2, on meta`).
+    pub source: String,
+    /// The model's parameters and buffers.
+    pub parameters: Option<usize>,
+    /// The optimizer's state after the step.
+    pub optimizer_state: Option<usize>,
+    /// The peak of what autograd saved for backward.
+    pub saved: Option<usize>,
+    /// The step's peak, parameters included.
+    pub peak_total: Option<usize>,
 }
 
-/// Category rows (and their sum, `total`) of `lean` next to `pytorch`.
-fn category_rows(out: &mut String, width: usize, lean: &CategoryBytes, pytorch: &CategoryBytes) {
+/// Writes one row: a name, then right-aligned columns (the last one wider).
+fn row(out: &mut String, width: usize, name: &str, cells: &[String]) {
+    let _ = write!(out, "  {name:<width$}");
+    for (i, cell) in cells.iter().enumerate() {
+        let w = if i + 1 == cells.len() { 14 } else { 12 };
+        let _ = write!(out, " {cell:>w$}");
+    }
+    out.push('\n');
+}
+
+/// The cells of one row: lean, pytorch, PyTorch's measurement when there
+/// is a torch column (`—` without a number), then the last cell.
+fn cells(lean: String, pytorch: String, torch: Option<Option<usize>>, last: String) -> Vec<String> {
+    let mut v = vec![lean, pytorch];
+    if let Some(measured) = torch {
+        v.push(measured.map_or_else(|| "—".to_string(), human_bytes));
+    }
+    v.push(last);
+    v
+}
+
+/// The torch column's number for each category, when there is one.
+type TorchCells<'a> = Option<&'a dyn Fn(Category) -> Option<usize>>;
+
+/// Category rows of `lean` next to `pytorch`, with `torch`'s number for
+/// each category when there is a torch column.
+fn category_rows(
+    out: &mut String,
+    width: usize,
+    lean: &CategoryBytes,
+    pytorch: &CategoryBytes,
+    torch: TorchCells,
+) {
     for c in Category::ALL {
         let (l, p) = (lean.get(c), pytorch.get(c));
-        row(
-            out,
-            width,
-            c.label(),
-            [human_bytes(l), human_bytes(p), ratio(l, p)],
+        let cells = cells(
+            human_bytes(l),
+            human_bytes(p),
+            torch.map(|t| t(c)),
+            ratio(l, p),
         );
+        row(out, width, c.label(), &cells);
     }
 }
 
@@ -116,6 +161,14 @@ impl MemoryPlan {
     /// category's own peak, and the `top` layers by how much more PyTorch's
     /// autograd saves than the lean policy.
     pub fn to_table(&self, top: usize) -> String {
+        self.to_table_compared(top, None)
+    }
+
+    /// [`MemoryPlan::to_table`] with, when `torch` is given, a column of
+    /// what PyTorch itself measured for the same step (between `pytorch`
+    /// and the ratio): the step's peak, and the own peaks of parameters,
+    /// optimizer state and saved for backward; `—` in every other row.
+    pub fn to_table_compared(&self, top: usize, torch: Option<&TorchMeasured>) -> String {
         let s = &self.spec;
         let (l, p) = (&self.lean.report, &self.pytorch.report);
         let mut out = String::new();
@@ -143,6 +196,13 @@ impl MemoryPlan {
             out,
             "lean: what leangrad keeps; pytorch: what PyTorch's autograd keeps for the same step"
         );
+        if let Some(t) = torch {
+            let _ = writeln!(
+                out,
+                "torch: measured in PyTorch itself ({}); — where it gives no such number",
+                t.source
+            );
+        }
         let shown = self.layers.iter().take(top);
         let width = shown
             .clone()
@@ -152,25 +212,46 @@ impl MemoryPlan {
             .unwrap_or(24);
         let header = |out: &mut String, title: &str, last: &str| {
             let _ = writeln!(out, "\n{title}");
-            row(
-                out,
-                width,
-                "",
-                ["lean".into(), "pytorch".into(), last.into()],
-            );
+            let mut head = vec!["lean".to_string(), "pytorch".into(), last.into()];
+            if torch.is_some() {
+                head.insert(2, "torch".into());
+            }
+            row(out, width, "", &head);
+        };
+        // The torch cell of a row: Some(number or None) with a torch column.
+        let cell = |pick: fn(&TorchMeasured) -> Option<usize>| torch.map(pick);
+        let unmeasured = |_: Category| None;
+        let own_peak = |c: Category| {
+            torch.and_then(|t| match c {
+                Category::Parameter => t.parameters,
+                Category::OptimizerState => t.optimizer_state,
+                Category::Saved => t.saved,
+                _ => None,
+            })
+        };
+        let (at_peak_torch, own_peak_torch): (TorchCells, TorchCells) = match torch {
+            Some(_) => (Some(&unmeasured), Some(&own_peak)),
+            None => (None, None),
         };
 
         header(&mut out, "at the moment of the peak", "pytorch/lean");
-        category_rows(&mut out, width, &l.at_peak.bytes, &p.at_peak.bytes);
+        category_rows(
+            &mut out,
+            width,
+            &l.at_peak.bytes,
+            &p.at_peak.bytes,
+            at_peak_torch,
+        );
         row(
             &mut out,
             width,
             "total (the peak)",
-            [
+            &cells(
                 human_bytes(l.peak_total),
                 human_bytes(p.peak_total),
+                cell(|t| t.peak_total),
                 ratio(l.peak_total, p.peak_total),
-            ],
+            ),
         );
         for (name, r) in [("lean", l), ("pytorch", p)] {
             let _ = writeln!(
@@ -183,16 +264,17 @@ impl MemoryPlan {
         }
 
         header(&mut out, "each category's own peak", "pytorch/lean");
-        category_rows(&mut out, width, &l.peak, &p.peak);
+        category_rows(&mut out, width, &l.peak, &p.peak, own_peak_torch);
         row(
             &mut out,
             width,
             "all gradients at once",
-            [
+            &cells(
                 human_bytes(l.gradients_peak),
                 human_bytes(p.gradients_peak),
+                cell(|_| None),
                 ratio(l.gradients_peak, p.gradients_peak),
-            ],
+            ),
         );
 
         if top > 0 {
@@ -206,11 +288,12 @@ impl MemoryPlan {
                     &mut out,
                     width,
                     &r.layer,
-                    [
+                    &cells(
                         human_bytes(r.lean),
                         human_bytes(r.pytorch),
+                        cell(|_| None),
                         signed_bytes(r.difference),
-                    ],
+                    ),
                 );
             }
             if self.layers.is_empty() {

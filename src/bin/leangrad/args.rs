@@ -264,4 +264,10 @@ pub struct MemoryArgs {
     /// Also draw both steps' memory over time to this PNG or SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Add a column of what PyTorch itself keeps for the same step, run
+    /// by python-compare/torch_step_memory.py with `LEANGRAD_PYTHON` (else
+    /// `python3`), which needs torch and torchvision (CNNs) or
+    /// transformers (vit_b16, bert_base, gpt2).
+    #[arg(long)]
+    pub compare_torch: bool,
 }

@@ -3,10 +3,11 @@
 //! does not fit the device, then run and reported.
 
 use crate::args::MemoryArgs;
-use crate::output::{stdout, Progress};
+use crate::output::{self, stdout, Progress};
+use crate::torch_compare::{self, Outcome};
 use anyhow::Result;
 use leangrad::demo::{self, DemoOptions};
-use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec};
+use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec, TorchMeasured};
 use leangrad::{DType, Device};
 use std::ops::ControlFlow;
 
@@ -144,9 +145,40 @@ pub fn memory(a: MemoryArgs) -> Result<()> {
     if let Some(path) = &a.plot {
         memory_plan::plot::write_plot(&plan, path)?;
     }
-    stdout(&if a.json {
-        plan.to_json() + "\n"
+    let torch = if a.compare_torch {
+        Some(compare_torch(&a, &spec)?)
     } else {
-        plan.to_table(a.top)
+        None
+    };
+    stdout(&if a.json {
+        let mut v = serde_json::to_value(&plan)?;
+        if let Some((json, _)) = &torch {
+            v["torch"] = json.clone();
+        }
+        serde_json::to_string_pretty(&v)? + "\n"
+    } else {
+        plan.to_table_compared(a.top, torch.as_ref().and_then(|(_, c)| c.as_ref()))
+    })
+}
+
+/// Runs the same step in PyTorch: its JSON for `--json` and, when it
+/// ran, the table's column. When PyTorch is not there, says on stderr how
+/// to install it and returns the JSON `{missing, install}` without a column.
+fn compare_torch(
+    a: &MemoryArgs,
+    spec: &StepSpec,
+) -> Result<(serde_json::Value, Option<TorchMeasured>)> {
+    let args = torch_compare::script_args(a, spec);
+    output::stderr(&format!(
+        "measuring the same step in PyTorch ({} {})\n",
+        torch_compare::SCRIPT_NAME,
+        args.join(" ")
+    ));
+    Ok(match torch_compare::measure(a, &args)? {
+        Outcome::Measured(json, column) => (json, Some(column)),
+        Outcome::Unavailable(json, message) => {
+            output::stderr(&message);
+            (json, None)
+        }
     })
 }

@@ -3,6 +3,7 @@
 mod args;
 mod commands;
 mod output;
+mod torch_compare;
 
 use anyhow::Result;
 use args::{Cli, Command};
