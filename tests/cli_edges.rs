@@ -76,6 +76,55 @@ fn runs_the_machine_cannot_hold_are_refused_with_the_shortfall() {
 }
 
 #[test]
+fn jobs_the_machine_cannot_hold_are_refused_before_they_start() {
+    let root = tempdir("jobfit");
+    let data = root.join("train");
+    for class in ["cat", "dog"] {
+        let dir = data.join(class);
+        std::fs::create_dir_all(&dir).unwrap();
+        let img =
+            leangrad::Tensor::rand(&[3, 40, 40], leangrad::DType::F32, leangrad::Device::Cpu, 2)
+                .unwrap();
+        leangrad::data::write_png(&img, dir.join("a.png"), leangrad::data::PngDepth::Eight)
+            .unwrap();
+    }
+    let data = data.to_str().unwrap();
+    let out = root.join("ckpt");
+    // A step of two million 224×224 images: predicted on meta, refused on
+    // the CPU with the shortfall before any image is decoded.
+    fails_with(
+        &[
+            "finetune",
+            "--data",
+            data,
+            "--batch",
+            "2000000",
+            "--device",
+            "cpu",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &["one training step needs", "TiB", "on cpu", "short"],
+    );
+    assert!(!out.join("epoch-1").exists());
+    let adv = root.join("adv");
+    fails_with(
+        &[
+            "adversarial",
+            "--images",
+            data,
+            "--batch",
+            "2000000",
+            "--device",
+            "cpu",
+            "--out",
+            adv.to_str().unwrap(),
+        ],
+        &["one attack step needs", "TiB", "short"],
+    );
+}
+
+#[test]
 fn zero_sizes_are_errors_naming_the_option() {
     fails_with(&["demo", "--hidden", "0"], &["--hidden must be at least 1"]);
     fails_with(&["demo", "--points", "0"], &["--points must be at least 1"]);

@@ -185,6 +185,7 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
         reason: e.to_string(),
     })?;
     let memory = predict_memory(opts)?;
+    memory.check_fits(opts.device, "attack step")?;
     let ledger = Ledger::new();
     let _l = ledger.enter();
     let start = Instant::now();

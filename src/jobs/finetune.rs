@@ -187,6 +187,7 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
         None => None,
     };
     let memory = predict_step(opts, case, classes.len())?;
+    memory.check_fits(opts.device, "training step")?;
     let ledger = Ledger::new();
     let _l = ledger.enter();
     let mut model = image_model(

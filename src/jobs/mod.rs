@@ -255,6 +255,13 @@ pub struct StepBytes {
 }
 
 impl StepBytes {
+    /// Refuses the run before anything is allocated when `device` has less
+    /// free memory than the lean step's predicted peak
+    /// ([`crate::Error::WillNotFit`], saying by how much).
+    pub fn check_fits(&self, device: Device, step: &str) -> Result<()> {
+        device.check_fits(&format!("one {step}"), self.lean_step_bytes)
+    }
+
     /// One line for people: `memory of one <step>: … MiB (keeping what
     /// PyTorch keeps: … MiB, r×); measured peak … MiB`.
     pub fn describe(&self, step: &str) -> String {

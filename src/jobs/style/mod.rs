@@ -282,6 +282,7 @@ pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
     let content = read_resized(&opts.content, opts.size)?;
     let style = read_resized(&opts.style, opts.size)?;
     let memory = predict_memory(opts, content.shape(), style.shape())?;
+    memory.check_fits(opts.device, "style step")?;
     if let Some(dir) = opts.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::Image {
             path: dir.to_path_buf(),
