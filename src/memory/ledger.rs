@@ -441,6 +441,15 @@ impl Allocation {
         st.recount(self.id, |e| e.leaf_gradient = Some(kind));
     }
 
+    /// Whether some autograd node holds this allocation for backward now.
+    pub fn is_saved(&self) -> bool {
+        self.ledger
+            .state()
+            .entries
+            .get(&self.id)
+            .is_some_and(|e| e.saved_refs > 0)
+    }
+
     /// The allocation's own category (what it returns to when no longer saved).
     pub fn category(&self) -> Option<Category> {
         self.ledger.state().entries.get(&self.id).map(|e| e.base)

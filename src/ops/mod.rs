@@ -24,7 +24,7 @@
 //! | sum, mean, sum_all, mean_all | shapes only | 0 |
 //! | max, min (over a dim) | the arg-extremum per output element as u8 (dim ≤ 256), u32 (≤ 2³²) or i64 | out elements × 1/4/8 |
 //! | softmax, log_softmax | the output | n·s |
-//! | cross_entropy | the softmax probabilities and the targets tensor (shared, not copied), if the logits need grad | N·C·s (+ targets) |
+//! | cross_entropy | the softmax probabilities (none while another op keeps the logits) and the targets tensor (shared, not copied), if the logits need grad | N·C·s or 0 (+ targets) |
 //! | linear_cross_entropy(h, W, b) | h and the targets (shared), if any input needs grad; no logits | N·D·s (+ targets) |
 //! | mse_loss(a, b) | the difference a − b, if either needs grad | n·s |
 //!

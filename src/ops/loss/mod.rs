@@ -10,27 +10,31 @@
 //!
 //! | op | requires grad | saved for backward | why |
 //! |---|---|---|---|
-//! | `cross_entropy` | logits | the softmax probabilities: `n·b` bytes; the targets: `8·s` bytes (the caller's tensor, not copied) | the gradient is `w·(p − ε/C − (1−ε)·onehot(t))`: the same bytes as the logits, and no softmax recomputed |
+//! | `cross_entropy` (lean) | logits | the softmax probabilities: `n·b` bytes, or nothing of its own while another op keeps the logits (they are read back and the probabilities recomputed by the forward's kernel, the same bits; when that op lets go, the probabilities are made again); the targets: `8·s` bytes (the caller's tensor, not copied) | the gradient is `w·(p − ε/C − (1−ε)·onehot(t))`: never more bytes than the logits, never beside logits kept anyway |
+//! | `cross_entropy` (`SaveAll`) | logits | the softmax probabilities and the targets | what PyTorch's log-softmax keeps (its output, the same bytes) |
 //! | `cross_entropy` | nothing | — (no node; no probabilities computed) | |
 //! | `mse_loss` | either input | `self − target`: `m·b` bytes | both gradients are `±2·(self − target)·g` (scaled for the mean) |
 //! | `mse_loss` | nothing | — (no node) | |
 //!
-//! The same under both save policies. The targets never need grad.
+//! The targets never need grad.
 
 mod cpu;
 mod cuda;
 mod linear;
+mod saved_probs;
 
 pub use linear::CHUNK_ELEMENTS;
 #[cfg(test)]
 mod tests;
 
 use super::expect_float;
-use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::meta::{backend, Backend};
 use crate::primitives::{binary_map, sum_scaled, BinaryKernel};
 use crate::tensor::Layout;
 use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
+use saved_probs::ProbSlot;
+use std::sync::Arc;
 
 /// How a loss combines its per-element (or per-sample) losses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -163,8 +167,16 @@ struct CrossEntropyBackward {
     class_dim: usize,
     opts: CrossEntropyOptions,
     count: usize,
-    probs: SavedTensor,
+    probs: SavedProbs,
     targets: SavedTensor,
+}
+
+/// The probabilities as each policy keeps them.
+enum SavedProbs {
+    /// Lean: the probabilities, or the logits while another op keeps them.
+    Lean(Arc<ProbSlot>),
+    /// SaveAll: the probabilities, always.
+    All(SavedTensor),
 }
 
 impl BackwardOp for CrossEntropyBackward {
@@ -172,9 +184,13 @@ impl BackwardOp for CrossEntropyBackward {
         "cross_entropy"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let (probs, targets) = (self.probs.get()?, self.targets.get()?);
+        let probs = match &self.probs {
+            SavedProbs::Lean(slot) => slot.probs()?,
+            SavedProbs::All(p) => p.get()?.clone(),
+        };
+        let targets = self.targets.get()?;
         let grad =
-            cross_entropy_backward(g, probs, targets, self.class_dim, &self.opts, self.count)?;
+            cross_entropy_backward(g, &probs, targets, self.class_dim, &self.opts, self.count)?;
         Ok(vec![Some(grad)])
     }
 }
@@ -255,7 +271,11 @@ impl Tensor {
             });
         }
         let need = needs_grad([self])[0];
-        let fwd = cross_entropy_forward(self, class_dim, targets, &opts, need)?;
+        let lean = save_policy() == SavePolicy::Lean;
+        // Logits another op saved already are read back in backward: the
+        // probabilities are not even made.
+        let kept_anyway = need && lean && ProbSlot::logits_kept_anyway(self);
+        let fwd = cross_entropy_forward(self, class_dim, targets, &opts, need && !kept_anyway)?;
         let total = || fwd.losses.iter().sum::<f64>();
         let out = match opts.reduction {
             Reduction::None => {
@@ -266,14 +286,23 @@ impl Tensor {
                 Tensor::scalar(total() / fwd.count as f64, self.dtype(), self.device())?
             }
         };
-        let Some(probs) = fwd.probs else {
+        if !need {
             return Ok(out);
+        }
+        let probs = match (lean, fwd.probs) {
+            (true, probs) => SavedProbs::Lean(ProbSlot::new(self, probs, class_dim, targets, opts)?),
+            (false, Some(p)) => SavedProbs::All(SavedTensor::new(&p, "cross_entropy")),
+            (false, None) => {
+                return Err(Error::Backward(
+                    "cross_entropy: probabilities not computed".into(),
+                ))
+            }
         };
         let op = CrossEntropyBackward {
             class_dim,
             opts,
             count: fwd.count,
-            probs: SavedTensor::new(&probs, "cross_entropy"),
+            probs,
             targets: SavedTensor::new(targets, "cross_entropy"),
         };
         Ok(attach(out, &[self], op))
