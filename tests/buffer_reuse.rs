@@ -283,3 +283,29 @@ fn resnet18_peaks_at_batch_64_with_and_without_reuse() {
     assert!(peak("input-bn-eval", false) > 479.0);
     assert!(peak("surgical-last", false) > 473.0);
 }
+
+#[test]
+fn dropout_written_over_its_input_gives_the_same_values_and_gradient() -> Result<()> {
+    use leangrad::nn::{dropout, dropout_owned};
+    let run = |owned: bool| -> Result<(Vec<f32>, Vec<f32>, usize)> {
+        let ledger = Ledger::new();
+        let _l = ledger.enter();
+        let a = randn(&[4, 300], 12).set_requires_grad(true)?;
+        let h = a.mul_scalar(3.0)?;
+        let before = ledger.allocation_count(Device::Cpu);
+        let y = if owned {
+            dropout_owned(h, 0.3, 5, 7)?
+        } else {
+            dropout(&h, 0.3, 5, 7)?
+        };
+        let made = (ledger.allocation_count(Device::Cpu) - before) as usize;
+        y.square()?.sum_all()?.backward()?;
+        Ok((y.to_vec()?, a.grad().expect("grad").to_vec()?, made))
+    };
+    let (y_owned, g_owned, made_owned) = run(true)?;
+    let (y, g, made) = run(false)?;
+    assert_eq!(y_owned, y);
+    assert_eq!(g_owned, g);
+    assert_eq!((made_owned, made), (0, 1), "the owned dropout allocated");
+    Ok(())
+}

@@ -83,7 +83,10 @@ fn when_the_other_op_lets_go_the_probabilities_come_back() -> Result<()> {
     // node goes, the loss makes its probabilities and lets the logits go.
     let before = ledger.live(Device::Cpu);
     drop(square);
-    assert_eq!(ledger.live_in(Device::Cpu, Category::Saved), LOGIT_BYTES + 8 * N);
+    assert_eq!(
+        ledger.live_in(Device::Cpu, Category::Saved),
+        LOGIT_BYTES + 8 * N
+    );
     // the logits were freed and the probabilities made: same live bytes,
     // minus square's output
     assert_eq!(ledger.live(Device::Cpu), before - LOGIT_BYTES);

@@ -318,7 +318,7 @@ impl FeatureMaps for MobileNetV2 {
         stop_if!(visit("adaptive_avg_pool2d", &h));
         h = h.flatten(1, -1)?;
         stop_if!(visit("flatten", &h));
-        h = self.dropout.forward(&h)?;
+        h = self.dropout.forward_owned(h)?;
         stop_if!(visit("classifier.0", &h));
         h = self.fc.forward(&h)?;
         stop_if!(visit("classifier.1", &h));

@@ -91,7 +91,7 @@ impl Layer {
             }
             Layer::Pool(m) => m.forward(&x),
             Layer::Linear(m) => m.forward(&x),
-            Layer::Dropout(m) => m.forward(&x),
+            Layer::Dropout(m) => m.forward_owned(x),
         }
     }
 

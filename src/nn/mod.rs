@@ -18,7 +18,7 @@ pub use conv::{
     Conv2dOptions, ConvGeom, ConvTranspose2d, ConvTranspose2dBuilder, ConvTranspose2dOptions,
     Size2,
 };
-pub use dropout::{dropout, Dropout};
+pub use dropout::{dropout, dropout_owned, Dropout};
 pub use embedding::{embedding, Embedding, EmbeddingBuilder};
 pub use linear::{Linear, LinearBuilder};
 pub use module::{parameters_of_kind, LayerKind, Module};

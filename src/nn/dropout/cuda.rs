@@ -18,6 +18,14 @@ pub(super) fn apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
     tensor::map(x, x.shape(), |b, l| dropout(b, l, seed, offset, p, scale))
 }
 
+/// [`apply`] written over `x` (exclusive and contiguous: the caller
+/// checked).
+pub(super) fn apply_in_place(x: &Tensor, draw: DropoutDraw) -> Result<()> {
+    let n = x.numel();
+    let mut b = x.storage().cuda_mut()?;
+    dropout_in_place(&mut b, n, draw.seed, draw.offset, draw.p, draw.scale())
+}
+
 /// The U8 keep-mask of `draw` over `shape` on `Cuda(n)`.
 pub(super) fn mask(shape: &[usize], draw: DropoutDraw, n: usize) -> Result<Tensor> {
     let dev = tensor::device(n)?;
@@ -65,6 +73,25 @@ pub(crate) fn dropout(
             &seed, &offset, &p, &scale, &n64, out.slice_mut(), x.slice(), &lx)?;
     }
     Ok(out)
+}
+
+/// [`dropout`] over the first `n` elements of the contiguous `x` itself.
+pub(crate) fn dropout_in_place(
+    x: &mut CudaBuffer,
+    n: usize,
+    seed: u64,
+    offset: u64,
+    p: f64,
+    scale: f64,
+) -> Result<()> {
+    let sfx = float_suffix("cuda dropout", x.dtype())?;
+    expect("cuda dropout", x, x.dtype(), n, x)?;
+    if n > 0 {
+        let (n64, dev) = (n as i64, x.device().clone());
+        launch!(&dev, "dropout.cu", format!("dropout_inplace_{sfx}"), CudaDevice::grid_for(n);
+            &seed, &offset, &p, &scale, &n64, x.slice_mut())?;
+    }
+    Ok(())
 }
 
 /// The keep-mask of a dropout draw over `n` elements as u8 (1 = kept):

@@ -19,6 +19,18 @@
             bool keep = lg_keep(seed, offset, i, p);                                    \
             out[i] = keep ? lg_store<T>(lg_load(x[lg_offset(lx, i)]) * s) : lg_store<T>((A)0); \
         }                                                                             \
+    }                                                                                 \
+    /* The same written over a contiguous x (buffer reuse: nothing else holds x). */  \
+    extern "C" __global__ void dropout_inplace_##sfx(unsigned long long seed,         \
+                                                     unsigned long long offset,       \
+                                                     double p, double scale,          \
+                                                     long long n, T* x) {             \
+        typedef Acc<T>::type A;                                                       \
+        A s = lg_load(lg_from_f64<T>(scale));                                         \
+        LG_GRID_LOOP(i, n) {                                                          \
+            bool keep = lg_keep(seed, offset, i, p);                                    \
+            x[i] = keep ? lg_store<T>(lg_load(x[i]) * s) : lg_store<T>((A)0);         \
+        }                                                                             \
     }
 LG_FOR_FLOATS(LG_DROPOUT)
 

@@ -24,7 +24,9 @@ mod cuda;
 mod tests;
 
 use super::Module;
-use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
+use crate::autograd::{
+    attach, may_reuse, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor,
+};
 use crate::memory::scope;
 use crate::meta::{backend, backend_of, Backend};
 use crate::ops::expect_float;
@@ -71,6 +73,25 @@ pub(crate) fn dropout_apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
 
 /// The keep-mask of `draw` over a tensor of `shape` as a U8 tensor on
 /// `device` (1 = kept): what PyTorch keeps for backward.
+/// [`dropout_apply`] written over `x` when buffer reuse is on and nothing
+/// else holds it; else a new tensor. The same values either way.
+fn dropout_apply_owned(x: Tensor, draw: DropoutDraw) -> Result<Tensor> {
+    if !may_reuse(&x) {
+        return dropout_apply(&x, draw);
+    }
+    dropout_apply_in_place(&x, draw)?;
+    Ok(x)
+}
+
+/// [`dropout_apply`] written over `x`, which the caller checked is
+/// exclusive ([`may_reuse`]).
+fn dropout_apply_in_place(x: &Tensor, draw: DropoutDraw) -> Result<()> {
+    match backend("dropout", &[x])? {
+        Backend::Cpu | Backend::Meta => cpu::apply_in_place(x, draw),
+        Backend::Cuda(_) => cuda::apply_in_place(x, draw),
+    }
+}
+
 pub(crate) fn dropout_mask(shape: &[usize], draw: DropoutDraw, device: Device) -> Result<Tensor> {
     match backend_of("dropout", device)? {
         Backend::Cpu | Backend::Meta => cpu::mask(shape, draw, device),
@@ -112,7 +133,7 @@ impl BackwardOp for DropoutBackward {
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let gi = match &self.mask {
-            None => dropout_apply(&g, self.draw)?,
+            None => dropout_apply_owned(g, self.draw)?,
             Some(mask) => dropout_apply_mask(&g, mask.get()?, self.draw.scale())?,
         };
         Ok(vec![Some(gi)])
@@ -126,14 +147,31 @@ impl BackwardOp for DropoutBackward {
 /// for backward (the mask is replayed from (seed, offset)); under `SaveAll`
 /// the mask as U8, one byte per element, like PyTorch.
 pub fn dropout(x: &Tensor, p: f64, seed: u64, offset: u64) -> Result<Tensor> {
+    dropout_reusing(x.clone(), p, (seed, offset), false)
+}
+
+/// [`dropout`] of an input the caller hands over: written over it when
+/// buffer reuse is on and nothing else holds it (dropout never saves its
+/// input). The same values, gradients and saved bytes.
+pub fn dropout_owned(x: Tensor, p: f64, seed: u64, offset: u64) -> Result<Tensor> {
+    dropout_reusing(x, p, (seed, offset), true)
+}
+
+fn dropout_reusing(x: Tensor, p: f64, (seed, offset): (u64, u64), owned: bool) -> Result<Tensor> {
     check_p(p)?;
-    expect_float("dropout", x)?;
+    expect_float("dropout", &x)?;
     if p == 0.0 {
-        return Ok(x.clone());
+        return Ok(x);
     }
     let draw = DropoutDraw { seed, offset, p };
-    let out = dropout_apply(x, draw)?;
-    let [needs] = needs_grad([x]);
+    let [needs] = needs_grad([&x]);
+    let out = if owned && may_reuse(&x) {
+        dropout_apply_in_place(&x, draw)?;
+        x.detach()
+    } else {
+        dropout_apply(&x, draw)?
+    };
+    let x = &x;
     if !needs {
         return Ok(out);
     }
@@ -198,6 +236,18 @@ impl Module for Dropout {
         let _s = scope(self.name.clone());
         let (seed, offset) = self.generator.reserve(x.numel() as u64);
         dropout(x, self.p, seed, offset)
+    }
+
+    /// As `forward`, writing over `x` when nothing else holds it and buffer
+    /// reuse is on.
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+        if !self.training || self.p == 0.0 {
+            expect_float("dropout", &x)?;
+            return Ok(x);
+        }
+        let _s = scope(self.name.clone());
+        let (seed, offset) = self.generator.reserve(x.numel() as u64);
+        dropout_owned(x, self.p, seed, offset)
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {

@@ -290,7 +290,9 @@ impl Tensor {
             return Ok(out);
         }
         let probs = match (lean, fwd.probs) {
-            (true, probs) => SavedProbs::Lean(ProbSlot::new(self, probs, class_dim, targets, opts)?),
+            (true, probs) => {
+                SavedProbs::Lean(ProbSlot::new(self, probs, class_dim, targets, opts)?)
+            }
             (false, Some(p)) => SavedProbs::All(SavedTensor::new(&p, "cross_entropy")),
             (false, None) => {
                 return Err(Error::Backward(
