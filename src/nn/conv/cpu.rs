@@ -34,6 +34,24 @@ impl ConvGeom {
         let i = (o * self.stride[a] + k * self.dil[a]).checked_sub(self.pad[a])?;
         (i < len).then_some(i)
     }
+
+    /// The outputs `lo..hi` along axis `a` whose input coordinate through
+    /// tap `k` lies inside `0..len` (every other output reads padding): the
+    /// span the kernels below copy or add without a bounds check per element.
+    fn valid(&self, a: usize, k: usize, len: usize, outs: usize) -> Range<usize> {
+        let (s, shift, pad) = (self.stride[a], k * self.dil[a], self.pad[a]);
+        // o·s + shift − pad ≥ 0  ⇔  o ≥ ⌈(pad − shift) / s⌉.
+        let lo = pad.saturating_sub(shift).div_ceil(s);
+        // o·s + shift − pad < len  ⇔  o < ⌈(len + pad − shift) / s⌉.
+        let hi = (len + pad).saturating_sub(shift).div_ceil(s).min(outs);
+        lo.min(hi)..hi
+    }
+
+    /// The input coordinate along axis `a` of output `span.start` through
+    /// tap `k`, when `span` (from [`ConvGeom::valid`]) is not empty.
+    fn first(&self, a: usize, k: usize, span: &Range<usize>) -> Option<usize> {
+        (!span.is_empty()).then(|| span.start * self.stride[a] + k * self.dil[a] - self.pad[a])
+    }
 }
 
 /// Whether a data access runs on meta (shapes only: the destination is just
@@ -122,6 +140,8 @@ fn for_chunks<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T])
 }
 
 /// Unfolds one item `x` (`[cin, h, w]`) into `cols` (`[cin·kh·kw, oh·ow]`).
+/// Each output row copies its valid span in one piece (a plain copy at
+/// stride 1) and zero-fills the padding on either side.
 fn im2col<T: FloatDType>(
     x: &CpuData,
     xr: Range<usize>,
@@ -131,18 +151,27 @@ fn im2col<T: FloatDType>(
     let x = slice::<T>(x, xr)?;
     let n = cols.len();
     let cols = slice_mut::<T>(cols, 0..n)?;
-    let (kk, hw) = (g.kh * g.kw, g.h * g.w);
+    let (kk, hw, sw) = (g.kh * g.kw, g.h * g.w, g.stride[1]);
     for_chunks(cols, g.l(), |r, row| {
         let (c, ki, kj) = (r / kk, r % kk / g.kw, r % g.kw);
         let plane = &x[c * hw..(c + 1) * hw];
+        let cols_in = g.valid(1, kj, g.w, g.ow);
+        let first = g.first(1, kj, &cols_in).unwrap_or(0);
         for (oy, dst) in row.chunks_mut(g.ow).enumerate() {
             let Some(iy) = g.src(0, oy, ki, g.h) else {
                 dst.fill(T::zero());
                 continue;
             };
             let src = &plane[iy * g.w..(iy + 1) * g.w];
-            for (ox, d) in dst.iter_mut().enumerate() {
-                *d = g.src(1, ox, kj, g.w).map_or(T::zero(), |ix| src[ix]);
+            dst[..cols_in.start].fill(T::zero());
+            dst[cols_in.end..].fill(T::zero());
+            let span = &mut dst[cols_in.clone()];
+            if sw == 1 {
+                span.copy_from_slice(&src[first..first + span.len()]);
+            } else {
+                for (i, d) in span.iter_mut().enumerate() {
+                    *d = src[first + i * sw];
+                }
             }
         }
     });
@@ -150,7 +179,10 @@ fn im2col<T: FloatDType>(
 }
 
 /// Folds `cols` (`[cin·kh·kw, oh·ow]`) back, adding into one item `gx`
-/// (`[cin, h, w]`). Each input channel is summed in a fixed order.
+/// (`[cin, h, w]`). Each input position receives its taps in a fixed order
+/// (kernel row, kernel column, then output row and column), the order of a
+/// plain loop over the column rows, so the sums do not depend on how the
+/// valid spans are found.
 fn col2im<T: FloatDType>(
     cols: &CpuData,
     gx: &mut CpuData,
@@ -159,19 +191,29 @@ fn col2im<T: FloatDType>(
 ) -> Result<()> {
     let cols = slice::<T>(cols, 0..cols.len())?;
     let gx = slice_mut::<T>(gx, gr)?;
-    let (kk, l) = (g.kh * g.kw, g.l());
+    let (kk, l, sw) = (g.kh * g.kw, g.l(), g.stride[1]);
     for_chunks(gx, g.h * g.w, |c, plane| {
         for ki in 0..g.kh {
             for kj in 0..g.kw {
                 let row = &cols[(c * kk + ki * g.kw + kj) * l..][..l];
+                let cols_in = g.valid(1, kj, g.w, g.ow);
+                let Some(first) = g.first(1, kj, &cols_in) else {
+                    continue;
+                };
                 for (oy, src) in row.chunks(g.ow).enumerate() {
                     let Some(iy) = g.src(0, oy, ki, g.h) else {
                         continue;
                     };
-                    for (ox, &v) in src.iter().enumerate() {
-                        if let Some(ix) = g.src(1, ox, kj, g.w) {
-                            let p = &mut plane[iy * g.w + ix];
-                            *p = *p + v;
+                    let dst = &mut plane[iy * g.w..(iy + 1) * g.w];
+                    let src = &src[cols_in.clone()];
+                    if sw == 1 {
+                        for (d, &v) in dst[first..first + src.len()].iter_mut().zip(src) {
+                            *d = *d + v;
+                        }
+                    } else {
+                        for (i, &v) in src.iter().enumerate() {
+                            let d = &mut dst[first + i * sw];
+                            *d = *d + v;
                         }
                     }
                 }
