@@ -360,9 +360,6 @@ fn update_in_chunks<T: FloatDType, A: Algorithm>(
 fn gather_range<T: Copy>(data: &[T], layout: &Layout, start: usize, n: usize) -> Vec<T> {
     let (shape, strides) = (layout.shape(), layout.strides());
     let rank = shape.len();
-    if rank == 2 && strides[0] < strides[1] && n > 0 {
-        return gather_columns(data, layout, start, n);
-    }
     let mut out = Vec::with_capacity(n);
     if rank == 0 {
         out.extend((0..n).map(|_| data[layout.offset()]));
@@ -390,47 +387,6 @@ fn gather_range<T: Copy>(data: &[T], layout: &Layout, start: usize, n: usize) ->
             d -= 1;
             index[d] += 1;
             offset += strides[d];
-        }
-    }
-    out
-}
-
-/// Rows of one tile of [`gather_columns`]: a cache line of f32 columns.
-const GATHER_TILE: usize = 16;
-
-/// [`gather_range`] of a 2-d view whose rows are closer in memory than its
-/// columns (a transposed matrix, as a Linear layer's weight gradient is):
-/// tiles of [`GATHER_TILE`] rows are read column by column, so each read
-/// takes neighbouring elements of one cache line instead of one element
-/// per line.
-fn gather_columns<T: Copy>(data: &[T], layout: &Layout, start: usize, n: usize) -> Vec<T> {
-    let (cols, (rs, cs)) = (
-        layout.shape()[1],
-        (layout.strides()[0], layout.strides()[1]),
-    );
-    let base = layout.offset();
-    let end = start + n;
-    let mut out = vec![data[base + (start / cols) * rs + (start % cols) * cs]; n];
-    let (first_row, last_row) = (start / cols, (end - 1) / cols);
-    for tile in (first_row..=last_row).step_by(GATHER_TILE) {
-        let rows = tile..(tile + GATHER_TILE).min(last_row + 1);
-        // The columns of row `r` inside `start..end`.
-        let span = |r: usize| {
-            let lo = if r == first_row { start % cols } else { 0 };
-            let hi = if r == last_row {
-                (end - 1) % cols + 1
-            } else {
-                cols
-            };
-            lo..hi
-        };
-        let full = span(rows.start) == (0..cols) && span(rows.end - 1) == (0..cols);
-        for c in 0..cols {
-            for r in rows.clone() {
-                if full || span(r).contains(&c) {
-                    out[r * cols + c - start] = data[base + r * rs + c * cs];
-                }
-            }
         }
     }
     out
@@ -496,27 +452,6 @@ mod tests {
 
     /// `gather_range` reads the same elements as the layout's full offset
     /// list, from any start, across row boundaries.
-    #[test]
-    fn gather_range_of_a_transposed_matrix_matches_the_offsets() {
-        let data: Vec<u32> = (0..(37 * 45) as u32).collect();
-        // A transposed [37, 45] matrix seen as [45, 37], and a narrowed
-        // one (its rows then start at an offset).
-        let t = Layout::contiguous(&[37, 45]).permute(&[1, 0]).unwrap();
-        for layout in [t.clone(), t.narrow(1, 3, 30).unwrap()] {
-            let all: Vec<u32> = layout.offsets().unwrap().iter().map(|&o| data[o]).collect();
-            for start in [0, 1, 29, 30, 36, 37, 100, 500] {
-                for n in [1, 2, 7, 36, 37, 38, 300, all.len() - start] {
-                    let n = n.min(all.len() - start);
-                    assert_eq!(
-                        gather_range(&data, &layout, start, n),
-                        all[start..start + n],
-                        "start {start}, n {n}"
-                    );
-                }
-            }
-        }
-    }
-
     #[test]
     fn gather_range_matches_the_offsets() {
         let data: Vec<u32> = (0..(4 * 6 * 5) as u32).collect();
