@@ -31,6 +31,34 @@ fn forward_matches_a_naive_loop() {
     }
 }
 
+/// A batch that the forward splits into several multi-item products and a
+/// last single item (16 output channels over 4·3·3 column rows: two items
+/// per product, five items), with a bias and with a strided bias view (read
+/// by the one-item products), against the naive loop.
+#[test]
+fn forward_over_uneven_item_chunks_matches_a_naive_loop() {
+    let c = Case {
+        name: "chunks",
+        op: c2(1, 1, 1, 1),
+        x: &[5, 4, 3, 3],
+        w: &[16, 4, 3, 3],
+        bias: true,
+    };
+    for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        let t = inputs(&c, dtype);
+        let (expected, shape) = reference(&c, &t);
+        let y = apply(c.op, &t).unwrap();
+        assert_eq!(y.shape(), shape);
+        assert_close(&y.to_f64_vec().unwrap(), &expected, tol);
+        // The same bias values read through a stride of 2.
+        let wide = Tensor::stack(&[&t[2], &t[2]], 1).unwrap();
+        let strided = wide.narrow(1, 0, 1).unwrap().squeeze(1).unwrap();
+        assert!(!strided.is_contiguous());
+        let y = apply(c.op, &[t[0].clone(), t[1].clone(), strided]).unwrap();
+        assert_close(&y.to_f64_vec().unwrap(), &expected, tol);
+    }
+}
+
 #[test]
 fn non_contiguous_operands_give_the_same_result() {
     let c = &cases()[1];

@@ -139,43 +139,65 @@ fn for_chunks<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T])
     }
 }
 
-/// Unfolds one item `x` (`[cin, h, w]`) into `cols` (`[cin·kh·kw, oh·ow]`).
-/// Each output row copies its valid span in one piece (a plain copy at
-/// stride 1) and zero-fills the padding on either side.
+/// Unfolds `items` consecutive items of `x` (each `[cin, h, w]`, the first
+/// at `xr.start`) into `cols`: rows `rows` of the column matrix
+/// `[cin·kh·kw, oh·ow]` of every item, side by side (`[rows, items·oh·ow]`:
+/// row `r` holds item 0's `oh·ow` positions, then item 1's, …). One item
+/// and all rows is the plain unfolding. Each output row copies its valid
+/// span in one piece (a plain copy at stride 1) and zero-fills the padding
+/// on either side.
 fn im2col<T: FloatDType>(
     x: &CpuData,
     xr: Range<usize>,
     cols: &mut CpuData,
     g: &ConvGeom,
+    (rows, items): (Range<usize>, usize),
 ) -> Result<()> {
     let x = slice::<T>(x, xr)?;
-    let n = cols.len();
-    let cols = slice_mut::<T>(cols, 0..n)?;
+    let (l, item) = (g.l(), g.cin * g.h * g.w);
+    let cols = slice_mut::<T>(cols, 0..rows.len() * items * l)?;
     let (kk, hw, sw) = (g.kh * g.kw, g.h * g.w, g.stride[1]);
-    for_chunks(cols, g.l(), |r, row| {
+    for_chunks(cols, items * l, |r, row| {
+        let r = rows.start + r;
         let (c, ki, kj) = (r / kk, r % kk / g.kw, r % g.kw);
-        let plane = &x[c * hw..(c + 1) * hw];
         let cols_in = g.valid(1, kj, g.w, g.ow);
         let first = g.first(1, kj, &cols_in).unwrap_or(0);
-        for (oy, dst) in row.chunks_mut(g.ow).enumerate() {
-            let Some(iy) = g.src(0, oy, ki, g.h) else {
-                dst.fill(T::zero());
-                continue;
-            };
-            let src = &plane[iy * g.w..(iy + 1) * g.w];
-            dst[..cols_in.start].fill(T::zero());
-            dst[cols_in.end..].fill(T::zero());
-            let span = &mut dst[cols_in.clone()];
-            if sw == 1 {
-                span.copy_from_slice(&src[first..first + span.len()]);
-            } else {
-                for (i, d) in span.iter_mut().enumerate() {
-                    *d = src[first + i * sw];
-                }
-            }
+        for (b, row) in row.chunks_mut(l).enumerate() {
+            let plane = &x[b * item + c * hw..][..hw];
+            unfold_row(plane, row, g, ki, (&cols_in, first, sw));
         }
     });
     Ok(())
+}
+
+/// One column row of one item: output positions `row` (`[oh, ow]`) read
+/// through tap row `ki` from the input plane `plane`; `cols_in` is the
+/// valid span of output columns, `first` the input column of its start.
+#[inline(always)]
+fn unfold_row<T: FloatDType>(
+    plane: &[T],
+    row: &mut [T],
+    g: &ConvGeom,
+    ki: usize,
+    (cols_in, first, sw): (&Range<usize>, usize, usize),
+) {
+    for (oy, dst) in row.chunks_mut(g.ow).enumerate() {
+        let Some(iy) = g.src(0, oy, ki, g.h) else {
+            dst.fill(T::zero());
+            continue;
+        };
+        let src = &plane[iy * g.w..(iy + 1) * g.w];
+        dst[..cols_in.start].fill(T::zero());
+        dst[cols_in.end..].fill(T::zero());
+        let span = &mut dst[cols_in.clone()];
+        if sw == 1 {
+            span.copy_from_slice(&src[first..first + span.len()]);
+        } else {
+            for (i, d) in span.iter_mut().enumerate() {
+                *d = src[first + i * sw];
+            }
+        }
+    }
 }
 
 /// Folds `cols` (`[cin·kh·kw, oh·ow]`) back, adding into one item `gx`
@@ -223,16 +245,17 @@ fn col2im<T: FloatDType>(
     Ok(())
 }
 
-/// Writes `bias[c]` into every output position of channel `c`.
+/// Writes `bias[c]` into every output position of channel `c`: `out[range]`
+/// is a sequence of rows of `l` positions, row `i` of channel `i % c`.
 fn fill_bias<T: FloatDType>(
     out: &mut CpuData,
+    range: Range<usize>,
     b: &CpuData,
     br: Range<usize>,
     l: usize,
 ) -> Result<()> {
     let b = slice::<T>(b, br)?;
-    let n = out.len();
-    let out = slice_mut::<T>(out, 0..n)?;
+    let out = slice_mut::<T>(out, range)?;
     let c = b.len();
     for_chunks(out, l, |i, d| d.fill(b[i % c]));
     Ok(())
@@ -262,15 +285,29 @@ fn channel_sums<T: FloatDType>(
     Ok(())
 }
 
+/// Unfolds one item of `x` (from element `start`) into `cols`.
 fn unfold(x: &Tensor, start: usize, cols: &Tensor, g: &ConvGeom) -> Result<()> {
+    unfold_items(x, start, cols, g, 0..g.cin * g.kh * g.kw, 1)
+}
+
+/// Unfolds rows `rows` of `items` consecutive items of `x` (from element
+/// `start`) into the front of `cols`, side by side (see [`im2col`]).
+fn unfold_items(
+    x: &Tensor,
+    start: usize,
+    cols: &Tensor,
+    g: &ConvGeom,
+    rows: Range<usize>,
+    items: usize,
+) -> Result<()> {
     if on_meta("conv", &[x, cols])? {
         crate::meta::touch(cols);
         return Ok(());
     }
     let xd = x.storage().cpu()?;
     let mut cd = cols.storage().cpu_mut()?;
-    let item = g.cin * g.h * g.w;
-    by_dtype!(x.dtype(), im2col(&xd, start..start + item, &mut cd, g))
+    let xr = start..start + items * g.cin * g.h * g.w;
+    by_dtype!(x.dtype(), im2col(&xd, xr, &mut cd, g, (rows, items)))
 }
 
 /// The convolution `y = conv(x, w) + b` (no autograd): `x` `[n, cin, h, w]`,
@@ -291,7 +328,11 @@ pub(super) fn conv2d_forward(
         } else {
             let bd = b.storage().cpu()?;
             let mut od = out.storage().cpu_mut()?;
-            by_dtype!(x.dtype(), fill_bias(&mut od, &bd, bs..bs + g.cout, g.l()))?;
+            let all = 0..od.len();
+            by_dtype!(
+                x.dtype(),
+                fill_bias(&mut od, all, &bd, bs..bs + g.cout, g.l())
+            )?;
         }
     }
     let (x, xs) = dense(x)?;
@@ -299,12 +340,128 @@ pub(super) fn conv2d_forward(
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
     let cols = Tensor::zeros(&[g.groups, k, l], x.dtype(), x.device())?;
     let wv = view(&w, &[g.groups, cg, k], ws);
-    for i in 0..items(&x, g) {
-        unfold(&x, xs + i * g.cin * g.h * g.w, &cols, g)?;
-        let dst = view(&out, &[g.groups, cg, l], i * g.cout * l);
-        matmul_into(&dst, &wv, &cols, bias.is_some())?;
+    let n = items(&x, g);
+    // A bias is read in place by the batched products (a view would need a
+    // copy, which the one-item products do not make).
+    let bias_at = bias.map(|b| b.layout().contiguous_range().map(|r| (b, r.start)));
+    let per_product = match bias_at {
+        Some(None) => 1,
+        _ => batch_items(g, n),
+    };
+    let mut i = 0;
+    while i < n {
+        let nb = per_product.min(n - i);
+        if nb > 1 {
+            let b = bias_at.flatten();
+            forward_items(&x, xs, (&w, ws), b, &out, &cols, g, i..i + nb)?;
+        } else {
+            unfold(&x, xs + i * g.cin * g.h * g.w, &cols, g)?;
+            let dst = view(&out, &[g.groups, cg, l], i * g.cout * l);
+            matmul_into(&dst, &wv, &cols, bias.is_some())?;
+        }
+        i += nb;
     }
     Ok(out)
+}
+
+/// Output positions one batched forward product aims at: enough for the
+/// gemm kernel to run whole tiles and to read the weight once for several
+/// items rather than once per item (an item of a late ResNet layer has
+/// only 7·7 or 4·4 positions).
+const BATCH_POSITIONS: usize = 384;
+
+/// How many batch items one forward product covers: about
+/// [`BATCH_POSITIONS`] positions, at most the `n` items left, and at most
+/// `k / cout` (the product's `[cout, items·oh·ow]` result is reordered
+/// through the column buffer, which holds `k·oh·ow` elements). Grouped
+/// convolutions and large items run one item per product.
+fn batch_items(g: &ConvGeom, n: usize) -> usize {
+    if g.groups != 1 || g.l() == 0 || g.cout == 0 {
+        return 1;
+    }
+    BATCH_POSITIONS
+        .div_ceil(g.l())
+        .min(g.k() / g.cout)
+        .min(n)
+        .max(1)
+}
+
+/// The forward of the batch items `items` (more than one; groups of 1) in
+/// the column buffer of one item: the column rows are split into as many
+/// slices as there are items, each slice is unfolded for all the items side
+/// by side (`[rows/items, items·oh·ow]`, the buffer's size) and multiplied
+/// by the weight's matching columns, accumulating into the items' outputs
+/// held as one `[cout, items·oh·ow]` matrix in the output's own storage;
+/// that matrix is then reordered to `[items, cout, oh·ow]` through the
+/// column buffer. The sums over the column rows are split at the slices
+/// (the same terms, added in another grouping than one product per item).
+#[allow(clippy::too_many_arguments)]
+fn forward_items(
+    x: &Tensor,
+    xs: usize,
+    (w, ws): (&Tensor, usize),
+    bias: Option<(&Tensor, usize)>,
+    out: &Tensor,
+    cols: &Tensor,
+    g: &ConvGeom,
+    items: Range<usize>,
+) -> Result<()> {
+    let (k, l, cout, nb) = (g.k(), g.l(), g.cout, items.len());
+    let (width, start) = (nb * l, items.start * cout * l);
+    let wide = view(out, &[cout, width], start);
+    if let Some((b, bs)) = bias {
+        if !on_meta("conv2d", &[out, b])? {
+            let bd = b.storage().cpu()?;
+            let mut od = out.storage().cpu_mut()?;
+            let range = start..start + cout * width;
+            by_dtype!(
+                x.dtype(),
+                fill_bias(&mut od, range, &bd, bs..bs + cout, width)
+            )?;
+        }
+    }
+    let slice_rows = k / nb;
+    for r0 in (0..k).step_by(slice_rows) {
+        let rows = r0..(r0 + slice_rows).min(k);
+        let first = xs + items.start * g.cin * g.h * g.w;
+        unfold_items(x, first, cols, g, rows.clone(), nb)?;
+        let wr = w.view_with_layout(Layout::from_parts(
+            vec![cout, rows.len()],
+            vec![k, 1],
+            ws + r0,
+        ));
+        let cr = view(cols, &[rows.len(), width], 0);
+        matmul_into(&wide, &wr, &cr, r0 > 0 || bias.is_some())?;
+    }
+    if on_meta("conv2d", &[out, cols])? {
+        return Ok(());
+    }
+    let mut od = out.storage().cpu_mut()?;
+    let mut cd = cols.storage().cpu_mut()?;
+    by_dtype!(
+        x.dtype(),
+        wide_to_items(&mut od, start, &mut cd, (cout, nb, l))
+    )
+}
+
+/// Reorders `out[start..]`, holding `[cout, items·l]`, to `[items, cout,
+/// l]`, through the front of `scratch`.
+fn wide_to_items<T: FloatDType>(
+    out: &mut CpuData,
+    start: usize,
+    scratch: &mut CpuData,
+    (cout, items, l): (usize, usize, usize),
+) -> Result<()> {
+    let len = cout * items * l;
+    let out = slice_mut::<T>(out, start..start + len)?;
+    let tmp = slice_mut::<T>(scratch, 0..len)?;
+    tmp.copy_from_slice(out);
+    for (c, channel) in tmp.chunks(items * l).enumerate() {
+        for (i, src) in channel.chunks(l).enumerate() {
+            out[(i * cout + c) * l..][..l].copy_from_slice(src);
+        }
+    }
+    Ok(())
 }
 
 /// The gradient of [`conv2d_forward`] with respect to `x`, given `gy`
@@ -326,9 +483,10 @@ pub(super) fn conv2d_input_grad(
         } else {
             let bd = b.storage().cpu()?;
             let mut xd = gx.storage().cpu_mut()?;
+            let all = 0..xd.len();
             by_dtype!(
                 gy.dtype(),
-                fill_bias(&mut xd, &bd, bs..bs + g.cin, g.h * g.w)
+                fill_bias(&mut xd, all, &bd, bs..bs + g.cin, g.h * g.w)
             )?;
         }
     }
