@@ -12,6 +12,14 @@
 //!   (this is also the forward of the transposed convolution);
 //! - weight gradient: `gW[g] = Σ_i gy_i[g] · cols_i[g]ᵀ`.
 //!
+//! An item with few output positions (a late ResNet layer's 7·7) makes a
+//! product too narrow for the gemm kernel's tiles, which then reads the
+//! whole weight for a handful of columns. The forward therefore covers
+//! several items per product when they fit the same buffer (see
+//! [`forward_items`]): the column rows in slices, each slice unfolded for
+//! the items side by side. The buffer, its size and the ledger are those
+//! of one item either way.
+//!
 //! The products go through `matmul_into`, which dispatches Cpu/Meta itself;
 //! the data accesses here ask [`on_meta`] at the innermost point, so a meta
 //! run allocates (and the ledger moves) exactly as a CPU run.
@@ -353,7 +361,7 @@ pub(super) fn conv2d_forward(
         let nb = per_product.min(n - i);
         if nb > 1 {
             let b = bias_at.flatten();
-            forward_items(&x, xs, (&w, ws), b, &out, &cols, g, i..i + nb)?;
+            forward_items((&x, xs), (&w, ws), b, &out, &cols, g, i..i + nb)?;
         } else {
             unfold(&x, xs + i * g.cin * g.h * g.w, &cols, g)?;
             let dst = view(&out, &[g.groups, cg, l], i * g.cout * l);
@@ -395,10 +403,8 @@ fn batch_items(g: &ConvGeom, n: usize) -> usize {
 /// that matrix is then reordered to `[items, cout, oh·ow]` through the
 /// column buffer. The sums over the column rows are split at the slices
 /// (the same terms, added in another grouping than one product per item).
-#[allow(clippy::too_many_arguments)]
 fn forward_items(
-    x: &Tensor,
-    xs: usize,
+    (x, xs): (&Tensor, usize),
     (w, ws): (&Tensor, usize),
     bias: Option<(&Tensor, usize)>,
     out: &Tensor,
