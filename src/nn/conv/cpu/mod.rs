@@ -32,6 +32,7 @@ use crate::primitives::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
 use crate::tensor::{contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
+use items::{batch_items, forward_items, input_grad_items, input_grad_of_items};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -85,6 +86,9 @@ macro_rules! by_dtype {
         }
     };
 }
+
+// After `by_dtype!`, which it uses.
+mod items;
 
 fn slice<T: FloatDType>(d: &CpuData, r: Range<usize>) -> Result<&[T]> {
     let s = d.as_slice::<T>().ok_or(Error::DTypeMismatch {
@@ -221,36 +225,44 @@ fn col2im<T: FloatDType>(
 ) -> Result<()> {
     let cols = slice::<T>(cols, 0..cols.len())?;
     let gx = slice_mut::<T>(gx, gr)?;
-    let (kk, l, sw) = (g.kh * g.kw, g.l(), g.stride[1]);
+    let (kk, l) = (g.kh * g.kw, g.l());
     for_chunks(gx, g.h * g.w, |c, plane| {
         for ki in 0..g.kh {
             for kj in 0..g.kw {
                 let row = &cols[(c * kk + ki * g.kw + kj) * l..][..l];
-                let cols_in = g.valid(1, kj, g.w, g.ow);
-                let Some(first) = g.first(1, kj, &cols_in) else {
-                    continue;
-                };
-                for (oy, src) in row.chunks(g.ow).enumerate() {
-                    let Some(iy) = g.src(0, oy, ki, g.h) else {
-                        continue;
-                    };
-                    let dst = &mut plane[iy * g.w..(iy + 1) * g.w];
-                    let src = &src[cols_in.clone()];
-                    if sw == 1 {
-                        for (d, &v) in dst[first..first + src.len()].iter_mut().zip(src) {
-                            *d = *d + v;
-                        }
-                    } else {
-                        for (i, &v) in src.iter().enumerate() {
-                            let d = &mut dst[first + i * sw];
-                            *d = *d + v;
-                        }
-                    }
-                }
+                fold_row(row, plane, g, ki, kj);
             }
         }
     });
     Ok(())
+}
+
+/// Adds one column row (`row`, `[oh, ow]`: the values of tap `(ki, kj)`)
+/// into the input plane `plane` it was unfolded from, in output order.
+#[inline(always)]
+fn fold_row<T: FloatDType>(row: &[T], plane: &mut [T], g: &ConvGeom, ki: usize, kj: usize) {
+    let sw = g.stride[1];
+    let cols_in = g.valid(1, kj, g.w, g.ow);
+    let Some(first) = g.first(1, kj, &cols_in) else {
+        return;
+    };
+    for (oy, src) in row.chunks(g.ow).enumerate() {
+        let Some(iy) = g.src(0, oy, ki, g.h) else {
+            continue;
+        };
+        let dst = &mut plane[iy * g.w..(iy + 1) * g.w];
+        let src = &src[cols_in.clone()];
+        if sw == 1 {
+            for (d, &v) in dst[first..first + src.len()].iter_mut().zip(src) {
+                *d = *d + v;
+            }
+        } else {
+            for (i, &v) in src.iter().enumerate() {
+                let d = &mut dst[first + i * sw];
+                *d = *d + v;
+            }
+        }
+    }
 }
 
 /// Writes `bias[c]` into every output position of channel `c`: `out[range]`
@@ -372,104 +384,6 @@ pub(super) fn conv2d_forward(
     Ok(out)
 }
 
-/// Output positions one batched forward product aims at: enough for the
-/// gemm kernel to run whole tiles and to read the weight once for several
-/// items rather than once per item (an item of a late ResNet layer has
-/// only 7·7 or 4·4 positions).
-const BATCH_POSITIONS: usize = 384;
-
-/// How many batch items one forward product covers: about
-/// [`BATCH_POSITIONS`] positions, at most the `n` items left, and at most
-/// `k / cout` (the product's `[cout, items·oh·ow]` result is reordered
-/// through the column buffer, which holds `k·oh·ow` elements). Grouped
-/// convolutions and large items run one item per product.
-fn batch_items(g: &ConvGeom, n: usize) -> usize {
-    if g.groups != 1 || g.l() == 0 || g.cout == 0 {
-        return 1;
-    }
-    BATCH_POSITIONS
-        .div_ceil(g.l())
-        .min(g.k() / g.cout)
-        .min(n)
-        .max(1)
-}
-
-/// The forward of the batch items `items` (more than one; groups of 1) in
-/// the column buffer of one item: the column rows are split into as many
-/// slices as there are items, each slice is unfolded for all the items side
-/// by side (`[rows/items, items·oh·ow]`, the buffer's size) and multiplied
-/// by the weight's matching columns, accumulating into the items' outputs
-/// held as one `[cout, items·oh·ow]` matrix in the output's own storage;
-/// that matrix is then reordered to `[items, cout, oh·ow]` through the
-/// column buffer. The sums over the column rows are split at the slices
-/// (the same terms, added in another grouping than one product per item).
-fn forward_items(
-    (x, xs): (&Tensor, usize),
-    (w, ws): (&Tensor, usize),
-    bias: Option<(&Tensor, usize)>,
-    out: &Tensor,
-    cols: &Tensor,
-    g: &ConvGeom,
-    items: Range<usize>,
-) -> Result<()> {
-    let (k, l, cout, nb) = (g.k(), g.l(), g.cout, items.len());
-    let (width, start) = (nb * l, items.start * cout * l);
-    let wide = view(out, &[cout, width], start);
-    if let Some((b, bs)) = bias {
-        if !on_meta("conv2d", &[out, b])? {
-            let bd = b.storage().cpu()?;
-            let mut od = out.storage().cpu_mut()?;
-            let range = start..start + cout * width;
-            by_dtype!(
-                x.dtype(),
-                fill_bias(&mut od, range, &bd, bs..bs + cout, width)
-            )?;
-        }
-    }
-    let slice_rows = k / nb;
-    for r0 in (0..k).step_by(slice_rows) {
-        let rows = r0..(r0 + slice_rows).min(k);
-        let first = xs + items.start * g.cin * g.h * g.w;
-        unfold_items(x, first, cols, g, rows.clone(), nb)?;
-        let wr = w.view_with_layout(Layout::from_parts(
-            vec![cout, rows.len()],
-            vec![k, 1],
-            ws + r0,
-        ));
-        let cr = view(cols, &[rows.len(), width], 0);
-        matmul_into(&wide, &wr, &cr, r0 > 0 || bias.is_some())?;
-    }
-    if on_meta("conv2d", &[out, cols])? {
-        return Ok(());
-    }
-    let mut od = out.storage().cpu_mut()?;
-    let mut cd = cols.storage().cpu_mut()?;
-    by_dtype!(
-        x.dtype(),
-        wide_to_items(&mut od, start, &mut cd, (cout, nb, l))
-    )
-}
-
-/// Reorders `out[start..]`, holding `[cout, items·l]`, to `[items, cout,
-/// l]`, through the front of `scratch`.
-fn wide_to_items<T: FloatDType>(
-    out: &mut CpuData,
-    start: usize,
-    scratch: &mut CpuData,
-    (cout, items, l): (usize, usize, usize),
-) -> Result<()> {
-    let len = cout * items * l;
-    let out = slice_mut::<T>(out, start..start + len)?;
-    let tmp = slice_mut::<T>(scratch, 0..len)?;
-    tmp.copy_from_slice(out);
-    for (c, channel) in tmp.chunks(items * l).enumerate() {
-        for (i, src) in channel.chunks(l).enumerate() {
-            out[(i * cout + c) * l..][..l].copy_from_slice(src);
-        }
-    }
-    Ok(())
-}
-
 /// The gradient of [`conv2d_forward`] with respect to `x`, given `gy`
 /// `[n, cout, oh, ow]`: a new contiguous `[n, cin, h, w]` tensor. This is
 /// also the transposed convolution of `gy` by `w`, whose bias `[cin]`, if
@@ -502,8 +416,20 @@ pub(super) fn conv2d_input_grad(
     let cols = Tensor::zeros(&[g.groups, k, l], gy.dtype(), gy.device())?;
     let wt = transposed(&view(&w, &[g.groups, cg, k], ws))?;
     let item = g.cin * g.h * g.w;
-    for i in 0..items(&gy, g) {
-        let gyv = view(&gy, &[g.groups, cg, l], gs + i * g.cout * l);
+    let n = items(&gy, g);
+    let per_product = match gy.shares_storage_with(&w) {
+        true => 1,
+        false => input_grad_items(g, n, gy.dtype()),
+    };
+    let mut i = 0;
+    while i < n {
+        let nb = per_product.min(n - i);
+        i += nb;
+        if nb > 1 {
+            input_grad_of_items((&gy, gs), (&w, ws), &gx, &cols, g, i - nb..i)?;
+            continue;
+        }
+        let gyv = view(&gy, &[g.groups, cg, l], gs + (i - 1) * g.cout * l);
         matmul_into(&cols, &wt, &gyv, false)?;
         if on_meta("conv2d_backward", &[&cols, &gx])? {
             crate::meta::touch(&gx);
@@ -513,7 +439,7 @@ pub(super) fn conv2d_input_grad(
         let mut xd = gx.storage().cpu_mut()?;
         by_dtype!(
             gy.dtype(),
-            col2im(&cd, &mut xd, i * item..(i + 1) * item, g)
+            col2im(&cd, &mut xd, (i - 1) * item..i * item, g)
         )?;
     }
     Ok(gx)
