@@ -56,6 +56,9 @@ pub(super) fn forward_items(
     let (k, l, cout, nb) = (g.k(), g.l(), g.cout, items.len());
     let (width, start) = (nb * l, items.start * cout * l);
     let wide = view(out, &[cout, width], start);
+    // Asked first: the op the ledger notes last before the column buffer is
+    // freed is then the last product's, as when each item has its own.
+    let meta = on_meta("conv2d", &[out, cols])?;
     if let Some((b, bs)) = bias {
         if !on_meta("conv2d", &[out, b])? {
             let bd = b.storage().cpu()?;
@@ -80,7 +83,7 @@ pub(super) fn forward_items(
         let cr = view(cols, &[rows.len(), width], 0);
         matmul_into(&wide, &wr, &cr, r0 > 0 || bias.is_some())?;
     }
-    if on_meta("conv2d", &[out, cols])? {
+    if meta {
         return Ok(());
     }
     let mut od = out.storage().cpu_mut()?;
