@@ -250,6 +250,36 @@ fn gradcheck_matmul() {
     );
 }
 
+/// A Linear layer's `x · wᵀ`: the weight's gradient arrives contiguous (the
+/// weight's own layout, as PyTorch gives it) with the values of `gᵀ·x`
+/// (summed over the batch dims), computed naively here.
+#[test]
+fn a_transposed_rhs_gets_its_gradient_in_its_own_layout() {
+    use leangrad::autograd::{backward_with, CollectGrads};
+    for x_shape in [vec![6, 5], vec![2, 4, 5]] {
+        let x = rand(&x_shape, DType::F64, 1);
+        let w = rand(&[3, 5], DType::F64, 2)
+            .set_requires_grad(true)
+            .unwrap();
+        let y = x.matmul(&w.t().unwrap()).unwrap();
+        let g = rand(y.shape(), DType::F64, 3);
+        backward_with(&y, Some(g.clone()), &mut CollectGrads).unwrap();
+        let gw = w.grad().unwrap();
+        assert!(gw.is_contiguous(), "{x_shape:?}");
+        assert_eq!(gw.shape(), &[3, 5]);
+        let (xv, gv) = (x.to_f64_vec().unwrap(), g.to_f64_vec().unwrap());
+        let rows = xv.len() / 5;
+        let want: Vec<f64> = (0..15)
+            .map(|e| {
+                (0..rows)
+                    .map(|r| gv[r * 3 + e / 5] * xv[r * 5 + e % 5])
+                    .sum()
+            })
+            .collect();
+        assert_close(&gw.to_f64_vec().unwrap(), &want, 1e-12);
+    }
+}
+
 #[test]
 fn saves_only_what_each_gradient_needs() {
     let ledger = Ledger::new();

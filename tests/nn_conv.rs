@@ -31,6 +31,75 @@ fn forward_matches_a_naive_loop() {
     }
 }
 
+/// A batch that the forward splits into several multi-item products and a
+/// last single item (16 output channels over 4·3·3 column rows: two items
+/// per product, five items), with a bias and with a strided bias view (read
+/// by the one-item products), against the naive loop.
+#[test]
+fn forward_over_uneven_item_chunks_matches_a_naive_loop() {
+    let c = Case {
+        name: "chunks",
+        op: c2(1, 1, 1, 1),
+        x: &[5, 4, 3, 3],
+        w: &[16, 4, 3, 3],
+        bias: true,
+    };
+    for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        let t = inputs(&c, dtype);
+        let (expected, shape) = reference(&c, &t);
+        let y = apply(c.op, &t).unwrap();
+        assert_eq!(y.shape(), shape);
+        assert_close(&y.to_f64_vec().unwrap(), &expected, tol);
+        // The same bias values read through a stride of 2.
+        let wide = Tensor::stack(&[&t[2], &t[2]], 1).unwrap();
+        let strided = wide.narrow(1, 0, 1).unwrap().squeeze(1).unwrap();
+        assert!(!strided.is_contiguous());
+        let y = apply(c.op, &[t[0].clone(), t[1].clone(), strided]).unwrap();
+        assert_close(&y.to_f64_vec().unwrap(), &expected, tol);
+    }
+}
+
+/// The input gradient of a batch that runs several items per product
+/// (8 output channels over 32·3·3 column rows: two items per product, five
+/// items) equals, bit for bit, the gradients of its items taken one at a
+/// time (one product per item), and still uses one item's column buffer
+/// as its only workspace.
+#[test]
+fn input_gradient_of_item_chunks_equals_the_items_one_by_one() {
+    use leangrad::autograd::{backward_with, CollectGrads};
+    let opts = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    let rand = |s: &[usize], seed| {
+        Tensor::rand_range(s, -1.0, 1.0, DType::F32, Device::Cpu, seed).unwrap()
+    };
+    let (x, w, gy) = (
+        rand(&[5, 32, 4, 4], 1),
+        rand(&[8, 32, 3, 3], 2),
+        rand(&[5, 8, 4, 4], 3),
+    );
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let xg = x.detach().set_requires_grad(true).unwrap();
+    let y = conv2d(&xg, &w, None, &opts).unwrap();
+    ledger.reset_peak();
+    backward_with(&y, Some(gy.clone()), &mut CollectGrads).unwrap();
+    let cols = 32 * 9 * 16 * 4;
+    assert_eq!(ledger.peak_in(Device::Cpu, Category::Workspace), cols);
+    let batch = xg.grad().unwrap().to_f64_vec().unwrap();
+    let mut one_by_one = Vec::new();
+    for i in 0..5 {
+        let xi = x.narrow(0, i, 1).unwrap().contiguous().unwrap();
+        let xi = xi.set_requires_grad(true).unwrap();
+        let yi = conv2d(&xi, &w, None, &opts).unwrap();
+        let gi = gy.narrow(0, i, 1).unwrap().contiguous().unwrap();
+        backward_with(&yi, Some(gi), &mut CollectGrads).unwrap();
+        one_by_one.extend(xi.grad().unwrap().to_f64_vec().unwrap());
+    }
+    assert_eq!(batch, one_by_one);
+}
+
 #[test]
 fn non_contiguous_operands_give_the_same_result() {
     let c = &cases()[1];

@@ -57,8 +57,19 @@ struct MatmulBackward {
     b_shape: Vec<usize>,
     out_shape: Vec<usize>,
     needs: [bool; 2],
+    /// `rhs` was a transposed matrix (a Linear layer's `weight.t()`): its
+    /// gradient is computed as `(gᵀ·self)ᵀ`, so that it has `rhs`'s layout
+    /// and the weight's gradient arrives contiguous (as PyTorch does).
+    b_transposed: bool,
     a: Option<SavedTensor>,
     b: Option<SavedTensor>,
+}
+
+/// Whether `t` (rank ≥ 2) is a column-major matrix (or batch of them): the
+/// transpose of a row-major one.
+fn column_major(t: &Tensor) -> bool {
+    let (r, s, d) = (t.rank(), t.layout().strides(), t.shape());
+    r >= 2 && d[r - 2] > 1 && d[r - 1] > 1 && s[r - 2] == 1 && s[r - 1] != 1
 }
 
 impl BackwardOp for MatmulBackward {
@@ -78,7 +89,15 @@ impl BackwardOp for MatmulBackward {
         let gb = match (&self.a, self.needs[1]) {
             (Some(a), true) => {
                 let target = promoted_shape(&self.b_shape, false);
-                let gb = product_to(&swap_last(&promote(a.get()?, true))?, &g, &target)?;
+                let a = promote(a.get()?, true);
+                let gb = if self.b_transposed {
+                    let mut t = target.clone();
+                    let r = t.len();
+                    t.swap(r - 2, r - 1);
+                    swap_last(&product_to(&swap_last(&g)?, &a, &t)?)?
+                } else {
+                    product_to(&swap_last(&a)?, &g, &target)?
+                };
                 Some(unit_reshape(&gb, &self.b_shape)?)
             }
             _ => None,
@@ -134,6 +153,7 @@ impl Tensor {
             b_shape: rhs.shape().to_vec(),
             out_shape,
             needs: [na, nb],
+            b_transposed: nb && column_major(rhs),
             a: keep(nb).then(|| SavedTensor::new(self, "matmul")),
             b: keep(na).then(|| SavedTensor::new(rhs, "matmul")),
         };

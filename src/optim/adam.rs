@@ -1,7 +1,7 @@
 //! Adam and AdamW, as `torch.optim.Adam` / `torch.optim.AdamW`
 //! (single-tensor path, bias-corrected, optional amsgrad).
 
-use super::kernels::{c, nonneg, Algorithm, GradReader};
+use super::kernels::{c, nonneg, Algorithm, GradPass, GradReader};
 use super::AdamParams;
 use super::UpdateRule;
 use crate::{Error, FloatDType, Result};
@@ -138,60 +138,19 @@ impl Algorithm for Adam {
         grad: &GradReader<'_, T>,
         state: &mut [&mut [T]],
     ) {
-        let t = step as f64;
-        let bias_correction1 = 1.0 - self.beta1.powf(t);
-        let bias_correction2 = 1.0 - self.beta2.powf(t);
-        let step_size = self.lr / bias_correction1;
-        let bc2_sqrt: T = c(bias_correction2.sqrt());
-        let neg_step: T = c(-step_size);
-        let eps: T = c(self.eps);
-        let w1 = 1.0 - self.beta1;
-        let weight: T = c(w1);
-        let one_minus_weight: T = c(1.0 - w1);
-        let small_weight = w1 < 0.5;
-        let beta2: T = c(self.beta2);
-        let one_minus_beta2: T = c(1.0 - self.beta2);
-        let wd: T = c(self.weight_decay);
-        let l2 = self.weight_decay != 0.0 && !self.decoupled_weight_decay;
-        let decoupled = self.weight_decay != 0.0 && self.decoupled_weight_decay;
-        let shrink: T = c(1.0 - self.lr * self.weight_decay);
+        let n = param.len();
         let (first, rest) = state.split_at_mut(1);
         let (second, rest) = rest.split_at_mut(1);
-        let m = &mut *first[0];
-        let v = &mut *second[0];
-        let mut vmax = rest.first_mut();
-        for i in 0..param.len() {
-            let mut p = param[i];
-            if decoupled {
-                p = p * shrink;
-            }
-            let g = grad.get(i);
-            let g = if self.maximize { -g } else { g };
-            let g = if l2 { g + wd * p } else { g };
-            // torch.lerp: the formula depends on which side of ½ the weight is.
-            m[i] = if small_weight {
-                m[i] + weight * (g - m[i])
-            } else {
-                g - (g - m[i]) * one_minus_weight
-            };
-            v[i] = v[i] * beta2;
-            v[i] = v[i] + one_minus_beta2 * g * g;
-            let second_moment = match vmax.as_deref_mut() {
-                Some(vmax) => {
-                    // torch.maximum: NaN propagates.
-                    vmax[i] = if v[i].is_nan() || vmax[i].is_nan() {
-                        v[i] + vmax[i]
-                    } else if v[i] > vmax[i] {
-                        v[i]
-                    } else {
-                        vmax[i]
-                    };
-                    vmax[i]
-                }
-                None => v[i],
-            };
-            let denom = second_moment.sqrt() / bc2_sqrt + eps;
-            param[i] = p + neg_step * m[i] / denom;
+        let pass = AdamPass {
+            adam: self,
+            step,
+            param,
+            m: &mut first[0][..n],
+            v: &mut second[0][..n],
+        };
+        match rest.first_mut() {
+            Some(vmax) => grad.elements(n, AmsgradPass(pass, &mut vmax[..n])),
+            None => grad.elements(n, pass),
         }
     }
 
@@ -206,5 +165,120 @@ impl Algorithm for Adam {
             amsgrad: self.amsgrad,
             maximize: self.maximize,
         }))
+    }
+}
+
+/// One Adam update over a parameter and its two moments, run once per form
+/// of the gradient by [`GradReader::elements`].
+struct AdamPass<'a, T> {
+    adam: &'a Adam,
+    step: u64,
+    param: &'a mut [T],
+    m: &'a mut [T],
+    v: &'a mut [T],
+}
+
+/// An [`AdamPass`] that also keeps the running maximum of the second moment.
+struct AmsgradPass<'a, T>(AdamPass<'a, T>, &'a mut [T]);
+
+/// The per-element arithmetic of one Adam update, its scalars converted to
+/// the element type once.
+struct AdamElement<T> {
+    shrink: Option<T>,
+    maximize: bool,
+    l2: Option<T>,
+    weight: T,
+    one_minus_weight: T,
+    small_weight: bool,
+    beta2: T,
+    one_minus_beta2: T,
+    bc2_sqrt: T,
+    eps: T,
+    neg_step: T,
+}
+
+impl<T: FloatDType> AdamElement<T> {
+    fn new(adam: &Adam, step: u64) -> Self {
+        let t = step as f64;
+        let bias_correction1 = 1.0 - adam.beta1.powf(t);
+        let bias_correction2 = 1.0 - adam.beta2.powf(t);
+        let w1 = 1.0 - adam.beta1;
+        let decay = adam.weight_decay != 0.0;
+        AdamElement {
+            shrink: (decay && adam.decoupled_weight_decay)
+                .then(|| c(1.0 - adam.lr * adam.weight_decay)),
+            maximize: adam.maximize,
+            l2: (decay && !adam.decoupled_weight_decay).then(|| c(adam.weight_decay)),
+            weight: c(w1),
+            one_minus_weight: c(1.0 - w1),
+            small_weight: w1 < 0.5,
+            beta2: c(adam.beta2),
+            one_minus_beta2: c(1.0 - adam.beta2),
+            bc2_sqrt: c(bias_correction2.sqrt()),
+            eps: c(adam.eps),
+            neg_step: c(-(adam.lr / bias_correction1)),
+        }
+    }
+
+    /// Updates one parameter `p` and its moments `m`, `v` from `g`; with
+    /// `vmax`, the second moment used is the running maximum of `v`.
+    #[inline(always)]
+    fn apply(&self, p: &mut T, m: &mut T, v: &mut T, vmax: Option<&mut T>, g: T) {
+        let mut x = *p;
+        if let Some(shrink) = self.shrink {
+            x = x * shrink;
+        }
+        let g = if self.maximize { -g } else { g };
+        let g = match self.l2 {
+            Some(wd) => g + wd * x,
+            None => g,
+        };
+        // torch.lerp: the formula depends on which side of ½ the weight is.
+        *m = if self.small_weight {
+            *m + self.weight * (g - *m)
+        } else {
+            g - (g - *m) * self.one_minus_weight
+        };
+        *v = *v * self.beta2;
+        *v = *v + self.one_minus_beta2 * g * g;
+        let second_moment = match vmax {
+            Some(vmax) => {
+                // torch.maximum: NaN propagates.
+                *vmax = if v.is_nan() || vmax.is_nan() {
+                    *v + *vmax
+                } else if *v > *vmax {
+                    *v
+                } else {
+                    *vmax
+                };
+                *vmax
+            }
+            None => *v,
+        };
+        let denom = second_moment.sqrt() / self.bc2_sqrt + self.eps;
+        *p = x + self.neg_step * *m / denom;
+    }
+}
+
+impl<T: FloatDType> GradPass<T, ()> for AdamPass<'_, T> {
+    #[inline(always)]
+    fn run(self, grad: impl Iterator<Item = T>) {
+        let e = AdamElement::new(self.adam, self.step);
+        let moments = self.m.iter_mut().zip(self.v.iter_mut());
+        for ((p, (m, v)), g) in self.param.iter_mut().zip(moments).zip(grad) {
+            e.apply(p, m, v, None, g);
+        }
+    }
+}
+
+impl<T: FloatDType> GradPass<T, ()> for AmsgradPass<'_, T> {
+    #[inline(always)]
+    fn run(self, grad: impl Iterator<Item = T>) {
+        let AmsgradPass(pass, vmax) = self;
+        let e = AdamElement::new(pass.adam, pass.step);
+        let moments = pass.m.iter_mut().zip(pass.v.iter_mut()).zip(vmax);
+        for ((p, ((m, v), vmax)), g) in pass.param.iter_mut().zip(moments).zip(grad) {
+            e.apply(p, m, v, Some(vmax), g);
+        }
     }
 }

@@ -74,7 +74,12 @@ impl<'a, T: FloatDType> GradReader<'a, T> {
     /// Element `i` after the transform.
     #[inline(always)]
     pub fn get(&self, i: usize) -> T {
-        let g = self.raw(i);
+        self.transformed(self.raw(i))
+    }
+
+    /// `g` after the transform.
+    #[inline(always)]
+    fn transformed(&self, g: T) -> T {
         match self.transform {
             GradTransform::Identity => g,
             GradTransform::Scale(_) => g * self.scale,
@@ -89,6 +94,38 @@ impl<'a, T: FloatDType> GradReader<'a, T> {
             }
         }
     }
+
+    /// Calls `pass` with the first `n` elements after the transform as an
+    /// iterator whose form the compiler sees whole: a dense gradient without
+    /// a transform is a plain slice iterator (the update loop vectorizes), a
+    /// scaled one a multiply per element; a clamped or strided gradient goes
+    /// through [`GradReader::get`]. The values are those of `get` in every
+    /// form.
+    #[inline(always)]
+    pub fn elements<R>(&self, n: usize, pass: impl GradPass<T, R>) -> R {
+        match (&self.offsets, self.transform) {
+            (None, GradTransform::Identity) => {
+                pass.run(self.data[self.base..self.base + n].iter().copied())
+            }
+            (None, GradTransform::Scale(_)) => {
+                let scale = self.scale;
+                pass.run(
+                    self.data[self.base..self.base + n]
+                        .iter()
+                        .map(move |&g| g * scale),
+                )
+            }
+            _ => pass.run((0..n).map(|i| self.get(i))),
+        }
+    }
+}
+
+/// An update loop over a gradient's elements, run by
+/// [`GradReader::elements`] once per form of the gradient (a closure cannot
+/// be generic over the iterator's type, a trait method can).
+pub trait GradPass<T, R> {
+    /// Runs the loop over `grad`, the gradient's elements in order.
+    fn run(self, grad: impl Iterator<Item = T>) -> R;
 }
 
 /// One optimization algorithm's per-element arithmetic and hyper-parameters.

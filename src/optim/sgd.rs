@@ -1,6 +1,6 @@
 //! Stochastic gradient descent, as `torch.optim.SGD` (single-tensor path).
 
-use super::kernels::{c, nonneg, Algorithm, GradReader};
+use super::kernels::{c, nonneg, Algorithm, GradPass, GradReader};
 use super::SgdParams;
 use super::UpdateRule;
 use crate::{Error, FloatDType, Result};
@@ -119,41 +119,17 @@ impl Algorithm for Sgd {
         grad: &GradReader<'_, T>,
         state: &mut [&mut [T]],
     ) {
-        let wd: T = c(self.weight_decay);
-        let m: T = c(self.momentum);
-        let keep: T = c(1.0 - self.dampening);
-        let neg_lr: T = c(-self.lr);
-        let decay = self.weight_decay != 0.0;
-        let direction = |i: usize, p: T| {
-            let g = grad.get(i);
-            let g = if self.maximize { -g } else { g };
-            if decay {
-                g + wd * p
-            } else {
-                g
-            }
-        };
-        match state.first_mut() {
-            None => {
-                for (i, p) in param.iter_mut().enumerate() {
-                    let g = direction(i, *p);
-                    *p = *p + neg_lr * g;
-                }
-            }
-            Some(buf) => {
-                for (i, (p, b)) in param.iter_mut().zip(buf.iter_mut()).enumerate() {
-                    let g = direction(i, *p);
-                    if step == 1 {
-                        *b = g;
-                    } else {
-                        *b = *b * m;
-                        *b = *b + keep * g;
-                    }
-                    let g = if self.nesterov { g + m * *b } else { *b };
-                    *p = *p + neg_lr * g;
-                }
-            }
-        }
+        let n = param.len();
+        let buf = state.first_mut().map(|b| &mut b[..n]);
+        grad.elements(
+            n,
+            SgdPass {
+                sgd: self,
+                step,
+                param,
+                buf,
+            },
+        );
     }
 
     fn rule(&self) -> Option<UpdateRule> {
@@ -165,5 +141,61 @@ impl Algorithm for Sgd {
             nesterov: self.nesterov,
             maximize: self.maximize,
         }))
+    }
+}
+
+/// One SGD update over a parameter (and its momentum buffer), run once per
+/// form of the gradient by [`GradReader::elements`].
+struct SgdPass<'a, T> {
+    sgd: &'a Sgd,
+    step: u64,
+    param: &'a mut [T],
+    buf: Option<&'a mut [T]>,
+}
+
+impl<T: FloatDType> GradPass<T, ()> for SgdPass<'_, T> {
+    #[inline(always)]
+    fn run(self, grad: impl Iterator<Item = T>) {
+        let sgd = self.sgd;
+        let wd: T = c(sgd.weight_decay);
+        let m: T = c(sgd.momentum);
+        let keep: T = c(1.0 - sgd.dampening);
+        let neg_lr: T = c(-sgd.lr);
+        let (decay, maximize, nesterov) = (sgd.weight_decay != 0.0, sgd.maximize, sgd.nesterov);
+        // Branch-free in the loop's eyes: each flag is the same for every
+        // element, and both arms are plain arithmetic.
+        let direction = |g: T, p: T| {
+            let g = if maximize { -g } else { g };
+            if decay {
+                g + wd * p
+            } else {
+                g
+            }
+        };
+        match self.buf {
+            None => {
+                for (p, g) in self.param.iter_mut().zip(grad) {
+                    let g = direction(g, *p);
+                    *p = *p + neg_lr * g;
+                }
+            }
+            Some(buf) if self.step == 1 => {
+                for ((p, b), g) in self.param.iter_mut().zip(buf.iter_mut()).zip(grad) {
+                    let g = direction(g, *p);
+                    *b = g;
+                    let g = if nesterov { g + m * g } else { g };
+                    *p = *p + neg_lr * g;
+                }
+            }
+            Some(buf) => {
+                for ((p, b), g) in self.param.iter_mut().zip(buf.iter_mut()).zip(grad) {
+                    let g = direction(g, *p);
+                    let nb = *b * m + keep * g;
+                    *b = nb;
+                    let g = if nesterov { g + m * nb } else { nb };
+                    *p = *p + neg_lr * g;
+                }
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@ use crate::dtype::CpuData;
 use crate::memory::host::{try_collect, try_vec, try_zeroed};
 use crate::meta::{backend, Backend};
 use crate::tensor::{broadcast_shapes, checked_numel, Layout, Tensor};
-use crate::{Error, Result};
+use crate::{DType, Error, Result};
 use gemm::Parallelism;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -257,6 +257,40 @@ fn execute<T: Copy + Send + Sync + 'static>(
             .for_each(|(i, d)| one_product(i, d, par));
     }
     Ok(())
+}
+
+/// `dst = a·b` (or `dst += a·b` when `accumulate`) over plain slices, for
+/// CPU kernels that keep several operands in disjoint parts of one locked
+/// buffer (which [`matmul_into`] would copy apart): `dst` a row-major `m×n`
+/// matrix, `a` (`m×k`) and `b` (`k×n`) read from the start of their slices
+/// through their (row, column) strides. f32, f64 and f16 (gemm's own
+/// types); anything else is [`Error::UnsupportedDType`].
+pub(crate) fn gemm_slices<T: crate::FloatDType>(
+    dst: &mut [T],
+    (m, n, k): (usize, usize, usize),
+    (a, a_rs, a_cs): (&[T], usize, usize),
+    (b, b_rs, b_cs): (&[T], usize, usize),
+    accumulate: bool,
+) -> Result<()> {
+    if !matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16) {
+        return Err(Error::UnsupportedDType {
+            op: "matmul",
+            dtype: T::DTYPE,
+        });
+    }
+    let operand = |rs, cs| Operand {
+        offsets: vec![0],
+        rs,
+        cs,
+    };
+    let p = Plan {
+        m,
+        n,
+        k,
+        a: operand(a_rs, a_cs),
+        b: operand(b_rs, b_cs),
+    };
+    execute(&p, dst, a, b, accumulate, (T::zero(), T::one()))
 }
 
 fn to_f32(data: &[bf16], l: &Layout) -> Result<Vec<f32>> {

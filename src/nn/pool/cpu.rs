@@ -104,25 +104,28 @@ pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Wind
     let out = with_dense(x, "max_pool2d", |data, r| {
         fn go<T: FloatDType>(x: &[T], g: &PoolGeom, pos: &mut [u8]) -> Result<CpuData> {
             let mut out = try_filled(pos.len(), T::neg_infinity())?;
+            // The window positions inside the input, per output row and
+            // column: the taps `g.at` would not skip, in the same order.
+            let rows: Vec<_> = (0..g.oh).map(|i| g.taps(0, i)).collect();
+            let cols: Vec<_> = (0..g.ow).map(|j| g.taps(1, j)).collect();
             per_plane(&mut out, pos, g.oh * g.ow, |p, o, ps| {
                 let plane = &x[p * g.h * g.w..(p + 1) * g.h * g.w];
-                for i in 0..g.oh {
-                    for j in 0..g.ow {
+                for (i, (o, ps)) in o.chunks_mut(g.ow).zip(ps.chunks_mut(g.ow)).enumerate() {
+                    for (j, (o, ps)) in o.iter_mut().zip(ps.iter_mut()).enumerate() {
                         let (mut best, mut at) = (T::neg_infinity(), 0usize);
                         let mut found = false;
-                        for ki in 0..g.k[0] {
-                            for kj in 0..g.k[1] {
-                                let Some(o) = g.at(i, j, ki, kj) else {
-                                    continue;
-                                };
-                                let v = plane[o];
+                        for ki in rows[i].clone() {
+                            let r = i * g.s[0] + ki * g.d[0] - g.p[0];
+                            let row = &plane[r * g.w..(r + 1) * g.w];
+                            for kj in cols[j].clone() {
+                                let v = row[j * g.s[1] + kj * g.d[1] - g.p[1]];
                                 if !found || v > best || (v.is_nan() && !best.is_nan()) {
                                     (best, at, found) = (v, ki * g.k[1] + kj, true);
                                 }
                             }
                         }
-                        o[i * g.ow + j] = best;
-                        ps[i * g.ow + j] = at as u8;
+                        *o = best;
+                        *ps = at as u8;
                     }
                 }
             });
@@ -174,16 +177,25 @@ pub(crate) fn max_pool_backward(
             let mut gi = try_zeroed::<T>(g.planes * g.h * g.w)?;
             per_plane1(&mut gi, g.h * g.w, |p, gp| {
                 let base = p * g.oh * g.ow;
-                for e in 0..g.oh * g.ow {
-                    let to = match arg {
-                        ArgSource::Window(pos) => {
-                            let q = pos[base + e] as usize;
-                            g.at(e / g.ow, e % g.ow, q / g.k[1], q % g.k[1])
+                let gs = &gs[base..base + g.oh * g.ow];
+                match arg {
+                    ArgSource::Window(pos) => {
+                        let pos = &pos[base..base + g.oh * g.ow];
+                        for (i, (gs, pos)) in gs.chunks(g.ow).zip(pos.chunks(g.ow)).enumerate() {
+                            for (j, (&v, &q)) in gs.iter().zip(pos).enumerate() {
+                                let q = usize::from(q);
+                                if let Some(o) = g.at(i, j, q / g.k[1], q % g.k[1]) {
+                                    gp[o] = gp[o] + v;
+                                }
+                            }
                         }
-                        ArgSource::Flat(idx) => usize::try_from(idx[base + e]).ok(),
-                    };
-                    if let Some(o) = to {
-                        gp[o] = gp[o] + gs[base + e];
+                    }
+                    ArgSource::Flat(idx) => {
+                        for (&v, &at) in gs.iter().zip(&idx[base..]) {
+                            if let Ok(o) = usize::try_from(at) {
+                                gp[o] = gp[o] + v;
+                            }
+                        }
                     }
                 }
             });

@@ -129,6 +129,21 @@ impl PoolGeom {
         let c = (j * self.s[1] + kj * self.d[1]).checked_sub(self.p[1])?;
         (r < self.h && c < self.w).then_some(r * self.w + c)
     }
+
+    /// The window positions along axis `a` (0 = rows, 1 = columns) of
+    /// output `o` that fall inside the input: exactly those for which
+    /// [`PoolGeom::at`] is not `None` on that axis.
+    fn taps(&self, a: usize, o: usize) -> std::ops::Range<usize> {
+        let (len, start) = ([self.h, self.w][a], o * self.s[a]);
+        // start + k·d ≥ p  ⇔  k ≥ ⌈(p − start) / d⌉.
+        let lo = self.p[a].saturating_sub(start).div_ceil(self.d[a]);
+        // start + k·d − p < len  ⇔  k < ⌈(len + p − start) / d⌉.
+        let hi = (len + self.p[a])
+            .saturating_sub(start)
+            .div_ceil(self.d[a])
+            .min(self.k[a]);
+        lo.min(hi)..hi
+    }
 }
 
 /// How average pooling windows and divisors are formed.

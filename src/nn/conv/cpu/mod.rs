@@ -12,6 +12,14 @@
 //!   (this is also the forward of the transposed convolution);
 //! - weight gradient: `gW[g] = Σ_i gy_i[g] · cols_i[g]ᵀ`.
 //!
+//! An item with few output positions (a late ResNet layer's 7·7) makes a
+//! product too narrow for the gemm kernel's tiles, which then reads the
+//! whole weight for a handful of columns. The forward therefore covers
+//! several items per product when they fit the same buffer (see
+//! [`forward_items`]): the column rows in slices, each slice unfolded for
+//! the items side by side. The buffer, its size and the ledger are those
+//! of one item either way.
+//!
 //! The products go through `matmul_into`, which dispatches Cpu/Meta itself;
 //! the data accesses here ask [`on_meta`] at the innermost point, so a meta
 //! run allocates (and the ledger moves) exactly as a CPU run.
@@ -24,6 +32,7 @@ use crate::primitives::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
 use crate::tensor::{contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
+use items::{batch_items, forward_items, input_grad_items, input_grad_of_items};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -33,6 +42,24 @@ impl ConvGeom {
     fn src(&self, a: usize, o: usize, k: usize, len: usize) -> Option<usize> {
         let i = (o * self.stride[a] + k * self.dil[a]).checked_sub(self.pad[a])?;
         (i < len).then_some(i)
+    }
+
+    /// The outputs `lo..hi` along axis `a` whose input coordinate through
+    /// tap `k` lies inside `0..len` (every other output reads padding): the
+    /// span the kernels below copy or add without a bounds check per element.
+    fn valid(&self, a: usize, k: usize, len: usize, outs: usize) -> Range<usize> {
+        let (s, shift, pad) = (self.stride[a], k * self.dil[a], self.pad[a]);
+        // o·s + shift − pad ≥ 0  ⇔  o ≥ ⌈(pad − shift) / s⌉.
+        let lo = pad.saturating_sub(shift).div_ceil(s);
+        // o·s + shift − pad < len  ⇔  o < ⌈(len + pad − shift) / s⌉.
+        let hi = (len + pad).saturating_sub(shift).div_ceil(s).min(outs);
+        lo.min(hi)..hi
+    }
+
+    /// The input coordinate along axis `a` of output `span.start` through
+    /// tap `k`, when `span` (from [`ConvGeom::valid`]) is not empty.
+    fn first(&self, a: usize, k: usize, span: &Range<usize>) -> Option<usize> {
+        (!span.is_empty()).then(|| span.start * self.stride[a] + k * self.dil[a] - self.pad[a])
     }
 }
 
@@ -59,6 +86,9 @@ macro_rules! by_dtype {
         }
     };
 }
+
+// After `by_dtype!`, which it uses.
+mod items;
 
 fn slice<T: FloatDType>(d: &CpuData, r: Range<usize>) -> Result<&[T]> {
     let s = d.as_slice::<T>().ok_or(Error::DTypeMismatch {
@@ -121,36 +151,72 @@ fn for_chunks<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T])
     }
 }
 
-/// Unfolds one item `x` (`[cin, h, w]`) into `cols` (`[cin·kh·kw, oh·ow]`).
+/// Unfolds `items` consecutive items of `x` (each `[cin, h, w]`, the first
+/// at `xr.start`) into `cols`: rows `rows` of the column matrix
+/// `[cin·kh·kw, oh·ow]` of every item, side by side (`[rows, items·oh·ow]`:
+/// row `r` holds item 0's `oh·ow` positions, then item 1's, …). One item
+/// and all rows is the plain unfolding. Each output row copies its valid
+/// span in one piece (a plain copy at stride 1) and zero-fills the padding
+/// on either side.
 fn im2col<T: FloatDType>(
     x: &CpuData,
     xr: Range<usize>,
     cols: &mut CpuData,
     g: &ConvGeom,
+    (rows, items): (Range<usize>, usize),
 ) -> Result<()> {
     let x = slice::<T>(x, xr)?;
-    let n = cols.len();
-    let cols = slice_mut::<T>(cols, 0..n)?;
-    let (kk, hw) = (g.kh * g.kw, g.h * g.w);
-    for_chunks(cols, g.l(), |r, row| {
+    let (l, item) = (g.l(), g.cin * g.h * g.w);
+    let cols = slice_mut::<T>(cols, 0..rows.len() * items * l)?;
+    let (kk, hw, sw) = (g.kh * g.kw, g.h * g.w, g.stride[1]);
+    for_chunks(cols, items * l, |r, row| {
+        let r = rows.start + r;
         let (c, ki, kj) = (r / kk, r % kk / g.kw, r % g.kw);
-        let plane = &x[c * hw..(c + 1) * hw];
-        for (oy, dst) in row.chunks_mut(g.ow).enumerate() {
-            let Some(iy) = g.src(0, oy, ki, g.h) else {
-                dst.fill(T::zero());
-                continue;
-            };
-            let src = &plane[iy * g.w..(iy + 1) * g.w];
-            for (ox, d) in dst.iter_mut().enumerate() {
-                *d = g.src(1, ox, kj, g.w).map_or(T::zero(), |ix| src[ix]);
-            }
+        let cols_in = g.valid(1, kj, g.w, g.ow);
+        let first = g.first(1, kj, &cols_in).unwrap_or(0);
+        for (b, row) in row.chunks_mut(l).enumerate() {
+            let plane = &x[b * item + c * hw..][..hw];
+            unfold_row(plane, row, g, ki, (&cols_in, first, sw));
         }
     });
     Ok(())
 }
 
+/// One column row of one item: output positions `row` (`[oh, ow]`) read
+/// through tap row `ki` from the input plane `plane`; `cols_in` is the
+/// valid span of output columns, `first` the input column of its start.
+#[inline(always)]
+fn unfold_row<T: FloatDType>(
+    plane: &[T],
+    row: &mut [T],
+    g: &ConvGeom,
+    ki: usize,
+    (cols_in, first, sw): (&Range<usize>, usize, usize),
+) {
+    for (oy, dst) in row.chunks_mut(g.ow).enumerate() {
+        let Some(iy) = g.src(0, oy, ki, g.h) else {
+            dst.fill(T::zero());
+            continue;
+        };
+        let src = &plane[iy * g.w..(iy + 1) * g.w];
+        dst[..cols_in.start].fill(T::zero());
+        dst[cols_in.end..].fill(T::zero());
+        let span = &mut dst[cols_in.clone()];
+        if sw == 1 {
+            span.copy_from_slice(&src[first..first + span.len()]);
+        } else {
+            for (i, d) in span.iter_mut().enumerate() {
+                *d = src[first + i * sw];
+            }
+        }
+    }
+}
+
 /// Folds `cols` (`[cin·kh·kw, oh·ow]`) back, adding into one item `gx`
-/// (`[cin, h, w]`). Each input channel is summed in a fixed order.
+/// (`[cin, h, w]`). Each input position receives its taps in a fixed order
+/// (kernel row, kernel column, then output row and column), the order of a
+/// plain loop over the column rows, so the sums do not depend on how the
+/// valid spans are found.
 fn col2im<T: FloatDType>(
     cols: &CpuData,
     gx: &mut CpuData,
@@ -164,33 +230,52 @@ fn col2im<T: FloatDType>(
         for ki in 0..g.kh {
             for kj in 0..g.kw {
                 let row = &cols[(c * kk + ki * g.kw + kj) * l..][..l];
-                for (oy, src) in row.chunks(g.ow).enumerate() {
-                    let Some(iy) = g.src(0, oy, ki, g.h) else {
-                        continue;
-                    };
-                    for (ox, &v) in src.iter().enumerate() {
-                        if let Some(ix) = g.src(1, ox, kj, g.w) {
-                            let p = &mut plane[iy * g.w + ix];
-                            *p = *p + v;
-                        }
-                    }
-                }
+                fold_row(row, plane, g, ki, kj);
             }
         }
     });
     Ok(())
 }
 
-/// Writes `bias[c]` into every output position of channel `c`.
+/// Adds one column row (`row`, `[oh, ow]`: the values of tap `(ki, kj)`)
+/// into the input plane `plane` it was unfolded from, in output order.
+#[inline(always)]
+fn fold_row<T: FloatDType>(row: &[T], plane: &mut [T], g: &ConvGeom, ki: usize, kj: usize) {
+    let sw = g.stride[1];
+    let cols_in = g.valid(1, kj, g.w, g.ow);
+    let Some(first) = g.first(1, kj, &cols_in) else {
+        return;
+    };
+    for (oy, src) in row.chunks(g.ow).enumerate() {
+        let Some(iy) = g.src(0, oy, ki, g.h) else {
+            continue;
+        };
+        let dst = &mut plane[iy * g.w..(iy + 1) * g.w];
+        let src = &src[cols_in.clone()];
+        if sw == 1 {
+            for (d, &v) in dst[first..first + src.len()].iter_mut().zip(src) {
+                *d = *d + v;
+            }
+        } else {
+            for (i, &v) in src.iter().enumerate() {
+                let d = &mut dst[first + i * sw];
+                *d = *d + v;
+            }
+        }
+    }
+}
+
+/// Writes `bias[c]` into every output position of channel `c`: `out[range]`
+/// is a sequence of rows of `l` positions, row `i` of channel `i % c`.
 fn fill_bias<T: FloatDType>(
     out: &mut CpuData,
+    range: Range<usize>,
     b: &CpuData,
     br: Range<usize>,
     l: usize,
 ) -> Result<()> {
     let b = slice::<T>(b, br)?;
-    let n = out.len();
-    let out = slice_mut::<T>(out, 0..n)?;
+    let out = slice_mut::<T>(out, range)?;
     let c = b.len();
     for_chunks(out, l, |i, d| d.fill(b[i % c]));
     Ok(())
@@ -220,15 +305,29 @@ fn channel_sums<T: FloatDType>(
     Ok(())
 }
 
+/// Unfolds one item of `x` (from element `start`) into `cols`.
 fn unfold(x: &Tensor, start: usize, cols: &Tensor, g: &ConvGeom) -> Result<()> {
+    unfold_items(x, start, cols, g, 0..g.cin * g.kh * g.kw, 1)
+}
+
+/// Unfolds rows `rows` of `items` consecutive items of `x` (from element
+/// `start`) into the front of `cols`, side by side (see [`im2col`]).
+fn unfold_items(
+    x: &Tensor,
+    start: usize,
+    cols: &Tensor,
+    g: &ConvGeom,
+    rows: Range<usize>,
+    items: usize,
+) -> Result<()> {
     if on_meta("conv", &[x, cols])? {
         crate::meta::touch(cols);
         return Ok(());
     }
     let xd = x.storage().cpu()?;
     let mut cd = cols.storage().cpu_mut()?;
-    let item = g.cin * g.h * g.w;
-    by_dtype!(x.dtype(), im2col(&xd, start..start + item, &mut cd, g))
+    let xr = start..start + items * g.cin * g.h * g.w;
+    by_dtype!(x.dtype(), im2col(&xd, xr, &mut cd, g, (rows, items)))
 }
 
 /// The convolution `y = conv(x, w) + b` (no autograd): `x` `[n, cin, h, w]`,
@@ -249,7 +348,11 @@ pub(super) fn conv2d_forward(
         } else {
             let bd = b.storage().cpu()?;
             let mut od = out.storage().cpu_mut()?;
-            by_dtype!(x.dtype(), fill_bias(&mut od, &bd, bs..bs + g.cout, g.l()))?;
+            let all = 0..od.len();
+            by_dtype!(
+                x.dtype(),
+                fill_bias(&mut od, all, &bd, bs..bs + g.cout, g.l())
+            )?;
         }
     }
     let (x, xs) = dense(x)?;
@@ -257,10 +360,26 @@ pub(super) fn conv2d_forward(
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
     let cols = Tensor::zeros(&[g.groups, k, l], x.dtype(), x.device())?;
     let wv = view(&w, &[g.groups, cg, k], ws);
-    for i in 0..items(&x, g) {
-        unfold(&x, xs + i * g.cin * g.h * g.w, &cols, g)?;
-        let dst = view(&out, &[g.groups, cg, l], i * g.cout * l);
-        matmul_into(&dst, &wv, &cols, bias.is_some())?;
+    let n = items(&x, g);
+    // A bias is read in place by the batched products (a view would need a
+    // copy, which the one-item products do not make).
+    let bias_at = bias.map(|b| b.layout().contiguous_range().map(|r| (b, r.start)));
+    let per_product = match bias_at {
+        Some(None) => 1,
+        _ => batch_items(g, n),
+    };
+    let mut i = 0;
+    while i < n {
+        let nb = per_product.min(n - i);
+        if nb > 1 {
+            let b = bias_at.flatten();
+            forward_items((&x, xs), (&w, ws), b, &out, &cols, g, i..i + nb)?;
+        } else {
+            unfold(&x, xs + i * g.cin * g.h * g.w, &cols, g)?;
+            let dst = view(&out, &[g.groups, cg, l], i * g.cout * l);
+            matmul_into(&dst, &wv, &cols, bias.is_some())?;
+        }
+        i += nb;
     }
     Ok(out)
 }
@@ -284,9 +403,10 @@ pub(super) fn conv2d_input_grad(
         } else {
             let bd = b.storage().cpu()?;
             let mut xd = gx.storage().cpu_mut()?;
+            let all = 0..xd.len();
             by_dtype!(
                 gy.dtype(),
-                fill_bias(&mut xd, &bd, bs..bs + g.cin, g.h * g.w)
+                fill_bias(&mut xd, all, &bd, bs..bs + g.cin, g.h * g.w)
             )?;
         }
     }
@@ -296,8 +416,20 @@ pub(super) fn conv2d_input_grad(
     let cols = Tensor::zeros(&[g.groups, k, l], gy.dtype(), gy.device())?;
     let wt = transposed(&view(&w, &[g.groups, cg, k], ws))?;
     let item = g.cin * g.h * g.w;
-    for i in 0..items(&gy, g) {
-        let gyv = view(&gy, &[g.groups, cg, l], gs + i * g.cout * l);
+    let n = items(&gy, g);
+    let per_product = match gy.shares_storage_with(&w) {
+        true => 1,
+        false => input_grad_items(g, n, gy.dtype()),
+    };
+    let mut i = 0;
+    while i < n {
+        let nb = per_product.min(n - i);
+        i += nb;
+        if nb > 1 {
+            input_grad_of_items((&gy, gs), (&w, ws), &gx, &cols, g, i - nb..i)?;
+            continue;
+        }
+        let gyv = view(&gy, &[g.groups, cg, l], gs + (i - 1) * g.cout * l);
         matmul_into(&cols, &wt, &gyv, false)?;
         if on_meta("conv2d_backward", &[&cols, &gx])? {
             crate::meta::touch(&gx);
@@ -307,7 +439,7 @@ pub(super) fn conv2d_input_grad(
         let mut xd = gx.storage().cpu_mut()?;
         by_dtype!(
             gy.dtype(),
-            col2im(&cd, &mut xd, i * item..(i + 1) * item, g)
+            col2im(&cd, &mut xd, (i - 1) * item..i * item, g)
         )?;
     }
     Ok(gx)
