@@ -361,6 +361,31 @@ pub(crate) fn norm_input_grad_in_place(
     w: Option<&CudaBuffer>,
     mode: GradMode,
 ) -> Result<()> {
+    let (sfx, n) = check_input_grad(g, xhat, geo, scale, w, mode)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let dev = g.device().clone();
+    let code = mode_code(mode);
+    let hw = i32::from(w.is_some());
+    // Absent x̂ / w are never read: a 1-element stand-in.
+    let spare = CudaBuffer::alloc(&dev, g.dtype(), 1)?;
+    launch!(&dev, "norm.cu", format!("norm_bwd_saved_inplace_{sfx}"), CudaDevice::grid_per_row(geo.s);
+        geo, &code, &hw, xhat.unwrap_or(&spare).slice(), scale.slice(), g.slice_mut(),
+        w.unwrap_or(&spare).slice())?;
+    Ok(())
+}
+
+/// Checks the operands of an input gradient; returns the kernels' dtype
+/// suffix and the element count.
+fn check_input_grad(
+    g: &CudaBuffer,
+    xhat: Option<&CudaBuffer>,
+    geo: &NormGeom,
+    scale: &CudaBuffer,
+    w: Option<&CudaBuffer>,
+    mode: GradMode,
+) -> Result<(&'static str, usize)> {
     let op = "cuda norm backward";
     let sfx = float_suffix(op, g.dtype())?;
     let n = geo.numel();
@@ -371,19 +396,11 @@ pub(crate) fn norm_input_grad_in_place(
         return Err(crate::Error::Backward("cuda norm: x̂ missing".into()));
     }
     expect(op, scale, stat_dtype(g.dtype()), geo.s, g)?;
-    if n == 0 {
-        return Ok(());
+    if n > 0 {
+        // An empty input has no parameter tiling to check.
+        check_params(op, g, geo, [w])?;
     }
-    check_params(op, g, geo, [w])?;
-    let dev = g.device().clone();
-    let code = mode_code(mode);
-    let hw = i32::from(w.is_some());
-    // Absent x̂ / w are never read: a 1-element stand-in.
-    let spare = CudaBuffer::alloc(&dev, g.dtype(), 1)?;
-    launch!(&dev, "norm.cu", format!("norm_bwd_saved_inplace_{sfx}"), CudaDevice::grid_per_row(geo.s);
-        geo, &code, &hw, xhat.unwrap_or(&spare).slice(), scale.slice(), g.slice_mut(),
-        w.unwrap_or(&spare).slice())?;
-    Ok(())
+    Ok((sfx, n))
 }
 
 /// `norm_bwd_saved`'s mode codes.
@@ -407,20 +424,7 @@ pub(crate) fn norm_input_grad(
     w: Option<&CudaBuffer>,
     mode: GradMode,
 ) -> Result<CudaBuffer> {
-    let op = "cuda norm backward";
-    let sfx = float_suffix(op, g.dtype())?;
-    let n = geo.numel();
-    expect(op, g, g.dtype(), n, g)?;
-    if let Some(xh) = xhat {
-        expect(op, xh, g.dtype(), n, g)?;
-    } else if mode != GradMode::Affine {
-        return Err(crate::Error::Backward("cuda norm: x̂ missing".into()));
-    }
-    expect(op, scale, stat_dtype(g.dtype()), geo.s, g)?;
-    if n > 0 {
-        // An empty input has no parameter tiling to check.
-        check_params(op, g, geo, [w])?;
-    }
+    let (sfx, n) = check_input_grad(g, xhat, geo, scale, w, mode)?;
     let mut dx = CudaBuffer::alloc(g.device(), g.dtype(), n)?;
     if n > 0 {
         let code = mode_code(mode);

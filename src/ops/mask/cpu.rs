@@ -132,30 +132,11 @@ pub(super) fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor
         Backend::Cpu => {}
     }
     let mdata = mask.storage().cpu()?;
-    let words = mdata.as_slice::<u32>().ok_or(Error::DTypeMismatch {
-        op: "mask_scale",
-        expected: DType::U32,
-        got: mask.dtype(),
-    })?;
-    if words.len() < mask_words(n) {
-        return Err(Error::InvalidArgument {
-            op: "mask_scale",
-            msg: format!("mask of {} words cannot cover {n} elements", words.len()),
-        });
-    }
+    let words = mask_words_of(mdata.as_slice::<u32>(), mask, n)?;
     let gdata = g.storage().cpu()?;
     fn go<T: FloatDType>(s: &[T], l: &Layout, words: &[u32], slope: f64) -> Result<CpuData> {
         let slope = <T as WithDType>::from_f64(slope);
-        let zero = T::zero();
-        let f = |bit: bool, v: T| {
-            if bit {
-                v
-            } else if slope == zero {
-                zero
-            } else {
-                v * slope
-            }
-        };
+        let f = |bit: bool, v: T| masked(bit, v, slope);
         let out: Vec<T> = match l.contiguous_range() {
             Some(r) if r.len() >= PARALLEL_THRESHOLD => try_par_collect(
                 r.len(),
