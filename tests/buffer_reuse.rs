@@ -270,6 +270,8 @@ fn resnet18_peaks_at_batch_64_with_and_without_reuse() {
         ("all", 1.115 * 1024.0),
         ("input", 742.0),
         ("norm", 742.0),
+        ("conv", 1.115 * 1024.0),
+        ("linear", 380.0),
     ];
     for (case, limit) in limits {
         let (on, off) = (peak(case, true), peak(case, false));
