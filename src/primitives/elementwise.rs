@@ -397,6 +397,48 @@ pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
     Ok(())
 }
 
+/// An in-place map that depends on each element's row-major index (a
+/// dropout draw, a packed mask bit): rewrites one chunk of elements whose
+/// first index is `start`. Host-only (the CUDA ops have their own kernels).
+pub(crate) trait IndexedAssign: Sync {
+    /// Rewrites `d`, elements `start..start + d.len()`.
+    fn chunk<T: FloatDType>(&self, start: usize, d: &mut [T]);
+}
+
+/// Runs `m` over the CPU tensor `x` (contiguous; the caller checked that
+/// nothing else holds it) in parallel chunks, bumping its version; on the
+/// meta device only the version moves.
+pub(crate) fn assign_indexed<M: IndexedAssign>(x: &Tensor, op: &'static str, m: &M) -> Result<()> {
+    let range = x
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op,
+            msg: "in-place destination must be contiguous".into(),
+        })?;
+    match backend(op, &[x])? {
+        Backend::Meta => {
+            meta::float(op, x.dtype())?;
+            meta::touch(x);
+            return Ok(());
+        }
+        Backend::Cuda(n) => return Err(meta::not_on_cuda(op, n)),
+        Backend::Cpu => {}
+    }
+    let mut data = x.storage().cpu_mut()?;
+    fn go<T: FloatDType, M: IndexedAssign>(d: &mut [T], m: &M) {
+        if d.len() >= PARALLEL_THRESHOLD {
+            d.par_chunks_mut(CHUNK)
+                .enumerate()
+                .for_each(|(c, d)| m.chunk(c * CHUNK, d));
+        } else {
+            m.chunk(0, d);
+        }
+    }
+    crate::match_float_data!(&mut *data, op, v => go(&mut v[range], m));
+    Ok(())
+}
+
 /// Elements one rayon task maps in the dense loops (big enough that the
 /// task's overhead vanishes, small enough to balance the threads).
 const CHUNK: usize = 1 << 14;

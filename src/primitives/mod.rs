@@ -16,11 +16,11 @@ pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
 pub(crate) use batch_sum::matmul_sum_batches;
 pub use bitmask::{get_bit, mask_words, pack_bits, unpack_bits};
 pub(crate) use elementwise::{add_assign, check_pair, gather, AddK};
+pub(crate) use elementwise::{assign_indexed, fill, IndexedAssign, Source};
 pub use elementwise::{
     binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
     UnaryKernel, KERNEL_BLOCK,
 };
-pub(crate) use elementwise::{fill, Source};
 #[allow(unused_imports)]
 pub(crate) use gemm::{gemm_slices, matmul, matmul_into, usable as gemm_usable};
 pub(crate) use index::{

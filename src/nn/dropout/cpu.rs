@@ -5,10 +5,9 @@
 use super::DropoutDraw;
 use crate::dtype::CpuData;
 use crate::meta::{self, backend, backend_of, not_on_cuda, Backend};
-use crate::primitives::{fill, Source};
+use crate::primitives::{assign_indexed, fill, IndexedAssign, Source};
 use crate::tensor::{Layout, Tensor};
 use crate::{DType, Device, Error, FloatDType, Result, WithDType};
-use rayon::prelude::*;
 
 /// `v · scale` where `keep(i)`, else 0, for every element of the float
 /// tensor `x` (any layout), as a new contiguous tensor.
@@ -54,46 +53,21 @@ pub(super) fn apply(x: &Tensor, draw: DropoutDraw) -> Result<Tensor> {
 /// [`apply`] written over `x` (exclusive and contiguous: the caller
 /// checked), the same values.
 pub(super) fn apply_in_place(x: &Tensor, draw: DropoutDraw) -> Result<()> {
-    match backend("dropout", &[x])? {
-        Backend::Meta => {
-            meta::float("dropout", x.dtype())?;
-            meta::touch(x);
-            return Ok(());
-        }
-        Backend::Cuda(n) => return Err(not_on_cuda("dropout", n)),
-        Backend::Cpu => {}
-    }
-    let range = x
-        .layout()
-        .contiguous_range()
-        .ok_or(Error::InvalidArgument {
-            op: "dropout",
-            msg: "in-place input must be contiguous".into(),
-        })?;
-    let mut data = x.storage().cpu_mut()?;
-    fn go<T: FloatDType>(d: &mut [T], draw: DropoutDraw) {
-        let scale = <T as WithDType>::from_f64(draw.scale());
-        let each = |(c, d): (usize, &mut [T])| {
-            for (j, v) in d.iter_mut().enumerate() {
-                *v = if draw.keep(c * IN_PLACE_CHUNK + j) {
+    struct Draw(DropoutDraw);
+    impl IndexedAssign for Draw {
+        fn chunk<T: FloatDType>(&self, start: usize, d: &mut [T]) {
+            let scale = <T as WithDType>::from_f64(self.0.scale());
+            for (i, v) in d.iter_mut().enumerate() {
+                *v = if self.0.keep(start + i) {
                     *v * scale
                 } else {
                     T::zero()
                 };
             }
-        };
-        if d.len() >= crate::primitives::PARALLEL_THRESHOLD {
-            d.par_chunks_mut(IN_PLACE_CHUNK).enumerate().for_each(each);
-        } else {
-            d.chunks_mut(IN_PLACE_CHUNK).enumerate().for_each(each);
         }
     }
-    crate::match_float_data!(&mut *data, "dropout", v => go(&mut v[range], draw));
-    Ok(())
+    assign_indexed(x, "dropout", &Draw(draw))
 }
-
-/// Elements one task of [`apply_in_place`] writes.
-const IN_PLACE_CHUNK: usize = 1 << 14;
 
 /// The keep-mask of `draw` over a tensor of `shape` as a U8 tensor on
 /// `device` (1 = kept).

@@ -198,16 +198,17 @@ pub fn batch_norm(
         weight,
         bias,
     };
-    run(
-        x,
-        &state,
-        Mode {
-            training,
-            momentum,
-            eps,
-        },
-        false,
-    )
+    let mode = Mode {
+        training,
+        momentum,
+        eps,
+    };
+    batch_norm_borrowed(x, &state, mode)
+}
+
+/// [`batch_norm`] with its tensors and mode gathered (never writes `x`).
+pub(super) fn batch_norm_borrowed(x: &Tensor, state: &BnState<'_>, mode: Mode) -> Result<Tensor> {
+    run(x, state, mode, false)
 }
 
 /// The tensors batch norm reads besides its input.

@@ -1,13 +1,13 @@
 //! Batch, layer, group and RMS normalisation modules over the fused ops
-//! [`batch_norm`], [`layer_norm`], [`group_norm`] and [`rms_norm`] (what
+//! [`batch_norm`](super::batch_norm), [`layer_norm`], [`group_norm`] and [`rms_norm`] (what
 //! each saves for backward: the table in `norm/mod.rs`). Parameters start
 //! as PyTorch's do (weight ones, bias zeros), so the constructors take no
 //! seed. Each module is made by a builder with PyTorch's defaults
 //! (`LayerNorm::builder(&[768]).eps(1e-12).build(&device)`).
 
-use super::batch_norm::{batch_norm_owned, BnState, Mode as BnMode};
+use super::batch_norm::{batch_norm_borrowed, batch_norm_owned, BnState, Mode as BnMode};
 use super::row_norms::{group_norm_owned, layer_norm_owned};
-use super::{batch_norm, group_norm, layer_norm, rms_norm, write_values};
+use super::{group_norm, layer_norm, rms_norm, write_values};
 use crate::memory::scope;
 use crate::memory::Category;
 use crate::nn::input::{check_dtype_of, check_min_rank, check_rank, check_size, check_trailing};
@@ -422,7 +422,7 @@ impl Default for BatchNormOptions {
 }
 
 /// `torch.nn.BatchNorm1d` (`[N, C]` or `[N, C, L]`) and `BatchNorm2d`
-/// (`[N, C, H, W]`). Starts in training mode. Saves what [`batch_norm`]
+/// (`[N, C, H, W]`). Starts in training mode. Saves what [`batch_norm`](super::batch_norm)
 /// saves: train mode `x̂` + C-sized `weight·invstd` for the input gradient,
 /// `x̂` for the weight gradient; eval mode only `weight·invstd` for the
 /// input gradient, `x̂` for the weight gradient; nothing for bias only.
@@ -601,16 +601,7 @@ impl BatchNorm {
         let y = if owned {
             batch_norm_owned(x, &state, mode)?
         } else {
-            batch_norm(
-                &x,
-                state.running_mean,
-                state.running_var,
-                state.weight,
-                state.bias,
-                mode.training,
-                mode.momentum,
-                mode.eps,
-            )?
+            batch_norm_borrowed(&x, &state, mode)?
         };
         if let Some((n, c)) = count {
             write_values(n, &[c])?;

@@ -4,7 +4,9 @@
 use crate::dtype::CpuData;
 use crate::memory::host::{try_collect, try_par_collect, try_vec};
 use crate::meta::{self, backend, not_on_cuda, Backend};
-use crate::primitives::{get_bit, mask_words, pack_bits, PARALLEL_THRESHOLD};
+use crate::primitives::{
+    assign_indexed, get_bit, mask_words, pack_bits, IndexedAssign, PARALLEL_THRESHOLD,
+};
 use crate::tensor::{Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
@@ -81,42 +83,24 @@ fn masked<T: FloatDType>(bit: bool, v: T, slope: T) -> T {
 /// [`mask_scale`] written over `g` (exclusive and contiguous: the caller
 /// checked), bit for bit the same values.
 pub(super) fn mask_scale_in_place(g: &Tensor, mask: &Tensor, slope: f64) -> Result<()> {
-    let n = g.numel();
-    match backend("mask_scale", &[g, mask])? {
-        Backend::Meta => {
-            meta::float("mask_scale", g.dtype())?;
-            meta::touch(g);
-            return Ok(());
-        }
-        Backend::Cuda(d) => return Err(not_on_cuda("mask_scale", d)),
-        Backend::Cpu => {}
+    struct Scale<'a> {
+        words: &'a [u32],
+        slope: f64,
     }
-    let range = g
-        .layout()
-        .contiguous_range()
-        .ok_or(Error::InvalidArgument {
-            op: "mask_scale",
-            msg: "in-place gradient must be contiguous".into(),
-        })?;
-    let mdata = mask.storage().cpu()?;
-    let words = mask_words_of(mdata.as_slice::<u32>(), mask, n)?;
-    let mut gdata = g.storage().cpu_mut()?;
-    fn go<T: FloatDType>(d: &mut [T], words: &[u32], slope: f64) {
-        let slope = <T as WithDType>::from_f64(slope);
-        let each = |(c, d): (usize, &mut [T])| {
+    impl IndexedAssign for Scale<'_> {
+        fn chunk<T: FloatDType>(&self, start: usize, d: &mut [T]) {
+            let slope = <T as WithDType>::from_f64(self.slope);
             for (i, v) in d.iter_mut().enumerate() {
-                *v = masked(get_bit(words, c * 32 + i), *v, slope);
+                *v = masked(get_bit(self.words, start + i), *v, slope);
             }
-        };
-        // chunks of whole 32-element words, so a task reads its own words
-        if d.len() >= PARALLEL_THRESHOLD {
-            d.par_chunks_mut(32).enumerate().for_each(each);
-        } else {
-            d.chunks_mut(32).enumerate().for_each(each);
         }
     }
-    crate::match_float_data!(&mut *gdata, "mask_scale", v => go(&mut v[range], words, slope));
-    Ok(())
+    if g.device().is_meta() {
+        return assign_indexed(g, "mask_scale", &Scale { words: &[], slope });
+    }
+    let mdata = mask.storage().cpu()?;
+    let words = mask_words_of(mdata.as_slice::<u32>(), mask, g.numel())?;
+    assign_indexed(g, "mask_scale", &Scale { words, slope })
 }
 
 /// `g` where the mask bit is set and `g * slope` elsewhere (exactly 0 when

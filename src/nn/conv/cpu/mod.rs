@@ -364,14 +364,9 @@ pub(super) fn conv2d_forward(
     // A bias is read in place by the batched products (a view would need a
     // copy, which the one-item products do not make).
     let bias_at = bias.map(|b| b.layout().contiguous_range().map(|r| (b, r.start)));
-    // Several items per product add each slice's partial sums into the
-    // output in its dtype: reassociation only in f32/f64, but a half type
-    // would be rounded once per slice (10% L2 after four bf16 layers), so
-    // halves keep one product per item.
     let per_product = match bias_at {
         Some(None) => 1,
-        _ if !matches!(x.dtype(), DType::F32 | DType::F64) => 1,
-        _ => batch_items(g, n),
+        _ => batch_items(g, n, x.dtype()),
     };
     let mut i = 0;
     while i < n {
