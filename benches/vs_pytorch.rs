@@ -121,6 +121,42 @@ const WORKLOADS: &[Workload] = &[
         warmup: 2,
     },
     Workload {
+        name: "resnet18_input",
+        what: "ResNet-18 step, input only (frozen)",
+        reps: 1,
+        warmup: 2,
+    },
+    Workload {
+        name: "resnet18_surgical_last",
+        what: "ResNet-18 step, last quarter trains",
+        reps: 1,
+        warmup: 2,
+    },
+    Workload {
+        name: "resnet18_224_all",
+        what: "ResNet-18 step, batch 4 224², all train",
+        reps: 1,
+        warmup: 1,
+    },
+    Workload {
+        name: "resnet18_224_input",
+        what: "same, input only (frozen)",
+        reps: 1,
+        warmup: 1,
+    },
+    Workload {
+        name: "resnet18_224_input_bn_eval",
+        what: "same, input-bn-eval",
+        reps: 1,
+        warmup: 1,
+    },
+    Workload {
+        name: "resnet18_224_surgical_last",
+        what: "same, last quarter trains",
+        reps: 1,
+        warmup: 1,
+    },
+    Workload {
         name: "bert_all",
         what: "BERT-base step, batch 2×128, all train, Adam",
         reps: 1,
@@ -129,6 +165,12 @@ const WORKLOADS: &[Workload] = &[
     Workload {
         name: "bert_input",
         what: "BERT-base step, 2×128, frozen, input grad",
+        reps: 1,
+        warmup: 1,
+    },
+    Workload {
+        name: "bert_surgical_last",
+        what: "BERT-base step, 2×128, last quarter trains",
         reps: 1,
         warmup: 1,
     },
@@ -190,16 +232,24 @@ fn optimizer<A: Algorithm + 'static>(hyper: A) -> Result<Iteration> {
 /// One training step of a model of `leangrad memory` in a case: forward,
 /// cross-entropy, backward and (when a parameter trains) the optimizer's
 /// update, gradients dropped after it as `zero_grad(set_to_none)` does.
-fn model_step(name: &str, case: &str, classes: usize, adam: bool) -> Result<Iteration> {
+/// ResNet-18 runs at `size`² (batch 8 at 112², 4 at 224²), BERT-base at
+/// batch 2 × 128 tokens with Adam.
+fn model_step(name: &str, case: &str, size: usize) -> Result<Iteration> {
     let entry = find_model(name)?;
-    let (size, seq) = if name == "resnet18" {
-        (Some(112), None)
+    let resnet = name == "resnet18";
+    let (size, seq) = if resnet {
+        (Some(size), None)
     } else {
         (None, Some(128))
     };
+    let (classes, adam) = if resnet { (1000, false) } else { (2, true) };
     let input = entry.step_input(size, seq)?;
     let case: Case = case.parse()?;
-    let batch = if name == "resnet18" { 8 } else { 2 };
+    let batch = match size {
+        Some(224) => 4,
+        Some(_) => 8,
+        None => 2,
+    };
     let mut model = (entry.build)(classes, size.unwrap_or(224), F32, CPU)?;
     case.apply(model.as_mut())?;
     let params: Vec<Tensor> = model
@@ -276,14 +326,22 @@ fn leangrad_setup(name: &str) -> Result<Iteration> {
         "conv_l3_dw" => conv(256, 7, "dw"),
         "sgd_10m" => optimizer(Sgd::new(0.01).momentum(0.9)),
         "adam_10m" => optimizer(Adam::new(1e-3)),
-        "resnet18_all" => model_step("resnet18", "all", 1000, false),
-        "resnet18_input_bn_eval" => model_step("resnet18", "input-bn-eval", 1000, false),
-        "bert_all" => model_step("bert_base", "all", 2, true),
-        "bert_input" => model_step("bert_base", "input", 2, true),
-        other => Err(leangrad::Error::InvalidArgument {
-            op: "vs_pytorch",
-            msg: format!("unknown workload {other}"),
-        }),
+        other => {
+            let case = |rest: &str| rest.replace('_', "-");
+            if let Some(rest) = other.strip_prefix("resnet18_224_") {
+                return model_step("resnet18", &case(rest), 224);
+            }
+            if let Some(rest) = other.strip_prefix("resnet18_") {
+                return model_step("resnet18", &case(rest), 112);
+            }
+            if let Some(rest) = other.strip_prefix("bert_") {
+                return model_step("bert_base", &case(rest), 0);
+            }
+            Err(leangrad::Error::InvalidArgument {
+                op: "vs_pytorch",
+                msg: format!("unknown workload {other}"),
+            })
+        }
     }
 }
 

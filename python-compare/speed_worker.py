@@ -121,13 +121,33 @@ def optimizer(make):
     return lambda: timed(opt.step)
 
 
-def model_step(name, case, classes, adam):
+def trainable(model, case):
+    """The parameters `case` trains, by leangrad's rule: all, none (input,
+    input-bn-eval), or the last quarter of the modules that own parameters
+    (surgical-last)."""
+    base = case.removesuffix("-bn-eval")
+    owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    if base == "all":
+        return list(model.parameters())
+    if base == "input":
+        return []
+    if base == "surgical-last":
+        last = owners[len(owners) - math.ceil(len(owners) / 4):]
+        return [p for m in last for p in m.parameters(recurse=False)]
+    raise ValueError(f"case {case} is not measured here")
+
+
+def model_step(name, case, size=112):
+    """ResNet-18 at `size`² (batch 8 at 112², 4 at 224², SGD momentum) or
+    BERT-base at 2 × 128 tokens (Adam)."""
+    classes, adam = (1000, False) if name == "resnet18" else (2, True)
     if name == "resnet18":
         cfg = dict(arch="resnet", block="basic", layers=[2, 2, 2, 2], width=64,
                    classes=classes, in_channels=3)
         model = export.build(argparse.Namespace(**cfg))
-        x = torch.randn(8, 3, 112, 112)
-        targets = torch.arange(8) % classes
+        batch = 4 if size == 224 else 8
+        x = torch.randn(batch, 3, size, size)
+        targets = torch.arange(batch) % classes
     else:
         model = BertClassifier(classes)
         if case == "input":
@@ -135,13 +155,13 @@ def model_step(name, case, classes, adam):
         else:
             x = torch.arange(256).reshape(2, 128) % 30522
         targets = torch.arange(2) % classes
-    frozen = case.startswith("input")
+    params = trainable(model, case)
+    chosen = {id(p) for p in params}
     for p in model.parameters():
-        p.requires_grad_(not frozen)
+        p.requires_grad_(id(p) in chosen)
     model.train(not case.endswith("-bn-eval"))
-    if frozen:
+    if case.startswith("input"):
         x.requires_grad_(True)
-    params = [p for p in model.parameters() if p.requires_grad]
     opt = None
     if params:
         opt = (torch.optim.Adam(params, lr=1e-4) if adam
@@ -180,14 +200,10 @@ def setup(name):
         return optimizer(lambda ws: torch.optim.SGD(ws, lr=0.01, momentum=0.9))
     if name == "adam_10m":
         return optimizer(lambda ws: torch.optim.Adam(ws, lr=1e-3))
-    if name == "resnet18_all":
-        return model_step("resnet18", "all", 1000, False)
-    if name == "resnet18_input_bn_eval":
-        return model_step("resnet18", "input-bn-eval", 1000, False)
-    if name == "bert_all":
-        return model_step("bert", "all", 2, True)
-    if name == "bert_input":
-        return model_step("bert", "input", 2, True)
+    for prefix, model, size in (("resnet18_224_", "resnet18", 224),
+                                ("resnet18_", "resnet18", 112), ("bert_", "bert", 0)):
+        if name.startswith(prefix):
+            return model_step(model, name[len(prefix):].replace("_", "-"), size)
     raise ValueError(f"unknown workload {name}")
 
 

@@ -100,6 +100,49 @@ fn input_gradient_of_item_chunks_equals_the_items_one_by_one() {
     assert_eq!(batch, one_by_one);
 }
 
+/// The weight gradient of several items per product (two, two, then one
+/// here) equals the sum of the items' own weight gradients, within f64
+/// reassociation, and uses the one-item column buffer.
+#[test]
+fn weight_gradient_of_item_chunks_equals_the_sum_over_items() {
+    use leangrad::autograd::{backward_with, CollectGrads};
+    let opts = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    let rand = |s: &[usize], seed| {
+        Tensor::rand_range(s, -1.0, 1.0, DType::F64, Device::Cpu, seed).unwrap()
+    };
+    let (x, w, gy) = (
+        rand(&[5, 32, 4, 4], 1),
+        rand(&[8, 32, 3, 3], 2),
+        rand(&[5, 8, 4, 4], 3),
+    );
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let wg = w.detach().set_requires_grad(true).unwrap();
+    let y = conv2d(&x, &wg, None, &opts).unwrap();
+    ledger.reset_peak();
+    backward_with(&y, Some(gy.clone()), &mut CollectGrads).unwrap();
+    let cols = 32 * 9 * 16 * 8;
+    assert_eq!(ledger.peak_in(Device::Cpu, Category::Workspace), cols);
+    let batch = wg.grad().unwrap().to_f64_vec().unwrap();
+    let mut sum = vec![0.0; batch.len()];
+    for i in 0..5 {
+        let xi = x.narrow(0, i, 1).unwrap().contiguous().unwrap();
+        let wi = w.detach().set_requires_grad(true).unwrap();
+        let yi = conv2d(&xi, &wi, None, &opts).unwrap();
+        let gi = gy.narrow(0, i, 1).unwrap().contiguous().unwrap();
+        backward_with(&yi, Some(gi), &mut CollectGrads).unwrap();
+        for (s, v) in sum.iter_mut().zip(wi.grad().unwrap().to_f64_vec().unwrap()) {
+            *s += v;
+        }
+    }
+    for (a, b) in batch.iter().zip(&sum) {
+        assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{a} vs {b}");
+    }
+}
+
 #[test]
 fn non_contiguous_operands_give_the_same_result() {
     let c = &cases()[1];

@@ -293,6 +293,83 @@ pub(crate) fn gemm_slices<T: crate::FloatDType>(
     execute(&p, dst, a, b, accumulate, (T::zero(), T::one()))
 }
 
+/// [`gemm_slices`] into a block of a wider row-major matrix: `dst`'s rows
+/// start `dst_rs` (≥ n) elements apart, and the elements between them are
+/// left alone. The convolutions' weight gradient writes a band of the
+/// weight's columns this way.
+pub(crate) fn gemm_slices_strided<T: crate::FloatDType>(
+    (dst, dst_rs): (&mut [T], usize),
+    (m, n, k): (usize, usize, usize),
+    (a, a_rs, a_cs): (&[T], usize, usize),
+    (b, b_rs, b_cs): (&[T], usize, usize),
+    accumulate: bool,
+) -> Result<()> {
+    if !matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16) {
+        return Err(Error::UnsupportedDType {
+            op: "matmul",
+            dtype: T::DTYPE,
+        });
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let outside = || Error::InvalidArgument {
+        op: "matmul",
+        msg: "destination block reaches outside its storage".into(),
+    };
+    if dst_rs < n || (m - 1) * dst_rs + n > dst.len() {
+        return Err(outside());
+    }
+    if k == 0 {
+        if !accumulate {
+            for row in dst.chunks_mut(dst_rs).take(m) {
+                row[..n].fill(T::zero());
+            }
+        }
+        return Ok(());
+    }
+    let operand = |rs, cs| Operand {
+        offsets: vec![0],
+        rs,
+        cs,
+    };
+    check_bounds(&operand(a_rs, a_cs), m, k, a.len())?;
+    check_bounds(&operand(b_rs, b_cs), k, n, b.len())?;
+    let par = if m * n * k >= PARALLEL_WORK {
+        Parallelism::Rayon(0)
+    } else {
+        Parallelism::None
+    };
+    let alpha = if accumulate { T::one() } else { T::zero() };
+    // SAFETY: row i of `dst` is dst[i·dst_rs..][..n], inside `dst` (checked
+    // above); every element read from `a` and `b` lies inside them
+    // (check_bounds).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            alpha,
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        )
+    };
+    Ok(())
+}
+
 fn to_f32(data: &[bf16], l: &Layout) -> Result<Vec<f32>> {
     let mut v = try_vec(l.numel())?;
     l.for_each_offset(|o| v.push(data[o].to_f32()));

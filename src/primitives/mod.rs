@@ -22,7 +22,9 @@ pub use elementwise::{
     UnaryKernel, KERNEL_BLOCK,
 };
 #[allow(unused_imports)]
-pub(crate) use gemm::{gemm_slices, matmul, matmul_into, usable as gemm_usable};
+pub(crate) use gemm::{
+    gemm_slices, gemm_slices_strided, matmul, matmul_into, usable as gemm_usable,
+};
 pub(crate) use index::{
     add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,
 };

@@ -5,9 +5,11 @@
 //! per item reads the whole weight for each of them.
 
 use super::ConvGeom;
-use super::{fill_bias, fold_row, for_chunks, on_meta, slice, slice_mut, unfold_items, view};
+use super::{
+    fill_bias, fold_row, for_chunks, on_meta, slice, slice_mut, unfold_into, unfold_items, view,
+};
 use crate::dtype::CpuData;
-use crate::primitives::{gemm_slices, matmul_into};
+use crate::primitives::{gemm_slices, gemm_slices_strided, matmul_into};
 use crate::tensor::{Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result};
 use half::{bf16, f16};
@@ -240,4 +242,82 @@ fn fold_rows<T: FloatDType>(
             fold_row(row, plane, g, r % kk / g.kw, r % g.kw);
         }
     });
+}
+
+/// The weight gradient's share of the batch items `items` (see
+/// [`input_grad_items`], whose buffer layout it shares): the items' output
+/// gradients are copied side by side into the front of the column buffer
+/// (`[cout, items·oh·ow]`); then, slice by slice of the column rows, the
+/// rows are unfolded for all the items side by side and
+/// `gW[:, rows] (+)= gy · cols[rows]ᵀ` is one product of depth
+/// `items·oh·ow`, where one product per item would read and write the
+/// whole `[cout, k]` gradient for only `oh·ow` terms each. The sums over
+/// the items are added in another grouping (reassociation only).
+pub(super) fn weight_grad_of_items(
+    (gy, gs): (&Tensor, usize),
+    (x, xs): (&Tensor, usize),
+    gw: &Tensor,
+    cols: &Tensor,
+    g: &ConvGeom,
+    items: Range<usize>,
+) -> Result<()> {
+    // The op the ledger notes last before the column buffer is freed is the
+    // products', as when each item has its own (`matmul_into`).
+    if on_meta("matmul_into", &[gy, x, gw, cols])? {
+        crate::meta::touch(gw);
+        return Ok(());
+    }
+    let (l, cout, item) = (g.l(), g.cout, g.cin * g.h * g.w);
+    let gyd = gy.storage().cpu()?;
+    let xd = x.storage().cpu()?;
+    let mut cd = cols.storage().cpu_mut()?;
+    let mut wd = gw.storage().cpu_mut()?;
+    let gy_range = gs + items.start * cout * l..gs + items.end * cout * l;
+    let x_range = xs + items.start * item..xs + items.end * item;
+    let accumulate = items.start > 0;
+    fn go<T: FloatDType>(
+        (gy, x, cols, gw): (&CpuData, &CpuData, &mut CpuData, &mut CpuData),
+        (gy_range, x_range): (Range<usize>, Range<usize>),
+        g: &ConvGeom,
+        (nb, accumulate): (usize, bool),
+    ) -> Result<()> {
+        let (k, l, cout) = (g.k(), g.l(), g.cout);
+        let width = nb * l;
+        let gy = slice::<T>(gy, gy_range)?;
+        let x = slice::<T>(x, x_range)?;
+        let n = cols.len();
+        let (wide, rest) = slice_mut::<T>(cols, 0..n)?.split_at_mut(cout * width);
+        let gw = slice_mut::<T>(gw, 0..cout * k)?;
+        for (b, item) in gy.chunks(cout * l).enumerate() {
+            for (c, src) in item.chunks(l).enumerate() {
+                wide[c * width + b * l..][..l].copy_from_slice(src);
+            }
+        }
+        let slice_rows = rest.len() / width;
+        for r0 in (0..k).step_by(slice_rows) {
+            let rows = r0..(r0 + slice_rows).min(k);
+            let band = &mut rest[..rows.len() * width];
+            unfold_into(x, band, g, rows.clone());
+            // cols[rows]ᵀ: element (p, r) at band[r·width + p].
+            gemm_slices_strided(
+                (&mut gw[r0..], k),
+                (cout, rows.len(), width),
+                (&*wide, width, 1),
+                (&*band, 1, width),
+                accumulate,
+            )?;
+        }
+        Ok(())
+    }
+    let bufs = (&*gyd, &*xd, &mut *cd, &mut *wd);
+    let nb = (items.len(), accumulate);
+    match gy.dtype() {
+        DType::F32 => go::<f32>(bufs, (gy_range, x_range), g, nb),
+        DType::F64 => go::<f64>(bufs, (gy_range, x_range), g, nb),
+        DType::F16 => go::<f16>(bufs, (gy_range, x_range), g, nb),
+        dtype => Err(Error::UnsupportedDType {
+            op: "conv2d_weight_grad",
+            dtype,
+        }),
+    }
 }

@@ -32,7 +32,9 @@ use crate::primitives::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
 use crate::tensor::{contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
-use items::{batch_items, forward_items, input_grad_items, input_grad_of_items};
+use items::{
+    batch_items, forward_items, input_grad_items, input_grad_of_items, weight_grad_of_items,
+};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -166,8 +168,16 @@ fn im2col<T: FloatDType>(
     (rows, items): (Range<usize>, usize),
 ) -> Result<()> {
     let x = slice::<T>(x, xr)?;
+    let cols = slice_mut::<T>(cols, 0..rows.len() * items * g.l())?;
+    unfold_into(x, cols, g, rows);
+    Ok(())
+}
+
+/// [`im2col`] over plain slices: `x` holds the items (`[items, cin, h, w]`),
+/// `cols` exactly `rows.len()` rows of `items·oh·ow` elements.
+fn unfold_into<T: FloatDType>(x: &[T], cols: &mut [T], g: &ConvGeom, rows: Range<usize>) {
     let (l, item) = (g.l(), g.cin * g.h * g.w);
-    let cols = slice_mut::<T>(cols, 0..rows.len() * items * l)?;
+    let items = x.len() / item.max(1);
     let (kk, hw, sw) = (g.kh * g.kw, g.h * g.w, g.stride[1]);
     for_chunks(cols, items * l, |r, row| {
         let r = rows.start + r;
@@ -179,7 +189,6 @@ fn im2col<T: FloatDType>(
             unfold_row(plane, row, g, ki, (&cols_in, first, sw));
         }
     });
-    Ok(())
 }
 
 /// One column row of one item: output positions `row` (`[oh, ow]`) read
@@ -458,10 +467,24 @@ pub(super) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Resul
     let cols = Tensor::zeros(&[g.groups, k, l], gy.dtype(), gy.device())?;
     let colst = transposed(&cols)?;
     let gwv = view(&gw, &[g.groups, cg, k], 0);
-    for i in 0..items(&x, g) {
-        unfold(&x, xs + i * g.cin * g.h * g.w, &cols, g)?;
-        let gyv = view(&gy, &[g.groups, cg, l], gs + i * g.cout * l);
-        matmul_into(&gwv, &gyv, &colst, i > 0)?;
+    let n = items(&x, g);
+    // The same buffer layout as the input gradient's items (f32/f64 only:
+    // a half type would round the partial sums at other points).
+    let per_product = match matches!(gy.dtype(), DType::F32 | DType::F64) {
+        true => input_grad_items(g, n, gy.dtype()),
+        false => 1,
+    };
+    let mut i = 0;
+    while i < n {
+        let nb = per_product.min(n - i);
+        if nb > 1 {
+            weight_grad_of_items((&gy, gs), (&x, xs), &gw, &cols, g, i..i + nb)?;
+        } else {
+            unfold(&x, xs + i * g.cin * g.h * g.w, &cols, g)?;
+            let gyv = view(&gy, &[g.groups, cg, l], gs + i * g.cout * l);
+            matmul_into(&gwv, &gyv, &colst, i > 0)?;
+        }
+        i += nb;
     }
     Ok(gw)
 }
