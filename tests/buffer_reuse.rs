@@ -8,7 +8,7 @@
 mod tiny_models;
 
 use leangrad::autograd::{with_buffer_reuse, with_save_policy, SavePolicy};
-use leangrad::memory::Ledger;
+use leangrad::memory::{Category, Ledger};
 use leangrad::models::{Case, FeatureMaps, ResNet, ResNetConfig};
 use leangrad::nn::{BatchNorm, Module, ReLU};
 use leangrad::ops::CrossEntropyOptions;
@@ -309,5 +309,75 @@ fn dropout_written_over_its_input_gives_the_same_values_and_gradient() -> Result
     assert_eq!(y_owned, y);
     assert_eq!(g_owned, g);
     assert_eq!((made_owned, made), (0, 1), "the owned dropout allocated");
+    Ok(())
+}
+
+/// The activations handed over: tanh and sigmoid keep their output, so
+/// they write over an exclusive input even while a gradient flows; GELU
+/// and SiLU keep their input, so they do only where no gradient flows (a
+/// frozen prefix). Values, gradients and saved bytes equal the borrowed
+/// ops'; only the allocations differ.
+#[test]
+fn activations_write_over_an_owned_input_only_when_backward_cannot_need_it() -> Result<()> {
+    type Act = fn(Tensor) -> Result<Tensor>;
+    let owned: [(&str, Act, bool); 4] = [
+        ("tanh", |x| x.tanh_owned(), true),
+        ("sigmoid", |x| x.sigmoid_owned(), true),
+        ("gelu", |x| x.gelu_owned(false), false),
+        ("silu", |x| x.silu_owned(), false),
+    ];
+    let borrowed = |name: &str, x: &Tensor| -> Result<Tensor> {
+        match name {
+            "tanh" => x.tanh(),
+            "sigmoid" => x.sigmoid(),
+            "gelu" => x.gelu(false),
+            _ => x.silu(),
+        }
+    };
+    // (values, input gradient, allocations by the activation, saved bytes)
+    type Run = (Vec<f32>, Option<Vec<f32>>, u64, usize);
+    let run = |name: &str, f: Option<Act>, grad: bool| -> Result<Run> {
+        let ledger = Ledger::new();
+        let _l = ledger.enter();
+        let a = randn(&[4, 300], 21).set_requires_grad(grad)?;
+        let h = a.mul_scalar(1.5)?;
+        let before = ledger.allocation_count(Device::Cpu);
+        let saved_before = ledger.live_in(Device::Cpu, Category::Saved);
+        let y = match f {
+            Some(f) => f(h)?,
+            None => borrowed(name, &h)?,
+        };
+        let made = ledger.allocation_count(Device::Cpu) - before;
+        let saved = ledger.live_in(Device::Cpu, Category::Saved) - saved_before;
+        let values = y.to_vec()?;
+        if grad {
+            y.square()?.sum_all()?.backward()?;
+        }
+        Ok((
+            values,
+            a.grad().map(|g| g.to_vec()).transpose()?,
+            made,
+            saved,
+        ))
+    };
+    for (name, f, keeps_output) in owned {
+        for grad in [false, true] {
+            let (v, g, made, saved) = run(name, Some(f), grad)?;
+            let (v0, g0, made0, saved0) = run(name, None, grad)?;
+            assert_eq!(v, v0, "{name} values, grad {grad}");
+            assert_eq!(g, g0, "{name} gradient");
+            assert_eq!(saved, saved0, "{name} saved bytes");
+            assert_eq!(made0, 1, "{name}: the borrowed op makes its output");
+            let in_place = keeps_output || !grad;
+            assert_eq!(made, u64::from(!in_place), "{name}, grad {grad}");
+        }
+    }
+    // A clone still held keeps its values: the op goes out of place.
+    let h = randn(&[10], 3);
+    let held = h.clone();
+    let before = held.to_vec::<f32>()?;
+    let y = h.tanh_owned()?;
+    assert_eq!(held.to_vec::<f32>()?, before);
+    assert_eq!(y.to_vec::<f32>()?, held.tanh()?.to_vec::<f32>()?);
     Ok(())
 }

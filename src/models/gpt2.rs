@@ -118,7 +118,7 @@ impl Block {
         let normed = self.ln_2.forward(&h)?;
         let m = {
             let _s = scope("mlp");
-            let inner = self.c_fc.forward(&normed)?.gelu(true)?;
+            let inner = self.c_fc.forward(&normed)?.gelu_owned(true)?;
             self.mlp_proj.forward(&inner)?
         };
         m.add_owned(&h)

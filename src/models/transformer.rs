@@ -393,7 +393,9 @@ impl FeedForward {
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = {
             let _s = scope("intermediate");
-            self.intermediate.forward(x)?.gelu(false)?
+            // Written over the projection's output where no gradient
+            // flows (a frozen prefix); otherwise GELU keeps its input.
+            self.intermediate.forward(x)?.gelu_owned(false)?
         };
         let _s = scope("output");
         self.output.forward(&h)
@@ -405,5 +407,5 @@ impl FeedForward {
 pub(crate) fn pool(dense: &Linear, h: &Tensor) -> Result<Tensor> {
     let _s = scope("pooler");
     let first = h.narrow(1, 0, 1)?.squeeze(1)?;
-    dense.forward(&first)?.tanh()
+    dense.forward(&first)?.tanh_owned()
 }

@@ -7,7 +7,8 @@ use crate::autograd::buffer_reuse;
 use crate::{Result, Tensor};
 
 macro_rules! activation {
-    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty),* } |$s:ident, $x:ident| $call:expr) => {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty),* } |$s:ident, $x:ident| $call:expr
+        $(, owned |$os:ident, $ox:ident| $ocall:expr)?) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq)]
         pub struct $name {
@@ -23,6 +24,14 @@ macro_rules! activation {
                 let _ = $s;
                 $call
             }
+
+            $(
+                fn forward_owned(&self, $ox: Tensor) -> Result<Tensor> {
+                    let $os = self;
+                    let _ = $os;
+                    $ocall
+                }
+            )?
 
             fn named_parameters(&self) -> Vec<(String, Tensor)> {
                 Vec::new()
@@ -84,25 +93,34 @@ activation!(
 
 activation!(
     /// `torch.nn.GELU` (`approximate`: the tanh form). Saves its input.
+    /// `forward_owned` writes over an input nothing else holds when no
+    /// gradient flows through it ([`Tensor::gelu_owned`]).
     GELU {
         /// Use the tanh approximation instead of erf.
         approximate: bool
-    } |s, x| x.gelu(s.approximate)
+    } |s, x| x.gelu(s.approximate),
+    owned |s, x| x.gelu_owned(s.approximate)
 );
 
 activation!(
-    /// `torch.nn.SiLU`. Saves its input.
-    SiLU {} |s, x| x.silu()
+    /// `torch.nn.SiLU`. Saves its input. `forward_owned` writes over an
+    /// input nothing else holds when no gradient flows through it.
+    SiLU {} |s, x| x.silu(),
+    owned |s, x| x.silu_owned()
 );
 
 activation!(
-    /// `torch.nn.Sigmoid`. Saves its output.
-    Sigmoid {} |s, x| x.sigmoid()
+    /// `torch.nn.Sigmoid`. Saves its output; `forward_owned` writes it
+    /// over an input nothing else holds.
+    Sigmoid {} |s, x| x.sigmoid(),
+    owned |s, x| x.sigmoid_owned()
 );
 
 activation!(
-    /// `torch.nn.Tanh`. Saves its output.
-    Tanh {} |s, x| x.tanh()
+    /// `torch.nn.Tanh`. Saves its output; `forward_owned` writes it over
+    /// an input nothing else holds.
+    Tanh {} |s, x| x.tanh(),
+    owned |s, x| x.tanh_owned()
 );
 
 activation!(

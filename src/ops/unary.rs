@@ -2,7 +2,7 @@
 //! tensor (its input, its output, or for relu-like ops a 1-bit packed mask).
 
 use super::mask::{MaskRule, SavedMask};
-use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
+use crate::autograd::{attach, may_reuse, needs_grad, BackwardOp, SavedTensor};
 use crate::op_code::{BinaryOp as CudaBinary, UnaryOp as CudaUnary};
 use crate::primitives::{binary_map, unary_assign, unary_map, BinaryKernel, UnaryKernel};
 use crate::{FloatDType, Result, Tensor, WithDType};
@@ -288,6 +288,29 @@ fn unary_op<F: UnaryKernel, B: BinaryKernel + Send + 'static>(
     Ok(attach(out, &[x], SavedBackward { saved, k: b }))
 }
 
+/// [`unary_op`] over an input the caller hands over: the output is written
+/// over `x`'s buffer when buffer reuse may take it ([`may_reuse`]) and
+/// backward will not read `x` (no gradient flows through it, or the op
+/// keeps its output). Same values, same saved tensor, one buffer fewer.
+fn unary_op_owned<F: UnaryKernel, B: BinaryKernel + Send + 'static>(
+    x: Tensor,
+    f: F,
+    keep: Keep,
+    b: B,
+) -> Result<Tensor> {
+    let [needs] = needs_grad([&x]);
+    if !may_reuse(&x) || (needs && matches!(keep, Keep::Input)) {
+        return unary_op(&x, f, keep, b);
+    }
+    unary_assign(&x, &f)?;
+    let out = x.detach();
+    if !needs {
+        return Ok(out);
+    }
+    let saved = SavedTensor::new(&out, F::NAME);
+    Ok(attach(out, &[&x], SavedBackward { saved, k: b }))
+}
+
 /// Runs a relu-like kernel; when `x` needs grad saves only the packed mask
 /// of `mask_of > 0` (`mask_of` being the input or the output).
 fn masked_op(
@@ -385,6 +408,34 @@ impl Tensor {
     /// `x · sigmoid(x)` (swish). Saves its input for backward.
     pub fn silu(&self) -> Result<Tensor> {
         unary_op(self, SiluK, Keep::Input, SiluB)
+    }
+
+    /// [`Tensor::tanh`] of a tensor handed over: written over its buffer
+    /// when nothing else holds it ([`crate::autograd::may_reuse`]). Saves
+    /// its output for backward, as `tanh`.
+    pub fn tanh_owned(self) -> Result<Tensor> {
+        unary_op_owned(self, TanhK, Keep::Output, TanhB)
+    }
+
+    /// [`Tensor::sigmoid`] of a tensor handed over: written over its
+    /// buffer when nothing else holds it. Saves its output for backward.
+    pub fn sigmoid_owned(self) -> Result<Tensor> {
+        unary_op_owned(self, SigmoidK, Keep::Output, SigmoidB)
+    }
+
+    /// [`Tensor::gelu`] of a tensor handed over: written over its buffer
+    /// when nothing else holds it and no gradient flows through it (a
+    /// frozen prefix); otherwise out of place, saving its input.
+    pub fn gelu_owned(self, approximate: bool) -> Result<Tensor> {
+        let (f, b) = (GeluK(approximate), GeluB(approximate));
+        unary_op_owned(self, f, Keep::Input, b)
+    }
+
+    /// [`Tensor::silu`] of a tensor handed over: written over its buffer
+    /// when nothing else holds it and no gradient flows through it;
+    /// otherwise out of place, saving its input.
+    pub fn silu_owned(self) -> Result<Tensor> {
+        unary_op_owned(self, SiluK, Keep::Input, SiluB)
     }
 
     /// `x^exponent` for a scalar exponent. Saves its input for backward.
