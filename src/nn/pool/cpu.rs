@@ -110,62 +110,122 @@ pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Wind
             let rows: Vec<_> = (0..g.oh).map(|i| g.taps(0, i)).collect();
             let cols: Vec<_> = (0..g.ow).map(|j| g.taps(1, j)).collect();
             // The columns whose windows lie wholly inside the input (one
-            // contiguous run): there the taps run outermost, each over the
-            // whole run, so the loop over columns has no branch to predict.
+            // contiguous run) take the tap-major path below.
             let full = |j: &usize| cols[*j] == (0..g.k[1]);
             let inner_lo = (0..g.ow).find(full).unwrap_or(g.ow);
             let inner_hi = (inner_lo..g.ow).find(|j| !full(j)).unwrap_or(g.ow);
+            // Per output row, the taps of the run in window order: (input
+            // row tap, window position, first column in the input row).
+            let row_taps: Vec<Vec<(usize, u8, usize)>> = rows
+                .iter()
+                .map(|r| {
+                    let per_row = |ki: usize| {
+                        (0..g.k[1]).map(move |kj| {
+                            let start = (inner_lo * g.s[1] + kj * g.d[1]).saturating_sub(g.p[1]);
+                            (ki, (ki * g.k[1] + kj) as u8, start)
+                        })
+                    };
+                    r.clone().flat_map(per_row).collect()
+                })
+                .collect();
+            // With a column stride above 1 each input row is copied phase
+            // by phase (columns `q, q + s, q + 2s, …` for each `q < s`), so
+            // every tap of the run reads a contiguous slice and the loops
+            // below run on vectors. `phase_at[q]`: where phase `q` starts.
+            let s1 = g.s[1];
+            let phase_at: Vec<usize> = (0..s1)
+                .scan(0, |at, q| {
+                    let start = *at;
+                    *at += g.w.saturating_sub(q).div_ceil(s1);
+                    Some(start)
+                })
+                .collect();
             per_plane(&mut out, pos, g.oh * g.ow, |p, o, ps| {
                 let plane = &x[p * g.h * g.w..(p + 1) * g.h * g.w];
-                for (i, (o, ps)) in o.chunks_mut(g.ow).zip(ps.chunks_mut(g.ow)).enumerate() {
-                    let input_row = |ki: usize| {
-                        let r = i * g.s[0] + ki * g.d[0] - g.p[0];
-                        &plane[r * g.w..(r + 1) * g.w]
-                    };
-                    for (j, (o, ps)) in o.iter_mut().zip(ps.iter_mut()).enumerate() {
-                        if (inner_lo..inner_hi).contains(&j) {
-                            continue;
-                        }
-                        let (mut best, mut at) = (T::neg_infinity(), 0usize);
-                        let mut found = false;
-                        for ki in rows[i].clone() {
-                            let row = input_row(ki);
-                            for kj in cols[j].clone() {
-                                let v = row[j * g.s[1] + kj * g.d[1] - g.p[1]];
-                                if !found || v > best || (v.is_nan() && !best.is_nan()) {
-                                    (best, at, found) = (v, ki * g.k[1] + kj, true);
-                                }
+                let mut hits = vec![0u32; inner_hi - inner_lo];
+                let mut phased = Vec::new();
+                if s1 > 1 && inner_lo < inner_hi {
+                    phased = vec![T::zero(); plane.len()];
+                    for (dst, row) in phased.chunks_mut(g.w).zip(plane.chunks(g.w)) {
+                        for (q, &at) in phase_at.iter().enumerate() {
+                            let cols = row[q.min(row.len())..].iter().step_by(s1);
+                            for (d, &v) in dst[at..].iter_mut().zip(cols) {
+                                *d = v;
                             }
                         }
-                        *o = best;
-                        *ps = at as u8;
+                    }
+                }
+                let by_phase: &[T] = if s1 > 1 { &phased } else { plane };
+                let input_row = |i: usize, ki: usize| {
+                    let r = i * g.s[0] + ki * g.d[0] - g.p[0];
+                    &plane[r * g.w..(r + 1) * g.w]
+                };
+                // One window, tap by tap: the first tap, then each larger
+                // one (or the first NaN): the first maximum.
+                let window = |i: usize, j: usize| {
+                    let (mut best, mut at) = (T::neg_infinity(), 0usize);
+                    let mut found = false;
+                    for ki in rows[i].clone() {
+                        let row = input_row(i, ki);
+                        for kj in cols[j].clone() {
+                            let v = row[j * g.s[1] + kj * g.d[1] - g.p[1]];
+                            if !found || v > best || (v.is_nan() && !best.is_nan()) {
+                                (best, at, found) = (v, ki * g.k[1] + kj, true);
+                            }
+                        }
+                    }
+                    (best, at as u8)
+                };
+                for (i, (o, ps)) in o.chunks_mut(g.ow).zip(ps.chunks_mut(g.ow)).enumerate() {
+                    for (j, (o, ps)) in o.iter_mut().zip(ps.iter_mut()).enumerate() {
+                        if !(inner_lo..inner_hi).contains(&j) {
+                            (*o, *ps) = window(i, j);
+                        }
                     }
                     if inner_lo == inner_hi || rows[i].is_empty() {
                         continue;
                     }
                     let (o, ps) = (&mut o[inner_lo..inner_hi], &mut ps[inner_lo..inner_hi]);
-                    // The first tap fills, every later one replaces where it
-                    // is larger (or the first NaN): the first maximum, as above.
-                    let mut first = true;
-                    for ki in rows[i].clone() {
-                        let row = input_row(ki);
-                        for kj in 0..g.k[1] {
-                            let tap = (ki * g.k[1] + kj) as u8;
-                            let start = inner_lo * g.s[1] + kj * g.d[1] - g.p[1];
-                            let taps = row[start..].iter().step_by(g.s[1]);
-                            if first {
-                                for ((o, ps), &v) in o.iter_mut().zip(ps.iter_mut()).zip(taps) {
-                                    (*o, *ps) = (v, tap);
-                                }
-                                first = false;
-                                continue;
-                            }
-                            for ((o, ps), &v) in o.iter_mut().zip(ps.iter_mut()).zip(taps) {
-                                let take = v > *o || (v.is_nan() && !o.is_nan());
-                                *o = if take { v } else { *o };
-                                *ps = if take { tap } else { *ps };
-                            }
+                    // Each tap over the whole run (its columns' inputs,
+                    // contiguous by phase), branch-free: first the maxima, then per output
+                    // a bit per tap equal to its maximum; the lowest set bit is
+                    // the first maximum, the window rule's position unless a
+                    // NaN is present. A run with a NaN (or a window of more
+                    // than 32 taps) takes the window rule.
+                    let taps = &row_taps[i];
+                    let run = o.len();
+                    let strided = |ki: usize, start: usize| {
+                        let r = i * g.s[0] + ki * g.d[0] - g.p[0];
+                        let at = r * g.w + phase_at[start % s1] + start / s1;
+                        by_phase[at..at + run].iter().copied()
+                    };
+                    let mut nan = taps.len() > 32;
+                    for (n, &(ki, _, start)) in taps.iter().enumerate() {
+                        let vals = strided(ki, start);
+                        if n == 0 {
+                            o.iter_mut().zip(vals).for_each(|(o, v)| *o = v);
+                        } else {
+                            o.iter_mut()
+                                .zip(vals)
+                                .for_each(|(o, v)| *o = if v > *o { v } else { *o });
                         }
+                        nan |= strided(ki, start).fold(false, |a, v| a | v.is_nan());
+                    }
+                    if nan {
+                        for (j, (o, ps)) in o.iter_mut().zip(ps.iter_mut()).enumerate() {
+                            (*o, *ps) = window(i, inner_lo + j);
+                        }
+                        continue;
+                    }
+                    let hits = &mut hits[..o.len()];
+                    hits.fill(0);
+                    for (n, &(ki, _, start)) in taps.iter().enumerate() {
+                        for ((h, o), v) in hits.iter_mut().zip(o.iter()).zip(strided(ki, start)) {
+                            *h |= u32::from(v == *o) << n;
+                        }
+                    }
+                    for (ps, h) in ps.iter_mut().zip(hits.iter()) {
+                        *ps = taps[(h.trailing_zeros() as usize).min(taps.len() - 1)].1;
                     }
                 }
             });
