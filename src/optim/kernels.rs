@@ -330,6 +330,7 @@ fn update_in_chunks<T: FloatDType, A: Algorithm>(
     states: Vec<&mut [T]>,
 ) {
     use rayon::prelude::*;
+    let p_len = p.len();
     let mut chunks: Vec<UpdateChunk<'_, T>> = p
         .chunks_mut(UPDATE_CHUNK)
         .enumerate()
@@ -341,7 +342,7 @@ fn update_in_chunks<T: FloatDType, A: Algorithm>(
         }
     }
     let contiguous = glayout.contiguous_range();
-    chunks.into_par_iter().for_each(|(start, p, mut st)| {
+    let run = |(start, p, mut st): UpdateChunk<'_, T>| {
         let n = p.len();
         let gathered;
         let dense = match &contiguous {
@@ -352,7 +353,12 @@ fn update_in_chunks<T: FloatDType, A: Algorithm>(
             }
         };
         alg.update(step, p, &GradReader::dense(dense, transform), &mut st);
-    });
+    };
+    if crate::primitives::parallel(p_len) {
+        chunks.into_par_iter().for_each(run);
+    } else {
+        chunks.into_iter().for_each(run);
+    }
 }
 
 /// Elements `start..start + n` (row-major) of the strided view `layout`

@@ -2,7 +2,7 @@
 //! the masks relu-like ops keep for backward (`ops::mask`) are packed and
 //! read with these, and dropout's tests pack the CPU's keep rule with them.
 
-use super::PARALLEL_THRESHOLD;
+use super::parallel;
 use crate::memory::host::{try_collect, try_par_collect};
 use crate::Result;
 use rayon::prelude::*;
@@ -20,7 +20,7 @@ pub fn pack_bits(n: usize, bit: impl Fn(usize) -> bool + Sync) -> Result<Vec<u32
         (start..n.min(start + 32)).fold(0u32, |acc, i| acc | (u32::from(bit(i)) << (i - start)))
     };
     let words = mask_words(n);
-    if n >= PARALLEL_THRESHOLD {
+    if parallel(n) {
         try_par_collect(words, (0..words).into_par_iter().map(word))
     } else {
         try_collect(words, (0..words).map(word))
@@ -63,7 +63,14 @@ mod tests {
         assert_eq!(pack_bits(3, |i| i != 1).unwrap(), vec![0b101]);
         assert_eq!(pack_bits(32, |_| true).unwrap(), vec![u32::MAX]);
         assert_eq!(pack_bits(33, |i| i == 32).unwrap(), vec![0, 1]);
-        for n in [1, 31, 32, 33, 1000, PARALLEL_THRESHOLD + 7] {
+        for n in [
+            1,
+            31,
+            32,
+            33,
+            1000,
+            crate::primitives::PARALLEL_THRESHOLD + 7,
+        ] {
             let bits: Vec<bool> = (0..n).map(|i| (i * 7 + i / 3) % 5 < 2).collect();
             let words = pack_bits(n, |i| bits[i]).unwrap();
             assert_eq!(unpack_bits(&words, n), bits, "n = {n}");

@@ -1,6 +1,6 @@
 //! Elementwise kernels: any layout in, a contiguous tensor out.
 
-use super::PARALLEL_THRESHOLD;
+use super::parallel;
 use crate::dtype::CpuData;
 use crate::memory::host::{try_collect, try_par_collect, try_vec};
 use crate::meta::{self, backend, Backend};
@@ -119,7 +119,7 @@ pub(crate) fn typed<'a, T: WithDType>(data: &'a CpuData, op: &'static str) -> Re
 /// `at(i)` for `i in 0..n`, in parallel above the threshold
 /// ([`Error::OutOfMemory`] when the host cannot hold the result).
 pub(crate) fn fill<T: Send>(n: usize, at: impl Fn(usize) -> T + Sync + Send) -> Result<Vec<T>> {
-    if n >= PARALLEL_THRESHOLD {
+    if parallel(n) {
         try_par_collect(n, (0..n).into_par_iter().map(at))
     } else {
         try_collect(n, (0..n).map(at))
@@ -233,7 +233,7 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
         if let Some(r) = l.contiguous_range() {
             let src = &src[r];
             let body = |(d, s): (&mut [T], &[T])| assign_binary(d, s, k);
-            if d.len() >= PARALLEL_THRESHOLD {
+            if parallel(d.len()) {
                 d.par_chunks_mut(CHUNK)
                     .zip(src.par_chunks(CHUNK))
                     .for_each(body);
@@ -243,7 +243,7 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
             return Ok(());
         }
         let s = Source::new(src, l)?;
-        if d.len() >= PARALLEL_THRESHOLD {
+        if parallel(d.len()) {
             d.par_iter_mut()
                 .enumerate()
                 .for_each(|(i, x)| *x = k.f(*x, s.get(i)));
@@ -387,7 +387,7 @@ pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
     }
     let mut data = x.storage().cpu_mut()?;
     fn go<T: FloatDType, K: UnaryKernel>(d: &mut [T], k: &K) {
-        if d.len() >= PARALLEL_THRESHOLD {
+        if parallel(d.len()) {
             d.par_chunks_mut(CHUNK).for_each(|d| assign_unary(d, k));
         } else {
             assign_unary(d, k);
@@ -427,7 +427,7 @@ pub(crate) fn assign_indexed<M: IndexedAssign>(x: &Tensor, op: &'static str, m: 
     }
     let mut data = x.storage().cpu_mut()?;
     fn go<T: FloatDType, M: IndexedAssign>(d: &mut [T], m: &M) {
-        if d.len() >= PARALLEL_THRESHOLD {
+        if parallel(d.len()) {
             d.par_chunks_mut(CHUNK)
                 .enumerate()
                 .for_each(|(c, d)| m.chunk(c * CHUNK, d));
@@ -456,7 +456,7 @@ fn write_all<T: Send>(
 ) -> Result<Vec<T>> {
     let mut out: Vec<T> = try_vec(n)?;
     let spare = &mut out.spare_capacity_mut()[..n];
-    if n >= PARALLEL_THRESHOLD {
+    if parallel(n) {
         spare
             .par_chunks_mut(CHUNK)
             .enumerate()

@@ -36,3 +36,15 @@ pub(crate) use elementwise::Dense;
 
 /// Element count above which kernels split work across rayon's threads.
 pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;
+
+/// Whether work over `n` elements runs on rayon's threads: `n` reaches
+/// [`PARALLEL_THRESHOLD`] and the pool has more than one thread. With one
+/// thread a parallel iterator called from outside the pool hands the work
+/// to the pool's thread and puts the caller to sleep until it is done (two
+/// context switches per kernel, nothing gained), so such work runs inline.
+/// Callers keep the same partition of the work either way (sums are cut at
+/// the same places), so values never depend on the thread count.
+#[inline]
+pub(crate) fn parallel(n: usize) -> bool {
+    n >= PARALLEL_THRESHOLD && rayon::current_num_threads() > 1
+}

@@ -6,7 +6,7 @@
 //! path split across rayon's threads in fixed-size chunks, so results do
 //! not depend on the thread count; other layouts use the general walk.
 
-use super::{gather, PARALLEL_THRESHOLD};
+use super::{gather, parallel, PARALLEL_THRESHOLD};
 use crate::dtype::CpuData;
 use crate::memory::host::{try_collect, try_filled, try_par_collect, try_vec};
 use crate::meta::{backend, backend_of, Backend};
@@ -117,10 +117,13 @@ fn sum_f64<T: FloatDType>(s: &[T]) -> f64 {
     if s.len() < PARALLEL_THRESHOLD {
         return s.iter().map(|&v| WithDType::to_f64(v)).sum();
     }
-    let partial: Vec<f64> = s
-        .par_chunks(CHUNK)
-        .map(|c| c.iter().map(|&v| WithDType::to_f64(v)).sum())
-        .collect();
+    let chunk_sum = |c: &[T]| -> f64 { c.iter().map(|&v| WithDType::to_f64(v)).sum() };
+    // The same chunks whether or not they run in parallel: one value.
+    let partial: Vec<f64> = if parallel(s.len()) {
+        s.par_chunks(CHUNK).map(chunk_sum).collect()
+    } else {
+        s.chunks(CHUNK).map(chunk_sum).collect()
+    };
     partial.iter().sum()
 }
 
@@ -146,19 +149,23 @@ fn column_sums<T: FloatDType>(block: &[T], red: usize, inner: usize) -> Vec<f64>
         return acc;
     }
     let rows_per = (CHUNK / inner).max(1);
-    let partial: Vec<Vec<f64>> = (0..red.div_ceil(rows_per))
-        .into_par_iter()
-        .map(|c| {
-            let mut p = vec![0.0; inner];
-            add_rows(
-                block,
-                inner,
-                c * rows_per..((c + 1) * rows_per).min(red),
-                &mut p,
-            );
-            p
-        })
-        .collect();
+    let part = |c: usize| {
+        let mut p = vec![0.0; inner];
+        add_rows(
+            block,
+            inner,
+            c * rows_per..((c + 1) * rows_per).min(red),
+            &mut p,
+        );
+        p
+    };
+    // The same row blocks whether or not they run in parallel: one value.
+    let parts = red.div_ceil(rows_per);
+    let partial: Vec<Vec<f64>> = if parallel(block.len()) {
+        (0..parts).into_par_iter().map(part).collect()
+    } else {
+        (0..parts).map(part).collect()
+    };
     for p in partial {
         acc.iter_mut().zip(p).for_each(|(a, v)| *a += v);
     }
@@ -173,7 +180,7 @@ fn sum_blocks<T: FloatDType>(
     inner: usize,
     scale: f64,
 ) -> Result<CpuData> {
-    let big = s.len() >= PARALLEL_THRESHOLD;
+    let big = parallel(s.len());
     let out: Vec<T> = if inner == 1 {
         let row = |o: usize| T::from_f64(sum_f64(&s[o * red..(o + 1) * red]) * scale);
         if big && outer > 1 {
@@ -304,7 +311,7 @@ pub(crate) fn arg_extremum(
         values: bool,
     ) -> Result<(Vec<usize>, Option<CpuData>)> {
         let n = bases.len();
-        let idx: Vec<usize> = if n * len >= PARALLEL_THRESHOLD {
+        let idx: Vec<usize> = if parallel(n * len) {
             try_par_collect(n, bases.par_iter().map(|&b| scan(s, b, stride, len, max)))?
         } else {
             try_collect(n, bases.iter().map(|&b| scan(s, b, stride, len, max)))?

@@ -23,8 +23,8 @@
 
 use super::{
     grads_of, input_grad, inputs_of, norm_stats, normalize, optional_needs, param_grads,
-    param_values, recompute_xhat, round_stat, rstd_of, stat_tensor, write_values, GradMode,
-    NormGeom, Normalize,
+    param_values, recompute_xhat, round_stat, rstd_of, stat_sums, stat_tensor, write_values,
+    GradMode, NormGeom, Normalize,
 };
 use crate::autograd::{attach, may_reuse, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::{DType, Error, Result, Tensor};
@@ -135,9 +135,26 @@ impl BackwardOp for BatchNormBackward {
                 )
             }
         };
+        // In train mode with x̂ at hand the weight and bias gradients are the
+        // sums the input gradient's means need (one statistic per channel,
+        // one parameter per channel): one pass makes all of them (on the
+        // CPU; other devices sum on their own).
+        let sums = match (&xhat, self.train && nx) {
+            (Some(xh), true) => stat_sums(&g, xh, geo)?,
+            _ => None,
+        };
         // The parameters' sums read `g` first: the input gradient may then
         // be written over it.
-        let (gw, gb) = if nw || nb {
+        let (gw, gb) = if let Some(sums) = sums.as_ref().filter(|_| nw || nb) {
+            let wrap = |want: bool, pick: fn(&(f64, f64)) -> f64| {
+                want.then(|| {
+                    let v: Vec<f64> = sums.iter().map(pick).collect();
+                    Tensor::from_host_f64(&v, &[geo.nparam()], g.dtype(), g.device())
+                })
+                .transpose()
+            };
+            (wrap(nw, |s| s.1)?, wrap(nb, |s| s.0)?)
+        } else if nw || nb {
             let xh = xhat.as_ref().filter(|_| nw);
             param_grads(&g, xh, geo, nb, &[geo.nparam()])?
         } else {
@@ -150,7 +167,7 @@ impl BackwardOp for BatchNormBackward {
             } else {
                 (GradMode::Affine, None)
             };
-            Some(input_grad(g, xh, geo, mode, &scale, None)?)
+            Some(input_grad(g, xh, geo, mode, &scale, None, sums.as_deref())?)
         } else {
             None
         };

@@ -14,7 +14,7 @@
 use super::{GradMode, NormGeom, Normalize};
 use crate::dtype::CpuData;
 use crate::memory::host::try_zeroed;
-use crate::primitives::{typed, Dense, PARALLEL_THRESHOLD};
+use crate::primitives::{parallel, typed, Dense};
 use crate::tensor::Tensor;
 use crate::{FloatDType, Result, WithDType};
 use rayon::prelude::*;
@@ -64,11 +64,61 @@ fn f<T: WithDType>(v: T) -> f64 {
 
 /// Maps `0..n` in parallel when `work` (elements touched) is large.
 fn par_map<R: Send>(n: usize, work: usize, g: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
-    if work >= PARALLEL_THRESHOLD {
+    if parallel(work) {
         (0..n).into_par_iter().map(g).collect()
     } else {
         (0..n).map(g).collect()
     }
+}
+
+/// `(Σ term(x_i, y_i).0, Σ term(x_i, y_i).1)` in f64 over two slices of
+/// one length, each sum in [`LANES`] interleaved partial sums (element `i`
+/// of the whole chunks into lane `i % LANES`, the tail in order) added
+/// pairwise at the end: a fixed order whose adds do not wait on each
+/// other, so the loop runs at the vector units' throughput rather than one
+/// add's latency per element.
+#[inline(always)]
+fn lane_sums<T: Copy>(x: &[T], y: &[T], term: impl Fn(T, T) -> (f64, f64)) -> (f64, f64) {
+    let n = x.len().min(y.len());
+    let (x, y) = (&x[..n], &y[..n]);
+    let (mut a, mut b) = ([0.0f64; LANES], [0.0f64; LANES]);
+    let (xc, yc) = (x.chunks_exact(LANES), y.chunks_exact(LANES));
+    let (xr, yr) = (xc.remainder(), yc.remainder());
+    for (xs, ys) in xc.zip(yc) {
+        for l in 0..LANES {
+            let (u, v) = term(xs[l], ys[l]);
+            a[l] += u;
+            b[l] += v;
+        }
+    }
+    let (mut ta, mut tb) = (0.0, 0.0);
+    for (&u, &v) in xr.iter().zip(yr) {
+        let (u, v) = term(u, v);
+        ta += u;
+        tb += v;
+    }
+    let fold = |s: [f64; LANES]| ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    (fold(a) + ta, fold(b) + tb)
+}
+
+/// `Σ term(x_i)` over one slice, in [`lane_sums`]'s order.
+#[inline(always)]
+fn lane_sum<T: Copy>(x: &[T], term: impl Fn(T) -> f64) -> f64 {
+    lane_sums(x, x, |u, _| (term(u), 0.0)).0
+}
+
+/// Partial sums of [`lane_sums`].
+const LANES: usize = 8;
+
+/// Per segment of one statistic and one parameter: `(Σ g·w, Σ g·w·x̂)`
+/// over the segment's `g` and `x̂` slices (one length), in [`lane_sums`]'s
+/// order.
+#[inline(always)]
+fn seg_grad_sums<T: FloatDType>(g: &[T], xh: &[T], w: f64) -> (f64, f64) {
+    lane_sums(g, xh, |g, x| {
+        let gw = f(g) * w;
+        (gw, gw * f(x))
+    })
 }
 
 /// Per statistic: the mean (0 when not `centered`) and the biased variance
@@ -83,16 +133,21 @@ pub(super) fn norm_stats(
     fn go<T: FloatDType>(x: &[T], geo: NormGeom, centered: bool) -> Vec<(f64, f64)> {
         let seg = geo.seg;
         let cnt = geo.count().max(1) as f64;
+        // Each segment's sum in lanes, the segments' sums in element order.
         par_map(geo.nstat(), x.len(), |s| {
             let segs = || geo.segs_of(s).map(|k| &x[k * seg..][..seg]);
             let mean = if centered {
-                segs().flatten().map(|v| f(*v)).sum::<f64>() / cnt
+                segs().map(|x| lane_sum(x, f)).sum::<f64>() / cnt
             } else {
                 0.0
             };
             let var = segs()
-                .flatten()
-                .map(|v| (f(*v) - mean) * (f(*v) - mean))
+                .map(|x| {
+                    lane_sum(x, |v| {
+                        let d = f(v) - mean;
+                        d * d
+                    })
+                })
                 .sum::<f64>()
                 / cnt;
             (mean, var)
@@ -179,6 +234,14 @@ fn normalize_into<T: FloatDType>(
         for k in t * per..((t + 1) * per).min(nseg) {
             let (s, (p0, step)) = (geo.stat_of(k), geo.param_of(k));
             let o = (k - t * per) * seg;
+            if !step {
+                let affine = (w.map_or(1.0, |w| w[p0]), b.map_or(0.0, |b| b[p0]));
+                let x = x.map(|x| &x[k * seg..][..seg]);
+                let (m, r) = (mean[s], rstd[s]);
+                let (yo, xo) = (part(ys, o, seg), part(xs, o, seg));
+                normalize_segment(x, yo, xo, (m, r), affine);
+                continue;
+            }
             for j in 0..seg {
                 let v = match x {
                     Some(x) => x[k * seg + j],
@@ -210,7 +273,7 @@ fn normalize_into<T: FloatDType>(
     let run = |(t, (yo, xo)): (usize, SegPair<'_, T>)| {
         body(t, yo.unwrap_or(&mut []), xo.unwrap_or(&mut []))
     };
-    if len >= PARALLEL_THRESHOLD {
+    if parallel(len) {
         ya.into_par_iter()
             .zip(xa.into_par_iter())
             .enumerate()
@@ -219,6 +282,66 @@ fn normalize_into<T: FloatDType>(
         ya.into_iter().zip(xa).enumerate().for_each(run);
     }
     Ok(want_xhat.then(|| T::wrap(xh)))
+}
+
+/// Elements `o..o + n` of `buf`, or `buf` itself when it is empty (an
+/// output that is not wanted).
+#[inline(always)]
+fn part<T>(buf: &mut [T], o: usize, n: usize) -> &mut [T] {
+    if buf.is_empty() {
+        buf
+    } else {
+        &mut buf[o..o + n]
+    }
+}
+
+/// One segment of [`normalize_into`] with one statistic `(m, r)` and one
+/// parameter `(w, b)`: `h = (x − m)·r`, `x̂ = h` into `xs`, `y = h·w + b`
+/// into `ys` (each skipped when empty), all in f64 and rounded to `T`, the
+/// per-element loop of the general case with the constants hoisted (it
+/// vectorises). `x` is `None` when `ys` holds the input (in place).
+#[inline(always)]
+fn normalize_segment<T: FloatDType>(
+    x: Option<&[T]>,
+    ys: &mut [T],
+    xs: &mut [T],
+    (m, r): (f64, f64),
+    (w, b): (f64, f64),
+) {
+    let h = |v: T| (f(v) - m) * r;
+    let y = |h: f64| T::from_f64(h * w + b);
+    match (x, ys.is_empty(), xs.is_empty()) {
+        (Some(x), false, false) => {
+            for ((v, yo), xo) in x.iter().zip(ys.iter_mut()).zip(xs.iter_mut()) {
+                let h = h(*v);
+                *xo = T::from_f64(h);
+                *yo = y(h);
+            }
+        }
+        (Some(x), false, true) => {
+            for (v, yo) in x.iter().zip(ys.iter_mut()) {
+                *yo = y(h(*v));
+            }
+        }
+        (Some(x), true, false) => {
+            for (v, xo) in x.iter().zip(xs.iter_mut()) {
+                *xo = T::from_f64(h(*v));
+            }
+        }
+        (None, false, false) => {
+            for (yo, xo) in ys.iter_mut().zip(xs.iter_mut()) {
+                let h = h(*yo);
+                *xo = T::from_f64(h);
+                *yo = y(h);
+            }
+        }
+        (None, false, true) => {
+            for yo in ys.iter_mut() {
+                *yo = y(h(*yo));
+            }
+        }
+        (_, true, _) => {}
+    }
 }
 
 /// Overwrites elements `range` of `t`'s storage (the whole contiguous
@@ -255,6 +378,22 @@ pub(super) fn param_sums(
             let mut gb = vec![0.0; if want_b { np } else { 0 }];
             for k in bi * per..((bi + 1) * per).min(nseg) {
                 let (p0, step) = geo.param_of(k);
+                if !step {
+                    // One parameter per segment: its sums in lanes.
+                    let g = &g[k * seg..][..seg];
+                    match xh {
+                        Some(xh) => {
+                            let (sg, sgx) = seg_grad_sums(g, &xh[k * seg..][..seg], 1.0);
+                            gw[p0] += sgx;
+                            if want_b {
+                                gb[p0] += sg;
+                            }
+                        }
+                        None if want_b => gb[p0] += lane_sum(g, f),
+                        None => {}
+                    }
+                    continue;
+                }
                 for j in 0..seg {
                     let p = if step { p0 + j } else { p0 };
                     let gv = f(g[k * seg + j]);
@@ -300,14 +439,15 @@ pub(super) fn input_grad(
     xhat: Option<&Tensor>,
     geo: NormGeom,
     mode: GradMode,
-    scale: &[f64],
-    w: Option<&[f64]>,
+    (scale, w): (&[f64], Option<&[f64]>),
+    sums: Option<&[(f64, f64)]>,
 ) -> Result<Tensor> {
     let grad = InputGrad {
         geo,
         mode,
         scale,
         w,
+        sums,
     };
     let dg = Dense::new(g)?;
     let dx = xhat.map(Dense::new).transpose()?;
@@ -327,14 +467,15 @@ pub(super) fn input_grad_in_place(
     xhat: Option<&Tensor>,
     geo: NormGeom,
     mode: GradMode,
-    scale: &[f64],
-    w: Option<&[f64]>,
+    (scale, w): (&[f64], Option<&[f64]>),
+    sums: Option<&[(f64, f64)]>,
 ) -> Result<()> {
     let grad = InputGrad {
         geo,
         mode,
         scale,
         w,
+        sums,
     };
     let dx = xhat.map(Dense::new).transpose()?;
     let range = g.layout().contiguous_range().ok_or_else(|| {
@@ -344,6 +485,32 @@ pub(super) fn input_grad_in_place(
     crate::match_float_data!(&mut *data, "norm_backward", v =>
         grad.run(None, &mut v[range], xhat_slice(dx.as_ref())?)?);
     Ok(())
+}
+
+/// Per statistic `(Σ g, Σ g·x̂)`: the sums [`input_grad`] makes without
+/// weights, in its order (each segment in lanes, the segments of a
+/// statistic in element order).
+pub(super) fn stat_sums(g: &Tensor, xhat: &Tensor, geo: NormGeom) -> Result<Vec<(f64, f64)>> {
+    let dg = Dense::new(g)?;
+    let dx = Dense::new(xhat)?;
+    let (gdata, gr) = dg.parts();
+    fn go<T: FloatDType>(g: &[T], xh: &[T], geo: NormGeom) -> Vec<(f64, f64)> {
+        let seg = geo.seg;
+        par_map(geo.nstat(), g.len(), |s| {
+            let (mut a, mut b) = (0.0, 0.0);
+            for k in geo.segs_of(s) {
+                let r = k * seg..(k + 1) * seg;
+                let (sa, sb) = seg_grad_sums(&g[r.clone()], &xh[r], 1.0);
+                a += sa;
+                b += sb;
+            }
+            (a, b)
+        })
+    }
+    Ok(crate::match_float_data!(gdata, "norm_backward", v => {
+        let xs = xhat_slice(Some(&dx))?.unwrap_or_default();
+        go(&v[gr], xs, geo)
+    }))
 }
 
 /// The saved `x̂` as a typed slice.
@@ -361,6 +528,8 @@ struct InputGrad<'a> {
     mode: GradMode,
     scale: &'a [f64],
     w: Option<&'a [f64]>,
+    /// [`stat_sums`] of `g` and `x̂`, when already computed (`w` absent).
+    sums: Option<&'a [(f64, f64)]>,
 }
 
 impl InputGrad<'_> {
@@ -380,6 +549,7 @@ impl InputGrad<'_> {
             mode,
             scale,
             w,
+            sums: known,
         } = *self;
         let seg = geo.seg;
         let len = out.len();
@@ -391,12 +561,23 @@ impl InputGrad<'_> {
         let cnt = geo.count().max(1) as f64;
         let sums: Vec<(f64, f64)> = {
             let gs: &[T] = g.unwrap_or(&*out);
-            match (mode, xh) {
-                (GradMode::Affine, _) | (_, None) => vec![(0.0, 0.0); geo.nstat()],
-                (_, Some(xh)) => par_map(geo.nstat(), len, |s| {
+            match (mode, xh, known) {
+                (GradMode::Affine, _, _) | (_, None, _) => vec![(0.0, 0.0); geo.nstat()],
+                (_, Some(_), Some(known)) => {
+                    known.iter().map(|(a, b)| (a / cnt, b / cnt)).collect()
+                }
+                (_, Some(xh), None) => par_map(geo.nstat(), len, |s| {
                     let (mut a, mut b) = (0.0, 0.0);
                     for k in geo.segs_of(s) {
                         let ps = geo.param_of(k);
+                        if !ps.1 {
+                            let wv = w.map_or(1.0, |w| w[ps.0]);
+                            let r = k * seg..(k + 1) * seg;
+                            let (sa, sb) = seg_grad_sums(&gs[r.clone()], &xh[r], wv);
+                            a += sa;
+                            b += sb;
+                            continue;
+                        }
                         for j in 0..seg {
                             let v = gw(gs[k * seg + j], j, ps);
                             a += v;
@@ -411,6 +592,13 @@ impl InputGrad<'_> {
             let s = geo.stat_of(k);
             let (ma, mb) = sums[s];
             let ps = geo.param_of(k);
+            if !ps.1 {
+                let g = g.map(|g| &g[k * seg..][..o.len()]);
+                let xh = xh.map(|xh| &xh[k * seg..][..o.len()]);
+                let wv = w.map_or(1.0, |w| w[ps.0]);
+                grad_segment(o, g, xh, mode, (scale[s], wv), (ma, mb));
+                return;
+            }
             for (j, d) in o.iter_mut().enumerate() {
                 let v = gw(g.map_or(*d, |g| g[k * seg + j]), j, ps);
                 let r = match (mode, xh) {
@@ -421,12 +609,65 @@ impl InputGrad<'_> {
                 *d = T::from_f64(scale[s] * r);
             }
         };
-        if len >= PARALLEL_THRESHOLD {
+        if parallel(len) {
             out.par_chunks_mut(seg.max(1)).enumerate().for_each(body);
         } else {
             out.chunks_mut(seg.max(1)).enumerate().for_each(body);
         }
         Ok(())
+    }
+}
+
+/// One segment of the input gradient with one statistic and one
+/// parameter: `scale·(g·w − ma − x̂·mb)` (centered), `scale·(g·w − x̂·mb)`
+/// (uncentered) or `scale·g·w` (affine, or without `x̂`), in f64 rounded
+/// to `T`: the general loop's values with the constants hoisted. `g` is
+/// `None` when `out` holds it (in place).
+#[inline(always)]
+fn grad_segment<T: FloatDType>(
+    out: &mut [T],
+    g: Option<&[T]>,
+    xh: Option<&[T]>,
+    mode: GradMode,
+    (scale, w): (f64, f64),
+    (ma, mb): (f64, f64),
+) {
+    match (mode, xh) {
+        (GradMode::Centered, Some(xh)) => map_segment(out, g, xh, |v, x| {
+            T::from_f64(scale * (v * w - ma - f(x) * mb))
+        }),
+        (GradMode::Uncentered, Some(xh)) => {
+            map_segment(out, g, xh, |v, x| T::from_f64(scale * (v * w - f(x) * mb)))
+        }
+        _ => match g {
+            Some(g) => {
+                for (d, v) in out.iter_mut().zip(g) {
+                    *d = T::from_f64(scale * (f(*v) * w));
+                }
+            }
+            None => {
+                for d in out.iter_mut() {
+                    *d = T::from_f64(scale * (f(*d) * w));
+                }
+            }
+        },
+    }
+}
+
+/// `out[i] = op(g[i] as f64, x̂[i])`, reading `g` from `out` when `None`.
+#[inline(always)]
+fn map_segment<T: FloatDType>(out: &mut [T], g: Option<&[T]>, xh: &[T], op: impl Fn(f64, T) -> T) {
+    match g {
+        Some(g) => {
+            for ((d, v), x) in out.iter_mut().zip(g).zip(xh) {
+                *d = op(f(*v), *x);
+            }
+        }
+        None => {
+            for (d, x) in out.iter_mut().zip(xh) {
+                *d = op(f(*d), *x);
+            }
+        }
     }
 }
 

@@ -429,9 +429,23 @@ fn param_grads(
     Ok((wrap(gw)?, wrap(gb)?))
 }
 
+/// Per statistic `(Σ g, Σ g·x̂)` in f64 on the CPU, in the order the CPU's
+/// input gradient sums them (`None` on other devices, which sum on their
+/// own): batch norm's weight and bias gradients and its input gradient's
+/// means are these sums, so one pass over `g` and `x̂` serves all three.
+fn stat_sums(g: &Tensor, xhat: &Tensor, geo: NormGeom) -> Result<Option<Vec<(f64, f64)>>> {
+    check_like("norm_backward", xhat, g.shape(), g.dtype())?;
+    match backend("norm_backward", &[g, xhat])? {
+        Backend::Cpu => Ok(Some(cpu::stat_sums(g, xhat, geo)?)),
+        Backend::Meta | Backend::Cuda(_) => Ok(None),
+    }
+}
+
 /// The input gradient, with `scale` per statistic and `w` per parameter
 /// (1 when absent); `xhat` is needed unless `mode` is `Affine`. Written
-/// over `g` when buffer reuse is on and nothing else holds `g`.
+/// over `g` when buffer reuse is on and nothing else holds `g`. `sums`:
+/// [`stat_sums`] of this `g` and `xhat` when already computed and `w` is
+/// absent (the CPU then skips its own pass; other devices ignore it).
 fn input_grad(
     g: Tensor,
     xhat: Option<&Tensor>,
@@ -439,7 +453,9 @@ fn input_grad(
     mode: GradMode,
     scale: &[f64],
     w: Option<&[f64]>,
+    sums: Option<&[(f64, f64)]>,
 ) -> Result<Tensor> {
+    let sums = sums.filter(|_| w.is_none());
     if let Some(xh) = xhat {
         check_like("norm_backward", xh, g.shape(), g.dtype())?;
     } else if mode != GradMode::Affine {
@@ -450,7 +466,7 @@ fn input_grad(
     let backend = backend("norm_backward", &with_xhat)?;
     if over_g {
         match backend {
-            Backend::Cpu => cpu::input_grad_in_place(&g, xhat, geo, mode, scale, w)?,
+            Backend::Cpu => cpu::input_grad_in_place(&g, xhat, geo, mode, (scale, w), sums)?,
             Backend::Meta => {
                 crate::meta::float("norm_backward", g.dtype())?;
                 crate::meta::touch(&g);
@@ -460,7 +476,7 @@ fn input_grad(
         return Ok(g);
     }
     match backend {
-        Backend::Cpu => cpu::input_grad(&g, xhat, geo, mode, scale, w),
+        Backend::Cpu => cpu::input_grad(&g, xhat, geo, mode, (scale, w), sums),
         Backend::Meta => {
             crate::meta::float("norm_backward", g.dtype())?;
             crate::meta::empty(g.shape(), g.dtype())

@@ -98,6 +98,7 @@ impl BackwardOp for RowNormBackward {
                 self.mode,
                 &rstd,
                 w.as_deref(),
+                None,
             )?)
         } else {
             None

@@ -1,7 +1,8 @@
 //! 2-d pooling kernels over `[planes, H, W]` row-major data (planes = N·C):
 //! max pooling (recording the argmax's position inside its window) and
 //! average / adaptive average pooling. Written once for every float dtype;
-//! planes run in parallel above `PARALLEL_THRESHOLD` output elements, and
+//! planes run in parallel above `PARALLEL_THRESHOLD` output elements (and
+//! more than one thread), and
 //! inside a plane backward accumulates in output order, so gradients are
 //! deterministic.
 
@@ -10,7 +11,7 @@ use crate::dtype::CpuData;
 use crate::memory::host::{try_filled, try_zeroed};
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, not_on_cuda, Backend};
-use crate::primitives::{gather, PARALLEL_THRESHOLD};
+use crate::primitives::{gather, parallel};
 use crate::tensor::Tensor;
 use crate::{Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
@@ -26,7 +27,7 @@ fn per_plane<A: Send, B: Send>(
     if plane_out == 0 {
         return;
     }
-    if out.len() >= PARALLEL_THRESHOLD {
+    if parallel(out.len()) {
         out.par_chunks_mut(plane_out)
             .zip(extra.par_chunks_mut(plane_out))
             .enumerate()
@@ -108,24 +109,123 @@ pub(crate) fn max_pool_forward(x: &Tensor, g: &PoolGeom) -> Result<(Tensor, Wind
             // column: the taps `g.at` would not skip, in the same order.
             let rows: Vec<_> = (0..g.oh).map(|i| g.taps(0, i)).collect();
             let cols: Vec<_> = (0..g.ow).map(|j| g.taps(1, j)).collect();
+            // The columns whose windows lie wholly inside the input (one
+            // contiguous run) take the tap-major path below.
+            let full = |j: &usize| cols[*j] == (0..g.k[1]);
+            let inner_lo = (0..g.ow).find(full).unwrap_or(g.ow);
+            let inner_hi = (inner_lo..g.ow).find(|j| !full(j)).unwrap_or(g.ow);
+            // Per output row, the taps of the run in window order: (input
+            // row tap, window position, first column in the input row).
+            let row_taps: Vec<Vec<(usize, u8, usize)>> = rows
+                .iter()
+                .map(|r| {
+                    let per_row = |ki: usize| {
+                        (0..g.k[1]).map(move |kj| {
+                            let start = (inner_lo * g.s[1] + kj * g.d[1]).saturating_sub(g.p[1]);
+                            (ki, (ki * g.k[1] + kj) as u8, start)
+                        })
+                    };
+                    r.clone().flat_map(per_row).collect()
+                })
+                .collect();
+            // With a column stride above 1 each input row is copied phase
+            // by phase (columns `q, q + s, q + 2s, …` for each `q < s`), so
+            // every tap of the run reads a contiguous slice and the loops
+            // below run on vectors. `phase_at[q]`: where phase `q` starts.
+            let s1 = g.s[1];
+            let phase_at: Vec<usize> = (0..s1)
+                .scan(0, |at, q| {
+                    let start = *at;
+                    *at += g.w.saturating_sub(q).div_ceil(s1);
+                    Some(start)
+                })
+                .collect();
             per_plane(&mut out, pos, g.oh * g.ow, |p, o, ps| {
                 let plane = &x[p * g.h * g.w..(p + 1) * g.h * g.w];
-                for (i, (o, ps)) in o.chunks_mut(g.ow).zip(ps.chunks_mut(g.ow)).enumerate() {
-                    for (j, (o, ps)) in o.iter_mut().zip(ps.iter_mut()).enumerate() {
-                        let (mut best, mut at) = (T::neg_infinity(), 0usize);
-                        let mut found = false;
-                        for ki in rows[i].clone() {
-                            let r = i * g.s[0] + ki * g.d[0] - g.p[0];
-                            let row = &plane[r * g.w..(r + 1) * g.w];
-                            for kj in cols[j].clone() {
-                                let v = row[j * g.s[1] + kj * g.d[1] - g.p[1]];
-                                if !found || v > best || (v.is_nan() && !best.is_nan()) {
-                                    (best, at, found) = (v, ki * g.k[1] + kj, true);
-                                }
+                let mut hits = vec![0u32; inner_hi - inner_lo];
+                let mut phased = Vec::new();
+                if s1 > 1 && inner_lo < inner_hi {
+                    phased = vec![T::zero(); plane.len()];
+                    for (dst, row) in phased.chunks_mut(g.w).zip(plane.chunks(g.w)) {
+                        for (q, &at) in phase_at.iter().enumerate() {
+                            let cols = row[q.min(row.len())..].iter().step_by(s1);
+                            for (d, &v) in dst[at..].iter_mut().zip(cols) {
+                                *d = v;
                             }
                         }
-                        *o = best;
-                        *ps = at as u8;
+                    }
+                }
+                let by_phase: &[T] = if s1 > 1 { &phased } else { plane };
+                let input_row = |i: usize, ki: usize| {
+                    let r = i * g.s[0] + ki * g.d[0] - g.p[0];
+                    &plane[r * g.w..(r + 1) * g.w]
+                };
+                // One window, tap by tap: the first tap, then each larger
+                // one (or the first NaN): the first maximum.
+                let window = |i: usize, j: usize| {
+                    let (mut best, mut at) = (T::neg_infinity(), 0usize);
+                    let mut found = false;
+                    for ki in rows[i].clone() {
+                        let row = input_row(i, ki);
+                        for kj in cols[j].clone() {
+                            let v = row[j * g.s[1] + kj * g.d[1] - g.p[1]];
+                            if !found || v > best || (v.is_nan() && !best.is_nan()) {
+                                (best, at, found) = (v, ki * g.k[1] + kj, true);
+                            }
+                        }
+                    }
+                    (best, at as u8)
+                };
+                for (i, (o, ps)) in o.chunks_mut(g.ow).zip(ps.chunks_mut(g.ow)).enumerate() {
+                    for (j, (o, ps)) in o.iter_mut().zip(ps.iter_mut()).enumerate() {
+                        if !(inner_lo..inner_hi).contains(&j) {
+                            (*o, *ps) = window(i, j);
+                        }
+                    }
+                    if inner_lo == inner_hi || rows[i].is_empty() {
+                        continue;
+                    }
+                    let (o, ps) = (&mut o[inner_lo..inner_hi], &mut ps[inner_lo..inner_hi]);
+                    // Each tap over the whole run (its columns' inputs,
+                    // contiguous by phase), branch-free: first the maxima, then per output
+                    // a bit per tap equal to its maximum; the lowest set bit is
+                    // the first maximum, the window rule's position unless a
+                    // NaN is present. A run with a NaN (or a window of more
+                    // than 32 taps) takes the window rule.
+                    let taps = &row_taps[i];
+                    let run = o.len();
+                    let strided = |ki: usize, start: usize| {
+                        let r = i * g.s[0] + ki * g.d[0] - g.p[0];
+                        let at = r * g.w + phase_at[start % s1] + start / s1;
+                        by_phase[at..at + run].iter().copied()
+                    };
+                    let mut nan = taps.len() > 32;
+                    for (n, &(ki, _, start)) in taps.iter().enumerate() {
+                        let vals = strided(ki, start);
+                        if n == 0 {
+                            o.iter_mut().zip(vals).for_each(|(o, v)| *o = v);
+                        } else {
+                            o.iter_mut()
+                                .zip(vals)
+                                .for_each(|(o, v)| *o = if v > *o { v } else { *o });
+                        }
+                        nan |= strided(ki, start).fold(false, |a, v| a | v.is_nan());
+                    }
+                    if nan {
+                        for (j, (o, ps)) in o.iter_mut().zip(ps.iter_mut()).enumerate() {
+                            (*o, *ps) = window(i, inner_lo + j);
+                        }
+                        continue;
+                    }
+                    let hits = &mut hits[..o.len()];
+                    hits.fill(0);
+                    for (n, &(ki, _, start)) in taps.iter().enumerate() {
+                        for ((h, o), v) in hits.iter_mut().zip(o.iter()).zip(strided(ki, start)) {
+                            *h |= u32::from(v == *o) << n;
+                        }
+                    }
+                    for (ps, h) in ps.iter_mut().zip(hits.iter()) {
+                        *ps = taps[(h.trailing_zeros() as usize).min(taps.len() - 1)].1;
                     }
                 }
             });
@@ -175,6 +275,11 @@ pub(crate) fn max_pool_backward(
     let data = with_dense(grad_out, "max_pool2d", |data, r| {
         fn go<T: FloatDType>(gs: &[T], arg: &ArgSource, g: &PoolGeom) -> Result<CpuData> {
             let mut gi = try_zeroed::<T>(g.planes * g.h * g.w)?;
+            // Window position → (row, column) tap, looked up rather than
+            // divided per output.
+            let taps: Vec<(usize, usize)> = (0..g.k[0] * g.k[1])
+                .map(|q| (q / g.k[1], q % g.k[1]))
+                .collect();
             per_plane1(&mut gi, g.h * g.w, |p, gp| {
                 let base = p * g.oh * g.ow;
                 let gs = &gs[base..base + g.oh * g.ow];
@@ -183,8 +288,8 @@ pub(crate) fn max_pool_backward(
                         let pos = &pos[base..base + g.oh * g.ow];
                         for (i, (gs, pos)) in gs.chunks(g.ow).zip(pos.chunks(g.ow)).enumerate() {
                             for (j, (&v, &q)) in gs.iter().zip(pos).enumerate() {
-                                let q = usize::from(q);
-                                if let Some(o) = g.at(i, j, q / g.k[1], q % g.k[1]) {
+                                let (ki, kj) = taps.get(usize::from(q)).copied().unwrap_or((0, 0));
+                                if let Some(o) = g.at(i, j, ki, kj) {
                                     gp[o] = gp[o] + v;
                                 }
                             }
@@ -295,4 +400,81 @@ pub(crate) fn avg_pool_backward(grad_out: &Tensor, g: &PoolGeom, mode: AvgMode) 
         Ok(crate::match_float_data!(data, "avg_pool2d", v => go(&v[r], g, mode)?))
     })?;
     Tensor::from_cpu_data(data, &[g.planes, g.h, g.w])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{max_pool_forward, PoolGeom, WindowPositions};
+    use crate::{Device, Tensor};
+
+    /// Outputs and positions of the per-window rule: taps in row-major
+    /// window order, the first one taken, a later one when larger or the
+    /// first NaN.
+    fn naive(x: &[f32], g: &PoolGeom) -> (Vec<f32>, Vec<u8>) {
+        let (mut out, mut pos) = (Vec::new(), Vec::new());
+        for p in 0..g.planes {
+            for i in 0..g.oh {
+                for j in 0..g.ow {
+                    let (mut best, mut at, mut found) = (f32::NEG_INFINITY, 0, false);
+                    for ki in 0..g.k[0] {
+                        for kj in 0..g.k[1] {
+                            if let Some(o) = g.at(i, j, ki, kj) {
+                                let v = x[p * g.h * g.w + o];
+                                if !found || v > best || (v.is_nan() && !best.is_nan()) {
+                                    (best, at, found) = (v, ki * g.k[1] + kj, true);
+                                }
+                            }
+                        }
+                    }
+                    out.push(best);
+                    pos.push(at as u8);
+                }
+            }
+        }
+        (out, pos)
+    }
+
+    /// The tap-major loop over wholly inside columns gives the per-window
+    /// rule's values and positions bit for bit, with ties, NaNs and -inf.
+    #[test]
+    fn inner_columns_match_the_window_rule() {
+        let geoms = [
+            // (h, w, k, s, p, d)
+            (12, 13, [3, 3], [2, 2], [1, 1], [1, 1]),
+            (9, 16, [2, 2], [2, 2], [0, 0], [1, 1]),
+            (10, 11, [3, 2], [1, 3], [1, 0], [2, 1]),
+            (7, 20, [2, 3], [2, 1], [0, 1], [1, 2]),
+            (3, 3, [3, 3], [1, 1], [1, 1], [1, 1]),
+        ];
+        for (h, w, k, s, p, d) in geoms {
+            let out_len = |n: usize, a: usize| (n + 2 * p[a] - d[a] * (k[a] - 1) - 1) / s[a] + 1;
+            let g = PoolGeom {
+                planes: 3,
+                h,
+                w,
+                oh: out_len(h, 0),
+                ow: out_len(w, 1),
+                k,
+                s,
+                p,
+                d,
+            };
+            let x: Vec<f32> = (0..3 * h * w)
+                .map(|i| match (i * 7919) % 23 {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    v => (v % 5) as f32,
+                })
+                .collect();
+            let t = Tensor::from_vec(x.clone(), &[3, h, w], Device::Cpu).unwrap();
+            let (y, pos) = max_pool_forward(&t, &g).unwrap();
+            let WindowPositions::Host(pos) = pos else {
+                panic!("host positions expected")
+            };
+            let (want, want_pos) = naive(&x, &g);
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y.to_vec::<f32>().unwrap()), bits(&want), "{g:?}");
+            assert_eq!(pos, want_pos, "{g:?}");
+        }
+    }
 }

@@ -4,9 +4,7 @@
 use crate::dtype::CpuData;
 use crate::memory::host::{try_collect, try_par_collect, try_vec};
 use crate::meta::{self, backend, not_on_cuda, Backend};
-use crate::primitives::{
-    assign_indexed, get_bit, mask_words, pack_bits, IndexedAssign, PARALLEL_THRESHOLD,
-};
+use crate::primitives::{assign_indexed, get_bit, mask_words, pack_bits, parallel, IndexedAssign};
 use crate::tensor::{Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
@@ -37,8 +35,19 @@ pub(super) fn mask_where(
     ) -> Result<Vec<u32>> {
         match l.contiguous_range() {
             Some(r) => {
+                // Word by word over the dense slice: 32 tests folded into
+                // one u32, no per-bit index arithmetic.
+                let word = |c: &[T]| {
+                    c.iter().enumerate().fold(0u32, |acc, (j, &v)| {
+                        acc | (u32::from(keep(WithDType::to_f64(v))) << j)
+                    })
+                };
                 let s = &s[r];
-                pack_bits(s.len(), |i| keep(s[i].to_f64()))
+                if parallel(s.len()) {
+                    try_par_collect(mask_words(s.len()), s.par_chunks(32).map(word))
+                } else {
+                    try_collect(mask_words(s.len()), s.chunks(32).map(word))
+                }
             }
             None => {
                 let o = l.offsets()?;
@@ -90,8 +99,28 @@ pub(super) fn mask_scale_in_place(g: &Tensor, mask: &Tensor, slope: f64) -> Resu
     impl IndexedAssign for Scale<'_> {
         fn chunk<T: FloatDType>(&self, start: usize, d: &mut [T]) {
             let slope = <T as WithDType>::from_f64(self.slope);
-            for (i, v) in d.iter_mut().enumerate() {
-                *v = masked(get_bit(self.words, start + i), *v, slope);
+            if !start.is_multiple_of(32) {
+                for (i, v) in d.iter_mut().enumerate() {
+                    *v = masked(get_bit(self.words, start + i), *v, slope);
+                }
+                return;
+            }
+            // Word by word: a full word leaves its 32 elements as they are,
+            // and the rest is a branch-free select per element.
+            let words = &self.words[start / 32..];
+            for (d, &w) in d.chunks_mut(32).zip(words) {
+                if w == u32::MAX {
+                    continue;
+                }
+                if slope == T::zero() {
+                    for (j, v) in d.iter_mut().enumerate() {
+                        *v = if (w >> j) & 1 == 1 { *v } else { T::zero() };
+                    }
+                } else {
+                    for (j, v) in d.iter_mut().enumerate() {
+                        *v = masked((w >> j) & 1 == 1, *v, slope);
+                    }
+                }
             }
         }
     }
@@ -122,7 +151,7 @@ pub(super) fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor
         let slope = <T as WithDType>::from_f64(slope);
         let f = |bit: bool, v: T| masked(bit, v, slope);
         let out: Vec<T> = match l.contiguous_range() {
-            Some(r) if r.len() >= PARALLEL_THRESHOLD => try_par_collect(
+            Some(r) if parallel(r.len()) => try_par_collect(
                 r.len(),
                 s[r].par_iter()
                     .enumerate()
