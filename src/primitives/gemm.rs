@@ -242,12 +242,13 @@ fn execute<T: Copy + Send + Sync + 'static>(
         }
     };
     let work = m * n * k;
-    if work < PARALLEL_WORK && batch > 1 && work * batch >= PARALLEL_WORK {
+    let threads = rayon::current_num_threads() > 1;
+    if threads && work < PARALLEL_WORK && batch > 1 && work * batch >= PARALLEL_WORK {
         dst.par_chunks_mut(m * n)
             .enumerate()
             .for_each(|(i, d)| one_product(i, d, Parallelism::None));
     } else {
-        let par = if work >= PARALLEL_WORK {
+        let par = if threads && work >= PARALLEL_WORK {
             Parallelism::Rayon(0)
         } else {
             Parallelism::None
@@ -335,7 +336,9 @@ pub(crate) fn gemm_slices_strided<T: crate::FloatDType>(
     };
     check_bounds(&operand(a_rs, a_cs), m, k, a.len())?;
     check_bounds(&operand(b_rs, b_cs), k, n, b.len())?;
-    let par = if m * n * k >= PARALLEL_WORK {
+    // One rayon thread: gemm runs on the caller's thread, not handed to
+    // the pool's one worker (a wake-up and a sleep per product).
+    let par = if rayon::current_num_threads() > 1 && m * n * k >= PARALLEL_WORK {
         Parallelism::Rayon(0)
     } else {
         Parallelism::None

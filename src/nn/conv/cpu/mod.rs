@@ -28,7 +28,7 @@ use super::ConvGeom;
 use crate::dtype::CpuData;
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, Backend};
-use crate::primitives::{contiguous_copy, matmul_into, PARALLEL_THRESHOLD};
+use crate::primitives::{contiguous_copy, matmul_into, parallel};
 use crate::tensor::{contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
@@ -142,7 +142,7 @@ fn for_chunks<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T])
     if chunk == 0 {
         return;
     }
-    if data.len() >= PARALLEL_THRESHOLD {
+    if parallel(data.len()) {
         data.par_chunks_mut(chunk)
             .enumerate()
             .for_each(|(i, c)| f(i, c));
