@@ -106,116 +106,177 @@ const ERFCX_CHEB: [f64; 23] = [
 /// measures the largest distance over a dense grid (below 1e-15).
 pub(crate) const PHI_BOUND: f64 = 1e-14;
 
-/// `e^y` for `y ≤ 0` to about 2 ulp: Cody–Waite reduction by ln 2 and a
-/// degree-13 Taylor polynomial, no branches or calls (so loops of it
-/// vectorise). `y` below −708 is clamped (the result is then ≤ 3e-308,
-/// far below anything the callers can tell from 0).
+/// `a·b + c` with one rounding. Inside the `target_feature` functions
+/// below it is one FMA instruction; elsewhere a (slow, still exact) call.
 #[inline(always)]
-fn exp_neg(y: f64) -> f64 {
+fn fma(a: f64, b: f64, c: f64) -> f64 {
+    a.mul_add(b, c)
+}
+
+/// `e^y` for `y ≤ 0` to about 2 ulp, for every lane of a group: Cody–Waite
+/// reduction by ln 2 and a degree-13 Taylor polynomial, no branches or calls
+/// (so it vectorises). `y` below −708 is clamped (the result is then
+/// ≤ 3e-308, far below anything the callers can tell from 0).
+#[inline(always)]
+fn exp_neg<const G: usize>(y: &[f64; G]) -> [f64; G] {
     const SHIFT: f64 = 6_755_399_441_055_744.0; // 1.5·2⁵², rounds to an integer
     const LN2_HI: f64 = 0.693_147_180_369_123_8; // ln 2, low 32 bits zero
     const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-    let y = y.max(-708.0);
-    let k = y * std::f64::consts::LOG2_E + SHIFT;
-    let n = k - SHIFT;
-    let r = (y - n * LN2_HI) - n * LN2_LO;
-    let mut p = 1.0 / 6_227_020_800.0; // 1/13!
-    for d in [
-        479_001_600.0,
-        39_916_800.0,
-        3_628_800.0,
-        362_880.0,
-        40_320.0,
-        5_040.0,
-        720.0,
-        120.0,
-        24.0,
-        6.0,
-        2.0,
+    const INV_FACT: [f64; 13] = [
+        1.0 / 479_001_600.0,
+        1.0 / 39_916_800.0,
+        1.0 / 3_628_800.0,
+        1.0 / 362_880.0,
+        1.0 / 40_320.0,
+        1.0 / 5_040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        1.0 / 2.0,
         1.0,
         1.0,
-    ] {
-        p = p * r + 1.0 / d;
+    ];
+    let mut k = [0.0; G];
+    let mut r = [0.0; G];
+    for i in 0..G {
+        let y = y[i].max(-708.0);
+        k[i] = fma(y, std::f64::consts::LOG2_E, SHIFT);
+        let n = k[i] - SHIFT;
+        // n·LN2_HI is exact (|n| < 2¹¹, LN2_HI has 21 significant bits).
+        r[i] = fma(-n, LN2_LO, y - n * LN2_HI);
     }
-    let ni = (k.to_bits() as i64).wrapping_sub(SHIFT.to_bits() as i64);
-    p * f64::from_bits(((ni + 1023) as u64) << 52)
+    let mut p = [1.0 / 6_227_020_800.0; G]; // 1/13!
+    for c in INV_FACT {
+        for i in 0..G {
+            p[i] = fma(p[i], r[i], c);
+        }
+    }
+    let mut out = [0.0; G];
+    for i in 0..G {
+        let ni = (k[i].to_bits() as i64).wrapping_sub(SHIFT.to_bits() as i64);
+        out[i] = p[i] * f64::from_bits(((ni + 1023) as u64) << 52);
+    }
+    out
 }
 
-/// Φ(x) (the normal CDF) and `e^(−x²/2)`, fast: `½·e^(−z²)·erfcx(z)` with
-/// `z = |x|/√2` for the lower tail, `1 −` that for x ≥ 0.
+/// Φ(x) (the normal CDF) and `e^(−x²/2)`, fast, for every lane of a group:
+/// `½·e^(−z²)·erfcx(z)` with `z = |x|/√2` for the lower tail, `1 −` that
+/// for x ≥ 0. The lanes of a group are independent dependency chains, so
+/// the Clenshaw recurrence keeps the FMA units busy.
 #[inline(always)]
-fn phi_fast(x: f64) -> (f64, f64) {
-    let z = x.abs() * FRAC_1_SQRT_2;
-    let t = (z - ERFCX_K) / (z + ERFCX_K);
-    let (mut b1, mut b2) = (0.0, 0.0);
-    for &c in ERFCX_CHEB[1..].iter().rev() {
-        let b0 = c + 2.0 * t * b1 - b2;
-        b2 = b1;
-        b1 = b0;
+fn phi_fast<const G: usize>(x: &[f64; G]) -> ([f64; G], [f64; G]) {
+    let mut t2 = [0.0; G];
+    let mut zz = [0.0; G];
+    for i in 0..G {
+        let z = x[i].abs() * FRAC_1_SQRT_2;
+        t2[i] = 2.0 * ((z - ERFCX_K) / (z + ERFCX_K));
+        zz[i] = -(z * z);
     }
-    let erfcx = ERFCX_CHEB[0] + t * b1 - b2;
-    let e = exp_neg(-(z * z));
-    let half_erfc = 0.5 * e * erfcx;
-    let phi = if x < 0.0 { half_erfc } else { 1.0 - half_erfc };
+    let (mut b1, mut b2) = ([0.0; G], [0.0; G]);
+    for &c in ERFCX_CHEB[1..].iter().rev() {
+        for i in 0..G {
+            let b0 = fma(t2[i], b1[i], c - b2[i]);
+            b2[i] = b1[i];
+            b1[i] = b0;
+        }
+    }
+    let e = exp_neg(&zz);
+    let mut phi = [0.0; G];
+    for i in 0..G {
+        let erfcx = fma(0.5 * t2[i], b1[i], ERFCX_CHEB[0] - b2[i]);
+        let half_erfc = 0.5 * e[i] * erfcx;
+        phi[i] = if x[i] < 0.0 {
+            half_erfc
+        } else {
+            1.0 - half_erfc
+        };
+    }
     (phi, e)
 }
 
 /// 1/√(2π).
 const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
-/// The fast candidates and their bounds for one block: `v[i]` near
-/// gelu(x[i]) (or gelu'(x[i]) when `grad`), `|v[i] − reference| ≤ b[i]`.
+/// The fast candidates and their bounds for one group of `G` lanes: `v[i]`
+/// near gelu(x[i]) (or gelu'(x[i]) when `grad`), `|v[i] − reference| ≤ b[i]`.
 #[inline(always)]
-fn candidates_body(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
-    for ((&x, v), b) in x.iter().zip(v.iter_mut()).zip(b.iter_mut()) {
-        let (phi, e) = phi_fast(x);
+fn candidates_group<const G: usize>(x: &[f64; G], v: &mut [f64; G], b: &mut [f64; G], grad: bool) {
+    let (phi, e) = phi_fast(x);
+    for i in 0..G {
+        let x = x[i];
         if grad {
             // Φ + x·φ: the Φ term's bound, φ's (the exponent x²/2 rounds
             // differently from the reference's: ≤ 1e-13 relative for the
             // x where φ is not negligible) and the final roundings.
-            let xpdf = x * (e * INV_SQRT_2PI);
-            let d = phi + xpdf;
-            *v = d;
-            *b = PHI_BOUND + xpdf.abs() * 1e-13 + d.abs() * 1e-15;
+            let xpdf = x * (e[i] * INV_SQRT_2PI);
+            let d = phi[i] + xpdf;
+            v[i] = d;
+            b[i] = PHI_BOUND + xpdf.abs() * 1e-13 + d.abs() * 1e-15;
         } else {
-            let g = x * phi;
-            *v = g;
-            *b = x.abs() * PHI_BOUND + g.abs() * 1e-15;
+            let g = x * phi[i];
+            v[i] = g;
+            b[i] = x.abs() * PHI_BOUND + g.abs() * 1e-15;
         }
     }
 }
 
+/// [`candidates_group`] over slices whose length is a multiple of `G`.
+#[inline(always)]
+fn candidates_body<const G: usize>(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
+    for ((x, v), b) in x
+        .chunks_exact(G)
+        .zip(v.chunks_exact_mut(G))
+        .zip(b.chunks_exact_mut(G))
+    {
+        let (mut xa, mut va, mut ba) = ([0.0; G], [0.0; G], [0.0; G]);
+        xa.copy_from_slice(x);
+        candidates_group(&xa, &mut va, &mut ba, grad);
+        v.copy_from_slice(&va);
+        b.copy_from_slice(&ba);
+    }
+}
+
+/// Lanes per group with AVX-512: four zmm registers per value, four
+/// independent FMA chains.
+const GROUP_AVX512: usize = 32;
+/// Lanes per group elsewhere (AVX2's sixteen ymm registers hold fewer).
+const GROUP: usize = 16;
+
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,fma")]
 unsafe fn candidates_avx512(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
-    candidates_body(x, v, b, grad)
+    candidates_body::<GROUP_AVX512>(x, v, b, grad)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn candidates_avx2(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
-    candidates_body(x, v, b, grad)
+    candidates_body::<GROUP>(x, v, b, grad)
 }
 
 /// [`candidates_body`] compiled for the widest vectors the CPU has (the
-/// same IEEE operations in every version, so the same values).
+/// same IEEE operations, FMAs included, in every version, so the same
+/// values). `x.len()` must be a multiple of [`GROUP_AVX512`] (the callers
+/// pad their blocks).
 fn candidates(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX-512F and FMA (checked just above).
             return unsafe { candidates_avx512(x, v, b, grad) };
         }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
             return unsafe { candidates_avx2(x, v, b, grad) };
         }
     }
-    candidates_body(x, v, b, grad)
+    candidates_body::<GROUP>(x, v, b, grad)
 }
 
 /// Elements of one block (the callers' blocks are at most this long).
 const BLOCK: usize = crate::primitives::KERNEL_BLOCK;
+const _: () = assert!(BLOCK % GROUP_AVX512 == 0 && GROUP_AVX512 % GROUP == 0);
 
 /// `out[i] = T(reference(src[i]))` (exact GELU, or its derivative when
 /// `grad`), for a block of at most [`BLOCK`] elements, exactly as
@@ -243,7 +304,9 @@ pub(crate) fn fast_block<T: FloatDType>(src: &[T], out: &mut [T], grad: bool) {
     for (x, s) in x.iter_mut().zip(src) {
         *x = WithDType::to_f64(*s);
     }
-    candidates(&x[..n], &mut v[..n], &mut b[..n], grad);
+    // The tail of the last group computes padding zeros, never read.
+    let m = n.next_multiple_of(GROUP_AVX512).min(BLOCK);
+    candidates(&x[..m], &mut v[..m], &mut b[..m], grad);
     for i in 0..n {
         let lo = T::from_f64(v[i] - b[i]);
         let hi = T::from_f64(v[i] + b[i]);
@@ -282,7 +345,8 @@ mod tests {
             if !(-40.0..=40.0).contains(&x) {
                 continue;
             }
-            let (phi, _) = phi_fast(x);
+            let (phi, _) = phi_fast(&[x]);
+            let phi = phi[0];
             let reference = 0.5 * (1.0 + erf(x / SQRT_2));
             worst = worst.max((phi - reference).abs());
         }
@@ -293,7 +357,7 @@ mod tests {
     fn exp_neg_matches_std() {
         for i in 0..20_000 {
             let y = -(i as f64) * 0.0354;
-            let (a, b) = (exp_neg(y), y.exp());
+            let (a, b) = (exp_neg(&[y])[0], y.exp());
             assert!((a - b).abs() <= 4e-16 * b, "exp({y}): {a:e} vs {b:e}");
         }
     }
