@@ -243,81 +243,88 @@ const GROUP_AVX512: usize = 32;
 /// Lanes per group elsewhere (AVX2's sixteen ymm registers hold fewer).
 const GROUP: usize = 16;
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn candidates_avx512(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
-    candidates_body::<GROUP_AVX512>(x, v, b, grad)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn candidates_avx2(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
-    candidates_body::<GROUP>(x, v, b, grad)
-}
-
-/// [`candidates_body`] compiled for the widest vectors the CPU has (the
-/// same IEEE operations, FMAs included, in every version, so the same
-/// values). `x.len()` must be a multiple of [`GROUP_AVX512`] (the callers
-/// pad their blocks).
-fn candidates(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX-512F and FMA (checked just above).
-            return unsafe { candidates_avx512(x, v, b, grad) };
-        }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            return unsafe { candidates_avx2(x, v, b, grad) };
-        }
-    }
-    candidates_body::<GROUP>(x, v, b, grad)
-}
-
 /// Elements of one block (the callers' blocks are at most this long).
 const BLOCK: usize = crate::primitives::KERNEL_BLOCK;
 const _: () = assert!(BLOCK % GROUP_AVX512 == 0 && GROUP_AVX512 % GROUP == 0);
 
-/// `out[i] = T(reference(src[i]))` (exact GELU, or its derivative when
-/// `grad`), for a block of at most [`BLOCK`] elements, exactly as
-/// [`gelu_value_f64`] / [`gelu_grad_f64`] rounded to `T` give it; f64
-/// blocks take the reference directly.
-pub(crate) fn fast_block<T: FloatDType>(src: &[T], out: &mut [T], grad: bool) {
-    let reference = |x: f64| {
-        if grad {
-            gelu_grad_f64(x, false)
-        } else {
-            gelu_value_f64(x, false)
-        }
-    };
-    if T::DTYPE == crate::DType::F64 {
-        for (o, &x) in out.iter_mut().zip(src) {
-            *o = T::from_f64(reference(WithDType::to_f64(x)));
-        }
-        return;
-    }
+/// The reference, rounded to `T`.
+fn reference<T: FloatDType>(x: f64, grad: bool) -> T {
+    T::from_f64(if grad {
+        gelu_grad_f64(x, false)
+    } else {
+        gelu_value_f64(x, false)
+    })
+}
+
+/// [`fast_block`] for f32/f16/bf16 with groups of `G` lanes: widen, the
+/// candidates, the rounding test, and the reference where it fails.
+#[inline(always)]
+fn block_body<T: FloatDType, const G: usize>(src: &[T], out: &mut [T], grad: bool) {
     let n = src.len();
     let mut x = [0.0f64; BLOCK];
     let mut v = [0.0f64; BLOCK];
     let mut b = [0.0f64; BLOCK];
-    let mut settled = [false; BLOCK];
     for (x, s) in x.iter_mut().zip(src) {
         *x = WithDType::to_f64(*s);
     }
     // The tail of the last group computes padding zeros, never read.
-    let m = n.next_multiple_of(GROUP_AVX512).min(BLOCK);
-    candidates(&x[..m], &mut v[..m], &mut b[..m], grad);
-    for i in 0..n {
-        let lo = T::from_f64(v[i] - b[i]);
-        let hi = T::from_f64(v[i] + b[i]);
-        out[i] = lo;
-        settled[i] = lo == hi;
+    let m = n.next_multiple_of(G).min(BLOCK);
+    candidates_body::<G>(&x[..m], &mut v[..m], &mut b[..m], grad);
+    let rounded = |i: usize| (T::from_f64(v[i] - b[i]), T::from_f64(v[i] + b[i]));
+    let mut unsettled = false;
+    for (i, o) in out.iter_mut().enumerate().take(n) {
+        let (lo, hi) = rounded(i);
+        *o = lo;
+        // NaN candidates (NaN, ±∞ inputs) compare unequal: the reference.
+        unsettled |= lo != hi;
     }
-    for i in 0..n {
-        if !settled[i] {
-            out[i] = T::from_f64(reference(x[i]));
+    if unsettled {
+        for (i, o) in out.iter_mut().enumerate().take(n) {
+            let (lo, hi) = rounded(i);
+            if lo != hi {
+                *o = reference(x[i], grad);
+            }
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn block_avx512<T: FloatDType>(src: &[T], out: &mut [T], grad: bool) {
+    block_body::<T, GROUP_AVX512>(src, out, grad)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_avx2<T: FloatDType>(src: &[T], out: &mut [T], grad: bool) {
+    block_body::<T, GROUP>(src, out, grad)
+}
+
+/// `out[i] = T(reference(src[i]))` (exact GELU, or its derivative when
+/// `grad`), for a block of at most [`BLOCK`] elements, exactly as
+/// [`gelu_value_f64`] / [`gelu_grad_f64`] rounded to `T` give it; f64
+/// blocks take the reference directly. The fast path is compiled for the
+/// widest vectors the CPU has (the same IEEE operations, FMAs included, in
+/// every version, so the same candidates).
+pub(crate) fn fast_block<T: FloatDType>(src: &[T], out: &mut [T], grad: bool) {
+    if T::DTYPE == crate::DType::F64 {
+        for (o, &x) in out.iter_mut().zip(src) {
+            *o = reference(WithDType::to_f64(x), grad);
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX-512F and FMA (checked just above).
+            return unsafe { block_avx512(src, out, grad) };
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return unsafe { block_avx2(src, out, grad) };
+        }
+    }
+    block_body::<T, GROUP>(src, out, grad)
 }
 
 #[cfg(test)]
