@@ -23,16 +23,23 @@ struct Logits<'a> {
 }
 
 impl Logits<'_> {
+    /// The logits of score row `row` (`srow`, `lk` scores) into `out`:
+    /// `scale·s (+ mask)`, `−∞` above the diagonal when causal. Whole-row
+    /// loops (no per-element branch), so they vectorise.
     #[inline(always)]
-    fn logit(&self, row: usize, j: usize, s: f64) -> f64 {
+    fn row<T: FloatDType>(&self, row: usize, srow: &[T], out: &mut [f64]) {
         let g = self.spec.geom;
-        if g.causal && j > row % g.lq {
-            return f64::NEG_INFINITY;
+        for (x, &v) in out.iter_mut().zip(srow) {
+            *x = g.scale * WithDType::to_f64(v);
         }
-        let x = g.scale * s;
-        match self.mask {
-            Some(m) => x + m[row * g.lk + j],
-            None => x,
+        if let Some(m) = self.mask {
+            let m = &m[row * g.lk..(row + 1) * g.lk];
+            out.iter_mut().zip(m).for_each(|(x, &m)| *x += m);
+        }
+        if g.causal {
+            out.iter_mut()
+                .skip(row % g.lq + 1)
+                .for_each(|x| *x = f64::NEG_INFINITY);
         }
     }
 }
@@ -112,9 +119,7 @@ fn probs_rows<T: FloatDType>(
     let mut lse = try_zeroed::<f64>(rows)?;
     run_rows(&mut p, lk, &mut lse, |r, prow, l, sc| {
         let srow = &s[r * lk..(r + 1) * lk];
-        for (j, (x, &v)) in sc.x.iter_mut().zip(srow).enumerate() {
-            *x = lg.logit(r, j, WithDType::to_f64(v));
-        }
+        lg.row(r, srow, &mut sc.x);
         let value = match lse_in {
             Some(v) => v[r],
             None => {
