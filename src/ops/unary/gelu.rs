@@ -222,31 +222,11 @@ fn candidates_group<const G: usize>(x: &[f64; G], v: &mut [f64; G], b: &mut [f64
     }
 }
 
-/// [`candidates_group`] over slices whose length is a multiple of `G`.
-#[inline(always)]
-fn candidates_body<const G: usize>(x: &[f64], v: &mut [f64], b: &mut [f64], grad: bool) {
-    for ((x, v), b) in x
-        .chunks_exact(G)
-        .zip(v.chunks_exact_mut(G))
-        .zip(b.chunks_exact_mut(G))
-    {
-        let (mut xa, mut va, mut ba) = ([0.0; G], [0.0; G], [0.0; G]);
-        xa.copy_from_slice(x);
-        candidates_group(&xa, &mut va, &mut ba, grad);
-        v.copy_from_slice(&va);
-        b.copy_from_slice(&ba);
-    }
-}
-
 /// Lanes per group with AVX-512: four zmm registers per value, four
 /// independent FMA chains.
 const GROUP_AVX512: usize = 32;
 /// Lanes per group elsewhere (AVX2's sixteen ymm registers hold fewer).
 const GROUP: usize = 16;
-
-/// Elements of one block (the callers' blocks are at most this long).
-const BLOCK: usize = crate::primitives::KERNEL_BLOCK;
-const _: () = assert!(BLOCK % GROUP_AVX512 == 0 && GROUP_AVX512 % GROUP == 0);
 
 /// The reference, rounded to `T`.
 fn reference<T: FloatDType>(x: f64, grad: bool) -> T {
@@ -257,9 +237,11 @@ fn reference<T: FloatDType>(x: f64, grad: bool) -> T {
     })
 }
 
-/// [`fast_block`] for f32/f16/bf16 with groups of `G` lanes: widen, the
+/// [`fast_block`] for f32/f16/bf16, `G` lanes at a time: widen, the
 /// candidates, the rounding test, and the reference where it fails; then,
-/// with `times`, `out[i] = times[i] · out[i]` (the incoming gradient).
+/// with `times`, `out[i] = times[i] · out[i]` (the incoming gradient). Only
+/// group-sized arrays, which stay in registers (no block-sized buffers to
+/// clear).
 #[inline(always)]
 fn block_body<T: FloatDType, const G: usize>(
     src: &[T],
@@ -267,33 +249,32 @@ fn block_body<T: FloatDType, const G: usize>(
     grad: bool,
     times: Option<&[T]>,
 ) {
-    let n = src.len();
-    let mut x = [0.0f64; BLOCK];
-    let mut v = [0.0f64; BLOCK];
-    let mut b = [0.0f64; BLOCK];
-    for (x, s) in x.iter_mut().zip(src) {
-        *x = WithDType::to_f64(*s);
-    }
-    // The tail of the last group computes padding zeros, never read.
-    let m = n.next_multiple_of(G).min(BLOCK);
-    candidates_body::<G>(&x[..m], &mut v[..m], &mut b[..m], grad);
-    let (v, b) = (&v[..n], &b[..n]);
-    let mut unsettled = false;
-    for ((o, &v), &b) in out.iter_mut().zip(v).zip(b) {
-        let (lo, hi) = (T::from_f64(v - b), T::from_f64(v + b));
-        *o = lo;
-        // NaN candidates (NaN, ±∞ inputs) compare unequal: the reference.
-        unsettled |= lo != hi;
-    }
-    if unsettled {
-        for (((o, &v), &b), &x) in out.iter_mut().zip(v).zip(b).zip(&x[..n]) {
-            if T::from_f64(v - b) != T::from_f64(v + b) {
-                *o = reference(x, grad);
+    for (k, (src, out)) in src.chunks(G).zip(out.chunks_mut(G)).enumerate() {
+        // A short last group computes padding zeros, never read.
+        let mut x = [0.0f64; G];
+        for (x, s) in x.iter_mut().zip(src) {
+            *x = WithDType::to_f64(*s);
+        }
+        let (mut v, mut b) = ([0.0f64; G], [0.0f64; G]);
+        candidates_group(&x, &mut v, &mut b, grad);
+        let mut unsettled = false;
+        for ((o, &v), &b) in out.iter_mut().zip(&v).zip(&b) {
+            let (lo, hi) = (T::from_f64(v - b), T::from_f64(v + b));
+            *o = lo;
+            // NaN candidates (NaN, ±∞ inputs) compare unequal: the reference.
+            unsettled |= lo != hi;
+        }
+        if unsettled {
+            for (((o, &v), &b), &x) in out.iter_mut().zip(&v).zip(&b).zip(&x) {
+                if T::from_f64(v - b) != T::from_f64(v + b) {
+                    *o = reference(x, grad);
+                }
             }
         }
-    }
-    if let Some(g) = times {
-        out.iter_mut().zip(g).for_each(|(o, &g)| *o = g * *o);
+        if let Some(g) = times {
+            let g = &g[k * G..k * G + out.len()];
+            out.iter_mut().zip(g).for_each(|(o, &g)| *o = g * *o);
+        }
     }
 }
 
@@ -310,7 +291,7 @@ unsafe fn block_avx2<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, times:
 }
 
 /// `out[i] = T(reference(src[i]))` (exact GELU, or its derivative when
-/// `grad`), for a block of at most [`BLOCK`] elements, exactly as
+/// `grad`), for a block of any length (the callers pass up to 256), exactly as
 /// [`gelu_value_f64`] / [`gelu_grad_f64`] rounded to `T` give it; f64
 /// blocks take the reference directly. The fast path is compiled for the
 /// widest vectors the CPU has (the same IEEE operations, FMAs included, in
@@ -353,6 +334,9 @@ fn dispatch<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, times: Option<&
 mod tests {
     use super::*;
     use half::{bf16, f16};
+
+    /// The callers' block length.
+    const BLOCK: usize = crate::primitives::KERNEL_BLOCK;
 
     /// Chebyshev coefficients of `erfcx(z) = e^(z²)·erfc(z)` in
     /// `t = (z − K)/(z + K)`, `K = 3.75`, over `z ∈ [0, ∞)` (computed with
