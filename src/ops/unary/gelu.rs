@@ -6,8 +6,9 @@
 //! CUDA kernels compute. It is exact but slow (a series of up to ~60 terms
 //! per element), so blocks of f32/f16/bf16 elements go through a fast,
 //! vectorised f64 candidate instead ([`fast_block`]: a Chebyshev expansion
-//! of `erfcx` and a polynomial `exp`, no branches) together with a bound on
-//! its distance from the reference. Rounding is monotonic, so when both
+//! of `erfcx` in monomial form and a polynomial `exp`, FMAs, no branches,
+//! 32 lanes at a time with AVX-512) together with a bound on its distance
+//! from the reference. Rounding is monotonic, so when both
 //! ends of `candidate ± bound` round to the same element value, the
 //! reference rounds to it too: that value is returned. Otherwise (a value
 //! within the bound of a rounding boundary, about one element in 10⁵ for
