@@ -189,8 +189,7 @@ impl BinaryKernel for GeluB {
                 *o = self.f(g, x);
             }
         } else {
-            gelu::fast_block(x, out, true);
-            out.iter_mut().zip(g).for_each(|(o, &g)| *o = g * *o);
+            gelu::fast_grad_block(x, g, out);
         }
     }
     fn cuda(&self) -> Option<CudaBinary> {

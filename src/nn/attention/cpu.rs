@@ -5,6 +5,7 @@
 //! Rows are independent; work is done in f64. The CUDA kernels
 //! (`attention.cu`) use the same formulas.
 
+use super::cpu_exp::exp_in_place;
 use super::{RowLse, ScoreGeom, ScoreSpec, OP};
 use crate::dtype::CpuData;
 use crate::memory::host::try_zeroed;
@@ -22,16 +23,23 @@ struct Logits<'a> {
 }
 
 impl Logits<'_> {
+    /// The logits of score row `row` (`srow`, `lk` scores) into `out`:
+    /// `scale·s (+ mask)`, `−∞` above the diagonal when causal. Whole-row
+    /// loops (no per-element branch), so they vectorise.
     #[inline(always)]
-    fn logit(&self, row: usize, j: usize, s: f64) -> f64 {
+    fn row<T: FloatDType>(&self, row: usize, srow: &[T], out: &mut [f64]) {
         let g = self.spec.geom;
-        if g.causal && j > row % g.lq {
-            return f64::NEG_INFINITY;
+        for (x, &v) in out.iter_mut().zip(srow) {
+            *x = g.scale * WithDType::to_f64(v);
         }
-        let x = g.scale * s;
-        match self.mask {
-            Some(m) => x + m[row * g.lk + j],
-            None => x,
+        if let Some(m) = self.mask {
+            let m = &m[row * g.lk..(row + 1) * g.lk];
+            out.iter_mut().zip(m).for_each(|(x, &m)| *x += m);
+        }
+        if g.causal {
+            out.iter_mut()
+                .skip(row % g.lq + 1)
+                .for_each(|x| *x = f64::NEG_INFINITY);
         }
     }
 }
@@ -52,25 +60,47 @@ fn additive_mask(mask: &Tensor, scores: &[usize]) -> Result<Vec<f64>> {
         .collect())
 }
 
+/// Rows of scores one rayon task handles (with one scratch buffer).
+const ROWS_PER_TASK: usize = 32;
+
+/// Two `f64` rows of scratch: the logits and their exponentials.
+struct Scratch {
+    x: Vec<f64>,
+    e: Vec<f64>,
+}
+
+/// Runs `f(row, output row, extra[row], scratch)` over the rows of `lk`
+/// elements of `out`, in tasks of [`ROWS_PER_TASK`] rows (in parallel when
+/// large), each with its own scratch rows (uncounted host temporaries).
 fn run_rows<T: Send>(
     out: &mut [T],
     lk: usize,
     extra: &mut [f64],
-    f: impl Fn(usize, &mut [T], &mut f64) + Sync + Send,
+    f: impl Fn(usize, &mut [T], &mut f64, &mut Scratch) + Sync + Send,
 ) {
     if lk == 0 {
         return;
     }
+    let task = |t: usize, o: &mut [T], e: &mut [f64]| {
+        let mut sc = Scratch {
+            x: vec![0.0; lk],
+            e: vec![0.0; lk],
+        };
+        for (i, (row, ex)) in o.chunks_mut(lk).zip(e.iter_mut()).enumerate() {
+            f(t * ROWS_PER_TASK + i, row, ex, &mut sc);
+        }
+    };
+    let chunk = lk * ROWS_PER_TASK;
     if out.len() >= PARALLEL_THRESHOLD {
-        out.par_chunks_mut(lk)
-            .zip(extra.par_iter_mut())
+        out.par_chunks_mut(chunk)
+            .zip(extra.par_chunks_mut(ROWS_PER_TASK))
             .enumerate()
-            .for_each(|(r, (o, e))| f(r, o, e));
+            .for_each(|(t, (o, e))| task(t, o, e));
     } else {
-        out.chunks_mut(lk)
-            .zip(extra.iter_mut())
+        out.chunks_mut(chunk)
+            .zip(extra.chunks_mut(ROWS_PER_TASK))
             .enumerate()
-            .for_each(|(r, (o, e))| f(r, o, e));
+            .for_each(|(t, (o, e))| task(t, o, e));
     }
 }
 
@@ -82,19 +112,24 @@ fn probs_rows<T: FloatDType>(
     let spec = lg.spec;
     let lk = spec.geom.lk;
     let rows = s.len().checked_div(lk).unwrap_or(0);
+    // f64 scores keep the C library's exp; the others round each value to
+    // a narrower type, which a 1-ulp f64 difference almost never changes.
+    let exact = T::DTYPE == DType::F64;
     let mut p = try_zeroed::<T>(s.len())?;
     let mut lse = try_zeroed::<f64>(rows)?;
-    run_rows(&mut p, lk, &mut lse, |r, prow, l| {
+    run_rows(&mut p, lk, &mut lse, |r, prow, l, sc| {
         let srow = &s[r * lk..(r + 1) * lk];
-        let x = |j: usize| lg.logit(r, j, WithDType::to_f64(srow[j]));
+        lg.row(r, srow, &mut sc.x);
         let value = match lse_in {
             Some(v) => v[r],
             None => {
-                let mx = (0..lk).map(x).fold(f64::NEG_INFINITY, f64::max);
+                let mx = sc.x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let v = if mx == f64::NEG_INFINITY {
                     mx
                 } else {
-                    mx + (0..lk).map(|j| (x(j) - mx).exp()).sum::<f64>().ln()
+                    sc.e.iter_mut().zip(&sc.x).for_each(|(e, &x)| *e = x - mx);
+                    exp_in_place(&mut sc.e, exact);
+                    mx + sc.e.iter().sum::<f64>().ln()
                 };
                 if spec.lse_f32 {
                     v as f32 as f64
@@ -107,8 +142,12 @@ fn probs_rows<T: FloatDType>(
         if value == f64::NEG_INFINITY {
             return; // a fully masked row: probabilities 0
         }
-        for (j, o) in prow.iter_mut().enumerate() {
-            *o = <T as WithDType>::from_f64((x(j) - value).exp());
+        sc.e.iter_mut()
+            .zip(&sc.x)
+            .for_each(|(e, &x)| *e = x - value);
+        exp_in_place(&mut sc.e, exact);
+        for (o, &e) in prow.iter_mut().zip(&sc.e) {
+            *o = <T as WithDType>::from_f64(e);
         }
     });
     Ok((T::wrap(p), lse))
@@ -159,7 +198,7 @@ fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], geom: ScoreGeom) -> Result<CpuDat
     let rows = p.len().checked_div(lk).unwrap_or(0);
     let mut ds = try_zeroed::<T>(p.len())?;
     let mut unused = try_zeroed::<f64>(rows)?;
-    run_rows(&mut ds, lk, &mut unused, |r, out, _| {
+    run_rows(&mut ds, lk, &mut unused, |r, out, _, _| {
         let (pr, dr) = (&p[r * lk..(r + 1) * lk], &dp[r * lk..(r + 1) * lk]);
         let dot: f64 = pr
             .iter()

@@ -29,6 +29,7 @@
 //! policies.
 
 mod cpu;
+mod cpu_exp;
 mod cuda;
 mod multihead;
 #[cfg(test)]
