@@ -269,29 +269,17 @@ fn execute<T: Copy + Send + Sync + 'static>(
 pub(crate) fn gemm_slices<T: crate::FloatDType>(
     dst: &mut [T],
     (m, n, k): (usize, usize, usize),
-    (a, a_rs, a_cs): (&[T], usize, usize),
-    (b, b_rs, b_cs): (&[T], usize, usize),
+    a: (&[T], usize, usize),
+    b: (&[T], usize, usize),
     accumulate: bool,
 ) -> Result<()> {
-    if !matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16) {
-        return Err(Error::UnsupportedDType {
+    if dst.len() != m * n {
+        return Err(Error::InvalidArgument {
             op: "matmul",
-            dtype: T::DTYPE,
+            msg: "destination size does not match the product".into(),
         });
     }
-    let operand = |rs, cs| Operand {
-        offsets: vec![0],
-        rs,
-        cs,
-    };
-    let p = Plan {
-        m,
-        n,
-        k,
-        a: operand(a_rs, a_cs),
-        b: operand(b_rs, b_cs),
-    };
-    execute(&p, dst, a, b, accumulate, (T::zero(), T::one()))
+    gemm_slices_strided((dst, n.max(1)), (m, n, k), a, b, accumulate)
 }
 
 /// [`gemm_slices`] into a block of a wider row-major matrix: `dst`'s rows

@@ -187,11 +187,7 @@ pub(super) fn input_grad_of_items(
         let n = cols.len();
         let (wide, rest) = slice_mut::<T>(cols, 0..n)?.split_at_mut(cout * width);
         let gx = slice_mut::<T>(gx, gx_range)?;
-        for (b, item) in gy.chunks(cout * l).enumerate() {
-            for (c, src) in item.chunks(l).enumerate() {
-                wide[c * width + b * l..][..l].copy_from_slice(src);
-            }
-        }
+        side_by_side(gy, wide, (cout, l));
         let slice_rows = rest.len() / width;
         for r0 in (0..k).step_by(slice_rows) {
             let rows = r0..(r0 + slice_rows).min(k);
@@ -288,11 +284,7 @@ pub(super) fn weight_grad_of_items(
         let n = cols.len();
         let (wide, rest) = slice_mut::<T>(cols, 0..n)?.split_at_mut(cout * width);
         let gw = slice_mut::<T>(gw, 0..cout * k)?;
-        for (b, item) in gy.chunks(cout * l).enumerate() {
-            for (c, src) in item.chunks(l).enumerate() {
-                wide[c * width + b * l..][..l].copy_from_slice(src);
-            }
-        }
+        side_by_side(gy, wide, (cout, l));
         let slice_rows = rest.len() / width;
         for r0 in (0..k).step_by(slice_rows) {
             let rows = r0..(r0 + slice_rows).min(k);
@@ -319,5 +311,16 @@ pub(super) fn weight_grad_of_items(
             op: "conv2d_weight_grad",
             dtype,
         }),
+    }
+}
+
+/// Copies the items' output gradients `gy` (`[items, cout, l]`) into
+/// `wide` as one `[cout, items·l]` matrix (the items side by side).
+fn side_by_side<T: Copy>(gy: &[T], wide: &mut [T], (cout, l): (usize, usize)) {
+    let width = gy.len() / cout.max(1);
+    for (b, item) in gy.chunks(cout * l).enumerate() {
+        for (c, src) in item.chunks(l).enumerate() {
+            wide[c * width + b * l..][..l].copy_from_slice(src);
+        }
     }
 }
