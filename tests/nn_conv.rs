@@ -59,6 +59,24 @@ fn forward_over_uneven_item_chunks_matches_a_naive_loop() {
     }
 }
 
+/// Five items of `[32, 4, 4]`, 8 output channels of 3×3 with padding 1
+/// (two items per product), and an output gradient: the item-chunk tests'
+/// operands.
+fn item_chunk_case(dtype: DType) -> (Conv2dOptions, Tensor, Tensor, Tensor) {
+    let opts = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    let rand =
+        |s: &[usize], seed| Tensor::rand_range(s, -1.0, 1.0, dtype, Device::Cpu, seed).unwrap();
+    let (x, w, gy) = (
+        rand(&[5, 32, 4, 4], 1),
+        rand(&[8, 32, 3, 3], 2),
+        rand(&[5, 8, 4, 4], 3),
+    );
+    (opts, x, w, gy)
+}
+
 /// The input gradient of a batch that runs several items per product
 /// (8 output channels over 32·3·3 column rows: two items per product, five
 /// items) equals, bit for bit, the gradients of its items taken one at a
@@ -67,18 +85,7 @@ fn forward_over_uneven_item_chunks_matches_a_naive_loop() {
 #[test]
 fn input_gradient_of_item_chunks_equals_the_items_one_by_one() {
     use leangrad::autograd::{backward_with, CollectGrads};
-    let opts = Conv2dOptions {
-        padding: [1, 1],
-        ..Default::default()
-    };
-    let rand = |s: &[usize], seed| {
-        Tensor::rand_range(s, -1.0, 1.0, DType::F32, Device::Cpu, seed).unwrap()
-    };
-    let (x, w, gy) = (
-        rand(&[5, 32, 4, 4], 1),
-        rand(&[8, 32, 3, 3], 2),
-        rand(&[5, 8, 4, 4], 3),
-    );
+    let (opts, x, w, gy) = item_chunk_case(DType::F32);
     let ledger = Ledger::new();
     let _l = ledger.enter();
     let xg = x.detach().set_requires_grad(true).unwrap();
@@ -106,18 +113,7 @@ fn input_gradient_of_item_chunks_equals_the_items_one_by_one() {
 #[test]
 fn weight_gradient_of_item_chunks_equals_the_sum_over_items() {
     use leangrad::autograd::{backward_with, CollectGrads};
-    let opts = Conv2dOptions {
-        padding: [1, 1],
-        ..Default::default()
-    };
-    let rand = |s: &[usize], seed| {
-        Tensor::rand_range(s, -1.0, 1.0, DType::F64, Device::Cpu, seed).unwrap()
-    };
-    let (x, w, gy) = (
-        rand(&[5, 32, 4, 4], 1),
-        rand(&[8, 32, 3, 3], 2),
-        rand(&[5, 8, 4, 4], 3),
-    );
+    let (opts, x, w, gy) = item_chunk_case(DType::F64);
     let ledger = Ledger::new();
     let _l = ledger.enter();
     let wg = w.detach().set_requires_grad(true).unwrap();

@@ -279,7 +279,7 @@ pub(crate) fn gemm_slices<T: crate::FloatDType>(
             msg: "destination size does not match the product".into(),
         });
     }
-    gemm_slices_strided((dst, n.max(1)), (m, n, k), a, b, accumulate)
+    gemm_slices_strided((dst, n), (m, n, k), a, b, accumulate)
 }
 
 /// [`gemm_slices`] into a block of a wider row-major matrix: `dst`'s rows

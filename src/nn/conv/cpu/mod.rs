@@ -470,9 +470,10 @@ pub(super) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Resul
     let n = items(&x, g);
     // The same buffer layout as the input gradient's items (f32/f64 only:
     // a half type would round the partial sums at other points).
-    let per_product = match matches!(gy.dtype(), DType::F32 | DType::F64) {
-        true => input_grad_items(g, n, gy.dtype()),
-        false => 1,
+    let per_product = if matches!(gy.dtype(), DType::F32 | DType::F64) {
+        input_grad_items(g, n, gy.dtype())
+    } else {
+        1
     };
     let mut i = 0;
     while i < n {
