@@ -93,3 +93,71 @@ fn in_place_ops_refuse_tensors_requiring_grad() {
     assert_eq!(w.to_vec::<f32>().unwrap(), vec![2.0; 3]);
     assert_eq!(w.version(), 1);
 }
+
+/// Elementwise maps over permuted, narrowed and broadcast views (rows of
+/// one element, short strided rows, long rows split into blocks, and
+/// enough elements to run in parallel chunks) equal the same maps over the
+/// views' elements read one by one.
+#[test]
+fn strided_and_broadcast_views_map_like_their_elements() {
+    let x = Tensor::randn(&[6, 70, 130], DType::F32, Device::Cpu, 3).unwrap();
+    let y = Tensor::randn(&[130, 70, 6], DType::F32, Device::Cpu, 4).unwrap();
+    let row = Tensor::randn(&[130], DType::F32, Device::Cpu, 5).unwrap();
+    let col = Tensor::randn(&[6, 1, 1], DType::F32, Device::Cpu, 6).unwrap();
+    let cases: Vec<(Tensor, Tensor)> = vec![
+        (x.clone(), row.clone()),
+        (x.clone(), col.clone()),
+        (x.clone(), y.permute(&[2, 1, 0]).unwrap()),
+        (y.permute(&[2, 1, 0]).unwrap(), col.clone()),
+        (
+            x.narrow(2, 3, 100).unwrap(),
+            y.permute(&[2, 1, 0]).unwrap().narrow(2, 7, 100).unwrap(),
+        ),
+        (
+            row.broadcast_to(&[6, 70, 130]).unwrap(),
+            x.permute(&[0, 2, 1]).unwrap().permute(&[0, 2, 1]).unwrap(),
+        ),
+        (x.narrow(1, 5, 1).unwrap(), row.clone()),
+    ];
+    for (i, (a, b)) in cases.iter().enumerate() {
+        let (va, vb) = (
+            a.to_vec::<f32>().unwrap(),
+            b.broadcast_to(a.shape()).unwrap().to_vec::<f32>().unwrap(),
+        );
+        let sum: Vec<f32> = va.iter().zip(&vb).map(|(p, q)| p + q).collect();
+        let prod: Vec<f32> = va.iter().zip(&vb).map(|(p, q)| p * q).collect();
+        assert_eq!(
+            a.add(b).unwrap().to_vec::<f32>().unwrap(),
+            sum,
+            "case {i}: add"
+        );
+        assert_eq!(
+            a.mul(b).unwrap().to_vec::<f32>().unwrap(),
+            prod,
+            "case {i}: mul"
+        );
+        assert_eq!(
+            b.broadcast_to(a.shape())
+                .unwrap()
+                .contiguous()
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+            vb,
+            "case {i}: copy"
+        );
+        let gelu_dense = Tensor::from_vec(va.clone(), a.shape(), Device::Cpu)
+            .unwrap()
+            .gelu(false)
+            .unwrap();
+        assert_eq!(
+            a.gelu(false).unwrap().to_vec::<f32>().unwrap(),
+            gelu_dense.to_vec::<f32>().unwrap(),
+            "case {i}: gelu"
+        );
+        // In place: the destination is dense, the source a view.
+        let d = Tensor::from_vec(va.clone(), a.shape(), Device::Cpu).unwrap();
+        d.add_(b).unwrap();
+        assert_eq!(d.to_vec::<f32>().unwrap(), sum, "case {i}: add in place");
+    }
+}

@@ -1,6 +1,7 @@
 //! Elementwise kernels: any layout in, a contiguous tensor out.
 
 use super::parallel;
+use super::strided::Rows;
 use crate::dtype::CpuData;
 use crate::memory::host::{try_collect, try_par_collect, try_vec};
 use crate::meta::{self, backend, Backend};
@@ -141,8 +142,15 @@ pub fn unary_map<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
         if let Some(r) = l.contiguous_range() {
             return Ok(T::wrap(dense_unary(&s[r], k)?));
         }
-        let src = Source::new(s, l)?;
-        Ok(T::wrap(fill(l.numel(), |i| k.f(src.get(i)))?))
+        let rows = Rows::new([l]);
+        let [step] = rows.step();
+        Ok(T::wrap(write_rows(&rows, |[at], out| {
+            let mut buf = [T::zero(); KERNEL_BLOCK];
+            for (j, o) in out.chunks_mut(KERNEL_BLOCK).enumerate() {
+                let x = row_block(s, at, step, j * KERNEL_BLOCK, &mut buf, o.len());
+                write_unary(x, o, k);
+            }
+        })?))
     }
     let out = crate::match_float_data!(&*data, K::NAME, v => go(v, x.layout(), k)?);
     drop(data);
@@ -178,8 +186,21 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
         if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
             return Ok(T::wrap(dense_binary(&sa[ra], &sb[rb], k)?));
         }
-        let (a, b) = (Source::new(sa, la)?, Source::new(sb, lb)?);
-        Ok(T::wrap(fill(la.numel(), |i| k.f(a.get(i), b.get(i)))?))
+        let rows = Rows::new([la, lb]);
+        let [step_a, step_b] = rows.step();
+        Ok(T::wrap(write_rows(&rows, |[at_a, at_b], out| {
+            if (step_a, step_b) == (1, 1) {
+                let n = out.len();
+                return write_binary(&sa[at_a..at_a + n], &sb[at_b..at_b + n], out, k);
+            }
+            let (mut buf_a, mut buf_b) = ([T::zero(); KERNEL_BLOCK], [T::zero(); KERNEL_BLOCK]);
+            for (j, o) in out.chunks_mut(KERNEL_BLOCK).enumerate() {
+                let first = j * KERNEL_BLOCK;
+                let x = row_block(sa, at_a, step_a, first, &mut buf_a, o.len());
+                let y = row_block(sb, at_b, step_b, first, &mut buf_b, o.len());
+                write_binary(x, y, o, k);
+            }
+        })?))
     }
     let out = crate::match_float_data!(&*da, K::NAME, v => go(v, &la, &db, &lb, k)?);
     drop((da, db));
@@ -242,15 +263,29 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
             }
             return Ok(());
         }
-        let s = Source::new(src, l)?;
+        let rows = Rows::new([l]);
+        let (len, [step]) = (rows.len(), rows.step());
+        if d.is_empty() {
+            return Ok(());
+        }
+        let per_task = (CHUNK / len).max(1);
+        let body = |(task, d): (usize, &mut [T])| {
+            let first = task * per_task;
+            let count = d.len() / len;
+            let mut dst_rows = d.chunks_mut(len);
+            rows.each(first..first + count, |[at]| {
+                let Some(d) = dst_rows.next() else { return };
+                let mut buf = [T::zero(); KERNEL_BLOCK];
+                for (j, d) in d.chunks_mut(KERNEL_BLOCK).enumerate() {
+                    let s = row_block(src, at, step, j * KERNEL_BLOCK, &mut buf, d.len());
+                    assign_binary(d, s, k);
+                }
+            });
+        };
         if parallel(d.len()) {
-            d.par_iter_mut()
-                .enumerate()
-                .for_each(|(i, x)| *x = k.f(*x, s.get(i)));
+            d.par_chunks_mut(per_task * len).enumerate().for_each(body);
         } else {
-            d.iter_mut()
-                .enumerate()
-                .for_each(|(i, x)| *x = k.f(*x, s.get(i)));
+            body((0, d));
         }
         Ok(())
     }
@@ -261,8 +296,20 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
 pub(crate) fn gather(x: &Tensor) -> Result<CpuData> {
     let data = x.storage().cpu()?;
     fn go<T: WithDType>(s: &[T], l: &Layout) -> Result<CpuData> {
-        let src = Source::new(s, l)?;
-        Ok(T::wrap(fill(l.numel(), |i| src.get(i))?))
+        let rows = Rows::new([l]);
+        let [step] = rows.step();
+        Ok(T::wrap(write_rows(&rows, |[at], out| {
+            if step == 1 {
+                let n = out.len();
+                for (o, &x) in out.iter_mut().zip(&s[at..at + n]) {
+                    o.write(x);
+                }
+            } else {
+                for (i, o) in out.iter_mut().enumerate() {
+                    o.write(s[at + i * step]);
+                }
+            }
+        })?))
     }
     crate::match_cpu_data!(&*data, v => go(v, x.layout()))
 }
@@ -353,16 +400,25 @@ pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
         Backend::Cpu => {}
     }
     let values = gather(src)?;
-    let offsets = dst.layout().offsets()?;
+    let rows = Rows::new([dst.layout()]);
     let mut dd = dst.storage().cpu_mut()?;
-    fn go<T: WithDType>(d: &mut [T], values: &CpuData, offsets: &[usize]) -> Result<()> {
+    fn go<T: WithDType>(d: &mut [T], values: &CpuData, rows: &Rows<1>) -> Result<()> {
         let v = typed::<T>(values, "copy_into")?;
-        for (&o, &x) in offsets.iter().zip(v) {
-            d[o] = x;
-        }
+        let (len, [step]) = (rows.len(), rows.step());
+        let mut next = v.chunks(len);
+        rows.each(0..rows.count(), |[at]| {
+            let Some(v) = next.next() else { return };
+            if step == 1 {
+                d[at..at + len].copy_from_slice(v);
+            } else {
+                for (i, &x) in v.iter().enumerate() {
+                    d[at + i * step] = x;
+                }
+            }
+        });
         Ok(())
     }
-    crate::match_cpu_data!(&mut *dd, d => go(d, &values, &offsets))
+    crate::match_cpu_data!(&mut *dd, d => go(d, &values, &rows))
 }
 
 /// `x = k(x)` in place on a contiguous float tensor; bumps the version.
@@ -474,48 +530,130 @@ fn write_all<T: Send>(
 /// allows), no per-element indirection, no zero-fill.
 fn dense_unary<T: FloatDType, K: UnaryKernel>(src: &[T], k: &K) -> Result<Vec<T>> {
     write_all(src.len(), |start, out: &mut [MaybeUninit<T>]| {
-        let src = &src[start..start + out.len()];
-        if K::BLOCKWISE {
-            let mut buf = [T::zero(); KERNEL_BLOCK];
-            for (o, s) in out.chunks_mut(KERNEL_BLOCK).zip(src.chunks(KERNEL_BLOCK)) {
-                let b = &mut buf[..s.len()];
-                k.f_block(s, b);
-                for (o, &v) in o.iter_mut().zip(b.iter()) {
-                    o.write(v);
-                }
-            }
-        } else {
-            for (o, &x) in out.iter_mut().zip(src) {
-                o.write(k.f(x));
+        write_unary(&src[start..start + out.len()], out, k)
+    })
+}
+
+/// `out[i] = k(src[i])` (one length).
+#[inline(always)]
+fn write_unary<T: FloatDType, K: UnaryKernel>(src: &[T], out: &mut [MaybeUninit<T>], k: &K) {
+    if K::BLOCKWISE {
+        let mut buf = [T::zero(); KERNEL_BLOCK];
+        for (o, s) in out.chunks_mut(KERNEL_BLOCK).zip(src.chunks(KERNEL_BLOCK)) {
+            let b = &mut buf[..s.len()];
+            k.f_block(s, b);
+            for (o, &v) in o.iter_mut().zip(b.iter()) {
+                o.write(v);
             }
         }
-    })
+    } else {
+        for (o, &x) in out.iter_mut().zip(src) {
+            o.write(k.f(x));
+        }
+    }
 }
 
 /// `k(a, b)` over two dense slices of one length.
 fn dense_binary<T: FloatDType, K: BinaryKernel>(a: &[T], b: &[T], k: &K) -> Result<Vec<T>> {
     write_all(a.len(), |start, out: &mut [MaybeUninit<T>]| {
         let r = start..start + out.len();
-        let (a, b) = (&a[r.clone()], &b[r]);
-        if K::BLOCKWISE {
-            let mut buf = [T::zero(); KERNEL_BLOCK];
-            for ((o, x), y) in out
-                .chunks_mut(KERNEL_BLOCK)
-                .zip(a.chunks(KERNEL_BLOCK))
-                .zip(b.chunks(KERNEL_BLOCK))
-            {
-                let t = &mut buf[..x.len()];
-                k.f_block(x, y, t);
-                for (o, &v) in o.iter_mut().zip(t.iter()) {
-                    o.write(v);
-                }
-            }
-        } else {
-            for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-                o.write(k.f(x, y));
+        write_binary(&a[r.clone()], &b[r], out, k)
+    })
+}
+
+/// `out[i] = k(a[i], b[i])` (one length).
+#[inline(always)]
+fn write_binary<T: FloatDType, K: BinaryKernel>(
+    a: &[T],
+    b: &[T],
+    out: &mut [MaybeUninit<T>],
+    k: &K,
+) {
+    if K::BLOCKWISE {
+        let mut buf = [T::zero(); KERNEL_BLOCK];
+        for ((o, x), y) in out
+            .chunks_mut(KERNEL_BLOCK)
+            .zip(a.chunks(KERNEL_BLOCK))
+            .zip(b.chunks(KERNEL_BLOCK))
+        {
+            let t = &mut buf[..x.len()];
+            k.f_block(x, y, t);
+            for (o, &v) in o.iter_mut().zip(t.iter()) {
+                o.write(v);
             }
         }
-    })
+    } else {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            o.write(k.f(x, y));
+        }
+    }
+}
+
+/// A vector of the elements of every row of `rows` (row-major), written
+/// by `row(starts, out)` one row at a time, in parallel chunks of whole
+/// rows above the threshold; no zero-fill.
+fn write_rows<T: Send, const N: usize>(
+    rows: &Rows<N>,
+    row: impl Fn([usize; N], &mut [MaybeUninit<T>]) + Sync,
+) -> Result<Vec<T>> {
+    let (len, n) = (rows.len(), rows.len() * rows.count());
+    let mut out: Vec<T> = try_vec(n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let per_task = (CHUNK / len).max(1);
+    let spare = &mut out.spare_capacity_mut()[..n];
+    let body = |(task, o): (usize, &mut [MaybeUninit<T>])| {
+        let first = task * per_task;
+        let count = o.len() / len;
+        let mut outs = o.chunks_mut(len);
+        rows.each(first..first + count, |at| {
+            if let Some(o) = outs.next() {
+                row(at, o);
+            }
+        });
+    };
+    if parallel(n) {
+        spare
+            .par_chunks_mut(per_task * len)
+            .enumerate()
+            .for_each(body);
+    } else {
+        body((0, spare));
+    }
+    // SAFETY: the tasks' chunks partition `0..n` into whole rows, the walk
+    // visits every row of its chunk, and `row` (the callers below) writes
+    // every slot of the row it is given.
+    unsafe { out.set_len(n) };
+    Ok(out)
+}
+
+/// Elements `first..first + m` of a row starting at `at` with stride
+/// `step` in `s`: the slice itself when the elements are adjacent, else
+/// gathered into `buf`.
+#[inline(always)]
+fn row_block<'a, T: Copy>(
+    s: &'a [T],
+    at: usize,
+    step: usize,
+    first: usize,
+    buf: &'a mut [T; KERNEL_BLOCK],
+    m: usize,
+) -> &'a [T] {
+    let at = at + first * step;
+    match step {
+        1 => &s[at..at + m],
+        0 => {
+            buf[..m].fill(s[at]);
+            &buf[..m]
+        }
+        _ => {
+            for (i, b) in buf[..m].iter_mut().enumerate() {
+                *b = s[at + i * step];
+            }
+            &buf[..m]
+        }
+    }
 }
 
 /// `d = k(d)` over a dense slice.

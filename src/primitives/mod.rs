@@ -11,6 +11,7 @@ mod elementwise;
 mod gemm;
 mod index;
 mod reduce;
+mod strided;
 
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
 pub(crate) use batch_sum::matmul_sum_batches;
