@@ -10,8 +10,12 @@
 //! 2. for requests of [`CHECKED_BYTES`] or more, compares the size with
 //!    what the machine can still hand out ([`host_available_bytes`]) and
 //!    refuses what cannot fit;
-//! 3. allocates with `Vec::try_reserve_exact` (or a zeroed allocation), so
-//!    an allocator failure is an error, not Rust's abort.
+//! 3. takes a freed buffer of exactly that type and length from the cache
+//!    of large buffers (`host_cache`, which a storage's buffer joins when
+//!    the storage is dropped), else allocates with
+//!    `Vec::try_reserve_exact` (or a zeroed allocation), so an allocator
+//!    failure is an error, not Rust's abort. A request that does not fit
+//!    empties the cache and is checked again before it is refused.
 //!
 //! Why step 2: Linux overcommits memory. A `try_reserve` of 40 GiB on a
 //! machine with 24 GiB usually *succeeds* (only address space is
@@ -26,6 +30,7 @@
 //! Smaller requests are not checked: they cannot be the one that does not
 //! fit unless the machine is already exhausted.
 
+use super::host_cache::{release_cached_host_buffers, take};
 use super::Ledger;
 use crate::{Device, Error, Result};
 
@@ -98,7 +103,11 @@ fn admit<T>(n: usize) -> Result<usize> {
         )
     })?;
     if bytes >= CHECKED_BYTES {
-        if let Some(available) = host_available_bytes() {
+        let mut available = host_available_bytes();
+        if available.is_some_and(|a| bytes > a) && release_cached_host_buffers() > 0 {
+            available = host_available_bytes();
+        }
+        if let Some(available) = available {
             if bytes > available {
                 return Err(host_oom(
                     bytes,
@@ -115,25 +124,43 @@ fn admit<T>(n: usize) -> Result<usize> {
 
 /// An empty vector with room for exactly `n` elements (uninitialised, as
 /// `Vec::with_capacity`), or [`Error::OutOfMemory`].
-pub fn try_vec<T>(n: usize) -> Result<Vec<T>> {
+pub fn try_vec<T: Send + 'static>(n: usize) -> Result<Vec<T>> {
     let bytes = admit::<T>(n)?;
+    if let Some(v) = take::<T>(n) {
+        return Ok(v);
+    }
     let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| host_oom(bytes, "the allocator refused the request"))?;
+    if v.try_reserve_exact(n).is_err() {
+        release_cached_host_buffers();
+        v.try_reserve_exact(n)
+            .map_err(|_| host_oom(bytes, "the allocator refused the request"))?;
+    }
     Ok(v)
 }
 
 /// `n` zeros (all-zero bytes, from a zeroed allocation as `vec![0; n]`:
 /// large buffers get the kernel's zero pages without a fill), or
 /// [`Error::OutOfMemory`].
-pub fn try_zeroed<T: bytemuck::Zeroable>(n: usize) -> Result<Vec<T>> {
+pub fn try_zeroed<T: bytemuck::Zeroable + Send + 'static>(n: usize) -> Result<Vec<T>> {
     let bytes = admit::<T>(n)?;
-    bytemuck::allocation::try_zeroed_vec(n)
-        .map_err(|()| host_oom(bytes, "the allocator refused the request"))
+    if let Some(mut v) = take::<T>(n) {
+        // SAFETY: `v` has room for `n` elements, and all-zero bytes are a
+        // valid `T` (`Zeroable`).
+        unsafe {
+            std::ptr::write_bytes(v.as_mut_ptr(), 0, n);
+            v.set_len(n);
+        }
+        return Ok(v);
+    }
+    bytemuck::allocation::try_zeroed_vec(n).or_else(|()| {
+        release_cached_host_buffers();
+        bytemuck::allocation::try_zeroed_vec(n)
+            .map_err(|()| host_oom(bytes, "the allocator refused the request"))
+    })
 }
 
 /// `n` copies of `value` (as `vec![value; n]`), or [`Error::OutOfMemory`].
-pub fn try_filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
+pub fn try_filled<T: Clone + Send + 'static>(n: usize, value: T) -> Result<Vec<T>> {
     let mut v = try_vec(n)?;
     v.resize(n, value);
     Ok(v)
@@ -142,7 +169,10 @@ pub fn try_filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
 /// The `n` items of `items` collected into a vector allocated by
 /// [`try_vec`] (`items` must yield exactly `n`; fewer leave it shorter,
 /// more grow it).
-pub fn try_collect<T>(n: usize, items: impl IntoIterator<Item = T>) -> Result<Vec<T>> {
+pub fn try_collect<T: Send + 'static>(
+    n: usize,
+    items: impl IntoIterator<Item = T>,
+) -> Result<Vec<T>> {
     let mut v = try_vec(n)?;
     v.extend(items);
     Ok(v)
@@ -150,7 +180,7 @@ pub fn try_collect<T>(n: usize, items: impl IntoIterator<Item = T>) -> Result<Ve
 
 /// [`try_collect`] for a parallel iterator of exactly `n` items (filled in
 /// place by rayon, as `collect` would).
-pub fn try_par_collect<T: Send>(
+pub fn try_par_collect<T: Send + 'static>(
     n: usize,
     items: impl rayon::iter::IndexedParallelIterator<Item = T>,
 ) -> Result<Vec<T>> {

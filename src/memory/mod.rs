@@ -23,6 +23,7 @@
 //! change of category as a [`TimelineEvent`].
 
 pub mod host;
+mod host_cache;
 mod ledger;
 mod report;
 mod scope;
@@ -30,6 +31,10 @@ mod stats;
 mod timeline;
 
 pub use host::host_available_bytes;
+pub(crate) use host_cache::keep as keep_host_buffer;
+pub use host_cache::{
+    cached_host_bytes, release_cached_host_buffers, CACHED_MIN_BYTES, CACHE_CAP_BYTES,
+};
 pub use ledger::{Allocation, Ledger};
 pub use report::{human_bytes, CategoryBytes, DeviceReport, LayerBytes, MemoryReport, PeakMoment};
 pub use scope::{

@@ -119,7 +119,10 @@ pub(crate) fn typed<'a, T: WithDType>(data: &'a CpuData, op: &'static str) -> Re
 
 /// `at(i)` for `i in 0..n`, in parallel above the threshold
 /// ([`Error::OutOfMemory`] when the host cannot hold the result).
-pub(crate) fn fill<T: Send>(n: usize, at: impl Fn(usize) -> T + Sync + Send) -> Result<Vec<T>> {
+pub(crate) fn fill<T: Send + 'static>(
+    n: usize,
+    at: impl Fn(usize) -> T + Sync + Send,
+) -> Result<Vec<T>> {
     if parallel(n) {
         try_par_collect(n, (0..n).into_par_iter().map(at))
     } else {
@@ -506,7 +509,7 @@ pub const KERNEL_BLOCK: usize = 256;
 /// A vector of `n` elements whose every slot `body` writes, chunk by chunk
 /// (in parallel above the threshold): no zero-fill before the values are
 /// written.
-fn write_all<T: Send>(
+fn write_all<T: Send + 'static>(
     n: usize,
     body: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync,
 ) -> Result<Vec<T>> {
@@ -592,7 +595,7 @@ fn write_binary<T: FloatDType, K: BinaryKernel>(
 /// A vector of the elements of every row of `rows` (row-major), written
 /// by `row(starts, out)` one row at a time, in parallel chunks of whole
 /// rows above the threshold; no zero-fill.
-fn write_rows<T: Send, const N: usize>(
+fn write_rows<T: Send + 'static, const N: usize>(
     rows: &Rows<N>,
     row: impl Fn([usize; N], &mut [MaybeUninit<T>]) + Sync,
 ) -> Result<Vec<T>> {
