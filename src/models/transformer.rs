@@ -217,7 +217,7 @@ impl Module for Conv1D {
     /// `x·W + b` for `x` `[…, in_features]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
-        x.matmul(&self.weight)?.add(&self.bias)
+        x.matmul(&self.weight)?.add_owned(&self.bias)
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {

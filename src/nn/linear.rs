@@ -8,7 +8,9 @@ use crate::{DType, Device, Result, Tensor};
 /// `y = x Wᵀ + b`, weight `[out, in]` and bias `[out]` as in `torch.nn.Linear`.
 ///
 /// Saved for backward (through matmul): the input only if the weight needs
-/// grad, the weight only if the input needs grad; the bias needs nothing.
+/// grad, the weight only if the input needs grad; the bias needs nothing,
+/// so it is added over the product's own buffer (`Tensor::add_owned`): the
+/// layer makes one `[…, out]` buffer, not two.
 pub struct Linear {
     /// `[out_features, in_features]`.
     pub weight: Tensor,
@@ -122,7 +124,7 @@ impl Module for Linear {
         check_dtype(x, self.weight.dtype())?;
         let y = x.matmul(&self.weight.t()?)?;
         match &self.bias {
-            Some(b) => y.add(b),
+            Some(b) => y.add_owned(b),
             None => Ok(y),
         }
     }

@@ -167,7 +167,7 @@ impl MultiheadAttention {
         let w = self.in_proj_weight.narrow(0, i * e, e)?;
         let y = x.matmul(&w.t()?)?;
         match &self.in_proj_bias {
-            Some(b) => y.add(&b.narrow(0, i * e, e)?),
+            Some(b) => y.add_owned(&b.narrow(0, i * e, e)?),
             None => Ok(y),
         }
     }
@@ -229,7 +229,7 @@ impl MultiheadAttention {
             let w = self.in_proj_weight.t()?;
             let mut y = query.matmul(&w)?;
             if let Some(bias) = &self.in_proj_bias {
-                y = y.add(bias)?;
+                y = y.add_owned(bias)?;
             }
             let y = y
                 .reshape(&[b, lq, 3, h, e / h])?
