@@ -12,6 +12,7 @@ mod gemm;
 mod index;
 mod reduce;
 
+pub(crate) use anytype::cast_in_place;
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
 pub(crate) use batch_sum::matmul_sum_batches;
 pub use bitmask::{get_bit, mask_words, pack_bits, unpack_bits};
