@@ -5,8 +5,10 @@
 //! every tiny model in every case with reuse on and off bit for bit, and
 //! try to make reuse overwrite something shared.
 
+mod cast_runs;
 mod tiny_models;
 
+use cast_runs::{cast_run, values, Mode, SAME_SIZE_PAIRS};
 use leangrad::autograd::{with_buffer_reuse, with_save_policy, SavePolicy};
 use leangrad::memory::{Category, Ledger};
 use leangrad::models::{Case, FeatureMaps, ResNet, ResNetConfig};
@@ -379,5 +381,130 @@ fn activations_write_over_an_owned_input_only_when_backward_cannot_need_it() -> 
     let y = h.tanh_owned()?;
     assert_eq!(held.to_vec::<f32>()?, before);
     assert_eq!(y.to_vec::<f32>()?, held.tanh()?.to_vec::<f32>()?);
+    Ok(())
+}
+
+/// A cast between dtypes of one element size, handed its input, converts
+/// the elements where they are: the values and gradient of `to_dtype`, the
+/// same node, no allocation; a held clone or reuse off makes it `to_dtype`.
+/// The meta device's ledger moves exactly as the CPU's.
+#[test]
+fn same_size_casts_convert_an_owned_input_in_place() -> Result<()> {
+    // Past the parallel threshold, so the chunked conversion runs too.
+    const SPREAD: usize = 40_000;
+    let modes = [
+        Mode::Borrowed,
+        Mode::Owned,
+        Mode::OwnedCloneHeld,
+        Mode::OwnedReuseOff,
+    ];
+    for (from, to) in SAME_SIZE_PAIRS {
+        let v = values(from, SPREAD);
+        let grads: &[bool] = if from.is_float() {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &grad in grads {
+            let at = |device, mode| cast_run(from, to, &v, device, grad, mode);
+            let reference = at(Device::Cpu, Mode::Borrowed)?;
+            assert!(reference.values.is_some());
+            assert_eq!(reference.grad.is_some(), grad && to.is_float());
+            for mode in modes {
+                let cpu = at(Device::Cpu, mode)?;
+                let meta = at(Device::Meta, mode)?;
+                let case = format!("{from:?} → {to:?}, grad {grad}, {mode:?}");
+                assert!(cpu.values == reference.values, "{case}: values");
+                assert!(cpu.grad == reference.grad, "{case}: gradient");
+                assert_eq!(cpu.requires_grad, reference.requires_grad, "{case}");
+                assert_eq!(cpu.ledger[2], reference.ledger[2], "{case}: saved bytes");
+                let in_place = mode == Mode::Owned;
+                assert_eq!(cpu.ledger[0], u64::from(!in_place), "{case}: allocations");
+                assert_eq!(cpu.same_storage, in_place, "{case}: storage");
+                assert_eq!(meta.ledger, cpu.ledger, "{case}: meta ledger");
+                assert_eq!(meta.same_storage, in_place, "{case}: meta storage");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The cast goes out of place whenever backward reads its input: `mul`
+/// keeps `h` for `w`'s gradient and `exp` keeps its output, so those
+/// storages are held twice. The gradients equal the borrowed cast's.
+#[test]
+fn a_cast_never_writes_over_values_a_backward_reads() -> Result<()> {
+    let leaf = |seed| -> Result<Tensor> {
+        randn(&[64], seed)
+            .to_dtype(DType::F16)?
+            .set_requires_grad(true)
+    };
+    let to_f32_sum = |t: &Tensor| t.sum_all()?.to_dtype(DType::F32);
+    type Grads = (Vec<u64>, Vec<u64>, u64);
+    let run = |owned: bool, exp: bool| -> Result<Grads> {
+        let ledger = Ledger::new();
+        let _l = ledger.enter();
+        let (a, w) = (leaf(31)?, leaf(32)?);
+        let h = a.mul_scalar(2.0)?;
+        // Either h saved by mul for w's gradient, or exp's saved output.
+        let (kept, h) = if exp {
+            let e = h.exp()?;
+            (h.mul(&w)?, e)
+        } else {
+            (h.mul(&w)?, h)
+        };
+        let before = ledger.allocation_count(Device::Cpu);
+        let y = if owned {
+            h.to_dtype_owned(DType::BF16)?
+        } else {
+            h.to_dtype(DType::BF16)?
+        };
+        let made = ledger.allocation_count(Device::Cpu) - before;
+        to_f32_sum(&kept)?
+            .add(&to_f32_sum(&y.square()?)?)?
+            .backward()?;
+        let bits = |t: &Tensor| cast_runs::bits_of(&t.grad().expect("grad"));
+        Ok((bits(&a)?, bits(&w)?, made))
+    };
+    for exp in [false, true] {
+        let (ga, gw, made) = run(true, exp)?;
+        let (ga0, gw0, made0) = run(false, exp)?;
+        assert_eq!(
+            (made, made0),
+            (1, 1),
+            "exp {exp}: the saved storage was cast in place"
+        );
+        assert!(ga == ga0 && gw == gw0, "exp {exp}: gradients differ");
+    }
+    // w's gradient is h itself, 2a: h kept its f16 values.
+    let (_, gw, _) = run(true, false)?;
+    let a = leaf(31)?.mul_scalar(2.0)?;
+    assert_eq!(gw, cast_runs::bits_of(&a)?);
+    Ok(())
+}
+
+/// relu keeps a 1-bit mask and listens to its output's storage, to read the
+/// values instead once another op saves them. A cast in place changes those
+/// values' dtype and moves the version, so the mask must stay.
+#[test]
+fn a_relu_mask_does_not_switch_to_values_cast_in_place() -> Result<()> {
+    let run = |reuse: bool, owned: bool| -> Result<Vec<u64>> {
+        let _r = with_buffer_reuse(reuse);
+        let x = randn(&[64], 30)
+            .to_dtype(DType::F16)?
+            .set_requires_grad(true)?;
+        let h = x.mul_scalar(1.0)?.relu()?;
+        let y = if owned {
+            h.to_dtype_owned(DType::BF16)?
+        } else {
+            h.to_dtype(DType::BF16)?
+        };
+        let sq = y.square()?; // saves y: the relu output's storage when in place
+        sq.sum_all()?.backward()?;
+        cast_runs::bits_of(&x.grad().expect("grad"))
+    };
+    let reference = run(false, false)?;
+    assert_eq!(run(true, true)?, reference);
+    assert_eq!(run(false, true)?, reference);
     Ok(())
 }

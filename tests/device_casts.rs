@@ -2,8 +2,10 @@
 //! sources round through f32 exactly as PyTorch does (values checked with
 //! PyTorch 2.x: `torch.tensor([v], dtype=float32).to(bfloat16)` etc.).
 
+mod cast_runs;
 mod cuda_common;
 
+use cast_runs::{cast_run, nan_as_one, values, Mode, SAME_SIZE_PAIRS};
 use leangrad::{DType, Device, Tensor};
 
 /// `(source dtype, value, target dtype, PyTorch's result)`.
@@ -54,5 +56,58 @@ fn scalar_constructors_round_the_same_way() {
     for (_, v, to, want) in CASES.iter().filter(|c| c.0 == DType::F64) {
         let t = Tensor::full(&[3], *v, *to, Device::Cpu).unwrap();
         assert_eq!(t.to_f64_vec().unwrap(), [*want; 3], "full({v}) in {to:?}");
+    }
+}
+
+/// A cast between dtypes of one element size handed its input converts it
+/// in place on every device (on CUDA by the in-place cast kernel): the
+/// device's `to_dtype` values and gradient bit for bit, and the CPU's (a
+/// NaN is a NaN on both, its payload bits may differ), no allocation (one
+/// while a clone is held, which keeps its values and dtype), and the
+/// device's ledger moves exactly as the CPU's.
+#[test]
+fn same_size_casts_convert_an_owned_input_in_place_on_every_device() {
+    let modes = [
+        Mode::Borrowed,
+        Mode::Owned,
+        Mode::OwnedCloneHeld,
+        Mode::OwnedReuseOff,
+    ];
+    for (from, to) in SAME_SIZE_PAIRS {
+        let v = values(from, 2000);
+        let grads: &[bool] = if from.is_float() {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &grad in grads {
+            let reference = cast_run(from, to, &v, Device::Cpu, grad, Mode::Borrowed).unwrap();
+            for dev in cuda_common::devices("same-size casts in place") {
+                let borrowed = cast_run(from, to, &v, dev, grad, Mode::Borrowed).unwrap();
+                for mode in modes {
+                    let case = format!("{from:?} → {to:?} on {dev}, grad {grad}, {mode:?}");
+                    let cpu = cast_run(from, to, &v, Device::Cpu, grad, mode).unwrap();
+                    let run = cast_run(from, to, &v, dev, grad, mode).unwrap();
+                    assert!(run.values == borrowed.values, "{case}: values");
+                    assert!(run.grad == borrowed.grad, "{case}: gradient");
+                    let same_as_cpu = |a: &Option<Vec<u64>>, b: &Option<Vec<u64>>| {
+                        a.is_some() == b.is_some() && nan_as_one(a) == nan_as_one(b)
+                    };
+                    assert!(
+                        same_as_cpu(&run.values, &reference.values),
+                        "{case}: CPU values"
+                    );
+                    assert!(
+                        same_as_cpu(&run.grad, &reference.grad),
+                        "{case}: CPU gradient"
+                    );
+                    assert_eq!(run.requires_grad, reference.requires_grad, "{case}");
+                    let in_place = mode == Mode::Owned;
+                    assert_eq!(run.ledger[0], u64::from(!in_place), "{case}: allocations");
+                    assert_eq!(run.same_storage, in_place, "{case}: storage");
+                    assert_eq!(run.ledger, cpu.ledger, "{case}: ledger");
+                }
+            }
+        }
     }
 }

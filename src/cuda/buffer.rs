@@ -236,6 +236,20 @@ impl CudaBuffer {
         self.dtype
     }
 
+    /// Declares the elements to be of `dtype`, of the same element size,
+    /// once a kernel rewrote them as such in place (the same bytes, the
+    /// same ledger registration).
+    pub(crate) fn retype(&mut self, dtype: DType) -> Result<()> {
+        if dtype.size_in_bytes() != self.dtype.size_in_bytes() {
+            return Err(Error::InvalidArgument {
+                op: "cuda retype",
+                msg: format!("{:?} elements are not {dtype:?} elements", self.dtype),
+            });
+        }
+        self.dtype = dtype;
+        Ok(())
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.len

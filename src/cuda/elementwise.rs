@@ -201,6 +201,27 @@ pub(crate) fn cast(x: &CudaBuffer, lx: &Strided, to: DType) -> Result<CudaBuffer
     Ok(out)
 }
 
+/// The whole of `x` converted to `to`, a dtype of the same element size
+/// (F16 ⇄ BF16, F32 ⇄ U32, F64 ⇄ I64), where it is: each element is read
+/// and its conversion written over it (Rust `as` semantics through f64, as
+/// [`cast`]), and the buffer becomes a buffer of `to`. No allocation.
+pub(crate) fn cast_inplace(x: &mut CudaBuffer, to: DType) -> Result<()> {
+    if x.dtype().size_in_bytes() != to.size_in_bytes() || x.dtype() == to {
+        return Err(crate::Error::InvalidArgument {
+            op: "cuda cast_inplace",
+            msg: format!("no in-place cast from {:?} to {to:?}", x.dtype()),
+        });
+    }
+    let n = x.len();
+    if n > 0 {
+        let n64 = n as i64;
+        let name = format!("cast_inplace_{}_{}", suffix(x.dtype()), suffix(to));
+        let device = x.device().clone();
+        launch!(&device, "cast.cu", name, CudaDevice::grid_for(n); &n64, x.slice_mut())?;
+    }
+    x.retype(to)
+}
+
 /// A contiguous copy of `x` read through `lx` (make contiguous), any dtype.
 pub(crate) fn copy_strided(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     check::input("cuda copy_strided", x, x.dtype(), lx, x)?;

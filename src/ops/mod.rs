@@ -15,7 +15,7 @@
 //! | relu, leaky_relu | 1-bit mask of `x > 0` (neither input nor output) | ⌈n/32⌉·4 |
 //! | clamp | 1-bit mask of `min ≤ x ≤ max` | ⌈n/32⌉·4 |
 //! | where_cond(c, a, b) | the u8 condition, if a or b needs grad | n |
-//! | to_dtype (float→float) | nothing | 0 |
+//! | to_dtype, to_dtype_owned (float→float) | nothing | 0 |
 //! | reshape, flatten, (un)squeeze, permute, transpose, narrow, broadcast_to, contiguous | shapes only | 0 |
 //! | cat, stack, chunk, split | sizes along the dim only | 0 |
 //! | index_select, gather | the index tensor, if the source needs grad | index bytes |

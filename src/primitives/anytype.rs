@@ -4,7 +4,7 @@
 use super::elementwise::{check_pair, check_same_device, fill, typed, Source};
 use crate::dtype::CpuData;
 use crate::meta::{self, backend, Backend};
-use crate::tensor::{broadcast_shapes, Layout, Tensor};
+use crate::tensor::{broadcast_shapes, Backing, Layout, Tensor};
 use crate::{DType, Error, Result, WithDType};
 use half::{bf16, f16};
 
@@ -187,4 +187,71 @@ pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     let out = crate::match_cpu_data!(&*data, v => go(v, x.layout(), dtype)?);
     drop(data);
     Tensor::from_cpu_data(out, x.shape())
+}
+
+/// The elements of `x` converted to `dtype`, an element type of the same
+/// size (F16 ⇄ BF16, F32 ⇄ U32, F64 ⇄ I64), written over the buffer that
+/// holds them: the values [`cast`] gives, no new allocation, one in-place
+/// modification of the storage (its version moves on). `x` must be the only
+/// reference to its storage (an error otherwise; callers check
+/// [`Tensor::is_exclusive`] first). No autograd.
+pub(crate) fn cast_in_place(x: &mut Tensor, dtype: DType) -> Result<()> {
+    const OP: &str = "to_dtype_owned";
+    let backend = backend("cast", &[x])?;
+    let storage = x.storage_mut().ok_or_else(|| Error::InvalidArgument {
+        op: OP,
+        msg: "the tensor's storage is held elsewhere; cast a copy instead".into(),
+    })?;
+    storage.convert_in_place(OP, dtype, |backing| match (backend, backing) {
+        (Backend::Meta, _) => Ok(()),
+        (Backend::Cuda(_), backing) => crate::primitives::cuda::ops::cast_in_place(backing, dtype),
+        (Backend::Cpu, Backing::Host(data)) => {
+            let data = data.get_mut().unwrap_or_else(|e| e.into_inner());
+            let taken = std::mem::replace(data, CpuData::U8(Vec::new()));
+            *data = recast_host(taken, dtype)?;
+            Ok(())
+        }
+        (Backend::Cpu, _) => Err(Error::NoData { op: OP }),
+    })
+}
+
+/// Host elements converted to `dtype` of the same element size inside their
+/// own allocation: each element's new bits are written over its old ones,
+/// then the vector is reinterpreted (no second buffer).
+fn recast_host(data: CpuData, dtype: DType) -> Result<CpuData> {
+    use bytemuck::Pod;
+    fn go<S: WithDType + Pod, D: WithDType + Pod>(mut v: Vec<S>) -> Result<Vec<D>> {
+        // The same conversion as `cast`'s, element by element.
+        let rewrite = |chunk: &mut [S]| {
+            for x in chunk {
+                *x = bytemuck::cast::<D, S>(D::from_f64(x.to_f64()));
+            }
+        };
+        if super::parallel(v.len()) {
+            use rayon::prelude::*;
+            v.par_chunks_mut(1 << 14).for_each(rewrite);
+        } else {
+            rewrite(&mut v);
+        }
+        bytemuck::allocation::try_cast_vec(v).map_err(|(e, _)| Error::InvalidArgument {
+            op: "to_dtype_owned",
+            msg: format!("cannot reinterpret the buffer: {e}"),
+        })
+    }
+    let from = data.dtype();
+    Ok(match (data, dtype) {
+        (CpuData::F16(v), DType::BF16) => CpuData::BF16(go::<f16, bf16>(v)?),
+        (CpuData::BF16(v), DType::F16) => CpuData::F16(go::<bf16, f16>(v)?),
+        (CpuData::F32(v), DType::U32) => CpuData::U32(go::<f32, u32>(v)?),
+        (CpuData::U32(v), DType::F32) => CpuData::F32(go::<u32, f32>(v)?),
+        (CpuData::F64(v), DType::I64) => CpuData::I64(go::<f64, i64>(v)?),
+        (CpuData::I64(v), DType::F64) => CpuData::F64(go::<i64, f64>(v)?),
+        (data, to) if to == from => data,
+        _ => {
+            return Err(Error::InvalidArgument {
+                op: "to_dtype_owned",
+                msg: format!("no in-place cast from {from:?} to {dtype:?}"),
+            })
+        }
+    })
 }

@@ -13,6 +13,7 @@ mod index;
 mod reduce;
 mod strided;
 
+pub(crate) use anytype::cast_in_place;
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
 pub(crate) use batch_sum::matmul_sum_batches;
 pub use bitmask::{get_bit, mask_words, pack_bits, unpack_bits};

@@ -194,6 +194,13 @@ impl Tensor {
         &self.0.storage
     }
 
+    /// The storage, mutably, when this handle is all that references it:
+    /// the tensor and its storage are each held once and no weak handle
+    /// points at either (what an op needs to change the storage's dtype).
+    pub(crate) fn storage_mut(&mut self) -> Option<&mut Storage> {
+        Arc::get_mut(&mut self.0).and_then(|inner| Arc::get_mut(&mut inner.storage))
+    }
+
     /// Whether the elements are dense and row-major.
     pub fn is_contiguous(&self) -> bool {
         self.0.layout.is_contiguous()

@@ -206,6 +206,48 @@ impl Storage {
         self.version.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// Converts the elements to `dtype`, an element type of the same size,
+    /// in the buffer that holds them: `convert` rewrites the host data or
+    /// the device buffer as `dtype` (there is nothing to rewrite on the meta
+    /// device), then the storage takes that dtype. The ledger registration
+    /// stays the same (the same bytes, allocated once); the version moves
+    /// on, as for any in-place write. Takes `&mut`: only a storage that
+    /// nothing else references can change its element type.
+    pub(crate) fn convert_in_place(
+        &mut self,
+        op: &'static str,
+        dtype: DType,
+        convert: impl FnOnce(&mut Backing) -> Result<()>,
+    ) -> Result<()> {
+        if dtype.size_in_bytes() != self.dtype.size_in_bytes() {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "{:?} elements cannot be rewritten as {dtype:?} in place (element sizes {} and {} bytes)",
+                    self.dtype,
+                    self.dtype.size_in_bytes(),
+                    dtype.size_in_bytes()
+                ),
+            });
+        }
+        convert(&mut self.backing)?;
+        let now = match &mut self.backing {
+            Backing::Host(data) => data.get_mut().unwrap_or_else(|e| e.into_inner()).dtype(),
+            Backing::Cuda(buffer) => buffer.get_mut().unwrap_or_else(|e| e.into_inner()).dtype(),
+            Backing::Meta => dtype,
+        };
+        if now != dtype {
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: dtype,
+                got: now,
+            });
+        }
+        self.dtype = dtype;
+        *self.version.get_mut() += 1;
+        Ok(())
+    }
+
     /// The device holding the data.
     pub fn device(&self) -> Device {
         self.device

@@ -8,7 +8,7 @@ use crate::cuda::reduce::{self as red, ReduceOp};
 use crate::op_code::{BinaryOp, CompareOp, UnaryOp};
 use crate::primitives::CmpOp;
 use crate::tensor::cuda::{adopt, contiguous, map, strided, uncounted, wrap};
-use crate::tensor::Layout;
+use crate::tensor::{Backing, Layout};
 use crate::{DType, Error, Result, Tensor};
 
 /// The typed error for `op` on `t`'s device.
@@ -131,6 +131,20 @@ pub(crate) fn select(
 /// `x` converted to `dtype`.
 pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     map(x, x.shape(), |b, l| ew::cast(b, l, dtype))
+}
+
+/// The device buffer of a storage converted to `dtype` (of the same element
+/// size) where it is, by the in-place cast kernel.
+pub(crate) fn cast_in_place(backing: &mut Backing, dtype: DType) -> Result<()> {
+    match backing {
+        Backing::Cuda(buffer) => {
+            ew::cast_inplace(buffer.get_mut().unwrap_or_else(|e| e.into_inner()), dtype)
+        }
+        _ => Err(Error::InvalidArgument {
+            op: "cuda cast_inplace",
+            msg: "the storage is not on a CUDA device".into(),
+        }),
+    }
 }
 
 /// The dims of `x` that reduce to `out_shape` (same rank).
