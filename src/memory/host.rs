@@ -30,7 +30,7 @@
 //! Smaller requests are not checked: they cannot be the one that does not
 //! fit unless the machine is already exhausted.
 
-use super::host_cache::{release_cached_host_buffers, take};
+use super::host_cache::{cached_host_bytes, release_cached_host_buffers, take};
 use super::Ledger;
 use crate::{Device, Error, Result};
 
@@ -41,8 +41,15 @@ pub const CHECKED_BYTES: usize = 64 << 20;
 /// Bytes the host can still hand out: `MemAvailable + SwapFree` from
 /// `/proc/meminfo`, or less inside a cgroup-v2 memory limit (its
 /// `memory.max` minus what the group uses, page cache not counted).
-/// `None` where this is unknown (no `/proc/meminfo`: not Linux).
+/// `None` where this is unknown (no `/proc/meminfo`: not Linux). The
+/// freed buffers leangrad keeps for reuse count as available: a request
+/// that needs them gets them back first.
 pub fn host_available_bytes() -> Option<usize> {
+    machine_available_bytes().map(|a| a.saturating_add(cached_host_bytes()))
+}
+
+/// [`host_available_bytes`] without the cache of freed buffers.
+fn machine_available_bytes() -> Option<usize> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let field = |name: &str| -> Option<usize> {
         let line = meminfo.lines().find(|l| l.starts_with(name))?;
@@ -103,9 +110,9 @@ fn admit<T>(n: usize) -> Result<usize> {
         )
     })?;
     if bytes >= CHECKED_BYTES {
-        let mut available = host_available_bytes();
+        let mut available = machine_available_bytes();
         if available.is_some_and(|a| bytes > a) && release_cached_host_buffers() > 0 {
-            available = host_available_bytes();
+            available = machine_available_bytes();
         }
         if let Some(available) = available {
             if bytes > available {
