@@ -8,7 +8,7 @@
 mod cast_runs;
 mod tiny_models;
 
-use cast_runs::{cast_run, values, Mode, SAME_SIZE_PAIRS};
+use cast_runs::{cast_run, values, Mode, MODES, SAME_SIZE_PAIRS};
 use leangrad::autograd::{with_buffer_reuse, with_save_policy, SavePolicy};
 use leangrad::memory::{Category, Ledger};
 use leangrad::models::{Case, FeatureMaps, ResNet, ResNetConfig};
@@ -392,12 +392,7 @@ fn activations_write_over_an_owned_input_only_when_backward_cannot_need_it() -> 
 fn same_size_casts_convert_an_owned_input_in_place() -> Result<()> {
     // Past the parallel threshold, so the chunked conversion runs too.
     const SPREAD: usize = 40_000;
-    let modes = [
-        Mode::Borrowed,
-        Mode::Owned,
-        Mode::OwnedCloneHeld,
-        Mode::OwnedReuseOff,
-    ];
+    let modes = MODES;
     for (from, to) in SAME_SIZE_PAIRS {
         let v = values(from, SPREAD);
         let grads: &[bool] = if from.is_float() {

@@ -5,7 +5,7 @@
 mod cast_runs;
 mod cuda_common;
 
-use cast_runs::{cast_run, nan_as_one, values, Mode, SAME_SIZE_PAIRS};
+use cast_runs::{cast_run, nan_as_one, values, Mode, MODES, SAME_SIZE_PAIRS};
 use leangrad::{DType, Device, Tensor};
 
 /// `(source dtype, value, target dtype, PyTorch's result)`.
@@ -67,12 +67,7 @@ fn scalar_constructors_round_the_same_way() {
 /// device's ledger moves exactly as the CPU's.
 #[test]
 fn same_size_casts_convert_an_owned_input_in_place_on_every_device() {
-    let modes = [
-        Mode::Borrowed,
-        Mode::Owned,
-        Mode::OwnedCloneHeld,
-        Mode::OwnedReuseOff,
-    ];
+    let modes = MODES;
     for (from, to) in SAME_SIZE_PAIRS {
         let v = values(from, 2000);
         let grads: &[bool] = if from.is_float() {

@@ -31,6 +31,14 @@ pub enum Mode {
     OwnedReuseOff,
 }
 
+/// Every way of calling the cast, the reference first.
+pub const MODES: [Mode; 4] = [
+    Mode::Borrowed,
+    Mode::Owned,
+    Mode::OwnedCloneHeld,
+    Mode::OwnedReuseOff,
+];
+
 /// What one cast did.
 #[derive(Debug)]
 pub struct CastRun {
