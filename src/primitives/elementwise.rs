@@ -267,29 +267,14 @@ pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Resu
             return Ok(());
         }
         let rows = Rows::new([l]);
-        let (len, [step]) = (rows.len(), rows.step());
-        if d.is_empty() {
-            return Ok(());
-        }
-        let per_task = (CHUNK / len).max(1);
-        let body = |(task, d): (usize, &mut [T])| {
-            let first = task * per_task;
-            let count = d.len() / len;
-            let mut dst_rows = d.chunks_mut(len);
-            rows.each(first..first + count, |[at]| {
-                let Some(d) = dst_rows.next() else { return };
-                let mut buf = [T::zero(); KERNEL_BLOCK];
-                for (j, d) in d.chunks_mut(KERNEL_BLOCK).enumerate() {
-                    let s = row_block(src, at, step, j * KERNEL_BLOCK, &mut buf, d.len());
-                    assign_binary(d, s, k);
-                }
-            });
-        };
-        if parallel(d.len()) {
-            d.par_chunks_mut(per_task * len).enumerate().for_each(body);
-        } else {
-            body((0, d));
-        }
+        let [step] = rows.step();
+        each_row(&rows, d, |[at], d| {
+            let mut buf = [T::zero(); KERNEL_BLOCK];
+            for (j, d) in d.chunks_mut(KERNEL_BLOCK).enumerate() {
+                let s = row_block(src, at, step, j * KERNEL_BLOCK, &mut buf, d.len());
+                assign_binary(d, s, k);
+            }
+        });
         Ok(())
     }
     crate::match_float_data!(&mut *dd, K::NAME, v => go(&mut v[range], &ds, &lsrc, k))
@@ -599,14 +584,28 @@ fn write_rows<T: Send + 'static, const N: usize>(
     rows: &Rows<N>,
     row: impl Fn([usize; N], &mut [MaybeUninit<T>]) + Sync,
 ) -> Result<Vec<T>> {
-    let (len, n) = (rows.len(), rows.len() * rows.count());
+    let n = rows.len() * rows.count();
     let mut out: Vec<T> = try_vec(n)?;
-    if n == 0 {
-        return Ok(out);
+    each_row(rows, &mut out.spare_capacity_mut()[..n], row);
+    // SAFETY: `each_row` hands `row` every row of `0..n` once, and `row`
+    // (the callers below) writes every slot of the row it is given.
+    unsafe { out.set_len(n) };
+    Ok(out)
+}
+
+/// Calls `row(starts, out_row)` for every row of `rows`, `out` holding the
+/// rows back to back, in parallel chunks of whole rows above the threshold.
+fn each_row<X: Send, const N: usize>(
+    rows: &Rows<N>,
+    out: &mut [X],
+    row: impl Fn([usize; N], &mut [X]) + Sync,
+) {
+    let len = rows.len();
+    if out.is_empty() {
+        return;
     }
     let per_task = (CHUNK / len).max(1);
-    let spare = &mut out.spare_capacity_mut()[..n];
-    let body = |(task, o): (usize, &mut [MaybeUninit<T>])| {
+    let body = |(task, o): (usize, &mut [X])| {
         let first = task * per_task;
         let count = o.len() / len;
         let mut outs = o.chunks_mut(len);
@@ -616,19 +615,13 @@ fn write_rows<T: Send + 'static, const N: usize>(
             }
         });
     };
-    if parallel(n) {
-        spare
-            .par_chunks_mut(per_task * len)
+    if parallel(out.len()) {
+        out.par_chunks_mut(per_task * len)
             .enumerate()
             .for_each(body);
     } else {
-        body((0, spare));
+        body((0, out));
     }
-    // SAFETY: the tasks' chunks partition `0..n` into whole rows, the walk
-    // visits every row of its chunk, and `row` (the callers below) writes
-    // every slot of the row it is given.
-    unsafe { out.set_len(n) };
-    Ok(out)
 }
 
 /// Elements `first..first + m` of a row starting at `at` with stride

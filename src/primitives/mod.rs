@@ -8,6 +8,7 @@ mod batch_sum;
 mod bitmask;
 pub(crate) mod cuda;
 mod elementwise;
+pub(crate) mod exp_reduction;
 mod gemm;
 mod index;
 mod reduce;

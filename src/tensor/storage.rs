@@ -76,7 +76,7 @@ pub trait SaveListener: Send + Sync {
 impl Drop for Storage {
     /// Hands a host buffer to the cache of large freed buffers
     /// (`memory::host_cache`), which keeps it for the next request of its
-    /// type and length when it is large; the ledger's registration goes
+    /// type and about its size when it is large; the ledger's registration goes
     /// with the `allocation` field as before.
     fn drop(&mut self) {
         if let Backing::Host(lock) = &mut self.backing {

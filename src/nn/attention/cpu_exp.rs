@@ -6,6 +6,8 @@
 //! the f64 value lies within 1 ulp of a rounding boundary); f64 scores keep
 //! the C library's `exp`.
 
+use crate::primitives::exp_reduction::{INV_FACT_12_TO_2, INV_FACT_13, LN2_HI, LN2_LO, SHIFT};
+
 /// `e^y` within 1 ulp for `y ∈ [−708, 709]` (Cody–Waite reduction by ln 2,
 /// then `2ⁿ·(1 + (r + r²·q(r)))` with `q` the Taylor series of
 /// `(e^r − 1 − r)/r²` to the `r¹¹/13!` term: truncation below 1e-18 for
@@ -15,30 +17,13 @@
 /// same values), so a loop of it vectorises.
 #[inline(always)]
 pub(super) fn exp_fast(y: f64) -> f64 {
-    const SHIFT: f64 = 6_755_399_441_055_744.0; // 1.5·2⁵², rounds to an integer
-    const LN2_HI: f64 = 0.693_147_180_369_123_8; // ln 2, low 32 bits zero
-    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-    // 1/k! for k = 12 down to 2 (the 1/13! term starts the recurrence).
-    const INV_FACT: [f64; 11] = [
-        1.0 / 479_001_600.0,
-        1.0 / 39_916_800.0,
-        1.0 / 3_628_800.0,
-        1.0 / 362_880.0,
-        1.0 / 40_320.0,
-        1.0 / 5_040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        1.0 / 2.0,
-    ];
     let yc = y.clamp(-708.0, 709.0);
     let k = yc * std::f64::consts::LOG2_E + SHIFT;
     let n = k - SHIFT;
     // n·LN2_HI is exact (|n| ≤ 1023, LN2_HI has 21 significant bits).
     let r = (yc - n * LN2_HI) - n * LN2_LO;
-    let mut q = 1.0 / 6_227_020_800.0; // 1/13!
-    for c in INV_FACT {
+    let mut q = INV_FACT_13;
+    for c in INV_FACT_12_TO_2 {
         q = q * r + c;
     }
     let em1 = r + r * r * q; // e^r − 1, |em1| < 0.42

@@ -17,6 +17,7 @@
 //! for every input, whatever the speed path; f64 elements always use the
 //! reference.
 
+use crate::primitives::exp_reduction::{INV_FACT_12_TO_2, INV_FACT_13, LN2_HI, LN2_LO, SHIFT};
 use crate::{FloatDType, WithDType};
 use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI, PI, SQRT_2};
 
@@ -124,24 +125,6 @@ fn fma(a: f64, b: f64, c: f64) -> f64 {
 /// ≤ 3e-308, far below anything the callers can tell from 0).
 #[inline(always)]
 fn exp_neg<const G: usize>(y: &[f64; G]) -> [f64; G] {
-    const SHIFT: f64 = 6_755_399_441_055_744.0; // 1.5·2⁵², rounds to an integer
-    const LN2_HI: f64 = 0.693_147_180_369_123_8; // ln 2, low 32 bits zero
-    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-    const INV_FACT: [f64; 13] = [
-        1.0 / 479_001_600.0,
-        1.0 / 39_916_800.0,
-        1.0 / 3_628_800.0,
-        1.0 / 362_880.0,
-        1.0 / 40_320.0,
-        1.0 / 5_040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        1.0 / 2.0,
-        1.0,
-        1.0,
-    ];
     let mut k = [0.0; G];
     let mut r = [0.0; G];
     for i in 0..G {
@@ -151,8 +134,18 @@ fn exp_neg<const G: usize>(y: &[f64; G]) -> [f64; G] {
         // n·LN2_HI is exact (|n| < 2¹¹, LN2_HI has 21 significant bits).
         r[i] = fma(-n, LN2_LO, y - n * LN2_HI);
     }
-    let mut p = [1.0 / 6_227_020_800.0; G]; // 1/13!
-    for c in INV_FACT {
+    let mut p = [INV_FACT_13; G];
+    // 1/12! … 1/2!, then 1/1! and 1/0!: the whole series of e^r.
+    const SERIES: [f64; 13] = {
+        let mut s = [1.0; 13];
+        let mut i = 0;
+        while i < 11 {
+            s[i] = INV_FACT_12_TO_2[i];
+            i += 1;
+        }
+        s
+    };
+    for c in SERIES {
         for i in 0..G {
             p[i] = fma(p[i], r[i], c);
         }
