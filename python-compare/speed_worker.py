@@ -193,7 +193,7 @@ def setup(name):
             x.grad = None
             return ms
         return it
-    convs = {"conv_l1": (64, 28), "conv_l3": (256, 7)}
+    convs = {"conv_l1": (64, 28), "conv_l2": (128, 14), "conv_l3": (256, 7), "conv_l4": (512, 4)}
     if name[:7] in convs:
         return conv(*convs[name[:7]], name[8:])
     if name == "sgd_10m":

@@ -242,22 +242,10 @@ fn normalize_into<T: FloatDType>(
                 normalize_segment(x, yo, xo, (m, r), affine);
                 continue;
             }
-            for j in 0..seg {
-                let v = match x {
-                    Some(x) => x[k * seg + j],
-                    None => ys[o + j],
-                };
-                let h = (f(v) - mean[s]) * rstd[s];
-                if !xs.is_empty() {
-                    xs[o + j] = T::from_f64(h);
-                }
-                if !ys.is_empty() {
-                    let p = if step { p0 + j } else { p0 };
-                    let wv = w.map_or(1.0, |w| w[p]);
-                    let bv = b.map_or(0.0, |b| b[p]);
-                    ys[o + j] = T::from_f64(h * wv + bv);
-                }
-            }
+            let x = x.map(|x| &x[k * seg..][..seg]);
+            let (yo, xo) = (part(ys, o, seg), part(xs, o, seg));
+            let params = (w.map(|w| &w[p0..p0 + seg]), b.map(|b| &b[p0..p0 + seg]));
+            normalize_row(x, yo, xo, (mean[s], rstd[s]), params);
         }
     };
     fn tasks<T>(buf: &mut [T], block: usize, n: usize) -> Vec<Option<&mut [T]>> {
@@ -553,11 +541,6 @@ impl InputGrad<'_> {
         } = *self;
         let seg = geo.seg;
         let len = out.len();
-        // g·w of value `v` at element j of a segment whose parameters are `(p0, step)`.
-        let gw = |v: T, j: usize, (p0, step): (usize, bool)| {
-            let p = if step { p0 + j } else { p0 };
-            f(v) * w.map_or(1.0, |w| w[p])
-        };
         let cnt = geo.count().max(1) as f64;
         let sums: Vec<(f64, f64)> = {
             let gs: &[T] = g.unwrap_or(&*out);
@@ -578,11 +561,9 @@ impl InputGrad<'_> {
                             b += sb;
                             continue;
                         }
-                        for j in 0..seg {
-                            let v = gw(gs[k * seg + j], j, ps);
-                            a += v;
-                            b += v * f(xh[k * seg + j]);
-                        }
+                        let r = k * seg..(k + 1) * seg;
+                        let w = w.map(|w| &w[ps.0..ps.0 + seg]);
+                        (a, b) = row_grad_sums(&gs[r.clone()], &xh[r], w, (a, b));
                     }
                     (a / cnt, b / cnt)
                 }),
@@ -599,15 +580,10 @@ impl InputGrad<'_> {
                 grad_segment(o, g, xh, mode, (scale[s], wv), (ma, mb));
                 return;
             }
-            for (j, d) in o.iter_mut().enumerate() {
-                let v = gw(g.map_or(*d, |g| g[k * seg + j]), j, ps);
-                let r = match (mode, xh) {
-                    (GradMode::Centered, Some(xh)) => v - ma - f(xh[k * seg + j]) * mb,
-                    (GradMode::Uncentered, Some(xh)) => v - f(xh[k * seg + j]) * mb,
-                    _ => v,
-                };
-                *d = T::from_f64(scale[s] * r);
-            }
+            let g = g.map(|g| &g[k * seg..][..o.len()]);
+            let xh = xh.map(|xh| &xh[k * seg..][..o.len()]);
+            let w = w.map(|w| &w[ps.0..ps.0 + o.len()]);
+            grad_row(o, g, xh, mode, (scale[s], w), (ma, mb));
         };
         if parallel(len) {
             out.par_chunks_mut(seg.max(1)).enumerate().for_each(body);
@@ -666,6 +642,254 @@ fn map_segment<T: FloatDType>(out: &mut [T], g: Option<&[T]>, xh: &[T], op: impl
         None => {
             for (d, x) in out.iter_mut().zip(xh) {
                 *d = op(f(*d), *x);
+            }
+        }
+    }
+}
+
+/// One row of a row norm (layer or RMS norm, whose affine parameters
+/// advance along the row: `w`, `b` are the row's, `None` meaning 1 and 0):
+/// `h = (x − m)·r`, `x̂ = h` into `xs`, `y = h·w + b` into `ys`, each
+/// skipped when empty, in f64 rounded to `T`. The general per-element
+/// values, bit for bit: the same operations in the same order, in a loop
+/// compiled for AVX-512 or AVX2 when the CPU has them (no FMA is formed,
+/// so nothing rounds differently). `x` is `None` when `ys` holds the input.
+fn normalize_row<T: FloatDType>(
+    x: Option<&[T]>,
+    ys: &mut [T],
+    xs: &mut [T],
+    mr: (f64, f64),
+    (w, b): (Option<&[f64]>, Option<&[f64]>),
+) {
+    use std::iter::repeat;
+    let (w, b) = (w.map(|w| w.iter().copied()), b.map(|b| b.iter().copied()));
+    match (w, b) {
+        (Some(w), Some(b)) => normalize_row_params(x, ys, xs, mr, w.zip(b)),
+        (Some(w), None) => normalize_row_params(x, ys, xs, mr, w.zip(repeat(0.0))),
+        (None, Some(b)) => normalize_row_params(x, ys, xs, mr, repeat(1.0).zip(b)),
+        (None, None) => normalize_row_params(x, ys, xs, mr, repeat((1.0, 0.0))),
+    }
+}
+
+/// [`normalize_row`] with its parameters as `(w, b)` pairs, in the widest
+/// vector form the CPU runs.
+fn normalize_row_params<T: FloatDType, P: Iterator<Item = (f64, f64)>>(
+    x: Option<&[T]>,
+    ys: &mut [T],
+    xs: &mut [T],
+    mr: (f64, f64),
+    params: P,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { normalize_row_avx512(x, ys, xs, mr, params) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { normalize_row_avx2(x, ys, xs, mr, params) };
+        }
+    }
+    normalize_row_with(x, ys, xs, mr, params)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn normalize_row_avx512<T: FloatDType, P: Iterator<Item = (f64, f64)>>(
+    x: Option<&[T]>,
+    ys: &mut [T],
+    xs: &mut [T],
+    mr: (f64, f64),
+    params: P,
+) {
+    normalize_row_with(x, ys, xs, mr, params)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn normalize_row_avx2<T: FloatDType, P: Iterator<Item = (f64, f64)>>(
+    x: Option<&[T]>,
+    ys: &mut [T],
+    xs: &mut [T],
+    mr: (f64, f64),
+    params: P,
+) {
+    normalize_row_with(x, ys, xs, mr, params)
+}
+
+#[inline(always)]
+fn normalize_row_with<T: FloatDType, P: Iterator<Item = (f64, f64)>>(
+    x: Option<&[T]>,
+    ys: &mut [T],
+    xs: &mut [T],
+    (m, r): (f64, f64),
+    params: P,
+) {
+    let h = |v: T| (f(v) - m) * r;
+    let y = |h: f64, (w, b): (f64, f64)| T::from_f64(h * w + b);
+    match (x, ys.is_empty(), xs.is_empty()) {
+        (Some(x), false, false) => {
+            let outs = ys.iter_mut().zip(xs.iter_mut());
+            for ((v, (yo, xo)), p) in x.iter().zip(outs).zip(params) {
+                let h = h(*v);
+                *xo = T::from_f64(h);
+                *yo = y(h, p);
+            }
+        }
+        (Some(x), false, true) => {
+            for ((v, yo), p) in x.iter().zip(ys.iter_mut()).zip(params) {
+                *yo = y(h(*v), p);
+            }
+        }
+        (Some(x), true, false) => {
+            for (v, xo) in x.iter().zip(xs.iter_mut()) {
+                *xo = T::from_f64(h(*v));
+            }
+        }
+        (None, false, false) => {
+            for ((yo, xo), p) in ys.iter_mut().zip(xs.iter_mut()).zip(params) {
+                let h = h(*yo);
+                *xo = T::from_f64(h);
+                *yo = y(h, p);
+            }
+        }
+        (None, false, true) => {
+            for (yo, p) in ys.iter_mut().zip(params) {
+                *yo = y(h(*yo), p);
+            }
+        }
+        (_, true, _) => {}
+    }
+}
+
+/// Adds one row's `Σ g·w` and `Σ g·w·x̂` (`w`: the row's weights, `None`
+/// meaning 1) to `(a, b)`, element by element in order: the general
+/// loop's sums, bit for bit.
+fn row_grad_sums<T: FloatDType>(
+    g: &[T],
+    xh: &[T],
+    w: Option<&[f64]>,
+    (mut a, mut b): (f64, f64),
+) -> (f64, f64) {
+    let mut add = |gv: T, x: T, w: f64| {
+        let v = f(gv) * w;
+        a += v;
+        b += v * f(x);
+    };
+    match w {
+        Some(w) => g
+            .iter()
+            .zip(xh)
+            .zip(w)
+            .for_each(|((gv, x), w)| add(*gv, *x, *w)),
+        None => g.iter().zip(xh).for_each(|(gv, x)| add(*gv, *x, 1.0)),
+    }
+    (a, b)
+}
+
+/// The input gradient of one row of a row norm ([`grad_segment`] with the
+/// weights `w` advancing along the row, `None` meaning 1): the general
+/// per-element values bit for bit, compiled as [`normalize_row`] is.
+fn grad_row<T: FloatDType>(
+    out: &mut [T],
+    g: Option<&[T]>,
+    xh: Option<&[T]>,
+    mode: GradMode,
+    (scale, w): (f64, Option<&[f64]>),
+    means: (f64, f64),
+) {
+    match w {
+        Some(w) => grad_row_params(out, (g, xh), mode, (scale, w.iter().copied()), means),
+        None => grad_row_params(out, (g, xh), mode, (scale, std::iter::repeat(1.0)), means),
+    }
+}
+
+/// [`grad_row`] with its weights as an iterator, in the widest vector form
+/// the CPU runs.
+fn grad_row_params<T: FloatDType, W: Iterator<Item = f64>>(
+    out: &mut [T],
+    ins: (Option<&[T]>, Option<&[T]>),
+    mode: GradMode,
+    sw: (f64, W),
+    means: (f64, f64),
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { grad_row_avx512(out, ins, mode, sw, means) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { grad_row_avx2(out, ins, mode, sw, means) };
+        }
+    }
+    grad_row_with(out, ins, mode, sw, means)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn grad_row_avx512<T: FloatDType, W: Iterator<Item = f64>>(
+    out: &mut [T],
+    ins: (Option<&[T]>, Option<&[T]>),
+    mode: GradMode,
+    sw: (f64, W),
+    means: (f64, f64),
+) {
+    grad_row_with(out, ins, mode, sw, means)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn grad_row_avx2<T: FloatDType, W: Iterator<Item = f64>>(
+    out: &mut [T],
+    ins: (Option<&[T]>, Option<&[T]>),
+    mode: GradMode,
+    sw: (f64, W),
+    means: (f64, f64),
+) {
+    grad_row_with(out, ins, mode, sw, means)
+}
+
+#[inline(always)]
+fn grad_row_with<T: FloatDType, W: Iterator<Item = f64>>(
+    out: &mut [T],
+    (g, xh): (Option<&[T]>, Option<&[T]>),
+    mode: GradMode,
+    (scale, w): (f64, W),
+    (ma, mb): (f64, f64),
+) {
+    let v = |gv: T, w: f64| f(gv) * w;
+    match (mode, xh, g) {
+        (GradMode::Centered, Some(xh), Some(g)) => {
+            for ((d, (gv, x)), w) in out.iter_mut().zip(g.iter().zip(xh)).zip(w) {
+                *d = T::from_f64(scale * (v(*gv, w) - ma - f(*x) * mb));
+            }
+        }
+        (GradMode::Centered, Some(xh), None) => {
+            for ((d, x), w) in out.iter_mut().zip(xh).zip(w) {
+                *d = T::from_f64(scale * (v(*d, w) - ma - f(*x) * mb));
+            }
+        }
+        (GradMode::Uncentered, Some(xh), Some(g)) => {
+            for ((d, (gv, x)), w) in out.iter_mut().zip(g.iter().zip(xh)).zip(w) {
+                *d = T::from_f64(scale * (v(*gv, w) - f(*x) * mb));
+            }
+        }
+        (GradMode::Uncentered, Some(xh), None) => {
+            for ((d, x), w) in out.iter_mut().zip(xh).zip(w) {
+                *d = T::from_f64(scale * (v(*d, w) - f(*x) * mb));
+            }
+        }
+        (_, _, Some(g)) => {
+            for ((d, gv), w) in out.iter_mut().zip(g).zip(w) {
+                *d = T::from_f64(scale * v(*gv, w));
+            }
+        }
+        (_, _, None) => {
+            for (d, w) in out.iter_mut().zip(w) {
+                *d = T::from_f64(scale * v(*d, w));
             }
         }
     }
