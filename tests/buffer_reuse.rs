@@ -503,3 +503,106 @@ fn a_relu_mask_does_not_switch_to_values_cast_in_place() -> Result<()> {
     assert_eq!(run(false, true)?, reference);
     Ok(())
 }
+
+/// Leaves freed NaN buffers of `sizes` f32 elements in the host cache
+/// (each at least its 1 MiB minimum), so the next requests of those sizes
+/// get them back with their old values.
+fn poison_host_cache(sizes: &[usize]) -> Result<()> {
+    leangrad::memory::release_cached_host_buffers();
+    let mut held = Vec::new();
+    for &n in sizes {
+        assert!(n * 4 >= leangrad::memory::CACHED_MIN_BYTES, "{n} elements");
+        held.push(Tensor::full(&[n], f64::NAN, DType::F32, Device::Cpu)?);
+    }
+    drop(held);
+    assert!(leangrad::memory::cached_host_bytes() >= sizes.iter().sum::<usize>() * 4);
+    Ok(())
+}
+
+/// `f`'s values computed once over an empty host cache and once over
+/// cached NaN buffers of `sizes` elements: buffers an op takes without a
+/// zero fill (outputs and scratch it overwrites) must show no old value.
+fn same_over_stale_buffers(
+    what: &str,
+    sizes: &[usize],
+    f: impl Fn() -> Result<Vec<Tensor>>,
+) -> Result<()> {
+    leangrad::memory::release_cached_host_buffers();
+    let clean: Vec<Vec<f32>> = f()?
+        .iter()
+        .map(|t| t.to_vec::<f32>())
+        .collect::<Result<_>>()?;
+    poison_host_cache(sizes)?;
+    let reused: Vec<Vec<f32>> = f()?
+        .iter()
+        .map(|t| t.to_vec::<f32>())
+        .collect::<Result<_>>()?;
+    leangrad::memory::release_cached_host_buffers();
+    for (i, (c, r)) in clean.iter().zip(&reused).enumerate() {
+        assert!(
+            c.iter().all(|v| v.is_finite()),
+            "{what}: output {i} of the clean run"
+        );
+        let (cb, rb): (Vec<u32>, Vec<u32>) = (
+            c.iter().map(|v| v.to_bits()).collect(),
+            r.iter().map(|v| v.to_bits()).collect(),
+        );
+        assert!(cb == rb, "{what}: output {i} differs over reused buffers");
+    }
+    Ok(())
+}
+
+fn grad_of(t: &Tensor) -> Tensor {
+    t.grad().expect("a gradient")
+}
+
+#[test]
+fn outputs_over_reused_host_buffers_hold_no_old_values() -> Result<()> {
+    use leangrad::nn::{conv2d, scaled_dot_product_attention, Conv2dOptions, SdpaOptions};
+    let cpu = Device::Cpu;
+    // matmul: a [512, 512] product is exactly 1 MiB.
+    let a = Tensor::randn(&[512, 512], DType::F32, cpu, 1)?;
+    let b = Tensor::randn(&[512, 512], DType::F32, cpu, 2)?;
+    same_over_stale_buffers("matmul", &[512 * 512], || Ok(vec![a.matmul(&b)?]))?;
+
+    // A 3×3 convolution, forward and both gradients, with and without a
+    // bias: output [4, 64, 32, 32] (1 MiB) and one item's column buffer
+    // [576, 1024] (2.25 MiB).
+    let opts = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    let x = Tensor::randn(&[4, 64, 32, 32], DType::F32, cpu, 3)?.set_requires_grad(true)?;
+    let w = Tensor::randn(&[64, 64, 3, 3], DType::F32, cpu, 4)?
+        .mul_scalar(0.05)?
+        .set_requires_grad(true)?;
+    let bias = Tensor::randn(&[64], DType::F32, cpu, 5)?;
+    for with_bias in [false, true] {
+        same_over_stale_buffers("conv2d", &[4 * 64 * 1024, 576 * 1024], || {
+            let y = conv2d(&x, &w, with_bias.then_some(&bias), &opts)?;
+            y.square()?.sum_all()?.backward()?;
+            let out = vec![y, grad_of(&x), grad_of(&w)];
+            x.zero_grad();
+            w.zero_grad();
+            Ok(out)
+        })?;
+    }
+
+    // Attention probabilities [1, 4, 256, 256] (1 MiB) with fully masked
+    // rows, which must come out 0 rather than as the old values.
+    let q = Tensor::randn(&[1, 4, 256, 32], DType::F32, cpu, 6)?.set_requires_grad(true)?;
+    let k = Tensor::randn(&[1, 4, 256, 32], DType::F32, cpu, 7)?;
+    let v = Tensor::randn(&[1, 4, 256, 32], DType::F32, cpu, 8)?;
+    let keep: Vec<f64> = (0..256 * 256)
+        .map(|i| f64::from(i / 256 % 3 != 0))
+        .collect();
+    let mask = Tensor::from_f64_slice(&keep, &[256, 256], DType::U8, cpu)?;
+    let sdpa = SdpaOptions::default().mask(mask);
+    same_over_stale_buffers("attention", &[4 * 256 * 256, 4 * 256 * 256], || {
+        let o = scaled_dot_product_attention(&q, &k, &v, &sdpa)?;
+        o.square()?.sum_all()?.backward()?;
+        let out = vec![o, grad_of(&q)];
+        q.zero_grad();
+        Ok(out)
+    })
+}

@@ -30,7 +30,7 @@
 //! Smaller requests are not checked: they cannot be the one that does not
 //! fit unless the machine is already exhausted.
 
-use super::host_cache::{cached_host_bytes, release_cached_host_buffers, take};
+use super::host_cache::{cached_host_bytes, release_cached_host_buffers, take, take_initialized};
 use super::Ledger;
 use crate::{Device, Error, Result};
 
@@ -159,11 +159,40 @@ pub fn try_zeroed<T: bytemuck::Zeroable + Send + 'static>(n: usize) -> Result<Ve
         }
         return Ok(v);
     }
+    fresh_zeroed(n, bytes)
+}
+
+/// `n` zeros in a new zeroed allocation of `bytes` (already admitted).
+fn fresh_zeroed<T: bytemuck::Zeroable>(n: usize, bytes: usize) -> Result<Vec<T>> {
     bytemuck::allocation::try_zeroed_vec(n).or_else(|()| {
         release_cached_host_buffers();
         bytemuck::allocation::try_zeroed_vec(n)
             .map_err(|()| host_oom(bytes, "the allocator refused the request"))
     })
+}
+
+/// `n` elements for a kernel that writes every one of them before reading
+/// any: a kept buffer of the host cache as its last storage left it (no
+/// fill: the elements are overwritten anyway), else zeros as
+/// [`try_zeroed`]. Never uninitialised memory: elements the kept buffer's
+/// last storage did not hold are zeroed.
+pub(crate) fn try_for_overwrite<T: bytemuck::Zeroable + Send + 'static>(
+    n: usize,
+) -> Result<Vec<T>> {
+    let bytes = admit::<T>(n)?;
+    if let Some((mut v, init)) = take_initialized::<T>(n) {
+        let keep = init.min(n);
+        // SAFETY: `v` has room for `n` elements; the first `keep` hold `T`
+        // values its last storage wrote (a `Vec<T>`'s initialised prefix,
+        // which `clear` does not touch), the rest are zeroed here, and
+        // all-zero bytes are a valid `T` (`Zeroable`).
+        unsafe {
+            std::ptr::write_bytes(v.as_mut_ptr().add(keep), 0, n - keep);
+            v.set_len(n);
+        }
+        return Ok(v);
+    }
+    fresh_zeroed(n, bytes)
 }
 
 /// `n` copies of `value` (as `vec![value; n]`), or [`Error::OutOfMemory`].

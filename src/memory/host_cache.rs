@@ -29,10 +29,12 @@ pub const CACHED_MIN_BYTES: usize = 1 << 20;
 /// At most this many bytes are kept; the oldest buffer goes first.
 pub const CACHE_CAP_BYTES: usize = 256 << 20;
 
-/// A kept buffer: a `Vec<T>` of `capacity` elements (length 0).
+/// A kept buffer: a `Vec<T>` of `capacity` elements (length 0), whose
+/// first `init` elements still hold the values its storage last wrote.
 struct Kept {
     bytes: usize,
     capacity: usize,
+    init: usize,
     buffer: Box<dyn Any + Send>,
 }
 
@@ -59,6 +61,7 @@ pub(crate) fn keep<T: Send + 'static>(mut v: Vec<T>) {
     if !(CACHED_MIN_BYTES..=CACHE_CAP_BYTES).contains(&bytes) {
         return;
     }
+    let init = v.len();
     v.clear();
     let capacity = v.capacity();
     let mut evicted = Vec::new();
@@ -67,6 +70,7 @@ pub(crate) fn keep<T: Send + 'static>(mut v: Vec<T>) {
         c.kept.push_back(Kept {
             bytes,
             capacity,
+            init,
             buffer: Box::new(v),
         });
         c.bytes += bytes;
@@ -83,6 +87,13 @@ pub(crate) fn keep<T: Send + 'static>(mut v: Vec<T>) {
 /// A kept `Vec<T>` with room for `n` elements and at most an eighth more
 /// (length 0), or `None`.
 pub(crate) fn take<T: 'static>(n: usize) -> Option<Vec<T>> {
+    take_initialized(n).map(|(v, _)| v)
+}
+
+/// [`take`], with how many leading elements of the buffer hold values its
+/// last storage wrote (its length when it was freed): a `Vec`'s
+/// initialised prefix, which `clear` left as it was.
+pub(crate) fn take_initialized<T: 'static>(n: usize) -> Option<(Vec<T>, usize)> {
     let bytes = n.checked_mul(std::mem::size_of::<T>())?;
     if !(CACHED_MIN_BYTES..=CACHE_CAP_BYTES).contains(&bytes) {
         return None;
@@ -102,7 +113,8 @@ pub(crate) fn take<T: 'static>(n: usize) -> Option<Vec<T>> {
     let kept = c.kept.remove(at)?;
     c.bytes -= kept.bytes;
     drop(c);
-    kept.buffer.downcast::<Vec<T>>().ok().map(|b| *b)
+    let init = kept.init;
+    kept.buffer.downcast::<Vec<T>>().ok().map(|b| (*b, init))
 }
 
 /// Frees every kept buffer; returns how many bytes that gave back.

@@ -454,7 +454,8 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         Backend::Cpu => {}
     }
     let n = checked_numel("matmul", &shape)?;
-    let mut data = CpuData::zeros(a.dtype(), n)?;
+    // The product writes every element (no accumulation).
+    let mut data = CpuData::for_overwrite(a.dtype(), n)?;
     product_into(&mut data, 0..n, &a, &b, false)?;
     Tensor::from_cpu_data(data, &shape)
 }

@@ -164,6 +164,18 @@ impl Tensor {
         Tensor::from_cpu_data(CpuData::zeros(dtype, n)?, shape)
     }
 
+    /// A new contiguous tensor of `shape` for a kernel that writes every
+    /// element before reading any: on the CPU a reused host buffer keeps
+    /// its old values rather than being zero-filled; elsewhere zeros. The
+    /// ledger counts it as [`Tensor::zeros`].
+    pub(crate) fn for_overwrite(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        if device != Device::Cpu {
+            return Tensor::zeros(shape, dtype, device);
+        }
+        let n = checked_numel("zeros", shape)?;
+        Tensor::from_cpu_data(CpuData::for_overwrite(dtype, n)?, shape)
+    }
+
     /// Ones of `shape`.
     pub fn ones(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
         Tensor::full(shape, 1.0, dtype, device)
@@ -175,7 +187,7 @@ impl Tensor {
             return Tensor::new_meta(shape, dtype);
         }
         check_device("full", device)?;
-        let mut data = CpuData::zeros(dtype, checked_numel("full", shape)?)?;
+        let mut data = CpuData::for_overwrite(dtype, checked_numel("full", shape)?)?;
         crate::match_cpu_data!(&mut data, v => {
             let x = crate::dtype::from_f64_like(v, value);
             v.iter_mut().for_each(|e| *e = x);

@@ -22,6 +22,22 @@ impl CpuData {
             DType::I64 => CpuData::I64(try_zeroed(n)?),
         })
     }
+
+    /// `n` elements of `dtype` for a kernel that writes every one before
+    /// reading any: a reused host buffer as its last storage left it (no
+    /// zero fill), else zeros (see [`crate::memory::host::try_for_overwrite`]).
+    pub(crate) fn for_overwrite(dtype: DType, n: usize) -> Result<CpuData> {
+        use crate::memory::host::try_for_overwrite;
+        Ok(match dtype {
+            DType::F32 => CpuData::F32(try_for_overwrite(n)?),
+            DType::F16 => CpuData::F16(try_for_overwrite(n)?),
+            DType::BF16 => CpuData::BF16(try_for_overwrite(n)?),
+            DType::F64 => CpuData::F64(try_for_overwrite(n)?),
+            DType::U8 => CpuData::U8(try_for_overwrite(n)?),
+            DType::U32 => CpuData::U32(try_for_overwrite(n)?),
+            DType::I64 => CpuData::I64(try_for_overwrite(n)?),
+        })
+    }
 }
 
 /// What holds a storage's elements. Every kernel entry dispatches on this

@@ -8,10 +8,10 @@
 use super::cpu_exp::exp_in_place;
 use super::{RowLse, ScoreGeom, ScoreSpec, OP};
 use crate::dtype::CpuData;
-use crate::memory::host::try_zeroed;
+use crate::memory::host::{try_for_overwrite, try_zeroed};
 use crate::memory::{with_category, Category};
 use crate::meta::{self, backend, not_on_cuda, Backend};
-use crate::primitives::{Dense, PARALLEL_THRESHOLD};
+use crate::primitives::{parallel, Dense};
 use crate::tensor::Tensor;
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
@@ -91,7 +91,7 @@ fn run_rows<T: Send>(
         }
     };
     let chunk = lk * ROWS_PER_TASK;
-    if out.len() >= PARALLEL_THRESHOLD {
+    if parallel(out.len()) {
         out.par_chunks_mut(chunk)
             .zip(extra.par_chunks_mut(ROWS_PER_TASK))
             .enumerate()
@@ -115,7 +115,8 @@ fn probs_rows<T: FloatDType>(
     // f64 scores keep the C library's exp; the others round each value to
     // a narrower type, which a 1-ulp f64 difference almost never changes.
     let exact = T::DTYPE == DType::F64;
-    let mut p = try_zeroed::<T>(s.len())?;
+    // Every row is written below (a fully masked one with zeros).
+    let mut p = try_for_overwrite::<T>(s.len())?;
     let mut lse = try_zeroed::<f64>(rows)?;
     run_rows(&mut p, lk, &mut lse, |r, prow, l, sc| {
         let srow = &s[r * lk..(r + 1) * lk];
@@ -140,7 +141,8 @@ fn probs_rows<T: FloatDType>(
         };
         *l = value;
         if value == f64::NEG_INFINITY {
-            return; // a fully masked row: probabilities 0
+            prow.fill(T::zero()); // a fully masked row: probabilities 0
+            return;
         }
         sc.e.iter_mut()
             .zip(&sc.x)
@@ -196,7 +198,7 @@ pub(super) fn attention_probs(
 fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], geom: ScoreGeom) -> Result<CpuData> {
     let (lk, scale) = (geom.lk, geom.scale);
     let rows = p.len().checked_div(lk).unwrap_or(0);
-    let mut ds = try_zeroed::<T>(p.len())?;
+    let mut ds = try_for_overwrite::<T>(p.len())?;
     let mut unused = try_zeroed::<f64>(rows)?;
     run_rows(&mut ds, lk, &mut unused, |r, out, _, _| {
         let (pr, dr) = (&p[r * lk..(r + 1) * lk], &dp[r * lk..(r + 1) * lk]);

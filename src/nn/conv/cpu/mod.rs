@@ -414,7 +414,9 @@ pub(super) fn conv2d_forward(
     bias: Option<&Tensor>,
     g: &ConvGeom,
 ) -> Result<Tensor> {
-    let out = Tensor::zeros(&[g.n, g.cout, g.oh, g.ow], x.dtype(), x.device())?;
+    // Every path below writes every output element (its first product
+    // overwrites, or adds to the bias written first).
+    let out = Tensor::for_overwrite(&[g.n, g.cout, g.oh, g.ow], x.dtype(), x.device())?;
     let _ws = with_category(Category::Workspace);
     if let Some(b) = bias {
         let (b, bs) = dense(b)?;
@@ -433,7 +435,8 @@ pub(super) fn conv2d_forward(
     let (x, xs) = dense(x)?;
     let (w, ws) = dense(w)?;
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
-    let cols = Tensor::zeros(&[g.groups, k, l], x.dtype(), x.device())?;
+    // Scratch: each use writes the part it reads first.
+    let cols = Tensor::for_overwrite(&[g.groups, k, l], x.dtype(), x.device())?;
     let wv = view(&w, &[g.groups, cg, k], ws);
     let n = items(&x, g);
     // A bias is read in place by the batched products (a view would need a
@@ -488,7 +491,8 @@ pub(super) fn conv2d_input_grad(
     let (gy, gs) = dense(gy)?;
     let (w, ws) = dense(w)?;
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
-    let cols = Tensor::zeros(&[g.groups, k, l], gy.dtype(), gy.device())?;
+    // Scratch: each use writes the part it reads first.
+    let cols = Tensor::for_overwrite(&[g.groups, k, l], gy.dtype(), gy.device())?;
     let wt = transposed(&view(&w, &[g.groups, cg, k], ws))?;
     let item = g.cin * g.h * g.w;
     let n = items(&gy, g);
@@ -525,12 +529,18 @@ pub(super) fn conv2d_input_grad(
 /// tensor.
 pub(super) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Result<Tensor> {
     let cin_g = g.cin / g.groups;
-    let gw = Tensor::zeros(&[g.cout, cin_g, g.kh, g.kw], gy.dtype(), gy.device())?;
+    // The first item's product overwrites it; with no items it stays 0.
+    let shape = [g.cout, cin_g, g.kh, g.kw];
+    let gw = match g.n {
+        0 => Tensor::zeros(&shape, gy.dtype(), gy.device())?,
+        _ => Tensor::for_overwrite(&shape, gy.dtype(), gy.device())?,
+    };
     let _ws = with_category(Category::Workspace);
     let (gy, gs) = dense(gy)?;
     let (x, xs) = dense(x)?;
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
-    let cols = Tensor::zeros(&[g.groups, k, l], gy.dtype(), gy.device())?;
+    // Scratch: each use writes the part it reads first.
+    let cols = Tensor::for_overwrite(&[g.groups, k, l], gy.dtype(), gy.device())?;
     let colst = transposed(&cols)?;
     let gwv = view(&gw, &[g.groups, cg, k], 0);
     let n = items(&x, g);
