@@ -61,6 +61,18 @@ const WORKLOADS: &[Workload] = &[
         warmup: 1,
     },
     Workload {
+        name: "conv_c1_fwd",
+        what: "7×7/2 conv 3→64 [8,3,112,112] forward (ResNet stem)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
+        name: "conv_c1_dw",
+        what: "same, weight-gradient (backward only)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
         name: "conv_l1_fwd",
         what: "3×3 conv 64→64 [8,64,28,28] forward",
         reps: 3,
@@ -222,19 +234,25 @@ fn timed(f: impl FnOnce() -> Result<()>) -> Result<f64> {
     Ok(t.elapsed().as_secs_f64() * 1e3)
 }
 
-/// A conv workload at `[8, c, hw, hw]`, 3×3, padding 1: `part` is `fwd`,
-/// `dx` (input gradient) or `dw` (weight gradient); the backward ones time
-/// only the backward pass.
-fn conv(c: usize, hw: usize, part: &'static str) -> Result<Iteration> {
+/// A conv workload at `[8, cin, hw, hw]`: `cout` filters of `k×k` at
+/// `stride`, padding `k/2`. `part` is `fwd`, `dx` (input gradient) or `dw`
+/// (weight gradient); the backward ones time only the backward pass.
+fn conv(
+    (cin, cout, hw): (usize, usize, usize),
+    (k, stride): (usize, usize),
+    part: &'static str,
+) -> Result<Iteration> {
     let opts = Conv2dOptions {
-        padding: [1, 1],
+        stride: [stride, stride],
+        padding: [k / 2, k / 2],
         ..Default::default()
     };
-    let x = Tensor::randn(&[8, c, hw, hw], F32, CPU, 1)?.set_requires_grad(part == "dx")?;
-    let w = Tensor::randn(&[c, c, 3, 3], F32, CPU, 2)?
+    let x = Tensor::randn(&[8, cin, hw, hw], F32, CPU, 1)?.set_requires_grad(part == "dx")?;
+    let w = Tensor::randn(&[cout, cin, k, k], F32, CPU, 2)?
         .mul_scalar(0.05)?
         .set_requires_grad(part == "dw")?;
-    let g = Tensor::randn(&[8, c, hw, hw], F32, CPU, 3)?;
+    let ohw = (hw + 2 * (k / 2) - k) / stride + 1;
+    let g = Tensor::randn(&[8, cout, ohw, ohw], F32, CPU, 3)?;
     Ok(Box::new(move || {
         if part == "fwd" {
             let _ng = no_grad();
@@ -354,18 +372,20 @@ fn leangrad_setup(name: &str) -> Result<Iteration> {
                 Ok(ms)
             }))
         }
-        "conv_l1_fwd" => conv(64, 28, "fwd"),
-        "conv_l1_dx" => conv(64, 28, "dx"),
-        "conv_l1_dw" => conv(64, 28, "dw"),
-        "conv_l2_fwd" => conv(128, 14, "fwd"),
-        "conv_l2_dx" => conv(128, 14, "dx"),
-        "conv_l2_dw" => conv(128, 14, "dw"),
-        "conv_l3_fwd" => conv(256, 7, "fwd"),
-        "conv_l3_dx" => conv(256, 7, "dx"),
-        "conv_l3_dw" => conv(256, 7, "dw"),
-        "conv_l4_fwd" => conv(512, 4, "fwd"),
-        "conv_l4_dx" => conv(512, 4, "dx"),
-        "conv_l4_dw" => conv(512, 4, "dw"),
+        "conv_c1_fwd" => conv((3, 64, 112), (7, 2), "fwd"),
+        "conv_c1_dw" => conv((3, 64, 112), (7, 2), "dw"),
+        "conv_l1_fwd" => conv((64, 64, 28), (3, 1), "fwd"),
+        "conv_l1_dx" => conv((64, 64, 28), (3, 1), "dx"),
+        "conv_l1_dw" => conv((64, 64, 28), (3, 1), "dw"),
+        "conv_l2_fwd" => conv((128, 128, 14), (3, 1), "fwd"),
+        "conv_l2_dx" => conv((128, 128, 14), (3, 1), "dx"),
+        "conv_l2_dw" => conv((128, 128, 14), (3, 1), "dw"),
+        "conv_l3_fwd" => conv((256, 256, 7), (3, 1), "fwd"),
+        "conv_l3_dx" => conv((256, 256, 7), (3, 1), "dx"),
+        "conv_l3_dw" => conv((256, 256, 7), (3, 1), "dw"),
+        "conv_l4_fwd" => conv((512, 512, 4), (3, 1), "fwd"),
+        "conv_l4_dx" => conv((512, 512, 4), (3, 1), "dx"),
+        "conv_l4_dw" => conv((512, 512, 4), (3, 1), "dw"),
         "sgd_10m" => optimizer(Sgd::new(0.01).momentum(0.9)),
         "adam_10m" => optimizer(Adam::new(1e-3)),
         other => {

@@ -94,18 +94,19 @@ class BertClassifier(nn.Module):
         return self.classifier(torch.tanh(self.pooler(h[:, 0])))
 
 
-def conv(c, hw, part):
-    x = torch.randn(8, c, hw, hw, requires_grad=part == "dx")
-    w = (torch.randn(c, c, 3, 3) * 0.05).requires_grad_(part == "dw")
-    g = torch.randn(8, c, hw, hw)
+def conv(cin, cout, hw, k, stride, part):
+    x = torch.randn(8, cin, hw, hw, requires_grad=part == "dx")
+    w = (torch.randn(cout, cin, k, k) * 0.05).requires_grad_(part == "dw")
+    ohw = (hw + 2 * (k // 2) - k) // stride + 1
+    g = torch.randn(8, cout, ohw, ohw)
     if part == "fwd":
         def it():
             with torch.no_grad():
-                return timed(lambda: F.conv2d(x, w, padding=1))
+                return timed(lambda: F.conv2d(x, w, stride=stride, padding=k // 2))
         return it
 
     def it():
-        y = F.conv2d(x, w, padding=1)
+        y = F.conv2d(x, w, stride=stride, padding=k // 2)
         ms = timed(lambda: y.backward(g))
         x.grad = None
         w.grad = None
@@ -193,7 +194,9 @@ def setup(name):
             x.grad = None
             return ms
         return it
-    convs = {"conv_l1": (64, 28), "conv_l2": (128, 14), "conv_l3": (256, 7), "conv_l4": (512, 4)}
+    convs = {"conv_c1": (3, 64, 112, 7, 2), "conv_l1": (64, 64, 28, 3, 1),
+             "conv_l2": (128, 128, 14, 3, 1), "conv_l3": (256, 256, 7, 3, 1),
+             "conv_l4": (512, 512, 4, 3, 1)}
     if name[:7] in convs:
         return conv(*convs[name[:7]], name[8:])
     if name == "sgd_10m":
