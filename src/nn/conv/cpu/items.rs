@@ -6,7 +6,8 @@
 
 use super::ConvGeom;
 use super::{
-    fill_bias, fold_row, for_chunks, on_meta, slice, slice_mut, unfold_into, unfold_items, view,
+    fill_bias, fold_row, for_chunks, neutral_padding, on_meta, slice, slice_mut, unfold_into,
+    unfold_items, view,
 };
 use crate::dtype::CpuData;
 use crate::primitives::{gemm_slices, gemm_slices_strided, matmul_into};
@@ -201,6 +202,7 @@ pub(super) fn input_grad_of_items(
                 (&*wide, width, 1),
                 false,
             )?;
+            neutral_padding(dst, g, rows.clone(), width);
             fold_rows(dst, gx, g, rows, nb);
         }
         Ok(())

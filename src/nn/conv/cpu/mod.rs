@@ -293,14 +293,17 @@ fn zero_few<T: FloatDType>(s: &mut [T]) {
 /// plain loop over the column rows, so the sums do not depend on how the
 /// valid spans are found.
 fn col2im<T: FloatDType>(
-    cols: &CpuData,
+    cols: &mut CpuData,
     gx: &mut CpuData,
     gr: Range<usize>,
     g: &ConvGeom,
 ) -> Result<()> {
-    let cols = slice::<T>(cols, 0..cols.len())?;
+    let n = cols.len();
+    let cols = slice_mut::<T>(cols, 0..n)?;
     let gx = slice_mut::<T>(gx, gr)?;
     let (kk, l) = (g.kh * g.kw, g.l());
+    neutral_padding(cols, g, 0..n / l.max(1), l);
+    let cols = &*cols;
     for_chunks(gx, g.h * g.w, |c, plane| {
         for ki in 0..g.kh {
             for kj in 0..g.kw {
@@ -312,10 +315,51 @@ fn col2im<T: FloatDType>(
     Ok(())
 }
 
+/// Whether [`fold_row`] adds a row as one shifted block (stride 1 and an
+/// output as wide as the input: a "same" convolution), which needs
+/// [`neutral_padding`] first.
+fn folds_shifted(g: &ConvGeom) -> bool {
+    g.stride == [1, 1] && g.ow == g.w
+}
+
+/// Writes −0 over the padding columns of the column rows `rows` (each of
+/// `width` elements: items of `[oh, ow]` side by side), the positions
+/// whose tap reads outside the input, when [`fold_row`] adds whole
+/// shifted blocks. Adding −0 changes no value (`x + −0 = x` for every
+/// `x`, −0 included), so the padding the block carries along lands as a
+/// no-op on positions that tap does not reach, and the fold's values are
+/// those of the row-by-row adds bit for bit.
+fn neutral_padding<T: FloatDType>(cols: &mut [T], g: &ConvGeom, rows: Range<usize>, width: usize) {
+    if !folds_shifted(g) || width == 0 {
+        return;
+    }
+    let neg_zero = T::from_f64(-0.0);
+    for (i, row) in cols.chunks_mut(width).take(rows.len()).enumerate() {
+        let cols_in = g.valid(1, (rows.start + i) % g.kw, g.w, g.ow);
+        if cols_in == (0..g.ow) {
+            continue;
+        }
+        for r in row.chunks_mut(g.ow) {
+            r[..cols_in.start].fill(neg_zero);
+            r[cols_in.end..].fill(neg_zero);
+        }
+    }
+}
+
 /// Adds one column row (`row`, `[oh, ow]`: the values of tap `(ki, kj)`)
 /// into the input plane `plane` it was unfolded from, in output order.
 #[inline(always)]
 fn fold_row<T: FloatDType>(row: &[T], plane: &mut [T], g: &ConvGeom, ki: usize, kj: usize) {
+    if folds_shifted(g) {
+        fold_row_shifted(row, plane, g, ki, kj);
+    } else {
+        fold_row_each(row, plane, g, ki, kj);
+    }
+}
+
+/// [`fold_row`] one output row at a time (any stride and width).
+#[inline(always)]
+fn fold_row_each<T: FloatDType>(row: &[T], plane: &mut [T], g: &ConvGeom, ki: usize, kj: usize) {
     let sw = g.stride[1];
     let cols_in = g.valid(1, kj, g.w, g.ow);
     let Some(first) = g.first(1, kj, &cols_in) else {
@@ -337,6 +381,29 @@ fn fold_row<T: FloatDType>(row: &[T], plane: &mut [T], g: &ConvGeom, ki: usize, 
                 *d = *d + v;
             }
         }
+    }
+}
+
+/// [`fold_row`] of a "same" convolution: every valid position of the row
+/// lands a fixed distance further in the plane, so the valid output rows
+/// are one block add; the padding columns inside the block (made −0 by
+/// [`neutral_padding`]) land on positions this tap does not reach.
+#[inline(always)]
+fn fold_row_shifted<T: FloatDType>(row: &[T], plane: &mut [T], g: &ConvGeom, ki: usize, kj: usize) {
+    let (cols_in, rows_in) = (g.valid(1, kj, g.w, g.ow), g.valid(0, ki, g.h, g.oh));
+    let (Some(first), Some(iy)) = (g.first(1, kj, &cols_in), g.first(0, ki, &rows_in)) else {
+        return;
+    };
+    // The block's first and last positions are valid, so its target lies
+    // inside the plane.
+    let ow = g.ow;
+    let (a, b) = (
+        rows_in.start * ow + cols_in.start,
+        (rows_in.end - 1) * ow + cols_in.end,
+    );
+    let to = iy * g.w + first;
+    for (d, &v) in plane[to..to + (b - a)].iter_mut().zip(&row[a..b]) {
+        *d = *d + v;
     }
 }
 
@@ -514,11 +581,11 @@ pub(super) fn conv2d_input_grad(
             crate::meta::touch(&gx);
             continue;
         }
-        let cd = cols.storage().cpu()?;
+        let mut cd = cols.storage().cpu_mut()?;
         let mut xd = gx.storage().cpu_mut()?;
         by_dtype!(
             gy.dtype(),
-            col2im(&cd, &mut xd, (i - 1) * item..i * item, g)
+            col2im(&mut cd, &mut xd, (i - 1) * item..i * item, g)
         )?;
     }
     Ok(gx)
@@ -601,6 +668,78 @@ pub(super) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shifted block fold of a "same" convolution adds what the
+    /// row-by-row fold adds, bit for bit, once the padding columns hold −0:
+    /// whatever the product left there (NaN here), and into planes holding
+    /// −0, over the same geometries as the unfold test.
+    #[test]
+    fn a_same_convolutions_shifted_fold_equals_the_row_by_row_one() {
+        let cases = [
+            (5, 7, 3, 3, [1, 1], [1, 1]),
+            (4, 4, 3, 3, [1, 1], [1, 1]),
+            (6, 5, 5, 3, [2, 1], [1, 1]),
+            (7, 7, 3, 3, [2, 2], [2, 2]),
+            (1, 6, 1, 3, [0, 1], [1, 1]),
+            (6, 1, 3, 1, [1, 0], [1, 1]),
+            (3, 3, 1, 1, [0, 0], [1, 1]),
+        ];
+        for (h, w, kh, kw, pad, dil) in cases {
+            let g = ConvGeom {
+                n: 1,
+                cin: 1,
+                h,
+                w,
+                cout: 1,
+                kh,
+                kw,
+                stride: [1, 1],
+                pad,
+                dil,
+                groups: 1,
+                oh: h + 2 * pad[0] - dil[0] * (kh - 1),
+                ow: w + 2 * pad[1] - dil[1] * (kw - 1),
+            };
+            assert_eq!((g.oh, g.ow), (h, w));
+            let l = g.l();
+            // Column rows: the padding positions hold NaN (as a product
+            // over them may), valid ones values with a −0 among them.
+            let mut cols: Vec<f32> = (0..kh * kw * l)
+                .map(|i| match i % 5 {
+                    0 => -0.0,
+                    _ => (i as f32 * 0.37).sin(),
+                })
+                .collect();
+            for r in 0..kh * kw {
+                let (ki, kj) = (r / kw, r % kw);
+                for (p, v) in cols[r * l..][..l].iter_mut().enumerate() {
+                    let (oy, ox) = (p / w, p % w);
+                    if g.src(0, oy, ki, h).is_none() || g.src(1, ox, kj, w).is_none() {
+                        *v = f32::NAN;
+                    }
+                }
+            }
+            let start: Vec<f32> = (0..h * w)
+                .map(|i| if i % 3 == 0 { -0.0 } else { 0.5 })
+                .collect();
+            let mut each = start.clone();
+            for r in 0..kh * kw {
+                fold_row_each(&cols[r * l..][..l], &mut each, &g, r / kw, r % kw);
+            }
+            let mut shifted = start.clone();
+            neutral_padding(&mut cols, &g, 0..kh * kw, l);
+            for r in 0..kh * kw {
+                fold_row_shifted(&cols[r * l..][..l], &mut shifted, &g, r / kw, r % kw);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&shifted),
+                bits(&each),
+                "{h}×{w} kernel {kh}×{kw} pad {pad:?} dil {dil:?}"
+            );
+            assert!(each.iter().all(|v| !v.is_nan()));
+        }
+    }
 
     /// The shifted copy of a "same" convolution's rows equals the
     /// row-by-row copy for every tap, with padding wider than the kernel's
