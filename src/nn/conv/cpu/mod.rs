@@ -227,12 +227,19 @@ fn unfold_row_each<T: FloatDType>(
         dst[..cols_in.start].fill(T::zero());
         dst[cols_in.end..].fill(T::zero());
         let span = &mut dst[cols_in.clone()];
+        let n = span.len();
         if sw == 1 {
-            span.copy_from_slice(&src[first..first + span.len()]);
-        } else {
-            for (i, d) in span.iter_mut().enumerate() {
-                *d = src[first + i * sw];
+            span.copy_from_slice(&src[first..first + n]);
+        } else if n > 0 {
+            // Every `sw`-th element from `first`: whole groups of `sw` up to
+            // the last element, which may end the row (no bounds check per
+            // element, and the compiler vectorises the pick).
+            let body = n - 1;
+            let groups = src[first..first + sw * body].chunks_exact(sw);
+            for (d, group) in span[..body].iter_mut().zip(groups) {
+                *d = group[0];
             }
+            span[body] = src[first + sw * body];
         }
     }
 }
@@ -375,11 +382,15 @@ fn fold_row_each<T: FloatDType>(row: &[T], plane: &mut [T], g: &ConvGeom, ki: us
             for (d, &v) in dst[first..first + src.len()].iter_mut().zip(src) {
                 *d = *d + v;
             }
-        } else {
-            for (i, &v) in src.iter().enumerate() {
-                let d = &mut dst[first + i * sw];
-                *d = *d + v;
+        } else if let Some((&last, body)) = src.split_last() {
+            // Every `sw`-th element from `first`, in whole groups of `sw`
+            // up to the last one (see `unfold_row_each`).
+            let end = first + sw * body.len();
+            let groups = dst[first..end].chunks_exact_mut(sw);
+            for (group, &v) in groups.zip(body) {
+                group[0] = group[0] + v;
             }
+            dst[end] = dst[end] + last;
         }
     }
 }
