@@ -647,6 +647,41 @@ fn map_segment<T: FloatDType>(out: &mut [T], g: Option<&[T]>, xh: &[T], op: impl
     }
 }
 
+/// Defines `$name`, which runs the `#[inline(always)]` kernel `$inner`
+/// compiled for AVX-512 when the CPU has it, else for AVX2, else for the
+/// build's baseline: the same source, vectorised as wide as the machine
+/// allows (no FMA is enabled, so every value rounds as in the baseline).
+macro_rules! widest_vectors {
+    (
+        $(#[$doc:meta])*
+        fn $name:ident<$($g:ident: $bound:path),*>($($arg:ident: $ty:ty),* $(,)?) => $inner:ident
+    ) => {
+        $(#[$doc])*
+        fn $name<$($g: $bound),*>($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512<$($g: $bound),*>($($arg: $ty),*) {
+                    $inner($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2<$($g: $bound),*>($($arg: $ty),*) {
+                    $inner($($arg),*)
+                }
+                if is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $inner($($arg),*)
+        }
+    };
+}
+
 /// One row of a row norm (layer or RMS norm, whose affine parameters
 /// advance along the row: `w`, `b` are the row's, `None` meaning 1 and 0):
 /// `h = (x − m)·r`, `x̂ = h` into `xs`, `y = h·w + b` into `ys`, each
@@ -671,51 +706,16 @@ fn normalize_row<T: FloatDType>(
     }
 }
 
-/// [`normalize_row`] with its parameters as `(w, b)` pairs, in the widest
-/// vector form the CPU runs.
-fn normalize_row_params<T: FloatDType, P: Iterator<Item = (f64, f64)>>(
-    x: Option<&[T]>,
-    ys: &mut [T],
-    xs: &mut [T],
-    mr: (f64, f64),
-    params: P,
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F.
-            return unsafe { normalize_row_avx512(x, ys, xs, mr, params) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { normalize_row_avx2(x, ys, xs, mr, params) };
-        }
-    }
-    normalize_row_with(x, ys, xs, mr, params)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn normalize_row_avx512<T: FloatDType, P: Iterator<Item = (f64, f64)>>(
-    x: Option<&[T]>,
-    ys: &mut [T],
-    xs: &mut [T],
-    mr: (f64, f64),
-    params: P,
-) {
-    normalize_row_with(x, ys, xs, mr, params)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn normalize_row_avx2<T: FloatDType, P: Iterator<Item = (f64, f64)>>(
-    x: Option<&[T]>,
-    ys: &mut [T],
-    xs: &mut [T],
-    mr: (f64, f64),
-    params: P,
-) {
-    normalize_row_with(x, ys, xs, mr, params)
+widest_vectors! {
+    /// [`normalize_row`] with its parameters as `(w, b)` pairs, in the
+    /// widest vector form the CPU runs.
+    fn normalize_row_params<T: FloatDType, P: Iterator<Item = (f64, f64)>>(
+        x: Option<&[T]>,
+        ys: &mut [T],
+        xs: &mut [T],
+        mr: (f64, f64),
+        params: P,
+    ) => normalize_row_with
 }
 
 #[inline(always)]
@@ -805,51 +805,16 @@ fn grad_row<T: FloatDType>(
     }
 }
 
-/// [`grad_row`] with its weights as an iterator, in the widest vector form
-/// the CPU runs.
-fn grad_row_params<T: FloatDType, W: Iterator<Item = f64>>(
-    out: &mut [T],
-    ins: (Option<&[T]>, Option<&[T]>),
-    mode: GradMode,
-    sw: (f64, W),
-    means: (f64, f64),
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F.
-            return unsafe { grad_row_avx512(out, ins, mode, sw, means) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { grad_row_avx2(out, ins, mode, sw, means) };
-        }
-    }
-    grad_row_with(out, ins, mode, sw, means)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn grad_row_avx512<T: FloatDType, W: Iterator<Item = f64>>(
-    out: &mut [T],
-    ins: (Option<&[T]>, Option<&[T]>),
-    mode: GradMode,
-    sw: (f64, W),
-    means: (f64, f64),
-) {
-    grad_row_with(out, ins, mode, sw, means)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn grad_row_avx2<T: FloatDType, W: Iterator<Item = f64>>(
-    out: &mut [T],
-    ins: (Option<&[T]>, Option<&[T]>),
-    mode: GradMode,
-    sw: (f64, W),
-    means: (f64, f64),
-) {
-    grad_row_with(out, ins, mode, sw, means)
+widest_vectors! {
+    /// [`grad_row`] with its weights as an iterator, in the widest vector
+    /// form the CPU runs.
+    fn grad_row_params<T: FloatDType, W: Iterator<Item = f64>>(
+        out: &mut [T],
+        ins: (Option<&[T]>, Option<&[T]>),
+        mode: GradMode,
+        sw: (f64, W),
+        means: (f64, f64),
+    ) => grad_row_with
 }
 
 #[inline(always)]

@@ -680,38 +680,55 @@ pub(super) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
 mod tests {
     use super::*;
 
+    /// `(h, w, kh, kw, pad, dil)` of a convolution.
+    type SameCase = (usize, usize, usize, usize, [usize; 2], [usize; 2]);
+
+    /// "Same" convolutions `(h, w, kh, kw, pad, dil)` at stride 1 (2·pad =
+    /// dil·(k − 1)): 3×3 and wider kernels, dilation, planes of one row
+    /// or column, 1×1 kernels.
+    const SAME_CASES: [SameCase; 11] = [
+        (7, 7, 3, 3, [1, 1], [1, 1]),
+        (5, 7, 3, 3, [1, 1], [1, 1]),
+        (4, 4, 3, 3, [1, 1], [1, 1]),
+        (4, 5, 5, 3, [2, 1], [1, 1]),
+        (6, 6, 3, 3, [2, 2], [2, 2]),
+        (1, 9, 3, 3, [1, 1], [1, 1]),
+        (9, 1, 3, 3, [1, 1], [1, 1]),
+        (1, 6, 1, 3, [0, 1], [1, 1]),
+        (6, 1, 3, 1, [1, 0], [1, 1]),
+        (3, 3, 7, 7, [3, 3], [1, 1]),
+        (5, 4, 1, 1, [0, 0], [1, 1]),
+    ];
+
+    /// One channel in and out, one item, of a "same" case.
+    fn same_geometry((h, w, kh, kw, pad, dil): SameCase) -> ConvGeom {
+        let g = ConvGeom {
+            n: 1,
+            cin: 1,
+            h,
+            w,
+            cout: 1,
+            kh,
+            kw,
+            stride: [1, 1],
+            pad,
+            dil,
+            groups: 1,
+            oh: h + 2 * pad[0] - dil[0] * (kh - 1),
+            ow: w + 2 * pad[1] - dil[1] * (kw - 1),
+        };
+        assert_eq!((g.oh, g.ow), (h, w));
+        g
+    }
+
     /// The shifted block fold of a "same" convolution adds what the
     /// row-by-row fold adds, bit for bit, once the padding columns hold −0:
     /// whatever the product left there (NaN here), and into planes holding
-    /// −0, over the same geometries as the unfold test.
+    /// −0.
     #[test]
     fn a_same_convolutions_shifted_fold_equals_the_row_by_row_one() {
-        let cases = [
-            (5, 7, 3, 3, [1, 1], [1, 1]),
-            (4, 4, 3, 3, [1, 1], [1, 1]),
-            (6, 5, 5, 3, [2, 1], [1, 1]),
-            (7, 7, 3, 3, [2, 2], [2, 2]),
-            (1, 6, 1, 3, [0, 1], [1, 1]),
-            (6, 1, 3, 1, [1, 0], [1, 1]),
-            (3, 3, 1, 1, [0, 0], [1, 1]),
-        ];
-        for (h, w, kh, kw, pad, dil) in cases {
-            let g = ConvGeom {
-                n: 1,
-                cin: 1,
-                h,
-                w,
-                cout: 1,
-                kh,
-                kw,
-                stride: [1, 1],
-                pad,
-                dil,
-                groups: 1,
-                oh: h + 2 * pad[0] - dil[0] * (kh - 1),
-                ow: w + 2 * pad[1] - dil[1] * (kw - 1),
-            };
-            assert_eq!((g.oh, g.ow), (h, w));
+        for (h, w, kh, kw, pad, dil) in SAME_CASES {
+            let g = same_geometry((h, w, kh, kw, pad, dil));
             let l = g.l();
             // Column rows: the padding positions hold NaN (as a product
             // over them may), valid ones values with a −0 among them.
@@ -757,33 +774,8 @@ mod tests {
     /// reach, dilation, planes of one row or column, and 1×1 kernels.
     #[test]
     fn a_same_convolutions_shifted_unfold_equals_the_row_by_row_one() {
-        // (h, w, kh, kw, pad, dil): stride 1 and 2·pad = dil·(k − 1).
-        let cases = [
-            (7, 7, 3, 3, [1, 1], [1, 1]),
-            (4, 5, 5, 3, [2, 1], [1, 1]),
-            (6, 6, 3, 3, [2, 2], [2, 2]),
-            (1, 9, 3, 3, [1, 1], [1, 1]),
-            (9, 1, 3, 3, [1, 1], [1, 1]),
-            (3, 3, 7, 7, [3, 3], [1, 1]),
-            (5, 4, 1, 1, [0, 0], [1, 1]),
-        ];
-        for (h, w, kh, kw, pad, dil) in cases {
-            let g = ConvGeom {
-                n: 1,
-                cin: 1,
-                h,
-                w,
-                cout: 1,
-                kh,
-                kw,
-                stride: [1, 1],
-                pad,
-                dil,
-                groups: 1,
-                oh: h + 2 * pad[0] - dil[0] * (kh - 1),
-                ow: w + 2 * pad[1] - dil[1] * (kw - 1),
-            };
-            assert_eq!((g.oh, g.ow), (h, w));
+        for (h, w, kh, kw, pad, dil) in SAME_CASES {
+            let g = same_geometry((h, w, kh, kw, pad, dil));
             let plane: Vec<f32> = (0..h * w).map(|i| i as f32 + 1.0).collect();
             for ki in 0..kh {
                 for kj in 0..kw {
