@@ -11,31 +11,37 @@ impl CpuData {
     /// `n` zeros of `dtype`, failing cleanly ([`Error::OutOfMemory`]) when
     /// the host cannot hold them.
     pub fn zeros(dtype: DType, n: usize) -> Result<CpuData> {
-        use crate::memory::host::try_zeroed;
-        Ok(match dtype {
-            DType::F32 => CpuData::F32(try_zeroed(n)?),
-            DType::F16 => CpuData::F16(try_zeroed(n)?),
-            DType::BF16 => CpuData::BF16(try_zeroed(n)?),
-            DType::F64 => CpuData::F64(try_zeroed(n)?),
-            DType::U8 => CpuData::U8(try_zeroed(n)?),
-            DType::U32 => CpuData::U32(try_zeroed(n)?),
-            DType::I64 => CpuData::I64(try_zeroed(n)?),
-        })
+        CpuData::allocate(dtype, n, false)
     }
 
     /// `n` elements of `dtype` for a kernel that writes every one before
     /// reading any: a reused host buffer as its last storage left it (no
     /// zero fill), else zeros (see [`crate::memory::host::try_for_overwrite`]).
     pub(crate) fn for_overwrite(dtype: DType, n: usize) -> Result<CpuData> {
-        use crate::memory::host::try_for_overwrite;
+        CpuData::allocate(dtype, n, true)
+    }
+
+    /// [`CpuData::zeros`], or [`CpuData::for_overwrite`] when `overwrite`.
+    fn allocate(dtype: DType, n: usize, overwrite: bool) -> Result<CpuData> {
+        use crate::memory::host::{try_for_overwrite, try_zeroed};
+        fn buffer<T: bytemuck::Zeroable + Send + 'static>(
+            n: usize,
+            overwrite: bool,
+        ) -> Result<Vec<T>> {
+            if overwrite {
+                try_for_overwrite(n)
+            } else {
+                try_zeroed(n)
+            }
+        }
         Ok(match dtype {
-            DType::F32 => CpuData::F32(try_for_overwrite(n)?),
-            DType::F16 => CpuData::F16(try_for_overwrite(n)?),
-            DType::BF16 => CpuData::BF16(try_for_overwrite(n)?),
-            DType::F64 => CpuData::F64(try_for_overwrite(n)?),
-            DType::U8 => CpuData::U8(try_for_overwrite(n)?),
-            DType::U32 => CpuData::U32(try_for_overwrite(n)?),
-            DType::I64 => CpuData::I64(try_for_overwrite(n)?),
+            DType::F32 => CpuData::F32(buffer(n, overwrite)?),
+            DType::F16 => CpuData::F16(buffer(n, overwrite)?),
+            DType::BF16 => CpuData::BF16(buffer(n, overwrite)?),
+            DType::F64 => CpuData::F64(buffer(n, overwrite)?),
+            DType::U8 => CpuData::U8(buffer(n, overwrite)?),
+            DType::U32 => CpuData::U32(buffer(n, overwrite)?),
+            DType::I64 => CpuData::I64(buffer(n, overwrite)?),
         })
     }
 }

@@ -234,18 +234,16 @@ fn normalize_into<T: FloatDType>(
         for k in t * per..((t + 1) * per).min(nseg) {
             let (s, (p0, step)) = (geo.stat_of(k), geo.param_of(k));
             let o = (k - t * per) * seg;
-            if !step {
-                let affine = (w.map_or(1.0, |w| w[p0]), b.map_or(0.0, |b| b[p0]));
-                let x = x.map(|x| &x[k * seg..][..seg]);
-                let (m, r) = (mean[s], rstd[s]);
-                let (yo, xo) = (part(ys, o, seg), part(xs, o, seg));
-                normalize_segment(x, yo, xo, (m, r), affine);
-                continue;
-            }
             let x = x.map(|x| &x[k * seg..][..seg]);
             let (yo, xo) = (part(ys, o, seg), part(xs, o, seg));
-            let params = (w.map(|w| &w[p0..p0 + seg]), b.map(|b| &b[p0..p0 + seg]));
-            normalize_row(x, yo, xo, (mean[s], rstd[s]), params);
+            let mr = (mean[s], rstd[s]);
+            if step {
+                let params = (w.map(|w| &w[p0..p0 + seg]), b.map(|b| &b[p0..p0 + seg]));
+                normalize_row(x, yo, xo, mr, params);
+            } else {
+                let affine = (w.map_or(1.0, |w| w[p0]), b.map_or(0.0, |b| b[p0]));
+                normalize_params(x, yo, xo, mr, std::iter::repeat(affine));
+            }
         }
     };
     fn tasks<T>(buf: &mut [T], block: usize, n: usize) -> Vec<Option<&mut [T]>> {
@@ -280,55 +278,6 @@ fn part<T>(buf: &mut [T], o: usize, n: usize) -> &mut [T] {
         buf
     } else {
         &mut buf[o..o + n]
-    }
-}
-
-/// One segment of [`normalize_into`] with one statistic `(m, r)` and one
-/// parameter `(w, b)`: `h = (x − m)·r`, `x̂ = h` into `xs`, `y = h·w + b`
-/// into `ys` (each skipped when empty), all in f64 and rounded to `T`, the
-/// per-element loop of the general case with the constants hoisted (it
-/// vectorises). `x` is `None` when `ys` holds the input (in place).
-#[inline(always)]
-fn normalize_segment<T: FloatDType>(
-    x: Option<&[T]>,
-    ys: &mut [T],
-    xs: &mut [T],
-    (m, r): (f64, f64),
-    (w, b): (f64, f64),
-) {
-    let h = |v: T| (f(v) - m) * r;
-    let y = |h: f64| T::from_f64(h * w + b);
-    match (x, ys.is_empty(), xs.is_empty()) {
-        (Some(x), false, false) => {
-            for ((v, yo), xo) in x.iter().zip(ys.iter_mut()).zip(xs.iter_mut()) {
-                let h = h(*v);
-                *xo = T::from_f64(h);
-                *yo = y(h);
-            }
-        }
-        (Some(x), false, true) => {
-            for (v, yo) in x.iter().zip(ys.iter_mut()) {
-                *yo = y(h(*v));
-            }
-        }
-        (Some(x), true, false) => {
-            for (v, xo) in x.iter().zip(xs.iter_mut()) {
-                *xo = T::from_f64(h(*v));
-            }
-        }
-        (None, false, false) => {
-            for (yo, xo) in ys.iter_mut().zip(xs.iter_mut()) {
-                let h = h(*yo);
-                *xo = T::from_f64(h);
-                *yo = y(h);
-            }
-        }
-        (None, false, true) => {
-            for yo in ys.iter_mut() {
-                *yo = y(h(*yo));
-            }
-        }
-        (_, true, _) => {}
     }
 }
 
@@ -573,17 +522,15 @@ impl InputGrad<'_> {
             let s = geo.stat_of(k);
             let (ma, mb) = sums[s];
             let ps = geo.param_of(k);
-            if !ps.1 {
-                let g = g.map(|g| &g[k * seg..][..o.len()]);
-                let xh = xh.map(|xh| &xh[k * seg..][..o.len()]);
-                let wv = w.map_or(1.0, |w| w[ps.0]);
-                grad_segment(o, g, xh, mode, (scale[s], wv), (ma, mb));
-                return;
-            }
             let g = g.map(|g| &g[k * seg..][..o.len()]);
             let xh = xh.map(|xh| &xh[k * seg..][..o.len()]);
-            let w = w.map(|w| &w[ps.0..ps.0 + o.len()]);
-            grad_row(o, g, xh, mode, (scale[s], w), (ma, mb));
+            if ps.1 {
+                let w = w.map(|w| &w[ps.0..ps.0 + o.len()]);
+                grad_row(o, g, xh, mode, (scale[s], w), (ma, mb));
+            } else {
+                let wv = std::iter::repeat(w.map_or(1.0, |w| w[ps.0]));
+                grad_params(o, (g, xh), mode, (scale[s], wv), (ma, mb));
+            }
         };
         if parallel(len) {
             out.par_chunks_mut(seg.max(1)).enumerate().for_each(body);
@@ -591,59 +538,6 @@ impl InputGrad<'_> {
             out.chunks_mut(seg.max(1)).enumerate().for_each(body);
         }
         Ok(())
-    }
-}
-
-/// One segment of the input gradient with one statistic and one
-/// parameter: `scale·(g·w − ma − x̂·mb)` (centered), `scale·(g·w − x̂·mb)`
-/// (uncentered) or `scale·g·w` (affine, or without `x̂`), in f64 rounded
-/// to `T`: the general loop's values with the constants hoisted. `g` is
-/// `None` when `out` holds it (in place).
-#[inline(always)]
-fn grad_segment<T: FloatDType>(
-    out: &mut [T],
-    g: Option<&[T]>,
-    xh: Option<&[T]>,
-    mode: GradMode,
-    (scale, w): (f64, f64),
-    (ma, mb): (f64, f64),
-) {
-    match (mode, xh) {
-        (GradMode::Centered, Some(xh)) => map_segment(out, g, xh, |v, x| {
-            T::from_f64(scale * (v * w - ma - f(x) * mb))
-        }),
-        (GradMode::Uncentered, Some(xh)) => {
-            map_segment(out, g, xh, |v, x| T::from_f64(scale * (v * w - f(x) * mb)))
-        }
-        _ => match g {
-            Some(g) => {
-                for (d, v) in out.iter_mut().zip(g) {
-                    *d = T::from_f64(scale * (f(*v) * w));
-                }
-            }
-            None => {
-                for d in out.iter_mut() {
-                    *d = T::from_f64(scale * (f(*d) * w));
-                }
-            }
-        },
-    }
-}
-
-/// `out[i] = op(g[i] as f64, x̂[i])`, reading `g` from `out` when `None`.
-#[inline(always)]
-fn map_segment<T: FloatDType>(out: &mut [T], g: Option<&[T]>, xh: &[T], op: impl Fn(f64, T) -> T) {
-    match g {
-        Some(g) => {
-            for ((d, v), x) in out.iter_mut().zip(g).zip(xh) {
-                *d = op(f(*v), *x);
-            }
-        }
-        None => {
-            for (d, x) in out.iter_mut().zip(xh) {
-                *d = op(f(*d), *x);
-            }
-        }
     }
 }
 
@@ -683,12 +577,8 @@ macro_rules! widest_vectors {
 }
 
 /// One row of a row norm (layer or RMS norm, whose affine parameters
-/// advance along the row: `w`, `b` are the row's, `None` meaning 1 and 0):
-/// `h = (x − m)·r`, `x̂ = h` into `xs`, `y = h·w + b` into `ys`, each
-/// skipped when empty, in f64 rounded to `T`. The general per-element
-/// values, bit for bit: the same operations in the same order, in a loop
-/// compiled for AVX-512 or AVX2 when the CPU has them (no FMA is formed,
-/// so nothing rounds differently). `x` is `None` when `ys` holds the input.
+/// advance along the row: `w`, `b` are the row's, `None` meaning 1 and 0)
+/// through [`normalize_params`].
 fn normalize_row<T: FloatDType>(
     x: Option<&[T]>,
     ys: &mut [T],
@@ -699,17 +589,22 @@ fn normalize_row<T: FloatDType>(
     use std::iter::repeat;
     let (w, b) = (w.map(|w| w.iter().copied()), b.map(|b| b.iter().copied()));
     match (w, b) {
-        (Some(w), Some(b)) => normalize_row_params(x, ys, xs, mr, w.zip(b)),
-        (Some(w), None) => normalize_row_params(x, ys, xs, mr, w.zip(repeat(0.0))),
-        (None, Some(b)) => normalize_row_params(x, ys, xs, mr, repeat(1.0).zip(b)),
-        (None, None) => normalize_row_params(x, ys, xs, mr, repeat((1.0, 0.0))),
+        (Some(w), Some(b)) => normalize_params(x, ys, xs, mr, w.zip(b)),
+        (Some(w), None) => normalize_params(x, ys, xs, mr, w.zip(repeat(0.0))),
+        (None, Some(b)) => normalize_params(x, ys, xs, mr, repeat(1.0).zip(b)),
+        (None, None) => normalize_params(x, ys, xs, mr, repeat((1.0, 0.0))),
     }
 }
 
 widest_vectors! {
-    /// [`normalize_row`] with its parameters as `(w, b)` pairs, in the
-    /// widest vector form the CPU runs.
-    fn normalize_row_params<T: FloatDType, P: Iterator<Item = (f64, f64)>>(
+    /// One segment of [`normalize_into`] with one statistic `(m, r)` and
+    /// its parameters as `(w, b)` pairs (one pair repeated for a batch or
+    /// group norm segment, the row's for a row norm): `h = (x − m)·r`,
+    /// `x̂ = h` into `xs`, `y = h·w + b` into `ys` (each skipped when
+    /// empty), all in f64 rounded to `T`. `x` is `None` when `ys` holds
+    /// the input (in place). The general per-element values bit for bit,
+    /// in the widest vector form the CPU runs.
+    fn normalize_params<T: FloatDType, P: Iterator<Item = (f64, f64)>>(
         x: Option<&[T]>,
         ys: &mut [T],
         xs: &mut [T],
@@ -788,9 +683,8 @@ fn row_grad_sums<T: FloatDType>(
     (a, b)
 }
 
-/// The input gradient of one row of a row norm ([`grad_segment`] with the
-/// weights `w` advancing along the row, `None` meaning 1): the general
-/// per-element values bit for bit, compiled as [`normalize_row`] is.
+/// The input gradient of one row of a row norm (the weights `w` advancing
+/// along the row, `None` meaning 1) through [`grad_params`].
 fn grad_row<T: FloatDType>(
     out: &mut [T],
     g: Option<&[T]>,
@@ -800,15 +694,20 @@ fn grad_row<T: FloatDType>(
     means: (f64, f64),
 ) {
     match w {
-        Some(w) => grad_row_params(out, (g, xh), mode, (scale, w.iter().copied()), means),
-        None => grad_row_params(out, (g, xh), mode, (scale, std::iter::repeat(1.0)), means),
+        Some(w) => grad_params(out, (g, xh), mode, (scale, w.iter().copied()), means),
+        None => grad_params(out, (g, xh), mode, (scale, std::iter::repeat(1.0)), means),
     }
 }
 
 widest_vectors! {
-    /// [`grad_row`] with its weights as an iterator, in the widest vector
-    /// form the CPU runs.
-    fn grad_row_params<T: FloatDType, W: Iterator<Item = f64>>(
+    /// The input gradient of one segment with one statistic, its weights
+    /// as an iterator (one weight repeated, or the row's):
+    /// `scale·(g·w − ma − x̂·mb)` (centered), `scale·(g·w − x̂·mb)`
+    /// (uncentered) or `scale·g·w` (affine, or without `x̂`), in f64
+    /// rounded to `T`; `g` is `None` when `out` holds it (in place). The
+    /// general per-element values bit for bit, in the widest vector form
+    /// the CPU runs.
+    fn grad_params<T: FloatDType, W: Iterator<Item = f64>>(
         out: &mut [T],
         ins: (Option<&[T]>, Option<&[T]>),
         mode: GradMode,

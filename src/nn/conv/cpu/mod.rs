@@ -191,6 +191,15 @@ fn unfold_into<T: FloatDType>(x: &[T], cols: &mut [T], g: &ConvGeom, rows: Range
     });
 }
 
+/// Whether every valid position of a column row is its input element a
+/// fixed distance further (stride 1 and an output as wide as the input: a
+/// "same" convolution), so [`unfold_row`] copies and [`fold_row`] adds the
+/// valid output rows as one shifted block (the fold after
+/// [`neutral_padding`]).
+fn shifts_whole_rows(g: &ConvGeom) -> bool {
+    g.stride == [1, 1] && g.ow == g.w
+}
+
 /// One column row of one item: output positions `row` (`[oh, ow]`) read
 /// through tap row `ki` from the input plane `plane`; `cols_in` is the
 /// valid span of output columns, `first` the input column of its start.
@@ -202,7 +211,7 @@ fn unfold_row<T: FloatDType>(
     ki: usize,
     (cols_in, first, sw): (&Range<usize>, usize, usize),
 ) {
-    if g.stride == [1, 1] && g.ow == g.w {
+    if shifts_whole_rows(g) {
         unfold_row_shifted(plane, row, g, ki, (cols_in, first));
     } else {
         unfold_row_each(plane, row, g, ki, (cols_in, first, sw));
@@ -276,21 +285,21 @@ fn unfold_row_shifted<T: FloatDType>(
     row[b..].fill(T::zero());
     if cols_in.start > 0 || cols_in.end < ow {
         for r in row[start..end].chunks_mut(ow) {
-            zero_few(&mut r[..cols_in.start]);
-            zero_few(&mut r[cols_in.end..]);
+            fill_few(&mut r[..cols_in.start], T::zero());
+            fill_few(&mut r[cols_in.end..], T::zero());
         }
     }
 }
 
-/// Zeroes a slice that is usually a padding width (one or two elements)
+/// Fills a slice that is usually a padding width (one or two elements)
 /// with plain stores, not a call to `memset`.
 #[inline(always)]
-fn zero_few<T: FloatDType>(s: &mut [T]) {
+fn fill_few<T: FloatDType>(s: &mut [T], v: T) {
     match s {
         [] => {}
-        [a] => *a = T::zero(),
-        [a, b] => (*a, *b) = (T::zero(), T::zero()),
-        _ => s.fill(T::zero()),
+        [a] => *a = v,
+        [a, b] => (*a, *b) = (v, v),
+        _ => s.fill(v),
     }
 }
 
@@ -322,13 +331,6 @@ fn col2im<T: FloatDType>(
     Ok(())
 }
 
-/// Whether [`fold_row`] adds a row as one shifted block (stride 1 and an
-/// output as wide as the input: a "same" convolution), which needs
-/// [`neutral_padding`] first.
-fn folds_shifted(g: &ConvGeom) -> bool {
-    g.stride == [1, 1] && g.ow == g.w
-}
-
 /// Writes −0 over the padding columns of the column rows `rows` (each of
 /// `width` elements: items of `[oh, ow]` side by side), the positions
 /// whose tap reads outside the input, when [`fold_row`] adds whole
@@ -337,7 +339,7 @@ fn folds_shifted(g: &ConvGeom) -> bool {
 /// no-op on positions that tap does not reach, and the fold's values are
 /// those of the row-by-row adds bit for bit.
 fn neutral_padding<T: FloatDType>(cols: &mut [T], g: &ConvGeom, rows: Range<usize>, width: usize) {
-    if !folds_shifted(g) || width == 0 {
+    if !shifts_whole_rows(g) || width == 0 {
         return;
     }
     let neg_zero = T::from_f64(-0.0);
@@ -347,8 +349,8 @@ fn neutral_padding<T: FloatDType>(cols: &mut [T], g: &ConvGeom, rows: Range<usiz
             continue;
         }
         for r in row.chunks_mut(g.ow) {
-            r[..cols_in.start].fill(neg_zero);
-            r[cols_in.end..].fill(neg_zero);
+            fill_few(&mut r[..cols_in.start], neg_zero);
+            fill_few(&mut r[cols_in.end..], neg_zero);
         }
     }
 }
@@ -357,7 +359,7 @@ fn neutral_padding<T: FloatDType>(cols: &mut [T], g: &ConvGeom, rows: Range<usiz
 /// into the input plane `plane` it was unfolded from, in output order.
 #[inline(always)]
 fn fold_row<T: FloatDType>(row: &[T], plane: &mut [T], g: &ConvGeom, ki: usize, kj: usize) {
-    if folds_shifted(g) {
+    if shifts_whole_rows(g) {
         fold_row_shifted(row, plane, g, ki, kj);
     } else {
         fold_row_each(row, plane, g, ki, kj);
