@@ -13,6 +13,11 @@
 //!     [--json out.json] [--python python3] [--no-torch] [--list]
 //! ```
 //!
+//! Before each timed sample both processes are let go quiet (see
+//! [`settle`]): PyTorch's OpenMP threads spin for about 10 ms of CPU after
+//! each parallel op, which on a 2-core machine would run over the start of
+//! leangrad's next sample and take a core from it.
+//!
 //! `--threads` sets rayon's pool and `torch.set_num_threads` (default: the
 //! machine's cores). Without PyTorch (the worker cannot import torch, or
 //! `--no-torch`) only leangrad's column is measured, with a note.
@@ -474,6 +479,48 @@ impl Worker {
     }
 }
 
+/// CPU time, in ns, that the threads of the processes `pids` have run
+/// (Linux `/proc/PID/task/*/schedstat`; 0 where it cannot be read).
+fn cpu_ns(pids: &[u32]) -> u64 {
+    let mut total = 0;
+    for pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+            total += stat
+                .split_whitespace()
+                .next()
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// Waits (at most 0.5 s) until the threads of this process and of the
+/// worker `worker` run less than 0.5 ms of CPU in 5 ms: the threads a
+/// sample woke, on either side, have gone to sleep before the next one
+/// starts, so neither side's spinning threads are timed in the other's
+/// sample. Where `/proc` cannot be read this is a fixed 5 ms pause.
+fn settle(worker: Option<&Worker>) {
+    let pids: Vec<u32> = [Some(std::process::id()), worker.map(|w| w.child.id())]
+        .into_iter()
+        .flatten()
+        .collect();
+    let quiet = std::time::Duration::from_millis(5);
+    let mut before = cpu_ns(&pids);
+    for _ in 0..100 {
+        std::thread::sleep(quiet);
+        let now = cpu_ns(&pids);
+        if now.saturating_sub(before) < 500_000 {
+            return;
+        }
+        before = now;
+    }
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = writeln!(self.stdin, "{}", json!({"cmd": "quit"}));
@@ -567,12 +614,15 @@ fn measure(
     let (mut l, mut t) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         if round % 2 == 0 {
+            settle(worker.as_ref());
             l.push(our_sample()?);
         }
         if let Some(p) = worker.as_mut() {
+            settle(Some(p));
             t.push(p.sample(w.reps)?);
         }
         if round % 2 == 1 {
+            settle(worker.as_ref());
             l.push(our_sample()?);
         }
     }
@@ -590,11 +640,9 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = rayon::ThreadPoolBuilder::new()
-        .num_threads(o.threads)
-        .build_global()
-    {
-        eprintln!("vs_pytorch: rayon pool: {e}");
+    // The pool a leangrad program should build (this thread computes too).
+    if let Err(e) = leangrad::threads::init(Some(o.threads)) {
+        eprintln!("vs_pytorch: {e}");
     }
     let mut worker = if o.torch {
         match Worker::start(&o.python, o.threads) {

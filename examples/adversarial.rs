@@ -32,6 +32,8 @@ const ALPHA: f64 = 2.0 / 255.0;
 const STEPS: usize = 10;
 
 fn main() -> Result<()> {
+    // CPU ops run on a pool this thread is part of.
+    leangrad::threads::init(None)?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (files, size) = match args.first() {
         Some(dir) => (images_in(&PathBuf::from(dir))?, 224),

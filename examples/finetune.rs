@@ -29,6 +29,8 @@ use std::path::PathBuf;
 const EPOCHS: u64 = 4;
 
 fn main() -> Result<()> {
+    // CPU ops run on a pool this thread is part of.
+    leangrad::threads::init(None)?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (data, size) = match args.first() {
         Some(dir) => (PathBuf::from(dir), 224),

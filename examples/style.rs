@@ -45,6 +45,8 @@ fn gram(maps: &Tensor) -> Result<Tensor> {
 }
 
 fn main() -> Result<()> {
+    // CPU ops run on a pool this thread is part of.
+    leangrad::threads::init(None)?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let device = Device::cuda_if_available(0);
     let (content, style) = match (args.first(), args.get(1)) {

@@ -74,6 +74,8 @@ fn predictions(logits: &Tensor) -> leangrad::Result<Vec<usize>> {
 }
 
 fn main() -> leangrad::Result<()> {
+    // CPU ops run on a pool this thread is part of.
+    leangrad::threads::init(None)?;
     let start = Instant::now();
     let cpu = Device::Cpu;
     let mut encoder = SentenceEncoder::minilm(DType::F32, cpu)?;

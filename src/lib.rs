@@ -25,6 +25,7 @@ pub mod optim;
 pub mod primitives;
 pub mod rng;
 pub mod tensor;
+pub mod threads;
 
 pub use device::Device;
 pub use dtype::{DType, FloatDType, WithDType};

@@ -17,7 +17,13 @@ use leangrad::memory_plan::OptimizerKind;
 use output::{report, PipeClosed};
 
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // The first thing, so it cannot fail for a pool already built: this
+    // thread runs the jobs' ops and computes with the pool's threads.
+    if let Err(e) = leangrad::threads::init(None) {
+        output::stderr(&format!("warning: {e}\n"));
+    }
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // The reader of stdout went away (`| head`): nothing left to say.
         Err(e) if e.is::<PipeClosed>() => std::process::ExitCode::SUCCESS,
