@@ -203,9 +203,26 @@ impl<T> Ptr<T> {
 }
 
 /// gemm multiplies a product whose sides are both at most this long in its
-/// small-matrix branch, which blocks the depth otherwise: no part of a
-/// split may land there unless the whole product does.
+/// small-matrix branch, which blocks a depth over 512 otherwise.
 const GEMM_SMALL_DIM: usize = 64;
+
+/// Whether gemm adds the terms of every element in the same order in
+/// products of shapes `a` and `b` (`(m, n, k)` each, the rows and columns
+/// in either order): both past its branches for a depth of 2 or less, a
+/// single row or column and at most 16·16 elements, with the same depth,
+/// blocked alike. The depth blocking depends on `k` alone, except that a
+/// product with both sides at most [`GEMM_SMALL_DIM`] takes 512 at a time
+/// where a larger one evens the blocks out (the same for `k ≤ 512`). The
+/// convolutions split their products across threads only where this holds,
+/// so that results do not depend on the thread count.
+pub(crate) fn adds_alike(a: (usize, usize, usize), b: (usize, usize, usize)) -> bool {
+    let blocking = |(m, n, k): (usize, usize, usize)| {
+        let plain = k > 2 && m > 1 && n > 1 && m * n > 256;
+        let small = m <= GEMM_SMALL_DIM && n <= GEMM_SMALL_DIM && k > 512;
+        plain.then_some((k, small))
+    };
+    matches!((blocking(a), blocking(b)), (Some(x), Some(y)) if x == y)
+}
 
 /// Each part of a split dimension is a multiple of this many rows or
 /// columns (gemm's widest micro-tile side), so that parts stay near equal
@@ -244,18 +261,16 @@ impl<T: Copy + Send + Sync + 'static> Product<T> {
     unsafe fn run(self, (zero, one): (T, T), split: bool) {
         let (m, n, k) = self.mnk;
         let threads = rayon::current_num_threads();
-        // Past gemm's branches for a depth of 2 or less, for products of at
-        // most 16·16 elements or a single row or column, and for both sides
-        // at most GEMM_SMALL_DIM: a block there would be summed otherwise.
-        let plain = |rows: usize, cols: usize| {
-            rows > 1 && cols > 1 && rows * cols > 256 && rows.max(cols) > GEMM_SMALL_DIM
-        };
-        // The part length splitting `len` (against `other`), if the last,
-        // shortest part is still plain.
+        // The part length splitting `len` (against `other`), if the first
+        // and the last (shortest) part add like the whole product.
         let parts = |len: usize, other: usize| {
             let part = len.div_ceil(threads).next_multiple_of(SPLIT_ALIGN);
             let last = len - (len.div_ceil(part) - 1) * part;
-            (part < len && plain(last, other)).then_some(part)
+            let whole = (len, other, k);
+            (part < len
+                && adds_alike(whole, (part, other, k))
+                && adds_alike(whole, (last, other, k)))
+            .then_some(part)
         };
         let big = split && threads > 1 && k > 2 && m * n * k >= PARALLEL_WORK;
         // A column split packs `a` once per part, a row split `b`: split
@@ -387,14 +402,16 @@ fn execute<T: Copy + Send + Sync + 'static>(
 /// CPU kernels that keep several operands in disjoint parts of one locked
 /// buffer (which [`matmul_into`] would copy apart): `dst` a row-major `m×n`
 /// matrix, `a` (`m×k`) and `b` (`k×n`) read from the start of their slices
-/// through their (row, column) strides. f32, f64 and f16 (gemm's own
-/// types); anything else is [`Error::UnsupportedDType`].
+/// through their (row, column) strides. `split`: the product may be split
+/// across rayon's threads (false where the caller already runs one such
+/// product per thread). f32, f64 and f16 (gemm's own types); anything else
+/// is [`Error::UnsupportedDType`].
 pub(crate) fn gemm_slices<T: crate::FloatDType>(
     dst: &mut [T],
     (m, n, k): (usize, usize, usize),
     a: (&[T], usize, usize),
     b: (&[T], usize, usize),
-    accumulate: bool,
+    (accumulate, split): (bool, bool),
 ) -> Result<()> {
     if dst.len() != m * n {
         return Err(Error::InvalidArgument {
@@ -402,7 +419,7 @@ pub(crate) fn gemm_slices<T: crate::FloatDType>(
             msg: "destination size does not match the product".into(),
         });
     }
-    gemm_slices_strided((dst, n), (m, n, k), a, b, accumulate)
+    gemm_slices_strided((dst, n), (m, n, k), a, b, (accumulate, split))
 }
 
 /// [`gemm_slices`] into a block of a wider row-major matrix: `dst`'s rows
@@ -414,7 +431,7 @@ pub(crate) fn gemm_slices_strided<T: crate::FloatDType>(
     (m, n, k): (usize, usize, usize),
     (a, a_rs, a_cs): (&[T], usize, usize),
     (b, b_rs, b_cs): (&[T], usize, usize),
-    accumulate: bool,
+    (accumulate, split): (bool, bool),
 ) -> Result<()> {
     if !matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16) {
         return Err(Error::UnsupportedDType {
@@ -460,7 +477,7 @@ pub(crate) fn gemm_slices_strided<T: crate::FloatDType>(
     // SAFETY: row i of `dst` is dst[i·dst_rs..][..n], inside `dst` (checked
     // above); every element read from `a` and `b` lies inside them
     // (check_bounds).
-    unsafe { product.run((T::zero(), T::one()), rayon::current_num_threads() > 1) };
+    unsafe { product.run((T::zero(), T::one()), split) };
     Ok(())
 }
 

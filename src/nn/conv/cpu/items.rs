@@ -6,14 +6,15 @@
 
 use super::ConvGeom;
 use super::{
-    fill_bias, fold_row, for_chunks, neutral_padding, on_meta, slice, slice_mut, unfold_into,
-    unfold_items, view,
+    fold_row, for_chunks, neutral_padding, on_meta, slice, slice_mut, unfold_into, unfold_items,
+    view,
 };
 use crate::dtype::CpuData;
-use crate::primitives::{gemm_slices, gemm_slices_strided, matmul_into};
+use crate::primitives::{adds_alike, gemm_slices, gemm_slices_strided, matmul_into};
 use crate::tensor::{Layout, Tensor};
-use crate::{DType, Error, FloatDType, Result};
+use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
+use rayon::prelude::*;
 use std::ops::Range;
 
 /// Output positions one batched forward product aims at: enough for the
@@ -60,23 +61,13 @@ pub(super) fn forward_items(
     g: &ConvGeom,
     items: Range<usize>,
 ) -> Result<()> {
-    let (k, l, cout, nb) = (g.k(), g.l(), g.cout, items.len());
-    let (width, start) = (nb * l, items.start * cout * l);
-    let wide = view(out, &[cout, width], start);
-    // Asked first: the op the ledger notes last before the column buffer is
-    // freed is then the last product's, as when each item has its own.
-    let meta = on_meta("conv2d", &[out, cols])?;
-    if let Some((b, bs)) = bias {
-        if !on_meta("conv2d", &[out, b])? {
-            let bd = b.storage().cpu()?;
-            let mut od = out.storage().cpu_mut()?;
-            let range = start..start + cout * width;
-            by_dtype!(
-                x.dtype(),
-                fill_bias(&mut od, range, &bd, bs..bs + cout, width)
-            )?;
-        }
+    if !on_meta("conv2d", &[out, cols])? {
+        return forward_items_cpu((x, xs), (w, ws), bias, out, cols, g, items);
     }
+    // Meta: the same buffers touched, and the products' op noted last (as
+    // the CPU run notes it), so the ledger moves as on the CPU.
+    let (k, l, cout, nb) = (g.k(), g.l(), g.cout, items.len());
+    let wide = view(out, &[cout, nb * l], items.start * cout * l);
     let slice_rows = k / nb;
     for r0 in (0..k).step_by(slice_rows) {
         let rows = r0..(r0 + slice_rows).min(k);
@@ -87,33 +78,179 @@ pub(super) fn forward_items(
             vec![k, 1],
             ws + r0,
         ));
-        let cr = view(cols, &[rows.len(), width], 0);
+        let cr = view(cols, &[rows.len(), nb * l], 0);
         matmul_into(&wide, &wr, &cr, r0 > 0 || bias.is_some())?;
     }
-    if meta {
-        return Ok(());
-    }
-    let mut od = out.storage().cpu_mut()?;
-    let mut cd = cols.storage().cpu_mut()?;
-    by_dtype!(
-        x.dtype(),
-        wide_to_items(&mut od, start, &mut cd, (cout, nb, l))
-    )
+    Ok(())
 }
 
-/// Reorders `out[start..]`, holding `[cout, items·l]`, to `[items, cout,
-/// l]`, through the front of `scratch`.
-fn wide_to_items<T: FloatDType>(
-    out: &mut CpuData,
-    start: usize,
-    scratch: &mut CpuData,
-    (cout, items, l): (usize, usize, usize),
+/// [`forward_items`] on the CPU, in lanes: the items are split into one
+/// consecutive range per rayon thread, each with its own part of the
+/// column buffer (its share of the slice's columns) and its own outputs,
+/// and each lane runs the whole pipeline (unfold a slice, multiply, and
+/// finally reorder its outputs) without waiting for the others. The
+/// slices are those of the whole product, and lanes are used only where
+/// gemm adds a lane's columns like the whole product's ([`adds_alike`]),
+/// so the values are the same for any thread count.
+fn forward_items_cpu(
+    (x, xs): (&Tensor, usize),
+    (w, ws): (&Tensor, usize),
+    bias: Option<(&Tensor, usize)>,
+    out: &Tensor,
+    cols: &Tensor,
+    g: &ConvGeom,
+    items: Range<usize>,
 ) -> Result<()> {
-    let len = cout * items * l;
-    let out = slice_mut::<T>(out, start..start + len)?;
-    let tmp = slice_mut::<T>(scratch, 0..len)?;
+    // The op the ledger notes last before the column buffer is freed.
+    crate::memory::note_op("matmul_into");
+    let (cout, l, item) = (g.cout, g.l(), g.cin * g.h * g.w);
+    let nb = items.len();
+    let xd = x.storage().cpu()?;
+    let wd = if w.shares_storage_with(x) {
+        None
+    } else {
+        Some(w.storage().cpu()?)
+    };
+    let wd: &CpuData = wd.as_deref().unwrap_or(&xd);
+    let mut od = out.storage().cpu_mut()?;
+    let mut cd = cols.storage().cpu_mut()?;
+    let x_range = xs + items.start * item..xs + items.end * item;
+    let out_range = items.start * cout * l..items.end * cout * l;
+    fn go<T: FloatDType>(
+        (x, w, bias, out, cols): (
+            &CpuData,
+            &CpuData,
+            Option<Vec<f64>>,
+            &mut CpuData,
+            &mut CpuData,
+        ),
+        (x_range, ws, out_range): (Range<usize>, usize, Range<usize>),
+        g: &ConvGeom,
+        nb: usize,
+    ) -> Result<()> {
+        let (k, l, cout) = (g.k(), g.l(), g.cout);
+        let x = slice::<T>(x, x_range)?;
+        let w = slice::<T>(w, ws..ws + cout * k)?;
+        let bias: Option<Vec<T>> = bias.map(|b| b.iter().map(|&v| T::from_f64(v)).collect());
+        let out = slice_mut::<T>(out, out_range)?;
+        let slice_rows = k / nb;
+        let cols = slice_mut::<T>(cols, 0..slice_rows * nb * l)?;
+        // Every slice's depth: slice_rows, and the last one's.
+        let last = k - (k.div_ceil(slice_rows) - 1) * slice_rows;
+        let alike = |lanes: &[Range<usize>]| {
+            lanes.iter().all(|r| {
+                [slice_rows, last]
+                    .iter()
+                    .all(|&d| adds_alike((cout, nb * l, d), (cout, r.len() * l, d)))
+            })
+        };
+        let lanes = lane_items(nb).filter(|lanes| alike(lanes));
+        let Some(lanes) = lanes else {
+            return forward_lane((x, w, bias.as_deref()), out, cols, g, (slice_rows, true));
+        };
+        let item = g.cin * g.h * g.w;
+        let parts = split_lanes(&lanes, (x, item), (out, cout * l), (cols, slice_rows * l));
+        parts.into_par_iter().try_for_each(|(x, out, cols)| {
+            forward_lane((x, w, bias.as_deref()), out, cols, g, (slice_rows, false))
+        })
+    }
+    // The bias as f64 (exact for every float dtype), copied out of its
+    // storage, which may be the weight's.
+    let bias = match bias {
+        Some((b, bs)) => {
+            let bd = b.storage().cpu()?;
+            Some(by_dtype!(x.dtype(), bias_values(&bd, bs..bs + cout))?)
+        }
+        None => None,
+    };
+    let bufs = (&*xd, wd, bias, &mut *od, &mut *cd);
+    let ranges = (x_range, ws, out_range);
+    match x.dtype() {
+        DType::F32 => go::<f32>(bufs, ranges, g, nb),
+        DType::F64 => go::<f64>(bufs, ranges, g, nb),
+        dtype => Err(Error::UnsupportedDType {
+            op: "conv2d",
+            dtype,
+        }),
+    }
+}
+
+/// `b[range]` as f64.
+fn bias_values<T: FloatDType>(b: &CpuData, range: Range<usize>) -> Result<Vec<f64>> {
+    Ok(slice::<T>(b, range)?
+        .iter()
+        .map(|&v| WithDType::to_f64(v))
+        .collect())
+}
+
+/// The batch items `0..nb` as one consecutive range per rayon thread
+/// (near-equal), or `None` with one thread or one item.
+fn lane_items(nb: usize) -> Option<Vec<Range<usize>>> {
+    let lanes = rayon::current_num_threads().min(nb);
+    (lanes > 1).then(|| {
+        (0..lanes)
+            .map(|j| nb * j / lanes..nb * (j + 1) / lanes)
+            .collect()
+    })
+}
+
+/// Splits the items' input, outputs and the column buffer into the lanes'
+/// disjoint parts: `per_item` elements of each per item of the lane.
+#[allow(clippy::type_complexity)]
+fn split_lanes<'a, T>(
+    lanes: &[Range<usize>],
+    (mut x, x_item): (&'a [T], usize),
+    (mut out, out_item): (&'a mut [T], usize),
+    (mut cols, cols_item): (&'a mut [T], usize),
+) -> Vec<(&'a [T], &'a mut [T], &'a mut [T])> {
+    let mut parts = Vec::with_capacity(lanes.len());
+    for r in lanes {
+        let n = r.len();
+        let (xj, xr) = x.split_at(n * x_item);
+        let (oj, or) = std::mem::take(&mut out).split_at_mut(n * out_item);
+        let (cj, cr) = std::mem::take(&mut cols).split_at_mut(n * cols_item);
+        parts.push((xj, oj, cj));
+        (x, out, cols) = (xr, or, cr);
+    }
+    parts
+}
+
+/// One lane of [`forward_items_cpu`]: its items' outputs `out` (`[items,
+/// cout, l]`) computed as one `[cout, items·l]` matrix in place (the bias
+/// first, then for each slice of the column rows: unfold the slice for the
+/// lane's items side by side, multiply by the weight's matching columns,
+/// accumulate), then reordered to `[items, cout, l]` through the front of
+/// `cols`. `split`: the products may be split across threads (one lane).
+fn forward_lane<T: FloatDType>(
+    (x, w, bias): (&[T], &[T], Option<&[T]>),
+    out: &mut [T],
+    cols: &mut [T],
+    g: &ConvGeom,
+    (slice_rows, split): (usize, bool),
+) -> Result<()> {
+    let (k, l, cout) = (g.k(), g.l(), g.cout);
+    let width = out.len() / cout;
+    if let Some(b) = bias {
+        for (row, &v) in out.chunks_mut(width).zip(b) {
+            row.fill(v);
+        }
+    }
+    for r0 in (0..k).step_by(slice_rows) {
+        let rows = r0..(r0 + slice_rows).min(k);
+        let band = &mut cols[..rows.len() * width];
+        unfold_into(x, band, g, rows.clone());
+        let accumulate = r0 > 0 || bias.is_some();
+        gemm_slices(
+            out,
+            (cout, width, rows.len()),
+            (&w[r0..], k, 1),
+            (&*band, width, 1),
+            (accumulate, split),
+        )?;
+    }
+    let tmp = &mut cols[..out.len()];
     tmp.copy_from_slice(out);
-    for (c, channel) in tmp.chunks(items * l).enumerate() {
+    for (c, channel) in tmp.chunks(width).enumerate() {
         for (i, src) in channel.chunks(l).enumerate() {
             out[(i * cout + c) * l..][..l].copy_from_slice(src);
         }
@@ -182,30 +319,39 @@ pub(super) fn input_grad_of_items(
         nb: usize,
     ) -> Result<()> {
         let (k, l, cout) = (g.k(), g.l(), g.cout);
-        let width = nb * l;
         let gy = slice::<T>(gy, gy_range)?;
         let w = slice::<T>(w, w_range)?;
         let n = cols.len();
-        let (wide, rest) = slice_mut::<T>(cols, 0..n)?.split_at_mut(cout * width);
+        let cols = slice_mut::<T>(cols, 0..n)?;
         let gx = slice_mut::<T>(gx, gx_range)?;
-        side_by_side(gy, wide, (cout, l));
-        let slice_rows = rest.len() / width;
-        for r0 in (0..k).step_by(slice_rows) {
-            let rows = r0..(r0 + slice_rows).min(k);
-            let dst = &mut rest[..rows.len() * width];
-            // W[:, rows]ᵀ: element (r, c) at w[c·k + r0 + r].
-            let wt = (&w[r0..], 1, k);
-            gemm_slices(
-                dst,
-                (rows.len(), width, cout),
-                wt,
-                (&*wide, width, 1),
-                false,
-            )?;
-            neutral_padding(dst, g, rows.clone(), width);
-            fold_rows(dst, gx, g, rows, nb);
-        }
-        Ok(())
+        // Each lane takes its items' share of the buffer (whole items'
+        // worth, so its column slices are as deep as the whole product's
+        // or one row less).
+        let per_item = n / nb;
+        // The products' shapes (the first slice's and the last's) for
+        // `items` items in `len` elements of the buffer.
+        let shapes = |items: usize, len: usize| {
+            let width = items * l;
+            let slice_rows = len.saturating_sub(cout * width) / width;
+            let last = k - (k.div_ceil(slice_rows.max(1)) - 1) * slice_rows;
+            [(slice_rows, width, cout), (last, width, cout)]
+        };
+        let whole = shapes(nb, n)[0];
+        let lanes = lane_items(nb).filter(|lanes| {
+            lanes
+                .iter()
+                .flat_map(|r| shapes(r.len(), per_item * r.len()))
+                .chain(shapes(nb, n))
+                .all(|s| s.0 > 0 && adds_alike(whole, s))
+        });
+        let Some(lanes) = lanes else {
+            return input_grad_lane((gy, w), gx, cols, g, true);
+        };
+        let item = g.cin * g.h * g.w;
+        let parts = split_lanes(&lanes, (gy, cout * l), (gx, item), (cols, per_item));
+        parts
+            .into_par_iter()
+            .try_for_each(|(gy, gx, cols)| input_grad_lane((gy, w), gx, cols, g, false))
     }
     let bufs = (&*gyd, &*wd, &mut *cd, &mut *xd);
     let ranges = (gy_range, w_range, gx_range);
@@ -218,6 +364,42 @@ pub(super) fn input_grad_of_items(
             dtype,
         }),
     }
+}
+
+/// One lane of [`input_grad_of_items`]: its items' output gradients `gy`
+/// (`[items, cout, l]`) side by side at the front of `cols`, then slice by
+/// slice of the column rows (as many as the rest of `cols` holds):
+/// `W[:, rows]ᵀ · gy`, folded into the items' input gradients `gx`.
+/// `split`: the products may be split across threads (one lane).
+fn input_grad_lane<T: FloatDType>(
+    (gy, w): (&[T], &[T]),
+    gx: &mut [T],
+    cols: &mut [T],
+    g: &ConvGeom,
+    split: bool,
+) -> Result<()> {
+    let (k, l, cout) = (g.k(), g.l(), g.cout);
+    let nb = gy.len() / (cout * l);
+    let width = nb * l;
+    let (wide, rest) = cols.split_at_mut(cout * width);
+    side_by_side(gy, wide, (cout, l));
+    let slice_rows = rest.len() / width;
+    for r0 in (0..k).step_by(slice_rows) {
+        let rows = r0..(r0 + slice_rows).min(k);
+        let dst = &mut rest[..rows.len() * width];
+        // W[:, rows]ᵀ: element (r, c) at w[c·k + r0 + r].
+        let wt = (&w[r0..], 1, k);
+        gemm_slices(
+            dst,
+            (rows.len(), width, cout),
+            wt,
+            (&*wide, width, 1),
+            (false, split),
+        )?;
+        neutral_padding(dst, g, rows.clone(), width);
+        fold_rows(dst, gx, g, rows, nb);
+    }
+    Ok(())
 }
 
 /// Folds the column rows `rows` of `items` items (`cols`: `[rows,
@@ -298,7 +480,7 @@ pub(super) fn weight_grad_of_items(
                 (cout, rows.len(), width),
                 (&*wide, width, 1),
                 (&*band, 1, width),
-                accumulate,
+                (accumulate, true),
             )?;
         }
         Ok(())
