@@ -402,6 +402,96 @@ fn input_grad_lane<T: FloatDType>(
     Ok(())
 }
 
+/// The input gradient of the one batch item `item` (groups of 1, f32, f64
+/// or f16) on the CPU, in lanes of input channels, one per rayon thread:
+/// each lane computes its channels' column rows (`W[:, rows]ᵀ · gy`, rows
+/// `c0·kh·kw..c1·kh·kw` of the one-item buffer) and folds them into its
+/// channels' planes of `gx`, without waiting for the other lanes. Returns
+/// `false` (nothing done) on meta, for other dtypes, or where gemm would
+/// add a lane's rows otherwise than the whole product's (one product and
+/// col2im then run instead: the same values).
+pub(super) fn input_grad_of_item_in_lanes(
+    (gy, gs): (&Tensor, usize),
+    (w, ws): (&Tensor, usize),
+    gx: &Tensor,
+    cols: &Tensor,
+    g: &ConvGeom,
+    item: usize,
+) -> Result<bool> {
+    let (k, l, cout, kk) = (g.k(), g.l(), g.cout, g.kh * g.kw);
+    let native = matches!(gy.dtype(), DType::F32 | DType::F64 | DType::F16);
+    let Some(lanes) = lane_items(g.cin) else {
+        return Ok(false);
+    };
+    let alike = lanes
+        .iter()
+        .all(|r| adds_alike((k, l, cout), (r.len() * kk, l, cout)));
+    if g.groups != 1 || !native || !alike || gy.shares_storage_with(w) {
+        return Ok(false);
+    }
+    if on_meta("conv2d_backward", &[gy, gx, cols])? {
+        return Ok(false);
+    }
+    let plane = g.h * g.w;
+    let gyd = gy.storage().cpu()?;
+    let wd = w.storage().cpu()?;
+    let mut cd = cols.storage().cpu_mut()?;
+    let mut xd = gx.storage().cpu_mut()?;
+    let gy_range = gs + item * cout * l..gs + (item + 1) * cout * l;
+    let gx_range = item * g.cin * plane..(item + 1) * g.cin * plane;
+    fn go<T: FloatDType>(
+        (gy, w, cols, gx): (&CpuData, &CpuData, &mut CpuData, &mut CpuData),
+        (gy_range, ws, gx_range): (Range<usize>, usize, Range<usize>),
+        g: &ConvGeom,
+        lanes: &[Range<usize>],
+    ) -> Result<()> {
+        let (k, l, cout, kk) = (g.k(), g.l(), g.cout, g.kh * g.kw);
+        let gy = slice::<T>(gy, gy_range)?;
+        let w = slice::<T>(w, ws..ws + cout * k)?;
+        let cols = slice_mut::<T>(cols, 0..k * l)?;
+        let gx = slice_mut::<T>(gx, gx_range)?;
+        let plane = g.h * g.w;
+        // Each lane's channels: its column rows and its input planes (no
+        // input to split: the lanes share `gy`).
+        let parts = split_lanes(lanes, (&[][..], 0), (cols, kk * l), (gx, plane));
+        let starts: Vec<usize> = lanes.iter().map(|r| r.start).collect();
+        parts
+            .into_par_iter()
+            .zip(starts)
+            .try_for_each(|((_, dst, gx), c0)| {
+                let rows = c0 * kk..c0 * kk + dst.len() / l;
+                // W[:, rows]ᵀ: element (r, c) at w[c·k + rows.start + r].
+                gemm_slices(
+                    dst,
+                    (rows.len(), l, cout),
+                    (&w[rows.start..], 1, k),
+                    (gy, l, 1),
+                    (false, false),
+                )?;
+                neutral_padding(dst, g, rows.clone(), l);
+                for (c, plane) in gx.chunks_mut(plane).enumerate() {
+                    let taps = &dst[c * kk * l..][..kk * l];
+                    for (t, row) in taps.chunks(l).enumerate() {
+                        fold_row(row, plane, g, t / g.kw, t % g.kw);
+                    }
+                }
+                Ok(())
+            })
+    }
+    let bufs = (&*gyd, &*wd, &mut *cd, &mut *xd);
+    let ranges = (gy_range, ws, gx_range);
+    match gy.dtype() {
+        DType::F32 => go::<f32>(bufs, ranges, g, &lanes),
+        DType::F64 => go::<f64>(bufs, ranges, g, &lanes),
+        DType::F16 => go::<f16>(bufs, ranges, g, &lanes),
+        dtype => Err(Error::UnsupportedDType {
+            op: "conv2d_backward",
+            dtype,
+        }),
+    }?;
+    Ok(true)
+}
+
 /// Folds the column rows `rows` of `items` items (`cols`: `[rows,
 /// items·oh·ow]`, the items side by side) back into their input gradients
 /// `gx` (`[items, cin, h, w]`), adding each plane's taps in ascending row

@@ -33,7 +33,8 @@ use crate::tensor::{contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
 use items::{
-    batch_items, forward_items, input_grad_items, input_grad_of_items, weight_grad_of_items,
+    batch_items, forward_items, input_grad_items, input_grad_of_item_in_lanes, input_grad_of_items,
+    weight_grad_of_items,
 };
 use rayon::prelude::*;
 use std::ops::Range;
@@ -586,6 +587,9 @@ pub(super) fn conv2d_input_grad(
         i += nb;
         if nb > 1 {
             input_grad_of_items((&gy, gs), (&w, ws), &gx, &cols, g, i - nb..i)?;
+            continue;
+        }
+        if input_grad_of_item_in_lanes((&gy, gs), (&w, ws), &gx, &cols, g, i - 1)? {
             continue;
         }
         let gyv = view(&gy, &[g.groups, cg, l], gs + (i - 1) * g.cout * l);
