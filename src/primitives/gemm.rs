@@ -188,8 +188,15 @@ fn check_bounds(o: &Operand, rows: usize, cols: usize, len: usize) -> Result<()>
 
 /// A pointer that may cross to rayon's threads: each thread of a split
 /// product writes its own block of the destination.
-#[derive(Clone, Copy)]
 struct Ptr<T>(*mut T);
+
+// By hand: a derive would ask `T: Copy`.
+impl<T> Clone for Ptr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Ptr<T> {}
 
 // SAFETY: the parts of a split product write disjoint blocks of `dst` and
 // only read `a` and `b` (see `Product::run`).
@@ -481,6 +488,119 @@ pub(crate) fn gemm_slices_strided<T: crate::FloatDType>(
     Ok(())
 }
 
+/// One lane's block of columns of a row-major matrix shared by several
+/// lanes (see [`column_blocks`]): the only writer of those columns, so that
+/// lanes on rayon's threads can each multiply into their own columns of
+/// one destination (the convolutions' weight gradient, whose lanes own
+/// bands of the weight's columns).
+pub(crate) struct ColumnBlock<'a, T> {
+    /// The block's first column of row 0.
+    start: Ptr<T>,
+    rows: usize,
+    /// Elements from one row to the next.
+    rs: usize,
+    cols: usize,
+    _dst: std::marker::PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: a block writes only its own columns (disjoint from every other
+// block of the same matrix, checked by `column_blocks`), within the borrow.
+unsafe impl<T: Send> Send for ColumnBlock<'_, T> {}
+
+/// Splits the `rows × rs` row-major matrix `dst` into blocks of the column
+/// ranges `ranges` (ascending and disjoint, within `rs`), one per lane.
+pub(crate) fn column_blocks<'a, T>(
+    dst: &'a mut [T],
+    (rows, rs): (usize, usize),
+    ranges: &[Range<usize>],
+) -> Result<Vec<ColumnBlock<'a, T>>> {
+    let ascending = ranges.windows(2).all(|p| p[0].end <= p[1].start);
+    let end = ranges.last().map_or(0, |r| r.end);
+    let fits = rows == 0 || (end <= rs && (rows - 1) * rs + end <= dst.len());
+    if !ascending || !fits || ranges.iter().any(|r| r.start > r.end) {
+        return Err(Error::InvalidArgument {
+            op: "matmul",
+            msg: "column blocks overlap or reach outside the matrix".into(),
+        });
+    }
+    let base = Ptr(dst.as_mut_ptr());
+    Ok(ranges
+        .iter()
+        .map(|r| ColumnBlock {
+            start: base.add(r.start),
+            rows,
+            rs,
+            cols: r.len(),
+            _dst: std::marker::PhantomData,
+        })
+        .collect())
+}
+
+impl<T: crate::FloatDType> ColumnBlock<'_, T> {
+    /// Its columns `cols` (relative to the block) `= a·b`, or `+= a·b` when
+    /// `accumulate`: `a` (`rows×k`) and `b` (`k×cols.len()`) read from the
+    /// start of their slices through their (row, column) strides; one gemm
+    /// call on this thread (as [`gemm_slices`] unsplit).
+    pub(crate) fn gemm(
+        &mut self,
+        (cols, k): (Range<usize>, usize),
+        (a, a_rs, a_cs): (&[T], usize, usize),
+        (b, b_rs, b_cs): (&[T], usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        if !matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16) {
+            return Err(Error::UnsupportedDType {
+                op: "matmul",
+                dtype: T::DTYPE,
+            });
+        }
+        let (m, n) = (self.rows, cols.len());
+        if cols.start > cols.end || cols.end > self.cols {
+            return Err(Error::InvalidArgument {
+                op: "matmul",
+                msg: "columns outside the block".into(),
+            });
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let operand = |rs, cs| Operand {
+            offsets: vec![0],
+            rs,
+            cs,
+        };
+        check_bounds(&operand(a_rs, a_cs), m, k, a.len())?;
+        check_bounds(&operand(b_rs, b_cs), k, n, b.len())?;
+        let dst = self.start.add(cols.start);
+        if k == 0 {
+            if !accumulate {
+                for i in 0..m {
+                    // SAFETY: row i of the block's columns, inside `dst`
+                    // (checked by `column_blocks`) and written only here.
+                    unsafe { std::slice::from_raw_parts_mut(dst.add(i * self.rs).0, n) }
+                        .fill(T::zero());
+                }
+            }
+            return Ok(());
+        }
+        let product = Product {
+            dst,
+            dst_rs: self.rs,
+            a: Ptr(a.as_ptr().cast_mut()),
+            a_strides: (a_rs, a_cs),
+            b: Ptr(b.as_ptr().cast_mut()),
+            b_strides: (b_rs, b_cs),
+            mnk: (m, n, k),
+            accumulate,
+        };
+        // SAFETY: the block's columns lie inside the matrix and no other
+        // block writes them (`column_blocks`); `a` and `b` hold every
+        // element read (check_bounds).
+        unsafe { product.call(T::zero(), T::one()) };
+        Ok(())
+    }
+}
+
 fn to_f32(data: &[bf16], l: &Layout) -> Result<Vec<f32>> {
     let mut v = try_vec(l.numel())?;
     l.for_each_offset(|o| v.push(data[o].to_f32()));
@@ -621,4 +741,52 @@ pub(crate) fn matmul_into(dst: &Tensor, a: &Tensor, b: &Tensor, accumulate: bool
     }
     let mut dd = dst.storage().cpu_mut()?;
     product_into(&mut dd, range, &a, &b, accumulate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // one block of columns is meant
+    fn column_blocks_write_only_their_columns_and_refuse_overlaps() {
+        let (m, k, n) = (3, 4, 10);
+        let a: Vec<f32> = (0..m * k).map(|i| i as f32 * 0.5 - 2.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 - 3.0).collect();
+        let mut whole = vec![0f32; m * n];
+        gemm_slices(
+            &mut whole,
+            (m, n, k),
+            (&a, k, 1),
+            (&b, n, 1),
+            (false, false),
+        )
+        .unwrap();
+        let mut dst = vec![f32::NAN; m * n];
+        let ranges = [0..4, 4..9];
+        for (mut block, r) in column_blocks(&mut dst, (m, n), &ranges)
+            .unwrap()
+            .into_iter()
+            .zip(ranges.clone())
+        {
+            let cols = 0..r.len();
+            block
+                .gemm((cols, k), (&a, k, 1), (&b[r.start..], n, 1), false)
+                .unwrap();
+        }
+        for (i, (d, w)) in dst.iter().zip(&whole).enumerate() {
+            if i % n == 9 {
+                assert!(d.is_nan(), "column 9 belongs to no block");
+            } else {
+                assert_eq!(d.to_bits(), w.to_bits(), "element {i}");
+            }
+        }
+        for bad in [vec![0..5, 4..9], vec![4..9, 0..4], vec![0..11]] {
+            assert!(column_blocks(&mut dst, (m, n), &bad).is_err(), "{bad:?}");
+        }
+        let mut blocks = column_blocks(&mut dst, (m, n), &[2..5]).unwrap();
+        assert!(blocks[0]
+            .gemm((2..4, k), (&a, k, 1), (&b, n, 1), false)
+            .is_err());
+    }
 }

@@ -10,7 +10,7 @@ use super::{
     view,
 };
 use crate::dtype::CpuData;
-use crate::primitives::{adds_alike, gemm_slices, gemm_slices_strided, matmul_into};
+use crate::primitives::{adds_alike, column_blocks, gemm_slices, gemm_slices_strided, matmul_into};
 use crate::tensor::{Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
@@ -559,21 +559,7 @@ pub(super) fn weight_grad_of_items(
         let (wide, rest) = slice_mut::<T>(cols, 0..n)?.split_at_mut(cout * width);
         let gw = slice_mut::<T>(gw, 0..cout * k)?;
         side_by_side(gy, wide, (cout, l));
-        let slice_rows = rest.len() / width;
-        for r0 in (0..k).step_by(slice_rows) {
-            let rows = r0..(r0 + slice_rows).min(k);
-            let band = &mut rest[..rows.len() * width];
-            unfold_into(x, band, g, rows.clone());
-            // cols[rows]ᵀ: element (p, r) at band[r·width + p].
-            gemm_slices_strided(
-                (&mut gw[r0..], k),
-                (cout, rows.len(), width),
-                (&*wide, width, 1),
-                (&*band, 1, width),
-                (accumulate, true),
-            )?;
-        }
-        Ok(())
+        weight_grad_rows(&*wide, x, gw, rest, g, accumulate)
     }
     let bufs = (&*gyd, &*xd, &mut *cd, &mut *wd);
     let nb = (items.len(), accumulate);
@@ -586,6 +572,79 @@ pub(super) fn weight_grad_of_items(
             dtype,
         }),
     }
+}
+
+/// `gW (+)= gy · colsᵀ` over all the column rows: `gy` `[cout, width]`
+/// (the items' output gradients side by side), `x` the items whose
+/// unfolded rows (`[rows, width]`) are `cols`, `gw` `[cout, k]`, `buf` the
+/// scratch the rows are unfolded into, as many at a time as it holds.
+/// With several rayon threads the rows run in lanes (one contiguous range
+/// of rows per thread, each with its share of `buf` and its own columns of
+/// `gw`), where gemm adds each lane's products like the one-lane ones
+/// ([`adds_alike`]); else one lane, whose products may be split.
+fn weight_grad_rows<T: FloatDType>(
+    gy: &[T],
+    x: &[T],
+    gw: &mut [T],
+    buf: &mut [T],
+    g: &ConvGeom,
+    accumulate: bool,
+) -> Result<()> {
+    let (k, cout) = (g.k(), g.cout);
+    let width = gy.len() / cout;
+    // A lane of `rows` rows in `len` elements of `buf`: its slices' rows,
+    // and its products' shapes (the first and the last).
+    let shapes = |rows: usize, len: usize| {
+        let slice_rows = (len / width).min(rows);
+        let last = rows - (rows.div_ceil(slice_rows.max(1)) - 1) * slice_rows;
+        (slice_rows, [(cout, slice_rows, width), (cout, last, width)])
+    };
+    let (slice_rows, whole) = shapes(k, buf.len());
+    let lanes = lane_items(k).filter(|lanes| {
+        let part = buf.len() / lanes.len();
+        lanes.iter().all(|r| {
+            let (rows, lane) = shapes(r.len(), part);
+            rows > 0 && whole.iter().chain(&lane).all(|&s| adds_alike(whole[0], s))
+        })
+    });
+    let Some(lanes) = lanes else {
+        for r0 in (0..k).step_by(slice_rows.max(1)) {
+            let rows = r0..(r0 + slice_rows).min(k);
+            let band = &mut buf[..rows.len() * width];
+            unfold_into(x, band, g, rows.clone());
+            // cols[rows]ᵀ: element (p, r) at band[r·width + p].
+            gemm_slices_strided(
+                (&mut gw[r0..], k),
+                (cout, rows.len(), width),
+                (gy, width, 1),
+                (&*band, 1, width),
+                (accumulate, true),
+            )?;
+        }
+        return Ok(());
+    };
+    let part = buf.len() / lanes.len();
+    let blocks = column_blocks(gw, (cout, k), &lanes)?;
+    let parts = buf.chunks_mut(part).zip(blocks).zip(lanes);
+    let parts: Vec<_> = parts.collect();
+    parts
+        .into_par_iter()
+        .try_for_each(|((buf, mut block), lane)| {
+            let (slice_rows, _) = shapes(lane.len(), part);
+            for r0 in lane.clone().step_by(slice_rows) {
+                let rows = r0..(r0 + slice_rows).min(lane.end);
+                let band = &mut buf[..rows.len() * width];
+                unfold_into(x, band, g, rows.clone());
+                let cols = rows.start - lane.start..rows.end - lane.start;
+                block.gemm(
+                    (cols, width),
+                    (gy, width, 1),
+                    (&*band, 1, width),
+                    accumulate,
+                )?;
+            }
+            Ok(())
+        })
 }
 
 /// Copies the items' output gradients `gy` (`[items, cout, l]`) into
