@@ -349,6 +349,22 @@ impl<T: Copy + Send + Sync + 'static> Product<T> {
     }
 }
 
+/// Checks that `a` (`m×k`) and `b` (`k×n`), read from the start of slices
+/// of `len` elements through their (row, column) strides, lie inside them.
+fn check_slices(
+    (m, n, k): (usize, usize, usize),
+    (a_len, a_rs, a_cs): (usize, usize, usize),
+    (b_len, b_rs, b_cs): (usize, usize, usize),
+) -> Result<()> {
+    let operand = |rs, cs| Operand {
+        offsets: vec![0],
+        rs,
+        cs,
+    };
+    check_bounds(&operand(a_rs, a_cs), m, k, a_len)?;
+    check_bounds(&operand(b_rs, b_cs), k, n, b_len)
+}
+
 /// Runs a plan: `dst = a·b`, or `dst += a·b` when `accumulate`.
 fn execute<T: Copy + Send + Sync + 'static>(
     p: &Plan,
@@ -464,13 +480,7 @@ pub(crate) fn gemm_slices_strided<T: crate::FloatDType>(
         }
         return Ok(());
     }
-    let operand = |rs, cs| Operand {
-        offsets: vec![0],
-        rs,
-        cs,
-    };
-    check_bounds(&operand(a_rs, a_cs), m, k, a.len())?;
-    check_bounds(&operand(b_rs, b_cs), k, n, b.len())?;
+    check_slices((m, n, k), (a.len(), a_rs, a_cs), (b.len(), b_rs, b_cs))?;
     let product = Product {
         dst: Ptr(dst.as_mut_ptr()),
         dst_rs,
@@ -564,13 +574,7 @@ impl<T: crate::FloatDType> ColumnBlock<'_, T> {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let operand = |rs, cs| Operand {
-            offsets: vec![0],
-            rs,
-            cs,
-        };
-        check_bounds(&operand(a_rs, a_cs), m, k, a.len())?;
-        check_bounds(&operand(b_rs, b_cs), k, n, b.len())?;
+        check_slices((m, n, k), (a.len(), a_rs, a_cs), (b.len(), b_rs, b_cs))?;
         let dst = self.start.add(cols.start);
         if k == 0 {
             if !accumulate {
