@@ -442,60 +442,24 @@ pub(crate) fn gemm_slices<T: crate::FloatDType>(
             msg: "destination size does not match the product".into(),
         });
     }
-    gemm_slices_strided((dst, n), (m, n, k), a, b, (accumulate, split))
-}
-
-/// [`gemm_slices`] into a block of a wider row-major matrix: `dst`'s rows
-/// start `dst_rs` (≥ n) elements apart, and the elements between them are
-/// left alone. The convolutions' weight gradient writes a band of the
-/// weight's columns this way.
-pub(crate) fn gemm_slices_strided<T: crate::FloatDType>(
-    (dst, dst_rs): (&mut [T], usize),
-    (m, n, k): (usize, usize, usize),
-    (a, a_rs, a_cs): (&[T], usize, usize),
-    (b, b_rs, b_cs): (&[T], usize, usize),
-    (accumulate, split): (bool, bool),
-) -> Result<()> {
-    if !matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16) {
-        return Err(Error::UnsupportedDType {
-            op: "matmul",
-            dtype: T::DTYPE,
-        });
-    }
+    native_dtype::<T>()?;
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let outside = || Error::InvalidArgument {
-        op: "matmul",
-        msg: "destination block reaches outside its storage".into(),
-    };
-    if dst_rs < n || (m - 1) * dst_rs + n > dst.len() {
-        return Err(outside());
+    // The whole matrix as its one column block.
+    let mut blocks = column_blocks(dst, (m, n), std::slice::from_ref(&(0..n)))?;
+    blocks[0].gemm((0..n, k), a, b, (accumulate, split))
+}
+
+/// `Ok` for the dtypes gemm multiplies natively (f32, f64, f16).
+fn native_dtype<T: crate::FloatDType>() -> Result<()> {
+    match T::DTYPE {
+        DType::F32 | DType::F64 | DType::F16 => Ok(()),
+        dtype => Err(Error::UnsupportedDType {
+            op: "matmul",
+            dtype,
+        }),
     }
-    if k == 0 {
-        if !accumulate {
-            for row in dst.chunks_mut(dst_rs).take(m) {
-                row[..n].fill(T::zero());
-            }
-        }
-        return Ok(());
-    }
-    check_slices((m, n, k), (a.len(), a_rs, a_cs), (b.len(), b_rs, b_cs))?;
-    let product = Product {
-        dst: Ptr(dst.as_mut_ptr()),
-        dst_rs,
-        a: Ptr(a.as_ptr().cast_mut()),
-        a_strides: (a_rs, a_cs),
-        b: Ptr(b.as_ptr().cast_mut()),
-        b_strides: (b_rs, b_cs),
-        mnk: (m, n, k),
-        accumulate,
-    };
-    // SAFETY: row i of `dst` is dst[i·dst_rs..][..n], inside `dst` (checked
-    // above); every element read from `a` and `b` lies inside them
-    // (check_bounds).
-    unsafe { product.run((T::zero(), T::one()), split) };
-    Ok(())
 }
 
 /// One lane's block of columns of a row-major matrix shared by several
@@ -530,7 +494,7 @@ pub(crate) fn column_blocks<'a, T>(
     if !ascending || !fits || ranges.iter().any(|r| r.start > r.end) {
         return Err(Error::InvalidArgument {
             op: "matmul",
-            msg: "column blocks overlap or reach outside the matrix".into(),
+            msg: "destination blocks overlap or reach outside their storage".into(),
         });
     }
     let base = Ptr(dst.as_mut_ptr());
@@ -549,21 +513,17 @@ pub(crate) fn column_blocks<'a, T>(
 impl<T: crate::FloatDType> ColumnBlock<'_, T> {
     /// Its columns `cols` (relative to the block) `= a·b`, or `+= a·b` when
     /// `accumulate`: `a` (`rows×k`) and `b` (`k×cols.len()`) read from the
-    /// start of their slices through their (row, column) strides; one gemm
-    /// call on this thread (as [`gemm_slices`] unsplit).
+    /// start of their slices through their (row, column) strides. `split`:
+    /// the product may be split across rayon's threads (false where each
+    /// thread already runs a block of its own).
     pub(crate) fn gemm(
         &mut self,
         (cols, k): (Range<usize>, usize),
         (a, a_rs, a_cs): (&[T], usize, usize),
         (b, b_rs, b_cs): (&[T], usize, usize),
-        accumulate: bool,
+        (accumulate, split): (bool, bool),
     ) -> Result<()> {
-        if !matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16) {
-            return Err(Error::UnsupportedDType {
-                op: "matmul",
-                dtype: T::DTYPE,
-            });
-        }
+        native_dtype::<T>()?;
         let (m, n) = (self.rows, cols.len());
         if cols.start > cols.end || cols.end > self.cols {
             return Err(Error::InvalidArgument {
@@ -600,7 +560,7 @@ impl<T: crate::FloatDType> ColumnBlock<'_, T> {
         // SAFETY: the block's columns lie inside the matrix and no other
         // block writes them (`column_blocks`); `a` and `b` hold every
         // element read (check_bounds).
-        unsafe { product.call(T::zero(), T::one()) };
+        unsafe { product.run((T::zero(), T::one()), split) };
         Ok(())
     }
 }
@@ -775,7 +735,7 @@ mod tests {
         {
             let cols = 0..r.len();
             block
-                .gemm((cols, k), (&a, k, 1), (&b[r.start..], n, 1), false)
+                .gemm((cols, k), (&a, k, 1), (&b[r.start..], n, 1), (false, false))
                 .unwrap();
         }
         for (i, (d, w)) in dst.iter().zip(&whole).enumerate() {
@@ -790,7 +750,7 @@ mod tests {
         }
         let mut blocks = column_blocks(&mut dst, (m, n), &[2..5]).unwrap();
         assert!(blocks[0]
-            .gemm((2..4, k), (&a, k, 1), (&b, n, 1), false)
+            .gemm((2..4, k), (&a, k, 1), (&b, n, 1), (false, false))
             .is_err());
     }
 }

@@ -26,8 +26,7 @@ pub use elementwise::{
 };
 #[allow(unused_imports)]
 pub(crate) use gemm::{
-    adds_alike, column_blocks, gemm_slices, gemm_slices_strided, matmul, matmul_into,
-    usable as gemm_usable,
+    adds_alike, column_blocks, gemm_slices, matmul, matmul_into, usable as gemm_usable,
 };
 pub(crate) use index::{
     add_at, cat, corner, gather_offsets, read_indices, scatter_into_zeros, select_offsets, take,

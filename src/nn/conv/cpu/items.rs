@@ -10,7 +10,7 @@ use super::{
     view,
 };
 use crate::dtype::CpuData;
-use crate::primitives::{adds_alike, column_blocks, gemm_slices, gemm_slices_strided, matmul_into};
+use crate::primitives::{adds_alike, column_blocks, gemm_slices, matmul_into};
 use crate::tensor::{Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use half::{bf16, f16};
@@ -144,15 +144,20 @@ fn forward_items_cpu(
                     .all(|&d| adds_alike((cout, nb * l, d), (cout, r.len() * l, d)))
             })
         };
-        let lanes = lane_items(nb).filter(|lanes| alike(lanes));
-        let Some(lanes) = lanes else {
-            return forward_lane((x, w, bias.as_deref()), out, cols, g, (slice_rows, true));
-        };
+        // One lane (whose products may be split) when lanes would add
+        // otherwise.
+        let lanes = lane_ranges(nb).filter(|lanes| alike(lanes));
+        let split = lanes.is_none();
+        let lanes = lanes.unwrap_or_else(|| std::iter::once(0..nb).collect());
         let item = g.cin * g.h * g.w;
-        let parts = split_lanes(&lanes, (x, item), (out, cout * l), (cols, slice_rows * l));
-        parts.into_par_iter().try_for_each(|(x, out, cols)| {
-            forward_lane((x, w, bias.as_deref()), out, cols, g, (slice_rows, false))
-        })
+        let parts = split_lanes(&lanes, (out, cout * l), (cols, slice_rows * l));
+        parts
+            .into_par_iter()
+            .zip(lanes)
+            .try_for_each(|((out, cols), r)| {
+                let x = &x[r.start * item..r.end * item];
+                forward_lane((x, w, bias.as_deref()), out, cols, g, (slice_rows, split))
+            })
     }
     // The bias as f64 (exact for every float dtype), copied out of its
     // storage, which may be the weight's.
@@ -183,9 +188,9 @@ fn bias_values<T: FloatDType>(b: &CpuData, range: Range<usize>) -> Result<Vec<f6
         .collect())
 }
 
-/// The batch items `0..nb` as one consecutive range per rayon thread
-/// (near-equal), or `None` with one thread or one item.
-fn lane_items(nb: usize) -> Option<Vec<Range<usize>>> {
+/// `0..n` (batch items, channels or column rows) as one consecutive range
+/// per rayon thread (near-equal), or `None` with one thread or `n` < 2.
+fn lane_ranges(nb: usize) -> Option<Vec<Range<usize>>> {
     let lanes = rayon::current_num_threads().min(nb);
     (lanes > 1).then(|| {
         (0..lanes)
@@ -194,23 +199,20 @@ fn lane_items(nb: usize) -> Option<Vec<Range<usize>>> {
     })
 }
 
-/// Splits the items' input, outputs and the column buffer into the lanes'
-/// disjoint parts: `per_item` elements of each per item of the lane.
-#[allow(clippy::type_complexity)]
+/// Splits two buffers into the lanes' disjoint parts: `per` elements of
+/// each per unit (item or channel) of the lane. (What the lanes only read
+/// is sliced by their ranges.)
 fn split_lanes<'a, T>(
     lanes: &[Range<usize>],
-    (mut x, x_item): (&'a [T], usize),
-    (mut out, out_item): (&'a mut [T], usize),
-    (mut cols, cols_item): (&'a mut [T], usize),
-) -> Vec<(&'a [T], &'a mut [T], &'a mut [T])> {
+    (mut a, a_per): (&'a mut [T], usize),
+    (mut b, b_per): (&'a mut [T], usize),
+) -> Vec<(&'a mut [T], &'a mut [T])> {
     let mut parts = Vec::with_capacity(lanes.len());
     for r in lanes {
-        let n = r.len();
-        let (xj, xr) = x.split_at(n * x_item);
-        let (oj, or) = std::mem::take(&mut out).split_at_mut(n * out_item);
-        let (cj, cr) = std::mem::take(&mut cols).split_at_mut(n * cols_item);
-        parts.push((xj, oj, cj));
-        (x, out, cols) = (xr, or, cr);
+        let (aj, ar) = std::mem::take(&mut a).split_at_mut(r.len() * a_per);
+        let (bj, br) = std::mem::take(&mut b).split_at_mut(r.len() * b_per);
+        parts.push((aj, bj));
+        (a, b) = (ar, br);
     }
     parts
 }
@@ -337,7 +339,7 @@ pub(super) fn input_grad_of_items(
             [(slice_rows, width, cout), (last, width, cout)]
         };
         let whole = shapes(nb, n)[0];
-        let lanes = lane_items(nb).filter(|lanes| {
+        let lanes = lane_ranges(nb).filter(|lanes| {
             lanes
                 .iter()
                 .flat_map(|r| shapes(r.len(), per_item * r.len()))
@@ -348,10 +350,14 @@ pub(super) fn input_grad_of_items(
             return input_grad_lane((gy, w), gx, cols, g, true);
         };
         let item = g.cin * g.h * g.w;
-        let parts = split_lanes(&lanes, (gy, cout * l), (gx, item), (cols, per_item));
+        let parts = split_lanes(&lanes, (gx, item), (cols, per_item));
         parts
             .into_par_iter()
-            .try_for_each(|(gy, gx, cols)| input_grad_lane((gy, w), gx, cols, g, false))
+            .zip(lanes)
+            .try_for_each(|((gx, cols), r)| {
+                let gy = &gy[r.start * cout * l..r.end * cout * l];
+                input_grad_lane((gy, w), gx, cols, g, false)
+            })
     }
     let bufs = (&*gyd, &*wd, &mut *cd, &mut *xd);
     let ranges = (gy_range, w_range, gx_range);
@@ -420,7 +426,7 @@ pub(super) fn input_grad_of_item_in_lanes(
 ) -> Result<bool> {
     let (k, l, cout, kk) = (g.k(), g.l(), g.cout, g.kh * g.kw);
     let native = matches!(gy.dtype(), DType::F32 | DType::F64 | DType::F16);
-    let Some(lanes) = lane_items(g.cin) else {
+    let Some(lanes) = lane_ranges(g.cin) else {
         return Ok(false);
     };
     let alike = lanes
@@ -451,15 +457,13 @@ pub(super) fn input_grad_of_item_in_lanes(
         let cols = slice_mut::<T>(cols, 0..k * l)?;
         let gx = slice_mut::<T>(gx, gx_range)?;
         let plane = g.h * g.w;
-        // Each lane's channels: its column rows and its input planes (no
-        // input to split: the lanes share `gy`).
-        let parts = split_lanes(lanes, (&[][..], 0), (cols, kk * l), (gx, plane));
-        let starts: Vec<usize> = lanes.iter().map(|r| r.start).collect();
+        // Each lane's channels: its column rows and its input planes.
+        let parts = split_lanes(lanes, (cols, kk * l), (gx, plane));
         parts
             .into_par_iter()
-            .zip(starts)
-            .try_for_each(|((_, dst, gx), c0)| {
-                let rows = c0 * kk..c0 * kk + dst.len() / l;
+            .zip(lanes)
+            .try_for_each(|((dst, gx), c)| {
+                let rows = c.start * kk..c.end * kk;
                 // W[:, rows]ᵀ: element (r, c) at w[c·k + rows.start + r].
                 gemm_slices(
                     dst,
@@ -599,48 +603,36 @@ fn weight_grad_rows<T: FloatDType>(
         let last = rows - (rows.div_ceil(slice_rows.max(1)) - 1) * slice_rows;
         (slice_rows, [(cout, slice_rows, width), (cout, last, width)])
     };
-    let (slice_rows, whole) = shapes(k, buf.len());
-    let lanes = lane_items(k).filter(|lanes| {
+    let whole = shapes(k, buf.len()).1;
+    let lanes = lane_ranges(k).filter(|lanes| {
         let part = buf.len() / lanes.len();
         lanes.iter().all(|r| {
             let (rows, lane) = shapes(r.len(), part);
             rows > 0 && whole.iter().chain(&lane).all(|&s| adds_alike(whole[0], s))
         })
     });
-    let Some(lanes) = lanes else {
-        for r0 in (0..k).step_by(slice_rows.max(1)) {
-            let rows = r0..(r0 + slice_rows).min(k);
-            let band = &mut buf[..rows.len() * width];
-            unfold_into(x, band, g, rows.clone());
-            // cols[rows]ᵀ: element (p, r) at band[r·width + p].
-            gemm_slices_strided(
-                (&mut gw[r0..], k),
-                (cout, rows.len(), width),
-                (gy, width, 1),
-                (&*band, 1, width),
-                (accumulate, true),
-            )?;
-        }
-        return Ok(());
-    };
+    // One lane (whose products may be split) when lanes would add
+    // otherwise.
+    let split = lanes.is_none();
+    let lanes = lanes.unwrap_or_else(|| std::iter::once(0..k).collect());
     let part = buf.len() / lanes.len();
     let blocks = column_blocks(gw, (cout, k), &lanes)?;
-    let parts = buf.chunks_mut(part).zip(blocks).zip(lanes);
-    let parts: Vec<_> = parts.collect();
+    let parts: Vec<_> = buf.chunks_mut(part.max(1)).zip(blocks).zip(lanes).collect();
     parts
         .into_par_iter()
         .try_for_each(|((buf, mut block), lane)| {
             let (slice_rows, _) = shapes(lane.len(), part);
-            for r0 in lane.clone().step_by(slice_rows) {
+            for r0 in lane.clone().step_by(slice_rows.max(1)) {
                 let rows = r0..(r0 + slice_rows).min(lane.end);
                 let band = &mut buf[..rows.len() * width];
                 unfold_into(x, band, g, rows.clone());
+                // cols[rows]ᵀ: element (p, r) at band[r·width + p].
                 let cols = rows.start - lane.start..rows.end - lane.start;
                 block.gemm(
                     (cols, width),
                     (gy, width, 1),
                     (&*band, 1, width),
-                    accumulate,
+                    (accumulate, split),
                 )?;
             }
             Ok(())
