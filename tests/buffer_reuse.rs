@@ -384,6 +384,77 @@ fn activations_write_over_an_owned_input_only_when_backward_cannot_need_it() -> 
     Ok(())
 }
 
+/// GELU handed an input that a gradient flows through (on the CPU) writes
+/// gelu'(x) over it and saves that, so backward is one product: the values
+/// and the input gradient are bit for bit the borrowed op's (which saves x
+/// and evaluates gelu' in backward), for the exact and tanh forms, in every
+/// float dtype, over inputs spanning the tails, ±0, ±∞ and NaN and long
+/// enough to run in parallel chunks. The op allocates only its output, and
+/// the saved bytes and the meta device's ledger are the borrowed op's.
+#[test]
+fn gelu_saving_its_derivative_equals_the_borrowed_op_bit_for_bit() -> Result<()> {
+    const N: usize = 40_000;
+    let mut xs: Vec<f64> = (0..N)
+        .map(|i| (i as f64 - N as f64 / 2.0) / 1600.0)
+        .collect();
+    let specials = [
+        0.0, -0.0, 1e-30, -1e-30, -40.0, 40.0, 1e30, -1e30, 7.25, -7.25,
+    ];
+    xs[..specials.len()].copy_from_slice(&specials);
+    xs.extend([f64::INFINITY, f64::NEG_INFINITY, f64::NAN]);
+    let gs: Vec<f64> = (0..xs.len())
+        .map(|i| ((i * 37) % 101) as f64 / 50.0 - 1.0)
+        .collect();
+    // (values, input gradient as bits; allocations by the op, saved bytes, peak)
+    type Run = (Option<[Vec<u64>; 2]>, [u64; 3]);
+    let run = |dtype: DType, device: Device, approximate: bool, owned: bool| -> Result<Run> {
+        let ledger = Ledger::new();
+        let _l = ledger.enter();
+        let make = |v: &[f64]| -> Result<Tensor> {
+            Tensor::from_vec(v.to_vec(), &[v.len()], Device::Cpu)?
+                .to_dtype(dtype)?
+                .to_device(device)
+        };
+        let a = make(&xs)?.set_requires_grad(true)?;
+        let g = make(&gs)?;
+        let h = a.mul_scalar(1.0)?;
+        let before = ledger.allocation_count(device);
+        let saved_before = ledger.live_in(device, Category::Saved);
+        ledger.reset_peak();
+        let y = if owned {
+            h.gelu_owned(approximate)?
+        } else {
+            h.gelu(approximate)?
+        };
+        let made = ledger.allocation_count(device) - before;
+        let saved = (ledger.live_in(device, Category::Saved) - saved_before) as u64;
+        let peak = ledger.peak(device) as u64;
+        y.mul(&g)?.sum_all()?.backward()?;
+        let bits = match device.is_meta() {
+            true => None,
+            false => Some([bits_of(&y)?, bits_of(&a.grad().expect("a gradient"))?]),
+        };
+        Ok((bits, [made, saved, peak]))
+    };
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for approximate in [false, true] {
+            let case = format!("{dtype:?}, approximate {approximate}");
+            let (borrowed, [made0, saved0, peak0]) = run(dtype, Device::Cpu, approximate, false)?;
+            let (owned, [made, saved, peak]) = run(dtype, Device::Cpu, approximate, true)?;
+            assert!(owned == borrowed, "{case}: values or gradient differ");
+            assert_eq!(
+                (made, saved, peak),
+                (made0, saved0, peak0),
+                "{case}: ledger"
+            );
+            assert_eq!(made, 1, "{case}: the op allocates its output only");
+            let (_, meta) = run(dtype, Device::Meta, approximate, true)?;
+            assert_eq!(meta, [made, saved, peak], "{case}: meta ledger");
+        }
+    }
+    Ok(())
+}
+
 /// A cast between dtypes of one element size, handed its input, converts
 /// the elements where they are: the values and gradient of `to_dtype`, the
 /// same node, no allocation; a held clone or reuse off makes it `to_dtype`.

@@ -4,7 +4,9 @@
 use super::mask::{MaskRule, SavedMask};
 use crate::autograd::{attach, may_reuse, needs_grad, BackwardOp, SavedTensor};
 use crate::op_code::{BinaryOp as CudaBinary, UnaryOp as CudaUnary};
-use crate::primitives::{binary_map, unary_assign, unary_map, BinaryKernel, UnaryKernel};
+use crate::primitives::{
+    binary_map, map_and_assign, unary_assign, unary_map, BinaryKernel, PairKernel, UnaryKernel,
+};
 use crate::{FloatDType, Result, Tensor, WithDType};
 
 mod gelu;
@@ -200,6 +202,27 @@ impl BinaryKernel for GeluB {
         })
     }
 }
+
+/// GELU and its derivative from one evaluation, each rounded once to the
+/// element type exactly as [`GeluK`] and [`GeluB`] round them.
+struct GeluPairK(bool);
+impl PairKernel for GeluPairK {
+    const NAME: &'static str = "gelu";
+    fn pair_block<T: FloatDType>(&self, x: &[T], value: &mut [T], slope: &mut [T]) {
+        if self.0 {
+            for ((v, d), &x) in value.iter_mut().zip(slope.iter_mut()).zip(x) {
+                let x = f64_of(x);
+                (*v, *d) = (c(gelu_value_f64(x, true)), c(gelu_grad_f64(x, true)));
+            }
+        } else {
+            gelu::fast_pair_block(x, value, slope);
+        }
+    }
+}
+
+// GELU's input gradient from its saved derivative `d` (already rounded to
+// the element type): the same product [`GeluB`] makes.
+grad_kernel!(GeluSlopeB, "gelu", Mul, |g, d| g * d);
 
 /// Backward of neg: saves nothing.
 struct NegBackward;
@@ -422,10 +445,30 @@ impl Tensor {
         unary_op_owned(self, SigmoidK, Keep::Output, SigmoidB)
     }
 
-    /// [`Tensor::gelu`] of a tensor handed over: written over its buffer
-    /// when nothing else holds it and no gradient flows through it (a
-    /// frozen prefix); otherwise out of place, saving its input.
+    /// [`Tensor::gelu`] of a tensor handed over, with the same values and
+    /// gradients. When nothing else holds it: with no gradient flowing
+    /// through it (a frozen prefix), written over its buffer; with one, on
+    /// the CPU, the output is a new tensor and the input's buffer is
+    /// rewritten with gelu'(x) (rounded to the dtype), which is what it
+    /// saves for backward, so backward is one product instead of a second
+    /// evaluation (the same bytes as saving the input). Otherwise out of
+    /// place, saving its input.
     pub fn gelu_owned(self, approximate: bool) -> Result<Tensor> {
+        let [needs] = needs_grad([&self]);
+        let host = self.device().is_cpu() || self.device().is_meta();
+        let dense = self.layout().contiguous_range().is_some();
+        if needs && host && dense && may_reuse(&self) {
+            let out = map_and_assign(&self, &GeluPairK(approximate))?;
+            let saved = SavedTensor::new(&self, "gelu");
+            return Ok(attach(
+                out,
+                &[&self],
+                SavedBackward {
+                    saved,
+                    k: GeluSlopeB,
+                },
+            ));
+        }
         let (f, b) = (GeluK(approximate), GeluB(approximate));
         unary_op_owned(self, f, Keep::Input, b)
     }

@@ -441,6 +441,73 @@ pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
     Ok(())
 }
 
+/// Two float functions of one element computed by one evaluation (GELU and
+/// its derivative share the normal CDF and density).
+pub(crate) trait PairKernel: Sync {
+    /// The op name for errors.
+    const NAME: &'static str;
+    /// `first[i]`, `second[i]` of `x[i]` over a block of at most
+    /// [`KERNEL_BLOCK`] elements (the three slices have one length).
+    fn pair_block<T: FloatDType>(&self, x: &[T], first: &mut [T], second: &mut [T]);
+}
+
+/// `k`'s first function of every element of the contiguous float tensor
+/// `x`, as a new tensor, with `x` rewritten in place by the second (its
+/// version bumped), in one pass over `x`. The caller checked that nothing
+/// else holds `x`. CPU and meta (where only the output is allocated and the
+/// version moves); CUDA tensors are a typed error.
+pub(crate) fn map_and_assign<K: PairKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
+    let range = x
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op: K::NAME,
+            msg: "in-place destination must be contiguous".into(),
+        })?;
+    match backend(K::NAME, &[x])? {
+        Backend::Meta => {
+            meta::float(K::NAME, x.dtype())?;
+            let out = meta::empty(x.shape(), x.dtype())?;
+            meta::touch(x);
+            return Ok(out);
+        }
+        Backend::Cuda(n) => return Err(meta::not_on_cuda(K::NAME, n)),
+        Backend::Cpu => {}
+    }
+    let mut data = x.storage().cpu_mut()?;
+    fn go<T: FloatDType, K: PairKernel>(d: &mut [T], k: &K) -> Result<CpuData> {
+        let mut out: Vec<T> = try_vec(d.len())?;
+        let spare = &mut out.spare_capacity_mut()[..d.len()];
+        if parallel(d.len()) {
+            d.par_chunks_mut(CHUNK)
+                .zip(spare.par_chunks_mut(CHUNK))
+                .for_each(|(d, o)| pair_in_place(d, o, k));
+        } else {
+            pair_in_place(d, spare, k);
+        }
+        // SAFETY: the chunks partition the output and `pair_in_place`
+        // writes every slot of the chunk it is given.
+        unsafe { out.set_len(d.len()) };
+        Ok(T::wrap(out))
+    }
+    let out = crate::match_float_data!(&mut *data, K::NAME, v => go(&mut v[range], k)?);
+    drop(data);
+    Tensor::from_cpu_data(out, x.shape())
+}
+
+/// `out = first(d)` and `d = second(d)` over one dense chunk.
+fn pair_in_place<T: FloatDType, K: PairKernel>(d: &mut [T], out: &mut [MaybeUninit<T>], k: &K) {
+    let (mut first, mut second) = ([T::zero(); KERNEL_BLOCK], [T::zero(); KERNEL_BLOCK]);
+    for (d, o) in d.chunks_mut(KERNEL_BLOCK).zip(out.chunks_mut(KERNEL_BLOCK)) {
+        let (f, s) = (&mut first[..d.len()], &mut second[..d.len()]);
+        k.pair_block(d, f, s);
+        for (o, &v) in o.iter_mut().zip(f.iter()) {
+            o.write(v);
+        }
+        d.copy_from_slice(s);
+    }
+}
+
 /// An in-place map that depends on each element's row-major index (a
 /// dropout draw, a packed mask bit): rewrites one chunk of elements whose
 /// first index is `start`. Host-only (the CUDA ops have their own kernels).

@@ -19,7 +19,9 @@ pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
 pub(crate) use batch_sum::matmul_sum_batches;
 pub use bitmask::{get_bit, mask_words, pack_bits, unpack_bits};
 pub(crate) use elementwise::{add_assign, check_pair, gather, AddK};
-pub(crate) use elementwise::{assign_indexed, fill, IndexedAssign, Source};
+pub(crate) use elementwise::{
+    assign_indexed, fill, map_and_assign, IndexedAssign, PairKernel, Source,
+};
 pub use elementwise::{
     binary_assign, binary_map, contiguous_copy, copy_into, unary_assign, unary_map, BinaryKernel,
     UnaryKernel, KERNEL_BLOCK,

@@ -193,26 +193,36 @@ fn phi_fast<const G: usize>(x: &[f64; G]) -> ([f64; G], [f64; G]) {
 /// 1/√(2π).
 const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
+/// The fast candidate for gelu(x) and the bound on its distance from the
+/// reference, from the lane's Φ.
+#[inline(always)]
+fn value_candidate(x: f64, phi: f64) -> (f64, f64) {
+    let g = x * phi;
+    (g, x.abs() * PHI_BOUND + g.abs() * 1e-15)
+}
+
+/// The fast candidate for gelu'(x) = Φ + x·φ and its bound, from the lane's
+/// Φ and `e^(−x²/2)`: the Φ term's bound, φ's (the exponent x²/2 rounds
+/// differently from the reference's: ≤ 1e-13 relative for the x where φ is
+/// not negligible) and the final roundings.
+#[inline(always)]
+fn slope_candidate(x: f64, phi: f64, e: f64) -> (f64, f64) {
+    let xpdf = x * (e * INV_SQRT_2PI);
+    let d = phi + xpdf;
+    (d, PHI_BOUND + xpdf.abs() * 1e-13 + d.abs() * 1e-15)
+}
+
 /// The fast candidates and their bounds for one group of `G` lanes: `v[i]`
 /// near gelu(x[i]) (or gelu'(x[i]) when `grad`), `|v[i] − reference| ≤ b[i]`.
 #[inline(always)]
 fn candidates_group<const G: usize>(x: &[f64; G], v: &mut [f64; G], b: &mut [f64; G], grad: bool) {
     let (phi, e) = phi_fast(x);
     for i in 0..G {
-        let x = x[i];
-        if grad {
-            // Φ + x·φ: the Φ term's bound, φ's (the exponent x²/2 rounds
-            // differently from the reference's: ≤ 1e-13 relative for the
-            // x where φ is not negligible) and the final roundings.
-            let xpdf = x * (e[i] * INV_SQRT_2PI);
-            let d = phi[i] + xpdf;
-            v[i] = d;
-            b[i] = PHI_BOUND + xpdf.abs() * 1e-13 + d.abs() * 1e-15;
+        (v[i], b[i]) = if grad {
+            slope_candidate(x[i], phi[i], e[i])
         } else {
-            let g = x * phi[i];
-            v[i] = g;
-            b[i] = x.abs() * PHI_BOUND + g.abs() * 1e-15;
-        }
+            value_candidate(x[i], phi[i])
+        };
     }
 }
 
@@ -231,6 +241,43 @@ fn reference<T: FloatDType>(x: f64, grad: bool) -> T {
     })
 }
 
+/// `x` widened to f64, one group (a short last group is padded with
+/// zeros, whose results are never read).
+#[inline(always)]
+fn widen<T: FloatDType, const G: usize>(src: &[T]) -> [f64; G] {
+    let mut x = [0.0f64; G];
+    for (x, s) in x.iter_mut().zip(src) {
+        *x = WithDType::to_f64(*s);
+    }
+    x
+}
+
+/// Writes each lane's candidate `v` rounded to `T` when both ends of
+/// `v ± b` round to the same value, else the reference (of gelu, or of
+/// gelu' when `grad`).
+#[inline(always)]
+fn settle<T: FloatDType, const G: usize>(
+    x: &[f64; G],
+    (v, b): (&[f64; G], &[f64; G]),
+    out: &mut [T],
+    grad: bool,
+) {
+    let mut unsettled = false;
+    for ((o, &v), &b) in out.iter_mut().zip(v).zip(b) {
+        let (lo, hi) = (T::from_f64(v - b), T::from_f64(v + b));
+        *o = lo;
+        // NaN candidates (NaN, ±∞ inputs) compare unequal: the reference.
+        unsettled |= lo != hi;
+    }
+    if unsettled {
+        for (((o, &v), &b), &x) in out.iter_mut().zip(v).zip(b).zip(x) {
+            if T::from_f64(v - b) != T::from_f64(v + b) {
+                *o = reference(x, grad);
+            }
+        }
+    }
+}
+
 /// [`fast_block`] for f32/f16/bf16, `G` lanes at a time: widen, the
 /// candidates, the rounding test, and the reference where it fails; then,
 /// with `times`, `out[i] = times[i] · out[i]` (the incoming gradient). Only
@@ -244,32 +291,77 @@ fn block_body<T: FloatDType, const G: usize>(
     times: Option<&[T]>,
 ) {
     for (k, (src, out)) in src.chunks(G).zip(out.chunks_mut(G)).enumerate() {
-        // A short last group computes padding zeros, never read.
-        let mut x = [0.0f64; G];
-        for (x, s) in x.iter_mut().zip(src) {
-            *x = WithDType::to_f64(*s);
-        }
+        let x = widen::<T, G>(src);
         let (mut v, mut b) = ([0.0f64; G], [0.0f64; G]);
         candidates_group(&x, &mut v, &mut b, grad);
-        let mut unsettled = false;
-        for ((o, &v), &b) in out.iter_mut().zip(&v).zip(&b) {
-            let (lo, hi) = (T::from_f64(v - b), T::from_f64(v + b));
-            *o = lo;
-            // NaN candidates (NaN, ±∞ inputs) compare unequal: the reference.
-            unsettled |= lo != hi;
-        }
-        if unsettled {
-            for (((o, &v), &b), &x) in out.iter_mut().zip(&v).zip(&b).zip(&x) {
-                if T::from_f64(v - b) != T::from_f64(v + b) {
-                    *o = reference(x, grad);
-                }
-            }
-        }
+        settle(&x, (&v, &b), out, grad);
         if let Some(g) = times {
             let g = &g[k * G..k * G + out.len()];
             out.iter_mut().zip(g).for_each(|(o, &g)| *o = g * *o);
         }
     }
+}
+
+/// [`fast_pair_block`] for f32/f16/bf16, `G` lanes at a time: one Φ and
+/// `e^(−x²/2)` per lane for both functions, each settled as in
+/// [`block_body`].
+#[inline(always)]
+fn pair_body<T: FloatDType, const G: usize>(src: &[T], value: &mut [T], slope: &mut [T]) {
+    let groups = src
+        .chunks(G)
+        .zip(value.chunks_mut(G))
+        .zip(slope.chunks_mut(G));
+    for ((src, value), slope) in groups {
+        let x = widen::<T, G>(src);
+        let (phi, e) = phi_fast(&x);
+        let (mut v, mut b) = ([0.0f64; G], [0.0f64; G]);
+        for i in 0..G {
+            (v[i], b[i]) = value_candidate(x[i], phi[i]);
+        }
+        settle(&x, (&v, &b), value, false);
+        for i in 0..G {
+            (v[i], b[i]) = slope_candidate(x[i], phi[i], e[i]);
+        }
+        settle(&x, (&v, &b), slope, true);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn pair_avx512<T: FloatDType>(src: &[T], value: &mut [T], slope: &mut [T]) {
+    pair_body::<T, GROUP_AVX512>(src, value, slope)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pair_avx2<T: FloatDType>(src: &[T], value: &mut [T], slope: &mut [T]) {
+    pair_body::<T, GROUP>(src, value, slope)
+}
+
+/// `value[i] = T(gelu(src[i]))` and `slope[i] = T(gelu'(src[i]))` (exact
+/// GELU), each exactly as [`fast_block`] gives it, from one evaluation of
+/// the normal CDF and density per element (about half the work of the two
+/// calls). f64 blocks take the references directly.
+pub(crate) fn fast_pair_block<T: FloatDType>(src: &[T], value: &mut [T], slope: &mut [T]) {
+    if T::DTYPE == crate::DType::F64 {
+        for ((v, d), &x) in value.iter_mut().zip(slope.iter_mut()).zip(src) {
+            let x = WithDType::to_f64(x);
+            (*v, *d) = (reference(x, false), reference(x, true));
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX-512F and FMA (checked just above).
+            return unsafe { pair_avx512(src, value, slope) };
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return unsafe { pair_avx2(src, value, slope) };
+        }
+    }
+    pair_body::<T, GROUP>(src, value, slope)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -440,6 +532,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// One evaluation for both functions gives each one's bits exactly as
+    /// its own block does, in every half and single dtype, over the dense
+    /// grid and the specials.
+    #[test]
+    fn pair_block_equals_the_value_and_slope_blocks_bit_for_bit() {
+        fn check<T: FloatDType>(xs: &[f64]) {
+            let src: Vec<T> = xs.iter().map(|&x| T::from_f64(x)).collect();
+            for chunk in src.chunks(BLOCK) {
+                let (mut v, mut d) = (vec![T::zero(); chunk.len()], vec![T::zero(); chunk.len()]);
+                fast_pair_block(chunk, &mut v, &mut d);
+                let (mut v0, mut d0) = (v.clone(), d.clone());
+                fast_block(chunk, &mut v0, false);
+                fast_block(chunk, &mut d0, true);
+                let bits = |s: &[T]| -> Vec<u64> {
+                    s.iter().map(|&x| WithDType::to_f64(x).to_bits()).collect()
+                };
+                assert_eq!(bits(&v), bits(&v0), "{:?} values", T::DTYPE);
+                assert_eq!(bits(&d), bits(&d0), "{:?} slopes", T::DTYPE);
+            }
+        }
+        let mut xs = grid();
+        xs.extend([
+            0.0,
+            -0.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            1e30,
+            -1e30,
+        ]);
+        check::<f32>(&xs);
+        check::<f16>(&xs);
+        check::<bf16>(&xs);
+        check::<f64>(&xs[..4096]);
     }
 
     #[test]
