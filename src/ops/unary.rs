@@ -12,7 +12,7 @@ use crate::{FloatDType, Result, Tensor, WithDType};
 mod gelu;
 #[cfg(test)]
 use gelu::erf;
-use gelu::{gelu_grad_f64, gelu_value_f64};
+use gelu::{gelu_grad_f64, gelu_tanh_pair_f64, gelu_value_f64};
 
 /// `v` as a `T`.
 #[inline(always)]
@@ -211,8 +211,8 @@ impl PairKernel for GeluPairK {
     fn pair_block<T: FloatDType>(&self, x: &[T], value: &mut [T], slope: &mut [T]) {
         if self.0 {
             for ((v, d), &x) in value.iter_mut().zip(slope.iter_mut()).zip(x) {
-                let x = f64_of(x);
-                (*v, *d) = (c(gelu_value_f64(x, true)), c(gelu_grad_f64(x, true)));
+                let (value, slope) = gelu_tanh_pair_f64(f64_of(x));
+                (*v, *d) = (c(value), c(slope));
             }
         } else {
             gelu::fast_pair_block(x, value, slope);

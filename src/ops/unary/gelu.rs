@@ -61,6 +61,16 @@ pub(crate) fn gelu_value_f64(x: f64, approximate: bool) -> f64 {
     }
 }
 
+/// The tanh-approximated gelu(x) and gelu'(x) in f64 from one tanh: the
+/// same expressions, bit for bit, as [`gelu_value_f64`] and
+/// [`gelu_grad_f64`] with `approximate`.
+pub(crate) fn gelu_tanh_pair_f64(x: f64) -> (f64, f64) {
+    let t = (GELU_K * (x + GELU_A * x * x * x)).tanh();
+    let value = 0.5 * x * (1.0 + t);
+    let slope = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_A * x * x);
+    (value, slope)
+}
+
 /// gelu'(x) in f64, exact (erf) or tanh-approximated: the reference.
 pub(crate) fn gelu_grad_f64(x: f64, approximate: bool) -> f64 {
     if approximate {
