@@ -214,13 +214,7 @@ pub fn binary_map<K: BinaryKernel>(a: &Tensor, b: &Tensor, k: &K) -> Result<Tens
 /// must be contiguous. Bumps `dst`'s version.
 pub fn binary_assign<K: BinaryKernel>(dst: &Tensor, src: &Tensor, k: &K) -> Result<()> {
     check_pair(K::NAME, dst, src)?;
-    let range = dst
-        .layout()
-        .contiguous_range()
-        .ok_or(Error::InvalidArgument {
-            op: K::NAME,
-            msg: "in-place destination must be contiguous".into(),
-        })?;
+    let range = in_place_range(dst, K::NAME)?;
     let lsrc = src.layout().broadcast_to(dst.shape())?;
     if dst.shares_storage_with(src) {
         // Read a private copy first: source and destination overlap.
@@ -409,15 +403,19 @@ pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
     crate::match_cpu_data!(&mut *dd, d => go(d, &values, &rows))
 }
 
-/// `x = k(x)` in place on a contiguous float tensor; bumps the version.
-pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
-    let range = x
-        .layout()
+/// The element range of an in-place destination, which must be contiguous.
+fn in_place_range(dst: &Tensor, op: &'static str) -> Result<Range<usize>> {
+    dst.layout()
         .contiguous_range()
         .ok_or(Error::InvalidArgument {
-            op: K::NAME,
+            op,
             msg: "in-place destination must be contiguous".into(),
-        })?;
+        })
+}
+
+/// `x = k(x)` in place on a contiguous float tensor; bumps the version.
+pub fn unary_assign<K: UnaryKernel>(x: &Tensor, k: &K) -> Result<()> {
+    let range = in_place_range(x, K::NAME)?;
     match backend(K::NAME, &[x])? {
         Backend::Meta => {
             meta::float(K::NAME, x.dtype())?;
@@ -457,13 +455,7 @@ pub(crate) trait PairKernel: Sync {
 /// else holds `x`. CPU and meta (where only the output is allocated and the
 /// version moves); CUDA tensors are a typed error.
 pub(crate) fn map_and_assign<K: PairKernel>(x: &Tensor, k: &K) -> Result<Tensor> {
-    let range = x
-        .layout()
-        .contiguous_range()
-        .ok_or(Error::InvalidArgument {
-            op: K::NAME,
-            msg: "in-place destination must be contiguous".into(),
-        })?;
+    let range = in_place_range(x, K::NAME)?;
     match backend(K::NAME, &[x])? {
         Backend::Meta => {
             meta::float(K::NAME, x.dtype())?;
@@ -520,13 +512,7 @@ pub(crate) trait IndexedAssign: Sync {
 /// nothing else holds it) in parallel chunks, bumping its version; on the
 /// meta device only the version moves.
 pub(crate) fn assign_indexed<M: IndexedAssign>(x: &Tensor, op: &'static str, m: &M) -> Result<()> {
-    let range = x
-        .layout()
-        .contiguous_range()
-        .ok_or(Error::InvalidArgument {
-            op,
-            msg: "in-place destination must be contiguous".into(),
-        })?;
+    let range = in_place_range(x, op)?;
     match backend(op, &[x])? {
         Backend::Meta => {
             meta::float(op, x.dtype())?;
