@@ -35,19 +35,20 @@ pub(super) fn mask_where(
     ) -> Result<Vec<u32>> {
         match l.contiguous_range() {
             Some(r) => {
-                // Word by word over the dense slice: 32 tests folded into
-                // one u32, no per-bit index arithmetic.
-                let word = |c: &[T]| {
-                    c.iter().enumerate().fold(0u32, |acc, (j, &v)| {
-                        acc | (u32::from(keep(WithDType::to_f64(v))) << j)
-                    })
-                };
                 let s = &s[r];
+                let mut words: Vec<u32> = try_vec(mask_words(s.len()))?;
+                words.resize(mask_words(s.len()), 0);
+                // Chunks of whole words, so each task owns its words.
+                const WORDS: usize = 512;
                 if parallel(s.len()) {
-                    try_par_collect(mask_words(s.len()), s.par_chunks(32).map(word))
+                    words
+                        .par_chunks_mut(WORDS)
+                        .zip(s.par_chunks(WORDS * 32))
+                        .for_each(|(w, s)| dense_words(s, w, keep));
                 } else {
-                    try_collect(mask_words(s.len()), s.chunks(32).map(word))
+                    dense_words(s, &mut words, keep);
                 }
+                Ok(words)
             }
             None => {
                 let o = l.offsets()?;
@@ -59,6 +60,46 @@ pub(super) fn mask_where(
     drop(data);
     let n = words.len();
     Tensor::from_vec(words, &[n], x.device())
+}
+
+/// Word by word over a dense slice: 32 tests folded into one u32 (bit `j`
+/// of word `w` for element `32·w + j`), compiled for the widest vectors
+/// the CPU has (the tests are exact comparisons, so every width gives the
+/// same bits).
+fn dense_words<T: FloatDType>(s: &[T], words: &mut [u32], keep: &(impl Fn(f64) -> bool + Sync)) {
+    #[inline(always)]
+    fn body<T: FloatDType>(s: &[T], words: &mut [u32], keep: &impl Fn(f64) -> bool) {
+        let test = |v: T| u32::from(keep(WithDType::to_f64(v)));
+        for (w, c) in words.iter_mut().zip(s.chunks(32)) {
+            *w = match <&[T; 32]>::try_from(c) {
+                Ok(c) => (0..32).fold(0u32, |acc, j| acc | (test(c[j]) << j)),
+                Err(_) => c
+                    .iter()
+                    .enumerate()
+                    .fold(0, |acc, (j, &v)| acc | (test(v) << j)),
+            };
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw")]
+        unsafe fn avx512<T: FloatDType>(s: &[T], w: &mut [u32], keep: &impl Fn(f64) -> bool) {
+            body(s, w, keep)
+        }
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2<T: FloatDType>(s: &[T], w: &mut [u32], keep: &impl Fn(f64) -> bool) {
+            body(s, w, keep)
+        }
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU has AVX-512F and BW (checked just above).
+            return unsafe { avx512(s, words, keep) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { avx2(s, words, keep) };
+        }
+    }
+    body(s, words, keep)
 }
 
 /// The words of `mask`, checked to cover `n` elements.
@@ -179,4 +220,43 @@ pub(super) fn mask_scale(g: &Tensor, mask: &Tensor, slope: f64) -> Result<Tensor
         crate::match_float_data!(&*gdata, "mask_scale", v => go(v, g.layout(), words, slope)?);
     drop((gdata, mdata));
     Tensor::from_cpu_data(out, g.shape())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Device;
+
+    /// The packed words of a dense tensor hold, bit for bit, the test of
+    /// each element: lengths around a word, a parallel chunk and the
+    /// parallel threshold, every float dtype, ±0, NaN and ±∞ included.
+    #[test]
+    fn dense_words_hold_each_elements_test() -> Result<()> {
+        let lengths = [0, 1, 31, 32, 33, 1000, 16_384 * 3 + 45, 200_001];
+        for &n in &lengths {
+            let v: Vec<f64> = (0..n)
+                .map(|i| match i % 11 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => f64::NAN,
+                    3 => f64::INFINITY,
+                    4 => f64::NEG_INFINITY,
+                    k => (k as f64 - 7.5) * (1.0 + i as f64 * 1e-3),
+                })
+                .collect();
+            for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+                let x = Tensor::from_vec(v.clone(), &[n], Device::Cpu)?.to_dtype(dtype)?;
+                let words = mask_where(&x, "test", |v| v > 0.0)?.to_vec::<u32>()?;
+                assert_eq!(words.len(), mask_words(n));
+                for (i, &e) in x.to_f64_vec()?.iter().enumerate() {
+                    assert_eq!(get_bit(&words, i), e > 0.0, "n {n}, {dtype:?}, element {i}");
+                }
+                // Bits past the end stay clear.
+                for i in n..words.len() * 32 {
+                    assert!(!get_bit(&words, i), "n {n}, {dtype:?}, padding bit {i}");
+                }
+            }
+        }
+        Ok(())
+    }
 }
