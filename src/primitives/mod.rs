@@ -13,6 +13,7 @@ mod gemm;
 mod index;
 mod reduce;
 mod strided;
+mod widest;
 
 pub(crate) use anytype::cast_in_place;
 pub use anytype::{cast, compare_map, compare_scalar, select, CmpOp};
@@ -35,6 +36,7 @@ pub(crate) use index::{
 };
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
+pub(crate) use widest::widest_vectors;
 // Shared with the layer families' CPU kernels.
 pub(crate) use elementwise::typed;
 pub(crate) use elementwise::Dense;

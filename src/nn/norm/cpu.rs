@@ -14,7 +14,7 @@
 use super::{GradMode, NormGeom, Normalize};
 use crate::dtype::CpuData;
 use crate::memory::host::try_zeroed;
-use crate::primitives::{parallel, typed, Dense};
+use crate::primitives::{parallel, typed, widest_vectors, Dense};
 use crate::tensor::Tensor;
 use crate::{FloatDType, Result, WithDType};
 use rayon::prelude::*;
@@ -539,41 +539,6 @@ impl InputGrad<'_> {
         }
         Ok(())
     }
-}
-
-/// Defines `$name`, which runs the `#[inline(always)]` kernel `$inner`
-/// compiled for AVX-512 when the CPU has it, else for AVX2, else for the
-/// build's baseline: the same source, vectorised as wide as the machine
-/// allows (no FMA is enabled, so every value rounds as in the baseline).
-macro_rules! widest_vectors {
-    (
-        $(#[$doc:meta])*
-        fn $name:ident<$($g:ident: $bound:path),*>($($arg:ident: $ty:ty),* $(,)?) => $inner:ident
-    ) => {
-        $(#[$doc])*
-        fn $name<$($g: $bound),*>($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f")]
-                unsafe fn avx512<$($g: $bound),*>($($arg: $ty),*) {
-                    $inner($($arg),*)
-                }
-                #[target_feature(enable = "avx2")]
-                unsafe fn avx2<$($g: $bound),*>($($arg: $ty),*) {
-                    $inner($($arg),*)
-                }
-                if is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU has AVX-512F.
-                    return unsafe { avx512($($arg),*) };
-                }
-                if is_x86_feature_detected!("avx2") {
-                    // SAFETY: the CPU has AVX2.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            $inner($($arg),*)
-        }
-    };
 }
 
 /// One row of a row norm (layer or RMS norm, whose affine parameters

@@ -2,9 +2,11 @@
 //! tensor's test into bits, and the masked gradient read back from them.
 
 use crate::dtype::CpuData;
-use crate::memory::host::{try_collect, try_par_collect, try_vec};
+use crate::memory::host::{try_collect, try_filled, try_par_collect, try_vec};
 use crate::meta::{self, backend, not_on_cuda, Backend};
-use crate::primitives::{assign_indexed, get_bit, mask_words, pack_bits, parallel, IndexedAssign};
+use crate::primitives::{
+    assign_indexed, get_bit, mask_words, pack_bits, parallel, widest_vectors, IndexedAssign,
+};
 use crate::tensor::{Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
 use rayon::prelude::*;
@@ -36,8 +38,7 @@ pub(super) fn mask_where(
         match l.contiguous_range() {
             Some(r) => {
                 let s = &s[r];
-                let mut words: Vec<u32> = try_vec(mask_words(s.len()))?;
-                words.resize(mask_words(s.len()), 0);
+                let mut words: Vec<u32> = try_filled(mask_words(s.len()), 0)?;
                 // Chunks of whole words, so each task owns its words.
                 const WORDS: usize = 512;
                 if parallel(s.len()) {
@@ -62,44 +63,27 @@ pub(super) fn mask_where(
     Tensor::from_vec(words, &[n], x.device())
 }
 
-/// Word by word over a dense slice: 32 tests folded into one u32 (bit `j`
-/// of word `w` for element `32·w + j`), compiled for the widest vectors
-/// the CPU has (the tests are exact comparisons, so every width gives the
-/// same bits).
-fn dense_words<T: FloatDType>(s: &[T], words: &mut [u32], keep: &(impl Fn(f64) -> bool + Sync)) {
-    #[inline(always)]
-    fn body<T: FloatDType>(s: &[T], words: &mut [u32], keep: &impl Fn(f64) -> bool) {
-        let test = |v: T| u32::from(keep(WithDType::to_f64(v)));
-        for (w, c) in words.iter_mut().zip(s.chunks(32)) {
-            *w = match <&[T; 32]>::try_from(c) {
-                Ok(c) => (0..32).fold(0u32, |acc, j| acc | (test(c[j]) << j)),
-                Err(_) => c
-                    .iter()
-                    .enumerate()
-                    .fold(0, |acc, (j, &v)| acc | (test(v) << j)),
-            };
-        }
+widest_vectors! {
+    /// Word by word over a dense slice: 32 tests folded into one u32 (bit
+    /// `j` of word `w` for element `32·w + j`), in the widest vector form
+    /// the CPU runs (the tests are exact comparisons, so every width gives
+    /// the same bits).
+    fn dense_words<T: FloatDType, K: Fn(f64) -> bool>(s: &[T], words: &mut [u32], keep: &K)
+        => dense_words_with
+}
+
+#[inline(always)]
+fn dense_words_with<T: FloatDType, K: Fn(f64) -> bool>(s: &[T], words: &mut [u32], keep: &K) {
+    let test = |v: T| u32::from(keep(WithDType::to_f64(v)));
+    for (w, c) in words.iter_mut().zip(s.chunks(32)) {
+        *w = match <&[T; 32]>::try_from(c) {
+            Ok(c) => (0..32).fold(0u32, |acc, j| acc | (test(c[j]) << j)),
+            Err(_) => c
+                .iter()
+                .enumerate()
+                .fold(0, |acc, (j, &v)| acc | (test(v) << j)),
+        };
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx512bw")]
-        unsafe fn avx512<T: FloatDType>(s: &[T], w: &mut [u32], keep: &impl Fn(f64) -> bool) {
-            body(s, w, keep)
-        }
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2<T: FloatDType>(s: &[T], w: &mut [u32], keep: &impl Fn(f64) -> bool) {
-            body(s, w, keep)
-        }
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
-            // SAFETY: the CPU has AVX-512F and BW (checked just above).
-            return unsafe { avx512(s, words, keep) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { avx2(s, words, keep) };
-        }
-    }
-    body(s, words, keep)
 }
 
 /// The words of `mask`, checked to cover `n` elements.
