@@ -599,6 +599,77 @@ fn large_inputs_take_the_parallel_kernels_and_agree() {
     }
 }
 
+/// The shapes the direct 3×3 kernels take on CPUs with AVX2 (f32, stride
+/// 1, padding 1, output channels in blocks of 32: ResNet's and VGG's
+/// 3×3 layers): planes tiled along rows and across items, a bias, and the
+/// transposed convolution (the input gradient's kernel, with a bias).
+/// Values and both gradients against f64 (which runs im2col) to f32
+/// rounding; the column buffer of one item stays the only workspace.
+#[test]
+fn direct_3x3_convolutions_match_f64_and_keep_one_items_column_buffer() {
+    use leangrad::autograd::{backward_with, CollectGrads};
+    let same = c2(1, 1, 1, 1);
+    let t = Op::ConvT(ConvTranspose2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    });
+    #[rustfmt::skip]
+    let cases = [
+        Case { name: "rows of 9", op: same, x: &[2, 40, 6, 9], w: &[64, 40, 3, 3], bias: true },
+        Case { name: "items at 4x4", op: same, x: &[8, 32, 4, 4], w: &[32, 32, 3, 3], bias: false },
+        Case { name: "items at 7x7", op: same, x: &[8, 64, 7, 7], w: &[32, 64, 3, 3], bias: true },
+        Case { name: "transposed", op: t, x: &[3, 48, 5, 11], w: &[48, 64, 3, 3], bias: true },
+    ];
+    for c in cases {
+        let t32 = inputs(&c, DType::F32);
+        let (expected, _) = reference(&c, &inputs(&c, DType::F64));
+        let ledger = Ledger::new();
+        let _l = ledger.enter();
+        let t32: Vec<Tensor> = t32
+            .into_iter()
+            .map(|t| t.set_requires_grad(true).unwrap())
+            .collect();
+        let y = apply(c.op, &t32).unwrap();
+        // Up to 576 terms of partial sums near ±10 in f32: a few 1e-6 is
+        // rounding; a misplaced tap or weight is off by tenths.
+        eprintln!("{}", c.name);
+        assert_close(&y.to_f64_vec().unwrap(), &expected, 5e-5);
+        // One item's columns: [cin·3·3, h·w] f32, cin being the
+        // convolution's (the transposed one's output channels).
+        let (cin, hw) = match c.op {
+            Op::ConvT(_) => (c.w[1], c.x[2] * c.x[3]),
+            _ => (c.x[1], c.x[2] * c.x[3]),
+        };
+        let cols = cin * 9 * hw * 4;
+        assert_eq!(
+            ledger.peak_in(Device::Cpu, Category::Workspace),
+            cols,
+            "{}",
+            c.name
+        );
+        // Gradients against the same in f64, for a fixed output gradient.
+        let gy = Tensor::rand_range(y.shape(), -1.0, 1.0, DType::F64, Device::Cpu, 7).unwrap();
+        ledger.reset_peak();
+        backward_with(
+            &y,
+            Some(gy.to_dtype(DType::F32).unwrap()),
+            &mut CollectGrads,
+        )
+        .unwrap();
+        assert_eq!(ledger.live_in(Device::Cpu, Category::Workspace), 0);
+        let t64: Vec<Tensor> = inputs(&c, DType::F64)
+            .into_iter()
+            .map(|t| t.set_requires_grad(true).unwrap())
+            .collect();
+        let y64 = apply(c.op, &t64).unwrap();
+        backward_with(&y64, Some(gy), &mut CollectGrads).unwrap();
+        for (a, b) in t32.iter().zip(&t64) {
+            let (a, b) = (a.grad().unwrap(), b.grad().unwrap());
+            assert_close(&a.to_f64_vec().unwrap(), &b.to_f64_vec().unwrap(), 1e-4);
+        }
+    }
+}
+
 #[test]
 fn a_frozen_layer_keeps_only_its_weight_which_costs_nothing() {
     let ledger = Ledger::new();

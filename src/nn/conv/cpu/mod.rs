@@ -31,6 +31,7 @@ use crate::meta::{backend, Backend};
 use crate::primitives::{contiguous_copy, matmul_into, parallel};
 use crate::tensor::{contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, FloatDType, Result, WithDType};
+use direct::{Dims, Pass};
 use half::{bf16, f16};
 use items::{
     batch_items, forward_items, input_grad_items, input_grad_of_item_in_lanes, input_grad_of_items,
@@ -91,6 +92,7 @@ macro_rules! by_dtype {
 }
 
 // After `by_dtype!`, which it uses.
+mod direct;
 mod items;
 
 fn slice<T: FloatDType>(d: &CpuData, r: Range<usize>) -> Result<&[T]> {
@@ -518,6 +520,16 @@ pub(super) fn conv2d_forward(
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
     // Scratch: each use writes the part it reads first.
     let cols = Tensor::for_overwrite(&[g.groups, k, l], x.dtype(), x.device())?;
+    if direct_pass(
+        Pass::Forward,
+        (&x, xs),
+        (&w, ws),
+        bias.is_some(),
+        (&out, &cols),
+        g,
+    )? {
+        return Ok(out);
+    }
     let wv = view(&w, &[g.groups, cg, k], ws);
     let n = items(&x, g);
     // A bias is read in place by the batched products (a view would need a
@@ -553,7 +565,13 @@ pub(super) fn conv2d_input_grad(
     bias: Option<&Tensor>,
     g: &ConvGeom,
 ) -> Result<Tensor> {
-    let gx = Tensor::zeros(&[g.n, g.cin, g.h, g.w], gy.dtype(), gy.device())?;
+    let shape = [g.n, g.cin, g.h, g.w];
+    // The direct kernel writes every element; im2col's fold adds into zeros.
+    let direct = !gy.device().is_meta() && direct::applies(g, g.cin, gy.dtype() == DType::F32);
+    let gx = match direct {
+        true => Tensor::for_overwrite(&shape, gy.dtype(), gy.device())?,
+        false => Tensor::zeros(&shape, gy.dtype(), gy.device())?,
+    };
     let _ws = with_category(Category::Workspace);
     if let Some(b) = bias {
         let (b, bs) = dense(b)?;
@@ -574,6 +592,22 @@ pub(super) fn conv2d_input_grad(
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
     // Scratch: each use writes the part it reads first.
     let cols = Tensor::for_overwrite(&[g.groups, k, l], gy.dtype(), gy.device())?;
+    if direct_pass(
+        Pass::InputGrad,
+        (&gy, gs),
+        (&w, ws),
+        bias.is_some(),
+        (&gx, &cols),
+        g,
+    )? {
+        return Ok(gx);
+    }
+    if direct && bias.is_none() {
+        // The column buffer was too small for the direct kernel: im2col's
+        // fold adds into `gx`, which must then start at zero (a bias has
+        // been written over all of it).
+        fill_zeros(&gx)?;
+    }
     let wt = transposed(&view(&w, &[g.groups, cg, k], ws))?;
     let item = g.cin * g.h * g.w;
     let n = items(&gy, g);
@@ -606,6 +640,67 @@ pub(super) fn conv2d_input_grad(
         )?;
     }
     Ok(gx)
+}
+
+/// Runs `pass` with the direct 3×3 kernel (see [`direct`]) from `input`
+/// (contiguous from element `is`) and the weight (from `ws`) into `out`,
+/// with `cols` (the im2col column buffer) as its workspace, when it applies
+/// to `g` on this CPU and the buffer fits it; else returns `false` having
+/// done nothing. `onto_out`: `out` already holds the bias.
+fn direct_pass(
+    pass: Pass,
+    (input, is): (&Tensor, usize),
+    (w, ws): (&Tensor, usize),
+    onto_out: bool,
+    (out, cols): (&Tensor, &Tensor),
+    g: &ConvGeom,
+) -> Result<bool> {
+    let (ins, outs) = match pass {
+        Pass::Forward => (g.cin, g.cout),
+        Pass::InputGrad => (g.cout, g.cin),
+    };
+    let f32_data = input.dtype() == DType::F32;
+    if !direct::applies(g, outs, f32_data) || on_meta("conv2d", &[input, out])? {
+        return Ok(false);
+    }
+    let d = Dims {
+        n: g.n,
+        ins,
+        outs,
+        h: g.h,
+        w: g.w,
+    };
+    let scratch = cols.layout().numel();
+    if !direct::fits(&d, scratch) {
+        return Ok(false);
+    }
+    // The op the ledger notes last before the column buffer is freed, as
+    // on the im2col path.
+    crate::memory::note_op("matmul_into");
+    let xd = input.storage().cpu()?;
+    let wd = if w.shares_storage_with(input) {
+        None
+    } else {
+        Some(w.storage().cpu()?)
+    };
+    let wd: &CpuData = wd.as_deref().unwrap_or(&xd);
+    let mut od = out.storage().cpu_mut()?;
+    let mut cd = cols.storage().cpu_mut()?;
+    let plane = g.h * g.w;
+    let x = slice::<f32>(&xd, is..is + g.n * ins * plane)?;
+    let wt = slice::<f32>(wd, ws..ws + ins * outs * 9)?;
+    let o = slice_mut::<f32>(&mut od, 0..g.n * outs * plane)?;
+    let c = slice_mut::<f32>(&mut cd, 0..scratch)?;
+    direct::run((x, wt, o), c, d, pass, onto_out);
+    Ok(true)
+}
+
+/// Sets every element of the contiguous CPU tensor `t` to zero.
+fn fill_zeros(t: &Tensor) -> Result<()> {
+    let mut d = t.storage().cpu_mut()?;
+    let n = t.layout().numel();
+    slice_mut::<f32>(&mut d, 0..n)?.fill(0.0);
+    Ok(())
 }
 
 /// The gradient of [`conv2d_forward`] with respect to `w`, given `gy`

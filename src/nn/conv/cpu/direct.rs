@@ -1,0 +1,627 @@
+//! Direct 3×3 convolutions (stride 1, padding 1, one group, f32) on AVX2 +
+//! FMA: the forward of ResNet's 3×3 layers and their input gradient (which
+//! is the same convolution of `gy` by the weight flipped and transposed).
+//!
+//! im2col first copies the input nine times into the column buffer and then
+//! multiplies through the padded taps as well: 9% of the multiply-adds on a
+//! 14×14 plane, 18% on 7×7 and 31% on 4×4. Here a tile of output pixels (a
+//! few of one row, or on small planes the same pixel of a few items) is
+//! held in registers for 16 output channels while the input's values are
+//! read where they lie; taps that fall on the padding are not computed at
+//! all.
+//!
+//! Work goes in tasks of 32 output channels and some items, as many tasks
+//! at once as rayon has threads. A task packs its weights a chunk of input
+//! channels at a time (`[half][chan][tap][16]`, 18 KB: it stays in L1 while
+//! every tile reads it) and keeps its outputs as `[item][pixel][32]`, so
+//! that a tile's partial sums are two vector loads and stores per pixel
+//! between chunks; the finished outputs are then written to `[item][chan]
+//! [pixel]`. Both buffers are cut from the column buffer that im2col would
+//! have used: the workspace, its size and the ledger are those of the
+//! im2col path.
+//!
+//! Every output element adds its terms in one order, input channel by input
+//! channel and tap by tap (row-major), starting from zero or from the bias,
+//! with fused multiply-adds: the chunks, item groups and threads change
+//! where a partial sum is kept, never the order, so the values do not
+//! depend on the thread count.
+
+use super::ConvGeom;
+use std::ops::Range;
+
+/// Output channels of one task (two halves of 16: two AVX vectors).
+const BLOCK: usize = 32;
+/// Output channels one kernel pass holds per pixel.
+const HALF: usize = 16;
+/// Taps of a 3×3 kernel.
+const TAPS: usize = 9;
+/// Input channels packed per chunk: 32·9·16 f32 (18 KB) per half.
+const CHUNK: usize = 32;
+/// Output pixels a tile holds at most: ten accumulators of the sixteen AVX
+/// registers, beside two weight vectors and the broadcast input (twelve
+/// make the compiler spill).
+const MAX_TILE: usize = 5;
+/// Planes this wide or wider are tiled along their rows; narrower ones
+/// across items where there are enough of them.
+const ROW_TILES_FROM: usize = 8;
+
+/// Which weight a pass reads, and how it becomes the kernel's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pass {
+    /// `y = conv(x, w)`: the kernel's `[outs, ins, 3, 3]` is `w` itself.
+    Forward,
+    /// `gx = conv(gy, w flipped)`: the kernel's `[o][i][t]` is `w[i][o][8 − t]`.
+    InputGrad,
+}
+
+/// The sizes of one direct convolution: `input` `[n, ins, h, w]` into
+/// `out` `[n, outs, h, w]`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Dims {
+    /// Batch items.
+    pub n: usize,
+    /// Channels read.
+    pub ins: usize,
+    /// Channels written.
+    pub outs: usize,
+    /// Plane height.
+    pub h: usize,
+    /// Plane width.
+    pub w: usize,
+}
+
+impl Dims {
+    fn plane(&self) -> usize {
+        self.h * self.w
+    }
+}
+
+/// Whether `g` (with `outs` output channels for the pass) is a convolution
+/// this module runs on this CPU: 3×3, stride 1, padding 1, no dilation, one
+/// group, whole blocks of output channels, f32, AVX2 and FMA present.
+pub(super) fn applies(g: &ConvGeom, outs: usize, f32_data: bool) -> bool {
+    f32_data
+        && g.groups == 1
+        && (g.kh, g.kw) == (3, 3)
+        && g.stride == [1, 1]
+        && g.dil == [1, 1]
+        && g.pad == [1, 1]
+        && outs > 0
+        && outs.is_multiple_of(BLOCK)
+        && g.n > 0
+        && g.h > 0
+        && g.w > 0
+        && vector_units()
+}
+
+/// AVX2 and FMA (std caches the check).
+fn vector_units() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// How a task's buffers share `scratch`: the packed chunk's channels, how
+/// many lanes (at most `threads`) and how many items a lane's outputs hold
+/// at once; `None` when one lane's buffers for one item do not fit (the
+/// caller then runs im2col). Lanes are cut down to what fits rather than
+/// falling back, so that the path (and with it the values) never depends
+/// on the thread count.
+fn sharing(d: &Dims, scratch: usize, threads: usize) -> Option<(usize, usize, usize)> {
+    let chunk = d.ins.clamp(1, CHUNK);
+    let packed = chunk * TAPS * BLOCK;
+    let item = d.plane() * BLOCK;
+    let lanes = (scratch / (packed + item)).min(threads);
+    if lanes == 0 {
+        return None;
+    }
+    let group = (scratch / lanes - packed) / item;
+    Some((chunk, lanes, group))
+}
+
+/// Whether [`run`] can work in a column buffer of `scratch` elements.
+pub(super) fn fits(d: &Dims, scratch: usize) -> bool {
+    sharing(d, scratch, 1).is_some()
+}
+
+/// One task: output channels `32b..32b + 32` of `items`.
+struct Task {
+    b: usize,
+    items: Range<usize>,
+}
+
+/// `out = conv(input, kernel)` (added to `out`'s values when `onto_out`, as
+/// a bias written first) for the kernel that `pass` makes of `weight`, with
+/// `scratch` for the packed weights and the tasks' outputs. The caller has
+/// checked [`applies`] and [`fits`].
+pub(super) fn run(
+    (input, weight, out): (&[f32], &[f32], &mut [f32]),
+    scratch: &mut [f32],
+    d: Dims,
+    pass: Pass,
+    onto_out: bool,
+) {
+    let threads = rayon::current_num_threads();
+    let Some((chunk, lanes, group)) = sharing(&d, scratch.len(), threads) else {
+        return;
+    };
+    let blocks = d.outs / BLOCK;
+    // Blocks first, and the items split too when there are fewer blocks
+    // than lanes; then no task holds more items than a lane's buffer.
+    let splits = lanes.div_ceil(blocks).min(d.n).max(d.n.div_ceil(group));
+    let tasks: Vec<Task> = (0..blocks)
+        .flat_map(|b| {
+            (0..splits).map(move |s| Task {
+                b,
+                items: d.n * s / splits..d.n * (s + 1) / splits,
+            })
+        })
+        .filter(|t| !t.items.is_empty())
+        .collect();
+    let lanes = lanes.min(tasks.len());
+    let per_lane = scratch.len() / lanes;
+    let out_at = OutPtr(out.as_mut_ptr());
+    let lane = |(j, buf): (usize, &mut [f32])| {
+        let (packed, acc) = buf.split_at_mut(chunk * TAPS * BLOCK);
+        for t in tasks.iter().skip(j).step_by(lanes) {
+            let acc = &mut acc[..t.items.len() * d.plane() * BLOCK];
+            let outs = &out_at;
+            // SAFETY: tasks own disjoint (block, item) parts of `out`, and
+            // `out` outlives the lanes.
+            unsafe { outs.gather(acc, t, d, onto_out) };
+            for c0 in (0..d.ins).step_by(chunk) {
+                let chans = c0..(c0 + chunk).min(d.ins);
+                pack(weight, packed, d, pass, t.b, chans.clone());
+                let load = onto_out || c0 > 0;
+                for half in 0..BLOCK / HALF {
+                    let w = &packed[half * chans.len() * TAPS * HALF..];
+                    let accs = Accs {
+                        acc: &mut *acc,
+                        half,
+                        load,
+                    };
+                    tiles((input, chans.clone()), w, accs, t.items.clone(), d);
+                }
+            }
+            // SAFETY: as for `gather`.
+            unsafe { outs.scatter(acc, t, d) };
+        }
+    };
+    use rayon::prelude::*;
+    let buffers = scratch[..lanes * per_lane].chunks_mut(per_lane).enumerate();
+    if lanes > 1 {
+        buffers.collect::<Vec<_>>().into_par_iter().for_each(lane);
+    } else {
+        buffers.for_each(lane);
+    }
+}
+
+/// `out`'s storage, shared by the lanes, which write disjoint parts of it.
+struct OutPtr(*mut f32);
+
+// SAFETY: every lane writes only its own tasks' (block, item) parts.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Copies `out`'s values of task `t` into `acc` (`[item][pixel][32]`)
+    /// when `onto_out` (the bias); otherwise the first chunk starts from
+    /// zero and nothing is read.
+    ///
+    /// # Safety
+    /// `t`'s part of `out` (`[n, outs, h, w]`) is not touched by another
+    /// lane meanwhile.
+    unsafe fn gather(&self, acc: &mut [f32], t: &Task, d: Dims, onto_out: bool) {
+        if !onto_out {
+            return;
+        }
+        let plane = d.plane();
+        for (k, item) in t.items.clone().enumerate() {
+            for o in 0..BLOCK {
+                let src = self
+                    .0
+                    .wrapping_add((item * d.outs + t.b * BLOCK + o) * plane);
+                for p in 0..plane {
+                    // SAFETY: inside `out`, in this task's part.
+                    acc[(k * plane + p) * BLOCK + o] = unsafe { *src.add(p) };
+                }
+            }
+        }
+    }
+
+    /// Writes `acc` (`[item][pixel][32]`) to task `t`'s part of `out`.
+    ///
+    /// # Safety
+    /// As [`OutPtr::gather`].
+    unsafe fn scatter(&self, acc: &[f32], t: &Task, d: Dims) {
+        let plane = d.plane();
+        for (k, item) in t.items.clone().enumerate() {
+            for o in 0..BLOCK {
+                let dst = self
+                    .0
+                    .wrapping_add((item * d.outs + t.b * BLOCK + o) * plane);
+                for p in 0..plane {
+                    // SAFETY: inside `out`, in this task's part.
+                    unsafe { *dst.add(p) = acc[(k * plane + p) * BLOCK + o] };
+                }
+            }
+        }
+    }
+}
+
+/// Packs the kernel's block `b` (output channels `32b..32b + 32`) for input
+/// channels `chans` into `packed` as `[half][chan][tap][16]`.
+fn pack(weight: &[f32], packed: &mut [f32], d: Dims, pass: Pass, b: usize, chans: Range<usize>) {
+    let half_len = chans.len() * TAPS * HALF;
+    let packed = &mut packed[..2 * half_len];
+    // Each source row is read in order (the weight may be megabytes).
+    match pass {
+        Pass::Forward => {
+            // Sixteen rows of the weight read side by side, each in order,
+            // into whole 16-float lines of the packed chunk.
+            let taps = chans.len() * TAPS;
+            for (half, dst) in packed.chunks_exact_mut(half_len).enumerate() {
+                let rows: [&[f32]; HALF] = std::array::from_fn(|o| {
+                    let row = (b * BLOCK + half * HALF + o) * d.ins + chans.start;
+                    &weight[row * TAPS..row * TAPS + taps]
+                });
+                for (i, line) in dst.chunks_exact_mut(HALF).enumerate() {
+                    for (v, row) in line.iter_mut().zip(&rows) {
+                        *v = row[i];
+                    }
+                }
+            }
+        }
+        Pass::InputGrad => {
+            for (c, ci) in chans.enumerate() {
+                let row = (ci * d.outs + b * BLOCK) * TAPS;
+                let src = &weight[row..row + BLOCK * TAPS];
+                for (o, taps) in src.chunks_exact(TAPS).enumerate() {
+                    let at = (o / HALF) * half_len + c * TAPS * HALF + o % HALF;
+                    for (t, &v) in taps.iter().rev().enumerate() {
+                        packed[at + t * HALF] = v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A task's outputs as the tiles see them: `acc` `[item][pixel][32]`, of
+/// which a pass holds channels `16·half..16·half + 16`; the tiles start
+/// from its values when `load`, else from zero.
+struct Accs<'a> {
+    acc: &'a mut [f32],
+    half: usize,
+    load: bool,
+}
+
+/// One pass over a task's items for one half and one chunk of input
+/// channels `chans` (`w`: their packed weights). A tile is a few pixels of
+/// one row of one item or, on planes narrower than [`ROW_TILES_FROM`]
+/// with at least as many items as columns, the same pixel of a few items
+/// (whose padded taps are the same).
+fn tiles((x, chans): (&[f32], Range<usize>), w: &[f32], a: Accs, items: Range<usize>, d: Dims) {
+    let plane = d.plane();
+    assert!(!chans.is_empty() && chans.end <= d.ins && items.end <= d.n);
+    assert!(w.len() >= chans.len() * TAPS * HALF && x.len() >= d.n * d.ins * plane);
+    assert!(a.acc.len() >= items.len() * plane * BLOCK);
+    // Pixel `col` of row 0 of item `k` of the task, at channel chans.start.
+    let input = |k: usize, col: usize| {
+        x[((items.start + k) * d.ins + chans.start) * plane + col..].as_ptr()
+    };
+    let acc = a.acc.as_mut_ptr().wrapping_add(a.half * HALF);
+    let slot = |k: usize, pixel: usize| acc.wrapping_add((k * plane + pixel) * BLOCK);
+    let by_items = d.w < ROW_TILES_FROM && items.len() >= d.w;
+    let mut xs = [std::ptr::null::<f32>(); MAX_TILE];
+    let mut os = [std::ptr::null_mut::<f32>(); MAX_TILE];
+    for y in 0..d.h {
+        let at = |x0: usize, p: usize, across: bool| Tile {
+            y,
+            // The kernel rows that read inside the plane.
+            rows: usize::from(y == 0)..if y + 1 == d.h { 2 } else { 3 },
+            chans: chans.len(),
+            load: a.load,
+            left: x0 == 0,
+            right: x0 + if across { 1 } else { p } == d.w,
+            across,
+        };
+        if by_items {
+            for x0 in 0..d.w {
+                let mut k0 = 0;
+                for p in splits(items.len(), MAX_TILE - 1) {
+                    for i in 0..p {
+                        xs[i] = input(k0 + i, x0);
+                        os[i] = slot(k0 + i, y * d.w + x0);
+                    }
+                    tile(&xs[..p], &os[..p], w, d, &at(x0, p, true));
+                    k0 += p;
+                }
+            }
+        } else {
+            for k in 0..items.len() {
+                let mut x0 = 0;
+                for p in splits(d.w, MAX_TILE) {
+                    for i in 0..p {
+                        xs[i] = input(k, x0 + i);
+                        os[i] = slot(k, y * d.w + x0 + i);
+                    }
+                    tile(&xs[..p], &os[..p], w, d, &at(x0, p, false));
+                    x0 += p;
+                }
+            }
+        }
+    }
+}
+
+/// The sizes of `len` cut into near-equal consecutive pieces of at most
+/// `most`.
+fn splits(len: usize, most: usize) -> impl Iterator<Item = usize> {
+    let pieces = len.div_ceil(most);
+    (0..pieces).map(move |t| len / pieces + usize::from(t < len % pieces))
+}
+
+/// How one tile reads: output row `y`, kernel rows `rows` (those inside
+/// the plane), `chans` input channels, starting from its outputs when
+/// `load`. `left`/`right`: the tile touches the plane's left or right
+/// edge, whose column of taps is skipped, for its first or last pixel (a
+/// row's pixels) or for all of them (`across` items at one pixel).
+struct Tile {
+    y: usize,
+    rows: Range<usize>,
+    chans: usize,
+    load: bool,
+    left: bool,
+    right: bool,
+    across: bool,
+}
+
+/// Runs one tile: pixel `p` reads from `xs[p]` (its input at the chunk's
+/// first channel, row 0, the pixel's column) and adds into `os[p]` (16
+/// floats). The pointers come from [`tiles`], which checked the buffers'
+/// lengths; every read is a tap inside the plane.
+fn tile(xs: &[*const f32], os: &[*mut f32], w: &[f32], d: Dims, t: &Tile) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `applies` found AVX2 and FMA on this CPU; the pointers lie in
+    // buffers `tiles` checked, and the kernel reads only taps inside the
+    // plane.
+    unsafe {
+        avx::tile(xs, os, w.as_ptr(), d, t)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (xs, os, w, d, t);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use super::{Dims, Tile, HALF, TAPS};
+    use std::arch::x86_64::*;
+
+    /// Runs the tile with the kernel instance for its width and edges.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be present; the pointers as [`super::tile`] says.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile(
+        xs: &[*const f32],
+        os: &[*mut f32],
+        w: *const f32,
+        d: Dims,
+        t: &Tile,
+    ) {
+        macro_rules! widths {
+            ($($p:literal)*) => {
+                match (xs.len(), t.left, t.right, t.across) {
+                    $(
+                        ($p, false, false, _) => run::<$p, false, false, false>(xs, os, w, d, t),
+                        ($p, true, false, false) => run::<$p, true, false, false>(xs, os, w, d, t),
+                        ($p, false, true, false) => run::<$p, false, true, false>(xs, os, w, d, t),
+                        ($p, true, true, false) => run::<$p, true, true, false>(xs, os, w, d, t),
+                        ($p, true, false, true) => run::<$p, true, false, true>(xs, os, w, d, t),
+                        ($p, false, true, true) => run::<$p, false, true, true>(xs, os, w, d, t),
+                        ($p, true, true, true) => run::<$p, true, true, true>(xs, os, w, d, t),
+                    )*
+                    _ => unreachable!("tiles have 1 to 5 pixels"),
+                }
+            };
+        }
+        // SAFETY (every arm): as this function's contract says.
+        unsafe { widths!(1 2 3 4 5) }
+    }
+
+    /// 16 output channels × `P` pixels. `L` and `R` say that the left or
+    /// right column of taps falls on the padding: for every pixel when
+    /// `EACH`, else for the first or the last one.
+    ///
+    /// # Safety
+    /// As [`tile`].
+    #[inline(always)]
+    unsafe fn run<const P: usize, const L: bool, const R: bool, const EACH: bool>(
+        xs: &[*const f32],
+        os: &[*mut f32],
+        w: *const f32,
+        d: Dims,
+        t: &Tile,
+    ) {
+        let plane = d.plane();
+        let xs: [*const f32; P] = std::array::from_fn(|p| xs[p]);
+        let os: [*mut f32; P] = std::array::from_fn(|p| os[p]);
+        let mut acc = [[_mm256_setzero_ps(); 2]; P];
+        if t.load {
+            for (a, o) in acc.iter_mut().zip(os.iter()) {
+                // SAFETY: the pixel's 16 floats.
+                *a = unsafe { [_mm256_loadu_ps(*o), _mm256_loadu_ps(o.add(8))] };
+            }
+        }
+        for c in 0..t.chans {
+            let wc = w.wrapping_add(c * TAPS * HALF);
+            for ky in t.rows.clone() {
+                // Row y + ky − 1 (≥ 0 here) of channel c, at the pixel's
+                // column, less one: the left tap.
+                let at = (c * plane + (t.y + ky - 1) * d.w).wrapping_sub(1);
+                for kx in 0..3 {
+                    let wt = wc.wrapping_add((ky * 3 + kx) * HALF);
+                    // SAFETY: inside the packed chunk (chans × 9 × 16).
+                    let wv = unsafe { [_mm256_loadu_ps(wt), _mm256_loadu_ps(wt.add(8))] };
+                    for (p, (a, x)) in acc.iter_mut().zip(xs.iter()).enumerate() {
+                        let first = EACH || p == 0;
+                        let last = EACH || p == P - 1;
+                        if (L && kx == 0 && first) || (R && kx == 2 && last) {
+                            continue;
+                        }
+                        // SAFETY: a tap inside the plane (those outside are
+                        // exactly the ones skipped).
+                        let b = unsafe { _mm256_broadcast_ss(&*x.wrapping_add(at + kx)) };
+                        a[0] = _mm256_fmadd_ps(b, wv[0], a[0]);
+                        a[1] = _mm256_fmadd_ps(b, wv[1], a[1]);
+                    }
+                }
+            }
+        }
+        for (a, o) in acc.iter().zip(os.iter()) {
+            // SAFETY: the pixel's 16 floats.
+            unsafe {
+                _mm256_storeu_ps(*o, a[0]);
+                _mm256_storeu_ps(o.add(8), a[1]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Numbers in [−1, 1) from a fixed sequence.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The kernel's `[o][i][tap]` value for `pass`.
+    fn kernel(w: &[f32], d: Dims, pass: Pass, o: usize, i: usize, t: usize) -> f32 {
+        match pass {
+            Pass::Forward => w[(o * d.ins + i) * TAPS + t],
+            Pass::InputGrad => w[(i * d.outs + o) * TAPS + TAPS - 1 - t],
+        }
+    }
+
+    /// The order the module promises, one element at a time: from the
+    /// starting value, input channel by channel, tap by tap, fused
+    /// multiply-adds, the padding's taps skipped.
+    fn reference(x: &[f32], w: &[f32], start: &[f32], d: Dims, pass: Pass) -> Vec<f32> {
+        let mut out = start.to_vec();
+        for n in 0..d.n {
+            for o in 0..d.outs {
+                for y in 0..d.h {
+                    for xo in 0..d.w {
+                        let at = ((n * d.outs + o) * d.h + y) * d.w + xo;
+                        let mut a = out[at];
+                        for i in 0..d.ins {
+                            for t in 0..TAPS {
+                                let (yy, xx) =
+                                    ((y + t / 3).wrapping_sub(1), (xo + t % 3).wrapping_sub(1));
+                                if yy < d.h && xx < d.w {
+                                    let v = x[((n * d.ins + i) * d.h + yy) * d.w + xx];
+                                    a = v.mul_add(kernel(w, d, pass, o, i, t), a);
+                                }
+                            }
+                        }
+                        out[at] = a;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn direct_kernels_add_in_the_promised_order_for_any_chunking_and_thread_count() {
+        if !vector_units() {
+            eprintln!("no AVX2+FMA on this CPU: the direct kernels are not used here");
+            return;
+        }
+        // (h, w, items): planes tiled along rows and across items.
+        let planes = [
+            (1, 1, 1),
+            (1, 5, 2),
+            (2, 3, 3),
+            (3, 2, 2),
+            (4, 4, 4),
+            (5, 7, 3),
+            (7, 7, 8),
+            (8, 13, 1),
+            (14, 14, 2),
+        ];
+        let mut case = 0u64;
+        for (k, &(h, w, n)) in planes.iter().enumerate() {
+            for pass in [Pass::Forward, Pass::InputGrad] {
+                case += 1;
+                let (ins, outs) = ([1, 3, 17, 40][k % 4], [32, 64][k % 2]);
+                let d = Dims { n, ins, outs, h, w };
+                let x = values(n * ins * h * w, case);
+                let wt = values(outs * ins * TAPS, case + 100);
+                let onto = k % 2 == 1;
+                let start = match onto {
+                    true => values(n * outs * h * w, case + 200),
+                    false => vec![0.0; n * outs * h * w],
+                };
+                let want = reference(&x, &wt, &start, d, pass);
+                // Scratch for every item at once in three lanes, and for
+                // one item at a time in one lane.
+                let item = h * w * BLOCK;
+                let chunk = ins.min(CHUNK) * TAPS * BLOCK;
+                for scratch in [3 * (chunk + n * item), chunk + item] {
+                    assert!(fits(&d, scratch));
+                    for threads in [1, 2, 3] {
+                        let pool = rayon::ThreadPoolBuilder::new()
+                            .num_threads(threads)
+                            .build()
+                            .unwrap();
+                        let mut out = start.clone();
+                        let mut buf = vec![f32::NAN; scratch];
+                        pool.install(|| run((&x, &wt, &mut out), &mut buf, d, pass, onto));
+                        let bad = out
+                            .iter()
+                            .zip(&want)
+                            .filter(|(a, b)| a.to_bits() != b.to_bits())
+                            .count();
+                        assert_eq!(bad, 0, "{pass:?} {d:?} scratch {scratch} threads {threads}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_buffer_short_of_one_item_sends_the_convolution_to_im2col() {
+        let d = Dims {
+            n: 4,
+            ins: 64,
+            outs: 32,
+            h: 2,
+            w: 3,
+        };
+        let one = CHUNK * TAPS * BLOCK + 6 * BLOCK;
+        assert!(fits(&d, one));
+        assert!(!fits(&d, one - 1));
+        // Fewer channels than a chunk pack only theirs.
+        assert!(fits(&Dims { ins: 3, ..d }, 3 * TAPS * BLOCK + 6 * BLOCK));
+        // Lanes are cut to what fits, never below one, and the rest of a
+        // lane's share holds whole items.
+        assert_eq!(sharing(&d, one, 4), Some((CHUNK, 1, 1)));
+        assert_eq!(sharing(&d, 2 * one + 6 * BLOCK, 2), Some((CHUNK, 2, 1)));
+        assert_eq!(sharing(&d, 2 * one + 12 * BLOCK, 2), Some((CHUNK, 2, 2)));
+    }
+}
