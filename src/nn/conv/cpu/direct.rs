@@ -239,16 +239,64 @@ impl OutPtr {
     /// As [`OutPtr::gather`].
     unsafe fn scatter(&self, acc: &[f32], t: &Task, d: Dims) {
         let plane = d.plane();
+        assert!(acc.len() >= t.items.len() * plane * BLOCK);
         for (k, item) in t.items.clone().enumerate() {
-            for o in 0..BLOCK {
-                let dst = self
-                    .0
-                    .wrapping_add((item * d.outs + t.b * BLOCK + o) * plane);
-                for p in 0..plane {
-                    // SAFETY: inside `out`, in this task's part.
-                    unsafe { *dst.add(p) = acc[(k * plane + p) * BLOCK + o] };
+            let src = acc[k * plane * BLOCK..].as_ptr();
+            let dst = self.0.wrapping_add((item * d.outs + t.b * BLOCK) * plane);
+            // Pixels by eights, eight channels at a time (rows of `acc` are
+            // pixels, of `out` channels), then the last few pixels.
+            let whole = plane / 8 * 8;
+            for p in (0..whole).step_by(8) {
+                for o in (0..BLOCK).step_by(8) {
+                    // SAFETY: an 8×8 block inside this item's `acc` and
+                    // inside this task's part of `out`.
+                    unsafe {
+                        transpose8(
+                            (src.add(p * BLOCK + o), BLOCK),
+                            (dst.add(o * plane + p), plane as isize),
+                        )
+                    };
                 }
             }
+            for p in whole..plane {
+                for o in 0..BLOCK {
+                    // SAFETY: inside `out`, in this task's part.
+                    unsafe { *dst.add(o * plane + p) = acc[(k * plane + p) * BLOCK + o] };
+                }
+            }
+        }
+    }
+}
+
+/// Asks the CPU to bring `run` into cache (a hint: no effect on values).
+fn prefetch(run: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in run.chunks(16) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch never faults; the address is inside `run`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = run;
+}
+
+/// `dst[j·ds + r] = src[r·ss + j]` for `r, j < 8`: an 8×8 block transposed
+/// (`ds` may be negative: columns written downwards).
+///
+/// # Safety
+/// Every address named lies in its buffer, which do not overlap.
+unsafe fn transpose8((src, ss): (*const f32, usize), (dst, ds): (*mut f32, isize)) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: only reached from the direct kernels, which `applies` allows
+    // only with AVX2 present; the addresses as the caller promises.
+    unsafe {
+        avx::transpose8((src, ss), (dst, ds))
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    for r in 0..8 {
+        for j in 0..8 {
+            // SAFETY: as the caller promises.
+            unsafe { *dst.offset(j as isize * ds + r as isize) = *src.add(r * ss + j) };
         }
     }
 }
@@ -258,32 +306,67 @@ impl OutPtr {
 fn pack(weight: &[f32], packed: &mut [f32], d: Dims, pass: Pass, b: usize, chans: Range<usize>) {
     let half_len = chans.len() * TAPS * HALF;
     let packed = &mut packed[..2 * half_len];
-    // Each source row is read in order (the weight may be megabytes).
     match pass {
         Pass::Forward => {
-            // Sixteen rows of the weight read side by side, each in order,
-            // into whole 16-float lines of the packed chunk.
+            // Eight rows of the weight (output channels) at a time, eight
+            // of their consecutive (channel, tap) entries transposed into
+            // eight 16-float lines; then the last few entries.
             let taps = chans.len() * TAPS;
-            for (half, dst) in packed.chunks_exact_mut(half_len).enumerate() {
-                let rows: [&[f32]; HALF] = std::array::from_fn(|o| {
-                    let row = (b * BLOCK + half * HALF + o) * d.ins + chans.start;
-                    &weight[row * TAPS..row * TAPS + taps]
-                });
-                for (i, line) in dst.chunks_exact_mut(HALF).enumerate() {
-                    for (v, row) in line.iter_mut().zip(&rows) {
-                        *v = row[i];
+            let stride = d.ins * TAPS;
+            let whole = taps / 8 * 8;
+            for o in (0..BLOCK).step_by(8) {
+                let row = ((b * BLOCK + o) * d.ins + chans.start) * TAPS;
+                assert!(row + 7 * stride + taps <= weight.len());
+                let (dst, lane) = (&mut packed[(o / HALF) * half_len..][..half_len], o % HALF);
+                // The next chunk's runs of these rows (each a row apart).
+                for r in 0..8 {
+                    if let Some(next) = weight.get(row + r * stride + taps..) {
+                        prefetch(&next[..next.len().min(taps)]);
+                    }
+                }
+                for i in (0..whole).step_by(8) {
+                    // SAFETY: rows o..o + 8 of the weight, entries i..i + 8
+                    // (asserted above); lines i..i + 8 of the half.
+                    unsafe {
+                        transpose8(
+                            (weight[row + i..].as_ptr(), stride),
+                            (dst[i * HALF + lane..].as_mut_ptr(), HALF as isize),
+                        )
+                    };
+                }
+                for i in whole..taps {
+                    for r in 0..8 {
+                        dst[i * HALF + lane + r] = weight[row + r * stride + i];
                     }
                 }
             }
         }
         Pass::InputGrad => {
-            for (c, ci) in chans.enumerate() {
+            // Per input channel the block's `[32][9]` weights are one run;
+            // eight output channels' first eight taps are transposed at a
+            // time, downwards (the kernel's taps are reversed), and the last
+            // tap is copied.
+            for (c, ci) in chans.clone().enumerate() {
                 let row = (ci * d.outs + b * BLOCK) * TAPS;
                 let src = &weight[row..row + BLOCK * TAPS];
-                for (o, taps) in src.chunks_exact(TAPS).enumerate() {
-                    let at = (o / HALF) * half_len + c * TAPS * HALF + o % HALF;
-                    for (t, &v) in taps.iter().rev().enumerate() {
-                        packed[at + t * HALF] = v;
+                // The runs are a weight row apart: fetch the next ones
+                // early (the hardware prefetcher starts each run cold).
+                if let Some(next) = weight.get(row + 2 * d.outs * TAPS..) {
+                    prefetch(&next[..next.len().min(BLOCK * TAPS)]);
+                }
+                for o in (0..BLOCK).step_by(8) {
+                    let dst = &mut packed[(o / HALF) * half_len + c * TAPS * HALF..][..TAPS * HALF];
+                    let lane = o % HALF;
+                    // SAFETY: rows o..o + 8 of `src` (9 apart), entries
+                    // 0..8; kernel taps 8 down to 1 of lanes lane..lane + 8.
+                    unsafe {
+                        transpose8(
+                            (src[o * TAPS..].as_ptr(), TAPS),
+                            (dst[8 * HALF + lane..].as_mut_ptr(), -(HALF as isize)),
+                        )
+                    };
+                    for r in 0..8 {
+                        dst[lane + r] = src[(o + r) * TAPS + 8];
                     }
                 }
             }
@@ -400,6 +483,46 @@ fn tile(xs: &[*const f32], os: &[*mut f32], w: &[f32], d: Dims, t: &Tile) {
 mod avx {
     use super::{Dims, Tile, HALF, TAPS};
     use std::arch::x86_64::*;
+
+    /// [`super::transpose8`] in AVX registers.
+    ///
+    /// # Safety
+    /// AVX2 present; the addresses as [`super::transpose8`] says.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn transpose8((src, ss): (*const f32, usize), (dst, ds): (*mut f32, isize)) {
+        // SAFETY: the caller's addresses.
+        let r: [__m256; 8] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add(i * ss)) });
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        let cols = [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ];
+        for (j, c) in cols.into_iter().enumerate() {
+            // SAFETY: the caller's addresses.
+            unsafe { _mm256_storeu_ps(dst.offset(j as isize * ds), c) };
+        }
+    }
 
     /// Runs the tile with the kernel instance for its width and edges.
     ///
