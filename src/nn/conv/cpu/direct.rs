@@ -598,7 +598,8 @@ mod avx {
                         }
                         // SAFETY: a tap inside the plane (those outside are
                         // exactly the ones skipped).
-                        let b = unsafe { _mm256_broadcast_ss(&*x.wrapping_add(at + kx)) };
+                        let b =
+                            unsafe { _mm256_broadcast_ss(&*x.wrapping_add(at.wrapping_add(kx))) };
                         a[0] = _mm256_fmadd_ps(b, wv[0], a[0]);
                         a[1] = _mm256_fmadd_ps(b, wv[1], a[1]);
                     }

@@ -6,8 +6,8 @@
 
 use super::ConvGeom;
 use super::{
-    fold_row, for_chunks, neutral_padding, on_meta, slice, slice_mut, unfold_into, unfold_items,
-    view,
+    fold_row, for_chunks, neutral_padding, on_meta, read_both, slice, slice_mut, unfold_into,
+    unfold_items, view,
 };
 use crate::dtype::CpuData;
 use crate::primitives::{adds_alike, column_blocks, gemm_slices, matmul_into};
@@ -105,12 +105,7 @@ fn forward_items_cpu(
     crate::memory::note_op("matmul_into");
     let (cout, l, item) = (g.cout, g.l(), g.cin * g.h * g.w);
     let nb = items.len();
-    let xd = x.storage().cpu()?;
-    let wd = if w.shares_storage_with(x) {
-        None
-    } else {
-        Some(w.storage().cpu()?)
-    };
+    let (xd, wd) = read_both(x, w)?;
     let wd: &CpuData = wd.as_deref().unwrap_or(&xd);
     let mut od = out.storage().cpu_mut()?;
     let mut cd = cols.storage().cpu_mut()?;

@@ -20,6 +20,12 @@
 //! the items side by side. The buffer, its size and the ledger are those
 //! of one item either way.
 //!
+//! The forward and input gradient of 3×3, stride-1, padding-1 f32
+//! convolutions (ResNet's and VGG's 3×3 layers) run instead on the direct
+//! kernel of [`direct`] where the CPU has AVX2: no unfolding and no padded
+//! taps, in the same column buffer (see [`direct_pass`]); the meta device
+//! and every other convolution take the im2col path.
+//!
 //! The products go through `matmul_into`, which dispatches Cpu/Meta itself;
 //! the data accesses here ask [`on_meta`] at the innermost point, so a meta
 //! run allocates (and the ledger moves) exactly as a CPU run.
@@ -39,6 +45,7 @@ use items::{
 };
 use rayon::prelude::*;
 use std::ops::Range;
+use std::sync::RwLockReadGuard;
 
 impl ConvGeom {
     /// The input coordinate read by output `o` through kernel tap `k` along
@@ -677,12 +684,7 @@ fn direct_pass(
     // The op the ledger notes last before the column buffer is freed, as
     // on the im2col path.
     crate::memory::note_op("matmul_into");
-    let xd = input.storage().cpu()?;
-    let wd = if w.shares_storage_with(input) {
-        None
-    } else {
-        Some(w.storage().cpu()?)
-    };
+    let (xd, wd) = read_both(input, w)?;
     let wd: &CpuData = wd.as_deref().unwrap_or(&xd);
     let mut od = out.storage().cpu_mut()?;
     let mut cd = cols.storage().cpu_mut()?;
@@ -693,6 +695,23 @@ fn direct_pass(
     let c = slice_mut::<f32>(&mut cd, 0..scratch)?;
     direct::run((x, wt, o), c, d, pass, onto_out);
     Ok(true)
+}
+
+/// Read guards on the storages of `x` and `w`; none for `w` when it shares
+/// `x`'s storage (a second guard on one lock could deadlock a writer).
+fn read_both<'a>(
+    x: &'a Tensor,
+    w: &'a Tensor,
+) -> Result<(
+    RwLockReadGuard<'a, CpuData>,
+    Option<RwLockReadGuard<'a, CpuData>>,
+)> {
+    let xd = x.storage().cpu()?;
+    let wd = match w.shares_storage_with(x) {
+        true => None,
+        false => Some(w.storage().cpu()?),
+    };
+    Ok((xd, wd))
 }
 
 /// Sets every element of the contiguous CPU tensor `t` to zero.
