@@ -23,7 +23,7 @@
 //! The forward and input gradient of 3×3, stride-1, padding-1 f32
 //! convolutions (ResNet's and VGG's 3×3 layers) run instead on the direct
 //! kernel of [`direct`] where the CPU has AVX2: no unfolding and no padded
-//! taps, in the same column buffer (see [`direct_pass`]); the meta device
+//! taps, in the same column buffer (see [`direct_dims`]); the meta device
 //! and every other convolution take the im2col path.
 //!
 //! The products go through `matmul_into`, which dispatches Cpu/Meta itself;
@@ -527,14 +527,14 @@ pub(super) fn conv2d_forward(
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
     // Scratch: each use writes the part it reads first.
     let cols = Tensor::for_overwrite(&[g.groups, k, l], x.dtype(), x.device())?;
-    if direct_pass(
-        Pass::Forward,
-        (&x, xs),
-        (&w, ws),
-        bias.is_some(),
-        (&out, &cols),
-        g,
-    )? {
+    if let Some(d) = direct_dims(Pass::Forward, g, &x) {
+        let onto_out = bias.is_some();
+        direct_pass(
+            (d, Pass::Forward, onto_out),
+            (&x, xs),
+            (&w, ws),
+            (&out, &cols),
+        )?;
         return Ok(out);
     }
     let wv = view(&w, &[g.groups, cg, k], ws);
@@ -574,10 +574,10 @@ pub(super) fn conv2d_input_grad(
 ) -> Result<Tensor> {
     let shape = [g.n, g.cin, g.h, g.w];
     // The direct kernel writes every element; im2col's fold adds into zeros.
-    let direct = !gy.device().is_meta() && direct::applies(g, g.cin, gy.dtype() == DType::F32);
+    let direct = direct_dims(Pass::InputGrad, g, gy);
     let gx = match direct {
-        true => Tensor::for_overwrite(&shape, gy.dtype(), gy.device())?,
-        false => Tensor::zeros(&shape, gy.dtype(), gy.device())?,
+        Some(_) => Tensor::for_overwrite(&shape, gy.dtype(), gy.device())?,
+        None => Tensor::zeros(&shape, gy.dtype(), gy.device())?,
     };
     let _ws = with_category(Category::Workspace);
     if let Some(b) = bias {
@@ -599,21 +599,15 @@ pub(super) fn conv2d_input_grad(
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
     // Scratch: each use writes the part it reads first.
     let cols = Tensor::for_overwrite(&[g.groups, k, l], gy.dtype(), gy.device())?;
-    if direct_pass(
-        Pass::InputGrad,
-        (&gy, gs),
-        (&w, ws),
-        bias.is_some(),
-        (&gx, &cols),
-        g,
-    )? {
+    if let Some(d) = direct {
+        let onto_out = bias.is_some();
+        direct_pass(
+            (d, Pass::InputGrad, onto_out),
+            (&gy, gs),
+            (&w, ws),
+            (&gx, &cols),
+        )?;
         return Ok(gx);
-    }
-    if direct && bias.is_none() {
-        // The column buffer was too small for the direct kernel: im2col's
-        // fold adds into `gx`, which must then start at zero (a bias has
-        // been written over all of it).
-        fill_zeros(&gx)?;
     }
     let wt = transposed(&view(&w, &[g.groups, cg, k], ws))?;
     let item = g.cin * g.h * g.w;
@@ -649,26 +643,19 @@ pub(super) fn conv2d_input_grad(
     Ok(gx)
 }
 
-/// Runs `pass` with the direct 3×3 kernel (see [`direct`]) from `input`
-/// (contiguous from element `is`) and the weight (from `ws`) into `out`,
-/// with `cols` (the im2col column buffer) as its workspace, when it applies
-/// to `g` on this CPU and the buffer fits it; else returns `false` having
-/// done nothing. `onto_out`: `out` already holds the bias.
-fn direct_pass(
-    pass: Pass,
-    (input, is): (&Tensor, usize),
-    (w, ws): (&Tensor, usize),
-    onto_out: bool,
-    (out, cols): (&Tensor, &Tensor),
-    g: &ConvGeom,
-) -> Result<bool> {
+/// The sizes of `pass` on the direct 3×3 kernel (see [`direct`]) for `g`
+/// with `input`'s dtype and device, when that kernel applies on this CPU
+/// and fits the im2col column buffer (`[groups, k, l]`); `None` sends the
+/// convolution to im2col, as does the meta device (whose ledger is the
+/// same either way: both paths allocate the output and that buffer).
+fn direct_dims(pass: Pass, g: &ConvGeom, input: &Tensor) -> Option<Dims> {
     let (ins, outs) = match pass {
         Pass::Forward => (g.cin, g.cout),
         Pass::InputGrad => (g.cout, g.cin),
     };
     let f32_data = input.dtype() == DType::F32;
-    if !direct::applies(g, outs, f32_data) || on_meta("conv2d", &[input, out])? {
-        return Ok(false);
+    if input.device().is_meta() || !direct::applies(g, outs, f32_data) {
+        return None;
     }
     let d = Dims {
         n: g.n,
@@ -677,10 +664,19 @@ fn direct_pass(
         h: g.h,
         w: g.w,
     };
-    let scratch = cols.layout().numel();
-    if !direct::fits(&d, scratch) {
-        return Ok(false);
-    }
+    direct::fits(&d, g.groups * g.k() * g.l()).then_some(d)
+}
+
+/// Runs `pass` (sizes `d` from [`direct_dims`]) on the direct 3×3 kernel
+/// from `input` (contiguous from element `is`) and the weight (from `ws`)
+/// into `out`, with `cols` (the im2col column buffer) as its workspace.
+/// `onto_out`: `out` already holds the bias.
+fn direct_pass(
+    (d, pass, onto_out): (Dims, Pass, bool),
+    (input, is): (&Tensor, usize),
+    (w, ws): (&Tensor, usize),
+    (out, cols): (&Tensor, &Tensor),
+) -> Result<()> {
     // The op the ledger notes last before the column buffer is freed, as
     // on the im2col path.
     crate::memory::note_op("matmul_into");
@@ -688,13 +684,13 @@ fn direct_pass(
     let wd: &CpuData = wd.as_deref().unwrap_or(&xd);
     let mut od = out.storage().cpu_mut()?;
     let mut cd = cols.storage().cpu_mut()?;
-    let plane = g.h * g.w;
-    let x = slice::<f32>(&xd, is..is + g.n * ins * plane)?;
-    let wt = slice::<f32>(wd, ws..ws + ins * outs * 9)?;
-    let o = slice_mut::<f32>(&mut od, 0..g.n * outs * plane)?;
-    let c = slice_mut::<f32>(&mut cd, 0..scratch)?;
+    let plane = d.h * d.w;
+    let x = slice::<f32>(&xd, is..is + d.n * d.ins * plane)?;
+    let wt = slice::<f32>(wd, ws..ws + d.ins * d.outs * 9)?;
+    let o = slice_mut::<f32>(&mut od, 0..d.n * d.outs * plane)?;
+    let c = slice_mut::<f32>(&mut cd, 0..cols.layout().numel())?;
     direct::run((x, wt, o), c, d, pass, onto_out);
-    Ok(true)
+    Ok(())
 }
 
 /// Read guards on the storages of `x` and `w`; none for `w` when it shares
@@ -712,14 +708,6 @@ fn read_both<'a>(
         false => Some(w.storage().cpu()?),
     };
     Ok((xd, wd))
-}
-
-/// Sets every element of the contiguous CPU tensor `t` to zero.
-fn fill_zeros(t: &Tensor) -> Result<()> {
-    let mut d = t.storage().cpu_mut()?;
-    let n = t.layout().numel();
-    slice_mut::<f32>(&mut d, 0..n)?.fill(0.0);
-    Ok(())
 }
 
 /// The gradient of [`conv2d_forward`] with respect to `w`, given `gy`
