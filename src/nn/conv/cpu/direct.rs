@@ -220,14 +220,29 @@ impl OutPtr {
             return;
         }
         let plane = d.plane();
+        assert!(acc.len() >= t.items.len() * plane * BLOCK);
         for (k, item) in t.items.clone().enumerate() {
-            for o in 0..BLOCK {
-                let src = self
-                    .0
-                    .wrapping_add((item * d.outs + t.b * BLOCK + o) * plane);
-                for p in 0..plane {
+            let src = self.0.wrapping_add((item * d.outs + t.b * BLOCK) * plane);
+            let dst = acc[k * plane * BLOCK..].as_mut_ptr();
+            // The reverse of `scatter`'s blocks (rows of `out` are
+            // channels, of `acc` pixels), then the last few pixels.
+            let whole = plane / 8 * 8;
+            for p in (0..whole).step_by(8) {
+                for o in (0..BLOCK).step_by(8) {
+                    // SAFETY: an 8×8 block inside this task's part of `out`
+                    // and inside this item's `acc`.
+                    unsafe {
+                        transpose8(
+                            (src.add(o * plane + p), plane),
+                            (dst.add(p * BLOCK + o), BLOCK as isize),
+                        )
+                    };
+                }
+            }
+            for p in whole..plane {
+                for o in 0..BLOCK {
                     // SAFETY: inside `out`, in this task's part.
-                    acc[(k * plane + p) * BLOCK + o] = unsafe { *src.add(p) };
+                    acc[(k * plane + p) * BLOCK + o] = unsafe { *src.add(o * plane + p) };
                 }
             }
         }
