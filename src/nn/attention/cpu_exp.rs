@@ -48,10 +48,56 @@ unsafe fn exp_avx512(ys: &mut [f64]) {
     exp_body(ys)
 }
 
+/// [`exp_fast`] over 16 elements at a time as four AVX2 vectors advanced
+/// in lockstep, the rest as [`exp_body`]. Left to itself, the compiler
+/// evaluated one vector's polynomial at a time, each step waiting on the
+/// last. The operations are [`exp_fast`]'s, in its order and without FMA,
+/// so the values are the same.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn exp_avx2(ys: &mut [f64]) {
-    exp_body(ys)
+fn exp_avx2(ys: &mut [f64]) {
+    use std::arch::x86_64::*;
+    const V: usize = 4;
+    let splat = _mm256_set1_pd;
+    let mut groups = ys.chunks_exact_mut(4 * V);
+    for g in &mut groups {
+        let mut y = [_mm256_setzero_pd(); V];
+        for (i, y) in y.iter_mut().enumerate() {
+            // SAFETY: elements 4i..4i+4 lie inside the group.
+            *y = unsafe { _mm256_loadu_pd(g.as_ptr().add(4 * i)) };
+        }
+        let (mut k, mut r) = ([splat(0.0); V], [splat(0.0); V]);
+        for i in 0..V {
+            // clamp(−708, 709) with NaN kept: min and max return their
+            // second operand when either is NaN.
+            let yc = _mm256_max_pd(splat(-708.0), _mm256_min_pd(splat(709.0), y[i]));
+            k[i] = _mm256_add_pd(
+                _mm256_mul_pd(yc, splat(std::f64::consts::LOG2_E)),
+                splat(SHIFT),
+            );
+            let n = _mm256_sub_pd(k[i], splat(SHIFT));
+            let hi = _mm256_sub_pd(yc, _mm256_mul_pd(n, splat(LN2_HI)));
+            r[i] = _mm256_sub_pd(hi, _mm256_mul_pd(n, splat(LN2_LO)));
+        }
+        let mut q = [splat(INV_FACT_13); V];
+        for c in INV_FACT_12_TO_2 {
+            for i in 0..V {
+                q[i] = _mm256_add_pd(_mm256_mul_pd(q[i], r[i]), splat(c));
+            }
+        }
+        let bias = _mm256_set1_epi64x(1023 - SHIFT.to_bits() as i64);
+        for i in 0..V {
+            let em1 = _mm256_add_pd(r[i], _mm256_mul_pd(_mm256_mul_pd(r[i], r[i]), q[i]));
+            let ni = _mm256_add_epi64(_mm256_castpd_si256(k[i]), bias);
+            let scale = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(ni));
+            let v = _mm256_add_pd(scale, _mm256_mul_pd(scale, em1));
+            let below = _mm256_cmp_pd::<_CMP_LT_OQ>(y[i], splat(-708.0));
+            let v = _mm256_andnot_pd(below, v);
+            // SAFETY: elements 4i..4i+4 lie inside the group.
+            unsafe { _mm256_storeu_pd(g.as_mut_ptr().add(4 * i), v) };
+        }
+    }
+    exp_body(groups.into_remainder());
 }
 
 /// `y ← e^y` for every element: the C library's `exp` when `exact` (f64
@@ -100,5 +146,25 @@ mod tests {
         exp_in_place(&mut specials, false);
         assert_eq!(specials[..3], [0.0, 0.0, 0.0]);
         assert!(specials[3].is_nan());
+    }
+
+    /// The dispatched kernel (AVX2's four vectors where the CPU has them)
+    /// gives [`exp_fast`]'s bits, element for element, at every length
+    /// around a group and over the specials.
+    #[test]
+    fn vector_groups_equal_the_scalar_exp_bit_for_bit() {
+        let mut ys: Vec<f64> = (0..4_003).map(|i| -720.0 + i as f64 * 0.3571).collect();
+        ys.extend([0.0, -0.0, -708.0, 709.0, 710.0, f64::NAN, f64::NEG_INFINITY]);
+        for len in [1, 15, 16, 17, 33, ys.len()] {
+            let mut got = ys[ys.len() - len..].to_vec();
+            exp_in_place(&mut got, false);
+            for (&y, &g) in ys[ys.len() - len..].iter().zip(&got) {
+                let want = exp_fast(y);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "exp({y}): {g:e} vs {want:e}"
+                );
+            }
+        }
     }
 }
