@@ -214,32 +214,42 @@ struct Phi<const G: usize> {
     tail: [f64; G],
 }
 
-/// [`phi_fast`] for one group of [`GROUP`] lanes as four AVX2 vectors
-/// advanced in lockstep. Left to itself, the compiler ran each vector's
-/// polynomial chains one after the other, every FMA waiting on the last
-/// and half the FMA units idle; here four (then eight) independent FMAs
-/// issue together. The operations are [`phi_fast`]'s, lane for lane, so
-/// the values are the same.
+/// AVX2 forms of the fast path: [`phi_fast`] for one group of [`GROUP`]
+/// lanes as four vectors advanced in lockstep, and whole f32 blocks kept in
+/// vectors from load to store. Left to itself, the compiler ran each
+/// vector's polynomial chains one after the other, every FMA waiting on
+/// the last and half the FMA units idle; here four (then eight) independent
+/// FMAs issue together. The operations are [`phi_fast`]'s, lane for lane, so
+/// Φ is the same; the candidates and bounds are
+/// [`value_candidate`]'s and [`slope_candidate`]'s.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Phi, ERFCX_K, ERFCX_POLY, EXP_POLY, GROUP, LN2_HI, LN2_LO, SHIFT};
+    use super::{
+        reference, Phi, ERFCX_K, ERFCX_POLY, ERFC_REL_BOUND, EXP_POLY, GROUP, INV_SQRT_2PI, LN2_HI,
+        LN2_LO, PHI_BOUND, SHIFT,
+    };
     use std::arch::x86_64::*;
     use std::f64::consts::{FRAC_1_SQRT_2, LOG2_E};
 
     /// Vectors per group.
     const V: usize = GROUP / 4;
 
+    /// A group of lanes, four f64 vectors.
+    type Lanes = [__m256d; V];
+
+    /// [`Phi`] of a group, in vectors.
+    struct PhiV {
+        phi: Lanes,
+        e: Lanes,
+        tail: Lanes,
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn phi(x: &[f64; GROUP]) -> Phi<GROUP> {
+    fn phi_v(xv: &Lanes) -> PhiV {
         let splat = _mm256_set1_pd;
         let zero = _mm256_setzero_pd();
         let sign = splat(-0.0);
-        let mut xv = [zero; V];
-        for (i, v) in xv.iter_mut().enumerate() {
-            // SAFETY: lanes 4i..4i+4 lie inside the group.
-            *v = unsafe { _mm256_loadu_pd(x.as_ptr().add(4 * i)) };
-        }
         let (mut t, mut k, mut r) = ([zero; V], [zero; V], [zero; V]);
         for i in 0..V {
             let z = _mm256_mul_pd(_mm256_andnot_pd(sign, xv[i]), splat(FRAC_1_SQRT_2));
@@ -266,26 +276,171 @@ mod avx2 {
                 }
             }
         }
+        let mut out = PhiV {
+            phi: [zero; V],
+            e: [zero; V],
+            tail: [zero; V],
+        };
+        let bias = _mm256_set1_epi64x(1023 - SHIFT.to_bits() as i64);
+        for i in 0..V {
+            let ni = _mm256_add_epi64(_mm256_castpd_si256(k[i]), bias);
+            out.e[i] = _mm256_mul_pd(p[i], _mm256_castsi256_pd(_mm256_slli_epi64::<52>(ni)));
+            out.tail[i] = _mm256_mul_pd(_mm256_mul_pd(splat(0.5), out.e[i]), erfcx[i]);
+            let below = _mm256_cmp_pd::<_CMP_LT_OQ>(xv[i], zero);
+            let upper = _mm256_sub_pd(splat(1.0), out.tail[i]);
+            out.phi[i] = _mm256_blendv_pd(upper, out.tail[i], below);
+        }
+        out
+    }
+
+    /// [`super::phi_fast`] of one group, through [`phi_v`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn phi(x: &[f64; GROUP]) -> Phi<GROUP> {
+        let mut xv = [_mm256_setzero_pd(); V];
+        for (i, v) in xv.iter_mut().enumerate() {
+            // SAFETY: lanes 4i..4i+4 lie inside the group.
+            *v = unsafe { _mm256_loadu_pd(x.as_ptr().add(4 * i)) };
+        }
+        let p = phi_v(&xv);
         let mut out = Phi {
             phi: [0.0; GROUP],
             e: [0.0; GROUP],
             tail: [0.0; GROUP],
         };
-        let bias = _mm256_set1_epi64x(1023 - SHIFT.to_bits() as i64);
         for i in 0..V {
-            let ni = _mm256_add_epi64(_mm256_castpd_si256(k[i]), bias);
-            let e = _mm256_mul_pd(p[i], _mm256_castsi256_pd(_mm256_slli_epi64::<52>(ni)));
-            let tail = _mm256_mul_pd(_mm256_mul_pd(splat(0.5), e), erfcx[i]);
-            let below = _mm256_cmp_pd::<_CMP_LT_OQ>(xv[i], zero);
-            let phi = _mm256_blendv_pd(_mm256_sub_pd(splat(1.0), tail), tail, below);
             // SAFETY: lanes 4i..4i+4 lie inside each group-sized array.
             unsafe {
-                _mm256_storeu_pd(out.e.as_mut_ptr().add(4 * i), e);
-                _mm256_storeu_pd(out.tail.as_mut_ptr().add(4 * i), tail);
-                _mm256_storeu_pd(out.phi.as_mut_ptr().add(4 * i), phi);
+                _mm256_storeu_pd(out.e.as_mut_ptr().add(4 * i), p.e[i]);
+                _mm256_storeu_pd(out.tail.as_mut_ptr().add(4 * i), p.tail[i]);
+                _mm256_storeu_pd(out.phi.as_mut_ptr().add(4 * i), p.phi[i]);
             }
         }
         out
+    }
+
+    /// `|v|`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn abs(v: __m256d) -> __m256d {
+        _mm256_andnot_pd(_mm256_set1_pd(-0.0), v)
+    }
+
+    /// gelu's candidates and bounds ([`super::value_candidate`]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn values(xv: &Lanes, p: &PhiV) -> (Lanes, Lanes) {
+        let splat = _mm256_set1_pd;
+        let (mut v, mut b) = ([splat(0.0); V], [splat(0.0); V]);
+        for i in 0..V {
+            v[i] = _mm256_mul_pd(xv[i], p.phi[i]);
+            let phi_bound = _mm256_fmadd_pd(p.tail[i], splat(ERFC_REL_BOUND), splat(PHI_BOUND));
+            let round = _mm256_mul_pd(abs(v[i]), splat(1e-15));
+            b[i] = _mm256_fmadd_pd(abs(xv[i]), phi_bound, round);
+        }
+        (v, b)
+    }
+
+    /// gelu′'s candidates and bounds ([`super::slope_candidate`]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn slopes(xv: &Lanes, p: &PhiV) -> (Lanes, Lanes) {
+        let splat = _mm256_set1_pd;
+        let (mut v, mut b) = ([splat(0.0); V], [splat(0.0); V]);
+        for i in 0..V {
+            let xpdf = _mm256_mul_pd(xv[i], _mm256_mul_pd(p.e[i], splat(INV_SQRT_2PI)));
+            v[i] = _mm256_add_pd(p.phi[i], xpdf);
+            let phi_bound = _mm256_fmadd_pd(p.tail[i], splat(ERFC_REL_BOUND), splat(PHI_BOUND));
+            let pdf_bound = _mm256_fmadd_pd(abs(xpdf), splat(1e-13), phi_bound);
+            b[i] = _mm256_fmadd_pd(abs(v[i]), splat(1e-15), pdf_bound);
+        }
+        (v, b)
+    }
+
+    /// [`super::settle`] for f32 lanes in vectors: `v − b` rounded is
+    /// stored, and the lanes where `v + b` rounds differently (NaN
+    /// included) are replaced by the reference.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn settle(src: &[f32], (v, b): (Lanes, Lanes), out: &mut [f32], grad: bool) {
+        let mut unsettled = 0;
+        for i in 0..V {
+            let lo = _mm256_cvtpd_ps(_mm256_sub_pd(v[i], b[i]));
+            let hi = _mm256_cvtpd_ps(_mm256_add_pd(v[i], b[i]));
+            unsettled |= _mm_movemask_ps(_mm_cmp_ps::<_CMP_NEQ_UQ>(lo, hi)) << (4 * i);
+            // SAFETY: lanes 4i..4i+4 lie inside the group.
+            unsafe { _mm_storeu_ps(out.as_mut_ptr().add(4 * i), lo) };
+        }
+        while unsettled != 0 {
+            let lane = unsettled.trailing_zeros() as usize;
+            out[lane] = reference(src[lane] as f64, grad);
+            unsettled &= unsettled - 1;
+        }
+    }
+
+    /// One group of f32 lanes widened to f64.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn widen(src: &[f32]) -> Lanes {
+        let mut xv = [_mm256_setzero_pd(); V];
+        for (i, x) in xv.iter_mut().enumerate() {
+            // SAFETY: lanes 4i..4i+4 lie inside the group.
+            *x = _mm256_cvtps_pd(unsafe { _mm_loadu_ps(src.as_ptr().add(4 * i)) });
+        }
+        xv
+    }
+
+    /// [`super::block_body`] for f32, whole groups in vectors (a last
+    /// partial group through the generic code with [`phi`]).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn block_f32(src: &[f32], out: &mut [f32], grad: bool, times: Option<&[f32]>) {
+        let whole = src.len() / GROUP * GROUP;
+        for (k, (src, out)) in src[..whole]
+            .chunks_exact(GROUP)
+            .zip(out[..whole].chunks_exact_mut(GROUP))
+            .enumerate()
+        {
+            let xv = widen(src);
+            let p = phi_v(&xv);
+            let candidates = if grad {
+                slopes(&xv, &p)
+            } else {
+                values(&xv, &p)
+            };
+            settle(src, candidates, out, grad);
+            if let Some(g) = times {
+                let g = &g[k * GROUP..(k + 1) * GROUP];
+                out.iter_mut().zip(g).for_each(|(o, &g)| *o *= g);
+            }
+        }
+        super::block_body::<f32, GROUP>(
+            &src[whole..],
+            &mut out[whole..],
+            (grad, times.map(|g| &g[whole..])),
+            |x| phi(x),
+        );
+    }
+
+    /// [`super::pair_body`] for f32, whole groups in vectors.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn pair_f32(src: &[f32], value: &mut [f32], slope: &mut [f32]) {
+        let whole = src.len() / GROUP * GROUP;
+        let groups = src[..whole]
+            .chunks_exact(GROUP)
+            .zip(value[..whole].chunks_exact_mut(GROUP))
+            .zip(slope[..whole].chunks_exact_mut(GROUP));
+        for ((src, value), slope) in groups {
+            let xv = widen(src);
+            let p = phi_v(&xv);
+            settle(src, values(&xv, &p), value, false);
+            settle(src, slopes(&xv, &p), slope, true);
+        }
+        super::pair_body::<f32, GROUP>(
+            &src[whole..],
+            &mut value[whole..],
+            &mut slope[whole..],
+            |x| phi(x),
+        );
     }
 }
 
@@ -445,6 +600,11 @@ unsafe fn pair_avx512<T: FloatDType>(src: &[T], value: &mut [T], slope: &mut [T]
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn pair_avx2<T: FloatDType>(src: &[T], value: &mut [T], slope: &mut [T]) {
+    if let (Some(src), Some(value), Some(slope)) =
+        (as_f32(src), as_f32_mut(value), as_f32_mut(slope))
+    {
+        return avx2::pair_f32(src, value, slope);
+    }
     pair_body::<T, GROUP>(src, value, slope, |x| avx2::phi(x))
 }
 
@@ -483,7 +643,25 @@ unsafe fn block_avx512<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, time
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn block_avx2<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, times: Option<&[T]>) {
+    if let (Some(src), Some(out)) = (as_f32(src), as_f32_mut(out)) {
+        let times = times.map(|g| as_f32(g).expect("the same dtype as src"));
+        return avx2::block_f32(src, out, grad, times);
+    }
     block_body::<T, GROUP>(src, out, (grad, times), |x| avx2::phi(x))
+}
+
+/// `s` as `f32` elements when `T` is `f32`.
+fn as_f32<T: FloatDType>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: a dtype of F32 is the type f32: same size, alignment, bits.
+    (T::DTYPE == crate::DType::F32)
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
+}
+
+/// [`as_f32`] for a mutable slice.
+fn as_f32_mut<T: FloatDType>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: as in `as_f32`; the borrow of `s` moves to the result.
+    (T::DTYPE == crate::DType::F32)
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
 }
 
 /// `out[i] = T(reference(src[i]))` (exact GELU, or its derivative when
