@@ -46,7 +46,10 @@ fn same_for_every_thread_count(what: &str, f: impl Fn() -> Result<Vec<Vec<u64>>>
 fn matmuls_give_the_same_bits_for_any_thread_count() {
     // Row splits (m ≥ n), column splits (m < n), transposed operands (the
     // strides a Linear layer's products read), sizes whose halves fall
-    // under gemm's small-matrix branches (must not be split), and a batch.
+    // under gemm's small-matrix branches (must not be split), a batch that
+    // folds into one product, and batches of distinct products: one whole
+    // product per thread (6 entries at 2 and 3 threads), or each split (4
+    // entries at 3 threads).
     let shapes: &[(&[usize], &[usize], bool)] = &[
         (&[64, 576], &[576, 784], false),
         (&[640, 512], &[512, 64], false),
@@ -55,6 +58,8 @@ fn matmuls_give_the_same_bits_for_any_thread_count() {
         (&[37, 1500], &[1500, 101], false),
         (&[130, 700], &[700, 9], false),
         (&[3, 100, 257], &[257, 150], false),
+        (&[6, 128, 64], &[6, 64, 128], false),
+        (&[4, 100, 257], &[4, 257, 150], false),
     ];
     // f64 and f16 run gemm's other kernels (other tile sizes).
     let cases = shapes

@@ -392,7 +392,8 @@ fn execute<T: Copy + Send + Sync + 'static>(
         }
         return Ok(());
     }
-    let threads = rayon::current_num_threads() > 1;
+    let nthreads = rayon::current_num_threads();
+    let threads = nthreads > 1;
     let one_product = |i: usize, d: &mut [T], split: bool| {
         let product = Product {
             dst: Ptr(d.as_mut_ptr()),
@@ -409,7 +410,13 @@ fn execute<T: Copy + Send + Sync + 'static>(
         unsafe { product.run((zero, one), split) }
     };
     let work = m * n * k;
-    if threads && work < PARALLEL_WORK && batch > 1 && work * batch >= PARALLEL_WORK {
+    // One whole product per thread where the entries share the threads out
+    // evenly (or are many): splitting each product instead packs the other
+    // operand once per part and joins the threads after every entry
+    // (attention's 128×128×64 heads). Too small a batch to share is split.
+    let shared_out = batch.is_multiple_of(nthreads) || batch >= 4 * nthreads;
+    let per_entry = work * batch >= PARALLEL_WORK && (work < PARALLEL_WORK || shared_out);
+    if threads && batch > 1 && per_entry {
         dst.par_chunks_mut(m * n)
             .enumerate()
             .for_each(|(i, d)| one_product(i, d, false));
