@@ -5,8 +5,9 @@
 //   lse(r) = max + log(sum exp(logit - max)) (rounded to the lse type;
 //            -inf for a fully masked row, whose probabilities are 0)
 //   P[r, j] = exp(logit(r, j) - lse(r))
-// in double as the CPU (no FMA contraction of scale*S + mask: __dmul_rn and
-// __dadd_rn round each step as Rust does). Masks: kind 0 none, 1 additive
+// in double as the CPU's f64 rows (no FMA contraction of scale*S + mask:
+// __dmul_rn and __dadd_rn round each step as Rust does; the CPU works f32
+// rows in f32). Masks: kind 0 none, 1 additive
 // float of T, 2 bool (u8, 0 = masked out), 3 additive double (a float mask
 // of another dtype, converted exactly); row r reads mask row r % mask_rows,
 // so a [lq, lk] mask serves every batch and head. With use_lse the given

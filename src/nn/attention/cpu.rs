@@ -2,10 +2,12 @@
 //! softmax of scaled scores written as `exp(x − lse)` with the row's
 //! log-sum-exp (so backward can rebuild the probabilities bit for bit from
 //! a saved `lse`), and the softmax backward `scale · P ⊙ (dP − Σ dP ⊙ P)`.
-//! Rows are independent; work is done in f64. The CUDA kernels
-//! (`attention.cu`) use the same formulas.
+//! Rows are independent. f32 rows are worked in f32 vectors
+//! (`cpu_f32.rs`, as PyTorch does); f64, f16 and bf16 rows in f64. The
+//! CUDA kernels (`attention.cu`) use the same formulas, in double.
 
 use super::cpu_exp::exp_in_place;
+use super::cpu_f32;
 use super::{RowLse, ScoreGeom, ScoreSpec, OP};
 use crate::dtype::CpuData;
 use crate::memory::host::{try_for_overwrite, try_zeroed};
@@ -63,28 +65,28 @@ fn additive_mask(mask: &Tensor, scores: &[usize]) -> Result<Vec<f64>> {
 /// Rows of scores one rayon task handles (with one scratch buffer).
 const ROWS_PER_TASK: usize = 32;
 
-/// Two `f64` rows of scratch: the logits and their exponentials.
-struct Scratch {
-    x: Vec<f64>,
-    e: Vec<f64>,
+/// Two rows of scratch: the logits and their exponentials.
+struct Scratch<S> {
+    x: Vec<S>,
+    e: Vec<S>,
 }
 
 /// Runs `f(row, output row, extra[row], scratch)` over the rows of `lk`
 /// elements of `out`, in tasks of [`ROWS_PER_TASK`] rows (in parallel when
 /// large), each with its own scratch rows (uncounted host temporaries).
-fn run_rows<T: Send>(
+fn run_rows<T: Send, S: Copy + Default>(
     out: &mut [T],
     lk: usize,
     extra: &mut [f64],
-    f: impl Fn(usize, &mut [T], &mut f64, &mut Scratch) + Sync + Send,
+    f: impl Fn(usize, &mut [T], &mut f64, &mut Scratch<S>) + Sync + Send,
 ) {
     if lk == 0 {
         return;
     }
     let task = |t: usize, o: &mut [T], e: &mut [f64]| {
         let mut sc = Scratch {
-            x: vec![0.0; lk],
-            e: vec![0.0; lk],
+            x: vec![S::default(); lk],
+            e: vec![S::default(); lk],
         };
         for (i, (row, ex)) in o.chunks_mut(lk).zip(e.iter_mut()).enumerate() {
             f(t * ROWS_PER_TASK + i, row, ex, &mut sc);
@@ -155,6 +157,35 @@ fn probs_rows<T: FloatDType>(
     Ok((T::wrap(p), lse))
 }
 
+/// [`probs_rows`] for f32 scores whose `lse` is saved in f32, in f32
+/// vectors (`cpu_f32`): the same formula, the mask's additive values
+/// rounded to f32.
+fn probs_rows_f32(
+    s: &[f32],
+    spec: &ScoreSpec,
+    mask: Option<&[f64]>,
+    lse_in: Option<&[f64]>,
+) -> Result<(CpuData, Vec<f64>)> {
+    let g = spec.geom;
+    let lk = g.lk;
+    let rows = s.len().checked_div(lk).unwrap_or(0);
+    let mask: Option<Vec<f32>> = mask.map(|m| m.iter().map(|&v| v as f32).collect());
+    let mut p = try_for_overwrite::<f32>(s.len())?;
+    let mut lse = try_zeroed::<f64>(rows)?;
+    run_rows(&mut p, lk, &mut lse, |r, prow, l, sc: &mut Scratch<f32>| {
+        let rule = cpu_f32::RowLogits {
+            scale: g.scale as f32,
+            mask: mask.as_deref().map(|m| &m[r * lk..(r + 1) * lk]),
+            cut: g.causal.then_some(r % g.lq + 1),
+        };
+        // A saved f32 lse read back as f64 is exact.
+        let given = lse_in.map(|v| v[r] as f32);
+        let srow = &s[r * lk..(r + 1) * lk];
+        *l = f64::from(cpu_f32::probs_row(&rule, srow, prow, &mut sc.x, given));
+    });
+    Ok((CpuData::F32(p), lse))
+}
+
 /// The probabilities `P = exp(x − lse)` for scores `s` `[.., lq, lk]` (a
 /// fresh GEMM output) and the per-row `lse` (rounded to the saved
 /// precision, `−∞` for fully masked rows whose probabilities are 0). With
@@ -190,8 +221,13 @@ pub(super) fn attention_probs(
     };
     let dense = Dense::new(s)?;
     let (data, range) = dense.parts();
-    let (p, lse) = crate::match_float_data!(data, OP, v =>
-        probs_rows(&v[range], &logits, lse_in.as_deref())?);
+    let (p, lse) = match data {
+        CpuData::F32(v) if spec.lse_f32 => {
+            probs_rows_f32(&v[range], spec, mask.as_deref(), lse_in.as_deref())?
+        }
+        _ => crate::match_float_data!(data, OP, v =>
+            probs_rows(&v[range], &logits, lse_in.as_deref())?),
+    };
     Ok((Tensor::from_cpu_data(p, s.shape())?, RowLse::Host(lse)))
 }
 
@@ -200,20 +236,43 @@ fn grad_rows<T: FloatDType>(p: &[T], dp: &[T], geom: ScoreGeom) -> Result<CpuDat
     let rows = p.len().checked_div(lk).unwrap_or(0);
     let mut ds = try_for_overwrite::<T>(p.len())?;
     let mut unused = try_zeroed::<f64>(rows)?;
-    run_rows(&mut ds, lk, &mut unused, |r, out, _, _| {
-        let (pr, dr) = (&p[r * lk..(r + 1) * lk], &dp[r * lk..(r + 1) * lk]);
-        let dot: f64 = pr
-            .iter()
-            .zip(dr)
-            .map(|(a, b)| WithDType::to_f64(*a) * WithDType::to_f64(*b))
-            .sum();
-        for ((o, a), b) in out.iter_mut().zip(pr).zip(dr) {
-            *o = <T as WithDType>::from_f64(
-                scale * WithDType::to_f64(*a) * (WithDType::to_f64(*b) - dot),
-            );
-        }
-    });
+    run_rows(
+        &mut ds,
+        lk,
+        &mut unused,
+        |r, out, _, _: &mut Scratch<f64>| {
+            let (pr, dr) = (&p[r * lk..(r + 1) * lk], &dp[r * lk..(r + 1) * lk]);
+            let dot: f64 = pr
+                .iter()
+                .zip(dr)
+                .map(|(a, b)| WithDType::to_f64(*a) * WithDType::to_f64(*b))
+                .sum();
+            for ((o, a), b) in out.iter_mut().zip(pr).zip(dr) {
+                *o = <T as WithDType>::from_f64(
+                    scale * WithDType::to_f64(*a) * (WithDType::to_f64(*b) - dot),
+                );
+            }
+        },
+    );
     Ok(T::wrap(ds))
+}
+
+/// [`grad_rows`] for f32 in f32 vectors (`cpu_f32`), the dot product in f64.
+fn grad_rows_f32(p: &[f32], dp: &[f32], geom: ScoreGeom) -> Result<CpuData> {
+    let lk = geom.lk;
+    let rows = p.len().checked_div(lk).unwrap_or(0);
+    let mut ds = try_for_overwrite::<f32>(p.len())?;
+    let mut unused = try_zeroed::<f64>(rows)?;
+    run_rows(
+        &mut ds,
+        lk,
+        &mut unused,
+        |r, out, _, _: &mut Scratch<f32>| {
+            let span = r * lk..(r + 1) * lk;
+            cpu_f32::grad_row(geom.scale as f32, &p[span.clone()], &dp[span], out);
+        },
+    );
+    Ok(CpuData::F32(ds))
 }
 
 /// The gradient of the scaled scores `Q·Kᵀ`: `scale · P ⊙ (dP − Σ_j dP ⊙ P)`
@@ -227,6 +286,10 @@ pub(super) fn attention_softmax_grad(p: &Tensor, dp: &Tensor, geom: ScoreGeom) -
     }
     let (dpn, ddn) = (Dense::new(p)?, Dense::new(dp)?);
     let ((pd, pr), (dd, dr)) = (dpn.parts(), ddn.parts());
+    if let (CpuData::F32(pv), CpuData::F32(dv)) = (pd, dd) {
+        let out = grad_rows_f32(&pv[pr], &dv[dr], geom)?;
+        return Tensor::from_cpu_data(out, p.shape());
+    }
     let out: CpuData = crate::match_float_data!(pd, OP, v => {
         let g = dd.as_slice().ok_or_else(|| Error::Backward("attention: dtype".into()))?;
         grad_rows(&v[pr], &g[dr], geom)?

@@ -4,8 +4,8 @@
 //! `dV = P'ᵀ·dO`, `dS = scale·P ⊙ (dP − Σ_j dP ⊙ P)` with `dP = dropout(dO·Vᵀ)`,
 //! `dQ = dS·K`, `dK = dSᵀ·Q`. The GEMMs are the shared matmul; the family's
 //! own kernels are the fused masked softmax (`P` and `lse`, or `P` again
-//! from a saved `lse`) and its backward (`cpu.rs`, `cuda.rs`,
-//! `attention.cu`). `MultiheadAttention` (`multihead.rs`) is composed of
+//! from a saved `lse`) and its backward (`cpu.rs` with `cpu_f32.rs`,
+//! `cuda.rs`, `attention.cu`). `MultiheadAttention` (`multihead.rs`) is composed of
 //! matmuls, views and this op.
 //!
 //! Saved for backward (sizes: `|Q|`, `|K|`, `|V|`, `|P|` the bytes of the
@@ -30,6 +30,7 @@
 
 mod cpu;
 mod cpu_exp;
+mod cpu_f32;
 mod cuda;
 mod multihead;
 #[cfg(test)]
