@@ -158,8 +158,8 @@ fn probs_rows<T: FloatDType>(
 }
 
 /// [`probs_rows`] for f32 scores whose `lse` is saved in f32, in f32
-/// vectors (`cpu_f32`): the same formula, the mask's additive values
-/// rounded to f32.
+/// vectors (`cpu_f32`): the same formula, each additive mask value
+/// rounded to f32 as it is added.
 fn probs_rows_f32(
     s: &[f32],
     spec: &ScoreSpec,
@@ -169,13 +169,12 @@ fn probs_rows_f32(
     let g = spec.geom;
     let lk = g.lk;
     let rows = s.len().checked_div(lk).unwrap_or(0);
-    let mask: Option<Vec<f32>> = mask.map(|m| m.iter().map(|&v| v as f32).collect());
     let mut p = try_for_overwrite::<f32>(s.len())?;
     let mut lse = try_zeroed::<f64>(rows)?;
     run_rows(&mut p, lk, &mut lse, |r, prow, l, sc: &mut Scratch<f32>| {
         let rule = cpu_f32::RowLogits {
             scale: g.scale as f32,
-            mask: mask.as_deref().map(|m| &m[r * lk..(r + 1) * lk]),
+            mask: mask.map(|m| &m[r * lk..(r + 1) * lk]),
             cut: g.causal.then_some(r % g.lq + 1),
         };
         // A saved f32 lse read back as f64 is exact.

@@ -115,8 +115,9 @@ fn max_f32(xs: &[f32]) -> f32 {
 pub(super) struct RowLogits<'a> {
     /// The factor on the scores.
     pub scale: f32,
-    /// The row's additive mask (`−∞` where it removes).
-    pub mask: Option<&'a [f32]>,
+    /// The row's additive mask (`−∞` where it removes), rounded to f32 as
+    /// it is added.
+    pub mask: Option<&'a [f64]>,
     /// Columns from here on are `−∞` (causal); `None` keeps them all.
     pub cut: Option<usize>,
 }
@@ -129,7 +130,7 @@ fn logits(rule: &RowLogits, s: &[f32], x: &mut [f32]) {
     }
     if let Some(m) = rule.mask {
         for (x, &m) in x.iter_mut().zip(m) {
-            *x += m;
+            *x += m as f32;
         }
     }
     if let Some(cut) = rule.cut {
@@ -276,8 +277,8 @@ mod tests {
             let s: Vec<f32> = (0..len)
                 .map(|i| ((i * 7919) % 97) as f32 * 0.37 - 15.0)
                 .collect();
-            let mask: Vec<f32> = (0..len)
-                .map(|i| if i % 5 == 3 { f32::NEG_INFINITY } else { -0.25 })
+            let mask: Vec<f64> = (0..len)
+                .map(|i| if i % 5 == 3 { f64::NEG_INFINITY } else { -0.1 })
                 .collect();
             for (mask, cut) in [(None, None), (Some(&mask[..]), None), (None, Some(len / 2))] {
                 let rule = RowLogits {
@@ -301,7 +302,7 @@ mod tests {
                 let xs: Vec<f64> = (0..len)
                     .map(|j| match (cut, mask) {
                         (Some(c), _) if j >= c => f64::NEG_INFINITY,
-                        (_, Some(m)) => f64::from(0.125 * s[j] + m[j]),
+                        (_, Some(m)) => f64::from(0.125 * s[j] + m[j] as f32),
                         _ => f64::from(0.125 * s[j]),
                     })
                     .collect();
@@ -348,7 +349,7 @@ mod tests {
     /// A fully masked row has `lse = −∞` and probabilities 0.
     #[test]
     fn a_fully_masked_row_is_zero() {
-        let mask = [f32::NEG_INFINITY; 9];
+        let mask = [f64::NEG_INFINITY; 9];
         let rule = RowLogits {
             scale: 1.0,
             mask: Some(&mask),
