@@ -36,7 +36,7 @@ pub(crate) use index::{
 };
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
-pub(crate) use widest::widest_vectors;
+pub(crate) use widest::{avx2_fma, widest_vectors};
 // Shared with the layer families' CPU kernels.
 pub(crate) use elementwise::typed;
 pub(crate) use elementwise::Dense;

@@ -1,5 +1,18 @@
 //! Kernels compiled for the widest vectors the CPU has.
 
+/// Whether the CPU has AVX2 and FMA, the features of the hand-vectorised
+/// f32 kernels (std caches the check).
+pub(crate) fn avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Defines `$name`, which runs the `#[inline(always)]` kernel `$inner`
 /// compiled for AVX-512 when the CPU has it, else for AVX2, else for the
 /// build's baseline: the same source, vectorised as wide as the machine

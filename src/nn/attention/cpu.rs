@@ -160,13 +160,8 @@ fn probs_rows<T: FloatDType>(
 /// [`probs_rows`] for f32 scores whose `lse` is saved in f32, in f32
 /// vectors (`cpu_f32`): the same formula, each additive mask value
 /// rounded to f32 as it is added.
-fn probs_rows_f32(
-    s: &[f32],
-    spec: &ScoreSpec,
-    mask: Option<&[f64]>,
-    lse_in: Option<&[f64]>,
-) -> Result<(CpuData, Vec<f64>)> {
-    let g = spec.geom;
+fn probs_rows_f32(s: &[f32], lg: &Logits, lse_in: Option<&[f64]>) -> Result<(CpuData, Vec<f64>)> {
+    let g = lg.spec.geom;
     let lk = g.lk;
     let rows = s.len().checked_div(lk).unwrap_or(0);
     let mut p = try_for_overwrite::<f32>(s.len())?;
@@ -174,7 +169,7 @@ fn probs_rows_f32(
     run_rows(&mut p, lk, &mut lse, |r, prow, l, sc: &mut Scratch<f32>| {
         let rule = cpu_f32::RowLogits {
             scale: g.scale as f32,
-            mask: mask.map(|m| &m[r * lk..(r + 1) * lk]),
+            mask: lg.mask.map(|m| &m[r * lk..(r + 1) * lk]),
             cut: g.causal.then_some(r % g.lq + 1),
         };
         // A saved f32 lse read back as f64 is exact.
@@ -221,9 +216,7 @@ pub(super) fn attention_probs(
     let dense = Dense::new(s)?;
     let (data, range) = dense.parts();
     let (p, lse) = match data {
-        CpuData::F32(v) if spec.lse_f32 => {
-            probs_rows_f32(&v[range], spec, mask.as_deref(), lse_in.as_deref())?
-        }
+        CpuData::F32(v) if spec.lse_f32 => probs_rows_f32(&v[range], &logits, lse_in.as_deref())?,
         _ => crate::match_float_data!(data, OP, v =>
             probs_rows(&v[range], &logits, lse_in.as_deref())?),
     };

@@ -27,6 +27,7 @@
 //! depend on the thread count.
 
 use super::ConvGeom;
+use crate::primitives::avx2_fma;
 use std::ops::Range;
 
 /// Output channels of one task (two halves of 16: two AVX vectors).
@@ -91,19 +92,7 @@ pub(super) fn applies(g: &ConvGeom, outs: usize, f32_data: bool) -> bool {
         && g.n > 0
         && g.h > 0
         && g.w > 0
-        && vector_units()
-}
-
-/// AVX2 and FMA (std caches the check).
-fn vector_units() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+        && avx2_fma()
 }
 
 /// How a task's buffers share `scratch`: the packed chunk's channels, how
@@ -687,7 +676,7 @@ mod tests {
 
     #[test]
     fn direct_kernels_add_in_the_promised_order_for_any_chunking_and_thread_count() {
-        if !vector_units() {
+        if !avx2_fma() {
             eprintln!("no AVX2+FMA on this CPU: the direct kernels are not used here");
             return;
         }
