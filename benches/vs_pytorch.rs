@@ -5,8 +5,9 @@
 //! in a worker process (`python-compare/speed_worker.py`) driven over its
 //! stdin/stdout; each side times its own iteration, so the pipe is not
 //! timed. Prints a table (median of the rounds, both sides, and the ratio
-//! leangrad/PyTorch: above 1 means leangrad is slower) and, with
-//! `--json FILE`, writes every sample.
+//! leangrad/PyTorch: above 1 means leangrad is slower; beside it the median
+//! and range of the ratios within each round, whose two samples ran back to
+//! back under the same load) and, with `--json FILE`, writes every sample.
 //!
 //! ```text
 //! cargo bench --bench vs_pytorch -- [--threads N] [--rounds R] [--only a,b]
@@ -664,8 +665,8 @@ fn main() {
         torch.as_deref().unwrap_or("absent")
     );
     println!(
-        "{:24} {:>12} {:>12} {:>8}  what",
-        "workload", "leangrad ms", "pytorch ms", "ratio"
+        "{:24} {:>12} {:>12} {:>8} {:>17}  what",
+        "workload", "leangrad ms", "pytorch ms", "ratio", "per round"
     );
     let mut rows = Vec::new();
     for w in WORKLOADS {
@@ -681,12 +682,23 @@ fn main() {
                 let cell = |v: Option<f64>, digits: usize| {
                     v.map_or("-".to_string(), |v| format!("{v:.digits$}"))
                 };
+                // Sample i of each side belongs to round i.
+                let per_round: Vec<f64> = l.iter().zip(&t).map(|(l, t)| l / t).collect();
+                let paired = (!per_round.is_empty()).then(|| {
+                    let lo = per_round.iter().copied().fold(f64::INFINITY, f64::min);
+                    let hi = per_round.iter().copied().fold(0.0, f64::max);
+                    (median(&per_round), lo, hi)
+                });
+                let paired_cell = paired.map_or("-".to_string(), |(m, lo, hi)| {
+                    format!("{m:.2} ({lo:.2}–{hi:.2})")
+                });
                 println!(
-                    "{:24} {:>12.2} {:>12} {:>8}  {}",
+                    "{:24} {:>12.2} {:>12} {:>8} {:>17}  {}",
                     w.name,
                     lm,
                     cell(tm, 2),
                     cell(tm.map(|tm| lm / tm), 2),
+                    paired_cell,
                     w.what
                 );
                 rows.push(json!({
@@ -694,6 +706,8 @@ fn main() {
                     "leangrad_ms": l, "pytorch_ms": t,
                     "leangrad_median_ms": lm, "pytorch_median_ms": tm,
                     "ratio": tm.map(|tm| lm / tm),
+                    "round_ratios": per_round,
+                    "round_ratio_median": paired.map(|p| p.0),
                 }));
             }
             Err(e) => {

@@ -1,8 +1,13 @@
-//! Matrix products on the `gemm` crate: batched, with NumPy broadcasting of
-//! the batch dims. Operands are read through their own strides (a transposed
-//! view needs no copy); only a stride pattern gemm cannot use (no unit stride
-//! in the matrix, or a broadcast row/column) is copied to contiguous first.
-//! f32, f64 and f16 run natively; bf16 goes through f32 and back.
+//! Matrix products: batched, with NumPy broadcasting of the batch dims.
+//! Operands are read through their own strides (a transposed view needs no
+//! copy); only a stride pattern gemm cannot use (no unit stride in the
+//! matrix, or a broadcast row/column) is copied to contiguous first. f32
+//! runs on [`avx2_f32`] where the CPU has AVX2 and FMA, and on the `gemm`
+//! crate elsewhere; f64 and f16 on the `gemm` crate; bf16 goes through f32
+//! and back.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2_f32;
 
 use super::contiguous_copy;
 use super::cuda::matmul as ops_matmul;
@@ -221,7 +226,9 @@ const GEMM_SMALL_DIM: usize = 64;
 /// product with both sides at most [`GEMM_SMALL_DIM`] takes 512 at a time
 /// where a larger one evens the blocks out (the same for `k ≤ 512`). The
 /// convolutions split their products across threads only where this holds,
-/// so that results do not depend on the thread count.
+/// so that results do not depend on the thread count. (The f32 product on
+/// AVX2 adds alike in any split, its blocking depending on `k` alone; the
+/// rule is the crate's, which the f32 product falls back to elsewhere.)
 pub(crate) fn adds_alike(a: (usize, usize, usize), b: (usize, usize, usize)) -> bool {
     let blocking = |(m, n, k): (usize, usize, usize)| {
         let plain = k > 2 && m > 1 && n > 1 && m * n > 256;
@@ -314,13 +321,31 @@ impl<T: Copy + Send + Sync + 'static> Product<T> {
         });
     }
 
-    /// One gemm call on the caller's thread.
+    /// One product on the caller's thread: f32 on AVX2 + FMA through
+    /// [`avx2_f32`], everything else one gemm call.
     ///
     /// # Safety
     ///
     /// As [`Product::run`].
     unsafe fn call(self, zero: T, one: T) {
         let (m, n, k) = self.mnk;
+        #[cfg(target_arch = "x86_64")]
+        if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+            let matrix = |p: Ptr<T>, (rs, cs): (usize, usize)| avx2_f32::Matrix {
+                ptr: p.0.cast::<f32>().cast_const(),
+                rs,
+                cs,
+            };
+            let (a, b) = (
+                matrix(self.a, self.a_strides),
+                matrix(self.b, self.b_strides),
+            );
+            // SAFETY: `T` is f32; the caller's bounds.
+            let dst = self.dst.0.cast::<f32>();
+            if unsafe { avx2_f32::gemm(self.mnk, dst, self.dst_rs, a, b, self.accumulate) } {
+                return;
+            }
+        }
         let alpha = if self.accumulate { one } else { zero };
         // SAFETY: the caller's bounds.
         unsafe {
