@@ -55,3 +55,18 @@ pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;
 pub(crate) fn parallel(n: usize) -> bool {
     n >= PARALLEL_THRESHOLD && rayon::current_num_threads() > 1
 }
+
+/// Numbers in [−1, 1) from a fixed xorshift sequence, for the CPU kernels'
+/// unit tests.
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}

@@ -268,18 +268,7 @@ unsafe fn pack_b(kc: usize, nr: usize, b: *const f32, (rs, cs): (usize, usize), 
         for p in (0..whole).step_by(8) {
             for half in 0..2 {
                 let src = b.add(half * 8 * cs + p);
-                // Plain loads, not `array::from_fn`: a closure is not
-                // compiled with this function's target features.
-                let rows = transpose8([
-                    _mm256_loadu_ps(src),
-                    _mm256_loadu_ps(src.add(cs)),
-                    _mm256_loadu_ps(src.add(2 * cs)),
-                    _mm256_loadu_ps(src.add(3 * cs)),
-                    _mm256_loadu_ps(src.add(4 * cs)),
-                    _mm256_loadu_ps(src.add(5 * cs)),
-                    _mm256_loadu_ps(src.add(6 * cs)),
-                    _mm256_loadu_ps(src.add(7 * cs)),
-                ]);
+                let rows = transpose8(load_rows(src, cs, 8));
                 for (q, v) in rows.into_iter().enumerate() {
                     _mm256_storeu_ps(out.add((p + q) * NR + half * 8), v);
                 }
@@ -310,18 +299,7 @@ unsafe fn pack_a(mr: usize, kc: usize, a: *const f32, (rs, cs): (usize, usize), 
         // vector whose last two lanes the next store overwrites.
         let whole = kc / 8 * 8;
         for p in (0..whole).step_by(8) {
-            let src = a.add(p);
-            let zero = _mm256_setzero_ps();
-            let cols = transpose8([
-                _mm256_loadu_ps(src),
-                _mm256_loadu_ps(src.add(rs)),
-                _mm256_loadu_ps(src.add(2 * rs)),
-                _mm256_loadu_ps(src.add(3 * rs)),
-                _mm256_loadu_ps(src.add(4 * rs)),
-                _mm256_loadu_ps(src.add(5 * rs)),
-                zero,
-                zero,
-            ]);
+            let cols = transpose8(load_rows(a.add(p), rs, MR));
             for (q, v) in cols.into_iter().enumerate() {
                 _mm256_storeu_ps(out.add((p + q) * MR), v);
             }
@@ -345,6 +323,18 @@ unsafe fn pack_a(mr: usize, kc: usize, a: *const f32, (rs, cs): (usize, usize), 
             }
         }
     }
+}
+
+/// Eight vectors of eight floats from `src`, `stride` apart: the first
+/// `rows` loaded, the rest zero. (A plain loop, not `array::from_fn`: a
+/// closure is not compiled with the caller's target features.)
+#[inline(always)]
+unsafe fn load_rows(src: *const f32, stride: usize, rows: usize) -> [__m256; 8] {
+    let mut v = [_mm256_setzero_ps(); 8];
+    for (r, v) in v.iter_mut().enumerate().take(rows) {
+        *v = _mm256_loadu_ps(src.add(r * stride));
+    }
+    v
 }
 
 /// The 8×8 transpose of eight row vectors.
@@ -454,18 +444,7 @@ unsafe fn micro_kernel(
 mod tests {
     use super::*;
 
-    /// Values in [-1, 1) from a fixed sequence.
-    fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::primitives::test_values as values;
 
     /// A `rows × cols` operand in one of three layouts: row-major,
     /// column-major, or rows 3 apart with columns `3·rows + 1` apart.

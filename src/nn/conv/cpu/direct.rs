@@ -624,18 +624,7 @@ mod avx {
 mod tests {
     use super::*;
 
-    /// Numbers in [−1, 1) from a fixed sequence.
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::primitives::test_values as values;
 
     /// The kernel's `[o][i][tap]` value for `pass`.
     fn kernel(w: &[f32], d: Dims, pass: Pass, o: usize, i: usize, t: usize) -> f32 {
