@@ -36,6 +36,8 @@ pub(crate) use index::{
 };
 pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_along, sum_scaled};
 pub use reduce::{reduce_to, ReduceKind};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use widest::transpose8x8;
 pub(crate) use widest::{avx2_fma, widest_vectors};
 // Shared with the layer families' CPU kernels.
 pub(crate) use elementwise::typed;

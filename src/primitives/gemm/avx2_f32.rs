@@ -24,6 +24,7 @@
 //! into blocks of rows or columns gives the same bits as the whole, on any
 //! number of threads.
 
+use crate::primitives::transpose8x8 as transpose8;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -337,37 +338,6 @@ unsafe fn load_rows(src: *const f32, stride: usize, rows: usize) -> [__m256; 8] 
         *v = _mm256_loadu_ps(src.add(r * stride));
     }
     v
-}
-
-/// The 8×8 transpose of eight row vectors.
-#[inline(always)]
-unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-    [
-        _mm256_permute2f128_ps::<0x20>(s0, s4),
-        _mm256_permute2f128_ps::<0x20>(s1, s5),
-        _mm256_permute2f128_ps::<0x20>(s2, s6),
-        _mm256_permute2f128_ps::<0x20>(s3, s7),
-        _mm256_permute2f128_ps::<0x31>(s0, s4),
-        _mm256_permute2f128_ps::<0x31>(s1, s5),
-        _mm256_permute2f128_ps::<0x31>(s2, s6),
-        _mm256_permute2f128_ps::<0x31>(s3, s7),
-    ]
 }
 
 /// One micro-tile: the `mr × nr` corner of a 6×16 tile of `c` (rows
