@@ -167,3 +167,26 @@ fn pool_high_water_mark_covers_the_ledger_peak() {
     assert!(after.used_high >= peak, "{after:?} vs ledger peak {peak}");
     drop((b, c));
 }
+
+#[test]
+fn the_pool_keeps_freed_memory_across_a_synchronize() {
+    let dev = cuda_or_skip!("pool_release_threshold");
+    let Some(threshold) = dev.pool_release_threshold().unwrap() else {
+        println!("device allocates without a memory pool: nothing is kept");
+        return;
+    };
+    assert_eq!(threshold, u64::MAX, "set when the device is opened");
+    let buffer = CudaBuffer::zeros(&dev, DType::U8, 64 << 20).unwrap();
+    dev.synchronize().unwrap();
+    let held = dev.pool_usage().unwrap().unwrap().reserved;
+    drop(buffer);
+    dev.synchronize().unwrap();
+    // With the driver's default threshold (0) the synchronize would give
+    // the freed 64 MiB back; other tests only allocate and free in the
+    // same pool, which never shrinks now.
+    let after = dev.pool_usage().unwrap().unwrap();
+    assert!(
+        after.reserved >= held,
+        "{held} B reserved before the free: {after:?}"
+    );
+}

@@ -108,6 +108,11 @@ impl CudaDevice {
             return Ok(d.clone());
         }
         let d = Arc::new(CudaDevice::open(ordinal)?);
+        // The driver's pool gives freed memory back to the device at every
+        // synchronize by default, so a training loop that synchronizes once
+        // per step would map and unmap its activations every step; the pool
+        // keeps them instead, as PyTorch's caching allocator does.
+        d.set_pool_release_threshold(u64::MAX)?;
         open.insert(ordinal, d.clone());
         Ok(d)
     }
@@ -227,17 +232,7 @@ impl CudaDevice {
         let Some(pool) = self.mem_pool()? else {
             return Ok(None);
         };
-        let get = |attr: Attr| -> Result<u64> {
-            let mut v: u64 = 0;
-            // SAFETY: the four attributes read here are `cuuint64_t`s and
-            // `pool` is the device's current pool.
-            unsafe {
-                cudarc::driver::sys::cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast())
-            }
-            .result()
-            .map_err(|e| self.error("cuMemPoolGetAttribute", e))?;
-            Ok(v)
-        };
+        let get = |attr: Attr| self.pool_attribute(pool, attr);
         Ok(Some(PoolUsage {
             used: get(Attr::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
             used_high: get(Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
@@ -258,20 +253,75 @@ impl CudaDevice {
             Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
             Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
         ] {
-            let mut zero: u64 = 0;
-            // SAFETY: both attributes are `cuuint64_t`s; 0 is the one value
-            // the driver accepts for them.
-            unsafe {
-                cudarc::driver::sys::cuMemPoolSetAttribute(
-                    pool,
-                    attr,
-                    (&mut zero as *mut u64).cast(),
-                )
-            }
-            .result()
-            .map_err(|e| self.error("cuMemPoolSetAttribute", e))?;
+            // 0 is the one value the driver accepts for these two.
+            self.set_pool_attribute(pool, attr, 0)?;
         }
         Ok(())
+    }
+
+    /// How many freed bytes the device's memory pool keeps for reuse
+    /// rather than returning them to the device at the next synchronize
+    /// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`). [`CudaDevice::get`] sets it to
+    /// `u64::MAX`: freed memory stays reserved by this process, ready for
+    /// the next allocation, as with PyTorch's caching allocator; 0 returns
+    /// it at every synchronize (the driver's default). A no-op without a
+    /// pool. The ledger counts live tensors either way.
+    pub fn set_pool_release_threshold(&self, bytes: u64) -> Result<()> {
+        match self.mem_pool()? {
+            Some(pool) => self.set_pool_attribute(
+                pool,
+                cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                bytes,
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// The pool's current release threshold (see
+    /// [`set_pool_release_threshold`](Self::set_pool_release_threshold));
+    /// `None` without a pool.
+    pub fn pool_release_threshold(&self) -> Result<Option<u64>> {
+        let Some(pool) = self.mem_pool()? else {
+            return Ok(None);
+        };
+        self.pool_attribute(
+            pool,
+            cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+        )
+        .map(Some)
+    }
+
+    /// Reads one `cuuint64_t` attribute of `pool`.
+    fn pool_attribute(
+        &self,
+        pool: cudarc::driver::sys::CUmemoryPool,
+        attr: cudarc::driver::sys::CUmemPool_attribute,
+    ) -> Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: every attribute read here is a `cuuint64_t`, and `pool` is
+        // the device's current pool.
+        unsafe {
+            cudarc::driver::sys::cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast())
+        }
+        .result()
+        .map_err(|e| self.error("cuMemPoolGetAttribute", e))?;
+        Ok(v)
+    }
+
+    /// Sets one `cuuint64_t` attribute of `pool`.
+    fn set_pool_attribute(
+        &self,
+        pool: cudarc::driver::sys::CUmemoryPool,
+        attr: cudarc::driver::sys::CUmemPool_attribute,
+        mut value: u64,
+    ) -> Result<()> {
+        // SAFETY: every attribute passed here is a `cuuint64_t`, and `pool`
+        // is the device's current pool.
+        unsafe {
+            cudarc::driver::sys::cuMemPoolSetAttribute(pool, attr, (&mut value as *mut u64).cast())
+        }
+        .result()
+        .map_err(|e| self.error("cuMemPoolSetAttribute", e))
     }
 
     /// The device's current memory pool, when allocations go through one.
