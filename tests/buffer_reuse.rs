@@ -576,7 +576,7 @@ fn a_relu_mask_does_not_switch_to_values_cast_in_place() -> Result<()> {
 }
 
 /// Leaves freed NaN buffers of `sizes` f32 elements in the host cache
-/// (each at least its 1 MiB minimum), so the next requests of those sizes
+/// (each at least its `CACHED_MIN_BYTES` minimum), so the next requests of those sizes
 /// get them back with their old values.
 fn poison_host_cache(sizes: &[usize]) -> Result<()> {
     leangrad::memory::release_cached_host_buffers();
