@@ -11,7 +11,7 @@
 //! eight through register transposes, each 16-column panel of `b` is packed
 //! just before the micro-kernel uses it (so it is still in L1), the next
 //! panel's source lines are prefetched while this one is multiplied, and
-//! each destination tile is prefetched before its sums are added in. Called
+//! each destination tile is prefetched while the tile before it is summed. Called
 //! alternately with the crate in one process on the products of the
 //! BERT-base step, with the weights coming from memory, this takes 0.77–1.04
 //! of the crate's time at one thread and 0.77–0.91 at two; small products
@@ -209,14 +209,37 @@ unsafe fn blocked(
                             pack_a(mr, kc, a_block.add(ir * a.rs), (a.rs, a.cs), ap);
                         }
                         let tile = out.ptr.add((ic + ir) * out.rs + jc + jr);
+                        // Each tile's lines are fetched while the tile
+                        // before it is summed: a product of small depth
+                        // (64 for a head or the stem's input gradient)
+                        // ends a tile before memory could answer.
+                        if ir == 0 {
+                            prefetch_tile(tile, out.rs, mr, nr);
+                        }
+                        if ir + MR < mc {
+                            let next = tile.add(MR * out.rs);
+                            prefetch_tile(next, out.rs, (mc - ir - MR).min(MR), nr);
+                        }
                         let c = (tile, out.rs);
-                        match mr {
-                            6 => micro_kernel::<6>(kc, ap, bp, c, nr, add),
-                            5 => micro_kernel::<5>(kc, ap, bp, c, nr, add),
-                            4 => micro_kernel::<4>(kc, ap, bp, c, nr, add),
-                            3 => micro_kernel::<3>(kc, ap, bp, c, nr, add),
-                            2 => micro_kernel::<2>(kc, ap, bp, c, nr, add),
-                            _ => micro_kernel::<1>(kc, ap, bp, c, nr, add),
+                        // One kernel per row count and vector count: a
+                        // panel of at most 8 columns (the last of 49) takes
+                        // one vector per row.
+                        macro_rules! rows {
+                            ($v:literal) => {
+                                match mr {
+                                    6 => micro_kernel::<6, $v>(kc, ap, bp, c, nr, add),
+                                    5 => micro_kernel::<5, $v>(kc, ap, bp, c, nr, add),
+                                    4 => micro_kernel::<4, $v>(kc, ap, bp, c, nr, add),
+                                    3 => micro_kernel::<3, $v>(kc, ap, bp, c, nr, add),
+                                    2 => micro_kernel::<2, $v>(kc, ap, bp, c, nr, add),
+                                    _ => micro_kernel::<1, $v>(kc, ap, bp, c, nr, add),
+                                }
+                            };
+                        }
+                        if nr > 8 {
+                            rows!(2)
+                        } else {
+                            rows!(1)
                         }
                     }
                 }
@@ -355,11 +378,13 @@ unsafe fn pack_a(mr: usize, kc: usize, a: *const f32, (rs, cs): (usize, usize), 
             }
         }
     } else if mr == MR && rs == 1 {
+        // Columns run down the rows (a weight read as its transpose in an
+        // input gradient): each column's six are one masked load, which
+        // reads nothing past them, stored as a whole vector as above.
+        let six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
         for p in 0..kc {
-            let src = a.add(p * cs);
-            for r in 0..MR {
-                *out.add(p * MR + r) = *src.add(r);
-            }
+            let column = _mm256_maskload_ps(a.add(p * cs), six);
+            _mm256_storeu_ps(out.add(p * MR), column);
         }
     } else {
         for p in 0..kc {
@@ -367,6 +392,16 @@ unsafe fn pack_a(mr: usize, kc: usize, a: *const f32, (rs, cs): (usize, usize), 
                 *out.add(p * MR + r) = if r < mr { *a.add(r * rs + p * cs) } else { 0.0 };
             }
         }
+    }
+}
+
+/// Prefetches the lines of the `mr × nr` corner of a tile of `c` (rows
+/// `rs` apart): each row's first and last element.
+#[inline(always)]
+unsafe fn prefetch_tile(c: *mut f32, rs: usize, mr: usize, nr: usize) {
+    for r in 0..mr {
+        _mm_prefetch::<_MM_HINT_T0>(c.add(r * rs).cast());
+        _mm_prefetch::<_MM_HINT_T0>(c.add(r * rs + nr - 1).cast());
     }
 }
 
@@ -383,13 +418,13 @@ unsafe fn load_rows(src: *const f32, stride: usize, rows: usize) -> [__m256; 8] 
 }
 
 /// One micro-tile: the `R × nr` corner of a 6×16 tile of `c` (rows
-/// `c.1` apart) `= Σ_k a[k]·b[k]` over the packed panels, or `+=` when
-/// `add`. The `2R` accumulators stay in registers; the tile's lines are
-/// prefetched first so that they arrive while the sums run. A panel's
-/// last rows (`R < 6`, e.g. 2 of a head's 128) take no multiply-adds for
-/// the rows they lack; each row's sums are the same as in a whole tile.
+/// `c.1` apart, `nr ≤ 8V`) `= Σ_k a[k]·b[k]` over the packed panels, or
+/// `+=` when `add`. The `R·V` accumulators stay in registers. A panel's
+/// last rows (`R < 6`, e.g. 2 of a head's 128) or narrow last columns
+/// (`V = 1`) take no multiply-adds for what they lack; every element's
+/// sum is the same as in a whole tile.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn micro_kernel<const R: usize>(
+unsafe fn micro_kernel<const R: usize, const V: usize>(
     kc: usize,
     a: *const f32,
     b: *const f32,
@@ -397,22 +432,21 @@ unsafe fn micro_kernel<const R: usize>(
     nr: usize,
     add: bool,
 ) {
-    for r in 0..R {
-        _mm_prefetch::<_MM_HINT_T0>(c.add(r * rs).cast());
-        _mm_prefetch::<_MM_HINT_T0>(c.add(r * rs + nr - 1).cast());
-    }
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let mut acc = [[_mm256_setzero_ps(); V]; R];
     let (mut a, mut b) = (a, b);
     // A macro, not a closure: a closure is not compiled with this
     // function's target features.
     macro_rules! step {
         () => {{
-            let b0 = _mm256_loadu_ps(b);
-            let b1 = _mm256_loadu_ps(b.add(8));
+            let mut bv = [_mm256_setzero_ps(); V];
+            for (h, v) in bv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(b.add(8 * h));
+            }
             for (r, row) in acc.iter_mut().enumerate() {
                 let x = _mm256_broadcast_ss(&*a.add(r));
-                row[0] = _mm256_fmadd_ps(x, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+                for (sum, &bh) in row.iter_mut().zip(&bv) {
+                    *sum = _mm256_fmadd_ps(x, bh, *sum);
+                }
             }
             a = a.add(MR);
             b = b.add(NR);
@@ -427,7 +461,7 @@ unsafe fn micro_kernel<const R: usize>(
     for _ in 0..kc % 4 {
         step!();
     }
-    if nr == NR {
+    if nr == 8 * V {
         for (r, row) in acc.iter().enumerate() {
             let d = c.add(r * rs);
             for (h, &v) in row.iter().enumerate() {
@@ -443,8 +477,9 @@ unsafe fn micro_kernel<const R: usize>(
     } else {
         let mut tile = [0f32; MR * NR];
         for (r, row) in acc.iter().enumerate() {
-            _mm256_storeu_ps(tile.as_mut_ptr().add(r * NR), row[0]);
-            _mm256_storeu_ps(tile.as_mut_ptr().add(r * NR + 8), row[1]);
+            for (h, &v) in row.iter().enumerate() {
+                _mm256_storeu_ps(tile.as_mut_ptr().add(r * NR + 8 * h), v);
+            }
         }
         for r in 0..R {
             for j in 0..nr {
