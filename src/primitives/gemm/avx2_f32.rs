@@ -13,9 +13,10 @@
 //! panel's source lines are prefetched while this one is multiplied, and
 //! each destination tile is prefetched while the tile before it is summed. Called
 //! alternately with the crate in one process on the products of the
-//! BERT-base step, with the weights coming from memory, this takes 0.77–1.04
-//! of the crate's time at one thread and 0.77–0.91 at two; small products
-//! (one attention head) are about even.
+//! BERT-base step, with the weights coming from memory, this takes 0.86–0.99
+//! of the crate's time at one thread and 0.77–0.97 at two. One attention
+//! head's product (128×64·64×128) with everything in cache is the
+//! exception: 1.04–1.16 of the crate's time.
 //!
 //! Every element adds its terms in one order that depends on `k` alone:
 //! blocks of [`KC`] terms in turn, each summed from zero with fused
