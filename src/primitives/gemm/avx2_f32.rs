@@ -64,7 +64,7 @@ const LINE: usize = 64;
 /// reads a packed `b` row (16 floats, one line) per step: from a buffer
 /// that `malloc` put 16 bytes past a line, one of its two loads crossed
 /// into the next line at every step (alternately measured, aligned took
-/// 0.98 of the time). `v` holds [`LINE`] spare bytes for this.
+/// 0.96–0.99 of the time). `v` holds [`LINE`] spare bytes for this.
 fn line_start(v: &mut [f32]) -> *mut f32 {
     let p = v.as_mut_ptr();
     // By hand: `align_offset` may answer "impossible" (usize::MAX).
