@@ -57,6 +57,13 @@ pub(super) struct Matrix {
     pub cs: usize,
 }
 
+/// Whether a product of `m` rows packs every `b` panel into one slot: its
+/// rows are one block, so no panel is read again. `gemm` sizes the panel
+/// buffer by this and `blocked` places the panels by it.
+fn one_panel_slot(m: usize) -> bool {
+    m <= MC_MAX
+}
+
 /// Bytes in a cache line.
 const LINE: usize = 64;
 
@@ -126,7 +133,7 @@ pub(super) unsafe fn gemm(
         // Eight spare elements: `pack_a` stores whole vectors past a
         // panel's last six (see there).
         let a_len = m.min(MC_MAX).next_multiple_of(MR) * kc + 8;
-        let b_len = if m <= MC_MAX {
+        let b_len = if one_panel_slot(m) {
             PANEL
         } else {
             n.min(NC).next_multiple_of(NR) * kc
@@ -191,8 +198,11 @@ unsafe fn blocked(
                 let a_block = a.ptr.add(ic * a.rs + pc * a.cs);
                 for jr in (0..nc).step_by(NR) {
                     let nr = (nc - jr).min(NR);
-                    // One row block: no panel is read again (`gemm` sized `pb` so).
-                    let bp = if m <= MC_MAX { pb } else { pb.add(jr * kc) };
+                    let bp = if one_panel_slot(m) {
+                        pb
+                    } else {
+                        pb.add(jr * kc)
+                    };
                     let first_rows = ic == 0;
                     if first_rows {
                         pack_b(kc, nr, b_block.add(jr * b.cs), (b.rs, b.cs), bp);
