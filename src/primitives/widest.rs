@@ -13,6 +13,20 @@ pub(crate) fn avx2_fma() -> bool {
     }
 }
 
+/// `s` as `f32` elements when `T` is `f32`.
+pub(crate) fn as_f32<T: crate::FloatDType>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: a dtype of F32 is the type f32: same size, alignment, bits.
+    (T::DTYPE == crate::DType::F32)
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
+}
+
+/// [`as_f32`] for a mutable slice.
+pub(crate) fn as_f32_mut<T: crate::FloatDType>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: as in `as_f32`; the borrow of `s` moves to the result.
+    (T::DTYPE == crate::DType::F32)
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
+}
+
 /// Defines `$name`, which runs the `#[inline(always)]` kernel `$inner`
 /// compiled for AVX-512 when the CPU has it, else for AVX2, else for the
 /// build's baseline: the same source, vectorised as wide as the machine

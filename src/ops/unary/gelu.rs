@@ -20,6 +20,7 @@
 //! always use the reference.
 
 use crate::primitives::exp_reduction::{INV_FACT_12_TO_2, INV_FACT_13, LN2_HI, LN2_LO, SHIFT};
+use crate::primitives::{as_f32, as_f32_mut};
 use crate::{FloatDType, WithDType};
 use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI, PI, SQRT_2};
 
@@ -647,20 +648,6 @@ unsafe fn block_avx2<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, times:
         return avx2::block_f32(src, out, grad, times);
     }
     block_body::<T, GROUP>(src, out, (grad, times), |x| avx2::phi(x))
-}
-
-/// `s` as `f32` elements when `T` is `f32`.
-fn as_f32<T: FloatDType>(s: &[T]) -> Option<&[f32]> {
-    // SAFETY: a dtype of F32 is the type f32: same size, alignment, bits.
-    (T::DTYPE == crate::DType::F32)
-        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
-}
-
-/// [`as_f32`] for a mutable slice.
-fn as_f32_mut<T: FloatDType>(s: &mut [T]) -> Option<&mut [f32]> {
-    // SAFETY: as in `as_f32`; the borrow of `s` moves to the result.
-    (T::DTYPE == crate::DType::F32)
-        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
 }
 
 /// `out[i] = T(reference(src[i]))` (exact GELU, or its derivative when
