@@ -213,7 +213,7 @@ mod avx {
         let (la, lb) = (lanes(a), lanes(b));
         // The tail and the fold: `lane_sums` itself, on the rest, with
         // these lanes' sums as its starting partial sums.
-        let (ta, tb) = lane_sums(&x[whole..n], &y[whole..n], |u, v| scalar(u, v));
+        let (ta, tb) = lane_sums(&x[whole..n], &y[whole..n], scalar);
         let fold =
             |s: [f64; LANES]| ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
         (fold(la) + ta, fold(lb) + tb)
