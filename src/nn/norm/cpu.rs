@@ -13,7 +13,7 @@
 
 use super::{GradMode, NormGeom, Normalize};
 use crate::dtype::CpuData;
-use crate::memory::host::try_zeroed;
+use crate::memory::host::try_for_overwrite;
 use crate::primitives::{as_f32, parallel, typed, widest_vectors, Dense};
 use crate::tensor::Tensor;
 use crate::{FloatDType, Result, WithDType};
@@ -327,7 +327,8 @@ fn normalize_fresh<T: FloatDType>(
     geo: NormGeom,
     n: &Normalize<'_>,
 ) -> Result<(Option<CpuData>, Option<CpuData>)> {
-    let mut y = try_zeroed::<T>(if n.want_y { xs.len() } else { 0 })?;
+    // Every element is written (tasks of whole segments) before any read.
+    let mut y = try_for_overwrite::<T>(if n.want_y { xs.len() } else { 0 })?;
     let xh = normalize_into(Some(xs), &mut y, geo, n)?;
     Ok((n.want_y.then(|| T::wrap(y)), xh))
 }
@@ -358,7 +359,7 @@ fn normalize_into<T: FloatDType>(
     } = *n;
     let seg = geo.seg;
     let len = x.map_or(ys.len(), |x| x.len());
-    let mut xh = try_zeroed::<T>(if want_xhat { len } else { 0 })?;
+    let mut xh = try_for_overwrite::<T>(if want_xhat { len } else { 0 })?;
     // tasks of `per` whole segments (at least ~4096 elements each)
     let (nseg, per) = (geo.nseg(), 4096usize.div_ceil(seg.max(1)));
     let body = |t: usize, ys: &mut [T], xs: &mut [T]| {
@@ -603,7 +604,7 @@ struct InputGrad<'a> {
 impl InputGrad<'_> {
     /// The input gradient into a new buffer.
     fn fresh<T: FloatDType>(&self, g: &[T], xh: Option<&[T]>) -> Result<CpuData> {
-        let mut out = try_zeroed::<T>(g.len())?;
+        let mut out = try_for_overwrite::<T>(g.len())?;
         self.run(Some(g), &mut out, xh)?;
         Ok(T::wrap(out))
     }
