@@ -279,16 +279,12 @@ impl OutPtr {
     }
 }
 
-/// Asks the CPU to bring `run` into cache (a hint: no effect on values).
+/// Asks the CPU to bring `run` into cache, a line at a time (a hint: no
+/// effect on values).
 fn prefetch(run: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
     for line in run.chunks(16) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch never faults; the address is inside `run`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+        prefetch_line(line.as_ptr());
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = run;
 }
 
 /// Asks the CPU to bring the cache line holding `at` into cache (a hint:
