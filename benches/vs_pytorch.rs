@@ -11,8 +11,15 @@
 //!
 //! ```text
 //! cargo bench --bench vs_pytorch -- [--threads N] [--rounds R] [--only a,b]
-//!     [--json out.json] [--python python3] [--no-torch] [--list]
+//!     [--processes P] [--json out.json] [--python python3] [--no-torch] [--list]
 //! ```
+//!
+//! With `--processes P` the whole comparison runs P times, each in a fresh
+//! pair of processes (this program and its PyTorch worker), one after the
+//! other; a summary then gives each workload's ratio in every pair and
+//! their median. On a shared or virtual machine one process can run slow
+//! from start to end (by a third, here), which the rounds of that one pair
+//! cannot show: only another pair can.
 //!
 //! Before each timed sample both processes are let go quiet (see
 //! [`settle`]): PyTorch's OpenMP threads spin for about 10 ms of CPU after
@@ -532,6 +539,7 @@ impl Drop for Worker {
 struct Options {
     threads: usize,
     rounds: usize,
+    processes: usize,
     only: Option<Vec<String>>,
     json: Option<String>,
     python: String,
@@ -542,6 +550,7 @@ fn parse() -> std::result::Result<Options, String> {
     let mut o = Options {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         rounds: 7,
+        processes: 1,
         only: None,
         json: None,
         python: "python3".into(),
@@ -555,6 +564,7 @@ fn parse() -> std::result::Result<Options, String> {
         match a.as_str() {
             "--threads" => o.threads = number(value()?)?.max(1),
             "--rounds" => o.rounds = number(value()?)?.max(1),
+            "--processes" => o.processes = number(value()?)?.max(1),
             "--only" => o.only = Some(value()?.split(',').map(str::to_string).collect()),
             "--json" => o.json = Some(value()?),
             "--python" => o.python = value()?,
@@ -641,6 +651,13 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if o.processes > 1 {
+        if let Err(e) = in_processes(&o) {
+            eprintln!("vs_pytorch: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     // The pool a leangrad program should build (this thread computes too).
     if let Err(e) = leangrad::threads::init(Some(o.threads)) {
         eprintln!("vs_pytorch: {e}");
@@ -727,4 +744,103 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// Runs this program `o.processes` times, one after the other, each with
+/// the same arguments but its own JSON report (its table goes to stdout as
+/// it runs); then prints each workload's ratio in every run and their
+/// median, and with `--json` writes every run's report and the summary.
+fn in_processes(o: &Options) -> std::result::Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
+    // The arguments less `--processes P` and `--json FILE`.
+    let mut args = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--processes" | "--json" => {
+                it.next();
+            }
+            _ => args.push(a),
+        }
+    }
+    let dir = std::env::temp_dir();
+    let mut runs = Vec::new();
+    for run in 0..o.processes {
+        println!("run {} of {}", run + 1, o.processes);
+        let path = dir.join(format!("vs_pytorch-{}-{run}.json", std::process::id()));
+        let status = Command::new(&exe)
+            .args(&args)
+            .arg("--json")
+            .arg(&path)
+            .status()
+            .map_err(|e| format!("run {}: {e}", run + 1))?;
+        if !status.success() {
+            return Err(format!("run {} failed: {status}", run + 1));
+        }
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let _ = std::fs::remove_file(&path);
+        let doc: Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        runs.push(doc);
+    }
+    let summary = summarize(&runs);
+    println!(
+        "\nratio leangrad/PyTorch in each of {} runs (separate processes), and their median",
+        runs.len()
+    );
+    println!("{:24} {:>8}  runs", "workload", "median");
+    for row in &summary {
+        let ratios: Vec<String> = row["ratios"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| r.as_f64().map_or("-".into(), |r| format!("{r:.2}")))
+            .collect();
+        let median = row["median_ratio"]
+            .as_f64()
+            .map_or("-".into(), |m| format!("{m:.2}"));
+        println!(
+            "{:24} {:>8}  {}",
+            row["workload"].as_str().unwrap_or("?"),
+            median,
+            ratios.join(" ")
+        );
+    }
+    if let Some(path) = &o.json {
+        let doc = json!({"processes": runs.len(), "runs": runs, "summary": summary});
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Per workload (in the first run's order): its ratio in each run (null
+/// where a run has none) and the median of those it has.
+fn summarize(runs: &[Value]) -> Vec<Value> {
+    let results = |run: &Value| run["results"].as_array().cloned().unwrap_or_default();
+    let names: Vec<String> = runs
+        .first()
+        .map(results)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| r["workload"].as_str().map(str::to_string))
+        .collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let ratios: Vec<Option<f64>> = runs
+                .iter()
+                .map(|run| {
+                    results(run)
+                        .iter()
+                        .find(|r| r["workload"] == name.as_str())
+                        .and_then(|r| r["ratio"].as_f64())
+                })
+                .collect();
+            let have: Vec<f64> = ratios.iter().flatten().copied().collect();
+            let median_ratio = (!have.is_empty()).then(|| median(&have));
+            json!({"workload": name, "ratios": ratios, "median_ratio": median_ratio})
+        })
+        .collect()
 }
