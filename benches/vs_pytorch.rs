@@ -571,7 +571,7 @@ fn parse() -> std::result::Result<Options, String> {
             "--no-torch" => o.torch = false,
             "--list" => {
                 for w in WORKLOADS {
-                    println!("{:24} {}", w.name, w.what);
+                    println!("{:26} {}", w.name, w.what);
                 }
                 std::process::exit(0);
             }
@@ -682,7 +682,7 @@ fn main() {
         torch.as_deref().unwrap_or("absent")
     );
     println!(
-        "{:24} {:>12} {:>12} {:>8} {:>17}  what",
+        "{:26} {:>12} {:>12} {:>8} {:>17}  what",
         "workload", "leangrad ms", "pytorch ms", "ratio", "per round"
     );
     let mut rows = Vec::new();
@@ -710,7 +710,7 @@ fn main() {
                     format!("{m:.2} ({lo:.2}–{hi:.2})")
                 });
                 println!(
-                    "{:24} {:>12.2} {:>12} {:>8} {:>17}  {}",
+                    "{:26} {:>12.2} {:>12} {:>8} {:>17}  {}",
                     w.name,
                     lm,
                     cell(tm, 2),
@@ -728,7 +728,7 @@ fn main() {
                 }));
             }
             Err(e) => {
-                println!("{:24} error: {e}", w.name);
+                println!("{:26} error: {e}", w.name);
                 rows.push(json!({"workload": w.name, "error": e}));
             }
         }
@@ -789,7 +789,7 @@ fn in_processes(o: &Options) -> std::result::Result<(), String> {
         "\nratio leangrad/PyTorch in each of {} runs (separate processes), and their median",
         runs.len()
     );
-    println!("{:24} {:>8}  runs", "workload", "median");
+    println!("{:26} {:>8}  runs", "workload", "median");
     for row in &summary {
         let ratios: Vec<String> = row["ratios"]
             .as_array()
@@ -801,7 +801,7 @@ fn in_processes(o: &Options) -> std::result::Result<(), String> {
             .as_f64()
             .map_or("-".into(), |m| format!("{m:.2}"));
         println!(
-            "{:24} {:>8}  {}",
+            "{:26} {:>8}  {}",
             row["workload"].as_str().unwrap_or("?"),
             median,
             ratios.join(" ")
