@@ -818,23 +818,21 @@ fn in_processes(o: &Options) -> std::result::Result<(), String> {
 /// Per workload (in the first run's order): its ratio in each run (null
 /// where a run has none) and the median of those it has.
 fn summarize(runs: &[Value]) -> Vec<Value> {
-    let results = |run: &Value| run["results"].as_array().cloned().unwrap_or_default();
-    let names: Vec<String> = runs
-        .first()
-        .map(results)
-        .unwrap_or_default()
+    // Each run's rows, read once.
+    let tables: Vec<&[Value]> = runs
         .iter()
-        .filter_map(|r| r["workload"].as_str().map(str::to_string))
+        .map(|run| run["results"].as_array().map_or(&[][..], Vec::as_slice))
         .collect();
+    let names = tables.first().copied().unwrap_or_default();
     names
-        .into_iter()
+        .iter()
+        .filter_map(|r| r["workload"].as_str())
         .map(|name| {
-            let ratios: Vec<Option<f64>> = runs
+            let ratios: Vec<Option<f64>> = tables
                 .iter()
-                .map(|run| {
-                    results(run)
-                        .iter()
-                        .find(|r| r["workload"] == name.as_str())
+                .map(|rows| {
+                    rows.iter()
+                        .find(|r| r["workload"] == name)
                         .and_then(|r| r["ratio"].as_f64())
                 })
                 .collect();
