@@ -192,7 +192,10 @@ pub enum Error {
         dtype: String,
     },
     /// A state dict does not fit a module: every problem, listed together.
-    #[error("{}", describe_mismatch(missing, unexpected, mismatched, wrong_dtype))]
+    #[error(
+        "{}",
+        describe_mismatch(missing, unexpected, mismatched, wrong_dtype, hints)
+    )]
     StateDictMismatch {
         /// Names the module has but the state dict lacks (sorted).
         missing: Vec<String>,
@@ -203,6 +206,9 @@ pub enum Error {
         /// `(name, module dtype, state-dict dtype)` where one is a float and
         /// the other an integer type.
         wrong_dtype: Vec<(String, DType, DType)>,
+        /// What may explain it: a prefix to strip or add, the model the
+        /// file seems to be of.
+        hints: Vec<String>,
     },
     /// A layer was given an input it cannot take; `layer` is its name in
     /// the model (its scope path, e.g. `layer1.0.conv1`).
@@ -308,30 +314,61 @@ fn bytes_text(bytes: usize) -> String {
     }
 }
 
-/// The readable text of [`crate::Error::StateDictMismatch`]: one line per
-/// kind of problem, each listing every name.
+/// How many names of each kind a mismatch lists before `… and N more`.
+const LISTED_NAMES: usize = 5;
+
+/// `a, b, c, … and N more`: the first few of `items`.
+fn first_few<T>(items: &[T], show: impl Fn(&T) -> String) -> String {
+    let mut text: Vec<String> = items.iter().take(LISTED_NAMES).map(show).collect();
+    if items.len() > LISTED_NAMES {
+        text.push(format!("… and {} more", items.len() - LISTED_NAMES));
+    }
+    text.join(", ")
+}
+
+/// The readable text of [`crate::Error::StateDictMismatch`]: the counts of
+/// each kind of problem, the first few names of each, then the hints.
 fn describe_mismatch(
     missing: &[String],
     unexpected: &[String],
     mismatched: &[(String, Vec<usize>, Vec<usize>)],
     wrong_dtype: &[(String, DType, DType)],
+    hints: &[String],
 ) -> String {
-    let mut lines = vec!["state dict does not match the module:".to_string()];
+    let counts: Vec<String> = [
+        (missing.len(), "missing"),
+        (unexpected.len(), "unexpected"),
+        (mismatched.len(), "of another shape"),
+        (wrong_dtype.len(), "of another kind of dtype"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    let mut lines = vec![format!(
+        "the weights do not match the model: {}",
+        counts.join(", ")
+    )];
     if !missing.is_empty() {
-        lines.push(format!("  missing keys: {}", missing.join(", ")));
+        let names = first_few(missing, String::clone);
+        lines.push(format!("  missing from the file: {names}"));
     }
     if !unexpected.is_empty() {
-        lines.push(format!("  unexpected keys: {}", unexpected.join(", ")));
+        let names = first_few(unexpected, String::clone);
+        lines.push(format!("  not in the model: {names}"));
     }
-    for (name, want, got) in mismatched {
-        lines.push(format!(
-            "  shape mismatch for {name}: module has {want:?}, state dict has {got:?}"
-        ));
+    if !mismatched.is_empty() {
+        let shapes = first_few(mismatched, |(name, want, got)| {
+            format!("{name} (model {want:?}, file {got:?})")
+        });
+        lines.push(format!("  other shapes: {shapes}"));
     }
-    for (name, want, got) in wrong_dtype {
-        lines.push(format!(
-            "  dtype mismatch for {name}: module has {want:?}, state dict has {got:?}"
-        ));
+    if !wrong_dtype.is_empty() {
+        let dtypes = first_few(wrong_dtype, |(name, want, got)| {
+            format!("{name} (model {want:?}, file {got:?})")
+        });
+        lines.push(format!("  other dtypes: {dtypes}"));
     }
+    lines.extend(hints.iter().map(|h| format!("  hint: {h}")));
     lines.join("\n")
 }

@@ -324,3 +324,173 @@ fn saving_replaces_a_checkpoint_whole_and_survives_an_interrupted_save() {
     assert_eq!(Checkpoint::load(&dir).unwrap().progress.step, 50);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Every file under `dir` with its bytes, sorted (sub-folders walked).
+fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                found.push((p, bytes));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn sgd_checkpoint() -> Checkpoint {
+    let m = mlp(4, 3);
+    let opt = Optimizer::new(m.params(), Sgd::new(0.1).momentum(0.9)).unwrap();
+    Checkpoint::capture(&m.state, &opt, None).unwrap()
+}
+
+#[test]
+fn a_folder_leangrad_did_not_write_is_never_replaced() {
+    let ckpt = sgd_checkpoint();
+    // A folder of the user's: a photo and a sub-folder.
+    let dir = scratch("users-folder");
+    std::fs::create_dir_all(dir.join("cats")).unwrap();
+    std::fs::write(dir.join("photo.jpg"), b"precious").unwrap();
+    std::fs::write(dir.join("cats").join("1.png"), b"also precious").unwrap();
+    let before = contents(&dir);
+    let (entry, reason) = entry_reason(ckpt.save(&dir).unwrap_err());
+    assert_eq!(entry, dir.display().to_string());
+    assert!(reason.contains("not a checkpoint file"), "{reason}");
+    assert_eq!(contents(&dir), before, "the folder is untouched");
+    assert!(!dir.with_extension("partial").exists());
+    assert!(!dir.with_extension("previous").exists());
+
+    // A folder with a checkpoint's file names but no leangrad manifest.
+    let lookalike = scratch("lookalike");
+    std::fs::create_dir_all(&lookalike).unwrap();
+    std::fs::write(lookalike.join("model.safetensors"), b"mine").unwrap();
+    std::fs::write(lookalike.join("checkpoint.json"), br#"{"format": "other"}"#).unwrap();
+    let before = contents(&lookalike);
+    let (_, reason) = entry_reason(ckpt.save(&lookalike).unwrap_err());
+    assert!(reason.contains("not a leangrad checkpoint"), "{reason}");
+    assert_eq!(contents(&lookalike), before);
+
+    // A leangrad checkpoint the user put a file into.
+    let mixed = saved_sgd("mixed", 4);
+    std::fs::write(mixed.join("notes.txt"), b"keep me").unwrap();
+    let before = contents(&mixed);
+    let (_, reason) = entry_reason(ckpt.save(&mixed).unwrap_err());
+    assert!(reason.contains("notes.txt"), "{reason}");
+    assert_eq!(contents(&mixed), before);
+
+    // A regular file where the folder would go.
+    let file = scratch("a-file");
+    std::fs::write(&file, b"not a folder").unwrap();
+    let (_, reason) = entry_reason(ckpt.save(&file).unwrap_err());
+    assert!(reason.contains("is a file"), "{reason}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a folder");
+
+    // Stale siblings holding something else are not removed either.
+    let sibling = scratch("sibling");
+    let previous = sibling.with_extension("previous");
+    std::fs::create_dir_all(&previous).unwrap();
+    std::fs::write(previous.join("thesis.tex"), b"years of work").unwrap();
+    let (entry, _) = entry_reason(ckpt.save(&sibling).unwrap_err());
+    assert_eq!(entry, previous.display().to_string());
+    assert_eq!(
+        std::fs::read(previous.join("thesis.tex")).unwrap(),
+        b"years of work"
+    );
+    assert!(!sibling.exists());
+
+    for d in [&dir, &lookalike, &mixed, &previous] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+    std::fs::remove_file(&file).unwrap();
+}
+
+#[test]
+fn an_empty_folder_takes_a_checkpoint_and_a_half_removed_previous_is_cleaned_up() {
+    let ckpt = sgd_checkpoint();
+    let dir = scratch("empty");
+    std::fs::create_dir_all(&dir).unwrap();
+    ckpt.save(&dir).unwrap();
+    assert_eq!(Checkpoint::load(&dir).unwrap().model.len(), 4);
+
+    // A kill while `.previous` was being removed left part of it.
+    let previous = dir.with_extension("previous");
+    std::fs::create_dir_all(&previous).unwrap();
+    std::fs::write(previous.join("optimizer.safetensors"), b"half").unwrap();
+    ckpt.clone().with_progress(1, 7).save(&dir).unwrap();
+    assert!(!previous.exists(), "the leftover is cleaned up");
+    assert_eq!(Checkpoint::load(&dir).unwrap().progress.step, 7);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `checkpoint.json` of `dir` with `edit` applied.
+fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("checkpoint.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut json);
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+}
+
+#[test]
+fn counts_past_two_to_the_53_are_refused_by_name() {
+    let dir = scratch("counts");
+    let m = mlp(4, 1);
+    let mut opt = Optimizer::new(m.params(), Adam::new(0.01)).unwrap();
+    m.train(&mut opt);
+    Checkpoint::capture(&m.state, &opt, None)
+        .unwrap()
+        .save(&dir)
+        .unwrap();
+    let max = serde_json::json!(u64::MAX);
+    for (key, edit) in [
+        (
+            "progress.step",
+            Box::new(|j: &mut serde_json::Value| j["progress"]["step"] = max.clone())
+                as Box<dyn Fn(&mut serde_json::Value)>,
+        ),
+        (
+            "progress.epoch",
+            Box::new(|j: &mut serde_json::Value| j["progress"]["epoch"] = max.clone()),
+        ),
+        (
+            "optimizer.state.0.step",
+            Box::new(|j: &mut serde_json::Value| {
+                j["optimizer"]["state"]["0"]["step"] = max.clone()
+            }),
+        ),
+    ] {
+        let copy = scratch(&format!("counts-{key}"));
+        std::fs::create_dir_all(&copy).unwrap();
+        for f in [
+            "model.safetensors",
+            "optimizer.safetensors",
+            "checkpoint.json",
+        ] {
+            std::fs::copy(dir.join(f), copy.join(f)).unwrap();
+        }
+        edit_manifest(&copy, edit);
+        let (_, reason) = entry_reason(Checkpoint::load(&copy).unwrap_err());
+        assert!(reason.contains(key), "{key}: {reason}");
+        std::fs::remove_dir_all(&copy).unwrap();
+    }
+
+    // At the bound, Adam steps on with finite weights.
+    edit_manifest(&dir, |j| {
+        j["optimizer"]["state"]["0"]["step"] = serde_json::json!(1u64 << 53);
+    });
+    let ckpt = Checkpoint::load(&dir).unwrap();
+    let fresh = mlp(4, 2);
+    let mut opt = Optimizer::new(fresh.params(), Adam::new(0.01)).unwrap();
+    ckpt.restore(&fresh.state, &mut opt, None).unwrap();
+    fresh.train(&mut opt);
+    for p in fresh.params() {
+        assert!(p.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -201,6 +201,8 @@ fn missing_weights_name_the_file_and_pickles_say_how_to_convert() {
     let missing = root.join("no-such.safetensors");
     let stderr = attack(&missing);
     assert!(stderr.contains("cannot read"), "{stderr}");
+    // The system's reason once, not repeated by the error's cause.
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
     let convert = "safetensors.torch.save_file(torch.load(";
     // torch.save's zip format (PyTorch ≥ 1.6), under a .pt name.
     let zip = root.join("resnet18.pt");

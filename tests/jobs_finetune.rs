@@ -267,3 +267,81 @@ fn three_classes_are_learnt_and_the_trained_model_is_then_attacked() {
     assert!(changed * 2 > a.images.len(), "{:?}", a.images);
     assert!(a.linf_max <= 0.1 + 1e-6);
 }
+
+/// Every file under `dir` with its bytes, sorted.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                found.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn out_pointing_at_a_folder_of_the_users_is_refused_before_training() {
+    let root = tempdir("out-data");
+    let opts = options(&root);
+    let before = snapshot(&opts.data);
+    match run(&FinetuneOptions {
+        out: Some(opts.data.clone()),
+        ..opts.clone()
+    }) {
+        Err(Error::Checkpoint { entry, reason }) => {
+            assert_eq!(entry, opts.data.display().to_string());
+            assert!(reason.contains("choose another"), "{reason}");
+        }
+        r => panic!("{:?}", r.map(|r| r.epochs)),
+    }
+    assert_eq!(snapshot(&opts.data), before, "the images survive");
+    // A file among them survives too, and no sibling folder appears.
+    let keep = root.join("keep");
+    std::fs::create_dir_all(&keep).unwrap();
+    std::fs::write(keep.join("notes.txt"), b"mine").unwrap();
+    assert!(run(&FinetuneOptions {
+        out: Some(keep.clone()),
+        ..opts
+    })
+    .is_err());
+    assert_eq!(std::fs::read(keep.join("notes.txt")).unwrap(), b"mine");
+    assert!(!root.join("keep.previous").exists() && !root.join("keep.partial").exists());
+}
+
+#[test]
+fn a_resumed_checkpoint_past_the_last_epoch_is_refused_and_kept() {
+    let root = tempdir("resume-past");
+    let ckpt = root.join("ckpt");
+    let opts = FinetuneOptions {
+        epochs: 1,
+        val: None,
+        out: Some(ckpt.clone()),
+        ..options(&root)
+    };
+    run(&opts).unwrap();
+    let manifest = ckpt.join("checkpoint.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    json["progress"]["epoch"] = serde_json::json!(1u64 << 53);
+    std::fs::write(&manifest, serde_json::to_vec(&json).unwrap()).unwrap();
+    let before = snapshot(&ckpt);
+    let resumed = FinetuneOptions {
+        epochs: 3,
+        resume: Some(ckpt.clone()),
+        ..opts
+    };
+    match run(&resumed) {
+        Err(Error::InvalidArgument { msg, .. }) => {
+            assert!(msg.contains("nothing is left"), "{msg}")
+        }
+        r => panic!("{:?}", r.map(|r| r.first_epoch)),
+    }
+    assert_eq!(snapshot(&ckpt), before, "the checkpoint is not overwritten");
+}

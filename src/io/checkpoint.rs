@@ -133,8 +133,17 @@ impl Checkpoint {
     /// Writes the checkpoint folder `dir` atomically: into `dir.partial`
     /// first (each file synced), then the previous `dir` (if any) is renamed
     /// to `dir.previous`, `dir.partial` to `dir`, and `dir.previous` removed.
+    ///
+    /// Only what leangrad wrote is ever moved or removed: `dir` must be new,
+    /// an empty folder, or a leangrad checkpoint (its `checkpoint.json` says
+    /// so and it holds nothing but checkpoint files), and `dir.partial` and
+    /// `dir.previous`, when present, must hold nothing but checkpoint files
+    /// (what an interrupted save leaves); see [`Checkpoint::check_destination`].
+    /// Anything else is [`Error::Checkpoint`] naming it, and nothing is
+    /// touched.
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
+        Self::check_destination(dir)?;
         let (partial, previous) = siblings(dir)?;
         let manifest = serde_json::to_vec_pretty(&self.manifest()?)
             .map_err(|e| path_fault(&dir.join(MANIFEST_FILE), e.to_string()))?;
@@ -146,38 +155,64 @@ impl Checkpoint {
         let model = serialize_safetensors(&model)?;
         let optimizer = serialize_safetensors(&optimizer_tensors(&self.optimizer))?;
 
-        let io = |path: &Path, e: std::io::Error| path_fault(path, format!("cannot write: {e}"));
-        if partial.exists() {
-            std::fs::remove_dir_all(&partial).map_err(|e| io(&partial, e))?;
-        }
-        std::fs::create_dir_all(&partial).map_err(|e| io(&partial, e))?;
+        remove_checkpoint_folder(&partial)?;
+        std::fs::create_dir_all(&partial).map_err(|e| io_fault(&partial, e))?;
         for (name, bytes) in [
             (MODEL_FILE, &model),
             (OPTIMIZER_FILE, &optimizer),
             (MANIFEST_FILE, &manifest),
         ] {
             let path = partial.join(name);
-            let mut f = File::create(&path).map_err(|e| io(&path, e))?;
-            f.write_all(bytes).map_err(|e| io(&path, e))?;
-            f.sync_all().map_err(|e| io(&path, e))?;
+            let mut f = File::create(&path).map_err(|e| io_fault(&path, e))?;
+            f.write_all(bytes).map_err(|e| io_fault(&path, e))?;
+            f.sync_all().map_err(|e| io_fault(&path, e))?;
         }
         sync_dir(&partial);
-        // `dir` only ever appears by renaming a complete folder, so when it
-        // exists it is whole and an old `previous` can go; when it does not,
-        // `previous` may be the only whole checkpoint and stays until the
-        // new one is in place.
+        // `dir` only ever appears by renaming a complete folder (or was an
+        // empty one), so when it exists an old `previous` can go; when it
+        // does not, `previous` may be the only whole checkpoint and stays
+        // until the new one is in place.
         if dir.exists() {
-            if previous.exists() {
-                std::fs::remove_dir_all(&previous).map_err(|e| io(&previous, e))?;
-            }
-            std::fs::rename(dir, &previous).map_err(|e| io(dir, e))?;
+            remove_checkpoint_folder(&previous)?;
+            std::fs::rename(dir, &previous).map_err(|e| io_fault(dir, e))?;
         }
-        std::fs::rename(&partial, dir).map_err(|e| io(dir, e))?;
+        std::fs::rename(&partial, dir).map_err(|e| io_fault(dir, e))?;
         if let Some(parent) = dir.parent() {
             sync_dir(parent);
         }
-        if previous.exists() {
-            std::fs::remove_dir_all(&previous).map_err(|e| io(&previous, e))?;
+        remove_checkpoint_folder(&previous)
+    }
+
+    /// Checks, touching nothing, that [`Checkpoint::save`] may write `dir`:
+    /// it does not exist, or is an empty folder, or holds a leangrad
+    /// checkpoint and nothing else; and its `.partial` and `.previous`
+    /// siblings are absent or hold only checkpoint files. A job calls this
+    /// before it starts, so that a wrong `--out` is refused at once rather
+    /// than after the first epoch.
+    pub fn check_destination(dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        let (partial, previous) = siblings(dir)?;
+        match folder_contents(dir)? {
+            None => {}
+            Some(names) if names.is_empty() => {}
+            Some(names) => {
+                only_checkpoint_files(dir, &names)?;
+                if !names.iter().any(|n| n == MANIFEST_FILE) || !is_leangrad_manifest(dir) {
+                    return Err(path_fault(
+                        dir,
+                        format!(
+                            "exists and is not a leangrad checkpoint (no {MANIFEST_FILE} of leangrad's in it); \
+                             leangrad writes checkpoints only into a new or empty folder or over its own \
+                             checkpoint: choose another folder"
+                        ),
+                    ));
+                }
+            }
+        }
+        for sibling in [&partial, &previous] {
+            if let Some(names) = folder_contents(sibling)? {
+                only_checkpoint_files(sibling, &names)?;
+            }
         }
         Ok(())
     }
@@ -214,6 +249,7 @@ impl Checkpoint {
                 ),
             ));
         }
+        manifest.check_counts(&manifest_path)?;
         let model = read_tensors(&dir.join(MODEL_FILE))?;
         let tensors = read_tensors(&dir.join(OPTIMIZER_FILE))?;
         let optimizer = manifest.optimizer.into_state(tensors)?;
@@ -322,6 +358,84 @@ fn siblings(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     ))
 }
 
+fn io_fault(path: &Path, e: std::io::Error) -> Error {
+    path_fault(path, format!("cannot write: {e}"))
+}
+
+/// The names in folder `dir`, or `None` when nothing is there; a file or a
+/// symbolic link where a folder should be is an error (never followed,
+/// never replaced).
+fn folder_contents(dir: &Path) -> Result<Option<Vec<String>>> {
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(path_fault(dir, format!("cannot read: {e}"))),
+    };
+    if !meta.is_dir() {
+        let what = if meta.file_type().is_symlink() {
+            "a symbolic link"
+        } else {
+            "a file"
+        };
+        return Err(path_fault(
+            dir,
+            format!("is {what}, not a folder leangrad wrote: choose another checkpoint folder"),
+        ));
+    }
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| path_fault(dir, format!("cannot read: {e}")))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| path_fault(dir, format!("cannot read: {e}")))?;
+        names.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    names.sort();
+    Ok(Some(names))
+}
+
+/// Refuses a folder holding anything but the checkpoint's three files
+/// (a sub-folder, or a file leangrad did not write).
+fn only_checkpoint_files(dir: &Path, names: &[String]) -> Result<()> {
+    let ours = [MODEL_FILE, OPTIMIZER_FILE, MANIFEST_FILE];
+    match names.iter().find(|n| !ours.contains(&n.as_str())) {
+        None => Ok(()),
+        Some(foreign) => Err(path_fault(
+            dir,
+            format!(
+                "holds `{foreign}`, which is not a checkpoint file leangrad wrote; leangrad never \
+                 replaces or removes a folder with other contents: choose another checkpoint folder"
+            ),
+        )),
+    }
+}
+
+/// Whether `dir/checkpoint.json` is a leangrad manifest (its `format`).
+fn is_leangrad_manifest(dir: &Path) -> bool {
+    #[derive(Deserialize)]
+    struct Format {
+        format: String,
+    }
+    std::fs::read(dir.join(MANIFEST_FILE))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Format>(&bytes).ok())
+        .is_some_and(|f| f.format == FORMAT)
+}
+
+/// Removes a folder of checkpoint files (a stale `.partial`, an old or
+/// half-removed `.previous`) file by file, then the folder itself, which
+/// fails rather than remove anything else.
+fn remove_checkpoint_folder(dir: &Path) -> Result<()> {
+    let Some(names) = folder_contents(dir)? else {
+        return Ok(());
+    };
+    only_checkpoint_files(dir, &names)?;
+    for name in &names {
+        let path = dir.join(name);
+        std::fs::remove_file(&path).map_err(|e| io_fault(&path, e))?;
+    }
+    std::fs::remove_dir(dir).map_err(|e| io_fault(dir, e))
+}
+
 /// Makes a folder's entries durable where the platform allows it (a failure
 /// only weakens durability across power loss, so it is not an error).
 fn sync_dir(dir: &Path) {
@@ -366,6 +480,39 @@ struct Manifest {
     schedule: Option<ScheduleState>,
     #[serde(default)]
     metadata: Map<String, Value>,
+}
+
+/// The largest count (epoch, step) a checkpoint may hold: the
+/// optimizer's [`crate::optim::MAX_STEP_COUNT`] (2^53).
+pub const MAX_COUNT: u64 = crate::optim::MAX_STEP_COUNT;
+
+impl Manifest {
+    /// Refuses counts past [`MAX_COUNT`], naming the entry, so that no
+    /// arithmetic on them can wrap (a wrapped step count turns Adam's bias
+    /// correction into a division by zero).
+    fn check_counts(&self, path: &Path) -> Result<()> {
+        let o = &self.optimizer;
+        let counts = [
+            ("progress.epoch".to_string(), self.progress.epoch),
+            ("progress.step".to_string(), self.progress.step),
+            ("optimizer.steps".to_string(), o.steps),
+        ]
+        .into_iter()
+        .chain(
+            o.state
+                .iter()
+                .map(|(id, s)| (format!("optimizer.state.{id}.step"), s.step)),
+        );
+        for (entry, value) in counts {
+            if value > MAX_COUNT {
+                return Err(path_fault(
+                    path,
+                    format!("{entry} is {value}, past the largest count a checkpoint holds ({MAX_COUNT})"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// PyTorch's `param_groups` entry: the hyper-parameters beside `params`.

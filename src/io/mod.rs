@@ -25,6 +25,6 @@ pub use safetensors::{
     load_safetensors, load_safetensors_bytes, save_safetensors, serialize_safetensors,
 };
 pub use state_dict::{
-    load_into, load_state_dict, load_state_dict_of, state_dict, state_dict_of, LoadOptions,
-    LoadReport,
+    check_state_dict, load_into, load_state_dict, load_state_dict_of, rename_prefix, state_dict,
+    state_dict_of, LoadOptions, LoadReport,
 };

@@ -11,7 +11,10 @@
 //! `RandomHorizontalFlip()`, validation images `Resize(size·256/224)` and
 //! `CenterCrop(size)`; both are normalised with ImageNet's mean and std.
 
-use super::{image_model, ImageClassifier, Progress, StepBytes};
+use super::{
+    image_model, image_model_with, ImageClassifier, Progress, StepBytes, WeightsLoading,
+    WeightsNote,
+};
 use crate::autograd::{no_grad, SavePolicy};
 use crate::data::{
     CenterCrop, Compose, DataLoader, ImageFolder, Normalize, RandomHorizontalFlip,
@@ -34,9 +37,12 @@ use std::time::Instant;
 pub struct FinetuneOptions {
     /// The model (one of [`super::CLASSIFIERS`]).
     pub model: String,
-    /// A safetensors file of the torchvision model's `state_dict()`; `None`
-    /// trains from a random initialisation (and says so).
+    /// A safetensors file of the torchvision model's `state_dict()` (or of
+    /// its backbone); `None` trains from a random initialisation (and says
+    /// so).
     pub weights: Option<PathBuf>,
+    /// How the weights file is read (strictness, prefixes).
+    pub loading: WeightsLoading,
     /// The training images, one sub-folder per class (ImageFolder).
     pub data: PathBuf,
     /// Validation images with the same class folders.
@@ -78,6 +84,7 @@ impl FinetuneOptions {
         FinetuneOptions {
             model: model.to_string(),
             weights: None,
+            loading: WeightsLoading::default(),
             data: data.into(),
             val: None,
             case: "linear-bn-eval".into(),
@@ -119,6 +126,8 @@ pub struct FinetuneReport {
     pub model: String,
     /// Whether it started from a random initialisation.
     pub random_init: bool,
+    /// What the weights file gave the model.
+    pub weights: Option<WeightsNote>,
     /// The classes (sub-folder names, in index order).
     pub classes: Vec<String>,
     /// The case.
@@ -156,6 +165,10 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
             ),
         });
     }
+    if let Some(out) = &opts.out {
+        // A wrong --out is refused now, not after the first epoch.
+        Checkpoint::check_destination(out)?;
+    }
     let case = parse_case(&opts.case)?;
     let train = ImageFolder::new(&opts.data)?.with_transform(
         Compose::new()
@@ -190,12 +203,14 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
     memory.check_fits(opts.device, "training step")?;
     let ledger = Ledger::new();
     let _l = ledger.enter();
-    let mut model = image_model(
+    let loaded = image_model_with(
         &opts.model,
         opts.weights.as_deref(),
+        &opts.loading,
         classes.len(),
         opts.device,
     )?;
+    let mut model = loaded.model;
     case.apply(model.as_mut())?;
     let all = model.parameters();
     let params: Vec<Tensor> = all.iter().filter(|p| p.requires_grad()).cloned().collect();
@@ -232,6 +247,7 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
     Ok(FinetuneReport {
         model: opts.model.clone(),
         random_init: opts.weights.is_none(),
+        weights: loaded.weights,
         classes,
         case: opts.case.clone(),
         trainable_parameters: params.iter().map(Tensor::numel).sum(),
@@ -296,14 +312,34 @@ impl Job<'_> {
         if let Some(dir) = &self.opts.resume {
             let ckpt = Checkpoint::load(dir)?;
             ckpt.restore(&state_dict(&*self.model, ""), &mut opt, None)?;
-            first = ckpt.progress.epoch as usize + 1;
+            // Counts were checked on loading (at most 2^53), so this fits.
+            first = usize::try_from(ckpt.progress.epoch + 1).map_err(|_| Error::Checkpoint {
+                entry: dir.display().to_string(),
+                reason: format!("epoch {} is too large", ckpt.progress.epoch),
+            })?;
+            if first >= self.opts.epochs {
+                return Err(Error::InvalidArgument {
+                    op: "finetune",
+                    msg: format!(
+                        "{} already holds epoch {} of 0..{}: nothing is left to train (give more --epochs)",
+                        dir.display(),
+                        ckpt.progress.epoch,
+                        self.opts.epochs
+                    ),
+                });
+            }
         }
         let mut results = Vec::new();
         let mut written = None;
         for epoch in first..self.opts.epochs {
             results.push(self.epoch(epoch, &mut opt)?);
             if let Some(dir) = &self.opts.out {
-                let steps = (epoch as u64 + 1) * self.train.num_batches() as u64;
+                let steps = (epoch as u64 + 1)
+                    .checked_mul(self.train.num_batches() as u64)
+                    .ok_or_else(|| Error::InvalidArgument {
+                        op: "finetune",
+                        msg: "the step count passes u64::MAX".into(),
+                    })?;
                 Checkpoint::capture(&state_dict(&*self.model, ""), &opt, None)?
                     .with_progress(epoch as u64, steps)
                     .with_metadata("model", self.opts.model.as_str())
@@ -389,6 +425,9 @@ pub fn describe(r: &FinetuneReport) -> String {
     let mut s = String::new();
     if r.random_init {
         s += "note: no --weights given: the model starts from a random initialisation\n";
+    }
+    if let Some(w) = &r.weights {
+        s += &w.describe();
     }
     s += &format!(
         "{} on {}: {} classes, case {} trains {} of {} parameters\n",

@@ -14,7 +14,10 @@ pub mod finetune;
 pub mod style;
 
 use crate::data::{has_image_extension, read_image, CenterCrop, Compose, Resize, Transform};
-use crate::io::{load_safetensors, load_state_dict, LoadOptions};
+use crate::io::{
+    check_state_dict, load_safetensors, load_state_dict, rename_prefix, state_dict, LoadOptions,
+    LoadReport,
+};
 use crate::memory::Ledger;
 use crate::memory_plan::StepModel;
 use crate::models::{
@@ -23,6 +26,7 @@ use crate::models::{
 use crate::{DType, Device, Error, Result, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// `auto` (CUDA 0 when it can be opened, else the CPU), `cpu` or `cuda`
@@ -108,31 +112,278 @@ pub fn build_classifier(
     })
 }
 
+/// How a job reads its weights file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightsLoading {
+    /// Names must line up (PyTorch's `strict`, the default): every name of
+    /// the model in the file and none besides, except that a file without
+    /// the model's classifier (a backbone-only file) loads the backbone and
+    /// the classifier starts fresh. When false, missing names start from
+    /// the random initialisation and unexpected ones are ignored (both
+    /// reported). Shapes must match either way.
+    pub strict: bool,
+    /// Removed from the front of every name of the file that starts with
+    /// it (`module.` from a DistributedDataParallel checkpoint).
+    pub strip_prefix: String,
+    /// Put in front of every name of the file, after stripping.
+    pub add_prefix: String,
+}
+
+impl Default for WeightsLoading {
+    fn default() -> Self {
+        WeightsLoading {
+            strict: true,
+            strip_prefix: String::new(),
+            add_prefix: String::new(),
+        }
+    }
+}
+
+/// What a weights file gave a model.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WeightsNote {
+    /// The file.
+    pub file: PathBuf,
+    /// Tensors loaded from it.
+    pub loaded: usize,
+    /// The model's names the file lacks: they keep their random
+    /// initialisation.
+    pub fresh: Vec<String>,
+    /// The file's names the model lacks: not used.
+    pub ignored: Vec<String>,
+    /// The file head's class count, when the head was replaced by a fresh
+    /// one of the job's class count.
+    pub replaced_head_of: Option<usize>,
+}
+
+impl WeightsNote {
+    /// One or two lines for people.
+    pub fn describe(&self) -> String {
+        let few = |names: &[String]| {
+            let mut shown: Vec<&str> = names.iter().take(4).map(String::as_str).collect();
+            let more = names.len().saturating_sub(shown.len());
+            let tail = format!("… and {more} more");
+            if more > 0 {
+                shown.push(&tail);
+            }
+            shown.join(", ")
+        };
+        let mut s = format!(
+            "weights: {} tensors from {}",
+            self.loaded,
+            self.file.display()
+        );
+        if let Some(k) = self.replaced_head_of {
+            s += &format!("; its {k}-class head replaced by a fresh one");
+        }
+        s.push('\n');
+        if !self.fresh.is_empty() {
+            s += &format!(
+                "  not in the file, randomly initialised: {}\n",
+                few(&self.fresh)
+            );
+        }
+        if !self.ignored.is_empty() {
+            s += &format!(
+                "  in the file but not the model, ignored: {}\n",
+                few(&self.ignored)
+            );
+        }
+        s
+    }
+}
+
+/// A classifier built for a job, and what its weights file gave it.
+pub struct LoadedClassifier {
+    /// The model.
+    pub model: Box<dyn ImageClassifier>,
+    /// What the weights file gave it (`None` without one).
+    pub weights: Option<WeightsNote>,
+}
+
 /// The classifier `name` on `device` with `classes` outputs: with `weights`
 /// (a safetensors file of the torchvision model's `state_dict()`, of any
 /// class count), the weights are loaded strictly (every name and shape must
-/// match) and the head is then replaced when its class count differs
-/// (a fresh head, as `model.fc = nn.Linear(…, classes)`); without, the model
-/// is randomly initialised.
+/// match, though a file without the classifier loads the backbone) and the
+/// head is then replaced when its class count differs (a fresh head, as
+/// `model.fc = nn.Linear(…, classes)`); without, the model is randomly
+/// initialised. See [`image_model_with`].
 pub fn image_model(
     name: &str,
     weights: Option<&Path>,
     classes: usize,
     device: Device,
 ) -> Result<Box<dyn ImageClassifier>> {
+    image_model_with(name, weights, &WeightsLoading::default(), classes, device).map(|m| m.model)
+}
+
+/// [`image_model`] with the loading rules of `loading`. Every name and
+/// shape of the file is checked against the model built on the meta
+/// device, and the model's bytes against the device's free memory, before
+/// the model is built for real: a file of the wrong model, or whose head
+/// is malformed or absurdly large, is refused without allocating it. A
+/// mismatch names the first few names of each kind and, when the file
+/// looks like another bundled model, says which.
+pub fn image_model_with(
+    name: &str,
+    weights: Option<&Path>,
+    loading: &WeightsLoading,
+    classes: usize,
+    device: Device,
+) -> Result<LoadedClassifier> {
     let Some(path) = weights else {
-        return build_classifier(name, classes, device);
+        let model = build_classifier(name, classes, device)?;
+        return Ok(LoadedClassifier {
+            model,
+            weights: None,
+        });
     };
-    let tensors = load_safetensors(path)?;
+    let mut tensors = load_safetensors(path)?;
+    if !(loading.strip_prefix.is_empty() && loading.add_prefix.is_empty()) {
+        tensors = rename_prefix(tensors, &loading.strip_prefix, &loading.add_prefix)?;
+    }
     let probe = build_classifier(name, classes, Device::Meta)?;
-    let head = format!("{}.weight", probe.head_name());
-    let file_classes = tensors.get(&head).map_or(classes, |w| w.shape()[0]);
+    let file_classes = head_classes(probe.as_ref(), &tensors, path)?;
+    let sized = if file_classes == classes {
+        probe
+    } else {
+        build_classifier(name, file_classes, Device::Meta)?
+    };
+    let report = check_weights(sized.as_ref(), name, &tensors, loading, path)?;
+    let bytes: usize = state_dict(sized.as_ref(), "")
+        .iter()
+        .map(|(_, t)| t.numel() * t.dtype().size_in_bytes())
+        .sum();
+    device.check_fits(&format!("{name} with {file_classes} classes"), bytes)?;
+    drop(sized);
     let mut model = build_classifier(name, file_classes, device)?;
-    load_state_dict(model.as_ref(), &tensors, LoadOptions::default())?;
-    if file_classes != classes {
+    load_state_dict(model.as_ref(), &tensors, LoadOptions { strict: false })?;
+    let replaced_head_of = (file_classes != classes).then_some(file_classes);
+    if replaced_head_of.is_some() {
         model.replace_head(classes, 0)?;
     }
-    Ok(model)
+    Ok(LoadedClassifier {
+        model,
+        weights: Some(WeightsNote {
+            file: path.to_path_buf(),
+            loaded: report.loaded.len(),
+            fresh: report.missing,
+            ignored: report.unexpected,
+            replaced_head_of,
+        }),
+    })
+}
+
+/// The class count of the file's head (`fc.weight`, `classifier.6.weight`…),
+/// checked against the model's head before anything is built: a Linear
+/// weight `[classes, in_features]` with the model's `in_features` and at
+/// least one class. Without a head in the file, the job's `classes`.
+fn head_classes(
+    probe: &dyn ImageClassifier,
+    tensors: &BTreeMap<String, Tensor>,
+    path: &Path,
+) -> Result<usize> {
+    let head = format!("{}.weight", probe.head_name());
+    let Some(w) = tensors.get(&head) else {
+        return Ok(probe.num_classes());
+    };
+    let want = state_dict(probe, "")
+        .into_iter()
+        .find(|(n, _)| *n == head)
+        .map(|(_, t)| t.shape().to_vec())
+        .unwrap_or_default();
+    match (w.shape(), want.as_slice()) {
+        ([k, inner], [_, want_inner]) if *k >= 1 && inner == want_inner => Ok(*k),
+        (got, _) => Err(Error::MalformedWeights {
+            what: path.display().to_string(),
+            tensor: Some(head.clone()),
+            reason: format!(
+                "has shape {got:?}; the model's head takes [classes, {}] with at least one class",
+                want.get(1).map_or("?".to_string(), |d| d.to_string())
+            ),
+        }),
+    }
+}
+
+/// Checks the file's names and shapes against `model` (on the meta
+/// device) under `loading`'s rules; the report says what will load, start
+/// fresh and be ignored. A mismatch gets a hint when the file looks like
+/// another bundled model.
+fn check_weights(
+    model: &dyn ImageClassifier,
+    name: &str,
+    tensors: &BTreeMap<String, Tensor>,
+    loading: &WeightsLoading,
+    path: &Path,
+) -> Result<LoadReport> {
+    let destinations = state_dict(model, "");
+    let lax = LoadOptions { strict: false };
+    match check_state_dict(&destinations, tensors, LoadOptions { strict: true }) {
+        Ok(report) => return Ok(report),
+        Err(Error::StateDictMismatch {
+            missing,
+            unexpected,
+            mismatched,
+            wrong_dtype,
+            mut hints,
+        }) => {
+            let shapes_fit = mismatched.is_empty() && wrong_dtype.is_empty();
+            let classifier = model.head_name().split('.').next().unwrap_or_default();
+            let prefix = format!("{classifier}.");
+            // A backbone-only file: the whole classifier is absent.
+            let backbone_only = unexpected.is_empty()
+                && missing.iter().all(|m| m.starts_with(&prefix))
+                && !tensors.keys().any(|k| k.starts_with(&prefix));
+            if shapes_fit && (backbone_only || !loading.strict) {
+                return check_state_dict(&destinations, tensors, lax);
+            }
+            if let Some(hint) = other_model_hint(name, tensors) {
+                hints.push(hint);
+            }
+            if !unexpected.is_empty() || !missing.is_empty() {
+                hints.push(format!(
+                    "{} holds {} tensors, {name} has {}",
+                    path.display(),
+                    tensors.len(),
+                    destinations.len()
+                ));
+            }
+            Err(Error::StateDictMismatch {
+                missing,
+                unexpected,
+                mismatched,
+                wrong_dtype,
+                hints,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// "this file looks like mobilenet_v2, not resnet18" when another bundled
+/// classifier shares most of the file's names (and more of them than
+/// `name` does).
+fn other_model_hint(name: &str, tensors: &BTreeMap<String, Tensor>) -> Option<String> {
+    let overlap = |model: &str| -> Option<(usize, usize)> {
+        let m = build_classifier(model, 1, Device::Meta).ok()?;
+        let names: Vec<String> = state_dict(m.as_ref(), "")
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let shared = names.iter().filter(|n| tensors.contains_key(*n)).count();
+        Some((shared, names.len() + tensors.len() - shared))
+    };
+    let (own, _) = overlap(name)?;
+    let (best, shared, union) = CLASSIFIERS
+        .iter()
+        .filter_map(|&m| overlap(m).map(|(s, u)| (m, s, u)))
+        .max_by(|a, b| (a.1 * b.2).cmp(&(b.1 * a.2)))?;
+    (best != name && shared > own && 2 * shared >= union).then(|| {
+        format!(
+            "this file looks like {best}, not {name} ({shared} of its {} names are {best}'s)",
+            tensors.len()
+        )
+    })
 }
 
 /// The image files of `dir`, sorted: the files directly in it, or, when it

@@ -48,7 +48,7 @@ pub use schedule::{
     LrScheduler, LrSchedulerState, Schedule, ScheduleState, Scheduler, SequentialLr,
 };
 pub use sgd::Sgd;
-pub use state::{CheckpointHyper, GroupState, OptimizerState, SavedParamState};
+pub use state::{CheckpointHyper, GroupState, OptimizerState, SavedParamState, MAX_STEP_COUNT};
 
 use crate::autograd::backward_with;
 use crate::memory::{with_category, Category};
@@ -322,7 +322,7 @@ impl<A: Algorithm> Optimizer<A> {
                 e.insert(ParamState { step: 0, tensors })
             }
         };
-        state.step += 1;
+        state.step = state.step.checked_add(1).ok_or_else(step_overflow)?;
         apply_update(hyper, state.step, param, grad, transform, &state.tensors)
     }
 
@@ -346,7 +346,7 @@ impl<A: Algorithm> Optimizer<A> {
                 self.update_param(*g, p, &grad, scale)?;
             }
         }
-        self.steps += 1;
+        self.steps = self.steps.checked_add(1).ok_or_else(step_overflow)?;
         Ok(())
     }
 
@@ -407,7 +407,7 @@ impl<A: Algorithm> Optimizer<A> {
                 self.update_param(g, &p, &buffer, scale)?;
             }
         }
-        self.steps += 1;
+        self.steps = self.steps.checked_add(1).ok_or_else(step_overflow)?;
         Ok(FusedStep::Updated)
     }
 
@@ -453,6 +453,15 @@ impl<A: Algorithm> Optimizer<A> {
             .find(|p| p.leaf_id() == Some(id))?
             .clone();
         Some((g, p))
+    }
+}
+
+/// A step count that would pass `u64::MAX` (only a restored state can be
+/// that far along).
+fn step_overflow() -> Error {
+    Error::InvalidArgument {
+        op: "optimizer step",
+        msg: "the step count cannot go past u64::MAX".into(),
     }
 }
 

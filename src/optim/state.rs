@@ -41,6 +41,11 @@ pub trait CheckpointHyper: Algorithm {
     fn from_json(group: &Map<String, Value>, entry: &str) -> Result<Self>;
 }
 
+/// The largest step count a restored state may hold: 2^53, past which
+/// PyTorch's floating-point step counts are no longer exact, and far below
+/// where counting on could wrap around.
+pub const MAX_STEP_COUNT: u64 = 1 << 53;
+
 /// One parameter group of an [`OptimizerState`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct GroupState {
@@ -383,6 +388,15 @@ impl<A: CheckpointHyper> Optimizer<A> {
                     .ok_or_else(|| fault(entry.as_str(), format!("missing (step {})", s.step)))?;
                 check_fits(&entry, src, &t.param, t.name.as_deref())?;
                 tensors.push((src, t));
+            }
+            if s.step > MAX_STEP_COUNT {
+                return Err(fault(
+                    format!("state.{id}.step"),
+                    format!(
+                        "{} is past the largest step count ({MAX_STEP_COUNT})",
+                        s.step
+                    ),
+                ));
             }
             state.insert(leaf, (s.step, tensors));
         }

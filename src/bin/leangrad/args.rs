@@ -52,10 +52,24 @@ pub enum Command {
         /// The model: resnet18, resnet50, vgg16, vgg16_bn, vgg19, vgg19_bn, mobilenet_v2.
         #[arg(long, default_value = "resnet18")]
         model: String,
-        /// A safetensors file of the torchvision model's `state_dict()`
-        /// (without it the model starts from a random initialisation).
+        /// A safetensors file of the torchvision model's `state_dict()`, or
+        /// of its backbone alone (the classifier then starts fresh); without
+        /// it the model starts from a random initialisation.
         #[arg(long)]
         weights: Option<PathBuf>,
+        /// `false`: load the names that line up; the model's names missing
+        /// from the file keep their random initialisation and the file's
+        /// other names are ignored (both listed). Shapes must match either
+        /// way.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        strict: bool,
+        /// Remove this prefix from the file's names where present
+        /// (`module.` from a DistributedDataParallel checkpoint, `backbone.`).
+        #[arg(long, default_value = "")]
+        strip_prefix: String,
+        /// Put this prefix in front of the file's names (after stripping).
+        #[arg(long, default_value = "")]
+        add_prefix: String,
         /// Training images, one sub-folder per class.
         #[arg(long)]
         data: PathBuf,

@@ -28,10 +28,26 @@ fn main() -> std::process::ExitCode {
         // The reader of stdout went away (`| head`): nothing left to say.
         Err(e) if e.is::<PipeClosed>() => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            output::stderr(&format!("error: {e:#}\n"));
+            output::stderr(&format!("error: {}\n", error_text(&e)));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, `: `-separated, leaving out a cause whose
+/// text the message already holds (leangrad's errors quote the system's
+/// error in their own text, which `{:#}` would print a second time).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let cause = cause.to_string();
+        if text.is_empty() {
+            text = cause;
+        } else if !text.contains(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    text
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -55,6 +71,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Finetune {
             model,
             weights,
+            strict,
+            strip_prefix,
+            add_prefix,
             data,
             val,
             case,
@@ -73,6 +92,11 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let opts = FinetuneOptions {
                 weights,
+                loading: jobs::WeightsLoading {
+                    strict,
+                    strip_prefix,
+                    add_prefix,
+                },
                 val,
                 case,
                 epochs,
