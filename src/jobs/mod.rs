@@ -319,7 +319,7 @@ fn check_weights(
     let destinations = state_dict(model, "");
     let lax = LoadOptions { strict: false };
     match check_state_dict(&destinations, tensors, LoadOptions { strict: true }) {
-        Ok(report) => return Ok(report),
+        Ok(report) => Ok(report),
         Err(Error::StateDictMismatch {
             missing,
             unexpected,
