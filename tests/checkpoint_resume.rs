@@ -88,6 +88,7 @@ fn tiny_resnet(seed: u64) -> Net {
         base_width: 2,
         num_classes: 4,
         in_channels: 1,
+        zero_init_residual: false,
     };
     let model = ResNet::new(config, DType::F32, CPU, seed).unwrap();
     let state = state_dict(&model, "");

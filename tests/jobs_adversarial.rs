@@ -220,6 +220,7 @@ fn one_fgsm_step_matches_pytorch() {
         base_width: 2,
         num_classes: 5,
         in_channels: 3,
+        zero_init_residual: false,
     };
     let mut model = ResNet::new(config, leangrad::DType::F32, Device::Cpu, 9).unwrap();
     let weights: BTreeMap<String, Tensor> = f

@@ -28,6 +28,7 @@ fn config(model: &str) -> ResNetConfig {
         base_width: 2,
         num_classes: 5,
         in_channels: 1,
+        zero_init_residual: false,
     }
 }
 

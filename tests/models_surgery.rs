@@ -35,6 +35,7 @@ fn resnet18() -> ResNet {
         base_width: 2,
         num_classes: 5,
         in_channels: 1,
+        zero_init_residual: false,
     };
     ResNet::new(config, DType::F32, CPU, 1).unwrap()
 }

@@ -7,11 +7,11 @@
 
 use super::transformer::{
     check_sizes, key_mask, layer_norm, leaf_kinds, leaf_params, leaf_set_requires_grad, linear,
-    pool, FeedForward, Leaf, Leaves, LeavesMut, SelfAttention, TextInput,
+    pool, FeedForward, Leaf, Leaves, LeavesMut, SelfAttention, TextInput, INITIALIZER_RANGE,
 };
 use super::Ctx;
 use crate::memory::scope;
-use crate::nn::{Embedding, LayerKind, LayerNorm, Linear, Module};
+use crate::nn::{Embedding, Init, LayerKind, LayerNorm, Linear, Module};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The shape of a [`Bert`] (Hugging Face's `BertConfig` fields).
@@ -35,6 +35,10 @@ pub struct BertConfig {
     pub layer_norm_eps: f64,
     /// Whether the model has `pooler.dense` (as `BertModel` by default).
     pub add_pooling_layer: bool,
+    /// The padding token (0 in Hugging Face's default and BERT's
+    /// vocabularies): its row of `word_embeddings` starts at zero and gets
+    /// no gradient, as `nn.Embedding(padding_idx=pad_token_id)`.
+    pub pad_token_id: Option<usize>,
 }
 
 impl BertConfig {
@@ -50,6 +54,7 @@ impl BertConfig {
             type_vocab_size: 2,
             layer_norm_eps: 1e-12,
             add_pooling_layer: true,
+            pad_token_id: Some(0),
         }
     }
 
@@ -157,7 +162,10 @@ pub struct Bert {
 }
 
 impl Bert {
-    /// A BERT of `config`, seeded, ready for [`crate::io::load_state_dict`].
+    /// A BERT of `config`, initialised as Hugging Face's `_init_weights`
+    /// (every weight and embedding table N(0, 0.02²), the padding row 0,
+    /// biases 0, LayerNorms 1 and 0; seeded), ready for
+    /// [`crate::io::load_state_dict`].
     pub fn new(config: BertConfig, dtype: DType, device: Device, seed: u64) -> Result<Bert> {
         let cfg = config;
         let d = cfg.hidden_size;
@@ -170,21 +178,37 @@ impl Bert {
         ];
         check_sizes("Bert", &sizes, d, cfg.num_attention_heads)?;
         let c = (dtype, device);
-        let table = |name: &str, n: usize, s: u64| {
+        let table = |name: &str, n: usize, padding: Option<i64>, s: u64| {
             Embedding::builder(n, d)
                 .name(name)
+                .padding_idx(padding)
+                .weight_init(Init::normal(INITIALIZER_RANGE))
                 .dtype(dtype)
                 .seed(seed.wrapping_add(s))
                 .build(&device)
         };
+        let pad = cfg
+            .pad_token_id
+            .map(|p| {
+                i64::try_from(p).map_err(|_| Error::InvalidArgument {
+                    op: "Bert",
+                    msg: format!("pad_token_id {p} is not an index"),
+                })
+            })
+            .transpose()?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| BertLayer::new(&cfg, c, seed.wrapping_add(100 * (i as u64 + 1))))
             .collect::<Result<_>>()?;
         Ok(Bert {
             config,
-            word_embeddings: table("word_embeddings", cfg.vocab_size, 1)?,
-            position_embeddings: table("position_embeddings", cfg.max_position_embeddings, 2)?,
-            token_type_embeddings: table("token_type_embeddings", cfg.type_vocab_size, 3)?,
+            word_embeddings: table("word_embeddings", cfg.vocab_size, pad, 1)?,
+            position_embeddings: table(
+                "position_embeddings",
+                cfg.max_position_embeddings,
+                None,
+                2,
+            )?,
+            token_type_embeddings: table("token_type_embeddings", cfg.type_vocab_size, None, 3)?,
             norm: layer_norm("LayerNorm", d, cfg.layer_norm_eps, c)?,
             layers,
             pooler: cfg

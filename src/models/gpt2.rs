@@ -5,11 +5,11 @@
 
 use super::transformer::{
     attend, check_sizes, layer_norm, leaf_kinds, leaf_params, leaf_set_requires_grad, Conv1D, Leaf,
-    Leaves, LeavesMut, TextInput,
+    Leaves, LeavesMut, TextInput, INITIALIZER_RANGE,
 };
 use super::Ctx;
 use crate::memory::scope;
-use crate::nn::{Embedding, LayerKind, LayerNorm, Module};
+use crate::nn::{Embedding, Init, LayerKind, LayerNorm, Module};
 use crate::ops::CrossEntropyOptions;
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -76,6 +76,9 @@ struct Block {
 impl Block {
     fn new(cfg: &Gpt2Config, c: Ctx, seed: u64) -> Result<Block> {
         let (d, eps) = (cfg.n_embd, cfg.layer_norm_epsilon);
+        // The residual projections, scaled by 1/√(2·n_layer) (two residual
+        // additions per block), as GPT-2's `_init_weights`.
+        let proj = Init::normal(INITIALIZER_RANGE / (2.0 * cfg.n_layer as f64).sqrt());
         Ok(Block {
             ln_1: layer_norm("ln_1", d, eps, c)?,
             c_attn: Conv1D::builder(d, 3 * d)
@@ -85,6 +88,7 @@ impl Block {
                 .build(&c.1)?,
             attn_proj: Conv1D::builder(d, d)
                 .name("c_proj")
+                .weight_init(proj)
                 .dtype(c.0)
                 .seed(seed.wrapping_add(1))
                 .build(&c.1)?,
@@ -96,6 +100,7 @@ impl Block {
                 .build(&c.1)?,
             mlp_proj: Conv1D::builder(cfg.n_inner, d)
                 .name("c_proj")
+                .weight_init(proj)
                 .dtype(c.0)
                 .seed(seed.wrapping_add(3))
                 .build(&c.1)?,
@@ -160,7 +165,10 @@ pub struct Gpt2 {
 }
 
 impl Gpt2 {
-    /// A GPT-2 of `config`, seeded, ready for [`crate::io::load_state_dict`].
+    /// A GPT-2 of `config`, initialised as Hugging Face's `_init_weights`
+    /// (`wte`, `wpe`, `c_attn`, `c_fc` N(0, 0.02²); both `c_proj` N(0,
+    /// (0.02/√(2·n_layer))²); biases 0; LayerNorms 1 and 0; seeded), ready
+    /// for [`crate::io::load_state_dict`].
     pub fn new(config: Gpt2Config, dtype: DType, device: Device, seed: u64) -> Result<Gpt2> {
         let cfg = config;
         let d = cfg.n_embd;
@@ -174,11 +182,13 @@ impl Gpt2 {
             config,
             wte: Embedding::builder(cfg.vocab_size, d)
                 .name("wte")
+                .weight_init(Init::normal(INITIALIZER_RANGE))
                 .dtype(dtype)
                 .seed(seed)
                 .build(&device)?,
             wpe: Embedding::builder(cfg.n_positions, d)
                 .name("wpe")
+                .weight_init(Init::normal(INITIALIZER_RANGE))
                 .dtype(dtype)
                 .seed(seed + 1)
                 .build(&device)?,

@@ -7,9 +7,9 @@
 use super::surgery::{head_like, HeadInit};
 use super::{
     kinds_of, params_of, set_linear, Bert, BertConfig, Freeze, ReplaceHead, TextInput, ViT,
-    ViTConfig,
+    ViTConfig, INITIALIZER_RANGE,
 };
-use crate::nn::{LayerKind, Linear, Module};
+use crate::nn::{Init, LayerKind, Linear, Module};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// A backbone a [`Classifier`] reads features from.
@@ -20,7 +20,7 @@ pub trait Backbone: Freeze {
     /// a classifier head with (`initializer_range`; 0.02 in ViT's and
     /// BERT's configurations).
     fn initializer_range(&self) -> f64 {
-        0.02
+        INITIALIZER_RANGE
     }
     /// Features `[N, width]` of the input.
     fn features(&self, input: &Tensor) -> Result<Tensor>;
@@ -43,7 +43,8 @@ pub type ViTClassifier = Classifier<ViT>;
 pub type BertClassifier = Classifier<Bert>;
 
 impl<B: Backbone> Classifier<B> {
-    /// `backbone` with a fresh `classes`-way head.
+    /// `backbone` with a fresh `classes`-way head, initialised as Hugging
+    /// Face's `_init_weights` (weight N(0, initializer_range²), bias 0).
     pub fn with_head(
         backbone: B,
         classes: usize,
@@ -54,6 +55,8 @@ impl<B: Backbone> Classifier<B> {
         let width = backbone.feature_width();
         let classifier = Linear::builder(width, classes)
             .name("classifier")
+            .weight_init(Init::normal(backbone.initializer_range()))
+            .bias_init(Init::zeros())
             .dtype(dtype)
             .seed(seed)
             .build(&device)?;

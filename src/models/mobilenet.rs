@@ -8,7 +8,7 @@ use super::{
     stop_if, tensors, Ctx, FeatureMaps, Named, Part, ReplaceHead,
 };
 use crate::memory::scope;
-use crate::nn::{AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, LayerKind, Linear, Module};
+use crate::nn::{AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, Init, LayerKind, Linear, Module};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// One row of the inverted-residual plan: expansion `t`, output channels
@@ -120,8 +120,10 @@ pub struct MobileNetV2 {
 }
 
 impl MobileNetV2 {
-    /// A MobileNetV2 of `config` with PyTorch's default layer
-    /// initialisation (seeded), ready for [`crate::io::load_state_dict`].
+    /// A MobileNetV2 of `config` initialised as torchvision's (seeded):
+    /// every convolution `kaiming_normal_(mode="fan_out")` (gain √2), every
+    /// BatchNorm weight 1 and bias 0, `classifier.1` weight N(0, 0.01²) and
+    /// bias 0; ready for [`crate::io::load_state_dict`].
     pub fn new(
         config: &MobileNetV2Config,
         dtype: DType,
@@ -227,6 +229,8 @@ impl MobileNetV2 {
             dropout: Dropout::new("classifier.0", cfg.dropout, seed.wrapping_add(8))?,
             fc: Linear::builder(cfg.last_channel, cfg.num_classes)
                 .name("classifier.1")
+                .weight_init(Init::normal(0.01))
+                .bias_init(Init::zeros())
                 .dtype(dtype)
                 .seed(seed.wrapping_add(9))
                 .build(&device)?,

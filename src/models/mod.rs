@@ -37,11 +37,11 @@ pub use pretrained::{minilm_dir, MINILM_DIR_ENV, MINILM_INSTALL};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
 pub use sentence::{l2_normalize, mean_pool, SentenceEncoder, TextTokenizer, TokenBatch};
 pub use surgery::{FeatureMaps, ReplaceHead};
-pub use transformer::{Conv1D, Conv1DBuilder, Param, TextInput};
+pub use transformer::{Conv1D, Conv1DBuilder, Param, TextInput, INITIALIZER_RANGE};
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
 pub use vit::{classic_vit_name, ViT, ViTConfig};
 
-use crate::nn::{BatchNorm, Conv2d, LayerKind, Module};
+use crate::nn::{BatchNorm, Conv2d, FanMode, Init, LayerKind, Module};
 use crate::{DType, Device, Result, Tensor};
 
 /// In a [`FeatureMaps::walk`]: returns `Ok(None)` (stop) when the visitor
@@ -67,7 +67,8 @@ pub(crate) fn ran_to_the_end(out: Option<Tensor>, model: &'static str) -> Result
 pub(crate) type Ctx = (DType, Device);
 
 /// A bias-free `k`×`k` convolution with "same" padding (`k / 2`), as
-/// torchvision's ResNet and MobileNetV2 build them.
+/// torchvision's ResNet and MobileNetV2 build and initialise them: weight
+/// `kaiming_normal_(mode="fan_out", nonlinearity="relu")`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn square_conv(
     name: &str,
@@ -84,12 +85,14 @@ pub(crate) fn square_conv(
         .padding(k / 2)
         .groups(groups)
         .bias(false)
+        .weight_init(Init::kaiming_normal_relu(FanMode::FanOut))
         .dtype(c.0)
         .seed(seed)
         .build(&c.1)
 }
 
-/// A BatchNorm2d with PyTorch's default options.
+/// A BatchNorm2d with PyTorch's default options (weight 1, bias 0, as
+/// torchvision also initialises it).
 pub(crate) fn batch_norm2d(name: &str, channels: usize, c: Ctx) -> Result<BatchNorm> {
     BatchNorm::builder(channels)
         .name(name)

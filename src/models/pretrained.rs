@@ -82,7 +82,8 @@ pub(crate) fn read_json(path: &Path) -> Result<Value> {
 
 impl BertConfig {
     /// The configuration in a Hugging Face `config.json` (`BertConfig`'s
-    /// fields; `layer_norm_eps` defaults to 1e-12). The pooler is assumed
+    /// fields; `layer_norm_eps` defaults to 1e-12, `pad_token_id` to 0,
+    /// `null` for none). The pooler is assumed
     /// present: [`Bert::from_pretrained`] follows the weights file instead.
     /// [`Error::ModelFile`] for a missing size, an activation other than
     /// exact `gelu` or a position embedding other than `absolute`.
@@ -123,6 +124,16 @@ impl BertConfig {
                 .and_then(Value::as_f64)
                 .unwrap_or(1e-12),
             add_pooling_layer: true,
+            // Hugging Face's default is 0; `null` means no padding row.
+            pad_token_id: match json.get("pad_token_id") {
+                None => Some(0),
+                Some(Value::Null) => None,
+                Some(v) => Some(
+                    v.as_u64()
+                        .and_then(|p| usize::try_from(p).ok())
+                        .ok_or_else(|| bad(format!("`pad_token_id` is {v}, not a token id")))?,
+                ),
+            },
         })
     }
 }

@@ -35,6 +35,12 @@ impl BlockKind {
 
 /// The shape of a [`ResNet`]: torchvision's sizes are `base_width` 64,
 /// `in_channels` 3 and `num_classes` 1000.
+///
+/// A fresh ResNet is initialised as torchvision's constructor leaves it:
+/// every convolution `kaiming_normal_(mode="fan_out",
+/// nonlinearity="relu")`, every BatchNorm weight 1 and bias 0 (with
+/// `zero_init_residual`, the last BatchNorm of each block weight 0), `fc`
+/// PyTorch's default Linear (uniform in ±1/√in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResNetConfig {
     /// Basic or Bottleneck blocks.
@@ -47,6 +53,11 @@ pub struct ResNetConfig {
     pub num_classes: usize,
     /// Channels of the input image.
     pub in_channels: usize,
+    /// Whether the last BatchNorm of each residual branch (`bn2` of a
+    /// Basic block, `bn3` of a Bottleneck) starts with weight 0, so that
+    /// each block starts as the identity (torchvision's
+    /// `zero_init_residual`; default false).
+    pub zero_init_residual: bool,
 }
 
 impl ResNetConfig {
@@ -58,6 +69,7 @@ impl ResNetConfig {
             base_width: 64,
             num_classes,
             in_channels: 3,
+            zero_init_residual: false,
         }
     }
 
@@ -69,6 +81,7 @@ impl ResNetConfig {
             base_width: 64,
             num_classes,
             in_channels: 3,
+            zero_init_residual: false,
         }
     }
 }
@@ -96,7 +109,7 @@ struct Block {
 
 impl Block {
     fn new(
-        kind: BlockKind,
+        cfg: &ResNetConfig,
         name: String,
         io: [usize; 3],
         stride: usize,
@@ -104,7 +117,7 @@ impl Block {
         seed: u64,
     ) -> Result<Block> {
         let [cin, width, cout] = io;
-        let shapes: Vec<(usize, usize, usize, usize)> = match kind {
+        let shapes: Vec<(usize, usize, usize, usize)> = match cfg.block {
             BlockKind::Basic => vec![(cin, width, 3, stride), (width, width, 3, 1)],
             BlockKind::Bottleneck => vec![
                 (cin, width, 1, 1),
@@ -125,6 +138,9 @@ impl Block {
                 seed + i as u64,
             )?);
             bns.push(batch_norm2d(&format!("bn{}", i + 1), b, c)?);
+        }
+        if let (true, Some(last)) = (cfg.zero_init_residual, bns.last_mut()) {
+            last.weight = Some(Tensor::zeros(&[cout], c.0, c.1)?.into_parameter()?);
         }
         let downsample = if stride != 1 || cin != cout {
             Some((
@@ -201,8 +217,8 @@ pub struct ResNet {
 }
 
 impl ResNet {
-    /// A ResNet of `config` with PyTorch's default layer initialisation
-    /// (seeded), ready for [`crate::io::load_state_dict`].
+    /// A ResNet of `config` initialised as torchvision's (see
+    /// [`ResNetConfig`]; seeded), ready for [`crate::io::load_state_dict`].
     pub fn new(config: ResNetConfig, dtype: DType, device: Device, seed: u64) -> Result<ResNet> {
         let cfg = config;
         if cfg.base_width == 0
@@ -232,7 +248,7 @@ impl ResNet {
                 let name = format!("layer{}.{i}", s + 1);
                 let bseed = seed.wrapping_add(1000 * (s as u64 + 1) + 10 * i as u64);
                 blocks.push(Block::new(
-                    cfg.block,
+                    &cfg,
                     name,
                     [cin, width, width * exp],
                     stride,

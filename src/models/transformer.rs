@@ -8,10 +8,17 @@
 use super::{prefixed, set_slot, Ctx};
 use crate::memory::scope;
 use crate::nn::{
-    scaled_dot_product_attention, Conv2d, Embedding, LayerKind, LayerNorm, Linear, Module,
+    scaled_dot_product_attention, Conv2d, Embedding, Init, LayerKind, LayerNorm, Linear, Module,
     SdpaOptions,
 };
 use crate::{DType, Device, Error, Result, Tensor};
+
+/// The standard deviation of Hugging Face's normal initialisation
+/// (`initializer_range`, 0.02 in the BERT, ViT and GPT-2 configurations):
+/// a fresh transformer draws every Linear, Conv1D, patch projection,
+/// embedding table and learned token N(0, 0.02²), with biases 0 and
+/// LayerNorms weight 1, bias 0, as `_init_weights` does.
+pub const INITIALIZER_RANGE: f64 = 0.02;
 
 /// What a text model reads: token ids (I64 or U32 `[B, L]`) or input
 /// embeddings (`[B, L, hidden]`, e.g. to differentiate with respect to
@@ -112,12 +119,13 @@ pub struct Param {
 
 impl Param {
     /// A parameter of `shape` drawn from N(0, 0.02²) (seeded; on the meta
-    /// device a data-less tensor of the same shape, nothing drawn).
+    /// device a data-less tensor of the same shape, nothing drawn). Hugging
+    /// Face's ViT truncates this normal at ±2, i.e. ±100σ: the same
+    /// distribution in practice.
     pub fn new(name: &str, shape: &[usize], c: Ctx, seed: u64) -> Result<Param> {
-        let value = Tensor::from_f64_fn(shape, c.0, c.1, |i| {
-            0.02 * crate::rng::normal_at(seed, i as u64)
-        })?
-        .into_parameter()?;
+        let value = Init::normal(INITIALIZER_RANGE)
+            .tensor_for("Param", shape, None, c, seed)?
+            .into_parameter()?;
         Ok(Param {
             value,
             name: name.to_string(),
@@ -163,11 +171,12 @@ pub struct Conv1DBuilder {
     dtype: DType,
     seed: u64,
     name: String,
+    weight_init: Init,
 }
 
 impl Conv1D {
     /// A builder of a layer from `nx` to `nf` features, f32, seed 0, named
-    /// `conv1d`.
+    /// `conv1d`, weight N(0, 0.02²).
     pub fn builder(nx: usize, nf: usize) -> Conv1DBuilder {
         Conv1DBuilder {
             nx,
@@ -175,6 +184,7 @@ impl Conv1D {
             dtype: DType::F32,
             seed: 0,
             name: "conv1d".into(),
+            weight_init: Init::normal(INITIALIZER_RANGE),
         }
     }
 }
@@ -199,11 +209,23 @@ impl Conv1DBuilder {
         self
     }
 
-    /// The layer on `device`: weight N(0, 0.02²) and zero bias, as GPT-2
-    /// initialises (on the meta device nothing is drawn).
+    /// How the weight is drawn (default: N(0, 0.02²), as GPT-2's
+    /// `_init_weights`; its residual projections `c_proj` use a smaller
+    /// standard deviation).
+    pub fn weight_init(mut self, init: Init) -> Self {
+        self.weight_init = init;
+        self
+    }
+
+    /// The layer on `device`: weight as [`Conv1DBuilder::weight_init`]
+    /// says and zero bias, as GPT-2 initialises (on the meta device
+    /// nothing is drawn).
     pub fn build(&self, device: &Device) -> Result<Conv1D> {
         let c = (self.dtype, *device);
-        let weight = Param::new("weight", &[self.nx, self.nf], c, self.seed)?.value;
+        let shape = [self.nx, self.nf];
+        let weight = (self.weight_init)
+            .tensor_for("Conv1D", &shape, None, c, self.seed)?
+            .into_parameter()?;
         let bias = Tensor::zeros(&[self.nf], c.0, c.1)?.into_parameter()?;
         Ok(Conv1D {
             weight,
@@ -247,10 +269,13 @@ pub(crate) fn layer_norm(name: &str, dim: usize, eps: f64, c: Ctx) -> Result<Lay
         .build(&c.1)
 }
 
-/// A biased Linear layer `cin → cout`.
+/// A biased Linear layer `cin → cout`, weight N(0, 0.02²) and bias 0 as
+/// Hugging Face initialises them.
 pub(crate) fn linear(name: &str, cin: usize, cout: usize, c: Ctx, seed: u64) -> Result<Linear> {
     Linear::builder(cin, cout)
         .name(name)
+        .weight_init(Init::normal(INITIALIZER_RANGE))
+        .bias_init(Init::zeros())
         .dtype(c.0)
         .seed(seed)
         .build(&c.1)

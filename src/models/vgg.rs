@@ -9,8 +9,8 @@ use super::{
 };
 use crate::memory::scope;
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, LayerKind, Linear, MaxPool2d, MaxPool2dOptions,
-    Module, ReLU,
+    AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, FanMode, Init, LayerKind, Linear, MaxPool2d,
+    MaxPool2dOptions, Module, ReLU,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -116,8 +116,11 @@ pub struct Vgg {
 }
 
 impl Vgg {
-    /// A VGG of `config` with PyTorch's default layer initialisation
-    /// (seeded), ready for [`crate::io::load_state_dict`].
+    /// A VGG of `config` initialised as torchvision's (seeded): every
+    /// convolution `kaiming_normal_(mode="fan_out", nonlinearity="relu")`
+    /// with bias 0, every BatchNorm weight 1 and bias 0, every Linear
+    /// weight N(0, 0.01²) and bias 0; ready for
+    /// [`crate::io::load_state_dict`].
     pub fn new(config: &VggConfig, dtype: DType, device: Device, seed: u64) -> Result<Vgg> {
         let c = config;
         if c.in_channels == 0 || c.pool_size == 0 || c.hidden == 0 || c.num_classes == 0 {
@@ -141,6 +144,8 @@ impl Vgg {
             let conv = Conv2d::builder(cin, w, 3)
                 .name(&name)
                 .padding(1)
+                .weight_init(Init::kaiming_normal_relu(FanMode::FanOut))
+                .bias_init(Init::zeros())
                 .dtype(dtype)
                 .seed(s)
                 .build(&device)?;
@@ -171,6 +176,8 @@ impl Vgg {
             let s = seed.wrapping_add(500 + i as u64);
             let fc = Linear::builder(sizes[i], sizes[i + 1])
                 .name(&name)
+                .weight_init(Init::normal(0.01))
+                .bias_init(Init::zeros())
                 .dtype(dtype)
                 .seed(s)
                 .build(&device)?;

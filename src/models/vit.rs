@@ -8,11 +8,11 @@
 
 use super::transformer::{
     check_sizes, layer_norm, leaf_kinds, leaf_params, leaf_set_requires_grad, linear, pool,
-    FeedForward, Leaf, Leaves, LeavesMut, Param, SelfAttention,
+    FeedForward, Leaf, Leaves, LeavesMut, Param, SelfAttention, INITIALIZER_RANGE,
 };
 use super::Ctx;
 use crate::memory::scope;
-use crate::nn::{Conv2d, LayerKind, LayerNorm, Linear, Module};
+use crate::nn::{Conv2d, Init, LayerKind, LayerNorm, Linear, Module};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The shape of a [`ViT`] (Hugging Face's `ViTConfig` fields).
@@ -199,7 +199,9 @@ impl ViT {
         crate::io::load_state_dict(self, &mapped, options)
     }
 
-    /// A ViT of `config`, seeded, ready for [`crate::io::load_state_dict`].
+    /// A ViT of `config`, initialised as Hugging Face's `_init_weights`
+    /// (every weight and learned token N(0, 0.02²), biases 0, LayerNorms
+    /// 1 and 0; seeded), ready for [`crate::io::load_state_dict`].
     pub fn new(config: ViTConfig, dtype: DType, device: Device, seed: u64) -> Result<ViT> {
         let cfg = config;
         let d = cfg.hidden_size;
@@ -231,6 +233,8 @@ impl ViT {
             projection: Conv2d::builder(cfg.num_channels, d, p)
                 .name("projection")
                 .stride(p)
+                .weight_init(Init::normal(INITIALIZER_RANGE))
+                .bias_init(Init::zeros())
                 .dtype(dtype)
                 .seed(seed + 2)
                 .build(&device)?,

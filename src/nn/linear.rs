@@ -1,5 +1,6 @@
 //! Fully connected layer: `y = x Wᵀ + b` with PyTorch's weight layout.
 
+use super::init::Init;
 use super::Module;
 use crate::memory::scope;
 use crate::nn::input::{check_dtype, check_min_rank, check_size};
@@ -29,6 +30,8 @@ pub struct LinearBuilder {
     dtype: DType,
     seed: u64,
     name: String,
+    weight_init: Option<Init>,
+    bias_init: Option<Init>,
 }
 
 impl Linear {
@@ -43,6 +46,8 @@ impl Linear {
             dtype: DType::F32,
             seed: 0,
             name: "linear".into(),
+            weight_init: None,
+            bias_init: None,
         }
     }
 
@@ -78,25 +83,43 @@ impl LinearBuilder {
         self
     }
 
-    /// The layer on `device`, initialised like PyTorch's default (uniform
-    /// in ±1/√in_features) from the seeded Philox stream; the tensors are
-    /// counted as parameters.
+    /// How the weight is drawn (default: PyTorch's, uniform in
+    /// ±1/√in_features), e.g. `Init::normal(0.01)` as torchvision's VGG.
+    pub fn weight_init(mut self, init: Init) -> Self {
+        self.weight_init = Some(init);
+        self
+    }
+
+    /// How the bias is drawn (default: PyTorch's, uniform in
+    /// ±1/√in_features), e.g. `Init::zeros()`.
+    pub fn bias_init(mut self, init: Init) -> Self {
+        self.bias_init = Some(init);
+        self
+    }
+
+    /// The layer on `device`, initialised as the inits say (by default
+    /// like PyTorch: uniform in ±1/√in_features) from the seeded Philox
+    /// stream; the tensors are counted as parameters.
     pub fn build(&self, device: &Device) -> Result<Linear> {
-        let (device, dtype, seed) = (*device, self.dtype, self.seed);
+        let (ctx, seed) = ((self.dtype, *device), self.seed);
         let (in_features, out_features) = (self.in_features, self.out_features);
-        let bound = 1.0 / (in_features as f64).sqrt();
-        let weight = Tensor::rand_range(
-            &[out_features, in_features],
-            -bound,
-            bound,
-            dtype,
-            device,
-            seed,
-        )?
-        .into_parameter()?;
+        // No inputs: bound 0, as PyTorch's (which skips the empty weight).
+        let bound = match in_features {
+            0 => 0.0,
+            n => 1.0 / (n as f64).sqrt(),
+        };
+        let default = Init::Uniform {
+            low: -bound,
+            high: bound,
+        };
+        let shape = [out_features, in_features];
+        let weight = (self.weight_init.unwrap_or(default))
+            .tensor_for("Linear", &shape, None, ctx, seed)?
+            .into_parameter()?;
         let bias = if self.bias {
             Some(
-                Tensor::rand_range(&[out_features], -bound, bound, dtype, device, seed ^ 0x5eed)?
+                (self.bias_init.unwrap_or(default))
+                    .tensor_for("Linear", &[out_features], None, ctx, seed ^ 0x5eed)?
                     .into_parameter()?,
             )
         } else {

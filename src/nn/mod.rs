@@ -6,6 +6,7 @@ mod activation;
 mod conv;
 mod dropout;
 mod embedding;
+pub mod init;
 mod input;
 mod linear;
 mod module;
@@ -20,6 +21,7 @@ pub use conv::{
 };
 pub use dropout::{dropout, dropout_owned, Dropout};
 pub use embedding::{embedding, Embedding, EmbeddingBuilder};
+pub use init::{FanMode, Init};
 pub use linear::{Linear, LinearBuilder};
 pub use module::{parameters_of_kind, LayerKind, Module};
 pub use pool::{

@@ -21,6 +21,7 @@ pub fn resnet(block: BlockKind, layers: [usize; 4]) -> Build {
             base_width: 2,
             num_classes: 5,
             in_channels: 3,
+            zero_init_residual: false,
         };
         Ok(Box::new(ResNet::new(c, d, dev, 1)?) as Box<dyn StepModel>)
     })

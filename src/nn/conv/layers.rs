@@ -7,6 +7,7 @@ use super::{
     conv1d, conv2d, conv_transpose2d, Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions,
 };
 use crate::memory::scope;
+use crate::nn::init::Init;
 use crate::nn::input::{check_dtype, check_rank, check_size};
 use crate::nn::Module;
 use crate::{DType, Device, Error, Result, Tensor};
@@ -44,6 +45,8 @@ struct Common {
     bias: bool,
     dtype: DType,
     seed: u64,
+    weight_init: Option<Init>,
+    bias_init: Option<Init>,
 }
 
 impl Common {
@@ -53,11 +56,13 @@ impl Common {
             bias: true,
             dtype: DType::F32,
             seed: 0,
+            weight_init: None,
+            bias_init: None,
         }
     }
 }
 
-/// The setters every builder shares (name, bias, dtype, seed).
+/// The setters every builder shares (name, bias, dtype, seed, inits).
 macro_rules! common_setters {
     () => {
         /// The layer's name in scopes and reports (default: the op's name).
@@ -82,6 +87,21 @@ macro_rules! common_setters {
         /// (default: 0; the bias uses `seed ^ 0x5eed`).
         pub fn seed(mut self, seed: u64) -> Self {
             self.common.seed = seed;
+            self
+        }
+
+        /// How the weight is drawn (default: PyTorch's, uniform in
+        /// ±1/√fan_in), e.g. torchvision's
+        /// `Init::kaiming_normal_relu(FanMode::FanOut)`.
+        pub fn weight_init(mut self, init: Init) -> Self {
+            self.common.weight_init = Some(init);
+            self
+        }
+
+        /// How the bias is drawn (default: PyTorch's, uniform in
+        /// ±1/√fan_in), e.g. `Init::zeros()`.
+        pub fn bias_init(mut self, init: Init) -> Self {
+            self.common.bias_init = Some(init);
             self
         }
     };
@@ -125,8 +145,9 @@ macro_rules! geometry_setters {
     };
 }
 
-/// Weight `shape` and optional bias `[bias_len]`, uniform in ±1/√fan_in like
-/// PyTorch's default (kaiming_uniform with a = √5), as parameters.
+/// Weight `shape` and optional bias `[bias_len]` as parameters, drawn as
+/// the builder's inits say; by default uniform in ±1/√fan_in like
+/// PyTorch's (kaiming_uniform with a = √5).
 fn init(
     op: &'static str,
     shape: &[usize],
@@ -141,12 +162,20 @@ fn init(
             msg: format!("weight shape {shape:?} has no elements"),
         });
     }
-    let (dtype, seed) = (c.dtype, c.seed);
+    let (ctx, seed) = ((c.dtype, device), c.seed);
     let bound = 1.0 / (fan_in as f64).sqrt();
-    let weight = Tensor::rand_range(shape, -bound, bound, dtype, device, seed)?.into_parameter()?;
+    let default = Init::Uniform {
+        low: -bound,
+        high: bound,
+    };
+    let weight = c.weight_init.unwrap_or(default);
+    let weight = weight
+        .tensor_for(op, shape, None, ctx, seed)?
+        .into_parameter()?;
     let bias = match bias_len {
         Some(n) => Some(
-            Tensor::rand_range(&[n], -bound, bound, dtype, device, seed ^ 0x5eed)?
+            (c.bias_init.unwrap_or(default))
+                .tensor_for(op, &[n], None, ctx, seed ^ 0x5eed)?
                 .into_parameter()?,
         ),
         None => None,

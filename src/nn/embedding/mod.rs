@@ -21,6 +21,7 @@ mod cuda;
 #[cfg(test)]
 mod tests;
 
+use super::init::Init;
 use super::Module;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::memory::scope;
@@ -154,6 +155,7 @@ pub struct EmbeddingBuilder {
     dtype: DType,
     seed: u64,
     name: String,
+    weight_init: Option<Init>,
 }
 
 impl EmbeddingBuilder {
@@ -183,26 +185,26 @@ impl EmbeddingBuilder {
         self
     }
 
-    /// The table on `device`, N(0, 1) from the seeded stream with the
-    /// padding row zeroed (on the meta device: a data-less weight, nothing
-    /// drawn); an error if `padding_idx` is outside the table.
+    /// How the weight is drawn (default: PyTorch's, N(0, 1)), e.g.
+    /// `Init::normal(0.02)` as Hugging Face's models; the padding row is
+    /// zeroed whatever the init.
+    pub fn weight_init(mut self, init: Init) -> Self {
+        self.weight_init = Some(init);
+        self
+    }
+
+    /// The table on `device`, drawn from the seeded stream as the init
+    /// says (by default N(0, 1)) with the padding row zeroed (on the meta
+    /// device: a data-less weight, nothing drawn); an error if
+    /// `padding_idx` is outside the table.
     pub fn build(&self, device: &Device) -> Result<Embedding> {
-        let (num, dim, dtype, device) =
-            (self.num_embeddings, self.embedding_dim, self.dtype, *device);
+        let (num, dim) = (self.num_embeddings, self.embedding_dim);
         let padding = resolve_padding(self.padding_idx, num)?;
-        let weight = if device.is_meta() {
-            Tensor::zeros(&[num, dim], dtype, device)?.into_parameter()?
-        } else {
-            let seed = self.seed;
-            Tensor::from_f64_fn(&[num, dim], dtype, device, |i| {
-                if padding.is_some_and(|p| i / dim == p) {
-                    0.0
-                } else {
-                    crate::rng::normal_at(seed, i as u64)
-                }
-            })?
-            .into_parameter()?
-        };
+        let init = self.weight_init.unwrap_or(Init::normal(1.0));
+        let ctx = (self.dtype, *device);
+        let weight = init
+            .tensor_for("Embedding", &[num, dim], padding, ctx, self.seed)?
+            .into_parameter()?;
         Ok(Embedding {
             weight,
             padding_idx: self.padding_idx,
@@ -222,6 +224,7 @@ impl Embedding {
             dtype: DType::F32,
             seed: 0,
             name: "embedding".into(),
+            weight_init: None,
         }
     }
 
