@@ -68,6 +68,7 @@ fn run(cli: Cli) -> Result<()> {
             resume,
             seed,
             workers,
+            skip_bad_images,
             device,
             json,
         } => {
@@ -86,6 +87,7 @@ fn run(cli: Cli) -> Result<()> {
                 device: jobs::choose_device(&device)?,
                 seed,
                 workers,
+                skip_bad_images,
                 quiet: json,
                 ..FinetuneOptions::new(&model, data)
             };
@@ -106,6 +108,7 @@ fn run(cli: Cli) -> Result<()> {
             seed,
             device,
             out,
+            skip_bad_images,
             json,
         } => {
             let opts = AdversarialOptions {
@@ -120,6 +123,7 @@ fn run(cli: Cli) -> Result<()> {
                 classes,
                 device: jobs::choose_device(&device)?,
                 seed,
+                skip_bad_images,
                 quiet: json,
                 ..AdversarialOptions::new(&model, images, out)
             };
