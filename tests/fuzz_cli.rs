@@ -396,7 +396,7 @@ fn the_command_line_survives_mutated_arguments() {
             let args = if i == 0 {
                 base.clone()
             } else {
-                let mut rng = Rng::new(base_seed() ^ (i as u64) ^ name.len() as u64 * 0x1000);
+                let mut rng = Rng::new(base_seed() ^ (i as u64) ^ (name.len() as u64 * 0x1000));
                 mutate_args(&base, &f, &mut rng)
             };
             if replaces_a_folder(&args) {

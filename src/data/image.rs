@@ -249,8 +249,8 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
 
 /// A decoder that has read an image's header and not yet its pixels.
 enum Pixels<'a> {
-    /// zune-jpeg, strict.
-    Jpeg(zune_jpeg::JpegDecoder<ZCursor<&'a [u8]>>),
+    /// zune-jpeg, strict (boxed: its state is large).
+    Jpeg(Box<zune_jpeg::JpegDecoder<ZCursor<&'a [u8]>>>),
     /// The `image` crate's PNG or BMP decoder.
     Other(Box<dyn ImageDecoder + 'a>),
 }
@@ -370,7 +370,7 @@ fn probe_jpeg<'a>(bytes: &'a [u8], path: &Path) -> Result<(ImageHeader, Pixels<'
         channels: out.num_components(),
         sample_bytes: 1,
     };
-    Ok((header, Pixels::Jpeg(decoder)))
+    Ok((header, Pixels::Jpeg(Box::new(decoder))))
 }
 
 impl Probe<'_> {

@@ -278,13 +278,16 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
     Ok(summarise(opts, results, memory, seconds))
 }
 
+/// An image file and its class folder's name, as `image_files` lists them.
+type ImageEntry = (PathBuf, Option<String>);
+
 /// The images of one batch that read, with their entries; with
 /// `skip_bad_images`, one that cannot be read ([`Error::Image`]) is left
 /// out with a warning on stderr, else it ends the run.
 fn read_chunk(
-    chunk: &[(PathBuf, Option<String>)],
+    chunk: &[ImageEntry],
     opts: &AdversarialOptions,
-) -> Result<(Vec<(PathBuf, Option<String>)>, Vec<Tensor>)> {
+) -> Result<(Vec<ImageEntry>, Vec<Tensor>)> {
     let (mut kept, mut images) = (Vec::new(), Vec::new());
     for entry in chunk {
         match read_square(&entry.0, opts.size) {
