@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::dataset::Dataset;
-use super::image::{read_image_as, ColorMode};
+use super::image::{read_image_as, read_image_with, ColorMode};
 use super::random::SampleRng;
 use super::transforms::Transform;
 use crate::{Error, Result, Tensor};
@@ -197,10 +197,10 @@ impl Dataset for ImageFolder {
             index: index as i64,
             size: self.samples.len(),
         })?;
-        let image = read_image_as(path, self.mode)?;
+        // With a transform, its memory is checked from the header first.
         let image = match &self.transform {
-            Some(t) => t.apply(&image, rng)?,
-            None => image,
+            Some(t) => read_image_with(path, self.mode, t.as_ref(), rng)?,
+            None => read_image_as(path, self.mode)?,
         };
         Ok((image, *class))
     }

@@ -1,14 +1,44 @@
-//! Image files ⇄ tensors: PNG, JPEG and BMP decoded by the `image` crate
-//! into `[C, H, W]` f32 tensors in [0, 1] (torchvision's `to_tensor`), and
-//! tensors written as 8- or 16-bit PNG with torchvision's `save_image`
-//! rounding.
+//! Image files ⇄ tensors: PNG, JPEG and BMP decoded into `[C, H, W]` f32
+//! tensors in [0, 1] (torchvision's `to_tensor`), and tensors written as
+//! 8- or 16-bit PNG with torchvision's `save_image` rounding.
+//!
+//! Reading never trusts a file: its header (width, height, channels) is
+//! read first and the bytes of the decoded pixels, of the tensor and of
+//! every step of a [`Transform`] pipeline are computed from it before any
+//! pixel is decoded, so a small file that claims a huge image (or a resize
+//! that would make one) is refused with [`Error::Image`] naming the file
+//! and the sizes, not an allocation the machine cannot give. Every buffer
+//! is taken from [`crate::memory::host`], so what does not fit is
+//! [`Error::OutOfMemory`], never an abort. PNG and BMP are decoded by the
+//! `image` crate under [`image::Limits`]; JPEG by zune-jpeg in strict mode
+//! (corrupt scan data is an error), after a walk of its markers that
+//! requires the end-of-image marker after the last scan (zune-jpeg fills a
+//! truncated last row with grey even in strict mode; PIL says "image file
+//! is truncated").
 
+use std::io::{Cursor, Read};
 use std::path::{Path, PathBuf};
 
-use image::{DynamicImage, ImageBuffer, ImageFormat, ImageReader, Luma, Rgb, Rgba};
+use image::{
+    ColorType, DynamicImage, ImageBuffer, ImageDecoder, ImageFormat, ImageReader, Limits, Luma,
+    Rgb, Rgba,
+};
+use zune_core::bytestream::ZCursor;
+use zune_core::colorspace::ColorSpace;
+use zune_core::options::DecoderOptions;
 
 use super::pad::make_grid;
+use super::plan::f32_bytes;
+use super::random::SampleRng;
+use super::transforms::Transform;
+use crate::memory::host::{checked_count, host_available_bytes, try_collect, try_vec, try_zeroed};
+use crate::memory::human_bytes;
 use crate::{DType, Device, Error, Result, Tensor};
+
+/// The most pixels an image may have: PIL's limit (`2 ×
+/// Image.MAX_IMAGE_PIXELS`, where it raises `DecompressionBombError`).
+/// Larger headers are refused before decoding.
+pub const MAX_IMAGE_PIXELS: u64 = 2 * 89_478_485;
 
 /// Which channels an image is read with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -34,6 +64,44 @@ pub enum PngDepth {
     Sixteen,
 }
 
+/// What an image file's header says, read without decoding its pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageHeader {
+    /// Width in pixels.
+    pub width: usize,
+    /// Height in pixels.
+    pub height: usize,
+    /// The channels the decoded pixels have: 1 (gray), 2 (gray + alpha),
+    /// 3 (RGB) or 4 (RGBA).
+    pub channels: usize,
+    /// Bytes per sample: 1, or 2 for 16-bit files.
+    pub sample_bytes: usize,
+}
+
+impl ImageHeader {
+    /// The `[C, H, W]` shape of the tensor the image is read as with `mode`.
+    pub fn tensor_shape(&self, mode: ColorMode) -> [usize; 3] {
+        let c = match mode {
+            ColorMode::Rgb => 3,
+            ColorMode::Rgba => 4,
+            ColorMode::Unchanged => self.channels,
+        };
+        [c, self.height, self.width]
+    }
+
+    /// The most host bytes reading the image with `mode` holds at once:
+    /// the decoded pixels and the f32 tensor (saturating: a size past
+    /// `usize` is `usize::MAX`, which nothing can hold).
+    pub fn read_bytes(&self, mode: ColorMode) -> usize {
+        let pixels = self.width.saturating_mul(self.height);
+        let raw = pixels
+            .saturating_mul(self.channels)
+            .saturating_mul(self.sample_bytes);
+        let [c, ..] = self.tensor_shape(mode);
+        raw.saturating_add(pixels.saturating_mul(c).saturating_mul(4))
+    }
+}
+
 fn image_error(path: &Path, reason: impl std::fmt::Display) -> Error {
     Error::Image {
         path: path.to_path_buf(),
@@ -43,8 +111,9 @@ fn image_error(path: &Path, reason: impl std::fmt::Display) -> Error {
 
 /// Reads an image file as an RGB `[3, H, W]` f32 tensor in [0, 1] on the CPU.
 /// The format is recognised from the contents (a PNG named `.jpg` still
-/// reads); a file that is not a PNG, JPEG or BMP image, or is damaged, is
-/// [`Error::Image`] naming the file.
+/// reads); a file that is not a PNG, JPEG or BMP image, is damaged or
+/// truncated, or whose pixels the host cannot hold is [`Error::Image`]
+/// naming the file.
 pub fn read_image(path: impl AsRef<Path>) -> Result<Tensor> {
     read_image_as(path, ColorMode::Rgb)
 }
@@ -53,32 +122,452 @@ pub fn read_image(path: impl AsRef<Path>) -> Result<Tensor> {
 /// 8-bit samples become `v / 255`, 16-bit ones `v / 65535`.
 pub fn read_image_as(path: impl AsRef<Path>, mode: ColorMode) -> Result<Tensor> {
     let path = path.as_ref();
-    let reader = ImageReader::open(path)
-        .and_then(ImageReader::with_guessed_format)
-        .map_err(|e| image_error(path, e))?;
-    if reader.format().is_none() {
-        return Err(image_error(
-            path,
-            "not a PNG, JPEG or BMP image (contents not recognised)",
-        ));
+    let bytes = read_file(path)?;
+    let probe = probe(&bytes, path)?;
+    admit(
+        path,
+        &probe.header,
+        mode,
+        probe.header.read_bytes(mode),
+        None,
+    )?;
+    probe.decode(mode)
+}
+
+/// Reads an image file with the channels of `mode` and applies
+/// `transform` (its random choices drawn from `rng`). Before any pixel is
+/// decoded, the bytes the pipeline will hold are computed from the header
+/// ([`Transform::plan`]) and compared with what the host can give: a
+/// pipeline that cannot fit (a 1×100000 image whose shorter side is
+/// resized to 224 is 224×22400000) is [`Error::Image`] naming the file and
+/// the sizes.
+pub fn read_image_with(
+    path: impl AsRef<Path>,
+    mode: ColorMode,
+    transform: &dyn Transform,
+    rng: &mut SampleRng,
+) -> Result<Tensor> {
+    let path = path.as_ref();
+    let bytes = read_file(path)?;
+    let probe = probe(&bytes, path)?;
+    let header = probe.header;
+    let shape = header.tensor_shape(mode);
+    match transform.plan(&shape)? {
+        // The decoded image stays alive while the pipeline runs.
+        Some(plan) => {
+            let pipeline = f32_bytes(&shape).saturating_add(plan.bytes);
+            let most = header.read_bytes(mode).max(pipeline);
+            admit(path, &header, mode, most, Some(&plan.shape))?;
+        }
+        None => admit(path, &header, mode, header.read_bytes(mode), None)?,
     }
-    let decoded = reader.decode().map_err(|e| image_error(path, e))?;
-    decoded_to_tensor(&decoded, mode)
+    let image = probe.decode(mode)?;
+    drop(bytes);
+    transform.apply(&image, rng)
+}
+
+/// The header of an image file (its size and channels), read without
+/// decoding the pixels: what [`read_image_with`] checks before decoding.
+/// A file that is not a PNG, JPEG or BMP image, or whose header is
+/// damaged or says more than [`MAX_IMAGE_PIXELS`], is [`Error::Image`].
+pub fn read_image_header(path: impl AsRef<Path>) -> Result<ImageHeader> {
+    let path = path.as_ref();
+    let bytes = read_file(path)?;
+    let header = probe(&bytes, path)?.header;
+    Ok(header)
 }
 
 /// Decodes an image held in memory (see [`read_image_as`]); errors name
 /// `<bytes>` as the file.
 pub fn decode_image(bytes: &[u8], mode: ColorMode) -> Result<Tensor> {
     let path = PathBuf::from("<bytes>");
-    let decoded = image::load_from_memory(bytes).map_err(|e| image_error(&path, e))?;
-    decoded_to_tensor(&decoded, mode)
+    let probe = probe(bytes, &path)?;
+    admit(
+        &path,
+        &probe.header,
+        mode,
+        probe.header.read_bytes(mode),
+        None,
+    )?;
+    probe.decode(mode)
+}
+
+/// Refuses an image whose reading (and transforming) holds more than the
+/// host can give, naming the file and the sizes.
+fn admit(
+    path: &Path,
+    header: &ImageHeader,
+    mode: ColorMode,
+    bytes: usize,
+    transformed: Option<&[usize]>,
+) -> Result<()> {
+    let Some(available) = host_available_bytes() else {
+        return Ok(());
+    };
+    if bytes <= available {
+        return Ok(());
+    }
+    let [c, h, w] = header.tensor_shape(mode);
+    let what = match transformed {
+        Some(shape) => {
+            format!("reading this {h}×{w} image ({c} channels) and transforming it to {shape:?}")
+        }
+        None => format!("reading this {h}×{w} image ({c} channels)"),
+    };
+    let needed = if bytes == usize::MAX {
+        "more than the address space".to_string()
+    } else {
+        human_bytes(bytes)
+    };
+    Err(image_error(
+        path,
+        format!(
+            "{what} holds {needed} of host memory at once, but the host has {} available \
+             (MemAvailable + SwapFree, within any cgroup limit)",
+            human_bytes(available)
+        ),
+    ))
+}
+
+/// The whole file, in a buffer taken from the checked allocator. Only
+/// regular files are read (a FIFO or a device would block or never end).
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    let meta = std::fs::metadata(path).map_err(|e| image_error(path, e))?;
+    if !meta.is_file() {
+        return Err(image_error(path, "not a regular file"));
+    }
+    let len = usize::try_from(meta.len())
+        .map_err(|_| image_error(path, "the file does not fit in the address space"))?;
+    let file = std::fs::File::open(path).map_err(|e| image_error(path, e))?;
+    let mut bytes = try_vec::<u8>(len)?;
+    // At most the length the file had: one that grows is not read past it.
+    file.take(meta.len())
+        .read_to_end(&mut bytes)
+        .map_err(|e| image_error(path, e))?;
+    Ok(bytes)
+}
+
+/// A decoder that has read an image's header and not yet its pixels.
+enum Pixels<'a> {
+    /// zune-jpeg, strict (boxed: its state is large).
+    Jpeg(Box<zune_jpeg::JpegDecoder<ZCursor<&'a [u8]>>>),
+    /// The `image` crate's PNG or BMP decoder.
+    Other(Box<dyn ImageDecoder + 'a>),
+}
+
+/// An image whose header was read and checked (size, [`MAX_IMAGE_PIXELS`]).
+struct Probe<'a> {
+    header: ImageHeader,
+    pixels: Pixels<'a>,
+    bytes: &'a [u8],
+    path: &'a Path,
+}
+
+/// The header of the image in `bytes` (the whole file), and the decoder
+/// that will read its pixels.
+fn probe<'a>(bytes: &'a [u8], path: &'a Path) -> Result<Probe<'a>> {
+    let (header, pixels) = match image::guess_format(bytes) {
+        Ok(ImageFormat::Jpeg) => probe_jpeg(bytes, path)?,
+        Ok(format @ (ImageFormat::Png | ImageFormat::Bmp)) => probe_png_bmp(bytes, format, path)?,
+        _ => {
+            return Err(image_error(
+                path,
+                "not a PNG, JPEG or BMP image (contents not recognised)",
+            ))
+        }
+    };
+    let (w, h) = (header.width, header.height);
+    if w == 0 || h == 0 {
+        return Err(image_error(path, format!("the header says {w}×{h} pixels")));
+    }
+    let pixels_count = (w as u64).saturating_mul(h as u64);
+    if pixels_count > MAX_IMAGE_PIXELS {
+        return Err(image_error(
+            path,
+            format!(
+                "a {w}×{h} image ({pixels_count} pixels) is more than the {MAX_IMAGE_PIXELS} \
+                 pixels leangrad decodes (PIL's decompression-bomb limit)"
+            ),
+        ));
+    }
+    Ok(Probe {
+        header,
+        pixels,
+        bytes,
+        path,
+    })
+}
+
+/// The decoder limits: no side or allocation past what
+/// [`MAX_IMAGE_PIXELS`] of 16-bit RGBA needs, nor past what the host has.
+fn decoder_limits() -> Limits {
+    let most = MAX_IMAGE_PIXELS * 8;
+    let mut limits = Limits::default();
+    limits.max_image_width = Some(MAX_IMAGE_PIXELS as u32);
+    limits.max_image_height = Some(MAX_IMAGE_PIXELS as u32);
+    limits.max_alloc = Some(host_available_bytes().map_or(most, |a| (a as u64).min(most)));
+    limits
+}
+
+/// A PNG's or BMP's header, read by the `image` crate under [`decoder_limits`].
+fn probe_png_bmp<'a>(
+    bytes: &'a [u8],
+    format: ImageFormat,
+    path: &Path,
+) -> Result<(ImageHeader, Pixels<'a>)> {
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
+    reader.limits(decoder_limits());
+    let decoder = reader.into_decoder().map_err(|e| image_error(path, e))?;
+    let (w, h) = decoder.dimensions();
+    let (channels, sample_bytes) = match decoder.color_type() {
+        ColorType::L8 => (1, 1),
+        ColorType::La8 => (2, 1),
+        ColorType::Rgb8 => (3, 1),
+        ColorType::Rgba8 => (4, 1),
+        ColorType::L16 => (1, 2),
+        ColorType::La16 => (2, 2),
+        ColorType::Rgb16 => (3, 2),
+        ColorType::Rgba16 => (4, 2),
+        other => {
+            return Err(image_error(
+                path,
+                format!("pixels of type {other:?} are not supported"),
+            ))
+        }
+    };
+    let header = ImageHeader {
+        width: w as usize,
+        height: h as usize,
+        channels,
+        sample_bytes,
+    };
+    Ok((header, Pixels::Other(Box::new(decoder))))
+}
+
+/// A JPEG's header, read by zune-jpeg in strict mode.
+fn probe_jpeg<'a>(bytes: &'a [u8], path: &Path) -> Result<(ImageHeader, Pixels<'a>)> {
+    let options = DecoderOptions::default()
+        .set_strict_mode(true)
+        .set_max_width(u16::MAX as usize)
+        .set_max_height(u16::MAX as usize);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    decoder
+        .decode_headers()
+        .map_err(|e| image_error(path, format!("{e:?}")))?;
+    let (w, h) = decoder
+        .dimensions()
+        .ok_or_else(|| image_error(path, "no JPEG frame header"))?;
+    // As the `image` crate asks: gray, RGB and their alpha forms as they
+    // are, everything else (YCbCr, CMYK, …) converted to RGB.
+    let out = match decoder.input_colorspace() {
+        Some(c @ (ColorSpace::RGB | ColorSpace::RGBA | ColorSpace::Luma | ColorSpace::LumaA)) => c,
+        _ => ColorSpace::RGB,
+    };
+    decoder.set_options(decoder.options().jpeg_set_out_colorspace(out));
+    let header = ImageHeader {
+        width: w,
+        height: h,
+        channels: out.num_components(),
+        sample_bytes: 1,
+    };
+    Ok((header, Pixels::Jpeg(Box::new(decoder))))
+}
+
+impl Probe<'_> {
+    /// The pixels, decoded into a checked buffer, as a `[C, H, W]` tensor
+    /// with the channels of `mode`.
+    fn decode(self, mode: ColorMode) -> Result<Tensor> {
+        let (header, path) = (self.header, self.path);
+        let samples = checked_count(&[header.width, header.height, header.channels])?;
+        match self.pixels {
+            Pixels::Jpeg(mut decoder) => {
+                jpeg_structure(self.bytes).map_err(|reason| image_error(path, reason))?;
+                if decoder.output_buffer_size() != Some(samples) {
+                    return Err(image_error(
+                        path,
+                        "the decoder's size disagrees with the header",
+                    ));
+                }
+                let mut raw = try_zeroed::<u8>(samples)?;
+                decoder
+                    .decode_into(&mut raw)
+                    .map_err(|e| image_error(path, format!("{e:?}")))?;
+                planar(&raw, &header, mode, |v| v as f32 / 255.0)
+            }
+            Pixels::Other(decoder) => {
+                if decoder.total_bytes() != (samples * header.sample_bytes) as u64 {
+                    return Err(image_error(
+                        path,
+                        "the decoder's size disagrees with the header",
+                    ));
+                }
+                if header.sample_bytes == 1 {
+                    let mut raw = try_zeroed::<u8>(samples)?;
+                    decoder
+                        .read_image_boxed(&mut raw)
+                        .map_err(|e| image_error(path, e))?;
+                    planar(&raw, &header, mode, |v| v as f32 / 255.0)
+                } else {
+                    // Native-endian u16 samples, as `read_image` writes them.
+                    let mut raw = try_zeroed::<u16>(samples)?;
+                    decoder
+                        .read_image_boxed(bytemuck::cast_slice_mut(&mut raw))
+                        .map_err(|e| image_error(path, e))?;
+                    planar(&raw, &header, mode, |v| v as f32 / 65535.0)
+                }
+            }
+        }
+    }
+}
+
+/// Walks a JPEG's markers from the start-of-image to the end-of-image
+/// marker, over every segment and every scan's entropy-coded data; a file
+/// that ends before the end-of-image marker is truncated. (In scan data a
+/// 0xFF byte is followed by a stuffed 0x00 or a restart marker; anything
+/// else is the next marker.) The scans must also be long enough for the
+/// frame: every 8×8 block of the largest component costs at least one bit
+/// (its DC code, whatever the mode), so a frame that claims more rows than
+/// its scans hold (which zune-jpeg fills with grey even in strict mode)
+/// is refused.
+fn jpeg_structure(bytes: &[u8]) -> std::result::Result<(), String> {
+    let truncated = |at: usize| {
+        format!(
+            "the image file is truncated: it ends ({} bytes) before the JPEG's end-of-image marker (at byte {at})",
+            bytes.len()
+        )
+    };
+    if bytes.get(..2) != Some(&[0xFF, 0xD8]) {
+        return Err("no JPEG start-of-image marker".into());
+    }
+    let (mut i, mut frame, mut scan_bytes) = (2, None, 0usize);
+    loop {
+        // Extraneous bytes before a marker are skipped, as libjpeg does.
+        let Some(ff) = bytes[i..].iter().position(|&b| b == 0xFF) else {
+            return Err(truncated(bytes.len()));
+        };
+        i += ff;
+        while bytes.get(i) == Some(&0xFF) {
+            i += 1;
+        }
+        let Some(&code) = bytes.get(i) else {
+            return Err(truncated(i));
+        };
+        i += 1;
+        match code {
+            0xD9 => return scans_cover_frame(frame, scan_bytes),
+            // Markers without a length: restarts, TEM, a stray stuffing.
+            0xD0..=0xD7 | 0x01 | 0x00 => continue,
+            _ => {}
+        }
+        let Some(len) = bytes.get(i..i + 2) else {
+            return Err(truncated(i));
+        };
+        let len = u16::from_be_bytes([len[0], len[1]]) as usize;
+        if len < 2 {
+            return Err(format!("a JPEG segment at byte {i} has length {len}"));
+        }
+        // A frame header (SOF0–SOF15 but DHT, JPG and DAC): P, Y, X.
+        if matches!(code, 0xC0..=0xCF) && !matches!(code, 0xC4 | 0xC8 | 0xCC) {
+            if let Some(f) = bytes.get(i + 3..i + 7) {
+                let h = u16::from_be_bytes([f[0], f[1]]) as usize;
+                let w = u16::from_be_bytes([f[2], f[3]]) as usize;
+                frame = frame.or(Some((w, h)));
+            }
+        }
+        i += len;
+        if i > bytes.len() {
+            return Err(truncated(i));
+        }
+        if code == 0xDA {
+            let end = scan_end(bytes, i).ok_or_else(|| truncated(bytes.len()))?;
+            scan_bytes += end - i;
+            i = end;
+        }
+    }
+}
+
+/// Whether scans of `scan_bytes` entropy-coded bytes can hold a frame of
+/// `(width, height)`: at least one bit per 8×8 block.
+fn scans_cover_frame(
+    frame: Option<(usize, usize)>,
+    scan_bytes: usize,
+) -> std::result::Result<(), String> {
+    let Some((w, h)) = frame else {
+        return Err("no JPEG frame header".into());
+    };
+    let blocks = w.div_ceil(8) * h.div_ceil(8);
+    if scan_bytes.saturating_mul(8) < blocks {
+        return Err(format!(
+            "the JPEG's scan data ({scan_bytes} bytes) cannot hold the {blocks} blocks of a {w}×{h} image: \
+             the file is truncated or corrupt"
+        ));
+    }
+    Ok(())
+}
+
+/// Where the entropy-coded data starting at `i` ends: the 0xFF of the
+/// next marker other than a stuffed byte or a restart; `None` when the
+/// file ends first.
+fn scan_end(bytes: &[u8], mut i: usize) -> Option<usize> {
+    loop {
+        i += bytes.get(i..)?.iter().position(|&b| b == 0xFF)?;
+        match *bytes.get(i + 1)? {
+            0x00 | 0xD0..=0xD7 => i += 2,
+            0xFF => i += 1,
+            _ => return Some(i),
+        }
+    }
+}
+
+/// Interleaved samples (HWC, `header.channels` per pixel) to a planar
+/// `[C, H, W]` f32 tensor with the channels of `mode`: gray repeated into
+/// R, G and B, alpha dropped for RGB, an opaque alpha (1) added for RGBA.
+fn planar<T: Copy>(
+    hwc: &[T],
+    header: &ImageHeader,
+    mode: ColorMode,
+    to_unit: impl Fn(T) -> f32,
+) -> Result<Tensor> {
+    let src = header.channels;
+    let shape = header.tensor_shape(mode);
+    let plane = checked_count(&[header.height, header.width])?;
+    if hwc.len() != checked_count(&[plane, src])? {
+        return Err(Error::InvalidArgument {
+            op: "read_image",
+            msg: format!("{} samples for {plane} pixels of {src} channels", hwc.len()),
+        });
+    }
+    // The source channel of each output channel (`None`: opaque alpha).
+    let sources: Vec<Option<usize>> = match mode {
+        ColorMode::Unchanged => (0..src).map(Some).collect(),
+        ColorMode::Rgb | ColorMode::Rgba => {
+            let mut s: Vec<Option<usize>> =
+                (0..3).map(|c| Some(if src < 3 { 0 } else { c })).collect();
+            if mode == ColorMode::Rgba {
+                s.push(match src {
+                    2 => Some(1),
+                    4 => Some(3),
+                    _ => None,
+                });
+            }
+            s
+        }
+    };
+    let mut chw = try_vec::<f32>(checked_count(&[plane, shape[0]])?)?;
+    for source in sources {
+        match source {
+            Some(c) => chw.extend(hwc.iter().skip(c).step_by(src).map(|&v| to_unit(v))),
+            None => chw.extend(std::iter::repeat_n(1.0, plane)),
+        }
+    }
+    Tensor::from_vec(chw, &shape, Device::Cpu)
 }
 
 /// torchvision's `to_tensor` for 8-bit pixels: `hwc` holds `height × width
 /// × channels` samples, row by row, channels interleaved; the result is a
 /// `[channels, height, width]` f32 tensor of `v / 255` on the CPU.
 pub fn to_tensor(hwc: &[u8], height: usize, width: usize, channels: usize) -> Result<Tensor> {
-    if hwc.len() != height * width * channels {
+    if channels == 0 || Some(hwc.len()) != checked_count(&[height, width, channels]).ok() {
         return Err(Error::InvalidArgument {
             op: "to_tensor",
             msg: format!(
@@ -87,59 +576,13 @@ pub fn to_tensor(hwc: &[u8], height: usize, width: usize, channels: usize) -> Re
             ),
         });
     }
-    planar(hwc, height, width, channels, |v| v as f32 / 255.0)
-}
-
-/// Interleaved samples (HWC) to a planar `[C, H, W]` f32 tensor.
-fn planar<T: Copy>(
-    hwc: &[T],
-    height: usize,
-    width: usize,
-    channels: usize,
-    to_unit: impl Fn(T) -> f32,
-) -> Result<Tensor> {
-    let plane = height * width;
-    let mut chw = vec![0f32; channels * plane];
-    for (p, pixel) in hwc.chunks_exact(channels).enumerate() {
-        for (c, &v) in pixel.iter().enumerate() {
-            chw[c * plane + p] = to_unit(v);
-        }
-    }
-    Tensor::from_vec(chw, &[channels, height, width], Device::Cpu)
-}
-
-fn decoded_to_tensor(img: &DynamicImage, mode: ColorMode) -> Result<Tensor> {
-    let (w, h) = (img.width() as usize, img.height() as usize);
-    let sixteen = matches!(
-        img,
-        DynamicImage::ImageLuma16(_)
-            | DynamicImage::ImageLumaA16(_)
-            | DynamicImage::ImageRgb16(_)
-            | DynamicImage::ImageRgba16(_)
-    );
-    let channels = match mode {
-        ColorMode::Rgb => 3,
-        ColorMode::Rgba => 4,
-        ColorMode::Unchanged => img.color().channel_count() as usize,
+    let header = ImageHeader {
+        width,
+        height,
+        channels,
+        sample_bytes: 1,
     };
-    if sixteen {
-        let to_unit = |v: u16| v as f32 / 65535.0;
-        match channels {
-            1 => planar(img.to_luma16().as_raw(), h, w, 1, to_unit),
-            2 => planar(img.to_luma_alpha16().as_raw(), h, w, 2, to_unit),
-            3 => planar(img.to_rgb16().as_raw(), h, w, 3, to_unit),
-            _ => planar(img.to_rgba16().as_raw(), h, w, 4, to_unit),
-        }
-    } else {
-        // Float images (not produced by PNG/JPEG/BMP) land here too, as 8 bits.
-        let to_unit = |v: u8| v as f32 / 255.0;
-        match channels {
-            1 => planar(img.to_luma8().as_raw(), h, w, 1, to_unit),
-            2 => planar(img.to_luma_alpha8().as_raw(), h, w, 2, to_unit),
-            3 => planar(img.to_rgb8().as_raw(), h, w, 3, to_unit),
-            _ => planar(img.to_rgba8().as_raw(), h, w, 4, to_unit),
-        }
-    }
+    planar(hwc, &header, ColorMode::Unchanged, |v| v as f32 / 255.0)
 }
 
 /// The `[C, H, W]` shape of an image tensor to write: rank 3, or rank 4
@@ -201,20 +644,21 @@ pub fn write_png(tensor: &Tensor, path: impl AsRef<Path>, depth: PngDepth) -> Re
     let values = tensor.to_dtype(DType::F32)?.to_vec::<f32>()?;
     let plane = h * w;
     // Planar to interleaved, quantised as save_image does.
-    let interleave = |max: f32| -> Vec<f32> {
-        let mut out = vec![0f32; c * plane];
+    let interleave = |max: f32| -> Result<Vec<f32>> {
+        let mut out = try_zeroed::<f32>(checked_count(&[c, plane])?)?;
         for (ch, chunk) in values.chunks_exact(plane).enumerate() {
             for (p, &x) in chunk.iter().enumerate() {
                 out[p * c + ch] = (x * max + 0.5).clamp(0.0, max);
             }
         }
-        out
+        Ok(out)
     };
     let (wu, hu) = (w as u32, h as u32);
     let shape_error = || image_error(path, "pixel buffer does not match the image size");
     let image = match depth {
         PngDepth::Eight => {
-            let raw: Vec<u8> = interleave(255.0).into_iter().map(|v| v as u8).collect();
+            let values = interleave(255.0)?;
+            let raw: Vec<u8> = try_collect(values.len(), values.into_iter().map(|v| v as u8))?;
             match c {
                 1 => ImageBuffer::<Luma<u8>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),
                 3 => ImageBuffer::<Rgb<u8>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),
@@ -222,7 +666,8 @@ pub fn write_png(tensor: &Tensor, path: impl AsRef<Path>, depth: PngDepth) -> Re
             }
         }
         PngDepth::Sixteen => {
-            let raw: Vec<u16> = interleave(65535.0).into_iter().map(|v| v as u16).collect();
+            let values = interleave(65535.0)?;
+            let raw: Vec<u16> = try_collect(values.len(), values.into_iter().map(|v| v as u16))?;
             match c {
                 1 => ImageBuffer::<Luma<u16>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),
                 3 => ImageBuffer::<Rgb<u16>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),

@@ -18,6 +18,12 @@ use super::random::{permutation, SampleRng};
 use crate::memory::Ledger;
 use crate::{Device, Error, Result, Tensor};
 
+/// The most decoding threads a [`DataLoader`] starts: more is
+/// [`Error::InvalidArgument`] (at the first batch) rather than thousands of
+/// threads that each reserve a stack and decode nothing useful; image
+/// decoding stops gaining long before this on any machine.
+pub const MAX_WORKERS: usize = 64;
+
 /// One batch: `images` `[N, C, H, W]` and `labels` `[N]` (I64, what
 /// `cross_entropy` takes as targets) on the loader's device, and the
 /// dataset indices they came from.
@@ -110,7 +116,8 @@ impl<D: Dataset + 'static> DataLoader<D> {
     }
 
     /// The number of decoding threads; 0 decodes on the consumer's thread
-    /// when it asks for a batch.
+    /// when it asks for a batch. More than [`MAX_WORKERS`] is
+    /// [`Error::InvalidArgument`], yielded as the epoch's first item.
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = workers;
         self
@@ -172,7 +179,8 @@ impl<D: Dataset + 'static> DataLoader<D> {
     /// The batches of `epoch` (numbered from 0; it picks the shuffle and the
     /// random transforms). Workers start at once; dropping the iterator
     /// early stops and joins them. Batch memory is counted in the ledger
-    /// current on this thread.
+    /// current on this thread. Too many workers, or a thread the system
+    /// does not give, is an error as the first item (and the last).
     pub fn epoch(&self, epoch: u64) -> Epoch {
         let maker = Arc::new(BatchMaker {
             dataset: self.dataset.clone(),
@@ -206,7 +214,7 @@ impl BatchMaker {
     /// Batch `b` on the CPU, or `None` when every sample in it was skipped.
     fn make(&self, b: usize) -> Result<Option<Batch>> {
         let start = b * self.batch_size;
-        let end = (start + self.batch_size).min(self.order.len());
+        let end = start.saturating_add(self.batch_size).min(self.order.len());
         let (mut images, mut labels, mut indices) = (Vec::new(), Vec::new(), Vec::new());
         for &index in &self.order[start..end] {
             let mut rng = SampleRng::for_sample(self.seed, self.epoch, index as u64);
@@ -289,6 +297,8 @@ pub struct Epoch {
     total: usize,
     device: Device,
     threads: Vec<JoinHandle<()>>,
+    /// Why the epoch could not start (yielded once, then the end).
+    failed: Option<Error>,
 }
 
 impl Epoch {
@@ -308,18 +318,7 @@ impl Epoch {
             changed: Condvar::new(),
         });
         let (sender, receiver) = channel();
-        let ledger = Ledger::current();
-        let threads = (0..workers)
-            .map(|_| {
-                let (maker, shared, sender) = (maker.clone(), shared.clone(), sender.clone());
-                let ledger = ledger.clone();
-                std::thread::spawn(move || {
-                    let _counted_here = ledger.enter();
-                    work(&maker, &shared, &sender, total, prefetch)
-                })
-            })
-            .collect();
-        Epoch {
+        let mut epoch = Epoch {
             maker,
             shared,
             receiver: (workers > 0).then_some(receiver),
@@ -327,14 +326,67 @@ impl Epoch {
             next: 0,
             total,
             device,
-            threads,
+            threads: Vec::new(),
+            failed: None,
+        };
+        if workers > MAX_WORKERS {
+            epoch.fail(Error::InvalidArgument {
+                op: "DataLoader",
+                msg: format!("{workers} worker threads asked for; at most {MAX_WORKERS}"),
+            });
+            return epoch;
+        }
+        let ledger = Ledger::current();
+        for i in 0..workers {
+            let (maker, shared, sender) =
+                (epoch.maker.clone(), epoch.shared.clone(), sender.clone());
+            let ledger = ledger.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("leangrad-loader-{i}"))
+                .spawn(move || {
+                    let _counted_here = ledger.enter();
+                    work(&maker, &shared, &sender, total, prefetch)
+                });
+            match spawned {
+                Ok(handle) => epoch.threads.push(handle),
+                Err(e) => {
+                    epoch.fail(Error::InvalidArgument {
+                        op: "DataLoader",
+                        msg: format!("cannot start worker thread {i} of {workers}: {e}"),
+                    });
+                    break;
+                }
+            }
+        }
+        epoch
+    }
+
+    /// Stops the workers already started and makes `error` the epoch's
+    /// only remaining item.
+    fn fail(&mut self, error: Error) {
+        self.stop_workers();
+        self.failed = Some(error);
+    }
+
+    /// Tells the workers to stop after their batch and joins them.
+    fn stop_workers(&mut self) {
+        self.shared.lock().cancelled = true;
+        self.shared.changed.notify_all();
+        // Workers blocked on sending see the receiver gone.
+        self.receiver = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
         }
     }
 
     /// The number of batches not yet yielded (an upper bound when bad files
     /// are skipped).
     pub fn remaining(&self) -> usize {
-        self.total - self.next
+        if self.failed.is_some() {
+            1
+        } else {
+            self.total - self.next
+        }
     }
 
     /// Batch `b` as made by the workers (or here, without workers).
@@ -394,6 +446,10 @@ impl Iterator for Epoch {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Result<Batch>> {
+        if let Some(e) = self.failed.take() {
+            self.next = self.total;
+            return Some(Err(e));
+        }
         while self.next < self.total {
             let b = self.next;
             self.next += 1;
@@ -423,12 +479,6 @@ impl Iterator for Epoch {
 
 impl Drop for Epoch {
     fn drop(&mut self) {
-        self.shared.lock().cancelled = true;
-        self.shared.changed.notify_all();
-        // Workers blocked on sending see the receiver gone.
-        self.receiver = None;
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        self.stop_workers();
     }
 }

@@ -34,6 +34,7 @@ mod folder;
 mod image;
 mod loader;
 mod pad;
+mod plan;
 mod random;
 mod resize;
 mod transforms;
@@ -41,10 +42,12 @@ mod transforms;
 pub use dataset::Dataset;
 pub use folder::{has_image_extension, ImageFolder, IMG_EXTENSIONS};
 pub use image::{
-    decode_image, read_image, read_image_as, to_tensor, write_png, ColorMode, PngDepth,
+    decode_image, read_image, read_image_as, read_image_header, read_image_with, to_tensor,
+    write_png, ColorMode, ImageHeader, PngDepth, MAX_IMAGE_PIXELS,
 };
-pub use loader::{Batch, DataLoader, Epoch};
+pub use loader::{Batch, DataLoader, Epoch, MAX_WORKERS};
 pub use pad::{make_grid, pad, PaddingMode};
+pub use plan::StepPlan;
 pub use random::{permutation, SampleRng};
 pub use resize::resize;
 pub use transforms::{

@@ -2,6 +2,8 @@
 //! `make_grid` (a batch of images tiled into one, as `save_image` writes a
 //! batch).
 
+use super::plan::{f32_bytes, StepPlan};
+use crate::memory::host::{checked_count, try_collect, try_filled, try_vec};
 use crate::{DType, Error, Result, Tensor};
 
 /// How [`pad`] fills the border (torchvision's `padding_mode`).
@@ -93,12 +95,24 @@ pub fn pad(
             });
         }
     }
-    let (height, width) = (h + top + bottom, w + left + right);
-    let rows: Vec<Option<usize>> = (0..height).map(|o| mode.source(o, top, h)).collect();
-    let cols: Vec<Option<usize>> = (0..width).map(|o| mode.source(o, left, w)).collect();
-    let planes: usize = shape[..rank - 2].iter().product();
+    let too_large = || Error::InvalidArgument {
+        op: "pad",
+        msg: format!("borders [{left}, {top}, {right}, {bottom}] around a {h}×{w} image overflow"),
+    };
+    let height = [top, bottom]
+        .iter()
+        .try_fold(h, |n, &b| n.checked_add(b))
+        .ok_or_else(too_large)?;
+    let width = [left, right]
+        .iter()
+        .try_fold(w, |n, &b| n.checked_add(b))
+        .ok_or_else(too_large)?;
+    let planes = checked_count(&shape[..rank - 2])?;
+    let mut out = try_vec(checked_count(&[planes, height, width])?)?;
+    let rows: Vec<Option<usize>> =
+        try_collect(height, (0..height).map(|o| mode.source(o, top, h)))?;
+    let cols: Vec<Option<usize>> = try_collect(width, (0..width).map(|o| mode.source(o, left, w)))?;
     let src = image.to_dtype(DType::F32)?.to_vec::<f32>()?;
-    let mut out = Vec::with_capacity(planes * height * width);
     for p in 0..planes {
         let plane = &src[p * h * w..][..h * w];
         for row in &rows {
@@ -112,6 +126,27 @@ pub fn pad(
     padded[rank - 2] = height;
     padded[rank - 1] = width;
     Tensor::from_vec(out, &padded, image.device())?.to_dtype(image.dtype())
+}
+
+/// What [`pad`] makes of an f32 image of `shape` (rank 3 or 4) and the
+/// most host bytes it holds at once: the input, its copy, the row and
+/// column maps and the padded image (saturating).
+pub(crate) fn pad_plan(shape: &[usize], [left, top, right, bottom]: [usize; 4]) -> StepPlan {
+    let rank = shape.len();
+    let height = shape[rank - 2].saturating_add(top).saturating_add(bottom);
+    let width = shape[rank - 1].saturating_add(left).saturating_add(right);
+    let mut padded = shape.to_vec();
+    padded[rank - 2] = height;
+    padded[rank - 1] = width;
+    let maps = height.saturating_add(width).saturating_mul(16);
+    let bytes = f32_bytes(shape)
+        .saturating_mul(2)
+        .saturating_add(maps)
+        .saturating_add(f32_bytes(&padded));
+    StepPlan {
+        shape: padded,
+        bytes,
+    }
 }
 
 /// The images of `batch` (`[N, C, H, W]`) tiled `nrow` to a row with
@@ -147,10 +182,20 @@ pub fn make_grid(batch: &Tensor, nrow: usize, padding: usize, pad_value: f32) ->
         return batch.squeeze(0);
     }
     let (columns, rows) = (nrow.min(n), n.div_ceil(nrow.min(n)));
-    let (cell_h, cell_w) = (h + padding, w + padding);
-    let (height, width) = (cell_h * rows + padding, cell_w * columns + padding);
+    // cell · count + padding, checked: `padding` is an argument.
+    let side = |size: usize, count: usize| {
+        size.checked_add(padding)
+            .and_then(|cell| cell.checked_mul(count))
+            .and_then(|s| s.checked_add(padding))
+            .map(|s| (size + padding, s))
+    };
+    let (Some((cell_h, height)), Some((cell_w, width))) = (side(h, rows), side(w, columns)) else {
+        return bad(format!(
+            "a grid of {rows}×{columns} images of {h}×{w} with padding {padding} overflows"
+        ));
+    };
+    let mut out = try_filled(checked_count(&[c, height, width])?, pad_value)?;
     let src = batch.to_dtype(DType::F32)?.to_vec::<f32>()?;
-    let mut out = vec![pad_value; c * height * width];
     for k in 0..n {
         let (top, left) = (
             (k / columns) * cell_h + padding,

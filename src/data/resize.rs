@@ -13,6 +13,8 @@
 //! so the edges renormalise rather than clamp. The arithmetic follows the
 //! reference's f32/f64 mix step by step so that results agree to rounding.
 
+use super::plan::f32_bytes;
+use crate::memory::host::{checked_count, try_for_overwrite, try_vec, try_zeroed};
 use crate::{DType, Error, Result, Tensor};
 
 /// The filter taps of one axis: for output `i`, inputs `first[i] ..` with
@@ -33,7 +35,23 @@ fn triangle(x: f32) -> f32 {
     }
 }
 
-fn axis_taps(in_size: usize, out_size: usize) -> AxisTaps {
+/// Taps per output of an axis of `in_size` resized to `out_size`: the
+/// stretched triangle's support on both sides and the centre.
+fn taps_per_output(in_size: usize, out_size: usize) -> usize {
+    let scale = in_size as f32 / out_size as f32;
+    let support = if scale >= 1.0 { scale } else { 1.0 };
+    (support.ceil() as usize)
+        .saturating_mul(2)
+        .saturating_add(1)
+}
+
+/// Bytes of an axis's taps (saturating).
+fn taps_bytes(in_size: usize, out_size: usize) -> usize {
+    let per_output = taps_per_output(in_size, out_size).saturating_mul(4);
+    out_size.saturating_mul(per_output.saturating_add(16))
+}
+
+fn axis_taps(in_size: usize, out_size: usize) -> Result<AxisTaps> {
     let scale = in_size as f32 / out_size as f32;
     // The triangle's radius is 1 input sample, stretched when shrinking.
     let support = if scale >= 1.0 { scale } else { 1.0 };
@@ -42,10 +60,10 @@ fn axis_taps(in_size: usize, out_size: usize) -> AxisTaps {
     } else {
         1.0
     };
-    let taps = support.ceil() as usize * 2 + 1;
-    let mut first = Vec::with_capacity(out_size);
-    let mut count = Vec::with_capacity(out_size);
-    let mut weights = vec![0f32; out_size * taps];
+    let taps = taps_per_output(in_size, out_size);
+    let mut first = try_vec(out_size)?;
+    let mut count = try_vec(out_size)?;
+    let mut weights = try_zeroed::<f32>(checked_count(&[out_size, taps])?)?;
     for i in 0..out_size {
         let center = (scale as f64 * (i as f64 + 0.5)) as f32;
         // Truncation toward zero, then clipped to the axis.
@@ -65,12 +83,12 @@ fn axis_taps(in_size: usize, out_size: usize) -> AxisTaps {
         first.push(lo as usize);
         count.push(n);
     }
-    AxisTaps {
+    Ok(AxisTaps {
         first,
         count,
         weights,
         taps,
-    }
+    })
 }
 
 /// Resamples `planes` planes of `rows × in_len` samples along the contiguous
@@ -83,9 +101,10 @@ fn resample(
     out_len: usize,
     lines: usize,
     along_rows: bool,
-) -> Vec<f32> {
-    let taps = axis_taps(in_len, out_len);
-    let mut dst = vec![0f32; planes * lines * out_len];
+) -> Result<Vec<f32>> {
+    let taps = axis_taps(in_len, out_len)?;
+    // Every output sample is written below.
+    let mut dst = try_for_overwrite::<f32>(checked_count(&[planes, lines, out_len])?)?;
     for p in 0..planes {
         let s = &src[p * lines * in_len..(p + 1) * lines * in_len];
         let d = &mut dst[p * lines * out_len..(p + 1) * lines * out_len];
@@ -111,24 +130,41 @@ fn resample(
             }
         }
     }
-    dst
+    Ok(dst)
 }
 
 /// `planes` planes of `h × w` f32 samples resized to `out_h × out_w`.
 pub(crate) fn resize_planes(
-    src: &[f32],
+    src: Vec<f32>,
     planes: usize,
     (h, w): (usize, usize),
     (out_h, out_w): (usize, usize),
-) -> Vec<f32> {
-    let mut data = src.to_vec();
+) -> Result<Vec<f32>> {
+    let mut data = src;
     if out_w != w {
-        data = resample(&data, planes, w, out_w, h, false);
+        data = resample(&data, planes, w, out_w, h, false)?;
     }
     if out_h != h {
-        data = resample(&data, planes, h, out_h, out_w, true);
+        data = resample(&data, planes, h, out_h, out_w, true)?;
     }
-    data
+    Ok(data)
+}
+
+/// The most host bytes [`resize`] holds at once for an f32 image of
+/// `shape` resized to `height × width`: the input, its copy, the
+/// width pass, the height pass and the taps (saturating).
+pub(crate) fn resize_plan(shape: &[usize], height: usize, width: usize) -> usize {
+    let rank = shape.len();
+    let (h, w) = (shape[rank - 2], shape[rank - 1]);
+    let planes = &shape[..rank - 2];
+    let wide = f32_bytes(&[planes, &[h, width]].concat());
+    let out = f32_bytes(&[planes, &[height, width]].concat());
+    f32_bytes(shape)
+        .saturating_mul(2)
+        .saturating_add(wide)
+        .saturating_add(out)
+        .saturating_add(taps_bytes(w, width))
+        .saturating_add(taps_bytes(h, height))
 }
 
 /// Resizes the last two axes of a `[C, H, W]` or `[N, C, H, W]` f32 tensor
@@ -157,9 +193,11 @@ pub fn resize(image: &Tensor, height: usize, width: usize) -> Result<Tensor> {
             msg: format!("cannot resize {h}×{w} to {height}×{width}"),
         });
     }
-    let planes = shape[..shape.len() - 2].iter().product();
+    let planes = checked_count(&shape[..shape.len() - 2])?;
+    // Output sizes from an argument are checked before anything is read.
+    checked_count(&[planes, height, width, 4])?;
     let src = image.to_vec::<f32>()?;
-    let out = resize_planes(&src, planes, (h, w), (height, width));
+    let out = resize_planes(src, planes, (h, w), (height, width))?;
     let mut out_shape = shape;
     let rank = out_shape.len();
     out_shape[rank - 2] = height;
@@ -176,7 +214,7 @@ mod tests {
         // Shrinking by 2 stretches the triangle to radius 2 around centres
         // 1.0 and 3.0: inputs 0, 1, 2 weigh 0.75, 0.75, 0.25 for the first
         // output (input 3 is outside the support), renormalised by 1.75.
-        let out = resize_planes(&[0.0, 8.0, 16.0, 24.0], 1, (1, 4), (1, 2));
+        let out = resize_planes(vec![0.0, 8.0, 16.0, 24.0], 1, (1, 4), (1, 2)).unwrap();
         let left = (0.0 * 0.75 + 8.0 * 0.75 + 16.0 * 0.25) / 1.75;
         let right = (8.0 * 0.25 + 16.0 * 0.75 + 24.0 * 0.75) / 1.75;
         assert!((out[0] - left).abs() < 1e-5, "{out:?}");
@@ -186,6 +224,6 @@ mod tests {
     #[test]
     fn same_size_is_identity() {
         let src: Vec<f32> = (0..12).map(|v| v as f32).collect();
-        assert_eq!(resize_planes(&src, 1, (3, 4), (3, 4)), src);
+        assert_eq!(resize_planes(src.clone(), 1, (3, 4), (3, 4)).unwrap(), src);
     }
 }

@@ -3,9 +3,11 @@
 //! draw from the [`SampleRng`] they are handed, so a loader's seed decides
 //! every crop and flip.
 
-use super::pad::{pad, PaddingMode};
+use super::pad::{pad, pad_plan, PaddingMode};
+use super::plan::{f32_bytes, StepPlan};
 use super::random::SampleRng;
-use super::resize::resize;
+use super::resize::{resize, resize_plan};
+use crate::memory::host::{checked_count, try_collect, try_zeroed};
 use crate::{DType, Error, Result, Tensor};
 
 /// ImageNet's per-channel mean (R, G, B), as torchvision's pretrained models
@@ -19,6 +21,17 @@ pub const IMAGENET_STD: [f64; 3] = [0.229, 0.224, 0.225];
 pub trait Transform: Send + Sync {
     /// Applies the step to `image`.
     fn apply(&self, image: &Tensor, rng: &mut SampleRng) -> Result<Tensor>;
+
+    /// The output shape and the most host bytes `apply` holds for an f32
+    /// image of shape `input`, computed from the shape alone, so that a
+    /// pipeline too large for the host is refused before a file is decoded
+    /// ([`super::read_image_with`]). `None` (the default, for transforms
+    /// that cannot say): only the decoding is checked beforehand, and the
+    /// step's own allocations fail as [`Error::OutOfMemory`].
+    fn plan(&self, input: &[usize]) -> Result<Option<StepPlan>> {
+        let _ = input;
+        Ok(None)
+    }
 
     /// Applies the step outside a loader, any random choice drawn from
     /// seed 0.
@@ -63,6 +76,41 @@ impl Transform for Compose {
             x = step.apply(&x, rng)?;
         }
         Ok(x)
+    }
+
+    /// Each step's plan in turn (`None` when any step cannot say); the
+    /// bytes are the largest of the steps'.
+    fn plan(&self, input: &[usize]) -> Result<Option<StepPlan>> {
+        let mut shape = input.to_vec();
+        let mut bytes = f32_bytes(input);
+        for step in &self.steps {
+            let Some(p) = step.plan(&shape)? else {
+                return Ok(None);
+            };
+            bytes = bytes.max(p.bytes);
+            shape = p.shape;
+        }
+        Ok(Some(StepPlan { shape, bytes }))
+    }
+}
+
+/// `shape` with its last two axes set to `h × w`.
+fn with_hw(shape: &[usize], h: usize, w: usize) -> Vec<usize> {
+    let mut out = shape.to_vec();
+    let rank = out.len();
+    out[rank - 2] = h;
+    out[rank - 1] = w;
+    out
+}
+
+/// The (height, width) of the last two axes of an image shape.
+fn shape_hw(op: &'static str, shape: &[usize]) -> Result<(usize, usize)> {
+    match shape {
+        [.., h, w] if (3..=4).contains(&shape.len()) => Ok((*h, *w)),
+        _ => Err(Error::InvalidArgument {
+            op,
+            msg: format!("expected a [C, H, W] or [N, C, H, W] image, got shape {shape:?}"),
+        }),
     }
 }
 
@@ -128,6 +176,15 @@ impl Transform for Resize {
         let (oh, ow) = self.0.output_size(h, w);
         resize(image, oh, ow)
     }
+
+    fn plan(&self, input: &[usize]) -> Result<Option<StepPlan>> {
+        let (h, w) = shape_hw("Resize", input)?;
+        let (oh, ow) = self.0.output_size(h, w);
+        Ok(Some(StepPlan {
+            shape: with_hw(input, oh, ow),
+            bytes: resize_plan(input, oh, ow),
+        }))
+    }
 }
 
 /// The `height × width` window at (`top`, `left`) of an image, as a view
@@ -140,7 +197,9 @@ pub fn crop(
     width: usize,
 ) -> Result<Tensor> {
     let (h, w) = image_hw("crop", image)?;
-    if top + height > h || left + width > w {
+    let inside =
+        |start: usize, len: usize, size: usize| start.checked_add(len).is_some_and(|e| e <= size);
+    if !inside(top, height, h) || !inside(left, width, w) {
         return Err(Error::InvalidArgument {
             op: "crop",
             msg: format!("a {height}×{width} window at ({top}, {left}) is outside a {h}×{w} image"),
@@ -173,9 +232,9 @@ fn pad_zeros(
     width: usize,
 ) -> Result<Tensor> {
     let (h, w) = image_hw("center_crop", image)?;
-    let planes: usize = image.shape()[..image.rank() - 2].iter().product();
+    let planes = checked_count(&image.shape()[..image.rank() - 2])?;
     let src = image.to_dtype(DType::F32)?.to_vec::<f32>()?;
-    let mut out = vec![0f32; planes * height * width];
+    let mut out = try_zeroed::<f32>(checked_count(&[planes, height, width])?)?;
     for p in 0..planes {
         for y in 0..h {
             let from = &src[(p * h + y) * w..][..w];
@@ -211,6 +270,21 @@ impl CenterCrop {
 impl Transform for CenterCrop {
     fn apply(&self, image: &Tensor, _: &mut SampleRng) -> Result<Tensor> {
         center_crop(image, self.height, self.width)
+    }
+
+    fn plan(&self, input: &[usize]) -> Result<Option<StepPlan>> {
+        let (h, w) = shape_hw("CenterCrop", input)?;
+        let shape = with_hw(input, self.height, self.width);
+        // A window larger than the image pads it: a copy and the padded one.
+        let padded = with_hw(input, self.height.max(h), self.width.max(w));
+        let bytes = if self.height > h || self.width > w {
+            f32_bytes(input)
+                .saturating_mul(2)
+                .saturating_add(f32_bytes(&padded))
+        } else {
+            f32_bytes(input)
+        };
+        Ok(Some(StepPlan { shape, bytes }))
     }
 }
 
@@ -284,6 +358,33 @@ impl Transform for RandomCrop {
         let left = rng.below(w - self.width + 1);
         crop(&image, top, left, self.height, self.width)
     }
+
+    /// The paddings in turn (the window itself is a view).
+    fn plan(&self, input: &[usize]) -> Result<Option<StepPlan>> {
+        let (mut shape, mut bytes) = (input.to_vec(), f32_bytes(input));
+        let mut add = |borders: [usize; 4], shape: &mut Vec<usize>| {
+            let p = pad_plan(shape, borders);
+            bytes = bytes.max(p.bytes);
+            *shape = p.shape;
+        };
+        if let Some(borders) = self.padding {
+            add(borders, &mut shape);
+        }
+        let (_, w) = shape_hw("RandomCrop", &shape)?;
+        if self.pad_if_needed && w < self.width {
+            let d = self.width - w;
+            add([d, 0, d, 0], &mut shape);
+        }
+        let (h, _) = shape_hw("RandomCrop", &shape)?;
+        if self.pad_if_needed && h < self.height {
+            let d = self.height - h;
+            add([0, d, 0, d], &mut shape);
+        }
+        Ok(Some(StepPlan {
+            shape: with_hw(&shape, self.height, self.width),
+            bytes,
+        }))
+    }
 }
 
 /// A random window of random area and aspect ratio, resized to `height ×
@@ -353,12 +454,21 @@ impl Transform for RandomResizedCrop {
         let window = crop(image, top, left, ch, cw)?;
         resize(&window, self.height, self.width)
     }
+
+    /// At most the resize of the whole image (the window is within it).
+    fn plan(&self, input: &[usize]) -> Result<Option<StepPlan>> {
+        shape_hw("RandomResizedCrop", input)?;
+        Ok(Some(StepPlan {
+            shape: with_hw(input, self.height, self.width),
+            bytes: resize_plan(input, self.height, self.width),
+        }))
+    }
 }
 
 /// The image mirrored left to right (a copy; differentiable; any device).
 pub fn hflip(image: &Tensor) -> Result<Tensor> {
     let (_, w) = image_hw("hflip", image)?;
-    let reversed: Vec<i64> = (0..w as i64).rev().collect();
+    let reversed: Vec<i64> = try_collect(w, (0..w as i64).rev())?;
     let index = Tensor::from_vec(reversed, &[w], crate::Device::Cpu)?.to_device(image.device())?;
     image.index_select(-1, &index)
 }
@@ -386,6 +496,26 @@ impl Transform for RandomHorizontalFlip {
             Ok(image.clone())
         }
     }
+
+    /// The input, the flipped copy and its index.
+    fn plan(&self, input: &[usize]) -> Result<Option<StepPlan>> {
+        let (_, w) = shape_hw("RandomHorizontalFlip", input)?;
+        Ok(Some(StepPlan {
+            shape: input.to_vec(),
+            bytes: f32_bytes(input)
+                .saturating_mul(2)
+                .saturating_add(w.saturating_mul(8)),
+        }))
+    }
+}
+
+/// The plan of an elementwise step of two ops (normalisation): the input,
+/// the first op's output and the second's.
+fn two_op_plan(input: &[usize]) -> Option<StepPlan> {
+    Some(StepPlan {
+        shape: input.to_vec(),
+        bytes: f32_bytes(input).saturating_mul(3),
+    })
 }
 
 /// `[C, 1, 1]` channel statistics in the image's dtype, on its device.
@@ -458,6 +588,10 @@ impl Transform for Normalize {
     fn apply(&self, image: &Tensor, _: &mut SampleRng) -> Result<Tensor> {
         normalize(image, &self.mean, &self.std)
     }
+
+    fn plan(&self, input: &[usize]) -> Result<Option<StepPlan>> {
+        Ok(two_op_plan(input))
+    }
 }
 
 /// The inverse of [`Normalize`] (see [`denormalize`]).
@@ -472,5 +606,9 @@ pub struct Denormalize {
 impl Transform for Denormalize {
     fn apply(&self, image: &Tensor, _: &mut SampleRng) -> Result<Tensor> {
         denormalize(image, &self.mean, &self.std)
+    }
+
+    fn plan(&self, input: &[usize]) -> Result<Option<StepPlan>> {
+        Ok(two_op_plan(input))
     }
 }

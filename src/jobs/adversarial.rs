@@ -88,6 +88,9 @@ pub struct AdversarialOptions {
     pub device: Device,
     /// Seed of PGD's random start.
     pub seed: u64,
+    /// Leave out images that cannot be read (one warning per file) instead
+    /// of stopping at the first with [`Error::Image`] naming it.
+    pub skip_bad_images: bool,
     /// No progress bar.
     pub quiet: bool,
 }
@@ -111,6 +114,7 @@ impl AdversarialOptions {
             classes: 1000,
             device: Device::Cpu,
             seed: 0,
+            skip_bad_images: false,
             quiet: true,
         }
     }
@@ -211,10 +215,10 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
     );
     let mut results = Vec::new();
     for (b, chunk) in batches.iter().enumerate() {
-        let images = chunk
-            .iter()
-            .map(|(p, _)| read_square(p, opts.size))
-            .collect::<Result<Vec<_>>>()?;
+        let (chunk, images) = read_chunk(chunk, opts)?;
+        if images.is_empty() {
+            continue;
+        }
         let x = Tensor::stack(&images.iter().collect::<Vec<_>>(), 0)?.to_device(opts.device)?;
         let labels: Vec<Option<usize>> = chunk
             .iter()
@@ -272,6 +276,35 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
         ..memory
     };
     Ok(summarise(opts, results, memory, seconds))
+}
+
+/// An image file and its class folder's name, as `image_files` lists them.
+type ImageEntry = (PathBuf, Option<String>);
+
+/// The images of one batch that read, with their entries; with
+/// `skip_bad_images`, one that cannot be read ([`Error::Image`]) is left
+/// out with a warning on stderr, else it ends the run.
+fn read_chunk(
+    chunk: &[ImageEntry],
+    opts: &AdversarialOptions,
+) -> Result<(Vec<ImageEntry>, Vec<Tensor>)> {
+    let (mut kept, mut images) = (Vec::new(), Vec::new());
+    for entry in chunk {
+        match read_square(&entry.0, opts.size) {
+            Ok(image) => {
+                kept.push(entry.clone());
+                images.push(image);
+            }
+            Err(Error::Image { path, reason }) if opts.skip_bad_images => {
+                eprintln!(
+                    "warning: skipping unreadable image {}: {reason}",
+                    path.display()
+                );
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((kept, images))
 }
 
 fn check(opts: &AdversarialOptions) -> Result<()> {

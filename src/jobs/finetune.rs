@@ -72,6 +72,9 @@ pub struct FinetuneOptions {
     pub seed: u64,
     /// Threads decoding images ahead of the training step.
     pub workers: usize,
+    /// Leave out images that cannot be read (one warning per file) instead
+    /// of stopping at the first with [`Error::Image`] naming it.
+    pub skip_bad_images: bool,
     /// No progress bar.
     pub quiet: bool,
 }
@@ -99,6 +102,7 @@ impl FinetuneOptions {
             device: Device::Cpu,
             seed: 0,
             workers: 2,
+            skip_bad_images: false,
             quiet: true,
         }
     }
@@ -154,6 +158,16 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
         return Err(Error::InvalidArgument {
             op: "finetune",
             msg: "batch, size and epochs must be at least 1".into(),
+        });
+    }
+    if opts.workers > crate::data::MAX_WORKERS {
+        return Err(Error::InvalidArgument {
+            op: "finetune",
+            msg: format!(
+                "{} workers asked for; at most {}",
+                opts.workers,
+                crate::data::MAX_WORKERS
+            ),
         });
     }
     if !(opts.lr.is_finite() && opts.lr > 0.0) {
@@ -228,10 +242,15 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
             .shuffle(true)
             .seed(opts.seed)
             .workers(opts.workers)
+            .skip_bad_files(opts.skip_bad_images)
             .device(opts.device),
         val: val
             .map(|v| {
-                DataLoader::new(v, opts.batch).map(|l| l.workers(opts.workers).device(opts.device))
+                DataLoader::new(v, opts.batch).map(|l| {
+                    l.workers(opts.workers)
+                        .skip_bad_files(opts.skip_bad_images)
+                        .device(opts.device)
+                })
             })
             .transpose()?,
         ledger: &ledger,

@@ -13,7 +13,9 @@ pub mod adversarial;
 pub mod finetune;
 pub mod style;
 
-use crate::data::{has_image_extension, read_image, CenterCrop, Compose, Resize, Transform};
+use crate::data::{
+    has_image_extension, read_image_with, CenterCrop, ColorMode, Compose, Resize, SampleRng,
+};
 use crate::io::{
     check_state_dict, load_safetensors, load_state_dict, rename_prefix, state_dict, LoadOptions,
     LoadReport,
@@ -436,12 +438,14 @@ fn is_image(path: &Path) -> bool {
 /// Reads `path` as an RGB `[3, size, size]` image in [0, 1]: the shorter
 /// side resized to `size` (antialiased), then the centre crop, as
 /// torchvision's evaluation transforms (without the normalisation, which
-/// the jobs apply inside the differentiated function).
+/// the jobs apply inside the differentiated function). An image whose
+/// resize the host cannot hold is refused from its header, before it is
+/// decoded ([`crate::data::read_image_with`]).
 pub fn read_square(path: &Path, size: usize) -> Result<Tensor> {
     let pipeline = Compose::new()
         .then(Resize::shorter(size))
         .then(CenterCrop::square(size));
-    pipeline.apply_once(&read_image(path)?)
+    read_image_with(path, ColorMode::Rgb, &pipeline, &mut SampleRng::new(0))
 }
 
 /// A progress bar on stderr (drawn only on a terminal) whose message shows

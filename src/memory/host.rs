@@ -129,6 +129,21 @@ fn admit<T>(n: usize) -> Result<usize> {
     Ok(bytes)
 }
 
+/// The number of elements of a buffer with these dimensions (their
+/// product), or [`Error::OutOfMemory`] when it does not fit in `usize`: a
+/// size computed from a file or an argument is checked before it drives
+/// an allocation.
+pub fn checked_count(dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            host_oom(
+                usize::MAX,
+                &format!("a buffer of {dims:?} elements does not fit in the address space"),
+            )
+        })
+}
+
 /// An empty vector with room for exactly `n` elements (uninitialised, as
 /// `Vec::with_capacity`), or [`Error::OutOfMemory`].
 pub fn try_vec<T: Send + 'static>(n: usize) -> Result<Vec<T>> {

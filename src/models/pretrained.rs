@@ -80,13 +80,29 @@ pub(crate) fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))
 }
 
+/// The sizes a `config.json` may give, inclusive: generous bounds on
+/// every published BERT (vocabularies up to 250k, widths up to 8k, 48
+/// layers), so that a damaged or hostile file is refused by its numbers
+/// before anything is built. `(key, least, most)`.
+pub const BERT_CONFIG_RANGES: [(&str, usize, usize); 7] = [
+    ("vocab_size", 1, 1 << 20),
+    ("hidden_size", 1, 1 << 16),
+    ("num_hidden_layers", 1, 1024),
+    ("num_attention_heads", 1, 1 << 12),
+    ("intermediate_size", 1, 1 << 18),
+    ("max_position_embeddings", 1, 1 << 20),
+    ("type_vocab_size", 1, 1 << 12),
+];
+
 impl BertConfig {
     /// The configuration in a Hugging Face `config.json` (`BertConfig`'s
     /// fields; `layer_norm_eps` defaults to 1e-12, `pad_token_id` to 0,
     /// `null` for none). The pooler is assumed
     /// present: [`Bert::from_pretrained`] follows the weights file instead.
-    /// [`Error::ModelFile`] for a missing size, an activation other than
-    /// exact `gelu` or a position embedding other than `absolute`.
+    /// [`Error::ModelFile`] for a missing size, one outside
+    /// [`BERT_CONFIG_RANGES`], heads that do not divide the width, an
+    /// epsilon that is not a small positive number, an activation other
+    /// than exact `gelu` or a position embedding other than `absolute`.
     pub fn from_json_file(path: impl AsRef<Path>) -> Result<BertConfig> {
         let path = path.as_ref();
         let json = read_json(path)?;
@@ -95,10 +111,21 @@ impl BertConfig {
             reason,
         };
         let size = |key: &str| -> Result<usize> {
-            json.get(key)
+            let v = json
+                .get(key)
                 .and_then(Value::as_u64)
-                .map(|v| v as usize)
-                .ok_or_else(|| bad(format!("`{key}` is missing or not a whole number")))
+                .ok_or_else(|| bad(format!("`{key}` is missing or not a whole number")))?;
+            let (_, least, most) = BERT_CONFIG_RANGES
+                .iter()
+                .find(|(k, ..)| *k == key)
+                .copied()
+                .unwrap_or((key, 1, usize::MAX));
+            match usize::try_from(v) {
+                Ok(v) if (least..=most).contains(&v) => Ok(v),
+                _ => Err(bad(format!(
+                    "`{key}` is {v}; leangrad reads {least} to {most}"
+                ))),
+            }
         };
         let text = |key: &str, want: &str| -> Result<()> {
             match json.get(key) {
@@ -111,7 +138,14 @@ impl BertConfig {
         };
         text("hidden_act", "gelu")?;
         text("position_embedding_type", "absolute")?;
-        Ok(BertConfig {
+        let layer_norm_eps = match json.get("layer_norm_eps") {
+            None => 1e-12,
+            Some(v) => v
+                .as_f64()
+                .filter(|e| e.is_finite() && *e > 0.0 && *e < 1.0)
+                .ok_or_else(|| bad(format!("`layer_norm_eps` is {v}; it must be in (0, 1)")))?,
+        };
+        let config = BertConfig {
             vocab_size: size("vocab_size")?,
             hidden_size: size("hidden_size")?,
             num_hidden_layers: size("num_hidden_layers")?,
@@ -119,10 +153,7 @@ impl BertConfig {
             intermediate_size: size("intermediate_size")?,
             max_position_embeddings: size("max_position_embeddings")?,
             type_vocab_size: size("type_vocab_size")?,
-            layer_norm_eps: json
-                .get("layer_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-12),
+            layer_norm_eps,
             add_pooling_layer: true,
             // Hugging Face's default is 0; `null` means no padding row.
             pad_token_id: match json.get("pad_token_id") {
@@ -134,7 +165,49 @@ impl BertConfig {
                         .ok_or_else(|| bad(format!("`pad_token_id` is {v}, not a token id")))?,
                 ),
             },
-        })
+        };
+        if let Some(p) = config.pad_token_id.filter(|&p| p >= config.vocab_size) {
+            return Err(bad(format!(
+                "`pad_token_id` ({p}) is not below `vocab_size` ({})",
+                config.vocab_size
+            )));
+        }
+        let (d, heads) = (config.hidden_size, config.num_attention_heads);
+        if !d.is_multiple_of(heads) {
+            return Err(bad(format!(
+                "`num_attention_heads` ({heads}) does not divide `hidden_size` ({d})"
+            )));
+        }
+        Ok(config)
+    }
+
+    /// The number of parameters of a [`Bert`] of this configuration,
+    /// computed in checked arithmetic (`None` past `usize`): embeddings and
+    /// their LayerNorm, each layer's four projections, two LayerNorms and
+    /// feed-forward, and the pooler when there is one.
+    pub fn parameter_count(&self) -> Option<usize> {
+        let (d, i) = (self.hidden_size, self.intermediate_size);
+        let linear = |cin: usize, cout: usize| cin.checked_mul(cout)?.checked_add(cout);
+        let tables = self
+            .vocab_size
+            .checked_add(self.max_position_embeddings)?
+            .checked_add(self.type_vocab_size)?
+            .checked_mul(d)?;
+        let norm = d.checked_mul(2)?;
+        let layer = linear(d, d)?
+            .checked_mul(4)?
+            .checked_add(linear(d, i)?)?
+            .checked_add(linear(i, d)?)?
+            .checked_add(norm.checked_mul(2)?)?;
+        let pooler = if self.add_pooling_layer {
+            linear(d, d)?
+        } else {
+            0
+        };
+        tables
+            .checked_add(norm)?
+            .checked_add(layer.checked_mul(self.num_hidden_layers)?)?
+            .checked_add(pooler)
     }
 }
 
@@ -168,7 +241,31 @@ impl Bert {
     /// [`Bert::set_requires_grad`] or [`super::Freeze`].
     pub fn from_pretrained(dir: impl AsRef<Path>, dtype: DType, device: Device) -> Result<Bert> {
         let dir = dir.as_ref();
-        let mut config = BertConfig::from_json_file(dir.join("config.json"))?;
+        let config_path = dir.join("config.json");
+        let mut config = BertConfig::from_json_file(&config_path)?;
+        // The parameters' bytes, by arithmetic, before anything is read.
+        let count = config.parameter_count();
+        let bytes = count.and_then(|n| n.checked_mul(dtype.size_in_bytes()));
+        let available = device.free_bytes()?;
+        let refuse = |why: String| Error::ModelFile {
+            path: config_path.clone(),
+            reason: format!("a BERT of these sizes {why}"),
+        };
+        match (count, bytes, available) {
+            (_, None, _) => {
+                return Err(refuse(format!(
+                    "has more parameter bytes in {dtype:?} than fit in the address space"
+                )))
+            }
+            (Some(n), Some(b), Some(a)) if b > a => {
+                return Err(refuse(format!(
+                    "has {n} parameters, {} in {dtype:?}, more than the {} {device} has free",
+                    crate::memory::human_bytes(b),
+                    crate::memory::human_bytes(a)
+                )))
+            }
+            _ => {}
+        }
         let weights = encoder_tensors(load_safetensors(dir.join("model.safetensors"))?);
         config.add_pooling_layer = weights.contains_key("pooler.dense.weight");
         let bert = Bert::new(config, dtype, device, 0)?;

@@ -47,15 +47,22 @@ pub struct TextTokenizer {
 impl TextTokenizer {
     /// Reads `tokenizer.json` at `path`; sentences longer than `max_len`
     /// tokens (special tokens included) are cut to `max_len`.
-    /// [`Error::ModelFile`] when the file cannot be read or `max_len`
-    /// leaves no room beside the special tokens.
+    /// [`Error::ModelFile`] when the file cannot be read, is not JSON, is
+    /// not a tokenizer the `tokenizers` crate reads (checked first where
+    /// that crate would panic), or `max_len` leaves no room beside the
+    /// special tokens.
     pub fn from_file(path: impl AsRef<Path>, max_len: usize) -> Result<TextTokenizer> {
         let path = path.as_ref().to_path_buf();
         let bad = |reason: String| Error::ModelFile {
             path: path.clone(),
             reason,
         };
-        let mut inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| bad(e.to_string()))?;
+        let json = read_json(&path)?;
+        check_templates(json.get("post_processor")).map_err(bad)?;
+        let text = json.to_string();
+        let mut inner = catch_panic(|| text.parse::<tokenizers::Tokenizer>())
+            .map_err(|e| bad(format!("not a tokenizer the tokenizers crate reads: {e}")))?
+            .map_err(|e| bad(e.to_string()))?;
         let special = inner
             .get_post_processor()
             .map_or(0, |p| p.added_tokens(false));
@@ -92,13 +99,13 @@ impl TextTokenizer {
                 msg: "no sentences to encode".into(),
             });
         }
-        let encodings = self
-            .inner
-            .encode_batch(sentences.to_vec(), true)
-            .map_err(|e| Error::ModelFile {
-                path: self.path.clone(),
-                reason: format!("tokenizing failed: {e}"),
-            })?;
+        let bad = |reason: String| Error::ModelFile {
+            path: self.path.clone(),
+            reason: format!("tokenizing failed: {reason}"),
+        };
+        let encodings = catch_panic(|| self.inner.encode_batch(sentences.to_vec(), true))
+            .map_err(bad)?
+            .map_err(|e| bad(e.to_string()))?;
         let len = encodings[0].get_ids().len();
         let flat = |f: fn(&tokenizers::Encoding) -> &[u32]| -> Vec<i64> {
             encodings
@@ -112,6 +119,52 @@ impl TextTokenizer {
             attention_mask: Tensor::from_vec(flat(|e| e.get_attention_mask()), &shape, device)?,
         })
     }
+}
+
+/// Checks what the `tokenizers` crate trusts in a `post_processor`: every
+/// special token a `TemplateProcessing` template names (at any depth of a
+/// `Sequence`) is among its `special_tokens` (the crate indexes its map
+/// with them and panics otherwise).
+fn check_templates(processor: Option<&Value>) -> std::result::Result<(), String> {
+    let Some(Value::Object(p)) = processor else {
+        return Ok(());
+    };
+    if p.get("type").and_then(Value::as_str) == Some("TemplateProcessing") {
+        let known = p.get("special_tokens").and_then(Value::as_object);
+        for key in ["single", "pair"] {
+            let pieces = p.get(key).and_then(Value::as_array).into_iter().flatten();
+            for id in pieces.filter_map(|piece| piece.pointer("/SpecialToken/id")) {
+                let found = id
+                    .as_str()
+                    .and_then(|id| known?.get(id))
+                    .and_then(|t| t.get("ids"))
+                    .is_some();
+                if !found {
+                    return Err(format!(
+                        "the post_processor's `{key}` template names special token {id}, \
+                         which its `special_tokens` lacks"
+                    ));
+                }
+            }
+        }
+    }
+    let nested = p.get("processors").and_then(Value::as_array);
+    for inner in nested.into_iter().flatten() {
+        check_templates(Some(inner))?;
+    }
+    Ok(())
+}
+
+/// `f()`, or the message of a panic in it: the `tokenizers` crate panics
+/// on some malformed files; a file must not bring the program down.
+fn catch_panic<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "it panicked".into())
+    })
 }
 
 /// The mean of `hidden` (`[B, L, H]`) over the positions where

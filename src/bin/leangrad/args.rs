@@ -107,9 +107,14 @@ pub enum Command {
         /// Seed of the shuffling and the random crops and flips.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Threads decoding images ahead of the step.
-        #[arg(long, default_value_t = 2)]
+        /// Threads decoding images ahead of the step (at most 64).
+        #[arg(long, default_value_t = 2, value_parser = parse_workers)]
         workers: usize,
+        /// Leave out images that cannot be read (damaged, truncated, not an
+        /// image, too large), with one warning per file, instead of stopping
+        /// at the first with an error naming it.
+        #[arg(long)]
+        skip_bad_images: bool,
         /// `auto`: CUDA 0 when it can be opened, else the CPU.
         #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
         device: String,
@@ -166,6 +171,11 @@ pub enum Command {
         /// Where the adversarial images are written.
         #[arg(long)]
         out: PathBuf,
+        /// Leave out images that cannot be read (damaged, truncated, not an
+        /// image, too large), with one warning per file, instead of stopping
+        /// at the first with an error naming it.
+        #[arg(long)]
+        skip_bad_images: bool,
         /// Write only JSON to stdout (no progress bar).
         #[arg(long)]
         json: bool,
@@ -284,4 +294,14 @@ pub struct MemoryArgs {
     /// transformers (vit_b16, bert_base, gpt2).
     #[arg(long)]
     pub compare_torch: bool,
+}
+
+/// `--workers`: a whole number from 0 to [`leangrad::data::MAX_WORKERS`]
+/// (each worker is a thread; more decode nothing faster).
+fn parse_workers(text: &str) -> Result<usize, String> {
+    let most = leangrad::data::MAX_WORKERS;
+    match text.parse::<usize>() {
+        Ok(n) if n <= most => Ok(n),
+        _ => Err(format!("expected a number of threads from 0 to {most}")),
+    }
 }

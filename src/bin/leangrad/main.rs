@@ -87,6 +87,7 @@ fn run(cli: Cli) -> Result<()> {
             resume,
             seed,
             workers,
+            skip_bad_images,
             device,
             json,
         } => {
@@ -110,6 +111,7 @@ fn run(cli: Cli) -> Result<()> {
                 device: jobs::choose_device(&device)?,
                 seed,
                 workers,
+                skip_bad_images,
                 quiet: json,
                 ..FinetuneOptions::new(&model, data)
             };
@@ -130,6 +132,7 @@ fn run(cli: Cli) -> Result<()> {
             seed,
             device,
             out,
+            skip_bad_images,
             json,
         } => {
             let opts = AdversarialOptions {
@@ -144,6 +147,7 @@ fn run(cli: Cli) -> Result<()> {
                 classes,
                 device: jobs::choose_device(&device)?,
                 seed,
+                skip_bad_images,
                 quiet: json,
                 ..AdversarialOptions::new(&model, images, out)
             };

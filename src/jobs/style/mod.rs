@@ -31,7 +31,10 @@ pub use transfer::{gram, load_vgg_features, StyleLosses, Transfer};
 
 use super::{Progress, StepBytes};
 use crate::autograd::{with_save_policy, SavePolicy};
-use crate::data::{read_image, write_png, Compose, PngDepth, Resize, Transform};
+use crate::data::{
+    read_image_header, read_image_with, write_png, ColorMode, PngDepth, Resize, ResizeTo, SampleRng,
+};
+use crate::memory::host::checked_count;
 use crate::memory::Ledger;
 use crate::models::{Vgg, VggConfig};
 use crate::optim::{Adam, Lbfgs, LbfgsOptions, Optimizer};
@@ -279,10 +282,14 @@ pub struct StyleReport {
 /// Runs the style transfer of `opts` and writes the result (and frames).
 pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
     check(opts)?;
+    // Both images' sizes come from their headers, and the step is refused
+    // before anything is decoded when it cannot fit.
+    let content_shape = resized_shape(&opts.content, opts.size)?;
+    let style_shape = resized_shape(&opts.style, opts.size)?;
+    let memory = predict_memory(opts, &content_shape, &style_shape)?;
+    memory.check_fits(opts.device, "style step")?;
     let content = read_resized(&opts.content, opts.size)?;
     let style = read_resized(&opts.style, opts.size)?;
-    let memory = predict_memory(opts, content.shape(), style.shape())?;
-    memory.check_fits(opts.device, "style step")?;
     if let Some(dir) = opts.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::Image {
             path: dir.to_path_buf(),
@@ -396,12 +403,33 @@ fn check(opts: &StyleOptions) -> Result<()> {
 }
 
 /// `path` read as RGB in [0, 1], its shorter side resized to `size`
-/// (aspect kept), as `[1, 3, H, W]` on the CPU.
+/// (aspect kept), as `[1, 3, H, W]` on the CPU. The resize's memory is
+/// checked from the header before the image is decoded.
 pub fn read_resized(path: &Path, size: usize) -> Result<Tensor> {
-    let image = Compose::new()
-        .then(Resize::shorter(size))
-        .apply_once(&read_image(path)?)?;
+    let resize = Resize::shorter(size);
+    let image = read_image_with(path, ColorMode::Rgb, &resize, &mut SampleRng::new(0))?;
     image.unsqueeze(0)
+}
+
+/// The `[1, 3, H, W]` shape [`read_resized`] gives `path` at `size`, from
+/// the file's header alone (nothing decoded). [`Error::Image`] naming the
+/// file when the resized image alone is more than the host can hold.
+pub fn resized_shape(path: &Path, size: usize) -> Result<Vec<usize>> {
+    let header = read_image_header(path)?;
+    let (h, w) = ResizeTo::Shorter(size).output_size(header.height, header.width);
+    let fits = checked_count(&[3, h, w, 4]).ok().is_some_and(|bytes| {
+        crate::memory::host::host_available_bytes().is_none_or(|a| bytes <= a)
+    });
+    if !fits {
+        return Err(Error::Image {
+            path: path.to_path_buf(),
+            reason: format!(
+                "its {}×{} pixels resized to a shorter side of {size} are {h}×{w},                  more than the host can hold",
+                header.height, header.width
+            ),
+        });
+    }
+    Ok(vec![1, 3, h, w])
 }
 
 /// The frame of step `step`: `OUT-000100.png` next to `OUT.png`.
