@@ -12,7 +12,10 @@ side resized to `--size` (antialiased bilinear), centre crop; the ImageNet
 normalisation inside the differentiated function, so `--eps`/`--alpha`
 are in pixel units. Adversarial images are written to `--out` as 8-bit
 PNGs under their file stems. Labels from class-index sub-folders
-(`207/x.jpg`), else the clean prediction stands for the label.
+(`207/x.jpg`), else the clean prediction stands for the label; with
+`--labels FILE` (one class name a line) each image's clean and
+adversarial predictions are reported with their names, and always with
+the model's confidence.
 
 Report fields: those of leangrad's `AdversarialReport` with the same
 meanings. What differs: PGD's random start comes from torch's generator
@@ -50,11 +53,33 @@ def parse_args(argv=None):
     p.add_argument("--size", type=int, default=224, help="image size (shorter side, then centre crop)")
     p.add_argument("--batch", type=int, default=8, help="images attacked at once")
     p.add_argument("--classes", type=int, default=1000, help="the classifier's classes")
+    p.add_argument("--labels", default=None,
+                   help="a file of the classes' names, one a line in class-index order")
     p.add_argument("--seed", type=int, default=0, help="seed of PGD's random start")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--out", required=True, help="where the adversarial images are written")
     p.add_argument("--json", action="store_true", help="write only JSON to stdout")
     return p.parse_args(argv)
+
+
+# The attacks' names in reports.
+ATTACK_NAMES = {"fgsm": "FGSM", "pgd": "PGD", "pgd-l2": "PGD-L2"}
+
+
+def read_labels(path, classes):
+    """The class names of `path`, one a line (leangrad's read_labels)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = [line.strip() for line in f.read().splitlines()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise jc.JobError(f"--labels {path}: {e}")
+    if len(names) != classes:
+        raise jc.JobError(f"--labels {path}: {len(names)} class names (one a line), but the "
+                          f"classifier has {classes} classes (--classes); give one name per class, "
+                          "in class-index order")
+    if "" in names:
+        raise jc.JobError(f"--labels {path}: line {names.index('') + 1} is empty: every class needs a name")
+    return names
 
 
 def check(a):
@@ -71,8 +96,10 @@ def check(a):
 
 
 def predict(model, x):
+    """The predicted classes and the model's probability (softmax) of each."""
     with torch.no_grad():
-        return model(jc.normalize(x)).argmax(1).tolist()
+        p, c = model(jc.normalize(x)).softmax(1).max(1)
+        return c.tolist(), p.tolist()
 
 
 def input_gradient(model, x, targets):
@@ -116,6 +143,7 @@ def attack(model, x, targets, a, seed, gradient):
 
 def run(a):
     check(a)
+    names = read_labels(a.labels, a.classes) if a.labels is not None else None
     device = jc.choose_device(a.device)
     files = jc.image_files(a.images)
     os.makedirs(a.out, exist_ok=True)
@@ -140,12 +168,12 @@ def run(a):
         for _, cls in chunk:
             label = int(cls) if cls is not None and cls.isdigit() else None
             labels.append(label if label is not None and label < a.classes else None)
-        clean = predict(model, x)
+        clean, clean_p = predict(model, x)
         reference = [c if l is None else l for l, c in zip(labels, clean)]
         goal = reference if a.targeted is None else [a.targeted] * len(chunk)
         targets = torch.tensor(goal, dtype=torch.long, device=device)
         adv = attack(model, x, targets, a, a.seed + b, gradient)
-        adversarial = predict(model, adv)
+        adversarial, adversarial_p = predict(model, adv)
         delta = adv - x
         linf = delta.abs().flatten(1).max(1).values.tolist()
         l2 = delta.square().sum(dim=(1, 2, 3)).sqrt().tolist()
@@ -157,7 +185,11 @@ def run(a):
             written = os.path.join(folder, f"{stem}.png")
             jc.write_png(adv[i], written)
             results.append({"file": path, "written": written, "label": labels[i],
-                            "clean": clean[i], "adversarial": adversarial[i],
+                            "clean": clean[i], "clean_confidence": clean_p[i],
+                            "clean_name": names[clean[i]] if names else None,
+                            "adversarial": adversarial[i],
+                            "adversarial_confidence": adversarial_p[i],
+                            "adversarial_name": names[adversarial[i]] if names else None,
                             "linf": linf[i], "l2": l2[i]})
     seconds = time.perf_counter() - start
     return summarise(a, results, jc.memory_report(meter, device), seconds, device)
@@ -180,12 +212,13 @@ def summarise(a, images, memory, seconds, device):
     return {
         "model": a.model,
         "random_init": a.weights is None,
-        "attack": a.attack,
+        "attack": ATTACK_NAMES[a.attack],
         "eps": a.eps,
         "alpha": a.alpha,
         "steps": 1 if a.attack == "fgsm" else a.steps,
         "targeted": a.targeted,
         "device": jc.device_name(device),
+        "images_folder": a.images,
         "clean_accuracy": accuracy("clean"),
         "adversarial_accuracy": accuracy("adversarial"),
         "success_rate": success,
@@ -208,7 +241,18 @@ def describe(r):
           f"{pct(r['adversarial_accuracy'])}  success rate {100 * r['success_rate']:.1f}%\n")
     s += (f"perturbation: L∞ mean {r['linf_mean']:.4f} max {r['linf_max']:.4f}, "
           f"L2 mean {r['l2_mean']:.4f}\n")
-    return s + jc.describe_memory(r["memory"], "attack step")
+    s += jc.describe_memory(r["memory"], "attack step")
+    s += "per image: file: clean prediction → adversarial prediction (the model's confidence)\n"
+
+    def cls(c, name, p):
+        return f"{c} {name} ({100 * p:.1f}%)" if name is not None else f"class {c} ({100 * p:.1f}%)"
+
+    for i in r["images"]:
+        label = "" if i["label"] is None else f" (label {i['label']})"
+        s += (f"  {os.path.relpath(i['file'], r['images_folder'])}{label}: "
+              f"{cls(i['clean'], i['clean_name'], i['clean_confidence'])} → "
+              f"{cls(i['adversarial'], i['adversarial_name'], i['adversarial_confidence'])}\n")
+    return s
 
 
 def main(argv=None):

@@ -12,7 +12,8 @@ Losses on the convolution outputs (style conv1_1 … conv5_1 = VGG-19
 `features.0, 5, 10, 19, 28`, content conv4_2 = `features.21`; VGG-16
 `0, 5, 10, 17, 24` and `19`), Gram matrices F·Fᵀ/(C·H·W), mean-squared
 errors weighted by `--content-weight` and `--style-weight`, the ImageNet
-normalisation inside; the forward pass stops at the last layer read. The
+normalisation inside (`--input-convention caffe`: BGR, 0-255, Caffe's
+mean subtracted, for Caffe's weights); the forward pass stops at the last layer read. The
 ReLUs right after a layer that is read run out of place (an in-place ReLU
 would overwrite the conv output the loss reads, as the tutorial notes);
 the others stay torchvision's in-place ReLUs. Images as leangrad's
@@ -20,7 +21,9 @@ the others stay torchvision's in-place ReLUs. Images as leangrad's
 `--size` (antialiased bilinear, aspect kept, no crop). `--optimizer adam`:
 evaluate, step, clamp the image to [0, 1]; `lbfgs`: `torch.optim.LBFGS(lr,
 max_iter=1)` with the tutorial's closure (clamp, loss, backward), one
-iteration per step. `--every N` writes `OUT-000050.png` … beside `--out`.
+iteration per step. A loss that is not finite, or above 10x the first
+step's, stops the run with an error (`--keep-going`: a warning on stderr,
+and `diverged` in the report). `--every N` writes `OUT-000050.png` … beside `--out`.
 
 Report fields: those of leangrad's `StyleReport` with the same meanings.
 What differs: without `--weights` (and with `--init noise`) the random
@@ -34,6 +37,7 @@ Threads: RAYON_NUM_THREADS.
 """
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -46,6 +50,14 @@ import torch.nn.functional as F  # noqa: E402
 import torchvision.transforms.functional as TF  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from torchvision.models.vgg import cfgs, make_layers  # noqa: E402
+
+# Caffe's VGG weights: BGR, 0-255, these means (B, G, R) subtracted.
+CAFFE_MEAN_BGR = [103.939, 116.779, 123.68]
+# How far above the first step's loss a later step's may go (leangrad's
+# jobs::style::DIVERGENCE_FACTOR).
+DIVERGENCE_FACTOR = 10.0
+# The optimizers' names in reports.
+OPTIMIZER_NAMES = {"adam": "Adam", "lbfgs": "L-BFGS"}
 
 # name: (torchvision plan, style layers, content layers)
 NETS = {
@@ -70,6 +82,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the noise start and the random VGG")
     p.add_argument("--out", required=True, help="the result (PNG)")
     p.add_argument("--every", type=int, default=None, help="also write OUT-000100.png etc. every N steps")
+    p.add_argument("--input-convention", default="torchvision", choices=["torchvision", "caffe"],
+                   help="the VGG's input: torchvision's normalisation, or Caffe's BGR 0-255 minus mean")
+    p.add_argument("--keep-going", action="store_true",
+                   help="run on when the loss diverges (with a warning) instead of stopping")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--json", action="store_true", help="write only JSON to stdout")
     return p.parse_args(argv)
@@ -126,9 +142,28 @@ def gram(f):
     return m @ m.t() / (n * c * h * w)
 
 
-def layer_maps(vgg, x, layers):
+def network_input(x, convention):
+    """The VGG's input for images `x` in [0, 1] (leangrad's InputConvention)."""
+    if convention == "caffe":
+        mean = torch.tensor(CAFFE_MEAN_BGR, device=x.device).view(1, 3, 1, 1)
+        return x[:, [2, 1, 0]] * 255.0 - mean
+    return jc.normalize(x)
+
+
+def divergence(history):
+    """What says the losses so far diverged (leangrad's jobs::style::divergence)."""
+    first, last, step = history[0], history[-1], len(history)
+    if not math.isfinite(last):
+        return f"the loss became {last} at step {step}"
+    if step > 1 and last > DIVERGENCE_FACTOR * first:
+        return (f"the loss rose from {first:.4e} at step 1 to {last:.4e} at step {step}, "
+                f"{last / first:.0f}× (more than {DIVERGENCE_FACTOR}×): the image is turning into noise")
+    return None
+
+
+def layer_maps(vgg, x, layers, convention):
     """The outputs of `layers` (features indices), running only up to the last."""
-    out, h = {}, jc.normalize(x)
+    out, h = {}, network_input(x, convention)
     for i, layer in enumerate(vgg.features):
         h = layer(h)
         if i in layers:
@@ -145,15 +180,17 @@ class Transfer:
     def __init__(self, vgg, a, content, style, init):
         _, self.style_layers, self.content_layers = NETS[a.model]
         self.vgg, self.cw, self.sw = vgg, a.content_weight, a.style_weight
+        self.convention = a.input_convention
         with torch.no_grad():
-            c = layer_maps(vgg, content, self.content_layers)
-            s = layer_maps(vgg, style, self.style_layers)
+            c = layer_maps(vgg, content, self.content_layers, self.convention)
+            s = layer_maps(vgg, style, self.style_layers, self.convention)
             self.content_targets = [c[i] for i in self.content_layers]
             self.style_targets = [gram(s[i]) for i in self.style_layers]
         self.image = init.detach().clone().requires_grad_(True)
 
     def loss_tensors(self):
-        maps = layer_maps(self.vgg, self.image, self.style_layers + self.content_layers)
+        maps = layer_maps(self.vgg, self.image, self.style_layers + self.content_layers,
+                          self.convention)
         content = sum(F.mse_loss(maps[i], t) for i, t in zip(self.content_layers, self.content_targets))
         style = sum(F.mse_loss(gram(maps[i]), t) for i, t in zip(self.style_layers, self.style_targets))
         return content * self.cw, style * self.sw
@@ -213,9 +250,23 @@ def run(a):
             return transfer.evaluate()
 
     lr = a.lr if a.lr is not None else (1.0 if a.optimizer == "lbfgs" else 0.02)
-    history, frames = [], []
+    history, frames, diverged = [], [], []
 
-    def frame(step):
+    def record(step, loss):
+        history.append(loss)
+        what = None if diverged else divergence(history)
+        if what is not None:
+            hint = f"try a lower learning rate (--lr, now {lr})"
+            if a.optimizer == "lbfgs":
+                hint += ", or --optimizer adam"
+            if a.input_convention == "torchvision":
+                hint += (", or --input-convention caffe if the weights are Caffe's "
+                         "(BGR, 0–255, mean-subtracted)")
+            reason = f"{what}; {hint}; --keep-going runs on regardless"
+            if not a.keep_going:
+                raise jc.JobError(f"style diverged: {reason}")
+            print(f"warning: style diverged (running on, --keep-going): {reason}", file=sys.stderr)
+            diverged.append(reason)
         if a.every is not None and step % a.every == 0:
             path = frame_path(a.out, step)
             jc.write_png(transfer.image, path)
@@ -228,8 +279,7 @@ def run(a):
             adam.step()
             adam.zero_grad()
             transfer.clamp_image()
-            history.append(loss)
-            frame(step)
+            record(step, loss)
     else:
         lbfgs = torch.optim.LBFGS([transfer.image], lr=lr, max_iter=1)
 
@@ -238,8 +288,7 @@ def run(a):
             return torch.tensor(evaluate()["total"])
 
         for step in range(1, a.steps + 1):
-            history.append(float(lbfgs.step(closure)))
-            frame(step)
+            record(step, float(lbfgs.step(closure)))
     transfer.clamp_image()
     final = transfer.losses()
     jc.write_png(transfer.image, a.out)
@@ -247,8 +296,9 @@ def run(a):
     return {
         "model": a.model,
         "random_init": a.weights is None,
-        "optimizer": a.optimizer,
+        "optimizer": OPTIMIZER_NAMES[a.optimizer],
         "lr": lr,
+        "input_convention": a.input_convention,
         "init": a.init,
         "steps": a.steps,
         "height": h,
@@ -258,6 +308,7 @@ def run(a):
         "style_weight": a.style_weight,
         "losses": final,
         "history": history,
+        "diverged": diverged[0] if diverged else None,
         "written": a.out,
         "frames": frames,
         "memory": jc.memory_report(meter, device),
@@ -269,6 +320,8 @@ def describe(r):
     s = "note: no --weights given: the VGG is randomly initialised\n" if r["random_init"] else ""
     s += (f"{r['model']} on {r['device']}: {r['height']}×{r['width']} image, {r['steps']} "
           f"{r['optimizer']} steps (lr {r['lr']}) in {r['seconds']:.1f} s, written to {r['written']}\n")
+    if r["input_convention"] == "caffe":
+        s += "input as Caffe's weights expect it: BGR, 0–255, mean subtracted\n"
     if r["frames"]:
         s += f"{len(r['frames'])} frames written next to it\n"
     first = r["history"][0] if r["history"] else float("nan")

@@ -4,7 +4,7 @@
 //! is final), and reports the memory ledger.
 
 use crate::autograd::no_grad;
-use crate::memory::{Ledger, MemoryReport};
+use crate::memory::{Ledger, MemoryReport, Phase};
 use crate::nn::{Linear, Module};
 use crate::ops::CrossEntropyOptions;
 use crate::optim::{Optimizer, Sgd};
@@ -154,11 +154,16 @@ pub fn run(
         Sgd::new(opts.lr),
     )?;
     let mut losses = Vec::new();
+    // Each step marks its phases on the ledger, so that the report names
+    // the phase its peak was reached in (building the layers and copying
+    // the data is setup).
     for step in 0..opts.steps {
+        ledger.set_phase(Phase::Forward);
         let loss = forward(&x)?.cross_entropy(&y, CrossEntropyOptions::default())?;
         let value = loss.to_scalar()?;
         // Fused SGD: each parameter is updated as soon as its gradient is
         // final, and the gradient is dropped right after.
+        ledger.set_phase(Phase::Backward);
         opt.backward_step(&loss)?;
         losses.push(value);
         if on_step(step, value).is_break() {
@@ -166,6 +171,7 @@ pub fn run(
         }
     }
     let accuracy = {
+        ledger.set_phase(Phase::Forward);
         let _ng = no_grad();
         let predicted = forward(&x)?.argmax(-1, false)?.to_vec::<i64>()?;
         let labels = y.to_vec::<i64>()?;

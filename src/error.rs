@@ -292,6 +292,16 @@ pub enum Error {
         /// What is wrong (an unknown extension, the file system's message).
         reason: String,
     },
+    /// An optimisation diverged (its loss became non-finite or rose far
+    /// above where it started) and was stopped: `job` names it, `reason`
+    /// says what happened and what to try.
+    #[error("{job} diverged: {reason}")]
+    Diverged {
+        /// The job (`style`).
+        job: &'static str,
+        /// What happened, and what to try instead.
+        reason: String,
+    },
 }
 
 /// `std::result::Result` with leangrad's [`Error`].

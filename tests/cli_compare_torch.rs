@@ -236,6 +236,12 @@ fn the_torch_column_shows_the_scripts_numbers() {
         human_bytes(987654321)
     );
     assert_eq!(row_cells(&stdout, at, "saved for backward")[2], "—");
+    // What the meta device can and cannot measure, said under the table.
+    assert!(
+        stdout.contains("torch on meta (batch 2): PyTorch's meta device allocates nothing"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("`--compare-torch cpu`"), "{stdout}");
     // Every row of the sections has the four cells.
     assert_eq!(row_cells(&stdout, at, "intermediate gradients").len(), 4);
 
@@ -292,5 +298,141 @@ fn a_failing_or_mismatched_script_is_an_error_naming_it() {
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("printed no JSON object"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The stand-in's answer for a step PyTorch ran on the CPU at batch 2.
+fn cpu_answer() -> String {
+    ANSWER
+        .replace('\n', "")
+        .replace("\"device\": \"meta\"", "\"device\": \"cpu\"")
+        .replace(
+            "\"optimizer_state_bytes\": null",
+            "\"optimizer_state_bytes\": 0",
+        )
+}
+
+#[test]
+fn compare_torch_cpu_measures_a_small_batch_beside_leangrads_numbers_for_it() {
+    let dir = tempdir("cpu");
+    let stub = script(
+        &dir,
+        "python",
+        &format!(
+            "echo \"$@\" > '{args}'\ncat <<'EOF'\n{answer}\nEOF\n",
+            args = dir.join("args.txt").display(),
+            answer = cpu_answer(),
+        ),
+    );
+    let step = |batch: &'static str, extra: &[&str]| -> Vec<String> {
+        let mut args = vec![
+            "memory",
+            "--model",
+            "resnet18",
+            "--batch",
+            batch,
+            "--size",
+            "32",
+            "--classes",
+            "10",
+            "--case",
+            "input",
+        ];
+        args.extend_from_slice(extra);
+        args.into_iter().map(String::from).collect()
+    };
+    let run = |python: &Path, args: &[String]| {
+        run(python, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    // At --batch 8, PyTorch runs the step on the CPU at batch 2.
+    let out = run(&stub, &step("8", &["--compare-torch", "cpu"]));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let args = std::fs::read_to_string(dir.join("args.txt")).unwrap();
+    assert!(
+        args.trim_end().ends_with(
+            "--model resnet18 --batch 2 --case input --classes 10 --dtype f32 \
+             --optimizer sgd --device cpu --size 32"
+        ),
+        "{args}"
+    );
+    let (own, beside) = stdout
+        .split_once("PyTorch ran the step at batch 2 (--torch-batch); beside it, leangrad's prediction for batch 2:")
+        .expect("a second table for PyTorch's batch");
+    assert!(own.starts_with("resnet18: batch 8, 32×32"), "{stdout}");
+    assert!(
+        !own.contains("\ntorch:"),
+        "no torch column at batch 8: {own}"
+    );
+    assert!(
+        beside.trim_start().starts_with("resnet18: batch 2, 32×32"),
+        "{beside}"
+    );
+    let at = "at the moment of the peak";
+    assert_eq!(
+        row_cells(beside, at, "total (the peak)")[2],
+        human_bytes(987654321)
+    );
+    assert_eq!(
+        row_cells(beside, "each category's own peak", "optimizer state")[2],
+        "0 B"
+    );
+    assert!(
+        beside.contains("torch on cpu (batch 2): the step's peak is the bytes of the storages"),
+        "{beside}"
+    );
+    // The numbers beside PyTorch's are leangrad's own for batch 2, exactly.
+    let alone = text(&run(&stub, &step("2", &[])).stdout);
+    assert_eq!(
+        row_cells(beside, at, "total (the peak)")[..2],
+        row_cells(&alone, at, "total (the peak)")[..2]
+    );
+    let out = run(&stub, &step("8", &["--compare-torch", "cpu", "--json"]));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON only");
+    assert_eq!(v["spec"]["batch"], 8);
+    assert_eq!(v["torch"]["batch"], 2);
+    assert_eq!(v["torch_batch_plan"]["spec"]["batch"], 2);
+    assert_eq!(v["torch"]["step_peak_bytes"], 987654321);
+
+    // At the same batch the column is in the one table, and the plot
+    // draws PyTorch's peak.
+    let svg = dir.join("step.svg");
+    let out = run(
+        &stub,
+        &step(
+            "2",
+            &["--compare-torch", "cpu", "--plot", svg.to_str().unwrap()],
+        ),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !stdout.contains("PyTorch ran the step at batch"),
+        "{stdout}"
+    );
+    assert_eq!(
+        row_cells(&stdout, at, "total (the peak)")[2],
+        human_bytes(987654321)
+    );
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    let label = format!("PyTorch measured on cpu: peak {}", human_bytes(987654321));
+    assert!(drawn.contains(&label), "no `{label}` in the plot");
+    // Of another batch, the plot has no such line and says why.
+    let out = run(
+        &stub,
+        &step(
+            "8",
+            &["--compare-torch", "cpu", "--plot", svg.to_str().unwrap()],
+        ),
+    );
+    assert!(out.status.success());
+    assert!(
+        text(&out.stderr).contains("no line for PyTorch's peak: it ran at batch 2"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!std::fs::read_to_string(&svg)
+        .unwrap()
+        .contains("PyTorch measured"));
     let _ = std::fs::remove_dir_all(&dir);
 }

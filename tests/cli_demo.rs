@@ -39,6 +39,16 @@ fn demo_trains_and_prints_the_ledger() {
         stdout.contains("fc1/matmul"),
         "saved bytes by layer: {stdout}"
     );
+    // The peak is named by the phase of the step it was reached in, not
+    // by the ledger's first phase (setup: building the layers).
+    let at = stdout
+        .split("peak reached in ")
+        .nth(1)
+        .expect("the peak's moment");
+    assert!(
+        at.starts_with("forward") || at.starts_with("backward"),
+        "{stdout}"
+    );
     let losses: Vec<f64> = stdout
         .lines()
         .filter_map(|l| l.split("loss ").nth(1))
@@ -84,6 +94,8 @@ fn demo_json_is_valid_on_every_device() {
         let params = (2 * 64 + 64 + 64 * 64 + 64 + 64 * 3 + 3) * 4;
         assert_eq!(report["live"]["parameters"], params, "{dev}");
         assert_eq!(report["live"]["saved"], 0, "{dev}");
+        let phase = report["at_peak"]["phase"].as_str().unwrap_or_default();
+        assert!(["forward", "backward"].contains(&phase), "{dev}: {v}");
     }
 }
 

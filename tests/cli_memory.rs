@@ -337,3 +337,64 @@ fn timeline_and_plot_files() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// The plot's x axis counts the step's events from its first (0 at the
+/// left edge of each panel, whatever the setup allocated before), and the
+/// layers are marked and named.
+#[test]
+fn the_plot_counts_the_steps_events_and_names_its_layers() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli_memory_plot_axis");
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let svg = dir.join("step.svg");
+    let svg_arg = svg.to_string_lossy().into_owned();
+    let out = leangrad(&[
+        "memory",
+        "--model",
+        "resnet18",
+        "--batch",
+        "2",
+        "--size",
+        "32",
+        "--classes",
+        "10",
+        "--case",
+        "input",
+        "--plot",
+        &svg_arg,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&svg).expect("the SVG");
+    // Each text element: its attributes and its content.
+    let texts: Vec<(&str, &str)> = text
+        .split("<text ")
+        .skip(1)
+        .filter_map(|t| {
+            let (attrs, rest) = t.split_once('>')?;
+            Some((attrs, rest.split("</text>").next()?.trim()))
+        })
+        .collect();
+    // The x axis' tick labels are centred under their ticks (the y
+    // axis' are right-aligned); one run of them per panel.
+    let x_ticks: Vec<u64> = texts
+        .iter()
+        .filter(|(attrs, _)| attrs.contains("text-anchor=\"middle\""))
+        .filter_map(|(_, t)| t.parse().ok())
+        .collect();
+    let starts = x_ticks.iter().filter(|&&t| t == 0).count();
+    assert_eq!(starts, 2, "each panel's x axis starts at 0: {x_ticks:?}");
+    assert_eq!(x_ticks.first(), Some(&0), "{x_ticks:?}");
+    assert!(text.contains("from its first"));
+    // Every residual block is named, in forward and again in backward, in
+    // both panels, written downwards.
+    for block in ["layer1.0", "layer2.1", "layer4.1"] {
+        let named = texts
+            .iter()
+            .filter(|(attrs, t)| *t == block && attrs.contains("rotate(90"))
+            .count();
+        assert_eq!(named, 4, "{block}");
+    }
+}

@@ -273,3 +273,93 @@ fn one_fgsm_step_matches_pytorch() {
     }
     assert!(doubtful * 100 < want.len(), "{doubtful} of {}", want.len());
 }
+
+/// Two images written by another program (the `image` crate, no leangrad
+/// marker) in a flat folder: `a.png` and `b.png`.
+fn users_images(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (i, name) in ["a.png", "b.png"].iter().enumerate() {
+        let img = image::RgbImage::from_fn(40, 48, |x, y| {
+            image::Rgb([(60 + x * 3) as u8, (50 + y * 3) as u8, (90 + 20 * i) as u8])
+        });
+        img.save(dir.join(name)).unwrap();
+    }
+}
+
+fn refused(r: leangrad::Result<AdversarialReport>, file: &Path, why: &str) {
+    match r {
+        Err(Error::OutputFile { path, reason }) => {
+            assert_eq!(path, file);
+            assert!(reason.contains(why), "{reason}");
+            assert!(reason.contains("choose another --out"), "{reason}");
+        }
+        other => panic!(
+            "expected a refusal naming {}, got {other:?}",
+            file.display()
+        ),
+    }
+}
+
+#[test]
+fn outputs_never_overwrite_files_leangrad_did_not_write() {
+    use leangrad::data::is_leangrad_png;
+    let root = tempdir("clobber");
+    let mine = root.join("mine");
+    users_images(&mine);
+    let before: Vec<Vec<u8>> = ["a.png", "b.png"]
+        .iter()
+        .map(|n| std::fs::read(mine.join(n)).unwrap())
+        .collect();
+    assert!(!is_leangrad_png(mine.join("a.png")));
+    let opts = |out: PathBuf| AdversarialOptions {
+        attack: Attack::Fgsm,
+        size: 32,
+        batch: 1,
+        ..AdversarialOptions::new("resnet18", &mine, out)
+    };
+    // `--out` pointed at the images' own folder: refused before any work,
+    // the user's images untouched.
+    refused(
+        run(&opts(mine.clone())),
+        &mine.join("a.png"),
+        "did not write",
+    );
+    let after: Vec<Vec<u8>> = ["a.png", "b.png"]
+        .iter()
+        .map(|n| std::fs::read(mine.join(n)).unwrap())
+        .collect();
+    assert_eq!(after, before);
+    assert_eq!(std::fs::read_dir(&mine).unwrap().count(), 2);
+
+    // Into a folder of its own: the written PNGs carry the marker, and a
+    // second run replaces them.
+    let out = root.join("adv");
+    let first = run(&opts(out.clone())).unwrap();
+    for img in &first.images {
+        assert!(is_leangrad_png(&img.written), "{}", img.written.display());
+    }
+    let second = run(&opts(out.clone())).unwrap();
+    assert_eq!(second.images.len(), 2);
+
+    // A user's file where the second image would go: refused before the
+    // first image is written.
+    let other = root.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::copy(mine.join("a.png"), other.join("b.png")).unwrap();
+    refused(
+        run(&opts(other.clone())),
+        &other.join("b.png"),
+        "did not write",
+    );
+    assert!(!other.join("a.png").exists());
+
+    // `--out` a regular file: said so, not "File exists".
+    let file = root.join("notes.txt");
+    std::fs::write(&file, "mine").unwrap();
+    refused(
+        run(&opts(file.clone())),
+        &file.join("a.png"),
+        "is not a folder",
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
+}

@@ -376,3 +376,196 @@ fn command_runs_vgg16_without_weights_and_says_so() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("vgg11"));
 }
+
+fn refused(r: leangrad::Result<StyleReport>, file: &Path, why: &str) {
+    match r {
+        Err(Error::OutputFile { path, reason }) => {
+            assert_eq!(path, file);
+            assert!(reason.contains(why), "{reason}");
+            assert!(reason.contains("choose another --out"), "{reason}");
+            assert!(!reason.contains("File exists"), "{reason}");
+        }
+        other => panic!(
+            "expected a refusal naming {}, got {other:?}",
+            file.display()
+        ),
+    }
+}
+
+#[test]
+fn outputs_never_overwrite_files_leangrad_did_not_write() {
+    use leangrad::data::is_leangrad_png;
+    let dir = tempdir("clobber");
+    // `--out` the content image itself (written by PIL, not leangrad).
+    let content = dir.join("photo.png");
+    std::fs::copy(fixtures().join("content.png"), &content).unwrap();
+    let before = std::fs::read(&content).unwrap();
+    let opts = StyleOptions {
+        content: content.clone(),
+        out: content.clone(),
+        ..options(&dir, StyleOptimizer::Adam, 1)
+    };
+    refused(run(&opts), &content, "did not write");
+    assert_eq!(std::fs::read(&content).unwrap(), before);
+
+    // A user's file where a frame would go: refused before any step, the
+    // result and the earlier frame not written.
+    let opts = StyleOptions {
+        every: Some(1),
+        ..options(&dir, StyleOptimizer::Adam, 2)
+    };
+    std::fs::copy(fixtures().join("style.png"), frame_path(&opts.out, 2)).unwrap();
+    refused(run(&opts), &frame_path(&opts.out, 2), "did not write");
+    assert!(!opts.out.exists());
+    assert!(!frame_path(&opts.out, 1).exists());
+
+    // leangrad's own earlier result is replaced.
+    let again = options(&dir.join("again"), StyleOptimizer::Adam, 1);
+    run(&again).unwrap();
+    assert!(is_leangrad_png(&again.out));
+    run(&again).unwrap();
+
+    // A regular file on the way: it is not a folder.
+    let file = dir.join("notes");
+    std::fs::write(&file, "mine").unwrap();
+    let opts = StyleOptions {
+        out: file.join("x.png"),
+        ..options(&dir, StyleOptimizer::Adam, 1)
+    };
+    refused(run(&opts), &file.join("x.png"), "`");
+    let err = run(&opts).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("`{}` is not a folder", file.display())),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_caffe_input_is_bgr_on_0_to_255_with_the_mean_subtracted() {
+    use leangrad::jobs::style::{InputConvention, CAFFE_MEAN_BGR};
+    let content = read_resized(&fixtures().join("content.png"), 12).unwrap();
+    let style = read_resized(&fixtures().join("style.png"), 12).unwrap();
+    let vgg = Vgg::new(&tiny().config, DType::F32, Device::Cpu, 3).unwrap();
+    let t = Transfer::with_input(
+        vgg,
+        &tiny(),
+        (&content, &style),
+        &content,
+        (1.0, 1000.0),
+        InputConvention::Caffe,
+    )
+    .unwrap();
+    let x = t.image().to_f64_vec().unwrap();
+    let input = t.network_input().unwrap();
+    assert_eq!(input.shape(), &[1, 3, 12, 15]);
+    let got = input.to_f64_vec().unwrap();
+    let plane = 12 * 15;
+    for c in 0..3 {
+        for p in 0..plane {
+            // Channel c of the input is channel 2 − c of the image (BGR).
+            let want = 255.0 * x[(2 - c) * plane + p] - CAFFE_MEAN_BGR[c];
+            let g = got[c * plane + p];
+            assert!(
+                (g - want).abs() <= 3e-5,
+                "channel {c} pixel {p}: {g} vs {want}"
+            );
+        }
+    }
+    // torchvision's: (x − mean) / std, channels in order.
+    let vgg = Vgg::new(&tiny().config, DType::F32, Device::Cpu, 3).unwrap();
+    let t = Transfer::new(vgg, &tiny(), (&content, &style), &content, (1.0, 1.0)).unwrap();
+    let got = t.network_input().unwrap().to_f64_vec().unwrap();
+    let (mean, std) = (leangrad::data::IMAGENET_MEAN, leangrad::data::IMAGENET_STD);
+    for c in 0..3 {
+        let p = 7;
+        let want = (x[c * plane + p] - mean[c]) / std[c];
+        assert!((got[c * plane + p] - want).abs() < 1e-5);
+    }
+    // The losses read the Caffe input: the same run under both conventions
+    // starts from different losses, and the option is reported.
+    let dir = tempdir("caffe");
+    let caffe = run(&StyleOptions {
+        input_convention: InputConvention::Caffe,
+        ..options(&dir, StyleOptimizer::Adam, 1)
+    })
+    .unwrap();
+    assert_eq!(caffe.input_convention, InputConvention::Caffe);
+    let plain = run(&options(&dir, StyleOptimizer::Adam, 1)).unwrap();
+    assert!(
+        caffe.history[0] > 100.0 * plain.history[0],
+        "{} vs {}",
+        caffe.history[0],
+        plain.history[0]
+    );
+    assert_eq!(
+        InputConvention::parse("caffe").unwrap(),
+        InputConvention::Caffe
+    );
+    assert!(InputConvention::parse("bgr").is_err());
+}
+
+#[test]
+fn divergence_is_a_non_finite_loss_or_one_ten_times_the_first() {
+    use leangrad::jobs::style::divergence;
+    assert!(divergence(&[]).is_none());
+    assert!(divergence(&[2.0]).is_none());
+    assert!(divergence(&[2.0, 19.9, 5.0]).is_none());
+    let why = divergence(&[2.0, 1.0, 20.5]).unwrap();
+    assert!(why.contains("at step 3"), "{why}");
+    assert!(why.contains("10×"), "{why}");
+    assert!(divergence(&[2.0, f64::NAN])
+        .unwrap()
+        .contains("NaN at step 2"));
+    assert!(divergence(&[f64::INFINITY])
+        .unwrap()
+        .contains("inf at step 1"));
+    // Never on the healthy runs PyTorch made for the fixture (Adam's rises
+    // 3.8× above its first step), at any step.
+    let f = reference();
+    for optimizer in ["adam", "lbfgs"] {
+        let history: Vec<f64> = f[optimizer]["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["total"].as_f64().unwrap())
+            .collect();
+        for k in 1..=history.len() {
+            assert!(divergence(&history[..k]).is_none(), "{optimizer} {k}");
+        }
+    }
+}
+
+#[test]
+fn a_diverging_run_stops_unless_told_to_keep_going() {
+    let dir = tempdir("diverging");
+    // Adam at a learning rate 10⁴ times the fixture's: the first update
+    // throws the image to the clamps and the loss far above its start.
+    let wild = StyleOptions {
+        lr: Some(500.0),
+        ..options(&dir, StyleOptimizer::Adam, 4)
+    };
+    match run(&wild) {
+        Err(Error::Diverged {
+            job: "style",
+            reason,
+        }) => {
+            assert!(reason.contains("rose from"), "{reason}");
+            assert!(reason.contains("--lr, now 500"), "{reason}");
+            assert!(reason.contains("--input-convention caffe"), "{reason}");
+        }
+        other => panic!("expected a divergence, got {other:?}"),
+    }
+    assert!(!wild.out.exists(), "no result written");
+    let r = run(&StyleOptions {
+        keep_going: true,
+        ..wild
+    })
+    .unwrap();
+    assert!(r.diverged.as_deref().unwrap().contains("rose from"));
+    assert_eq!(r.history.len(), 4);
+    // The fixture's healthy runs do not stop.
+    for optimizer in [StyleOptimizer::Adam, StyleOptimizer::Lbfgs] {
+        let r = run(&options(&dir, optimizer, 4)).unwrap();
+        assert!(r.diverged.is_none());
+    }
+}

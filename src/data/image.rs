@@ -15,6 +15,9 @@
 //! requires the end-of-image marker after the last scan (zune-jpeg fills a
 //! truncated last row with grey even in strict mode; PIL says "image file
 //! is truncated").
+//!
+//! Every PNG leangrad writes is marked as its own (a `Software: leangrad`
+//! text chunk), so that a job replaces only files it wrote.
 
 use std::io::{Cursor, Read};
 use std::path::{Path, PathBuf};
@@ -622,7 +625,9 @@ fn image_shape(t: &Tensor, path: &Path) -> Result<(usize, usize, usize)> {
 /// rounded and clamped as torchvision's `save_image` does (`x·255 + 0.5`,
 /// clamped to [0, 255], truncated; NaN becomes 0), in f32; with
 /// [`PngDepth::Sixteen`], with 65535 instead of 255. A tensor on a GPU is
-/// copied to the host first.
+/// copied to the host first. The file carries the [`PNG_MARKER`] text
+/// chunk (`Software` = `leangrad`), by which the jobs recognise their own
+/// earlier outputs ([`is_leangrad_png`]).
 pub fn write_png(tensor: &Tensor, path: impl AsRef<Path>, depth: PngDepth) -> Result<()> {
     let path = path.as_ref();
     // A batch is written as save_image writes it: make_grid's defaults.
@@ -653,30 +658,132 @@ pub fn write_png(tensor: &Tensor, path: impl AsRef<Path>, depth: PngDepth) -> Re
         }
         Ok(out)
     };
-    let (wu, hu) = (w as u32, h as u32);
-    let shape_error = || image_error(path, "pixel buffer does not match the image size");
-    let image = match depth {
-        PngDepth::Eight => {
-            let values = interleave(255.0)?;
-            let raw: Vec<u8> = try_collect(values.len(), values.into_iter().map(|v| v as u8))?;
-            match c {
-                1 => ImageBuffer::<Luma<u8>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),
-                3 => ImageBuffer::<Rgb<u8>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),
-                _ => ImageBuffer::<Rgba<u8>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),
+    let (bytes, bit_depth) = match depth {
+        PngDepth::Eight => (
+            {
+                let values = interleave(255.0)?;
+                try_collect(values.len(), values.into_iter().map(|v| v as u8))?
+            },
+            png::BitDepth::Eight,
+        ),
+        // PNG stores 16-bit samples big-endian.
+        PngDepth::Sixteen => (
+            {
+                let values = interleave(65535.0)?;
+                let n = checked_count(&[values.len(), 2])?;
+                try_collect(
+                    n,
+                    values.into_iter().flat_map(|v| (v as u16).to_be_bytes()),
+                )?
+            },
+            png::BitDepth::Sixteen,
+        ),
+    };
+    let color = match c {
+        1 => png::ColorType::Grayscale,
+        3 => png::ColorType::Rgb,
+        _ => png::ColorType::Rgba,
+    };
+    encode_png(path, (w as u32, h as u32), color, bit_depth, &bytes)
+}
+
+/// The keyword and text of the PNG `tEXt` chunk every PNG leangrad writes
+/// carries: what lets a job tell its own earlier output (which it may
+/// replace) from a user's file (which it never overwrites).
+pub const PNG_MARKER: (&str, &str) = ("Software", "leangrad");
+
+/// Writes `samples` (interleaved, `color` and `bit_depth` as PNG stores
+/// them) as a PNG file with the [`PNG_MARKER`] text chunk.
+fn encode_png(
+    path: &Path,
+    (width, height): (u32, u32),
+    color: png::ColorType,
+    bit_depth: png::BitDepth,
+    samples: &[u8],
+) -> Result<()> {
+    let file = std::fs::File::create(path).map_err(|e| image_error(path, e))?;
+    let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), width, height);
+    encoder.set_color(color);
+    encoder.set_depth(bit_depth);
+    let (keyword, text) = PNG_MARKER;
+    encoder
+        .add_text_chunk(keyword.into(), text.into())
+        .map_err(|e| image_error(path, e))?;
+    let mut writer = encoder.write_header().map_err(|e| image_error(path, e))?;
+    writer
+        .write_image_data(samples)
+        .map_err(|e| image_error(path, e))?;
+    writer.finish().map_err(|e| image_error(path, e))
+}
+
+/// Whether `path` is a PNG file that leangrad wrote: it carries the
+/// [`PNG_MARKER`] text chunk (`Software` = `leangrad`) before its image
+/// data. Anything else (no such file, a folder, another format, a PNG
+/// from another program, a damaged file) is `false`. Only the chunks
+/// before the image data are read.
+pub fn is_leangrad_png(path: impl AsRef<Path>) -> bool {
+    let Ok(file) = std::fs::File::open(path.as_ref()) else {
+        return false;
+    };
+    let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
+    decoder.set_ignore_text_chunk(false);
+    let Ok(reader) = decoder.read_info() else {
+        return false;
+    };
+    let (keyword, text) = PNG_MARKER;
+    reader
+        .info()
+        .uncompressed_latin1_text
+        .iter()
+        .any(|t| t.keyword == keyword && t.text == text)
+}
+
+/// Checks, before a job does any work, that it may write each of
+/// `outputs` (PNG files it will write): a path that exists must be a PNG
+/// that leangrad wrote ([`is_leangrad_png`]), which the job replaces;
+/// every folder on the way must be a folder (or not exist yet: the job
+/// makes it); no two outputs may be the same file. Anything else is
+/// [`Error::OutputFile`] naming the file and saying to choose another
+/// `option` (`--out`).
+pub fn check_png_outputs(outputs: impl IntoIterator<Item = PathBuf>, option: &str) -> Result<()> {
+    let refuse = |path: &Path, why: String| {
+        Err(Error::OutputFile {
+            path: path.to_path_buf(),
+            reason: format!("{why}; choose another {option}"),
+        })
+    };
+    let mut seen = std::collections::HashSet::new();
+    for path in outputs {
+        let path = path.as_path();
+        if !seen.insert(path.to_path_buf()) {
+            return refuse(
+                path,
+                "two of the run's outputs would be this one file".into(),
+            );
+        }
+        // The nearest ancestor that exists must be a folder.
+        if let Some(blocker) = path
+            .ancestors()
+            .skip(1)
+            .find(|a| !a.as_os_str().is_empty() && std::fs::symlink_metadata(a).is_ok())
+        {
+            if !blocker.is_dir() {
+                return refuse(path, format!("`{}` is not a folder", blocker.display()));
             }
         }
-        PngDepth::Sixteen => {
-            let values = interleave(65535.0)?;
-            let raw: Vec<u16> = try_collect(values.len(), values.into_iter().map(|v| v as u16))?;
-            match c {
-                1 => ImageBuffer::<Luma<u16>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),
-                3 => ImageBuffer::<Rgb<u16>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),
-                _ => ImageBuffer::<Rgba<u16>, _>::from_raw(wu, hu, raw).map(DynamicImage::from),
+        match std::fs::symlink_metadata(path) {
+            Err(_) => {}
+            Ok(m) if m.is_dir() => return refuse(path, "it is a folder".into()),
+            Ok(_) if is_leangrad_png(path) => {}
+            Ok(_) => {
+                return refuse(
+                    path,
+                    "a file leangrad did not write is there (a PNG leangrad writes carries the \
+                     text chunk `Software: leangrad`), and leangrad never overwrites one"
+                        .into(),
+                )
             }
         }
     }
-    .ok_or_else(shape_error)?;
-    image
-        .save_with_format(path, ImageFormat::Png)
-        .map_err(|e| image_error(path, e))
+    Ok(())
 }

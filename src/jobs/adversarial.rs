@@ -16,7 +16,7 @@
 
 use super::{image_files, image_model, read_square, ImageClassifier, Progress, StepBytes};
 use crate::autograd::{no_grad, with_save_policy, SavePolicy};
-use crate::data::{normalize, write_png, PngDepth, IMAGENET_MEAN, IMAGENET_STD};
+use crate::data::{check_png_outputs, normalize, write_png, PngDepth, IMAGENET_MEAN, IMAGENET_STD};
 use crate::memory::Ledger;
 use crate::memory_plan::parse_case;
 use crate::ops::CrossEntropyOptions;
@@ -25,19 +25,31 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// The attack.
+/// The attack (in reports by its usual name: `FGSM`, `PGD`, `PGD-L2`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
 pub enum Attack {
     /// One step of `eps · sign(∇x loss)` (Goodfellow et al.).
+    #[serde(rename = "FGSM")]
     Fgsm,
     /// `steps` steps of `alpha · sign(∇x loss)` from a random start in the
     /// L∞ ball of radius `eps`, projected back into it after each step
     /// (Madry et al.).
+    #[serde(rename = "PGD")]
     Pgd,
     /// `steps` steps of `alpha · ∇x loss / ‖∇x loss‖₂` per image, projected
     /// into the L2 ball of radius `eps` (started at the image).
+    #[serde(rename = "PGD-L2")]
     PgdL2,
+}
+
+impl std::fmt::Display for Attack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Attack::Fgsm => "FGSM",
+            Attack::Pgd => "PGD",
+            Attack::PgdL2 => "PGD-L2",
+        })
+    }
 }
 
 impl Attack {
@@ -84,6 +96,9 @@ pub struct AdversarialOptions {
     pub batch: usize,
     /// The classifier's classes.
     pub classes: usize,
+    /// A file of the classes' names, one a line in class-index order (as
+    /// many lines as `classes`), for the report.
+    pub labels: Option<PathBuf>,
     /// Where to run.
     pub device: Device,
     /// Seed of PGD's random start.
@@ -112,6 +127,7 @@ impl AdversarialOptions {
             size: 224,
             batch: 8,
             classes: 1000,
+            labels: None,
             device: Device::Cpu,
             seed: 0,
             skip_bad_images: false,
@@ -131,8 +147,16 @@ pub struct ImageResult {
     pub label: Option<usize>,
     /// The prediction on the clean image.
     pub clean: usize,
+    /// The model's probability (softmax) of that prediction.
+    pub clean_confidence: f64,
+    /// Its name, with [`AdversarialOptions::labels`].
+    pub clean_name: Option<String>,
     /// The prediction on the adversarial image.
     pub adversarial: usize,
+    /// The model's probability of that prediction on the adversarial image.
+    pub adversarial_confidence: f64,
+    /// Its name, with [`AdversarialOptions::labels`].
+    pub adversarial_name: Option<String>,
     /// Largest change of any pixel value.
     pub linf: f64,
     /// L2 norm of the perturbation.
@@ -158,6 +182,8 @@ pub struct AdversarialReport {
     pub targeted: Option<usize>,
     /// Where it ran.
     pub device: String,
+    /// The images' folder (the files of [`ImageResult`] are in it).
+    pub images_folder: PathBuf,
     /// Accuracy on the clean images (when labels are known).
     pub clean_accuracy: Option<f64>,
     /// Accuracy on the adversarial images (when labels are known).
@@ -183,7 +209,20 @@ pub struct AdversarialReport {
 /// adversarial images to `opts.out` (same file stems, `.png`).
 pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
     check(opts)?;
+    let names = opts
+        .labels
+        .as_deref()
+        .map(|path| read_labels(path, opts.classes))
+        .transpose()?;
     let files = image_files(&opts.images)?;
+    // Every file the run writes, checked before any work: an existing
+    // file there must be one leangrad wrote (so `--out` pointed at the
+    // images' own folder never overwrites them).
+    let outputs: Vec<PathBuf> = files
+        .iter()
+        .map(|(file, class)| written_path(&opts.out, file, class.as_deref()))
+        .collect();
+    check_png_outputs(outputs.iter().cloned(), "--out")?;
     std::fs::create_dir_all(&opts.out).map_err(|e| Error::Image {
         path: opts.out.clone(),
         reason: e.to_string(),
@@ -200,7 +239,10 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
         opts.device,
     )?;
     parse_case("input-bn-eval")?.apply(model.as_mut())?;
-    let batches: Vec<_> = files.chunks(opts.batch).collect();
+    let batches: Vec<_> = files
+        .chunks(opts.batch)
+        .zip(outputs.chunks(opts.batch))
+        .collect();
     let steps = if opts.attack == Attack::Fgsm {
         1
     } else {
@@ -214,18 +256,20 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
         opts.quiet,
     );
     let mut results = Vec::new();
-    for (b, chunk) in batches.iter().enumerate() {
-        let (chunk, images) = read_chunk(chunk, opts)?;
+    for (b, &(files, outputs)) in batches.iter().enumerate() {
+        let (chunk, images) = read_chunk(files, opts)?;
         if images.is_empty() {
             continue;
         }
+        // The outputs of the images that were read (others were skipped).
+        let written = files_and_outputs((files, outputs), &chunk);
         let x = Tensor::stack(&images.iter().collect::<Vec<_>>(), 0)?.to_device(opts.device)?;
         let labels: Vec<Option<usize>> = chunk
             .iter()
             .map(|(_, class)| class.as_deref().and_then(|c| c.parse().ok()))
             .map(|l: Option<usize>| l.filter(|&l| l < opts.classes))
             .collect();
-        let clean = predict(model.as_ref(), &x)?;
+        let (clean, clean_confidence) = predict(model.as_ref(), &x)?;
         let reference: Vec<usize> = labels
             .iter()
             .zip(&clean)
@@ -241,7 +285,7 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
         )?;
         let seed = opts.seed.wrapping_add(b as u64);
         let adv = attack(model.as_ref(), &x, &targets, opts, seed, &progress)?;
-        let adversarial = predict(model.as_ref(), &adv)?;
+        let (adversarial, adversarial_confidence) = predict(model.as_ref(), &adv)?;
         let delta = adv.sub(&x)?;
         let linf = delta.abs()?.flatten(1, -1)?.max(1, false)?.to_f64_vec()?;
         let l2 = delta
@@ -249,21 +293,24 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
             .sum(&[1, 2, 3], false)?
             .sqrt()?
             .to_f64_vec()?;
-        for (i, (file, class)) in chunk.iter().enumerate() {
-            let written = written_path(&opts.out, file, class.as_deref());
+        for (i, ((file, _), written)) in chunk.iter().zip(written.iter()).enumerate() {
             if let Some(dir) = written.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| Error::Image {
                     path: dir.to_path_buf(),
                     reason: e.to_string(),
                 })?;
             }
-            write_png(&adv.narrow(0, i, 1)?, &written, PngDepth::Eight)?;
+            write_png(&adv.narrow(0, i, 1)?, written, PngDepth::Eight)?;
             results.push(ImageResult {
                 file: file.clone(),
-                written,
+                written: written.clone(),
                 label: labels[i],
                 clean: clean[i],
+                clean_confidence: clean_confidence[i],
+                clean_name: name_of(names.as_deref(), clean[i]),
                 adversarial: adversarial[i],
+                adversarial_confidence: adversarial_confidence[i],
+                adversarial_name: name_of(names.as_deref(), adversarial[i]),
                 linf: linf[i],
                 l2: l2[i],
             });
@@ -284,6 +331,17 @@ type ImageEntry = (PathBuf, Option<String>);
 /// The images of one batch that read, with their entries; with
 /// `skip_bad_images`, one that cannot be read ([`Error::Image`]) is left
 /// out with a warning on stderr, else it ends the run.
+/// The output paths of `kept`, a subset of `batch`'s files in order.
+fn files_and_outputs(batch: (&[ImageEntry], &[PathBuf]), kept: &[ImageEntry]) -> Vec<PathBuf> {
+    let (files, outputs) = batch;
+    files
+        .iter()
+        .zip(outputs)
+        .filter(|(f, _)| kept.contains(f))
+        .map(|(_, w)| w.clone())
+        .collect()
+}
+
 fn read_chunk(
     chunk: &[ImageEntry],
     opts: &AdversarialOptions,
@@ -335,16 +393,62 @@ fn check(opts: &AdversarialOptions) -> Result<()> {
     Ok(())
 }
 
-/// The classes predicted for images `x` (no graph recorded).
-fn predict(model: &dyn ImageClassifier, x: &Tensor) -> Result<Vec<usize>> {
+/// The classes predicted for images `x` and the model's probability
+/// (softmax) of each (no graph recorded).
+fn predict(model: &dyn ImageClassifier, x: &Tensor) -> Result<(Vec<usize>, Vec<f64>)> {
     let _g = no_grad();
     let logits = model.step_logits(&normalize(x, &IMAGENET_MEAN, &IMAGENET_STD)?)?;
-    Ok(logits
+    let classes = logits
         .argmax(1, false)?
         .to_vec::<i64>()?
         .into_iter()
         .map(|c| c as usize)
-        .collect())
+        .collect();
+    let confidence = logits.softmax(1)?.max(1, false)?.to_f64_vec()?;
+    Ok((classes, confidence))
+}
+
+/// Largest labels file read: a name a line for every class, with room.
+const MAX_LABELS_FILE_BYTES: u64 = 64 << 20;
+
+/// The class names of the labels file `path`: one a line (surrounding
+/// spaces trimmed), exactly `classes` lines, none empty; anything else is
+/// [`Error::InvalidArgument`] naming the file (and, for a wrong count,
+/// both counts).
+pub fn read_labels(path: &Path, classes: usize) -> Result<Vec<String>> {
+    let bad = |msg: String| Error::InvalidArgument {
+        op: "adversarial",
+        msg: format!("--labels {}: {msg}", path.display()),
+    };
+    let size = std::fs::metadata(path)
+        .map_err(|e| bad(e.to_string()))?
+        .len();
+    if size > MAX_LABELS_FILE_BYTES {
+        return Err(bad(format!(
+            "{size} bytes is not a file of class names (one a line; at most {MAX_LABELS_FILE_BYTES} bytes)"
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let text = String::from_utf8(bytes).map_err(|_| bad("not UTF-8 text".into()))?;
+    let names: Vec<String> = text.lines().map(|l| l.trim().to_string()).collect();
+    if names.len() != classes {
+        return Err(bad(format!(
+            "{} class names (one a line), but the classifier has {classes} classes (--classes); give one name per class, in class-index order",
+            names.len()
+        )));
+    }
+    if let Some(line) = names.iter().position(String::is_empty) {
+        return Err(bad(format!(
+            "line {} is empty: every class needs a name",
+            line + 1
+        )));
+    }
+    Ok(names)
+}
+
+/// The name of class `class`, when there are names.
+fn name_of(names: Option<&[String]>, class: usize) -> Option<String> {
+    names.and_then(|n| n.get(class)).cloned()
 }
 
 /// The gradient of the mean cross-entropy to `targets` with respect to the
@@ -499,6 +603,7 @@ fn summarise(
         },
         targeted: opts.targeted,
         device: opts.device.to_string(),
+        images_folder: opts.images.clone(),
         clean_accuracy: accuracy(|r| r.clean),
         adversarial_accuracy: accuracy(|r| r.adversarial),
         success_rate: success,
@@ -519,7 +624,7 @@ pub fn describe(r: &AdversarialReport) -> String {
         s += "note: no --weights given: the model is randomly initialised\n";
     }
     s += &format!(
-        "{} on {} ({} images, {}): {:?} eps {:.4} alpha {:.4} steps {}{}\n",
+        "{} on {} ({} images, {}): {} eps {:.4} alpha {:.4} steps {}{}\n",
         r.model,
         r.device,
         r.images.len(),
@@ -542,7 +647,32 @@ pub fn describe(r: &AdversarialReport) -> String {
         r.linf_mean, r.linf_max, r.l2_mean
     );
     s += &r.memory.describe("attack step");
+    s += "per image: file: clean prediction → adversarial prediction (the model's confidence)\n";
+    for img in &r.images {
+        s += &describe_image(img, &r.images_folder);
+    }
     s
+}
+
+/// One line for one image: `3/cat.png: 281 tabby (62.1%) → 292 tiger
+/// (48.0%)`, its label after the file when the folder gives one.
+fn describe_image(img: &ImageResult, folder: &Path) -> String {
+    let class = |c: usize, name: &Option<String>, p: f64| match name {
+        Some(n) => format!("{c} {n} ({:.1}%)", 100.0 * p),
+        None => format!("class {c} ({:.1}%)", 100.0 * p),
+    };
+    let file = img.file.strip_prefix(folder).unwrap_or(&img.file);
+    let label = img.label.map_or(String::new(), |l| format!(" (label {l})"));
+    format!(
+        "  {}{label}: {} → {}\n",
+        file.display(),
+        class(img.clean, &img.clean_name, img.clean_confidence),
+        class(
+            img.adversarial,
+            &img.adversarial_name,
+            img.adversarial_confidence
+        ),
+    )
 }
 
 /// Where the adversarial image of `file` goes in `out`: `out/<stem>.png`,

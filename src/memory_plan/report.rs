@@ -93,6 +93,11 @@ pub struct TorchMeasured {
     /// Where the numbers come from, for the table's legend (`torch
     /// 2.15.0, torchvision 0.29.2, on meta`).
     pub source: String,
+    /// The device PyTorch ran the step on (`meta`, `cpu`, `cuda`): what
+    /// it could measure there is said under the table.
+    pub device: String,
+    /// The batch PyTorch ran.
+    pub batch: usize,
     /// The model's parameters and buffers.
     pub parameters: Option<usize>,
     /// The optimizer's state after the step.
@@ -183,7 +188,7 @@ impl MemoryPlan {
             },
             format!("{:?}", s.dtype).to_lowercase(),
             s.case,
-            s.optimizer.name(),
+            optimizer_label(s.optimizer),
             if s.fused { " fused" } else { "" },
             if s.device == Device::Meta {
                 "predicted on meta".to_string()
@@ -300,6 +305,71 @@ impl MemoryPlan {
                 let _ = writeln!(out, "  (nothing saved)");
             }
         }
+        if let Some(t) = torch {
+            out.push('\n');
+            out += &wrap(&t.what_it_measures(), 100);
+        }
         out
+    }
+}
+
+/// `text` broken into lines of at most `width` characters at spaces
+/// (a longer word keeps its own line), each ending in a newline.
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            out += &line;
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line += word;
+    }
+    if !line.is_empty() {
+        out += &line;
+        out.push('\n');
+    }
+    out
+}
+
+/// The optimizer's usual name, for people (`SGD`, `Adam`, `AdamW`).
+pub(super) fn optimizer_label(kind: super::OptimizerKind) -> &'static str {
+    match kind {
+        super::OptimizerKind::Sgd => "SGD",
+        super::OptimizerKind::Adam => "Adam",
+        super::OptimizerKind::Adamw => "AdamW",
+    }
+}
+
+impl TorchMeasured {
+    /// What PyTorch's run on its device can and cannot measure, for people
+    /// (said under the table).
+    pub fn what_it_measures(&self) -> String {
+        let b = self.batch;
+        match self.device.as_str() {
+            "meta" => format!(
+                "torch on meta (batch {b}): PyTorch's meta device allocates nothing, so it measures only \
+                 the parameters and buffers and the bytes autograd saves for backward; the step's peak, \
+                 activations, gradients, workspace and optimizer state need a real run: \
+                 `--compare-torch cpu` runs the step on the CPU (at --torch-batch, default 2) and \
+                 measures its peak too"
+            ),
+            "cpu" => format!(
+                "torch on cpu (batch {b}): the step's peak is the bytes of the storages the step starts \
+                 with (parameters, buffers, input, targets) plus the peak of the CPU allocator's events \
+                 during the step (PyTorch's profiler); with the parameters, the optimizer state and the \
+                 bytes autograd saves, that is what it measures: it does not split the peak into \
+                 categories"
+            ),
+            other => format!(
+                "torch on {other} (batch {b}): the step's peak is torch.cuda.max_memory_allocated(); \
+                 with the parameters, the optimizer state and the bytes autograd saves, that is what it \
+                 measures: it does not split the peak into categories"
+            ),
+        }
     }
 }

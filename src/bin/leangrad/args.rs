@@ -125,7 +125,8 @@ pub enum Command {
     /// Adversarial examples (FGSM, PGD, PGD-L2) against an image classifier
     /// with every parameter frozen: writes each adversarial image as PNG
     /// and prints clean vs adversarial accuracy, the success rate, the
-    /// perturbation norms and the memory next to what PyTorch keeps.
+    /// perturbation norms, the memory next to what PyTorch keeps, and each
+    /// image's clean and adversarial prediction.
     Adversarial {
         /// The model (an image model of `leangrad memory`).
         #[arg(long, default_value = "resnet18")]
@@ -162,6 +163,10 @@ pub enum Command {
         /// The classifier's classes.
         #[arg(long, default_value_t = 1000)]
         classes: usize,
+        /// A file of the classes' names, one a line in class-index order
+        /// (as many lines as --classes), shown next to the predictions.
+        #[arg(long)]
+        labels: Option<PathBuf>,
         /// Seed of PGD's random start.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -230,6 +235,16 @@ pub enum Command {
         /// Also write OUT-000100.png etc. every N steps.
         #[arg(long)]
         every: Option<usize>,
+        /// How the VGG's input is made from the image: `torchvision`
+        /// (RGB in [0, 1], ImageNet mean and std) or `caffe` (BGR, 0–255,
+        /// mean [103.939, 116.779, 123.68] subtracted), as the weights were
+        /// trained.
+        #[arg(long, default_value = "torchvision", value_parser = ["torchvision", "caffe"])]
+        input_convention: String,
+        /// Run on when the loss diverges (non-finite, or above 10× the
+        /// first step's), with a warning, instead of stopping with an error.
+        #[arg(long)]
+        keep_going: bool,
         /// `auto`: CUDA 0 when it can be opened, else the CPU.
         #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
         device: String,
@@ -291,9 +306,27 @@ pub struct MemoryArgs {
     /// Add a column of what PyTorch itself keeps for the same step, run
     /// by python-compare/torch_step_memory.py with `LEANGRAD_PYTHON` (else
     /// `python3`), which needs torch and torchvision (CNNs) or
-    /// transformers (vit_b16, bert_base, gpt2).
-    #[arg(long)]
-    pub compare_torch: bool,
+    /// transformers (vit_b16, bert_base, gpt2). Alone: on the step's
+    /// `--device` (on meta PyTorch can measure only the parameters and the
+    /// saved bytes); `cpu`: PyTorch runs the step on the CPU at
+    /// `--torch-batch`, which measures its peak too; `meta`: on meta.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        default_missing_value = SAME_DEVICE,
+        value_parser = clap::builder::PossibleValuesParser::new([
+            clap::builder::PossibleValue::new("meta"),
+            clap::builder::PossibleValue::new("cpu"),
+            clap::builder::PossibleValue::new(SAME_DEVICE).hide(true),
+        ]),
+    )]
+    pub compare_torch: Option<String>,
+    /// The batch PyTorch's run of --compare-torch uses (default: 2 for
+    /// `--compare-torch cpu`, at most --batch; else --batch). At another
+    /// batch than --batch, its numbers are shown next to leangrad's for
+    /// that batch.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub torch_batch: Option<u32>,
 }
 
 /// `--workers`: a whole number from 0 to [`leangrad::data::MAX_WORKERS`]
@@ -305,3 +338,7 @@ fn parse_workers(text: &str) -> Result<usize, String> {
         _ => Err(format!("expected a number of threads from 0 to {most}")),
     }
 }
+
+/// `--compare-torch` given without a value: PyTorch runs on the step's
+/// own device.
+pub const SAME_DEVICE: &str = "same";

@@ -4,7 +4,7 @@
 
 use crate::args::MemoryArgs;
 use crate::output::{self, stdout, Progress};
-use crate::torch_compare::{self, Outcome};
+use crate::torch_compare::{self, Outcome, TorchRun};
 use anyhow::Result;
 use leangrad::demo::{self, DemoOptions};
 use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec, TorchMeasured};
@@ -142,39 +142,73 @@ pub fn memory(a: MemoryArgs) -> Result<()> {
     if let Some(path) = &a.timeline {
         memory_plan::plot::write_timeline(&plan, path)?;
     }
-    if let Some(path) = &a.plot {
-        memory_plan::plot::write_plot(&plan, path)?;
-    }
-    let torch = if a.compare_torch {
-        Some(compare_torch(&a, &spec)?)
-    } else {
-        None
+    let run = TorchRun::asked(&a);
+    let torch = match &run {
+        Some(run) => Some(compare_torch(&a, &spec, run)?),
+        None => None,
     };
+    let column = torch.as_ref().and_then(|(_, c)| c.as_ref());
+    // PyTorch at another batch: leangrad's numbers for that batch beside
+    // its own (predicted on meta, which allocates as the CPU does).
+    let beside = match (&run, column) {
+        (Some(run), Some(_)) if run.batch != spec.batch => {
+            let at = StepSpec {
+                batch: run.batch,
+                device: Device::Meta,
+                ..spec.clone()
+            };
+            Some((run.batch, memory_plan::plan(&a.model, &at)?))
+        }
+        _ => None,
+    };
+    if let Some(path) = &a.plot {
+        let same_step = column.filter(|_| beside.is_none());
+        if let (Some(run), Some(_), None) = (&run, column, same_step) {
+            output::stderr(&format!(
+                "--plot: no line for PyTorch's peak: it ran at batch {}, the plot is of batch {} \
+                 (give --torch-batch {} for both)\n",
+                run.batch, spec.batch, spec.batch
+            ));
+        }
+        memory_plan::plot::write_plot_compared(&plan, path, same_step)?;
+    }
     stdout(&if a.json {
         let mut v = serde_json::to_value(&plan)?;
         if let Some((json, _)) = &torch {
             v["torch"] = json.clone();
         }
+        if let Some((_, at)) = &beside {
+            v["torch_batch_plan"] = serde_json::to_value(at)?;
+        }
         serde_json::to_string_pretty(&v)? + "\n"
+    } else if let Some((batch, at)) = &beside {
+        format!(
+            "{}\nPyTorch ran the step at batch {batch} (--torch-batch); beside it, leangrad's \
+             prediction for batch {batch}:\n\n{}",
+            plan.to_table(a.top),
+            at.to_table_compared(0, column)
+        )
     } else {
-        plan.to_table_compared(a.top, torch.as_ref().and_then(|(_, c)| c.as_ref()))
+        plan.to_table_compared(a.top, column)
     })
 }
 
-/// Runs the same step in PyTorch: its JSON for `--json` and, when it
-/// ran, the table's column. When PyTorch is not there, says on stderr how
-/// to install it and returns the JSON `{missing, install}` without a column.
+/// Runs the same step in PyTorch as `run` says: its JSON for `--json`
+/// and, when it ran, the table's column. When PyTorch is not there, says
+/// on stderr how to install it and returns the JSON `{missing, install}`
+/// without a column.
 fn compare_torch(
     a: &MemoryArgs,
     spec: &StepSpec,
+    run: &TorchRun,
 ) -> Result<(serde_json::Value, Option<TorchMeasured>)> {
-    let args = torch_compare::script_args(a, spec);
+    let args = torch_compare::script_args(a, spec, run);
     output::stderr(&format!(
         "measuring the same step in PyTorch ({} {})\n",
         torch_compare::SCRIPT_NAME,
         args.join(" ")
     ));
-    Ok(match torch_compare::measure(a, &args)? {
+    Ok(match torch_compare::measure(a, &args, run)? {
         Outcome::Measured(json, column) => (json, Some(column)),
         Outcome::Unavailable(json, message) => {
             output::stderr(&message);

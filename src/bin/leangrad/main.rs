@@ -12,7 +12,9 @@ use commands::DemoArgs;
 use leangrad::jobs;
 use leangrad::jobs::adversarial::{self, AdversarialOptions, Attack};
 use leangrad::jobs::finetune::{self, FinetuneOptions};
-use leangrad::jobs::style::{self, StyleInit, StyleNet, StyleOptimizer, StyleOptions};
+use leangrad::jobs::style::{
+    self, InputConvention, StyleInit, StyleNet, StyleOptimizer, StyleOptions,
+};
 use leangrad::memory_plan::OptimizerKind;
 use output::{report, PipeClosed};
 
@@ -115,7 +117,10 @@ fn run(cli: Cli) -> Result<()> {
                 quiet: json,
                 ..FinetuneOptions::new(&model, data)
             };
-            report(&finetune::run(&opts)?, json, finetune::describe)?;
+            let start = std::time::Instant::now();
+            let r = finetune::run(&opts)?;
+            let seconds = start.elapsed().as_secs_f64();
+            output::report_timed(&r, json, finetune::describe, seconds)?;
         }
         Command::Adversarial {
             model,
@@ -129,6 +134,7 @@ fn run(cli: Cli) -> Result<()> {
             size,
             batch,
             classes,
+            labels,
             seed,
             device,
             out,
@@ -145,6 +151,7 @@ fn run(cli: Cli) -> Result<()> {
                 size,
                 batch,
                 classes,
+                labels,
                 device: jobs::choose_device(&device)?,
                 seed,
                 skip_bad_images,
@@ -168,6 +175,8 @@ fn run(cli: Cli) -> Result<()> {
             seed,
             out,
             every,
+            input_convention,
+            keep_going,
             device,
             json,
         } => {
@@ -187,11 +196,19 @@ fn run(cli: Cli) -> Result<()> {
                 },
                 seed,
                 every,
+                input_convention: InputConvention::parse(&input_convention)?,
+                keep_going,
                 device: jobs::choose_device(&device)?,
                 quiet: json,
                 ..StyleOptions::new(content, style_image, out)
             };
-            report(&style::run(&opts)?, json, style::describe)?;
+            let r = style::run(&opts)?;
+            if let Some(what) = &r.diverged {
+                output::stderr(&format!(
+                    "warning: style diverged (running on, --keep-going): {what}\n"
+                ));
+            }
+            report(&r, json, style::describe)?;
         }
     }
     Ok(())

@@ -68,3 +68,24 @@ pub fn report<R: serde::Serialize>(
     };
     stdout(&text)
 }
+
+/// [`report`] for a job whose report has no wall time of its own: adds
+/// `seconds` (the whole run, as the other jobs report) to the JSON, and a
+/// last line to the text.
+pub fn report_timed<R: serde::Serialize>(
+    report: &R,
+    json: bool,
+    describe: fn(&R) -> String,
+    seconds: f64,
+) -> Result<()> {
+    let text = if json {
+        let mut v = serde_json::to_value(report)?;
+        if let Some(fields) = v.as_object_mut() {
+            fields.entry("seconds").or_insert(seconds.into());
+        }
+        serde_json::to_string_pretty(&v)? + "\n"
+    } else {
+        describe(report) + &format!("finished in {seconds:.1} s\n")
+    };
+    stdout(&text)
+}

@@ -15,7 +15,7 @@
 //! status 0); a script that fails otherwise is an error naming it, with
 //! the end of its stderr.
 
-use crate::args::MemoryArgs;
+use crate::args::{MemoryArgs, SAME_DEVICE};
 use anyhow::{bail, Context, Result};
 use leangrad::memory_plan::{StepInput, StepSpec, TorchMeasured};
 use serde_json::{json, Value};
@@ -30,6 +30,40 @@ pub const SCRIPT_NAME: &str = "python-compare/torch_step_memory.py";
 const EXIT_MISSING: i32 = 3;
 /// Lines of the script's stderr quoted when it fails.
 const STDERR_TAIL_LINES: usize = 20;
+
+/// PyTorch's batch for `--compare-torch cpu` without `--torch-batch`: a
+/// real step on the CPU, small enough to take seconds.
+pub const DEFAULT_CPU_BATCH: usize = 2;
+
+/// Where and at which batch PyTorch runs the step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TorchRun {
+    /// `meta`, `cpu` or `cuda`, as the script's `--device`.
+    pub device: String,
+    /// Samples per batch.
+    pub batch: usize,
+}
+
+impl TorchRun {
+    /// The run `--compare-torch [DEVICE]` and `--torch-batch` ask for;
+    /// `None` without `--compare-torch`. Alone, it is the step's own
+    /// device and batch; `cpu` defaults to [`DEFAULT_CPU_BATCH`] (at
+    /// most `--batch`).
+    pub fn asked(a: &MemoryArgs) -> Option<TorchRun> {
+        let choice = a.compare_torch.as_deref()?;
+        let device = if choice == SAME_DEVICE {
+            a.device.clone()
+        } else {
+            choice.to_string()
+        };
+        let batch = match a.torch_batch {
+            Some(b) => b as usize,
+            None if choice == "cpu" => DEFAULT_CPU_BATCH.min(a.batch as usize),
+            None => a.batch as usize,
+        };
+        Some(TorchRun { device, batch })
+    }
+}
 
 /// What `--compare-torch` found.
 pub enum Outcome {
@@ -57,13 +91,14 @@ fn companion(model: &str) -> &'static str {
     }
 }
 
-/// The script's arguments for the step `spec` of `a.model`.
-pub fn script_args(a: &MemoryArgs, spec: &StepSpec) -> Vec<String> {
+/// The script's arguments for the step `spec` of `a.model`, run as `run`
+/// says (its device and batch).
+pub fn script_args(a: &MemoryArgs, spec: &StepSpec, run: &TorchRun) -> Vec<String> {
     let mut v: Vec<String> = vec![
         "--model".into(),
         a.model.clone(),
         "--batch".into(),
-        spec.batch.to_string(),
+        run.batch.to_string(),
         "--case".into(),
         spec.case.to_string(),
         "--classes".into(),
@@ -73,7 +108,7 @@ pub fn script_args(a: &MemoryArgs, spec: &StepSpec) -> Vec<String> {
         "--optimizer".into(),
         spec.optimizer.name().into(),
         "--device".into(),
-        a.device.clone(),
+        run.device.clone(),
     ];
     match spec.input {
         StepInput::Image { size, .. } => v.extend(["--size".into(), size.to_string()]),
@@ -136,8 +171,9 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Runs the script for `a.model` with `args` and reads its answer.
-pub fn measure(a: &MemoryArgs, args: &[String]) -> Result<Outcome> {
+/// Runs the script for `a.model` with `args` (made by [`script_args`] for
+/// `run`) and reads its answer.
+pub fn measure(a: &MemoryArgs, args: &[String], run: &TorchRun) -> Result<Outcome> {
     let python = python();
     let (script, temporary) = script_file()?;
     let output = Command::new(&python).arg(&script).args(args).output();
@@ -198,13 +234,13 @@ pub fn measure(a: &MemoryArgs, args: &[String]) -> Result<Outcome> {
             tail(&stderr, STDERR_TAIL_LINES)
         )
     })?;
-    let column = column(&v, a, args)?;
+    let column = column(&v, a, args, run)?;
     Ok(Outcome::Measured(v, column))
 }
 
 /// The table's column from the script's object, after checking that it
 /// describes the step asked for.
-fn column(v: &Value, a: &MemoryArgs, args: &[String]) -> Result<TorchMeasured> {
+fn column(v: &Value, a: &MemoryArgs, args: &[String], run: &TorchRun) -> Result<TorchMeasured> {
     let asked = |flag: &str| {
         args.iter()
             .position(|x| x == flag)
@@ -249,9 +285,11 @@ fn column(v: &Value, a: &MemoryArgs, args: &[String]) -> Result<TorchMeasured> {
     if let Some(attention) = v["attention"].as_str() {
         source += &format!(", {attention} attention");
     }
-    source += &format!(", on {}", a.device);
+    source += &format!(", on {}", run.device);
     Ok(TorchMeasured {
         source,
+        device: run.device.clone(),
+        batch: run.batch,
         parameters: bytes("parameter_bytes")?,
         optimizer_state: bytes("optimizer_state_bytes")?,
         saved,

@@ -27,12 +27,15 @@
 
 mod transfer;
 
-pub use transfer::{gram, load_vgg_features, StyleLosses, Transfer};
+pub use transfer::{
+    gram, load_vgg_features, InputConvention, StyleLosses, Transfer, CAFFE_MEAN_BGR,
+};
 
 use super::{Progress, StepBytes};
 use crate::autograd::{with_save_policy, SavePolicy};
 use crate::data::{
-    read_image_header, read_image_with, write_png, ColorMode, PngDepth, Resize, ResizeTo, SampleRng,
+    check_png_outputs, read_image_header, read_image_with, write_png, ColorMode, PngDepth, Resize,
+    ResizeTo, SampleRng,
 };
 use crate::memory::host::checked_count;
 use crate::memory::Ledger;
@@ -128,14 +131,24 @@ impl StyleNet {
     }
 }
 
-/// Adam or L-BFGS.
+/// Adam or L-BFGS (in reports by their usual names, `Adam` and `L-BFGS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
 pub enum StyleOptimizer {
     /// Adam (default lr 0.02).
+    #[serde(rename = "Adam")]
     Adam,
     /// L-BFGS (default lr 1), one iteration per step.
+    #[serde(rename = "L-BFGS")]
     Lbfgs,
+}
+
+impl std::fmt::Display for StyleOptimizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StyleOptimizer::Adam => "Adam",
+            StyleOptimizer::Lbfgs => "L-BFGS",
+        })
+    }
 }
 
 impl StyleOptimizer {
@@ -204,6 +217,12 @@ pub struct StyleOptions {
     pub seed: u64,
     /// Write a frame `OUT-000100.png` every this many steps.
     pub every: Option<usize>,
+    /// How the network's input is made from the image: torchvision's
+    /// weights (the default) or Caffe's.
+    pub input_convention: InputConvention,
+    /// Run on when the loss diverges (see [`divergence`]) instead of
+    /// stopping with [`Error::Diverged`]; the report says so.
+    pub keep_going: bool,
     /// Where to run.
     pub device: Device,
     /// No progress bar.
@@ -234,6 +253,8 @@ impl StyleOptions {
             init: StyleInit::Content,
             seed: 0,
             every: None,
+            input_convention: InputConvention::Torchvision,
+            keep_going: false,
             device: Device::Cpu,
             quiet: true,
         }
@@ -251,6 +272,8 @@ pub struct StyleReport {
     pub optimizer: StyleOptimizer,
     /// Its learning rate.
     pub lr: f64,
+    /// How the network's input was made from the image.
+    pub input_convention: InputConvention,
     /// Where the image started.
     pub init: StyleInit,
     /// Steps taken.
@@ -269,6 +292,9 @@ pub struct StyleReport {
     pub losses: StyleLosses,
     /// Total loss at each step's evaluation, before its update.
     pub history: Vec<f64>,
+    /// What [`divergence`] found, when the run went on past it
+    /// ([`StyleOptions::keep_going`]): the result is then likely noise.
+    pub diverged: Option<String>,
     /// The result.
     pub written: PathBuf,
     /// Frames written, in order.
@@ -282,6 +308,7 @@ pub struct StyleReport {
 /// Runs the style transfer of `opts` and writes the result (and frames).
 pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
     check(opts)?;
+    check_png_outputs(outputs(opts), "--out")?;
     // Both images' sizes come from their headers, and the step is refused
     // before anything is decoded when it cannot fit.
     let content_shape = resized_shape(&opts.content, opts.size)?;
@@ -300,6 +327,50 @@ pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
     let _l = ledger.enter();
     let start = Instant::now();
     let device = opts.device;
+    let transfer = problem(opts, content, style)?;
+    let progress = Progress::new(opts.steps as u64, "style", &ledger, device, opts.quiet);
+    let lr = opts.lr.unwrap_or(opts.optimizer.default_lr());
+    let optimised = optimise(opts, &transfer, lr, &progress);
+    progress.finish();
+    let Optimised {
+        history,
+        frames,
+        diverged,
+    } = optimised?;
+    transfer.clamp_image()?;
+    let losses = transfer.losses()?;
+    write_png(transfer.image(), &opts.out, PngDepth::Eight)?;
+    let shape = transfer.image().shape().to_vec();
+    Ok(StyleReport {
+        model: opts.net.name.clone(),
+        random_init: opts.weights.is_none(),
+        optimizer: opts.optimizer,
+        lr,
+        input_convention: opts.input_convention,
+        init: opts.init,
+        steps: opts.steps,
+        height: shape[2],
+        width: shape[3],
+        device: device.to_string(),
+        content_weight: opts.content_weight,
+        style_weight: opts.style_weight,
+        losses,
+        history,
+        diverged,
+        written: opts.out.clone(),
+        frames,
+        memory: StepBytes {
+            measured_peak_bytes: ledger.peak(device),
+            ..memory
+        },
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The optimisation problem of `opts` on its device: the VGG (with its
+/// weights), the targets of `content` and `style`, the starting image.
+fn problem(opts: &StyleOptions, content: Tensor, style: Tensor) -> Result<Transfer> {
+    let device = opts.device;
     let vgg = Vgg::new(&opts.net.config, DType::F32, device, opts.seed)?;
     if let Some(path) = &opts.weights {
         load_vgg_features(&vgg, path)?;
@@ -310,17 +381,58 @@ pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
         StyleInit::Noise => Tensor::rand(content.shape(), DType::F32, device, opts.seed)?,
     };
     let weights = (opts.content_weight, opts.style_weight);
-    let transfer = Transfer::new(vgg, &opts.net, (&content, &style), &init, weights)?;
-    drop((content, style, init));
-    let progress = Progress::new(opts.steps as u64, "style", &ledger, device, opts.quiet);
-    let lr = opts.lr.unwrap_or(opts.optimizer.default_lr());
-    let mut history = Vec::with_capacity(opts.steps);
-    let mut frames = Vec::new();
-    let mut frame = |step: usize, transfer: &Transfer| -> Result<()> {
+    let images = (&content, &style);
+    Transfer::with_input(
+        vgg,
+        &opts.net,
+        images,
+        &init,
+        weights,
+        opts.input_convention,
+    )
+}
+
+/// What the optimisation left besides the image.
+struct Optimised {
+    history: Vec<f64>,
+    frames: Vec<PathBuf>,
+    diverged: Option<String>,
+}
+
+/// The steps of `opts.optimizer` at learning rate `lr`: each step's loss
+/// recorded and checked for divergence (an error unless
+/// `opts.keep_going`), frames written every `opts.every` steps.
+fn optimise(
+    opts: &StyleOptions,
+    transfer: &Transfer,
+    lr: f64,
+    progress: &Progress,
+) -> Result<Optimised> {
+    let mut done = Optimised {
+        history: Vec::new(),
+        frames: Vec::new(),
+        diverged: None,
+    };
+    // After each step's evaluation (`loss`, before its update) and update.
+    let mut record = |step: usize, loss: f64| -> Result<()> {
+        done.history.push(loss);
+        progress.step(loss);
+        if done.diverged.is_none() {
+            if let Some(what) = divergence(&done.history) {
+                let reason = format!("{what}; {}", divergence_hint(opts, lr));
+                if !opts.keep_going {
+                    return Err(Error::Diverged {
+                        job: "style",
+                        reason,
+                    });
+                }
+                done.diverged = Some(reason);
+            }
+        }
         if opts.every.is_some_and(|n| step.is_multiple_of(n)) {
             let path = frame_path(&opts.out, step);
             write_png(transfer.image(), &path, PngDepth::Eight)?;
-            frames.push(path);
+            done.frames.push(path);
         }
         Ok(())
     };
@@ -332,9 +444,7 @@ pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
                 adam.step()?;
                 adam.zero_grad();
                 transfer.clamp_image()?;
-                history.push(loss);
-                progress.step(loss);
-                frame(step, &transfer)?;
+                record(step, loss)?;
             }
         }
         StyleOptimizer::Lbfgs => {
@@ -345,39 +455,56 @@ pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
                     transfer.clamp_image()?;
                     Ok(transfer.evaluate()?.total)
                 })?;
-                history.push(loss);
-                progress.step(loss);
-                frame(step, &transfer)?;
+                record(step, loss)?;
             }
         }
     }
-    progress.finish();
-    transfer.clamp_image()?;
-    let losses = transfer.losses()?;
-    write_png(transfer.image(), &opts.out, PngDepth::Eight)?;
-    let shape = transfer.image().shape().to_vec();
-    Ok(StyleReport {
-        model: opts.net.name.clone(),
-        random_init: opts.weights.is_none(),
-        optimizer: opts.optimizer,
-        lr,
-        init: opts.init,
-        steps: opts.steps,
-        height: shape[2],
-        width: shape[3],
-        device: device.to_string(),
-        content_weight: opts.content_weight,
-        style_weight: opts.style_weight,
-        losses,
-        history,
-        written: opts.out.clone(),
-        frames,
-        memory: StepBytes {
-            measured_peak_bytes: ledger.peak(device),
-            ..memory
-        },
-        seconds: start.elapsed().as_secs_f64(),
+    Ok(done)
+}
+
+/// How far above the first step's loss a later step's may go before the
+/// run counts as diverged (see [`divergence`]).
+pub const DIVERGENCE_FACTOR: f64 = 10.0;
+
+/// Whether the losses of the steps so far (`history`, each step's loss
+/// before its update) say the optimisation diverged, and how: a loss that
+/// is not finite, or a step's loss above [`DIVERGENCE_FACTOR`] times the
+/// first step's. A minimisation that works never climbs that far above
+/// its start (from the content image the first loss is the whole style
+/// loss; from noise it is larger still), while a step size the problem
+/// cannot take (L-BFGS at lr 1 on Caffe-scaled weights read as
+/// torchvision's) lifts it hundreds of times at once and writes noise.
+pub fn divergence(history: &[f64]) -> Option<String> {
+    let (&first, rest) = history.split_first()?;
+    let step = history.len();
+    let last = *history.last()?;
+    if !last.is_finite() {
+        return Some(format!("the loss became {last} at step {step}"));
+    }
+    (!rest.is_empty() && last > DIVERGENCE_FACTOR * first).then(|| {
+        format!(
+            "the loss rose from {first:.4e} at step 1 to {last:.4e} at step {step}, {:.0}× (more than {DIVERGENCE_FACTOR}×): the image is turning into noise",
+            last / first
+        )
     })
+}
+
+/// What to try when a run of `opts` at learning rate `lr` diverges.
+fn divergence_hint(opts: &StyleOptions, lr: f64) -> String {
+    let mut tries = vec![format!("a lower learning rate (--lr, now {lr})")];
+    if opts.optimizer == StyleOptimizer::Lbfgs {
+        tries.push("--optimizer adam".into());
+    }
+    if opts.input_convention == InputConvention::Torchvision {
+        tries.push(
+            "--input-convention caffe if the weights are Caffe's (BGR, 0–255, mean-subtracted)"
+                .into(),
+        );
+    }
+    format!(
+        "try {}; --keep-going runs on regardless",
+        tries.join(", or ")
+    )
 }
 
 fn check(opts: &StyleOptions) -> Result<()> {
@@ -424,12 +551,23 @@ pub fn resized_shape(path: &Path, size: usize) -> Result<Vec<usize>> {
         return Err(Error::Image {
             path: path.to_path_buf(),
             reason: format!(
-                "its {}×{} pixels resized to a shorter side of {size} are {h}×{w},                  more than the host can hold",
+                "its {}×{} pixels resized to a shorter side of {size} are {h}×{w}, more than the host can hold",
                 header.height, header.width
             ),
         });
     }
     Ok(vec![1, 3, h, w])
+}
+
+/// Every file a run of `opts` writes: the result, then its frames.
+pub fn outputs(opts: &StyleOptions) -> impl Iterator<Item = PathBuf> + '_ {
+    let frames = opts
+        .every
+        .filter(|&n| n > 0)
+        .map(|n| (n..=opts.steps).step_by(n))
+        .into_iter()
+        .flatten();
+    std::iter::once(opts.out.clone()).chain(frames.map(|step| frame_path(&opts.out, step)))
 }
 
 /// The frame of step `step`: `OUT-000100.png` next to `OUT.png`.
@@ -450,7 +588,8 @@ fn predict_memory(opts: &StyleOptions, content: &[usize], style: &[usize]) -> Re
         let vgg = Vgg::new(&opts.net.config, DType::F32, Device::Meta, 0)?;
         let c = Tensor::zeros(content, DType::F32, Device::Meta)?;
         let s = Tensor::zeros(style, DType::F32, Device::Meta)?;
-        let transfer = Transfer::new(vgg, &opts.net, (&c, &s), &c, (1.0, 1.0))?;
+        let input = opts.input_convention;
+        let transfer = Transfer::with_input(vgg, &opts.net, (&c, &s), &c, (1.0, 1.0), input)?;
         drop((c, s));
         let _p = with_save_policy(policy);
         drop(transfer.backward()?);
@@ -470,7 +609,7 @@ pub fn describe(r: &StyleReport) -> String {
         s += "note: no --weights given: the VGG is randomly initialised\n";
     }
     s += &format!(
-        "{} on {}: {}×{} image, {} {:?} steps (lr {}) in {:.1} s, written to {}\n",
+        "{} on {}: {}×{} image, {} {} steps (lr {}) in {:.1} s, written to {}\n",
         r.model,
         r.device,
         r.height,
@@ -481,6 +620,9 @@ pub fn describe(r: &StyleReport) -> String {
         r.seconds,
         r.written.display()
     );
+    if r.input_convention == InputConvention::Caffe {
+        s += "input as Caffe's weights expect it: BGR, 0–255, mean subtracted\n";
+    }
     if !r.frames.is_empty() {
         s += &format!("{} frames written next to it\n", r.frames.len());
     }

@@ -14,6 +14,60 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// The per-channel means Caffe's VGG weights subtract, in their channel
+/// order (B, G, R), on the 0–255 scale.
+pub const CAFFE_MEAN_BGR: [f64; 3] = [103.939, 116.779, 123.68];
+
+/// What the network expects as its input, made from the image (RGB in
+/// [0, 1]) inside the differentiated function.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputConvention {
+    /// torchvision's weights: RGB in [0, 1], ImageNet mean subtracted and
+    /// divided by its standard deviation (`(x − mean) / std`).
+    #[default]
+    Torchvision,
+    /// Caffe's weights (the original VGG release and its conversions): BGR
+    /// channel order, 0–255 scale, [`CAFFE_MEAN_BGR`] subtracted, no
+    /// division.
+    Caffe,
+}
+
+impl InputConvention {
+    /// `torchvision` or `caffe`.
+    pub fn parse(name: &str) -> Result<InputConvention> {
+        match name {
+            "torchvision" => Ok(InputConvention::Torchvision),
+            "caffe" => Ok(InputConvention::Caffe),
+            _ => Err(Error::InvalidArgument {
+                op: "style",
+                msg: format!("unknown input convention `{name}`; use torchvision or caffe"),
+            }),
+        }
+    }
+
+    /// Its name (`torchvision`, `caffe`).
+    pub fn name(self) -> &'static str {
+        match self {
+            InputConvention::Torchvision => "torchvision",
+            InputConvention::Caffe => "caffe",
+        }
+    }
+
+    /// The network's input for images `x` `[N, 3, H, W]` (RGB in [0, 1]),
+    /// differentiable in `x`.
+    pub fn apply(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            InputConvention::Torchvision => normalize(x, &IMAGENET_MEAN, &IMAGENET_STD),
+            InputConvention::Caffe => {
+                let (r, g, b) = (x.narrow(1, 0, 1)?, x.narrow(1, 1, 1)?, x.narrow(1, 2, 1)?);
+                let scaled = Tensor::cat(&[&b, &g, &r], 1)?.mul_scalar(255.0)?;
+                normalize(&scaled, &CAFFE_MEAN_BGR, &[1.0; 3])
+            }
+        }
+    }
+}
+
 /// The weighted losses of one image.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct StyleLosses {
@@ -80,6 +134,7 @@ pub struct Transfer {
     style_targets: Vec<Tensor>,
     content_weight: f64,
     style_weight: f64,
+    input: InputConvention,
     image: Tensor,
 }
 
@@ -87,20 +142,41 @@ impl Transfer {
     /// Freezes `vgg` (evaluation mode, no parameter requires grad),
     /// computes the targets from `content` and `style` (`[1, 3, H, W]` in
     /// [0, 1], each of its own size) and starts from `init` (the image's
-    /// size; copied into a new leaf).
+    /// size; copied into a new leaf). The network's input is made with
+    /// torchvision's convention ([`InputConvention::Torchvision`]).
     pub fn new(
+        vgg: Vgg,
+        net: &StyleNet,
+        images: (&Tensor, &Tensor),
+        init: &Tensor,
+        weights: (f64, f64),
+    ) -> Result<Transfer> {
+        Self::with_input(
+            vgg,
+            net,
+            images,
+            init,
+            weights,
+            InputConvention::Torchvision,
+        )
+    }
+
+    /// [`Transfer::new`] for a network that expects its input made with
+    /// `input` (Caffe's weights: [`InputConvention::Caffe`]).
+    pub fn with_input(
         mut vgg: Vgg,
         net: &StyleNet,
         (content, style): (&Tensor, &Tensor),
         init: &Tensor,
         (content_weight, style_weight): (f64, f64),
+        input: InputConvention,
     ) -> Result<Transfer> {
         vgg.set_requires_grad(|_| false)?;
         vgg.set_training(false);
         let (content_targets, style_targets) = {
             let _g = no_grad();
-            let c = layer_maps(&vgg, content, &net.content_layers)?;
-            let s = layer_maps(&vgg, style, &net.style_layers)?;
+            let c = layer_maps(&vgg, &input.apply(content)?, &net.content_layers)?;
+            let s = layer_maps(&vgg, &input.apply(style)?, &net.style_layers)?;
             let grams = s.iter().map(gram).collect::<Result<Vec<_>>>()?;
             (c, grams)
         };
@@ -114,6 +190,7 @@ impl Transfer {
             style_targets,
             content_weight,
             style_weight,
+            input,
             image: image.set_requires_grad(true)?,
         })
     }
@@ -121,6 +198,12 @@ impl Transfer {
     /// The image being optimised (a leaf requiring grad).
     pub fn image(&self) -> &Tensor {
         &self.image
+    }
+
+    /// The network's input for the current image (its convention applied),
+    /// attached to the graph when grad mode is on: what the losses read.
+    pub fn network_input(&self) -> Result<Tensor> {
+        self.input.apply(&self.image)
     }
 
     /// The frozen network.
@@ -133,8 +216,7 @@ impl Transfer {
     pub fn loss_tensors(&self) -> Result<(Tensor, Tensor)> {
         let mut names: Vec<&str> = self.style_layers.iter().map(String::as_str).collect();
         names.extend(self.content_layers.iter().map(String::as_str));
-        let x = normalize(&self.image, &IMAGENET_MEAN, &IMAGENET_STD)?;
-        let maps = self.vgg.features(&x, &names)?;
+        let maps = self.vgg.features(&self.network_input()?, &names)?;
         let (style_maps, content_maps) = maps.split_at(self.style_layers.len());
         let sum = |terms: Vec<Tensor>| -> Result<Tensor> {
             let mut it = terms.into_iter();
@@ -200,12 +282,11 @@ fn losses(content: f64, style: f64) -> StyleLosses {
     }
 }
 
-/// The maps of `layers` for image `x` (normalised here).
+/// The maps of `layers` for the network's input `x`.
 fn layer_maps(vgg: &Vgg, x: &Tensor, layers: &[String]) -> Result<Vec<Tensor>> {
     let names: Vec<&str> = layers.iter().map(String::as_str).collect();
-    let x = normalize(x, &IMAGENET_MEAN, &IMAGENET_STD)?;
     Ok(vgg
-        .features(&x, &names)?
+        .features(x, &names)?
         .into_iter()
         .map(|(_, t)| t)
         .collect())
