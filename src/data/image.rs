@@ -671,10 +671,7 @@ pub fn write_png(tensor: &Tensor, path: impl AsRef<Path>, depth: PngDepth) -> Re
             {
                 let values = interleave(65535.0)?;
                 let n = checked_count(&[values.len(), 2])?;
-                try_collect(
-                    n,
-                    values.into_iter().flat_map(|v| (v as u16).to_be_bytes()),
-                )?
+                try_collect(n, values.into_iter().flat_map(|v| (v as u16).to_be_bytes()))?
             },
             png::BitDepth::Sixteen,
         ),

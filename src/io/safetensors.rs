@@ -178,8 +178,9 @@ fn parse(what: &str, bytes: &[u8]) -> Result<BTreeMap<String, Tensor>> {
 /// file [`Error::MalformedWeights`].
 ///
 /// A file that cannot be read is [`Error::File`] naming it; a PyTorch
-/// pickle (what `torch.save` writes, usually `.pt`/`.pth`) is
-/// [`Error::MalformedWeights`] saying how to convert it.
+/// file (what `torch.save` writes, usually `.pt`/`.pth`) is
+/// [`Error::MalformedWeights`] pointing to [`super::load_weights`], which
+/// reads both formats.
 pub fn load_safetensors(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|source| Error::File {
@@ -207,24 +208,30 @@ fn looks_like_pickle(bytes: &[u8]) -> bool {
     bytes.starts_with(b"PK\x03\x04") || matches!(bytes, [0x80, 2..=5, ..])
 }
 
-/// Turns the failure to read a PyTorch pickle as safetensors (recognised
+/// Turns the failure to read a PyTorch file as safetensors (recognised
 /// by its first bytes, or by its `.pt`/`.pth` name) into a message saying
-/// how to convert it; other errors pass through.
+/// what reads it; other errors pass through.
 fn pickle_hint(e: Error, what: &str, bytes: &[u8], pickle_name: bool) -> Error {
     if !matches!(e, Error::MalformedWeights { .. }) || !(pickle_name || looks_like_pickle(bytes)) {
         return e;
     }
     let p = if what == IN_MEMORY { "p" } else { what };
-    malformed(
-        what,
-        None,
+    let convert = format!(
+        "convert it once in Python: `import torch, safetensors.torch; \
+         safetensors.torch.save_file(torch.load({p:?}), \"w.safetensors\")` \
+         (a state dict; for a whole pickled model, save `model.state_dict()`)"
+    );
+    let reason = if bytes.starts_with(b"PK\x03\x04") {
         format!(
-            "this is a PyTorch pickle (what torch.save writes), not a safetensors file; \
-             convert it once in Python: `import torch, safetensors.torch; \
-             safetensors.torch.save_file(torch.load({p:?}), \"w.safetensors\")` \
-             (a state dict; for a whole pickled model, save `model.state_dict()`)"
-        ),
-    )
+            "this is a PyTorch pickle (torch.save's zip format), not a safetensors file: \
+             `leangrad::io::load_weights` reads it (and safetensors files), or {convert}"
+        )
+    } else {
+        format!(
+            "this is a PyTorch pickle (what torch.save writes), not a safetensors file; {convert}"
+        )
+    };
+    malformed(what, None, reason)
 }
 
 fn encode<T: WithDType, const N: usize>(t: &Tensor, to: fn(T) -> [u8; N]) -> Result<Vec<u8>> {

@@ -17,7 +17,7 @@ use crate::data::{
     has_image_extension, read_image_with, CenterCrop, ColorMode, Compose, Resize, SampleRng,
 };
 use crate::io::{
-    check_state_dict, load_safetensors, load_state_dict, rename_prefix, state_dict, LoadOptions,
+    check_state_dict, load_state_dict, load_weights, rename_prefix, state_dict, LoadOptions,
     LoadReport,
 };
 use crate::memory::Ledger;
@@ -204,7 +204,7 @@ pub struct LoadedClassifier {
 }
 
 /// The classifier `name` on `device` with `classes` outputs: with `weights`
-/// (a safetensors file of the torchvision model's `state_dict()`, of any
+/// (a safetensors or PyTorch `.pth` file of the torchvision model's `state_dict()`, of any
 /// class count), the weights are loaded strictly (every name and shape must
 /// match, though a file without the classifier loads the backbone) and the
 /// head is then replaced when its class count differs (a fresh head, as
@@ -240,7 +240,7 @@ pub fn image_model_with(
             weights: None,
         });
     };
-    let mut tensors = load_safetensors(path)?;
+    let mut tensors = load_weights(path)?;
     if !(loading.strip_prefix.is_empty() && loading.add_prefix.is_empty()) {
         tensors = rename_prefix(tensors, &loading.strip_prefix, &loading.add_prefix)?;
     }

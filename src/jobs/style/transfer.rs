@@ -4,7 +4,7 @@
 use super::StyleNet;
 use crate::autograd::no_grad;
 use crate::data::{normalize, IMAGENET_MEAN, IMAGENET_STD};
-use crate::io::{load_into, load_safetensors, state_dict, LoadOptions};
+use crate::io::{load_into, load_weights, state_dict, LoadOptions};
 use crate::models::{FeatureMaps, Vgg};
 use crate::nn::Module;
 use crate::ops::Reduction;
@@ -109,7 +109,7 @@ pub fn load_vgg_features(vgg: &Vgg, path: &Path) -> Result<()> {
             msg: format!("weights file `{}` not found", path.display()),
         });
     }
-    let features: BTreeMap<String, Tensor> = load_safetensors(path)?
+    let features: BTreeMap<String, Tensor> = load_weights(path)?
         .into_iter()
         .filter(|(name, _)| !name.starts_with("classifier."))
         .collect();
