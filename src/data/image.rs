@@ -22,10 +22,7 @@
 use std::io::{Cursor, Read};
 use std::path::{Path, PathBuf};
 
-use image::{
-    ColorType, DynamicImage, ImageBuffer, ImageDecoder, ImageFormat, ImageReader, Limits, Luma,
-    Rgb, Rgba,
-};
+use image::{ColorType, ImageDecoder, ImageFormat, ImageReader, Limits};
 use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
