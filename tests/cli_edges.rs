@@ -204,14 +204,12 @@ fn missing_weights_name_the_file_and_pickles_say_how_to_convert() {
     // The system's reason once, not repeated by the error's cause.
     assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
     let convert = "safetensors.torch.save_file(torch.load(";
-    // torch.save's zip format (PyTorch ≥ 1.6), under a .pt name.
+    // torch.save's zip format (PyTorch ≥ 1.6), under a .pt name, cut
+    // short: read as a PyTorch file and refused as damaged, naming it.
     let zip = root.join("resnet18.pt");
     std::fs::write(&zip, b"PK\x03\x04\x00\x00\x08\x08archive/data.pkl").unwrap();
     let stderr = attack(&zip);
-    assert!(
-        stderr.contains("PyTorch pickle") && stderr.contains(convert),
-        "{stderr}"
-    );
+    assert!(stderr.contains("malformed weights"), "{stderr}");
     // The legacy bare pickle (protocol 2), recognised by its bytes whatever
     // the file is called.
     let legacy = root.join("weights.safetensors");
