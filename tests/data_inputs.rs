@@ -400,6 +400,15 @@ fn skip_bad_images_leaves_out_unreadable_files_and_the_default_names_them() {
         .map(|i| i["file"].as_str().unwrap())
         .collect();
     assert_eq!(files, [images.join("good.png").display().to_string()]);
+    // Nothing readable at all is an error naming the folder.
+    std::fs::remove_file(images.join("good.png")).unwrap();
+    let none = leangrad(&[&args[..], &["--skip-bad-images"]].concat());
+    let stderr = String::from_utf8_lossy(&none.stderr);
+    assert_eq!(none.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("none of its 1 image files could be read"),
+        "{stderr}"
+    );
 }
 
 #[test]

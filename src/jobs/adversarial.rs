@@ -317,6 +317,12 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
         }
     }
     progress.finish();
+    if results.is_empty() {
+        return Err(Error::Image {
+            path: opts.images.clone(),
+            reason: format!("none of its {} image files could be read", files.len()),
+        });
+    }
     let seconds = start.elapsed().as_secs_f64();
     let memory = StepBytes {
         measured_peak_bytes: ledger.peak(opts.device),

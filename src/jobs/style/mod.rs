@@ -551,7 +551,8 @@ pub fn resized_shape(path: &Path, size: usize) -> Result<Vec<usize>> {
         return Err(Error::Image {
             path: path.to_path_buf(),
             reason: format!(
-                "its {}×{} pixels resized to a shorter side of {size} are {h}×{w}, more than the host can hold",
+                "its {}×{} pixels resized to a shorter side of {size} are {h}×{w}, \
+                 more than the host can hold",
                 header.height, header.width
             ),
         });
