@@ -102,20 +102,6 @@ fn fixtures() -> Fixtures {
     }
 }
 
-/// Whether `args` give `finetune --out` (or `--resume`'s sibling rename)
-/// an existing folder that is not a checkpoint: the checkpoint's save
-/// replaces such a folder whole today (see the ignored
-/// `finetune_out_keeps_an_existing_folder` in tests/fuzz_regressions.rs);
-/// such runs are left out until that is fixed, so that they do not wipe
-/// the fixtures the other runs read.
-fn replaces_a_folder(args: &[String]) -> bool {
-    args.first().is_some_and(|c| c == "finetune")
-        && args.windows(2).any(|w| {
-            let dir = Path::new(&w[1]);
-            w[0] == "--out" && dir.is_dir() && !dir.join("checkpoint.json").exists()
-        })
-}
-
 /// The base argument lists: each command on small inputs.
 fn base_commands(f: &Fixtures) -> Vec<(&'static str, Vec<String>)> {
     let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
@@ -388,7 +374,6 @@ fn the_command_line_survives_mutated_arguments() {
     let n = iterations(CI_ITERS);
     let work = scratch("cli-runs");
     let mut tallies = Vec::new();
-    let mut skipped = 0;
     for (name, base) in base_commands(&f) {
         let mut tally = Tally::default();
         // The unmutated command first: it must succeed.
@@ -399,10 +384,6 @@ fn the_command_line_survives_mutated_arguments() {
                 let mut rng = Rng::new(base_seed() ^ (i as u64) ^ (name.len() as u64 * 0x1000));
                 mutate_args(&base, &f, &mut rng)
             };
-            if replaces_a_folder(&args) {
-                skipped += 1;
-                continue;
-            }
             tally.inputs += 1;
             let start = Instant::now();
             let outcome =
@@ -431,6 +412,5 @@ fn the_command_line_survives_mutated_arguments() {
         }
         tallies.push((name, tally));
     }
-    println!("fuzz: {skipped} runs of finetune --out <an existing folder> left out");
     report(&tallies);
 }

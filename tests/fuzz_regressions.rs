@@ -1,7 +1,6 @@
 //! Inputs the fuzz suites found that break a rule in code outside the
-//! data and configuration readers, kept as regression cases. Each is
-//! ignored, with the reason, until the code it names is fixed; then the
-//! `#[ignore]` goes and the case guards the fix.
+//! data and configuration readers, kept as regression cases that guard
+//! their fixes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,9 +22,9 @@ fn tempdir(name: &str) -> PathBuf {
 /// fixture folder): `finetune --out DIR` with an existing folder that is
 /// not a checkpoint replaces the folder whole, deleting the user's files
 /// in it (`Checkpoint::save` renames it to `DIR.previous` and removes
-/// that). Kept: tests/fixtures/fuzz/finetune_out_existing_folder.txt.
+/// that). Now refused before training. Kept:
+/// tests/fixtures/fuzz/finetune_out_existing_folder.txt.
 #[test]
-#[ignore = "finetune --out replaces an existing non-checkpoint folder (src/io/checkpoint.rs save, src/jobs/finetune.rs --out): fixed with the --out work"]
 fn finetune_out_keeps_an_existing_folder() {
     let dir = tempdir("out-folder");
     let data = dir.join("data");
