@@ -134,7 +134,10 @@ fn pgd_stays_in_its_ball_and_moves_the_loss_the_right_way() {
 /// Mean cross-entropy of the model on `images`, to `target` or each
 /// image's label.
 fn mean_loss(r: &AdversarialReport, target: Option<usize>, images: Vec<Tensor>) -> f64 {
-    let model = image_model("resnet18", None, 1000, Device::Cpu).unwrap();
+    // The attacked function: every BatchNorm in evaluation mode, as the
+    // job runs the model (training mode would normalise by this batch).
+    let mut model = image_model("resnet18", None, 1000, Device::Cpu).unwrap();
+    model.set_training(false);
     let x = Tensor::stack(&images.iter().collect::<Vec<_>>(), 0).unwrap();
     let x = normalize(&x, &IMAGENET_MEAN, &IMAGENET_STD).unwrap();
     let goal: Vec<i64> = r
