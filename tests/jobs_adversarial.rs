@@ -132,9 +132,11 @@ fn pgd_stays_in_its_ball_and_moves_the_loss_the_right_way() {
 }
 
 /// Mean cross-entropy of the model on `images`, to `target` or each
-/// image's label.
+/// image's label: the function the job attacked, BatchNorm in evaluation
+/// mode (in training mode each batch would normalise itself).
 fn mean_loss(r: &AdversarialReport, target: Option<usize>, images: Vec<Tensor>) -> f64 {
-    let model = image_model("resnet18", None, 1000, Device::Cpu).unwrap();
+    let mut model = image_model("resnet18", None, 1000, Device::Cpu).unwrap();
+    model.set_training(false);
     let x = Tensor::stack(&images.iter().collect::<Vec<_>>(), 0).unwrap();
     let x = normalize(&x, &IMAGENET_MEAN, &IMAGENET_STD).unwrap();
     let goal: Vec<i64> = r

@@ -208,7 +208,7 @@ fn check(model: &str) {
     }
     assert!(
         differ.is_empty(),
-        "{model}: {} of {} parameters differ from PyTorch's init:\n{}",
+        "{model}: {} differences from PyTorch's init in {} parameters:\n{}",
         differ.len(),
         params.len(),
         differ.join("\n")
