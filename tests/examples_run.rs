@@ -63,8 +63,14 @@ fn finetune_example_learns_its_classes_and_checkpoints() {
     // large features make a few SGD steps on the head uneven).
     let first = number_after(epochs[0], "loss ");
     let last = number_after(epochs[3], "loss ");
-    assert!(last < first && last < 3f64.ln(), "loss {first} → {last}\n{out}");
-    assert!(number_after(epochs[3], "train accuracy ") >= 200.0 / 3.0, "{out}");
+    assert!(
+        last < first && last < 3f64.ln(),
+        "loss {first} → {last}\n{out}"
+    );
+    assert!(
+        number_after(epochs[3], "train accuracy ") >= 200.0 / 3.0,
+        "{out}"
+    );
     for file in [
         "model.safetensors",
         "optimizer.safetensors",
