@@ -132,7 +132,8 @@ fn pgd_stays_in_its_ball_and_moves_the_loss_the_right_way() {
 }
 
 /// Mean cross-entropy of the model on `images`, to `target` or each
-/// image's label.
+/// image's label: the function the job attacked, BatchNorm in evaluation
+/// mode (in training mode each batch would normalise itself).
 fn mean_loss(r: &AdversarialReport, target: Option<usize>, images: Vec<Tensor>) -> f64 {
     // The attacked function: every BatchNorm in evaluation mode, as the
     // job runs the model (training mode would normalise by this batch).

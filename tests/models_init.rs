@@ -208,7 +208,7 @@ fn check(model: &str) {
     }
     assert!(
         differ.is_empty(),
-        "{model}: {} of {} parameters differ from PyTorch's init:\n{}",
+        "{model}: {} differences from PyTorch's init in {} parameters:\n{}",
         differ.len(),
         params.len(),
         differ.join("\n")
@@ -299,4 +299,52 @@ fn models_build_on_the_meta_device_with_the_same_shapes() {
             assert!(m.device().is_meta(), "{model}: {n}");
         }
     }
+}
+
+/// A Hugging Face `config.json`'s `pad_token_id` picks BERT's padding row
+/// (0 when absent, as Hugging Face's default; none when `null`); that row
+/// of the fresh `word_embeddings` is zero.
+#[test]
+fn berts_padding_row_follows_pad_token_id() {
+    let dir = std::env::temp_dir().join(format!("leangrad-init-pad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = |pad: &str| {
+        let path = dir.join("config.json");
+        let json = format!(
+            "{{\"vocab_size\": 50, \"hidden_size\": 16, \"num_hidden_layers\": 1, \
+             \"num_attention_heads\": 2, \"intermediate_size\": 32, \
+             \"max_position_embeddings\": 16, \"type_vocab_size\": 2{pad}}}"
+        );
+        std::fs::write(&path, json).unwrap();
+        BertConfig::from_json_file(&path)
+    };
+    for (pad, want) in [
+        ("", Some(0)),
+        (", \"pad_token_id\": 3", Some(3)),
+        (", \"pad_token_id\": null", None),
+    ] {
+        let cfg = config(pad).unwrap();
+        assert_eq!(cfg.pad_token_id, want, "{pad}");
+        let bert = leangrad::models::Bert::new(cfg, DType::F32, Device::Cpu, 0).unwrap();
+        let params = bert.named_parameters().into_iter();
+        let mut words = params.filter(|(n, _)| n == "embeddings.word_embeddings.weight");
+        let (_, table) = words.next().expect("word_embeddings");
+        let v = table.to_f64_vec().unwrap();
+        assert_eq!(
+            zero_rows(&table, &v),
+            want.into_iter().collect::<Vec<_>>(),
+            "{pad}"
+        );
+    }
+    let bad = config(", \"pad_token_id\": \"[PAD]\"");
+    assert!(
+        matches!(bad, Err(leangrad::Error::ModelFile { .. })),
+        "{bad:?}"
+    );
+    let outside = BertConfig {
+        pad_token_id: Some(50),
+        ..config("").unwrap()
+    };
+    assert!(leangrad::models::Bert::new(outside, DType::F32, Device::Cpu, 0).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -205,7 +205,7 @@ enum Spread {
 
 /// Below this many elements a tensor is filled on the calling thread.
 const PARALLEL_MIN: usize = 1 << 16;
-/// Elements per rayon task (even, so a task starts on a pair of normals).
+/// Elements per rayon task (a multiple of 4, so a task starts on a block).
 const CHUNK: usize = 1 << 14;
 
 /// Fills `out` with element `i` of `spread` drawn from stream `seed`.
@@ -218,13 +218,18 @@ fn fill<T: WithDType>(out: &mut [T], spread: Spread, seed: u64) {
     }
 }
 
-/// Fills `out` with elements `start..start + out.len()` (`start` even).
+/// Fills `out` with elements `start..start + out.len()` (`start` a
+/// multiple of 4).
 fn fill_from<T: WithDType>(out: &mut [T], start: usize, spread: Spread, seed: u64) {
     match spread {
         Spread::Uniform { low, high } => {
-            for (i, o) in out.iter_mut().enumerate() {
-                let u = crate::rng::uniform_at(seed, (start + i) as u64);
-                *o = T::from_f64(low + (high - low) * u);
+            // One Philox block gives four consecutive uniforms
+            // (`rng::uniform_at`: word j % 4 of block j / 4).
+            for (q, quad) in out.chunks_mut(4).enumerate() {
+                let w = block(seed, ((start / 4) + q) as u64);
+                for (o, x) in quad.iter_mut().zip(w) {
+                    *o = T::from_f64(low + (high - low) * crate::rng::u32_to_unit_f64(x));
+                }
             }
         }
         Spread::Normal { mean, std } => {
@@ -242,13 +247,18 @@ fn fill_from<T: WithDType>(out: &mut [T], start: usize, spread: Spread, seed: u6
     }
 }
 
+/// Block `k` of the Philox stream for `seed`, as `rng` numbers them.
+fn block(seed: u64, k: u64) -> [u32; 4] {
+    philox4x32_10(
+        [k as u32, (k >> 32) as u32, 0, 0],
+        [seed as u32, (seed >> 32) as u32],
+    )
+}
+
 /// Elements `2k` and `2k + 1` of the normal stream for `seed`, equal to
 /// [`crate::rng::normal_at`] of each (one Philox block for both).
 fn normal_pair(seed: u64, k: u64) -> [f64; 2] {
-    let w = philox4x32_10(
-        [k as u32, (k >> 32) as u32, 0, 0],
-        [seed as u32, (seed >> 32) as u32],
-    );
+    let w = block(seed, k);
     [box_muller(w[0], w[1]), box_muller(w[2], w[3])]
 }
 
