@@ -24,6 +24,16 @@
 //!   is clamped to [0, 1]) or L-BFGS (PyTorch's defaults, one iteration per
 //!   step with the tutorial's closure: clamp, loss, backward); either way a
 //!   step is one evaluation of the loss and its gradient.
+//! - **Divergence**: a step's loss that is not finite, or above
+//!   [`DIVERGENCE_FACTOR`] times the first step's, stops the run with
+//!   [`Error::Diverged`] (see [`divergence`]) unless
+//!   [`StyleOptions::keep_going`].
+//! - **Input convention**: torchvision's weights read `(x − mean) / std`
+//!   of RGB in [0, 1]; Caffe's read BGR on 0–255 minus their mean
+//!   ([`InputConvention`]).
+//! - **Outputs** never overwrite a file leangrad did not write: the result
+//!   and every frame are checked before the first step
+//!   ([`crate::data::check_png_outputs`]).
 
 mod transfer;
 
@@ -302,6 +312,10 @@ pub struct StyleReport {
 }
 
 /// Runs the style transfer of `opts` and writes the result (and frames).
+/// An output path holding a file leangrad did not write is
+/// [`Error::OutputFile`] before any work; a diverging loss is
+/// [`Error::Diverged`] (unless `opts.keep_going`), and nothing more is
+/// written.
 pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
     check(opts)?;
     check_png_outputs(outputs(opts), "--out")?;
