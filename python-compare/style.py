@@ -21,8 +21,9 @@ the others stay torchvision's in-place ReLUs. Images as leangrad's
 `--size` (antialiased bilinear, aspect kept, no crop). `--optimizer adam`:
 evaluate, step, clamp the image to [0, 1]; `lbfgs`: `torch.optim.LBFGS(lr,
 max_iter=1)` with the tutorial's closure (clamp, loss, backward), one
-iteration per step. A loss that is not finite, or above 10x the first
-step's, stops the run with an error (`--keep-going`: a warning on stderr,
+iteration per step. A loss that is not finite, one above 10x the first
+step's for 10 steps in a row, or a result's loss above 10x the first
+step's stops the run with an error (`--keep-going`: a warning on stderr,
 and `diverged` in the report). `--every N` writes `OUT-000050.png` … beside `--out`.
 
 Report fields: those of leangrad's `StyleReport` with the same meanings.
@@ -53,9 +54,10 @@ from torchvision.models.vgg import cfgs, make_layers  # noqa: E402
 
 # Caffe's VGG weights: BGR, 0-255, these means (B, G, R) subtracted.
 CAFFE_MEAN_BGR = [103.939, 116.779, 123.68]
-# How far above the first step's loss a later step's may go (leangrad's
-# jobs::style::DIVERGENCE_FACTOR).
+# How far above the first step's loss the loss may stay, and for how many
+# steps (leangrad's jobs::style::DIVERGENCE_FACTOR and DIVERGENCE_STEPS).
 DIVERGENCE_FACTOR = 10.0
+DIVERGENCE_STEPS = 10
 # The optimizers' names in reports.
 OPTIMIZER_NAMES = {"adam": "Adam", "lbfgs": "L-BFGS"}
 
@@ -155,9 +157,22 @@ def divergence(history):
     first, last, step = history[0], history[-1], len(history)
     if not math.isfinite(last):
         return f"the loss became {last} at step {step}"
-    if step > 1 and last > DIVERGENCE_FACTOR * first:
-        return (f"the loss rose from {first:.4e} at step 1 to {last:.4e} at step {step}, "
-                f"{last / first:.0f}× (more than {DIVERGENCE_FACTOR}×): the image is turning into noise")
+    recent = history[1:][-DIVERGENCE_STEPS:]
+    if len(recent) == DIVERGENCE_STEPS and all(x > DIVERGENCE_FACTOR * first for x in recent):
+        return (f"the loss rose from {first:.4e} at step 1 to above {DIVERGENCE_FACTOR}× that for "
+                f"{DIVERGENCE_STEPS} steps, {last:.4e} ({last / first:.0f}×) at step {step}: "
+                "the image is turning into noise")
+    return None
+
+
+def divergence_at_end(history, last):
+    """What says the result diverged (leangrad's jobs::style::divergence_at_end)."""
+    first = history[0]
+    if not math.isfinite(last):
+        return f"the result's loss is {last}"
+    if last > DIVERGENCE_FACTOR * first:
+        return (f"the loss rose from {first:.4e} at step 1 to {last:.4e} for the result, "
+                f"{last / first:.0f}× (more than {DIVERGENCE_FACTOR}×): the image is noise")
     return None
 
 
@@ -252,21 +267,24 @@ def run(a):
     lr = a.lr if a.lr is not None else (1.0 if a.optimizer == "lbfgs" else 0.02)
     history, frames, diverged = [], [], []
 
+    def diverge(what):
+        hint = f"try a lower learning rate (--lr, now {lr})"
+        if a.optimizer == "lbfgs":
+            hint += ", or --optimizer adam"
+        if a.input_convention == "torchvision":
+            hint += (", or --input-convention caffe if the weights are Caffe's "
+                     "(BGR, 0–255, mean-subtracted)")
+        reason = f"{what}; {hint}; --keep-going runs on regardless"
+        if not a.keep_going:
+            raise jc.JobError(f"style diverged: {reason}")
+        print(f"warning: style diverged (running on, --keep-going): {reason}", file=sys.stderr)
+        diverged.append(reason)
+
     def record(step, loss):
         history.append(loss)
         what = None if diverged else divergence(history)
         if what is not None:
-            hint = f"try a lower learning rate (--lr, now {lr})"
-            if a.optimizer == "lbfgs":
-                hint += ", or --optimizer adam"
-            if a.input_convention == "torchvision":
-                hint += (", or --input-convention caffe if the weights are Caffe's "
-                         "(BGR, 0–255, mean-subtracted)")
-            reason = f"{what}; {hint}; --keep-going runs on regardless"
-            if not a.keep_going:
-                raise jc.JobError(f"style diverged: {reason}")
-            print(f"warning: style diverged (running on, --keep-going): {reason}", file=sys.stderr)
-            diverged.append(reason)
+            diverge(what)
         if a.every is not None and step % a.every == 0:
             path = frame_path(a.out, step)
             jc.write_png(transfer.image, path)
@@ -291,6 +309,9 @@ def run(a):
             record(step, float(lbfgs.step(closure)))
     transfer.clamp_image()
     final = transfer.losses()
+    what = None if diverged else divergence_at_end(history, final["total"])
+    if what is not None:
+        diverge(what)
     jc.write_png(transfer.image, a.out)
     _, _, h, w = transfer.image.shape
     return {

@@ -29,7 +29,9 @@ It measures:
   step starts with (parameters, buffers, input, targets) plus the peak of
   the CPU allocator's events during the step (the autograd profiler's
   `profile_memory`, as jobs_common.py measures the jobs); null on `meta`,
-  where nothing is allocated (`step_peak_method` says which).
+  where nothing is allocated (`step_peak_method` says which): `leangrad
+  memory --compare-torch cpu` runs this script with `--device cpu` at a
+  small batch (`--torch-batch`, default 2) for that number.
 
 Usage (one JSON object on stdout; `--case` may be repeated, or
 `--all-cases` given, then one object per line, one per case; with

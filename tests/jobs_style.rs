@@ -504,24 +504,49 @@ fn the_caffe_input_is_bgr_on_0_to_255_with_the_mean_subtracted() {
     assert!(InputConvention::parse("bgr").is_err());
 }
 
+/// The losses of a healthy L-BFGS run (leangrad style, VGG-19 without
+/// weights, 48-pixel fixture images, `--init noise`, 60 steps): spikes up
+/// to 34× the first step's for up to 5 steps, then down to 2·10⁻⁴ of it.
+const SPIKY_BUT_HEALTHY: [f64; 60] = [
+    5.31, 5.31, 51.7, 5.28, 4.58, 15.5, 4.3, 3.52, 2.65, 1.75, 68.6, 9.3, 3.71, 2.81, 1.84, 30.7,
+    3.56, 3.01, 2.4, 156.0, 151.0, 179.0, 153.0, 72.7, 2.01, 1.37, 1.08, 0.563, 0.395, 0.278,
+    0.202, 0.132, 0.0951, 0.0701, 0.0482, 0.0298, 0.0201, 0.0166, 0.0134, 0.0109, 0.00744, 0.00562,
+    0.00516, 0.00456, 0.00438, 0.00406, 0.00348, 0.0029, 0.00246, 0.00216, 0.00186, 0.00158,
+    0.00137, 0.00133, 0.00123, 0.00118, 0.00114, 0.00105, 0.000962, 0.000912,
+];
+
 #[test]
-fn divergence_is_a_non_finite_loss_or_one_ten_times_the_first() {
-    use leangrad::jobs::style::divergence;
+fn divergence_is_a_non_finite_loss_or_one_that_stays_ten_times_the_first() {
+    use leangrad::jobs::style::{divergence, divergence_at_end, DIVERGENCE_STEPS};
+    assert_eq!(DIVERGENCE_STEPS, 10);
     assert!(divergence(&[]).is_none());
     assert!(divergence(&[2.0]).is_none());
-    assert!(divergence(&[2.0, 19.9, 5.0]).is_none());
-    let why = divergence(&[2.0, 1.0, 20.5]).unwrap();
-    assert!(why.contains("at step 3"), "{why}");
-    assert!(why.contains("10×"), "{why}");
+    // One step far up is not divergence; ten in a row are.
+    assert!(divergence(&[2.0, 1.0, 20.5]).is_none());
+    let mut history = vec![2.0];
+    history.extend([25.0; 9]);
+    assert!(divergence(&history).is_none());
+    history.push(20.5);
+    let why = divergence(&history).unwrap();
+    assert!(why.contains("for 10 steps"), "{why}");
+    assert!(why.contains("at step 11"), "{why}");
+    history.push(3.0);
+    assert!(divergence(&history).is_none());
     assert!(divergence(&[2.0, f64::NAN])
         .unwrap()
         .contains("NaN at step 2"));
     assert!(divergence(&[f64::INFINITY])
         .unwrap()
         .contains("inf at step 1"));
-    // Never on the healthy runs PyTorch made for the fixture (Adam's rises
-    // 3.8× above its first step), at any step.
+    // The result: ten times worse than the start, or not a number.
+    assert!(divergence_at_end(&[2.0, 1.0], 19.9).is_none());
+    let why = divergence_at_end(&[2.0, 1.0], 20.5).unwrap();
+    assert!(why.contains("for the result"), "{why}");
+    assert!(divergence_at_end(&[2.0], f64::NAN).is_some());
+    // Never on healthy runs: L-BFGS's spikes, and PyTorch's runs for the
+    // fixture (Adam's rises 3.8× above its first step), at any step.
     let f = reference();
+    let mut healthy = vec![SPIKY_BUT_HEALTHY.to_vec()];
     for optimizer in ["adam", "lbfgs"] {
         let history: Vec<f64> = f[optimizer]["history"]
             .as_array()
@@ -529,9 +554,14 @@ fn divergence_is_a_non_finite_loss_or_one_ten_times_the_first() {
             .iter()
             .map(|s| s["total"].as_f64().unwrap())
             .collect();
+        healthy.push(history);
+    }
+    for history in &healthy {
         for k in 1..=history.len() {
-            assert!(divergence(&history[..k]).is_none(), "{optimizer} {k}");
+            assert!(divergence(&history[..k]).is_none(), "{history:?} {k}");
         }
+        let last = *history.last().unwrap();
+        assert!(divergence_at_end(history, last).is_none());
     }
 }
 
@@ -556,6 +586,22 @@ fn a_diverging_run_stops_unless_told_to_keep_going() {
         other => panic!("expected a divergence, got {other:?}"),
     }
     assert!(!wild.out.exists(), "no result written");
+    // A longer run stops as soon as the loss has stayed up for 10 steps.
+    let long = StyleOptions {
+        steps: 30,
+        every: Some(1),
+        ..wild.clone()
+    };
+    match run(&long) {
+        Err(Error::Diverged { reason, .. }) => {
+            assert!(reason.contains("for 10 steps"), "{reason}");
+            assert!(reason.contains("at step 11"), "{reason}");
+        }
+        other => panic!("expected a divergence, got {other:?}"),
+    }
+    assert!(frame_path(&long.out, 10).exists());
+    assert!(!frame_path(&long.out, 11).exists());
+    assert!(!long.out.exists());
     let r = run(&StyleOptions {
         keep_going: true,
         ..wild

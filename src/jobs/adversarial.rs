@@ -12,7 +12,12 @@
 //! (`207/`, `385/`), those are the labels and accuracies are reported;
 //! otherwise the model's clean prediction stands for the label and the
 //! success rate is the fraction whose prediction the attack changed (or,
-//! targeted, moved to the target).
+//! targeted, moved to the target). Each image's clean and adversarial
+//! predictions are reported with the model's confidence (softmax) and,
+//! given a labels file, the classes' names.
+//!
+//! Outputs: the PNGs carry leangrad's marker ([`crate::data::PNG_MARKER`]);
+//! an existing file at an output path is replaced only when it carries it.
 
 use super::{image_files, image_model, read_square, ImageClassifier, Progress, StepBytes};
 use crate::autograd::{no_grad, with_save_policy, SavePolicy};
@@ -206,7 +211,11 @@ pub struct AdversarialReport {
 }
 
 /// Runs the attack on every image of `opts.images` and writes the
-/// adversarial images to `opts.out` (same file stems, `.png`).
+/// adversarial images to `opts.out` (same file stems, `.png`). Before any
+/// work, every output path is checked: a file there that leangrad did not
+/// write is [`Error::OutputFile`] naming it (nothing is overwritten); a
+/// labels file whose line count is not `opts.classes` is
+/// [`Error::InvalidArgument`] naming it.
 pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
     check(opts)?;
     let names = opts
@@ -215,18 +224,7 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
         .map(|path| read_labels(path, opts.classes))
         .transpose()?;
     let files = image_files(&opts.images)?;
-    // Every file the run writes, checked before any work: an existing
-    // file there must be one leangrad wrote (so `--out` pointed at the
-    // images' own folder never overwrites them).
-    let outputs: Vec<PathBuf> = files
-        .iter()
-        .map(|(file, class)| written_path(&opts.out, file, class.as_deref()))
-        .collect();
-    check_png_outputs(outputs.iter().cloned(), "--out")?;
-    std::fs::create_dir_all(&opts.out).map_err(|e| Error::Image {
-        path: opts.out.clone(),
-        reason: e.to_string(),
-    })?;
+    let outputs = claim_outputs(opts, &files)?;
     let memory = predict_memory(opts)?;
     memory.check_fits(opts.device, "attack step")?;
     let ledger = Ledger::new();
@@ -334,9 +332,6 @@ pub fn run(opts: &AdversarialOptions) -> Result<AdversarialReport> {
 /// An image file and its class folder's name, as `image_files` lists them.
 type ImageEntry = (PathBuf, Option<String>);
 
-/// The images of one batch that read, with their entries; with
-/// `skip_bad_images`, one that cannot be read ([`Error::Image`]) is left
-/// out with a warning on stderr, else it ends the run.
 /// The output paths of `kept`, a subset of `batch`'s files in order.
 fn files_and_outputs(batch: (&[ImageEntry], &[PathBuf]), kept: &[ImageEntry]) -> Vec<PathBuf> {
     let (files, outputs) = batch;
@@ -348,6 +343,9 @@ fn files_and_outputs(batch: (&[ImageEntry], &[PathBuf]), kept: &[ImageEntry]) ->
         .collect()
 }
 
+/// The images of one batch that read, with their entries; with
+/// `skip_bad_images`, one that cannot be read ([`Error::Image`]) is left
+/// out with a warning on stderr, else it ends the run.
 fn read_chunk(
     chunk: &[ImageEntry],
     opts: &AdversarialOptions,
@@ -369,6 +367,26 @@ fn read_chunk(
         }
     }
     Ok((kept, images))
+}
+
+/// Every file the run writes, one per image of `files`, checked before
+/// any work ([`check_png_outputs`]: an existing file there must be one
+/// leangrad wrote, so `--out` pointed at the images' own folder never
+/// overwrites them), and the `--out` folder made.
+fn claim_outputs(
+    opts: &AdversarialOptions,
+    files: &[ImageEntry],
+) -> Result<Vec<PathBuf>> {
+    let outputs: Vec<PathBuf> = files
+        .iter()
+        .map(|(file, class)| written_path(&opts.out, file, class.as_deref()))
+        .collect();
+    check_png_outputs(outputs.iter().cloned(), "--out")?;
+    std::fs::create_dir_all(&opts.out).map_err(|e| Error::Image {
+        path: opts.out.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(outputs)
 }
 
 fn check(opts: &AdversarialOptions) -> Result<()> {

@@ -241,8 +241,9 @@ pub enum Command {
         /// trained.
         #[arg(long, default_value = "torchvision", value_parser = ["torchvision", "caffe"])]
         input_convention: String,
-        /// Run on when the loss diverges (non-finite, or above 10× the
-        /// first step's), with a warning, instead of stopping with an error.
+        /// Run on when the loss diverges (non-finite, above 10× the first
+        /// step's for 10 steps, or so for the result), with a warning,
+        /// instead of stopping with an error.
         #[arg(long)]
         keep_going: bool,
         /// `auto`: CUDA 0 when it can be opened, else the CPU.

@@ -7,7 +7,7 @@ use crate::output::{self, stdout, Progress};
 use crate::torch_compare::{self, Outcome, TorchRun};
 use anyhow::Result;
 use leangrad::demo::{self, DemoOptions};
-use leangrad::memory_plan::{self, InputKind, OptimizerKind, StepSpec, TorchMeasured};
+use leangrad::memory_plan::{self, InputKind, MemoryPlan, OptimizerKind, StepSpec, TorchMeasured};
 use leangrad::{DType, Device};
 use std::ops::ControlFlow;
 
@@ -142,9 +142,16 @@ pub fn memory(a: MemoryArgs) -> Result<()> {
     if let Some(path) = &a.timeline {
         memory_plan::plot::write_timeline(&plan, path)?;
     }
-    let run = TorchRun::asked(&a);
+    show_memory(&a, &spec, &plan)
+}
+
+/// The rest of `leangrad memory` once `plan` is made: PyTorch's run of
+/// `--compare-torch` (and leangrad's numbers for its batch when that is
+/// another), the plot, and the table or JSON.
+fn show_memory(a: &MemoryArgs, spec: &StepSpec, plan: &MemoryPlan) -> Result<()> {
+    let run = TorchRun::asked(a);
     let torch = match &run {
-        Some(run) => Some(compare_torch(&a, &spec, run)?),
+        Some(run) => Some(compare_torch(a, spec, run)?),
         None => None,
     };
     let column = torch.as_ref().and_then(|(_, c)| c.as_ref());
@@ -170,10 +177,10 @@ pub fn memory(a: MemoryArgs) -> Result<()> {
                 run.batch, spec.batch, spec.batch
             ));
         }
-        memory_plan::plot::write_plot_compared(&plan, path, same_step)?;
+        memory_plan::plot::write_plot_compared(plan, path, same_step)?;
     }
     stdout(&if a.json {
-        let mut v = serde_json::to_value(&plan)?;
+        let mut v = serde_json::to_value(plan)?;
         if let Some((json, _)) = &torch {
             v["torch"] = json.clone();
         }

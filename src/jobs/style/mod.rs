@@ -24,6 +24,17 @@
 //!   is clamped to [0, 1]) or L-BFGS (PyTorch's defaults, one iteration per
 //!   step with the tutorial's closure: clamp, loss, backward); either way a
 //!   step is one evaluation of the loss and its gradient.
+//! - **Divergence**: a loss that is not finite, one that stays above
+//!   [`DIVERGENCE_FACTOR`] times the first step's for [`DIVERGENCE_STEPS`]
+//!   steps, or a result whose loss is above that, stops the run with
+//!   [`Error::Diverged`] before the result is written (see [`divergence`],
+//!   [`divergence_at_end`]) unless [`StyleOptions::keep_going`].
+//! - **Input convention**: torchvision's weights read `(x − mean) / std`
+//!   of RGB in [0, 1]; Caffe's read BGR on 0–255 minus their mean
+//!   ([`InputConvention`]).
+//! - **Outputs** never overwrite a file leangrad did not write: the result
+//!   and every frame are checked before the first step
+//!   ([`crate::data::check_png_outputs`]).
 
 mod transfer;
 
@@ -220,7 +231,8 @@ pub struct StyleOptions {
     /// How the network's input is made from the image: torchvision's
     /// weights (the default) or Caffe's.
     pub input_convention: InputConvention,
-    /// Run on when the loss diverges (see [`divergence`]) instead of
+    /// Run on when the loss diverges (see [`divergence`] and
+    /// [`divergence_at_end`]) instead of
     /// stopping with [`Error::Diverged`]; the report says so.
     pub keep_going: bool,
     /// Where to run.
@@ -292,7 +304,8 @@ pub struct StyleReport {
     pub losses: StyleLosses,
     /// Total loss at each step's evaluation, before its update.
     pub history: Vec<f64>,
-    /// What [`divergence`] found, when the run went on past it
+    /// What [`divergence`] or [`divergence_at_end`] found, when the run
+    /// went on past it
     /// ([`StyleOptions::keep_going`]): the result is then likely noise.
     pub diverged: Option<String>,
     /// The result.
@@ -306,6 +319,10 @@ pub struct StyleReport {
 }
 
 /// Runs the style transfer of `opts` and writes the result (and frames).
+/// An output path holding a file leangrad did not write is
+/// [`Error::OutputFile`] before any work; a diverging loss is
+/// [`Error::Diverged`] (unless `opts.keep_going`), and nothing more is
+/// written.
 pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
     check(opts)?;
     check_png_outputs(outputs(opts), "--out")?;
@@ -339,6 +356,10 @@ pub fn run(opts: &StyleOptions) -> Result<StyleReport> {
     } = optimised?;
     transfer.clamp_image()?;
     let losses = transfer.losses()?;
+    let diverged = match (diverged, divergence_at_end(&history, losses.total)) {
+        (None, Some(what)) => Some(diverged_or_error(opts, lr, what)?),
+        (earlier, _) => earlier,
+    };
     write_png(transfer.image(), &opts.out, PngDepth::Eight)?;
     let shape = transfer.image().shape().to_vec();
     Ok(StyleReport {
@@ -419,14 +440,7 @@ fn optimise(
         progress.step(loss);
         if done.diverged.is_none() {
             if let Some(what) = divergence(&done.history) {
-                let reason = format!("{what}; {}", divergence_hint(opts, lr));
-                if !opts.keep_going {
-                    return Err(Error::Diverged {
-                        job: "style",
-                        reason,
-                    });
-                }
-                done.diverged = Some(reason);
+                done.diverged = Some(diverged_or_error(opts, lr, what)?);
             }
         }
         if opts.every.is_some_and(|n| step.is_multiple_of(n)) {
@@ -462,31 +476,73 @@ fn optimise(
     Ok(done)
 }
 
-/// How far above the first step's loss a later step's may go before the
-/// run counts as diverged (see [`divergence`]).
+/// How far above the first step's loss the loss may stay before the run
+/// counts as diverged (see [`divergence`]).
 pub const DIVERGENCE_FACTOR: f64 = 10.0;
 
+/// How many steps in a row the loss must stay above [`DIVERGENCE_FACTOR`]
+/// times the first step's for the run to stop early.
+pub const DIVERGENCE_STEPS: usize = 10;
+
 /// Whether the losses of the steps so far (`history`, each step's loss
-/// before its update) say the optimisation diverged, and how: a loss that
-/// is not finite, or a step's loss above [`DIVERGENCE_FACTOR`] times the
-/// first step's. A minimisation that works never climbs that far above
-/// its start (from the content image the first loss is the whole style
-/// loss; from noise it is larger still), while a step size the problem
-/// cannot take (L-BFGS at lr 1 on Caffe-scaled weights read as
-/// torchvision's) lifts it hundreds of times at once and writes noise.
+/// before its update) say the optimisation diverged, and how: the latest
+/// loss is not finite, or the last [`DIVERGENCE_STEPS`] steps' losses
+/// (the first step's not among them) are all above [`DIVERGENCE_FACTOR`]
+/// times the first step's. L-BFGS without a line search (PyTorch's, the
+/// tutorial's) may jump up tens of times for a few steps and come back
+/// down (from noise on a random VGG: 34× for 5 steps, then 10⁻⁴× the
+/// start), so one high step is not divergence; a step size the problem
+/// cannot take (lr 1 on Caffe-scaled weights read as torchvision's:
+/// hundreds of times at once) keeps it there. [`divergence_at_end`]
+/// judges the result.
 pub fn divergence(history: &[f64]) -> Option<String> {
-    let (&first, rest) = history.split_first()?;
-    let step = history.len();
-    let last = *history.last()?;
+    let first = *history.first()?;
+    let (step, last) = (history.len(), *history.last()?);
     if !last.is_finite() {
         return Some(format!("the loss became {last} at step {step}"));
     }
-    (!rest.is_empty() && last > DIVERGENCE_FACTOR * first).then(|| {
+    let recent = history.get(1..)?.iter().rev().take(DIVERGENCE_STEPS);
+    let high = recent.filter(|&&l| l > DIVERGENCE_FACTOR * first).count();
+    (high == DIVERGENCE_STEPS).then(|| {
         format!(
-            "the loss rose from {first:.4e} at step 1 to {last:.4e} at step {step}, {:.0}× (more than {DIVERGENCE_FACTOR}×): the image is turning into noise",
+            "the loss rose from {first:.4e} at step 1 to above {DIVERGENCE_FACTOR}× that for \
+             {DIVERGENCE_STEPS} steps, {last:.4e} ({:.0}×) at step {step}: the image is turning \
+             into noise",
             last / first
         )
     })
+}
+
+/// Whether the result's loss `last` (after every step of `history`) says
+/// the run diverged: not finite, or above [`DIVERGENCE_FACTOR`] times the
+/// first step's loss (a result ten times worse than where it started).
+pub fn divergence_at_end(history: &[f64], last: f64) -> Option<String> {
+    let first = *history.first()?;
+    if !last.is_finite() {
+        return Some(format!("the result's loss is {last}"));
+    }
+    (last > DIVERGENCE_FACTOR * first).then(|| {
+        format!(
+            "the loss rose from {first:.4e} at step 1 to {last:.4e} for the result, {:.0}× \
+             (more than {DIVERGENCE_FACTOR}×): the image is noise",
+            last / first
+        )
+    })
+}
+
+/// A divergence (`what` happened) of a run of `opts` at learning rate
+/// `lr`: [`Error::Diverged`] saying what to try, or, with
+/// `opts.keep_going`, the same text for the report.
+fn diverged_or_error(opts: &StyleOptions, lr: f64, what: String) -> Result<String> {
+    let reason = format!("{what}; {}", divergence_hint(opts, lr));
+    if opts.keep_going {
+        Ok(reason)
+    } else {
+        Err(Error::Diverged {
+            job: "style",
+            reason,
+        })
+    }
 }
 
 /// What to try when a run of `opts` at learning rate `lr` diverges.
