@@ -440,7 +440,7 @@ impl<'p> Machine<'p> {
         let Value::Dict(d) = dict else {
             return Err(format!("sets items of {}, not a dict", dict.type_name()));
         };
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err("sets an odd number of keys and values".into());
         }
         Self::adopt(d, &items.iter().collect::<Vec<_>>())?;
