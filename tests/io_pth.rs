@@ -652,5 +652,10 @@ fn torchvision_resnet18_pth_matches_pytorch() {
         .zip(&want)
         .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
     eprintln!("logits: max |leangrad - pytorch| = {max_abs:.3e}, relative to max |logit| {scale:.3}: {:.3e}", max_abs / scale);
-    assert!(max_abs <= 1e-5 * scale.max(1.0), "max abs diff {max_abs}");
+    // Measured: 2.6e-6 max-abs, 4.8e-7 of the largest logit (f32 against
+    // PyTorch's f64).
+    assert!(
+        max_abs <= 1e-6 * scale,
+        "max abs diff {max_abs} of max |logit| {scale}"
+    );
 }

@@ -151,11 +151,12 @@ fn check_byte_order<S: Source + ?Sized>(
     top: &str,
 ) -> Result<()> {
     let name = format!("{top}/byteorder");
-    if archive.entry(&name).is_none_or(|e| e.size > 16) {
-        return match archive.entry(&name) {
-            None => Ok(()),
-            Some(_) => Err(malformed(what, None, "the byteorder record is damaged")),
-        };
+    match archive.entry(&name) {
+        None => return Ok(()),
+        Some(e) if e.size > 16 => {
+            return Err(malformed(what, None, "the byteorder record is damaged"))
+        }
+        Some(_) => {}
     }
     match archive.read(&name)?.trim_ascii() {
         b"little" => Ok(()),
