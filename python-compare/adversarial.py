@@ -43,7 +43,8 @@ import torch.nn.functional as F  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="adversarial.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet18", help="the model")
-    p.add_argument("--weights", default=None, help="a safetensors file of the torchvision model's state_dict()")
+    p.add_argument("--weights", default=None,
+                   help="safetensors or .pt/.pth file of the torchvision model's state_dict()")
     p.add_argument("--images", required=True, help="a folder of images, or of class-index sub-folders")
     p.add_argument("--attack", default="pgd", choices=["fgsm", "pgd", "pgd-l2"])
     p.add_argument("--eps", type=float, default=8.0 / 255.0, help="perturbation bound, pixel units")
@@ -58,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of PGD's random start")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--out", required=True, help="where the adversarial images are written")
+    p.add_argument("--skip-bad-images", action="store_true",
+                   help="leave out images that cannot be read, with a warning each")
     p.add_argument("--json", action="store_true", help="write only JSON to stdout")
     return p.parse_args(argv)
 
@@ -141,11 +144,22 @@ def attack(model, x, targets, a, seed, gradient):
     return adv
 
 
+def written_path(out, path, cls):
+    """Where the adversarial image of `path` goes: `out/<stem>.png`, or
+    `out/<class>/<stem>.png` for a class sub-folder's image, as leangrad's."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    folder = out if cls is None else os.path.join(out, cls)
+    return os.path.join(folder, f"{stem}.png")
+
+
 def run(a):
     check(a)
     names = read_labels(a.labels, a.classes) if a.labels is not None else None
     device = jc.choose_device(a.device)
-    files = jc.image_files(a.images)
+    files = jc.readable_images(jc.image_files(a.images), a.skip_bad_images)
+    if not files:
+        raise jc.JobError(f"{a.images}: none of its image files could be read")
+    jc.check_png_outputs([written_path(a.out, p, c) for p, c in files], "--out")
     os.makedirs(a.out, exist_ok=True)
     meter = jc.StepMemory(device)
     measured = [False]
@@ -178,11 +192,8 @@ def run(a):
         linf = delta.abs().flatten(1).max(1).values.tolist()
         l2 = delta.square().sum(dim=(1, 2, 3)).sqrt().tolist()
         for i, (path, cls) in enumerate(chunk):
-            stem = os.path.splitext(os.path.basename(path))[0]
-            # A class sub-folder's image goes to out/<class>/, as leangrad's.
-            folder = a.out if cls is None else os.path.join(a.out, cls)
-            os.makedirs(folder, exist_ok=True)
-            written = os.path.join(folder, f"{stem}.png")
+            written = written_path(a.out, path, cls)
+            os.makedirs(os.path.dirname(written) or ".", exist_ok=True)
             jc.write_png(adv[i], written)
             results.append({"file": path, "written": written, "label": labels[i],
                             "clean": clean[i], "clean_confidence": clean_p[i],

@@ -56,7 +56,12 @@ STATE_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="finetune.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet18", help=", ".join(jc.CLASSIFIERS))
-    p.add_argument("--weights", default=None, help="a safetensors file of the torchvision model's state_dict()")
+    p.add_argument("--weights", default=None,
+                   help="safetensors or .pt/.pth file of the torchvision model's state_dict()")
+    p.add_argument("--strict", default="true", choices=["true", "false"],
+                   help="false: load the names that line up, list the others")
+    p.add_argument("--strip-prefix", default="", help="remove this prefix from the file's names")
+    p.add_argument("--add-prefix", default="", help="put this prefix in front of the file's names")
     p.add_argument("--data", required=True, help="training images, one sub-folder per class")
     p.add_argument("--val", default=None, help="validation images, the same class sub-folders")
     p.add_argument("--case", default="linear-bn-eval", choices=jc.CASES)
@@ -70,6 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--resume", default=None, help="resume from this checkpoint folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffling and the random crops and flips")
     p.add_argument("--workers", type=int, default=2, help="processes decoding images ahead of the step")
+    p.add_argument("--skip-bad-images", action="store_true",
+                   help="leave out images that cannot be read, with a warning each")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--json", action="store_true", help="write only JSON to stdout")
     return p.parse_args(argv)
@@ -86,6 +93,14 @@ def datasets(a):
                 T.ToTensor(), T.Resize(a.size * 256 // 224, antialias=True), T.CenterCrop(a.size), norm]))
     except (FileNotFoundError, OSError) as e:
         raise jc.JobError(str(e)) from e
+    if a.skip_bad_images:
+        for folder in (train, val):
+            if folder is not None:
+                folder.samples = jc.readable_images(folder.samples, True)
+                folder.imgs = folder.samples
+                folder.targets = [t for _, t in folder.samples]
+        if not train.samples:
+            raise jc.JobError(f"{a.data}: none of its images could be read")
     if val is not None and val.classes != train.classes:
         raise jc.JobError(f"{a.val}: its class folders {val.classes} differ from the training "
                           f"folders {train.classes}")
@@ -180,9 +195,12 @@ def run(a):
         raise jc.JobError("batch, size and epochs must be at least 1")
     if not (a.lr > 0 and a.lr != float("inf")):
         raise jc.JobError(f"the learning rate must be a positive number, not {a.lr}")
+    if a.out is not None:
+        jc.check_checkpoint_folder(a.out)
     device = jc.choose_device(a.device)
     train, val = datasets(a)
-    model = jc.image_model(a.model, a.weights, len(train.classes), device)
+    model = jc.image_model(a.model, a.weights, len(train.classes), device, a.strict == "true",
+                           a.strip_prefix, a.add_prefix)
     jc.apply_case(a.case, model)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
@@ -208,6 +226,7 @@ def run(a):
         epochs.append(train_epoch(model, loader, updates, meter, epoch, device))
         epochs[-1]["val_accuracy"] = validate(a, model, val, device)
         if a.out is not None:
+            jc.check_checkpoint_folder(a.out)
             os.makedirs(a.out, exist_ok=True)
             state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
             save_file(state, os.path.join(a.out, "model.safetensors"))

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import resource
+import sys
 from contextlib import contextmanager
 
 import torch  # noqa: E402
@@ -108,22 +109,77 @@ def replace_head(model, name, classes):
     setattr(parent, leaf, nn.Linear(old.in_features, classes))
 
 
-def image_model(name, weights, classes, device):
-    """As leangrad's jobs::image_model: with `weights` (a safetensors file of
-    the torchvision model's state_dict, any class count) loaded strictly,
-    the head replaced when its class count differs; without, random."""
-    if weights is None:
-        return build_classifier(name, classes).to(device)
+def read_state_dict(weights):
+    """The tensors of a weights file: safetensors, or a PyTorch `.pt`/`.pth`
+    (`torch.save` of a state dict, read with `weights_only=True`), as
+    leangrad's io::load_weights."""
     if not os.path.isfile(weights):
         raise JobError(f"weights file `{weights}` not found")
-    tensors = load_file(weights)
+    with open(weights, "rb") as f:
+        zip_magic = f.read(4) == b"PK\x03\x04"
+    try:
+        if not zip_magic:
+            return load_file(weights)
+        tensors = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any reader error names the file
+        raise JobError(f"{weights}: malformed weights: {e}") from e
+    if isinstance(tensors, dict) and "state_dict" in tensors:
+        tensors = tensors["state_dict"]
+    if not isinstance(tensors, dict):
+        raise JobError(f"{weights}: not a state dict")
+    return {k: v for k, v in tensors.items() if torch.is_tensor(v)}
+
+
+def rename_prefix(tensors, strip_prefix, add_prefix):
+    """`strip_prefix` removed where present, then `add_prefix` put in front."""
+    def rename(k):
+        if strip_prefix and k.startswith(strip_prefix):
+            k = k[len(strip_prefix):]
+        return add_prefix + k
+    return {rename(k): v for k, v in tensors.items()}
+
+
+def image_model(name, weights, classes, device, strict=True, strip_prefix="", add_prefix=""):
+    """As leangrad's jobs::image_model_with: with `weights` (safetensors or
+    .pt/.pth of the torchvision model's state_dict, any class count, names
+    renamed by the prefixes) loaded (`strict`: every name on both sides;
+    else the names that line up, the others listed on stderr), the head
+    replaced when its class count differs; without, random."""
+    if weights is None:
+        return build_classifier(name, classes).to(device)
+    tensors = rename_prefix(read_state_dict(weights), strip_prefix, add_prefix)
     head = tensors.get(head_name(name) + ".weight")
     file_classes = classes if head is None else head.shape[0]
     model = build_classifier(name, file_classes)
-    model.load_state_dict(tensors, strict=True)
+    result = model.load_state_dict(tensors, strict=strict)
+    if not strict:
+        for kind, names in (("missing from the file (random init)", result.missing_keys),
+                            ("in the file but not the model (ignored)", result.unexpected_keys)):
+            if names:
+                print(f"note: {len(names)} names {kind}: {', '.join(names[:8])}"
+                      f"{' …' if len(names) > 8 else ''}", file=sys.stderr)
     if file_classes != classes:
         replace_head(model, name, classes)
     return model.to(device)
+
+
+def readable_images(entries, skip_bad_images, path_of=lambda e: e[0]):
+    """`entries` whose images open; with `skip_bad_images` one that does not
+    is left out with a warning on stderr (as leangrad's --skip-bad-images),
+    else the first ends the run with an error naming it."""
+    kept = []
+    for entry in entries:
+        path = path_of(entry)
+        try:
+            with Image.open(path) as img:
+                img.load()
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            if not skip_bad_images:
+                raise JobError(f"{path}: {e}") from e
+            print(f"warning: skipping unreadable image {path}: {e}", file=sys.stderr)
+            continue
+        kept.append(entry)
+    return kept
 
 
 def trainable(case, model):
@@ -202,10 +258,60 @@ def normalize(x):
     return (x - mean) / std
 
 
+# The PNG text chunk leangrad marks its images with (data::PNG_MARKER).
+PNG_MARKER = ("Software", "leangrad")
+
+
+def is_marked_png(path):
+    """Whether `path` is a PNG carrying leangrad's marker."""
+    try:
+        with Image.open(path) as img:
+            return img.format == "PNG" and img.text.get(PNG_MARKER[0]) == PNG_MARKER[1]
+    except (OSError, ValueError):
+        return False
+
+
+def check_png_outputs(paths, option):
+    """As leangrad's data::check_png_outputs: an existing file at any of
+    `paths` must be one leangrad (or this twin) wrote; anything else is an
+    error naming it, before any work, so nothing is overwritten."""
+    for path in paths:
+        if os.path.lexists(path) and not (os.path.isfile(path) and is_marked_png(path)):
+            raise JobError(f"{option}: `{path}` exists and was not written by leangrad; "
+                           "choose another output (nothing was overwritten)")
+
+
 def write_png(image, path):
     """`[3, H, W]` or `[1, 3, H, W]` in [0, 1] as an 8-bit PNG, rounded as
-    torchvision's save_image (and leangrad's write_png)."""
-    torchvision.utils.save_image(image.detach().cpu(), path)
+    torchvision's save_image (and leangrad's write_png), with the marker."""
+    from PIL.PngImagePlugin import PngInfo
+    x = image.detach().cpu()
+    if x.dim() == 4:
+        x = x[0]
+    pixels = x.mul(255).add_(0.5).clamp_(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
+    info = PngInfo()
+    info.add_text(*PNG_MARKER)
+    Image.fromarray(pixels).save(path, pnginfo=info)
+
+
+def check_checkpoint_folder(folder):
+    """As leangrad's Checkpoint::save: the folder must be new, empty, or
+    hold a leangrad checkpoint (its `checkpoint.json` manifest); anything
+    else is an error naming it and nothing in it is touched."""
+    if not os.path.lexists(folder):
+        return
+    if not os.path.isdir(folder):
+        raise JobError(f"--out `{folder}` exists and is not a folder; nothing was written")
+    if not os.listdir(folder):
+        return
+    try:
+        with open(os.path.join(folder, "checkpoint.json")) as f:
+            if json.load(f).get("format") == "leangrad-checkpoint":
+                return
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise JobError(f"--out `{folder}` is not empty and holds no leangrad checkpoint; "
+                   "choose a new or empty folder (nothing was written)")
 
 
 def storage_key(t):

@@ -244,6 +244,8 @@ def run(a):
     device = jc.choose_device(a.device)
     content = read_resized(a.content, a.size)
     style = read_resized(a.style, a.size)
+    frames_written = range(a.every, a.steps + 1, a.every) if a.every else []
+    jc.check_png_outputs([a.out] + [frame_path(a.out, s) for s in frames_written], "--out")
     if os.path.dirname(a.out):
         os.makedirs(os.path.dirname(a.out), exist_ok=True)
     start = time.perf_counter()

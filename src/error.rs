@@ -173,7 +173,9 @@ pub enum Error {
         /// Bytes the device has free.
         available: usize,
     },
-    /// A weights file (or buffer) is not a valid safetensors file.
+    /// A weights file (safetensors, a PyTorch `.pt`/`.pth` zip, or a
+    /// buffer) that cannot be read as one: the reason and, where known, the
+    /// tensor.
     #[error("malformed weights in {what}{}: {reason}", tensor.as_ref().map(|t| format!(" (tensor `{t}`)")).unwrap_or_default())]
     MalformedWeights {
         /// The file's path, or `<bytes>` for an in-memory buffer.

@@ -373,10 +373,7 @@ fn read_chunk(
 /// any work ([`check_png_outputs`]: an existing file there must be one
 /// leangrad wrote, so `--out` pointed at the images' own folder never
 /// overwrites them), and the `--out` folder made.
-fn claim_outputs(
-    opts: &AdversarialOptions,
-    files: &[ImageEntry],
-) -> Result<Vec<PathBuf>> {
+fn claim_outputs(opts: &AdversarialOptions, files: &[ImageEntry]) -> Result<Vec<PathBuf>> {
     let outputs: Vec<PathBuf> = files
         .iter()
         .map(|(file, class)| written_path(&opts.out, file, class.as_deref()))

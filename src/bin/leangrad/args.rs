@@ -52,7 +52,7 @@ pub enum Command {
         /// The model: resnet18, resnet50, vgg16, vgg16_bn, vgg19, vgg19_bn, mobilenet_v2.
         #[arg(long, default_value = "resnet18")]
         model: String,
-        /// A safetensors file of the torchvision model's `state_dict()`, or
+        /// A safetensors or PyTorch `.pt`/`.pth` file of the torchvision model's `state_dict()`, or
         /// of its backbone alone (the classifier then starts fresh); without
         /// it the model starts from a random initialisation.
         #[arg(long)]
@@ -131,7 +131,7 @@ pub enum Command {
         /// The model (an image model of `leangrad memory`).
         #[arg(long, default_value = "resnet18")]
         model: String,
-        /// A safetensors file of the torchvision model's `state_dict()`
+        /// A safetensors or PyTorch `.pt`/`.pth` file of the torchvision model's `state_dict()`
         /// (without it the model is randomly initialised).
         #[arg(long)]
         weights: Option<PathBuf>,
@@ -197,7 +197,7 @@ pub enum Command {
         /// The style image.
         #[arg(long)]
         style: PathBuf,
-        /// A safetensors file of torchvision's VGG `state_dict()` (whole,
+        /// A safetensors or PyTorch `.pt`/`.pth` file of torchvision's VGG `state_dict()` (whole,
         /// or only its `features.*`); without it the VGG is randomly
         /// initialised.
         #[arg(long)]
