@@ -252,6 +252,8 @@ fn bad_arguments_are_clear_errors() {
 #[test]
 fn timeline_and_plot_files() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli_memory_timeline");
+    // A scratch folder of this test alone, emptied first.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a scratch folder");
     let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
     let small = [
@@ -323,7 +325,10 @@ fn timeline_and_plot_files() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(&svg).expect("the SVG");
-    assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+    let svg_body = text
+        .strip_prefix("<!-- Software: leangrad -->\n")
+        .expect("the SVG starts with leangrad's marker");
+    assert!(svg_body.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
     assert!(text.contains("intermediate gradients") && text.contains("backward"));
 
     let (gif, missing) = (path("t.gif"), path("no/such/folder/t.png"));
@@ -344,6 +349,8 @@ fn timeline_and_plot_files() {
 #[test]
 fn the_plot_counts_the_steps_events_and_names_its_layers() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli_memory_plot_axis");
+    // A scratch folder of this test alone, emptied first.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a scratch folder");
     let svg = dir.join("step.svg");
     let svg_arg = svg.to_string_lossy().into_owned();
@@ -397,4 +404,73 @@ fn the_plot_counts_the_steps_events_and_names_its_layers() {
             .count();
         assert_eq!(named, 4, "{block}");
     }
+}
+
+/// `--plot` and `--timeline` never overwrite a file leangrad did not
+/// write (a user's photo, drawing or notes), and say so naming it before
+/// any work; leangrad's own earlier plot and timeline are replaced.
+#[test]
+fn plot_and_timeline_never_overwrite_a_users_file() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli_memory_no_overwrite");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let small = [
+        "memory",
+        "--model",
+        "resnet18",
+        "--batch",
+        "2",
+        "--size",
+        "32",
+        "--classes",
+        "10",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = small.to_vec();
+        args.extend(extra);
+        leangrad(&args)
+    };
+    // A user's PNG (a real image, no leangrad marker), SVG and JSON.
+    let photo = dir.join("photo.png");
+    image::RgbImage::from_pixel(4, 4, image::Rgb([9, 8, 7]))
+        .save(&photo)
+        .expect("a user's PNG");
+    let drawing = dir.join("drawing.svg");
+    std::fs::write(&drawing, "<svg xmlns=\"http://www.w3.org/2000/svg\"/>\n").expect("svg");
+    let notes = dir.join("notes.json");
+    std::fs::write(&notes, "{\"mine\": true}\n").expect("json");
+    for (option, path) in [
+        ("--plot", &photo),
+        ("--plot", &drawing),
+        ("--timeline", &notes),
+    ] {
+        let before = std::fs::read(path).expect("the user's file");
+        let out = run(&[option, &path.to_string_lossy()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{option} {}: overwritten",
+            path.display()
+        );
+        assert!(
+            stderr.contains(&*path.to_string_lossy()) && stderr.contains("did not write"),
+            "{stderr}"
+        );
+        assert!(out.stdout.is_empty(), "refused before any work");
+        assert_eq!(std::fs::read(path).expect("still there"), before);
+    }
+    // leangrad's own outputs are replaced on a second run.
+    let (png, svg, json) = (dir.join("m.png"), dir.join("m.svg"), dir.join("m.json"));
+    for _ in 0..2 {
+        for (option, path) in [("--plot", &png), ("--plot", &svg), ("--timeline", &json)] {
+            let out = run(&[option, &path.to_string_lossy()]);
+            assert!(
+                out.status.success(),
+                "{option} {}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    assert!(leangrad::data::is_leangrad_png(&png));
 }

@@ -686,6 +686,27 @@ pub fn write_png(tensor: &Tensor, path: impl AsRef<Path>, depth: PngDepth) -> Re
 /// replace) from a user's file (which it never overwrites).
 pub const PNG_MARKER: (&str, &str) = ("Software", "leangrad");
 
+/// Writes 8-bit RGB pixels (row by row, `width · height · 3` bytes) as a
+/// PNG file with the [`PNG_MARKER`] text chunk (a rendered plot, say).
+pub fn write_rgb8_png(path: &Path, (width, height): (u32, u32), rgb: &[u8]) -> Result<()> {
+    let expected = (width as usize)
+        .checked_mul(height as usize)
+        .and_then(|n| n.checked_mul(3));
+    if expected != Some(rgb.len()) {
+        return Err(image_error(
+            path,
+            format!("{} bytes are not {width}×{height} RGB pixels", rgb.len()),
+        ));
+    }
+    encode_png(
+        path,
+        (width, height),
+        png::ColorType::Rgb,
+        png::BitDepth::Eight,
+        rgb,
+    )
+}
+
 /// Writes `samples` (interleaved, `color` and `bit_depth` as PNG stores
 /// them) as a PNG file with the [`PNG_MARKER`] text chunk.
 fn encode_png(
@@ -740,6 +761,23 @@ pub fn is_leangrad_png(path: impl AsRef<Path>) -> bool {
 /// [`Error::OutputFile`] naming the file and saying to choose another
 /// `option` (`--out`).
 pub fn check_png_outputs(outputs: impl IntoIterator<Item = PathBuf>, option: &str) -> Result<()> {
+    check_outputs(
+        outputs,
+        option,
+        |path| is_leangrad_png(path),
+        "a PNG leangrad writes carries the text chunk `Software: leangrad`",
+    )
+}
+
+/// [`check_png_outputs`] for files of any kind: an existing file is
+/// replaced only when `is_ours` says leangrad wrote it; `marked_by` says,
+/// in the error, how leangrad marks its files of that kind.
+pub fn check_outputs(
+    outputs: impl IntoIterator<Item = PathBuf>,
+    option: &str,
+    is_ours: impl Fn(&Path) -> bool,
+    marked_by: &str,
+) -> Result<()> {
     let refuse = |path: &Path, why: String| {
         Err(Error::OutputFile {
             path: path.to_path_buf(),
@@ -768,13 +806,14 @@ pub fn check_png_outputs(outputs: impl IntoIterator<Item = PathBuf>, option: &st
         match std::fs::symlink_metadata(path) {
             Err(_) => {}
             Ok(m) if m.is_dir() => return refuse(path, "it is a folder".into()),
-            Ok(_) if is_leangrad_png(path) => {}
+            Ok(_) if is_ours(path) => {}
             Ok(_) => {
                 return refuse(
                     path,
-                    "a file leangrad did not write is there (a PNG leangrad writes carries the \
-                     text chunk `Software: leangrad`), and leangrad never overwrites one"
-                        .into(),
+                    format!(
+                        "a file leangrad did not write is there ({marked_by}), and leangrad \
+                         never overwrites one"
+                    ),
                 )
             }
         }

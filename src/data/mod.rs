@@ -41,7 +41,7 @@ mod transforms;
 
 pub use dataset::Dataset;
 pub use folder::{has_image_extension, ImageFolder, IMG_EXTENSIONS};
-pub use image::{check_png_outputs, is_leangrad_png, PNG_MARKER};
+pub use image::{check_outputs, check_png_outputs, is_leangrad_png, write_rgb8_png, PNG_MARKER};
 pub use image::{
     decode_image, read_image, read_image_as, read_image_header, read_image_with, to_tensor,
     write_png, ColorMode, ImageHeader, PngDepth, MAX_IMAGE_PIXELS,

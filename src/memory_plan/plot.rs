@@ -44,6 +44,8 @@ struct PolicyTimeline<'a> {
 /// The JSON file of `--timeline`.
 #[derive(Serialize)]
 struct TimelineFile<'a> {
+    /// [`TIMELINE_FORMAT`]: how a later run knows the file is leangrad's.
+    format: &'static str,
     model: &'a str,
     spec: &'a StepSpec,
     lean: PolicyTimeline<'a>,
@@ -60,7 +62,8 @@ fn events<'a>(step: &'a StepMemory, policy: &str) -> Result<&'a [TimelineEvent]>
 }
 
 impl MemoryPlan {
-    /// Both steps' timelines as JSON: `model`, `spec`, then `lean` and
+    /// Both steps' timelines as JSON: `format` ([`TIMELINE_FORMAT`]),
+    /// `model`, `spec`, then `lean` and
     /// `pytorch`, each with its `device`, `peak_total`, `at_peak` and
     /// `events` (every [`TimelineEvent`] in order). An error if the plan
     /// was made without them.
@@ -74,6 +77,7 @@ impl MemoryPlan {
             })
         }
         let file = TimelineFile {
+            format: TIMELINE_FORMAT,
             model: &self.model,
             spec: &self.spec,
             lean: policy(&self.lean, "lean")?,
@@ -93,14 +97,80 @@ fn output_error(path: &Path, reason: impl ToString) -> Error {
     }
 }
 
-/// Writes [`MemoryPlan::timeline_json`] to `path`.
+/// The `format` a timeline file leangrad writes starts with.
+pub const TIMELINE_FORMAT: &str = "leangrad-memory-timeline";
+/// The comment every SVG plot leangrad writes starts with.
+pub const SVG_MARKER: &str = "<!-- Software: leangrad -->";
+
+/// The first bytes of `path` (at most `n`), or nothing when it cannot be read.
+fn file_start(path: &Path, n: usize) -> Vec<u8> {
+    use std::io::Read;
+    let mut start = Vec::new();
+    if let Ok(file) = std::fs::File::open(path) {
+        let _ = file.take(n as u64).read_to_end(&mut start);
+    }
+    start
+}
+
+/// Checks, touching nothing, that `leangrad memory --timeline` may write
+/// `path`: it does not exist, or is a timeline leangrad wrote (it starts
+/// with `{"format":"leangrad-memory-timeline"`). Anything else is
+/// [`Error::OutputFile`] naming it: a user's file is never overwritten.
+pub fn check_timeline_output(path: &Path) -> Result<()> {
+    let start = format!("{{\"format\":\"{TIMELINE_FORMAT}\"");
+    crate::data::check_outputs(
+        [path.to_path_buf()],
+        "--timeline",
+        |p| file_start(p, start.len()) == start.as_bytes(),
+        "a timeline leangrad writes starts with {\"format\":\"leangrad-memory-timeline\"",
+    )
+}
+
+/// Checks, touching nothing, that [`write_plot`] may write `path`: a
+/// `.png` or `.svg` name, and no file there unless leangrad wrote it (a PNG
+/// with the `Software: leangrad` text chunk, an SVG starting with
+/// [`SVG_MARKER`]). Anything else is [`Error::OutputFile`] naming it.
+pub fn check_plot_output(path: &Path) -> Result<()> {
+    if plot_is_svg(path)? {
+        crate::data::check_outputs(
+            [path.to_path_buf()],
+            "--plot",
+            |p| file_start(p, SVG_MARKER.len()) == SVG_MARKER.as_bytes(),
+            "an SVG leangrad writes starts with the comment `<!-- Software: leangrad -->`",
+        )
+    } else {
+        crate::data::check_png_outputs([path.to_path_buf()], "--plot")
+    }
+}
+
+/// Whether a plot at `path` is an SVG (`.svg`) rather than a PNG (`.png`);
+/// any other name is an error naming the file.
+fn plot_is_svg(path: &Path) -> Result<bool> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("png") => Ok(false),
+        Some("svg") => Ok(true),
+        _ => Err(output_error(
+            path,
+            "a plot is written as PNG or SVG, named by the extension .png or .svg",
+        )),
+    }
+}
+
+/// Writes [`MemoryPlan::timeline_json`] to `path`, which must be new or a
+/// timeline leangrad wrote ([`check_timeline_output`]).
 pub fn write_timeline(plan: &MemoryPlan, path: &Path) -> Result<()> {
+    check_timeline_output(path)?;
     let json = plan.timeline_json()?;
     std::fs::write(path, json + "\n").map_err(|e| output_error(path, e))
 }
 
 /// Draws both policies' timelines to `path`: a PNG for `.png`, an SVG for
-/// `.svg` (any other extension is an error naming the file).
+/// `.svg` (any other extension is an error naming the file). An existing
+/// file there is replaced only if leangrad wrote it ([`check_plot_output`]).
 pub fn write_plot(plan: &MemoryPlan, path: &Path) -> Result<()> {
     write_plot_compared(plan, path, None)
 }
@@ -114,20 +184,8 @@ pub fn write_plot_compared(
     path: &Path,
     torch: Option<&TorchMeasured>,
 ) -> Result<()> {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    let svg = match ext.as_deref() {
-        Some("png") => false,
-        Some("svg") => true,
-        _ => {
-            return Err(output_error(
-                path,
-                "a plot is written as PNG or SVG, named by the extension .png or .svg",
-            ))
-        }
-    };
+    check_plot_output(path)?;
+    let svg = plot_is_svg(path)?;
     let panels = [
         Panel::new(&plan.lean, "lean (what leangrad keeps)", "lean")?,
         Panel::new(
@@ -151,7 +209,7 @@ pub fn write_plot_compared(
             draw(&root, &title, &panels, torch).map_err(|e| output_error(path, e))?;
             root.present().map_err(|e| output_error(path, e))?;
         }
-        std::fs::write(path, text).map_err(|e| output_error(path, e))
+        std::fs::write(path, format!("{SVG_MARKER}\n{text}")).map_err(|e| output_error(path, e))
     } else {
         let mut rgb = vec![0u8; w as usize * h as usize * 3];
         {
@@ -159,15 +217,10 @@ pub fn write_plot_compared(
             draw(&root, &title, &panels, torch).map_err(|e| output_error(path, e))?;
             root.present().map_err(|e| output_error(path, e))?;
         }
-        image::save_buffer_with_format(
-            path,
-            &rgb,
-            w,
-            h,
-            image::ExtendedColorType::Rgb8,
-            image::ImageFormat::Png,
-        )
-        .map_err(|e| output_error(path, e))
+        crate::data::write_rgb8_png(path, (w, h), &rgb).map_err(|e| match e {
+            Error::Image { reason, .. } => output_error(path, reason),
+            other => other,
+        })
     }
 }
 

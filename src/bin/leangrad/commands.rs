@@ -84,6 +84,13 @@ pub fn demo(a: DemoArgs) -> Result<()> {
 
 /// Predicts or measures one training step's memory.
 pub fn memory(a: MemoryArgs) -> Result<()> {
+    // Refused before any work: a file there that leangrad did not write.
+    if let Some(path) = &a.timeline {
+        memory_plan::plot::check_timeline_output(path)?;
+    }
+    if let Some(path) = &a.plot {
+        memory_plan::plot::check_plot_output(path)?;
+    }
     let entry = memory_plan::find_model(&a.model)?;
     let input = entry.step_input(a.size.map(|s| s as usize), a.seq.map(|s| s as usize))?;
     let classes = match entry.input {
