@@ -207,6 +207,43 @@ fn footprint(
     (lo >= 0 && hi <= u64::MAX as i128).then_some((lo as u64, hi as u64))
 }
 
+impl Elem {
+    /// The profile's name of this type.
+    fn profile_type(self) -> crate::profile::GemmType {
+        use crate::profile::GemmType;
+        match self {
+            Elem::F32 => GemmType::F32,
+            Elem::F64 => GemmType::F64,
+            Elem::F16 => GemmType::F16,
+            Elem::Bf16 => GemmType::Bf16,
+        }
+    }
+}
+
+impl Gemm {
+    /// The call as the profile records it.
+    pub fn profile_record(&self, entry: &str) -> crate::profile::GemmRecord {
+        use crate::profile::GemmCompute;
+        crate::profile::GemmRecord {
+            entry: entry.to_string(),
+            transa: self.transa,
+            transb: self.transb,
+            m: self.m as u64,
+            n: self.n as u64,
+            k: self.k as u64,
+            batch: self.batch as u64,
+            ab_type: self.ab.profile_type(),
+            c_type: self.ct.profile_type(),
+            compute: match self.compute {
+                Compute::F32 => GemmCompute::F32,
+                Compute::Tf32 => GemmCompute::Tf32,
+                Compute::F64 => GemmCompute::F64,
+            },
+            ld: [self.lda as u64, self.ldb as u64, self.ldc as u64],
+        }
+    }
+}
+
 impl Gemm {
     /// Whether A and B are read (not when alpha = 0 or k = 0).
     fn reads_ab(&self) -> bool {

@@ -528,6 +528,7 @@ fn gemm_call(func: &str, h: CublasHandle, x: Args) -> CublasStatus {
         };
         g.check_footprints(&sim.devices[e.device].mem)
             .map_err(|m| (CUBLAS_STATUS_EXECUTION_FAILED, m))?;
+        crate::profile::record_gemm(g.profile_record(func));
         let what = format!(
             "{func} (m={} n={} k={} batch={} {:?}→{:?} {:?})",
             g.m, g.n, g.k, g.batch, g.ab, g.ct, g.compute

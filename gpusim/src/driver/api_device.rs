@@ -5,6 +5,7 @@ use super::consts::*;
 use super::errors::{fail, report, DrvErr};
 use super::state::{self, api, handle, id_of, Device, Sim, TAG_CTX, TAG_STREAM};
 use super::stats;
+use crate::profile::{Event, SyncKind};
 use std::ffi::{c_char, c_int, c_uint};
 
 /// Writes `v` through `p`, or fails on a null output pointer.
@@ -41,6 +42,7 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     };
     state::init(&config);
     stats::register_exit_summary();
+    crate::profile::register_exit_writer();
     api("cuInit", |sim| {
         if sim.devices.is_empty() {
             return fail(CUDA_ERROR_NO_DEVICE, "GPUSIM_DEVICE_COUNT=0: no device");
@@ -293,6 +295,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     api("cuCtxSynchronize", |sim| {
         let d = sim.current_device()?;
+        crate::profile::record(Event::Sync(SyncKind::Context));
         sim.sync(d, None)
     })
 }
@@ -345,6 +348,7 @@ pub extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
 pub extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
     api("cuStreamSynchronize", |sim| {
         let (d, key) = sim.stream(stream)?;
+        crate::profile::record(Event::Sync(SyncKind::Stream));
         sim.sync(d, Some(key))
     })
 }
@@ -378,4 +382,20 @@ pub unsafe extern "C" fn cuGetExportTable(
     } else {
         CUDA_ERROR_NOT_SUPPORTED
     }
+}
+
+/// `cuProfilerStart`: with `GPUSIM_PROFILE_RANGE=api`, the profile records
+/// from here (as Nsight Systems' `--capture-range=cudaProfilerApi`);
+/// otherwise nothing.
+#[no_mangle]
+pub extern "C" fn cuProfilerStart() -> CUresult {
+    crate::profile::set_range(true);
+    CUDA_SUCCESS
+}
+
+/// `cuProfilerStop`: ends a range begun by [`cuProfilerStart`].
+#[no_mangle]
+pub extern "C" fn cuProfilerStop() -> CUresult {
+    crate::profile::set_range(false);
+    CUDA_SUCCESS
 }

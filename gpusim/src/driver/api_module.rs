@@ -282,6 +282,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 dynamic_shared_bytes: shared_mem_bytes,
             },
             params,
+            profile_slot: crate::profile::start_launch(),
         };
         sim.enqueue(d, key, Op::Launch(Box::new(job)));
         Ok(())

@@ -86,6 +86,8 @@ pub struct LaunchJob {
     pub dims: LaunchDims,
     /// The bytes of each parameter.
     pub params: Vec<Vec<u8>>,
+    /// The profile's event for this launch (when profiling).
+    pub profile_slot: Option<usize>,
 }
 
 /// A queued operation.

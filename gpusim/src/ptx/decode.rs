@@ -17,6 +17,8 @@ pub(crate) struct Decoded {
     pub code: Vec<Inst>,
     /// Source of each instruction.
     pub src: Vec<SrcInfo>,
+    /// Each instruction's profile class (index) and FLOPs per thread.
+    pub cost: Vec<(u8, u32)>,
     /// Device addresses of the module's `.global` variables.
     pub globals: Vec<u64>,
 }
@@ -385,6 +387,7 @@ fn decode_inner(
         funcs: Vec::new(),
         code: Vec::new(),
         src: Vec::new(),
+        cost: Vec::new(),
         globals: globals.clone(),
     };
     for (fi, f) in defs.iter().enumerate() {
@@ -526,6 +529,8 @@ fn decode_func(
                     line: ri.line as u32,
                     text: ri.text.clone(),
                 });
+                let (class, flops) = crate::profile::classify(&ri.opcode);
+                out.cost.push((class.index() as u8, flops));
                 insts.push(ri);
             }
         }

@@ -81,6 +81,8 @@ pub(crate) struct Exec<'a> {
     pub block: [u32; 3],
     pub shared: super::mem::Shared,
     pub stats: LaunchStats,
+    /// The profile's counters, when profiling.
+    pub prof: Option<Box<crate::profile::Counting>>,
 }
 
 /// Thread index (x, y, z) of lane `lane` of warp `warp` in a block of `dims`.
@@ -264,6 +266,17 @@ impl Exec<'_> {
                         mask & if neg { !pv } else { pv }
                     }
                 };
+                if let Some(p) = self.prof.as_deref_mut() {
+                    // Threads count as Nsight's thread_inst_executed (the
+                    // active lanes, predicated or not); FLOPs only where
+                    // the guard lets the lane work.
+                    let (class, flops) = self.m.cost[pc as usize];
+                    p.c.warp_instructions[class as usize] += 1;
+                    p.c.thread_instructions[class as usize] += lanes_n;
+                    if flops != 0 {
+                        p.c.flops[class as usize] += m.count_ones() as u64 * flops as u64;
+                    }
+                }
                 let rb = w.reg_base * 32;
                 let r = &mut w.regs[rb..];
                 match &inst.op {

@@ -5,6 +5,7 @@ use super::exec::{Entry, Exec, Warp, WarpState};
 use super::ir::NO_PC;
 use super::{Fault, FaultKind, KernelId, LaunchDims, LaunchStats, Module};
 use crate::memory::DeviceMemory;
+use crate::profile::LaunchCounters;
 
 /// Most threads in one block.
 const MAX_BLOCK_THREADS: u64 = 1024;
@@ -15,7 +16,8 @@ pub(crate) fn launch(
     dims: &LaunchDims,
     params: &[&[u8]],
     mem: &mut DeviceMemory,
-) -> Result<LaunchStats, Fault> {
+    profile: bool,
+) -> Result<(LaunchStats, Option<LaunchCounters>), Fault> {
     let bad = |kernel: &str, detail: String| Fault {
         kind: FaultKind::Trap,
         kernel: kernel.to_string(),
@@ -76,6 +78,7 @@ pub(crate) fn launch(
         block: [0; 3],
         shared: Default::default(),
         stats: LaunchStats::default(),
+        prof: profile.then(Box::default),
     };
     ex.shared.symbols = f.shared.clone();
     let mut warps: Vec<Warp> = (0..nwarps)
@@ -131,5 +134,5 @@ pub(crate) fn launch(
             }
         }
     }
-    Ok(ex.stats)
+    Ok((ex.stats, ex.prof.map(|p| p.finish())))
 }

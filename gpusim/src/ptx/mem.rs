@@ -241,6 +241,15 @@ impl Exec<'_> {
                 }
             }
         }
+        if let Some(p) = self.prof.as_deref_mut() {
+            if gm != 0 {
+                let store = !matches!(op, Op::Ld { .. });
+                p.global_request(gm, &addrs, total, store);
+            }
+            if sm != 0 {
+                p.shared_request(sm, &addrs, total);
+            }
+        }
         if gm != 0 {
             match *op {
                 Op::Ld {

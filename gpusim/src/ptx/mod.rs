@@ -243,5 +243,16 @@ pub fn launch(
     params: &[&[u8]],
     mem: &mut DeviceMemory,
 ) -> Result<LaunchStats, Fault> {
-    launch::launch(module, k, dims, params, mem)
+    launch::launch(module, k, dims, params, mem, false).map(|(s, _)| s)
+}
+
+/// [`launch`], also counting what the profile records of it.
+pub fn launch_profiled(
+    module: &Module,
+    k: KernelId,
+    dims: &LaunchDims,
+    params: &[&[u8]],
+    mem: &mut DeviceMemory,
+) -> Result<(LaunchStats, crate::profile::LaunchCounters), Fault> {
+    launch::launch(module, k, dims, params, mem, true).map(|(s, c)| (s, c.unwrap_or_default()))
 }
