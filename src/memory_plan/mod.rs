@@ -48,11 +48,13 @@ use serde::Serialize;
 mod models;
 pub mod plot;
 mod report;
+mod runner;
 
 pub use models::{
     find_model, parse_case, BuildFn, InputKind, ModelEntry, StepInput, StepModel, MODELS,
 };
 pub use report::{LayerComparison, TorchMeasured};
+pub use runner::StepRunner;
 use std::fmt::Display;
 use std::time::Instant;
 

@@ -16,10 +16,13 @@
 //! index.
 
 pub mod counters;
+pub mod ffi;
 pub mod model;
 mod record;
+mod scale;
 pub mod table;
 
+pub use scale::extrapolate;
 pub use counters::{classify, Counting, FlopUnit, InstClass, LaunchCounters, CLASSES};
 pub use record::{
     configure, enabled, fill_launch, record, record_gemm, register_exit_writer, reset, set_range,
