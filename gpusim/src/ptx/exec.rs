@@ -763,6 +763,11 @@ impl Exec<'_> {
                     }
                 }
             }
+            Op::Shfl { .. }
+            | Op::Redux { .. }
+            | Op::Match { .. }
+            | Op::WarpSync { .. }
+            | Op::ActiveMask { .. } => return self.warp_op(w, op, m, pc),
             Op::Nop => {}
             _ => {
                 return Err(self.fault(

@@ -14,6 +14,8 @@ pub(crate) type PSlot = u32;
 
 /// No reconvergence point inside the function (paths meet only at exit).
 pub(crate) const NO_PC: u32 = u32::MAX;
+/// No predicate destination (an optional `|p` left out).
+pub(crate) const NO_PRED: PSlot = u32::MAX;
 /// A register sink (`_`, or the `%temp` half of an unpacking `mov`).
 pub(crate) const SINK: Slot = u32::MAX;
 
@@ -136,6 +138,36 @@ pub(crate) enum VoteMode {
     Any,
     /// uni.pred
     Uni,
+}
+
+/// Shuffle modes of `shfl.sync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ShflMode {
+    /// Source lane `lane - b`.
+    Up,
+    /// Source lane `lane + b`.
+    Down,
+    /// Source lane `lane ^ b`.
+    Bfly,
+    /// Source lane `b` within the segment.
+    Idx,
+}
+
+/// Operations of `redux.sync` (32-bit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReduxOp {
+    /// Sum, truncated to 32 bits.
+    Add,
+    /// Minimum (`true`: signed).
+    Min(bool),
+    /// Maximum (`true`: signed).
+    Max(bool),
+    /// Bitwise and.
+    And,
+    /// Bitwise or.
+    Or,
+    /// Bitwise xor.
+    Xor,
 }
 
 /// Predicate combination of `setp`'s `.and/.or/.xor`.
@@ -350,6 +382,35 @@ pub(crate) enum Op {
         neg: bool,
         member: Slot,
     },
+    /// `shfl.sync.mode.b32 d[|p], a, b, c, member` (`p` = [`NO_PRED`] when absent).
+    Shfl {
+        mode: ShflMode,
+        d: Slot,
+        p: PSlot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+        member: Slot,
+    },
+    /// `redux.sync.op.type d, a, member`.
+    Redux {
+        op: ReduxOp,
+        d: Slot,
+        a: Slot,
+        member: Slot,
+    },
+    /// `match.any/all.sync.type d[|p], a, member` (b32 or b64).
+    Match {
+        all: bool,
+        d: Slot,
+        p: PSlot,
+        a: Slot,
+        member: Slot,
+    },
+    /// `bar.warp.sync member` (`__syncwarp`): only the synccheck.
+    WarpSync { member: Slot },
+    /// `activemask.b32 d`.
+    ActiveMask { d: Slot },
     /// No effect (`membar`, …).
     Nop,
 }

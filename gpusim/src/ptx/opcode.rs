@@ -555,6 +555,7 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
                 _ => Op::Trap,
             }
         }
+        "bar" if mods == ["warp", "sync"] => super::opcode_warp::warp(cx, ri)?,
         "bar" | "barrier" => {
             let ok = matches!(mods, ["sync"] | ["sync", "aligned"]);
             if !ok || ops.len() > 1 {
@@ -595,6 +596,7 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
                 member,
             }
         }
+        "shfl" | "redux" | "match" | "activemask" => super::opcode_warp::warp(cx, ri)?,
         "membar" | "fence" => Op::Nop,
         _ => return Err(unsupported()),
     })
