@@ -768,6 +768,7 @@ impl Exec<'_> {
             | Op::Match { .. }
             | Op::WarpSync { .. }
             | Op::ActiveMask { .. } => return self.warp_op(w, op, m, pc),
+            Op::Packed { .. } | Op::CmpPair { .. } => super::exec_half::half_pair_op(w, op, m),
             Op::Nop => {}
             _ => {
                 return Err(self.fault(

@@ -5,7 +5,7 @@
 //! are precomputed. Nothing is looked up by name while a kernel runs.
 
 use super::alu::{BinFn, CmpFn, TernFn, UnFn};
-use crate::numeric::{ApproxOp, CvtMode, CvtTy, FloatTy, Precision, Rnd};
+use crate::numeric::{ApproxOp, CmpOp, CvtMode, CvtTy, FloatTy, Precision, Rnd};
 
 /// A value register slot (relative to the function's register window).
 pub(crate) type Slot = u32;
@@ -168,6 +168,27 @@ pub(crate) enum ReduxOp {
     Or,
     /// Bitwise xor.
     Xor,
+}
+
+/// Operations on packed half pairs (`.f16x2`, `.bf16x2`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PackedOp {
+    /// add
+    Add(Rnd),
+    /// sub
+    Sub(Rnd),
+    /// mul
+    Mul(Rnd),
+    /// fma (`relu`: negative results become +0, NaN the canonical NaN)
+    Fma { rnd: Rnd, relu: bool },
+    /// neg
+    Neg,
+    /// abs
+    Abs,
+    /// min (`nan` = `.NaN`)
+    Min { nan: bool },
+    /// max
+    Max { nan: bool },
 }
 
 /// Predicate combination of `setp`'s `.and/.or/.xor`.
@@ -406,6 +427,32 @@ pub(crate) enum Op {
         p: PSlot,
         a: Slot,
         member: Slot,
+    },
+    /// A packed half-pair operation: the scalar operation of `ty` on each
+    /// 16-bit half (`c` only for fma).
+    Packed {
+        op: PackedOp,
+        ty: FloatTy,
+        ftz: bool,
+        sat: bool,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    /// `set.cmp.dtype.f16x2` / `setp.cmp.f16x2`: each half compared; `one`
+    /// is a true half's value (`set`), or the two halves set predicates
+    /// `p` (low) and `q` (high, [`NO_PRED`] when absent).
+    CmpPair {
+        op: CmpOp,
+        ty: FloatTy,
+        ftz: bool,
+        one: u16,
+        d: Slot,
+        p: PSlot,
+        q: PSlot,
+        a: Slot,
+        b: Slot,
     },
     /// `bar.warp.sync member` (`__syncwarp`): only the synccheck.
     WarpSync { member: Slot },

@@ -172,7 +172,11 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
     let ftz = has("ftz");
     let sat = has("sat");
 
+    if super::opcode_half::is_packed(&ri.opcode) {
+        return super::opcode_half::packed(cx, ri);
+    }
     Ok(match base {
+        "prmt" => super::opcode_half::prmt(cx, ri)?,
         "mov" => {
             nops(2)?;
             let t = last_ty.ok_or_else(unsupported)?;

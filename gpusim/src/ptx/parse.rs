@@ -507,8 +507,13 @@ impl<'a> P<'a> {
                     depth -= 1;
                     out.push(Stmt::Close);
                 }
-                Tok::Ident(s) if s == ".reg" => {
-                    let ty = self.ident()?;
+                // `.reg.b32 t;` (no space, as cuda_fp16.hpp writes it) lexes
+                // as one name.
+                Tok::Ident(s) if s == ".reg" || s.starts_with(".reg.") => {
+                    let ty = match s.strip_prefix(".reg") {
+                        Some(t) if !t.is_empty() => t.to_string(),
+                        _ => self.ident()?,
+                    };
                     let mut names = Vec::new();
                     loop {
                         let n = self.ident()?;
