@@ -454,6 +454,9 @@ pub(crate) enum Op {
         a: Slot,
         b: Slot,
     },
+    /// A call of `__assertfail(message, file, line, function, charSize)`:
+    /// the frame offsets of the five arguments.
+    AssertFail { args: [u32; 5] },
     /// `bar.warp.sync member` (`__syncwarp`): only the synccheck.
     WarpSync { member: Slot },
     /// `activemask.b32 d`.
@@ -527,6 +530,11 @@ pub(crate) struct Func {
     pub shared: Vec<(String, u32, u32)>,
     /// Bytes of static shared memory.
     pub shared_bytes: u32,
+    /// Names of the `.extern .shared` (dynamic) arrays, all at
+    /// `dyn_shared_base`.
+    pub dyn_shared: Vec<String>,
+    /// Offset of dynamic shared memory (after the static variables).
+    pub dyn_shared_base: u32,
 }
 
 /// Per-instruction source information, for faults.

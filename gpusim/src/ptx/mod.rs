@@ -66,6 +66,7 @@ mod alu;
 mod cfg;
 mod decode;
 mod exec;
+mod exec_assert;
 mod exec_half;
 mod exec_warp;
 mod ir;
@@ -193,6 +194,9 @@ pub enum FaultKind {
     DivergentBarrier,
     /// `trap` executed, or another fault (bad parameter size, …).
     Trap,
+    /// A device `assert` failed (`__assertfail` called): the detail
+    /// quotes file, line, function and message.
+    Assert,
     /// An instruction form the interpreter does not support at run time.
     Unsupported,
 }
