@@ -118,7 +118,8 @@ pub fn attribute(sim: &Sim, dev: &Device, attrib: u32) -> Option<i32> {
         4 => 64,                               // block z
         5 => i32::MAX,                         // grid x
         6 | 7 => 65535,                        // grid y, z
-        8 | 97 => MAX_SHARED_PER_BLOCK as i32, // shared per block (opt-in: the same)
+        8 => MAX_SHARED_PER_BLOCK as i32,      // shared per block without opt-in
+        97 => super::api_func::optin_shared_per_block(dev.compute) as i32, // opt-in maximum
         9 => 65536,                            // constant memory
         10 => 32,                              // warp size
         11 => i32::MAX,                        // max pitch
@@ -140,8 +141,8 @@ pub fn attribute(sim: &Sim, dev: &Device, attrib: u32) -> Option<i32> {
         41 => i32::from(sim.devices.len() == 1), // unified addressing (see README)
         75 => dev.compute.0,
         76 => dev.compute.1,
-        78 => 0,           // stream priorities
-        81 => 167_936,     // shared per SM
+        78 => 0, // stream priorities
+        81 => super::api_func::shared_per_sm(dev.compute) as i32,
         83 | 88 | 89 => 0, // managed / pageable memory access
         84 => 0,           // multi-GPU board
         95 | 96 => 0,      // cooperative launch

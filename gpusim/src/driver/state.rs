@@ -183,6 +183,9 @@ pub struct FunctionEntry {
     pub module: u64,
     /// The kernel.
     pub kernel: KernelId,
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` once set (the
+    /// opt-in above 48 KiB).
+    pub max_dynamic_shared: Option<u32>,
 }
 
 /// A cuBLAS handle's settings.

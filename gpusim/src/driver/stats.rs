@@ -86,6 +86,7 @@ pub fn fault_code(kind: FaultKind) -> CUresult {
         FaultKind::OutOfBounds | FaultKind::Uninitialized => CUDA_ERROR_ILLEGAL_ADDRESS,
         FaultKind::Misaligned => CUDA_ERROR_MISALIGNED_ADDRESS,
         FaultKind::Unsupported => CUDA_ERROR_ILLEGAL_INSTRUCTION,
+        FaultKind::Assert => CUDA_ERROR_ASSERT,
         FaultKind::SharedRace | FaultKind::DivergentBarrier | FaultKind::Trap => {
             CUDA_ERROR_LAUNCH_FAILED
         }

@@ -776,6 +776,13 @@ impl Exec<'_> {
                     }
                 }
             }
+            Op::Shfl { .. }
+            | Op::Redux { .. }
+            | Op::Match { .. }
+            | Op::WarpSync { .. }
+            | Op::ActiveMask { .. } => return self.warp_op(w, op, m, pc),
+            Op::Packed { .. } | Op::CmpPair { .. } => super::exec_half::half_pair_op(w, op, m),
+            Op::AssertFail { args } if m != 0 => return Err(self.assert_fail(w, args, m, pc)),
             Op::Nop => {}
             _ => {
                 return Err(self.fault(

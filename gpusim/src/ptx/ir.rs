@@ -5,7 +5,7 @@
 //! are precomputed. Nothing is looked up by name while a kernel runs.
 
 use super::alu::{BinFn, CmpFn, TernFn, UnFn};
-use crate::numeric::{ApproxOp, CvtMode, CvtTy, FloatTy, Precision, Rnd};
+use crate::numeric::{ApproxOp, CmpOp, CvtMode, CvtTy, FloatTy, Precision, Rnd};
 
 /// A value register slot (relative to the function's register window).
 pub(crate) type Slot = u32;
@@ -14,6 +14,8 @@ pub(crate) type PSlot = u32;
 
 /// No reconvergence point inside the function (paths meet only at exit).
 pub(crate) const NO_PC: u32 = u32::MAX;
+/// No predicate destination (an optional `|p` left out).
+pub(crate) const NO_PRED: PSlot = u32::MAX;
 /// A register sink (`_`, or the `%temp` half of an unpacking `mov`).
 pub(crate) const SINK: Slot = u32::MAX;
 
@@ -136,6 +138,57 @@ pub(crate) enum VoteMode {
     Any,
     /// uni.pred
     Uni,
+}
+
+/// Shuffle modes of `shfl.sync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ShflMode {
+    /// Source lane `lane - b`.
+    Up,
+    /// Source lane `lane + b`.
+    Down,
+    /// Source lane `lane ^ b`.
+    Bfly,
+    /// Source lane `b` within the segment.
+    Idx,
+}
+
+/// Operations of `redux.sync` (32-bit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReduxOp {
+    /// Sum, truncated to 32 bits.
+    Add,
+    /// Minimum (`true`: signed).
+    Min(bool),
+    /// Maximum (`true`: signed).
+    Max(bool),
+    /// Bitwise and.
+    And,
+    /// Bitwise or.
+    Or,
+    /// Bitwise xor.
+    Xor,
+}
+
+/// Operations on packed half pairs (`.f16x2`, `.bf16x2`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PackedOp {
+    /// add
+    Add(Rnd),
+    /// sub
+    Sub(Rnd),
+    /// mul
+    Mul(Rnd),
+    /// fma (`relu`: negative results become +0, NaN the canonical NaN)
+    Fma { rnd: Rnd, relu: bool },
+    /// neg
+    Neg,
+    /// abs
+    Abs,
+    /// min (`nan` = `.NaN`)
+    Min { nan: bool },
+    /// max
+    Max { nan: bool },
 }
 
 /// Predicate combination of `setp`'s `.and/.or/.xor`.
@@ -350,6 +403,64 @@ pub(crate) enum Op {
         neg: bool,
         member: Slot,
     },
+    /// `shfl.sync.mode.b32 d[|p], a, b, c, member` (`p` = [`NO_PRED`] when absent).
+    Shfl {
+        mode: ShflMode,
+        d: Slot,
+        p: PSlot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+        member: Slot,
+    },
+    /// `redux.sync.op.type d, a, member`.
+    Redux {
+        op: ReduxOp,
+        d: Slot,
+        a: Slot,
+        member: Slot,
+    },
+    /// `match.any/all.sync.type d[|p], a, member` (b32 or b64).
+    Match {
+        all: bool,
+        d: Slot,
+        p: PSlot,
+        a: Slot,
+        member: Slot,
+    },
+    /// A packed half-pair operation: the scalar operation of `ty` on each
+    /// 16-bit half (`c` only for fma).
+    Packed {
+        op: PackedOp,
+        ty: FloatTy,
+        ftz: bool,
+        sat: bool,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    /// `set.cmp.dtype.f16x2` / `setp.cmp.f16x2`: each half compared; `one`
+    /// is a true half's value (`set`), or the two halves set predicates
+    /// `p` (low) and `q` (high, [`NO_PRED`] when absent).
+    CmpPair {
+        op: CmpOp,
+        ty: FloatTy,
+        ftz: bool,
+        one: u16,
+        d: Slot,
+        p: PSlot,
+        q: PSlot,
+        a: Slot,
+        b: Slot,
+    },
+    /// A call of `__assertfail(message, file, line, function, charSize)`:
+    /// the frame offsets of the five arguments.
+    AssertFail { args: [u32; 5] },
+    /// `bar.warp.sync member` (`__syncwarp`): only the synccheck.
+    WarpSync { member: Slot },
+    /// `activemask.b32 d`.
+    ActiveMask { d: Slot },
     /// No effect (`membar`, …).
     Nop,
 }
@@ -419,6 +530,11 @@ pub(crate) struct Func {
     pub shared: Vec<(String, u32, u32)>,
     /// Bytes of static shared memory.
     pub shared_bytes: u32,
+    /// Names of the `.extern .shared` (dynamic) arrays, all at
+    /// `dyn_shared_base`.
+    pub dyn_shared: Vec<String>,
+    /// Offset of dynamic shared memory (after the static variables).
+    pub dyn_shared_base: u32,
 }
 
 /// Per-instruction source information, for faults.

@@ -68,7 +68,12 @@ pub(crate) fn launch(
     }
     let nthreads = nthreads as u32;
     let nwarps = nthreads.div_ceil(32);
-    let shared_bytes = f.shared_bytes as usize + dims.dynamic_shared_bytes as usize;
+    // Dynamic shared memory starts at the kernel's aligned static end.
+    let dynamic = dims.dynamic_shared_bytes as usize;
+    let shared_bytes = match dynamic {
+        0 => f.shared_bytes as usize,
+        _ => f.dyn_shared_base as usize + dynamic,
+    };
     let mut ex = Exec {
         m: &module.d,
         kernel: fi as u32,
@@ -81,6 +86,12 @@ pub(crate) fn launch(
         prof: profile.then(Box::default),
     };
     ex.shared.symbols = f.shared.clone();
+    for n in &f.dyn_shared {
+        let sym = format!("{n} (dynamic, {dynamic} bytes at launch)");
+        ex.shared
+            .symbols
+            .push((sym, f.dyn_shared_base, dynamic as u32));
+    }
     let mut warps: Vec<Warp> = (0..nwarps)
         .map(|id| {
             let n = (nthreads - id * 32).min(32);

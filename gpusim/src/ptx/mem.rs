@@ -56,6 +56,22 @@ impl Shared {
         self.epoch = self.epoch.wrapping_add(1);
     }
 
+    /// `bar.warp.sync`: orders the member lanes' earlier shared accesses
+    /// before their later ones, so their racecheck records are dropped
+    /// (warp `warp`, lanes `lanes`; other threads' records stay).
+    pub(crate) fn forget_lanes(&mut self, warp: u32, lanes: u32) {
+        let epoch = self.epoch;
+        let ours = |t: u32| t < MULTI && t / 32 == warp && lanes >> (t % 32) & 1 != 0;
+        for c in self.cells.iter_mut().filter(|c| c.epoch == epoch) {
+            if ours(c.writer) {
+                c.writer = NONE;
+            }
+            if ours(c.reader) {
+                c.reader = NONE;
+            }
+        }
+    }
+
     fn describe(&self, a: u64) -> String {
         let total = self.data.len();
         for (n, off, size) in &self.symbols {

@@ -22,7 +22,8 @@
 //! order. A thread whose path branches into a kernel `ret`/`exit` exits at
 //! once (exited threads count as arrived at barriers); a `bar.sync` reached
 //! by part of a warp's live lanes is a [`FaultKind::DivergentBarrier`], as
-//! is a `vote.sync` whose member mask names live lanes that are not there.
+//! is a `vote.sync` whose member mask names live lanes that are not there
+//! (and the other warp-synchronous instructions, see `exec_warp`).
 //! Kernel parameters, shared and local memory have generic-address windows
 //! ([`PARAM_WIN`], [`SHARED_WIN`], [`LOCAL_WIN`]); a global address is its
 //! own generic address.
@@ -65,12 +66,17 @@ mod alu;
 mod cfg;
 mod decode;
 mod exec;
+mod exec_assert;
+mod exec_half;
+mod exec_warp;
 mod ir;
 mod launch;
 mod mem;
 mod opcode;
 mod opcode_cmp;
+mod opcode_half;
 mod opcode_mem;
+mod opcode_warp;
 mod parse;
 
 /// Generic-address window of the kernel's parameters (what `mov` of a
@@ -181,10 +187,16 @@ pub enum FaultKind {
     Uninitialized,
     /// racecheck: a shared-memory hazard between two barriers.
     SharedRace,
-    /// synccheck: a barrier reached by only part of a block.
+    /// synccheck: a barrier reached by only part of a block, or a
+    /// warp-synchronous instruction (`shfl`/`vote`/`redux`/`match.sync`)
+    /// with members not converged, or a shuffle reading a lane that does
+    /// not take part.
     DivergentBarrier,
     /// `trap` executed, or another fault (bad parameter size, …).
     Trap,
+    /// A device `assert` failed (`__assertfail` called): the detail
+    /// quotes file, line, function and message.
+    Assert,
     /// An instruction form the interpreter does not support at run time.
     Unsupported,
 }

@@ -172,7 +172,11 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
     let ftz = has("ftz");
     let sat = has("sat");
 
+    if super::opcode_half::is_packed(&ri.opcode) {
+        return super::opcode_half::packed(cx, ri);
+    }
     Ok(match base {
+        "prmt" => super::opcode_half::prmt(cx, ri)?,
         "mov" => {
             nops(2)?;
             let t = last_ty.ok_or_else(unsupported)?;
@@ -555,6 +559,7 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
                 _ => Op::Trap,
             }
         }
+        "bar" if mods == ["warp", "sync"] => super::opcode_warp::warp(cx, ri)?,
         "bar" | "barrier" => {
             let ok = matches!(mods, ["sync"] | ["sync", "aligned"]);
             if !ok || ops.len() > 1 {
@@ -595,6 +600,7 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
                 member,
             }
         }
+        "shfl" | "redux" | "match" | "activemask" => super::opcode_warp::warp(cx, ri)?,
         "membar" | "fence" => Op::Nop,
         _ => return Err(unsupported()),
     })
