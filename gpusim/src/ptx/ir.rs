@@ -202,6 +202,22 @@ pub(crate) enum BoolOp {
     Xor,
 }
 
+/// `cp.async.{ca,cg}.shared.global [dst], [src], size{, src-size | ignore-src}`
+/// (boxed in [`Op::CpAsync`]: rare, and larger than the common operations).
+#[derive(Clone, Debug)]
+pub(crate) struct CpAsync {
+    /// Shared destination.
+    pub dst: Addr,
+    /// Global source.
+    pub src: Addr,
+    /// cp-size: 4, 8 or 16 bytes.
+    pub size: u8,
+    /// src-size (bytes read; the rest zero-filled), when given.
+    pub src_size: Option<Slot>,
+    /// ignore-src predicate (and whether it is negated), when given.
+    pub ignore: Option<(PSlot, bool)>,
+}
+
 /// A call's parameter copy: bytes from the caller's frame at `from` to the
 /// callee's frame at `to` (or back, for the return value).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -461,6 +477,13 @@ pub(crate) enum Op {
     WarpSync { member: Slot },
     /// `activemask.b32 d`.
     ActiveMask { d: Slot },
+    /// `cp.async` (see [`CpAsync`]).
+    CpAsync(Box<CpAsync>),
+    /// `cp.async.commit_group`.
+    CpAsyncCommit,
+    /// `cp.async.wait_group n`, or `cp.async.wait_all` (`all`: commit first,
+    /// then wait for every group).
+    CpAsyncWait { n: u32, all: bool },
     /// No effect (`membar`, …).
     Nop,
 }

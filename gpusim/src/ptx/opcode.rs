@@ -601,6 +601,7 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
             }
         }
         "shfl" | "redux" | "match" | "activemask" => super::opcode_warp::warp(cx, ri)?,
+        "cp" => super::opcode_async::cp_async(cx, ri)?,
         "membar" | "fence" => Op::Nop,
         _ => return Err(unsupported()),
     })

@@ -47,8 +47,19 @@ fn lex(text: &str) -> Result<Vec<(Tok, usize)>, LoadError> {
         } else if ident_start(c) {
             let s = i;
             i += 1;
-            while i < b.len() && ident_char(b[i]) {
-                i += 1;
+            loop {
+                if i < b.len() && ident_char(b[i]) {
+                    i += 1;
+                } else if b.get(i) == Some(&b':')
+                    && b.get(i + 1) == Some(&b':')
+                    && b.get(i + 2).is_some_and(|&c| ident_char(c))
+                {
+                    // A `::` sub-qualifier (`.shared::cta`, `.L2::cache_hint`)
+                    // stays in the opcode; a label's `:` never doubles.
+                    i += 2;
+                } else {
+                    break;
+                }
             }
             out.push((Tok::Ident(text[s..i].to_string()), line));
         } else if c.is_ascii_digit() {
