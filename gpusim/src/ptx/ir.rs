@@ -218,6 +218,57 @@ pub(crate) struct CpAsync {
     pub ignore: Option<(PSlot, bool)>,
 }
 
+/// The element type of an `mma` multiplicand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MmaElem {
+    /// `.f16`, two per register.
+    F16,
+    /// `.bf16`, two per register.
+    Bf16,
+    /// `.tf32`: an f32 register whose low 13 mantissa bits are ignored.
+    Tf32,
+}
+
+/// `mma.sync.aligned.m16n8kK.row.col.dtype.atype.btype.ctype d, a, b, c`
+/// (boxed in [`Op::Mma`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Mma {
+    /// K: 4, 8 or 16.
+    pub k: u8,
+    /// Multiplicand type (A and B alike).
+    pub elem: MmaElem,
+    /// C is `.f16` (two `.f16x2` registers) rather than `.f32` (four).
+    pub c_f16: bool,
+    /// D is `.f16` rather than `.f32`.
+    pub d_f16: bool,
+    /// Destination registers (2 or 4 used).
+    pub d: [Slot; 4],
+    /// A registers (2 or 4 used).
+    pub a: [Slot; 4],
+    /// B registers (1 or 2 used).
+    pub b: [Slot; 2],
+    /// C registers (2 or 4 used).
+    pub c: [Slot; 4],
+}
+
+/// `ldmatrix.sync.aligned.m8n8.xN{.trans}{.shared}.b16 {d…}, [addr]` (boxed
+/// in [`Op::Ldmatrix`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Ldmatrix {
+    /// Matrices: 1, 2 or 4.
+    pub num: u8,
+    /// `.trans`: each matrix is delivered transposed.
+    pub trans: bool,
+    /// `.shared` or generic.
+    pub space: Space,
+    /// Destination registers (`num` used).
+    pub d: [Slot; 4],
+    /// The row address each of the first `8·num` lanes supplies.
+    pub addr: Addr,
+    /// Scratch slots the rows are loaded into before they are distributed.
+    pub rows: [Slot; 4],
+}
+
 /// A call's parameter copy: bytes from the caller's frame at `from` to the
 /// callee's frame at `to` (or back, for the return value).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -484,6 +535,10 @@ pub(crate) enum Op {
     /// `cp.async.wait_group n`, or `cp.async.wait_all` (`all`: commit first,
     /// then wait for every group).
     CpAsyncWait { n: u32, all: bool },
+    /// `mma.sync` (see [`Mma`]).
+    Mma(Box<Mma>),
+    /// `ldmatrix.sync` (see [`Ldmatrix`]).
+    Ldmatrix(Box<Ldmatrix>),
     /// No effect (`membar`, …).
     Nop,
 }

@@ -23,7 +23,10 @@
 //! once (exited threads count as arrived at barriers); a `bar.sync` reached
 //! by part of a warp's live lanes is a [`FaultKind::DivergentBarrier`], as
 //! is a `vote.sync` whose member mask names live lanes that are not there
-//! (and the other warp-synchronous instructions, see `exec_warp`).
+//! (and the other warp-synchronous instructions, see `exec_warp`; `mma`
+//! and `ldmatrix` need all 32 lanes, see `exec_mma`, which also gives the
+//! accumulation order of `mma`). A `cp.async` reads global memory when
+//! issued and writes shared memory when a wait covers it (`exec_async`).
 //! Kernel parameters, shared and local memory have generic-address windows
 //! ([`PARAM_WIN`], [`SHARED_WIN`], [`LOCAL_WIN`]); a global address is its
 //! own generic address.
@@ -69,6 +72,7 @@ mod exec;
 mod exec_assert;
 mod exec_async;
 mod exec_half;
+mod exec_mma;
 mod exec_warp;
 mod ir;
 mod launch;
@@ -78,6 +82,7 @@ mod opcode_async;
 mod opcode_cmp;
 mod opcode_half;
 mod opcode_mem;
+mod opcode_mma;
 mod opcode_warp;
 mod parse;
 
