@@ -1,8 +1,8 @@
 //! Tensor-core instructions (tests/cuda/mma.cu): every `mma.sync` form's
 //! fragment mapping and arithmetic against a host reference (exact
-//! products summed in f64 after C, in k order, rounded once), `.tf32`
-//! truncation against `cvt.rna.tf32.f32` rounding, `ldmatrix` in every
-//! form, and a tensor-core GEMM (cp.async + ldmatrix + mma) bit-exact
+//! products summed in f64 after C, in k order, rounded once; integer sums
+//! wrapped or saturated), `.tf32` truncation against `cvt.rna.tf32.f32`
+//! rounding, `ldmatrix` and `stmatrix` in every form, and a tensor-core GEMM (cp.async + ldmatrix + mma) bit-exact
 //! against a host GEMM with the same rounding; and the sanitizer's
 //! reports of wrong uses (tests/cuda/mma_broken.cu).
 // Index loops mirror the kernels' lane and matrix indices.
@@ -401,6 +401,9 @@ fn unsupported_forms_are_load_errors() {
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1,%f2,%f3,%f4}, \
          {%r1,%r2,%r3,%r4}, {%r5,%r6}, {0f00000000,%f2,%f3,%f4};",
         "ldmatrix.sync.aligned.m8n8.x2.trans.shared::cta.b16 {%r1,%r2}, [%r3];",
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%r3], {%r1,%r2,%r3,%r4};",
+        "mma.sync.aligned.m16n8k32.row.col.satfinite.s32.u8.u8.s32 {%r1,%r2,%r3,%r4}, \
+         {%r1,%r2,%r3,%r4}, {%r5,%r6}, {%r1,%r2,%r3,%r4};",
         "cvt.rna.satfinite.tf32.f32 %r1, %f1;",
     ];
     for text in ok {
@@ -412,14 +415,17 @@ fn unsupported_forms_are_load_errors() {
          {%r1,%r2,%r3,%r4}, {%r5,%r6}, {%f1,%f2,%f3,%f4};",
         "mma.sync.aligned.m16n8k16.row.col.f16.bf16.bf16.f16 {%r1,%r2}, \
          {%r1,%r2,%r3,%r4}, {%r5,%r6}, {%r1,%r2};",
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%r1,%r2,%r3,%r4}, \
-         {%r1,%r2,%r3,%r4}, {%r5,%r6}, {%r1,%r2,%r3,%r4};",
+        "mma.sync.aligned.m8n8k16.row.col.s32.s8.s8.s32 {%r1,%r2}, \
+         {%r1}, {%r5}, {%r1,%r2};",
+        "mma.sync.aligned.m16n8k16.row.col.satfinite.f32.f16.f16.f32 {%f1,%f2,%f3,%f4}, \
+         {%r1,%r2,%r3,%r4}, {%r5,%r6}, {%f1,%f2,%f3,%f4};",
         // Wrong register count.
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%f1,%f2,%f3,%f4}, \
          {%r1,%r2}, {%r5,%r6}, {%f1,%f2,%f3,%f4};",
         "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1,%r2}, [%r3];",
         "ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8 {%r1,%r2}, [%r3];",
         "cvt.rn.tf32.f32 %r1, %f1;",
+        "stmatrix.sync.aligned.m16n8.x1.trans.shared.b8 [%r3], {%r1};",
     ];
     for text in bad {
         let mut mem = leangrad_gpusim::memory::DeviceMemory::new(1 << 20);
@@ -466,4 +472,144 @@ fn cvt_rna_tf32_rounds_ties_away_and_satfinite_clamps() {
         assert_eq!(got[2 * i], rna, "cvt.rna.tf32.f32 {x:#010x}");
         assert_eq!(got[2 * i + 1], sat, "cvt.rna.satfinite.tf32.f32 {x:#010x}");
     }
+}
+
+/// D = C + A·B on integers (A 16 × k, B k × 8 bytes; signedness per
+/// operand), exact.
+fn imma_ref(k: usize, a: &[u8], a_s: bool, b: &[u8], b_s: bool, c: &[i32]) -> Vec<i64> {
+    let v = |x: u8, s: bool| if s { x as i8 as i64 } else { x as i64 };
+    let mut d = vec![0i64; 128];
+    for i in 0..16 {
+        for j in 0..8 {
+            let mut acc = c[i * 8 + j] as i64;
+            for kk in 0..k {
+                acc += v(a[i * k + kk], a_s) * v(b[kk * 8 + j], b_s);
+            }
+            d[i * 8 + j] = acc;
+        }
+    }
+    d
+}
+
+#[test]
+fn integer_mma_fragments_wrap_and_satfinite() {
+    let mut rng = Rng(31);
+    let mut d = Dev::fixture("mma.ptx");
+    for (name, k, a_s, b_s, sat) in [
+        ("mma_s8_u8_k32", 32usize, true, false, false),
+        ("mma_s8_s8_k32_sat", 32, true, true, true),
+        ("mma_u8_s8_k16", 16, false, true, false),
+    ] {
+        let a: Vec<u8> = (0..16 * k).map(|_| rng.next() as u8).collect();
+        let b: Vec<u8> = (0..k * 8).map(|_| rng.next() as u8).collect();
+        // Some accumulators near the s32 limits, so sums overflow.
+        let c: Vec<i32> = (0..128)
+            .map(|i| match i % 4 {
+                0 => i32::MAX - (rng.next() % 1000) as i32,
+                1 => i32::MIN + (rng.next() % 1000) as i32,
+                _ => rng.next() as i32 >> 8,
+            })
+            .collect();
+        let want = imma_ref(k, &a, a_s, &b, b_s, &c);
+        let (aa, ba, ca) = (d.upload(&a), d.upload(&b), d.upload(&i32s(&c)));
+        let out = d.zeros(4 * 128);
+        d.launch(name, 1, 32, &[p64(aa), p64(ba), p64(ca), p64(out)])
+            .unwrap_or_else(|f| panic!("{name}: {f}"));
+        let got = to_u32(&d.download(out, 4 * 128));
+        let mut overflowed = 0;
+        for i in 0..128 {
+            let w = want[i];
+            overflowed += (w != w as i32 as i64) as u32;
+            let expect = if sat {
+                w.clamp(i32::MIN as i64, i32::MAX as i64) as i32
+            } else {
+                w as i32 // two's complement wrap
+            };
+            assert_eq!(got[i] as i32, expect, "{name}: element {i} (exact {w})");
+        }
+        assert!(overflowed > 0, "{name}: no sum overflowed");
+    }
+}
+
+#[test]
+fn stmatrix_is_the_inverse_of_ldmatrix() {
+    // Each lane holds values = its lane and register index; stmatrix writes
+    // them to a 32 × 8 tile (row i at lane i's address), the tile is copied
+    // out and compared with where ldmatrix would have read each value.
+    for (num, trans) in [
+        (1usize, false),
+        (2, false),
+        (4, false),
+        (1, true),
+        (4, true),
+    ] {
+        let regs = (0..num)
+            .map(|j| format!("%r{}", 10 + j))
+            .collect::<Vec<_>>();
+        let fill = (0..num)
+            .map(|j| {
+                format!(
+                    "mad.lo.u32 %r{}, %r1, 65537, {};\n",
+                    10 + j,
+                    0x0100_0100 * j
+                )
+            })
+            .collect::<String>();
+        let text = format!(
+            ".version 8.0\n.target sm_90\n.address_size 64\n\
+             .visible .entry k(.param .u64 out)\n{{\n\
+             .reg .b32 %r<16>;\n.reg .b64 %rd<8>;\n.reg .b16 %h<2>;\n\
+             .shared .align 16 .b8 s[512];\n\
+             ld.param.u64 %rd1, [out];\nmov.u32 %r1, %tid.x;\n\
+             mov.u32 %r2, s;\nmad.lo.u32 %r3, %r1, 16, %r2;\n\
+             {fill}\
+             mov.u32 %r5, 0;\nst.shared.v4.u32 [%r3], {{%r5, %r5, %r5, %r5}};\n\
+             bar.warp.sync -1;\n\
+             stmatrix.sync.aligned.m8n8.x{num}{}.shared.b16 [%r3], {{{}}};\n\
+             bar.warp.sync -1;\n\
+             ld.shared.v4.u32 {{%r6, %r7, %r8, %r9}}, [%r3];\n\
+             mul.wide.u32 %rd2, %r1, 16;\nadd.s64 %rd3, %rd1, %rd2;\n\
+             st.global.v4.u32 [%rd3], {{%r6, %r7, %r8, %r9}};\nret;\n}}\n",
+            if trans { ".trans" } else { "" },
+            regs.join(", ")
+        );
+        let mut d = Dev::text(&text);
+        let out = d.zeros(512);
+        d.launch("k", 1, 32, &[p64(out)])
+            .unwrap_or_else(|f| panic!("x{num} trans {trans}: {f}"));
+        let tile = to_u16(&d.download(out, 512));
+        for j in 0..num {
+            for l in 0..32 {
+                // Lane l's register j is (lane + 256 j) in both halves.
+                let v = (l + 256 * j) as u32 * 65537;
+                let want = ldmatrix_ref(&tile, j, l, trans);
+                assert_eq!(want, v, "x{num} trans {trans}: lane {l} register {j}");
+            }
+        }
+        // Rows of matrices not stored stay 0.
+        assert!(tile[8 * 8 * num..].iter().all(|&h| h == 0));
+    }
+}
+
+#[test]
+fn stmatrix_rows_are_checked_as_shared_stores() {
+    let kernel = |addr: &str, guard: &str| {
+        format!(
+            ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{{\n\
+             .reg .b32 %r<8>;\n.reg .pred %p<2>;\n.shared .align 16 .b8 s[512];\n\
+             mov.u32 %r1, %tid.x;\nmov.u32 %r2, s;\n{addr}\n\
+             setp.lt.u32 %p1, %r1, 16;\n\
+             {guard}stmatrix.sync.aligned.m8n8.x1.shared.b16 [%r3], {{%r1}};\nret;\n}}\n"
+        )
+    };
+    // Lanes 0–7 all name row 0: their different rows collide.
+    let mut d = Dev::text(&kernel("mov.u32 %r3, %r2;", ""));
+    let f = d.launch("k", 1, 32, &[]).unwrap_err();
+    assert_eq!(f.kind, FaultKind::SharedRace, "{f}");
+    assert!(f.detail.contains("write after write"), "{f}");
+    // Executed by half of the warp.
+    let mut d = Dev::text(&kernel("mad.lo.u32 %r3, %r1, 16, %r2;", "@%p1 "));
+    let f = d.launch("k", 1, 32, &[]).unwrap_err();
+    assert_eq!(f.kind, FaultKind::DivergentBarrier, "{f}");
+    assert!(f.instruction.contains("stmatrix"), "{f}");
 }

@@ -772,7 +772,7 @@ impl Exec<'_> {
             Op::CpAsync(_) | Op::CpAsyncCommit | Op::CpAsyncWait { .. } => {
                 return self.async_op(w, op, m, pc)
             }
-            Op::Mma(_) | Op::Ldmatrix(_) => return self.mma_op(w, op, m, pc),
+            Op::Mma(_) | Op::Ldmatrix(_) | Op::Stmatrix(_) => return self.mma_op(w, op, m, pc),
             Op::AssertFail { args } if m != 0 => return Err(self.assert_fail(w, args, m, pc)),
             Op::Nop => {}
             _ => {

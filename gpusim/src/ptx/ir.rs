@@ -227,20 +227,50 @@ pub(crate) enum MmaElem {
     Bf16,
     /// `.tf32`: an f32 register whose low 13 mantissa bits are ignored.
     Tf32,
+    /// `.s8`, four per register.
+    S8,
+    /// `.u8`, four per register.
+    U8,
 }
 
-/// `mma.sync.aligned.m16n8kK.row.col.dtype.atype.btype.ctype d, a, b, c`
-/// (boxed in [`Op::Mma`]).
+impl MmaElem {
+    /// Elements per 32-bit register.
+    pub(crate) fn per_reg(self) -> usize {
+        match self {
+            MmaElem::Tf32 => 1,
+            MmaElem::F16 | MmaElem::Bf16 => 2,
+            MmaElem::S8 | MmaElem::U8 => 4,
+        }
+    }
+}
+
+/// The type of an `mma` accumulator (C or D).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MmaAcc {
+    /// Four `.f32` registers.
+    F32,
+    /// Two `.f16x2` registers.
+    F16,
+    /// Four `.s32` registers.
+    S32,
+}
+
+/// `mma.sync.aligned.m16n8kK.row.col{.satfinite}.dtype.atype.btype.ctype
+/// d, a, b, c` (boxed in [`Op::Mma`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Mma {
-    /// K: 4, 8 or 16.
+    /// K: 4, 8, 16 or 32.
     pub k: u8,
-    /// Multiplicand type (A and B alike).
-    pub elem: MmaElem,
-    /// C is `.f16` (two `.f16x2` registers) rather than `.f32` (four).
-    pub c_f16: bool,
-    /// D is `.f16` rather than `.f32`.
-    pub d_f16: bool,
+    /// A's element type.
+    pub a_elem: MmaElem,
+    /// B's element type.
+    pub b_elem: MmaElem,
+    /// C's type.
+    pub c_ty: MmaAcc,
+    /// D's type.
+    pub d_ty: MmaAcc,
+    /// `.satfinite` (integer: results clamped to the s32 range).
+    pub sat: bool,
     /// Destination registers (2 or 4 used).
     pub d: [Slot; 4],
     /// A registers (2 or 4 used).
@@ -251,21 +281,24 @@ pub(crate) struct Mma {
     pub c: [Slot; 4],
 }
 
-/// `ldmatrix.sync.aligned.m8n8.xN{.trans}{.shared}.b16 {d…}, [addr]` (boxed
-/// in [`Op::Ldmatrix`]).
+/// The operands of `ldmatrix.sync.aligned.m8n8.xN{.trans}{.shared}.b16
+/// {r…}, [addr]` and `stmatrix.sync.aligned.m8n8.xN{.trans}{.shared}.b16
+/// [addr], {r…}` (boxed in [`Op::Ldmatrix`], [`Op::Stmatrix`]).
 #[derive(Clone, Debug)]
-pub(crate) struct Ldmatrix {
+pub(crate) struct Matrix8x8 {
     /// Matrices: 1, 2 or 4.
     pub num: u8,
     /// `.trans`: each matrix is delivered transposed.
     pub trans: bool,
     /// `.shared` or generic.
     pub space: Space,
-    /// Destination registers (`num` used).
+    /// The fragment registers (`num` used): ldmatrix's destinations,
+    /// stmatrix's sources.
     pub d: [Slot; 4],
     /// The row address each of the first `8·num` lanes supplies.
     pub addr: Addr,
-    /// Scratch slots the rows are loaded into before they are distributed.
+    /// Scratch slots holding the supplying lanes' rows (loaded before they
+    /// are distributed, or gathered before they are stored).
     pub rows: [Slot; 4],
 }
 
@@ -537,8 +570,10 @@ pub(crate) enum Op {
     CpAsyncWait { n: u32, all: bool },
     /// `mma.sync` (see [`Mma`]).
     Mma(Box<Mma>),
-    /// `ldmatrix.sync` (see [`Ldmatrix`]).
-    Ldmatrix(Box<Ldmatrix>),
+    /// `ldmatrix.sync` (see [`Matrix8x8`]).
+    Ldmatrix(Box<Matrix8x8>),
+    /// `stmatrix.sync` (see [`Matrix8x8`]).
+    Stmatrix(Box<Matrix8x8>),
     /// No effect (`membar`, …).
     Nop,
 }

@@ -603,7 +603,7 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
         }
         "shfl" | "redux" | "match" | "activemask" => super::opcode_warp::warp(cx, ri)?,
         "cp" => super::opcode_async::cp_async(cx, ri)?,
-        "mma" | "ldmatrix" => super::opcode_mma::mma(cx, ri)?,
+        "mma" | "ldmatrix" | "stmatrix" => super::opcode_mma::mma(cx, ri)?,
         "membar" | "fence" => Op::Nop,
         _ => return Err(unsupported()),
     })

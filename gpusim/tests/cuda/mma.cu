@@ -138,6 +138,52 @@ extern "C" __global__ void mma_f16_k16_f16acc(const half_t* A, const half_t* B, 
     D[(g + 8) * 8 + 2 * t + 1] = d1 >> 16;
 }
 
+// 8-bit integer mma, A 16 x K and B K x 8 bytes, C and D s32. m16n8k32: A
+// register r holds columns 4t + 16 (r / 2) .. +3 of row g + 8 (r % 2), B
+// register r rows 4t + 16r .. +3 of column g; m16n8k16: A register r holds
+// columns 4t .. 4t + 3 of row g + 8r, B's one register rows 4t .. 4t + 3.
+__device__ unsigned pack4(const unsigned char* p, int stride) {
+    return p[0] | (unsigned)p[stride] << 8 | (unsigned)p[2 * stride] << 16 |
+           (unsigned)p[3 * stride] << 24;
+}
+#define I_FRAG(C, c)                                                           \
+    int c[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], \
+                C[(g + 8) * 8 + 2 * t + 1]};
+#define MMA_I8_K32(NAME, TYPES)                                                               \
+    extern "C" __global__ void NAME(const unsigned char* A, const unsigned char* B, const int* C, \
+                                    int* D) {                                                 \
+        int l = threadIdx.x, g = l >> 2, t = l & 3;                                          \
+        unsigned a[4], b[2];                                                                 \
+        for (int r = 0; r < 4; r++)                                                          \
+            a[r] = pack4(&A[(g + 8 * (r % 2)) * 32 + 4 * t + 16 * (r / 2)], 1);               \
+        for (int r = 0; r < 2; r++) b[r] = pack4(&B[(4 * t + 16 * r) * 8 + g], 8);            \
+        I_FRAG(C, c)                                                                         \
+        int d[4];                                                                            \
+        asm volatile("mma.sync.aligned.m16n8k32.row.col" TYPES                               \
+                     " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"            \
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])                        \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),     \
+                       "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));                          \
+        D_STORE(D, d)                                                                        \
+    }
+MMA_I8_K32(mma_s8_u8_k32, ".s32.s8.u8.s32")
+MMA_I8_K32(mma_s8_s8_k32_sat, ".satfinite.s32.s8.s8.s32")
+
+extern "C" __global__ void mma_u8_s8_k16(const unsigned char* A, const unsigned char* B,
+                                         const int* C, int* D) {
+    int l = threadIdx.x, g = l >> 2, t = l & 3;
+    unsigned a0 = pack4(&A[g * 16 + 4 * t], 1), a1 = pack4(&A[(g + 8) * 16 + 4 * t], 1);
+    unsigned b0 = pack4(&B[4 * t * 8 + g], 8);
+    I_FRAG(C, c)
+    int d[4];
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%8,%9,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+    D_STORE(D, d)
+}
+
 // ldmatrix of a 32 x 8 b16 array (four 8x8 matrices stacked by rows) in
 // shared memory: lane i supplies row i's address; every lane writes what it
 // received (x1: one register, x2: two, x4: four; trans: transposed).
