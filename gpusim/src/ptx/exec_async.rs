@@ -320,7 +320,9 @@ impl Exec<'_> {
 
     /// An access of `len` shared bytes at `off` by lane `l` of warp `w`
     /// while copies are in flight: a fault if a pending copy will write
-    /// one of them.
+    /// one of them. Cold: kept out of the shared-access loop's code.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn async_touch(
         &self,
         w: u32,

@@ -453,6 +453,8 @@ impl Exec<'_> {
         let rb = w.reg_base;
         self.shared.stamp = self.shared.stamp.wrapping_add(1);
         let stamp = self.shared.stamp;
+        // Copies in flight make every access check their pending bytes.
+        let pending = self.shared.asyncq.active();
         for l in 0..32usize {
             if m >> l & 1 == 0 {
                 continue;
@@ -472,7 +474,7 @@ impl Exec<'_> {
                     detail,
                 ));
             }
-            if self.shared.asyncq.active() {
+            if pending {
                 self.async_touch(w.id, l as u32, pc, x, total, is_st)?;
             }
             let off = x as usize;

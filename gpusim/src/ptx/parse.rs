@@ -798,4 +798,19 @@ mod tests {
         assert_eq!(i.line, 14);
         assert!(i.text.contains("(param0, param1);"), "{}", i.text);
     }
+
+    #[test]
+    fn double_colon_qualifiers_stay_in_the_opcode() {
+        let toks: Vec<Tok> = lex("L2:\ncp.async.ca.shared::cta.global.L2::128B [%r1], [%rd1], 4;")
+            .unwrap()
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect();
+        assert_eq!(toks[0], Tok::Ident("L2".into()));
+        assert_eq!(toks[1], Tok::Punct(':'));
+        assert_eq!(
+            toks[2],
+            Tok::Ident("cp.async.ca.shared::cta.global.L2::128B".into())
+        );
+    }
 }
