@@ -192,12 +192,13 @@ pub enum FaultKind {
     Misaligned,
     /// initcheck: a read of device bytes never written.
     Uninitialized,
-    /// racecheck: a shared-memory hazard between two barriers.
+    /// racecheck: a shared-memory hazard between two barriers, an access
+    /// of bytes a `cp.async` has not yet written, or a copy never waited for.
     SharedRace,
     /// synccheck: a barrier reached by only part of a block, or a
     /// warp-synchronous instruction (`shfl`/`vote`/`redux`/`match.sync`)
-    /// with members not converged, or a shuffle reading a lane that does
-    /// not take part.
+    /// with members not converged, a shuffle reading a lane that does
+    /// not take part, or an `mma`/`ldmatrix`/`stmatrix` without all 32 lanes.
     DivergentBarrier,
     /// `trap` executed, or another fault (bad parameter size, …).
     Trap,
