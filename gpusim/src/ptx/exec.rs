@@ -159,7 +159,7 @@ impl Exec<'_> {
                 }
             }
             if warps.iter().all(|w| w.state == WarpState::Done) {
-                return Ok(());
+                return self.async_block_end();
             }
             // Every warp is at the barrier or exited (exited threads count
             // as arrived): release.
@@ -782,6 +782,10 @@ impl Exec<'_> {
             | Op::WarpSync { .. }
             | Op::ActiveMask { .. } => return self.warp_op(w, op, m, pc),
             Op::Packed { .. } | Op::CmpPair { .. } => super::exec_half::half_pair_op(w, op, m),
+            Op::CpAsync(_) | Op::CpAsyncCommit | Op::CpAsyncWait { .. } => {
+                return self.async_op(w, op, m, pc)
+            }
+            Op::Mma(_) | Op::Ldmatrix(_) | Op::Stmatrix(_) => return self.mma_op(w, op, m, pc),
             Op::AssertFail { args } if m != 0 => return Err(self.assert_fail(w, args, m, pc)),
             Op::Nop => {}
             _ => {

@@ -202,6 +202,106 @@ pub(crate) enum BoolOp {
     Xor,
 }
 
+/// `cp.async.{ca,cg}.shared.global [dst], [src], size{, src-size | ignore-src}`
+/// (boxed in [`Op::CpAsync`]: rare, and larger than the common operations).
+#[derive(Clone, Debug)]
+pub(crate) struct CpAsync {
+    /// Shared destination.
+    pub dst: Addr,
+    /// Global source.
+    pub src: Addr,
+    /// cp-size: 4, 8 or 16 bytes.
+    pub size: u8,
+    /// src-size (bytes read; the rest zero-filled), when given.
+    pub src_size: Option<Slot>,
+    /// ignore-src predicate (and whether it is negated), when given.
+    pub ignore: Option<(PSlot, bool)>,
+}
+
+/// The element type of an `mma` multiplicand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MmaElem {
+    /// `.f16`, two per register.
+    F16,
+    /// `.bf16`, two per register.
+    Bf16,
+    /// `.tf32`: an f32 register whose low 13 mantissa bits are ignored.
+    Tf32,
+    /// `.s8`, four per register.
+    S8,
+    /// `.u8`, four per register.
+    U8,
+}
+
+impl MmaElem {
+    /// Elements per 32-bit register.
+    pub(crate) fn per_reg(self) -> usize {
+        match self {
+            MmaElem::Tf32 => 1,
+            MmaElem::F16 | MmaElem::Bf16 => 2,
+            MmaElem::S8 | MmaElem::U8 => 4,
+        }
+    }
+}
+
+/// The type of an `mma` accumulator (C or D).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MmaAcc {
+    /// Four `.f32` registers.
+    F32,
+    /// Two `.f16x2` registers.
+    F16,
+    /// Four `.s32` registers.
+    S32,
+}
+
+/// `mma.sync.aligned.m16n8kK.row.col{.satfinite}.dtype.atype.btype.ctype
+/// d, a, b, c` (boxed in [`Op::Mma`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Mma {
+    /// K: 4, 8, 16 or 32.
+    pub k: u8,
+    /// A's element type.
+    pub a_elem: MmaElem,
+    /// B's element type.
+    pub b_elem: MmaElem,
+    /// C's type.
+    pub c_ty: MmaAcc,
+    /// D's type.
+    pub d_ty: MmaAcc,
+    /// `.satfinite` (integer: results clamped to the s32 range).
+    pub sat: bool,
+    /// Destination registers (2 or 4 used).
+    pub d: [Slot; 4],
+    /// A registers (2 or 4 used).
+    pub a: [Slot; 4],
+    /// B registers (1 or 2 used).
+    pub b: [Slot; 2],
+    /// C registers (2 or 4 used).
+    pub c: [Slot; 4],
+}
+
+/// The operands of `ldmatrix.sync.aligned.m8n8.xN{.trans}{.shared}.b16
+/// {r…}, [addr]` and `stmatrix.sync.aligned.m8n8.xN{.trans}{.shared}.b16
+/// [addr], {r…}` (boxed in [`Op::Ldmatrix`], [`Op::Stmatrix`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Matrix8x8 {
+    /// Matrices: 1, 2 or 4.
+    pub num: u8,
+    /// `.trans`: each matrix is delivered transposed.
+    pub trans: bool,
+    /// `.shared` or generic.
+    pub space: Space,
+    /// The fragment registers (`num` used): ldmatrix's destinations,
+    /// stmatrix's sources.
+    pub d: [Slot; 4],
+    /// The row address each of the first `8·num` lanes supplies.
+    pub addr: Addr,
+    /// Scratch slots holding the supplying lanes' rows (loaded before they
+    /// are distributed, or gathered before they are stored).
+    pub rows: [Slot; 4],
+}
+
 /// A call's parameter copy: bytes from the caller's frame at `from` to the
 /// callee's frame at `to` (or back, for the return value).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -461,6 +561,19 @@ pub(crate) enum Op {
     WarpSync { member: Slot },
     /// `activemask.b32 d`.
     ActiveMask { d: Slot },
+    /// `cp.async` (see [`CpAsync`]).
+    CpAsync(Box<CpAsync>),
+    /// `cp.async.commit_group`.
+    CpAsyncCommit,
+    /// `cp.async.wait_group n`, or `cp.async.wait_all` (`all`: commit first,
+    /// then wait for every group).
+    CpAsyncWait { n: u32, all: bool },
+    /// `mma.sync` (see [`Mma`]).
+    Mma(Box<Mma>),
+    /// `ldmatrix.sync` (see [`Matrix8x8`]).
+    Ldmatrix(Box<Matrix8x8>),
+    /// `stmatrix.sync` (see [`Matrix8x8`]).
+    Stmatrix(Box<Matrix8x8>),
     /// No effect (`membar`, …).
     Nop,
 }

@@ -23,7 +23,10 @@
 //! once (exited threads count as arrived at barriers); a `bar.sync` reached
 //! by part of a warp's live lanes is a [`FaultKind::DivergentBarrier`], as
 //! is a `vote.sync` whose member mask names live lanes that are not there
-//! (and the other warp-synchronous instructions, see `exec_warp`).
+//! (and the other warp-synchronous instructions, see `exec_warp`; `mma`
+//! and `ldmatrix` need all 32 lanes, see `exec_mma`, which also gives the
+//! accumulation order of `mma`). A `cp.async` reads global memory when
+//! issued and writes shared memory when a wait covers it (`exec_async`).
 //! Kernel parameters, shared and local memory have generic-address windows
 //! ([`PARAM_WIN`], [`SHARED_WIN`], [`LOCAL_WIN`]); a global address is its
 //! own generic address.
@@ -67,15 +70,19 @@ mod cfg;
 mod decode;
 mod exec;
 mod exec_assert;
+mod exec_async;
 mod exec_half;
+mod exec_mma;
 mod exec_warp;
 mod ir;
 mod launch;
 mod mem;
 mod opcode;
+mod opcode_async;
 mod opcode_cmp;
 mod opcode_half;
 mod opcode_mem;
+mod opcode_mma;
 mod opcode_warp;
 mod parse;
 
@@ -185,12 +192,13 @@ pub enum FaultKind {
     Misaligned,
     /// initcheck: a read of device bytes never written.
     Uninitialized,
-    /// racecheck: a shared-memory hazard between two barriers.
+    /// racecheck: a shared-memory hazard between two barriers, an access
+    /// of bytes a `cp.async` has not yet written, or a copy never waited for.
     SharedRace,
     /// synccheck: a barrier reached by only part of a block, or a
     /// warp-synchronous instruction (`shfl`/`vote`/`redux`/`match.sync`)
-    /// with members not converged, or a shuffle reading a lane that does
-    /// not take part.
+    /// with members not converged, a shuffle reading a lane that does
+    /// not take part, or an `mma`/`ldmatrix`/`stmatrix` without all 32 lanes.
     DivergentBarrier,
     /// `trap` executed, or another fault (bad parameter size, …).
     Trap,

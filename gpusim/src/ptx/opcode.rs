@@ -500,6 +500,7 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
                 f32,
             }
         }
+        "cvt" if mods.contains(&"tf32") => super::opcode_mma::cvt_tf32(cx, ri)?,
         "cvt" => cvt(cx, ri, mods, unsupported)?,
         "cvta" => {
             nops(2)?;
@@ -601,6 +602,8 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
             }
         }
         "shfl" | "redux" | "match" | "activemask" => super::opcode_warp::warp(cx, ri)?,
+        "cp" => super::opcode_async::cp_async(cx, ri)?,
+        "mma" | "ldmatrix" | "stmatrix" => super::opcode_mma::mma(cx, ri)?,
         "membar" | "fence" => Op::Nop,
         _ => return Err(unsupported()),
     })

@@ -47,8 +47,19 @@ fn lex(text: &str) -> Result<Vec<(Tok, usize)>, LoadError> {
         } else if ident_start(c) {
             let s = i;
             i += 1;
-            while i < b.len() && ident_char(b[i]) {
-                i += 1;
+            loop {
+                if i < b.len() && ident_char(b[i]) {
+                    i += 1;
+                } else if b.get(i) == Some(&b':')
+                    && b.get(i + 1) == Some(&b':')
+                    && b.get(i + 2).is_some_and(|&c| ident_char(c))
+                {
+                    // A `::` sub-qualifier (`.shared::cta`, `.L2::cache_hint`)
+                    // stays in the opcode; a label's `:` never doubles.
+                    i += 2;
+                } else {
+                    break;
+                }
             }
             out.push((Tok::Ident(text[s..i].to_string()), line));
         } else if c.is_ascii_digit() {
@@ -786,5 +797,20 @@ mod tests {
         let Stmt::Inst(i) = &body[4] else { panic!() };
         assert_eq!(i.line, 14);
         assert!(i.text.contains("(param0, param1);"), "{}", i.text);
+    }
+
+    #[test]
+    fn double_colon_qualifiers_stay_in_the_opcode() {
+        let toks: Vec<Tok> = lex("L2:\ncp.async.ca.shared::cta.global.L2::128B [%r1], [%rd1], 4;")
+            .unwrap()
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect();
+        assert_eq!(toks[0], Tok::Ident("L2".into()));
+        assert_eq!(toks[1], Tok::Punct(':'));
+        assert_eq!(
+            toks[2],
+            Tok::Ident("cp.async.ca.shared::cta.global.L2::128B".into())
+        );
     }
 }
