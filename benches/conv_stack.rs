@@ -211,7 +211,11 @@ fn write_profile(
     let name = format!(
         "{:?}_{case}_{}_b{}_{}_ws{}.json",
         dtype,
-        if policy == SavePolicy::Lean { "lean" } else { "save-all" },
+        if policy == SavePolicy::Lean {
+            "lean"
+        } else {
+            "save-all"
+        },
         out["batch"],
         out["size"],
         out["conv_workspace_budget"]

@@ -69,14 +69,50 @@ const fn resnet(
 
 const WORKLOADS: [Workload; 11] = [
     resnet("resnet18_b64_all_f32", "all", DType::F32, false, Some(14.1)),
-    resnet("resnet18_b64_input_f32", "input", DType::F32, false, Some(12.1)),
-    resnet("resnet18_b64_input-bn-eval_f32", "input-bn-eval", DType::F32, false, Some(8.6)),
+    resnet(
+        "resnet18_b64_input_f32",
+        "input",
+        DType::F32,
+        false,
+        Some(12.1),
+    ),
+    resnet(
+        "resnet18_b64_input-bn-eval_f32",
+        "input-bn-eval",
+        DType::F32,
+        false,
+        Some(8.6),
+    ),
     resnet("resnet18_b64_all_tf32", "all", DType::F32, true, None),
     resnet("resnet18_b64_input_tf32", "input", DType::F32, true, None),
-    resnet("resnet18_b64_input-bn-eval_tf32", "input-bn-eval", DType::F32, true, None),
-    resnet("resnet18_b64_all_bf16", "all", DType::BF16, false, Some(12.2)),
-    resnet("resnet18_b64_input_bf16", "input", DType::BF16, false, Some(11.4)),
-    resnet("resnet18_b64_input-bn-eval_bf16", "input-bn-eval", DType::BF16, false, Some(7.4)),
+    resnet(
+        "resnet18_b64_input-bn-eval_tf32",
+        "input-bn-eval",
+        DType::F32,
+        true,
+        None,
+    ),
+    resnet(
+        "resnet18_b64_all_bf16",
+        "all",
+        DType::BF16,
+        false,
+        Some(12.2),
+    ),
+    resnet(
+        "resnet18_b64_input_bf16",
+        "input",
+        DType::BF16,
+        false,
+        Some(11.4),
+    ),
+    resnet(
+        "resnet18_b64_input-bn-eval_bf16",
+        "input-bn-eval",
+        DType::BF16,
+        false,
+        Some(7.4),
+    ),
     Workload {
         name: "bert-base_b8x128_all_f32",
         model: "bert_base",
@@ -181,7 +217,10 @@ fn simulated(dev: &CudaDevice, w: &Workload) -> Result<(Profile, String)> {
         op: "gpu_step",
         msg: format!("{}: the 32² and 64² steps differ: {e}", w.name),
     })?;
-    let note = format!("counts from 32² and 64² runs (equal), times extrapolated to {0}²", w.size);
+    let note = format!(
+        "counts from 32² and 64² runs (equal), times extrapolated to {0}²",
+        w.size
+    );
     Ok((p, note))
 }
 
@@ -256,7 +295,10 @@ fn print_row(v: &Value) {
 }
 
 fn main() -> Result<()> {
-    let o = parse().map_err(|msg| leangrad::Error::InvalidArgument { op: "gpu_step", msg })?;
+    let o = parse().map_err(|msg| leangrad::Error::InvalidArgument {
+        op: "gpu_step",
+        msg,
+    })?;
     let dev = match CudaDevice::get(0) {
         Ok(d) => d,
         Err(e) => {
@@ -266,18 +308,33 @@ fn main() -> Result<()> {
     };
     let chosen: Vec<&Workload> = WORKLOADS
         .iter()
-        .filter(|w| o.workloads.is_empty() || o.workloads.iter().any(|p| w.name.starts_with(p.as_str())))
+        .filter(|w| {
+            o.workloads.is_empty() || o.workloads.iter().any(|p| w.name.starts_with(p.as_str()))
+        })
         .collect();
     if !o.json {
         println!(
             "{} ({}): one training step per workload",
             dev.name()?,
-            if dev.is_simulated() { "simulated: counts exact, times predicted" } else { "measured" }
+            if dev.is_simulated() {
+                "simulated: counts exact, times predicted"
+            } else {
+                "measured"
+            }
         );
         println!(
             "{:<34} {:>8} {:>7} {:>6} {:>5} {:>5} {:>7} {:>9} {:>9} {:>9} {:>9}",
-            "workload", "launches", "cuBLAS", "syncs", "H2D", "D2H", "allocs", "H100 ms", "H200 ms",
-            "measured", "PyTorch"
+            "workload",
+            "launches",
+            "cuBLAS",
+            "syncs",
+            "H2D",
+            "D2H",
+            "allocs",
+            "H100 ms",
+            "H200 ms",
+            "measured",
+            "PyTorch"
         );
     }
     for w in chosen {

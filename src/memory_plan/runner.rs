@@ -78,9 +78,12 @@ impl StepRunner {
             self.opt.zero_grad();
         }
         let value = loss.to_f64_vec()?;
-        value.first().copied().ok_or_else(|| Error::InvalidArgument {
-            op: "step",
-            msg: "the loss is empty".into(),
-        })
+        value
+            .first()
+            .copied()
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "step",
+                msg: "the loss is empty".into(),
+            })
     }
 }

@@ -22,12 +22,12 @@ mod record;
 mod scale;
 pub mod table;
 
-pub use scale::extrapolate;
 pub use counters::{classify, Counting, FlopUnit, InstClass, LaunchCounters, CLASSES};
 pub use record::{
     configure, enabled, fill_launch, record, record_gemm, register_exit_writer, reset, set_range,
     snapshot, start_launch,
 };
+pub use scale::extrapolate;
 
 use serde::{Deserialize, Serialize};
 

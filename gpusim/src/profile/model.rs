@@ -7,10 +7,11 @@
 //! class weighted by the instructions it expands to) over the issue rate
 //! of the SMs the grid occupies, derated when too few warps are resident
 //! to hide latency; shared-memory wavefronts over one per SM per cycle;
-//! plus a fixed cost per launch. Per cuBLAS GEMM, the larger of FLOPs over
-//! the unit's peak times an efficiency and the fraction of the last wave
-//! of 128×128 output tiles that is full, and operand bytes over the
-//! bandwidth, plus a fixed cost. The host and the device are two clocks:
+//! plus a fixed cost per launch. Per cuBLAS GEMM, the larger of the compute
+//! time of the best tiling (128×128 down to 32×32 output tiles, each with
+//! its efficiency) and split-K a library could pick, counted in whole
+//! waves over the SMs, and the operand bytes over the bandwidth, plus a
+//! fixed cost. The host and the device are two clocks:
 //! each API call advances the host by its cost; device work starts when
 //! both the host has issued it and the device is free; a synchronisation
 //! or device-to-host copy makes the host wait for the device. The step's
@@ -220,7 +221,49 @@ pub fn launch_us(l: &LaunchRecord, gpu: &Gpu, costs: &Costs) -> (f64, Bound) {
     (work + costs.kernel_fixed_us, bound)
 }
 
-/// Predicted device time of one GEMM, µs, and what bounds it.
+/// The output tiles a GEMM library chooses among (rows, columns) and the
+/// fraction of an SM's peak each reaches on a full wave (smaller tiles
+/// reuse less of what they load).
+const GEMM_TILES: [(u64, u64, f64); 4] = [
+    (128, 128, 1.0),
+    (128, 64, 0.85),
+    (64, 64, 0.6),
+    (32, 32, 0.3),
+];
+
+/// Splits of the contracted dimension a GEMM library may use when the
+/// output has too few tiles to fill the GPU (split-K).
+const GEMM_SPLITS: [u64; 6] = [1, 2, 4, 8, 16, 32];
+
+/// The fastest of the tilings and split-K choices a GEMM library picks
+/// from: each wave of tiles takes one tile's work at one SM's share of
+/// `peak` (TFLOP/s), a split's partial sums cost one more pass over C.
+fn gemm_compute_us(g: &GemmRecord, gpu: &Gpu, costs: &Costs, peak: f64) -> f64 {
+    let per_sm = peak * 1e6 / gpu.sms as f64 * costs.gemm_efficiency; // FLOP per µs
+    let mut best = f64::INFINITY;
+    for (tm, tn, eff) in GEMM_TILES {
+        for split in GEMM_SPLITS {
+            let k = g.k.div_ceil(split);
+            if split > 1 && k < 128 {
+                break;
+            }
+            let tiles = g.m.div_ceil(tm) * g.n.div_ceil(tn) * g.batch * split;
+            let waves = tiles.div_ceil(gpu.sms as u64).max(1);
+            let tile_us = 2.0 * (tm * tn * k) as f64 / (per_sm * eff);
+            let reduce_us = if split > 1 {
+                (g.m * g.n * g.batch * 4 * split) as f64
+                    / (gpu.dram_gbps * costs.dram_efficiency * 1e3)
+            } else {
+                0.0
+            };
+            best = best.min(waves as f64 * tile_us + reduce_us);
+        }
+    }
+    best
+}
+
+/// Predicted device time of one GEMM, µs, and what bounds it: the best
+/// tiling and split-K ([`gemm_compute_us`]) or the operands' DRAM bytes.
 pub fn gemm_us(g: &GemmRecord, gpu: &Gpu, costs: &Costs) -> (f64, Bound) {
     let peak = match (g.compute, g.ab_type) {
         (GemmCompute::F64, _) => gpu.f64_tensor_tflops,
@@ -228,10 +271,7 @@ pub fn gemm_us(g: &GemmRecord, gpu: &Gpu, costs: &Costs) -> (f64, Bound) {
         (_, GemmType::F16 | GemmType::Bf16) => gpu.f16_tensor_tflops,
         _ => gpu.f32_tflops,
     };
-    let tiles = g.m.div_ceil(128) * g.n.div_ceil(128) * g.batch;
-    let waves = tiles.div_ceil(gpu.sms as u64).max(1);
-    let fill = tiles as f64 / (waves * gpu.sms as u64) as f64;
-    let compute = g.flops() as f64 / (peak * costs.gemm_efficiency * fill * 1e6);
+    let compute = gemm_compute_us(g, gpu, costs, peak);
     let bytes =
         ((g.m * g.k + g.k * g.n) * g.ab_type.bytes() + g.m * g.n * g.c_type.bytes()) * g.batch;
     let dram = bytes as f64 / (gpu.dram_gbps * costs.dram_efficiency * 1e3);
@@ -422,10 +462,16 @@ mod tests {
         assert!(tflops > 40.0 && tflops < 67.0, "{tflops}");
         let tf32 = gemm_us(&g(4096, 4096, 4096, GemmCompute::Tf32), &H200, &COSTS).0;
         assert!(us / tf32 > 5.0);
-        // 133 tiles: two waves, the second nearly empty.
+        // 133 tiles of 128×128: a second, nearly empty wave (or smaller,
+        // slower tiles) costs far more than the one tile more of work.
         let (a, _) = gemm_us(&g(128 * 133, 128, 4096, GemmCompute::F32), &H200, &COSTS);
         let (b, _) = gemm_us(&g(128 * 132, 128, 4096, GemmCompute::F32), &H200, &COSTS);
-        assert!(a > 1.9 * (b - COSTS.gemm_fixed_us), "{a} vs {b}");
+        assert!(a > 1.5 * (b - COSTS.gemm_fixed_us), "{a} vs {b}");
+        // A tall contraction with few output tiles splits K.
+        let thin = g(576, 64, 3136, GemmCompute::F32);
+        let (t, _) = gemm_us(&thin, &H200, &COSTS);
+        let no_split = 2.0 * (128.0 * 128.0 * 3136.0) / (67e6 / 132.0 * COSTS.gemm_efficiency);
+        assert!(t < no_split / 2.0, "{t} vs {no_split}");
     }
 
     #[test]

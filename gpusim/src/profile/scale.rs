@@ -84,8 +84,11 @@ pub fn extrapolate(a: &Profile, b: &Profile, t: f64) -> Result<Profile, String> 
             }
             (Event::Gemm(x), Event::Gemm(y)) => {
                 let (ga, gb) = (&a.gemms[x as usize], &b.gemms[y as usize]);
-                let same = (&ga.entry, ga.transa, ga.transb, ga.ab_type, ga.c_type, ga.compute)
-                    == (&gb.entry, gb.transa, gb.transb, gb.ab_type, gb.c_type, gb.compute);
+                let same = (
+                    &ga.entry, ga.transa, ga.transb, ga.ab_type, ga.c_type, ga.compute,
+                ) == (
+                    &gb.entry, gb.transa, gb.transb, gb.ab_type, gb.c_type, gb.compute,
+                );
                 if !same {
                     return Err(differ());
                 }
