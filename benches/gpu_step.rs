@@ -67,6 +67,21 @@ const fn resnet(
     }
 }
 
+/// A text model's step at batch 8 × 128, case all, f32.
+const fn tokens(name: &'static str, model: &'static str) -> Workload {
+    Workload {
+        name,
+        model,
+        batch: 8,
+        size: 0,
+        seq: 128,
+        case: "all",
+        dtype: DType::F32,
+        tf32: false,
+        pytorch_ms_h200: None,
+    }
+}
+
 const WORKLOADS: [Workload; 11] = [
     resnet("resnet18_b64_all_f32", "all", DType::F32, false, Some(14.1)),
     resnet(
@@ -113,28 +128,8 @@ const WORKLOADS: [Workload; 11] = [
         false,
         Some(7.4),
     ),
-    Workload {
-        name: "bert-base_b8x128_all_f32",
-        model: "bert_base",
-        batch: 8,
-        size: 0,
-        seq: 128,
-        case: "all",
-        dtype: DType::F32,
-        tf32: false,
-        pytorch_ms_h200: None,
-    },
-    Workload {
-        name: "gpt2_b8x128_all_f32",
-        model: "gpt2",
-        batch: 8,
-        size: 0,
-        seq: 128,
-        case: "all",
-        dtype: DType::F32,
-        tf32: false,
-        pytorch_ms_h200: None,
-    },
+    tokens("bert-base_b8x128_all_f32", "bert_base"),
+    tokens("gpt2_b8x128_all_f32", "gpt2"),
 ];
 
 struct Options {

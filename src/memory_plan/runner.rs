@@ -33,19 +33,8 @@ impl StepRunner {
             super::StepInput::Tokens { .. } => 0,
         };
         let mut model = (entry.build)(spec.classes, size, spec.dtype, spec.device)?;
-        spec.case.apply(model.as_mut())?;
-        let params: Vec<Tensor> = model
-            .parameters()
-            .into_iter()
-            .filter(|p| p.requires_grad())
-            .collect();
+        let params = super::trained_params(model.as_mut(), spec)?;
         let input_grad = spec.case.input_requires_grad();
-        if params.is_empty() && !input_grad {
-            return Err(Error::InvalidArgument {
-                op: "step",
-                msg: format!("case `{}` trains nothing in {name}", spec.case),
-            });
-        }
         let opt = Optimizer::new(params, Sgd::new(0.01).momentum(0.9))?;
         // Token ids, or (for the `input` cases of text models) embeddings.
         let host_input = spec

