@@ -12,6 +12,7 @@
 //! thread as `CUDA_ERROR_ILLEGAL_ADDRESS` at its next synchronising call.
 
 pub mod gemm;
+mod kernel;
 
 use crate::driver::consts::*;
 use crate::driver::errors::intern;
