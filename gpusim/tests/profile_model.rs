@@ -14,8 +14,9 @@
 use leangrad_gpusim::profile::model::{self, Costs, Gpu, COSTS, H100_SXM, H200};
 use leangrad_gpusim::profile::{extrapolate, Profile};
 
-/// The largest relative error any row may have.
-const MAX_ERROR: f64 = 0.25;
+/// The largest relative error any row may have (the aim is ±25%; the
+/// fitted model is within about ±8% of these rows, so a drift shows).
+const MAX_ERROR: f64 = 0.15;
 
 /// One measurement: the profile's name (`<dtype>_<case>_<policy>`, conv
 /// workspace budget in bytes), the GPU, the measured median ms, where.
