@@ -17,7 +17,10 @@
 //! --dtypes f32,bf16 --cases all,input --policies lean,save-all
 //! --workspace BYTES` (the CUDA conv column budget: 0, the default, is one
 //! item's columns as on the CPU; e.g. 268435456 trades memory for fewer
-//! GEMM launches).
+//! GEMM launches), and on the simulated GPU `--profile-dir DIR` (each
+//! run's timed step profiled by the simulator, written as
+//! `DIR/<dtype>_<case>_<policy>_b<batch>_<size>_ws<budget>.json`; the
+//! calibration profiles of `gpusim/tests/profile_model.rs` are made so).
 use leangrad::autograd::{with_save_policy, SavePolicy};
 use leangrad::cuda::CudaDevice;
 use leangrad::memory::{Category, Ledger};
@@ -41,6 +44,9 @@ struct Options {
     policies: Vec<String>,
     /// CUDA conv column budget (0: one item, the CPU's ledger).
     workspace: usize,
+    /// On the simulated GPU: write the simulator's profile of the first
+    /// timed step of each run into this folder.
+    profile_dir: Option<std::path::PathBuf>,
 }
 
 fn list(s: &str) -> Vec<String> {
@@ -59,6 +65,7 @@ fn parse() -> std::result::Result<Options, String> {
         cases: list("all,input,input-bn-eval"),
         policies: list("lean,save-all"),
         workspace: 0,
+        profile_dir: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -79,6 +86,7 @@ fn parse() -> std::result::Result<Options, String> {
             "--cases" => o.cases = list(&value()?),
             "--policies" => o.policies = list(&value()?),
             "--workspace" => o.workspace = number(value()?)?,
+            "--profile-dir" => o.profile_dir = Some(value()?.into()),
             // What cargo passes to a bench or test binary.
             "--bench" | "--nocapture" => {}
             other => return Err(format!("unknown argument {other}")),
@@ -157,12 +165,22 @@ fn run(
     sync(dev)?;
     let start_bytes = ledger.live(dev);
     ledger.reset_peak();
+    let profiled = match (dev, &o.profile_dir) {
+        (Device::Cuda(n), Some(dir)) => Some((CudaDevice::get(n)?, dir)),
+        _ => None,
+    };
+    if let Some((d, _)) = &profiled {
+        leangrad::cuda::profiler::simulator_profile_reset(d)?;
+    }
     let mut times = Vec::with_capacity(o.iters);
     for _ in 0..o.iters {
         let t = Instant::now();
         step()?;
         sync(dev)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
+        if let Some((d, dir)) = &profiled {
+            write_profile(d, dir, out, dtype, case, policy)?;
+        }
     }
     times.sort_by(f64::total_cmp);
     let median = if times.len() % 2 == 1 {
@@ -176,6 +194,43 @@ fn run(
     out.insert("max_memory_allocated".into(), json!(ledger.peak(dev)));
     let saved = ledger.peak_in(dev, Category::Saved);
     out.insert("saved_peak_bytes".into(), json!(saved));
+    Ok(())
+}
+
+/// Writes the simulator's profile of the step just run (and resets it) to
+/// `dir/<dtype>_<case>_<policy>_b<batch>_<size>_ws<budget>.json`; the file
+/// name also goes into `out` as `profile`.
+fn write_profile(
+    d: &CudaDevice,
+    dir: &std::path::Path,
+    out: &mut Map<String, Value>,
+    dtype: DType,
+    case: Case,
+    policy: SavePolicy,
+) -> Result<()> {
+    let name = format!(
+        "{:?}_{case}_{}_b{}_{}_ws{}.json",
+        dtype,
+        if policy == SavePolicy::Lean {
+            "lean"
+        } else {
+            "save-all"
+        },
+        out["batch"],
+        out["size"],
+        out["conv_workspace_budget"]
+    )
+    .to_lowercase();
+    let path = dir.join(&name);
+    let json = leangrad::cuda::profiler::simulator_profile_json(d)?;
+    std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::write(&path, json))
+        .map_err(|e| leangrad::Error::InvalidArgument {
+            op: "conv_stack --profile-dir",
+            msg: format!("{}: {e}", path.display()),
+        })?;
+    leangrad::cuda::profiler::simulator_profile_reset(d)?;
+    out.insert("profile".into(), json!(path.display().to_string()));
     Ok(())
 }
 

@@ -10,4 +10,5 @@ pub mod cublas;
 pub mod driver;
 pub mod memory;
 pub mod numeric;
+pub mod profile;
 pub mod ptx;

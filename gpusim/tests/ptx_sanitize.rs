@@ -184,14 +184,13 @@ fn same_value_writes_race_only_across_instructions() {
 fn unsupported_instructions_fail_at_load() {
     let text = format!(
         "{HEADER}.visible .entry k(.param .u64 p)\n{{\n.reg .b32 %r<3>;\nmov.u32 %r1, 0;\n\
-         shfl.sync.bfly.b32 %r2, %r1, 1, 31, -1;\nret;\n}}\n"
+         fns.b32 %r2, %r1, 0, 1;\nret;\n}}\n"
     );
     let mut mem = DeviceMemory::new(1 << 20);
     let e = Module::load(&text, &mut mem).err().expect("must not load");
     assert_eq!(e.line, 8);
     assert!(
-        e.message
-            .contains("unsupported instruction `shfl.sync.bfly.b32"),
+        e.message.contains("unsupported instruction `fns.b32"),
         "{e}"
     );
     // A type the operation does not support, and a bad modifier.

@@ -342,6 +342,15 @@ impl CudaDevice {
         Ok(Some(unsafe { pool.assume_init() }))
     }
 
+    /// Makes this device's context current on the calling thread (for raw
+    /// driver calls).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| self.error("cuCtxSetCurrent", e))
+    }
+
     /// Waits until all work issued so far has finished; reports errors of
     /// earlier asynchronous launches.
     pub fn synchronize(&self) -> Result<()> {

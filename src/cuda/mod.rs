@@ -18,6 +18,8 @@
 //! - [`nvrtc`]: the kernel sources, the CUDA include folder, compilation
 //!   per compute capability (CUBIN for a GPU, PTX for the simulated one),
 //!   cached in memory and on disk.
+//! - [`profiler`]: profiler ranges, and the simulated GPU's own profile
+//!   (counts and predicted time) read from inside the process.
 //! - Settings read by the launch code: [`with_tf32`],
 //!   [`with_conv_workspace`].
 //!
@@ -64,6 +66,7 @@ pub(crate) mod index;
 mod kernel_cache;
 mod layout;
 pub mod nvrtc;
+pub mod profiler;
 pub(crate) mod random;
 pub(crate) mod reduce;
 mod settings;

@@ -48,11 +48,13 @@ use serde::Serialize;
 mod models;
 pub mod plot;
 mod report;
+mod runner;
 
 pub use models::{
     find_model, parse_case, BuildFn, InputKind, ModelEntry, StepInput, StepModel, MODELS,
 };
 pub use report::{LayerComparison, TorchMeasured};
+pub use runner::StepRunner;
 use std::fmt::Display;
 use std::time::Instant;
 
@@ -182,21 +184,7 @@ pub fn run_step_recording(
         // Also forgets the op that ran last on this thread: it was not this step's.
         ledger.set_phase(Phase::Setup);
         let mut model = build(spec.dtype, spec.device)?;
-        spec.case.apply(model.as_mut())?;
-        let params: Vec<Tensor> = model
-            .parameters()
-            .into_iter()
-            .filter(|p| p.requires_grad())
-            .collect();
-        if params.is_empty() && !input_grad {
-            return Err(Error::InvalidArgument {
-                op: "memory",
-                msg: format!(
-                    "case `{}` trains nothing in this model (no parameter requires grad)",
-                    spec.case
-                ),
-            });
-        }
+        let params = trained_params(model.as_mut(), spec)?;
         let x = spec
             .input
             .make(spec.batch, input_grad, spec.dtype, spec.device)?;
@@ -243,6 +231,27 @@ pub fn run_step_recording(
         events
     });
     Ok(StepMemory { report, timeline })
+}
+
+/// Applies `spec.case` to `model` and returns the parameters it trains; a
+/// case that trains nothing and needs no input gradient is an error.
+fn trained_params(model: &mut dyn StepModel, spec: &StepSpec) -> Result<Vec<Tensor>> {
+    spec.case.apply(model)?;
+    let params: Vec<Tensor> = model
+        .parameters()
+        .into_iter()
+        .filter(|p| p.requires_grad())
+        .collect();
+    if params.is_empty() && !spec.case.input_requires_grad() {
+        return Err(Error::InvalidArgument {
+            op: "memory",
+            msg: format!(
+                "case `{}` trains nothing in this model (no parameter requires grad)",
+                spec.case
+            ),
+        });
+    }
+    Ok(params)
 }
 
 /// Forward, loss, backward and update with `opt`, each phase marked on

@@ -7,7 +7,13 @@
 //! beta·C)`, rounded once to C's type. TF32 rounds each A and B element to
 //! a 10-bit mantissa (to nearest, ties to even) first. beta = 0 never reads
 //! C; alpha = 0 or k = 0 never reads A or B.
+//!
+//! The products come from the `kernel` module, which computes tiles of C
+//! at once, in cache-sized blocks of k and on several threads, while
+//! keeping every element's chain in k order, so the results are bit-
+//! identical to the plain loop above (`tests/gemm_exact.rs` checks it).
 
+use super::kernel::{self, mr, Acc};
 use crate::driver::consts::*;
 use crate::driver::errors::{DResult, DrvErr};
 use crate::memory::DeviceMemory;
@@ -48,12 +54,30 @@ impl Elem {
         }
     }
 
-    fn decode(self, b: &[u8]) -> f64 {
+    /// Decodes little-endian elements, appending them to `out` (one match
+    /// per column, not per element).
+    fn decode_into(self, bytes: &[u8], out: &mut Vec<f64>) {
         match self {
-            Elem::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-            Elem::F64 => f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
-            Elem::F16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
-            Elem::Bf16 => bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+            Elem::F32 => out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64),
+            ),
+            Elem::F64 => out.extend(
+                bytes
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])),
+            ),
+            Elem::F16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f64()),
+            ),
+            Elem::Bf16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f64()),
+            ),
         }
     }
 }
@@ -144,51 +168,6 @@ fn round_half(ty: FloatTy, v: f64) -> u16 {
     ) as u16
 }
 
-/// Arithmetic of the accumulator type.
-trait Acc: Copy + Default + std::ops::Mul<Output = Self> {
-    fn fma(self, b: Self, c: Self) -> Self;
-    fn of(v: f64) -> Self;
-    fn widen(self) -> f64;
-    /// `fma(x[p], y[p], acc)` for p in order, from 0.
-    fn dot(x: &[Self], y: &[Self]) -> Self;
-}
-
-/// The sequential fused dot product, compiled once for the host's FMA
-/// instruction (the portable `mul_add` is a library call, 5× slower) and
-/// once portable; both round identically.
-macro_rules! dot_impls {
-    ($t:ty, $fast:ident) => {
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "fma")]
-        fn $fast(x: &[$t], y: &[$t]) -> $t {
-            x.iter().zip(y).fold(0.0, |acc, (&u, &v)| u.mul_add(v, acc))
-        }
-
-        impl Acc for $t {
-            fn fma(self, b: $t, c: $t) -> $t {
-                self.mul_add(b, c)
-            }
-            fn of(v: f64) -> $t {
-                v as $t
-            }
-            fn widen(self) -> f64 {
-                self as f64
-            }
-            fn dot(x: &[$t], y: &[$t]) -> $t {
-                #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("fma") {
-                    // SAFETY: the CPU has the FMA instructions.
-                    return unsafe { $fast(x, y) };
-                }
-                x.iter().zip(y).fold(0.0, |acc, (&u, &v)| u.mul_add(v, acc))
-            }
-        }
-    };
-}
-
-dot_impls!(f32, dot_f32_fma);
-dot_impls!(f64, dot_f64_fma);
-
 /// The first and one-past-last byte of the batches of a stored
 /// `rows × cols` matrix with leading dimension `ld` and batch stride `st`.
 fn footprint(
@@ -205,6 +184,43 @@ fn footprint(
     let lo = base as i128 + last.min(0) * es as i128;
     let hi = base as i128 + (last.max(0) + span) * es as i128;
     (lo >= 0 && hi <= u64::MAX as i128).then_some((lo as u64, hi as u64))
+}
+
+impl Elem {
+    /// The profile's name of this type.
+    fn profile_type(self) -> crate::profile::GemmType {
+        use crate::profile::GemmType;
+        match self {
+            Elem::F32 => GemmType::F32,
+            Elem::F64 => GemmType::F64,
+            Elem::F16 => GemmType::F16,
+            Elem::Bf16 => GemmType::Bf16,
+        }
+    }
+}
+
+impl Gemm {
+    /// The call as the profile records it.
+    pub fn profile_record(&self, entry: &str) -> crate::profile::GemmRecord {
+        use crate::profile::GemmCompute;
+        crate::profile::GemmRecord {
+            entry: entry.to_string(),
+            transa: self.transa,
+            transb: self.transb,
+            m: self.m as u64,
+            n: self.n as u64,
+            k: self.k as u64,
+            batch: self.batch as u64,
+            ab_type: self.ab.profile_type(),
+            c_type: self.ct.profile_type(),
+            compute: match self.compute {
+                Compute::F32 => GemmCompute::F32,
+                Compute::Tf32 => GemmCompute::Tf32,
+                Compute::F64 => GemmCompute::F64,
+            },
+            ld: [self.lda as u64, self.ldb as u64, self.ldc as u64],
+        }
+    }
 }
 
 impl Gemm {
@@ -266,22 +282,22 @@ impl Gemm {
         Ok(())
     }
 
-    /// Reads the used `rows × cols` of a stored matrix (column by column:
-    /// padding rows are not read), as values.
+    /// Reads the used `rows × cols` of a stored matrix column by column
+    /// (padding rows are not read), handing each to `f` as values.
     #[allow(clippy::too_many_arguments)]
-    fn read(
+    fn read_cols(
         &self,
         mem: &DeviceMemory,
         name: &str,
         base: u64,
-        rows: usize,
-        cols: usize,
+        (rows, cols): (usize, usize),
         ld: usize,
         t: Elem,
-    ) -> DResult<Vec<f64>> {
+        mut f: impl FnMut(usize, &[f64]),
+    ) -> DResult<()> {
         let es = t.size();
         let mut bytes = vec![0u8; rows * es];
-        let mut out = Vec::with_capacity(rows * cols);
+        let mut col = Vec::with_capacity(rows);
         for j in 0..cols {
             let addr = base.wrapping_add((j * ld * es) as u64);
             mem.read(addr, &mut bytes, true).map_err(|e| {
@@ -290,23 +306,73 @@ impl Gemm {
                     format!("reading {name} column {j}: {e}"),
                 )
             })?;
-            out.extend(bytes.chunks_exact(es).map(|b| t.decode(b)));
+            col.clear();
+            t.decode_into(&bytes, &mut col);
+            f(j, &col);
         }
+        Ok(())
+    }
+
+    /// Reads the used `rows × cols` of a stored matrix, as values.
+    fn read(
+        &self,
+        mem: &DeviceMemory,
+        name: &str,
+        base: u64,
+        shape: (usize, usize),
+        ld: usize,
+        t: Elem,
+    ) -> DResult<Vec<f64>> {
+        let mut out = Vec::with_capacity(shape.0 * shape.1);
+        self.read_cols(mem, name, base, shape, ld, t, |_, c| {
+            out.extend_from_slice(c)
+        })?;
         Ok(out)
     }
 
     /// Runs every batch against `mem`.
     pub fn run(&self, mem: &mut DeviceMemory) -> DResult<()> {
         match self.compute {
-            Compute::F64 => self.run_in::<f64>(mem),
-            Compute::F32 | Compute::Tf32 => self.run_in::<f32>(mem),
+            Compute::F64 => self.run_in::<f64, { mr::<f64>() }>(mem),
+            Compute::F32 | Compute::Tf32 => self.run_in::<f32, { mr::<f32>() }>(mem),
         }
     }
 
-    fn run_in<T: Acc>(&self, mem: &mut DeviceMemory) -> DResult<()> {
+    fn run_in<T: Acc, const MR: usize>(&self, mem: &mut DeviceMemory) -> DResult<()> {
         let (m, n, k) = (self.m, self.n, self.k);
-        let ((ar, ac), (br, bc)) = self.shapes();
         let (es_ab, es_c) = (self.ab.size() as i64, self.ct.size() as i64);
+        let (mut ap, mut bp) = (Vec::new(), Vec::new());
+        let mut acc = vec![T::default(); m * n];
+        for batch in 0..self.batch as i64 {
+            let at = |base: u64, st: i64, es: i64| base.wrapping_add((batch * st * es) as u64);
+            let c_base = at(self.c, self.stride_c, es_c);
+            if self.reads_ab() {
+                let a_base = at(self.a, self.stride_a, es_ab);
+                let b_base = at(self.b, self.stride_b, es_ab);
+                self.pack::<T, MR>(mem, a_base, b_base, &mut ap, &mut bp)?;
+                kernel::product::<T, MR>((m, n, k), &ap, &bp, &mut acc);
+            }
+            let c_old = if self.beta != 0.0 {
+                self.read(mem, "C", c_base, (m, n), self.ldc, self.ct)?
+            } else {
+                Vec::new()
+            };
+            self.write_c(mem, c_base, &acc, &c_old)?;
+        }
+        Ok(())
+    }
+
+    /// Reads one batch's A and B (in that order) and packs op(A) and op(B)
+    /// in the compute type, TF32-rounded if so, for [`kernel::product`].
+    fn pack<T: Acc, const MR: usize>(
+        &self,
+        mem: &DeviceMemory,
+        a_base: u64,
+        b_base: u64,
+        ap: &mut Vec<T>,
+        bp: &mut Vec<T>,
+    ) -> DResult<()> {
+        let (sa, sb) = self.shapes();
         let tf32 = self.compute == Compute::Tf32;
         let conv = |v: f64| -> T {
             if tf32 {
@@ -315,92 +381,63 @@ impl Gemm {
                 T::of(v)
             }
         };
+        // Stored A is m × k (lanes = rows) or, transposed, k × m; stored B
+        // is k × n (lanes = columns) or, transposed, n × k.
+        let pa = kernel::Packing::new(sa, self.transa, MR, ap);
+        self.read_cols(mem, "A", a_base, sa, self.lda, self.ab, |c, col| {
+            pa.column(ap, c, col, conv)
+        })?;
+        let pb = kernel::Packing::new(sb, !self.transb, kernel::NR, bp);
+        self.read_cols(mem, "B", b_base, sb, self.ldb, self.ab, |c, col| {
+            pb.column(bp, c, col, conv)
+        })?;
+        Ok(())
+    }
+
+    /// Scales the products `acc` (`m × n`, column-major; unused when A and
+    /// B are not read) by alpha, adds beta·`c_old` unless beta = 0, rounds
+    /// to C's type and writes C column by column.
+    fn write_c<T: Acc>(
+        &self,
+        mem: &mut DeviceMemory,
+        c_base: u64,
+        acc: &[T],
+        c_old: &[f64],
+    ) -> DResult<()> {
+        let (m, n) = (self.m, self.n);
+        let es_c = self.ct.size();
         let (alpha, beta) = (T::of(self.alpha), T::of(self.beta));
-        let mut ap = vec![T::default(); m * k];
-        let mut bp = vec![T::default(); n * k];
-        let mut out = vec![0u8; m * es_c as usize];
-        for batch in 0..self.batch as i64 {
-            let at = |base: u64, st: i64, es: i64| base.wrapping_add((batch * st * es) as u64);
-            let c_base = at(self.c, self.stride_c, es_c);
-            if self.reads_ab() {
-                let a = self.read(
-                    mem,
-                    "A",
-                    at(self.a, self.stride_a, es_ab),
-                    ar,
-                    ac,
-                    self.lda,
-                    self.ab,
-                )?;
-                let b = self.read(
-                    mem,
-                    "B",
-                    at(self.b, self.stride_b, es_ab),
-                    br,
-                    bc,
-                    self.ldb,
-                    self.ab,
-                )?;
-                // Pack op(A) by rows and op(B) by columns, so that the k
-                // loop runs over contiguous data.
-                for i in 0..m {
-                    for p in 0..k {
-                        ap[i * k + p] = conv(if self.transa {
-                            a[p + i * k]
-                        } else {
-                            a[i + p * m]
-                        });
-                    }
-                }
-                for j in 0..n {
-                    for p in 0..k {
-                        bp[j * k + p] = conv(if self.transb {
-                            b[j + p * n]
-                        } else {
-                            b[p + j * k]
-                        });
-                    }
-                }
-            }
-            let c_old = if self.beta != 0.0 {
-                self.read(mem, "C", c_base, m, n, self.ldc, self.ct)?
-            } else {
-                Vec::new()
-            };
-            for j in 0..n {
-                for i in 0..m {
-                    let r = if self.reads_ab() {
-                        let (x, y) = (&ap[i * k..(i + 1) * k], &bp[j * k..(j + 1) * k]);
-                        let acc = T::dot(x, y);
-                        if self.beta == 0.0 {
-                            alpha * acc
-                        } else {
-                            alpha.fma(acc, beta * T::of(c_old[i + j * m]))
-                        }
-                    } else if self.beta == 0.0 {
-                        T::default()
+        let mut out = vec![0u8; m * es_c];
+        for j in 0..n {
+            for i in 0..m {
+                let r = if self.reads_ab() {
+                    let acc = acc[i + j * m];
+                    if self.beta == 0.0 {
+                        alpha * acc
                     } else {
-                        beta * T::of(c_old[i + j * m])
-                    };
-                    let v = r.widen();
-                    let o = &mut out[i * es_c as usize..(i + 1) * es_c as usize];
-                    match self.ct {
-                        Elem::F32 => o.copy_from_slice(&(v as f32).to_le_bytes()),
-                        Elem::F64 => o.copy_from_slice(&v.to_le_bytes()),
-                        Elem::F16 => o.copy_from_slice(&round_half(FloatTy::F16, v).to_le_bytes()),
-                        Elem::Bf16 => {
-                            o.copy_from_slice(&round_half(FloatTy::Bf16, v).to_le_bytes())
-                        }
+                        alpha.fma(acc, beta * T::of(c_old[i + j * m]))
                     }
+                } else if self.beta == 0.0 {
+                    T::default()
+                } else {
+                    beta * T::of(c_old[i + j * m])
+                };
+                let v = r.widen();
+                let o = &mut out[i * es_c..(i + 1) * es_c];
+                match self.ct {
+                    Elem::F32 => o.copy_from_slice(&(v as f32).to_le_bytes()),
+                    Elem::F64 => o.copy_from_slice(&v.to_le_bytes()),
+                    Elem::F16 => o.copy_from_slice(&round_half(FloatTy::F16, v).to_le_bytes()),
+                    Elem::Bf16 => o.copy_from_slice(&round_half(FloatTy::Bf16, v).to_le_bytes()),
                 }
-                let addr = c_base.wrapping_add((j as i64 * self.ldc as i64 * es_c) as u64);
-                mem.write(addr, &out).map_err(|e| {
-                    DrvErr::new(
-                        CUDA_ERROR_ILLEGAL_ADDRESS,
-                        format!("writing C column {j}: {e}"),
-                    )
-                })?;
             }
+            let addr = c_base.wrapping_add((j * self.ldc * es_c) as u64);
+            mem.write(addr, &out).map_err(|e| {
+                DrvErr::new(
+                    CUDA_ERROR_ILLEGAL_ADDRESS,
+                    format!("writing C column {j}: {e}"),
+                )
+            })?;
         }
         Ok(())
     }

@@ -12,6 +12,7 @@
 //! thread as `CUDA_ERROR_ILLEGAL_ADDRESS` at its next synchronising call.
 
 pub mod gemm;
+mod kernel;
 
 use crate::driver::consts::*;
 use crate::driver::errors::intern;
@@ -528,6 +529,7 @@ fn gemm_call(func: &str, h: CublasHandle, x: Args) -> CublasStatus {
         };
         g.check_footprints(&sim.devices[e.device].mem)
             .map_err(|m| (CUBLAS_STATUS_EXECUTION_FAILED, m))?;
+        crate::profile::record_gemm(g.profile_record(func));
         let what = format!(
             "{func} (m={} n={} k={} batch={} {:?}→{:?} {:?})",
             g.m, g.n, g.k, g.batch, g.ab, g.ct, g.compute

@@ -5,6 +5,7 @@ use super::consts::*;
 use super::errors::{fail, report, DrvErr};
 use super::state::{self, api, handle, id_of, Device, Sim, TAG_CTX, TAG_STREAM};
 use super::stats;
+use crate::profile::{Event, SyncKind};
 use std::ffi::{c_char, c_int, c_uint};
 
 /// Writes `v` through `p`, or fails on a null output pointer.
@@ -41,6 +42,7 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     };
     state::init(&config);
     stats::register_exit_summary();
+    crate::profile::register_exit_writer();
     api("cuInit", |sim| {
         if sim.devices.is_empty() {
             return fail(CUDA_ERROR_NO_DEVICE, "GPUSIM_DEVICE_COUNT=0: no device");
@@ -116,7 +118,8 @@ pub fn attribute(sim: &Sim, dev: &Device, attrib: u32) -> Option<i32> {
         4 => 64,                               // block z
         5 => i32::MAX,                         // grid x
         6 | 7 => 65535,                        // grid y, z
-        8 | 97 => MAX_SHARED_PER_BLOCK as i32, // shared per block (opt-in: the same)
+        8 => MAX_SHARED_PER_BLOCK as i32,      // shared per block without opt-in
+        97 => super::api_func::optin_shared_per_block(dev.compute) as i32, // opt-in maximum
         9 => 65536,                            // constant memory
         10 => 32,                              // warp size
         11 => i32::MAX,                        // max pitch
@@ -138,8 +141,8 @@ pub fn attribute(sim: &Sim, dev: &Device, attrib: u32) -> Option<i32> {
         41 => i32::from(sim.devices.len() == 1), // unified addressing (see README)
         75 => dev.compute.0,
         76 => dev.compute.1,
-        78 => 0,           // stream priorities
-        81 => 167_936,     // shared per SM
+        78 => 0, // stream priorities
+        81 => super::api_func::shared_per_sm(dev.compute) as i32,
         83 | 88 | 89 => 0, // managed / pageable memory access
         84 => 0,           // multi-GPU board
         95 | 96 => 0,      // cooperative launch
@@ -293,6 +296,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     api("cuCtxSynchronize", |sim| {
         let d = sim.current_device()?;
+        crate::profile::record(Event::Sync(SyncKind::Context));
         sim.sync(d, None)
     })
 }
@@ -345,6 +349,7 @@ pub extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
 pub extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
     api("cuStreamSynchronize", |sim| {
         let (d, key) = sim.stream(stream)?;
+        crate::profile::record(Event::Sync(SyncKind::Stream));
         sim.sync(d, Some(key))
     })
 }
@@ -378,4 +383,20 @@ pub unsafe extern "C" fn cuGetExportTable(
     } else {
         CUDA_ERROR_NOT_SUPPORTED
     }
+}
+
+/// `cuProfilerStart`: with `GPUSIM_PROFILE_RANGE=api`, the profile records
+/// from here (as Nsight Systems' `--capture-range=cudaProfilerApi`);
+/// otherwise nothing.
+#[no_mangle]
+pub extern "C" fn cuProfilerStart() -> CUresult {
+    crate::profile::set_range(true);
+    CUDA_SUCCESS
+}
+
+/// `cuProfilerStop`: ends a range begun by [`cuProfilerStart`].
+#[no_mangle]
+pub extern "C" fn cuProfilerStop() -> CUresult {
+    crate::profile::set_range(false);
+    CUDA_SUCCESS
 }

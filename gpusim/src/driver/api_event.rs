@@ -122,6 +122,7 @@ pub extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
 pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
     api("cuEventSynchronize", |sim| {
         let ev = event(sim, e)?;
+        crate::profile::record(crate::profile::Event::Sync(crate::profile::SyncKind::Event));
         if let Some((d, n)) = items_before(sim, e, &ev) {
             sim.drain_n(d, n);
         }

@@ -6,6 +6,7 @@ use super::consts::*;
 use super::errors::{fail, DResult, DrvErr};
 use super::state::{api, handle, id_of, Alloc, Op, Sim, TAG_POOL};
 use crate::memory::DEVICE_BASE;
+use crate::profile::{record, Event};
 use std::ffi::{c_uchar, c_void};
 
 /// Checks a host pointer: not null, and not a device address (device
@@ -84,6 +85,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
             return fail(CUDA_ERROR_INVALID_VALUE, "dptr is null");
         }
         *dptr = alloc(sim, d, bytesize as u64, false)?;
+        record(Event::Alloc(bytesize as u64));
         Ok(())
     })
 }
@@ -105,6 +107,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
             return fail(CUDA_ERROR_INVALID_VALUE, "dptr is null");
         }
         *dptr = alloc(sim, d, bytesize as u64, true)?;
+        record(Event::Alloc(bytesize as u64));
         Ok(())
     })
 }
@@ -123,6 +126,7 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresul
             ),
             Some(a) => {
                 a.free_queued = true;
+                record(Event::Free(a.size));
                 sim.enqueue(d, key, Op::Free { ptr: dptr });
                 Ok(())
             }
@@ -160,6 +164,7 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
                 format!("free of {dptr:#x}, not the start of a live allocation: {place}"),
             );
         }
+        record(Event::Free(sim.devices[d].allocs[&dptr].size));
         sim.free_now(d, dptr)?;
         sim.deliver()
     })
@@ -300,6 +305,7 @@ pub extern "C" fn cuMemsetD8Async(
         let (d, key) = sim.stream(stream)?;
         sim.check_range(d, dst, n as u64, "destination")?;
         if n > 0 {
+            record(Event::Memset(n as u64));
             sim.enqueue(
                 d,
                 key,
@@ -322,6 +328,7 @@ pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, uc: c_uchar, n: usize) -> CUre
         sim.sync(d, None)?;
         sim.check_range(d, dst, n as u64, "destination")?;
         if n > 0 {
+            record(Event::Memset(n as u64));
             sim.devices[d]
                 .mem
                 .fill(dst, n as u64, uc)
@@ -351,6 +358,7 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
         host_ptr(src, "srcHost")?;
         sim.check_range(d, dst, n as u64, "destination")?;
         let data = std::slice::from_raw_parts(src.cast::<u8>(), n).to_vec();
+        record(Event::HtoD(n as u64));
         sim.enqueue(d, key, Op::HtoD { dst, data });
         Ok(())
     })
@@ -375,6 +383,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
         host_ptr(src, "srcHost")?;
         sim.check_range(d, dst, n as u64, "destination")?;
         let data = std::slice::from_raw_parts(src.cast::<u8>(), n);
+        record(Event::HtoD(n as u64));
         sim.devices[d]
             .mem
             .write(dst, data)
@@ -449,6 +458,7 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
         }
         host_ptr(dst, "dstHost")?;
         sim.check_range(d, src, n as u64, "source")?;
+        record(Event::DtoH(n as u64));
         sim.sync(d, Some(key))?;
         read_to_host(sim, d, "cuMemcpyDtoHAsync_v2", dst, src, n)
     })
@@ -468,6 +478,7 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: 
         }
         host_ptr(dst, "dstHost")?;
         sim.check_range(d, src, n as u64, "source")?;
+        record(Event::DtoH(n as u64));
         read_to_host(sim, d, "cuMemcpyDtoH_v2", dst, src, n)
     })
 }
@@ -486,6 +497,7 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
         sim.check_range(d, src, n as u64, "source")?;
         sim.check_range(d, dst, n as u64, "destination")?;
         if n > 0 {
+            record(Event::DtoD(n as u64));
             sim.enqueue(
                 d,
                 key,
@@ -509,6 +521,7 @@ pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) 
         sim.check_range(d, src, n as u64, "source")?;
         sim.check_range(d, dst, n as u64, "destination")?;
         if n > 0 {
+            record(Event::DtoD(n as u64));
             sim.devices[d]
                 .mem
                 .copy(dst, src, n as u64)

@@ -154,6 +154,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
                     FunctionEntry {
                         module: hmod as u64,
                         kernel: k,
+                        max_dynamic_shared: None,
                     },
                 );
                 h
@@ -166,12 +167,15 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 
 /// Checks a launch shape: at most 1024 threads per block (x, y ≤ 1024,
 /// z ≤ 64), grid x < 2^31, y and z < 65536, no zero dimension, and at
-/// most 48 KiB of static plus dynamic shared memory.
+/// most 48 KiB of static plus dynamic shared memory — or, once the kernel
+/// opted in (`max_dynamic`, set by `cuFuncSetAttribute`), at most that
+/// much dynamic shared memory.
 pub fn validate_dims(
     grid: [u32; 3],
     block: [u32; 3],
     static_shared: usize,
     dynamic_shared: u32,
+    max_dynamic: Option<u32>,
 ) -> Result<(), String> {
     if grid.contains(&0) || block.contains(&0) {
         return Err(format!("a zero dimension: grid {grid:?}, block {block:?}"));
@@ -189,10 +193,21 @@ pub fn validate_dims(
         ));
     }
     let shared = static_shared as u64 + dynamic_shared as u64;
-    if shared > MAX_SHARED_PER_BLOCK as u64 {
-        return Err(format!(
-            "{static_shared} bytes of static plus {dynamic_shared} of dynamic shared memory exceed {MAX_SHARED_PER_BLOCK}"
-        ));
+    match max_dynamic {
+        None if shared > MAX_SHARED_PER_BLOCK as u64 => {
+            return Err(format!(
+                "{static_shared} bytes of static plus {dynamic_shared} of dynamic shared memory \
+                 exceed {MAX_SHARED_PER_BLOCK} (more needs \
+                 cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES))"
+            ));
+        }
+        Some(max) if dynamic_shared > max => {
+            return Err(format!(
+                "{dynamic_shared} bytes of dynamic shared memory exceed the kernel's \
+                 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES of {max}"
+            ));
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -219,7 +234,12 @@ pub unsafe extern "C" fn cuLaunchKernel(
     extra: *mut *mut c_void,
 ) -> CUresult {
     api("cuLaunchKernel", |sim| {
-        let Some(&FunctionEntry { module, kernel }) = sim.functions.get(&(f as u64)) else {
+        let Some(&FunctionEntry {
+            module,
+            kernel,
+            max_dynamic_shared,
+        }) = sim.functions.get(&(f as u64))
+        else {
             return fail(
                 CUDA_ERROR_INVALID_HANDLE,
                 format!("{f:p} is not a function of a loaded module"),
@@ -249,6 +269,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
             block,
             m.module.static_shared_bytes(kernel),
             shared_mem_bytes,
+            max_dynamic_shared,
         )
         .map_err(|e| DrvErr::new(CUDA_ERROR_INVALID_VALUE, format!("kernel {name}: {e}")))?;
         let specs = m.module.params(kernel);
@@ -282,6 +303,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 dynamic_shared_bytes: shared_mem_bytes,
             },
             params,
+            profile_slot: crate::profile::start_launch(),
         };
         sim.enqueue(d, key, Op::Launch(Box::new(job)));
         Ok(())
@@ -294,22 +316,29 @@ mod tests {
 
     #[test]
     fn launch_shapes_are_checked() {
-        assert!(validate_dims([555, 1, 1], [256, 1, 1], 2048, 0).is_ok());
-        assert!(validate_dims([1, 1, 1], [1024, 1, 1], 0, 0).is_ok());
-        assert!(validate_dims([1, 1, 1], [1025, 1, 1], 0, 0)
+        assert!(validate_dims([555, 1, 1], [256, 1, 1], 2048, 0, None).is_ok());
+        assert!(validate_dims([1, 1, 1], [1024, 1, 1], 0, 0, None).is_ok());
+        assert!(validate_dims([1, 1, 1], [1025, 1, 1], 0, 0, None)
             .unwrap_err()
             .contains("1025 threads"));
-        assert!(validate_dims([1, 1, 1], [32, 32, 2], 0, 0).is_err());
-        assert!(validate_dims([1, 1, 1], [1, 1, 65], 0, 0).is_err());
-        assert!(validate_dims([0, 1, 1], [32, 1, 1], 0, 0).is_err());
-        assert!(validate_dims([1 << 31, 1, 1], [32, 1, 1], 0, 0).is_err());
-        assert!(validate_dims([(1 << 31) - 1, 65535, 65535], [32, 1, 1], 0, 0).is_ok());
-        assert!(validate_dims([1, 65536, 1], [32, 1, 1], 0, 0).is_err());
-        assert!(validate_dims([1, 1, 1], [32, 1, 1], 40 << 10, 8 << 10).is_ok());
+        assert!(validate_dims([1, 1, 1], [32, 32, 2], 0, 0, None).is_err());
+        assert!(validate_dims([1, 1, 1], [1, 1, 65], 0, 0, None).is_err());
+        assert!(validate_dims([0, 1, 1], [32, 1, 1], 0, 0, None).is_err());
+        assert!(validate_dims([1 << 31, 1, 1], [32, 1, 1], 0, 0, None).is_err());
+        assert!(validate_dims([(1 << 31) - 1, 65535, 65535], [32, 1, 1], 0, 0, None).is_ok());
+        assert!(validate_dims([1, 65536, 1], [32, 1, 1], 0, 0, None).is_err());
+        assert!(validate_dims([1, 1, 1], [32, 1, 1], 40 << 10, 8 << 10, None).is_ok());
         assert!(
-            validate_dims([1, 1, 1], [32, 1, 1], 40 << 10, (8 << 10) + 1)
+            validate_dims([1, 1, 1], [32, 1, 1], 40 << 10, (8 << 10) + 1, None)
                 .unwrap_err()
                 .contains("shared")
+        );
+        // Opted in: the attribute bounds the dynamic part only.
+        assert!(validate_dims([1, 1, 1], [32, 1, 1], 1024, 100 << 10, Some(100 << 10)).is_ok());
+        assert!(
+            validate_dims([1, 1, 1], [32, 1, 1], 0, (100 << 10) + 1, Some(100 << 10))
+                .unwrap_err()
+                .contains("MAX_DYNAMIC_SHARED_SIZE_BYTES")
         );
         assert!(is_binary(b"\x7fELF"));
         assert!(is_binary(&[0x50, 0xED, 0x55, 0xBA]));

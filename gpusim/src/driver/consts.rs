@@ -48,6 +48,8 @@ pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 /// A memory fault in device code (memcheck, initcheck).
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
 /// An instruction the interpreter cannot run.
+/// A device-side `assert` failed.
+pub const CUDA_ERROR_ASSERT: CUresult = 710;
 pub const CUDA_ERROR_ILLEGAL_INSTRUCTION: CUresult = 715;
 /// A misaligned access in device code.
 pub const CUDA_ERROR_MISALIGNED_ADDRESS: CUresult = 716;

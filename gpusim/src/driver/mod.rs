@@ -9,6 +9,7 @@
 
 pub mod api_device;
 pub mod api_event;
+pub mod api_func;
 pub mod api_memory;
 pub mod api_module;
 pub mod config;

@@ -86,6 +86,8 @@ pub struct LaunchJob {
     pub dims: LaunchDims,
     /// The bytes of each parameter.
     pub params: Vec<Vec<u8>>,
+    /// The profile's event for this launch (when profiling).
+    pub profile_slot: Option<usize>,
 }
 
 /// A queued operation.
@@ -181,6 +183,9 @@ pub struct FunctionEntry {
     pub module: u64,
     /// The kernel.
     pub kernel: KernelId,
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` once set (the
+    /// opt-in above 48 KiB).
+    pub max_dynamic_shared: Option<u32>,
 }
 
 /// A cuBLAS handle's settings.

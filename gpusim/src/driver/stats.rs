@@ -86,6 +86,7 @@ pub fn fault_code(kind: FaultKind) -> CUresult {
         FaultKind::OutOfBounds | FaultKind::Uninitialized => CUDA_ERROR_ILLEGAL_ADDRESS,
         FaultKind::Misaligned => CUDA_ERROR_MISALIGNED_ADDRESS,
         FaultKind::Unsupported => CUDA_ERROR_ILLEGAL_INSTRUCTION,
+        FaultKind::Assert => CUDA_ERROR_ASSERT,
         FaultKind::SharedRace | FaultKind::DivergentBarrier | FaultKind::Trap => {
             CUDA_ERROR_LAUNCH_FAILED
         }
@@ -96,15 +97,29 @@ pub fn fault_code(kind: FaultKind) -> CUresult {
 pub fn run_launch(module: &Module, job: &LaunchJob, mem: &mut DeviceMemory) -> DResult<()> {
     let params: Vec<&[u8]> = job.params.iter().map(|p| p.as_slice()).collect();
     let t0 = Instant::now();
-    let r = catch_unwind(AssertUnwindSafe(|| {
-        ptx::launch(module, job.kernel, &job.dims, &params, mem)
+    let r = catch_unwind(AssertUnwindSafe(|| match job.profile_slot {
+        None => ptx::launch(module, job.kernel, &job.dims, &params, mem).map(|s| (s, None)),
+        Some(_) => ptx::launch_profiled(module, job.kernel, &job.dims, &params, mem)
+            .map(|(s, c)| (s, Some(c))),
     }));
     INTERP_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
     LAUNCHES.fetch_add(1, Relaxed);
     match r {
-        Ok(Ok(s)) => {
+        Ok(Ok((s, counters))) => {
             THREAD_INSTRUCTIONS.fetch_add(s.thread_instructions, Relaxed);
             WARP_INSTRUCTIONS.fetch_add(s.warp_instructions, Relaxed);
+            if let (Some(slot), Some(counters)) = (job.profile_slot, counters) {
+                let shared_bytes =
+                    module.static_shared_bytes(job.kernel) as u32 + job.dims.dynamic_shared_bytes;
+                let record = crate::profile::LaunchRecord {
+                    kernel: 0,
+                    grid: job.dims.grid,
+                    block: job.dims.block,
+                    shared_bytes,
+                    counters,
+                };
+                crate::profile::fill_launch(slot, &job.name, record);
+            }
             Ok(())
         }
         Ok(Err(fault)) => Err(DrvErr::new(fault_code(fault.kind), fault.to_string())),

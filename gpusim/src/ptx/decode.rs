@@ -17,9 +17,14 @@ pub(crate) struct Decoded {
     pub code: Vec<Inst>,
     /// Source of each instruction.
     pub src: Vec<SrcInfo>,
+    /// Each instruction's profile class (index) and FLOPs per thread.
+    pub cost: Vec<(u8, u32)>,
     /// Device addresses of the module's `.global` variables.
     pub globals: Vec<u64>,
 }
+
+/// The device runtime's assertion handler (`assert` failing calls it).
+pub(crate) const ASSERTFAIL: &str = "__assertfail";
 
 /// What a name means inside a function.
 #[derive(Clone, Copy, Debug)]
@@ -371,13 +376,22 @@ fn decode_inner(
     }
     for f in &raw.funcs {
         if f.body.is_none() && !func_index.contains_key(&f.name) {
-            return lerr(
-                f.line,
-                format!(
-                    "function `{}` is declared but never defined (external calls are unsupported)",
-                    f.name
+            // The device runtime's functions the interpreter provides.
+            if f.name == ASSERTFAIL {
+                continue;
+            }
+            let what = match f.name.as_str() {
+                "vprintf" => "device-side printf (`vprintf`) is not supported".to_string(),
+                "malloc" | "free" => format!("device-side `{}` is not supported", f.name),
+                n if n.starts_with("cudaGetParameterBuffer") || n.starts_with("cudaLaunch") => {
+                    format!("dynamic parallelism (`{n}`) is not supported")
+                }
+                n => format!(
+                    "function `{n}` is declared but never defined (calls outside the module \
+                     are not supported)"
                 ),
-            );
+            };
+            return lerr(f.line, what);
         }
     }
     let sigs: Vec<Sig> = defs.iter().map(|f| sig_of(f)).collect();
@@ -385,6 +399,7 @@ fn decode_inner(
         funcs: Vec::new(),
         code: Vec::new(),
         src: Vec::new(),
+        cost: Vec::new(),
         globals: globals.clone(),
     };
     for (fi, f) in defs.iter().enumerate() {
@@ -456,12 +471,17 @@ fn decode_func(
         cx.shared.push((v.name.clone(), off, v.size as u32));
         cx.declare(&v.name, Name::Abs(off as u64));
     };
+    let body = f.body.as_deref().unwrap_or(&[]);
+    let mut dyn_base = 0;
     if f.is_entry {
-        for v in module_shared {
+        for v in module_shared.iter().filter(|v| !v.is_extern) {
             add_shared(&mut cx, v);
         }
+        dyn_base = dynamic_shared_base(&cx, module_shared, body);
+        for v in module_shared.iter().filter(|v| v.is_extern) {
+            cx.declare(&v.name, Name::Abs(dyn_base as u64));
+        }
     }
-    let body = f.body.as_deref().unwrap_or(&[]);
     // Pass 1: labels → instruction indices.
     let base = out.code.len() as u32;
     let mut n = 0u32;
@@ -526,6 +546,8 @@ fn decode_func(
                     line: ri.line as u32,
                     text: ri.text.clone(),
                 });
+                let (class, flops) = crate::profile::classify(&ri.opcode);
+                out.cost.push((class.index() as u8, flops));
                 insts.push(ri);
             }
         }
@@ -548,5 +570,43 @@ fn decode_func(
         kparam_bytes,
         shared: cx.shared,
         shared_bytes: cx.shared_bytes,
+        // The extern arrays the kernel names (all alias one base), for
+        // fault messages.
+        dyn_shared: module_shared
+            .iter()
+            .filter(|v| v.is_extern && f.is_entry && insts.iter().any(|i| names(i, &v.name)))
+            .map(|v| v.name.clone())
+            .collect(),
+        dyn_shared_base: dyn_base,
     })
+}
+
+/// Whether instruction `ri` names symbol `n` (as an operand or an
+/// address base).
+fn names(ri: &RawInst, n: &str) -> bool {
+    ri.operands.iter().any(|o| match o {
+        Operand::Name(x) | Operand::Addr(Some(x), _) => x == n,
+        _ => false,
+    })
+}
+
+/// Offset of dynamic shared memory (`.extern .shared`): after every static
+/// shared variable of the kernel (module scope, laid out already in `cx`,
+/// and the body's, laid out the same way later), aligned to the largest of
+/// 16 and the extern declarations' alignments.
+fn dynamic_shared_base(cx: &FnCtx, module_shared: &[VarDecl], body: &[Stmt]) -> u32 {
+    let mut end = cx.shared_bytes;
+    for s in body {
+        if let Stmt::Var(v) = s {
+            if v.space == ".shared" {
+                end = align_up(end, v.align as u32) + v.size as u32;
+            }
+        }
+    }
+    let align = module_shared
+        .iter()
+        .filter(|v| v.is_extern)
+        .map(|v| v.align as u32)
+        .fold(16, u32::max);
+    align_up(end, align)
 }

@@ -81,6 +81,8 @@ pub(crate) struct Exec<'a> {
     pub block: [u32; 3],
     pub shared: super::mem::Shared,
     pub stats: LaunchStats,
+    /// The profile's counters, when profiling.
+    pub prof: Option<Box<crate::profile::Counting>>,
 }
 
 /// Thread index (x, y, z) of lane `lane` of warp `warp` in a block of `dims`.
@@ -157,7 +159,7 @@ impl Exec<'_> {
                 }
             }
             if warps.iter().all(|w| w.state == WarpState::Done) {
-                return Ok(());
+                return self.async_block_end();
             }
             // Every warp is at the barrier or exited (exited threads count
             // as arrived): release.
@@ -264,6 +266,17 @@ impl Exec<'_> {
                         mask & if neg { !pv } else { pv }
                     }
                 };
+                if let Some(p) = self.prof.as_deref_mut() {
+                    // Threads count as Nsight's thread_inst_executed (the
+                    // active lanes, predicated or not); FLOPs only where
+                    // the guard lets the lane work.
+                    let (class, flops) = self.m.cost[pc as usize];
+                    p.c.warp_instructions[class as usize] += 1;
+                    p.c.thread_instructions[class as usize] += lanes_n;
+                    if flops != 0 {
+                        p.c.flops[class as usize] += m.count_ones() as u64 * flops as u64;
+                    }
+                }
                 let rb = w.reg_base * 32;
                 let r = &mut w.regs[rb..];
                 match &inst.op {
@@ -763,6 +776,17 @@ impl Exec<'_> {
                     }
                 }
             }
+            Op::Shfl { .. }
+            | Op::Redux { .. }
+            | Op::Match { .. }
+            | Op::WarpSync { .. }
+            | Op::ActiveMask { .. } => return self.warp_op(w, op, m, pc),
+            Op::Packed { .. } | Op::CmpPair { .. } => super::exec_half::half_pair_op(w, op, m),
+            Op::CpAsync(_) | Op::CpAsyncCommit | Op::CpAsyncWait { .. } => {
+                return self.async_op(w, op, m, pc)
+            }
+            Op::Mma(_) | Op::Ldmatrix(_) | Op::Stmatrix(_) => return self.mma_op(w, op, m, pc),
+            Op::AssertFail { args } if m != 0 => return Err(self.assert_fail(w, args, m, pc)),
             Op::Nop => {}
             _ => {
                 return Err(self.fault(

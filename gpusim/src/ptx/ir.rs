@@ -5,7 +5,7 @@
 //! are precomputed. Nothing is looked up by name while a kernel runs.
 
 use super::alu::{BinFn, CmpFn, TernFn, UnFn};
-use crate::numeric::{ApproxOp, CvtMode, CvtTy, FloatTy, Precision, Rnd};
+use crate::numeric::{ApproxOp, CmpOp, CvtMode, CvtTy, FloatTy, Precision, Rnd};
 
 /// A value register slot (relative to the function's register window).
 pub(crate) type Slot = u32;
@@ -14,6 +14,8 @@ pub(crate) type PSlot = u32;
 
 /// No reconvergence point inside the function (paths meet only at exit).
 pub(crate) const NO_PC: u32 = u32::MAX;
+/// No predicate destination (an optional `|p` left out).
+pub(crate) const NO_PRED: PSlot = u32::MAX;
 /// A register sink (`_`, or the `%temp` half of an unpacking `mov`).
 pub(crate) const SINK: Slot = u32::MAX;
 
@@ -138,6 +140,57 @@ pub(crate) enum VoteMode {
     Uni,
 }
 
+/// Shuffle modes of `shfl.sync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ShflMode {
+    /// Source lane `lane - b`.
+    Up,
+    /// Source lane `lane + b`.
+    Down,
+    /// Source lane `lane ^ b`.
+    Bfly,
+    /// Source lane `b` within the segment.
+    Idx,
+}
+
+/// Operations of `redux.sync` (32-bit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReduxOp {
+    /// Sum, truncated to 32 bits.
+    Add,
+    /// Minimum (`true`: signed).
+    Min(bool),
+    /// Maximum (`true`: signed).
+    Max(bool),
+    /// Bitwise and.
+    And,
+    /// Bitwise or.
+    Or,
+    /// Bitwise xor.
+    Xor,
+}
+
+/// Operations on packed half pairs (`.f16x2`, `.bf16x2`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PackedOp {
+    /// add
+    Add(Rnd),
+    /// sub
+    Sub(Rnd),
+    /// mul
+    Mul(Rnd),
+    /// fma (`relu`: negative results become +0, NaN the canonical NaN)
+    Fma { rnd: Rnd, relu: bool },
+    /// neg
+    Neg,
+    /// abs
+    Abs,
+    /// min (`nan` = `.NaN`)
+    Min { nan: bool },
+    /// max
+    Max { nan: bool },
+}
+
 /// Predicate combination of `setp`'s `.and/.or/.xor`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BoolOp {
@@ -147,6 +200,106 @@ pub(crate) enum BoolOp {
     Or,
     /// xor
     Xor,
+}
+
+/// `cp.async.{ca,cg}.shared.global [dst], [src], size{, src-size | ignore-src}`
+/// (boxed in [`Op::CpAsync`]: rare, and larger than the common operations).
+#[derive(Clone, Debug)]
+pub(crate) struct CpAsync {
+    /// Shared destination.
+    pub dst: Addr,
+    /// Global source.
+    pub src: Addr,
+    /// cp-size: 4, 8 or 16 bytes.
+    pub size: u8,
+    /// src-size (bytes read; the rest zero-filled), when given.
+    pub src_size: Option<Slot>,
+    /// ignore-src predicate (and whether it is negated), when given.
+    pub ignore: Option<(PSlot, bool)>,
+}
+
+/// The element type of an `mma` multiplicand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MmaElem {
+    /// `.f16`, two per register.
+    F16,
+    /// `.bf16`, two per register.
+    Bf16,
+    /// `.tf32`: an f32 register whose low 13 mantissa bits are ignored.
+    Tf32,
+    /// `.s8`, four per register.
+    S8,
+    /// `.u8`, four per register.
+    U8,
+}
+
+impl MmaElem {
+    /// Elements per 32-bit register.
+    pub(crate) fn per_reg(self) -> usize {
+        match self {
+            MmaElem::Tf32 => 1,
+            MmaElem::F16 | MmaElem::Bf16 => 2,
+            MmaElem::S8 | MmaElem::U8 => 4,
+        }
+    }
+}
+
+/// The type of an `mma` accumulator (C or D).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MmaAcc {
+    /// Four `.f32` registers.
+    F32,
+    /// Two `.f16x2` registers.
+    F16,
+    /// Four `.s32` registers.
+    S32,
+}
+
+/// `mma.sync.aligned.m16n8kK.row.col{.satfinite}.dtype.atype.btype.ctype
+/// d, a, b, c` (boxed in [`Op::Mma`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Mma {
+    /// K: 4, 8, 16 or 32.
+    pub k: u8,
+    /// A's element type.
+    pub a_elem: MmaElem,
+    /// B's element type.
+    pub b_elem: MmaElem,
+    /// C's type.
+    pub c_ty: MmaAcc,
+    /// D's type.
+    pub d_ty: MmaAcc,
+    /// `.satfinite` (integer: results clamped to the s32 range).
+    pub sat: bool,
+    /// Destination registers (2 or 4 used).
+    pub d: [Slot; 4],
+    /// A registers (2 or 4 used).
+    pub a: [Slot; 4],
+    /// B registers (1 or 2 used).
+    pub b: [Slot; 2],
+    /// C registers (2 or 4 used).
+    pub c: [Slot; 4],
+}
+
+/// The operands of `ldmatrix.sync.aligned.m8n8.xN{.trans}{.shared}.b16
+/// {r…}, [addr]` and `stmatrix.sync.aligned.m8n8.xN{.trans}{.shared}.b16
+/// [addr], {r…}` (boxed in [`Op::Ldmatrix`], [`Op::Stmatrix`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Matrix8x8 {
+    /// Matrices: 1, 2 or 4.
+    pub num: u8,
+    /// `.trans`: each matrix is delivered transposed.
+    pub trans: bool,
+    /// `.shared` or generic.
+    pub space: Space,
+    /// The fragment registers (`num` used): ldmatrix's destinations,
+    /// stmatrix's sources.
+    pub d: [Slot; 4],
+    /// The row address each of the first `8·num` lanes supplies.
+    pub addr: Addr,
+    /// Scratch slots holding the supplying lanes' rows (loaded before they
+    /// are distributed, or gathered before they are stored).
+    pub rows: [Slot; 4],
 }
 
 /// A call's parameter copy: bytes from the caller's frame at `from` to the
@@ -350,6 +503,77 @@ pub(crate) enum Op {
         neg: bool,
         member: Slot,
     },
+    /// `shfl.sync.mode.b32 d[|p], a, b, c, member` (`p` = [`NO_PRED`] when absent).
+    Shfl {
+        mode: ShflMode,
+        d: Slot,
+        p: PSlot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+        member: Slot,
+    },
+    /// `redux.sync.op.type d, a, member`.
+    Redux {
+        op: ReduxOp,
+        d: Slot,
+        a: Slot,
+        member: Slot,
+    },
+    /// `match.any/all.sync.type d[|p], a, member` (b32 or b64).
+    Match {
+        all: bool,
+        d: Slot,
+        p: PSlot,
+        a: Slot,
+        member: Slot,
+    },
+    /// A packed half-pair operation: the scalar operation of `ty` on each
+    /// 16-bit half (`c` only for fma).
+    Packed {
+        op: PackedOp,
+        ty: FloatTy,
+        ftz: bool,
+        sat: bool,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    /// `set.cmp.dtype.f16x2` / `setp.cmp.f16x2`: each half compared; `one`
+    /// is a true half's value (`set`), or the two halves set predicates
+    /// `p` (low) and `q` (high, [`NO_PRED`] when absent).
+    CmpPair {
+        op: CmpOp,
+        ty: FloatTy,
+        ftz: bool,
+        one: u16,
+        d: Slot,
+        p: PSlot,
+        q: PSlot,
+        a: Slot,
+        b: Slot,
+    },
+    /// A call of `__assertfail(message, file, line, function, charSize)`:
+    /// the frame offsets of the five arguments.
+    AssertFail { args: [u32; 5] },
+    /// `bar.warp.sync member` (`__syncwarp`): only the synccheck.
+    WarpSync { member: Slot },
+    /// `activemask.b32 d`.
+    ActiveMask { d: Slot },
+    /// `cp.async` (see [`CpAsync`]).
+    CpAsync(Box<CpAsync>),
+    /// `cp.async.commit_group`.
+    CpAsyncCommit,
+    /// `cp.async.wait_group n`, or `cp.async.wait_all` (`all`: commit first,
+    /// then wait for every group).
+    CpAsyncWait { n: u32, all: bool },
+    /// `mma.sync` (see [`Mma`]).
+    Mma(Box<Mma>),
+    /// `ldmatrix.sync` (see [`Matrix8x8`]).
+    Ldmatrix(Box<Matrix8x8>),
+    /// `stmatrix.sync` (see [`Matrix8x8`]).
+    Stmatrix(Box<Matrix8x8>),
     /// No effect (`membar`, …).
     Nop,
 }
@@ -419,6 +643,11 @@ pub(crate) struct Func {
     pub shared: Vec<(String, u32, u32)>,
     /// Bytes of static shared memory.
     pub shared_bytes: u32,
+    /// Names of the `.extern .shared` (dynamic) arrays, all at
+    /// `dyn_shared_base`.
+    pub dyn_shared: Vec<String>,
+    /// Offset of dynamic shared memory (after the static variables).
+    pub dyn_shared_base: u32,
 }
 
 /// Per-instruction source information, for faults.

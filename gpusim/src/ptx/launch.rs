@@ -5,6 +5,7 @@ use super::exec::{Entry, Exec, Warp, WarpState};
 use super::ir::NO_PC;
 use super::{Fault, FaultKind, KernelId, LaunchDims, LaunchStats, Module};
 use crate::memory::DeviceMemory;
+use crate::profile::LaunchCounters;
 
 /// Most threads in one block.
 const MAX_BLOCK_THREADS: u64 = 1024;
@@ -15,7 +16,8 @@ pub(crate) fn launch(
     dims: &LaunchDims,
     params: &[&[u8]],
     mem: &mut DeviceMemory,
-) -> Result<LaunchStats, Fault> {
+    profile: bool,
+) -> Result<(LaunchStats, Option<LaunchCounters>), Fault> {
     let bad = |kernel: &str, detail: String| Fault {
         kind: FaultKind::Trap,
         kernel: kernel.to_string(),
@@ -66,7 +68,12 @@ pub(crate) fn launch(
     }
     let nthreads = nthreads as u32;
     let nwarps = nthreads.div_ceil(32);
-    let shared_bytes = f.shared_bytes as usize + dims.dynamic_shared_bytes as usize;
+    // Dynamic shared memory starts at the kernel's aligned static end.
+    let dynamic = dims.dynamic_shared_bytes as usize;
+    let shared_bytes = match dynamic {
+        0 => f.shared_bytes as usize,
+        _ => f.dyn_shared_base as usize + dynamic,
+    };
     let mut ex = Exec {
         m: &module.d,
         kernel: fi as u32,
@@ -76,8 +83,15 @@ pub(crate) fn launch(
         block: [0; 3],
         shared: Default::default(),
         stats: LaunchStats::default(),
+        prof: profile.then(Box::default),
     };
     ex.shared.symbols = f.shared.clone();
+    for n in &f.dyn_shared {
+        let sym = format!("{n} (dynamic, {dynamic} bytes at launch)");
+        ex.shared
+            .symbols
+            .push((sym, f.dyn_shared_base, dynamic as u32));
+    }
     let mut warps: Vec<Warp> = (0..nwarps)
         .map(|id| {
             let n = (nthreads - id * 32).min(32);
@@ -131,5 +145,5 @@ pub(crate) fn launch(
             }
         }
     }
-    Ok(ex.stats)
+    Ok((ex.stats, ex.prof.map(|p| p.finish())))
 }

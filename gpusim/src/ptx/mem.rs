@@ -16,16 +16,34 @@ use super::{Fault, FaultKind, LOCAL_WIN, PARAM_WIN, SHARED_WIN};
 use crate::memory::MemError;
 use crate::numeric::{self, FloatTy, Rnd};
 
-const NONE: u32 = u32::MAX;
-const MULTI: u32 = u32::MAX - 1;
+/// No thread (a racecheck record's empty value).
+pub(crate) const NONE: u32 = u32::MAX;
+/// Two or more threads read the byte.
+pub(crate) const MULTI: u32 = u32::MAX - 1;
 
 /// Racecheck state of one shared byte.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Cell {
-    epoch: u32,
-    writer: u32,
-    wstamp: u32,
-    reader: u32,
+    /// Barrier epoch of the record (older ones are empty).
+    pub(crate) epoch: u32,
+    /// The thread that wrote it this epoch, or [`NONE`].
+    pub(crate) writer: u32,
+    /// The instruction stamp of that write.
+    pub(crate) wstamp: u32,
+    /// The thread that read it, [`MULTI`] or [`NONE`].
+    pub(crate) reader: u32,
+}
+
+impl Cell {
+    /// A record with no access in `epoch`.
+    pub(crate) fn empty(epoch: u32) -> Cell {
+        Cell {
+            epoch,
+            writer: NONE,
+            wstamp: 0,
+            reader: NONE,
+        }
+    }
 }
 
 /// The block's shared memory and its shadows.
@@ -41,6 +59,8 @@ pub(crate) struct Shared {
     pub stamp: u32,
     /// Symbols for messages: name, offset, size.
     pub symbols: Vec<(String, u32, u32)>,
+    /// `cp.async` copies in flight.
+    pub asyncq: super::exec_async::AsyncCopies,
 }
 
 impl Shared {
@@ -54,9 +74,27 @@ impl Shared {
             self.cells = vec![Cell::default(); size];
         }
         self.epoch = self.epoch.wrapping_add(1);
+        self.asyncq.reset();
     }
 
-    fn describe(&self, a: u64) -> String {
+    /// `bar.warp.sync`: orders the member lanes' earlier shared accesses
+    /// before their later ones, so their racecheck records are dropped
+    /// (warp `warp`, lanes `lanes`; other threads' records stay).
+    pub(crate) fn forget_lanes(&mut self, warp: u32, lanes: u32) {
+        let epoch = self.epoch;
+        let ours = |t: u32| t < MULTI && t / 32 == warp && lanes >> (t % 32) & 1 != 0;
+        for c in self.cells.iter_mut().filter(|c| c.epoch == epoch) {
+            if ours(c.writer) {
+                c.writer = NONE;
+            }
+            if ours(c.reader) {
+                c.reader = NONE;
+            }
+        }
+    }
+
+    /// Where shared address `a` is, for messages.
+    pub(crate) fn describe(&self, a: u64) -> String {
         let total = self.data.len();
         for (n, off, size) in &self.symbols {
             if a >= *off as u64 && a < (*off + *size) as u64 {
@@ -141,7 +179,8 @@ fn each_lane_inside<E>(
 }
 
 impl Exec<'_> {
-    fn mem_fault(&self, w: u32, lane: u32, pc: u32, e: MemError) -> Fault {
+    /// A fault of a device-memory access.
+    pub(crate) fn mem_fault(&self, w: u32, lane: u32, pc: u32, e: MemError) -> Fault {
         let (kind, addr) = match &e {
             MemError::OutOfBounds { addr, .. } | MemError::InvalidFree { addr, .. } => {
                 (FaultKind::OutOfBounds, *addr)
@@ -239,6 +278,15 @@ impl Exec<'_> {
                         gm |= bit;
                     }
                 }
+            }
+        }
+        if let Some(p) = self.prof.as_deref_mut() {
+            if gm != 0 {
+                let store = !matches!(op, Op::Ld { .. });
+                p.global_request(gm, &addrs, total, store);
+            }
+            if sm != 0 {
+                p.shared_request(sm, &addrs, total);
             }
         }
         if gm != 0 {
@@ -414,6 +462,8 @@ impl Exec<'_> {
         let rb = w.reg_base;
         self.shared.stamp = self.shared.stamp.wrapping_add(1);
         let stamp = self.shared.stamp;
+        // Copies in flight make every access check their pending bytes.
+        let pending = self.shared.asyncq.active();
         for l in 0..32usize {
             if m >> l & 1 == 0 {
                 continue;
@@ -432,6 +482,9 @@ impl Exec<'_> {
                     Some(x),
                     detail,
                 ));
+            }
+            if pending {
+                self.async_touch(w.id, l as u32, pc, x, total, is_st)?;
             }
             let off = x as usize;
             let tid = w.id * 32 + l as u32;

@@ -22,7 +22,11 @@
 //! order. A thread whose path branches into a kernel `ret`/`exit` exits at
 //! once (exited threads count as arrived at barriers); a `bar.sync` reached
 //! by part of a warp's live lanes is a [`FaultKind::DivergentBarrier`], as
-//! is a `vote.sync` whose member mask names live lanes that are not there.
+//! is a `vote.sync` whose member mask names live lanes that are not there
+//! (and the other warp-synchronous instructions, see `exec_warp`; `mma`
+//! and `ldmatrix` need all 32 lanes, see `exec_mma`, which also gives the
+//! accumulation order of `mma`). A `cp.async` reads global memory when
+//! issued and writes shared memory when a wait covers it (`exec_async`).
 //! Kernel parameters, shared and local memory have generic-address windows
 //! ([`PARAM_WIN`], [`SHARED_WIN`], [`LOCAL_WIN`]); a global address is its
 //! own generic address.
@@ -65,12 +69,21 @@ mod alu;
 mod cfg;
 mod decode;
 mod exec;
+mod exec_assert;
+mod exec_async;
+mod exec_half;
+mod exec_mma;
+mod exec_warp;
 mod ir;
 mod launch;
 mod mem;
 mod opcode;
+mod opcode_async;
 mod opcode_cmp;
+mod opcode_half;
 mod opcode_mem;
+mod opcode_mma;
+mod opcode_warp;
 mod parse;
 
 /// Generic-address window of the kernel's parameters (what `mov` of a
@@ -179,12 +192,19 @@ pub enum FaultKind {
     Misaligned,
     /// initcheck: a read of device bytes never written.
     Uninitialized,
-    /// racecheck: a shared-memory hazard between two barriers.
+    /// racecheck: a shared-memory hazard between two barriers, an access
+    /// of bytes a `cp.async` has not yet written, or a copy never waited for.
     SharedRace,
-    /// synccheck: a barrier reached by only part of a block.
+    /// synccheck: a barrier reached by only part of a block, or a
+    /// warp-synchronous instruction (`shfl`/`vote`/`redux`/`match.sync`)
+    /// with members not converged, a shuffle reading a lane that does
+    /// not take part, or an `mma`/`ldmatrix`/`stmatrix` without all 32 lanes.
     DivergentBarrier,
     /// `trap` executed, or another fault (bad parameter size, …).
     Trap,
+    /// A device `assert` failed (`__assertfail` called): the detail
+    /// quotes file, line, function and message.
+    Assert,
     /// An instruction form the interpreter does not support at run time.
     Unsupported,
 }
@@ -243,5 +263,16 @@ pub fn launch(
     params: &[&[u8]],
     mem: &mut DeviceMemory,
 ) -> Result<LaunchStats, Fault> {
-    launch::launch(module, k, dims, params, mem)
+    launch::launch(module, k, dims, params, mem, false).map(|(s, _)| s)
+}
+
+/// [`launch`], also counting what the profile records of it.
+pub fn launch_profiled(
+    module: &Module,
+    k: KernelId,
+    dims: &LaunchDims,
+    params: &[&[u8]],
+    mem: &mut DeviceMemory,
+) -> Result<(LaunchStats, crate::profile::LaunchCounters), Fault> {
+    launch::launch(module, k, dims, params, mem, true).map(|(s, c)| (s, c.unwrap_or_default()))
 }

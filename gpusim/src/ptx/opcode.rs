@@ -172,7 +172,11 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
     let ftz = has("ftz");
     let sat = has("sat");
 
+    if super::opcode_half::is_packed(&ri.opcode) {
+        return super::opcode_half::packed(cx, ri);
+    }
     Ok(match base {
+        "prmt" => super::opcode_half::prmt(cx, ri)?,
         "mov" => {
             nops(2)?;
             let t = last_ty.ok_or_else(unsupported)?;
@@ -496,6 +500,7 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
                 f32,
             }
         }
+        "cvt" if mods.contains(&"tf32") => super::opcode_mma::cvt_tf32(cx, ri)?,
         "cvt" => cvt(cx, ri, mods, unsupported)?,
         "cvta" => {
             nops(2)?;
@@ -555,6 +560,7 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
                 _ => Op::Trap,
             }
         }
+        "bar" if mods == ["warp", "sync"] => super::opcode_warp::warp(cx, ri)?,
         "bar" | "barrier" => {
             let ok = matches!(mods, ["sync"] | ["sync", "aligned"]);
             if !ok || ops.len() > 1 {
@@ -595,6 +601,9 @@ pub(crate) fn decode_inst(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError>
                 member,
             }
         }
+        "shfl" | "redux" | "match" | "activemask" => super::opcode_warp::warp(cx, ri)?,
+        "cp" => super::opcode_async::cp_async(cx, ri)?,
+        "mma" | "ldmatrix" | "stmatrix" => super::opcode_mma::mma(cx, ri)?,
         "membar" | "fence" => Op::Nop,
         _ => return Err(unsupported()),
     })

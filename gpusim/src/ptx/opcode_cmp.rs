@@ -73,6 +73,9 @@ pub(crate) fn setp(cx: &mut FnCtx, ri: &RawInst, is_set: bool) -> Result<Op, Loa
         line,
         message: format!("unsupported instruction `{}`", ri.text.trim()),
     };
+    if let Some(r) = super::opcode_half::cmp_pair(cx, ri, is_set) {
+        return r;
+    }
     let parts: Vec<&str> = ri.opcode.split('.').skip(1).collect();
     let mut it = parts.iter().copied().peekable();
     let cmp = it.next().ok_or_else(unsupported)?;
@@ -102,6 +105,10 @@ pub(crate) fn setp(cx: &mut FnCtx, ri: &RawInst, is_set: bool) -> Result<Op, Loa
         let one = match dt {
             "u32" | "s32" | "b32" => 0xffff_ffff,
             "f32" => 1f32.to_bits() as u64,
+            // A half destination (`set.eq.f16.f16`, cuda_fp16's __heq
+            // family): 1.0 in the type.
+            "f16" => 0x3c00,
+            "bf16" => 0x3f80,
             _ => return Err(unsupported()),
         };
         return Ok(Op::Set {

@@ -245,6 +245,13 @@ pub(crate) fn call(cx: &mut FnCtx, ri: &RawInst) -> Result<Op, LoadError> {
         Some(r) => Some(cx.frame_sym(r, line)?),
         None => None,
     };
+    if fname == super::decode::ASSERTFAIL {
+        let args: [u32; 5] = arg_offs.try_into().map_err(|_| LoadError {
+            line,
+            message: "`__assertfail` takes 5 arguments".into(),
+        })?;
+        return Ok(Op::AssertFail { args });
+    }
     let (func, params, ret) = cx.callee(fname, line)?;
     if params.len() != args.len() || ret.is_some() != ret_off.is_some() && ret_off.is_some() {
         return Err(LoadError {

@@ -47,8 +47,19 @@ fn lex(text: &str) -> Result<Vec<(Tok, usize)>, LoadError> {
         } else if ident_start(c) {
             let s = i;
             i += 1;
-            while i < b.len() && ident_char(b[i]) {
-                i += 1;
+            loop {
+                if i < b.len() && ident_char(b[i]) {
+                    i += 1;
+                } else if b.get(i) == Some(&b':')
+                    && b.get(i + 1) == Some(&b':')
+                    && b.get(i + 2).is_some_and(|&c| ident_char(c))
+                {
+                    // A `::` sub-qualifier (`.shared::cta`, `.L2::cache_hint`)
+                    // stays in the opcode; a label's `:` never doubles.
+                    i += 2;
+                } else {
+                    break;
+                }
             }
             out.push((Tok::Ident(text[s..i].to_string()), line));
         } else if c.is_ascii_digit() {
@@ -124,6 +135,8 @@ pub(crate) struct VarDecl {
     pub align: usize,
     /// `= {…}` initialiser bytes (module globals).
     pub init: Option<Vec<u8>>,
+    /// Declared `.extern` (dynamic shared memory: no size of its own).
+    pub is_extern: bool,
     /// Line.
     pub line: usize,
 }
@@ -311,7 +324,10 @@ impl<'a> P<'a> {
                     let s = self.ident()?;
                     elem = type_bytes(&s).ok_or(LoadError {
                         line,
-                        message: format!("unsupported variable type `{s}`"),
+                        message: match s.as_str() {
+                            ".texref" | ".surfref" | ".samplerref" => unsupported_directive(&s),
+                            _ => format!("unsupported variable type `{s}`"),
+                        },
                     })?;
                 }
                 _ => break,
@@ -377,6 +393,7 @@ impl<'a> P<'a> {
             size: elem * count,
             align: if align == 0 { elem } else { align },
             init,
+            is_extern: false,
             line,
         })
     }
@@ -507,8 +524,13 @@ impl<'a> P<'a> {
                     depth -= 1;
                     out.push(Stmt::Close);
                 }
-                Tok::Ident(s) if s == ".reg" => {
-                    let ty = self.ident()?;
+                // `.reg.b32 t;` (no space, as cuda_fp16.hpp writes it) lexes
+                // as one name.
+                Tok::Ident(s) if s == ".reg" || s.starts_with(".reg.") => {
+                    let ty = match s.strip_prefix(".reg") {
+                        Some(t) if !t.is_empty() => t.to_string(),
+                        _ => self.ident()?,
+                    };
                     let mut names = Vec::new();
                     loop {
                         let n = self.ident()?;
@@ -581,6 +603,88 @@ impl<'a> P<'a> {
         }
     }
 
+    /// A `.entry`/`.func` (definition or prototype) after its leading
+    /// directives; `kind` is `.entry`, `.func`, or a variable's space
+    /// (`.visible .global x;`).
+    fn function(&mut self, m: &mut RawModule, line: usize, kind: String) -> Result<(), LoadError> {
+        let is_entry = match kind.as_str() {
+            ".entry" => true,
+            ".func" => false,
+            ".global" | ".shared" => {
+                let v = self.var_decl(&kind)?;
+                self.expect(';')?;
+                m.globals.push(v);
+                return Ok(());
+            }
+            k => return err(line, unsupported_directive(k)),
+        };
+        let mut ret = None;
+        if !is_entry && self.is_punct('(') {
+            let mut r = self.param_list()?;
+            if r.len() > 1 {
+                return err(line, "more than one return parameter");
+            }
+            ret = r.pop();
+        }
+        let name = self.ident()?;
+        let params = if self.is_punct('(') {
+            self.param_list()?
+        } else {
+            Vec::new()
+        };
+        while let Some(Tok::Ident(s)) = self.peek() {
+            if s.starts_with(".max") || s.starts_with(".req") || s == ".noreturn" {
+                self.next()?;
+                while matches!(self.peek(), Some(Tok::Num(_)) | Some(Tok::Punct(','))) {
+                    self.next()?;
+                }
+            } else {
+                return err(self.line(), format!("unsupported function directive `{s}`"));
+            }
+        }
+        let body = if self.is_punct(';') {
+            self.next()?;
+            None
+        } else {
+            self.expect('{')?;
+            Some(self.body()?)
+        };
+        m.funcs.push(RawFunc {
+            name,
+            is_entry,
+            ret,
+            params,
+            body,
+            line,
+        });
+        Ok(())
+    }
+
+    /// `.extern .func …;` (a prototype: the decoder decides which external
+    /// functions exist) or `.extern .shared … name[];` (dynamic shared
+    /// memory); any other external symbol names itself as unsupported.
+    fn extern_decl(&mut self, m: &mut RawModule, line: usize) -> Result<(), LoadError> {
+        let kind = self.ident()?;
+        match kind.as_str() {
+            ".func" => {
+                let before = m.funcs.len();
+                self.function(m, line, kind)?;
+                if m.funcs.len() > before && m.funcs[before].body.is_some() {
+                    return err(line, "an `.extern .func` with a body");
+                }
+                Ok(())
+            }
+            ".shared" => {
+                let mut v = self.var_decl(".shared")?;
+                self.expect(';')?;
+                v.is_extern = true;
+                m.globals.push(v);
+                Ok(())
+            }
+            k => err(line, unsupported_directive(&format!(".extern {k}"))),
+        }
+    }
+
     fn module(&mut self) -> Result<RawModule, LoadError> {
         let mut m = RawModule::default();
         while self.i < self.toks.len() {
@@ -593,55 +697,14 @@ impl<'a> P<'a> {
                         self.i += 1;
                     }
                 }
-                ".visible" | ".entry" | ".func" => {
-                    let kind = if d == ".visible" { self.ident()? } else { d };
-                    let is_entry = match kind.as_str() {
-                        ".entry" => true,
-                        ".func" => false,
-                        k => return err(line, format!("unsupported directive `{k}`")),
-                    };
-                    let mut ret = None;
-                    if !is_entry && self.is_punct('(') {
-                        let mut r = self.param_list()?;
-                        if r.len() > 1 {
-                            return err(line, "more than one return parameter");
-                        }
-                        ret = r.pop();
-                    }
-                    let name = self.ident()?;
-                    let params = if self.is_punct('(') {
-                        self.param_list()?
+                ".extern" => self.extern_decl(&mut m, line)?,
+                ".visible" | ".entry" | ".func" | ".weak" => {
+                    let kind = if d == ".visible" || d == ".weak" {
+                        self.ident()?
                     } else {
-                        Vec::new()
+                        d
                     };
-                    while let Some(Tok::Ident(s)) = self.peek() {
-                        if s.starts_with(".max") || s.starts_with(".req") || s == ".noreturn" {
-                            self.next()?;
-                            while matches!(self.peek(), Some(Tok::Num(_)) | Some(Tok::Punct(','))) {
-                                self.next()?;
-                            }
-                        } else {
-                            return err(
-                                self.line(),
-                                format!("unsupported function directive `{s}`"),
-                            );
-                        }
-                    }
-                    let body = if self.is_punct(';') {
-                        self.next()?;
-                        None
-                    } else {
-                        self.expect('{')?;
-                        Some(self.body()?)
-                    };
-                    m.funcs.push(RawFunc {
-                        name,
-                        is_entry,
-                        ret,
-                        params,
-                        body,
-                        line,
-                    });
+                    self.function(&mut m, line, kind)?;
                 }
                 ".global" | ".shared" => {
                     let v = self.var_decl(&d)?;
@@ -649,11 +712,28 @@ impl<'a> P<'a> {
                     m.globals.push(v);
                 }
                 ".file" | ".loc" | ".section" => self.skip_to_semi()?,
-                _ => return err(line, format!("unsupported module directive `{d}`")),
+                d => return err(line, unsupported_directive(d)),
             }
         }
         Ok(m)
     }
+}
+
+/// The load error of a module directive the interpreter does not support,
+/// naming the feature.
+fn unsupported_directive(d: &str) -> String {
+    let what = match d.trim_start_matches(".extern ") {
+        ".tex" | ".texref" => "texture references are not supported",
+        ".surfref" => "surface references are not supported",
+        ".samplerref" => "sampler references are not supported",
+        ".const" => "constant memory (`.const` variables) is not supported",
+        ".local" => "module-scope `.local` variables are not supported",
+        ".global" if d.starts_with(".extern") => {
+            "external `.global` variables (defined in another module) are not supported"
+        }
+        _ => return format!("unsupported module directive `{d}`"),
+    };
+    format!("`{d}`: {what}")
 }
 
 /// Bytes of a scalar PTX type (`.b8` … `.f64`), `None` for others.
@@ -717,5 +797,20 @@ mod tests {
         let Stmt::Inst(i) = &body[4] else { panic!() };
         assert_eq!(i.line, 14);
         assert!(i.text.contains("(param0, param1);"), "{}", i.text);
+    }
+
+    #[test]
+    fn double_colon_qualifiers_stay_in_the_opcode() {
+        let toks: Vec<Tok> = lex("L2:\ncp.async.ca.shared::cta.global.L2::128B [%r1], [%rd1], 4;")
+            .unwrap()
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect();
+        assert_eq!(toks[0], Tok::Ident("L2".into()));
+        assert_eq!(toks[1], Tok::Punct(':'));
+        assert_eq!(
+            toks[2],
+            Tok::Ident("cp.async.ca.shared::cta.global.L2::128B".into())
+        );
     }
 }

@@ -73,6 +73,29 @@ impl Dev {
         ptx::launch(&self.module, k, &dims, &refs, &mut self.mem)
     }
 
+    /// Launches kernel `name` on a 1-D grid with `dynamic` bytes of
+    /// dynamic shared memory.
+    pub fn launch_dyn(
+        &mut self,
+        name: &str,
+        grid: u32,
+        block: u32,
+        dynamic: u32,
+        params: &[Vec<u8>],
+    ) -> Result<LaunchStats, Fault> {
+        let k = self
+            .module
+            .kernel(name)
+            .unwrap_or_else(|| panic!("no kernel {name}"));
+        let refs: Vec<&[u8]> = params.iter().map(|p| p.as_slice()).collect();
+        let dims = LaunchDims {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            dynamic_shared_bytes: dynamic,
+        };
+        ptx::launch(&self.module, k, &dims, &refs, &mut self.mem)
+    }
+
     /// Launches kernel `name` on a 1-D grid.
     pub fn launch(
         &mut self,

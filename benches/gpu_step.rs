@@ -1,0 +1,357 @@
+//! One training step per workload on CUDA device 0 (SGD with momentum; the
+//! batch copied from the host, forward, loss, backward, update, the loss
+//! read back): ResNet-18 at batch 64 (cases all, input, input-bn-eval; f32
+//! with TF32 off and on, and bf16), BERT-base and GPT-2 small at batch
+//! 8 × 128 (all).
+//!
+//! On the simulated GPU (`gpusim/run cargo bench --bench gpu_step`) each
+//! step is profiled by the simulator: launches, cuBLAS calls,
+//! synchronisations, copies, allocations, the kernels that take the most
+//! predicted time, and the step's predicted time on an H100 and an H200
+//! next to PyTorch's measured time where `benches/results/` has it. The
+//! counts do not depend on the image size, the times do: ResNet-18 runs at
+//! 32² and 64² and its profile at 224² is extrapolated from the two (each
+//! count is affine in the pixel count; the output says so). The
+//! transformers run at their size.
+//!
+//! On a real GPU the same bench measures: the median of `--iters` timed
+//! steps after `--warmup` ones.
+//!
+//! Options: `--json` (one object per workload: `workload`, `launches`,
+//! `cublas_calls`, `syncs`, `h2d`, `d2h`, `allocs`, `frees`,
+//! `predicted_ms_h100`, `predicted_ms_h200`, `measured_ms`,
+//! `pytorch_ms_h200`, `top_kernels`), `--workloads a,b` (names as printed,
+//! or a prefix such as `resnet18`), `--table` (the simulator's whole
+//! summary table per workload), `--warmup N`, `--iters N`.
+
+use leangrad::cuda::{profiler, with_tf32, CudaDevice};
+use leangrad::memory_plan::{find_model, parse_case, OptimizerKind, StepRunner, StepSpec};
+use leangrad::{DType, Device, Result};
+use leangrad_gpusim::profile::{extrapolate, model, table, Profile};
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// One workload.
+struct Workload {
+    name: &'static str,
+    model: &'static str,
+    batch: usize,
+    /// Image size (0 for token models).
+    size: usize,
+    seq: usize,
+    case: &'static str,
+    dtype: DType,
+    tf32: bool,
+    /// PyTorch's measured ms for this step on an H200, where known
+    /// (`benches/results/2026-11-27-h200.md`, forward + backward).
+    pytorch_ms_h200: Option<f64>,
+}
+
+const fn resnet(
+    name: &'static str,
+    case: &'static str,
+    dtype: DType,
+    tf32: bool,
+    pytorch: Option<f64>,
+) -> Workload {
+    Workload {
+        name,
+        model: "resnet18",
+        batch: 64,
+        size: 224,
+        seq: 0,
+        case,
+        dtype,
+        tf32,
+        pytorch_ms_h200: pytorch,
+    }
+}
+
+/// A text model's step at batch 8 × 128, case all, f32.
+const fn tokens(name: &'static str, model: &'static str) -> Workload {
+    Workload {
+        name,
+        model,
+        batch: 8,
+        size: 0,
+        seq: 128,
+        case: "all",
+        dtype: DType::F32,
+        tf32: false,
+        pytorch_ms_h200: None,
+    }
+}
+
+const WORKLOADS: [Workload; 11] = [
+    resnet("resnet18_b64_all_f32", "all", DType::F32, false, Some(14.1)),
+    resnet(
+        "resnet18_b64_input_f32",
+        "input",
+        DType::F32,
+        false,
+        Some(12.1),
+    ),
+    resnet(
+        "resnet18_b64_input-bn-eval_f32",
+        "input-bn-eval",
+        DType::F32,
+        false,
+        Some(8.6),
+    ),
+    resnet("resnet18_b64_all_tf32", "all", DType::F32, true, None),
+    resnet("resnet18_b64_input_tf32", "input", DType::F32, true, None),
+    resnet(
+        "resnet18_b64_input-bn-eval_tf32",
+        "input-bn-eval",
+        DType::F32,
+        true,
+        None,
+    ),
+    resnet(
+        "resnet18_b64_all_bf16",
+        "all",
+        DType::BF16,
+        false,
+        Some(12.2),
+    ),
+    resnet(
+        "resnet18_b64_input_bf16",
+        "input",
+        DType::BF16,
+        false,
+        Some(11.4),
+    ),
+    resnet(
+        "resnet18_b64_input-bn-eval_bf16",
+        "input-bn-eval",
+        DType::BF16,
+        false,
+        Some(7.4),
+    ),
+    tokens("bert-base_b8x128_all_f32", "bert_base"),
+    tokens("gpt2_b8x128_all_f32", "gpt2"),
+];
+
+struct Options {
+    json: bool,
+    table: bool,
+    workloads: Vec<String>,
+    warmup: usize,
+    iters: usize,
+}
+
+fn parse() -> std::result::Result<Options, String> {
+    let mut o = Options {
+        json: false,
+        table: false,
+        workloads: Vec::new(),
+        warmup: 3,
+        iters: 10,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--json" => o.json = true,
+            "--table" => o.table = true,
+            "--workloads" => o.workloads = value()?.split(',').map(str::to_string).collect(),
+            "--warmup" => o.warmup = value()?.parse().map_err(|e| format!("{a}: {e}"))?,
+            "--iters" => o.iters = value()?.parse().map_err(|e| format!("{a}: {e}"))?,
+            "--bench" | "--nocapture" => {}
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(o)
+}
+
+/// The step of `w` at image size `size` (ignored by token models).
+fn spec(w: &Workload, size: usize) -> Result<StepSpec> {
+    let entry = find_model(w.model)?;
+    let input = if w.size > 0 {
+        entry.step_input(Some(size), None)?
+    } else {
+        entry.step_input(None, Some(w.seq))?
+    };
+    Ok(StepSpec {
+        batch: w.batch,
+        input,
+        classes: 1000,
+        dtype: w.dtype,
+        optimizer: OptimizerKind::Sgd,
+        fused: false,
+        case: parse_case(w.case)?,
+        device: Device::Cuda(0),
+    })
+}
+
+/// The simulator's profile of one step of `w` at `size` (after one
+/// untimed step that loads the kernels).
+fn profile_at(dev: &CudaDevice, w: &Workload, size: usize) -> Result<Profile> {
+    let mut runner = StepRunner::new(w.model, &spec(w, size)?)?;
+    runner.step()?;
+    profiler::simulator_profile_reset(dev)?;
+    runner.step()?;
+    let text = profiler::simulator_profile_json(dev)?;
+    Profile::from_json(&text).map_err(|e| leangrad::Error::InvalidArgument {
+        op: "gpu_step",
+        msg: format!("the simulator's profile: {e}"),
+    })
+}
+
+/// The profile of `w` at its size: run there, or for images extrapolated
+/// from 32² and 64² runs; and a note saying which.
+fn simulated(dev: &CudaDevice, w: &Workload) -> Result<(Profile, String)> {
+    if w.size == 0 {
+        return Ok((profile_at(dev, w, 0)?, "run at its size".into()));
+    }
+    let (a, b) = (profile_at(dev, w, 32)?, profile_at(dev, w, 64)?);
+    let pixels = |s: usize| (s * s) as f64;
+    let t = (pixels(w.size) - pixels(32)) / (pixels(64) - pixels(32));
+    let p = extrapolate(&a, &b, t).map_err(|e| leangrad::Error::InvalidArgument {
+        op: "gpu_step",
+        msg: format!("{}: the 32² and 64² steps differ: {e}", w.name),
+    })?;
+    let note = format!(
+        "counts from 32² and 64² runs (equal), times extrapolated to {0}²",
+        w.size
+    );
+    Ok((p, note))
+}
+
+/// Median ms of `iters` steps of `w` on a real GPU.
+fn measured(dev: &CudaDevice, w: &Workload, o: &Options) -> Result<f64> {
+    let mut runner = StepRunner::new(w.model, &spec(w, w.size)?)?;
+    for _ in 0..o.warmup {
+        runner.step()?;
+    }
+    let mut ms = Vec::new();
+    for _ in 0..o.iters.max(1) {
+        dev.synchronize()?;
+        let t0 = Instant::now();
+        runner.step()?;
+        dev.synchronize()?;
+        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
+}
+
+fn report(w: &Workload, p: Option<&Profile>, note: &str, measured_ms: Option<f64>) -> Value {
+    let mut v = json!({
+        "workload": w.name,
+        "pytorch_ms_h200": w.pytorch_ms_h200,
+        "measured_ms": measured_ms,
+        "note": note,
+    });
+    if let Some(p) = p {
+        let c = p.counts();
+        let ms = |g| model::predict(p, g).total_us / 1e3;
+        let top: Vec<Value> = table::kernel_rows(p, &model::H200)
+            .into_iter()
+            .take(8)
+            .map(|r| json!({"name": r.name, "launches": r.launches, "predicted_ms_h200": r.total_us / 1e3}))
+            .collect();
+        for (k, n) in [
+            ("launches", c.launches),
+            ("cublas_calls", c.cublas_calls),
+            ("syncs", c.syncs),
+            ("h2d", c.h2d),
+            ("d2h", c.d2h),
+            ("allocs", c.allocs),
+            ("frees", c.frees),
+        ] {
+            v[k] = json!(n);
+        }
+        v["predicted_ms_h100"] = json!(ms(&model::H100_SXM));
+        v["predicted_ms_h200"] = json!(ms(&model::H200));
+        v["top_kernels"] = json!(top);
+    }
+    v
+}
+
+fn print_row(v: &Value) {
+    let n = |k: &str| v[k].as_u64().map_or("-".into(), |x| x.to_string());
+    let f = |k: &str| v[k].as_f64().map_or("-".into(), |x| format!("{x:.1}"));
+    println!(
+        "{:<34} {:>8} {:>7} {:>6} {:>5} {:>5} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        v["workload"].as_str().unwrap_or("?"),
+        n("launches"),
+        n("cublas_calls"),
+        n("syncs"),
+        n("h2d"),
+        n("d2h"),
+        n("allocs"),
+        f("predicted_ms_h100"),
+        f("predicted_ms_h200"),
+        f("measured_ms"),
+        f("pytorch_ms_h200"),
+    );
+}
+
+fn main() -> Result<()> {
+    let o = parse().map_err(|msg| leangrad::Error::InvalidArgument {
+        op: "gpu_step",
+        msg,
+    })?;
+    let dev = match CudaDevice::get(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            return Ok(());
+        }
+    };
+    let chosen: Vec<&Workload> = WORKLOADS
+        .iter()
+        .filter(|w| {
+            o.workloads.is_empty() || o.workloads.iter().any(|p| w.name.starts_with(p.as_str()))
+        })
+        .collect();
+    if !o.json {
+        println!(
+            "{} ({}): one training step per workload",
+            dev.name()?,
+            if dev.is_simulated() {
+                "simulated: counts exact, times predicted"
+            } else {
+                "measured"
+            }
+        );
+        println!(
+            "{:<34} {:>8} {:>7} {:>6} {:>5} {:>5} {:>7} {:>9} {:>9} {:>9} {:>9}",
+            "workload",
+            "launches",
+            "cuBLAS",
+            "syncs",
+            "H2D",
+            "D2H",
+            "allocs",
+            "H100 ms",
+            "H200 ms",
+            "measured",
+            "PyTorch"
+        );
+    }
+    for w in chosen {
+        let _tf32 = with_tf32(w.tf32);
+        let v = if dev.is_simulated() {
+            let (p, note) = simulated(&dev, w)?;
+            let v = report(w, Some(&p), &note, None);
+            if o.table && !o.json {
+                println!("{}", table::summary(&p, &model::H200));
+            }
+            v
+        } else {
+            report(w, None, "measured on the GPU", Some(measured(&dev, w, &o)?))
+        };
+        if o.json {
+            println!("{v}");
+        } else {
+            print_row(&v);
+        }
+    }
+    if !o.json && dev.is_simulated() {
+        println!("(ResNet-18 times: profiles at 32² and 64², extrapolated to 224²; PyTorch: H200, forward + backward)");
+    }
+    Ok(())
+}

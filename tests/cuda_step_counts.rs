@@ -1,0 +1,92 @@
+//! What one training step asks of the GPU, counted exactly on the
+//! simulated GPU: kernel launches, cuBLAS calls, synchronisations, copies
+//! each way, allocations and frees. These counts are deterministic, so a
+//! change that adds a synchronisation, a host round trip or a per-item
+//! loop fails here; when a change moves them on purpose, update the table
+//! (and say why in the commit).
+//!
+//! On a real GPU the counts cannot be read (the simulator counts them): the
+//! steps still run and must give a finite loss.
+
+mod cuda_common;
+
+use leangrad::cuda::profiler;
+use leangrad::memory_plan::{find_model, parse_case, OptimizerKind, StepRunner, StepSpec};
+use leangrad::{DType, Device};
+
+/// (model, batch, image size, case) → launches, cuBLAS calls, syncs, H2D,
+/// D2H, allocations, frees of one step (SGD with momentum, the batch
+/// uploaded and the loss read back).
+const EXPECTED: [(&str, usize, usize, &str, [u64; 7]); 2] = [
+    // Today's baseline: per-item convolution loops (im2col/col2im and a
+    // GEMM per batch item), BatchNorm statistics through the host (a sync,
+    // a D2H and H2Ds per call), per-parameter SGD launches.
+    (
+        "resnet18",
+        2,
+        32,
+        "all",
+        [350, 121, 165, 184, 164, 547, 547],
+    ),
+    (
+        "resnet18",
+        2,
+        32,
+        "input-bn-eval",
+        [194, 82, 125, 104, 124, 272, 272],
+    ),
+];
+
+#[test]
+fn a_training_steps_launches_syncs_and_copies_are_as_counted() {
+    let dev = cuda_or_skip!("a_training_steps_launches_syncs_and_copies_are_as_counted");
+    let mut wrong = Vec::new();
+    for (name, batch, size, case, expected) in EXPECTED {
+        let spec = StepSpec {
+            batch,
+            input: find_model(name)
+                .unwrap()
+                .step_input(Some(size), None)
+                .unwrap(),
+            classes: 10,
+            dtype: DType::F32,
+            optimizer: OptimizerKind::Sgd,
+            fused: false,
+            case: parse_case(case).unwrap(),
+            device: Device::Cuda(0),
+        };
+        let mut runner = StepRunner::new(name, &spec).unwrap();
+        // The first step loads the kernels; the second is what every
+        // later step does.
+        assert!(runner.step().unwrap().is_finite());
+        if !dev.is_simulated() {
+            assert!(runner.step().unwrap().is_finite());
+            continue;
+        }
+        profiler::simulator_profile_reset(&dev).unwrap();
+        assert!(runner.step().unwrap().is_finite());
+        let summary = profiler::simulator_profile_summary(&dev).unwrap();
+        let c = &summary["counts"];
+        let got: Vec<u64> = [
+            "launches",
+            "cublas_calls",
+            "syncs",
+            "h2d",
+            "d2h",
+            "allocs",
+            "frees",
+        ]
+        .iter()
+        .map(|k| c[k].as_u64().expect("a count"))
+        .collect();
+        println!("{name} b{batch} {size}² {case}: {got:?}");
+        if got != expected {
+            wrong.push(format!(
+                "{name} batch {batch} {size}² {case}: counted {got:?}, expected {expected:?} \
+                 (launches, cuBLAS calls, syncs, H2D, D2H, allocs, frees)\n{}",
+                summary["table_h200"].as_str().unwrap_or("")
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
