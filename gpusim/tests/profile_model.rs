@@ -68,6 +68,19 @@ const MEASURED_H100: [Measured; 6] = [
     m("bf16_input-bn-eval_lean", 0, &H100_SXM, 63.8, H100_RUN),
 ];
 
+/// The save-all policy's steps on the H200 (what PyTorch's autograd keeps;
+/// not used in the fit): reported beside the fitted rows, not held to the
+/// bound — they take 2.3–3.9× the lean steps' time with nearly the same
+/// launches, which the model does not explain (see the printed table).
+const HELD_OUT: [Measured; 6] = [
+    m("f32_all_save-all", 0, &H200, 283.9, H200_RUN),
+    m("f32_input_save-all", 0, &H200, 247.5, H200_RUN),
+    m("f32_input-bn-eval_save-all", 0, &H200, 241.0, H200_RUN),
+    m("bf16_all_save-all", 0, &H200, 304.2, H200_RUN),
+    m("bf16_input_save-all", 0, &H200, 244.1, H200_RUN),
+    m("bf16_input-bn-eval_save-all", 0, &H200, 231.9, H200_RUN),
+];
+
 fn load(step: &str, size: u32, workspace: u64) -> Profile {
     let path = format!(
         "{}/tests/calibration/{step}_b64_{size}_ws{workspace}.json",
@@ -125,6 +138,20 @@ fn the_model_predicts_every_measured_step() {
     }
     let worst = errs.iter().fold(0.0f64, |a, e| a.max(e.abs()));
     println!("largest error {:.1}%", 100.0 * worst);
+    println!("held out (not fitted, not held to the bound):");
+    for r in &HELD_OUT {
+        let pred = model::predict(&at_224(r.step, r.workspace), r.gpu).total_us / 1e3;
+        println!(
+            "{:<26} {:>5} {:>8} {:>8.1}ms {:>9.1}ms {:>+6.1}%  {}",
+            r.step,
+            r.gpu.name,
+            r.workspace >> 20,
+            r.ms,
+            pred,
+            100.0 * (pred / r.ms - 1.0),
+            r.source
+        );
+    }
     assert!(worst <= MAX_ERROR, "largest error {:.1}%", 100.0 * worst);
 }
 

@@ -267,7 +267,7 @@ fn gemm_compute_us(g: &GemmRecord, gpu: &Gpu, costs: &Costs, peak: f64) -> f64 {
 }
 
 /// Predicted device time of one GEMM, µs, and what bounds it: the best
-/// tiling and split-K ([`gemm_compute_us`]) or the operands' DRAM bytes.
+/// tiling and split-K (`gemm_compute_us`) or the operands' DRAM bytes.
 pub fn gemm_us(g: &GemmRecord, gpu: &Gpu, costs: &Costs) -> (f64, Bound) {
     let peak = match (g.compute, g.ab_type) {
         (GemmCompute::F64, _) => gpu.f64_tensor_tflops,
