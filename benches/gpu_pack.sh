@@ -26,7 +26,7 @@ for line in sys.stdin:
 rm -rf .gpu && mkdir -p .gpu/stage/tests .gpu/stage/benches .gpu/stage/bin
 cargo test --release --no-run --message-format=json "${suites[@]}" 2>/dev/null | executables |
     while read -r exe; do cp "$exe" .gpu/stage/tests/; done
-cargo bench --no-run --message-format=json --bench cuda_gemm --bench conv_stack 2>/dev/null | executables |
+cargo bench --no-run --message-format=json --bench cuda_gemm --bench conv_stack --bench gpu_step 2>/dev/null | executables |
     while read -r exe; do cp "$exe" ".gpu/stage/benches/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"; done
 cargo build --release --bins --quiet
 cp target/release/leangrad .gpu/stage/bin/

@@ -50,4 +50,8 @@ echo "== cuda_gemm"; timeout 200 .gpu/x/benches/cuda_gemm --bench 2>&1 | tee "$O
 echo "== conv_stack"; timeout 200 .gpu/x/benches/conv_stack --bench 2>&1 | tee "$OUT/bench-conv_stack.jsonl" | tail -3
 echo "== pytorch conv stack"; timeout 150 python3 python-compare/conv_stack_bench.py --device cuda 2>&1 |
     tee "$OUT/pytorch-conv-stack.jsonl" | tail -3
+# One training step per workload, measured (the simulated GPU predicts the
+# same rows: compare with `gpusim/run cargo bench --bench gpu_step`).
+echo "== gpu_step"; timeout 200 .gpu/x/benches/gpu_step --bench --json 2>&1 |
+    tee "$OUT/bench-gpu_step.jsonl" | tail -3
 exit $fail
