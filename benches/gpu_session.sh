@@ -54,4 +54,6 @@ echo "== pytorch conv stack"; timeout 150 python3 python-compare/conv_stack_benc
 # same rows: compare with `gpusim/run cargo bench --bench gpu_step`).
 echo "== gpu_step"; timeout 200 .gpu/x/benches/gpu_step --bench --json 2>&1 |
     tee "$OUT/bench-gpu_step.jsonl" | tail -3
+echo "== pytorch gpu_step"; timeout 300 python3 python-compare/gpu_step.py --device cuda --json 2>&1 |
+    tee "$OUT/pytorch-gpu_step.jsonl" | tail -3
 exit $fail

@@ -15,7 +15,8 @@
 //! transformers run at their size.
 //!
 //! On a real GPU the same bench measures: the median of `--iters` timed
-//! steps after `--warmup` ones.
+//! steps after `--warmup` ones. `python-compare/gpu_step.py` is PyTorch's
+//! twin (the same workloads by name); `benches/gpu_session.sh` runs both.
 //!
 //! Options: `--json` (one object per workload: `workload`, `launches`,
 //! `cublas_calls`, `syncs`, `h2d`, `d2h`, `allocs`, `frees`,
