@@ -31,6 +31,20 @@ pub use scale::extrapolate;
 
 use serde::{Deserialize, Serialize};
 
+/// The index of `item` in `table`, appending it when new (`index` maps
+/// each stored item to its index): how a profile stores each distinct
+/// launch, GEMM and kernel name once.
+fn intern<T: Clone + Eq + std::hash::Hash>(
+    index: &mut std::collections::HashMap<T, u32>,
+    table: &mut Vec<T>,
+    item: &T,
+) -> u32 {
+    *index.entry(item.clone()).or_insert_with(|| {
+        table.push(item.clone());
+        table.len() as u32 - 1
+    })
+}
+
 /// The `format` field of a profile file.
 pub const FORMAT: &str = "gpusim-profile";
 
@@ -245,13 +259,26 @@ impl Profile {
         c
     }
 
+    /// How many events use each launch record and each GEMM record
+    /// (indexed as [`Profile::launches`] and [`Profile::gemms`]).
+    pub fn record_uses(&self) -> (Vec<u64>, Vec<u64>) {
+        let mut launches = vec![0u64; self.launches.len()];
+        let mut gemms = vec![0u64; self.gemms.len()];
+        for e in &self.events {
+            match *e {
+                Event::Launch(i) => launches[i as usize] += 1,
+                Event::Gemm(i) => gemms[i as usize] += 1,
+                _ => {}
+            }
+        }
+        (launches, gemms)
+    }
+
     /// Launches per kernel name, most first.
     pub fn launches_by_kernel(&self) -> Vec<(String, u64)> {
         let mut n = vec![0u64; self.kernels.len()];
-        for e in &self.events {
-            if let Event::Launch(i) = e {
-                n[self.launches[*i as usize].kernel as usize] += 1;
-            }
+        for (l, uses) in self.launches.iter().zip(self.record_uses().0) {
+            n[l.kernel as usize] += uses;
         }
         let mut v: Vec<(String, u64)> = self.kernels.iter().cloned().zip(n).collect();
         v.retain(|(_, n)| *n > 0);

@@ -2,7 +2,7 @@
 //! report each call here, in the order the program makes them; a launch is
 //! reported when it is enqueued and filled in when the queue runs it.
 
-use super::{Event, GemmRecord, LaunchRecord, Profile};
+use super::{intern, Event, GemmRecord, LaunchRecord, Profile};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -26,14 +26,20 @@ struct Recorder {
     gemm_index: HashMap<GemmRecord, u32>,
 }
 
+impl Recorder {
+    fn new() -> Recorder {
+        Recorder {
+            profile: Profile::new(),
+            ..Recorder::default()
+        }
+    }
+}
+
 static RECORDER: Mutex<Option<Recorder>> = Mutex::new(None);
 
 fn with<R>(f: impl FnOnce(&mut Recorder) -> R) -> R {
     let mut guard = RECORDER.lock().unwrap_or_else(|p| p.into_inner());
-    let rec = guard.get_or_insert_with(|| Recorder {
-        profile: Profile::new(),
-        ..Recorder::default()
-    });
+    let rec = guard.get_or_insert_with(Recorder::new);
     f(rec)
 }
 
@@ -72,11 +78,7 @@ pub fn record_gemm(g: GemmRecord) {
         return;
     }
     with(|r| {
-        let next = r.profile.gemms.len() as u32;
-        let i = *r.gemm_index.entry(g.clone()).or_insert(next);
-        if i == next {
-            r.profile.gemms.push(g);
-        }
+        let i = intern(&mut r.gemm_index, &mut r.profile.gemms, &g);
         r.profile.events.push(Event::Gemm(i));
     });
 }
@@ -96,20 +98,12 @@ pub fn start_launch() -> Option<usize> {
 /// Fills the launch event `slot` with the launch of `kernel` that ran.
 pub fn fill_launch(slot: usize, kernel: &str, mut launch: LaunchRecord) {
     with(|r| {
-        let next_kernel = r.profile.kernels.len() as u32;
-        let k = *r
-            .kernel_index
-            .entry(kernel.to_string())
-            .or_insert(next_kernel);
-        if k == next_kernel {
-            r.profile.kernels.push(kernel.to_string());
-        }
-        launch.kernel = k;
-        let next = r.profile.launches.len() as u32;
-        let i = *r.launch_index.entry(launch.clone()).or_insert(next);
-        if i == next {
-            r.profile.launches.push(launch);
-        }
+        launch.kernel = intern(
+            &mut r.kernel_index,
+            &mut r.profile.kernels,
+            &kernel.to_string(),
+        );
+        let i = intern(&mut r.launch_index, &mut r.profile.launches, &launch);
         if let Some(e) = r.profile.events.get_mut(slot) {
             *e = Event::Launch(i);
         }
@@ -127,12 +121,7 @@ pub fn snapshot() -> Profile {
 
 /// Clears the profile (for tests that profile one piece of work).
 pub fn reset() {
-    with(|r| {
-        *r = Recorder {
-            profile: Profile::new(),
-            ..Recorder::default()
-        }
-    });
+    with(|r| *r = Recorder::new());
 }
 
 extern "C" {

@@ -4,7 +4,7 @@
 //! affine function of the number of pixels, so two runs give it at any
 //! size. The simulator then need not run a 224×224 step to predict one.
 
-use super::{Event, GemmRecord, LaunchCounters, LaunchRecord, Profile};
+use super::{intern, Event, GemmRecord, LaunchCounters, LaunchRecord, Profile};
 
 /// `a + (b − a)·t`, rounded, at least `floor`.
 fn lerp(a: u64, b: u64, t: f64, floor: u64) -> u64 {
@@ -120,23 +120,13 @@ impl Profile {
         let mut gemms = std::collections::HashMap::new();
         for e in &self.events {
             out.events.push(match *e {
-                Event::Launch(i) => {
-                    let l = &self.launches[i as usize];
-                    let next = out.launches.len() as u32;
-                    let j = *launches.entry(l.clone()).or_insert(next);
-                    if j == next {
-                        out.launches.push(l.clone());
-                    }
-                    Event::Launch(j)
-                }
+                Event::Launch(i) => Event::Launch(intern(
+                    &mut launches,
+                    &mut out.launches,
+                    &self.launches[i as usize],
+                )),
                 Event::Gemm(i) => {
-                    let g = &self.gemms[i as usize];
-                    let next = out.gemms.len() as u32;
-                    let j = *gemms.entry(g.clone()).or_insert(next);
-                    if j == next {
-                        out.gemms.push(g.clone());
-                    }
-                    Event::Gemm(j)
+                    Event::Gemm(intern(&mut gemms, &mut out.gemms, &self.gemms[i as usize]))
                 }
                 other => other,
             });

@@ -2,7 +2,7 @@
 //! the counts, then kernels and GEMMs sorted by predicted device time.
 
 use super::model::{self, Bound, Gpu};
-use super::{Event, Profile};
+use super::Profile;
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -19,6 +19,8 @@ pub struct KernelRow {
     pub bound: Option<Bound>,
     /// Thread-instructions.
     pub thread_instructions: u64,
+    /// Threads launched (blocks × threads per block, over all launches).
+    pub threads: u64,
     /// Global requests and sectors.
     pub global_requests: u64,
     /// Sectors of those requests.
@@ -29,12 +31,7 @@ pub struct KernelRow {
 
 /// Kernels by predicted device time, largest first.
 pub fn kernel_rows(p: &Profile, gpu: &Gpu) -> Vec<KernelRow> {
-    let mut per_record = vec![0u64; p.launches.len()];
-    for e in &p.events {
-        if let Event::Launch(i) = e {
-            per_record[*i as usize] += 1;
-        }
-    }
+    let per_record = p.record_uses().0;
     let mut rows: HashMap<u32, (KernelRow, HashMap<Bound, f64>)> = HashMap::new();
     for (l, &n) in p.launches.iter().zip(&per_record) {
         if n == 0 {
@@ -48,6 +45,7 @@ pub fn kernel_rows(p: &Profile, gpu: &Gpu) -> Vec<KernelRow> {
         *bounds.entry(bound).or_default() += us * n as f64;
         let c = &l.counters;
         row.thread_instructions += c.total_thread_instructions() * n;
+        row.threads += l.blocks() * l.threads_per_block() * n;
         row.global_requests += (c.global_load_requests + c.global_store_requests) * n;
         row.global_sectors += c.global_sectors * n;
         row.unique_sectors += c.unique_sectors * n;
@@ -93,13 +91,6 @@ pub fn summary(p: &Profile, gpu: &Gpu) -> String {
         "\n Time(%)  Total(µs)  Instances  Avg(µs)  Bound    Inst/thread  Sectors/req  Name"
     );
     for r in kernel_rows(p, gpu).iter().take(25) {
-        let threads: u64 = p
-            .launches
-            .iter()
-            .filter(|l| p.kernels[l.kernel as usize] == r.name)
-            .map(|l| l.blocks() * l.threads_per_block())
-            .max()
-            .unwrap_or(1);
         let _ = writeln!(
             s,
             "{:>8.1} {:>10.1} {:>10} {:>8.1}  {:<8} {:>11.1} {:>12.2}  {}",
@@ -108,7 +99,7 @@ pub fn summary(p: &Profile, gpu: &Gpu) -> String {
             r.launches,
             r.total_us / r.launches as f64,
             r.bound.map_or("-", Bound::name),
-            r.thread_instructions as f64 / (threads * r.launches).max(1) as f64,
+            r.thread_instructions as f64 / r.threads.max(1) as f64,
             r.global_sectors as f64 / r.global_requests.max(1) as f64,
             r.name
         );
@@ -118,12 +109,7 @@ pub fn summary(p: &Profile, gpu: &Gpu) -> String {
 }
 
 fn gemm_table(s: &mut String, p: &Profile, gpu: &Gpu, pred: &model::Prediction, device: f64) {
-    let mut calls = vec![0u64; p.gemms.len()];
-    for e in &p.events {
-        if let Event::Gemm(i) = e {
-            calls[*i as usize] += 1;
-        }
-    }
+    let calls = p.record_uses().1;
     let mut order: Vec<usize> = (0..p.gemms.len()).filter(|&i| calls[i] > 0).collect();
     order.sort_by(|&a, &b| pred.per_gemm_us[b].total_cmp(&pred.per_gemm_us[a]));
     if order.is_empty() {
