@@ -681,6 +681,8 @@ fn main() {
         o.rounds,
         torch.as_deref().unwrap_or("absent")
     );
+    let cpu = cpu_model();
+    println!("CPU {cpu} · leangrad's kernels: {}", leangrad::cpu_path());
     println!(
         "{:26} {:>12} {:>12} {:>8} {:>17}  what",
         "workload", "leangrad ms", "pytorch ms", "ratio", "per round"
@@ -736,7 +738,8 @@ fn main() {
     if let Some(path) = &o.json {
         let doc = json!({
             "threads": o.threads, "rounds": o.rounds, "torch": torch,
-            "dtype": "f32", "results": rows,
+            "dtype": "f32", "cpu": cpu, "cpu_path": leangrad::cpu_path().name(),
+            "results": rows,
         });
         let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
         if let Err(e) = std::fs::write(path, text) {
@@ -744,6 +747,19 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// The CPU's model name (from `/proc/cpuinfo`, where there is one).
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, name)| name.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
 }
 
 /// Runs this program `o.processes` times, one after the other, each with

@@ -30,6 +30,7 @@ pub mod threads;
 pub use device::Device;
 pub use dtype::{DType, FloatDType, WithDType};
 pub use error::{Error, Result};
+pub use primitives::{cpu_path, CpuPath};
 pub use tensor::Tensor;
 
 /// The README's examples, compiled and run as doc tests so they stay true.

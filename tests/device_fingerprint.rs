@@ -14,7 +14,9 @@
 //! group/RMS norms, masked causal attention with dropout, embedding with a
 //! padding index).
 //!
-//! The CPU entries are checked everywhere. The CUDA entries are checked on
+//! The CPU entries are checked everywhere, on the kernels' path
+//! (`LEANGRAD_CPU_PATH`): `cpu.txt` for AVX2 and AVX-512, which give the
+//! same bits, `cpu-portable.txt` for the portable path. The CUDA entries are checked on
 //! the simulated GPU, whose cuBLAS sums in a fixed order; on a real GPU
 //! only the ledger entries are compared (its GEMM summation order is
 //! cuBLAS's own). A change that means to alter results regenerates the
@@ -33,7 +35,7 @@ use leangrad::nn::{
 };
 use leangrad::ops::CrossEntropyOptions;
 use leangrad::optim::{Adam, Algorithm, Optimizer, Sgd};
-use leangrad::{DType, Device, Result, Tensor};
+use leangrad::{CpuPath, DType, Device, Result, Tensor};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -325,9 +327,24 @@ fn check(device: &str, got: &BTreeMap<String, (String, String)>, values: bool) {
     );
 }
 
+/// The CPU fingerprints' file for the kernels' path: the AVX2 and AVX-512
+/// kernels sum every element in the same order (their tests check it bit
+/// for bit), so they share `cpu`; the portable path's products (the `gemm`
+/// crate) and convolutions sum in other orders and have `cpu-portable`.
+/// That file holds on any CPU with AVX2 and FMA, where the crate runs its
+/// AVX2 kernel: every product here has a depth below 512, one block of the
+/// crate's depth blocking whatever the CPU's cache sizes.
+fn cpu_file() -> &'static str {
+    match leangrad::cpu_path() {
+        CpuPath::Portable => "cpu-portable",
+        CpuPath::Avx2 | CpuPath::Avx512 => "cpu",
+    }
+}
+
 #[test]
 fn cpu_results_are_bit_identical_to_the_fingerprints() {
-    check("cpu", &fingerprints(Device::Cpu), true);
+    eprintln!("CPU kernels' path: {}", leangrad::cpu_path());
+    check(cpu_file(), &fingerprints(Device::Cpu), true);
 }
 
 #[test]

@@ -2,12 +2,12 @@
 //! Operands are read through their own strides (a transposed view needs no
 //! copy); only a stride pattern gemm cannot use (no unit stride in the
 //! matrix, or a broadcast row/column) is copied to contiguous first. f32
-//! runs on [`avx2_f32`] where the CPU has AVX2 and FMA, and on the `gemm`
+//! runs on [`x86_f32`] where the CPU has AVX2 and FMA or AVX-512, and on the `gemm`
 //! crate elsewhere; f64 and f16 on the `gemm` crate; bf16 goes through f32
 //! and back.
 
 #[cfg(target_arch = "x86_64")]
-mod avx2_f32;
+mod x86_f32;
 
 use super::contiguous_copy;
 use super::cuda::matmul as ops_matmul;
@@ -321,8 +321,8 @@ impl<T: Copy + Send + Sync + 'static> Product<T> {
         });
     }
 
-    /// One product on the caller's thread: f32 on AVX2 + FMA through
-    /// [`avx2_f32`], everything else one gemm call.
+    /// One product on the caller's thread: f32 on AVX2 + FMA or AVX-512 through
+    /// [`x86_f32`], everything else one gemm call.
     ///
     /// # Safety
     ///
@@ -331,7 +331,7 @@ impl<T: Copy + Send + Sync + 'static> Product<T> {
         let (m, n, k) = self.mnk;
         #[cfg(target_arch = "x86_64")]
         if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
-            let matrix = |p: Ptr<T>, (rs, cs): (usize, usize)| avx2_f32::Matrix {
+            let matrix = |p: Ptr<T>, (rs, cs): (usize, usize)| x86_f32::Matrix {
                 ptr: p.0.cast::<f32>().cast_const(),
                 rs,
                 cs,
@@ -342,7 +342,7 @@ impl<T: Copy + Send + Sync + 'static> Product<T> {
             );
             // SAFETY: `T` is f32; the caller's bounds.
             let dst = self.dst.0.cast::<f32>();
-            if unsafe { avx2_f32::gemm(self.mnk, dst, self.dst_rs, a, b, self.accumulate) } {
+            if unsafe { x86_f32::gemm(self.mnk, dst, self.dst_rs, a, b, self.accumulate) } {
                 return;
             }
         }

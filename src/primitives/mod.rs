@@ -38,7 +38,8 @@ pub(crate) use reduce::{arg_extremum, compact_indices, i64_indices, scatter_alon
 pub use reduce::{reduce_to, ReduceKind};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use widest::transpose8x8;
-pub(crate) use widest::{as_f32, as_f32_mut, avx2_fma, widest_vectors};
+pub(crate) use widest::{as_f32, as_f32_mut, avx2_fma, avx512, widest_vectors};
+pub use widest::{cpu_path, CpuPath, CPU_PATH_VAR};
 // Shared with the layer families' CPU kernels.
 pub(crate) use elementwise::typed;
 pub(crate) use elementwise::Dense;

@@ -110,11 +110,11 @@ pub(super) fn exp_in_place(ys: &mut [f64], exact: bool) {
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f") {
+        if crate::primitives::avx512() {
             // SAFETY: the CPU has AVX-512F (checked just above).
             return unsafe { exp_avx512(ys) };
         }
-        if is_x86_feature_detected!("avx2") {
+        if crate::primitives::avx2_fma() {
             // SAFETY: the CPU has AVX2 (checked just above).
             return unsafe { exp_avx2(ys) };
         }

@@ -170,7 +170,7 @@ mod avx {
 
     /// Whether the CPU runs this module.
     pub(super) fn present() -> bool {
-        is_x86_feature_detected!("avx2")
+        crate::primitives::avx2_fma()
     }
 
     /// [`lane_sums`] over f32 slices with the term on f64×4 vectors

@@ -7,7 +7,8 @@
 //! per element), so blocks of f32/f16/bf16 elements go through a fast,
 //! vectorised f64 candidate instead ([`fast_block`]: a Chebyshev expansion
 //! of `erfcx` in monomial form and a polynomial `exp`, FMAs, no branches,
-//! 32 lanes at a time with AVX-512, 16 as four explicit vectors with AVX2)
+//! 16 lanes at a time as four explicit vectors with AVX2 + FMA, which
+//! AVX-512 CPUs run too)
 //! together with a bound on its distance from the reference. The
 //! candidate is only as accurate as deciding an f32 rounding needs (about
 //! 3e-13 relative), not f64's precision. Rounding is monotonic, so when both
@@ -490,10 +491,11 @@ fn candidates_group<const G: usize>(
     }
 }
 
-/// Lanes per group with AVX-512: four zmm registers per value, four
-/// independent FMA chains.
-const GROUP_AVX512: usize = 32;
-/// Lanes per group elsewhere (AVX2's sixteen ymm registers hold fewer).
+/// Lanes per group (four ymm registers per value, four independent FMA
+/// chains). An AVX-512 path that called the generic group code with 32
+/// lanes was measured on a Xeon: its `phi_fast` was not inlined into the
+/// `target_feature` function, so every `mul_add` was a call, and GELU took
+/// 30% of the frozen BERT-base step; AVX-512 CPUs run the AVX2 vectors.
 const GROUP: usize = 16;
 
 /// The reference, rounded to `T`.
@@ -592,12 +594,6 @@ fn pair_body<T: FloatDType, const G: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn pair_avx512<T: FloatDType>(src: &[T], value: &mut [T], slope: &mut [T]) {
-    pair_body::<T, GROUP_AVX512>(src, value, slope, phi_fast)
-}
-
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn pair_avx2<T: FloatDType>(src: &[T], value: &mut [T], slope: &mut [T]) {
     if let (Some(src), Some(value), Some(slope)) =
@@ -622,22 +618,12 @@ pub(crate) fn fast_pair_block<T: FloatDType>(src: &[T], value: &mut [T], slope: 
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX-512F and FMA (checked just above).
-            return unsafe { pair_avx512(src, value, slope) };
-        }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if crate::primitives::avx2_fma() {
             // SAFETY: the CPU has AVX2 and FMA (checked just above).
             return unsafe { pair_avx2(src, value, slope) };
         }
     }
     pair_body::<T, GROUP>(src, value, slope, phi_fast)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn block_avx512<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, times: Option<&[T]>) {
-    block_body::<T, GROUP_AVX512>(src, out, (grad, times), phi_fast)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -653,9 +639,9 @@ unsafe fn block_avx2<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, times:
 /// `out[i] = T(reference(src[i]))` (exact GELU, or its derivative when
 /// `grad`), for a block of any length (the callers pass up to 256), exactly as
 /// [`gelu_value_f64`] / [`gelu_grad_f64`] rounded to `T` give it; f64
-/// blocks take the reference directly. The fast path is compiled for the
-/// widest vectors the CPU has (the same IEEE operations, FMAs included, in
-/// every version, so the same candidates).
+/// blocks take the reference directly. The fast path runs AVX2 + FMA
+/// vectors where the CPU has them (the same IEEE operations, FMAs
+/// included, as the portable code, so the same candidates).
 pub(crate) fn fast_block<T: FloatDType>(src: &[T], out: &mut [T], grad: bool) {
     dispatch(src, out, grad, None)
 }
@@ -678,11 +664,7 @@ fn dispatch<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, times: Option<&
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX-512F and FMA (checked just above).
-            return unsafe { block_avx512(src, out, grad, times) };
-        }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if crate::primitives::avx2_fma() {
             // SAFETY: the CPU has AVX2 and FMA (checked just above).
             return unsafe { block_avx2(src, out, grad, times) };
         }
