@@ -22,6 +22,10 @@
 //! have used: the workspace, its size and the ledger are those of the
 //! im2col path.
 //!
+//! On AVX-512 a tile holds all 32 output channels (two 16-lane vectors per
+//! pixel) for up to twelve pixels: 24 accumulators of the 32 registers,
+//! enough independent multiply-adds for a Xeon's two 512-bit FMA units.
+//!
 //! Every output element adds its terms in one order, input channel by input
 //! channel and tap by tap (row-major), starting from zero or from the bias,
 //! with fused multiply-adds: the chunks, item groups and threads change
@@ -44,6 +48,9 @@ const CHUNK: usize = 32;
 /// registers, beside two weight vectors and the broadcast input (twelve
 /// make the compiler spill).
 const MAX_TILE: usize = 5;
+/// The same on AVX-512, whose tiles hold both halves: 24 accumulators of
+/// the 32 registers.
+const MAX_TILE_512: usize = 12;
 /// Planes this wide or wider are tiled along their rows; narrower ones
 /// down their columns or across items (see [`tiles`]).
 const ROW_TILES_FROM: usize = 8;
@@ -143,6 +150,7 @@ pub(super) fn run(
     onto_out: bool,
 ) {
     let threads = rayon::current_num_threads();
+    let wide = crate::primitives::avx512();
     let Some((chunk, lanes, group)) = sharing(&d, scratch.len(), threads) else {
         return;
     };
@@ -174,12 +182,16 @@ pub(super) fn run(
                 let chans = c0..(c0 + chunk).min(d.ins);
                 pack(weight, packed, d, pass, t.b, chans.clone());
                 let load = onto_out || c0 > 0;
-                for half in 0..BLOCK / HALF {
-                    let w = &packed[half * chans.len() * TAPS * HALF..];
+                let half_len = chans.len() * TAPS * HALF;
+                // One pass over both halves on AVX-512, one per half else.
+                let passes = if wide { 1 } else { BLOCK / HALF };
+                for half in 0..passes {
+                    let w = &packed[half * half_len..];
                     let accs = Accs {
                         acc: &mut *acc,
                         half,
                         load,
+                        second: wide.then_some(half_len),
                     };
                     tiles((input, chans.clone()), w, accs, t.items.clone(), d);
                 }
@@ -395,12 +407,15 @@ fn pack(weight: &[f32], packed: &mut [f32], d: Dims, pass: Pass, b: usize, chans
 }
 
 /// A task's outputs as the tiles see them: `acc` `[item][pixel][32]`, of
-/// which a pass holds channels `16·half..16·half + 16`; the tiles start
-/// from its values when `load`, else from zero.
+/// which a pass holds channels `16·half..16·half + 16`, or all 32 on
+/// AVX-512 (`second`: elements from a tap's weights for the first half to
+/// those for the second); the tiles start from its values when `load`,
+/// else from zero.
 struct Accs<'a> {
     acc: &'a mut [f32],
     half: usize,
     load: bool,
+    second: Option<usize>,
 }
 
 /// One pass over a task's items for one half and one chunk of input
@@ -413,43 +428,52 @@ struct Accs<'a> {
 fn tiles((x, chans): (&[f32], Range<usize>), w: &[f32], a: Accs, items: Range<usize>, d: Dims) {
     let plane = d.plane();
     assert!(!chans.is_empty() && chans.end <= d.ins && items.end <= d.n);
-    assert!(w.len() >= chans.len() * TAPS * HALF && x.len() >= d.n * d.ins * plane);
+    let half_len = chans.len() * TAPS * HALF;
+    assert!(w.len() >= a.second.unwrap_or(0) + half_len && x.len() >= d.n * d.ins * plane);
     assert!(a.acc.len() >= items.len() * plane * BLOCK);
     // Pixel `col` of row 0 of item `k` of the task, at channel chans.start.
     let input = |k: usize, col: usize| {
         x[((items.start + k) * d.ins + chans.start) * plane + col..].as_ptr()
     };
     let acc = a.acc.as_mut_ptr().wrapping_add(a.half * HALF);
+    // Pixels per tile at most, and the floats of a pixel a tile holds.
+    let (most, width) = match a.second {
+        Some(_) => (MAX_TILE_512, BLOCK),
+        None => (MAX_TILE, HALF),
+    };
     let slot = |k: usize, pixel: usize| acc.wrapping_add((k * plane + pixel) * BLOCK);
     let at = |y: usize, x0: usize, last: usize, across: bool| Tile {
         y,
         // The kernel rows that read inside the plane.
         rows: usize::from(y == 0)..if y + 1 == d.h { 2 } else { 3 },
         chans: chans.len(),
+        second: a.second,
         load: a.load,
         left: x0 == 0,
         right: last + 1 == d.w,
         across,
     };
-    // Row `y` of item `k` in tiles of at most MAX_TILE pixels. With
+    // Row `y` of item `k` in tiles of at most `most` pixels. With
     // `ahead`, each tile first asks for the next one's outputs and for the
     // inputs of the row below that the next tile's taps will reach.
     let row = |k: usize, y: usize, ahead: bool| {
-        let mut xs = [std::ptr::null::<f32>(); MAX_TILE];
-        let mut os = [std::ptr::null_mut::<f32>(); MAX_TILE];
+        let mut xs = [std::ptr::null::<f32>(); MAX_TILE_512];
+        let mut os = [std::ptr::null_mut::<f32>(); MAX_TILE_512];
         let mut x0 = 0;
-        for p in splits(d.w, MAX_TILE) {
+        for p in splits(d.w, most) {
             for i in 0..p {
                 xs[i] = input(k, x0 + i);
                 os[i] = slot(k, y * d.w + x0 + i);
             }
             if ahead {
-                for i in 0..MAX_TILE {
+                for i in 0..most {
                     let next = slot(k, y * d.w + x0 + p + i).cast_const();
-                    prefetch_line(next);
-                    prefetch_line(next.wrapping_add(HALF - 1));
+                    for line in (0..width).step_by(16) {
+                        prefetch_line(next.wrapping_add(line));
+                    }
+                    prefetch_line(next.wrapping_add(width - 1));
                 }
-                let below = (y + 1).min(d.h - 1) * d.w + (x0 + p + MAX_TILE).min(d.w - 1);
+                let below = (y + 1).min(d.h - 1) * d.w + (x0 + p + most).min(d.w - 1);
                 for c in 0..chans.len() {
                     prefetch_line(input(k, 0).wrapping_add(c * plane + below));
                 }
@@ -458,13 +482,16 @@ fn tiles((x, chans): (&[f32], Range<usize>), w: &[f32], a: Accs, items: Range<us
             x0 += p;
         }
     };
-    let narrow = d.w < ROW_TILES_FROM;
-    if narrow && d.h >= MAX_TILE + 2 {
-        let mut xs = [std::ptr::null::<f32>(); MAX_TILE];
-        let mut os = [std::ptr::null_mut::<f32>(); MAX_TILE];
+    let layout = match a.second {
+        Some(_) => widest_layout(d, items.len(), most),
+        None => layout(d, items.len()),
+    };
+    if layout == Layout::Columns {
+        let mut xs = [std::ptr::null::<f32>(); MAX_TILE_512];
+        let mut os = [std::ptr::null_mut::<f32>(); MAX_TILE_512];
         for k in 0..items.len() {
             let mut y0 = 1;
-            for p in splits(d.h - 2, MAX_TILE) {
+            for p in splits(d.h - 2, most) {
                 for x0 in 0..d.w {
                     for i in 0..p {
                         // Row y0 + i's pixel, read as if it were in row y0.
@@ -478,13 +505,13 @@ fn tiles((x, chans): (&[f32], Range<usize>), w: &[f32], a: Accs, items: Range<us
             row(k, 0, false);
             row(k, d.h - 1, false);
         }
-    } else if narrow && items.len() >= d.w {
-        let mut xs = [std::ptr::null::<f32>(); MAX_TILE];
-        let mut os = [std::ptr::null_mut::<f32>(); MAX_TILE];
+    } else if layout == Layout::Items {
+        let mut xs = [std::ptr::null::<f32>(); MAX_TILE_512];
+        let mut os = [std::ptr::null_mut::<f32>(); MAX_TILE_512];
         for y in 0..d.h {
             for x0 in 0..d.w {
                 let mut k0 = 0;
-                for p in splits(items.len(), MAX_TILE - 1) {
+                for p in splits(items.len(), most - 1) {
                     for i in 0..p {
                         xs[i] = input(k0 + i, x0);
                         os[i] = slot(k0 + i, y * d.w + x0);
@@ -506,6 +533,52 @@ fn tiles((x, chans): (&[f32], Range<usize>), w: &[f32], a: Accs, items: Range<us
     }
 }
 
+/// How [`tiles`] cuts a plane into tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Down the columns, in the rows between the first and the last.
+    Columns,
+    /// The same pixel of a few items.
+    Items,
+    /// Along the rows.
+    Rows,
+}
+
+/// The AVX2 kernel's layout: narrow planes down their columns where they
+/// have [`MAX_TILE`] interior rows, else across items where there are as
+/// many items as columns; the rest along rows.
+fn layout(d: Dims, items: usize) -> Layout {
+    let narrow = d.w < ROW_TILES_FROM;
+    if narrow && d.h >= MAX_TILE + 2 {
+        Layout::Columns
+    } else if narrow && items >= d.w {
+        Layout::Items
+    } else {
+        Layout::Rows
+    }
+}
+
+/// The AVX-512 kernel's layout (tiles of up to `most` pixels): of the
+/// layouts that apply, the one with the largest tiles on average (more
+/// accumulators in flight), columns first on a tie, then items. Columns
+/// apply to planes up to 16 wide with [`MAX_TILE`] interior rows (a 14×14
+/// plane takes one tile of 12 per column instead of two of 7 per row);
+/// items to narrow planes, as on AVX2.
+fn widest_layout(d: Dims, items: usize, most: usize) -> Layout {
+    // The mean tile, in 1/len(pieces) units: len / pieces, compared exactly.
+    let mean = |len: usize, most: usize| (len, len.div_ceil(most).max(1));
+    let more = |(a, pa): (usize, usize), (b, pb): (usize, usize)| a * pb > b * pa;
+    let narrow = d.w < ROW_TILES_FROM;
+    let mut best = (Layout::Rows, mean(d.w, most));
+    if narrow && items >= d.w && !more(best.1, mean(items, most - 1)) {
+        best = (Layout::Items, mean(items, most - 1));
+    }
+    if d.w <= 16 && d.h >= MAX_TILE + 2 && !more(best.1, mean(d.h - 2, most)) {
+        best = (Layout::Columns, mean(d.h - 2, most));
+    }
+    best.0
+}
+
 /// The sizes of `len` cut into near-equal consecutive pieces of at most
 /// `most`.
 fn splits(len: usize, most: usize) -> impl Iterator<Item = usize> {
@@ -522,6 +595,9 @@ struct Tile {
     y: usize,
     rows: Range<usize>,
     chans: usize,
+    /// Both halves at once (AVX-512): the elements from a tap's weights for
+    /// the first half to those for the second.
+    second: Option<usize>,
     load: bool,
     left: bool,
     right: bool,
@@ -530,15 +606,20 @@ struct Tile {
 
 /// Runs one tile: pixel `p` reads from `xs[p]` (its input at the chunk's
 /// first channel, row 0, the pixel's column) and adds into `os[p]` (16
-/// floats). The pointers come from [`tiles`], which checked the buffers'
-/// lengths; every read is a tap inside the plane.
+/// floats, or 32 with both halves). The pointers come from [`tiles`],
+/// which checked the buffers' lengths; every read is a tap inside the
+/// plane.
 fn tile(xs: &[*const f32], os: &[*mut f32], w: &[f32], d: Dims, t: &Tile) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `applies` found AVX2 and FMA on this CPU; the pointers lie in
+    // SAFETY: `applies` found AVX2 and FMA on this CPU, and `run` asks for
+    // both halves only where the path is AVX-512; the pointers lie in
     // buffers `tiles` checked, and the kernel reads only taps inside the
     // plane.
     unsafe {
-        avx::tile(xs, os, w.as_ptr(), d, t)
+        match t.second {
+            Some(second) => avx512::tile(xs, os, (w.as_ptr(), second), d, t),
+            None => avx::tile(xs, os, w.as_ptr(), d, t),
+        }
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (xs, os, w, d, t);
@@ -657,6 +738,96 @@ mod avx {
     }
 }
 
+/// The AVX-512 tiles: 32 output channels (two 16-lane vectors) per pixel.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Dims, Tile, HALF, TAPS};
+    use std::arch::x86_64::*;
+
+    /// Runs the tile with the kernel instance for its width (its edges are
+    /// tested as it runs: a few scalar tests per broadcast, against 84
+    /// instances of the kernel).
+    ///
+    /// # Safety
+    /// AVX-512F, AVX2 and FMA must be present; `w.1` is the distance from
+    /// the first half's packed weights to the second's; the pointers as
+    /// [`super::tile`] says, each output 32 floats.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn tile(
+        xs: &[*const f32],
+        os: &[*mut f32],
+        w: (*const f32, usize),
+        d: Dims,
+        t: &Tile,
+    ) {
+        macro_rules! widths {
+            ($($p:literal)*) => {
+                match xs.len() {
+                    $($p => run::<$p>(xs, os, w, d, t),)*
+                    _ => unreachable!("tiles have 1 to 12 pixels"),
+                }
+            };
+        }
+        // SAFETY (every arm): as this function's contract says.
+        unsafe { widths!(1 2 3 4 5 6 7 8 9 10 11 12) }
+    }
+
+    /// 32 output channels × `P` pixels, in [`super::avx::run`]'s order.
+    ///
+    /// # Safety
+    /// As [`tile`].
+    #[inline(always)]
+    unsafe fn run<const P: usize>(
+        xs: &[*const f32],
+        os: &[*mut f32],
+        (w, second): (*const f32, usize),
+        d: Dims,
+        t: &Tile,
+    ) {
+        let plane = d.plane();
+        let xs: [*const f32; P] = std::array::from_fn(|p| xs[p]);
+        let os: [*mut f32; P] = std::array::from_fn(|p| os[p]);
+        let mut acc = [[_mm512_setzero_ps(); 2]; P];
+        if t.load {
+            for (a, o) in acc.iter_mut().zip(os.iter()) {
+                // SAFETY: the pixel's 32 floats.
+                *a = unsafe { [_mm512_loadu_ps(*o), _mm512_loadu_ps(o.add(16))] };
+            }
+        }
+        let (left, right, each) = (t.left, t.right, t.across);
+        for c in 0..t.chans {
+            let wc = w.wrapping_add(c * TAPS * HALF);
+            for ky in t.rows.clone() {
+                let at = (c * plane + (t.y + ky - 1) * d.w).wrapping_sub(1);
+                for kx in 0..3 {
+                    let wt = wc.wrapping_add((ky * 3 + kx) * HALF);
+                    // SAFETY: inside the packed chunk (2 × chans × 9 × 16).
+                    let wv = unsafe { [_mm512_loadu_ps(wt), _mm512_loadu_ps(wt.add(second))] };
+                    for (p, (a, x)) in acc.iter_mut().zip(xs.iter()).enumerate() {
+                        let first = each || p == 0;
+                        let last = each || p == P - 1;
+                        if (left && kx == 0 && first) || (right && kx == 2 && last) {
+                            continue;
+                        }
+                        // SAFETY: a tap inside the plane (those outside are
+                        // exactly the ones skipped).
+                        let b = _mm512_set1_ps(unsafe { *x.wrapping_add(at.wrapping_add(kx)) });
+                        a[0] = _mm512_fmadd_ps(b, wv[0], a[0]);
+                        a[1] = _mm512_fmadd_ps(b, wv[1], a[1]);
+                    }
+                }
+            }
+        }
+        for (a, o) in acc.iter().zip(os.iter()) {
+            // SAFETY: the pixel's 32 floats.
+            unsafe {
+                _mm512_storeu_ps(*o, a[0]);
+                _mm512_storeu_ps(o.add(16), a[1]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -722,6 +893,9 @@ mod tests {
             (9, 5, 2),
             (12, 3, 1),
             (33, 40, 1),
+            // AVX-512's widest tiles: rows of 12, and of 12 and 11.
+            (3, 24, 1),
+            (2, 23, 2),
         ];
         let mut case = 0u64;
         for (k, &(h, w, n)) in planes.iter().enumerate() {
@@ -761,6 +935,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn avx512_tiles_take_the_layout_with_the_largest_tiles() {
+        let plane = |h: usize, w: usize| Dims {
+            n: 8,
+            ins: 64,
+            outs: 64,
+            h,
+            w,
+        };
+        // ResNet-18's planes at batch 8: 56 and 28 along rows (tiles of
+        // 11–12 and 9–10), 14 down columns (12), 7 and 4 across items (8).
+        let layouts: Vec<Layout> = [56, 28, 14, 7, 4]
+            .iter()
+            .map(|&s| widest_layout(plane(s, s), 8, MAX_TILE_512))
+            .collect();
+        use Layout::*;
+        assert_eq!(layouts, [Rows, Rows, Columns, Items, Items]);
+        // Fewer items than columns: rows of 7 in one tile beat columns
+        // of 5 interior rows; a tall narrow plane goes down its columns.
+        assert_eq!(widest_layout(plane(7, 7), 2, MAX_TILE_512), Rows);
+        assert_eq!(widest_layout(plane(16, 3), 1, MAX_TILE_512), Columns);
+        // The AVX2 layouts stay as they were.
+        assert_eq!(layout(plane(14, 14), 8), Rows);
+        assert_eq!(layout(plane(7, 7), 8), Columns);
+        assert_eq!(layout(plane(4, 4), 8), Items);
     }
 
     #[test]
