@@ -7,8 +7,7 @@
 //! per element), so blocks of f32/f16/bf16 elements go through a fast,
 //! vectorised f64 candidate instead ([`fast_block`]: a Chebyshev expansion
 //! of `erfcx` in monomial form and a polynomial `exp`, FMAs, no branches,
-//! 16 lanes at a time as four explicit vectors with AVX2 + FMA, which
-//! AVX-512 CPUs run too)
+//! 32 lanes at a time as four explicit vectors with AVX-512, 16 with AVX2)
 //! together with a bound on its distance from the reference. The
 //! candidate is only as accurate as deciding an f32 rounding needs (about
 //! 3e-13 relative), not f64's precision. Rounding is monotonic, so when both
@@ -445,6 +444,240 @@ mod avx2 {
     }
 }
 
+/// [`avx2`]'s vectors at twice the width: groups of 32 lanes as four f64
+/// vectors of eight, the same operations lane for lane (so the same Φ,
+/// candidates and bounds).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{
+        reference, Phi, ERFCX_K, ERFCX_POLY, ERFC_REL_BOUND, EXP_POLY, GROUP_AVX512 as GROUP,
+        INV_SQRT_2PI, LN2_HI, LN2_LO, PHI_BOUND, SHIFT,
+    };
+    use std::arch::x86_64::*;
+    use std::f64::consts::{FRAC_1_SQRT_2, LOG2_E};
+
+    /// Vectors per group.
+    const V: usize = GROUP / 8;
+
+    /// A group of lanes, four f64 vectors of eight.
+    type Lanes = [__m512d; V];
+
+    /// [`Phi`] of a group, in vectors.
+    struct PhiV {
+        phi: Lanes,
+        e: Lanes,
+        tail: Lanes,
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn phi_v(xv: &Lanes) -> PhiV {
+        let splat = _mm512_set1_pd;
+        let zero = _mm512_setzero_pd();
+        let (mut t, mut k, mut r) = ([zero; V], [zero; V], [zero; V]);
+        for i in 0..V {
+            let z = _mm512_mul_pd(_mm512_abs_pd(xv[i]), splat(FRAC_1_SQRT_2));
+            let num = _mm512_sub_pd(z, splat(ERFCX_K));
+            t[i] = _mm512_div_pd(num, _mm512_add_pd(z, splat(ERFCX_K)));
+            // max(−z², −708) as f64::max takes it (a NaN gives −708).
+            let y = _mm512_max_pd(negate(_mm512_mul_pd(z, z)), splat(-708.0));
+            k[i] = _mm512_fmadd_pd(y, splat(LOG2_E), splat(SHIFT));
+            let n = _mm512_sub_pd(k[i], splat(SHIFT));
+            let hi = _mm512_sub_pd(y, _mm512_mul_pd(n, splat(LN2_HI)));
+            r[i] = _mm512_fnmadd_pd(n, splat(LN2_LO), hi);
+        }
+        const D: usize = ERFCX_POLY.len() - 1;
+        const E: usize = EXP_POLY.len() - 1;
+        let mut erfcx = [splat(ERFCX_POLY[D]); V];
+        let mut p = [splat(EXP_POLY[E]); V];
+        for j in (0..D).rev() {
+            for i in 0..V {
+                erfcx[i] = _mm512_fmadd_pd(erfcx[i], t[i], splat(ERFCX_POLY[j]));
+            }
+            if j < E {
+                for i in 0..V {
+                    p[i] = _mm512_fmadd_pd(p[i], r[i], splat(EXP_POLY[j]));
+                }
+            }
+        }
+        let mut out = PhiV {
+            phi: [zero; V],
+            e: [zero; V],
+            tail: [zero; V],
+        };
+        let bias = _mm512_set1_epi64(1023 - SHIFT.to_bits() as i64);
+        for i in 0..V {
+            let ni = _mm512_add_epi64(_mm512_castpd_si512(k[i]), bias);
+            out.e[i] = _mm512_mul_pd(p[i], _mm512_castsi512_pd(_mm512_slli_epi64::<52>(ni)));
+            out.tail[i] = _mm512_mul_pd(_mm512_mul_pd(splat(0.5), out.e[i]), erfcx[i]);
+            let below = _mm512_cmp_pd_mask::<_CMP_LT_OQ>(xv[i], zero);
+            let upper = _mm512_sub_pd(splat(1.0), out.tail[i]);
+            out.phi[i] = _mm512_mask_blend_pd(below, upper, out.tail[i]);
+        }
+        out
+    }
+
+    /// [`super::phi_fast`] of one group, through [`phi_v`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) fn phi(x: &[f64; GROUP]) -> Phi<GROUP> {
+        let mut xv = [_mm512_setzero_pd(); V];
+        for (i, v) in xv.iter_mut().enumerate() {
+            // SAFETY: lanes 8i..8i+8 lie inside the group.
+            *v = unsafe { _mm512_loadu_pd(x.as_ptr().add(8 * i)) };
+        }
+        let p = phi_v(&xv);
+        let mut out = Phi {
+            phi: [0.0; GROUP],
+            e: [0.0; GROUP],
+            tail: [0.0; GROUP],
+        };
+        for i in 0..V {
+            // SAFETY: lanes 8i..8i+8 lie inside each group-sized array.
+            unsafe {
+                _mm512_storeu_pd(out.e.as_mut_ptr().add(8 * i), p.e[i]);
+                _mm512_storeu_pd(out.tail.as_mut_ptr().add(8 * i), p.tail[i]);
+                _mm512_storeu_pd(out.phi.as_mut_ptr().add(8 * i), p.phi[i]);
+            }
+        }
+        out
+    }
+
+    /// `−v` (the sign bit flipped, as the AVX2 code's `xor`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn negate(v: __m512d) -> __m512d {
+        let sign = _mm512_castpd_si512(_mm512_set1_pd(-0.0));
+        _mm512_castsi512_pd(_mm512_xor_si512(_mm512_castpd_si512(v), sign))
+    }
+
+    /// `|v|`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn abs(v: __m512d) -> __m512d {
+        _mm512_abs_pd(v)
+    }
+
+    /// gelu's candidates and bounds ([`super::value_candidate`]).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn values(xv: &Lanes, p: &PhiV) -> (Lanes, Lanes) {
+        let splat = _mm512_set1_pd;
+        let (mut v, mut b) = ([splat(0.0); V], [splat(0.0); V]);
+        for i in 0..V {
+            v[i] = _mm512_mul_pd(xv[i], p.phi[i]);
+            let phi_bound = _mm512_fmadd_pd(p.tail[i], splat(ERFC_REL_BOUND), splat(PHI_BOUND));
+            let round = _mm512_mul_pd(abs(v[i]), splat(1e-15));
+            b[i] = _mm512_fmadd_pd(abs(xv[i]), phi_bound, round);
+        }
+        (v, b)
+    }
+
+    /// gelu′'s candidates and bounds ([`super::slope_candidate`]).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn slopes(xv: &Lanes, p: &PhiV) -> (Lanes, Lanes) {
+        let splat = _mm512_set1_pd;
+        let (mut v, mut b) = ([splat(0.0); V], [splat(0.0); V]);
+        for i in 0..V {
+            let xpdf = _mm512_mul_pd(xv[i], _mm512_mul_pd(p.e[i], splat(INV_SQRT_2PI)));
+            v[i] = _mm512_add_pd(p.phi[i], xpdf);
+            let phi_bound = _mm512_fmadd_pd(p.tail[i], splat(ERFC_REL_BOUND), splat(PHI_BOUND));
+            let pdf_bound = _mm512_fmadd_pd(abs(xpdf), splat(1e-13), phi_bound);
+            b[i] = _mm512_fmadd_pd(abs(v[i]), splat(1e-15), pdf_bound);
+        }
+        (v, b)
+    }
+
+    /// [`super::settle`] for f32 lanes in vectors: `v − b` rounded is
+    /// stored, and the lanes where `v + b` rounds differently (NaN
+    /// included) are replaced by the reference.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn settle(src: &[f32], (v, b): (Lanes, Lanes), out: &mut [f32], grad: bool) {
+        // 32 lanes: unsigned, so that lane 31 is not a sign.
+        let mut unsettled = 0u32;
+        for i in 0..V {
+            let lo = _mm512_cvtpd_ps(_mm512_sub_pd(v[i], b[i]));
+            let hi = _mm512_cvtpd_ps(_mm512_add_pd(v[i], b[i]));
+            let differ = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NEQ_UQ>(lo, hi)) as u32;
+            unsettled |= differ << (8 * i);
+            // SAFETY: lanes 8i..8i+8 lie inside the group.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * i), lo) };
+        }
+        while unsettled != 0 {
+            let lane = unsettled.trailing_zeros() as usize;
+            out[lane] = reference(src[lane] as f64, grad);
+            unsettled &= unsettled - 1;
+        }
+    }
+
+    /// One group of f32 lanes widened to f64.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn widen(src: &[f32]) -> Lanes {
+        let mut xv = [_mm512_setzero_pd(); V];
+        for (i, x) in xv.iter_mut().enumerate() {
+            // SAFETY: lanes 8i..8i+8 lie inside the group.
+            *x = _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(src.as_ptr().add(8 * i)) });
+        }
+        xv
+    }
+
+    /// [`super::block_body`] for f32, whole groups in vectors (a last
+    /// partial group through the generic code with [`phi`]).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) fn block_f32(src: &[f32], out: &mut [f32], grad: bool, times: Option<&[f32]>) {
+        let whole = src.len() / GROUP * GROUP;
+        for (k, (src, out)) in src[..whole]
+            .chunks_exact(GROUP)
+            .zip(out[..whole].chunks_exact_mut(GROUP))
+            .enumerate()
+        {
+            let xv = widen(src);
+            let p = phi_v(&xv);
+            let candidates = if grad {
+                slopes(&xv, &p)
+            } else {
+                values(&xv, &p)
+            };
+            settle(src, candidates, out, grad);
+            if let Some(g) = times {
+                let g = &g[k * GROUP..(k + 1) * GROUP];
+                out.iter_mut().zip(g).for_each(|(o, &g)| *o *= g);
+            }
+        }
+        super::block_body::<f32, GROUP>(
+            &src[whole..],
+            &mut out[whole..],
+            (grad, times.map(|g| &g[whole..])),
+            |x| phi(x),
+        );
+    }
+
+    /// [`super::pair_body`] for f32, whole groups in vectors.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) fn pair_f32(src: &[f32], value: &mut [f32], slope: &mut [f32]) {
+        let whole = src.len() / GROUP * GROUP;
+        let groups = src[..whole]
+            .chunks_exact(GROUP)
+            .zip(value[..whole].chunks_exact_mut(GROUP))
+            .zip(slope[..whole].chunks_exact_mut(GROUP));
+        for ((src, value), slope) in groups {
+            let xv = widen(src);
+            let p = phi_v(&xv);
+            settle(src, values(&xv, &p), value, false);
+            settle(src, slopes(&xv, &p), slope, true);
+        }
+        super::pair_body::<f32, GROUP>(
+            &src[whole..],
+            &mut value[whole..],
+            &mut slope[whole..],
+            |x| phi(x),
+        );
+    }
+}
+
 /// 1/√(2π).
 const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
@@ -491,12 +724,15 @@ fn candidates_group<const G: usize>(
     }
 }
 
-/// Lanes per group (four ymm registers per value, four independent FMA
-/// chains). An AVX-512 path that called the generic group code with 32
-/// lanes was measured on a Xeon: its `phi_fast` was not inlined into the
-/// `target_feature` function, so every `mul_add` was a call, and GELU took
-/// 30% of the frozen BERT-base step; AVX-512 CPUs run the AVX2 vectors.
+/// Lanes per group with AVX2 (four ymm registers per value, four
+/// independent FMA chains).
 const GROUP: usize = 16;
+/// Lanes per group with AVX-512 (four zmm registers per value). Written
+/// out in vectors as [`avx2`] is: generic group code compiled for AVX-512
+/// was measured on a Xeon with its `phi_fast` not inlined into the
+/// `target_feature` function, every `mul_add` a call, and GELU 30% of the
+/// frozen BERT-base step.
+const GROUP_AVX512: usize = 32;
 
 /// The reference, rounded to `T`.
 fn reference<T: FloatDType>(x: f64, grad: bool) -> T {
@@ -594,6 +830,17 @@ fn pair_body<T: FloatDType, const G: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn pair_avx512<T: FloatDType>(src: &[T], value: &mut [T], slope: &mut [T]) {
+    if let (Some(src), Some(value), Some(slope)) =
+        (as_f32(src), as_f32_mut(value), as_f32_mut(slope))
+    {
+        return avx512::pair_f32(src, value, slope);
+    }
+    pair_body::<T, GROUP_AVX512>(src, value, slope, |x| avx512::phi(x))
+}
+
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn pair_avx2<T: FloatDType>(src: &[T], value: &mut [T], slope: &mut [T]) {
     if let (Some(src), Some(value), Some(slope)) =
@@ -618,12 +865,26 @@ pub(crate) fn fast_pair_block<T: FloatDType>(src: &[T], value: &mut [T], slope: 
     }
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::primitives::avx512() {
+            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (the path says so).
+            return unsafe { pair_avx512(src, value, slope) };
+        }
         if crate::primitives::avx2_fma() {
             // SAFETY: the CPU has AVX2 and FMA (checked just above).
             return unsafe { pair_avx2(src, value, slope) };
         }
     }
     pair_body::<T, GROUP>(src, value, slope, phi_fast)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn block_avx512<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, times: Option<&[T]>) {
+    if let (Some(src), Some(out)) = (as_f32(src), as_f32_mut(out)) {
+        let times = times.map(|g| as_f32(g).expect("the same dtype as src"));
+        return avx512::block_f32(src, out, grad, times);
+    }
+    block_body::<T, GROUP_AVX512>(src, out, (grad, times), |x| avx512::phi(x))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -639,9 +900,9 @@ unsafe fn block_avx2<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, times:
 /// `out[i] = T(reference(src[i]))` (exact GELU, or its derivative when
 /// `grad`), for a block of any length (the callers pass up to 256), exactly as
 /// [`gelu_value_f64`] / [`gelu_grad_f64`] rounded to `T` give it; f64
-/// blocks take the reference directly. The fast path runs AVX2 + FMA
-/// vectors where the CPU has them (the same IEEE operations, FMAs
-/// included, as the portable code, so the same candidates).
+/// blocks take the reference directly. The fast path runs AVX-512 or AVX2
+/// vectors, whichever the CPU's path has (the same IEEE operations, FMAs
+/// included, in every version, so the same candidates).
 pub(crate) fn fast_block<T: FloatDType>(src: &[T], out: &mut [T], grad: bool) {
     dispatch(src, out, grad, None)
 }
@@ -664,6 +925,10 @@ fn dispatch<T: FloatDType>(src: &[T], out: &mut [T], grad: bool, times: Option<&
     }
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::primitives::avx512() {
+            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (the path says so).
+            return unsafe { block_avx512(src, out, grad, times) };
+        }
         if crate::primitives::avx2_fma() {
             // SAFETY: the CPU has AVX2 and FMA (checked just above).
             return unsafe { block_avx2(src, out, grad, times) };
@@ -744,20 +1009,46 @@ mod tests {
     }
 
     /// Φ of every lane of a group by the portable code and, where the CPU
-    /// has them, by the AVX2 vectors: both, bit for bit.
+    /// has them, by the AVX2 and the AVX-512 vectors: all, bit for bit.
     fn phi_group(x: &[f64; GROUP]) -> Phi<GROUP> {
         let portable = phi_fast(x);
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            let simd = unsafe { avx2_phi(x) };
+        let same = |simd: &Phi<GROUP>, what: &str| {
             for (a, b) in [
                 (&portable.phi, &simd.phi),
                 (&portable.e, &simd.e),
                 (&portable.tail, &simd.tail),
             ] {
                 let bits = |v: &[f64; GROUP]| v.map(f64::to_bits);
-                assert_eq!(bits(a), bits(b), "AVX2 lanes differ from the portable code");
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "{what} lanes differ from the portable code"
+                );
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        if crate::primitives::CpuPath::Avx2.available() {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            same(&unsafe { avx2_phi(x) }, "AVX2");
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::primitives::CpuPath::Avx512.available() {
+            // Two groups of 16 as one of 32: this one twice.
+            let mut wide = [0.0; GROUP_AVX512];
+            wide[..GROUP].copy_from_slice(x);
+            wide[GROUP..].copy_from_slice(x);
+            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (checked above).
+            let p = unsafe { avx512_phi(&wide) };
+            for half in [0, GROUP] {
+                let part = |v: &[f64; GROUP_AVX512]| -> [f64; GROUP] {
+                    v[half..half + GROUP].try_into().expect("a group")
+                };
+                let simd = Phi {
+                    phi: part(&p.phi),
+                    e: part(&p.e),
+                    tail: part(&p.tail),
+                };
+                same(&simd, "AVX-512");
             }
         }
         portable
@@ -767,6 +1058,12 @@ mod tests {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn avx2_phi(x: &[f64; GROUP]) -> Phi<GROUP> {
         avx2::phi(x)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn avx512_phi(x: &[f64; GROUP_AVX512]) -> Phi<GROUP_AVX512> {
+        avx512::phi(x)
     }
 
     /// The candidate's Φ is within the bounds the rounding test assumes,
