@@ -214,468 +214,473 @@ struct Phi<const G: usize> {
     tail: [f64; G],
 }
 
-/// AVX2 forms of the fast path: [`phi_fast`] for one group of [`GROUP`]
+/// Defines a module's one-line f64 vector operations from its intrinsics,
+/// each compiled with the module's target features.
+#[cfg(target_arch = "x86_64")]
+macro_rules! vector_ops {
+    (
+        $features:literal,
+        set1: $set1:ident, add: $add:ident, sub: $sub:ident, mul: $mul:ident,
+        div: $div:ident, max: $max:ident, fmadd: $fmadd:ident,
+        fnmadd: $fnmadd:ident, loadu: $loadu:ident, storeu: $storeu:ident $(,)?
+    ) => {
+        /// Every lane `v`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn splat(v: f64) -> F {
+            $set1(v)
+        }
+
+        /// `a + b`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn add(a: F, b: F) -> F {
+            $add(a, b)
+        }
+
+        /// `a − b`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn sub(a: F, b: F) -> F {
+            $sub(a, b)
+        }
+
+        /// `a · b`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn mul(a: F, b: F) -> F {
+            $mul(a, b)
+        }
+
+        /// `a / b`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn div(a: F, b: F) -> F {
+            $div(a, b)
+        }
+
+        /// `max(a, b)` as the instruction takes it (`b` where either is NaN).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn max(a: F, b: F) -> F {
+            $max(a, b)
+        }
+
+        /// `a·b + c`, one rounding.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn fmadd(a: F, b: F, c: F) -> F {
+            $fmadd(a, b, c)
+        }
+
+        /// `c − a·b`, one rounding.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn fnmadd(a: F, b: F, c: F) -> F {
+            $fnmadd(a, b, c)
+        }
+
+        /// The lanes at `src`.
+        ///
+        /// # Safety
+        /// `src` holds a vector's lanes.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn load(src: *const f64) -> F {
+            // SAFETY: the caller's lanes.
+            unsafe { $loadu(src) }
+        }
+
+        /// Stores the lanes at `dst`.
+        ///
+        /// # Safety
+        /// `dst` holds a vector's lanes.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn store(dst: *mut f64, v: F) {
+            // SAFETY: the caller's lanes.
+            unsafe { $storeu(dst, v) }
+        }
+    };
+}
+
+/// The vector forms of the fast path, written once over a module's f64
+/// vector type `F` (`W` lanes) and its one-line operations (`splat`, `add`,
+/// `fmadd`, …, each compiled with the module's target features so that it
+/// inlines into these functions): [`phi_fast`] for one group of `GROUP`
 /// lanes as four vectors advanced in lockstep, and whole f32 blocks kept in
 /// vectors from load to store. Left to itself, the compiler ran each
 /// vector's polynomial chains one after the other, every FMA waiting on
 /// the last and half the FMA units idle; here four (then eight) independent
 /// FMAs issue together. The operations are [`phi_fast`]'s, lane for lane, so
-/// Φ is the same; the candidates and bounds are
+/// Φ is the same on every instruction set; the candidates and bounds are
 /// [`value_candidate`]'s and [`slope_candidate`]'s.
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{
-        reference, Phi, ERFCX_K, ERFCX_POLY, ERFC_REL_BOUND, EXP_POLY, GROUP, INV_SQRT_2PI, LN2_HI,
-        LN2_LO, PHI_BOUND, SHIFT,
-    };
-    use std::arch::x86_64::*;
-    use std::f64::consts::{FRAC_1_SQRT_2, LOG2_E};
+macro_rules! vector_kernels {
+    ($features:literal) => {
+        use super::{
+            reference, Phi, ERFCX_K, ERFCX_POLY, ERFC_REL_BOUND, EXP_POLY, INV_SQRT_2PI, LN2_HI,
+            LN2_LO, PHI_BOUND, SHIFT,
+        };
+        use std::f64::consts::{FRAC_1_SQRT_2, LOG2_E};
 
-    /// Vectors per group.
-    const V: usize = GROUP / 4;
+        /// Vectors per group.
+        const V: usize = GROUP / W;
 
-    /// A group of lanes, four f64 vectors.
-    type Lanes = [__m256d; V];
+        /// A group of lanes, four f64 vectors.
+        type Lanes = [F; V];
 
-    /// [`Phi`] of a group, in vectors.
-    struct PhiV {
-        phi: Lanes,
-        e: Lanes,
-        tail: Lanes,
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn phi_v(xv: &Lanes) -> PhiV {
-        let splat = _mm256_set1_pd;
-        let zero = _mm256_setzero_pd();
-        let sign = splat(-0.0);
-        let (mut t, mut k, mut r) = ([zero; V], [zero; V], [zero; V]);
-        for i in 0..V {
-            let z = _mm256_mul_pd(_mm256_andnot_pd(sign, xv[i]), splat(FRAC_1_SQRT_2));
-            let num = _mm256_sub_pd(z, splat(ERFCX_K));
-            t[i] = _mm256_div_pd(num, _mm256_add_pd(z, splat(ERFCX_K)));
-            // max(−z², −708) as f64::max takes it (a NaN gives −708).
-            let y = _mm256_max_pd(_mm256_xor_pd(_mm256_mul_pd(z, z), sign), splat(-708.0));
-            k[i] = _mm256_fmadd_pd(y, splat(LOG2_E), splat(SHIFT));
-            let n = _mm256_sub_pd(k[i], splat(SHIFT));
-            let hi = _mm256_sub_pd(y, _mm256_mul_pd(n, splat(LN2_HI)));
-            r[i] = _mm256_fnmadd_pd(n, splat(LN2_LO), hi);
+        /// [`Phi`] of a group, in vectors.
+        struct PhiV {
+            phi: Lanes,
+            e: Lanes,
+            tail: Lanes,
         }
-        const D: usize = ERFCX_POLY.len() - 1;
-        const E: usize = EXP_POLY.len() - 1;
-        let mut erfcx = [splat(ERFCX_POLY[D]); V];
-        let mut p = [splat(EXP_POLY[E]); V];
-        for j in (0..D).rev() {
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn phi_v(xv: &Lanes) -> PhiV {
+            let zero = splat(0.0);
+            let (mut t, mut k, mut r) = ([zero; V], [zero; V], [zero; V]);
             for i in 0..V {
-                erfcx[i] = _mm256_fmadd_pd(erfcx[i], t[i], splat(ERFCX_POLY[j]));
+                let z = mul(abs(xv[i]), splat(FRAC_1_SQRT_2));
+                let num = sub(z, splat(ERFCX_K));
+                t[i] = div(num, add(z, splat(ERFCX_K)));
+                // max(−z², −708) as f64::max takes it (a NaN gives −708).
+                let y = max(negate(mul(z, z)), splat(-708.0));
+                k[i] = fmadd(y, splat(LOG2_E), splat(SHIFT));
+                let n = sub(k[i], splat(SHIFT));
+                let hi = sub(y, mul(n, splat(LN2_HI)));
+                r[i] = fnmadd(n, splat(LN2_LO), hi);
             }
-            if j < E {
+            const D: usize = ERFCX_POLY.len() - 1;
+            const E: usize = EXP_POLY.len() - 1;
+            let mut erfcx = [splat(ERFCX_POLY[D]); V];
+            let mut p = [splat(EXP_POLY[E]); V];
+            for j in (0..D).rev() {
                 for i in 0..V {
-                    p[i] = _mm256_fmadd_pd(p[i], r[i], splat(EXP_POLY[j]));
+                    erfcx[i] = fmadd(erfcx[i], t[i], splat(ERFCX_POLY[j]));
+                }
+                if j < E {
+                    for i in 0..V {
+                        p[i] = fmadd(p[i], r[i], splat(EXP_POLY[j]));
+                    }
                 }
             }
+            let mut out = PhiV {
+                phi: [zero; V],
+                e: [zero; V],
+                tail: [zero; V],
+            };
+            for i in 0..V {
+                // 2^n from the integer the shift left in k's low bits.
+                out.e[i] = mul(p[i], two_to_the(k[i]));
+                out.tail[i] = mul(mul(splat(0.5), out.e[i]), erfcx[i]);
+                let upper = sub(splat(1.0), out.tail[i]);
+                out.phi[i] = below_zero(xv[i], out.tail[i], upper);
+            }
+            out
         }
-        let mut out = PhiV {
-            phi: [zero; V],
-            e: [zero; V],
-            tail: [zero; V],
-        };
-        let bias = _mm256_set1_epi64x(1023 - SHIFT.to_bits() as i64);
-        for i in 0..V {
-            let ni = _mm256_add_epi64(_mm256_castpd_si256(k[i]), bias);
-            out.e[i] = _mm256_mul_pd(p[i], _mm256_castsi256_pd(_mm256_slli_epi64::<52>(ni)));
-            out.tail[i] = _mm256_mul_pd(_mm256_mul_pd(splat(0.5), out.e[i]), erfcx[i]);
-            let below = _mm256_cmp_pd::<_CMP_LT_OQ>(xv[i], zero);
-            let upper = _mm256_sub_pd(splat(1.0), out.tail[i]);
-            out.phi[i] = _mm256_blendv_pd(upper, out.tail[i], below);
-        }
-        out
-    }
 
-    /// [`super::phi_fast`] of one group, through [`phi_v`].
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn phi(x: &[f64; GROUP]) -> Phi<GROUP> {
-        let mut xv = [_mm256_setzero_pd(); V];
-        for (i, v) in xv.iter_mut().enumerate() {
-            // SAFETY: lanes 4i..4i+4 lie inside the group.
-            *v = unsafe { _mm256_loadu_pd(x.as_ptr().add(4 * i)) };
+        /// [`super::phi_fast`] of one group, through [`phi_v`].
+        #[inline]
+        #[target_feature(enable = $features)]
+        pub(super) fn phi(x: &[f64; GROUP]) -> Phi<GROUP> {
+            let mut xv = [splat(0.0); V];
+            for (i, v) in xv.iter_mut().enumerate() {
+                // SAFETY: lanes W·i..W·i+W lie inside the group.
+                *v = unsafe { load(x.as_ptr().add(W * i)) };
+            }
+            let p = phi_v(&xv);
+            let mut out = Phi {
+                phi: [0.0; GROUP],
+                e: [0.0; GROUP],
+                tail: [0.0; GROUP],
+            };
+            for i in 0..V {
+                // SAFETY: lanes W·i..W·i+W lie inside each group-sized array.
+                unsafe {
+                    store(out.e.as_mut_ptr().add(W * i), p.e[i]);
+                    store(out.tail.as_mut_ptr().add(W * i), p.tail[i]);
+                    store(out.phi.as_mut_ptr().add(W * i), p.phi[i]);
+                }
+            }
+            out
         }
-        let p = phi_v(&xv);
-        let mut out = Phi {
-            phi: [0.0; GROUP],
-            e: [0.0; GROUP],
-            tail: [0.0; GROUP],
-        };
-        for i in 0..V {
-            // SAFETY: lanes 4i..4i+4 lie inside each group-sized array.
-            unsafe {
-                _mm256_storeu_pd(out.e.as_mut_ptr().add(4 * i), p.e[i]);
-                _mm256_storeu_pd(out.tail.as_mut_ptr().add(4 * i), p.tail[i]);
-                _mm256_storeu_pd(out.phi.as_mut_ptr().add(4 * i), p.phi[i]);
+
+        /// gelu's candidates and bounds ([`super::value_candidate`]).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn values(xv: &Lanes, p: &PhiV) -> (Lanes, Lanes) {
+            let (mut v, mut b) = ([splat(0.0); V], [splat(0.0); V]);
+            for i in 0..V {
+                v[i] = mul(xv[i], p.phi[i]);
+                let phi_bound = fmadd(p.tail[i], splat(ERFC_REL_BOUND), splat(PHI_BOUND));
+                let round = mul(abs(v[i]), splat(1e-15));
+                b[i] = fmadd(abs(xv[i]), phi_bound, round);
+            }
+            (v, b)
+        }
+
+        /// gelu′'s candidates and bounds ([`super::slope_candidate`]).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn slopes(xv: &Lanes, p: &PhiV) -> (Lanes, Lanes) {
+            let (mut v, mut b) = ([splat(0.0); V], [splat(0.0); V]);
+            for i in 0..V {
+                let xpdf = mul(xv[i], mul(p.e[i], splat(INV_SQRT_2PI)));
+                v[i] = add(p.phi[i], xpdf);
+                let phi_bound = fmadd(p.tail[i], splat(ERFC_REL_BOUND), splat(PHI_BOUND));
+                let pdf_bound = fmadd(abs(xpdf), splat(1e-13), phi_bound);
+                b[i] = fmadd(abs(v[i]), splat(1e-15), pdf_bound);
+            }
+            (v, b)
+        }
+
+        /// [`super::settle`] for f32 lanes in vectors: `v − b` rounded is
+        /// stored, and the lanes where `v + b` rounds differently (NaN
+        /// included) are replaced by the reference.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn settle(src: &[f32], (v, b): (Lanes, Lanes), out: &mut [f32], grad: bool) {
+            // Up to 32 lanes: unsigned, so that lane 31 is not a sign.
+            let mut unsettled = 0u32;
+            for i in 0..V {
+                // SAFETY: lanes W·i..W·i+W lie inside the group.
+                let differ = unsafe { store_rounded(out.as_mut_ptr().add(W * i), v[i], b[i]) };
+                unsettled |= differ << (W * i);
+            }
+            while unsettled != 0 {
+                let lane = unsettled.trailing_zeros() as usize;
+                out[lane] = reference(src[lane] as f64, grad);
+                unsettled &= unsettled - 1;
             }
         }
-        out
+
+        /// One group of f32 lanes widened to f64.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn widen(src: &[f32]) -> Lanes {
+            let mut xv = [splat(0.0); V];
+            for (i, x) in xv.iter_mut().enumerate() {
+                // SAFETY: lanes W·i..W·i+W lie inside the group.
+                *x = unsafe { load_f32(src.as_ptr().add(W * i)) };
+            }
+            xv
+        }
+
+        /// [`super::block_body`] for f32, whole groups in vectors (a last
+        /// partial group through the generic code with [`phi`]).
+        #[target_feature(enable = $features)]
+        pub(super) fn block_f32(src: &[f32], out: &mut [f32], grad: bool, times: Option<&[f32]>) {
+            let whole = src.len() / GROUP * GROUP;
+            for (k, (src, out)) in src[..whole]
+                .chunks_exact(GROUP)
+                .zip(out[..whole].chunks_exact_mut(GROUP))
+                .enumerate()
+            {
+                let xv = widen(src);
+                let p = phi_v(&xv);
+                let candidates = if grad {
+                    slopes(&xv, &p)
+                } else {
+                    values(&xv, &p)
+                };
+                settle(src, candidates, out, grad);
+                if let Some(g) = times {
+                    let g = &g[k * GROUP..(k + 1) * GROUP];
+                    out.iter_mut().zip(g).for_each(|(o, &g)| *o *= g);
+                }
+            }
+            super::block_body::<f32, GROUP>(
+                &src[whole..],
+                &mut out[whole..],
+                (grad, times.map(|g| &g[whole..])),
+                |x| phi(x),
+            );
+        }
+
+        /// [`super::pair_body`] for f32, whole groups in vectors.
+        #[target_feature(enable = $features)]
+        pub(super) fn pair_f32(src: &[f32], value: &mut [f32], slope: &mut [f32]) {
+            let whole = src.len() / GROUP * GROUP;
+            let groups = src[..whole]
+                .chunks_exact(GROUP)
+                .zip(value[..whole].chunks_exact_mut(GROUP))
+                .zip(slope[..whole].chunks_exact_mut(GROUP));
+            for ((src, value), slope) in groups {
+                let xv = widen(src);
+                let p = phi_v(&xv);
+                settle(src, values(&xv, &p), value, false);
+                settle(src, slopes(&xv, &p), slope, true);
+            }
+            super::pair_body::<f32, GROUP>(
+                &src[whole..],
+                &mut value[whole..],
+                &mut slope[whole..],
+                |x| phi(x),
+            );
+        }
+    };
+}
+
+/// The AVX2 + FMA fast path: groups of [`GROUP`] lanes as four f64×4
+/// vectors (see [`vector_kernels`]).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::GROUP;
+    use std::arch::x86_64::*;
+
+    /// The vector type and its lanes.
+    type F = __m256d;
+    const W: usize = 4;
+
+    vector_ops! {
+        "avx2,fma",
+        set1: _mm256_set1_pd, add: _mm256_add_pd, sub: _mm256_sub_pd, mul: _mm256_mul_pd,
+        div: _mm256_div_pd, max: _mm256_max_pd, fmadd: _mm256_fmadd_pd,
+        fnmadd: _mm256_fnmadd_pd, loadu: _mm256_loadu_pd, storeu: _mm256_storeu_pd,
     }
 
     /// `|v|`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn abs(v: __m256d) -> __m256d {
+    fn abs(v: F) -> F {
         _mm256_andnot_pd(_mm256_set1_pd(-0.0), v)
     }
 
-    /// gelu's candidates and bounds ([`super::value_candidate`]).
+    /// `−v` (the sign bit flipped).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn values(xv: &Lanes, p: &PhiV) -> (Lanes, Lanes) {
-        let splat = _mm256_set1_pd;
-        let (mut v, mut b) = ([splat(0.0); V], [splat(0.0); V]);
-        for i in 0..V {
-            v[i] = _mm256_mul_pd(xv[i], p.phi[i]);
-            let phi_bound = _mm256_fmadd_pd(p.tail[i], splat(ERFC_REL_BOUND), splat(PHI_BOUND));
-            let round = _mm256_mul_pd(abs(v[i]), splat(1e-15));
-            b[i] = _mm256_fmadd_pd(abs(xv[i]), phi_bound, round);
-        }
-        (v, b)
+    fn negate(v: F) -> F {
+        _mm256_xor_pd(v, _mm256_set1_pd(-0.0))
     }
 
-    /// gelu′'s candidates and bounds ([`super::slope_candidate`]).
+    /// `2^n` for the `n` that a shift by [`super::SHIFT`] left in `k`'s
+    /// low bits (its exponent field built directly).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn slopes(xv: &Lanes, p: &PhiV) -> (Lanes, Lanes) {
-        let splat = _mm256_set1_pd;
-        let (mut v, mut b) = ([splat(0.0); V], [splat(0.0); V]);
-        for i in 0..V {
-            let xpdf = _mm256_mul_pd(xv[i], _mm256_mul_pd(p.e[i], splat(INV_SQRT_2PI)));
-            v[i] = _mm256_add_pd(p.phi[i], xpdf);
-            let phi_bound = _mm256_fmadd_pd(p.tail[i], splat(ERFC_REL_BOUND), splat(PHI_BOUND));
-            let pdf_bound = _mm256_fmadd_pd(abs(xpdf), splat(1e-13), phi_bound);
-            b[i] = _mm256_fmadd_pd(abs(v[i]), splat(1e-15), pdf_bound);
-        }
-        (v, b)
+    fn two_to_the(k: F) -> F {
+        let bias = _mm256_set1_epi64x(1023 - super::SHIFT.to_bits() as i64);
+        let n = _mm256_add_epi64(_mm256_castpd_si256(k), bias);
+        _mm256_castsi256_pd(_mm256_slli_epi64::<52>(n))
     }
 
-    /// [`super::settle`] for f32 lanes in vectors: `v − b` rounded is
-    /// stored, and the lanes where `v + b` rounds differently (NaN
-    /// included) are replaced by the reference.
+    /// `below` where `x < 0`, else `otherwise`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn settle(src: &[f32], (v, b): (Lanes, Lanes), out: &mut [f32], grad: bool) {
-        let mut unsettled = 0;
-        for i in 0..V {
-            let lo = _mm256_cvtpd_ps(_mm256_sub_pd(v[i], b[i]));
-            let hi = _mm256_cvtpd_ps(_mm256_add_pd(v[i], b[i]));
-            unsettled |= _mm_movemask_ps(_mm_cmp_ps::<_CMP_NEQ_UQ>(lo, hi)) << (4 * i);
-            // SAFETY: lanes 4i..4i+4 lie inside the group.
-            unsafe { _mm_storeu_ps(out.as_mut_ptr().add(4 * i), lo) };
-        }
-        while unsettled != 0 {
-            let lane = unsettled.trailing_zeros() as usize;
-            out[lane] = reference(src[lane] as f64, grad);
-            unsettled &= unsettled - 1;
-        }
+    fn below_zero(x: F, below: F, otherwise: F) -> F {
+        let mask = _mm256_cmp_pd::<_CMP_LT_OQ>(x, _mm256_setzero_pd());
+        _mm256_blendv_pd(otherwise, below, mask)
     }
 
-    /// One group of f32 lanes widened to f64.
+    /// Four f32 at `src`, widened.
+    ///
+    /// # Safety
+    /// `src` holds four f32.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn widen(src: &[f32]) -> Lanes {
-        let mut xv = [_mm256_setzero_pd(); V];
-        for (i, x) in xv.iter_mut().enumerate() {
-            // SAFETY: lanes 4i..4i+4 lie inside the group.
-            *x = _mm256_cvtps_pd(unsafe { _mm_loadu_ps(src.as_ptr().add(4 * i)) });
-        }
-        xv
+    unsafe fn load_f32(src: *const f32) -> F {
+        // SAFETY: the caller's four.
+        _mm256_cvtps_pd(unsafe { _mm_loadu_ps(src) })
     }
 
-    /// [`super::block_body`] for f32, whole groups in vectors (a last
-    /// partial group through the generic code with [`phi`]).
+    /// Stores `v − b` rounded to f32 at `out` and says, one bit a lane,
+    /// where `v + b` rounds to another f32 (or either is NaN).
+    ///
+    /// # Safety
+    /// `out` holds four f32.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn block_f32(src: &[f32], out: &mut [f32], grad: bool, times: Option<&[f32]>) {
-        let whole = src.len() / GROUP * GROUP;
-        for (k, (src, out)) in src[..whole]
-            .chunks_exact(GROUP)
-            .zip(out[..whole].chunks_exact_mut(GROUP))
-            .enumerate()
-        {
-            let xv = widen(src);
-            let p = phi_v(&xv);
-            let candidates = if grad {
-                slopes(&xv, &p)
-            } else {
-                values(&xv, &p)
-            };
-            settle(src, candidates, out, grad);
-            if let Some(g) = times {
-                let g = &g[k * GROUP..(k + 1) * GROUP];
-                out.iter_mut().zip(g).for_each(|(o, &g)| *o *= g);
-            }
-        }
-        super::block_body::<f32, GROUP>(
-            &src[whole..],
-            &mut out[whole..],
-            (grad, times.map(|g| &g[whole..])),
-            |x| phi(x),
-        );
+    unsafe fn store_rounded(out: *mut f32, v: F, b: F) -> u32 {
+        let lo = _mm256_cvtpd_ps(_mm256_sub_pd(v, b));
+        let hi = _mm256_cvtpd_ps(_mm256_add_pd(v, b));
+        // SAFETY: the caller's four.
+        unsafe { _mm_storeu_ps(out, lo) };
+        _mm_movemask_ps(_mm_cmp_ps::<_CMP_NEQ_UQ>(lo, hi)) as u32
     }
 
-    /// [`super::pair_body`] for f32, whole groups in vectors.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn pair_f32(src: &[f32], value: &mut [f32], slope: &mut [f32]) {
-        let whole = src.len() / GROUP * GROUP;
-        let groups = src[..whole]
-            .chunks_exact(GROUP)
-            .zip(value[..whole].chunks_exact_mut(GROUP))
-            .zip(slope[..whole].chunks_exact_mut(GROUP));
-        for ((src, value), slope) in groups {
-            let xv = widen(src);
-            let p = phi_v(&xv);
-            settle(src, values(&xv, &p), value, false);
-            settle(src, slopes(&xv, &p), slope, true);
-        }
-        super::pair_body::<f32, GROUP>(
-            &src[whole..],
-            &mut value[whole..],
-            &mut slope[whole..],
-            |x| phi(x),
-        );
-    }
+    vector_kernels!("avx2,fma");
 }
 
-/// [`avx2`]'s vectors at twice the width: groups of 32 lanes as four f64
-/// vectors of eight, the same operations lane for lane (so the same Φ,
-/// candidates and bounds).
+/// The AVX-512 fast path: groups of [`GROUP_AVX512`] lanes as four f64×8
+/// vectors (see [`vector_kernels`]).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{
-        reference, Phi, ERFCX_K, ERFCX_POLY, ERFC_REL_BOUND, EXP_POLY, GROUP_AVX512 as GROUP,
-        INV_SQRT_2PI, LN2_HI, LN2_LO, PHI_BOUND, SHIFT,
-    };
+    use super::GROUP_AVX512 as GROUP;
     use std::arch::x86_64::*;
-    use std::f64::consts::{FRAC_1_SQRT_2, LOG2_E};
 
-    /// Vectors per group.
-    const V: usize = GROUP / 8;
+    /// The vector type and its lanes.
+    type F = __m512d;
+    const W: usize = 8;
 
-    /// A group of lanes, four f64 vectors of eight.
-    type Lanes = [__m512d; V];
-
-    /// [`Phi`] of a group, in vectors.
-    struct PhiV {
-        phi: Lanes,
-        e: Lanes,
-        tail: Lanes,
+    vector_ops! {
+        "avx512f,avx2,fma",
+        set1: _mm512_set1_pd, add: _mm512_add_pd, sub: _mm512_sub_pd, mul: _mm512_mul_pd,
+        div: _mm512_div_pd, max: _mm512_max_pd, fmadd: _mm512_fmadd_pd,
+        fnmadd: _mm512_fnmadd_pd, loadu: _mm512_loadu_pd, storeu: _mm512_storeu_pd,
     }
 
+    /// `|v|`.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    fn phi_v(xv: &Lanes) -> PhiV {
-        let splat = _mm512_set1_pd;
-        let zero = _mm512_setzero_pd();
-        let (mut t, mut k, mut r) = ([zero; V], [zero; V], [zero; V]);
-        for i in 0..V {
-            let z = _mm512_mul_pd(_mm512_abs_pd(xv[i]), splat(FRAC_1_SQRT_2));
-            let num = _mm512_sub_pd(z, splat(ERFCX_K));
-            t[i] = _mm512_div_pd(num, _mm512_add_pd(z, splat(ERFCX_K)));
-            // max(−z², −708) as f64::max takes it (a NaN gives −708).
-            let y = _mm512_max_pd(negate(_mm512_mul_pd(z, z)), splat(-708.0));
-            k[i] = _mm512_fmadd_pd(y, splat(LOG2_E), splat(SHIFT));
-            let n = _mm512_sub_pd(k[i], splat(SHIFT));
-            let hi = _mm512_sub_pd(y, _mm512_mul_pd(n, splat(LN2_HI)));
-            r[i] = _mm512_fnmadd_pd(n, splat(LN2_LO), hi);
-        }
-        const D: usize = ERFCX_POLY.len() - 1;
-        const E: usize = EXP_POLY.len() - 1;
-        let mut erfcx = [splat(ERFCX_POLY[D]); V];
-        let mut p = [splat(EXP_POLY[E]); V];
-        for j in (0..D).rev() {
-            for i in 0..V {
-                erfcx[i] = _mm512_fmadd_pd(erfcx[i], t[i], splat(ERFCX_POLY[j]));
-            }
-            if j < E {
-                for i in 0..V {
-                    p[i] = _mm512_fmadd_pd(p[i], r[i], splat(EXP_POLY[j]));
-                }
-            }
-        }
-        let mut out = PhiV {
-            phi: [zero; V],
-            e: [zero; V],
-            tail: [zero; V],
-        };
-        let bias = _mm512_set1_epi64(1023 - SHIFT.to_bits() as i64);
-        for i in 0..V {
-            let ni = _mm512_add_epi64(_mm512_castpd_si512(k[i]), bias);
-            out.e[i] = _mm512_mul_pd(p[i], _mm512_castsi512_pd(_mm512_slli_epi64::<52>(ni)));
-            out.tail[i] = _mm512_mul_pd(_mm512_mul_pd(splat(0.5), out.e[i]), erfcx[i]);
-            let below = _mm512_cmp_pd_mask::<_CMP_LT_OQ>(xv[i], zero);
-            let upper = _mm512_sub_pd(splat(1.0), out.tail[i]);
-            out.phi[i] = _mm512_mask_blend_pd(below, upper, out.tail[i]);
-        }
-        out
-    }
-
-    /// [`super::phi_fast`] of one group, through [`phi_v`].
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) fn phi(x: &[f64; GROUP]) -> Phi<GROUP> {
-        let mut xv = [_mm512_setzero_pd(); V];
-        for (i, v) in xv.iter_mut().enumerate() {
-            // SAFETY: lanes 8i..8i+8 lie inside the group.
-            *v = unsafe { _mm512_loadu_pd(x.as_ptr().add(8 * i)) };
-        }
-        let p = phi_v(&xv);
-        let mut out = Phi {
-            phi: [0.0; GROUP],
-            e: [0.0; GROUP],
-            tail: [0.0; GROUP],
-        };
-        for i in 0..V {
-            // SAFETY: lanes 8i..8i+8 lie inside each group-sized array.
-            unsafe {
-                _mm512_storeu_pd(out.e.as_mut_ptr().add(8 * i), p.e[i]);
-                _mm512_storeu_pd(out.tail.as_mut_ptr().add(8 * i), p.tail[i]);
-                _mm512_storeu_pd(out.phi.as_mut_ptr().add(8 * i), p.phi[i]);
-            }
-        }
-        out
+    fn abs(v: F) -> F {
+        _mm512_abs_pd(v)
     }
 
     /// `−v` (the sign bit flipped, as the AVX2 code's `xor`).
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    fn negate(v: __m512d) -> __m512d {
+    fn negate(v: F) -> F {
         let sign = _mm512_castpd_si512(_mm512_set1_pd(-0.0));
         _mm512_castsi512_pd(_mm512_xor_si512(_mm512_castpd_si512(v), sign))
     }
 
-    /// `|v|`.
+    /// `2^n` for the `n` that a shift by [`super::SHIFT`] left in `k`'s
+    /// low bits (its exponent field built directly).
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    fn abs(v: __m512d) -> __m512d {
-        _mm512_abs_pd(v)
+    fn two_to_the(k: F) -> F {
+        let bias = _mm512_set1_epi64(1023 - super::SHIFT.to_bits() as i64);
+        let n = _mm512_add_epi64(_mm512_castpd_si512(k), bias);
+        _mm512_castsi512_pd(_mm512_slli_epi64::<52>(n))
     }
 
-    /// gelu's candidates and bounds ([`super::value_candidate`]).
+    /// `below` where `x < 0`, else `otherwise`.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    fn values(xv: &Lanes, p: &PhiV) -> (Lanes, Lanes) {
-        let splat = _mm512_set1_pd;
-        let (mut v, mut b) = ([splat(0.0); V], [splat(0.0); V]);
-        for i in 0..V {
-            v[i] = _mm512_mul_pd(xv[i], p.phi[i]);
-            let phi_bound = _mm512_fmadd_pd(p.tail[i], splat(ERFC_REL_BOUND), splat(PHI_BOUND));
-            let round = _mm512_mul_pd(abs(v[i]), splat(1e-15));
-            b[i] = _mm512_fmadd_pd(abs(xv[i]), phi_bound, round);
-        }
-        (v, b)
+    fn below_zero(x: F, below: F, otherwise: F) -> F {
+        let mask = _mm512_cmp_pd_mask::<_CMP_LT_OQ>(x, _mm512_setzero_pd());
+        _mm512_mask_blend_pd(mask, otherwise, below)
     }
 
-    /// gelu′'s candidates and bounds ([`super::slope_candidate`]).
+    /// Eight f32 at `src`, widened.
+    ///
+    /// # Safety
+    /// `src` holds eight f32.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    fn slopes(xv: &Lanes, p: &PhiV) -> (Lanes, Lanes) {
-        let splat = _mm512_set1_pd;
-        let (mut v, mut b) = ([splat(0.0); V], [splat(0.0); V]);
-        for i in 0..V {
-            let xpdf = _mm512_mul_pd(xv[i], _mm512_mul_pd(p.e[i], splat(INV_SQRT_2PI)));
-            v[i] = _mm512_add_pd(p.phi[i], xpdf);
-            let phi_bound = _mm512_fmadd_pd(p.tail[i], splat(ERFC_REL_BOUND), splat(PHI_BOUND));
-            let pdf_bound = _mm512_fmadd_pd(abs(xpdf), splat(1e-13), phi_bound);
-            b[i] = _mm512_fmadd_pd(abs(v[i]), splat(1e-15), pdf_bound);
-        }
-        (v, b)
+    unsafe fn load_f32(src: *const f32) -> F {
+        // SAFETY: the caller's eight.
+        _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(src) })
     }
 
-    /// [`super::settle`] for f32 lanes in vectors: `v − b` rounded is
-    /// stored, and the lanes where `v + b` rounds differently (NaN
-    /// included) are replaced by the reference.
+    /// Stores `v − b` rounded to f32 at `out` and says, one bit a lane,
+    /// where `v + b` rounds to another f32 (or either is NaN).
+    ///
+    /// # Safety
+    /// `out` holds eight f32.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    fn settle(src: &[f32], (v, b): (Lanes, Lanes), out: &mut [f32], grad: bool) {
-        // 32 lanes: unsigned, so that lane 31 is not a sign.
-        let mut unsettled = 0u32;
-        for i in 0..V {
-            let lo = _mm512_cvtpd_ps(_mm512_sub_pd(v[i], b[i]));
-            let hi = _mm512_cvtpd_ps(_mm512_add_pd(v[i], b[i]));
-            let differ = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NEQ_UQ>(lo, hi)) as u32;
-            unsettled |= differ << (8 * i);
-            // SAFETY: lanes 8i..8i+8 lie inside the group.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * i), lo) };
-        }
-        while unsettled != 0 {
-            let lane = unsettled.trailing_zeros() as usize;
-            out[lane] = reference(src[lane] as f64, grad);
-            unsettled &= unsettled - 1;
-        }
+    unsafe fn store_rounded(out: *mut f32, v: F, b: F) -> u32 {
+        let lo = _mm512_cvtpd_ps(_mm512_sub_pd(v, b));
+        let hi = _mm512_cvtpd_ps(_mm512_add_pd(v, b));
+        // SAFETY: the caller's eight.
+        unsafe { _mm256_storeu_ps(out, lo) };
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NEQ_UQ>(lo, hi)) as u32
     }
 
-    /// One group of f32 lanes widened to f64.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    fn widen(src: &[f32]) -> Lanes {
-        let mut xv = [_mm512_setzero_pd(); V];
-        for (i, x) in xv.iter_mut().enumerate() {
-            // SAFETY: lanes 8i..8i+8 lie inside the group.
-            *x = _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(src.as_ptr().add(8 * i)) });
-        }
-        xv
-    }
-
-    /// [`super::block_body`] for f32, whole groups in vectors (a last
-    /// partial group through the generic code with [`phi`]).
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) fn block_f32(src: &[f32], out: &mut [f32], grad: bool, times: Option<&[f32]>) {
-        let whole = src.len() / GROUP * GROUP;
-        for (k, (src, out)) in src[..whole]
-            .chunks_exact(GROUP)
-            .zip(out[..whole].chunks_exact_mut(GROUP))
-            .enumerate()
-        {
-            let xv = widen(src);
-            let p = phi_v(&xv);
-            let candidates = if grad {
-                slopes(&xv, &p)
-            } else {
-                values(&xv, &p)
-            };
-            settle(src, candidates, out, grad);
-            if let Some(g) = times {
-                let g = &g[k * GROUP..(k + 1) * GROUP];
-                out.iter_mut().zip(g).for_each(|(o, &g)| *o *= g);
-            }
-        }
-        super::block_body::<f32, GROUP>(
-            &src[whole..],
-            &mut out[whole..],
-            (grad, times.map(|g| &g[whole..])),
-            |x| phi(x),
-        );
-    }
-
-    /// [`super::pair_body`] for f32, whole groups in vectors.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) fn pair_f32(src: &[f32], value: &mut [f32], slope: &mut [f32]) {
-        let whole = src.len() / GROUP * GROUP;
-        let groups = src[..whole]
-            .chunks_exact(GROUP)
-            .zip(value[..whole].chunks_exact_mut(GROUP))
-            .zip(slope[..whole].chunks_exact_mut(GROUP));
-        for ((src, value), slope) in groups {
-            let xv = widen(src);
-            let p = phi_v(&xv);
-            settle(src, values(&xv, &p), value, false);
-            settle(src, slopes(&xv, &p), slope, true);
-        }
-        super::pair_body::<f32, GROUP>(
-            &src[whole..],
-            &mut value[whole..],
-            &mut slope[whole..],
-            |x| phi(x),
-        );
-    }
+    vector_kernels!("avx512f,avx2,fma");
 }
 
 /// 1/√(2π).
