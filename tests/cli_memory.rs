@@ -35,6 +35,28 @@ fn numbers(plan: &Value, policy: &str) -> Value {
     r
 }
 
+/// A scratch folder of one test alone (`name` under the target's temp
+/// folder), emptied first.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    dir
+}
+
+/// `leangrad memory` for a small ResNet-18 step: batch 2, 32×32, 10 classes.
+const SMALL_RESNET: [&str; 9] = [
+    "memory",
+    "--model",
+    "resnet18",
+    "--batch",
+    "2",
+    "--size",
+    "32",
+    "--classes",
+    "10",
+];
+
 #[test]
 fn meta_prediction_equals_cpu_measurement() {
     for (model, case, extra) in [
@@ -251,24 +273,10 @@ fn bad_arguments_are_clear_errors() {
 /// exist, is an error naming the file.
 #[test]
 fn timeline_and_plot_files() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli_memory_timeline");
-    // A scratch folder of this test alone, emptied first.
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let dir = scratch("cli_memory_timeline");
     let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
-    let small = [
-        "memory",
-        "--model",
-        "resnet18",
-        "--batch",
-        "2",
-        "--size",
-        "32",
-        "--classes",
-        "10",
-        "--case",
-        "input",
-    ];
+    let mut small = SMALL_RESNET.to_vec();
+    small.extend(["--case", "input"]);
     let (json, png, svg) = (path("t.json"), path("t.png"), path("t.svg"));
     let mut args = small.to_vec();
     args.extend(["--json", "--timeline", &json, "--plot", &png]);
@@ -348,27 +356,12 @@ fn timeline_and_plot_files() {
 /// layers are marked and named.
 #[test]
 fn the_plot_counts_the_steps_events_and_names_its_layers() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli_memory_plot_axis");
-    // A scratch folder of this test alone, emptied first.
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let dir = scratch("cli_memory_plot_axis");
     let svg = dir.join("step.svg");
     let svg_arg = svg.to_string_lossy().into_owned();
-    let out = leangrad(&[
-        "memory",
-        "--model",
-        "resnet18",
-        "--batch",
-        "2",
-        "--size",
-        "32",
-        "--classes",
-        "10",
-        "--case",
-        "input",
-        "--plot",
-        &svg_arg,
-    ]);
+    let mut args = SMALL_RESNET.to_vec();
+    args.extend(["--case", "input", "--plot", &svg_arg]);
+    let out = leangrad(&args);
     assert!(
         out.status.success(),
         "{}",
@@ -411,22 +404,9 @@ fn the_plot_counts_the_steps_events_and_names_its_layers() {
 /// any work; leangrad's own earlier plot and timeline are replaced.
 #[test]
 fn plot_and_timeline_never_overwrite_a_users_file() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli_memory_no_overwrite");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a scratch folder");
-    let small = [
-        "memory",
-        "--model",
-        "resnet18",
-        "--batch",
-        "2",
-        "--size",
-        "32",
-        "--classes",
-        "10",
-    ];
+    let dir = scratch("cli_memory_no_overwrite");
     let run = |extra: &[&str]| {
-        let mut args = small.to_vec();
+        let mut args = SMALL_RESNET.to_vec();
         args.extend(extra);
         leangrad(&args)
     };
