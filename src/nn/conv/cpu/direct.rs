@@ -625,6 +625,52 @@ fn tile(xs: &[*const f32], os: &[*mut f32], w: &[f32], d: Dims, t: &Tile) {
     let _ = (xs, os, w, d, t);
 }
 
+/// Adds a tile's taps into its accumulators `acc` (two vectors a pixel):
+/// input channel by channel, tap by tap, one fused multiply-add per vector,
+/// skipping the taps on the padding (the left column for the first pixel,
+/// the right for the last, or for every pixel when `each`). `second` is
+/// the distance from a tap's first weight vector to its second. Written once
+/// for both instruction sets, given their intrinsics; a macro, so that it is
+/// compiled inside each kernel's `target_feature` function.
+///
+/// Safety (of the expansion): the pointers as [`tile`] says.
+#[cfg(target_arch = "x86_64")]
+macro_rules! sum_taps {
+    (
+        ($acc:ident, $xs:ident, $w:ident, $p:ident),
+        ($d:ident, $t:ident, $second:expr),
+        ($left:expr, $right:expr, $each:expr),
+        ($load:ident, $splat:ident, $fmadd:ident)
+    ) => {{
+        let plane = $d.plane();
+        for c in 0..$t.chans {
+            let wc = $w.wrapping_add(c * TAPS * HALF);
+            for ky in $t.rows.clone() {
+                // Row y + ky − 1 (≥ 0 here) of channel c, at the pixel's
+                // column, less one: the left tap.
+                let at = (c * plane + ($t.y + ky - 1) * $d.w).wrapping_sub(1);
+                for kx in 0..3 {
+                    let wt = wc.wrapping_add((ky * 3 + kx) * HALF);
+                    // Inside the packed chunk.
+                    let wv = [$load(wt), $load(wt.add($second))];
+                    for (p, (a, x)) in $acc.iter_mut().zip($xs.iter()).enumerate() {
+                        let first = $each || p == 0;
+                        let last = $each || p == $p - 1;
+                        if ($left && kx == 0 && first) || ($right && kx == 2 && last) {
+                            continue;
+                        }
+                        // A tap inside the plane (those outside are exactly
+                        // the ones skipped).
+                        let b = $splat(*x.wrapping_add(at.wrapping_add(kx)));
+                        a[0] = $fmadd(b, wv[0], a[0]);
+                        a[1] = $fmadd(b, wv[1], a[1]);
+                    }
+                }
+            }
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx {
     use super::{Dims, Tile, HALF, TAPS};
@@ -692,7 +738,6 @@ mod avx {
         d: Dims,
         t: &Tile,
     ) {
-        let plane = d.plane();
         let xs: [*const f32; P] = std::array::from_fn(|p| xs[p]);
         let os: [*mut f32; P] = std::array::from_fn(|p| os[p]);
         let mut acc = [[_mm256_setzero_ps(); 2]; P];
@@ -702,32 +747,15 @@ mod avx {
                 *a = unsafe { [_mm256_loadu_ps(*o), _mm256_loadu_ps(o.add(8))] };
             }
         }
-        for c in 0..t.chans {
-            let wc = w.wrapping_add(c * TAPS * HALF);
-            for ky in t.rows.clone() {
-                // Row y + ky − 1 (≥ 0 here) of channel c, at the pixel's
-                // column, less one: the left tap.
-                let at = (c * plane + (t.y + ky - 1) * d.w).wrapping_sub(1);
-                for kx in 0..3 {
-                    let wt = wc.wrapping_add((ky * 3 + kx) * HALF);
-                    // SAFETY: inside the packed chunk (chans × 9 × 16).
-                    let wv = unsafe { [_mm256_loadu_ps(wt), _mm256_loadu_ps(wt.add(8))] };
-                    for (p, (a, x)) in acc.iter_mut().zip(xs.iter()).enumerate() {
-                        let first = EACH || p == 0;
-                        let last = EACH || p == P - 1;
-                        if (L && kx == 0 && first) || (R && kx == 2 && last) {
-                            continue;
-                        }
-                        // SAFETY: a tap inside the plane (those outside are
-                        // exactly the ones skipped).
-                        let b =
-                            unsafe { _mm256_broadcast_ss(&*x.wrapping_add(at.wrapping_add(kx))) };
-                        a[0] = _mm256_fmadd_ps(b, wv[0], a[0]);
-                        a[1] = _mm256_fmadd_ps(b, wv[1], a[1]);
-                    }
-                }
-            }
-        }
+        // SAFETY: as this function's contract says.
+        unsafe {
+            sum_taps!(
+                (acc, xs, w, P),
+                (d, t, 8),
+                (L, R, EACH),
+                (_mm256_loadu_ps, _mm256_set1_ps, _mm256_fmadd_ps)
+            )
+        };
         for (a, o) in acc.iter().zip(os.iter()) {
             // SAFETY: the pixel's 16 floats.
             unsafe {
@@ -784,7 +812,6 @@ mod avx512 {
         d: Dims,
         t: &Tile,
     ) {
-        let plane = d.plane();
         let xs: [*const f32; P] = std::array::from_fn(|p| xs[p]);
         let os: [*mut f32; P] = std::array::from_fn(|p| os[p]);
         let mut acc = [[_mm512_setzero_ps(); 2]; P];
@@ -794,30 +821,15 @@ mod avx512 {
                 *a = unsafe { [_mm512_loadu_ps(*o), _mm512_loadu_ps(o.add(16))] };
             }
         }
-        let (left, right, each) = (t.left, t.right, t.across);
-        for c in 0..t.chans {
-            let wc = w.wrapping_add(c * TAPS * HALF);
-            for ky in t.rows.clone() {
-                let at = (c * plane + (t.y + ky - 1) * d.w).wrapping_sub(1);
-                for kx in 0..3 {
-                    let wt = wc.wrapping_add((ky * 3 + kx) * HALF);
-                    // SAFETY: inside the packed chunk (2 × chans × 9 × 16).
-                    let wv = unsafe { [_mm512_loadu_ps(wt), _mm512_loadu_ps(wt.add(second))] };
-                    for (p, (a, x)) in acc.iter_mut().zip(xs.iter()).enumerate() {
-                        let first = each || p == 0;
-                        let last = each || p == P - 1;
-                        if (left && kx == 0 && first) || (right && kx == 2 && last) {
-                            continue;
-                        }
-                        // SAFETY: a tap inside the plane (those outside are
-                        // exactly the ones skipped).
-                        let b = _mm512_set1_ps(unsafe { *x.wrapping_add(at.wrapping_add(kx)) });
-                        a[0] = _mm512_fmadd_ps(b, wv[0], a[0]);
-                        a[1] = _mm512_fmadd_ps(b, wv[1], a[1]);
-                    }
-                }
-            }
-        }
+        // SAFETY: as this function's contract says.
+        unsafe {
+            sum_taps!(
+                (acc, xs, w, P),
+                (d, t, second),
+                (t.left, t.right, t.across),
+                (_mm512_loadu_ps, _mm512_set1_ps, _mm512_fmadd_ps)
+            )
+        };
         for (a, o) in acc.iter().zip(os.iter()) {
             // SAFETY: the pixel's 32 floats.
             unsafe {
