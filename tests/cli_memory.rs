@@ -113,22 +113,9 @@ fn transformer_meta_prediction_equals_cpu_measurement() {
 /// a failure under `LEANGRAD_REQUIRE_CUDA=1`).
 #[test]
 fn cuda_measurement_equals_meta_prediction_or_is_a_clear_error() {
-    let probe = leangrad(&[
-        "memory",
-        "--model",
-        "resnet18",
-        "--batch",
-        "2",
-        "--size",
-        "32",
-        "--classes",
-        "10",
-        "--case",
-        "input",
-        "--device",
-        "cuda",
-        "--json",
-    ]);
+    let mut args = SMALL_RESNET.to_vec();
+    args.extend(["--case", "input", "--device", "cuda", "--json"]);
+    let probe = leangrad(&args);
     if !probe.status.success() {
         let stderr = String::from_utf8_lossy(&probe.stderr);
         assert!(stderr.contains("not available"), "{stderr}");
