@@ -42,6 +42,18 @@ __device__ __forceinline__ long long lg_offset(const Strided& l, long long i) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (long long)blockDim.x * gridDim.x)
 
+// Records bad input in the device's check record (src/cuda/checks.rs: four
+// i64 words [recorded, index, size, op]) for the host's next read to
+// report; the first to record wins, later ones are dropped.
+__device__ __forceinline__ void lg_check_fail(long long* record, long long op, long long index,
+                                              long long size) {
+    if (atomicCAS((unsigned long long*)record, 0ULL, 1ULL) == 0ULL) {
+        record[1] = index;
+        record[2] = size;
+        record[3] = op;
+    }
+}
+
 // The arithmetic type of an element type: double for double, float otherwise.
 template <typename T> struct Acc { typedef float type; };
 template <> struct Acc<double> { typedef double type; };

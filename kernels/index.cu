@@ -1,7 +1,7 @@
 // Indexing with i64 indices: gather, index_select and scatter-add along a
 // dim. Out-of-range indices are not followed: the kernel records one in
-// status (2 x i64, zeroed by the host: [0] = the index, [1] = 1 if any) and
-// the host turns it into Error::IndexOutOfRange.
+// the device's check record (lg_check_fail, op id `check_op`), which the
+// host's next read reports as Error::IndexOutOfRange.
 
 // Splits logical element i of shape l.shape into coordinates.
 __device__ __forceinline__ void lg_coords(const Strided& l, long long i, long long* coord) {
@@ -19,10 +19,10 @@ __device__ __forceinline__ long long lg_offset_at(const Strided& l, const long l
     return off;
 }
 
-__device__ __forceinline__ bool lg_index_ok(long long k, long long size, long long* status) {
+__device__ __forceinline__ bool lg_index_ok(long long k, long long size, long long* check,
+                                            long long check_op) {
     if (k >= 0 && k < size) return true;
-    status[0] = k;
-    status[1] = 1;
+    lg_check_fail(check, check_op, k, size);
     return false;
 }
 
@@ -34,12 +34,12 @@ __device__ __forceinline__ bool lg_index_ok(long long k, long long size, long lo
     extern "C" __global__ void gather_##bytes(long long dim, long long n, T* out,    \
                                               const T* x, Strided lx,                 \
                                               const long long* index, Strided li,     \
-                                              long long* status) {                    \
+                                              long long* check, long long check_op) {                    \
         long long coord[LG_MAX_RANK];                                                 \
         LG_GRID_LOOP(i, n) {                                                          \
             lg_coords(li, i, coord);                                                  \
             long long k = index[lg_offset(li, i)];                                    \
-            if (lg_index_ok(k, lx.shape[dim], status))                                \
+            if (lg_index_ok(k, lx.shape[dim], check, check_op))                                \
                 out[i] = x[lg_offset_at(lx, coord, dim, k)];                          \
         }                                                                             \
     }                                                                                 \
@@ -47,12 +47,12 @@ __device__ __forceinline__ bool lg_index_ok(long long k, long long size, long lo
                                                     T* out, Strided lo,               \
                                                     const T* x, Strided lx,           \
                                                     const long long* index,           \
-                                                    long long* status) {              \
+                                                    long long* check, long long check_op) {              \
         long long coord[LG_MAX_RANK];                                                 \
         LG_GRID_LOOP(i, n) {                                                          \
             lg_coords(lo, i, coord);                                                  \
             long long k = index[coord[dim]];                                          \
-            if (lg_index_ok(k, lx.shape[dim], status))                                \
+            if (lg_index_ok(k, lx.shape[dim], check, check_op))                                \
                 out[i] = x[lg_offset_at(lx, coord, dim, k)];                          \
         }                                                                             \
     }
@@ -69,12 +69,12 @@ LG_GATHER(8, unsigned long long)
                                                  T* out, Strided lo,                  \
                                                  const T* src, Strided ls,            \
                                                  const long long* index, Strided li,  \
-                                                 long long* status) {                 \
+                                                 long long* check, long long check_op) {                 \
         long long coord[LG_MAX_RANK];                                                 \
         LG_GRID_LOOP(i, n) {                                                          \
             lg_coords(li, i, coord);                                                  \
             long long k = index[lg_offset(li, i)];                                    \
-            if (lg_index_ok(k, lo.shape[dim], status))                                \
+            if (lg_index_ok(k, lo.shape[dim], check, check_op))                                \
                 atomicAdd(out + lg_offset_at(lo, coord, dim, k), src[lg_offset(ls, i)]); \
         }                                                                             \
     }
@@ -91,19 +91,19 @@ template <typename T, typename I>
 __device__ __forceinline__ void lg_scatter_along(long long len, long long inner, long long n,
                                                  T* out, const T* g, const Strided& lg,
                                                  const I* idx, const Strided& li,
-                                                 long long* status) {
+                                                 long long* check, long long check_op) {
     LG_GRID_LOOP(p, n) {
         long long k = (long long)idx[lg_offset(li, p)];
         if (k < 0) k = 0;
-        if (lg_index_ok(k, len, status))
+        if (lg_index_ok(k, len, check, check_op))
             out[((p / inner) * len + k) * inner + p % inner] = g[lg_offset(lg, p)];
     }
 }
 #define LG_SCATTER_ALONG_I(bytes, T, isfx, I)                                         \
     extern "C" __global__ void scatter_along_##bytes##_##isfx(                       \
         long long len, long long inner, long long n, T* out, const T* g, Strided lg,  \
-        const I* idx, Strided li, long long* status) {                                \
-        lg_scatter_along<T, I>(len, inner, n, out, g, lg, idx, li, status);           \
+        const I* idx, Strided li, long long* check, long long check_op) {                                \
+        lg_scatter_along<T, I>(len, inner, n, out, g, lg, idx, li, check, check_op);           \
     }
 #define LG_SCATTER_ALONG(bytes, T)                                                    \
     LG_SCATTER_ALONG_I(bytes, T, u8, unsigned char)                                   \

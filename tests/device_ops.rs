@@ -232,6 +232,58 @@ fn softmax_and_cross_entropy() {
     }
 }
 
+/// Cross-entropy's three reductions with an ignored target and label
+/// smoothing, values and gradients (a per-sample incoming gradient for no
+/// reduction); and a target out of range: an error at the call on the CPU,
+/// at the next read from the device on CUDA (which reads nothing back on
+/// the way), the device usable afterwards.
+#[test]
+fn cross_entropy_reductions_and_a_bad_target() {
+    use leangrad::ops::Reduction;
+    let x = input(&[7, 5], DType::F32, 21, -2.0, 2.0);
+    let t: Vec<i64> = (0..7).map(|i| if i == 2 { -1 } else { i % 5 }).collect();
+    let targets = Tensor::from_vec(t, &[7], Device::Cpu).unwrap();
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        let opts = CrossEntropyOptions {
+            reduction,
+            ignore_index: -1,
+            label_smoothing: 0.1,
+        };
+        let tg = targets.clone();
+        // The targets made in the ledger of each run, as the probabilities.
+        check_layer(&format!("cross_entropy {reduction:?}"), &[&x], move |t| {
+            t[0].cross_entropy(&fresh_copy(&tg, t[0].device()), opts)
+        });
+    }
+    let bad = Tensor::from_vec(vec![0i64, 5, 1, 2, 3, 4, 0], &[7], Device::Cpu).unwrap();
+    let opts = CrossEntropyOptions::default();
+    assert!(matches!(
+        x.cross_entropy(&bad, opts),
+        Err(Error::IndexOutOfRange {
+            index: 5,
+            size: 5,
+            ..
+        })
+    ));
+    for dev in cuda_common::devices("cross_entropy_bad_target") {
+        if dev == Device::Cpu {
+            continue;
+        }
+        let (xd, bd) = (x.to_device(dev).unwrap(), bad.to_device(dev).unwrap());
+        let loss = xd.cross_entropy(&bd, opts).unwrap();
+        match loss.to_scalar() {
+            Err(Error::IndexOutOfRange { op, index, size }) => {
+                assert_eq!((op, index, size), ("cross_entropy", 5, 5))
+            }
+            other => panic!("a bad target on {dev}: expected IndexOutOfRange, got {other:?}"),
+        }
+        // Reported once; the device goes on.
+        let fine = Tensor::from_vec(vec![0i64, 1, 2, 3, 4, 0, 1], &[7], dev).unwrap();
+        let good = xd.cross_entropy(&fine, opts).unwrap();
+        assert!(good.to_scalar().unwrap().is_finite());
+    }
+}
+
 /// The fused head and loss on every device, in chunks of 4 rows (the last
 /// chunk has 1): loss, the gradients of h, W and b, and the saved bytes
 /// (h and the targets) equal the CPU's.

@@ -130,21 +130,29 @@ impl CudaBuffer {
             .map_err(|e| self.device.error("cuMemcpyHtoDAsync", e))
     }
 
-    /// The elements copied to the host (waits for pending work).
+    /// The elements copied to the host (waits for pending work). A problem
+    /// a kernel recorded since the last read (`cuda::checks`: a class
+    /// index out of range) is read under the same synchronisation and
+    /// returned as its typed error instead.
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
         self.check::<T>("to_vec", self.len)?;
         let mut out = crate::memory::host::try_zeroed::<T>(self.len)?;
-        if self.len == 0 {
+        let mut record = [0i64; super::checks::CHECK_WORDS];
+        let armed = self.device.queue_check_read(&mut record)?;
+        if self.len == 0 && armed.is_empty() {
             return Ok(out);
         }
-        let stream = self.device.stream().clone();
-        stream
-            .memcpy_dtoh(
-                &self.data.slice(0..self.size_in_bytes()),
-                as_bytes_mut(&mut out),
-            )
-            .map_err(|e| self.device.error("cuMemcpyDtoHAsync", e))?;
+        if self.len > 0 {
+            let stream = self.device.stream().clone();
+            stream
+                .memcpy_dtoh(
+                    &self.data.slice(0..self.size_in_bytes()),
+                    as_bytes_mut(&mut out),
+                )
+                .map_err(|e| self.device.error("cuMemcpyDtoHAsync", e))?;
+        }
         self.device.synchronize()?;
+        self.device.report(&record, &armed)?;
         Ok(out)
     }
 

@@ -89,6 +89,7 @@ pub struct CudaDevice {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
     blas: Mutex<Option<CudaBlas>>,
+    pub(super) checks: super::checks::DeviceChecks,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -160,6 +161,7 @@ impl CudaDevice {
             modules: Mutex::default(),
             functions: Mutex::default(),
             blas: Mutex::default(),
+            checks: Default::default(),
         })
     }
 

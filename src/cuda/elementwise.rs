@@ -238,11 +238,9 @@ pub(crate) fn copy_strided(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     Ok(out)
 }
 
-/// Sets every element of `buf` to `value` (whose type must be the buffer's).
-/// No library code fills a device buffer with a value today (zeros are a
-/// memset, other constants an upload); kept, and tested, as the `copy.cu`
-/// fill kernels' entry.
-#[cfg_attr(not(test), allow(dead_code))]
+/// Sets every element of `buf` to `value` (whose type must be the buffer's):
+/// one launch, nothing uploaded (`Tensor::full` and `ones` on CUDA, such
+/// as the seed of `backward`).
 pub(crate) fn fill<T: WithDType>(buf: &mut CudaBuffer, value: T) -> Result<()> {
     if T::DTYPE != buf.dtype() {
         return Err(crate::Error::DTypeMismatch {

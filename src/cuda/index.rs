@@ -1,29 +1,18 @@
 //! Launch wrappers for the indexing kernels (`index.cu`): gather,
 //! index_select and scatter-add along a dim, with i64 indices. An index out
-//! of range is reported as [`Error::IndexOutOfRange`] (the wrappers wait for
-//! the kernel to read back its status).
+//! of range is reported as [`Error::IndexOutOfRange`] by the next read from
+//! the device: the kernels record it in the device's check record
+//! (`cuda::checks`) and the wrappers do not wait.
 
 use super::check::{self, float_suffix};
 use super::{CudaBuffer, CudaDevice, Strided};
-use crate::memory::Category;
 use crate::{DType, Error, Result};
 
-/// A zeroed status buffer for an index kernel.
-fn status_buffer(like: &CudaBuffer) -> Result<CudaBuffer> {
-    CudaBuffer::zeros_in(like.device(), DType::I64, 2, Category::Workspace)
-}
-
-/// Turns a recorded bad index into an error.
-fn check_status(op: &'static str, st: &CudaBuffer, size: usize) -> Result<()> {
-    let v = st.to_vec::<i64>()?;
-    if v[1] != 0 {
-        return Err(Error::IndexOutOfRange {
-            op,
-            index: v[0],
-            size,
-        });
-    }
-    Ok(())
+/// The device's check record for an index kernel of `op` (see
+/// `cuda::checks`): its address and `op`'s id. A bad index is reported by
+/// the next read from the device, not by the launch.
+fn check_record(x: &CudaBuffer, op: &'static str) -> Result<(u64, i64)> {
+    x.device().check_record(op)
 }
 
 /// `out[.., i, ..] = x[.., index[.., i, ..], ..]` along `dim`: the result
@@ -52,12 +41,12 @@ pub(crate) fn gather(
     if n == 0 {
         return Ok(out);
     }
-    let mut st = status_buffer(x)?;
+    let record = check_record(x, "gather")?;
+    let (check, check_op): (u64, i64) = (record.0, record.1);
     let (d64, n64) = (dim as i64, n as i64);
     let name = format!("gather_{}", x.dtype().size_in_bytes());
     launch!(x.device(), "index.cu", name, CudaDevice::grid_for(n);
-        &d64, &n64, out.slice_mut(), x.slice(), lx, index.slice(), li, st.slice_mut())?;
-    check_status(op, &st, xs[dim])?;
+        &d64, &n64, out.slice_mut(), x.slice(), lx, index.slice(), li, &check, &check_op)?;
     Ok(out)
 }
 
@@ -80,7 +69,6 @@ pub(crate) fn index_select(
     )?;
     let mut shape = lx.shape();
     check::dim(op, dim, shape.len())?;
-    let size = shape[dim];
     shape[dim] = index.len();
     let lo = Strided::contiguous(&shape)?;
     let n = lo.numel();
@@ -88,12 +76,12 @@ pub(crate) fn index_select(
     if n == 0 {
         return Ok(out);
     }
-    let mut st = status_buffer(x)?;
+    let record = check_record(x, "index_select")?;
+    let (check, check_op): (u64, i64) = (record.0, record.1);
     let (d64, n64) = (dim as i64, n as i64);
     let name = format!("index_select_{}", x.dtype().size_in_bytes());
     launch!(x.device(), "index.cu", name, CudaDevice::grid_for(n);
-        &d64, &n64, out.slice_mut(), &lo, x.slice(), lx, index.slice(), st.slice_mut())?;
-    check_status(op, &st, size)?;
+        &d64, &n64, out.slice_mut(), &lo, x.slice(), lx, index.slice(), &check, &check_op)?;
     Ok(out)
 }
 
@@ -129,20 +117,21 @@ pub(crate) fn scatter_add(
     if n == 0 {
         return Ok(());
     }
-    let mut st = status_buffer(out)?;
+    let record = check_record(out, "scatter_add")?;
+    let (check, check_op): (u64, i64) = (record.0, record.1);
     let (d64, n64) = (dim as i64, n as i64);
     let device = out.device().clone();
     launch!(&device, "index.cu", format!("scatter_add_{sfx}"), CudaDevice::grid_for(n);
-        &d64, &n64, out.slice_mut(), lo, src.slice(), ls, index.slice(), li, st.slice_mut())?;
-    check_status(op, &st, os[dim])
+        &d64, &n64, out.slice_mut(), lo, src.slice(), ls, index.slice(), li, &check, &check_op)
 }
 
 /// The backward of max/min along `dim`: zeros of `shape` (contiguous, any
 /// dtype) holding, for every element `p` of `g` (read through `lg`, the
 /// keepdim shape), `g[p]` at index `indices[p]` along `dim`; `indices`
 /// (U8, U32 or I64, read through `li` in the same row-major order) has
-/// `g`'s element count. A negative I64 index reads as 0 and one past the
-/// axis is `InvalidArgument`, as on the CPU. No two elements share a
+/// `g`'s element count. A negative I64 index reads as 0; one past the axis
+/// is reported by the next read from the device (`IndexOutOfRange` of
+/// `scatter_along`; the CPU's is `InvalidArgument` at the call). No two elements share a
 /// target, so the result is exact.
 pub(crate) fn scatter_along(
     g: &CudaBuffer,
@@ -177,19 +166,14 @@ pub(crate) fn scatter_along(
     if n == 0 {
         return Ok(out);
     }
-    let mut st = status_buffer(g)?;
+    let record = check_record(g, "scatter_along")?;
+    let (check, check_op): (u64, i64) = (record.0, record.1);
     let (len64, inner64, n64) = (len as i64, inner as i64, n as i64);
     let name = format!("scatter_along_{}_{isfx}", g.dtype().size_in_bytes());
     let (lg, li) = (lg.coalesced(), li.coalesced());
     launch!(g.device(), "index.cu", name, CudaDevice::grid_for(n);
         &len64, &inner64, &n64, out.slice_mut(), g.slice(), &lg, indices.slice(), &li,
-        st.slice_mut())?;
-    if st.to_vec::<i64>()?[1] != 0 {
-        return Err(Error::InvalidArgument {
-            op: "scatter_along",
-            msg: format!("indices do not fit an axis of size {len}"),
-        });
-    }
+        &check, &check_op)?;
     Ok(out)
 }
 

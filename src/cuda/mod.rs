@@ -59,6 +59,7 @@ pub(crate) use launch;
 
 mod buffer;
 pub(crate) mod check;
+pub(crate) mod checks;
 mod context;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;

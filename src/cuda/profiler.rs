@@ -65,7 +65,15 @@ pub fn simulator_profile_reset(dev: &CudaDevice) -> Result<()> {
 /// Reads a JSON document from a simulator entry point `f(buf, len) ->
 /// needed` (the text and a NUL).
 fn read_json(dev: &CudaDevice, f: unsafe extern "C" fn(*mut u8, usize) -> usize) -> Result<String> {
-    dev.synchronize()?;
+    // Wait for queued work without recording a synchronisation: the
+    // reader's own wait is not the program's.
+    let wait: unsafe extern "C" fn() -> u32 = simulator_symbol(dev, b"gpusim_profile_wait")?;
+    // SAFETY: gpusim's `gpusim_profile_wait` takes no arguments and returns
+    // a `CUresult`.
+    let status = unsafe { wait() };
+    if status != 0 {
+        return Err(dev.error("gpusim_profile_wait", format!("CUresult {status}")));
+    }
     let mut buf = vec![0u8; 1 << 16];
     loop {
         // SAFETY: `buf` holds `buf.len()` writable bytes.
@@ -78,7 +86,7 @@ fn read_json(dev: &CudaDevice, f: unsafe extern "C" fn(*mut u8, usize) -> usize)
     }
 }
 
-/// On the simulated GPU, after synchronising: the simulator's summary of
+/// On the simulated GPU, once queued work is done: the simulator's summary of
 /// the profile since [`simulator_profile_reset`] as JSON: `counts`
 /// (`launches`, `cublas_calls`, `syncs`, `h2d`, `d2h`, `d2d`, `memsets`,
 /// `allocs`, `frees`, byte totals), `predicted_ms_h100`,
@@ -90,7 +98,7 @@ pub fn simulator_profile_summary(dev: &CudaDevice) -> Result<serde_json::Value> 
     serde_json::from_str(&text).map_err(|e| dev.error("simulator profile", e))
 }
 
-/// On the simulated GPU, after synchronising: the whole profile since
+/// On the simulated GPU, once queued work is done: the whole profile since
 /// [`simulator_profile_reset`] (the `GPUSIM_PROFILE` file's JSON).
 pub fn simulator_profile_json(dev: &CudaDevice) -> Result<String> {
     let f = simulator_symbol(dev, b"gpusim_profile_json")?;

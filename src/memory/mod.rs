@@ -43,6 +43,16 @@ pub use scope::{
 };
 pub use timeline::{replay, EventKind, TimelineEvent};
 
+/// Runs `f` with a private ledger current: the small statistics, parameter
+/// and status buffers it allocates (per-channel statistics, targets, losses
+/// read back) are not tensor memory, so they stay out of the caller's
+/// ledger on every device alike, as host vectors would.
+pub(crate) fn uncounted<R>(f: impl FnOnce() -> crate::Result<R>) -> crate::Result<R> {
+    let scratch = Ledger::new();
+    let _guard = scratch.enter();
+    f()
+}
+
 /// What an allocation is for, as a person reading a memory report thinks of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum Category {

@@ -187,7 +187,11 @@ impl Tensor {
             return Tensor::new_meta(shape, dtype);
         }
         check_device("full", device)?;
-        let mut data = CpuData::for_overwrite(dtype, checked_numel("full", shape)?)?;
+        let n = checked_numel("full", shape)?;
+        if let Device::Cuda(ordinal) = device {
+            return crate::tensor::cuda::full(shape, value, dtype, ordinal);
+        }
+        let mut data = CpuData::for_overwrite(dtype, n)?;
         crate::match_cpu_data!(&mut data, v => {
             let x = crate::dtype::from_f64_like(v, value);
             v.iter_mut().for_each(|e| *e = x);

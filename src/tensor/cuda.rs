@@ -53,6 +53,19 @@ pub(crate) fn zeros(shape: &[usize], dtype: DType, n: usize) -> Result<Tensor> {
     )
 }
 
+/// `shape` filled with `value`, converted to `dtype` as on the CPU, on
+/// `Cuda(n)`: one fill launch, nothing uploaded.
+pub(crate) fn full(shape: &[usize], value: f64, dtype: DType, n: usize) -> Result<Tensor> {
+    let dev = device(n)?;
+    let mut buffer = CudaBuffer::alloc(&dev, dtype, shape.iter().product())?;
+    let mut one = CpuData::zeros(dtype, 1)?;
+    crate::match_cpu_data!(&mut one, v => {
+        let x = crate::dtype::from_f64_like(v, value);
+        crate::cuda::elementwise::fill(&mut buffer, x)?
+    });
+    wrap(buffer, shape)
+}
+
 /// A contiguous device copy of `x` (any layout).
 pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor> {
     map(x, x.shape(), crate::cuda::elementwise::copy_strided)
@@ -81,15 +94,7 @@ pub(crate) fn dense(x: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// Runs `f` with a private ledger current: the small parameter and status
-/// buffers it allocates (targets, per-sample weights, losses read back to
-/// the host) are not tensor memory, so they stay out of the caller's
-/// ledger, as their host counterparts do on the CPU.
-pub(crate) fn uncounted<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
-    let scratch = crate::memory::Ledger::new();
-    let _guard = scratch.enter();
-    f()
-}
+pub(crate) use crate::memory::uncounted;
 
 /// A buffer made under [`uncounted`] as a tensor counted in the current
 /// ledger under the current category.

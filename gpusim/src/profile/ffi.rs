@@ -71,6 +71,17 @@ pub extern "C" fn gpusim_profile_reset() {
     record::reset();
 }
 
+/// Waits for the current device's queued work without recording a
+/// synchronisation: a profile reader's own wait is not the program's, so
+/// the counts it reads are the program's alone. Returns the `CUresult`.
+#[no_mangle]
+pub extern "C" fn gpusim_profile_wait() -> crate::driver::consts::CUresult {
+    crate::driver::state::api("gpusim_profile_wait", |sim| {
+        let d = sim.current_device()?;
+        sim.sync(d, None)
+    })
+}
+
 /// The profile so far as JSON (the `GPUSIM_PROFILE` file's contents) into
 /// `buf` if `len` is enough; returns the bytes needed, NUL included. Work
 /// still queued is left out: synchronise first.

@@ -84,13 +84,30 @@ fn gather_index_select_scatter_add_match_the_cpu() {
     }
     let x = upload(&dev, &cpu_rand(&[3, 4], 0.0, 1.0, DType::F32, 24));
     let bad = upload(&dev, &index_tensor(&[1, 4], &[2]));
-    match index::index_select(&x, &dense(&[3, 4]), 1, &bad) {
-        Err(Error::IndexOutOfRange { index, size, .. }) => assert_eq!((index, size), (4, 4)),
+    // The launch does not wait: the next read from the device reports it.
+    let out = index::index_select(&x, &dense(&[3, 4]), 1, &bad).unwrap();
+    match out.to_vec::<f32>() {
+        Err(Error::IndexOutOfRange { op, index, size }) => {
+            assert_eq!((op, index, size), ("index_select", 4, 4))
+        }
         other => panic!("expected IndexOutOfRange, got {other:?}"),
     }
     let neg = upload(&dev, &index_tensor(&[-1; 6], &[3, 2]));
-    let r = index::gather(&x, &dense(&[3, 4]), 1, &neg, &dense(&[3, 2]));
-    assert!(matches!(r, Err(Error::IndexOutOfRange { .. })), "{r:?}");
+    let out = index::gather(&x, &dense(&[3, 4]), 1, &neg, &dense(&[3, 2])).unwrap();
+    let r = out.to_vec::<f32>();
+    assert!(
+        matches!(
+            r,
+            Err(Error::IndexOutOfRange {
+                op: "gather",
+                index: -1,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // Reported once: the device reads on.
+    assert_eq!(x.to_vec::<f32>().unwrap().len(), 12);
 }
 
 #[test]
@@ -163,8 +180,9 @@ fn scatter_along_and_place_write_their_lanes() {
             assert_eq!(download(&got), want, "{dtype:?} with {idx_dtype:?} indices");
         }
     }
-    // As on the CPU: a negative I64 index reads as 0, one past the axis is
-    // InvalidArgument; the indices may be a strided view (a transpose).
+    // As on the CPU, a negative I64 index reads as 0; one past the axis is
+    // reported by the next read (the CPU's InvalidArgument at the call);
+    // the indices may be a strided view (a transpose).
     let g = upload(&dev, &cpu_rand(&[1, 1, 3], 1.0, 2.0, DType::F32, 32));
     let gv = download(&g);
     let neg = upload(&dev, &index_tensor(&[-5, 1, 0], &[3, 1]));
@@ -172,8 +190,20 @@ fn scatter_along_and_place_write_their_lanes() {
     let got = index::scatter_along(&g, &dense(&[1, 1, 3]), &neg, &lt, &[1, 2, 3], 1).unwrap();
     assert_eq!(download(&got), [gv[0], 0.0, gv[2], 0.0, gv[1], 0.0]);
     let bad = upload(&dev, &index_tensor(&[0, 2, 0], &[1, 3]));
-    let r = index::scatter_along(&g, &dense(&[1, 1, 3]), &bad, &dense(&[1, 3]), &[1, 2, 3], 1);
-    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let out =
+        index::scatter_along(&g, &dense(&[1, 1, 3]), &bad, &dense(&[1, 3]), &[1, 2, 3], 1).unwrap();
+    let r = out.to_vec::<f32>();
+    assert!(
+        matches!(
+            r,
+            Err(Error::IndexOutOfRange {
+                op: "scatter_along",
+                index: 2,
+                size: 2
+            })
+        ),
+        "{r:?}"
+    );
     // place: [[1, 2], [3, 4]] into the top-left corner of zeros of [3, 4].
     let x = CudaBuffer::from_slice(&dev, &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
     let mut out = CudaBuffer::zeros(&dev, DType::F32, 12).unwrap();

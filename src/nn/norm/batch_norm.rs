@@ -17,16 +17,18 @@
 //! Under `SaveAll` it keeps what PyTorch keeps: the input, the weight, the
 //! running mean and variance, and in train mode `save_mean`/`save_invstd`.
 //!
-//! The running statistics are updated on the host in f64 from the
-//! unrounded batch moments and written back into the tensors' own storage
-//! (`write_values`), on every device alike.
+//! The running statistics (and `num_batches_tracked`) are updated in
+//! place, in f64 from the unrounded batch moments, by the same pass that
+//! rounds the statistics; on CUDA nothing crosses to the host.
 
 use super::{
-    grads_of, input_grad, inputs_of, norm_stats, normalize, optional_needs, param_grads,
-    param_values, recompute_xhat, round_stat, rstd_of, stat_sums, stat_tensor, write_values,
-    GradMode, NormGeom, Normalize,
+    check_param, grads_of, input_grad, inputs_of, norm_stats, normalize, optional_needs,
+    param_grads, prepare, recompute_xhat, scale_tensor, stat_sums, GradMode, GradScale, NormGeom,
+    Normalize, Prep, RunningUpdate, StatSource,
 };
 use crate::autograd::{attach, may_reuse, save_policy, BackwardOp, SavePolicy, SavedTensor};
+use crate::memory::uncounted;
+use crate::primitives::contiguous_copy;
 use crate::{DType, Error, Result, Tensor};
 
 /// Where the lean input gradient's per-channel `weight·invstd` comes from.
@@ -66,15 +68,82 @@ struct BatchNormBackward {
     saved: BnSaved,
 }
 
-/// `weight·invstd` per channel (or `invstd`), rounded to the statistics dtype.
-fn scale_of(w: Option<&[f64]>, invstd: &[f64], dtype: DType) -> Vec<f64> {
-    match w {
-        Some(w) => w
-            .iter()
-            .zip(invstd)
-            .map(|(w, s)| round_stat(dtype, w * s))
-            .collect(),
-        None => invstd.to_vec(),
+/// A [`Prep`] from `mean` and `var` of `source` that wants nothing yet.
+fn prep<'a>(
+    source: StatSource,
+    mean: Option<&'a Tensor>,
+    var: &'a Tensor,
+    eps: f64,
+    dtype: DType,
+) -> Prep<'a> {
+    Prep {
+        source,
+        mean,
+        var,
+        eps,
+        dtype,
+        update: None,
+        want_mean: false,
+        want_rstd: false,
+        want_scale: false,
+        weight: None,
+    }
+}
+
+impl BatchNormBackward {
+    /// The saved `x̂` (or recomputed, under SaveAll) and the input
+    /// gradient's `scale` per channel, each when needed.
+    fn xhat_and_scale(&self) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let [nx, nw, _] = self.needs;
+        let (geo, eps, dt) = (self.geo, self.eps, self.dtype);
+        match &self.saved {
+            BnSaved::Lean { xhat, scale } => {
+                let xhat = xhat.as_ref().map(|t| t.get().cloned()).transpose()?;
+                let scale = match scale {
+                    None => None,
+                    Some(Scale::Vector(t)) => Some(t.get()?.clone()),
+                    Some(Scale::FromState {
+                        weight,
+                        running_var,
+                    }) => {
+                        let w = weight.as_ref().map(|t| t.get().cloned()).transpose()?;
+                        let rv = running_var.get()?.clone();
+                        let mut p = prep(StatSource::Running, None, &rv, eps, dt);
+                        p.want_scale = true;
+                        p.weight = w.as_ref();
+                        prepare(&p)?.scale
+                    }
+                };
+                Ok((xhat, scale))
+            }
+            BnSaved::All {
+                input,
+                weight,
+                running,
+                batch,
+            } => {
+                let (mean, invstd) = match (self.train, batch, running) {
+                    (true, Some((m, s)), _) => (m.get()?.clone(), s.get()?.clone()),
+                    (false, _, Some((rm, rv))) => {
+                        let (rm, rv) = (rm.get()?.clone(), rv.get()?.clone());
+                        let mut p = prep(StatSource::Running, Some(&rm), &rv, eps, dt);
+                        (p.want_mean, p.want_rstd) = (true, true);
+                        let got = prepare(&p)?;
+                        let missing = || Error::Backward("batch_norm: statistics missing".into());
+                        (got.mean.ok_or_else(missing)?, got.rstd.ok_or_else(missing)?)
+                    }
+                    _ => return Err(Error::Backward("batch_norm: statistics missing".into())),
+                };
+                let xhat = ((self.train && nx) || nw)
+                    .then(|| recompute_xhat(input.get()?, geo, Some(&mean), &invstd))
+                    .transpose()?;
+                let w = weight.as_ref().map(|t| t.get().cloned()).transpose()?;
+                let scale = nx
+                    .then(|| uncounted(|| scale_tensor(w.as_ref(), &invstd)))
+                    .transpose()?;
+                Ok((xhat, scale))
+            }
+        }
     }
 }
 
@@ -85,56 +154,7 @@ impl BackwardOp for BatchNormBackward {
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let [nx, nw, nb] = self.needs;
         let geo = self.geo;
-        let (xhat, scale) = match &self.saved {
-            BnSaved::Lean { xhat, scale } => (
-                xhat.as_ref().map(|t| t.get().cloned()).transpose()?,
-                match scale {
-                    None => None,
-                    Some(Scale::Vector(t)) => Some(t.get()?.small_values()?),
-                    Some(Scale::FromState {
-                        weight,
-                        running_var,
-                    }) => {
-                        let w = weight
-                            .as_ref()
-                            .map(|t| t.get()?.small_values())
-                            .transpose()?;
-                        let rv = running_var.get()?.small_values()?;
-                        Some(scale_of(
-                            w.as_deref(),
-                            &rstd_of(&rv, self.eps, self.dtype),
-                            self.dtype,
-                        ))
-                    }
-                },
-            ),
-            BnSaved::All {
-                input,
-                weight,
-                running,
-                batch,
-            } => {
-                let (mean, invstd) = match (self.train, batch, running) {
-                    (true, Some((m, s)), _) => (m.get()?.small_values()?, s.get()?.small_values()?),
-                    (false, _, Some((rm, rv))) => (
-                        rm.get()?.small_values()?,
-                        rstd_of(&rv.get()?.small_values()?, self.eps, self.dtype),
-                    ),
-                    _ => return Err(Error::Backward("batch_norm: statistics missing".into())),
-                };
-                let xhat = ((self.train && nx) || nw)
-                    .then(|| recompute_xhat(input.get()?, geo, &mean, &invstd))
-                    .transpose()?;
-                let w = weight
-                    .as_ref()
-                    .map(|t| t.get()?.small_values())
-                    .transpose()?;
-                (
-                    xhat,
-                    nx.then(|| scale_of(w.as_deref(), &invstd, self.dtype)),
-                )
-            }
-        };
+        let (xhat, scale) = self.xhat_and_scale()?;
         // In train mode with x̂ at hand the weight and bias gradients are the
         // sums the input gradient's means need (one statistic per channel,
         // one parameter per channel): one pass makes all of them (on the
@@ -167,7 +187,11 @@ impl BackwardOp for BatchNormBackward {
             } else {
                 (GradMode::Affine, None)
             };
-            Some(input_grad(g, xh, geo, mode, &scale, None, sums.as_deref())?)
+            let by = GradScale {
+                scale: &scale,
+                w: None,
+            };
+            Some(input_grad(g, xh, geo, mode, by, sums.as_deref())?)
         } else {
             None
         };
@@ -175,14 +199,15 @@ impl BackwardOp for BatchNormBackward {
     }
 }
 
-fn running_values(op: &'static str, t: &Tensor, c: usize, x: &Tensor) -> Result<Vec<f64>> {
+/// Checks a running statistic (it must not require grad).
+fn check_running(op: &'static str, t: &Tensor, c: usize, x: &Tensor) -> Result<()> {
     if t.requires_grad() {
         return Err(Error::InvalidArgument {
             op,
             msg: "running statistics must not require grad".into(),
         });
     }
-    param_values(op, Some(t), &[c], x).map(|v| v.unwrap_or_default())
+    check_param(op, Some(t), &[c], x)
 }
 
 /// Batch norm of `x` `[N, C, *]` (like `torch.nn.functional.batch_norm`).
@@ -214,6 +239,7 @@ pub fn batch_norm(
         running_var,
         weight,
         bias,
+        num_batches_tracked: None,
     };
     let mode = Mode {
         training,
@@ -234,6 +260,8 @@ pub(super) struct BnState<'a> {
     pub running_var: Option<&'a Tensor>,
     pub weight: Option<&'a Tensor>,
     pub bias: Option<&'a Tensor>,
+    /// Incremented with the running statistics' update (train mode).
+    pub num_batches_tracked: Option<&'a Tensor>,
 }
 
 /// Batch statistics or running ones, the running statistics' momentum and
@@ -255,31 +283,17 @@ pub(super) fn batch_norm_owned(x: Tensor, state: &BnState<'_>, mode: Mode) -> Re
     run(&x, state, mode, reuse)
 }
 
-fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tensor> {
+/// The per-channel mean and `invstd` batch norm normalises with (outside
+/// the ledger): the batch's, updating the running statistics, in train
+/// mode; the running statistics' otherwise.
+fn statistics(
+    x: &Tensor,
+    geo: NormGeom,
+    state: &BnState<'_>,
+    mode: Mode,
+) -> Result<(Tensor, Tensor)> {
     const OP: &str = "batch_norm";
-    let BnState {
-        running_mean,
-        running_var,
-        weight,
-        bias,
-    } = *state;
-    let Mode {
-        training,
-        momentum,
-        eps,
-    } = mode;
-    crate::ops::expect_float(OP, x)?;
-    if x.rank() < 2 {
-        return Err(Error::InvalidArgument {
-            op: OP,
-            msg: format!("expected [N, C, *], got {:?}", x.shape()),
-        });
-    }
-    let (c, dt) = (x.shape()[1], x.dtype());
-    let geo = NormGeom::batch(x.shape()[0], c, x.shape()[2..].iter().product());
-    let w = param_values(OP, weight, &[c], x)?;
-    let b = param_values(OP, bias, &[c], x)?;
-    let running = match (running_mean, running_var) {
+    let running = match (state.running_mean, state.running_var) {
         (Some(m), Some(v)) => Some((m, v)),
         (None, None) => None,
         _ => {
@@ -289,10 +303,12 @@ fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tenso
             })
         }
     };
-    let run_vals = running
-        .map(|(m, v)| Ok::<_, Error>((running_values(OP, m, c, x)?, running_values(OP, v, c, x)?)))
-        .transpose()?;
-    let (mean, invstd) = if training {
+    if let Some((m, v)) = running {
+        check_running(OP, m, geo.s, x)?;
+        check_running(OP, v, geo.s, x)?;
+    }
+    let dt = x.dtype();
+    let got = if mode.training {
         let count = geo.count();
         if count <= 1 {
             return Err(Error::InvalidArgument {
@@ -304,26 +320,51 @@ fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tenso
             });
         }
         let (mean, var) = norm_stats(x, geo, true)?;
-        if let (Some((rm, rv)), Some((om, ov))) = (running, &run_vals) {
-            let unbias = count as f64 / (count as f64 - 1.0);
-            let upd = |old: &[f64], new: &[f64], k: f64| -> Vec<f64> {
-                old.iter()
-                    .zip(new)
-                    .map(|(o, n)| (1.0 - momentum) * o + momentum * n * k)
-                    .collect()
-            };
-            write_values(rm, &upd(om, &mean, 1.0))?;
-            write_values(rv, &upd(ov, &var, unbias))?;
-        }
-        let mean: Vec<f64> = mean.iter().map(|m| round_stat(dt, *m)).collect();
-        (mean, rstd_of(&var, eps, dt))
+        let mut p = prep(StatSource::Moments, Some(&mean), &var, mode.eps, dt);
+        p.update = running.map(|(m, v)| RunningUpdate {
+            mean: m,
+            var: v,
+            momentum: mode.momentum,
+            unbias: count as f64 / (count as f64 - 1.0),
+            counter: state.num_batches_tracked,
+        });
+        (p.want_mean, p.want_rstd) = (true, true);
+        prepare(&p)?
     } else {
-        let (rm, rv) = run_vals.ok_or(Error::InvalidArgument {
+        let (rm, rv) = running.ok_or(Error::InvalidArgument {
             op: OP,
             msg: "eval mode needs running statistics".into(),
         })?;
-        (rm, rstd_of(&rv, eps, dt))
+        let mut p = prep(StatSource::Running, Some(rm), rv, mode.eps, dt);
+        (p.want_mean, p.want_rstd) = (true, true);
+        prepare(&p)?
     };
+    let missing = || Error::Backward("batch_norm: statistics not computed".into());
+    Ok((got.mean.ok_or_else(missing)?, got.rstd.ok_or_else(missing)?))
+}
+
+fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tensor> {
+    const OP: &str = "batch_norm";
+    let BnState {
+        running_mean,
+        running_var,
+        weight,
+        bias,
+        ..
+    } = *state;
+    crate::ops::expect_float(OP, x)?;
+    if x.rank() < 2 {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!("expected [N, C, *], got {:?}", x.shape()),
+        });
+    }
+    let c = x.shape()[1];
+    let geo = NormGeom::batch(x.shape()[0], c, x.shape()[2..].iter().product());
+    check_param(OP, weight, &[c], x)?;
+    check_param(OP, bias, &[c], x)?;
+    let (mean, invstd) = statistics(x, geo, state, mode)?;
+    let training = mode.training;
     let [nx, nw, nb] = optional_needs(x, weight, bias);
     let lean = save_policy() == SavePolicy::Lean;
     let want_xhat = lean && ((training && nx) || nw);
@@ -333,10 +374,10 @@ fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tenso
         x,
         geo,
         &Normalize {
-            mean: &mean,
+            mean: Some(&mean),
             rstd: &invstd,
-            w: w.as_deref(),
-            b: b.as_deref(),
+            w: weight,
+            b: bias,
             want_y: true,
             want_xhat,
             y_over_x,
@@ -347,6 +388,7 @@ fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tenso
         return Ok(y);
     }
     let save = |t: &Tensor| SavedTensor::new(t, OP);
+    let running = running_mean.zip(running_var);
     let saved = if lean {
         let state_only = !training
             && weight.is_none_or(|w| w.is_model_state())
@@ -357,10 +399,7 @@ fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tenso
                 weight: weight.map(save),
                 running_var: save(running_var),
             }),
-            (true, _) => Some(Scale::Vector(save(&stat_tensor(
-                &scale_of(w.as_deref(), &invstd, dt),
-                x,
-            )?))),
+            (true, _) => Some(Scale::Vector(save(&scale_tensor(weight, &invstd)?))),
         };
         BnSaved::Lean {
             xhat: xhat.as_ref().map(save),
@@ -373,9 +412,11 @@ fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tenso
             running: running.map(|(m, v)| (save(m), save(v))),
             batch: training
                 .then(|| {
+                    // The statistics were made outside the ledger: the
+                    // saved ones are counted copies.
                     Ok::<_, Error>((
-                        save(&stat_tensor(&mean, x)?),
-                        save(&stat_tensor(&invstd, x)?),
+                        save(&contiguous_copy(&mean)?),
+                        save(&contiguous_copy(&invstd)?),
                     ))
                 })
                 .transpose()?,
@@ -384,10 +425,10 @@ fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tenso
     let op = BatchNormBackward {
         geo,
         train: training,
-        eps,
+        eps: mode.eps,
         needs: [nx, nw, nb],
         present: [weight.is_some(), bias.is_some()],
-        dtype: dt,
+        dtype: x.dtype(),
         saved,
     };
     Ok(attach(y, &inputs_of(x, weight, bias), op))

@@ -11,12 +11,13 @@
 //! of `S`; layer/RMS norm has one segment per row, whose parameter index
 //! runs along the row.
 
-use super::{GradMode, NormGeom, Normalize};
-use crate::dtype::CpuData;
+use super::{GradMode, GradScale, NormGeom, Normalize, Prep, Prepared};
+use crate::dtype::{stat_dtype, CpuData};
 use crate::memory::host::try_for_overwrite;
+use crate::memory::uncounted;
 use crate::primitives::{as_f32, parallel, typed, widest_vectors, Dense};
 use crate::tensor::Tensor;
-use crate::{FloatDType, Result, WithDType};
+use crate::{DType, Device, FloatDType, Result, WithDType};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -266,11 +267,7 @@ mod avx {
 
 /// Per statistic: the mean (0 when not `centered`) and the biased variance
 /// (the mean square when not `centered`), in f64.
-pub(super) fn norm_stats(
-    x: &Tensor,
-    geo: NormGeom,
-    centered: bool,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+pub(super) fn norm_stats(x: &Tensor, geo: NormGeom, centered: bool) -> Result<(Tensor, Tensor)> {
     let dense = Dense::new(x)?;
     let (data, range) = dense.parts();
     fn go<T: FloatDType>(x: &[T], geo: NormGeom, centered: bool) -> Vec<(f64, f64)> {
@@ -289,7 +286,132 @@ pub(super) fn norm_stats(
         })
     }
     let r = crate::match_float_data!(data, "norm", v => go(&v[range], geo, centered));
-    Ok(r.into_iter().unzip())
+    let (mean, var): (Vec<f64>, Vec<f64>) = r.into_iter().unzip();
+    uncounted(|| {
+        let s = [geo.nstat()];
+        Ok((
+            Tensor::from_vec(mean, &s, Device::Cpu)?,
+            Tensor::from_vec(var, &s, Device::Cpu)?,
+        ))
+    })
+}
+
+/// Rounds `v` to the statistics dtype for inputs of dtype `d`.
+fn round_stat(d: DType, v: f64) -> f64 {
+    if stat_dtype(d) == DType::F64 {
+        v
+    } else {
+        v as f32 as f64
+    }
+}
+
+/// Host values as a statistics tensor (of the statistics dtype for inputs
+/// of `dtype`; the values are already rounded to it).
+fn stat_values(values: &[f64], dtype: DType) -> Result<Tensor> {
+    Tensor::from_f64_slice(values, &[values.len()], stat_dtype(dtype), Device::Cpu)
+}
+
+/// The seam's [`Prep`] on host values: rounded mean, `rstd = 1/√(var +
+/// eps)` and `scale = w·rstd`, and the running statistics' update (in f64,
+/// from the unrounded moments, then rounded to their dtype).
+pub(super) fn prepare(p: &Prep<'_>) -> Result<Prepared> {
+    let var = p.var.small_values()?;
+    let mean = match p.mean {
+        Some(m) => m.small_values()?,
+        None => crate::memory::host::try_zeroed(var.len())?,
+    };
+    if let Some(u) = &p.update {
+        let upd = |old: &Tensor, new: &[f64], k: f64| -> Result<()> {
+            let values: Vec<f64> = old
+                .small_values()?
+                .iter()
+                .zip(new)
+                .map(|(o, n)| (1.0 - u.momentum) * o + u.momentum * n * k)
+                .collect();
+            write_values(old, &values)
+        };
+        upd(u.mean, &mean, 1.0)?;
+        upd(u.var, &var, u.unbias)?;
+        if let Some(c) = u.counter {
+            let count = c.small_values()?;
+            write_values(c, &[count.first().copied().unwrap_or(0.0) + 1.0])?;
+        }
+    }
+    let rstd: Vec<f64> = var
+        .iter()
+        .map(|v| round_stat(p.dtype, 1.0 / (v + p.eps).sqrt()))
+        .collect();
+    let w = p.weight.map(|w| w.small_values()).transpose()?;
+    uncounted(|| {
+        let mean = p
+            .want_mean
+            .then(|| {
+                let m: Vec<f64> = mean.iter().map(|m| round_stat(p.dtype, *m)).collect();
+                stat_values(&m, p.dtype)
+            })
+            .transpose()?;
+        let scale = p
+            .want_scale
+            .then(|| stat_values(&scale_values(w.as_deref(), &rstd, p.dtype), p.dtype))
+            .transpose()?;
+        let rstd = p
+            .want_rstd
+            .then(|| stat_values(&rstd, p.dtype))
+            .transpose()?;
+        Ok(Prepared { mean, rstd, scale })
+    })
+}
+
+/// `w·rstd` per statistic (or `rstd`), rounded to the statistics dtype.
+fn scale_values(w: Option<&[f64]>, rstd: &[f64], dtype: DType) -> Vec<f64> {
+    match w {
+        Some(w) => w
+            .iter()
+            .zip(rstd)
+            .map(|(w, s)| round_stat(dtype, w * s))
+            .collect(),
+        None => rstd.to_vec(),
+    }
+}
+
+/// The seam's `scale_tensor` on the CPU: a new tensor counted under the
+/// current category.
+pub(super) fn scale_tensor(w: Option<&Tensor>, rstd: &Tensor) -> Result<Tensor> {
+    let dtype = w.map_or(rstd.dtype(), |w| w.dtype());
+    let w = w.map(|w| w.small_values()).transpose()?;
+    stat_values(
+        &scale_values(w.as_deref(), &rstd.small_values()?, dtype),
+        dtype,
+    )
+}
+
+/// [`Normalize`]'s statistics and parameters as host values.
+struct HostNorm {
+    mean: Vec<f64>,
+    rstd: Vec<f64>,
+    w: Option<Vec<f64>>,
+    b: Option<Vec<f64>>,
+    want_y: bool,
+    want_xhat: bool,
+}
+
+impl HostNorm {
+    fn of(n: &Normalize<'_>) -> Result<HostNorm> {
+        let rstd = n.rstd.small_values()?;
+        let mean = match n.mean {
+            Some(m) => m.small_values()?,
+            None => crate::memory::host::try_zeroed(rstd.len())?,
+        };
+        let values = |t: Option<&Tensor>| t.map(|t| t.small_values()).transpose();
+        Ok(HostNorm {
+            mean,
+            rstd,
+            w: values(n.w)?,
+            b: values(n.b)?,
+            want_y: n.want_y,
+            want_xhat: n.want_xhat,
+        })
+    }
 }
 
 /// `x̂ = (x − mean)·rstd` per statistic, and optionally `y = x̂·w + b` per
@@ -299,9 +421,10 @@ pub(super) fn norm_stats(
 pub(super) fn normalize(
     x: &Tensor,
     geo: NormGeom,
-    n: &Normalize<'_>,
+    norm: &Normalize<'_>,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-    if n.y_over_x {
+    let n = &HostNorm::of(norm)?;
+    if norm.y_over_x {
         // `x` is exclusive (the seam checked it): y is written over it.
         let xh = {
             let range = dense_range(x)?;
@@ -329,7 +452,7 @@ pub(super) fn normalize(
 fn normalize_fresh<T: FloatDType>(
     xs: &[T],
     geo: NormGeom,
-    n: &Normalize<'_>,
+    n: &HostNorm,
 ) -> Result<(Option<CpuData>, Option<CpuData>)> {
     // Every element is written (tasks of whole segments) before any read.
     let mut y = try_for_overwrite::<T>(if n.want_y { xs.len() } else { 0 })?;
@@ -351,16 +474,10 @@ fn normalize_into<T: FloatDType>(
     x: Option<&[T]>,
     ys: &mut [T],
     geo: NormGeom,
-    n: &Normalize<'_>,
+    n: &HostNorm,
 ) -> Result<Option<CpuData>> {
-    let Normalize {
-        mean,
-        rstd,
-        w,
-        b,
-        want_xhat,
-        ..
-    } = *n;
+    let (mean, rstd, want_xhat) = (&n.mean[..], &n.rstd[..], n.want_xhat);
+    let (w, b) = (n.w.as_deref(), n.b.as_deref());
     let seg = geo.seg;
     let len = x.map_or(ys.len(), |x| x.len());
     let mut xh = try_for_overwrite::<T>(if want_xhat { len } else { 0 })?;
@@ -417,9 +534,12 @@ fn part<T>(buf: &mut [T], o: usize, n: usize) -> &mut [T] {
     }
 }
 
-/// Overwrites elements `range` of `t`'s storage (the whole contiguous
-/// tensor, checked by the seam) with `values` rounded to its dtype.
-pub(super) fn write_values(t: &Tensor, range: Range<usize>, values: &[f64]) -> Result<()> {
+/// Overwrites the contiguous tensor `t` (checked by the seam) with `values`
+/// rounded to its dtype; bumps its version.
+fn write_values(t: &Tensor, values: &[f64]) -> Result<()> {
+    let range = t.layout().contiguous_range().ok_or_else(|| {
+        crate::Error::Backward("norm: running statistics must be contiguous".into())
+    })?;
     let mut data = t.storage().cpu_mut()?;
     fn go<T: WithDType>(d: &mut [T], values: &[f64]) {
         d.iter_mut()
@@ -512,14 +632,15 @@ pub(super) fn input_grad(
     xhat: Option<&Tensor>,
     geo: NormGeom,
     mode: GradMode,
-    (scale, w): (&[f64], Option<&[f64]>),
+    by: GradScale<'_>,
     sums: Option<&[(f64, f64)]>,
 ) -> Result<Tensor> {
+    let (scale, w) = host_scale(by)?;
     let grad = InputGrad {
         geo,
         mode,
-        scale,
-        w,
+        scale: &scale,
+        w: w.as_deref(),
         sums,
     };
     let dg = Dense::new(g)?;
@@ -540,14 +661,15 @@ pub(super) fn input_grad_in_place(
     xhat: Option<&Tensor>,
     geo: NormGeom,
     mode: GradMode,
-    (scale, w): (&[f64], Option<&[f64]>),
+    by: GradScale<'_>,
     sums: Option<&[(f64, f64)]>,
 ) -> Result<()> {
+    let (scale, w) = host_scale(by)?;
     let grad = InputGrad {
         geo,
         mode,
-        scale,
-        w,
+        scale: &scale,
+        w: w.as_deref(),
         sums,
     };
     let dx = xhat.map(Dense::new).transpose()?;
@@ -558,6 +680,14 @@ pub(super) fn input_grad_in_place(
     crate::match_float_data!(&mut *data, "norm_backward", v =>
         grad.run(None, &mut v[range], xhat_slice(dx.as_ref())?)?);
     Ok(())
+}
+
+/// The input gradient's scale and weight as host values.
+fn host_scale(by: GradScale<'_>) -> Result<(Vec<f64>, Option<Vec<f64>>)> {
+    Ok((
+        by.scale.small_values()?,
+        by.w.map(|w| w.small_values()).transpose()?,
+    ))
 }
 
 /// Per statistic `(Σ g, Σ g·x̂)`: the sums [`input_grad`] makes without

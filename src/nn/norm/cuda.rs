@@ -1,32 +1,34 @@
 //! All CUDA code of the norms: the glue the dispatch seam calls for CUDA
 //! tensors, and the launch wrappers of `norm.cu`.
 //!
-//! The glue takes and returns what the CPU kernels do (host f64 statistics
-//! that the ops round as on the CPU, and tensors of the input's dtype), so
-//! every op saves on CUDA exactly the tensors it saves on the CPU. The
-//! small per-statistic and per-parameter vectors cross to and from the
-//! device outside the ledger (`cuda::tensor::uncounted`), as their host
-//! counterparts are outside it on the CPU; a non-contiguous operand is
-//! copied first, also outside the ledger, as the CPU reads views in place.
+//! The glue takes and returns what the CPU kernels do, as device tensors:
+//! f64 moments, statistics in the statistics dtype, outputs of the input's
+//! dtype, so every op saves on CUDA exactly the tensors it saves on the
+//! CPU. Statistics the call only uses on the way are made outside the
+//! ledger (`memory::uncounted`), as their host counterparts are outside it
+//! on the CPU; a non-contiguous operand is copied first, also outside the
+//! ledger, as the CPU reads views in place. Nothing is read back to the
+//! host.
 //!
 //! The launch wrappers: the unrounded f64 moments per statistic
-//! ([`norm_moments`]), normalise + affine ([`norm_forward`]), and the input
-//! and weight / bias gradients from the saved `x̂` ([`norm_input_grad`],
-//! [`norm_param_grads`]) — the saved `x̂` is read rather than recomputed
-//! from `x`, so CUDA saves what the CPU saves. Reductions run in f64 in a
-//! fixed order (deterministic); statistics passed to the kernels are in
-//! the statistics dtype (f32, f64 for f64).
+//! ([`norm_moments`]), the derived statistics and the running statistics'
+//! update ([`prepare`], `norm_prep_*`), normalise + affine
+//! ([`norm_forward`]), and the input and weight / bias gradients from the
+//! saved `x̂` ([`norm_input_grad`], [`norm_param_grads`]) — the saved `x̂`
+//! is read rather than recomputed from `x`, so CUDA saves what the CPU
+//! saves. Reductions run in f64 in a fixed order (deterministic);
+//! statistics passed to the kernels are in the statistics dtype (f32, f64
+//! for f64).
 
-use super::{GradMode, NormGeom, Normalize};
+use super::{GradMode, GradScale, NormGeom, Normalize, Prep, Prepared, StatSource};
 use crate::cuda::check::{expect, float_suffix, invalid};
 use crate::cuda::launch;
 use crate::cuda::{CudaBuffer, CudaDevice};
 use crate::dtype::stat_dtype;
 use crate::tensor::cuda::{adopt, uncounted, wrap};
 use crate::tensor::Tensor;
-use crate::{DType, Result, WithDType};
-use cudarc::driver::DeviceRepr;
-use std::ops::Range;
+use crate::{DType, Result};
+use cudarc::driver::{DevicePtr, DeviceRepr};
 use std::sync::Arc;
 
 // The kernels take `struct NormGeom` of 6 `long long`s by value; `usize`
@@ -50,40 +52,140 @@ fn device_of(x: &Tensor) -> Result<Arc<CudaDevice>> {
     Ok(x.storage().cuda()?.device().clone())
 }
 
-/// Host values as a device buffer of `dtype` (callers run it uncounted:
-/// the CPU keeps these as host vectors), converted as the CPU's
-/// `WithDType::from_f64`; exact for statistics (already rounded to `dtype`)
-/// and parameters (read from `dtype`).
-fn host_buffer(dev: &Arc<CudaDevice>, values: &[f64], dtype: DType) -> Result<CudaBuffer> {
-    fn typed<T: WithDType>(dev: &Arc<CudaDevice>, values: &[f64]) -> Result<CudaBuffer> {
-        let host: Vec<T> = values.iter().map(|v| T::from_f64(*v)).collect();
-        CudaBuffer::from_slice(dev, &host)
-    }
-    match dtype {
-        DType::F32 => typed::<f32>(dev, values),
-        DType::F64 => typed::<f64>(dev, values),
-        DType::F16 => typed::<half::f16>(dev, values),
-        DType::BF16 => typed::<half::bf16>(dev, values),
-        // `num_batches_tracked` (i64) goes through `write_values` too.
-        DType::I64 => typed::<i64>(dev, values),
-        DType::U32 => typed::<u32>(dev, values),
-        DType::U8 => typed::<u8>(dev, values),
-    }
+/// The device address of element 0 of the contiguous tensor `t`, or null
+/// for an absent operand (the kernels test for it). `write` takes the
+/// storage for writing, which bumps its version (an in-place update).
+/// The address stays valid while the caller holds `t`; the one stream
+/// orders the launch after every earlier use of the buffer.
+fn address(t: Option<&Tensor>, write: bool) -> Result<u64> {
+    let Some(t) = t else { return Ok(0) };
+    let range = t.layout().contiguous_range().ok_or_else(|| {
+        invalid(
+            "cuda norm statistics",
+            format!("{:?}: a contiguous operand expected", t.shape()),
+        )
+    })?;
+    let offset = (range.start * t.dtype().size_in_bytes()) as u64;
+    let storage = t.storage();
+    let base = |buffer: &CudaBuffer| {
+        let stream = buffer.device().stream().clone();
+        let (base, _record) = buffer.slice().device_ptr(&stream);
+        base
+    };
+    let base = if write {
+        base(&*storage.cuda_mut()?)
+    } else {
+        base(&*storage.cuda()?)
+    };
+    Ok(base + offset)
 }
 
-/// Per statistic: the unrounded mean and biased variance, read back to the
-/// host as the CPU's `norm_stats` returns them.
-pub(super) fn norm_stats(
-    x: &Tensor,
-    geo: NormGeom,
-    centered: bool,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+/// Per statistic: the unrounded mean and biased variance as f64 tensors on
+/// the device, outside the ledger (the CPU's host vectors).
+pub(super) fn norm_stats(x: &Tensor, geo: NormGeom, centered: bool) -> Result<(Tensor, Tensor)> {
     let xd = dense(x)?;
     let xb = xd.storage().cuda()?;
     uncounted(|| {
         let (mean, var) = norm_moments(&xb, &geo, centered)?;
-        Ok((mean.to_vec::<f64>()?, var.to_vec::<f64>()?))
+        Ok((wrap(mean, &[geo.s])?, wrap(var, &[geo.s])?))
     })
+}
+
+/// The seam's [`Prep`] in one launch (`norm_prep_*` in `norm.cu`): the
+/// derived statistics as new tensors outside the ledger, the running
+/// statistics and the counter updated in place.
+pub(super) fn prepare(p: &Prep<'_>) -> Result<Prepared> {
+    let op = "cuda norm statistics";
+    let sfx = float_suffix(op, p.dtype)?;
+    let dev = device_of(p.var)?;
+    let s = p.var.numel();
+    let sd = stat_dtype(p.dtype);
+    let out = |want: bool| -> Result<Option<Tensor>> {
+        want.then(|| uncounted(|| wrap(CudaBuffer::alloc(&dev, sd, s)?, &[s])))
+            .transpose()
+    };
+    let prepared = Prepared {
+        mean: out(p.want_mean)?,
+        rstd: out(p.want_rstd)?,
+        scale: out(p.want_scale)?,
+    };
+    let (mean, var, w) = (
+        address(p.mean, false)?,
+        address(Some(p.var), false)?,
+        address(p.weight, false)?,
+    );
+    let (mean_out, rstd_out, scale_out) = (
+        address(prepared.mean.as_ref(), true)?,
+        address(prepared.rstd.as_ref(), true)?,
+        address(prepared.scale.as_ref(), true)?,
+    );
+    let s64 = s as i64;
+    let eps: f64 = p.eps;
+    let cfg = CudaDevice::grid_for(s);
+    match (p.source, p.update) {
+        (StatSource::Moments, update) => {
+            let momentum: f64 = update.map_or(0.0, |u| u.momentum);
+            let unbias: f64 = update.map_or(1.0, |u| u.unbias);
+            let run_mean = address(update.map(|u| u.mean), true)?;
+            let run_var = address(update.map(|u| u.var), true)?;
+            let counter = address(update.and_then(|u| u.counter), true)?;
+            launch!(&dev, "norm.cu", format!("norm_prep_moments_{sfx}"), cfg;
+                &s64, &eps, &momentum, &unbias, &mean, &var, &run_mean, &run_var, &w,
+                &mean_out, &rstd_out, &scale_out, &counter)?;
+        }
+        (StatSource::Running, None) => {
+            launch!(&dev, "norm.cu", format!("norm_prep_running_{sfx}"), cfg;
+                &s64, &eps, &mean, &var, &w, &mean_out, &rstd_out, &scale_out)?;
+        }
+        (StatSource::Running, Some(_)) => {
+            return Err(invalid(
+                op,
+                "running statistics are updated from batch moments only",
+            ))
+        }
+    }
+    Ok(prepared)
+}
+
+/// The seam's `scale_tensor` on CUDA: `w·rstd` (or `rstd`) in one launch,
+/// a new tensor counted under the current category.
+pub(super) fn scale_tensor(w: Option<&Tensor>, rstd: &Tensor) -> Result<Tensor> {
+    let op = "cuda batch norm scale";
+    let dtype = w.map_or(rstd.dtype(), |w| w.dtype());
+    let sfx = float_suffix(op, dtype)?;
+    let dev = device_of(rstd)?;
+    let s = rstd.numel();
+    let scale = wrap(CudaBuffer::alloc(&dev, rstd.dtype(), s)?, &[s])?;
+    let (wp, rp, sp) = (
+        address(w, false)?,
+        address(Some(rstd), false)?,
+        address(Some(&scale), true)?,
+    );
+    let s64 = s as i64;
+    launch!(&dev, "norm.cu", format!("norm_scale_{sfx}"), CudaDevice::grid_for(s);
+        &s64, &wp, &rp, &sp)?;
+    Ok(scale)
+}
+
+/// Dense device copies (outside the ledger) of a kernel's optional small
+/// operands, held while their buffers are borrowed.
+fn dense_opt(t: Option<&Tensor>) -> Result<Option<Tensor>> {
+    t.map(dense).transpose()
+}
+
+/// The mean operand of `norm_fwd`: the given means, or zeros (RMS norm's
+/// recomputed `x̂` under SaveAll), outside the ledger.
+fn mean_or_zeros(mean: Option<&Tensor>, rstd: &Tensor) -> Result<Tensor> {
+    match mean {
+        Some(m) => dense(m),
+        None => uncounted(|| {
+            let dev = device_of(rstd)?;
+            wrap(
+                CudaBuffer::zeros(&dev, rstd.dtype(), rstd.numel())?,
+                rstd.shape(),
+            )
+        }),
+    }
 }
 
 /// The CPU's `normalize` on CUDA: `y` and/or `x̂` as new contiguous tensors
@@ -93,33 +195,24 @@ pub(super) fn normalize(
     geo: NormGeom,
     n: &Normalize<'_>,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-    let Normalize {
-        mean,
-        rstd,
-        w,
-        b,
-        want_y,
-        want_xhat,
-        y_over_x,
-    } = *n;
-    if y_over_x {
+    let (mean, rstd) = (mean_or_zeros(n.mean, n.rstd)?, dense(n.rstd)?);
+    let (w, b) = (dense_opt(n.w)?, dense_opt(n.b)?);
+    let (mb, rb) = (mean.storage().cuda()?, rstd.storage().cuda()?);
+    let wg = w.as_ref().map(|t| t.storage().cuda()).transpose()?;
+    let bg = b.as_ref().map(|t| t.storage().cuda()).transpose()?;
+    let params = NormParams {
+        mean: &mb,
+        rstd: &rb,
+        w: wg.as_deref(),
+        b: bg.as_deref(),
+    };
+    if n.y_over_x {
         // `x` is exclusive and contiguous (the seam checked): y goes over it.
         let xh = {
             let mut xb = x.storage().cuda_mut()?;
-            let (dev, dt) = (xb.device().clone(), x.dtype());
-            uncounted(|| {
-                let sd = stat_dtype(dt);
-                let (mb, rb) = (host_buffer(&dev, mean, sd)?, host_buffer(&dev, rstd, sd)?);
-                let wb = w.map(|v| host_buffer(&dev, v, dt)).transpose()?;
-                let bb = b.map(|v| host_buffer(&dev, v, dt)).transpose()?;
-                let params = NormParams {
-                    mean: &mb,
-                    rstd: &rb,
-                    w: wb.as_ref(),
-                    b: bb.as_ref(),
-                };
-                norm_forward_in_place(&mut xb, &geo, &params, want_xhat)
-            })?
+            // The kernel's 1-element stand-ins are not tensor memory; x̂
+            // is adopted into the ledger below.
+            uncounted(|| norm_forward_in_place(&mut xb, &geo, &params, n.want_xhat))?
         };
         let xh = xh.map(|t| adopt(t, x.shape())).transpose()?;
         return Ok((Some(x.detach()), xh));
@@ -127,28 +220,14 @@ pub(super) fn normalize(
     let xd = dense(x)?;
     let (y, xh) = {
         let xb = xd.storage().cuda()?;
-        let (dev, dt) = (xb.device().clone(), x.dtype());
-        // Statistics, parameters and the kernel's 1-element stand-ins are
-        // host-side values on the CPU; the outputs are adopted below.
+        let dt = x.dtype();
+        let dev = xb.device().clone();
         uncounted(|| {
             if x.numel() == 0 {
                 let none = |want: bool| want.then(|| CudaBuffer::alloc(&dev, dt, 0)).transpose();
-                return Ok((none(want_y)?, none(want_xhat)?));
+                return Ok((none(n.want_y)?, none(n.want_xhat)?));
             }
-            let sd = stat_dtype(dt);
-            let (mb, rb) = (host_buffer(&dev, mean, sd)?, host_buffer(&dev, rstd, sd)?);
-            let wb = w.map(|v| host_buffer(&dev, v, dt)).transpose()?;
-            let bb = b.map(|v| host_buffer(&dev, v, dt)).transpose()?;
-            norm_forward(
-                &xb,
-                &geo,
-                &mb,
-                &rb,
-                wb.as_ref(),
-                bb.as_ref(),
-                want_y,
-                want_xhat,
-            )
+            norm_forward(&xb, &geo, &params, n.want_y, n.want_xhat)
         })?
     };
     let own = |t: Option<CudaBuffer>| t.map(|t| adopt(t, x.shape())).transpose();
@@ -162,20 +241,17 @@ pub(super) fn input_grad(
     xhat: Option<&Tensor>,
     geo: NormGeom,
     mode: GradMode,
-    scale: &[f64],
-    w: Option<&[f64]>,
+    by: GradScale<'_>,
 ) -> Result<Tensor> {
     let gd = dense(g)?;
     let xd = xhat.map(dense).transpose()?;
-    let dev = device_of(&gd)?;
-    let (sb, wb) = uncounted(|| {
-        let sb = host_buffer(&dev, scale, stat_dtype(g.dtype()))?;
-        Ok((sb, w.map(|v| host_buffer(&dev, v, g.dtype())).transpose()?))
-    })?;
+    let (scale, w) = (dense(by.scale)?, dense_opt(by.w)?);
     let dx = {
         let gb = gd.storage().cuda()?;
         let xg = xd.as_ref().map(|t| t.storage().cuda()).transpose()?;
-        norm_input_grad(&gb, xg.as_deref(), &geo, &sb, wb.as_ref(), mode)?
+        let sb = scale.storage().cuda()?;
+        let wb = w.as_ref().map(|t| t.storage().cuda()).transpose()?;
+        norm_input_grad(&gb, xg.as_deref(), &geo, &sb, wb.as_deref(), mode)?
     };
     wrap(dx, g.shape())
 }
@@ -187,18 +263,15 @@ pub(super) fn input_grad_in_place(
     xhat: Option<&Tensor>,
     geo: NormGeom,
     mode: GradMode,
-    scale: &[f64],
-    w: Option<&[f64]>,
+    by: GradScale<'_>,
 ) -> Result<()> {
     let xd = xhat.map(dense).transpose()?;
-    let dev = device_of(g)?;
-    let (sb, wb) = uncounted(|| {
-        let sb = host_buffer(&dev, scale, stat_dtype(g.dtype()))?;
-        Ok((sb, w.map(|v| host_buffer(&dev, v, g.dtype())).transpose()?))
-    })?;
+    let (scale, w) = (dense(by.scale)?, dense_opt(by.w)?);
     let xg = xd.as_ref().map(|t| t.storage().cuda()).transpose()?;
+    let sb = scale.storage().cuda()?;
+    let wb = w.as_ref().map(|t| t.storage().cuda()).transpose()?;
     let mut gb = g.storage().cuda_mut()?;
-    uncounted(|| norm_input_grad_in_place(&mut gb, xg.as_deref(), &geo, &sb, wb.as_ref(), mode))
+    uncounted(|| norm_input_grad_in_place(&mut gb, xg.as_deref(), &geo, &sb, wb.as_deref(), mode))
 }
 
 /// The CPU's `param_sums` on CUDA: `Σ g·x̂` (when `xhat` is given) and `Σ g`
@@ -221,16 +294,6 @@ pub(super) fn param_grads(
     };
     let own = |t: Option<CudaBuffer>| t.map(|t| adopt(t, shape)).transpose();
     Ok((own(dw)?, own(db)?))
-}
-
-/// The CPU's `write_values` on CUDA: overwrites elements `range` of `t`'s
-/// buffer with `values` rounded to its dtype (bumps its version).
-pub(super) fn write_values(t: &Tensor, range: Range<usize>, values: &[f64]) -> Result<()> {
-    let dev = device_of(t)?;
-    let src = uncounted(|| host_buffer(&dev, values, t.dtype()))?;
-    t.storage()
-        .cuda_mut()?
-        .copy_range_from(range.start, &src, 0, range.len())
 }
 
 // ---- launch wrappers (`norm.cu`) ----
@@ -260,14 +323,10 @@ pub(crate) fn norm_moments(
 /// Normalises contiguous `x` with the statistics: returns
 /// `y = x̂·w + b` (when `want_y`; `w`, `b` default to 1 and 0) and
 /// `x̂ = (x − mean)·rstd` (when `want_xhat`), both rounded to `x`'s dtype.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn norm_forward(
     x: &CudaBuffer,
     geo: &NormGeom,
-    mean: &CudaBuffer,
-    rstd: &CudaBuffer,
-    w: Option<&CudaBuffer>,
-    b: Option<&CudaBuffer>,
+    p: &NormParams<'_>,
     want_y: bool,
     want_xhat: bool,
 ) -> Result<(Option<CudaBuffer>, Option<CudaBuffer>)> {
@@ -275,8 +334,8 @@ pub(crate) fn norm_forward(
     let sfx = float_suffix(op, x.dtype())?;
     let n = geo.numel();
     expect(op, x, x.dtype(), n, x)?;
-    check_stats(op, x, geo, mean, rstd)?;
-    check_params(op, x, geo, [w, b])?;
+    check_stats(op, x, geo, p.mean, p.rstd)?;
+    check_params(op, x, geo, [p.w, p.b])?;
     let dev = x.device();
     let mut y = want_y
         .then(|| CudaBuffer::alloc(dev, x.dtype(), n))
@@ -291,15 +350,15 @@ pub(crate) fn norm_forward(
         let flags = [
             i32::from(want_y),
             i32::from(want_xhat),
-            i32::from(w.is_some()),
-            i32::from(b.is_some()),
+            i32::from(p.w.is_some()),
+            i32::from(p.b.is_some()),
         ];
-        let (wb, bb) = (w.unwrap_or(x), b.unwrap_or(x));
+        let (wb, bb) = (p.w.unwrap_or(x), p.b.unwrap_or(x));
         let ys = y.as_mut().unwrap_or(&mut spare_y);
         let xs = xh.as_mut().unwrap_or(&mut spare_x);
         launch!(dev, "norm.cu", format!("norm_fwd_{sfx}"), CudaDevice::grid_for(n);
-            geo, &flags[0], &flags[1], &flags[2], &flags[3], x.slice(), mean.slice(),
-            rstd.slice(), wb.slice(), bb.slice(), ys.slice_mut(), xs.slice_mut())?;
+            geo, &flags[0], &flags[1], &flags[2], &flags[3], x.slice(), p.mean.slice(),
+            p.rstd.slice(), wb.slice(), bb.slice(), ys.slice_mut(), xs.slice_mut())?;
     }
     Ok((y, xh))
 }

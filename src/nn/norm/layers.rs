@@ -7,7 +7,7 @@
 
 use super::batch_norm::{batch_norm_borrowed, batch_norm_owned, BnState, Mode as BnMode};
 use super::row_norms::{group_norm_owned, layer_norm_owned};
-use super::{group_norm, layer_norm, rms_norm, write_values};
+use super::{group_norm, layer_norm, rms_norm};
 use crate::memory::scope;
 use crate::memory::Category;
 use crate::nn::input::{check_dtype_of, check_min_rank, check_rank, check_size, check_trailing};
@@ -577,14 +577,13 @@ impl BatchNorm {
         check_rank(&x, self.ranks, layout)?;
         check_size(&x, 1, self.num_features, "channels (dim 1)")?;
         check_dtype_of(&x, self.weight.as_ref().or(self.running_mean.as_ref()))?;
-        // the batch count after this step (counted only if the step succeeds)
-        let count = match (&self.num_batches_tracked, self.training) {
-            (Some(n), true) => Some((n, n.small_values()?.first().copied().unwrap_or(0.0) + 1.0)),
-            _ => None,
-        };
-        let factor = match (self.options.momentum, count) {
+        // `num_batches_tracked` moves on with the running statistics, on
+        // their device. Only the cumulative average (momentum None) needs
+        // its value here: a host read, as PyTorch's `float(...)` is.
+        let counter = self.num_batches_tracked.as_ref().filter(|_| self.training);
+        let factor = match (self.options.momentum, counter) {
             (Some(m), _) => m,
-            (None, Some((_, c))) => 1.0 / c,
+            (None, Some(n)) => 1.0 / (n.small_values()?.first().copied().unwrap_or(0.0) + 1.0),
             (None, None) => 0.0,
         };
         let state = BnState {
@@ -592,6 +591,7 @@ impl BatchNorm {
             running_var: self.running_var.as_ref(),
             weight: self.weight.as_ref(),
             bias: self.bias.as_ref(),
+            num_batches_tracked: counter,
         };
         let mode = BnMode {
             training: self.training || self.running_mean.is_none(),
@@ -603,9 +603,6 @@ impl BatchNorm {
         } else {
             batch_norm_borrowed(&x, &state, mode)?
         };
-        if let Some((n, c)) = count {
-            write_values(n, &[c])?;
-        }
         Ok(y)
     }
 }

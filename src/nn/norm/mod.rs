@@ -21,10 +21,11 @@
 //! PyTorch's accumulation type); `x̂ = (x − mean)·rstd` and `y = x̂·w + b`
 //! in f64, rounded to the input dtype. Backward works from `x̂` (saved, or
 //! recomputed from the input under `SaveAll` with the same rounding), so
-//! gradients are bit-identical under both save policies. On CUDA the
-//! moments come back to the host unrounded, exactly what the CPU computes,
-//! so statistics, running statistics and every saved tensor are the CPU's;
-//! `x̂`, the output and the gradients are computed on the device.
+//! gradients are bit-identical under both save policies. Statistics are
+//! tensors on the input's device: on CUDA the moments, the rounded
+//! statistics, `rstd`, `scale` and the running statistics' update are
+//! computed there with the CPU's formulas and roundings (one `prepare`
+//! launch per call), so nothing crosses to the host inside a step.
 //!
 //! # Saved for backward
 //!
@@ -83,7 +84,7 @@ pub use row_norms::{group_norm, layer_norm, rms_norm};
 use crate::autograd::{may_reuse, needs_grad};
 use crate::dtype::stat_dtype;
 use crate::memory::host::try_zeroed;
-use crate::memory::{with_category, Category};
+use crate::memory::{uncounted, with_category, Category};
 use crate::meta::{backend, Backend};
 use crate::{DType, Error, Result, Tensor};
 
@@ -206,14 +207,10 @@ type ParamGrads = (Option<Tensor>, Option<Tensor>);
 
 // ---- helpers the ops share ----
 
-/// The values of an optional parameter, checked against `shape` and `x`.
-fn param_values(
-    op: &'static str,
-    p: Option<&Tensor>,
-    shape: &[usize],
-    x: &Tensor,
-) -> Result<Option<Vec<f64>>> {
-    let Some(p) = p else { return Ok(None) };
+/// Checks an optional parameter (or running statistic) against `shape`
+/// and `x`'s dtype and device; its values stay where they are.
+fn check_param(op: &'static str, p: Option<&Tensor>, shape: &[usize], x: &Tensor) -> Result<()> {
+    let Some(p) = p else { return Ok(()) };
     if p.shape() != shape {
         return Err(Error::ShapeMismatch {
             op,
@@ -235,7 +232,7 @@ fn param_values(
             rhs: p.device(),
         });
     }
-    Ok(Some(p.small_values()?))
+    Ok(())
 }
 
 /// Which of the input, weight and bias (if given) need a gradient now.
@@ -267,30 +264,14 @@ fn grads_of(
     v
 }
 
-/// Rounds `v` to the statistics dtype for inputs of dtype `d`.
-fn round_stat(d: DType, v: f64) -> f64 {
-    if stat_dtype(d) == DType::F64 {
-        v
-    } else {
-        v as f32 as f64
-    }
-}
-
-/// A statistics vector as a tensor of the statistics dtype for `x`.
-fn stat_tensor(values: &[f64], x: &Tensor) -> Result<Tensor> {
-    Tensor::from_host_f64(values, &[values.len()], stat_dtype(x.dtype()), x.device())
-}
-
-/// `1/√(v + eps)` per value, rounded to the statistics dtype for `dtype`.
-fn rstd_of(var: &[f64], eps: f64, dtype: DType) -> Vec<f64> {
-    var.iter()
-        .map(|v| round_stat(dtype, 1.0 / (v + eps).sqrt()))
-        .collect()
-}
-
-/// Recomputes `x̂` from the input and statistics (SaveAll's backward),
-/// counted as workspace.
-fn recompute_xhat(x: &Tensor, geo: NormGeom, mean: &[f64], rstd: &[f64]) -> Result<Tensor> {
+/// Recomputes `x̂` from the input and the statistics tensors (SaveAll's
+/// backward), counted as workspace.
+fn recompute_xhat(
+    x: &Tensor,
+    geo: NormGeom,
+    mean: Option<&Tensor>,
+    rstd: &Tensor,
+) -> Result<Tensor> {
     let _ws = with_category(Category::Workspace);
     let only_xhat = Normalize {
         mean,
@@ -326,33 +307,200 @@ fn check_like(op: &'static str, g: &Tensor, like: &[usize], dtype: DType) -> Res
 
 // ---- the dispatch seam: one match per kernel, CPU / meta / CUDA ----
 //
-// Meta tensors get outputs of the right shape and dtype made by the same
-// allocations as on the CPU (so the ledgers match), and zeros for the small
-// host vectors whose values are never used on meta.
+// Statistics are tensors on the input's device: host tensors on the CPU,
+// device buffers on CUDA (so that nothing crosses to the host inside a
+// step), data-less tensors on meta. Those a call only uses on the way
+// (moments, rounded statistics) are made outside the ledger on every
+// device, as host vectors would be; those saved for backward are counted.
 
 /// Per statistic: the mean (0 when not `centered`) and the biased variance
-/// (the mean square when not `centered`), unrounded f64.
-fn norm_stats(x: &Tensor, geo: NormGeom, centered: bool) -> Result<(Vec<f64>, Vec<f64>)> {
+/// (the mean square when not `centered`), unrounded, as f64 tensors `[s]`
+/// on `x`'s device, outside the ledger.
+fn norm_stats(x: &Tensor, geo: NormGeom, centered: bool) -> Result<(Tensor, Tensor)> {
     match backend("norm", &[x])? {
         Backend::Cpu => cpu::norm_stats(x, geo, centered),
-        Backend::Meta => Ok((try_zeroed(geo.nstat())?, try_zeroed(geo.nstat())?)),
+        Backend::Meta => uncounted(|| {
+            let stat = || Tensor::new_meta(&[geo.nstat()], DType::F64);
+            Ok((stat()?, stat()?))
+        }),
         Backend::Cuda(_) => cuda::norm_stats(x, geo, centered),
     }
 }
 
+/// Where [`prepare`] reads each statistic's mean and variance.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum StatSource {
+    /// The batch's unrounded f64 moments ([`norm_stats`]).
+    Moments,
+    /// Batch norm's running statistics, in the input dtype (eval mode).
+    Running,
+}
+
+/// Batch norm's running statistics, updated in place from the batch's
+/// unrounded moments: `r ← (1 − momentum)·r + momentum·m` (the variance's
+/// moment times `unbias`), rounded to their dtype.
+#[derive(Clone, Copy)]
+struct RunningUpdate<'a> {
+    mean: &'a Tensor,
+    var: &'a Tensor,
+    momentum: f64,
+    unbias: f64,
+    /// `num_batches_tracked` (i64, one element), incremented by 1.
+    counter: Option<&'a Tensor>,
+}
+
+/// What one norm call derives per statistic from its mean and variance, in
+/// one pass (one launch on CUDA): the mean and `rstd = 1/√(var + eps)`
+/// rounded to the statistics dtype, and `scale = w·rstd` (rounded again);
+/// each only if wanted.
+#[derive(Clone, Copy)]
+struct Prep<'a> {
+    source: StatSource,
+    /// Per-statistic means (`None`: 0).
+    mean: Option<&'a Tensor>,
+    /// Per-statistic variances.
+    var: &'a Tensor,
+    eps: f64,
+    /// The input's dtype (the statistics are in [`stat_dtype`] of it).
+    dtype: DType,
+    update: Option<RunningUpdate<'a>>,
+    want_mean: bool,
+    want_rstd: bool,
+    want_scale: bool,
+    /// The scale's weight per statistic (`None`: 1).
+    weight: Option<&'a Tensor>,
+}
+
+/// [`prepare`]'s outputs, as wanted: tensors `[s]` of the statistics dtype
+/// on the input's device, outside the ledger.
+struct Prepared {
+    mean: Option<Tensor>,
+    rstd: Option<Tensor>,
+    scale: Option<Tensor>,
+}
+
+/// Runs `p`: the derived statistics, and the running statistics' update.
+fn prepare(p: &Prep<'_>) -> Result<Prepared> {
+    let mut operands: Vec<&Tensor> = vec![p.var];
+    operands.extend(p.mean);
+    operands.extend(p.weight);
+    if let Some(u) = &p.update {
+        operands.extend([u.mean, u.var]);
+        operands.extend(u.counter);
+    }
+    check_prep(p)?;
+    match backend("norm", &operands)? {
+        Backend::Cpu => cpu::prepare(p),
+        Backend::Meta => {
+            if let Some(u) = &p.update {
+                for t in [u.mean, u.var].into_iter().chain(u.counter) {
+                    crate::meta::touch(t);
+                }
+            }
+            let s = [p.var.numel()];
+            let out = |want: bool| {
+                want.then(|| uncounted(|| Tensor::new_meta(&s, stat_dtype(p.dtype))))
+                    .transpose()
+            };
+            Ok(Prepared {
+                mean: out(p.want_mean)?,
+                rstd: out(p.want_rstd)?,
+                scale: out(p.want_scale)?,
+            })
+        }
+        Backend::Cuda(_) => cuda::prepare(p),
+    }
+}
+
+/// Checks [`prepare`]'s operands: dtypes by source, one length, the
+/// running statistics contiguous, the counter a single i64.
+fn check_prep(p: &Prep<'_>) -> Result<()> {
+    const OP: &str = "norm statistics";
+    let s = p.var.numel();
+    let src = match p.source {
+        StatSource::Moments => DType::F64,
+        StatSource::Running => p.dtype,
+    };
+    let bad = |msg: String| Err(Error::InvalidArgument { op: OP, msg });
+    for t in std::iter::once(p.var).chain(p.mean) {
+        if t.dtype() != src || t.numel() != s {
+            return bad(format!(
+                "statistics of {:?} × {s} expected, got {:?} {:?}",
+                src,
+                t.dtype(),
+                t.shape()
+            ));
+        }
+    }
+    let mut state: Vec<&Tensor> = p.weight.into_iter().collect();
+    if let Some(u) = &p.update {
+        if p.source != StatSource::Moments {
+            return bad("running statistics are updated from batch moments only".into());
+        }
+        state.extend([u.mean, u.var]);
+        if let Some(c) = u.counter {
+            if c.dtype() != DType::I64 || c.numel() != 1 || c.layout().contiguous_range().is_none()
+            {
+                return bad(format!(
+                    "num_batches_tracked must be one i64, got {:?} {:?}",
+                    c.dtype(),
+                    c.shape()
+                ));
+            }
+        }
+    }
+    for t in state {
+        if t.dtype() != p.dtype || t.numel() != s || t.layout().contiguous_range().is_none() {
+            return bad(format!(
+                "per-channel state of {:?} × {s}, contiguous, expected, got {:?} {:?}",
+                p.dtype,
+                t.dtype(),
+                t.shape()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `w·rstd` per statistic (`rstd` already in the statistics dtype; `w`
+/// absent: `rstd` itself), rounded to the statistics dtype, as a new
+/// tensor counted under the current category (batch norm saves it).
+fn scale_tensor(w: Option<&Tensor>, rstd: &Tensor) -> Result<Tensor> {
+    let operands: Vec<&Tensor> = std::iter::once(rstd).chain(w).collect();
+    if let Some(w) = w {
+        if w.numel() != rstd.numel() || stat_dtype(w.dtype()) != rstd.dtype() {
+            return Err(Error::InvalidArgument {
+                op: "batch_norm",
+                msg: format!(
+                    "weight {:?} {:?} does not match statistics {:?} {:?}",
+                    w.dtype(),
+                    w.shape(),
+                    rstd.dtype(),
+                    rstd.shape()
+                ),
+            });
+        }
+    }
+    match backend("batch_norm", &operands)? {
+        Backend::Cpu => cpu::scale_tensor(w, rstd),
+        Backend::Meta => Tensor::new_meta(rstd.shape(), rstd.dtype()),
+        Backend::Cuda(_) => cuda::scale_tensor(w, rstd),
+    }
+}
+
 /// What [`normalize`] computes from the statistics: `x̂ = (x − mean)·rstd`
-/// per statistic, and `y = x̂·w + b` per parameter (`w`, `b` host values,
-/// defaulting to 1 and 0), each only if wanted.
+/// per statistic, and `y = x̂·w + b` per parameter (`w`, `b` defaulting to
+/// 1 and 0), each only if wanted.
 #[derive(Clone, Copy)]
 pub(super) struct Normalize<'a> {
-    /// Per-statistic means.
-    pub mean: &'a [f64],
-    /// Per-statistic reciprocal standard deviations.
-    pub rstd: &'a [f64],
+    /// Per-statistic means (statistics dtype; `None`: 0).
+    pub mean: Option<&'a Tensor>,
+    /// Per-statistic reciprocal standard deviations (statistics dtype).
+    pub rstd: &'a Tensor,
     /// Per-parameter weights (`None`: 1).
-    pub w: Option<&'a [f64]>,
+    pub w: Option<&'a Tensor>,
     /// Per-parameter biases (`None`: 0).
-    pub b: Option<&'a [f64]>,
+    pub b: Option<&'a Tensor>,
     /// Whether `y` is computed.
     pub want_y: bool,
     /// Whether `x̂` is computed.
@@ -376,7 +524,11 @@ fn normalize(
             "norm: y can be written over x only when y is wanted and nothing else holds x".into(),
         ));
     }
-    match backend("norm", &[x])? {
+    let operands: Vec<&Tensor> = [Some(x), n.mean, Some(n.rstd), n.w, n.b]
+        .into_iter()
+        .flatten()
+        .collect();
+    match backend("norm", &operands)? {
         Backend::Cpu => cpu::normalize(x, geo, n),
         Backend::Meta => {
             crate::meta::float("norm", x.dtype())?;
@@ -441,6 +593,14 @@ fn stat_sums(g: &Tensor, xhat: &Tensor, geo: NormGeom) -> Result<Option<Vec<(f64
     }
 }
 
+/// The input gradient's per-statistic `scale` (statistics dtype) and
+/// per-parameter `w` (input dtype; 1 when absent).
+#[derive(Clone, Copy)]
+struct GradScale<'a> {
+    scale: &'a Tensor,
+    w: Option<&'a Tensor>,
+}
+
 /// The input gradient, with `scale` per statistic and `w` per parameter
 /// (1 when absent); `xhat` is needed unless `mode` is `Affine`. Written
 /// over `g` when buffer reuse is on and nothing else holds `g`. `sums`:
@@ -451,64 +611,38 @@ fn input_grad(
     xhat: Option<&Tensor>,
     geo: NormGeom,
     mode: GradMode,
-    scale: &[f64],
-    w: Option<&[f64]>,
+    by: GradScale<'_>,
     sums: Option<&[(f64, f64)]>,
 ) -> Result<Tensor> {
-    let sums = sums.filter(|_| w.is_none());
+    let sums = sums.filter(|_| by.w.is_none());
     if let Some(xh) = xhat {
         check_like("norm_backward", xh, g.shape(), g.dtype())?;
     } else if mode != GradMode::Affine {
         return Err(Error::Backward("norm: x̂ missing".into()));
     }
     let over_g = may_reuse(&g);
-    let with_xhat: Vec<&Tensor> = std::iter::once(&g).chain(xhat).collect();
-    let backend = backend("norm_backward", &with_xhat)?;
+    let operands: Vec<&Tensor> = [Some(&g), xhat, Some(by.scale), by.w]
+        .into_iter()
+        .flatten()
+        .collect();
+    let backend = backend("norm_backward", &operands)?;
     if over_g {
         match backend {
-            Backend::Cpu => cpu::input_grad_in_place(&g, xhat, geo, mode, (scale, w), sums)?,
+            Backend::Cpu => cpu::input_grad_in_place(&g, xhat, geo, mode, by, sums)?,
             Backend::Meta => {
                 crate::meta::float("norm_backward", g.dtype())?;
                 crate::meta::touch(&g);
             }
-            Backend::Cuda(_) => cuda::input_grad_in_place(&g, xhat, geo, mode, scale, w)?,
+            Backend::Cuda(_) => cuda::input_grad_in_place(&g, xhat, geo, mode, by)?,
         }
         return Ok(g);
     }
     match backend {
-        Backend::Cpu => cpu::input_grad(&g, xhat, geo, mode, (scale, w), sums),
+        Backend::Cpu => cpu::input_grad(&g, xhat, geo, mode, by, sums),
         Backend::Meta => {
             crate::meta::float("norm_backward", g.dtype())?;
             crate::meta::empty(g.shape(), g.dtype())
         }
-        Backend::Cuda(_) => cuda::input_grad(&g, xhat, geo, mode, scale, w),
-    }
-}
-
-/// Overwrites the contiguous tensor `t` with `values` (rounded to its
-/// dtype); bumps its version. Used for the running statistics and
-/// `num_batches_tracked` (not recorded by autograd).
-fn write_values(t: &Tensor, values: &[f64]) -> Result<()> {
-    let range = t
-        .layout()
-        .contiguous_range()
-        .ok_or(Error::InvalidArgument {
-            op: "norm",
-            msg: "running statistics must be contiguous".into(),
-        })?;
-    if range.len() != values.len() {
-        return Err(Error::ShapeMismatch {
-            op: "norm",
-            lhs: t.shape().to_vec(),
-            rhs: vec![values.len()],
-        });
-    }
-    match backend("norm", &[t])? {
-        Backend::Cpu => cpu::write_values(t, range, values),
-        Backend::Meta => {
-            crate::meta::touch(t);
-            Ok(())
-        }
-        Backend::Cuda(_) => cuda::write_values(t, range, values),
+        Backend::Cuda(_) => cuda::input_grad(&g, xhat, geo, mode, by),
     }
 }

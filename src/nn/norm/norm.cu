@@ -221,3 +221,66 @@ LG_FOR_FLOATS(LG_NORM)
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_NORM_SAVED)
+
+// What one norm call derives, per statistic i < s, from its mean and
+// variance (the batch's f64 moments, or batch norm's running statistics in
+// T), so that nothing crosses to the host:
+//   mean_out  = S(mean)                  (S: the statistics type, Acc<T>)
+//   rstd_out  = S(1 / sqrt(var + eps))
+//   scale_out = S(w * rstd_out), or rstd_out without w
+// and, with run_mean/run_var, batch norm's running statistics in place from
+// the unrounded moments (the variance times `unbias`):
+//   r <- T((1 - momentum) * r + momentum * m * k)
+// Thread 0 adds 1 to `counter` (num_batches_tracked) when given. A null
+// pointer is an absent operand, never touched; mean null means 0. The f64
+// operations are written uncontracted, in the order the CPU computes them.
+template <typename Src, typename T>
+static __device__ void norm_prep_body(long long s, double eps, double momentum, double unbias,
+                                      const Src* mean, const Src* var, T* run_mean,
+                                      T* run_var, const T* w, typename Acc<T>::type* mean_out,
+                                      typename Acc<T>::type* rstd_out,
+                                      typename Acc<T>::type* scale_out, long long* counter) {
+    typedef typename Acc<T>::type S;
+    LG_GRID_LOOP(i, s) {
+        double m = mean ? lg_to_f64(mean[i]) : 0.0;
+        double v = lg_to_f64(var[i]);
+        if (run_mean) {
+            double keep = __dsub_rn(1.0, momentum);
+            run_mean[i] = lg_from_f64<T>(
+                __dadd_rn(__dmul_rn(keep, lg_to_f64(run_mean[i])), __dmul_rn(momentum, m)));
+            run_var[i] = lg_from_f64<T>(__dadd_rn(__dmul_rn(keep, lg_to_f64(run_var[i])),
+                                                  __dmul_rn(__dmul_rn(momentum, v), unbias)));
+        }
+        S r = (S)__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(v, eps)));
+        if (mean_out) mean_out[i] = (S)m;
+        if (rstd_out) rstd_out[i] = r;
+        if (scale_out) scale_out[i] = w ? (S)__dmul_rn(lg_to_f64(w[i]), (double)r) : r;
+    }
+    if (counter && blockIdx.x == 0 && threadIdx.x == 0) *counter += 1;
+}
+
+#define LG_NORM_PREP(sfx, T)                                                            \
+    /* From the batch's f64 moments (train mode, layer / group / RMS norm). */          \
+    extern "C" __global__ void norm_prep_moments_##sfx(                                 \
+        long long s, double eps, double momentum, double unbias, const double* mean,    \
+        const double* var, T* run_mean, T* run_var, const T* w, Acc<T>::type* mean_out, \
+        Acc<T>::type* rstd_out, Acc<T>::type* scale_out, long long* counter) {          \
+        norm_prep_body<double, T>(s, eps, momentum, unbias, mean, var, run_mean, run_var, \
+                                  w, mean_out, rstd_out, scale_out, counter);           \
+    }                                                                                   \
+    /* From batch norm's running statistics (eval mode; never updated here). */         \
+    extern "C" __global__ void norm_prep_running_##sfx(                                 \
+        long long s, double eps, const T* mean, const T* var, const T* w,               \
+        Acc<T>::type* mean_out, Acc<T>::type* rstd_out, Acc<T>::type* scale_out) {      \
+        norm_prep_body<T, T>(s, eps, 0.0, 1.0, mean, var, (T*)0, (T*)0, w, mean_out,    \
+                             rstd_out, scale_out, (long long*)0);                        \
+    }                                                                                   \
+    /* scale = S(w * rstd) per statistic from an already rounded rstd. */               \
+    extern "C" __global__ void norm_scale_##sfx(long long s, const T* w,                \
+                                                const Acc<T>::type* rstd,               \
+                                                Acc<T>::type* scale) {                  \
+        LG_GRID_LOOP(i, s) {                                                            \
+            scale[i] = w ? (Acc<T>::type)__dmul_rn(lg_to_f64(w[i]), (double)rstd[i]) : rstd[i]; \
+        }                                                                               \
+    }
+LG_FOR_FLOATS(LG_NORM_PREP)

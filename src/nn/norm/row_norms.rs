@@ -11,10 +11,12 @@
 //! family's saved-state table is in `norm/mod.rs`.
 
 use super::{
-    grads_of, input_grad, inputs_of, norm_stats, normalize, optional_needs, param_grads,
-    param_values, recompute_xhat, round_stat, rstd_of, stat_tensor, GradMode, NormGeom, Normalize,
+    check_param, grads_of, input_grad, inputs_of, norm_stats, normalize, optional_needs,
+    param_grads, prepare, recompute_xhat, GradMode, GradScale, NormGeom, Normalize, Prep,
+    StatSource,
 };
 use crate::autograd::{attach, may_reuse, save_policy, BackwardOp, SavePolicy, SavedTensor};
+use crate::primitives::contiguous_copy;
 use crate::{DType, Error, Result, Tensor};
 
 enum RowSaved {
@@ -53,11 +55,8 @@ impl BackwardOp for RowNormBackward {
         let (xhat, rstd, w) = match &self.saved {
             RowSaved::Lean { xhat, rstd, weight } => (
                 xhat.as_ref().map(|t| t.get().cloned()).transpose()?,
-                rstd.as_ref().map(|t| t.get()?.small_values()).transpose()?,
-                weight
-                    .as_ref()
-                    .map(|t| t.get()?.small_values())
-                    .transpose()?,
+                rstd.as_ref().map(|t| t.get().cloned()).transpose()?,
+                weight.as_ref().map(|t| t.get().cloned()).transpose()?,
             ),
             RowSaved::All {
                 input,
@@ -66,18 +65,12 @@ impl BackwardOp for RowNormBackward {
                 rstd,
                 ..
             } => {
-                let rstd = rstd.get()?.small_values()?;
-                let mean = match mean {
-                    Some(m) => m.get()?.small_values()?,
-                    None => crate::memory::host::try_zeroed(rstd.len())?,
-                };
+                let rstd = rstd.get()?.clone();
+                let mean = mean.as_ref().map(|m| m.get().cloned()).transpose()?;
                 let xhat = (nx || nw)
-                    .then(|| recompute_xhat(input.get()?, geo, &mean, &rstd))
+                    .then(|| recompute_xhat(input.get()?, geo, mean.as_ref(), &rstd))
                     .transpose()?;
-                let w = weight
-                    .as_ref()
-                    .map(|t| t.get()?.small_values())
-                    .transpose()?;
+                let w = weight.as_ref().map(|t| t.get().cloned()).transpose()?;
                 (xhat, Some(rstd), w)
             }
         };
@@ -91,15 +84,11 @@ impl BackwardOp for RowNormBackward {
         };
         let gx = if nx {
             let rstd = rstd.ok_or_else(|| Error::Backward("norm: rstd missing".into()))?;
-            Some(input_grad(
-                g,
-                xhat.as_ref(),
-                geo,
-                self.mode,
-                &rstd,
-                w.as_deref(),
-                None,
-            )?)
+            let by = GradScale {
+                scale: &rstd,
+                w: w.as_ref(),
+            };
+            Some(input_grad(g, xhat.as_ref(), geo, self.mode, by, None)?)
         } else {
             None
         };
@@ -132,12 +121,24 @@ fn row_norm(x: &Tensor, spec: &RowNorm<'_>, reuse: bool) -> Result<Tensor> {
         centered,
     } = *spec;
     crate::ops::expect_float(name, x)?;
-    let w = param_values(name, weight, param_shape, x)?;
-    let b = param_values(name, bias, param_shape, x)?;
-    let (mean, var) = norm_stats(x, geo, centered)?;
-    let dt = x.dtype();
-    let mean: Vec<f64> = mean.iter().map(|m| round_stat(dt, *m)).collect();
-    let rstd = rstd_of(&var, eps, dt);
+    check_param(name, weight, param_shape, x)?;
+    check_param(name, bias, param_shape, x)?;
+    let (mean64, var64) = norm_stats(x, geo, centered)?;
+    let prepared = prepare(&Prep {
+        source: StatSource::Moments,
+        mean: Some(&mean64),
+        var: &var64,
+        eps,
+        dtype: x.dtype(),
+        update: None,
+        want_mean: true,
+        want_rstd: true,
+        want_scale: false,
+        weight: None,
+    })?;
+    let missing = || Error::Backward("norm: statistics not computed".into());
+    let mean = prepared.mean.ok_or_else(missing)?;
+    let rstd = prepared.rstd.ok_or_else(missing)?;
     let [nx, nw, nb] = optional_needs(x, weight, bias);
     let lean = save_policy() == SavePolicy::Lean;
     let want_xhat = lean && (nx || nw);
@@ -146,10 +147,10 @@ fn row_norm(x: &Tensor, spec: &RowNorm<'_>, reuse: bool) -> Result<Tensor> {
         x,
         geo,
         &Normalize {
-            mean: &mean,
+            mean: Some(&mean),
             rstd: &rstd,
-            w: w.as_deref(),
-            b: b.as_deref(),
+            w: weight,
+            b: bias,
             want_y: true,
             want_xhat,
             y_over_x,
@@ -162,8 +163,10 @@ fn row_norm(x: &Tensor, spec: &RowNorm<'_>, reuse: bool) -> Result<Tensor> {
     let saved = if lean {
         RowSaved::Lean {
             xhat: xhat.as_ref().map(|t| SavedTensor::new(t, name)),
+            // The statistics were made outside the ledger: the saved ones
+            // are counted copies.
             rstd: nx
-                .then(|| stat_tensor(&rstd, x).map(|t| SavedTensor::new(&t, name)))
+                .then(|| contiguous_copy(&rstd).map(|t| SavedTensor::new(&t, name)))
                 .transpose()?,
             weight: weight.filter(|_| nx).map(|t| SavedTensor::new(t, name)),
         }
@@ -175,9 +178,9 @@ fn row_norm(x: &Tensor, spec: &RowNorm<'_>, reuse: bool) -> Result<Tensor> {
                 .filter(|_| name == "layer_norm")
                 .map(|t| SavedTensor::new(t, name)),
             mean: centered
-                .then(|| stat_tensor(&mean, x).map(|t| SavedTensor::new(&t, name)))
+                .then(|| contiguous_copy(&mean).map(|t| SavedTensor::new(&t, name)))
                 .transpose()?,
-            rstd: SavedTensor::new(&stat_tensor(&rstd, x)?, name),
+            rstd: SavedTensor::new(&contiguous_copy(&rstd)?, name),
         }
     };
     let op = RowNormBackward {

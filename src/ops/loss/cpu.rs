@@ -3,7 +3,7 @@
 //! `ops::softmax`), one integer target per `(outer, inner)` sample;
 //! computed in f64 with the lane maximum subtracted.
 
-use super::{sample_weights, CrossEntropyForward, CrossEntropyOptions};
+use super::{sample_weights, CrossEntropyForward, CrossEntropyOptions, SampleLosses};
 use crate::dtype::CpuData;
 use crate::memory::host::try_zeroed;
 use crate::meta::{self, backend, not_on_cuda, Backend};
@@ -26,8 +26,10 @@ pub(super) fn forward(
     match backend("cross_entropy", &[logits, targets])? {
         Backend::Meta => {
             return Ok(CrossEntropyForward {
-                losses: Vec::new(),
-                count: targets.numel(),
+                stats: SampleLosses::Host {
+                    losses: Vec::new(),
+                    count: targets.numel(),
+                },
                 probs: want_probs
                     .then(|| meta::empty(logits.shape(), logits.dtype()))
                     .transpose()?,
@@ -168,8 +170,7 @@ fn sample_losses(
         .map(|p| Tensor::from_cpu_data(p, logits.shape()))
         .transpose()?;
     Ok(CrossEntropyForward {
-        losses,
-        count,
+        stats: SampleLosses::Host { losses, count },
         probs,
     })
 }

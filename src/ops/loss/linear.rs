@@ -16,7 +16,9 @@
 //! each. Built on the cross-entropy kernels and the GEMMs of every backend,
 //! so it runs wherever they do.
 
-use super::{cross_entropy_backward, cross_entropy_forward, CrossEntropyOptions, Reduction};
+use super::{
+    cross_entropy_backward, cross_entropy_forward, CrossEntropyOptions, Reduction, SampleCount,
+};
 use crate::autograd::{attach, is_grad_enabled, no_grad, BackwardOp, SavedTensor};
 use crate::memory::{with_category, Category};
 use crate::primitives::{add_assign, matmul, matmul_into};
@@ -91,7 +93,14 @@ impl BackwardOp for LinearCrossEntropyBackward {
                         Error::Backward("linear_cross_entropy: no probabilities".into())
                     })?;
                 drop(logits);
-                cross_entropy_backward(g_c, &probs, &t_c, 1, &self.opts, self.count)?
+                cross_entropy_backward(
+                    g_c,
+                    &probs,
+                    &t_c,
+                    1,
+                    &self.opts,
+                    &SampleCount::Host(self.count),
+                )?
             };
             if need_h {
                 grad_h_chunks.push(matmul(&grad_logits, w)?);
@@ -205,8 +214,11 @@ impl Tensor {
                 let t_c = targets.narrow(0, start, r)?;
                 let _ws = with_category(Category::Workspace);
                 let fwd = cross_entropy_forward(&logits, 1, &t_c, &opts, false)?;
-                losses.extend(fwd.losses);
-                count += fwd.count;
+                // Chunk by chunk: the losses and counts come to the host
+                // (a read from the device on CUDA).
+                let (l, c) = fwd.stats.into_host()?;
+                losses.extend(l);
+                count += c;
             }
         }
         let total = || losses.iter().sum::<f64>();

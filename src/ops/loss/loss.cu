@@ -5,8 +5,9 @@
 //   loss = lse - (1-eps)*x_t - eps/C * sum_c x_c      (0 where ignored)
 //   dx   = w * (p - eps/C - (1-eps)*[c == t])         (0 where ignored)
 //
-// status (3 x i64, zeroed by the host): [0] += samples not ignored,
-// [1] = an out-of-range target, [2] = 1 if there was one.
+// count (1 x i64, zeroed by the host) += samples not ignored; an
+// out-of-range target goes to the device's check record (lg_check_fail,
+// op id `check_op`), which the host reads with its next read.
 
 // LaneGeom is `leangrad::ops::LaneGeom` (src/ops/softmax/mod.rs, #[repr(C)]):
 // the same fields in the same order, its usize fields laid out as these
@@ -36,7 +37,8 @@ template <typename A> __device__ __forceinline__ A lg_ce_reduce(A v, A* buf, int
 #define LG_CE_FWD(sfx, T)                                                             \
     extern "C" __global__ void cross_entropy_fwd_##sfx(                              \
         LaneGeom g, long long ignore_index, double eps, const T* x,                  \
-        const long long* targets, double* losses, T* probs, long long* status) {      \
+        const long long* targets, double* losses, T* probs, long long* count,         \
+        long long* check, long long check_op) {                                       \
         long long outer = g.outer, classes = g.classes, inner = g.inner;              \
         typedef Acc<T>::type A;                                                       \
         __shared__ A buf[LG_CE_THREADS];                                              \
@@ -63,10 +65,9 @@ template <typename A> __device__ __forceinline__ A lg_ce_reduce(A v, A* buf, int
                 double loss = 0.0;                                                    \
                 if (t != ignore_index) {                                              \
                     if (t < 0 || t >= classes) {                                      \
-                        status[1] = t;                                                \
-                        status[2] = 1;                                                \
+                        lg_check_fail(check, check_op, t, classes);                   \
                     } else {                                                          \
-                        atomicAdd((unsigned long long*)&status[0], 1ULL);             \
+                        atomicAdd((unsigned long long*)count, 1ULL);                  \
                         double xt = (double)lg_load(x[base + t * inner]);             \
                         /* as the CPU: no smoothing term (and no inf*0) for eps = 0 */ \
                         double smooth = eps != 0.0 ? eps / (double)classes * (double)xs : 0.0; \
@@ -78,6 +79,42 @@ template <typename A> __device__ __forceinline__ A lg_ce_reduce(A v, A* buf, int
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_CE_FWD)
+
+// The loss as the reduction asks, from the per-sample f64 losses, on the
+// device: reduction 0 (none) rounds each to T; 1 (sum) and 2 (mean, over
+// the count of samples not ignored) add them in sample order in one thread,
+// the CPU's order, so the value is the CPU's bit for bit.
+#define LG_CE_REDUCE(sfx, T)                                                          \
+    extern "C" __global__ void cross_entropy_reduce_##sfx(                           \
+        long long samples, int reduction, const double* losses,                      \
+        const long long* count, T* out) {                                            \
+        if (reduction == 0) {                                                        \
+            LG_GRID_LOOP(i, samples) out[i] = lg_from_f64<T>(losses[i]);             \
+            return;                                                                  \
+        }                                                                            \
+        if (blockIdx.x != 0 || threadIdx.x != 0) return;                             \
+        double total = -0.0; /* Rust's f64 sum starts from -0.0 */              \
+        for (long long i = 0; i < samples; ++i) total += losses[i];                  \
+        if (reduction == 2) total = total / (double)count[0];                        \
+        out[0] = lg_from_f64<T>(total);                                              \
+    }
+LG_FOR_FLOATS(LG_CE_REDUCE)
+
+// The per-sample weights of the gradient from the incoming gradient g (n
+// values: one per sample, or one for all), as f64, divided by the count of
+// samples not ignored when `mean` (read from the device's `count`, or
+// `count_host` when that is null): the CPU's `sample_weights`.
+#define LG_CE_WEIGHTS(sfx, T)                                                         \
+    extern "C" __global__ void cross_entropy_weights_##sfx(                          \
+        long long n, const T* g, int mean, const long long* count,                   \
+        long long count_host, double* w) {                                           \
+        double cnt = (double)(count ? count[0] : count_host);                        \
+        LG_GRID_LOOP(i, n) {                                                         \
+            double v = lg_to_f64(g[i]);                                              \
+            w[i] = mean ? v / cnt : v;                                               \
+        }                                                                            \
+    }
+LG_FOR_FLOATS(LG_CE_WEIGHTS)
 
 // weights: n_weights doubles, one per sample or a single one for all.
 #define LG_CE_BWD(sfx, T)                                                             \

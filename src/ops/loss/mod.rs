@@ -73,13 +73,68 @@ impl Default for CrossEntropyOptions {
 
 /// What the cross-entropy forward computes.
 struct CrossEntropyForward {
-    /// The loss of every sample (0 where the target is ignored; empty on
-    /// meta).
-    losses: Vec<f64>,
-    /// How many samples are not ignored.
-    count: usize,
+    /// The per-sample losses and how many samples are not ignored.
+    stats: SampleLosses,
     /// The softmax probabilities (logits' shape and dtype), when asked for.
     probs: Option<Tensor>,
+}
+
+/// The loss of every sample (0 where the target is ignored) and how many
+/// samples are not ignored: host values on the CPU (on meta: no losses,
+/// every sample counted); on CUDA, device tensors outside the ledger (f64
+/// losses, one i64 count) that stay there unless a caller asks.
+enum SampleLosses {
+    Host { losses: Vec<f64>, count: usize },
+    Device { losses: Tensor, count: Tensor },
+}
+
+/// How many samples are not ignored, where the backward reads it.
+#[derive(Clone)]
+enum SampleCount {
+    Host(usize),
+    /// One i64 on the device.
+    Device(Tensor),
+}
+
+impl SampleLosses {
+    /// The count, for the backward.
+    fn count(&self) -> SampleCount {
+        match self {
+            SampleLosses::Host { count, .. } => SampleCount::Host(*count),
+            SampleLosses::Device { count, .. } => SampleCount::Device(count.clone()),
+        }
+    }
+
+    /// The losses and the count as host values (a read from the device on
+    /// CUDA).
+    fn into_host(self) -> Result<(Vec<f64>, usize)> {
+        match self {
+            SampleLosses::Host { losses, count } => Ok((losses, count)),
+            SampleLosses::Device { losses, count } => {
+                let count = count.to_vec::<i64>()?.first().copied().unwrap_or(0);
+                Ok((losses.to_vec::<f64>()?, usize::try_from(count).unwrap_or(0)))
+            }
+        }
+    }
+
+    /// The op's output as `reduction` asks (`shape`: one loss per sample),
+    /// in `like`'s dtype on its device, counted under the current category.
+    fn reduce(&self, reduction: Reduction, shape: &[usize], like: &Tensor) -> Result<Tensor> {
+        let (dtype, device) = (like.dtype(), like.device());
+        match self {
+            SampleLosses::Host { losses, count } => {
+                let total = || losses.iter().sum::<f64>();
+                match reduction {
+                    Reduction::None => Tensor::from_host_f64(losses, shape, dtype, device),
+                    Reduction::Sum => Tensor::scalar(total(), dtype, device),
+                    Reduction::Mean => Tensor::scalar(total() / *count as f64, dtype, device),
+                }
+            }
+            SampleLosses::Device { losses, count } => {
+                cuda::reduce(losses, count, reduction, shape, dtype)
+            }
+        }
+    }
 }
 
 // The dispatch seam: one small function per kernel, the only place here
@@ -112,16 +167,22 @@ fn cross_entropy_backward(
     targets: &Tensor,
     class_dim: usize,
     opts: &CrossEntropyOptions,
-    count: usize,
+    count: &SampleCount,
 ) -> Result<Tensor> {
     match backend("cross_entropy", &[&g, probs])? {
-        Backend::Cpu | Backend::Meta => cpu::backward(g, probs, targets, class_dim, opts, count),
+        Backend::Cpu | Backend::Meta => match count {
+            SampleCount::Host(n) => cpu::backward(g, probs, targets, class_dim, opts, *n),
+            SampleCount::Device(_) => Err(Error::Backward(
+                "cross_entropy: the sample count is on another device".into(),
+            )),
+        },
         Backend::Cuda(_) => cuda::backward(g, probs, targets, class_dim, opts, count),
     }
 }
 
 /// The per-sample weights of the cross-entropy gradient from the incoming
-/// gradient `g` (read to the host, then dropped): one per sample for no
+/// gradient `g` (read to the host, then dropped; CUDA makes them on the
+/// device alike): one per sample for no
 /// reduction, one for all otherwise (over the `count` samples not ignored
 /// for the mean).
 fn sample_weights(g: Tensor, reduction: Reduction, count: usize) -> Result<Vec<f64>> {
@@ -166,7 +227,7 @@ impl BinaryKernel for ScaledMul {
 struct CrossEntropyBackward {
     class_dim: usize,
     opts: CrossEntropyOptions,
-    count: usize,
+    count: SampleCount,
     probs: SavedProbs,
     targets: SavedTensor,
 }
@@ -190,7 +251,7 @@ impl BackwardOp for CrossEntropyBackward {
         };
         let targets = self.targets.get()?;
         let grad =
-            cross_entropy_backward(g, &probs, targets, self.class_dim, &self.opts, self.count)?;
+            cross_entropy_backward(g, &probs, targets, self.class_dim, &self.opts, &self.count)?;
         Ok(vec![Some(grad)])
     }
 }
@@ -276,16 +337,7 @@ impl Tensor {
         // probabilities are not even made.
         let kept_anyway = need && lean && ProbSlot::logits_kept_anyway(self);
         let fwd = cross_entropy_forward(self, class_dim, targets, &opts, need && !kept_anyway)?;
-        let total = || fwd.losses.iter().sum::<f64>();
-        let out = match opts.reduction {
-            Reduction::None => {
-                Tensor::from_host_f64(&fwd.losses, &sample_shape, self.dtype(), self.device())?
-            }
-            Reduction::Sum => Tensor::scalar(total(), self.dtype(), self.device())?,
-            Reduction::Mean => {
-                Tensor::scalar(total() / fwd.count as f64, self.dtype(), self.device())?
-            }
-        };
+        let out = fwd.stats.reduce(opts.reduction, &sample_shape, self)?;
         if !need {
             return Ok(out);
         }
@@ -303,7 +355,7 @@ impl Tensor {
         let op = CrossEntropyBackward {
             class_dim,
             opts,
-            count: fwd.count,
+            count: fwd.stats.count(),
             probs,
             targets: SavedTensor::new(targets, "cross_entropy"),
         };

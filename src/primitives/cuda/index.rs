@@ -1,8 +1,9 @@
 //! The index ops on CUDA: `index_select`, `gather`, `scatter_add` forward
 //! and the gather backward (a scatter-add into zeros). Index values stay on
-//! the device; a bad one comes back as `Error::IndexOutOfRange` through the
-//! kernels' status buffer. Status buffers and an I64 copy of a U32 index
-//! are run under a private ledger: the CPU reads indices on the host.
+//! the device; a bad one is recorded in the device's check record and
+//! reported as `Error::IndexOutOfRange` by the next read from the device
+//! (`cuda::checks`). An I64 copy of a U32 index is run under a private
+//! ledger: the CPU reads indices on the host.
 
 use crate::cuda::index as kernels;
 use crate::cuda::{elementwise, CudaBuffer};
