@@ -271,6 +271,10 @@ fn cross_entropy_reductions_and_a_bad_target() {
         }
         let (xd, bd) = (x.to_device(dev).unwrap(), bad.to_device(dev).unwrap());
         let loss = xd.cross_entropy(&bd, opts).unwrap();
+        // Another thread's read is not told: the problem is this thread's.
+        let other = xd.clone();
+        let read = std::thread::spawn(move || other.sum_all().and_then(|s| s.to_scalar()));
+        assert!(read.join().unwrap().is_ok());
         match loss.to_scalar() {
             Err(Error::IndexOutOfRange { op, index, size }) => {
                 assert_eq!((op, index, size), ("cross_entropy", 5, 5))

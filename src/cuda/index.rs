@@ -42,7 +42,8 @@ pub(crate) fn gather(
         return Ok(out);
     }
     let record = check_record(x, "gather")?;
-    let (check, check_op): (u64, i64) = (record.0, record.1);
+    let check: u64 = record.0;
+    let check_op: i64 = record.1;
     let (d64, n64) = (dim as i64, n as i64);
     let name = format!("gather_{}", x.dtype().size_in_bytes());
     launch!(x.device(), "index.cu", name, CudaDevice::grid_for(n);
@@ -77,7 +78,8 @@ pub(crate) fn index_select(
         return Ok(out);
     }
     let record = check_record(x, "index_select")?;
-    let (check, check_op): (u64, i64) = (record.0, record.1);
+    let check: u64 = record.0;
+    let check_op: i64 = record.1;
     let (d64, n64) = (dim as i64, n as i64);
     let name = format!("index_select_{}", x.dtype().size_in_bytes());
     launch!(x.device(), "index.cu", name, CudaDevice::grid_for(n);
@@ -118,7 +120,8 @@ pub(crate) fn scatter_add(
         return Ok(());
     }
     let record = check_record(out, "scatter_add")?;
-    let (check, check_op): (u64, i64) = (record.0, record.1);
+    let check: u64 = record.0;
+    let check_op: i64 = record.1;
     let (d64, n64) = (dim as i64, n as i64);
     let device = out.device().clone();
     launch!(&device, "index.cu", format!("scatter_add_{sfx}"), CudaDevice::grid_for(n);
@@ -167,7 +170,8 @@ pub(crate) fn scatter_along(
         return Ok(out);
     }
     let record = check_record(g, "scatter_along")?;
-    let (check, check_op): (u64, i64) = (record.0, record.1);
+    let check: u64 = record.0;
+    let check_op: i64 = record.1;
     let (len64, inner64, n64) = (len as i64, inner as i64, n as i64);
     let name = format!("scatter_along_{}_{isfx}", g.dtype().size_in_bytes());
     let (lg, li) = (lg.coalesced(), li.coalesced());

@@ -355,6 +355,26 @@ fn masked_op(
     Ok(attach(out, &[x], op))
 }
 
+/// ReLU whose output and mask one kernel makes (where the device has one:
+/// CUDA under the lean policy) when the input needs grad; the same output,
+/// saved mask and node as [`masked_op`] after the plain kernel. `None`:
+/// take the plain path.
+fn relu_fused(x: &Tensor, in_place: bool) -> Result<Option<Tensor>> {
+    let [needs] = needs_grad([x]);
+    if !needs {
+        return Ok(None);
+    }
+    let Some((out, bits)) = crate::ops::mask::relu_with_mask(x, in_place)? else {
+        return Ok(None);
+    };
+    let op = MaskBackward {
+        name: "relu",
+        mask: SavedMask::from_bits(&out, &bits, MaskRule::Positive, "relu"),
+        slope: 0.0,
+    };
+    Ok(Some(attach(out, &[x], op)))
+}
+
 impl Tensor {
     /// `-self`. Saves nothing for backward.
     pub fn neg(&self) -> Result<Tensor> {
@@ -488,6 +508,9 @@ impl Tensor {
     /// `max(x, 0)` (NaN propagates). Saves for backward only a packed 1-bit
     /// mask of `output > 0`: a U32 tensor of `ceil(n/32)` words.
     pub fn relu(&self) -> Result<Tensor> {
+        if let Some(out) = relu_fused(self, false)? {
+            return Ok(out);
+        }
         let out = unary_map(self, &ReluK)?;
         masked_op(self, out, "relu", 0.0, false)
     }
@@ -502,6 +525,9 @@ impl Tensor {
     pub fn relu_inplace(self) -> Result<Tensor> {
         if !self.is_exclusive() {
             return self.relu();
+        }
+        if let Some(out) = relu_fused(&self, true)? {
+            return Ok(out);
         }
         unary_assign(&self, &ReluK)?;
         let out = self.detach();

@@ -38,12 +38,28 @@ pub(super) fn scale_in_place(g: &Tensor, mask: &Tensor, slope: f64) -> Result<()
     relu_mask_backward_in_place(&mut gb, g.numel(), &mb, slope)
 }
 
+/// ReLU of `x` and the mask of its output (`x > 0`) in one launch, for
+/// `relu` under the lean policy: a new output (counted first, as the
+/// unfused op's), or `x` itself written over when `in_place` (the caller
+/// checked nothing else holds it), then the mask.
+pub(super) fn relu_with_mask(x: &Tensor, in_place: bool) -> Result<(Tensor, Tensor)> {
+    let words = [mask_words(x.numel())];
+    if !in_place {
+        let lx = tensor::strided(x.layout())?;
+        let (y, mask) = relu_mask_forward(&*x.storage().cuda()?, &lx, 0.0)?;
+        return Ok((tensor::wrap(y, x.shape())?, tensor::wrap(mask, &words)?));
+    }
+    let n = x.numel();
+    let mask = {
+        let mut xb = x.storage().cuda_mut()?;
+        relu_mask_forward_in_place(&mut xb, n, 0.0)?
+    };
+    Ok((x.detach(), tensor::wrap(mask, &words)?))
+}
+
 /// ReLU (`slope` 0) or LeakyReLU forward of `x` (layout `lx`): returns the
 /// contiguous output (`x > 0 ? x : x·slope`, exactly 0 for ReLU) and the
 /// U32 mask of `ceil(n/32)` words with bit `i` set where `x[i] > 0`.
-/// (No op uses the fused kernel yet: relu runs the elementwise kernel and
-/// [`positive_mask`]; the unit tests check it against the CPU.)
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn relu_mask_forward(
     x: &CudaBuffer,
     lx: &Strided,
@@ -61,6 +77,25 @@ pub(crate) fn relu_mask_forward(
             &slope, &n64, y.slice_mut(), mask.slice_mut(), x.slice(), &lx)?;
     }
     Ok((y, mask))
+}
+
+/// [`relu_mask_forward`] written over the first `n` elements of the
+/// contiguous `x` itself; returns the mask.
+pub(crate) fn relu_mask_forward_in_place(
+    x: &mut CudaBuffer,
+    n: usize,
+    slope: f64,
+) -> Result<CudaBuffer> {
+    let op = "cuda relu";
+    let sfx = float_suffix(op, x.dtype())?;
+    expect(op, x, x.dtype(), n, x)?;
+    let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
+    if n > 0 {
+        let (n64, dev) = (n as i64, x.device().clone());
+        launch!(&dev, "relu_mask.cu", format!("relu_mask_fwd_inplace_{sfx}"), ballot_grid(n);
+            &slope, &n64, x.slice_mut(), mask.slice_mut())?;
+    }
+    Ok(mask)
 }
 
 /// ReLU/LeakyReLU backward from the packed mask alone: `g` where the bit

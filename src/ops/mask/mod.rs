@@ -27,7 +27,10 @@
 //! | any of them | nothing | — (no node) | |
 //!
 //! Every form gives bit-identical gradients (the mask is recomputed from
-//! the kept values by the same rule).
+//! the kept values by the same rule). On CUDA under the lean policy,
+//! `relu`'s output and mask come from one kernel (`relu_mask_fwd`, in
+//! place for `relu_inplace`), the same bytes allocated in the same order
+//! as the output's kernel followed by the mask's.
 
 mod cpu;
 mod cuda;
@@ -48,6 +51,20 @@ fn positive_mask_for(x: &Tensor, op: &'static str) -> Result<Tensor> {
     match backend(op, &[x])? {
         Backend::Cpu | Backend::Meta => cpu::mask_where(x, op, |v| v > 0.0),
         Backend::Cuda(_) => cuda::positive(x),
+    }
+}
+
+/// ReLU of `x` with its output's mask already made (CUDA under the lean
+/// policy: one launch for both), as (output, bits); `in_place` writes over
+/// `x`, which nothing else holds (the caller checked). `None` elsewhere:
+/// the op computes the output and `SavedMask::new` the mask, as before.
+pub(crate) fn relu_with_mask(x: &Tensor, in_place: bool) -> Result<Option<(Tensor, Tensor)>> {
+    if save_policy() != SavePolicy::Lean {
+        return Ok(None);
+    }
+    match backend("relu", &[x])? {
+        Backend::Cpu | Backend::Meta => Ok(None),
+        Backend::Cuda(_) => cuda::relu_with_mask(x, in_place).map(Some),
     }
 }
 
@@ -203,6 +220,26 @@ impl SavedMask {
             }
             SavePolicy::SaveAll => SavedMask::FromFloat(SavedTensor::new(source, op), rule),
         })
+    }
+
+    /// [`SavedMask::new`] under the lean policy with the `bits` of `rule`
+    /// over `source` already made (by a kernel that made both).
+    pub(crate) fn from_bits(
+        source: &Tensor,
+        bits: &Tensor,
+        rule: MaskRule,
+        op: &'static str,
+    ) -> SavedMask {
+        let slot = Arc::new(MaskSlot {
+            rule,
+            op,
+            source_layout: source.layout().clone(),
+            source_version: source.version(),
+            state: Mutex::new(MaskState::Bits(SavedTensor::new(bits, op))),
+        });
+        let weak = Arc::downgrade(&slot);
+        source.storage().add_save_listener(weak);
+        SavedMask::Lean(slot)
     }
 
     /// `g` where the mask is set, `g · slope` elsewhere; written over `g`

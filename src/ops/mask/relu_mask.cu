@@ -30,6 +30,29 @@
             if (lane == 0) mask[w] = bits;                                            \
         }                                                                             \
     }                                                                                 \
+    /* The same written over a contiguous x (buffer reuse: nothing else holds */    \
+    /* x); each element is read and written by its one thread. */                     \
+    extern "C" __global__ void relu_mask_fwd_inplace_##sfx(double slope, long long n, \
+                                                           T* x, unsigned int* mask) { \
+        typedef Acc<T>::type A;                                                       \
+        A s = lg_load(lg_from_f64<T>(slope));                                         \
+        long long words = (n + 31) / 32;                                              \
+        long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;     \
+        long long warps = ((long long)blockDim.x * gridDim.x) >> 5;                   \
+        int lane = threadIdx.x & 31;                                                  \
+        for (long long w = warp; w < words; w += warps) {                             \
+            long long i = w * 32 + lane;                                              \
+            bool pos = false;                                                         \
+            if (i < n) {                                                              \
+                T xv = x[i];                                                          \
+                A v = lg_load(xv);                                                    \
+                pos = v > (A)0;                                                       \
+                x[i] = pos ? xv : lg_store<T>((slope == 0.0 && v == v) ? (A)0 : v * s); \
+            }                                                                         \
+            unsigned int bits = __ballot_sync(0xffffffffu, pos);                      \
+            if (lane == 0) mask[w] = bits;                                            \
+        }                                                                             \
+    }                                                                                 \
     extern "C" __global__ void relu_mask_bwd_##sfx(double slope, long long n, T* dx, \
                                                    const T* g, Strided lg,            \
                                                    const unsigned int* mask) {        \
