@@ -5,53 +5,43 @@
 // slope is 0), the product rounded in T as the CPU.
 
 // Forward: y = x > 0 ? x : (slope == 0 ? 0 : x * slope), NaN kept; mask bits
-// as above.
+// as above. x is read through lx, or contiguously when lx is null; y may be
+// x itself (contiguous): each element is read, then written, by one thread.
+template <typename T>
+static __device__ void lg_relu_mask_fwd(double slope, long long n, T* y, unsigned int* mask,
+                                        const T* x, const Strided* lx) {
+    typedef typename Acc<T>::type A;
+    A s = lg_load(lg_from_f64<T>(slope));
+    long long words = (n + 31) / 32;
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    long long warps = ((long long)blockDim.x * gridDim.x) >> 5;
+    int lane = threadIdx.x & 31;
+    for (long long w = warp; w < words; w += warps) {
+        long long i = w * 32 + lane;
+        bool pos = false;
+        if (i < n) {
+            T xv = x[lx ? lg_offset(*lx, i) : i];
+            A v = lg_load(xv);
+            pos = v > (A)0;
+            /* NaN is not positive (bit 0) but stays NaN, as on the CPU */
+            y[i] = pos ? xv : lg_store<T>((slope == 0.0 && v == v) ? (A)0 : v * s);
+        }
+        unsigned int bits = __ballot_sync(0xffffffffu, pos);
+        if (lane == 0) mask[w] = bits;
+    }
+}
+
 #define LG_RELU_MASK(sfx, T)                                                          \
     extern "C" __global__ void relu_mask_fwd_##sfx(double slope, long long n, T* y,  \
                                                    unsigned int* mask, const T* x,    \
                                                    Strided lx) {                      \
-        typedef Acc<T>::type A;                                                       \
-        A s = lg_load(lg_from_f64<T>(slope));                                         \
-        long long words = (n + 31) / 32;                                              \
-        long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;     \
-        long long warps = ((long long)blockDim.x * gridDim.x) >> 5;                   \
-        int lane = threadIdx.x & 31;                                                  \
-        for (long long w = warp; w < words; w += warps) {                             \
-            long long i = w * 32 + lane;                                              \
-            bool pos = false;                                                         \
-            if (i < n) {                                                              \
-                T xv = x[lg_offset(lx, i)];                                           \
-                A v = lg_load(xv);                                                    \
-                pos = v > (A)0;                                                       \
-                /* NaN is not positive (bit 0) but stays NaN, as on the CPU */        \
-                y[i] = pos ? xv : lg_store<T>((slope == 0.0 && v == v) ? (A)0 : v * s); \
-            }                                                                         \
-            unsigned int bits = __ballot_sync(0xffffffffu, pos);                      \
-            if (lane == 0) mask[w] = bits;                                            \
-        }                                                                             \
+        lg_relu_mask_fwd<T>(slope, n, y, mask, x, &lx);                               \
     }                                                                                 \
     /* The same written over a contiguous x (buffer reuse: nothing else holds */    \
-    /* x); each element is read and written by its one thread. */                     \
+    /* x). */                                                                         \
     extern "C" __global__ void relu_mask_fwd_inplace_##sfx(double slope, long long n, \
                                                            T* x, unsigned int* mask) { \
-        typedef Acc<T>::type A;                                                       \
-        A s = lg_load(lg_from_f64<T>(slope));                                         \
-        long long words = (n + 31) / 32;                                              \
-        long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;     \
-        long long warps = ((long long)blockDim.x * gridDim.x) >> 5;                   \
-        int lane = threadIdx.x & 31;                                                  \
-        for (long long w = warp; w < words; w += warps) {                             \
-            long long i = w * 32 + lane;                                              \
-            bool pos = false;                                                         \
-            if (i < n) {                                                              \
-                T xv = x[i];                                                          \
-                A v = lg_load(xv);                                                    \
-                pos = v > (A)0;                                                       \
-                x[i] = pos ? xv : lg_store<T>((slope == 0.0 && v == v) ? (A)0 : v * s); \
-            }                                                                         \
-            unsigned int bits = __ballot_sync(0xffffffffu, pos);                      \
-            if (lane == 0) mask[w] = bits;                                            \
-        }                                                                             \
+        lg_relu_mask_fwd<T>(slope, n, x, mask, x, (const Strided*)0);                 \
     }                                                                                 \
     extern "C" __global__ void relu_mask_bwd_##sfx(double slope, long long n, T* dx, \
                                                    const T* g, Strided lg,            \

@@ -5,7 +5,10 @@
 //! Without a GPU the CUDA test prints `skipped: no CUDA device (…)` and
 //! passes.
 
-use super::cuda::{positive_mask as cuda_positive_mask, relu_mask_backward, relu_mask_forward};
+use super::cuda::{
+    positive_mask as cuda_positive_mask, relu_mask_backward, relu_mask_forward,
+    relu_mask_forward_in_place,
+};
 use super::{mask_scale, positive_mask};
 use crate::cuda::testing::device;
 use crate::cuda::{CudaBuffer, CudaDevice, Strided};
@@ -87,6 +90,15 @@ fn relu_mask_bits_and_values_match_the_cpu() {
             }
             .unwrap();
             assert_eq!(download(&y), vals(&yc), "relu fwd {dtype:?} {slope}");
+            // In place: the same values over x's own buffer, the same bits.
+            let mut own = upload(&dev, &x);
+            let mi = relu_mask_forward_in_place(&mut own, 5 * 37, slope).unwrap();
+            assert_eq!(
+                download(&own),
+                vals(&yc),
+                "relu fwd in place {dtype:?} {slope}"
+            );
+            assert_eq!(mi.to_vec::<u32>().unwrap(), m.to_vec::<u32>().unwrap());
             let dx = relu_mask_backward(&ggy, &dense(&[5, 37]), &m, slope).unwrap();
             assert_eq!(
                 download(&dx),
