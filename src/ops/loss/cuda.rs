@@ -115,7 +115,7 @@ pub(super) fn backward(
     // of the ledger.
     let (t, w) = uncounted(|| {
         let t = targets_i64("cross_entropy", targets)?;
-        Ok((t, sample_weights(g, opts.reduction, count)?))
+        Ok((t, device_weights(g, opts.reduction, count)?))
     })?;
     let (dp, dt) = (p.storage().cuda()?, t.storage().cuda()?);
     let out = cross_entropy_backward(&dp, p.shape(), class_dim, &dt, &w, ignore_index, eps)?;
@@ -125,7 +125,7 @@ pub(super) fn backward(
 /// The CPU's `sample_weights` on the device: `g` as f64 weights, one per
 /// sample for no reduction, one for all otherwise, divided by the count of
 /// samples not ignored for the mean; `g` is dropped once they are made.
-fn sample_weights(g: Tensor, reduction: Reduction, count: &SampleCount) -> Result<CudaBuffer> {
+fn device_weights(g: Tensor, reduction: Reduction, count: &SampleCount) -> Result<CudaBuffer> {
     let op = "cuda cross_entropy_backward";
     let expected = match reduction {
         Reduction::None => g.numel(),
