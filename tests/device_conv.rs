@@ -3,8 +3,8 @@
 //! with and without bias and the ConvTranspose2d module, each on the CPU and
 //! on CUDA 0 when present for every requires-grad combination and both save
 //! policies, comparing outputs, gradients and saved bytes with the CPU's;
-//! the CUDA column budget's chunking (one item per chunk, the whole batch
-//! in one) against the CPU; and the rounding bound the comparisons accept,
+//! the CUDA weight gradient's split sums (default and large budget) against
+//! the CPU; and the rounding bound the comparisons accept,
 //! checked on the CPU. Without a GPU the CUDA half prints `skipped: no CUDA
 //! device`.
 
@@ -125,49 +125,59 @@ fn grads(y: &Tensor, gy: &Tensor, leaves: &[&Tensor]) -> Vec<Vec<f64>> {
     leaves.iter().map(|l| vals(&l.grad().unwrap())).collect()
 }
 
-/// The CUDA launch code processes the batch in chunks whose column buffer
-/// fits the thread's budget (`cuda::with_conv_workspace`): a 1-byte budget
-/// forces one item per chunk, `LARGE_WORKSPACE_BYTES` takes the whole batch
-/// in one. Both give the CPU's output, input, weight and bias gradients, in
-/// every float dtype (f64 included); a strided 1-d convolution too.
+/// The CUDA convolutions are implicit GEMMs that hold one item's im2col
+/// columns of Workspace (the CPU's buffer, so the ledgers match) whatever
+/// the budget, and the weight gradient splits a long reduction into
+/// partial sums kept there (more of them with a larger budget,
+/// `cuda::with_conv_workspace`): every way gives the CPU's output, input,
+/// weight and bias gradients, in every float dtype (f64 included), for a
+/// short batch (no split) and a long one (split); a strided 1-d
+/// convolution too.
 #[test]
-fn conv_matches_the_cpu_in_chunks() {
+fn conv_matches_the_cpu_with_and_without_split_sums() {
     let _dev = cuda_or_skip!("conv");
     let on_cuda = |t: &Tensor| t.to_device(Device::Cuda(0)).unwrap();
     let assert_close = cuda_common::assert_close;
+    let opts = Conv2dOptions {
+        stride: [2, 1],
+        padding: [1, 1],
+        dilation: [1, 2],
+        groups: 2,
+    };
     for dtype in cuda_common::FLOATS {
         let t = cuda_common::tol(dtype) * 8.0;
-        let x = cpu_rand(&[3, 4, 7, 8], -1.0, 1.0, dtype, 16);
-        let w = cpu_rand(&[6, 2, 3, 2], -1.0, 1.0, dtype, 17);
-        let b = cpu_rand(&[6], -1.0, 1.0, dtype, 18);
-        let opts = Conv2dOptions {
-            stride: [2, 1],
-            padding: [1, 1],
-            dilation: [1, 2],
-            groups: 2,
-        };
-        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
-        let yc = conv2d(&xl, &wl, Some(&bl), &opts).unwrap();
-        let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 19);
-        let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
-        // One item's columns: [cin·kh·kw, oh·ow] = [4·3·2, 4·8].
-        let item_cols = 24 * 32 * dtype.size_in_bytes();
-        for (budget, items) in [(1, 1), (LARGE_WORKSPACE_BYTES, 3)] {
-            let _ws = with_conv_workspace(budget);
-            let (xd, wd, bd) = (leaf(&on_cuda(&x)), leaf(&on_cuda(&w)), leaf(&on_cuda(&b)));
-            let ledger = Ledger::new();
-            let entered = ledger.enter();
-            let y = conv2d(&xd, &wd, Some(&bd), &opts).unwrap();
-            drop(entered);
-            // The budget reached the launch code: the column buffer held
-            // `items` items at a time.
-            let peak = ledger.peak_in(Device::Cuda(0), Category::Workspace);
-            assert_eq!(peak, items * item_cols, "{dtype:?} budget {budget}");
-            assert_close("conv y", &vals(&y), &vals(&yc), t);
-            let got = grads(&y, &on_cuda(&gy), &[&xd, &wd, &bd]);
-            assert_close("conv dx", &got[0], &want[0], t);
-            assert_close("conv dw", &got[1], &want[1], t);
-            assert_close("conv db", &got[2], &want[2], t);
+        // [3, 4, 7, 8] → [3, 6, 4, 8]: 96 positions, one sum; [4, 4, 40, 16]
+        // → [4, 6, 20, 16]: 1,280 positions, split.
+        for (xs, seed) in [([3, 4, 7, 8], 16), ([4, 4, 40, 16], 26)] {
+            let x = cpu_rand(&xs, -1.0, 1.0, dtype, seed);
+            let w = cpu_rand(&[6, 2, 3, 2], -1.0, 1.0, dtype, seed + 1);
+            let b = cpu_rand(&[6], -1.0, 1.0, dtype, seed + 2);
+            let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
+            let yc = conv2d(&xl, &wl, Some(&bl), &opts).unwrap();
+            let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, seed + 3);
+            let want = grads(&yc, &gy, &[&xl, &wl, &bl]);
+            // One item's columns: [cin·kh·kw, oh·ow].
+            let item_cols = 24 * yc.shape()[2] * yc.shape()[3] * dtype.size_in_bytes();
+            for budget in [0, LARGE_WORKSPACE_BYTES] {
+                let _ws = with_conv_workspace(budget);
+                let (xd, wd, bd) = (leaf(&on_cuda(&x)), leaf(&on_cuda(&w)), leaf(&on_cuda(&b)));
+                let ledger = Ledger::new();
+                let entered = ledger.enter();
+                let y = conv2d(&xd, &wd, Some(&bd), &opts).unwrap();
+                let got = grads(&y, &on_cuda(&gy), &[&xd, &wd, &bd]);
+                drop(entered);
+                let peak = ledger.peak_in(Device::Cuda(0), Category::Workspace);
+                let what = format!("{dtype:?} {xs:?} budget {budget}");
+                if budget == 0 {
+                    assert_eq!(peak, item_cols, "{what}");
+                } else {
+                    assert!(peak >= item_cols && peak <= budget, "{what}: {peak}");
+                }
+                assert_close(&format!("conv y {what}"), &vals(&y), &vals(&yc), t);
+                assert_close(&format!("conv dx {what}"), &got[0], &want[0], t);
+                assert_close(&format!("conv dw {what}"), &got[1], &want[1], t);
+                assert_close(&format!("conv db {what}"), &got[2], &want[2], t);
+            }
         }
         // 1-d
         let x1 = cpu_rand(&[2, 3, 10], -1.0, 1.0, dtype, 20);
@@ -179,7 +189,6 @@ fn conv_matches_the_cpu_in_chunks() {
             groups: 1,
         };
         let y1 = conv1d(&x1, &w1, None, &o1).unwrap();
-        let _ws = with_conv_workspace(1 << 20);
         let y = conv1d(&on_cuda(&x1), &on_cuda(&w1), None, &o1).unwrap();
         assert_close("conv1d y", &vals(&y), &vals(&y1), t);
     }

@@ -4,7 +4,7 @@ use super::CudaDevice;
 use crate::dtype::CpuData;
 use crate::memory::{current_category, Allocation, Category, Ledger};
 use crate::{DType, Error, Result, WithDType};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr};
 use std::sync::Arc;
 
 /// `len` elements of `dtype` in device memory, counted in the ledger under
@@ -288,6 +288,16 @@ impl CudaBuffer {
     /// beside the buffer for as long as the buffer lives.
     pub(crate) fn take_allocation(&mut self) -> Option<Allocation> {
         self.allocation.take()
+    }
+
+    /// The device address of element 0, for a kernel parameter that may
+    /// also be null (an absent operand the kernel tests for). Valid while
+    /// the buffer lives; the one stream orders a launch after every
+    /// earlier use of it.
+    pub(crate) fn address(&self) -> u64 {
+        let stream = self.device.stream().clone();
+        let (base, _record) = self.data.device_ptr(&stream);
+        base
     }
 
     /// The raw bytes, for kernel launches (at least one byte long).

@@ -11,12 +11,11 @@
 //! in place (how the autograd engine adds a weight gradient into its buffer).
 //! cuBLAS's own workspace is not counted in the ledger.
 //!
-//! Three entries, one cuBLAS call ([`launch`]): [`gemm_views`] on operands
+//! Two entries, one cuBLAS call ([`launch`]): [`gemm_views`] on operands
 //! read in place through [`MatrixView`]s (the matmul primitive, strided
-//! views included), [`gemm_sub`] on sub-ranges with an output stride (the
-//! convolution's im2col products), and [`gemm`] on whole buffers.
+//! views included) and [`gemm`] on whole buffers.
 
-use super::check::{self, invalid};
+use super::check;
 use super::CudaBuffer;
 use crate::{DType, Error, Result};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -275,7 +274,7 @@ pub(crate) fn gemm_views(
     launch(op, a, b, (c.0, c.1, m * n), shape, cfg)
 }
 
-/// The cuBLAS call of [`gemm`], [`gemm_views`] and [`gemm_sub`] (arguments
+/// The cuBLAS call of [`gemm`] and [`gemm_views`] (arguments
 /// checked by them): C's batch `i` is written row-major (`ldc = n`) from
 /// element `c.1 + i·c.2` of `c.0`; the transpose flags are the views'.
 fn launch(
@@ -354,80 +353,6 @@ fn launch(
         };
         r.map_err(|e| device.error("cublasGemmStridedBatchedEx", format!("{e:?}")))
     })
-}
-
-/// One operand of [`gemm_sub`]: its buffer, the element offset of batch 0
-/// and the elements between batches (0 reuses one matrix).
-pub(crate) type Operand<'a> = (&'a CudaBuffer, usize, usize);
-
-/// The sizes of a [`gemm_sub`]: `batch` products `[m×k]·[k×n]`, A stored
-/// `[k, m]` when `trans_a`, B stored `[n, k]` when `trans_b`; C scaled by
-/// `beta` before the product is added.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SubGemm {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub batch: usize,
-    pub trans_a: bool,
-    pub trans_b: bool,
-    pub beta: f64,
-}
-
-/// `C[c_off + i·c_stride] = op(A_i)·op(B_i) + beta·C` (row-major, ldc = n)
-/// for every batch `i`, with A, B and C sub-ranges of their buffers (the
-/// convolution's products of weights and im2col columns, which [`gemm`]'s
-/// whole-buffer C cannot address). Bounds are checked against the buffers.
-pub(crate) fn gemm_sub(
-    a: Operand,
-    b: Operand,
-    c: (&mut CudaBuffer, usize, usize),
-    s: SubGemm,
-) -> Result<()> {
-    let op = "cuda conv gemm";
-    let dtype = c.0.dtype();
-    types(op, dtype, false)?;
-    if s.batch == 0 || s.m == 0 || s.n == 0 {
-        return Ok(());
-    }
-    let last = |off: usize, stride: usize, size: usize| off + (s.batch - 1) * stride + size;
-    for (buf, off, stride, size) in [(a.0, a.1, a.2, s.m * s.k), (b.0, b.1, b.2, s.k * s.n)] {
-        check::same_device(op, buf, c.0)?;
-        if buf.dtype() != dtype || buf.len() < last(off, stride, size) {
-            return Err(invalid(
-                op,
-                format!("operand of {} {:?} elements", buf.len(), buf.dtype()),
-            ));
-        }
-    }
-    if c.0.len() < last(c.1, c.2, s.m * s.n) {
-        return Err(invalid(op, format!("output of {} elements", c.0.len())));
-    }
-    let va = MatrixView {
-        offset: a.1,
-        stride: a.2,
-        ld: if s.trans_a { s.m } else { s.k }.max(1),
-        trans: s.trans_a,
-    };
-    let vb = MatrixView {
-        offset: b.1,
-        stride: b.2,
-        ld: if s.trans_b { s.k } else { s.n }.max(1),
-        trans: s.trans_b,
-    };
-    let shape = GemmShape {
-        m: s.m,
-        n: s.n,
-        k: s.k,
-        batch: s.batch,
-        stride_a: a.2,
-        stride_b: b.2,
-    };
-    let cfg = GemmConfig {
-        beta: s.beta,
-        ..GemmConfig::default()
-    };
-    launch(op, (a.0, va), (b.0, vb), c, shape, &cfg)
 }
 
 /// A new `[batch, m, n]` buffer `alpha·op(A)·op(B)` (beta is ignored);

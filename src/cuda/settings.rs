@@ -2,16 +2,19 @@
 //! a guard for the calling thread only and restored when the guard drops,
 //! so no caller changes another's numerics or memory.
 //!
-//! - TF32 for f32 GEMMs ([`with_tf32`], off by default): TF32 rounds GEMM
-//!   inputs to a 10-bit mantissa, about 1e-3 relative error instead of
-//!   f32's 1e-7, for up to several times the throughput on tensor cores;
-//!   f16/bf16/f64 GEMMs are unaffected.
-//! - The convolution column budget ([`with_conv_workspace`], 0 by
-//!   default): 0 is one batch item's im2col columns at a time, exactly the
-//!   Workspace buffer the CPU kernels use, so a CUDA step's ledger equals
-//!   the CPU's (and the meta prediction) byte for byte; a larger budget
-//!   lets one strided-batched GEMM cover several items (fewer launches,
-//!   more memory), and the ledger shows that extra Workspace.
+//! - TF32 for f32 matrix products ([`with_tf32`], off by default): TF32
+//!   rounds GEMM inputs to a 10-bit mantissa, about 1e-3 relative error
+//!   instead of f32's 1e-7, for up to several times the throughput on
+//!   tensor cores; f16/bf16/f64 GEMMs are unaffected. Convolutions run on
+//!   leangrad's own kernels, in strict f32.
+//! - The convolution workspace budget ([`with_conv_workspace`], 0 by
+//!   default): every CUDA convolution holds one batch item's im2col
+//!   columns of Workspace, exactly the buffer the CPU kernels use, so a
+//!   CUDA step's ledger equals the CPU's (and the meta prediction) byte for
+//!   byte; a weight gradient keeps the partial sums of its split reduction
+//!   there. A larger budget lets it split further (more parallel work for
+//!   layers with few output tiles), and the ledger shows that extra
+//!   Workspace.
 
 use std::cell::Cell;
 use std::thread::LocalKey;
@@ -52,19 +55,20 @@ pub fn tf32_enabled() -> bool {
     TF32.with(Cell::get)
 }
 
-/// CUDA convolutions on this thread may use up to `bytes` for their column
-/// buffer (at least one item's columns, whatever `bytes` says), until the
+/// CUDA convolutions on this thread may hold up to `bytes` of Workspace
+/// (at least one item's im2col columns, whatever `bytes` says), until the
 /// guard drops.
 pub fn with_conv_workspace(bytes: usize) -> SettingGuard<usize> {
     set(&CONV_WORKSPACE, bytes)
 }
 
-/// A column budget for speed over memory parity (256 MiB): pass it to
+/// A workspace budget for speed over memory parity (256 MiB): pass it to
 /// [`with_conv_workspace`] (the default budget is one item's columns, as on
 /// the CPU).
 pub const LARGE_WORKSPACE_BYTES: usize = 256 << 20;
 
-/// The column budget on this thread now (0: one item, as the CPU).
+/// The convolution workspace budget on this thread now (0: one item's
+/// columns, as the CPU).
 pub fn conv_workspace_bytes() -> usize {
     CONV_WORKSPACE.with(Cell::get)
 }

@@ -1,19 +1,18 @@
 //! Every line of the convolutions' CUDA code: the glue from tensors to
 //! device buffers (what the seam in `mod.rs` calls for CUDA tensors) and the
-//! launch wrappers of `conv.cu` + cuBLAS, mirroring `cpu.rs`: im2col /
-//! col2im for 1-d and 2-d with stride, padding, dilation and groups, and the
-//! forward, input-gradient and weight-gradient GEMMs over column buffers,
-//! the bias fill and the bias gradient's per-channel sum.
+//! launch wrappers of `conv.cu`: forward, input gradient and weight gradient
+//! as implicit GEMMs (one launch each, with stride, padding, dilation and
+//! groups; the weight gradient's split partial sums added by a second one),
+//! and the bias gradient's per-channel sum.
 //!
-//! The column buffer is ledger-counted as [`Category::Workspace`] and
-//! bounded by a byte budget ([`crate::cuda::with_conv_workspace`]): the
-//! batch is processed in chunks of items so that it stays under the budget
-//! (at least one item per chunk). The default budget, 0, is one item's
-//! columns: exactly the CPU's buffer, so the ledgers match.
+//! No convolution writes im2col columns, yet each holds one item's worth of
+//! Workspace while it runs (see [`workspace`]): the CPU kernels' column
+//! buffer, so that the ledgers match; the weight gradient keeps its split
+//! partial sums there (more with a larger
+//! [`crate::cuda::with_conv_workspace`] budget).
 
 use super::ConvGeom;
-use crate::cuda::check::{expect, float_suffix, invalid};
-use crate::cuda::gemm::{gemm_sub, SubGemm};
+use crate::cuda::check::{expect, float_suffix};
 use crate::cuda::launch;
 use crate::cuda::{conv_workspace_bytes, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
@@ -41,11 +40,6 @@ impl ConvGeom {
             self.cout * self.k(),
             self.n * self.cout * self.l(),
         )
-    }
-    /// Items per chunk whose columns fit in `budget` bytes (at least 1).
-    fn chunk_items(&self, elem_bytes: usize, budget: usize) -> usize {
-        let per = (self.rows() * self.l() * elem_bytes).max(1);
-        (budget / per).clamp(1, self.n.max(1))
     }
 }
 
@@ -83,7 +77,7 @@ pub(super) fn conv2d_forward(
     let b = dense_bias(bias)?;
     let bb = b.as_ref().map(|b| b.storage().cuda()).transpose()?;
     on_buffers(x, w, &[g.n, g.cout, g.oh, g.ow], |x, w| {
-        conv_forward(x, w, bb.as_deref(), g, conv_workspace_bytes())
+        conv_forward(x, w, bb.as_deref(), g)
     })
 }
 
@@ -99,7 +93,7 @@ pub(super) fn conv2d_input_grad(
     let b = dense_bias(bias)?;
     let bb = b.as_ref().map(|b| b.storage().cuda()).transpose()?;
     on_buffers(gy, w, &[g.n, g.cin, g.h, g.w], |gy, w| {
-        conv_input_grad(gy, w, bb.as_deref(), g, conv_workspace_bytes())
+        conv_input_grad(gy, w, bb.as_deref(), g)
     })
 }
 
@@ -123,214 +117,135 @@ pub(super) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
     wrap(out, &[c])
 }
 
-/// Writes the columns of items `first .. first + nb` of `x` into `cols`.
-fn im2col_into(
-    x: &CudaBuffer,
-    g: &ConvGeom,
-    first: usize,
-    nb: usize,
-    cols: &mut CudaBuffer,
-) -> Result<()> {
-    let op = "cuda im2col";
-    let sfx = float_suffix(op, x.dtype())?;
-    if first + nb > g.n {
-        return Err(invalid(op, format!("items {first}+{nb} of {}", g.n)));
-    }
-    expect(op, x, x.dtype(), g.sizes().0, x)?;
-    let len = nb * g.rows() * g.l();
-    expect(op, cols, x.dtype(), len, x)?;
-    if len > 0 {
-        let (f, nb) = (first as i64, nb as i64);
-        launch!(x.device(), "conv.cu", format!("im2col_{sfx}"), CudaDevice::grid_for(len);
-            g, &f, &nb, cols.slice_mut(), x.slice())?;
-    }
-    Ok(())
+/// Threads per block of the implicit-GEMM kernels (`LG_IG_THREADS`).
+const THREADS: usize = 256;
+/// Rows and columns of one block's output tile (`LG_IG_BM`, `LG_IG_BN`).
+const TILE: usize = 64;
+/// The reduction step of one tile (`LG_IG_BK`).
+const TILE_K: usize = 16;
+/// Blocks the weight gradient aims for when it splits its reduction (about
+/// two per SM of a 132-SM GPU). A constant, not the device's SM count, so
+/// that the split, and with it the order of the sums, is the same on every
+/// GPU.
+const SPLIT_TARGET_BLOCKS: usize = 256;
+/// Fewest batch positions one split of the weight gradient sums.
+const MIN_SPLIT_POSITIONS: usize = 256;
+
+/// The launch shape of `blocks` tiles (the kernels loop over tiles beyond
+/// the grid's 65,536 blocks).
+fn tile_grid(blocks: usize) -> cudarc::driver::LaunchConfig {
+    CudaDevice::grid_for(blocks.max(1) * THREADS)
 }
 
-/// Folds `cols` (items `first .. first + nb`) into those items of `gx`,
-/// overwriting them, or with `accumulate` adding to what they hold (each
-/// tap rounded in the dtype, after the held value, as the CPU's bias-first
-/// transposed convolution); deterministic (each input gathers its taps in
-/// order).
-fn col2im_into(
-    cols: &CudaBuffer,
-    g: &ConvGeom,
-    first: usize,
-    nb: usize,
-    accumulate: bool,
-    gx: &mut CudaBuffer,
-) -> Result<()> {
-    let op = "cuda col2im";
-    let sfx = float_suffix(op, cols.dtype())?;
-    if first + nb > g.n {
-        return Err(invalid(op, format!("items {first}+{nb} of {}", g.n)));
-    }
-    expect(op, cols, cols.dtype(), nb * g.rows() * g.l(), cols)?;
-    expect(op, gx, cols.dtype(), g.sizes().0, cols)?;
-    let len = nb * g.cin * g.h * g.w;
-    if len > 0 {
-        let (f, nb, acc) = (first as i64, nb as i64, i32::from(accumulate));
-        // Parameters: (ConvGeom g, i64 first, i64 nb, i32 accumulate, T* gx,
-        // const T* cols).
-        launch!(cols.device(), "conv.cu", format!("col2im_{sfx}"), CudaDevice::grid_for(len);
-            g, &f, &nb, &acc, gx.slice_mut(), cols.slice())?;
-    }
-    Ok(())
+/// Tiles of `m × n` in `groups` groups.
+fn tiles(groups: usize, m: usize, n: usize) -> usize {
+    groups * m.div_ceil(TILE) * n.div_ceil(TILE)
 }
 
-/// The column workspace for chunks of `chunk` items.
-fn workspace(x: &CudaBuffer, g: &ConvGeom, chunk: usize) -> Result<CudaBuffer> {
-    CudaBuffer::alloc_in(
-        x.device(),
-        x.dtype(),
-        chunk * g.rows() * g.l(),
-        Category::Workspace,
-    )
+/// The Workspace a convolution holds while it runs, `len` elements of
+/// `like`'s dtype: at least one item's im2col columns (`cin·kh·kw × oh·ow`),
+/// the buffer the CPU kernels unfold into, so that a CUDA step's ledger
+/// equals the CPU's and the meta prediction byte for byte. The implicit
+/// GEMMs gather their tiles from the input directly and need none of it
+/// except for the weight gradient's split partial sums.
+fn workspace(like: &CudaBuffer, g: &ConvGeom, len: usize) -> Result<CudaBuffer> {
+    let len = len.max(g.rows() * g.l());
+    CudaBuffer::alloc_in(like.device(), like.dtype(), len, Category::Workspace)
 }
 
-/// Runs `each(first, items, cols)` over the batch in chunks whose im2col
-/// columns fit `budget`, reusing one Workspace buffer for every chunk
-/// (`cols` holds the columns of items `first..first + items`).
-fn for_each_column_chunk(
-    x: &CudaBuffer,
-    g: &ConvGeom,
-    budget: usize,
-    mut each: impl FnMut(usize, usize, &CudaBuffer) -> Result<()>,
-) -> Result<()> {
-    let n = g.n;
-    let chunk = g.chunk_items(x.dtype().size_in_bytes(), budget);
-    let mut cols = workspace(x, g, chunk)?;
-    for first in (0..n).step_by(chunk) {
-        let items = chunk.min(n - first);
-        im2col_into(x, g, first, items, &mut cols)?;
-        each(first, items, &cols)?;
-    }
-    Ok(())
-}
-
-/// A new buffer of `len` elements (`[.., c, l]`) holding `b[ch]` at every
-/// position of channel `ch` (`b`: `c` elements of `like`'s dtype).
-fn bias_filled(
+/// The address of an optional bias (null when absent).
+fn bias_address(
     op: &'static str,
+    bias: Option<&CudaBuffer>,
     like: &CudaBuffer,
-    b: &CudaBuffer,
-    len: usize,
     c: usize,
-    l: usize,
-) -> Result<CudaBuffer> {
-    let sfx = float_suffix(op, like.dtype())?;
-    expect(op, b, like.dtype(), c, like)?;
-    let mut y = CudaBuffer::alloc(like.device(), like.dtype(), len)?;
-    if len > 0 && c > 0 && l > 0 {
-        let (n64, c64, l64) = (len as i64, c as i64, l as i64);
-        // Parameters: (i64 n, i64 c, i64 l, T* y, const T* b).
-        launch!(like.device(), "conv.cu", format!("conv_fill_bias_{sfx}"), CudaDevice::grid_for(len);
-            &n64, &c64, &l64, y.slice_mut(), b.slice())?;
+) -> Result<u64> {
+    match bias {
+        Some(b) => {
+            expect(op, b, like.dtype(), c, like)?;
+            Ok(b.address())
+        }
+        None => Ok(0),
     }
-    Ok(y)
 }
 
-/// Convolution forward: `y = bias + W ⊛ x` (`[n, cout, oh, ow]`) by
-/// im2col + one strided-batched GEMM per group and chunk; the column buffer
-/// stays under `budget` bytes.
+/// Convolution forward: `y = bias + W ⊛ x` (`[n, cout, oh, ow]`), one
+/// implicit-GEMM launch (`conv_fwd_*`).
 fn conv_forward(
     x: &CudaBuffer,
     w: &CudaBuffer,
     bias: Option<&CudaBuffer>,
     g: &ConvGeom,
-    budget: usize,
 ) -> Result<CudaBuffer> {
     let op = "cuda conv";
+    let sfx = float_suffix(op, x.dtype())?;
     let (nx, nw, ny) = g.sizes();
     expect(op, x, x.dtype(), nx, x)?;
     expect(op, w, x.dtype(), nw, x)?;
-    let mut y = match bias {
-        Some(b) => bias_filled(op, x, b, ny, g.cout, g.l())?,
-        None => CudaBuffer::zeros(x.device(), x.dtype(), ny)?,
-    };
-    if ny == 0 || g.rows() == 0 {
-        return Ok(y);
+    let b = bias_address(op, bias, x, g.cout)?;
+    let mut y = CudaBuffer::alloc(x.device(), x.dtype(), ny)?;
+    let _reserved = workspace(x, g, 0)?;
+    if ny > 0 {
+        let cfg = tile_grid(tiles(g.groups, g.cout_g(), g.n * g.l()));
+        // Parameters: (ConvGeom g, T* y, const T* x, const T* w, const T* bias).
+        launch!(x.device(), "conv.cu", format!("conv_fwd_{sfx}"), cfg;
+            g, y.slice_mut(), x.slice(), w.slice(), &b)?;
     }
-    let (l, k, cg, rows, cout) = (g.l(), g.k(), g.cout_g(), g.rows(), g.cout);
-    for_each_column_chunk(x, g, budget, |first, nb, cols| {
-        for grp in 0..g.groups {
-            let s = SubGemm {
-                m: cg,
-                n: l,
-                k,
-                batch: nb,
-                trans_a: false,
-                trans_b: false,
-                beta: 1.0,
-            };
-            gemm_sub(
-                (w, grp * cg * k, 0),
-                (cols, grp * k * l, rows * l),
-                (&mut y, (first * cout + grp * cg) * l, cout * l),
-                s,
-            )?;
-        }
-        Ok(())
-    })?;
     Ok(y)
 }
 
 /// The input gradient `[n, cin, h, w]` of a convolution from the output
-/// gradient `gy`: per chunk, `cols = Wᵀ·gy` per group, then col2im. This is
-/// also the transposed convolution of `gy` by `w`; with `bias` (`[cin]`)
-/// every position starts from its channel's bias and the taps are added
-/// after it, as on the CPU.
+/// gradient `gy`, one implicit-GEMM launch (`conv_dgrad_*`). This is also
+/// the transposed convolution of `gy` by `w`; with `bias` (`[cin]`) every
+/// position starts from its channel's bias.
 fn conv_input_grad(
     gy: &CudaBuffer,
     w: &CudaBuffer,
     bias: Option<&CudaBuffer>,
     g: &ConvGeom,
-    budget: usize,
 ) -> Result<CudaBuffer> {
     let op = "cuda conv input grad";
+    let sfx = float_suffix(op, gy.dtype())?;
     let (nx, nw, ny) = g.sizes();
     expect(op, gy, gy.dtype(), ny, gy)?;
     expect(op, w, gy.dtype(), nw, gy)?;
-    let plane = g.h * g.w;
-    let mut gx = match bias {
-        Some(b) => bias_filled(op, gy, b, nx, g.cin, plane)?,
-        None if g.rows() == 0 || g.l() == 0 || g.cout == 0 => {
-            return CudaBuffer::zeros(gy.device(), gy.dtype(), nx)
-        }
-        None => CudaBuffer::alloc(gy.device(), gy.dtype(), nx)?,
-    };
-    if g.rows() == 0 || g.l() == 0 || g.cout == 0 {
-        return Ok(gx);
-    }
-    let (n, l, k, cg, rows, cout) = (g.n, g.l(), g.k(), g.cout_g(), g.rows(), g.cout);
-    let chunk = g.chunk_items(gy.dtype().size_in_bytes(), budget);
-    let mut cols = workspace(gy, g, chunk)?;
-    for first in (0..n).step_by(chunk) {
-        let nb = chunk.min(n - first);
-        for grp in 0..g.groups {
-            let s = SubGemm {
-                m: k,
-                n: l,
-                k: cg,
-                batch: nb,
-                trans_a: true,
-                trans_b: false,
-                beta: 0.0,
-            };
-            gemm_sub(
-                (w, grp * cg * k, 0),
-                (gy, (first * cout + grp * cg) * l, cout * l),
-                (&mut cols, grp * k * l, rows * l),
-                s,
-            )?;
-        }
-        col2im_into(&cols, g, first, nb, bias.is_some(), &mut gx)?;
+    let b = bias_address(op, bias, gy, g.cin)?;
+    let mut gx = CudaBuffer::alloc(gy.device(), gy.dtype(), nx)?;
+    let _reserved = workspace(gy, g, 0)?;
+    if nx > 0 {
+        let cfg = tile_grid(tiles(g.groups, g.cin / g.groups, g.n * g.h * g.w));
+        // Parameters: (ConvGeom g, T* gx, const T* gy, const T* w, const T* bias).
+        launch!(gy.device(), "conv.cu", format!("conv_dgrad_{sfx}"), cfg;
+            g, gx.slice_mut(), gy.slice(), w.slice(), &b)?;
     }
     Ok(gx)
 }
 
-/// The weight gradient `[cout, cin/groups, kh, kw]`: `Σ_items gy·colsᵀ`
-/// per group, accumulated into a zeroed buffer.
+/// How the weight gradient splits its reduction over the batch's `n·l`
+/// positions: `(splits, positions per split)`. Enough splits for about
+/// [`SPLIT_TARGET_BLOCKS`] blocks, each summing at least
+/// [`MIN_SPLIT_POSITIONS`] positions, and only as many partial sums as
+/// `capacity` bytes hold (one split: no partial sums).
+fn weight_grad_split(g: &ConvGeom, partial_elem: usize, capacity: usize) -> (usize, usize) {
+    let positions = g.n * g.l();
+    let tiles = tiles(g.groups, g.cout_g(), g.k()).max(1);
+    let per_split = (g.cout * g.k() * partial_elem).max(1);
+    let splits = SPLIT_TARGET_BLOCKS
+        .div_ceil(tiles)
+        .min(positions.div_ceil(MIN_SPLIT_POSITIONS))
+        .min(capacity / per_split);
+    if splits < 2 {
+        return (1, positions);
+    }
+    let chunk = positions.div_ceil(splits).div_ceil(TILE_K) * TILE_K;
+    (positions.div_ceil(chunk), chunk)
+}
+
+/// The weight gradient `[cout, cin/groups, kh, kw]` = `Σ_items gy·colsᵀ`
+/// per group: one implicit-GEMM launch (`conv_wgrad_*`), its reduction
+/// split in ranges of the batch when the output has few tiles, their
+/// partial sums (in the Workspace, up to `budget` bytes or one item's
+/// columns) added in range order by `conv_split_sum_*`.
 fn conv_weight_grad(
     gy: &CudaBuffer,
     x: &CudaBuffer,
@@ -338,37 +253,36 @@ fn conv_weight_grad(
     budget: usize,
 ) -> Result<CudaBuffer> {
     let op = "cuda conv weight grad";
+    let sfx = float_suffix(op, x.dtype())?;
     let (nx, nw, ny) = g.sizes();
     expect(op, gy, x.dtype(), ny, x)?;
     expect(op, x, x.dtype(), nx, x)?;
-    let mut gw = CudaBuffer::zeros(x.device(), x.dtype(), nw)?;
-    if nw == 0 || g.l() == 0 {
+    let mut gw = match nw > 0 && g.n * g.l() == 0 {
+        true => CudaBuffer::zeros(x.device(), x.dtype(), nw)?,
+        false => CudaBuffer::alloc(x.device(), x.dtype(), nw)?,
+    };
+    let elem = x.dtype().size_in_bytes();
+    // f32 partial sums for the half types, as the kernels accumulate.
+    let partial = elem.max(4);
+    let capacity = budget.max(g.rows() * g.l() * elem);
+    let (splits, chunk) = weight_grad_split(g, partial, capacity);
+    let parts = if splits > 1 { splits * nw * partial } else { 0 };
+    let mut ws = workspace(x, g, parts.div_ceil(elem))?;
+    if nw == 0 || g.n * g.l() == 0 {
         return Ok(gw);
     }
-    let (l, k, cg, rows, cout) = (g.l(), g.k(), g.cout_g(), g.rows(), g.cout);
-    for_each_column_chunk(x, g, budget, |first, nb, cols| {
-        for j in 0..nb {
-            for grp in 0..g.groups {
-                let s = SubGemm {
-                    m: cg,
-                    n: k,
-                    k: l,
-                    batch: 1,
-                    trans_a: false,
-                    trans_b: true,
-                    beta: 1.0,
-                };
-                let a = (gy, ((first + j) * cout + grp * cg) * l, 0);
-                gemm_sub(
-                    a,
-                    (cols, j * rows * l + grp * k * l, 0),
-                    (&mut gw, grp * cg * k, 0),
-                    s,
-                )?;
-            }
-        }
-        Ok(())
-    })?;
+    let cfg = tile_grid(splits * tiles(g.groups, g.cout_g(), g.k()));
+    let (s64, c64) = (splits as i64, chunk as i64);
+    // Parameters: (ConvGeom g, i64 splits, i64 chunk, T* gw, A* part,
+    // const T* gy, const T* x).
+    launch!(x.device(), "conv.cu", format!("conv_wgrad_{sfx}"), cfg;
+        g, &s64, &c64, gw.slice_mut(), ws.slice_mut(), gy.slice(), x.slice())?;
+    if splits > 1 {
+        let n64 = nw as i64;
+        // Parameters: (i64 n, i64 splits, T* gw, const A* part).
+        launch!(x.device(), "conv.cu", format!("conv_split_sum_{sfx}"), CudaDevice::grid_for(nw);
+            &n64, &s64, gw.slice_mut(), ws.slice())?;
+    }
     Ok(gw)
 }
 
@@ -386,4 +300,69 @@ fn channel_sum_buffer(gy: &CudaBuffer, n: usize, c: usize, l: usize) -> Result<C
             &n64, &c64, &l64, out.slice_mut(), gy.slice())?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tile sizes the launch code plans with are those `conv.cu`
+    /// defines (one source each side, checked here).
+    #[test]
+    fn tile_constants_match_the_kernels() {
+        let src = include_str!("conv.cu");
+        let define = |name: &str| -> usize {
+            let line = src
+                .lines()
+                .find(|l| l.starts_with(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("conv.cu defines {name}"));
+            line.split_whitespace().nth(2).unwrap().parse().unwrap()
+        };
+        assert_eq!(define("LG_IG_THREADS"), THREADS);
+        assert_eq!(define("LG_IG_BM"), TILE);
+        assert_eq!(define("LG_IG_BN"), TILE);
+        assert_eq!(define("LG_IG_BK"), TILE_K);
+    }
+
+    /// The weight gradient splits a long reduction over few tiles, within
+    /// the partial sums' capacity, and never leaves a split empty.
+    #[test]
+    fn weight_grad_splits_within_capacity() {
+        // ResNet-18's first 3×3 layer at batch 64, 56²: 9 tiles, 200,704
+        // positions, 64·576 partial sums per split.
+        let g = ConvGeom {
+            n: 64,
+            cin: 64,
+            h: 56,
+            w: 56,
+            cout: 64,
+            kh: 3,
+            kw: 3,
+            stride: [1, 1],
+            pad: [1, 1],
+            dil: [1, 1],
+            groups: 1,
+            oh: 56,
+            ow: 56,
+        };
+        let per_split = 64 * 576 * 4;
+        let (splits, chunk) = weight_grad_split(&g, 4, 576 * 3136 * 4);
+        assert_eq!(splits, 29);
+        assert_eq!(chunk % TILE_K, 0);
+        assert!(splits * chunk >= 64 * 3136 && (splits - 1) * chunk < 64 * 3136);
+        // Capacity for 3 splits' partial sums: 3.
+        assert_eq!(weight_grad_split(&g, 4, 3 * per_split + 1).0, 3);
+        // No room for two: one split, summing everything.
+        assert_eq!(weight_grad_split(&g, 4, per_split), (1, 64 * 3136));
+        // A batch of 2 at 4²: too few positions to split.
+        let small = ConvGeom {
+            n: 2,
+            h: 4,
+            w: 4,
+            oh: 4,
+            ow: 4,
+            ..g
+        };
+        assert_eq!(weight_grad_split(&small, 4, usize::MAX).0, 1);
+    }
 }

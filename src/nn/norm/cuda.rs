@@ -28,7 +28,7 @@ use crate::dtype::stat_dtype;
 use crate::tensor::cuda::{adopt, uncounted, wrap};
 use crate::tensor::Tensor;
 use crate::{DType, Result};
-use cudarc::driver::{DevicePtr, DeviceRepr};
+use cudarc::driver::DeviceRepr;
 use std::sync::Arc;
 
 // The kernels take `struct NormGeom` of 6 `long long`s by value; `usize`
@@ -67,15 +67,10 @@ fn address(t: Option<&Tensor>, write: bool) -> Result<u64> {
     })?;
     let offset = (range.start * t.dtype().size_in_bytes()) as u64;
     let storage = t.storage();
-    let base = |buffer: &CudaBuffer| {
-        let stream = buffer.device().stream().clone();
-        let (base, _record) = buffer.slice().device_ptr(&stream);
-        base
-    };
     let base = if write {
-        base(&*storage.cuda_mut()?)
+        storage.cuda_mut()?.address()
     } else {
-        base(&*storage.cuda()?)
+        storage.cuda()?.address()
     };
     Ok(base + offset)
 }
