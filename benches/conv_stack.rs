@@ -15,9 +15,9 @@
 //! the code path runs anywhere: `cargo test --bench conv_stack -- --cpu
 //! --small`. Also `--batch N --size N --width N --warmup N --iters N
 //! --dtypes f32,bf16 --cases all,input --policies lean,save-all
-//! --workspace BYTES` (the CUDA conv column budget: 0, the default, is one
-//! item's columns as on the CPU; e.g. 268435456 trades memory for fewer
-//! GEMM launches), and on the simulated GPU `--profile-dir DIR` (each
+//! --workspace BYTES` (the CUDA conv workspace budget: 0, the default, is
+//! one item's im2col columns as the CPU holds; more lets weight gradients
+//! split their reduction further), and on the simulated GPU `--profile-dir DIR` (each
 //! run's timed step profiled by the simulator, written as
 //! `DIR/<dtype>_<case>_<policy>_b<batch>_<size>_ws<budget>.json`; the
 //! calibration profiles of `gpusim/tests/profile_model.rs` are made so).

@@ -18,7 +18,7 @@ use crate::cuda::{conv_workspace_bytes, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
 use crate::tensor::cuda::{dense, wrap};
 use crate::{Result, Tensor};
-use cudarc::driver::DeviceRepr;
+use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 // The kernels take `struct ConvGeom` of 16 `long long`s by value; `usize`
 // has their layout only where it is 8 bytes.
@@ -118,9 +118,13 @@ pub(super) fn channel_sum(gy: &Tensor) -> Result<Tensor> {
 }
 
 /// Threads per block of the implicit-GEMM kernels (`LG_IG_THREADS`).
-const THREADS: usize = 256;
-/// Rows and columns of one block's output tile (`LG_IG_BM`, `LG_IG_BN`).
+const THREADS: usize = 128;
+/// Columns of one block's output tile (`LG_IG_BN`).
 const TILE: usize = 64;
+/// The tile heights `conv.cu` instantiates (`conv_*_m{rows}_*`), smallest
+/// first: a layer takes the smallest that holds its rows, so that a
+/// 3-channel or depthwise layer does not compute 64 rows of zeros.
+const TILE_ROWS: [usize; 3] = [8, 32, 64];
 /// The reduction step of one tile (`LG_IG_BK`).
 const TILE_K: usize = 16;
 /// Blocks the weight gradient aims for when it splits its reduction (about
@@ -133,13 +137,23 @@ const MIN_SPLIT_POSITIONS: usize = 256;
 
 /// The launch shape of `blocks` tiles (the kernels loop over tiles beyond
 /// the grid's 65,536 blocks).
-fn tile_grid(blocks: usize) -> cudarc::driver::LaunchConfig {
-    CudaDevice::grid_for(blocks.max(1) * THREADS)
+fn tile_grid(blocks: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks.clamp(1, 65_536) as u32, 1, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The tile height for a product of `m` rows (per group).
+fn tile_rows(m: usize) -> usize {
+    let tallest = TILE_ROWS[TILE_ROWS.len() - 1];
+    TILE_ROWS.into_iter().find(|&r| m <= r).unwrap_or(tallest)
 }
 
 /// Tiles of `m × n` in `groups` groups.
 fn tiles(groups: usize, m: usize, n: usize) -> usize {
-    groups * m.div_ceil(TILE) * n.div_ceil(TILE)
+    groups * m.div_ceil(tile_rows(m)) * n.div_ceil(TILE)
 }
 
 /// The Workspace a convolution holds while it runs, `len` elements of
@@ -187,8 +201,9 @@ fn conv_forward(
     let _reserved = workspace(x, g, 0)?;
     if ny > 0 {
         let cfg = tile_grid(tiles(g.groups, g.cout_g(), g.n * g.l()));
+        let rows = tile_rows(g.cout_g());
         // Parameters: (ConvGeom g, T* y, const T* x, const T* w, const T* bias).
-        launch!(x.device(), "conv.cu", format!("conv_fwd_{sfx}"), cfg;
+        launch!(x.device(), "conv.cu", format!("conv_fwd_m{rows}_{sfx}"), cfg;
             g, y.slice_mut(), x.slice(), w.slice(), &b)?;
     }
     Ok(y)
@@ -214,8 +229,9 @@ fn conv_input_grad(
     let _reserved = workspace(gy, g, 0)?;
     if nx > 0 {
         let cfg = tile_grid(tiles(g.groups, g.cin / g.groups, g.n * g.h * g.w));
+        let rows = tile_rows(g.cin / g.groups);
         // Parameters: (ConvGeom g, T* gx, const T* gy, const T* w, const T* bias).
-        launch!(gy.device(), "conv.cu", format!("conv_dgrad_{sfx}"), cfg;
+        launch!(gy.device(), "conv.cu", format!("conv_dgrad_m{rows}_{sfx}"), cfg;
             g, gx.slice_mut(), gy.slice(), w.slice(), &b)?;
     }
     Ok(gx)
@@ -272,10 +288,11 @@ fn conv_weight_grad(
         return Ok(gw);
     }
     let cfg = tile_grid(splits * tiles(g.groups, g.cout_g(), g.k()));
+    let rows = tile_rows(g.cout_g());
     let (s64, c64) = (splits as i64, chunk as i64);
     // Parameters: (ConvGeom g, i64 splits, i64 chunk, T* gw, A* part,
     // const T* gy, const T* x).
-    launch!(x.device(), "conv.cu", format!("conv_wgrad_{sfx}"), cfg;
+    launch!(x.device(), "conv.cu", format!("conv_wgrad_m{rows}_{sfx}"), cfg;
         g, &s64, &c64, gw.slice_mut(), ws.slice_mut(), gy.slice(), x.slice())?;
     if splits > 1 {
         let n64 = nw as i64;
@@ -319,9 +336,14 @@ mod tests {
             line.split_whitespace().nth(2).unwrap().parse().unwrap()
         };
         assert_eq!(define("LG_IG_THREADS"), THREADS);
-        assert_eq!(define("LG_IG_BM"), TILE);
         assert_eq!(define("LG_IG_BN"), TILE);
         assert_eq!(define("LG_IG_BK"), TILE_K);
+        for rows in TILE_ROWS {
+            let tile = format!("LG_CONV_TILE(sfx, T, {rows}, {})", rows / 8);
+            assert!(src.contains(&tile), "conv.cu instantiates {tile}");
+        }
+        assert_eq!((tile_rows(3), tile_rows(9), tile_rows(64)), (8, 32, 64));
+        assert_eq!(tile_rows(512), 64);
     }
 
     /// The weight gradient splits a long reduction over few tiles, within
