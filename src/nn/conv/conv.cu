@@ -137,6 +137,22 @@ __device__ __forceinline__ void lg_ig_store_nchw(T* out, const T* bias,
     }
 }
 
+// The A tile of a step from a table of row starts: a[k][m] = src[tab[k] +
+// (m0 + m) * stride] for rows m0 + m < rows and steps k < ks, 0 elsewhere.
+template <typename T, int R>
+__device__ __forceinline__ void lg_ig_gather_a(IgTiles<typename Acc<T>::type, 8 * R>& s,
+                                               const T* src, const long long* tab,
+                                               long long stride, long long rows, long long m0,
+                                               long long ks, int t) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        int kq = t % LG_IG_BK, mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
+        long long m = m0 + mq;
+        bool ok = m < rows && kq < ks;
+        s.a[kq][mq] = ok ? lg_load(src[tab[kq] + m * stride]) : (typename Acc<T>::type)0;
+    }
+}
+
 // y ([n, cout, oh, ow]) = bias + W (*) x, every element written.
 template <typename T, int R>
 __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, const T* bias) {
@@ -224,13 +240,7 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
                 tab_dx[t] = kj * g.dil[1];
             }
             __syncthreads();
-#pragma unroll
-            for (int i = 0; i < R; ++i) {
-                int kq = t % LG_IG_BK, mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
-                long long m = tile.m0 + mq;
-                bool ok = m < cig && k0 + kq < K;
-                s.a[kq][mq] = ok ? lg_load(w[tab_w[kq] + m * kk]) : (A)0;
-            }
+            lg_ig_gather_a<T, R>(s, w, tab_w, kk, cig, tile.m0, K - k0, t);
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
@@ -294,13 +304,7 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
                 tab_ix[t] = ix0;
             }
             __syncthreads();
-#pragma unroll
-            for (int i = 0; i < R; ++i) {
-                int kq = t % LG_IG_BK, mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
-                long long m = tile.m0 + mq;
-                bool ok = m < cg && k0 + kq < end;
-                s.a[kq][mq] = ok ? lg_load(gy[tab_gy[kq] + m * L]) : (A)0;
-            }
+            lg_ig_gather_a<T, R>(s, gy, tab_gy, L, cg, tile.m0, end - k0, t);
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
