@@ -194,6 +194,96 @@ fn conv_matches_the_cpu_with_and_without_split_sums() {
     }
 }
 
+/// The CUDA input gradient of a strided convolution runs one dense product
+/// per stride phase of the input with only the taps that reach it, or,
+/// for few input channels, one product with the phases as rows: every
+/// layout gives the CPU's gradient. ResNet's 7×7 stride-2 stem on 3
+/// channels (phases as rows), a 1×1 stride-2 downsample (three of four
+/// phases reached by no tap: zeros), stride 2 with dilation 2 (one phase
+/// only), a kernel as long as its stride, a stride beyond the kernel with
+/// padding, unequal strides on a grouped layer (phases as rows, per
+/// group), and a transposed convolution to 3 channels with bias (its
+/// forward is this kernel; phases as rows).
+#[test]
+fn strided_input_gradients_match_the_cpu_in_every_phase() {
+    let _dev = cuda_or_skip!("conv");
+    let on_cuda = |t: &Tensor| t.to_device(Device::Cuda(0)).unwrap();
+    let opts = |stride, padding, dilation, groups| Conv2dOptions {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let cases = [
+        (
+            "stem 7x7 s2",
+            [2, 3, 17, 15],
+            [8, 3, 7, 7],
+            opts([2, 2], [3, 3], [1, 1], 1),
+        ),
+        (
+            "1x1 s2",
+            [2, 4, 9, 8],
+            [6, 4, 1, 1],
+            opts([2, 2], [0, 0], [1, 1], 1),
+        ),
+        (
+            "s2 d2",
+            [2, 4, 11, 10],
+            [5, 4, 3, 3],
+            opts([2, 2], [2, 1], [2, 2], 1),
+        ),
+        (
+            "3x3 s3",
+            [1, 2, 12, 9],
+            [4, 2, 3, 3],
+            opts([3, 3], [0, 0], [1, 1], 1),
+        ),
+        (
+            "2x2 s4 padded",
+            [2, 3, 13, 11],
+            [4, 3, 2, 2],
+            opts([4, 4], [1, 2], [1, 1], 1),
+        ),
+        (
+            "s3x2 grouped",
+            [2, 6, 14, 9],
+            [6, 2, 4, 3],
+            opts([3, 2], [1, 1], [1, 1], 3),
+        ),
+    ];
+    for dtype in [DType::F32, DType::F64] {
+        let t = cuda_common::tol(dtype) * 8.0;
+        for (name, xs, ws, o) in cases {
+            let x = cpu_rand(&xs, -1.0, 1.0, dtype, 41);
+            let w = cpu_rand(&ws, -1.0, 1.0, dtype, 42);
+            let (xl, wl) = (leaf(&x), leaf(&w));
+            let yc = conv2d(&xl, &wl, None, &o).unwrap();
+            let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 43);
+            let want = grads(&yc, &gy, &[&xl]);
+            let xd = leaf(&on_cuda(&x));
+            let y = conv2d(&xd, &on_cuda(&w), None, &o).unwrap();
+            let got = grads(&y, &on_cuda(&gy), &[&xd]);
+            let what = format!("{name} {dtype:?}");
+            cuda_common::assert_close(&format!("dx {what}"), &got[0], &want[0], t);
+        }
+        let up = ConvTranspose2dOptions {
+            stride: [2, 2],
+            padding: [1, 1],
+            output_padding: [1, 0],
+            ..ConvTranspose2dOptions::default()
+        };
+        let x = cpu_rand(&[2, 5, 6, 7], -1.0, 1.0, dtype, 44);
+        let w = cpu_rand(&[5, 3, 4, 3], -1.0, 1.0, dtype, 45);
+        let b = cpu_rand(&[3], -1.0, 1.0, dtype, 46);
+        let want = conv_transpose2d(&x, &w, Some(&b), &up).unwrap();
+        let got = conv_transpose2d(&on_cuda(&x), &on_cuda(&w), Some(&on_cuda(&b)), &up).unwrap();
+        assert_eq!(got.shape(), want.shape());
+        let what = format!("conv_transpose2d to 3 channels {dtype:?}");
+        cuda_common::assert_close(&what, &vals(&got), &vals(&want), t);
+    }
+}
+
 /// The rounding bound the checks above accept differences within (CPU only,
 /// so it runs without a GPU): it holds for the CPU's own f32 results against
 /// the exact (f64) ones and stays small next to the values (at most 1e-4 of

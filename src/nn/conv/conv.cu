@@ -8,7 +8,8 @@
 // The three products, per group (cg = cout/groups, cig = cin/groups,
 // kk = kh*kw, L = oh*ow, HW = h*w; column row r = c*kk + ki*kw + kj):
 // - forward      y[i, co, l]  = sum_r  W[co, r] * cols_i[r, l]        (M = cg,  N = n*L,  K = cig*kk)
-// - input grad  gx[i, c, pix] = sum_{co, ki, kj} W[co, c, ki, kj] * gy[i, co, tap] (M = cig, N = n*HW, K = cg*kk)
+// - input grad  gx[i, c, pix] = sum_{co, ki, kj} W[co, c, ki, kj] * gy[i, co, tap] (M = cig, N = n*HW, K = cg*kk;
+//                per stride phase, N and K divided by about the strides' product)
 // - weight grad gW[co, r]     = sum_{i, l} gy[i, co, l] * cols_i[r, l] (M = cg,  N = cig*kk, K = n*L)
 // Every output is one block's: a 64x64 tile of C, its K in steps of 16,
 // each product added with one fused multiply-add in K order (f32 for the
@@ -28,7 +29,7 @@ struct ConvGeom {
 };
 
 // Tile sizes (cuda.rs launches LG_IG_THREADS threads per block): a tile
-// has BM = 8*R rows (R = 8, 4 or 1: cuda.rs picks the smallest tile that
+// has BM = 8*R rows (R = 8, 4, 2 or 1: cuda.rs picks the smallest tile that
 // holds the layer's rows, so a 3-channel or depthwise layer does not
 // compute 64 rows of zeros) and LG_IG_BN columns; thread t computes rows
 // R*(t/16) + i, i < R, and columns 4*(t%16) + j, j < 4, reading each
@@ -113,19 +114,29 @@ __device__ __forceinline__ IgTile lg_ig_tile(long long b, long long tiles_m, lon
     return IgTile{b / per, rest / tiles_n * bm, rest % tiles_n * LG_IG_BN};
 }
 
+// Where the columns of a tile land in an [n, c, plane] output: column q is
+// position u*row + v (u = rest / row, v = rest % row) of item q / per_item
+// (rest = q % per_item), at plane offset at0 + u*du + v*dv.
+struct IgCols {
+    long long per_item, row, at0, du, dv;
+};
+
 // Stores a tile of products into out ([n, c, plane], the tile's rows the
 // channels grp*rows + m of its group, m < rows, its columns the positions
-// q < P of the batch), each added to bias[channel] when there is a bias.
+// q < P of the batch placed by `cols`), each added to bias[channel] when
+// there is a bias.
 template <typename T, int R>
 __device__ __forceinline__ void lg_ig_store_nchw(T* out, const T* bias,
                                                  const typename Acc<T>::type (&acc)[R][4],
                                                  IgTile tile, int tm, int tn, long long rows,
-                                                 long long c, long long plane, long long P) {
+                                                 long long c, long long plane, long long P,
+                                                 IgCols cols) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         long long q = tile.n0 + tn + j;
         if (q >= P) continue;
-        long long item = q / plane, at = q % plane;
+        long long item = q / cols.per_item, rest = q % cols.per_item;
+        long long at = cols.at0 + rest / cols.row * cols.du + rest % cols.row * cols.dv;
 #pragma unroll
         for (int i = 0; i < R; ++i) {
             long long m = tile.m0 + tm + i;
@@ -202,65 +213,207 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
             lg_ig_mac(s, acc, tm, tn);
             __syncthreads();
         }
-        lg_ig_store_nchw(y, bias, acc, tile, tm, tn, cg, g.cout, L, P);
+        lg_ig_store_nchw(y, bias, acc, tile, tm, tn, cg, g.cout, L, P, IgCols{L, L, 0, 0, 1});
     }
+}
+
+// One axis of a stride phase of the input gradient. The input coordinates
+// i with (i + pad) % stride == q (the phase) are first + u*stride for
+// u < count; only the taps k with (k*dil) % stride == q reach them (`taps`
+// of them), and tap k of coordinate u reads output coordinate
+// base + u - (k*dil - q)/stride.
+struct IgAxisPhase {
+    long long first, count, taps, base;
+};
+__device__ __forceinline__ IgAxisPhase lg_axis_phase(long long len, long long k, long long s,
+                                                     long long p, long long d, long long q) {
+    IgAxisPhase a;
+    a.first = ((q - p) % s + s) % s;
+    a.count = a.first < len ? (len - a.first + s - 1) / s : 0;
+    a.taps = 0;
+    for (long long ki = 0; ki < k; ++ki) a.taps += (ki * d) % s == q;
+    // first + p - q is a multiple of s and not negative (first + p ≡ q).
+    a.base = (a.first + p - q) / s;
+    return a;
+}
+// (k*dil - q)/stride for the j-th tap k of phase q (see IgAxisPhase) and
+// that tap's k in `k_out`.
+__device__ __forceinline__ long long lg_axis_tap(long long j, long long k, long long s,
+                                                 long long d, long long q, long long& k_out) {
+    long long ki = 0;
+    for (long long seen = 0; ki < k; ++ki) {
+        if ((ki * d) % s == q && seen++ == j) break;
+    }
+    k_out = ki;
+    return (ki * d - q) / s;
 }
 
 // gx ([n, cin, h, w]) = bias + the transposed convolution of gy by W (the
 // input gradient; `bias`, per input channel, only for conv_transpose2d),
-// every element written.
+// every element written. The input positions are taken one stride phase
+// at a time ((iy + pad) % stride, (ix + pad) % stride): each phase is a
+// dense product with only the taps that reach it (K = cg * taps_y *
+// taps_x), so a stride-2 layer does not multiply the three quarters of
+// its taps that fall between output positions. Blocks enumerate (phase,
+// group, tile) with every phase given the tiles of the largest one.
 template <typename T, int R>
 __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w, const T* bias) {
     typedef typename Acc<T>::type A;
     __shared__ IgTiles<A, 8 * R> s;
     __shared__ long long tab_w[LG_IG_BK], tab_gy[LG_IG_BK];
     __shared__ long long tab_dy[LG_IG_BK], tab_dx[LG_IG_BK];
+    const long long sy = g.stride[0], sx = g.stride[1];
     const long long kk = g.kh * g.kw, L = g.oh * g.ow, HW = g.h * g.w;
-    const long long cig = g.cin / g.groups, cg = g.cout / g.groups;
-    const long long Kw = cig * kk, K = cg * kk, P = g.n * HW;
+    const long long cig = g.cin / g.groups, cg = g.cout / g.groups, Kw = cig * kk;
     const long long tiles_m = (cig + 8 * R - 1) / (8 * R);
-    const long long tiles_n = (P + LG_IG_BN - 1) / LG_IG_BN;
-    const bool unit = g.stride[0] == 1 && g.stride[1] == 1;
+    const long long most = g.n * ((g.h + sy - 1) / sy) * ((g.w + sx - 1) / sx);
+    const long long tiles_n = (most + LG_IG_BN - 1) / LG_IG_BN;
+    const long long per_phase = g.groups * tiles_m * tiles_n;
     const int t = threadIdx.x, tm = t / 16 * R, tn = t % 16 * 4;
-    for (long long b = blockIdx.x; b < g.groups * tiles_m * tiles_n; b += gridDim.x) {
-        IgTile tile = lg_ig_tile(b, tiles_m, tiles_n, 8 * R);
-        // The input position this thread gathers taps for.
+    for (long long b = blockIdx.x; b < sy * sx * per_phase; b += gridDim.x) {
+        const long long qy = b / per_phase / sx, qx = b / per_phase % sx;
+        const IgAxisPhase py = lg_axis_phase(g.h, g.kh, sy, g.pad[0], g.dil[0], qy);
+        const IgAxisPhase px = lg_axis_phase(g.w, g.kw, sx, g.pad[1], g.dil[1], qx);
+        const long long plane = py.count * px.count, P = g.n * plane;
+        const long long taps = py.taps * px.taps, K = cg * taps;
+        IgTile tile = lg_ig_tile(b % per_phase, tiles_m, tiles_n, 8 * R);
+        if (tile.n0 >= P) continue;  // this phase has fewer tiles
+        // The input position this thread gathers taps for: (u, v) of the phase.
         long long p = tile.n0 + t % LG_IG_BN;
         bool p_ok = p < P;
-        long long pix = p_ok ? p % HW : 0, item = p_ok ? p / HW : 0;
-        long long ty0 = pix / g.w + g.pad[0], tx0 = pix % g.w + g.pad[1];
-        long long gybase = (item * g.cout + tile.grp * cg) * L;
+        long long at = p_ok ? p % plane : 0, item = p_ok ? p / plane : 0;
+        long long oy0 = py.base + at / px.count, ox0 = px.base + at % px.count;
+        long long gybase = (item * g.cout + tile.grp * cg) * L + oy0 * g.ow + ox0;
         A acc[R][4] = {};
         for (long long k0 = 0; k0 < K; k0 += LG_IG_BK) {
             if (t < LG_IG_BK) {
-                long long r = k0 + t, co = r / kk, ki = r % kk / g.kw, kj = r % g.kw;
+                long long r = k0 + t, co = r / taps, ki, kj;
+                long long my = lg_axis_tap(r % taps / px.taps, g.kh, sy, g.dil[0], qy, ki);
+                long long mx = lg_axis_tap(r % px.taps, g.kw, sx, g.dil[1], qx, kj);
                 tab_w[t] = (tile.grp * cg + co) * Kw + ki * g.kw + kj;
-                tab_gy[t] = co * L;
-                tab_dy[t] = r < K ? ki * g.dil[0] : -LG_IG_OUTSIDE;
-                tab_dx[t] = kj * g.dil[1];
+                tab_gy[t] = co * L - my * g.ow - mx;
+                tab_dy[t] = r < K ? my : -LG_IG_OUTSIDE;
+                tab_dx[t] = mx;
             }
             __syncthreads();
             lg_ig_gather_a<T, R>(s, w, tab_w, kk, cig, tile.m0, K - k0, t);
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
-                long long ty = ty0 - tab_dy[kq], tx = tx0 - tab_dx[kq], oy = ty, ox = tx;
-                bool in = p_ok;
-                if (!unit) {
-                    in = in && ty >= 0 && tx >= 0 && ty % g.stride[0] == 0 &&
-                         tx % g.stride[1] == 0;
-                    oy = ty / g.stride[0];
-                    ox = tx / g.stride[1];
-                }
-                in = in && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
-                s.b[kq][t % LG_IG_BN] =
-                    in ? lg_load(gy[gybase + tab_gy[kq] + oy * g.ow + ox]) : (A)0;
+                long long oy = oy0 - tab_dy[kq], ox = ox0 - tab_dx[kq];
+                bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
+                s.b[kq][t % LG_IG_BN] = in ? lg_load(gy[gybase + tab_gy[kq]]) : (A)0;
             }
             __syncthreads();
             lg_ig_mac(s, acc, tm, tn);
             __syncthreads();
         }
-        lg_ig_store_nchw(gx, bias, acc, tile, tm, tn, cig, g.cin, HW, P);
+        IgCols cols{plane, px.count, py.first * g.w + px.first, sy * g.w, sx};
+        lg_ig_store_nchw(gx, bias, acc, tile, tm, tn, cig, g.cin, HW, P, cols);
+    }
+}
+
+// The input gradient with the stride phases as rows instead (for few input
+// channels, where a phase's product would fill few rows of its tiles;
+// dilation 1): row m of a group is channel m / S of phase m % S (S = sy*sx
+// phases, q = qy*sx + qx), column (item, u, v) is that phase's input
+// position (first_qy + u*sy, first_qx + v*sx), and K runs over (co, jy, jx)
+// for the output offsets dy = dy_max - jy (dys of them; same for x) that
+// some phase's tap reads: position (u, v) of every phase reads gy at
+// (u + dy, v + dx), so one gathered B tile serves all phases. A row's A is
+// W at the tap k = q + (base_q - d)*stride of its phase, 0 where there is
+// none, so each row sums its own taps in the order of lg_conv_dgrad.
+template <typename T, int R>
+__device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, long long dys,
+                                     long long dx_max, long long dxs, T* gx, const T* gy,
+                                     const T* w, const T* bias) {
+    typedef typename Acc<T>::type A;
+    __shared__ IgTiles<A, 8 * R> s;
+    __shared__ long long tab_co[LG_IG_BK], tab_gy[LG_IG_BK];
+    __shared__ long long tab_dy[LG_IG_BK], tab_dx[LG_IG_BK];
+    const long long sy = g.stride[0], sx = g.stride[1], S = sy * sx;
+    const long long kk = g.kh * g.kw, L = g.oh * g.ow, HW = g.h * g.w;
+    const long long cig = g.cin / g.groups, cg = g.cout / g.groups, Kw = cig * kk;
+    const long long rows = cig * S, U = (g.h + sy - 1) / sy, V = (g.w + sx - 1) / sx;
+    const long long P = g.n * U * V, K = cg * dys * dxs;
+    const long long tiles_m = (rows + 8 * R - 1) / (8 * R);
+    const long long tiles_n = (P + LG_IG_BN - 1) / LG_IG_BN;
+    const int t = threadIdx.x, tm = t / 16 * R, tn = t % 16 * 4;
+    for (long long b = blockIdx.x; b < g.groups * tiles_m * tiles_n; b += gridDim.x) {
+        IgTile tile = lg_ig_tile(b, tiles_m, tiles_n, 8 * R);
+        // The rows this thread gathers A for: channel, phase and base.
+        long long a_w[R], a_qy[R], a_qx[R], a_by[R], a_bx[R];
+        bool a_ok[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            long long m = tile.m0 + t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
+            a_ok[i] = m < rows;
+            long long c = m / S, q = m % S;
+            a_qy[i] = q / sx;
+            a_qx[i] = q % sx;
+            a_by[i] = ((a_qy[i] - g.pad[0]) % sy + sy) % sy;
+            a_by[i] = (a_by[i] + g.pad[0] - a_qy[i]) / sy;
+            a_bx[i] = ((a_qx[i] - g.pad[1]) % sx + sx) % sx;
+            a_bx[i] = (a_bx[i] + g.pad[1] - a_qx[i]) / sx;
+            a_w[i] = tile.grp * cg * Kw + c * kk;
+        }
+        // The phase position this thread gathers B for.
+        long long p = tile.n0 + t % LG_IG_BN;
+        bool p_ok = p < P;
+        long long item = p_ok ? p / (U * V) : 0, at = p_ok ? p % (U * V) : 0;
+        long long u = at / V, v = at % V;
+        long long gybase = (item * g.cout + tile.grp * cg) * L + u * g.ow + v;
+        A acc[R][4] = {};
+        for (long long k0 = 0; k0 < K; k0 += LG_IG_BK) {
+            if (t < LG_IG_BK) {
+                long long r = k0 + t, co = r / (dys * dxs);
+                long long dy = dy_max - r % (dys * dxs) / dxs, dx = dx_max - r % dxs;
+                tab_co[t] = r < K ? co : -1;
+                tab_gy[t] = co * L + dy * g.ow + dx;
+                tab_dy[t] = r < K ? dy : LG_IG_OUTSIDE;
+                tab_dx[t] = dx;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                int kq = t % LG_IG_BK, mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
+                long long ki = a_qy[i] + (a_by[i] - tab_dy[kq]) * sy;
+                long long kj = a_qx[i] + (a_bx[i] - tab_dx[kq]) * sx;
+                bool ok = a_ok[i] && tab_co[kq] >= 0 && lg_inside(ki, g.kh) && lg_inside(kj, g.kw);
+                s.a[kq][mq] =
+                    ok ? lg_load(w[a_w[i] + tab_co[kq] * Kw + ki * g.kw + kj]) : (A)0;
+            }
+#pragma unroll
+            for (int j = 0; j < LG_IG_B_LOADS; ++j) {
+                int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
+                long long oy = u + tab_dy[kq], ox = v + tab_dx[kq];
+                bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
+                s.b[kq][t % LG_IG_BN] = in ? lg_load(gy[gybase + tab_gy[kq]]) : (A)0;
+            }
+            __syncthreads();
+            lg_ig_mac(s, acc, tm, tn);
+            __syncthreads();
+        }
+        // Row (c, q), column (item, u, v): input (first_qy + u*sy, first_qx + v*sx).
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            long long m = tile.m0 + tm + i;
+            if (m >= rows) continue;
+            long long c = m / S, qy = m % S / sx, qx = m % sx;
+            long long fy = ((qy - g.pad[0]) % sy + sy) % sy, fx = ((qx - g.pad[1]) % sx + sx) % sx;
+            long long ch = tile.grp * cig + c;
+            A b0 = bias ? lg_load(bias[ch]) : (A)0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                long long col = tile.n0 + tn + j;
+                if (col >= P) continue;
+                long long ci = col / (U * V), ca = col % (U * V);
+                long long iy = fy + ca / V * sy, ix = fx + ca % V * sx;
+                if (iy >= g.h || ix >= g.w) continue;
+                A val = bias ? b0 + acc[i][j] : acc[i][j];
+                gx[(ci * g.cin + ch) * HW + iy * g.w + ix] = lg_store<T>(val);
+            }
+        }
     }
 }
 
@@ -345,6 +498,11 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
                                                         const T* w, const T* bias) {  \
         lg_conv_dgrad<T, R>(g, gx, gy, w, bias);                                      \
     }                                                                                 \
+    extern "C" __global__ void conv_dgrad_phase_rows_m##BM##_##sfx(                       \
+        ConvGeom g, long long dy_max, long long dys, long long dx_max, long long dxs,  \
+        T* gx, const T* gy, const T* w, const T* bias) {                              \
+        lg_conv_dgrad_phase_rows<T, R>(g, dy_max, dys, dx_max, dxs, gx, gy, w, bias);     \
+    }                                                                                 \
     extern "C" __global__ void conv_wgrad_m##BM##_##sfx(                              \
         ConvGeom g, long long splits, long long chunk, T* gw, Acc<T>::type* part,     \
         const T* gy, const T* x) {                                                    \
@@ -354,6 +512,7 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
 #define LG_CONV(sfx, T)                                                               \
     LG_CONV_TILE(sfx, T, 64, 8)                                                       \
     LG_CONV_TILE(sfx, T, 32, 4)                                                       \
+    LG_CONV_TILE(sfx, T, 16, 2)                                                       \
     LG_CONV_TILE(sfx, T, 8, 1)                                                        \
     /* gw[e] = the sum over s < splits of part[s*n + e], in split order. */           \
     extern "C" __global__ void conv_split_sum_##sfx(long long n, long long splits,   \

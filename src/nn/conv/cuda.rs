@@ -124,7 +124,7 @@ const TILE: usize = 64;
 /// The tile heights `conv.cu` instantiates (`conv_*_m{rows}_*`), smallest
 /// first: a layer takes the smallest that holds its rows, so that a
 /// 3-channel or depthwise layer does not compute 64 rows of zeros.
-const TILE_ROWS: [usize; 3] = [8, 32, 64];
+const TILE_ROWS: [usize; 4] = [8, 16, 32, 64];
 /// The reduction step of one tile (`LG_IG_BK`).
 const TILE_K: usize = 16;
 /// Blocks the weight gradient aims for when it splits its reduction (about
@@ -154,6 +154,76 @@ fn tile_rows(m: usize) -> usize {
 /// Tiles of `m × n` in `groups` groups.
 fn tiles(groups: usize, m: usize, n: usize) -> usize {
     groups * m.div_ceil(tile_rows(m)) * n.div_ceil(TILE)
+}
+
+/// One axis of the input gradient's stride phases (as `IgAxisPhase` in
+/// `conv.cu`): for each phase `q < stride`, the input coordinates it holds
+/// and, for each tap that reaches them, the output offset it reads
+/// (`base - (k·dil - q)/stride`).
+fn axis_phases(len: usize, k: usize, s: usize, p: usize, d: usize) -> Vec<(usize, Vec<isize>)> {
+    (0..s)
+        .map(|q| {
+            let first = (q + s - p % s) % s;
+            let count = len.saturating_sub(first).div_ceil(s);
+            let base = ((first + p - q) / s) as isize;
+            let offsets = (0..k)
+                .filter(|ki| ki * d % s == q)
+                .map(|ki| base - ((ki * d - q) / s) as isize)
+                .collect();
+            (count, offsets)
+        })
+        .collect()
+}
+
+/// How the input gradient runs (both layouts in `conv.cu`).
+#[derive(Debug, PartialEq)]
+enum InputGradPlan {
+    /// `conv_dgrad_*`: one dense product per stride phase with only its
+    /// taps (every phase given the tiles of the largest).
+    PerPhase { tiles: usize },
+    /// `conv_dgrad_phase_rows_*`: the phases as rows of one product over
+    /// the output offsets `max - j` (`j < count`) on each axis.
+    PhaseRows {
+        tiles: usize,
+        offsets: [(isize, usize); 2],
+    },
+}
+
+/// Picks the input gradient's layout with fewer multiply-add slots (tile
+/// rows padded): the phases as rows wins where few input channels would
+/// leave a per-phase tile mostly empty (a 3-channel stem), per phase
+/// everywhere else.
+fn input_grad_plan(g: &ConvGeom) -> InputGradPlan {
+    let [sy, sx] = g.stride;
+    let (cig, cg) = (g.cin / g.groups, g.cout / g.groups);
+    let ys = axis_phases(g.h, g.kh, sy, g.pad[0], g.dil[0]);
+    let xs = axis_phases(g.w, g.kw, sx, g.pad[1], g.dil[1]);
+    let padded = |rows: usize| rows.div_ceil(tile_rows(rows)) * tile_rows(rows);
+    let work = |axis: &[(usize, Vec<isize>)]| -> usize {
+        axis.iter().map(|(count, taps)| count * taps.len()).sum()
+    };
+    let per_phase = padded(cig) * g.n * cg * work(&ys) * work(&xs);
+    let largest = g.n * g.h.div_ceil(sy) * g.w.div_ceil(sx);
+    let span = |axis: &[(usize, Vec<isize>)]| -> (isize, usize) {
+        let all = axis.iter().flat_map(|(_, taps)| taps.iter().copied());
+        let (lo, hi) = all.fold((isize::MAX, isize::MIN), |(lo, hi), d| {
+            (lo.min(d), hi.max(d))
+        });
+        (hi, (hi - lo + 1) as usize)
+    };
+    let (oy, ox) = (span(&ys), span(&xs));
+    let phase_rows = padded(cig * sy * sx) * largest * cg * oy.1 * ox.1;
+    if g.dil == [1, 1] && sy * sx > 1 && phase_rows < per_phase {
+        let tiles = tiles(g.groups, cig * sy * sx, largest);
+        InputGradPlan::PhaseRows {
+            tiles,
+            offsets: [oy, ox],
+        }
+    } else {
+        InputGradPlan::PerPhase {
+            tiles: sy * sx * tiles(g.groups, cig, largest),
+        }
+    }
 }
 
 /// The Workspace a convolution holds while it runs, `len` elements of
@@ -210,7 +280,8 @@ fn conv_forward(
 }
 
 /// The input gradient `[n, cin, h, w]` of a convolution from the output
-/// gradient `gy`, one implicit-GEMM launch (`conv_dgrad_*`). This is also
+/// gradient `gy`, one implicit-GEMM launch (`conv_dgrad_*`) over the
+/// stride phases of the input, each with only the taps that reach it. This is also
 /// the transposed convolution of `gy` by `w`; with `bias` (`[cin]`) every
 /// position starts from its channel's bias.
 fn conv_input_grad(
@@ -228,11 +299,27 @@ fn conv_input_grad(
     let mut gx = CudaBuffer::alloc(gy.device(), gy.dtype(), nx)?;
     let _reserved = workspace(gy, g, 0)?;
     if nx > 0 {
-        let cfg = tile_grid(tiles(g.groups, g.cin / g.groups, g.n * g.h * g.w));
-        let rows = tile_rows(g.cin / g.groups);
-        // Parameters: (ConvGeom g, T* gx, const T* gy, const T* w, const T* bias).
-        launch!(gy.device(), "conv.cu", format!("conv_dgrad_m{rows}_{sfx}"), cfg;
-            g, gx.slice_mut(), gy.slice(), w.slice(), &b)?;
+        let cig = g.cin / g.groups;
+        match input_grad_plan(g) {
+            InputGradPlan::PerPhase { tiles } => {
+                let rows = tile_rows(cig);
+                // Parameters: (ConvGeom g, T* gx, const T* gy, const T* w, const T* bias).
+                launch!(gy.device(), "conv.cu", format!("conv_dgrad_m{rows}_{sfx}"), tile_grid(tiles);
+                    g, gx.slice_mut(), gy.slice(), w.slice(), &b)?;
+            }
+            InputGradPlan::PhaseRows { tiles, offsets } => {
+                let rows = tile_rows(cig * g.stride[0] * g.stride[1]);
+                let [(y_max, y_count), (x_max, x_count)] = offsets;
+                let dy_max = y_max as i64;
+                let dys = y_count as i64;
+                let dx_max = x_max as i64;
+                let dxs = x_count as i64;
+                // Parameters: (ConvGeom g, i64 dy_max, i64 dys, i64 dx_max,
+                // i64 dxs, T* gx, const T* gy, const T* w, const T* bias).
+                launch!(gy.device(), "conv.cu", format!("conv_dgrad_phase_rows_m{rows}_{sfx}"), tile_grid(tiles);
+                    g, &dy_max, &dys, &dx_max, &dxs, gx.slice_mut(), gy.slice(), w.slice(), &b)?;
+            }
+        }
     }
     Ok(gx)
 }
@@ -342,8 +429,76 @@ mod tests {
             let tile = format!("LG_CONV_TILE(sfx, T, {rows}, {})", rows / 8);
             assert!(src.contains(&tile), "conv.cu instantiates {tile}");
         }
-        assert_eq!((tile_rows(3), tile_rows(9), tile_rows(64)), (8, 32, 64));
+        assert_eq!(
+            (tile_rows(3), tile_rows(12), tile_rows(17), tile_rows(64)),
+            (8, 16, 32, 64)
+        );
         assert_eq!(tile_rows(512), 64);
+    }
+
+    /// A 2-d geometry `[n, cin, h, w]` by `[cout, cin/groups, kh, kw]`.
+    fn geom(x: [usize; 4], w: [usize; 4], stride: usize, pad: usize, dil: usize) -> ConvGeom {
+        let out = |len: usize, k: usize| (len + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+        ConvGeom {
+            n: x[0],
+            cin: x[1],
+            h: x[2],
+            w: x[3],
+            cout: w[0],
+            kh: w[2],
+            kw: w[3],
+            stride: [stride; 2],
+            pad: [pad; 2],
+            dil: [dil; 2],
+            groups: x[1] / w[1],
+            oh: out(x[2], w[2]),
+            ow: out(x[3], w[3]),
+        }
+    }
+
+    /// The stride phases of one axis: ResNet's 7×7 stride-2 stem (pad 3)
+    /// reads output offsets 2..-1 in phase 0 (taps 0, 2, 4, 6) and 1..-1 in
+    /// phase 1 (taps 1, 3, 5); a 1×1 stride-2 layer reaches phase 0 only.
+    #[test]
+    fn axis_phases_list_each_phases_taps() {
+        assert_eq!(
+            axis_phases(224, 7, 2, 3, 1),
+            vec![(112, vec![2, 1, 0, -1]), (112, vec![1, 0, -1])]
+        );
+        assert_eq!(axis_phases(9, 1, 2, 0, 1), vec![(5, vec![0]), (4, vec![])]);
+        // Dilation 2 at stride 2: every tap in phase 0.
+        assert_eq!(axis_phases(11, 3, 2, 2, 2)[1].1, Vec::<isize>::new());
+    }
+
+    /// The stem's 3 input channels take the phases as rows (12 rows in a
+    /// 16-row tile, 4×4 offsets); wide layers, 1×1 downsamples, dilated
+    /// and unit-stride layers one product per phase.
+    #[test]
+    fn input_grad_plan_puts_phases_in_rows_for_few_channels() {
+        let stem = geom([64, 3, 224, 224], [64, 3, 7, 7], 2, 3, 1);
+        let tiles = 12usize.div_ceil(16) * (64 * 112 * 112usize).div_ceil(TILE);
+        assert_eq!(
+            input_grad_plan(&stem),
+            InputGradPlan::PhaseRows {
+                tiles,
+                offsets: [(2, 4), (2, 4)]
+            }
+        );
+        let per_phase = |g: &ConvGeom| matches!(input_grad_plan(g), InputGradPlan::PerPhase { .. });
+        assert!(per_phase(&geom([64, 64, 56, 56], [128, 64, 3, 3], 2, 1, 1)));
+        assert!(per_phase(&geom([64, 64, 56, 56], [128, 64, 1, 1], 2, 0, 1)));
+        assert!(per_phase(&geom([2, 3, 20, 20], [8, 3, 7, 7], 2, 6, 2)));
+        assert!(per_phase(&geom([2, 3, 20, 20], [8, 3, 7, 7], 1, 3, 1)));
+        // The device suite's stem case (tests/device_conv.rs).
+        assert!(!per_phase(&geom([2, 3, 17, 15], [8, 3, 7, 7], 2, 3, 1)));
+        let grouped = ConvGeom {
+            stride: [3, 2],
+            pad: [1, 1],
+            oh: 5,
+            ow: 5,
+            ..geom([2, 6, 14, 9], [6, 2, 4, 3], 1, 1, 1)
+        };
+        assert!(!per_phase(&grouped));
     }
 
     /// The weight gradient splits a long reduction over few tiles, within
