@@ -25,7 +25,7 @@
 //! or a prefix such as `resnet18`), `--table` (the simulator's whole
 //! summary table per workload), `--warmup N`, `--iters N`.
 
-use leangrad::cuda::{profiler, with_tf32, CudaDevice};
+use leangrad::cuda::{profiler, with_conv_tf32, with_tf32, CudaDevice};
 use leangrad::memory_plan::{find_model, parse_case, OptimizerKind, StepRunner, StepSpec};
 use leangrad::{DType, Device, Result};
 use leangrad_gpusim::profile::{extrapolate, model, table, Profile};
@@ -334,7 +334,10 @@ fn main() -> Result<()> {
         );
     }
     for w in chosen {
+        // f32 rows strict (PyTorch's twin turns both of its switches off),
+        // tf32 rows TF32 in matrix products and convolutions (both on).
         let _tf32 = with_tf32(w.tf32);
+        let _conv_tf32 = with_conv_tf32(w.tf32);
         let v = if dev.is_simulated() {
             let (p, note) = simulated(&dev, w)?;
             let v = report(w, Some(&p), &note, None);

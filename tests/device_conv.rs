@@ -16,7 +16,7 @@ use attention_bound::assert_within_bound;
 
 use cuda_common::cpu_rand;
 use device_common::{check_multilinear, input, FLOATS};
-use leangrad::cuda::{with_conv_workspace, LARGE_WORKSPACE_BYTES};
+use leangrad::cuda::{with_conv_tf32, with_conv_workspace, LARGE_WORKSPACE_BYTES};
 use leangrad::memory::{Category, Ledger};
 use leangrad::nn::{
     conv1d, conv2d, conv_transpose2d, Conv1dOptions, Conv2dOptions, ConvTranspose2d,
@@ -207,6 +207,9 @@ fn conv_matches_the_cpu_with_and_without_split_sums() {
 #[test]
 fn strided_input_gradients_match_the_cpu_in_every_phase() {
     let _dev = cuda_or_skip!("conv");
+    // Strict f32 (the stem's 12 phase rows would take TF32 tiles), so that
+    // f32 is held to f32's tolerance.
+    let _strict = with_conv_tf32(false);
     let on_cuda = |t: &Tensor| t.to_device(Device::Cuda(0)).unwrap();
     let opts = |stride, padding, dilation, groups| Conv2dOptions {
         stride,
@@ -281,6 +284,89 @@ fn strided_input_gradients_match_the_cpu_in_every_phase() {
         assert_eq!(got.shape(), want.shape());
         let what = format!("conv_transpose2d to 3 channels {dtype:?}");
         cuda_common::assert_close(&what, &vals(&got), &vals(&want), t);
+    }
+}
+
+/// Convolution tiles of 16 rows or more run on tensor cores: always for
+/// f16 and bf16 (exact products, f32 sums), and for f32 with TF32 on
+/// (`cuda::with_conv_tf32`, the default; the `conv_*_tf32` kernels: every operand rounded to
+/// TF32, relative error at most 2⁻¹¹). Each output, input gradient and
+/// weight gradient is within (e + K·2⁻²⁴)·Σ|a·b| + u·|exact| of the exact
+/// value, checked per element against f64 (e = 2⁻¹⁰ for TF32, 0 for the
+/// half types; u the output's unit roundoff); and TF32's rounding really
+/// happens (somewhere an error above f32's 2⁻¹⁶·Σ|a·b|). Forward and
+/// weight gradient on 64-, 32- and 16-row tiles, the input gradient per
+/// phase and with the phases as rows.
+#[test]
+fn tensor_core_convolutions_are_within_their_bound() {
+    let _dev = cuda_or_skip!("conv");
+    let on_cuda = |t: &Tensor| t.to_device(Device::Cuda(0)).unwrap();
+    let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+    let o = |stride, padding| Conv2dOptions {
+        stride: [stride; 2],
+        padding: [padding; 2],
+        ..Conv2dOptions::default()
+    };
+    let cases = [
+        (
+            "64 rows, per-phase 32",
+            [2, 24, 10, 9],
+            [64, 24, 3, 3],
+            o(2, 1),
+        ),
+        ("32 rows, 16", [2, 16, 9, 11], [32, 16, 3, 3], o(1, 1)),
+        (
+            "16 rows, phases as rows",
+            [3, 4, 12, 10],
+            [16, 4, 5, 5],
+            o(2, 2),
+        ),
+    ];
+    for (dtype, tf32, unit) in [
+        (DType::F32, true, 2f64.powi(-24)),
+        (DType::F16, false, 2f64.powi(-11)),
+        (DType::BF16, false, 2f64.powi(-8)),
+    ] {
+        let _tf32 = with_conv_tf32(tf32);
+        for (name, xs, ws, opts) in cases {
+            let x = cpu_rand(&xs, -1.0, 1.0, dtype, 51);
+            let w = cpu_rand(&ws, -1.0, 1.0, dtype, 52);
+            let y0 = conv2d(&x, &w, None, &opts).unwrap();
+            let gy = cpu_rand(y0.shape(), -1.0, 1.0, dtype, 53);
+            // Exact (f64) results, and the same products of absolute values.
+            let exact = |x: &Tensor, w: &Tensor, gy: &Tensor| {
+                let (xl, wl) = (leaf(&f64s(x)), leaf(&f64s(w)));
+                let y = conv2d(&xl, &wl, None, &opts).unwrap();
+                let mut out = vec![vals(&y)];
+                out.extend(grads(&y, &f64s(gy), &[&xl, &wl]));
+                out
+            };
+            let want = exact(&x, &w, &gy);
+            let sums = exact(&x.abs().unwrap(), &w.abs().unwrap(), &gy.abs().unwrap());
+            let (xd, wd) = (leaf(&on_cuda(&x)), leaf(&on_cuda(&w)));
+            let y = conv2d(&xd, &wd, None, &opts).unwrap();
+            let mut got = vec![vals(&y)];
+            got.extend(grads(&y, &on_cuda(&gy), &[&xd, &wd]));
+            let n = xs[0] * y.shape()[2] * y.shape()[3];
+            let k = [ws[1] * ws[2] * ws[3], ws[0] * ws[2] * ws[3], n];
+            for (j, part) in ["y", "dx", "dw"].into_iter().enumerate() {
+                let e = if tf32 { 2f64.powi(-10) } else { 0.0 };
+                let per = e + k[j] as f64 * 2f64.powi(-24);
+                let mut largest = 0f64;
+                let parts = got[j].iter().zip(&want[j]).zip(&sums[j]);
+                for (i, ((g, w), s)) in parts.enumerate() {
+                    let err = (g - w).abs();
+                    let bound = per * s + unit * w.abs() + 1e-30;
+                    let what = format!("{dtype:?} {name} {part}[{i}]");
+                    assert!(err <= bound, "{what}: {g} vs {w} (Σ|a·b| {s})");
+                    largest = largest.max(err / s.max(1e-30));
+                }
+                if tf32 {
+                    let what = format!("{name} {part}: TF32 not applied ({largest:e})");
+                    assert!(largest > 2f64.powi(-16), "{what}");
+                }
+            }
+        }
     }
 }
 

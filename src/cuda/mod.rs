@@ -20,7 +20,7 @@
 //!   cached in memory and on disk.
 //! - [`profiler`]: profiler ranges, and the simulated GPU's own profile
 //!   (counts and predicted time) read from inside the process.
-//! - Settings read by the launch code: [`with_tf32`],
+//! - Settings read by the launch code: [`with_tf32`], [`with_conv_tf32`],
 //!   [`with_conv_workspace`].
 //!
 //! Inside the crate: the `launch!` macro and `check` (launch-argument
@@ -82,6 +82,6 @@ pub use context::{
 };
 pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};
 pub use settings::{
-    conv_workspace_bytes, tf32_enabled, with_conv_workspace, with_tf32, SettingGuard,
-    LARGE_WORKSPACE_BYTES,
+    conv_tf32_enabled, conv_workspace_bytes, tf32_enabled, with_conv_tf32, with_conv_workspace,
+    with_tf32, SettingGuard, LARGE_WORKSPACE_BYTES,
 };

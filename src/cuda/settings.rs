@@ -2,11 +2,19 @@
 //! a guard for the calling thread only and restored when the guard drops,
 //! so no caller changes another's numerics or memory.
 //!
-//! - TF32 for f32 matrix products ([`with_tf32`], off by default): TF32
-//!   rounds GEMM inputs to a 10-bit mantissa, about 1e-3 relative error
-//!   instead of f32's 1e-7, for up to several times the throughput on
-//!   tensor cores; f16/bf16/f64 GEMMs are unaffected. Convolutions run on
-//!   leangrad's own kernels, in strict f32.
+//! TF32 as PyTorch sets it (`torch.backends.cuda.matmul.allow_tf32` off,
+//! `torch.backends.cudnn.allow_tf32` on): TF32 rounds the inputs of a
+//! product to a 10-bit mantissa, about 1e-3 relative error instead of
+//! f32's 1e-7, for several times the throughput on tensor cores; f16, bf16
+//! and f64 are unaffected.
+//!
+//! - TF32 for f32 matrix products ([`with_tf32`], off by default): cuBLAS
+//!   GEMMs (matmul, linear layers, attention's products).
+//! - TF32 for f32 convolutions ([`with_conv_tf32`], on by default): their
+//!   tiles of 16 rows or more run on TF32 tensor cores (`mma.sync`,
+//!   operands rounded to nearest); the 8-row tiles of layers with at most
+//!   8 output (or, for the input gradient, input) channels stay in f32.
+//!   Off: every f32 convolution in strict f32, as on the CPU.
 //! - The convolution workspace budget ([`with_conv_workspace`], 0 by
 //!   default): every CUDA convolution holds one batch item's im2col
 //!   columns of Workspace, exactly the buffer the CPU kernels use, so a
@@ -21,6 +29,7 @@ use std::thread::LocalKey;
 
 thread_local! {
     static TF32: Cell<bool> = const { Cell::new(false) };
+    static CONV_TF32: Cell<bool> = const { Cell::new(true) };
     static CONV_WORKSPACE: Cell<usize> = const { Cell::new(0) };
 }
 
@@ -44,15 +53,29 @@ fn set<T: Copy + 'static>(key: &'static LocalKey<Cell<T>>, value: T) -> SettingG
     }
 }
 
-/// f32 matmuls (and the GEMMs of convolutions) on this thread use TF32
-/// tensor cores when `enabled`, until the guard drops.
+/// f32 matrix products (cuBLAS GEMMs) on this thread use TF32 tensor
+/// cores when `enabled`, until the guard drops (off by default, as
+/// PyTorch's `torch.backends.cuda.matmul.allow_tf32`).
 pub fn with_tf32(enabled: bool) -> SettingGuard<bool> {
     set(&TF32, enabled)
 }
 
-/// Whether f32 GEMMs on this thread use TF32 now (false by default).
+/// Whether f32 matrix products on this thread use TF32 now (false by
+/// default).
 pub fn tf32_enabled() -> bool {
     TF32.with(Cell::get)
+}
+
+/// f32 convolutions on this thread use TF32 tensor cores when `enabled`,
+/// strict f32 otherwise, until the guard drops (on by default, as
+/// PyTorch's `torch.backends.cudnn.allow_tf32`).
+pub fn with_conv_tf32(enabled: bool) -> SettingGuard<bool> {
+    set(&CONV_TF32, enabled)
+}
+
+/// Whether f32 convolutions on this thread use TF32 now (true by default).
+pub fn conv_tf32_enabled() -> bool {
+    CONV_TF32.with(Cell::get)
 }
 
 /// CUDA convolutions on this thread may hold up to `bytes` of Workspace
@@ -80,8 +103,11 @@ mod tests {
     #[test]
     fn defaults_scoped_nested_and_per_thread() {
         assert!(!tf32_enabled());
+        assert!(conv_tf32_enabled());
         assert_eq!(conv_workspace_bytes(), 0);
         {
+            let _strict = with_conv_tf32(false);
+            assert!(!conv_tf32_enabled());
             let _on = with_tf32(true);
             let _big = with_conv_workspace(256 << 20);
             assert!(tf32_enabled());
@@ -92,10 +118,13 @@ mod tests {
             }
             assert!(tf32_enabled());
             // Other threads keep their own (default) settings.
-            let other = std::thread::spawn(|| (tf32_enabled(), conv_workspace_bytes()));
-            assert_eq!(other.join().unwrap(), (false, 0));
+            let other = std::thread::spawn(|| {
+                (tf32_enabled(), conv_tf32_enabled(), conv_workspace_bytes())
+            });
+            assert_eq!(other.join().unwrap(), (false, true, 0));
         }
         assert!(!tf32_enabled());
+        assert!(conv_tf32_enabled());
         assert_eq!(conv_workspace_bytes(), 0);
     }
 }

@@ -14,7 +14,9 @@
 // Every output is one block's: a 64x64 tile of C, its K in steps of 16,
 // each product added with one fused multiply-add in K order (f32 for the
 // half types and f32, f64 for f64), so results are the same from run to
-// run. The weight gradient's K (every position of the batch) may be split
+// run; or, for tiles of 16 rows or more, by tensor-core mma.sync: always
+// for f16 and bf16 (exact products, f32 sums), for f32 only with TF32
+// allowed (the `_tf32` kernels, operands rounded to TF32). The weight gradient's K (every position of the batch) may be split
 // into `splits` ranges whose partial sums are added in range order by
 // conv_split_sum.
 //
@@ -52,11 +54,15 @@ template <> __device__ __forceinline__ double lg_fma<double>(double a, double b,
     return fma(a, b, c);
 }
 
-// One block's operand tiles: a[k][m] (padded by one 16-byte vector against
-// bank conflicts when the A tile is stored transposed) and b[k][n].
-template <typename A, int BM> struct IgTiles {
-    __align__(16) A a[LG_IG_BK][BM + 16 / sizeof(A)];
-    __align__(16) A b[LG_IG_BK][LG_IG_BN];
+// One block's operand tiles: a[k][m] and b[k][n], their rows padded
+// against bank conflicts: by one 16-byte vector for the A tile's
+// transposed stores; with tensor cores (TC) both by 8 floats, so that the
+// fragment loads of a warp (rows k + t%4, columns r + lane/4) fall in 32
+// distinct banks.
+template <typename A, int BM, bool TC> struct IgTiles {
+    static constexpr int PAD_A = TC ? 8 : 16 / sizeof(A), PAD_B = TC ? 8 : 0;
+    __align__(16) A a[LG_IG_BK][BM + PAD_A];
+    __align__(16) A b[LG_IG_BK][LG_IG_BN + PAD_B];
 };
 
 // out[0..4] = p[0..4], p 16-byte aligned, as 16-byte shared loads.
@@ -72,8 +78,8 @@ __device__ __forceinline__ void lg_ld4(const double* p, double (&out)[4]) {
 // acc[i][j] += a[k][tm + i] * b[k][tn + j] for k in order (tm = R*(t/16),
 // tn = 4*(t%16)).
 template <typename A, int R>
-__device__ __forceinline__ void lg_ig_mac(const IgTiles<A, 8 * R>& s, A (&acc)[R][4], int tm,
-                                          int tn) {
+__device__ __forceinline__ void lg_ig_mac(const IgTiles<A, 8 * R, false>& s, A (&acc)[R][4],
+                                          int tm, int tn) {
 #pragma unroll
     for (int k = 0; k < LG_IG_BK; ++k) {
         A a[R], b[4];
@@ -95,6 +101,159 @@ __device__ __forceinline__ void lg_ig_mac(const IgTiles<A, 8 * R>& s, A (&acc)[R
 #pragma unroll
             for (int i = 0; i < R; ++i) acc[i][j] = lg_fma(a[i], b[j], acc[i][j]);
         }
+    }
+}
+
+// The TF32 tensor-core layout of a tile of BM = 8*R rows (f32 kernels with
+// TF32 on, R >= 2): its 4 warps as WM x WN, each warp MI x NI fragments
+// of mma.m16n8k8 (16 x 8 outputs each, MI*NI = R so that a thread holds
+// the 4R accumulators of the FMA layout: acc[mi*NI + ni][e] is element e
+// of fragment (mi, ni)).
+template <int R> struct IgWarps {
+    static constexpr int BM = 8 * R, WM = BM == 64 ? 2 : 1, WN = 4 / WM;
+    static constexpr int MI = BM / WM / 16, NI = LG_IG_BN / WN / 8;
+    static_assert(MI * NI == R, "a tensor-core tile holds the FMA layout's accumulators");
+};
+
+// Round to TF32 (10 explicit mantissa bits, to nearest, ties away), as an
+// mma.tf32 operand.
+__device__ __forceinline__ unsigned lg_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// One mma.sync.m16n8kK: d += a (16 x K) * b (K x 8), fragments of 32-bit
+// registers, f32 accumulators.
+template <typename T> __device__ __forceinline__ void lg_mma(float (&d)[4], const unsigned (&a)[4],
+                                                             const unsigned (&b)[2]);
+template <> __device__ __forceinline__ void lg_mma<float>(float (&d)[4], const unsigned (&a)[4],
+                                                          const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void lg_mma<__half>(float (&d)[4], const unsigned (&a)[4],
+                                                           const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void lg_mma<__nv_bfloat16>(float (&d)[4],
+                                                                  const unsigned (&a)[4],
+                                                                  const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The 32-bit fragment element of an mma operand for element type T from
+// the f32 tile values at k and k + h (h = 4 for TF32, whose register holds
+// one value, rounded; 1 for the half types, whose register packs the pair,
+// k's in the low 16 bits; the tile holds them exactly, widened).
+template <typename T> struct LgFrag;
+template <> struct LgFrag<float> {
+    static constexpr int K = 8, H = 4;
+    __device__ static unsigned one(float v) { return lg_tf32(v); }
+};
+template <> struct LgFrag<__half> {
+    static constexpr int K = 16, H = 1;
+    __device__ static unsigned pair(float lo, float hi) {
+        return (unsigned)__half_as_ushort(__float2half_rn(hi)) << 16 |
+               __half_as_ushort(__float2half_rn(lo));
+    }
+};
+template <> struct LgFrag<__nv_bfloat16> {
+    static constexpr int K = 16, H = 1;
+    __device__ static unsigned pair(float lo, float hi) {
+        return (__float_as_uint(hi) & 0xffff0000u) | __float_as_uint(lo) >> 16;
+    }
+};
+
+// Fragment registers 2e and 2e+1 of the PTX ISA's mma layouts (g = lane/4,
+// q = lane%4): for TF32 (m16n8k8) register e holds k = q + 4e; for the
+// half types (m16n8k16) register e holds the pair k = 2q + 8e, 2q + 8e + 1.
+// `at(k)` reads the tile at k of this thread's row or column.
+template <typename T, typename F>
+__device__ __forceinline__ unsigned lg_frag(int q, int e, F at) {
+    if constexpr (LgFrag<T>::H == 4) {
+        return LgFrag<T>::one(at(q + 4 * e));
+    } else {
+        return LgFrag<T>::pair(at(2 * q + 8 * e), at(2 * q + 8 * e + 1));
+    }
+}
+
+// acc += the tile's product over its 16 k on tensor cores: per k step of
+// mma (8 for TF32, 16 for the half types) MI*NI mma.sync per warp (the PTX
+// ISA's layouts: A holds rows g and g+8, B column g, C rows g and g+8 at
+// columns 2q and 2q+1).
+template <typename T, int R>
+__device__ __forceinline__ void lg_ig_mma(const IgTiles<float, 8 * R, true>& s,
+                                          float (&acc)[R][4], int t) {
+    typedef IgWarps<R> W;
+    const int warp = t / 32, g = t % 32 / 4, q = t % 4;
+    const int m0 = warp / W::WN * (W::BM / W::WM), n0 = warp % W::WN * (LG_IG_BN / W::WN);
+#pragma unroll
+    for (int k = 0; k < LG_IG_BK; k += LgFrag<T>::K) {
+        unsigned a[W::MI][4], b[W::NI][2];
+#pragma unroll
+        for (int mi = 0; mi < W::MI; ++mi) {
+            int r = m0 + mi * 16 + g;
+            // Registers 0 and 1: rows g and g+8 of the first k half; 2, 3 the second.
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                a[mi][2 * e] = lg_frag<T>(q, e, [&](int kk) { return s.a[k + kk][r]; });
+                a[mi][2 * e + 1] = lg_frag<T>(q, e, [&](int kk) { return s.a[k + kk][r + 8]; });
+            }
+        }
+#pragma unroll
+        for (int ni = 0; ni < W::NI; ++ni) {
+            int c = n0 + ni * 8 + g;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                b[ni][e] = lg_frag<T>(q, e, [&](int kk) { return s.b[k + kk][c]; });
+            }
+        }
+#pragma unroll
+        for (int mi = 0; mi < W::MI; ++mi) {
+#pragma unroll
+            for (int ni = 0; ni < W::NI; ++ni) lg_mma<T>(acc[mi * W::NI + ni], a[mi], b[ni]);
+        }
+    }
+}
+
+// The tile row and column of thread t's accumulator acc[i][j].
+template <int R, bool TC> __device__ __forceinline__ int lg_acc_row(int t, int i, int j) {
+    if constexpr (TC) {
+        typedef IgWarps<R> W;
+        return t / 32 / W::WN * (W::BM / W::WM) + i / W::NI * 16 + t % 32 / 4 + j / 2 * 8;
+    } else {
+        return t / 16 * R + i;
+    }
+}
+template <int R, bool TC> __device__ __forceinline__ int lg_acc_col(int t, int i, int j) {
+    if constexpr (TC) {
+        typedef IgWarps<R> W;
+        return t / 32 % W::WN * (LG_IG_BN / W::WN) + i % W::NI * 8 + t % 4 * 2 + j % 2;
+    } else {
+        return t % 16 * 4 + j;
+    }
+}
+
+// acc += the tile's product: tensor cores or fused multiply-adds.
+template <typename T, typename A, int R, bool TC>
+__device__ __forceinline__ void lg_ig_product(const IgTiles<A, 8 * R, TC>& s, A (&acc)[R][4],
+                                              int t) {
+    if constexpr (TC) {
+        lg_ig_mma<T, R>(s, acc, t);
+    } else {
+        lg_ig_mac<A, R>(s, acc, t / 16 * R, t % 16 * 4);
     }
 }
 
@@ -125,22 +284,21 @@ struct IgCols {
 // channels grp*rows + m of its group, m < rows, its columns the positions
 // q < P of the batch placed by `cols`), each added to bias[channel] when
 // there is a bias.
-template <typename T, int R>
+template <typename T, int R, bool TC>
 __device__ __forceinline__ void lg_ig_store_nchw(T* out, const T* bias,
                                                  const typename Acc<T>::type (&acc)[R][4],
-                                                 IgTile tile, int tm, int tn, long long rows,
+                                                 IgTile tile, int t, long long rows,
                                                  long long c, long long plane, long long P,
                                                  IgCols cols) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        long long q = tile.n0 + tn + j;
-        if (q >= P) continue;
-        long long item = q / cols.per_item, rest = q % cols.per_item;
-        long long at = cols.at0 + rest / cols.row * cols.du + rest % cols.row * cols.dv;
 #pragma unroll
         for (int i = 0; i < R; ++i) {
-            long long m = tile.m0 + tm + i;
-            if (m >= rows) continue;
+            long long q = tile.n0 + lg_acc_col<R, TC>(t, i, j);
+            long long m = tile.m0 + lg_acc_row<R, TC>(t, i, j);
+            if (q >= P || m >= rows) continue;
+            long long item = q / cols.per_item, rest = q % cols.per_item;
+            long long at = cols.at0 + rest / cols.row * cols.du + rest % cols.row * cols.dv;
             long long ch = tile.grp * rows + m;
             typename Acc<T>::type v = bias ? lg_load(bias[ch]) + acc[i][j] : acc[i][j];
             out[(item * c + ch) * plane + at] = lg_store<T>(v);
@@ -150,8 +308,8 @@ __device__ __forceinline__ void lg_ig_store_nchw(T* out, const T* bias,
 
 // The A tile of a step from a table of row starts: a[k][m] = src[tab[k] +
 // (m0 + m) * stride] for rows m0 + m < rows and steps k < ks, 0 elsewhere.
-template <typename T, int R>
-__device__ __forceinline__ void lg_ig_gather_a(IgTiles<typename Acc<T>::type, 8 * R>& s,
+template <typename T, int R, bool TC>
+__device__ __forceinline__ void lg_ig_gather_a(IgTiles<typename Acc<T>::type, 8 * R, TC>& s,
                                                const T* src, const long long* tab,
                                                long long stride, long long rows, long long m0,
                                                long long ks, int t) {
@@ -165,10 +323,10 @@ __device__ __forceinline__ void lg_ig_gather_a(IgTiles<typename Acc<T>::type, 8 
 }
 
 // y ([n, cout, oh, ow]) = bias + W (*) x, every element written.
-template <typename T, int R>
+template <typename T, int R, bool TC>
 __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, const T* bias) {
     typedef typename Acc<T>::type A;
-    __shared__ IgTiles<A, 8 * R> s;
+    __shared__ IgTiles<A, 8 * R, TC> s;
     __shared__ long long tab_off[LG_IG_BK];
     __shared__ long long tab_dy[LG_IG_BK], tab_dx[LG_IG_BK];
     const long long kk = g.kh * g.kw, L = g.oh * g.ow, HW = g.h * g.w;
@@ -176,7 +334,7 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
     const long long K = cig * kk, P = g.n * L;
     const long long tiles_m = (cg + 8 * R - 1) / (8 * R);
     const long long tiles_n = (P + LG_IG_BN - 1) / LG_IG_BN;
-    const int t = threadIdx.x, tm = t / 16 * R, tn = t % 16 * 4;
+    const int t = threadIdx.x;
     for (long long b = blockIdx.x; b < g.groups * tiles_m * tiles_n; b += gridDim.x) {
         IgTile tile = lg_ig_tile(b, tiles_m, tiles_n, 8 * R);
         // The column this thread gathers: position p of the batch.
@@ -210,10 +368,10 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
                 s.b[kq][t % LG_IG_BN] = in ? lg_load(x[xbase + tab_off[kq]]) : (A)0;
             }
             __syncthreads();
-            lg_ig_mac(s, acc, tm, tn);
+            lg_ig_product<T, A, R, TC>(s, acc, t);
             __syncthreads();
         }
-        lg_ig_store_nchw(y, bias, acc, tile, tm, tn, cg, g.cout, L, P, IgCols{L, L, 0, 0, 1});
+        lg_ig_store_nchw<T, R, TC>(y, bias, acc, tile, t, cg, g.cout, L, P, IgCols{L, L, 0, 0, 1});
     }
 }
 
@@ -256,10 +414,10 @@ __device__ __forceinline__ long long lg_axis_tap(long long j, long long k, long 
 // taps_x), so a stride-2 layer does not multiply the three quarters of
 // its taps that fall between output positions. Blocks enumerate (phase,
 // group, tile) with every phase given the tiles of the largest one.
-template <typename T, int R>
+template <typename T, int R, bool TC>
 __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w, const T* bias) {
     typedef typename Acc<T>::type A;
-    __shared__ IgTiles<A, 8 * R> s;
+    __shared__ IgTiles<A, 8 * R, TC> s;
     __shared__ long long tab_w[LG_IG_BK], tab_gy[LG_IG_BK];
     __shared__ long long tab_dy[LG_IG_BK], tab_dx[LG_IG_BK];
     const long long sy = g.stride[0], sx = g.stride[1];
@@ -269,7 +427,7 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
     const long long most = g.n * ((g.h + sy - 1) / sy) * ((g.w + sx - 1) / sx);
     const long long tiles_n = (most + LG_IG_BN - 1) / LG_IG_BN;
     const long long per_phase = g.groups * tiles_m * tiles_n;
-    const int t = threadIdx.x, tm = t / 16 * R, tn = t % 16 * 4;
+    const int t = threadIdx.x;
     for (long long b = blockIdx.x; b < sy * sx * per_phase; b += gridDim.x) {
         const long long qy = b / per_phase / sx, qx = b / per_phase % sx;
         const IgAxisPhase py = lg_axis_phase(g.h, g.kh, sy, g.pad[0], g.dil[0], qy);
@@ -296,7 +454,7 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
                 tab_dx[t] = mx;
             }
             __syncthreads();
-            lg_ig_gather_a<T, R>(s, w, tab_w, kk, cig, tile.m0, K - k0, t);
+            lg_ig_gather_a<T, R, TC>(s, w, tab_w, kk, cig, tile.m0, K - k0, t);
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
@@ -305,11 +463,11 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
                 s.b[kq][t % LG_IG_BN] = in ? lg_load(gy[gybase + tab_gy[kq]]) : (A)0;
             }
             __syncthreads();
-            lg_ig_mac(s, acc, tm, tn);
+            lg_ig_product<T, A, R, TC>(s, acc, t);
             __syncthreads();
         }
         IgCols cols{plane, px.count, py.first * g.w + px.first, sy * g.w, sx};
-        lg_ig_store_nchw(gx, bias, acc, tile, tm, tn, cig, g.cin, HW, P, cols);
+        lg_ig_store_nchw<T, R, TC>(gx, bias, acc, tile, t, cig, g.cin, HW, P, cols);
     }
 }
 
@@ -323,12 +481,12 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
 // (u + dy, v + dx), so one gathered B tile serves all phases. A row's A is
 // W at the tap k = q + (base_q - d)*stride of its phase, 0 where there is
 // none, so each row sums its own taps in the order of lg_conv_dgrad.
-template <typename T, int R>
+template <typename T, int R, bool TC>
 __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, long long dys,
                                      long long dx_max, long long dxs, T* gx, const T* gy,
                                      const T* w, const T* bias) {
     typedef typename Acc<T>::type A;
-    __shared__ IgTiles<A, 8 * R> s;
+    __shared__ IgTiles<A, 8 * R, TC> s;
     __shared__ long long tab_co[LG_IG_BK], tab_gy[LG_IG_BK];
     __shared__ long long tab_dy[LG_IG_BK], tab_dx[LG_IG_BK];
     const long long sy = g.stride[0], sx = g.stride[1], S = sy * sx;
@@ -338,7 +496,7 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
     const long long P = g.n * U * V, K = cg * dys * dxs;
     const long long tiles_m = (rows + 8 * R - 1) / (8 * R);
     const long long tiles_n = (P + LG_IG_BN - 1) / LG_IG_BN;
-    const int t = threadIdx.x, tm = t / 16 * R, tn = t % 16 * 4;
+    const int t = threadIdx.x;
     for (long long b = blockIdx.x; b < g.groups * tiles_m * tiles_n; b += gridDim.x) {
         IgTile tile = lg_ig_tile(b, tiles_m, tiles_n, 8 * R);
         // The rows this thread gathers A for: channel, phase and base.
@@ -391,26 +549,25 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
                 s.b[kq][t % LG_IG_BN] = in ? lg_load(gy[gybase + tab_gy[kq]]) : (A)0;
             }
             __syncthreads();
-            lg_ig_mac(s, acc, tm, tn);
+            lg_ig_product<T, A, R, TC>(s, acc, t);
             __syncthreads();
         }
         // Row (c, q), column (item, u, v): input (first_qy + u*sy, first_qx + v*sx).
 #pragma unroll
         for (int i = 0; i < R; ++i) {
-            long long m = tile.m0 + tm + i;
-            if (m >= rows) continue;
-            long long c = m / S, qy = m % S / sx, qx = m % sx;
-            long long fy = ((qy - g.pad[0]) % sy + sy) % sy, fx = ((qx - g.pad[1]) % sx + sx) % sx;
-            long long ch = tile.grp * cig + c;
-            A b0 = bias ? lg_load(bias[ch]) : (A)0;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                long long col = tile.n0 + tn + j;
-                if (col >= P) continue;
+                long long m = tile.m0 + lg_acc_row<R, TC>(t, i, j);
+                long long col = tile.n0 + lg_acc_col<R, TC>(t, i, j);
+                if (m >= rows || col >= P) continue;
+                long long c = m / S, qy = m % S / sx, qx = m % sx;
+                long long fy = ((qy - g.pad[0]) % sy + sy) % sy;
+                long long fx = ((qx - g.pad[1]) % sx + sx) % sx;
                 long long ci = col / (U * V), ca = col % (U * V);
                 long long iy = fy + ca / V * sy, ix = fx + ca % V * sx;
                 if (iy >= g.h || ix >= g.w) continue;
-                A val = bias ? b0 + acc[i][j] : acc[i][j];
+                long long ch = tile.grp * cig + c;
+                A val = bias ? lg_load(bias[ch]) + acc[i][j] : acc[i][j];
                 gx[(ci * g.cin + ch) * HW + iy * g.w + ix] = lg_store<T>(val);
             }
         }
@@ -421,11 +578,11 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
 // `splits`, `chunk` positions each, a multiple of LG_IG_BK): with one split
 // gw ([cout, cin/groups, kh, kw]) itself, every element written; with more,
 // the split's partial sums in part[split] (cout*cig*kk values of A each).
-template <typename T, int R>
+template <typename T, int R, bool TC>
 __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chunk, T* gw,
                               typename Acc<T>::type* part, const T* gy, const T* x) {
     typedef typename Acc<T>::type A;
-    __shared__ IgTiles<A, 8 * R> s;
+    __shared__ IgTiles<A, 8 * R, TC> s;
     __shared__ long long tab_gy[LG_IG_BK], tab_x[LG_IG_BK];
     __shared__ long long tab_iy[LG_IG_BK], tab_ix[LG_IG_BK];
     const long long kk = g.kh * g.kw, L = g.oh * g.ow, HW = g.h * g.w;
@@ -434,7 +591,7 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
     const long long tiles_m = (cg + 8 * R - 1) / (8 * R);
     const long long tiles_n = (Kw + LG_IG_BN - 1) / LG_IG_BN;
     const long long tiles = g.groups * tiles_m * tiles_n;
-    const int t = threadIdx.x, tm = t / 16 * R, tn = t % 16 * 4;
+    const int t = threadIdx.x;
     for (long long b = blockIdx.x; b < splits * tiles; b += gridDim.x) {
         long long split = b / tiles;
         IgTile tile = lg_ig_tile(b % tiles, tiles_m, tiles_n, 8 * R);
@@ -457,7 +614,7 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
                 tab_ix[t] = ix0;
             }
             __syncthreads();
-            lg_ig_gather_a<T, R>(s, gy, tab_gy, L, cg, tile.m0, end - k0, t);
+            lg_ig_gather_a<T, R, TC>(s, gy, tab_gy, L, cg, tile.m0, end - k0, t);
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
@@ -466,17 +623,16 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
                 s.b[kq][t % LG_IG_BN] = in ? lg_load(x[tab_x[kq] + roff]) : (A)0;
             }
             __syncthreads();
-            lg_ig_mac(s, acc, tm, tn);
+            lg_ig_product<T, A, R, TC>(s, acc, t);
             __syncthreads();
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            long long q = tile.n0 + tn + j;
-            if (q >= Kw) continue;
 #pragma unroll
             for (int i = 0; i < R; ++i) {
-                long long m = tile.m0 + tm + i;
-                if (m >= cg) continue;
+                long long q = tile.n0 + lg_acc_col<R, TC>(t, i, j);
+                long long m = tile.m0 + lg_acc_row<R, TC>(t, i, j);
+                if (q >= Kw || m >= cg) continue;
                 long long e = (tile.grp * cg + m) * Kw + q;
                 if (splits == 1) {
                     gw[e] = lg_store<T>(acc[i][j]);
@@ -488,32 +644,48 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
     }
 }
 
-// The three passes for tiles of BM = 8*R rows.
-#define LG_CONV_TILE(sfx, T, BM, R)                                                   \
+// The four kernels for tiles of BM = 8*R rows (TC: TF32 tensor cores,
+// instantiated for f32 as the `_tf32` kernels).
+#define LG_CONV_TILE_AS(sfx, T, BM, R, TC)                                            \
     extern "C" __global__ void conv_fwd_m##BM##_##sfx(ConvGeom g, T* y, const T* x,   \
                                                       const T* w, const T* bias) {    \
-        lg_conv_fwd<T, R>(g, y, x, w, bias);                                          \
+        lg_conv_fwd<T, R, TC>(g, y, x, w, bias);                                      \
     }                                                                                 \
     extern "C" __global__ void conv_dgrad_m##BM##_##sfx(ConvGeom g, T* gx, const T* gy, \
                                                         const T* w, const T* bias) {  \
-        lg_conv_dgrad<T, R>(g, gx, gy, w, bias);                                      \
+        lg_conv_dgrad<T, R, TC>(g, gx, gy, w, bias);                                  \
     }                                                                                 \
-    extern "C" __global__ void conv_dgrad_phase_rows_m##BM##_##sfx(                       \
+    extern "C" __global__ void conv_dgrad_phase_rows_m##BM##_##sfx(                   \
         ConvGeom g, long long dy_max, long long dys, long long dx_max, long long dxs,  \
         T* gx, const T* gy, const T* w, const T* bias) {                              \
-        lg_conv_dgrad_phase_rows<T, R>(g, dy_max, dys, dx_max, dxs, gx, gy, w, bias);     \
+        lg_conv_dgrad_phase_rows<T, R, TC>(g, dy_max, dys, dx_max, dxs, gx, gy, w, bias); \
     }                                                                                 \
     extern "C" __global__ void conv_wgrad_m##BM##_##sfx(                              \
         ConvGeom g, long long splits, long long chunk, T* gw, Acc<T>::type* part,     \
         const T* gy, const T* x) {                                                    \
-        lg_conv_wgrad<T, R>(g, splits, chunk, gw, part, gy, x);                       \
+        lg_conv_wgrad<T, R, TC>(g, splits, chunk, gw, part, gy, x);                   \
     }
+// Whether T's tiles of 16 rows or more run on tensor cores by default: the
+// half types (exact products, f32 sums, as their fused multiply-adds);
+// f32 only with TF32 allowed (the `tf32` kernels below).
+template <typename T> struct LgTensorCores { static constexpr bool on = false; };
+template <> struct LgTensorCores<__half> { static constexpr bool on = true; };
+template <> struct LgTensorCores<__nv_bfloat16> { static constexpr bool on = true; };
+
+// Every tile height (8 rows: fused multiply-adds, below an m16 fragment).
+#define LG_CONV_TILES(sfx, T, TC)                                                     \
+    LG_CONV_TILE_AS(sfx, T, 64, 8, TC)                                                \
+    LG_CONV_TILE_AS(sfx, T, 32, 4, TC)                                                \
+    LG_CONV_TILE_AS(sfx, T, 16, 2, TC)                                                \
+    LG_CONV_TILE_AS(sfx, T, 8, 1, false)
+
+// TF32 tensor-core tiles (16 rows or more: an m16 fragment's height).
+LG_CONV_TILE_AS(tf32, float, 64, 8, true)
+LG_CONV_TILE_AS(tf32, float, 32, 4, true)
+LG_CONV_TILE_AS(tf32, float, 16, 2, true)
 
 #define LG_CONV(sfx, T)                                                               \
-    LG_CONV_TILE(sfx, T, 64, 8)                                                       \
-    LG_CONV_TILE(sfx, T, 32, 4)                                                       \
-    LG_CONV_TILE(sfx, T, 16, 2)                                                       \
-    LG_CONV_TILE(sfx, T, 8, 1)                                                        \
+    LG_CONV_TILES(sfx, T, LgTensorCores<T>::on)                                       \
     /* gw[e] = the sum over s < splits of part[s*n + e], in split order. */           \
     extern "C" __global__ void conv_split_sum_##sfx(long long n, long long splits,   \
                                                     T* gw, const Acc<T>::type* part) { \

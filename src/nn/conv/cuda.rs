@@ -14,10 +14,10 @@
 use super::ConvGeom;
 use crate::cuda::check::{expect, float_suffix};
 use crate::cuda::launch;
-use crate::cuda::{conv_workspace_bytes, CudaBuffer, CudaDevice};
+use crate::cuda::{conv_tf32_enabled, conv_workspace_bytes, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
 use crate::tensor::cuda::{dense, wrap};
-use crate::{Result, Tensor};
+use crate::{DType, Result, Tensor};
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 // The kernels take `struct ConvGeom` of 16 `long long`s by value; `usize`
@@ -151,6 +151,18 @@ fn tile_rows(m: usize) -> usize {
     TILE_ROWS.into_iter().find(|&r| m <= r).unwrap_or(tallest)
 }
 
+/// The suffix of the tile kernel of `rows` rows for `dtype` (its float
+/// suffix `sfx`): `tf32`, the TF32 tensor-core kernels, for f32 with
+/// [`crate::cuda::with_conv_tf32`] on (the default) where the tile is at
+/// least one m16 fragment high; `sfx` otherwise.
+fn tile_suffix(sfx: &'static str, dtype: DType, rows: usize) -> &'static str {
+    if dtype == DType::F32 && rows >= 16 && conv_tf32_enabled() {
+        "tf32"
+    } else {
+        sfx
+    }
+}
+
 /// Tiles of `m × n` in `groups` groups.
 fn tiles(groups: usize, m: usize, n: usize) -> usize {
     groups * m.div_ceil(tile_rows(m)) * n.div_ceil(TILE)
@@ -272,8 +284,9 @@ fn conv_forward(
     if ny > 0 {
         let cfg = tile_grid(tiles(g.groups, g.cout_g(), g.n * g.l()));
         let rows = tile_rows(g.cout_g());
+        let tsfx = tile_suffix(sfx, x.dtype(), rows);
         // Parameters: (ConvGeom g, T* y, const T* x, const T* w, const T* bias).
-        launch!(x.device(), "conv.cu", format!("conv_fwd_m{rows}_{sfx}"), cfg;
+        launch!(x.device(), "conv.cu", format!("conv_fwd_m{rows}_{tsfx}"), cfg;
             g, y.slice_mut(), x.slice(), w.slice(), &b)?;
     }
     Ok(y)
@@ -303,12 +316,14 @@ fn conv_input_grad(
         match input_grad_plan(g) {
             InputGradPlan::PerPhase { tiles } => {
                 let rows = tile_rows(cig);
+                let tsfx = tile_suffix(sfx, gy.dtype(), rows);
                 // Parameters: (ConvGeom g, T* gx, const T* gy, const T* w, const T* bias).
-                launch!(gy.device(), "conv.cu", format!("conv_dgrad_m{rows}_{sfx}"), tile_grid(tiles);
+                launch!(gy.device(), "conv.cu", format!("conv_dgrad_m{rows}_{tsfx}"), tile_grid(tiles);
                     g, gx.slice_mut(), gy.slice(), w.slice(), &b)?;
             }
             InputGradPlan::PhaseRows { tiles, offsets } => {
                 let rows = tile_rows(cig * g.stride[0] * g.stride[1]);
+                let tsfx = tile_suffix(sfx, gy.dtype(), rows);
                 let [(y_max, y_count), (x_max, x_count)] = offsets;
                 let dy_max = y_max as i64;
                 let dys = y_count as i64;
@@ -316,7 +331,7 @@ fn conv_input_grad(
                 let dxs = x_count as i64;
                 // Parameters: (ConvGeom g, i64 dy_max, i64 dys, i64 dx_max,
                 // i64 dxs, T* gx, const T* gy, const T* w, const T* bias).
-                launch!(gy.device(), "conv.cu", format!("conv_dgrad_phase_rows_m{rows}_{sfx}"), tile_grid(tiles);
+                launch!(gy.device(), "conv.cu", format!("conv_dgrad_phase_rows_m{rows}_{tsfx}"), tile_grid(tiles);
                     g, &dy_max, &dys, &dx_max, &dxs, gx.slice_mut(), gy.slice(), w.slice(), &b)?;
             }
         }
@@ -376,10 +391,11 @@ fn conv_weight_grad(
     }
     let cfg = tile_grid(splits * tiles(g.groups, g.cout_g(), g.k()));
     let rows = tile_rows(g.cout_g());
+    let tsfx = tile_suffix(sfx, x.dtype(), rows);
     let (s64, c64) = (splits as i64, chunk as i64);
     // Parameters: (ConvGeom g, i64 splits, i64 chunk, T* gw, A* part,
     // const T* gy, const T* x).
-    launch!(x.device(), "conv.cu", format!("conv_wgrad_m{rows}_{sfx}"), cfg;
+    launch!(x.device(), "conv.cu", format!("conv_wgrad_m{rows}_{tsfx}"), cfg;
         g, &s64, &c64, gw.slice_mut(), ws.slice_mut(), gy.slice(), x.slice())?;
     if splits > 1 {
         let n64 = nw as i64;
@@ -426,8 +442,13 @@ mod tests {
         assert_eq!(define("LG_IG_BN"), TILE);
         assert_eq!(define("LG_IG_BK"), TILE_K);
         for rows in TILE_ROWS {
-            let tile = format!("LG_CONV_TILE(sfx, T, {rows}, {})", rows / 8);
+            let tc = if rows >= 16 { "TC" } else { "false" };
+            let tile = format!("LG_CONV_TILE_AS(sfx, T, {rows}, {}, {tc})", rows / 8);
             assert!(src.contains(&tile), "conv.cu instantiates {tile}");
+            if rows >= 16 {
+                let tf32 = format!("LG_CONV_TILE_AS(tf32, float, {rows}, {}, true)", rows / 8);
+                assert!(src.contains(&tf32), "conv.cu instantiates {tf32}");
+            }
         }
         assert_eq!(
             (tile_rows(3), tile_rows(12), tile_rows(17), tile_rows(64)),
