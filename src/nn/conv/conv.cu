@@ -15,9 +15,10 @@
 // each product added with one fused multiply-add in K order (f32 for the
 // half types and f32, f64 for f64), so results are the same from run to
 // run; or, for tiles of 16 rows or more, by tensor-core mma.sync: always
-// for f16 and bf16 (exact products, f32 sums), for f32 only with TF32
-// allowed (the `_tf32` kernels, operands rounded to TF32). The weight gradient's K (every position of the batch) may be split
-// into `splits` ranges whose partial sums are added in range order by
+// for f16 and bf16 (exact products, f32 sums), for f32 when TF32 is
+// allowed (the `_tf32` kernels, operands rounded to TF32; the default).
+// The weight gradient's K (every position of the batch) may be split into
+// `splits` ranges whose partial sums are added in range order by
 // conv_split_sum.
 //
 // `struct ConvGeom` is the Rust `leangrad::nn::ConvGeom` (src/nn/conv/mod.rs,
@@ -123,6 +124,18 @@ __device__ __forceinline__ unsigned lg_tf32(float x) {
     return r;
 }
 
+// An element as a tile holds it: widened to its arithmetic type, and for
+// f32 on tensor cores (TC) rounded to TF32 here, once per gathered
+// element rather than at every fragment load.
+template <bool TC, typename T>
+__device__ __forceinline__ typename Acc<T>::type lg_tile_load(T v) {
+    if constexpr (TC && sizeof(T) == 4) {
+        return __uint_as_float(lg_tf32(v));
+    } else {
+        return lg_load(v);
+    }
+}
+
 // One mma.sync.m16n8kK: d += a (16 x K) * b (K x 8), fragments of 32-bit
 // registers, f32 accumulators.
 template <typename T> __device__ __forceinline__ void lg_mma(float (&d)[4], const unsigned (&a)[4],
@@ -155,12 +168,14 @@ template <> __device__ __forceinline__ void lg_mma<__nv_bfloat16>(float (&d)[4],
 
 // The 32-bit fragment element of an mma operand for element type T from
 // the f32 tile values at k and k + h (h = 4 for TF32, whose register holds
-// one value, rounded; 1 for the half types, whose register packs the pair,
-// k's in the low 16 bits; the tile holds them exactly, widened).
+// one value, rounded as it was gathered; 1 for the half types, whose
+// register packs the pair, k's in the low 16 bits; the tile holds them
+// exactly, widened).
 template <typename T> struct LgFrag;
 template <> struct LgFrag<float> {
     static constexpr int K = 8, H = 4;
-    __device__ static unsigned one(float v) { return lg_tf32(v); }
+    // Rounded to TF32 already as the tile was gathered (lg_tile_load).
+    __device__ static unsigned one(float v) { return __float_as_uint(v); }
 };
 template <> struct LgFrag<__half> {
     static constexpr int K = 16, H = 1;
@@ -306,19 +321,36 @@ __device__ __forceinline__ void lg_ig_store_nchw(T* out, const T* bias,
     }
 }
 
-// The A tile of a step from a table of row starts: a[k][m] = src[tab[k] +
-// (m0 + m) * stride] for rows m0 + m < rows and steps k < ks, 0 elsewhere.
-template <typename T, int R, bool TC>
-__device__ __forceinline__ void lg_ig_gather_a(IgTiles<typename Acc<T>::type, 8 * R, TC>& s,
-                                               const T* src, const long long* tab,
-                                               long long stride, long long rows, long long m0,
-                                               long long ks, int t) {
+// The A rows thread t gathers in a tile whose rows start at m0 (the same
+// for every K step, so computed once per tile): (m0 + mq) * stride for
+// each of its R rows mq, -1 for a row at or past `rows`.
+template <int R> struct IgRows {
+    long long off[R];
+};
+template <int R>
+__device__ __forceinline__ IgRows<R> lg_ig_rows(long long m0, long long rows, long long stride,
+                                                int t) {
+    IgRows<R> out;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-        int kq = t % LG_IG_BK, mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
-        long long m = m0 + mq;
-        bool ok = m < rows && kq < ks;
-        s.a[kq][mq] = ok ? lg_load(src[tab[kq] + m * stride]) : (typename Acc<T>::type)0;
+        long long m = m0 + t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
+        out.off[i] = m < rows ? m * stride : -1;
+    }
+    return out;
+}
+
+// The A tile of a step: a[k][m] = src[start + rows.off[m]] for its rows
+// and steps k < ks (start: this thread's step k's row start), 0 elsewhere.
+template <typename T, int R, bool TC>
+__device__ __forceinline__ void lg_ig_gather_a(IgTiles<typename Acc<T>::type, 8 * R, TC>& s,
+                                               const T* src, long long start,
+                                               const IgRows<R>& rows, long long ks, int t) {
+    const int kq = t % LG_IG_BK;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        int mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
+        bool ok = kq < ks && rows.off[i] >= 0;
+        s.a[kq][mq] = ok ? lg_tile_load<TC>(src[start + rows.off[i]]) : (typename Acc<T>::type)0;
     }
 }
 
@@ -344,6 +376,8 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
         long long iy0 = l / g.ow * g.stride[0] - g.pad[0];
         long long ix0 = l % g.ow * g.stride[1] - g.pad[1];
         long long xbase = (item * g.cin + tile.grp * cig) * HW + iy0 * g.w + ix0;
+        const IgRows<R> arows = lg_ig_rows<R>(tile.m0, cg, K, t);
+        const long long wbase = tile.grp * cg * K + t % LG_IG_BK;
         A acc[R][4] = {};
         for (long long k0 = 0; k0 < K; k0 += LG_IG_BK) {
             if (t < LG_IG_BK) {
@@ -352,20 +386,14 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
                 tab_dx[t] = kj * g.dil[1];
                 tab_off[t] = c * HW + ki * g.dil[0] * g.w + kj * g.dil[1];
             }
-#pragma unroll
-            for (int i = 0; i < R; ++i) {
-                int kq = t % LG_IG_BK, mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
-                long long m = tile.m0 + mq, r = k0 + kq;
-                bool ok = m < cg && r < K;
-                s.a[kq][mq] = ok ? lg_load(w[(tile.grp * cg + m) * K + r]) : (A)0;
-            }
+            lg_ig_gather_a<T, R, TC>(s, w, wbase + k0, arows, K - k0, t);
             __syncthreads();
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
                 long long iy = iy0 + tab_dy[kq], ix = ix0 + tab_dx[kq];
                 bool in = p_ok && lg_inside(iy, g.h) && lg_inside(ix, g.w);
-                s.b[kq][t % LG_IG_BN] = in ? lg_load(x[xbase + tab_off[kq]]) : (A)0;
+                s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(x[xbase + tab_off[kq]]) : (A)0;
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -442,6 +470,7 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
         long long at = p_ok ? p % plane : 0, item = p_ok ? p / plane : 0;
         long long oy0 = py.base + at / px.count, ox0 = px.base + at % px.count;
         long long gybase = (item * g.cout + tile.grp * cg) * L + oy0 * g.ow + ox0;
+        const IgRows<R> arows = lg_ig_rows<R>(tile.m0, cig, kk, t);
         A acc[R][4] = {};
         for (long long k0 = 0; k0 < K; k0 += LG_IG_BK) {
             if (t < LG_IG_BK) {
@@ -454,13 +483,13 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
                 tab_dx[t] = mx;
             }
             __syncthreads();
-            lg_ig_gather_a<T, R, TC>(s, w, tab_w, kk, cig, tile.m0, K - k0, t);
+            lg_ig_gather_a<T, R, TC>(s, w, tab_w[t % LG_IG_BK], arows, K - k0, t);
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
                 long long oy = oy0 - tab_dy[kq], ox = ox0 - tab_dx[kq];
                 bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
-                s.b[kq][t % LG_IG_BN] = in ? lg_load(gy[gybase + tab_gy[kq]]) : (A)0;
+                s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(gy[gybase + tab_gy[kq]]) : (A)0;
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -539,14 +568,14 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
                 long long kj = a_qx[i] + (a_bx[i] - tab_dx[kq]) * sx;
                 bool ok = a_ok[i] && tab_co[kq] >= 0 && lg_inside(ki, g.kh) && lg_inside(kj, g.kw);
                 s.a[kq][mq] =
-                    ok ? lg_load(w[a_w[i] + tab_co[kq] * Kw + ki * g.kw + kj]) : (A)0;
+                    ok ? lg_tile_load<TC>(w[a_w[i] + tab_co[kq] * Kw + ki * g.kw + kj]) : (A)0;
             }
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
                 long long oy = u + tab_dy[kq], ox = v + tab_dx[kq];
                 bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
-                s.b[kq][t % LG_IG_BN] = in ? lg_load(gy[gybase + tab_gy[kq]]) : (A)0;
+                s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(gy[gybase + tab_gy[kq]]) : (A)0;
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -602,6 +631,7 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
         long long rdy = ki * g.dil[0], rdx = kj * g.dil[1];
         long long roff = (tile.grp * cig + c) * HW + rdy * g.w + rdx;
         long long first = split * chunk, end = min(P, first + chunk);
+        const IgRows<R> arows = lg_ig_rows<R>(tile.m0, cg, L, t);
         A acc[R][4] = {};
         for (long long k0 = first; k0 < end; k0 += LG_IG_BK) {
             if (t < LG_IG_BK) {
@@ -614,13 +644,13 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
                 tab_ix[t] = ix0;
             }
             __syncthreads();
-            lg_ig_gather_a<T, R, TC>(s, gy, tab_gy, L, cg, tile.m0, end - k0, t);
+            lg_ig_gather_a<T, R, TC>(s, gy, tab_gy[t % LG_IG_BK], arows, end - k0, t);
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
                 long long iy = tab_iy[kq] + rdy, ix = tab_ix[kq] + rdx;
                 bool in = r_ok && lg_inside(iy, g.h) && lg_inside(ix, g.w);
-                s.b[kq][t % LG_IG_BN] = in ? lg_load(x[tab_x[kq] + roff]) : (A)0;
+                s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(x[tab_x[kq] + roff]) : (A)0;
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
