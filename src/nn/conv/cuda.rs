@@ -293,10 +293,10 @@ fn conv_forward(
 }
 
 /// The input gradient `[n, cin, h, w]` of a convolution from the output
-/// gradient `gy`, one implicit-GEMM launch (`conv_dgrad_*`) over the
-/// stride phases of the input, each with only the taps that reach it. This is also
-/// the transposed convolution of `gy` by `w`; with `bias` (`[cin]`) every
-/// position starts from its channel's bias.
+/// gradient `gy`, one implicit-GEMM launch over the stride phases of the
+/// input, each with only the taps that reach it (see [`input_grad_plan`]).
+/// This is also the transposed convolution of `gy` by `w`; with `bias`
+/// (`[cin]`) every position starts from its channel's bias.
 fn conv_input_grad(
     gy: &CudaBuffer,
     w: &CudaBuffer,
