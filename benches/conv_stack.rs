@@ -133,7 +133,7 @@ fn run(
 ) -> Result<()> {
     let ledger = Ledger::new();
     let _l = ledger.enter();
-    let _ws = leangrad::cuda::with_conv_workspace(o.workspace);
+    let _ws = leangrad::nn::with_conv_workspace(o.workspace);
     let config = ResNetConfig {
         base_width: o.width,
         ..ResNetConfig::resnet18(1000)

@@ -24,6 +24,7 @@ pub mod ops;
 pub mod optim;
 pub mod primitives;
 pub mod rng;
+pub mod settings;
 pub mod tensor;
 pub mod threads;
 

@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use leangrad::memory::{Category, Ledger};
+use leangrad::nn::LARGE_WORKSPACE_BYTES as LARGE;
 use leangrad::nn::{
     conv1d, conv2d, conv_transpose2d, Conv1d, Conv1dOptions, Conv2d, Conv2dOptions,
     ConvTranspose2d, ConvTranspose2dOptions, Module,
@@ -938,5 +939,122 @@ mod nn_conv_cases {
             (x[2 + a] + 2 * o.padding[a] - o.dilation[a] * (w[2 + a] - 1) - 1) / o.stride[a] + 1
         };
         vec![x[0], w[0], out(0), out(1)]
+    }
+}
+
+/// The values of one convolution and its three gradients at a workspace
+/// budget, with the Workspace peaks of the forward and of the backward.
+fn at_budget(
+    op: &dyn Fn(&Tensor, &Tensor, &Tensor) -> Tensor,
+    (x, w, b): (&Tensor, &Tensor, &Tensor),
+    budget: usize,
+) -> (Vec<Vec<f64>>, [usize; 2]) {
+    use leangrad::autograd::{backward_with, CollectGrads};
+    let _ws = leangrad::nn::with_conv_workspace(budget);
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let leaves: Vec<Tensor> = [x, w, b]
+        .iter()
+        .map(|t| t.detach().set_requires_grad(true).unwrap())
+        .collect();
+    let y = op(&leaves[0], &leaves[1], &leaves[2]);
+    let forward = ledger.peak_in(Device::Cpu, Category::Workspace);
+    ledger.reset_peak();
+    let gy = Tensor::rand_range(y.shape(), -1.0, 1.0, DType::F64, Device::Cpu, 9).unwrap();
+    backward_with(&y, Some(gy.to_dtype(y.dtype()).unwrap()), &mut CollectGrads).unwrap();
+    let backward = ledger.peak_in(Device::Cpu, Category::Workspace);
+    let mut vals = vec![y.to_f64_vec().unwrap()];
+    vals.extend(
+        leaves
+            .iter()
+            .map(|l| l.grad().unwrap().to_f64_vec().unwrap()),
+    );
+    (vals, [forward, backward])
+}
+
+/// A column buffer shorter than one item's columns (a small workspace
+/// budget) cuts each item into pieces: whole groups, else output positions
+/// (forward) or column rows (gradients) of one group. Every value is the
+/// whole-item products' bit for bit, in every dtype, for groups, strides,
+/// dilation, padding, 1×1 kernels, 1-d and transposed convolutions (each
+/// with at least 384 output positions, so that no product covers several
+/// items); the Workspace peak is the capped buffer.
+#[test]
+fn a_column_buffer_short_of_an_item_gives_the_same_values_bit_for_bit() {
+    type Op = Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> Tensor>;
+    let c2d = |stride, padding, dilation, groups| -> Op {
+        let o = Conv2dOptions {
+            stride,
+            padding,
+            dilation,
+            groups,
+        };
+        Box::new(move |x, w, b| conv2d(x, w, Some(b), &o).unwrap())
+    };
+    let c1d: Op = Box::new(|x, w, b| {
+        let o = Conv1dOptions {
+            stride: 2,
+            padding: 3,
+            dilation: 1,
+            groups: 2,
+        };
+        conv1d(x, w, Some(b), &o).unwrap()
+    });
+    let ct: Op = Box::new(|x, w, b| {
+        let o = ConvTranspose2dOptions {
+            stride: [2, 1],
+            padding: [1, 0],
+            output_padding: [1, 0],
+            groups: 3,
+            ..Default::default()
+        };
+        conv_transpose2d(x, w, Some(b), &o).unwrap()
+    });
+    // (name, op, x, w, bias, the convolution's [k, l] for one group, groups)
+    type Case<'a> = (
+        &'a str,
+        Op,
+        &'a [usize],
+        &'a [usize],
+        usize,
+        [usize; 2],
+        usize,
+    );
+    #[rustfmt::skip]
+    let cases: Vec<Case> = vec![
+        ("3x3 same", c2d([1, 1], [1, 1], [1, 1], 1), &[2, 5, 20, 21], &[6, 5, 3, 3], 6, [45, 420], 1),
+        ("groups, stride 2", c2d([2, 2], [2, 1], [1, 1], 4), &[2, 8, 41, 40], &[12, 2, 5, 3], 12, [30, 420], 4),
+        ("dilated", c2d([1, 1], [0, 2], [2, 3], 2), &[1, 6, 24, 30], &[4, 3, 3, 3], 4, [27, 20 * 28], 2),
+        ("1x1", c2d([1, 1], [0, 0], [1, 1], 1), &[3, 7, 20, 20], &[5, 7, 1, 1], 5, [7, 400], 1),
+        ("1-d", c1d, &[2, 4, 900], &[6, 2, 7], 6, [14, 450], 2),
+        ("transposed", ct, &[2, 6, 14, 30], &[6, 4, 2, 3], 12, [4 * 6, 14 * 30], 3),
+    ];
+    for (name, op, xs, ws, bs, [k, l], groups) in &cases {
+        for dtype in [DType::F64, DType::F32, DType::F16, DType::BF16] {
+            let x = Tensor::rand_range(xs, -1.0, 1.0, dtype, Device::Cpu, 1).unwrap();
+            let w = Tensor::rand_range(ws, -1.0, 1.0, dtype, Device::Cpu, 2).unwrap();
+            let b = Tensor::rand_range(&[*bs], -1.0, 1.0, dtype, Device::Cpu, 3).unwrap();
+            let e = dtype.size_in_bytes();
+            let full = groups * k * l;
+            let (want, peaks) = at_budget(op.as_ref(), (&x, &w, &b), LARGE);
+            assert_eq!(peaks, [full * e; 2], "{name} {dtype:?}");
+            // Positions or rows of one group (the smallest pieces: three
+            // at a time; four; five), one group at a time, two at a time.
+            for budget in [
+                1,
+                4 * k.max(l) * e,
+                5 * k.max(l) * e + e / 2,
+                k * l * e,
+                2 * k * l * e,
+            ] {
+                let (got, peaks) = at_budget(op.as_ref(), (&x, &w, &b), budget);
+                let buffer = full.min((budget / e).max(3 * k.max(l))) * e;
+                let what = format!("{name} {dtype:?} budget {budget}");
+                assert_eq!(peaks, [buffer; 2], "{what}");
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(g == w, "{what}: value {i} differs");
+                }
+            }
+        }
     }
 }

@@ -20,8 +20,8 @@
 //!   cached in memory and on disk.
 //! - [`profiler`]: profiler ranges, and the simulated GPU's own profile
 //!   (counts and predicted time) read from inside the process.
-//! - Settings read by the launch code: [`with_tf32`], [`with_conv_tf32`],
-//!   [`with_conv_workspace`].
+//! - Settings read by the launch code: [`with_tf32`], [`with_conv_tf32`]
+//!   (and `crate::nn::with_conv_workspace`, which applies on every device).
 //!
 //! Inside the crate: the `launch!` macro and `check` (launch-argument
 //! checks) for every family's `cuda.rs`; the shared primitives' launch
@@ -76,12 +76,10 @@ pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
 
+pub use crate::settings::SettingGuard;
 pub use buffer::CudaBuffer;
 pub use context::{
     kernel_image, library_status, CudaDevice, PoolUsage, MIN_COMPUTE_CAPABILITY, SIMULATOR_NAME,
 };
 pub use layout::{broadcast_strides, contiguous_strides, Strided, MAX_RANK};
-pub use settings::{
-    conv_tf32_enabled, conv_workspace_bytes, tf32_enabled, with_conv_tf32, with_conv_workspace,
-    with_tf32, SettingGuard, LARGE_WORKSPACE_BYTES,
-};
+pub use settings::{conv_tf32_enabled, tf32_enabled, with_conv_tf32, with_tf32};

@@ -15,42 +15,16 @@
 //!   operands rounded to nearest); the 8-row tiles of layers with at most
 //!   8 output (or, for the input gradient, input) channels stay in f32.
 //!   Off: every f32 convolution in strict f32, as on the CPU.
-//! - The convolution workspace budget ([`with_conv_workspace`], 0 by
-//!   default): every CUDA convolution holds one batch item's im2col
-//!   columns of Workspace, exactly the buffer the CPU kernels use, so a
-//!   CUDA step's ledger equals the CPU's (and the meta prediction) byte for
-//!   byte; a weight gradient keeps the partial sums of its split reduction
-//!   there. A larger budget lets it split further (more parallel work for
-//!   layers with few output tiles), and the ledger shows that extra
-//!   Workspace.
+//!
+//! The convolution workspace budget, which applies on every device, is
+//! `crate::nn::with_conv_workspace`.
 
+use crate::settings::{set, SettingGuard};
 use std::cell::Cell;
-use std::thread::LocalKey;
 
 thread_local! {
     static TF32: Cell<bool> = const { Cell::new(false) };
     static CONV_TF32: Cell<bool> = const { Cell::new(true) };
-    static CONV_WORKSPACE: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Restores a setting's previous value on this thread when dropped.
-#[must_use = "the setting applies only while the guard lives"]
-pub struct SettingGuard<T: Copy + 'static> {
-    key: &'static LocalKey<Cell<T>>,
-    previous: T,
-}
-
-impl<T: Copy + 'static> Drop for SettingGuard<T> {
-    fn drop(&mut self) {
-        self.key.with(|c| c.set(self.previous));
-    }
-}
-
-fn set<T: Copy + 'static>(key: &'static LocalKey<Cell<T>>, value: T) -> SettingGuard<T> {
-    SettingGuard {
-        key,
-        previous: key.with(|c| c.replace(value)),
-    }
 }
 
 /// f32 matrix products (cuBLAS GEMMs) on this thread use TF32 tensor
@@ -78,24 +52,6 @@ pub fn conv_tf32_enabled() -> bool {
     CONV_TF32.with(Cell::get)
 }
 
-/// CUDA convolutions on this thread may hold up to `bytes` of Workspace
-/// (at least one item's im2col columns, whatever `bytes` says), until the
-/// guard drops.
-pub fn with_conv_workspace(bytes: usize) -> SettingGuard<usize> {
-    set(&CONV_WORKSPACE, bytes)
-}
-
-/// A workspace budget for speed over memory parity (256 MiB): pass it to
-/// [`with_conv_workspace`] (the default budget is one item's columns, as on
-/// the CPU).
-pub const LARGE_WORKSPACE_BYTES: usize = 256 << 20;
-
-/// The convolution workspace budget on this thread now (0: one item's
-/// columns, as the CPU).
-pub fn conv_workspace_bytes() -> usize {
-    CONV_WORKSPACE.with(Cell::get)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,27 +60,21 @@ mod tests {
     fn defaults_scoped_nested_and_per_thread() {
         assert!(!tf32_enabled());
         assert!(conv_tf32_enabled());
-        assert_eq!(conv_workspace_bytes(), 0);
         {
             let _strict = with_conv_tf32(false);
             assert!(!conv_tf32_enabled());
             let _on = with_tf32(true);
-            let _big = with_conv_workspace(256 << 20);
             assert!(tf32_enabled());
-            assert_eq!(conv_workspace_bytes(), 256 << 20);
             {
                 let _off = with_tf32(false);
                 assert!(!tf32_enabled());
             }
             assert!(tf32_enabled());
             // Other threads keep their own (default) settings.
-            let other = std::thread::spawn(|| {
-                (tf32_enabled(), conv_tf32_enabled(), conv_workspace_bytes())
-            });
-            assert_eq!(other.join().unwrap(), (false, true, 0));
+            let other = std::thread::spawn(|| (tf32_enabled(), conv_tf32_enabled()));
+            assert_eq!(other.join().unwrap(), (false, true));
         }
         assert!(!tf32_enabled());
         assert!(conv_tf32_enabled());
-        assert_eq!(conv_workspace_bytes(), 0);
     }
 }

@@ -15,9 +15,10 @@ mod sequential;
 
 pub use activation::{Flatten, LeakyReLU, ReLU, SiLU, Sigmoid, Tanh, GELU};
 pub use conv::{
-    conv1d, conv2d, conv_transpose2d, Conv1d, Conv1dBuilder, Conv1dOptions, Conv2d, Conv2dBuilder,
-    Conv2dOptions, ConvGeom, ConvTranspose2d, ConvTranspose2dBuilder, ConvTranspose2dOptions,
-    Size2,
+    conv1d, conv2d, conv_transpose2d, conv_workspace_bytes, with_conv_workspace, Conv1d,
+    Conv1dBuilder, Conv1dOptions, Conv2d, Conv2dBuilder, Conv2dOptions, ConvGeom, ConvTranspose2d,
+    ConvTranspose2dBuilder, ConvTranspose2dOptions, Size2, DEFAULT_CONV_WORKSPACE_BYTES,
+    LARGE_WORKSPACE_BYTES,
 };
 pub use dropout::{dropout, dropout_owned, Dropout};
 pub use embedding::{embedding, Embedding, EmbeddingBuilder};

@@ -5,16 +5,15 @@
 //! groups; the weight gradient's split partial sums added by a second one),
 //! and the bias gradient's per-channel sum.
 //!
-//! No convolution writes im2col columns, yet each holds one item's worth of
-//! Workspace while it runs (see [`workspace`]): the CPU kernels' column
-//! buffer, so that the ledgers match; the weight gradient keeps its split
-//! partial sums there (more with a larger
-//! [`crate::cuda::with_conv_workspace`] budget).
+//! No convolution writes im2col columns, yet each holds the CPU kernels'
+//! column buffer of Workspace while it runs (see [`workspace`]), so that
+//! the ledgers match; the weight gradient keeps its split partial sums
+//! there (more with a larger [`super::with_conv_workspace`] budget).
 
 use super::ConvGeom;
 use crate::cuda::check::{expect, float_suffix};
 use crate::cuda::launch;
-use crate::cuda::{conv_tf32_enabled, conv_workspace_bytes, CudaBuffer, CudaDevice};
+use crate::cuda::{conv_tf32_enabled, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
 use crate::tensor::cuda::{dense, wrap};
 use crate::{DType, Result, Tensor};
@@ -29,10 +28,6 @@ const _: () = assert!(std::mem::size_of::<ConvGeom>() == 16 * 8);
 unsafe impl DeviceRepr for ConvGeom {}
 
 impl ConvGeom {
-    /// Column rows of one item (`cin·kh·kw`).
-    fn rows(&self) -> usize {
-        self.cin * self.kh * self.kw
-    }
     /// Elements of the input, weight and output.
     fn sizes(&self) -> (usize, usize, usize) {
         (
@@ -100,9 +95,7 @@ pub(super) fn conv2d_input_grad(
 /// `cpu::conv2d_weight_grad` on CUDA tensors.
 pub(super) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Result<Tensor> {
     let shape = [g.cout, g.cin / g.groups, g.kh, g.kw];
-    on_buffers(gy, x, &shape, |gy, x| {
-        conv_weight_grad(gy, x, g, conv_workspace_bytes())
-    })
+    on_buffers(gy, x, &shape, |gy, x| conv_weight_grad(gy, x, g))
 }
 
 /// `cpu::channel_sum` (the bias gradient) on a CUDA tensor.
@@ -238,14 +231,14 @@ fn input_grad_plan(g: &ConvGeom) -> InputGradPlan {
     }
 }
 
-/// The Workspace a convolution holds while it runs, `len` elements of
-/// `like`'s dtype: at least one item's im2col columns (`cin·kh·kw × oh·ow`),
-/// the buffer the CPU kernels unfold into, so that a CUDA step's ledger
-/// equals the CPU's and the meta prediction byte for byte. The implicit
-/// GEMMs gather their tiles from the input directly and need none of it
-/// except for the weight gradient's split partial sums.
-fn workspace(like: &CudaBuffer, g: &ConvGeom, len: usize) -> Result<CudaBuffer> {
-    let len = len.max(g.rows() * g.l());
+/// The Workspace a convolution holds while it runs: the column buffer the
+/// CPU kernels unfold into ([`ConvGeom::column_buffer_len`] elements of
+/// `like`'s dtype), so that a CUDA step's ledger equals the CPU's and the
+/// meta prediction byte for byte. The implicit GEMMs gather their tiles
+/// from the input directly and use none of it except for the weight
+/// gradient's split partial sums.
+fn workspace(like: &CudaBuffer, g: &ConvGeom) -> Result<CudaBuffer> {
+    let len = g.column_buffer_len(like.dtype());
     CudaBuffer::alloc_in(like.device(), like.dtype(), len, Category::Workspace)
 }
 
@@ -280,7 +273,7 @@ fn conv_forward(
     expect(op, w, x.dtype(), nw, x)?;
     let b = bias_address(op, bias, x, g.cout)?;
     let mut y = CudaBuffer::alloc(x.device(), x.dtype(), ny)?;
-    let _reserved = workspace(x, g, 0)?;
+    let _reserved = workspace(x, g)?;
     if ny > 0 {
         let cfg = tile_grid(tiles(g.groups, g.cout_g(), g.n * g.l()));
         let rows = tile_rows(g.cout_g());
@@ -310,7 +303,7 @@ fn conv_input_grad(
     expect(op, w, gy.dtype(), nw, gy)?;
     let b = bias_address(op, bias, gy, g.cin)?;
     let mut gx = CudaBuffer::alloc(gy.device(), gy.dtype(), nx)?;
-    let _reserved = workspace(gy, g, 0)?;
+    let _reserved = workspace(gy, g)?;
     if nx > 0 {
         let cig = g.cin / g.groups;
         match input_grad_plan(g) {
@@ -362,14 +355,9 @@ fn weight_grad_split(g: &ConvGeom, partial_elem: usize, capacity: usize) -> (usi
 /// The weight gradient `[cout, cin/groups, kh, kw]` = `Σ_items gy·colsᵀ`
 /// per group: one implicit-GEMM launch (`conv_wgrad_*`), its reduction
 /// split in ranges of the batch when the output has few tiles, their
-/// partial sums (in the Workspace, up to `budget` bytes or one item's
-/// columns) added in range order by `conv_split_sum_*`.
-fn conv_weight_grad(
-    gy: &CudaBuffer,
-    x: &CudaBuffer,
-    g: &ConvGeom,
-    budget: usize,
-) -> Result<CudaBuffer> {
+/// partial sums (in the column buffer's Workspace) added in range order by
+/// `conv_split_sum_*`.
+fn conv_weight_grad(gy: &CudaBuffer, x: &CudaBuffer, g: &ConvGeom) -> Result<CudaBuffer> {
     let op = "cuda conv weight grad";
     let sfx = float_suffix(op, x.dtype())?;
     let (nx, nw, ny) = g.sizes();
@@ -382,10 +370,8 @@ fn conv_weight_grad(
     let elem = x.dtype().size_in_bytes();
     // f32 partial sums for the half types, as the kernels accumulate.
     let partial = elem.max(4);
-    let capacity = budget.max(g.rows() * g.l() * elem);
-    let (splits, chunk) = weight_grad_split(g, partial, capacity);
-    let parts = if splits > 1 { splits * nw * partial } else { 0 };
-    let mut ws = workspace(x, g, parts.div_ceil(elem))?;
+    let mut ws = workspace(x, g)?;
+    let (splits, chunk) = weight_grad_split(g, partial, ws.len() * elem);
     if nw == 0 || g.n * g.l() == 0 {
         return Ok(gw);
     }

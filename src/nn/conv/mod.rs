@@ -32,6 +32,7 @@
 mod cpu;
 mod cuda;
 mod layers;
+mod workspace;
 
 use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
 use crate::meta::{backend, Backend};
@@ -42,6 +43,9 @@ use crate::{Error, Result, Tensor};
 
 pub use layers::{
     Conv1d, Conv1dBuilder, Conv2d, Conv2dBuilder, ConvTranspose2d, ConvTranspose2dBuilder, Size2,
+};
+pub use workspace::{
+    conv_workspace_bytes, with_conv_workspace, DEFAULT_CONV_WORKSPACE_BYTES, LARGE_WORKSPACE_BYTES,
 };
 
 /// Options of [`conv2d`] (PyTorch's defaults: stride 1, no padding,

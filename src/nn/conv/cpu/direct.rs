@@ -109,22 +109,53 @@ pub(super) fn applies(g: &ConvGeom, outs: usize, f32_data: bool) -> bool {
         && avx2_fma()
 }
 
-/// How a task's buffers share `scratch`: the packed chunk's channels, how
-/// many lanes (at most `threads`) and how many items a lane's outputs hold
-/// at once; `None` when one lane's buffers for one item do not fit (the
-/// caller then runs im2col). Lanes are cut down to what fits rather than
-/// falling back, so that the path (and with it the values) never depends
-/// on the thread count.
-fn sharing(d: &Dims, scratch: usize, threads: usize) -> Option<(usize, usize, usize)> {
+/// How the lanes share the scratch: the packed chunk's channels, how many
+/// lanes, how many whole items a lane's outputs hold at once, and how many
+/// output rows (`band`: the plane's height for whole items).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sharing {
+    chunk: usize,
+    lanes: usize,
+    group: usize,
+    band: usize,
+}
+
+/// Planes wider than this may be cut into bands of rows when a lane's
+/// share of the scratch holds less than an item: their one item's tiles
+/// run along rows on either kernel (see [`layout`], [`widest_layout`]).
+const BANDS_FROM_WIDTH: usize = 16;
+
+/// How a task's buffers share `scratch` (at most `threads` lanes, each
+/// with its packed weights and outputs): whole items where that lets as
+/// many lanes run as bands of rows would, else bands of one item (on
+/// planes wider than [`BANDS_FROM_WIDTH`]); `None` when one lane's buffers
+/// for one row do not fit (the caller then runs im2col). Lanes are cut
+/// down to what fits rather than falling back, so that the path (and with
+/// it the values) never depends on the thread count.
+fn sharing(d: &Dims, scratch: usize, threads: usize) -> Option<Sharing> {
     let chunk = d.ins.clamp(1, CHUNK);
     let packed = chunk * TAPS * BLOCK;
-    let item = d.plane() * BLOCK;
-    let lanes = (scratch / (packed + item)).min(threads);
-    if lanes == 0 {
-        return None;
-    }
-    let group = (scratch / lanes - packed) / item;
-    Some((chunk, lanes, group))
+    let (item, row) = (d.plane() * BLOCK, d.w * BLOCK);
+    let whole = (scratch / (packed + item)).min(threads);
+    let banded = match d.w > BANDS_FROM_WIDTH {
+        true => (scratch / (packed + row)).min(threads),
+        false => 0,
+    };
+    let (lanes, group, band) = if whole >= banded {
+        (
+            whole,
+            (scratch / whole.max(1)).saturating_sub(packed) / item,
+            d.h,
+        )
+    } else {
+        (banded, 1, ((scratch / banded - packed) / row).min(d.h))
+    };
+    (lanes > 0).then_some(Sharing {
+        chunk,
+        lanes,
+        group,
+        band,
+    })
 }
 
 /// Whether [`run`] can work in a column buffer of `scratch` elements.
@@ -132,10 +163,58 @@ pub(super) fn fits(d: &Dims, scratch: usize) -> bool {
     sharing(d, scratch, 1).is_some()
 }
 
-/// One task: output channels `32b..32b + 32` of `items`.
+/// One task: output channels `32b..32b + 32` of `items`, output rows
+/// `rows` (all of them, or a band of one item).
 struct Task {
     b: usize,
     items: Range<usize>,
+    rows: Range<usize>,
+}
+
+impl Task {
+    /// The pixels of one item the task holds.
+    fn pixels(&self, d: Dims) -> Range<usize> {
+        self.rows.start * d.w..self.rows.end * d.w
+    }
+}
+
+/// The tasks of `d` for sharing `s`: each block of 32 output channels for
+/// groups of whole items (split further when there are fewer blocks than
+/// lanes), or for bands of rows of each item.
+fn tasks(d: Dims, s: Sharing) -> Vec<Task> {
+    let blocks = d.outs / BLOCK;
+    if s.band < d.h {
+        let bands: Vec<Range<usize>> = splits(d.h, s.band)
+            .scan(0, |y, len| {
+                *y += len;
+                Some(*y - len..*y)
+            })
+            .collect();
+        let mut tasks = Vec::with_capacity(blocks * d.n * bands.len());
+        for b in 0..blocks {
+            for i in 0..d.n {
+                tasks.extend(bands.iter().map(|r| Task {
+                    b,
+                    items: i..i + 1,
+                    rows: r.clone(),
+                }));
+            }
+        }
+        return tasks;
+    }
+    // Blocks first, and the items split too when there are fewer blocks
+    // than lanes; then no task holds more items than a lane's buffer.
+    let splits = s.lanes.div_ceil(blocks).min(d.n).max(d.n.div_ceil(s.group));
+    (0..blocks)
+        .flat_map(|b| {
+            (0..splits).map(move |s| Task {
+                b,
+                items: d.n * s / splits..d.n * (s + 1) / splits,
+                rows: 0..d.h,
+            })
+        })
+        .filter(|t| !t.items.is_empty())
+        .collect()
 }
 
 /// `out = conv(input, kernel)` (added to `out`'s values when `onto_out`, as
@@ -151,29 +230,18 @@ pub(super) fn run(
 ) {
     let threads = rayon::current_num_threads();
     let wide = crate::primitives::avx512();
-    let Some((chunk, lanes, group)) = sharing(&d, scratch.len(), threads) else {
+    let Some(share) = sharing(&d, scratch.len(), threads) else {
         return;
     };
-    let blocks = d.outs / BLOCK;
-    // Blocks first, and the items split too when there are fewer blocks
-    // than lanes; then no task holds more items than a lane's buffer.
-    let splits = lanes.div_ceil(blocks).min(d.n).max(d.n.div_ceil(group));
-    let tasks: Vec<Task> = (0..blocks)
-        .flat_map(|b| {
-            (0..splits).map(move |s| Task {
-                b,
-                items: d.n * s / splits..d.n * (s + 1) / splits,
-            })
-        })
-        .filter(|t| !t.items.is_empty())
-        .collect();
-    let lanes = lanes.min(tasks.len());
+    let chunk = share.chunk;
+    let tasks = tasks(d, share);
+    let lanes = share.lanes.min(tasks.len());
     let per_lane = scratch.len() / lanes;
     let out_at = OutPtr(out.as_mut_ptr());
     let lane = |(j, buf): (usize, &mut [f32])| {
         let (packed, acc) = buf.split_at_mut(chunk * TAPS * BLOCK);
         for t in tasks.iter().skip(j).step_by(lanes) {
-            let acc = &mut acc[..t.items.len() * d.plane() * BLOCK];
+            let acc = &mut acc[..t.items.len() * t.pixels(d).len() * BLOCK];
             let outs = &out_at;
             // SAFETY: tasks own disjoint (block, item) parts of `out`, and
             // `out` outlives the lanes.
@@ -193,7 +261,7 @@ pub(super) fn run(
                         load,
                         second: wide.then_some(half_len),
                     };
-                    tiles((input, chans.clone()), w, accs, t.items.clone(), d);
+                    tiles((input, chans.clone()), w, accs, t, d);
                 }
             }
             // SAFETY: as for `gather`.
@@ -227,14 +295,16 @@ impl OutPtr {
         if !onto_out {
             return;
         }
-        let plane = d.plane();
-        assert!(acc.len() >= t.items.len() * plane * BLOCK);
+        let (plane, pixels) = (d.plane(), t.pixels(d));
+        let px = pixels.len();
+        assert!(acc.len() >= t.items.len() * px * BLOCK);
         for (k, item) in t.items.clone().enumerate() {
-            let src = self.0.wrapping_add((item * d.outs + t.b * BLOCK) * plane);
-            let dst = acc[k * plane * BLOCK..].as_mut_ptr();
+            let first = (item * d.outs + t.b * BLOCK) * plane + pixels.start;
+            let src = self.0.wrapping_add(first);
+            let dst = acc[k * px * BLOCK..].as_mut_ptr();
             // The reverse of `scatter`'s blocks (rows of `out` are
             // channels, of `acc` pixels), then the last few pixels.
-            let whole = plane / 8 * 8;
+            let whole = px / 8 * 8;
             for p in (0..whole).step_by(8) {
                 for o in (0..BLOCK).step_by(8) {
                     // SAFETY: an 8×8 block inside this task's part of `out`
@@ -247,10 +317,10 @@ impl OutPtr {
                     };
                 }
             }
-            for p in whole..plane {
+            for p in whole..px {
                 for o in 0..BLOCK {
                     // SAFETY: inside `out`, in this task's part.
-                    acc[(k * plane + p) * BLOCK + o] = unsafe { *src.add(o * plane + p) };
+                    acc[(k * px + p) * BLOCK + o] = unsafe { *src.add(o * plane + p) };
                 }
             }
         }
@@ -261,14 +331,16 @@ impl OutPtr {
     /// # Safety
     /// As [`OutPtr::gather`].
     unsafe fn scatter(&self, acc: &[f32], t: &Task, d: Dims) {
-        let plane = d.plane();
-        assert!(acc.len() >= t.items.len() * plane * BLOCK);
+        let (plane, pixels) = (d.plane(), t.pixels(d));
+        let px = pixels.len();
+        assert!(acc.len() >= t.items.len() * px * BLOCK);
         for (k, item) in t.items.clone().enumerate() {
-            let src = acc[k * plane * BLOCK..].as_ptr();
-            let dst = self.0.wrapping_add((item * d.outs + t.b * BLOCK) * plane);
+            let src = acc[k * px * BLOCK..].as_ptr();
+            let first = (item * d.outs + t.b * BLOCK) * plane + pixels.start;
+            let dst = self.0.wrapping_add(first);
             // Pixels by eights, eight channels at a time (rows of `acc` are
             // pixels, of `out` channels), then the last few pixels.
-            let whole = plane / 8 * 8;
+            let whole = px / 8 * 8;
             for p in (0..whole).step_by(8) {
                 for o in (0..BLOCK).step_by(8) {
                     // SAFETY: an 8×8 block inside this item's `acc` and
@@ -281,10 +353,10 @@ impl OutPtr {
                     };
                 }
             }
-            for p in whole..plane {
+            for p in whole..px {
                 for o in 0..BLOCK {
                     // SAFETY: inside `out`, in this task's part.
-                    unsafe { *dst.add(o * plane + p) = acc[(k * plane + p) * BLOCK + o] };
+                    unsafe { *dst.add(o * plane + p) = acc[(k * px + p) * BLOCK + o] };
                 }
             }
         }
@@ -418,19 +490,21 @@ struct Accs<'a> {
     second: Option<usize>,
 }
 
-/// One pass over a task's items for one half and one chunk of input
-/// channels `chans` (`w`: their packed weights). Planes narrower than
+/// One pass over task `t`'s items (or its band of one item's rows) for one
+/// half and one chunk of input channels `chans` (`w`: their packed
+/// weights). Planes narrower than
 /// [`ROW_TILES_FROM`] are tiled down their columns where they have at
 /// least [`MAX_TILE`] interior rows (the pixels of a column in those rows
 /// read the same kernel rows and column edges), else across items where
 /// there are as many items as columns (the same pixel of a few items);
 /// everything else is tiled along rows, item by item.
-fn tiles((x, chans): (&[f32], Range<usize>), w: &[f32], a: Accs, items: Range<usize>, d: Dims) {
-    let plane = d.plane();
+fn tiles((x, chans): (&[f32], Range<usize>), w: &[f32], a: Accs, t: &Task, d: Dims) {
+    let (plane, items, pixels) = (d.plane(), t.items.clone(), t.pixels(d));
     assert!(!chans.is_empty() && chans.end <= d.ins && items.end <= d.n);
+    assert!(t.rows.start < t.rows.end && t.rows.end <= d.h);
     let half_len = chans.len() * TAPS * HALF;
     assert!(w.len() >= a.second.unwrap_or(0) + half_len && x.len() >= d.n * d.ins * plane);
-    assert!(a.acc.len() >= items.len() * plane * BLOCK);
+    assert!(a.acc.len() >= items.len() * pixels.len() * BLOCK);
     // Pixel `col` of row 0 of item `k` of the task, at channel chans.start.
     let input = |k: usize, col: usize| {
         x[((items.start + k) * d.ins + chans.start) * plane + col..].as_ptr()
@@ -441,7 +515,12 @@ fn tiles((x, chans): (&[f32], Range<usize>), w: &[f32], a: Accs, items: Range<us
         Some(_) => (MAX_TILE_512, BLOCK),
         None => (MAX_TILE, HALF),
     };
-    let slot = |k: usize, pixel: usize| acc.wrapping_add((k * plane + pixel) * BLOCK);
+    // Pixel `pixel` of item `k`'s plane, in the task's outputs (the band's
+    // pixels of each item).
+    let px = pixels.len();
+    let slot = |k: usize, pixel: usize| {
+        acc.wrapping_add((k * px + pixel).wrapping_sub(pixels.start) * BLOCK)
+    };
     let at = |y: usize, x0: usize, last: usize, across: bool| Tile {
         y,
         // The kernel rows that read inside the plane.
@@ -486,6 +565,8 @@ fn tiles((x, chans): (&[f32], Range<usize>), w: &[f32], a: Accs, items: Range<us
         Some(_) => widest_layout(d, items.len(), most),
         None => layout(d, items.len()),
     };
+    // Bands of rows are cut only where one item's tiles run along rows.
+    assert!(layout == Layout::Rows || t.rows == (0..d.h));
     if layout == Layout::Columns {
         let mut xs = [std::ptr::null::<f32>(); MAX_TILE_512];
         let mut os = [std::ptr::null_mut::<f32>(); MAX_TILE_512];
@@ -526,7 +607,7 @@ fn tiles((x, chans): (&[f32], Range<usize>), w: &[f32], a: Accs, items: Range<us
         // cache for the next.
         let ahead = plane * (chans.len() + BLOCK) * std::mem::size_of::<f32>() > PREFETCH_FROM;
         for k in 0..items.len() {
-            for y in 0..d.h {
+            for y in t.rows.clone() {
                 row(k, y, ahead);
             }
         }
@@ -908,6 +989,8 @@ mod tests {
             // AVX-512's widest tiles: rows of 12, and of 12 and 11.
             (3, 24, 1),
             (2, 23, 2),
+            // Bands of rows: 25 rows in bands of 1 and 3 (the last of 4).
+            (25, 19, 2),
         ];
         let mut case = 0u64;
         for (k, &(h, w, n)) in planes.iter().enumerate() {
@@ -924,10 +1007,15 @@ mod tests {
                 };
                 let want = reference(&x, &wt, &start, d, pass);
                 // Scratch for every item at once in three lanes, and for
-                // one item at a time in one lane.
-                let item = h * w * BLOCK;
+                // one item at a time in one lane; on wide planes for bands
+                // of one row in one lane and of three rows in two.
+                let (item, row) = (h * w * BLOCK, w * BLOCK);
                 let chunk = ins.min(CHUNK) * TAPS * BLOCK;
-                for scratch in [3 * (chunk + n * item), chunk + item] {
+                let mut scratches = vec![3 * (chunk + n * item), chunk + item];
+                if w > BANDS_FROM_WIDTH {
+                    scratches.extend([chunk + row, 2 * (chunk + 3 * row) + 5]);
+                }
+                for scratch in scratches {
                     assert!(fits(&d, scratch));
                     for threads in [1, 2, 3] {
                         let pool = rayon::ThreadPoolBuilder::new()
@@ -992,8 +1080,40 @@ mod tests {
         assert!(fits(&Dims { ins: 3, ..d }, 3 * TAPS * BLOCK + 6 * BLOCK));
         // Lanes are cut to what fits, never below one, and the rest of a
         // lane's share holds whole items.
-        assert_eq!(sharing(&d, one, 4), Some((CHUNK, 1, 1)));
-        assert_eq!(sharing(&d, 2 * one + 6 * BLOCK, 2), Some((CHUNK, 2, 1)));
-        assert_eq!(sharing(&d, 2 * one + 12 * BLOCK, 2), Some((CHUNK, 2, 2)));
+        let share = |lanes, group, band| Sharing {
+            chunk: CHUNK,
+            lanes,
+            group,
+            band,
+        };
+        assert_eq!(sharing(&d, one, 4), Some(share(1, 1, 2)));
+        assert_eq!(sharing(&d, 2 * one + 6 * BLOCK, 2), Some(share(2, 1, 2)));
+        assert_eq!(sharing(&d, 2 * one + 12 * BLOCK, 2), Some(share(2, 2, 2)));
+        // A wide plane: bands of rows where a lane cannot hold an item
+        // (VGG's 224² at 64 channels in the default 4 MiB of f32), whole
+        // items where they let as many lanes run.
+        let vgg = Dims {
+            n: 1,
+            ins: 64,
+            outs: 64,
+            h: 224,
+            w: 224,
+        };
+        let packed = CHUNK * TAPS * BLOCK;
+        let (row, item) = (224 * BLOCK, 224 * 224 * BLOCK);
+        let band = ((1 << 20) / 2 - packed) / row;
+        assert_eq!(sharing(&vgg, 1 << 20, 2), Some(share(2, 1, band)));
+        assert_eq!(band, 71);
+        assert_eq!(sharing(&vgg, packed + row, 2), Some(share(1, 1, 1)));
+        assert_eq!(sharing(&vgg, packed + row - 1, 2), None);
+        let whole = 2 * (packed + item);
+        assert_eq!(sharing(&vgg, whole, 2), Some(share(2, 1, 224)));
+        // Narrow planes are never cut: one lane holds an item or none.
+        let narrow = Dims {
+            w: 16,
+            h: 300,
+            ..vgg
+        };
+        assert_eq!(sharing(&narrow, packed + 16 * BLOCK, 2), None);
     }
 }

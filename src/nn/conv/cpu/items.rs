@@ -495,7 +495,7 @@ pub(super) fn input_grad_of_item_in_lanes(
 /// items·oh·ow]`, the items side by side) back into their input gradients
 /// `gx` (`[items, cin, h, w]`), adding each plane's taps in ascending row
 /// order.
-fn fold_rows<T: FloatDType>(
+pub(super) fn fold_rows<T: FloatDType>(
     cols: &[T],
     gx: &mut [T],
     g: &ConvGeom,

@@ -101,6 +101,7 @@ macro_rules! by_dtype {
 // After `by_dtype!`, which it uses.
 mod direct;
 mod items;
+mod tiles;
 
 fn slice<T: FloatDType>(d: &CpuData, r: Range<usize>) -> Result<&[T]> {
     let s = d.as_slice::<T>().ok_or(Error::DTypeMismatch {
@@ -526,7 +527,8 @@ pub(super) fn conv2d_forward(
     let (w, ws) = dense(w)?;
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
     // Scratch: each use writes the part it reads first.
-    let cols = Tensor::for_overwrite(&[g.groups, k, l], x.dtype(), x.device())?;
+    let len = g.column_buffer_len(x.dtype());
+    let cols = Tensor::for_overwrite(&[len], x.dtype(), x.device())?;
     if let Some(d) = direct_dims(Pass::Forward, g, &x) {
         let onto_out = bias.is_some();
         direct_pass(
@@ -537,8 +539,16 @@ pub(super) fn conv2d_forward(
         )?;
         return Ok(out);
     }
-    let wv = view(&w, &[g.groups, cg, k], ws);
     let n = items(&x, g);
+    if let Some(pieces) = tiles::pieces(g, len) {
+        for i in 0..n {
+            let how = (i, bias.is_some(), pieces);
+            tiles::forward_item((&x, xs), (&w, ws), (&out, &cols), g, how)?;
+        }
+        return Ok(out);
+    }
+    let cols = view(&cols, &[g.groups, k, l], 0);
+    let wv = view(&w, &[g.groups, cg, k], ws);
     // A bias is read in place by the batched products (a view would need a
     // copy, which the one-item products do not make).
     let bias_at = bias.map(|b| b.layout().contiguous_range().map(|r| (b, r.start)));
@@ -598,7 +608,8 @@ pub(super) fn conv2d_input_grad(
     let (w, ws) = dense(w)?;
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
     // Scratch: each use writes the part it reads first.
-    let cols = Tensor::for_overwrite(&[g.groups, k, l], gy.dtype(), gy.device())?;
+    let len = g.column_buffer_len(gy.dtype());
+    let cols = Tensor::for_overwrite(&[len], gy.dtype(), gy.device())?;
     if let Some(d) = direct {
         let onto_out = bias.is_some();
         direct_pass(
@@ -609,9 +620,16 @@ pub(super) fn conv2d_input_grad(
         )?;
         return Ok(gx);
     }
+    let n = items(&gy, g);
+    if let Some(pieces) = tiles::pieces(g, len) {
+        for i in 0..n {
+            tiles::input_grad_item((&gy, gs), (&w, ws), (&gx, &cols), g, (i, pieces))?;
+        }
+        return Ok(gx);
+    }
+    let cols = view(&cols, &[g.groups, k, l], 0);
     let wt = transposed(&view(&w, &[g.groups, cg, k], ws))?;
     let item = g.cin * g.h * g.w;
-    let n = items(&gy, g);
     let per_product = match gy.shares_storage_with(&w) {
         true => 1,
         false => input_grad_items(g, n, gy.dtype()),
@@ -645,9 +663,10 @@ pub(super) fn conv2d_input_grad(
 
 /// The sizes of `pass` on the direct 3×3 kernel (see [`direct`]) for `g`
 /// with `input`'s dtype and device, when that kernel applies on this CPU
-/// and fits the im2col column buffer (`[groups, k, l]`); `None` sends the
-/// convolution to im2col, as does the meta device (whose ledger is the
-/// same either way: both paths allocate the output and that buffer).
+/// and fits the column buffer ([`ConvGeom::column_buffer_len`]); `None`
+/// sends the convolution to im2col, as does the meta device (whose ledger
+/// is the same either way: both paths allocate the output and that
+/// buffer).
 fn direct_dims(pass: Pass, g: &ConvGeom, input: &Tensor) -> Option<Dims> {
     let (ins, outs) = match pass {
         Pass::Forward => (g.cin, g.cout),
@@ -664,7 +683,7 @@ fn direct_dims(pass: Pass, g: &ConvGeom, input: &Tensor) -> Option<Dims> {
         h: g.h,
         w: g.w,
     };
-    direct::fits(&d, g.groups * g.k() * g.l()).then_some(d)
+    direct::fits(&d, g.column_buffer_len(input.dtype())).then_some(d)
 }
 
 /// Runs `pass` (sizes `d` from [`direct_dims`]) on the direct 3×3 kernel
@@ -726,10 +745,18 @@ pub(super) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Resul
     let (x, xs) = dense(x)?;
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
     // Scratch: each use writes the part it reads first.
-    let cols = Tensor::for_overwrite(&[g.groups, k, l], gy.dtype(), gy.device())?;
+    let len = g.column_buffer_len(gy.dtype());
+    let cols = Tensor::for_overwrite(&[len], gy.dtype(), gy.device())?;
+    let n = items(&x, g);
+    if let Some(pieces) = tiles::pieces(g, len) {
+        for i in 0..n {
+            tiles::weight_grad_item((&gy, gs), (&x, xs), (&gw, &cols), g, (i, pieces))?;
+        }
+        return Ok(gw);
+    }
+    let cols = view(&cols, &[g.groups, k, l], 0);
     let colst = transposed(&cols)?;
     let gwv = view(&gw, &[g.groups, cg, k], 0);
-    let n = items(&x, g);
     // The same buffer layout as the input gradient's items (f32/f64 only:
     // a half type would round the partial sums at other points).
     let per_product = if matches!(gy.dtype(), DType::F32 | DType::F64) {
