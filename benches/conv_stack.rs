@@ -15,9 +15,10 @@
 //! the code path runs anywhere: `cargo test --bench conv_stack -- --cpu
 //! --small`. Also `--batch N --size N --width N --warmup N --iters N
 //! --dtypes f32,bf16 --cases all,input --policies lean,save-all
-//! --workspace BYTES` (the CUDA conv workspace budget: 0, the default, is
-//! one item's im2col columns as the CPU holds; more lets weight gradients
-//! split their reduction further), and on the simulated GPU `--profile-dir DIR` (each
+//! --workspace BYTES` (the convolutions' workspace budget on every device,
+//! `nn::with_conv_workspace`: 4 MiB by default; more lets the CPU unfold
+//! whole items and CUDA weight gradients split their reduction further),
+//! and on the simulated GPU `--profile-dir DIR` (each
 //! run's timed step profiled by the simulator, written as
 //! `DIR/<dtype>_<case>_<policy>_b<batch>_<size>_ws<budget>.json`; the
 //! calibration profiles of `gpusim/tests/profile_model.rs` are made so).
@@ -64,7 +65,7 @@ fn parse() -> std::result::Result<Options, String> {
         dtypes: list("f32,bf16"),
         cases: list("all,input,input-bn-eval"),
         policies: list("lean,save-all"),
-        workspace: 0,
+        workspace: leangrad::nn::DEFAULT_CONV_WORKSPACE_BYTES,
         profile_dir: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
