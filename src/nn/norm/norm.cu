@@ -58,45 +58,107 @@ struct LgNormWalk {
     }
 };
 
+// Elements a thread of norm_fwd_* normalizes, consecutive: the statistic
+// and parameter indices are divided out once per run of LG_NORM_RUN and
+// then stepped, and the run moves as one vector when `vec` (every buffer
+// 16-byte aligned, checked by the host).
+#define LG_NORM_RUN 4
+
+// The statistic s = (e / B) % S and parameter p = (e / Lp) % P of element
+// e, stepped one element at a time without a division.
+struct LgNormAt {
+    long long rb, s, rl, p;
+    __device__ __forceinline__ LgNormAt(long long e, const NormGeom& g)
+        : rb(e % g.b), s(e / g.b % g.s), rl(e % g.lp), p(e / g.lp % g.p) {}
+    __device__ __forceinline__ void next(const NormGeom& g) {
+        if (++rb == g.b) {
+            rb = 0;
+            if (++s == g.s) s = 0;
+        }
+        if (++rl == g.lp) {
+            rl = 0;
+            if (++p == g.p) p = 0;
+        }
+    }
+};
+
+// A run of LG_NORM_RUN elements of T as raw words: one 8- or 16-byte
+// access per 8 or 16 bytes (aligned as the host checked).
+template <typename T> struct LgNormRun {
+    T v[LG_NORM_RUN];
+    __device__ __forceinline__ void load(const T* p, int cnt, int vec) {
+        if (vec && cnt == LG_NORM_RUN) {
+            copy(reinterpret_cast<unsigned int*>(v), reinterpret_cast<const unsigned int*>(p));
+        } else {
+            for (int i = 0; i < cnt; ++i) v[i] = p[i];
+        }
+    }
+    __device__ __forceinline__ void store(T* p, int cnt, int vec) const {
+        if (vec && cnt == LG_NORM_RUN) {
+            copy(reinterpret_cast<unsigned int*>(p), reinterpret_cast<const unsigned int*>(v));
+        } else {
+            for (int i = 0; i < cnt; ++i) p[i] = v[i];
+        }
+    }
+    static __device__ __forceinline__ void copy(unsigned int* d, const unsigned int* s) {
+        constexpr int words = sizeof(T) * LG_NORM_RUN / 4;
+        if (words == 2) {
+            *reinterpret_cast<uint2*>(d) = *reinterpret_cast<const uint2*>(s);
+        } else {
+            for (int i = 0; i < words; i += 4)
+                *reinterpret_cast<uint4*>(d + i) = *reinterpret_cast<const uint4*>(s + i);
+        }
+    }
+};
+
 #define LG_NORM(sfx, T)                                                               \
     /* y = x_hat * w + b (w, b optional) and/or x_hat = (x - mean) * rstd, both */   \
     /* rounded to T; the statistic of element e is (e / B) % S. */                    \
-    /* y may be x itself: each element is read before it is written, by the */       \
+    /* y may be x itself: each run is read whole before it is written, by the */     \
     /* one thread that owns it. */                                                    \
     static __device__ void norm_fwd_body_##sfx(NormGeom g, int want_y, int want_xhat, \
-                                               int has_w, int has_b, const T* x,      \
-                                               const Acc<T>::type* mean,              \
+                                               int has_w, int has_b, int vec,         \
+                                               const T* x, const Acc<T>::type* mean,  \
                                                const Acc<T>::type* rstd, const T* w,  \
                                                const T* b, T* y, T* xhat) {           \
-        long long n = g.a * g.s * g.b, S = g.s, B = g.b, P = g.p, Lp = g.lp;          \
-        LG_GRID_LOOP(e, n) {                                                          \
-            long long s = e / B % S, p = e / Lp % P;                                  \
-            double h = (lg_to_f64(x[e]) - (double)mean[s]) * (double)rstd[s];         \
-            if (want_xhat) xhat[e] = lg_from_f64<T>(h);                               \
-            if (want_y) {                                                             \
-                double wv = has_w ? lg_to_f64(w[p]) : 1.0;                            \
-                double bv = has_b ? lg_to_f64(b[p]) : 0.0;                            \
-                y[e] = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));              \
+        long long n = g.a * g.s * g.b;                                                \
+        long long runs = (n + LG_NORM_RUN - 1) / LG_NORM_RUN;                         \
+        LG_GRID_LOOP(t, runs) {                                                       \
+            long long e0 = t * LG_NORM_RUN;                                           \
+            int cnt = n - e0 < LG_NORM_RUN ? (int)(n - e0) : LG_NORM_RUN;             \
+            LgNormRun<T> in, hat, out;                                                \
+            in.load(x + e0, cnt, vec);                                                \
+            LgNormAt at(e0, g);                                                       \
+            for (int i = 0; i < cnt; ++i, at.next(g)) {                               \
+                double h = (lg_to_f64(in.v[i]) - (double)mean[at.s]) *                \
+                           (double)rstd[at.s];                                        \
+                hat.v[i] = lg_from_f64<T>(h);                                         \
+                double wv = has_w ? lg_to_f64(w[at.p]) : 1.0;                         \
+                double bv = has_b ? lg_to_f64(b[at.p]) : 0.0;                         \
+                out.v[i] = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));          \
             }                                                                         \
+            if (want_xhat) hat.store(xhat + e0, cnt, vec);                            \
+            if (want_y) out.store(y + e0, cnt, vec);                                  \
         }                                                                             \
     }                                                                                 \
     extern "C" __global__ void norm_fwd_##sfx(NormGeom g, int want_y, int want_xhat,  \
-                                              int has_w, int has_b, const T* x,       \
-                                              const Acc<T>::type* mean,               \
+                                              int has_w, int has_b, int vec,          \
+                                              const T* x, const Acc<T>::type* mean,   \
                                               const Acc<T>::type* rstd, const T* w,   \
                                               const T* b, T* y, T* xhat) {            \
-        norm_fwd_body_##sfx(g, want_y, want_xhat, has_w, has_b, x, mean, rstd, w, b,  \
-                            y, xhat);                                                 \
+        norm_fwd_body_##sfx(g, want_y, want_xhat, has_w, has_b, vec, x, mean, rstd,   \
+                            w, b, y, xhat);                                           \
     }                                                                                 \
     /* y written over x (buffer reuse: nothing else holds x). */                      \
     extern "C" __global__ void norm_fwd_inplace_##sfx(NormGeom g, int want_xhat,      \
-                                                      int has_w, int has_b, T* x,     \
+                                                      int has_w, int has_b, int vec,  \
+                                                      T* x,                           \
                                                       const Acc<T>::type* mean,       \
                                                       const Acc<T>::type* rstd,       \
                                                       const T* w, const T* b,         \
                                                       T* xhat) {                      \
-        norm_fwd_body_##sfx(g, 1, want_xhat, has_w, has_b, x, mean, rstd, w, b, x,    \
-                            xhat);                                                    \
+        norm_fwd_body_##sfx(g, 1, want_xhat, has_w, has_b, vec, x, mean, rstd, w, b,  \
+                            x, xhat);                                                 \
     }
 LG_FOR_FLOATS(LG_NORM)
 
