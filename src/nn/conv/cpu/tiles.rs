@@ -46,6 +46,28 @@ pub(super) fn pieces(g: &ConvGeom, len: usize) -> Option<Pieces> {
     }
 }
 
+/// Runs `f` on the host data of the two tensors it reads and the two it
+/// writes (a product's destination and the column buffer), noting the
+/// products' op as the one-item path does; on meta only touches the two
+/// written, as a CPU run writes them.
+fn on_data(
+    (a, b): (&Tensor, &Tensor),
+    (dst, cols): (&Tensor, &Tensor),
+    f: impl FnOnce((&CpuData, &CpuData, &mut CpuData, &mut CpuData)) -> Result<()>,
+) -> Result<()> {
+    crate::memory::note_op("matmul_into");
+    if on_meta("matmul_into", &[a, b, dst, cols])? {
+        crate::meta::touch(cols);
+        crate::meta::touch(dst);
+        return Ok(());
+    }
+    let (ad, bd) = read_both(a, b)?;
+    let bd: &CpuData = bd.as_deref().unwrap_or(&ad);
+    let mut dd = dst.storage().cpu_mut()?;
+    let mut cd = cols.storage().cpu_mut()?;
+    f((&*ad, bd, &mut *dd, &mut *cd))
+}
+
 /// Where one item's data starts: input (or input-gradient) and output (or
 /// output-gradient) elements.
 fn item_starts(g: &ConvGeom, item: usize) -> (usize, usize) {
@@ -64,19 +86,10 @@ pub(super) fn forward_item(
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
     let (xi, oi) = item_starts(g, item);
     let Pieces::Groups(per) = pieces else {
-        crate::memory::note_op("matmul_into");
-        if on_meta("conv2d", &[x, w, out, cols])? {
-            crate::meta::touch(cols);
-            crate::meta::touch(out);
-            return Ok(());
-        }
-        let (xd, wd) = read_both(x, w)?;
-        let wd: &CpuData = wd.as_deref().unwrap_or(&xd);
-        let mut od = out.storage().cpu_mut()?;
-        let mut cd = cols.storage().cpu_mut()?;
-        let starts = (xs + xi, ws, oi);
-        let bufs = (&*xd, wd, &mut *od, &mut *cd);
-        return by_dtype!(x.dtype(), forward_positions(bufs, starts, g, onto_bias));
+        return on_data((x, w), (out, cols), |bufs| {
+            let starts = (xs + xi, ws, oi);
+            by_dtype!(x.dtype(), forward_positions(bufs, starts, g, onto_bias))
+        });
     };
     for g0 in (0..g.groups).step_by(per) {
         let gn = per.min(g.groups - g0);
@@ -260,19 +273,10 @@ pub(super) fn weight_grad_item(
     let (xi, yi) = item_starts(g, item);
     let accumulate = item > 0;
     let Pieces::Groups(per) = pieces else {
-        crate::memory::note_op("matmul_into");
-        if on_meta("matmul_into", &[gy, x, gw, cols])? {
-            crate::meta::touch(cols);
-            crate::meta::touch(gw);
-            return Ok(());
-        }
-        let (xd, gyd) = read_both(x, gy)?;
-        let gyd: &CpuData = gyd.as_deref().unwrap_or(&xd);
-        let mut wd = gw.storage().cpu_mut()?;
-        let mut cd = cols.storage().cpu_mut()?;
-        let starts = (xs + xi, gs + yi);
-        let bufs = (&*xd, gyd, &mut *wd, &mut *cd);
-        return by_dtype!(x.dtype(), weight_grad_slices(bufs, starts, g, accumulate));
+        return on_data((x, gy), (gw, cols), |bufs| {
+            let starts = (xs + xi, gs + yi);
+            by_dtype!(x.dtype(), weight_grad_slices(bufs, starts, g, accumulate))
+        });
     };
     for g0 in (0..g.groups).step_by(per) {
         let gn = per.min(g.groups - g0);
