@@ -42,29 +42,47 @@ __device__ __forceinline__ double lg_avg_window(const PoolGeom& g, int mode, lon
 // The gradient of input element `e` of max pooling: the sum, in row-major
 // output order, of the output gradients whose argmax is `e`, named either
 // by the u8 window position `pos` or (when `pos` is null) by the flat
-// in-plane index `idx`. Each addition is rounded in T.
-template <typename T>
+// in-plane index `idx`. Each addition is rounded in T. In-plane
+// coordinates are of type I: int where every one fits (see
+// lg_pool_narrow), which spares the 64-bit divisions, else long long.
+template <typename T, typename I>
 __device__ __forceinline__ T lg_max_pool_grad(const PoolGeom& g, long long e, const T* dy,
                                               const unsigned char* pos,
                                               const long long* idx) {
     typedef typename Acc<T>::type A;
-    long long pl = e / (g.h * g.w), r = e / g.w % g.h, c = e % g.w;
+    long long hw = g.h * g.w, pl = e / hw;
+    I rem = (I)(e - pl * hw), W = (I)g.w, r = rem / W, c = rem - r * W;
+    I K1 = (I)g.k[1], S0 = (I)g.s[0], S1 = (I)g.s[1], OH = (I)g.oh, OW = (I)g.ow;
+    I P0 = (I)g.p[0], P1 = (I)g.p[1], D0 = (I)g.d[0], D1 = (I)g.d[1];
     long long base = pl * g.oh * g.ow;
     A acc = 0;
     // ki descending = output rows ascending (row-major output order)
-    for (long long ki = g.k[0] - 1; ki >= 0; --ki) {
-        long long t = r + g.p[0] - ki * g.d[0];
-        if (t < 0 || t % g.s[0] != 0 || t / g.s[0] >= g.oh) continue;
-        long long i = t / g.s[0];
-        for (long long kj = g.k[1] - 1; kj >= 0; --kj) {
-            long long u = c + g.p[1] - kj * g.d[1];
-            if (u < 0 || u % g.s[1] != 0 || u / g.s[1] >= g.ow) continue;
-            long long o = base + i * g.ow + u / g.s[1];
-            bool hit = pos ? pos[o] == ki * g.k[1] + kj : idx[o] == r * g.w + c;
+    for (I ki = (I)g.k[0] - 1; ki >= 0; --ki) {
+        I t = r + P0 - ki * D0;
+        if (t < 0) continue;
+        I i = t / S0;
+        if (i * S0 != t || i >= OH) continue;
+        for (I kj = K1 - 1; kj >= 0; --kj) {
+            I u = c + P1 - kj * D1;
+            if (u < 0) continue;
+            I j = u / S1;
+            if (j * S1 != u || j >= OW) continue;
+            long long o = base + (long long)i * OW + j;
+            bool hit = pos ? pos[o] == ki * K1 + kj : idx[o] == (long long)r * W + c;
             if (hit) acc = lg_load(lg_store<T>(acc + lg_load(dy[o])));
         }
     }
     return lg_store<T>(acc);
+}
+
+// Whether every in-plane coordinate and offset of `g` that
+// lg_max_pool_grad forms fits an int: planes of fewer than 2^30 elements,
+// sides, padding and kernel reach below 2^29.
+__device__ __forceinline__ bool lg_pool_narrow(const PoolGeom& g) {
+    const long long most = 1LL << 29;
+    return g.h * g.w < 2 * most && g.oh * g.ow < 2 * most && g.h < most && g.w < most &&
+           g.p[0] < most && g.p[1] < most && g.k[0] * g.d[0] < most &&
+           g.k[1] * g.d[1] < most && g.s[0] < most && g.s[1] < most;
 }
 
 #define LG_POOL(sfx, T)                                                               \
@@ -99,13 +117,21 @@ __device__ __forceinline__ T lg_max_pool_grad(const PoolGeom& g, long long e, co
     extern "C" __global__ void max_pool2d_bwd_##sfx(PoolGeom g, T* dx, const T* dy,   \
                                                     const unsigned char* pos) {       \
         long long n = g.planes * g.h * g.w;                                           \
-        LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T>(g, e, dy, pos, 0); }          \
+        if (lg_pool_narrow(g)) {                                                      \
+            LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, int>(g, e, dy, pos, 0); } \
+        } else {                                                                      \
+            LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, long long>(g, e, dy, pos, 0); } \
+        }                                                                             \
     }                                                                                 \
     /* The same from flat in-plane input indices (SaveAll's i64 indices). */          \
     extern "C" __global__ void max_pool2d_bwd_flat_##sfx(PoolGeom g, T* dx, const T* dy, \
                                                          const long long* idx) {      \
         long long n = g.planes * g.h * g.w;                                           \
-        LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T>(g, e, dy, 0, idx); }          \
+        if (lg_pool_narrow(g)) {                                                      \
+            LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, int>(g, e, dy, 0, idx); } \
+        } else {                                                                      \
+            LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, long long>(g, e, dy, 0, idx); } \
+        }                                                                             \
     }                                                                                 \
     extern "C" __global__ void avg_pool2d_fwd_##sfx(PoolGeom g, int mode, T* y,       \
                                                     const T* x) {                     \
