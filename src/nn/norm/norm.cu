@@ -132,10 +132,12 @@ template <typename T> struct LgNormRun {
             for (int i = 0; i < cnt; ++i, at.next(g)) {                               \
                 double h = (lg_to_f64(in.v[i]) - (double)mean[at.s]) *                \
                            (double)rstd[at.s];                                        \
-                hat.v[i] = lg_from_f64<T>(h);                                         \
-                double wv = has_w ? lg_to_f64(w[at.p]) : 1.0;                         \
-                double bv = has_b ? lg_to_f64(b[at.p]) : 0.0;                         \
-                out.v[i] = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));          \
+                if (want_xhat) hat.v[i] = lg_from_f64<T>(h);                          \
+                if (want_y) {                                                         \
+                    double wv = has_w ? lg_to_f64(w[at.p]) : 1.0;                     \
+                    double bv = has_b ? lg_to_f64(b[at.p]) : 0.0;                     \
+                    out.v[i] = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));      \
+                }                                                                     \
             }                                                                         \
             if (want_xhat) hat.store(xhat + e0, cnt, vec);                            \
             if (want_y) out.store(y + e0, cnt, vec);                                  \
