@@ -972,15 +972,35 @@ fn at_budget(
     (vals, [forward, backward])
 }
 
+/// Whether f32 products of `dtype` run on leangrad's own x86 kernels here
+/// (f32 and bf16 on the AVX2 and AVX-512 paths), whose order of terms
+/// depends on the depth alone, so that pieces add exactly as the whole.
+fn own_kernels(dtype: DType) -> bool {
+    let f32_products = matches!(dtype, DType::F32 | DType::BF16);
+    f32_products && leangrad::cpu_path() != leangrad::CpuPath::Portable
+}
+
+/// A bound on the relative rounding difference between two orders of the
+/// same sums (the `gemm` crate blocks a product's depth by its shape).
+fn rounding(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-13,
+        DType::F32 => 1e-5,
+        _ => 2e-2,
+    }
+}
+
 /// A column buffer shorter than one item's columns (a small workspace
 /// budget) cuts each item into pieces: whole groups, else output positions
 /// (forward) or column rows (gradients) of one group. Every value is the
-/// whole-item products' bit for bit, in every dtype, for groups, strides,
+/// whole-item products' bit for bit on leangrad's own f32 kernels (f32
+/// and bf16 on AVX2 and AVX-512), and within rounding where the `gemm`
+/// crate multiplies (f64, f16, the portable path), in every dtype, for groups, strides,
 /// dilation, padding, 1×1 kernels, 1-d and transposed convolutions (each
 /// with at least 384 output positions, so that no product covers several
 /// items); the Workspace peak is the capped buffer.
 #[test]
-fn a_column_buffer_short_of_an_item_gives_the_same_values_bit_for_bit() {
+fn a_column_buffer_short_of_an_item_gives_the_same_values() {
     type Op = Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> Tensor>;
     let c2d = |stride, padding, dilation, groups| -> Op {
         let o = Conv2dOptions {
@@ -1052,7 +1072,16 @@ fn a_column_buffer_short_of_an_item_gives_the_same_values_bit_for_bit() {
                 let what = format!("{name} {dtype:?} budget {budget}");
                 assert_eq!(peaks, [buffer; 2], "{what}");
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(g == w, "{what}: value {i} differs");
+                    let tol = match own_kernels(dtype) {
+                        true => 0.0,
+                        false => rounding(dtype),
+                    };
+                    let off = g
+                        .iter()
+                        .zip(w)
+                        .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()));
+                    let worst = off.fold(0.0, f64::max);
+                    assert!(worst <= tol, "{what}: value {i} off by {worst:e}");
                 }
             }
         }

@@ -7,7 +7,9 @@
 //! the buffer at the budget ([`DEFAULT_CONV_WORKSPACE_BYTES`] unless
 //! [`with_conv_workspace`] says otherwise), and the kernels then work
 //! through the item in pieces (whole groups, else positions or column rows
-//! of one group; see `cpu/tiles.rs`) with the same values. The CUDA kernels
+//! of one group; see `cpu/tiles.rs`) with the same values (bit for bit on
+//! the f32 kernels, within rounding where the `gemm` crate multiplies, as
+//! its depth blocking follows a product's shape). The CUDA kernels
 //! gather their tiles from the input and need no columns, but hold a buffer
 //! of the same size (their weight gradient keeps its split partial sums
 //! there), so that the CPU, CUDA and meta ledgers agree byte for byte.
@@ -33,7 +35,8 @@ thread_local! {
 
 /// Convolutions on this thread hold at most `bytes` of Workspace (or the
 /// smallest piece they can work in, when that is more), on every device,
-/// until the guard drops. The values do not depend on it.
+/// until the guard drops. The values do not depend on it beyond rounding
+/// (f32 and bf16 on AVX2 or AVX-512: not at all).
 pub fn with_conv_workspace(bytes: usize) -> SettingGuard<usize> {
     set(&CONV_WORKSPACE, bytes)
 }

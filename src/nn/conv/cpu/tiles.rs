@@ -1,9 +1,13 @@
 //! Convolutions whose column buffer holds less than one batch item's
 //! columns (the Workspace budget of `workspace.rs`): each item in pieces,
 //! every piece unfolded into the buffer and multiplied as its part of the
-//! one-item product, so that every value is that product's where gemm adds
-//! the pieces' products alike (`adds_alike`: its blocking depends on the
-//! depth alone, which the pieces keep).
+//! one-item product, so that every value is that product's where the
+//! pieces' products add their terms alike: always on leangrad's f32
+//! kernels (their depth blocking depends on the depth alone, which the
+//! pieces keep; a piece is never one row or column, which would take the
+//! matrix-vector path), within rounding through the `gemm` crate (f64,
+//! f16, the portable path), whose blocking also follows the shape
+//! (`adds_alike`).
 //!
 //! - Whole groups at a time where one group's columns (`k·oh·ow`) fit: the
 //!   one-item batched products restricted to those groups.
