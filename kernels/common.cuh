@@ -42,6 +42,38 @@ __device__ __forceinline__ long long lg_offset(const Strided& l, long long i) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (long long)blockDim.x * gridDim.x)
 
+// N consecutive elements of one thread (a "run"): loaded and stored as
+// one vector (16 bytes, or 8 for a run of four 2-byte elements) when `vec`
+// says every buffer the kernel moves runs through is aligned to it and the
+// run is whole (`cnt == N`), element by element otherwise. N * sizeof(T)
+// must be a multiple of 8.
+template <typename T, int N> struct LgRun {
+    T v[N];
+    __device__ __forceinline__ void load(const T* p, int cnt, int vec) {
+        if (vec && cnt == N) {
+            copy(reinterpret_cast<unsigned int*>(v), reinterpret_cast<const unsigned int*>(p));
+        } else {
+            for (int i = 0; i < cnt; ++i) v[i] = p[i];
+        }
+    }
+    __device__ __forceinline__ void store(T* p, int cnt, int vec) const {
+        if (vec && cnt == N) {
+            copy(reinterpret_cast<unsigned int*>(p), reinterpret_cast<const unsigned int*>(v));
+        } else {
+            for (int i = 0; i < cnt; ++i) p[i] = v[i];
+        }
+    }
+    static __device__ __forceinline__ void copy(unsigned int* d, const unsigned int* s) {
+        constexpr int words = sizeof(T) * N / 4;
+        if (words == 2) {
+            *reinterpret_cast<uint2*>(d) = *reinterpret_cast<const uint2*>(s);
+        } else {
+            for (int i = 0; i < words; i += 4)
+                *reinterpret_cast<uint4*>(d + i) = *reinterpret_cast<const uint4*>(s + i);
+        }
+    }
+};
+
 // Records bad input in the device's check record (src/cuda/checks.rs: four
 // i64 words [recorded, index, size, op]) for the host's next read to
 // report; the first to record wins, later ones are dropped.

@@ -307,6 +307,11 @@ fn tensor_core_convolutions_are_within_their_bound() {
         padding: [padding; 2],
         ..Conv2dOptions::default()
     };
+    let tall = |padding| Conv2dOptions {
+        padding,
+        groups: 4,
+        ..Conv2dOptions::default()
+    };
     let cases = [
         (
             "64 rows, per-phase 32",
@@ -320,6 +325,21 @@ fn tensor_core_convolutions_are_within_their_bound() {
             [3, 4, 12, 10],
             [16, 4, 5, 5],
             o(2, 2),
+        ),
+        // 128-row tiles (more than 64 rows in 512 tiles or more): 80 input
+        // channels per group (a forward of uniform steps, an input gradient
+        // of tabled ones), then 72 (the other way round).
+        (
+            "128 rows, 1x1",
+            [2, 320, 64, 64],
+            [288, 80, 1, 1],
+            tall([0, 0]),
+        ),
+        (
+            "128 rows, 3x1",
+            [2, 288, 64, 64],
+            [320, 72, 3, 1],
+            tall([1, 0]),
         ),
     ];
     for (dtype, tf32, unit) in [
@@ -361,7 +381,10 @@ fn tensor_core_convolutions_are_within_their_bound() {
                     assert!(err <= bound, "{what}: {g} vs {w} (Σ|a·b| {s})");
                     largest = largest.max(err / s.max(1e-30));
                 }
-                if tf32 {
+                // Rounding errors of a long sum average out below what
+                // this detects (the 128-row cases' weight gradients sum
+                // 8,192 positions): checked where the sums are shorter.
+                if tf32 && k[j] <= 4096 {
                     let what = format!("{name} {part}: TF32 not applied ({largest:e})");
                     assert!(largest > 2f64.powi(-16), "{what}");
                 }

@@ -290,6 +290,12 @@ impl CudaBuffer {
         self.allocation.take()
     }
 
+    /// Whether element 0 starts on a 16-byte boundary, so that a kernel
+    /// may move runs of its elements as whole 16-byte (or 8-byte) vectors.
+    pub(crate) fn vector_aligned(&self) -> bool {
+        self.address().is_multiple_of(16)
+    }
+
     /// The device address of element 0, for a kernel parameter that may
     /// also be null (an absent operand the kernel tests for). Valid while
     /// the buffer lives; the one stream orders a launch after every

@@ -116,3 +116,17 @@ pub(crate) use cuda_or_skip;
 pub(crate) fn vals(t: &Tensor) -> Vec<f64> {
     t.to_f64_vec().unwrap()
 }
+
+/// The value of `#define NAME value` in a kernel file's source `src`, for
+/// the tests that check a constant the launch code plans with against the
+/// kernels' own (one source each side).
+pub(crate) fn cu_define(src: &str, name: &str) -> usize {
+    let line = src
+        .lines()
+        .find(|l| l.starts_with(&format!("#define {name} ")))
+        .unwrap_or_else(|| panic!("the kernel source defines {name}"));
+    let value = line.split_whitespace().nth(2).unwrap_or_default();
+    value
+        .parse()
+        .unwrap_or_else(|e| panic!("#define {name} {value}: {e}"))
+}

@@ -11,7 +11,7 @@
 // - input grad  gx[i, c, pix] = sum_{co, ki, kj} W[co, c, ki, kj] * gy[i, co, tap] (M = cig, N = n*HW, K = cg*kk;
 //                per stride phase, N and K divided by about the strides' product)
 // - weight grad gW[co, r]     = sum_{i, l} gy[i, co, l] * cols_i[r, l] (M = cg,  N = cig*kk, K = n*L)
-// Every output is one block's: a 64x64 tile of C, its K in steps of 16,
+// Every output is one block's: a tile of C (8 to 128 rows, 64 columns), its K in steps of 16,
 // each product added with one fused multiply-add in K order (f32 for the
 // half types and f32, f64 for f64), so results are the same from run to
 // run; or, for tiles of 16 rows or more, by tensor-core mma.sync: always
@@ -32,7 +32,7 @@ struct ConvGeom {
 };
 
 // Tile sizes (cuda.rs launches LG_IG_THREADS threads per block): a tile
-// has BM = 8*R rows (R = 8, 4, 2 or 1: cuda.rs picks the smallest tile that
+// has BM = 8*R rows (R = 16, 8, 4, 2 or 1: cuda.rs picks the smallest tile that
 // holds the layer's rows, so a 3-channel or depthwise layer does not
 // compute 64 rows of zeros) and LG_IG_BN columns; thread t computes rows
 // R*(t/16) + i, i < R, and columns 4*(t%16) + j, j < 4, reading each
@@ -111,7 +111,7 @@ __device__ __forceinline__ void lg_ig_mac(const IgTiles<A, 8 * R, false>& s, A (
 // the 4R accumulators of the FMA layout: acc[mi*NI + ni][e] is element e
 // of fragment (mi, ni)).
 template <int R> struct IgWarps {
-    static constexpr int BM = 8 * R, WM = BM == 64 ? 2 : 1, WN = 4 / WM;
+    static constexpr int BM = 8 * R, WM = BM >= 64 ? 2 : 1, WN = 4 / WM;
     static constexpr int MI = BM / WM / 16, NI = LG_IG_BN / WN / 8;
     static_assert(MI * NI == R, "a tensor-core tile holds the FMA layout's accumulators");
 };
@@ -321,51 +321,94 @@ __device__ __forceinline__ void lg_ig_store_nchw(T* out, const T* bias,
     }
 }
 
-// The A rows thread t gathers in a tile whose rows start at m0 (the same
-// for every K step, so computed once per tile): (m0 + mq) * stride for
-// each of its R rows mq, -1 for a row at or past `rows`.
-template <int R> struct IgRows {
-    long long off[R];
-};
-template <int R>
-__device__ __forceinline__ IgRows<R> lg_ig_rows(long long m0, long long rows, long long stride,
-                                                int t) {
-    IgRows<R> out;
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-        long long m = m0 + t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
-        out.off[i] = m < rows ? m * stride : -1;
-    }
-    return out;
+// The first of the A rows thread t gathers (its others 8, 16, … further):
+// the 16 threads of one k take the 8 row offsets twice, and with tensor
+// cores (rows 8 floats longer than the tile, 8 banks apart per k) the two
+// warps' halves are rotated by 2*(k/4) so that a warp's 32 stores land in
+// 32 distinct banks.
+template <bool TC> __device__ __forceinline__ int lg_ig_a_row(int t) {
+    const int apart = LG_IG_THREADS / LG_IG_BK;
+    return TC ? (t / LG_IG_BK + 2 * (t % LG_IG_BK / 4)) % apart : t / LG_IG_BK;
 }
 
-// The A tile of a step: a[k][m] = src[start + rows.off[m]] for its rows
-// and steps k < ks (start: this thread's step k's row start), 0 elsewhere.
+// The A rows thread t gathers in a tile whose rows start at m0 (the same
+// for every K step, so computed once per tile): rows m0 + lg_ig_a_row(t)
+// + 8i (i < R), at element that row * stride + i * step of the source;
+// the first `valid` of them lie before `rows`.
+template <int R> struct IgRows {
+    long long off, step;
+    int valid;
+};
+template <int R, bool TC>
+__device__ __forceinline__ IgRows<R> lg_ig_rows(long long m0, long long rows, long long stride,
+                                                int t) {
+    const int apart = LG_IG_THREADS / LG_IG_BK;
+    long long m = m0 + lg_ig_a_row<TC>(t), left = rows > m ? (rows - m + apart - 1) / apart : 0;
+    return IgRows<R>{m * stride, apart * stride, (int)(left < R ? left : R)};
+}
+
+// The A tile of a step: a[k][m] = src[start + the row's offset] for its
+// rows and steps k < ks (start: this thread's step k's row start), 0
+// elsewhere. Each row's element is one `step` past the last (a pointer
+// increment, not a product, per element).
 template <typename T, int R, bool TC>
 __device__ __forceinline__ void lg_ig_gather_a(IgTiles<typename Acc<T>::type, 8 * R, TC>& s,
                                                const T* src, long long start,
                                                const IgRows<R>& rows, long long ks, int t) {
-    const int kq = t % LG_IG_BK;
+    typedef typename Acc<T>::type A;
+    const int kq = t % LG_IG_BK, m = lg_ig_a_row<TC>(t), apart = LG_IG_THREADS / LG_IG_BK;
+    const T* p = src + start + rows.off;
+    if (kq < ks && rows.valid == R) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-        int mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
-        bool ok = kq < ks && rows.off[i] >= 0;
-        s.a[kq][mq] = ok ? lg_tile_load<TC>(src[start + rows.off[i]]) : (typename Acc<T>::type)0;
+        for (int i = 0; i < R; ++i, p += rows.step) s.a[kq][m + apart * i] = lg_tile_load<TC>(*p);
+    } else {
+#pragma unroll
+        for (int i = 0; i < R; ++i, p += rows.step) {
+            bool ok = kq < ks && i < rows.valid;
+            s.a[kq][m + apart * i] = ok ? lg_tile_load<TC>(*p) : (A)0;
+        }
     }
 }
 
-// y ([n, cout, oh, ow]) = bias + W (*) x, every element written.
+// The B rows t / LG_IG_BN + j * (LG_IG_THREADS / LG_IG_BN) of thread t's
+// column in a uniform step: src[0], src[step], src[2*step], … where the
+// step's tap reaches inside (`in`), zeros elsewhere.
+template <typename T, int R, bool TC>
+__device__ __forceinline__ void lg_ig_gather_b(IgTiles<typename Acc<T>::type, 8 * R, TC>& s,
+                                               const T* src, long long step, bool in, int t) {
+    typedef typename Acc<T>::type A;
+    const int n = t % LG_IG_BN, k = t / LG_IG_BN, apart = LG_IG_THREADS / LG_IG_BN;
+    if (in) {
+#pragma unroll
+        for (int j = 0; j < LG_IG_B_LOADS; ++j, src += step) {
+            s.b[k + apart * j][n] = lg_tile_load<TC>(*src);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < LG_IG_B_LOADS; ++j) s.b[k + apart * j][n] = (A)0;
+    }
+}
+
+// y ([n, cout, oh, ow]) = bias + W (*) x, every element written. K runs
+// tap-major (row r = tap*cig + c, tap = ki*kw + kj), so that where cig is a
+// multiple of LG_IG_BK (`uniform`) every step's rows share one tap: each
+// thread then tests its column against that tap once per step and gathers
+// its elements one input plane apart, with no table. Otherwise a table of
+// the step's rows (LG_IG_BK threads, divisions) serves every thread.
 template <typename T, int R, bool TC>
 __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, const T* bias) {
     typedef typename Acc<T>::type A;
     __shared__ IgTiles<A, 8 * R, TC> s;
-    __shared__ long long tab_off[LG_IG_BK];
+    __shared__ long long tab_w[LG_IG_BK], tab_off[LG_IG_BK];
     __shared__ long long tab_dy[LG_IG_BK], tab_dx[LG_IG_BK];
     const long long kk = g.kh * g.kw, L = g.oh * g.ow, HW = g.h * g.w;
     const long long cig = g.cin / g.groups, cg = g.cout / g.groups;
     const long long K = cig * kk, P = g.n * L;
     const long long tiles_m = (cg + 8 * R - 1) / (8 * R);
     const long long tiles_n = (P + LG_IG_BN - 1) / LG_IG_BN;
+    const bool uniform = cig % LG_IG_BK == 0;
+    // A thread's B rows are t / LG_IG_BN + j * B_STEP (j < LG_IG_B_LOADS).
+    const int B_STEP = LG_IG_THREADS / LG_IG_BN;
     const int t = threadIdx.x;
     for (long long b = blockIdx.x; b < g.groups * tiles_m * tiles_n; b += gridDim.x) {
         IgTile tile = lg_ig_tile(b, tiles_m, tiles_n, 8 * R);
@@ -376,24 +419,43 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
         long long iy0 = l / g.ow * g.stride[0] - g.pad[0];
         long long ix0 = l % g.ow * g.stride[1] - g.pad[1];
         long long xbase = (item * g.cin + tile.grp * cig) * HW + iy0 * g.w + ix0;
-        const IgRows<R> arows = lg_ig_rows<R>(tile.m0, cg, K, t);
-        const long long wbase = tile.grp * cg * K + t % LG_IG_BK;
+        const long long xrow = xbase + t / LG_IG_BN * HW, xstep = B_STEP * HW;
+        const IgRows<R> arows = lg_ig_rows<R, TC>(tile.m0, cg, K, t);
+        const long long wbase = tile.grp * cg * K;
+        // The step's first row (uniform steps): channel c0 of tap (ki, kj).
+        long long c0 = 0, ki = 0, kj = 0;
         A acc[R][4] = {};
         for (long long k0 = 0; k0 < K; k0 += LG_IG_BK) {
-            if (t < LG_IG_BK) {
-                long long r = k0 + t, c = r / kk, ki = r % kk / g.kw, kj = r % g.kw;
-                tab_dy[t] = r < K ? ki * g.dil[0] : LG_IG_OUTSIDE;
-                tab_dx[t] = kj * g.dil[1];
-                tab_off[t] = c * HW + ki * g.dil[0] * g.w + kj * g.dil[1];
-            }
-            lg_ig_gather_a<T, R, TC>(s, w, wbase + k0, arows, K - k0, t);
-            __syncthreads();
+            if (uniform) {
+                const long long dy = ki * g.dil[0], dx = kj * g.dil[1];
+                const long long wk = wbase + (c0 + t % LG_IG_BK) * kk + ki * g.kw + kj;
+                lg_ig_gather_a<T, R, TC>(s, w, wk, arows, LG_IG_BK, t);
+                bool in = p_ok && lg_inside(iy0 + dy, g.h) && lg_inside(ix0 + dx, g.w);
+                const long long at = xrow + c0 * HW + dy * g.w + dx;
+                lg_ig_gather_b<T, R, TC>(s, x + at, xstep, in, t);
+                c0 += LG_IG_BK;
+                if (c0 == cig) {
+                    c0 = 0;
+                    if (++kj == g.kw) kj = 0, ++ki;
+                }
+            } else {
+                if (t < LG_IG_BK) {
+                    long long r = k0 + t, tap = r / cig, c = r % cig;
+                    long long dy = tap / g.kw * g.dil[0], dx = tap % g.kw * g.dil[1];
+                    tab_w[t] = r < K ? c * kk + tap : 0;
+                    tab_dy[t] = r < K ? dy : LG_IG_OUTSIDE;
+                    tab_dx[t] = dx;
+                    tab_off[t] = c * HW + dy * g.w + dx;
+                }
+                __syncthreads();
+                lg_ig_gather_a<T, R, TC>(s, w, wbase + tab_w[t % LG_IG_BK], arows, K - k0, t);
 #pragma unroll
-            for (int j = 0; j < LG_IG_B_LOADS; ++j) {
-                int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
-                long long iy = iy0 + tab_dy[kq], ix = ix0 + tab_dx[kq];
-                bool in = p_ok && lg_inside(iy, g.h) && lg_inside(ix, g.w);
-                s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(x[xbase + tab_off[kq]]) : (A)0;
+                for (int j = 0; j < LG_IG_B_LOADS; ++j) {
+                    int kq = t / LG_IG_BN + B_STEP * j;
+                    long long iy = iy0 + tab_dy[kq], ix = ix0 + tab_dx[kq];
+                    bool in = p_ok && lg_inside(iy, g.h) && lg_inside(ix, g.w);
+                    s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(x[xbase + tab_off[kq]]) : (A)0;
+                }
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -441,7 +503,9 @@ __device__ __forceinline__ long long lg_axis_tap(long long j, long long k, long 
 // dense product with only the taps that reach it (K = cg * taps_y *
 // taps_x), so a stride-2 layer does not multiply the three quarters of
 // its taps that fall between output positions. Blocks enumerate (phase,
-// group, tile) with every phase given the tiles of the largest one.
+// group, tile) with every phase given the tiles of the largest one. K runs
+// tap-major (row r = tap*cg + co), uniform steps as in lg_conv_fwd where
+// cg is a multiple of LG_IG_BK.
 template <typename T, int R, bool TC>
 __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w, const T* bias) {
     typedef typename Acc<T>::type A;
@@ -455,6 +519,8 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
     const long long most = g.n * ((g.h + sy - 1) / sy) * ((g.w + sx - 1) / sx);
     const long long tiles_n = (most + LG_IG_BN - 1) / LG_IG_BN;
     const long long per_phase = g.groups * tiles_m * tiles_n;
+    const bool uniform = cg % LG_IG_BK == 0;
+    const int B_STEP = LG_IG_THREADS / LG_IG_BN;
     const int t = threadIdx.x;
     for (long long b = blockIdx.x; b < sy * sx * per_phase; b += gridDim.x) {
         const long long qy = b / per_phase / sx, qx = b / per_phase % sx;
@@ -470,26 +536,49 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
         long long at = p_ok ? p % plane : 0, item = p_ok ? p / plane : 0;
         long long oy0 = py.base + at / px.count, ox0 = px.base + at % px.count;
         long long gybase = (item * g.cout + tile.grp * cg) * L + oy0 * g.ow + ox0;
-        const IgRows<R> arows = lg_ig_rows<R>(tile.m0, cig, kk, t);
+        const long long gyrow = gybase + t / LG_IG_BN * L, gystep = B_STEP * L;
+        const IgRows<R> arows = lg_ig_rows<R, TC>(tile.m0, cig, kk, t);
+        // The step's first row (uniform steps): channel co0 of the phase's
+        // tap (jy, jx), kernel tap (ki, kj), output offset (my, mx).
+        long long co0 = 0, jy = 0, jx = 0, ki, kj;
+        long long my = lg_axis_tap(0, g.kh, sy, g.dil[0], qy, ki);
+        long long mx = lg_axis_tap(0, g.kw, sx, g.dil[1], qx, kj);
         A acc[R][4] = {};
         for (long long k0 = 0; k0 < K; k0 += LG_IG_BK) {
-            if (t < LG_IG_BK) {
-                long long r = k0 + t, co = r / taps, ki, kj;
-                long long my = lg_axis_tap(r % taps / px.taps, g.kh, sy, g.dil[0], qy, ki);
-                long long mx = lg_axis_tap(r % px.taps, g.kw, sx, g.dil[1], qx, kj);
-                tab_w[t] = (tile.grp * cg + co) * Kw + ki * g.kw + kj;
-                tab_gy[t] = co * L - my * g.ow - mx;
-                tab_dy[t] = r < K ? my : -LG_IG_OUTSIDE;
-                tab_dx[t] = mx;
-            }
-            __syncthreads();
-            lg_ig_gather_a<T, R, TC>(s, w, tab_w[t % LG_IG_BK], arows, K - k0, t);
+            if (uniform) {
+                const long long wk = (tile.grp * cg + co0 + t % LG_IG_BK) * Kw + ki * g.kw + kj;
+                lg_ig_gather_a<T, R, TC>(s, w, wk, arows, LG_IG_BK, t);
+                bool in = p_ok && lg_inside(oy0 - my, g.oh) && lg_inside(ox0 - mx, g.ow);
+                const long long at = gyrow + co0 * L - my * g.ow - mx;
+                lg_ig_gather_b<T, R, TC>(s, gy + at, gystep, in, t);
+                co0 += LG_IG_BK;
+                if (co0 == cg) {
+                    co0 = 0;
+                    if (++jx == px.taps) {
+                        jx = 0;
+                        my = lg_axis_tap(++jy, g.kh, sy, g.dil[0], qy, ki);
+                    }
+                    mx = lg_axis_tap(jx, g.kw, sx, g.dil[1], qx, kj);
+                }
+            } else {
+                if (t < LG_IG_BK) {
+                    long long r = k0 + t, tap = r / cg, co = r % cg, tki, tkj;
+                    long long tmy = lg_axis_tap(tap / px.taps, g.kh, sy, g.dil[0], qy, tki);
+                    long long tmx = lg_axis_tap(tap % px.taps, g.kw, sx, g.dil[1], qx, tkj);
+                    tab_w[t] = (tile.grp * cg + co) * Kw + tki * g.kw + tkj;
+                    tab_gy[t] = co * L - tmy * g.ow - tmx;
+                    tab_dy[t] = r < K ? tmy : -LG_IG_OUTSIDE;
+                    tab_dx[t] = tmx;
+                }
+                __syncthreads();
+                lg_ig_gather_a<T, R, TC>(s, w, tab_w[t % LG_IG_BK], arows, K - k0, t);
 #pragma unroll
-            for (int j = 0; j < LG_IG_B_LOADS; ++j) {
-                int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
-                long long oy = oy0 - tab_dy[kq], ox = ox0 - tab_dx[kq];
-                bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
-                s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(gy[gybase + tab_gy[kq]]) : (A)0;
+                for (int j = 0; j < LG_IG_B_LOADS; ++j) {
+                    int kq = t / LG_IG_BN + B_STEP * j;
+                    long long oy = oy0 - tab_dy[kq], ox = ox0 - tab_dx[kq];
+                    bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
+                    s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(gy[gybase + tab_gy[kq]]) : (A)0;
+                }
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -509,7 +598,8 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
 // some phase's tap reads: position (u, v) of every phase reads gy at
 // (u + dy, v + dx), so one gathered B tile serves all phases. A row's A is
 // W at the tap k = q + (base_q - d)*stride of its phase, 0 where there is
-// none, so each row sums its own taps in the order of lg_conv_dgrad.
+// none, so each row sums only its own taps (channel-major, where
+// lg_conv_dgrad runs tap-major).
 template <typename T, int R, bool TC>
 __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, long long dys,
                                      long long dx_max, long long dxs, T* gx, const T* gy,
@@ -631,7 +721,7 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
         long long rdy = ki * g.dil[0], rdx = kj * g.dil[1];
         long long roff = (tile.grp * cig + c) * HW + rdy * g.w + rdx;
         long long first = split * chunk, end = min(P, first + chunk);
-        const IgRows<R> arows = lg_ig_rows<R>(tile.m0, cg, L, t);
+        const IgRows<R> arows = lg_ig_rows<R, TC>(tile.m0, cg, L, t);
         A acc[R][4] = {};
         for (long long k0 = first; k0 < end; k0 += LG_IG_BK) {
             if (t < LG_IG_BK) {
@@ -704,12 +794,14 @@ template <> struct LgTensorCores<__nv_bfloat16> { static constexpr bool on = tru
 
 // Every tile height (8 rows: fused multiply-adds, below an m16 fragment).
 #define LG_CONV_TILES(sfx, T, TC)                                                     \
+    LG_CONV_TILE_AS(sfx, T, 128, 16, TC)                                              \
     LG_CONV_TILE_AS(sfx, T, 64, 8, TC)                                                \
     LG_CONV_TILE_AS(sfx, T, 32, 4, TC)                                                \
     LG_CONV_TILE_AS(sfx, T, 16, 2, TC)                                                \
     LG_CONV_TILE_AS(sfx, T, 8, 1, false)
 
 // TF32 tensor-core tiles (16 rows or more: an m16 fragment's height).
+LG_CONV_TILE_AS(tf32, float, 128, 16, true)
 LG_CONV_TILE_AS(tf32, float, 64, 8, true)
 LG_CONV_TILE_AS(tf32, float, 32, 4, true)
 LG_CONV_TILE_AS(tf32, float, 16, 2, true)

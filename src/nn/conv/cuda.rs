@@ -116,8 +116,16 @@ const THREADS: usize = 128;
 const TILE: usize = 64;
 /// The tile heights `conv.cu` instantiates (`conv_*_m{rows}_*`), smallest
 /// first: a layer takes the smallest that holds its rows, so that a
-/// 3-channel or depthwise layer does not compute 64 rows of zeros.
-const TILE_ROWS: [usize; 4] = [8, 16, 32, 64];
+/// 3-channel or depthwise layer does not compute 64 rows of zeros, and the
+/// tallest only where its tiles still fill the GPU (see [`tile_rows`]).
+const TILE_ROWS: [usize; 5] = [8, 16, 32, 64, 128];
+/// Fewest blocks a layer's 128-row tiles must make to be taken over 64-row
+/// ones (about four per SM of a 132-SM GPU): a taller tile gathers fewer
+/// operands per multiply-add but leaves fewer warps to hide latency where
+/// there are few tiles. A constant, so that the choice is the same on every
+/// GPU (the values are the same at every height: each element sums its K
+/// in the same order).
+const TALL_TILE_BLOCKS: usize = 512;
 /// The reduction step of one tile (`LG_IG_BK`).
 const TILE_K: usize = 16;
 /// Blocks the weight gradient aims for when it splits its reduction (about
@@ -138,10 +146,18 @@ fn tile_grid(blocks: usize) -> LaunchConfig {
     }
 }
 
-/// The tile height for a product of `m` rows (per group).
-fn tile_rows(m: usize) -> usize {
-    let tallest = TILE_ROWS[TILE_ROWS.len() - 1];
-    TILE_ROWS.into_iter().find(|&r| m <= r).unwrap_or(tallest)
+/// The tile height for a product of `m` rows and `n` columns per group in
+/// `groups` groups: the smallest that holds `m` up to 64 rows; 128 beyond
+/// that where those tiles number at least [`TALL_TILE_BLOCKS`].
+fn tile_rows(groups: usize, m: usize, n: usize) -> usize {
+    let (short, tall) = TILE_ROWS.split_at(TILE_ROWS.len() - 1);
+    let widest = short[short.len() - 1];
+    let rows = short.iter().copied().find(|&r| m <= r).unwrap_or(widest);
+    let tall = tall[0];
+    match m > rows && groups * m.div_ceil(tall) * n.div_ceil(TILE) >= TALL_TILE_BLOCKS {
+        true => tall,
+        false => rows,
+    }
 }
 
 /// The suffix of the tile kernel of `rows` rows for `dtype` (its float
@@ -158,7 +174,7 @@ fn tile_suffix(sfx: &'static str, dtype: DType, rows: usize) -> &'static str {
 
 /// Tiles of `m × n` in `groups` groups.
 fn tiles(groups: usize, m: usize, n: usize) -> usize {
-    groups * m.div_ceil(tile_rows(m)) * n.div_ceil(TILE)
+    groups * m.div_ceil(tile_rows(groups, m, n)) * n.div_ceil(TILE)
 }
 
 /// One axis of the input gradient's stride phases (as `IgAxisPhase` in
@@ -203,12 +219,15 @@ fn input_grad_plan(g: &ConvGeom) -> InputGradPlan {
     let (cig, cg) = (g.cin / g.groups, g.cout / g.groups);
     let ys = axis_phases(g.h, g.kh, sy, g.pad[0], g.dil[0]);
     let xs = axis_phases(g.w, g.kw, sx, g.pad[1], g.dil[1]);
-    let padded = |rows: usize| rows.div_ceil(tile_rows(rows)) * tile_rows(rows);
+    let largest = g.n * g.h.div_ceil(sy) * g.w.div_ceil(sx);
+    let padded = |rows: usize| {
+        let tile = tile_rows(g.groups, rows, largest);
+        rows.div_ceil(tile) * tile
+    };
     let work = |axis: &[(usize, Vec<isize>)]| -> usize {
         axis.iter().map(|(count, taps)| count * taps.len()).sum()
     };
     let per_phase = padded(cig) * g.n * cg * work(&ys) * work(&xs);
-    let largest = g.n * g.h.div_ceil(sy) * g.w.div_ceil(sx);
     let span = |axis: &[(usize, Vec<isize>)]| -> (isize, usize) {
         let all = axis.iter().flat_map(|(_, taps)| taps.iter().copied());
         let (lo, hi) = all.fold((isize::MAX, isize::MIN), |(lo, hi), d| {
@@ -276,7 +295,7 @@ fn conv_forward(
     let _reserved = workspace(x, g)?;
     if ny > 0 {
         let cfg = tile_grid(tiles(g.groups, g.cout_g(), g.n * g.l()));
-        let rows = tile_rows(g.cout_g());
+        let rows = tile_rows(g.groups, g.cout_g(), g.n * g.l());
         let tsfx = tile_suffix(sfx, x.dtype(), rows);
         // Parameters: (ConvGeom g, T* y, const T* x, const T* w, const T* bias).
         launch!(x.device(), "conv.cu", format!("conv_fwd_m{rows}_{tsfx}"), cfg;
@@ -308,14 +327,16 @@ fn conv_input_grad(
         let cig = g.cin / g.groups;
         match input_grad_plan(g) {
             InputGradPlan::PerPhase { tiles } => {
-                let rows = tile_rows(cig);
+                let largest = g.n * g.h.div_ceil(g.stride[0]) * g.w.div_ceil(g.stride[1]);
+                let rows = tile_rows(g.groups, cig, largest);
                 let tsfx = tile_suffix(sfx, gy.dtype(), rows);
                 // Parameters: (ConvGeom g, T* gx, const T* gy, const T* w, const T* bias).
                 launch!(gy.device(), "conv.cu", format!("conv_dgrad_m{rows}_{tsfx}"), tile_grid(tiles);
                     g, gx.slice_mut(), gy.slice(), w.slice(), &b)?;
             }
             InputGradPlan::PhaseRows { tiles, offsets } => {
-                let rows = tile_rows(cig * g.stride[0] * g.stride[1]);
+                let largest = g.n * g.h.div_ceil(g.stride[0]) * g.w.div_ceil(g.stride[1]);
+                let rows = tile_rows(g.groups, cig * g.stride[0] * g.stride[1], largest);
                 let tsfx = tile_suffix(sfx, gy.dtype(), rows);
                 let [(y_max, y_count), (x_max, x_count)] = offsets;
                 let dy_max = y_max as i64;
@@ -376,7 +397,7 @@ fn conv_weight_grad(gy: &CudaBuffer, x: &CudaBuffer, g: &ConvGeom) -> Result<Cud
         return Ok(gw);
     }
     let cfg = tile_grid(splits * tiles(g.groups, g.cout_g(), g.k()));
-    let rows = tile_rows(g.cout_g());
+    let rows = tile_rows(g.groups, g.cout_g(), g.k());
     let tsfx = tile_suffix(sfx, x.dtype(), rows);
     let (s64, c64) = (splits as i64, chunk as i64);
     // Parameters: (ConvGeom g, i64 splits, i64 chunk, T* gw, A* part,
@@ -417,13 +438,7 @@ mod tests {
     #[test]
     fn tile_constants_match_the_kernels() {
         let src = include_str!("conv.cu");
-        let define = |name: &str| -> usize {
-            let line = src
-                .lines()
-                .find(|l| l.starts_with(&format!("#define {name} ")))
-                .unwrap_or_else(|| panic!("conv.cu defines {name}"));
-            line.split_whitespace().nth(2).unwrap().parse().unwrap()
-        };
+        let define = |name: &str| crate::cuda::testing::cu_define(src, name);
         assert_eq!(define("LG_IG_THREADS"), THREADS);
         assert_eq!(define("LG_IG_BN"), TILE);
         assert_eq!(define("LG_IG_BK"), TILE_K);
@@ -437,10 +452,21 @@ mod tests {
             }
         }
         assert_eq!(
-            (tile_rows(3), tile_rows(12), tile_rows(17), tile_rows(64)),
+            (
+                tile_rows(1, 3, 64),
+                tile_rows(1, 12, 64),
+                tile_rows(1, 17, 64),
+                tile_rows(1, 64, 1 << 20)
+            ),
             (8, 16, 32, 64)
         );
-        assert_eq!(tile_rows(512), 64);
+        // Past 64 rows, 128 where those tiles make at least 512 blocks:
+        // ResNet-18's layer2 at batch 64 (784 blocks) but not its layer4
+        // (196: 64-row tiles, 392 blocks, keep more warps resident).
+        assert_eq!(tile_rows(1, 128, 64 * 28 * 28), 128);
+        assert_eq!(tile_rows(1, 512, 64 * 7 * 7), 64);
+        assert_eq!(tile_rows(2, 65, 256 * 64), 128);
+        assert_eq!(tile_rows(1, 65, 255 * 64), 64);
     }
 
     /// A 2-d geometry `[n, cin, h, w]` by `[cout, cin/groups, kh, kw]`.

@@ -385,7 +385,7 @@ fn norm_runs_grid(n: usize) -> cudarc::driver::LaunchConfig {
 /// `norm_fwd_*` moves its runs as whole vectors; else 0 (element by
 /// element, the same values).
 fn runs_aligned(bufs: &[Option<&CudaBuffer>]) -> i32 {
-    i32::from(bufs.iter().flatten().all(|b| b.address() % 16 == 0))
+    i32::from(bufs.iter().flatten().all(|b| b.vector_aligned()))
 }
 
 /// [`norm_forward`]'s `y` written over `x` itself (buffer reuse), and `x̂`
@@ -584,11 +584,7 @@ mod tests {
     /// defines (one source each side, checked here).
     #[test]
     fn the_run_length_matches_the_kernels() {
-        let line = include_str!("norm.cu")
-            .lines()
-            .find(|l| l.starts_with("#define LG_NORM_RUN "))
-            .expect("norm.cu defines LG_NORM_RUN");
-        let run: usize = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+        let run = crate::cuda::testing::cu_define(include_str!("norm.cu"), "LG_NORM_RUN");
         assert_eq!(run, super::NORM_RUN);
     }
 }

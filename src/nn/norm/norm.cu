@@ -82,34 +82,6 @@ struct LgNormAt {
     }
 };
 
-// A run of LG_NORM_RUN elements of T as raw words: one 8- or 16-byte
-// access per 8 or 16 bytes (aligned as the host checked).
-template <typename T> struct LgNormRun {
-    T v[LG_NORM_RUN];
-    __device__ __forceinline__ void load(const T* p, int cnt, int vec) {
-        if (vec && cnt == LG_NORM_RUN) {
-            copy(reinterpret_cast<unsigned int*>(v), reinterpret_cast<const unsigned int*>(p));
-        } else {
-            for (int i = 0; i < cnt; ++i) v[i] = p[i];
-        }
-    }
-    __device__ __forceinline__ void store(T* p, int cnt, int vec) const {
-        if (vec && cnt == LG_NORM_RUN) {
-            copy(reinterpret_cast<unsigned int*>(p), reinterpret_cast<const unsigned int*>(v));
-        } else {
-            for (int i = 0; i < cnt; ++i) p[i] = v[i];
-        }
-    }
-    static __device__ __forceinline__ void copy(unsigned int* d, const unsigned int* s) {
-        constexpr int words = sizeof(T) * LG_NORM_RUN / 4;
-        if (words == 2) {
-            *reinterpret_cast<uint2*>(d) = *reinterpret_cast<const uint2*>(s);
-        } else {
-            for (int i = 0; i < words; i += 4)
-                *reinterpret_cast<uint4*>(d + i) = *reinterpret_cast<const uint4*>(s + i);
-        }
-    }
-};
 
 #define LG_NORM(sfx, T)                                                               \
     /* y = x_hat * w + b (w, b optional) and/or x_hat = (x - mean) * rstd, both */   \
@@ -126,7 +98,7 @@ template <typename T> struct LgNormRun {
         LG_GRID_LOOP(t, runs) {                                                       \
             long long e0 = t * LG_NORM_RUN;                                           \
             int cnt = n - e0 < LG_NORM_RUN ? (int)(n - e0) : LG_NORM_RUN;             \
-            LgNormRun<T> in, hat, out;                                                \
+            LgRun<T, LG_NORM_RUN> in, hat, out;                                       \
             in.load(x + e0, cnt, vec);                                                \
             LgNormAt at(e0, g);                                                       \
             for (int i = 0; i < cnt; ++i, at.next(g)) {                               \

@@ -6,8 +6,8 @@
 //! passes.
 
 use super::cuda::{
-    positive_mask as cuda_positive_mask, relu_mask_backward, relu_mask_forward,
-    relu_mask_forward_in_place,
+    positive_mask as cuda_positive_mask, relu_mask_backward, relu_mask_backward_in_place,
+    relu_mask_forward, relu_mask_forward_in_place,
 };
 use super::{mask_scale, positive_mask};
 use crate::cuda::testing::device;
@@ -71,12 +71,18 @@ fn relu_mask_bits_and_values_match_the_cpu() {
     let Some(dev) = device("relu_mask") else {
         return;
     };
-    for dtype in FLOATS {
-        let x = cpu_rand(&[5, 37], -1.0, 1.0, dtype, 1);
-        let gy = cpu_rand(&[5, 37], -1.0, 1.0, dtype, 2);
+    // 185 elements: a partial pass of the in-place kernels' 128 and a
+    // partial run; 3,003: many passes (words past a warp's first four).
+    for (dtype, shape) in FLOATS
+        .into_iter()
+        .flat_map(|d| [(d, [5, 37]), (d, [3, 1001])])
+    {
+        let n = shape[0] * shape[1];
+        let x = cpu_rand(&shape, -1.0, 1.0, dtype, 1);
+        let gy = cpu_rand(&shape, -1.0, 1.0, dtype, 2);
         let (gx, ggy) = (upload(&dev, &x), upload(&dev, &gy));
         for slope in [0.0, 0.1] {
-            let (y, m) = relu_mask_forward(&gx, &dense(&[5, 37]), slope).unwrap();
+            let (y, m) = relu_mask_forward(&gx, &dense(&shape), slope).unwrap();
             let want_mask = positive_mask(&x).unwrap();
             assert_eq!(
                 m.to_vec::<u32>().unwrap(),
@@ -92,21 +98,21 @@ fn relu_mask_bits_and_values_match_the_cpu() {
             assert_eq!(download(&y), vals(&yc), "relu fwd {dtype:?} {slope}");
             // In place: the same values over x's own buffer, the same bits.
             let mut own = upload(&dev, &x);
-            let mi = relu_mask_forward_in_place(&mut own, 5 * 37, slope).unwrap();
+            let mi = relu_mask_forward_in_place(&mut own, n, slope).unwrap();
             assert_eq!(
                 download(&own),
                 vals(&yc),
                 "relu fwd in place {dtype:?} {slope}"
             );
             assert_eq!(mi.to_vec::<u32>().unwrap(), m.to_vec::<u32>().unwrap());
-            let dx = relu_mask_backward(&ggy, &dense(&[5, 37]), &m, slope).unwrap();
-            assert_eq!(
-                download(&dx),
-                grads(&yc, &gy, &[&xl])[0],
-                "relu bwd {dtype:?}"
-            );
+            let dx = relu_mask_backward(&ggy, &dense(&shape), &m, slope).unwrap();
+            let want_dx = grads(&yc, &gy, &[&xl])[0].clone();
+            assert_eq!(download(&dx), want_dx, "relu bwd {dtype:?}");
+            let mut g_own = upload(&dev, &gy);
+            relu_mask_backward_in_place(&mut g_own, n, &m, slope).unwrap();
+            assert_eq!(download(&g_own), want_dx, "relu bwd in place {dtype:?}");
         }
-        let pm = cuda_positive_mask(&gx, &dense(&[5, 37])).unwrap();
+        let pm = cuda_positive_mask(&gx, &dense(&shape)).unwrap();
         let want = positive_mask(&x).unwrap();
         assert_eq!(pm.to_vec::<u32>().unwrap(), want.to_vec::<u32>().unwrap());
     }
