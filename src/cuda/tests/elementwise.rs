@@ -167,6 +167,16 @@ fn strided_views_copy_and_accumulate() {
             &want,
             tol(dtype),
         );
+        // Contiguous x (the runs kernel; 1,001 elements: a partial run).
+        let a = cpu_rand(&[1001], -1.0, 1.0, dtype, 7);
+        let g = cpu_rand(&[1001], -1.0, 1.0, dtype, 8);
+        let mut runs = upload(&dev, &a);
+        let dense = Strided::contiguous(&[1001]).unwrap();
+        elementwise::axpy(&mut runs, -0.5, &upload(&dev, &g), &dense).unwrap();
+        let (av, gv) = (a.to_f64_vec().unwrap(), g.to_f64_vec().unwrap());
+        let want: Vec<f64> = av.iter().zip(&gv).map(|(a, g)| a - 0.5 * g).collect();
+        let what = format!("axpy dense {dtype:?}");
+        assert_close(&what, &download(&runs), &want, tol(dtype));
     }
 }
 
