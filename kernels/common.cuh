@@ -42,6 +42,11 @@ __device__ __forceinline__ long long lg_offset(const Strided& l, long long i) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (long long)blockDim.x * gridDim.x)
 
+// Elements one thread of the run kernels handles (the norms' apply, the
+// in-place ReLUs, axpy_dense): RUN in src/cuda/check.rs. A run never
+// straddles a 32-element mask word.
+#define LG_RUN 4
+
 // N consecutive elements of one thread (a "run"): loaded and stored as
 // one vector (16 bytes, or 8 for a run of four 2-byte elements) when `vec`
 // says every buffer the kernel moves runs through is aligned to it and the

@@ -183,8 +183,6 @@ LG_FOR_FLOATS(LG_BINARY)
 
 // In-place accumulation (the autograd engine's gradient sums):
 // acc[i] += alpha * x[i] with acc contiguous and x of any layout.
-// Elements one thread of axpy_dense_* adds (cuda/elementwise.rs AXPY_RUN).
-#define LG_AXPY_RUN 4
 template <typename T>
 static __device__ __forceinline__ T lg_axpy_one(T acc, typename Acc<T>::type al, T x) {
     return lg_store<T>(lg_load(acc) + al * lg_load(x));
@@ -196,17 +194,17 @@ static __device__ __forceinline__ T lg_axpy_one(T acc, typename Acc<T>::type al,
         A al = (A)alpha;                                                              \
         LG_GRID_LOOP(i, n) { acc[i] = lg_axpy_one<T>(acc[i], al, x[lg_offset(lx, i)]); } \
     }                                                                                 \
-    /* The same with x contiguous too, in runs of LG_AXPY_RUN per thread (one */     \
+    /* The same with x contiguous too, in runs of LG_RUN per thread (one */     \
     /* vector each where both buffers are 16-byte aligned: vec). */                   \
     extern "C" __global__ void axpy_dense_##sfx(long long n, double alpha, int vec,  \
                                                 T* acc, const T* x) {                 \
         typedef Acc<T>::type A;                                                       \
         A al = (A)alpha;                                                              \
-        long long runs = (n + LG_AXPY_RUN - 1) / LG_AXPY_RUN;                         \
+        long long runs = (n + LG_RUN - 1) / LG_RUN;                         \
         LG_GRID_LOOP(r, runs) {                                                       \
-            long long e0 = r * LG_AXPY_RUN;                                           \
-            int cnt = n - e0 < LG_AXPY_RUN ? (int)(n - e0) : LG_AXPY_RUN;             \
-            LgRun<T, LG_AXPY_RUN> a, b;                                               \
+            long long e0 = r * LG_RUN;                                           \
+            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;             \
+            LgRun<T, LG_RUN> a, b;                                               \
             a.load(acc + e0, cnt, vec);                                               \
             b.load(x + e0, cnt, vec);                                                 \
             for (int i = 0; i < cnt; ++i) a.v[i] = lg_axpy_one<T>(a.v[i], al, b.v[i]); \

@@ -134,8 +134,35 @@ pub(crate) fn mask_words(n: usize) -> usize {
     n.div_ceil(32)
 }
 
+/// Elements one thread of the run kernels handles (`LG_RUN` in
+/// `kernels/common.cuh`): the norms' apply, the in-place ReLUs, `axpy_dense`.
+pub(crate) const RUN: usize = 4;
+
+/// The launch of a run kernel over `n` elements: a thread per run of [`RUN`].
+pub(crate) fn runs_grid(n: usize) -> cudarc::driver::LaunchConfig {
+    super::CudaDevice::grid_for(n.div_ceil(RUN))
+}
+
+/// Whether every buffer present starts on a 16-byte boundary, so that a run
+/// kernel moves its runs as whole vectors (its `vec` flag; otherwise
+/// element by element, the same values).
+pub(crate) fn runs_aligned(bufs: &[Option<&super::CudaBuffer>]) -> bool {
+    bufs.iter().flatten().all(|b| b.vector_aligned())
+}
+
 /// Launch configuration for the warp-per-word ballot kernels (a packed
 /// mask over `n` elements: one warp per word).
 pub(crate) fn ballot_grid(n: usize) -> cudarc::driver::LaunchConfig {
     super::CudaDevice::grid_for(mask_words(n).max(1) * 32)
+}
+
+#[cfg(test)]
+mod run_tests {
+    /// The run length the launches size their grids by is the one the
+    /// kernels' common header defines (one source each side).
+    #[test]
+    fn the_run_length_matches_the_kernels() {
+        let src = include_str!("../../kernels/common.cuh");
+        assert_eq!(super::super::testing::cu_define(src, "LG_RUN"), super::RUN);
+    }
 }

@@ -109,18 +109,13 @@ pub(crate) fn axpy(acc: &mut CudaBuffer, alpha: f64, x: &CudaBuffer, lx: &Stride
     let device = acc.device().clone();
     let lx = lx.coalesced();
     if lx.strides() == [1] && lx.offset() == 0 {
-        let vec = i32::from(acc.vector_aligned() && x.vector_aligned());
-        let grid = CudaDevice::grid_for(n.div_ceil(AXPY_RUN));
-        return launch!(&device, "elementwise.cu", format!("axpy_dense_{sfx}"), grid;
+        let vec = i32::from(check::runs_aligned(&[Some(acc), Some(x)]));
+        return launch!(&device, "elementwise.cu", format!("axpy_dense_{sfx}"), check::runs_grid(n);
             &n64, &alpha, &vec, acc.slice_mut(), x.slice());
     }
     launch!(&device, "elementwise.cu", format!("axpy_{sfx}"), CudaDevice::grid_for(n);
         &n64, &alpha, acc.slice_mut(), x.slice(), &lx)
 }
-
-/// Elements one thread of `axpy_dense_*` adds (`LG_AXPY_RUN` in
-/// `elementwise.cu`).
-const AXPY_RUN: usize = 4;
 
 /// `op(a, b)` as u8 for buffers of any (equal) dtype; `la`, `lb` of the
 /// output's shape.
@@ -274,16 +269,4 @@ pub(crate) fn fill<T: WithDType>(buf: &mut CudaBuffer, value: T) -> Result<()> {
     let name = format!("fill_{size}");
     let device = buf.device().clone();
     launch!(&device, "copy.cu", name, CudaDevice::grid_for(n); &n64, buf.slice_mut(), &bits)
-}
-
-#[cfg(test)]
-mod run_tests {
-    /// The run length `axpy` sizes its grid by is the one `elementwise.cu`
-    /// defines.
-    #[test]
-    fn the_axpy_run_length_matches_the_kernels() {
-        let src = include_str!("../../kernels/elementwise.cu");
-        let run = crate::cuda::testing::cu_define(src, "LG_AXPY_RUN");
-        assert_eq!(run, super::AXPY_RUN);
-    }
 }

@@ -196,6 +196,12 @@ fn axis_phases(len: usize, k: usize, s: usize, p: usize, d: usize) -> Vec<(usize
         .collect()
 }
 
+/// The input positions of the batch in its largest stride phase: the
+/// columns of the input gradient's products.
+fn phase_columns(g: &ConvGeom) -> usize {
+    g.n * g.h.div_ceil(g.stride[0]) * g.w.div_ceil(g.stride[1])
+}
+
 /// How the input gradient runs (both layouts in `conv.cu`).
 #[derive(Debug, PartialEq)]
 enum InputGradPlan {
@@ -219,7 +225,7 @@ fn input_grad_plan(g: &ConvGeom) -> InputGradPlan {
     let (cig, cg) = (g.cin / g.groups, g.cout / g.groups);
     let ys = axis_phases(g.h, g.kh, sy, g.pad[0], g.dil[0]);
     let xs = axis_phases(g.w, g.kw, sx, g.pad[1], g.dil[1]);
-    let largest = g.n * g.h.div_ceil(sy) * g.w.div_ceil(sx);
+    let largest = phase_columns(g);
     let padded = |rows: usize| {
         let tile = tile_rows(g.groups, rows, largest);
         rows.div_ceil(tile) * tile
@@ -327,16 +333,14 @@ fn conv_input_grad(
         let cig = g.cin / g.groups;
         match input_grad_plan(g) {
             InputGradPlan::PerPhase { tiles } => {
-                let largest = g.n * g.h.div_ceil(g.stride[0]) * g.w.div_ceil(g.stride[1]);
-                let rows = tile_rows(g.groups, cig, largest);
+                let rows = tile_rows(g.groups, cig, phase_columns(g));
                 let tsfx = tile_suffix(sfx, gy.dtype(), rows);
                 // Parameters: (ConvGeom g, T* gx, const T* gy, const T* w, const T* bias).
                 launch!(gy.device(), "conv.cu", format!("conv_dgrad_m{rows}_{tsfx}"), tile_grid(tiles);
                     g, gx.slice_mut(), gy.slice(), w.slice(), &b)?;
             }
             InputGradPlan::PhaseRows { tiles, offsets } => {
-                let largest = g.n * g.h.div_ceil(g.stride[0]) * g.w.div_ceil(g.stride[1]);
-                let rows = tile_rows(g.groups, cig * g.stride[0] * g.stride[1], largest);
+                let rows = tile_rows(g.groups, cig * g.stride[0] * g.stride[1], phase_columns(g));
                 let tsfx = tile_suffix(sfx, gy.dtype(), rows);
                 let [(y_max, y_count), (x_max, x_count)] = offsets;
                 let dy_max = y_max as i64;

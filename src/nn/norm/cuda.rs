@@ -21,7 +21,7 @@
 //! for f64).
 
 use super::{GradMode, GradScale, NormGeom, Normalize, Prep, Prepared, StatSource};
-use crate::cuda::check::{expect, float_suffix, invalid};
+use crate::cuda::check::{expect, float_suffix, invalid, runs_aligned, runs_grid};
 use crate::cuda::launch;
 use crate::cuda::{CudaBuffer, CudaDevice};
 use crate::dtype::stat_dtype;
@@ -349,10 +349,10 @@ pub(crate) fn norm_forward(
             i32::from(p.b.is_some()),
         ];
         let (wb, bb) = (p.w.unwrap_or(x), p.b.unwrap_or(x));
-        let vec = runs_aligned(&[Some(x), y.as_ref(), xh.as_ref()]);
+        let vec = i32::from(runs_aligned(&[Some(x), y.as_ref(), xh.as_ref()]));
         let ys = y.as_mut().unwrap_or(&mut spare_y);
         let xs = xh.as_mut().unwrap_or(&mut spare_x);
-        launch!(dev, "norm.cu", format!("norm_fwd_{sfx}"), norm_runs_grid(n);
+        launch!(dev, "norm.cu", format!("norm_fwd_{sfx}"), runs_grid(n);
             geo, &flags[0], &flags[1], &flags[2], &flags[3], &vec, x.slice(), p.mean.slice(),
             p.rstd.slice(), wb.slice(), bb.slice(), ys.slice_mut(), xs.slice_mut())?;
     }
@@ -369,23 +369,6 @@ pub(crate) struct NormParams<'a> {
     pub w: Option<&'a CudaBuffer>,
     /// Per-parameter biases (0 when absent).
     pub b: Option<&'a CudaBuffer>,
-}
-
-/// Elements one thread of `norm_fwd_*` normalizes (`LG_NORM_RUN` in
-/// `norm.cu`).
-const NORM_RUN: usize = 4;
-
-/// The launch of `norm_fwd_*` over `n` elements: a thread per run of
-/// [`NORM_RUN`].
-fn norm_runs_grid(n: usize) -> cudarc::driver::LaunchConfig {
-    CudaDevice::grid_for(n.div_ceil(NORM_RUN))
-}
-
-/// 1 when every buffer present starts on a 16-byte boundary, so that
-/// `norm_fwd_*` moves its runs as whole vectors; else 0 (element by
-/// element, the same values).
-fn runs_aligned(bufs: &[Option<&CudaBuffer>]) -> i32 {
-    i32::from(bufs.iter().flatten().all(|b| b.vector_aligned()))
 }
 
 /// [`norm_forward`]'s `y` written over `x` itself (buffer reuse), and `x̂`
@@ -416,9 +399,9 @@ pub(crate) fn norm_forward_in_place(
             i32::from(p.b.is_some()),
         ];
         let (wb, bb) = (p.w.unwrap_or(&spare_p), p.b.unwrap_or(&spare_p));
-        let vec = runs_aligned(&[Some(&*x), xh.as_ref()]);
+        let vec = i32::from(runs_aligned(&[Some(&*x), xh.as_ref()]));
         let xs = xh.as_mut().unwrap_or(&mut spare_x);
-        launch!(&dev, "norm.cu", format!("norm_fwd_inplace_{sfx}"), norm_runs_grid(n);
+        launch!(&dev, "norm.cu", format!("norm_fwd_inplace_{sfx}"), runs_grid(n);
             geo, &flags[0], &flags[1], &flags[2], &vec, x.slice_mut(), p.mean.slice(),
             p.rstd.slice(), wb.slice(), bb.slice(), xs.slice_mut())?;
     }
@@ -576,15 +559,4 @@ fn check_params<const K: usize>(
         expect(op, b, x.dtype(), geo.p, x)?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    /// The run length the launch sizes its grid by is the one `norm.cu`
-    /// defines (one source each side, checked here).
-    #[test]
-    fn the_run_length_matches_the_kernels() {
-        let run = crate::cuda::testing::cu_define(include_str!("norm.cu"), "LG_NORM_RUN");
-        assert_eq!(run, super::NORM_RUN);
-    }
 }

@@ -58,11 +58,10 @@ struct LgNormWalk {
     }
 };
 
-// Elements a thread of norm_fwd_* normalizes, consecutive: the statistic
-// and parameter indices are divided out once per run of LG_NORM_RUN and
+// A thread of norm_fwd_* normalizes a run of LG_RUN consecutive elements:
+// the statistic and parameter indices are divided out once per run and
 // then stepped, and the run moves as one vector when `vec` (every buffer
 // 16-byte aligned, checked by the host).
-#define LG_NORM_RUN 4
 
 // The statistic s = (e / B) % S and parameter p = (e / Lp) % P of element
 // e, stepped one element at a time without a division.
@@ -94,11 +93,11 @@ struct LgNormAt {
                                                const Acc<T>::type* rstd, const T* w,  \
                                                const T* b, T* y, T* xhat) {           \
         long long n = g.a * g.s * g.b;                                                \
-        long long runs = (n + LG_NORM_RUN - 1) / LG_NORM_RUN;                         \
+        long long runs = (n + LG_RUN - 1) / LG_RUN;                         \
         LG_GRID_LOOP(t, runs) {                                                       \
-            long long e0 = t * LG_NORM_RUN;                                           \
-            int cnt = n - e0 < LG_NORM_RUN ? (int)(n - e0) : LG_NORM_RUN;             \
-            LgRun<T, LG_NORM_RUN> in, hat, out;                                       \
+            long long e0 = t * LG_RUN;                                           \
+            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;             \
+            LgRun<T, LG_RUN> in, hat, out;                                       \
             in.load(x + e0, cnt, vec);                                                \
             LgNormAt at(e0, g);                                                       \
             for (int i = 0; i < cnt; ++i, at.next(g)) {                               \

@@ -3,7 +3,7 @@
 //! `i` of word `i/32`, one warp per word by `__ballot_sync`), so a mask made
 //! on either device reads the same.
 
-use crate::cuda::check::{self, ballot_grid, expect, float_suffix};
+use crate::cuda::check::{self, ballot_grid, expect, float_suffix, runs_aligned, runs_grid, RUN};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
 use crate::primitives::mask_words;
 use crate::tensor::cuda as tensor;
@@ -57,17 +57,6 @@ pub(super) fn relu_with_mask(x: &Tensor, in_place: bool) -> Result<(Tensor, Tens
     Ok((x.detach(), tensor::wrap(mask, &words)?))
 }
 
-/// Elements one thread of the in-place ReLU kernels handles (`LG_RELU_RUN`
-/// in `relu_mask.cu`).
-const RELU_RUN: usize = 4;
-
-/// 1 when `buf` starts on a 16-byte boundary, so that the in-place ReLU
-/// kernels move their runs as whole vectors; else 0 (element by element,
-/// the same values).
-fn run_aligned(buf: &CudaBuffer) -> i32 {
-    i32::from(buf.vector_aligned())
-}
-
 /// ReLU (`slope` 0) or LeakyReLU forward of `x` (layout `lx`): returns the
 /// contiguous output (`x > 0 ? x : x·slope`, exactly 0 for ReLU) and the
 /// U32 mask of `ceil(n/32)` words with bit `i` set where `x[i] > 0`.
@@ -102,9 +91,13 @@ pub(crate) fn relu_mask_forward_in_place(
     expect(op, x, x.dtype(), n, x)?;
     let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
     if n > 0 {
-        let (n64, dev, vec) = (n as i64, x.device().clone(), run_aligned(x));
-        // One lane per run: a warp covers RELU_RUN mask words.
-        let grid = ballot_grid(n.div_ceil(RELU_RUN));
+        let (n64, dev, vec) = (
+            n as i64,
+            x.device().clone(),
+            i32::from(runs_aligned(&[Some(x)])),
+        );
+        // One lane per run: a warp covers RUN mask words.
+        let grid = ballot_grid(n.div_ceil(RUN));
         launch!(&dev, "relu_mask.cu", format!("relu_mask_fwd_inplace_{sfx}"), grid;
             &slope, &n64, x.slice_mut(), mask.slice_mut(), &vec)?;
     }
@@ -144,8 +137,12 @@ pub(crate) fn relu_mask_backward_in_place(
     expect(op, g, g.dtype(), n, g)?;
     expect(op, mask, DType::U32, mask_words(n), g)?;
     if n > 0 {
-        let (n64, dev, vec) = (n as i64, g.device().clone(), run_aligned(g));
-        let grid = CudaDevice::grid_for(n.div_ceil(RELU_RUN));
+        let (n64, dev, vec) = (
+            n as i64,
+            g.device().clone(),
+            i32::from(runs_aligned(&[Some(g)])),
+        );
+        let grid = runs_grid(n);
         launch!(&dev, "relu_mask.cu", format!("relu_mask_bwd_inplace_{sfx}"), grid;
             &slope, &n64, g.slice_mut(), mask.slice(), &vec)?;
     }
@@ -208,16 +205,4 @@ fn masked_map(
             &scalar, &n64, out.slice_mut(), x.slice(), &lx, mask.slice())?;
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod run_tests {
-    /// The run length the in-place launches size their grids by is the one
-    /// `relu_mask.cu` defines.
-    #[test]
-    fn the_run_length_matches_the_kernels() {
-        let src = include_str!("relu_mask.cu");
-        let run = crate::cuda::testing::cu_define(src, "LG_RELU_RUN");
-        assert_eq!(run, super::RELU_RUN);
-    }
 }

@@ -31,12 +31,8 @@ static __device__ void lg_relu_mask_fwd(double slope, long long n, T* y, unsigne
     }
 }
 
-// Elements one thread of the in-place kernels below handles (cuda.rs
-// RELU_RUN): a run never straddles a mask word (32 is a multiple of it).
-#define LG_RELU_RUN 4
-
 // lg_relu_mask_fwd over a contiguous x written in place, in runs of
-// LG_RELU_RUN elements per lane (one vector where x is aligned: `vec`): a
+// LG_RUN elements per lane (one vector where x is aligned: `vec`): a
 // warp covers 4 mask words per pass, lane 8w + k holding bits 4k..4k+3 of
 // word w, gathered from four ballots (one per run element) by lanes 0-3.
 template <typename T>
@@ -44,15 +40,15 @@ static __device__ void lg_relu_mask_fwd_runs(double slope, long long n, T* x,
                                              unsigned int* mask, int vec) {
     typedef typename Acc<T>::type A;
     A s = lg_load(lg_from_f64<T>(slope));
-    const long long words = (n + 31) / 32, per_pass = 32 * LG_RELU_RUN;
+    const long long words = (n + 31) / 32, per_pass = 32 * LG_RUN;
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     long long warps = ((long long)blockDim.x * gridDim.x) >> 5;
     int lane = threadIdx.x & 31;
     for (long long c = warp; c * per_pass < n; c += warps) {
-        long long e0 = c * per_pass + lane * LG_RELU_RUN;
+        long long e0 = c * per_pass + lane * LG_RUN;
         long long left = n - e0;
-        int cnt = left <= 0 ? 0 : left < LG_RELU_RUN ? (int)left : LG_RELU_RUN;
-        LgRun<T, LG_RELU_RUN> run;
+        int cnt = left <= 0 ? 0 : left < LG_RUN ? (int)left : LG_RUN;
+        LgRun<T, LG_RUN> run;
         unsigned int nib = 0;
         if (cnt > 0) {
             run.load(x + e0, cnt, vec);
@@ -65,14 +61,14 @@ static __device__ void lg_relu_mask_fwd_runs(double slope, long long n, T* x,
             }
             run.store(x + e0, cnt, vec);
         }
-        unsigned int b[LG_RELU_RUN];
+        unsigned int b[LG_RUN];
 #pragma unroll
-        for (int j = 0; j < LG_RELU_RUN; ++j) b[j] = __ballot_sync(0xffffffffu, (nib >> j) & 1u);
-        long long w = c * LG_RELU_RUN + lane;
-        if (lane < LG_RELU_RUN && w < words) {
+        for (int j = 0; j < LG_RUN; ++j) b[j] = __ballot_sync(0xffffffffu, (nib >> j) & 1u);
+        long long w = c * LG_RUN + lane;
+        if (lane < LG_RUN && w < words) {
             unsigned int word = 0;
 #pragma unroll
-            for (int j = 0; j < LG_RELU_RUN; ++j) {
+            for (int j = 0; j < LG_RUN; ++j) {
                 // Bit k of lane group `lane`'s byte to bit 4k.
                 unsigned int v = b[j] >> (8 * lane) & 0xffu;
                 v = (v | v << 12) & 0x000f000fu;
@@ -86,19 +82,19 @@ static __device__ void lg_relu_mask_fwd_runs(double slope, long long n, T* x,
 }
 
 // The backward over a contiguous g written in place, in runs of
-// LG_RELU_RUN elements per thread: one mask nibble per run, one vector
+// LG_RUN elements per thread: one mask nibble per run, one vector
 // where g is aligned (`vec`).
 template <typename T>
 static __device__ void lg_relu_mask_bwd_runs(double slope, long long n, T* g,
                                              const unsigned int* mask, int vec) {
     typedef typename Acc<T>::type A;
     A s = lg_load(lg_from_f64<T>(slope));
-    long long runs = (n + LG_RELU_RUN - 1) / LG_RELU_RUN;
+    long long runs = (n + LG_RUN - 1) / LG_RUN;
     LG_GRID_LOOP(r, runs) {
-        long long e0 = r * LG_RELU_RUN;
-        int cnt = n - e0 < LG_RELU_RUN ? (int)(n - e0) : LG_RELU_RUN;
+        long long e0 = r * LG_RUN;
+        int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;
         unsigned int bits = mask[e0 >> 5] >> (e0 & 31);
-        LgRun<T, LG_RELU_RUN> run;
+        LgRun<T, LG_RUN> run;
         run.load(g + e0, cnt, vec);
         for (int i = 0; i < cnt; ++i) {
             if (!(bits >> i & 1u))
