@@ -725,6 +725,8 @@ fn every_launch_matches_its_kernels_parameters() {
         ("PoolGeom", std::mem::size_of::<leangrad::nn::PoolGeom>()),
         ("LaneGeom", std::mem::size_of::<leangrad::ops::LaneGeom>()),
         ("ScoreGeom", std::mem::size_of::<leangrad::nn::ScoreGeom>()),
+        ("FlashGeom", std::mem::size_of::<leangrad::nn::FlashGeom>()),
+        ("View4", std::mem::size_of::<leangrad::nn::View4>()),
     ]
     .into_iter()
     .collect();

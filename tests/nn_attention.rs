@@ -165,7 +165,8 @@ fn gradcheck_q_k_v() {
 /// Expected (lean, save-all) saved bytes of one attention call on separate
 /// f64 leaves: `V` if q or k needs grad, `Q` if k does, `K` if q does, then
 /// `P` (n·lq·lk) or, when not more bytes, also `Q`, `K`, the mask and
-/// `lse` (n·lq). Save-all: q, k, v, P and a u8 dropout mask.
+/// `lse` (n·lq). Save-all: q, k, v, P and a u8 dropout mask, and where the
+/// lean policy keeps no P (the fused kernels run for both) the mask and `lse`.
 fn expected(
     es: usize,
     combo: u32,
@@ -182,8 +183,12 @@ fn expected(
     let pick = |c: bool, bytes: usize| if c { bytes } else { 0 };
     let base = pick(nq || nk, vb) + pick(nk, qb) + pick(nq, kb);
     let recompute = base + pick(!nk, qb) + pick(!nq, kb) + mask_bytes + lse;
+    let fused = recompute <= base + pb;
     let lean = recompute.min(base + pb);
+    // Both policies run the fused kernels where the lean one keeps no P:
+    // SaveAll then also keeps what they read (the mask and lse).
     let all = qb + kb + vb + pb + if dropout { n * lq * lk } else { 0 };
+    let all = all + if fused { mask_bytes + lse } else { 0 };
     (lean, all)
 }
 
@@ -357,4 +362,148 @@ fn policies_parallel_sizes() {
             "combo {combo}"
         );
     }
+}
+
+/// Reference gradients of attention (f64 loops over `n` heads) from the
+/// naive probabilities: `dV = P'ᵀ·dO`, `dP = keep ⊙ dO·Vᵀ`,
+/// `dS = P ⊙ (dP − Σ_j P ⊙ dP)`, `dQ = scale·dS·K`, `dK = scale·dSᵀ·Q`.
+#[allow(clippy::too_many_arguments)]
+fn naive_grads(
+    (q, k, v, go): (&[f64], &[f64], &[f64], &[f64]),
+    probs: &[f64],
+    (n, lq, lk, d, dv): (usize, usize, usize, usize, usize),
+    keep: &dyn Fn(usize) -> f64,
+) -> [Vec<f64>; 3] {
+    let scale = 1.0 / (d as f64).sqrt();
+    let (mut gq, mut gk, mut gv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    for h in 0..n {
+        for i in 0..lq {
+            let row = |j: usize| (h * lq + i) * lk + j;
+            let dp: Vec<f64> = (0..lk)
+                .map(|j| {
+                    let dot: f64 = (0..dv)
+                        .map(|c| go[(h * lq + i) * dv + c] * v[(h * lk + j) * dv + c])
+                        .sum();
+                    keep(row(j)) * dot
+                })
+                .collect();
+            let dd: f64 = (0..lk).map(|j| probs[row(j)] * dp[j]).sum();
+            for j in 0..lk {
+                let p = probs[row(j)];
+                let ds = scale * p * (dp[j] - dd);
+                for c in 0..dv {
+                    gv[(h * lk + j) * dv + c] += p * keep(row(j)) * go[(h * lq + i) * dv + c];
+                }
+                for t in 0..d {
+                    gq[(h * lq + i) * d + t] += ds * k[(h * lk + j) * d + t];
+                    gk[(h * lk + j) * d + t] += ds * q[(h * lq + i) * d + t];
+                }
+            }
+        }
+    }
+    [gq, gk, gv]
+}
+
+/// The fused kernels over several blocks of queries and keys (130 × 70),
+/// from head-split views of `[B, L, H, D]` tensors, with a key mask that
+/// removes some keys of batch 0 and every key of batch 1 (fully masked
+/// rows: zero output and gradients), causal or not, with dropout: output
+/// and all three gradients against f64 loops, in every float dtype.
+#[test]
+fn fused_blocks_match_loops_for_every_dtype() {
+    let (b, h, lq, lk, d, dv) = (2, 3, 130, 70, 16, 8);
+    let n = b * h;
+    let (seed, offset, p) = (77, 8, 0.25);
+    let keep = |i: usize| {
+        if dropout_keep(seed, offset, i as u64, p) {
+            1.0 / (1.0 - p)
+        } else {
+            0.0
+        }
+    };
+    let keys: Vec<u8> = (0..b * lk)
+        .map(|i| u8::from(i < lk && i % 5 != 2))
+        .collect();
+    let mut additive = vec![0.0; n * lq * lk];
+    for (idx, a) in additive.iter_mut().enumerate() {
+        let (head, j) = (idx / (lq * lk), idx % lk);
+        if keys[(head / h) * lk + j] == 0 {
+            *a = f64::NEG_INFINITY;
+        }
+    }
+    for (dt, tol) in [
+        (DType::F64, 1e-10),
+        (DType::F32, 2e-5),
+        (DType::BF16, 3e-2),
+        (DType::F16, 5e-3),
+    ] {
+        let leaf = |l: usize, c: usize, s: u64| {
+            let x = Tensor::rand_range(&[b, l, h, c], -1.5, 1.5, dt, Device::Cpu, s).unwrap();
+            x.set_requires_grad(true).unwrap()
+        };
+        let (ql, kl, vl) = (leaf(lq, d, 91), leaf(lk, d, 92), leaf(lk, dv, 93));
+        let heads = |t: &Tensor| t.permute(&[0, 2, 1, 3]).unwrap();
+        let mask = Tensor::from_vec(keys.clone(), &[b, 1, 1, lk], Device::Cpu).unwrap();
+        for causal in [false, true] {
+            let (q, k, v) = (heads(&ql), heads(&kl), heads(&vl));
+            let o = SdpaOptions::default()
+                .mask(mask.clone())
+                .causal(causal)
+                .dropout(p, seed, offset);
+            let out = sdpa(&q, &k, &v, &o).unwrap();
+            let (qv, kv, vv) = (vals(&q), vals(&k), vals(&v));
+            let dims = (n, lq, lk, d, dv);
+            let (want, probs) = naive(&qv, &kv, &vv, dims, causal, Some(&additive), &keep);
+            assert_close(&vals(&out), &want, tol);
+            let g = Tensor::rand_range(out.shape(), -1.0, 1.0, dt, Device::Cpu, 94).unwrap();
+            backward_with(&out, Some(g.clone()), &mut CollectGrads).unwrap();
+            let grads = naive_grads((&qv, &kv, &vv, &vals(&g)), &probs, dims, &keep);
+            for (leaf, want) in [&ql, &kl, &vl].into_iter().zip(grads) {
+                let got = vals(&heads(&leaf.grad().unwrap()));
+                assert_close(&got, &want, tol * 4.0);
+                leaf.zero_grad();
+            }
+        }
+    }
+}
+
+/// One causal attention of `[1, 2, 1024, 16]` f32 (long sequences, few
+/// small heads, so that it stays quick unoptimised) with all three inputs
+/// needing grad, on `device` in a fresh ledger: the workspace peak, the
+/// saved bytes after forward and the whole peak.
+fn gpt2_heads_bytes(device: Device) -> (usize, usize, usize) {
+    use leangrad::memory::{Category, Ledger};
+    let (b, h, l, d) = (1, 2, 1024, 16);
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    let r = |s| {
+        Tensor::rand_range(&[b, h, l, d], -1.0, 1.0, DType::F32, device, s)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap()
+    };
+    let (q, k, v) = (r(1), r(2), r(3));
+    let out = sdpa(&q, &k, &v, &SdpaOptions::default().causal(true)).unwrap();
+    let saved = ledger.live_in(device, Category::Saved);
+    let g = out.ones_like().unwrap();
+    backward_with(&out, Some(g), &mut CollectGrads).unwrap();
+    (
+        ledger.peak_in(device, Category::Workspace),
+        saved,
+        ledger.peak(device),
+    )
+}
+
+/// The fused path never holds the `L×L` scores: forward keeps no
+/// workspace, backward only `D` (4 bytes per score row), where the
+/// probabilities alone would be 8 MiB; saved are Q, K, V and `lse`. The
+/// meta device predicts the CPU's ledger byte for byte.
+#[test]
+fn fused_attention_holds_no_scores() {
+    let rows = 2 * 1024;
+    let qkv = 3 * rows * 16 * 4;
+    let cpu = gpt2_heads_bytes(Device::Cpu);
+    assert_eq!(cpu.0, 4 * rows, "workspace: D alone");
+    assert_eq!(cpu.1, qkv + 4 * rows, "saved: Q, K, V and lse");
+    assert_eq!(gpt2_heads_bytes(Device::Meta), cpu);
 }

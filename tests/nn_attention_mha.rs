@@ -180,8 +180,9 @@ fn mha_gradcheck_and_param_grads() {
 /// are model state, never counted as saved). Lean keeps x (for
 /// in_proj_weight's grad), the `[B, L, 3E]` projection once (Q, K, V are
 /// views of it), `lse` (B·H·L) instead of P (B·H·L·L) and the attention
-/// output `[B, L, E]` (for out_proj.weight's grad). SaveAll keeps P instead
-/// of `lse`, and a u8 dropout mask when p > 0.
+/// output `[B, L, E]` (for out_proj.weight's grad). SaveAll keeps P as
+/// well as `lse` (both policies run the fused kernels, which read `lse`),
+/// and a u8 dropout mask when p > 0.
 #[test]
 fn mha_policies_exact_bytes() {
     let (b, l, e, h) = (2, 5, 4, 2);
@@ -204,9 +205,10 @@ fn mha_policies_exact_bytes() {
             let x = 8 * b * l * e;
             let acts = x + 3 * x + x;
             let p_bytes = 8 * b * h * l * l;
-            let all = acts + p_bytes + if p > 0.0 { b * h * l * l } else { 0 };
+            let lse = 8 * b * h * l;
+            let all = acts + p_bytes + lse + if p > 0.0 { b * h * l * l } else { 0 };
             for (combo, got_lean, got_all) in rows {
-                let lean = acts + 8 * b * h * l;
+                let lean = acts + lse;
                 assert_eq!(
                     (got_lean, got_all),
                     (lean, all),

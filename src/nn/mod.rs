@@ -39,6 +39,6 @@ pub use norm::{
 mod attention;
 
 pub use attention::{
-    scaled_dot_product_attention, MhaOptions, MultiheadAttention, MultiheadAttentionBuilder,
-    ScoreGeom, SdpaOptions,
+    scaled_dot_product_attention, FlashGeom, MhaOptions, MultiheadAttention,
+    MultiheadAttentionBuilder, ScoreGeom, SdpaOptions, View4,
 };

@@ -235,6 +235,32 @@ pub(super) fn grad_row(scale: f32, p: &[f32], dp: &[f32], ds: &mut [f32]) {
     grad_row_body(scale, p, dp, ds)
 }
 
+/// `x ← e^(x − shift)` over a row (fused attention's blocks).
+#[inline(always)]
+fn exp_shifted_body(xs: &mut [f32], shift: f32) {
+    for x in xs.iter_mut() {
+        *x = exp_f32(*x - shift);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn exp_shifted_avx2(xs: &mut [f32], shift: f32) {
+    exp_shifted_body(xs, shift)
+}
+
+/// `x ← e^(x − shift)` for every element (`0` for `−∞`), in vectors with
+/// hardware FMAs where the CPU has them (the same bits either way: see the
+/// module doc).
+pub(super) fn exp_shifted(xs: &mut [f32], shift: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        return unsafe { exp_shifted_avx2(xs, shift) };
+    }
+    exp_shifted_body(xs, shift)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,14 +28,6 @@ pub(super) enum DeviceLse {
 }
 
 impl DeviceLse {
-    /// Rows covered.
-    pub(super) fn len(&self) -> usize {
-        match self {
-            DeviceLse::Tensor(t) => t.numel(),
-            DeviceLse::Uncounted(b) => b.len(),
-        }
-    }
-
     /// As a `[rows]` tensor of `dtype` (an uncounted buffer is counted now).
     pub(super) fn into_tensor(self, dtype: DType) -> Result<Tensor> {
         match self {

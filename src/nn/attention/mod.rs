@@ -2,11 +2,23 @@
 //! `P = exp(S − lse)` with the per-row log-sum-exp `lse`, `P' = dropout(P)`
 //! (mask replayed from (seed, offset), never stored), `O = P'·V`; backward
 //! `dV = P'ᵀ·dO`, `dS = scale·P ⊙ (dP − Σ_j dP ⊙ P)` with `dP = dropout(dO·Vᵀ)`,
-//! `dQ = dS·K`, `dK = dSᵀ·Q`. The GEMMs are the shared matmul; the family's
-//! own kernels are the fused masked softmax (`P` and `lse`, or `P` again
-//! from a saved `lse`) and its backward (`cpu.rs` with `cpu_f32.rs`,
-//! `cuda.rs`, `attention.cu`). `MultiheadAttention` (`multihead.rs`) is composed of
-//! matmuls, views and this op.
+//! `dQ = dS·K`, `dK = dSᵀ·Q`.
+//!
+//! Two ways to compute it, chosen by the shapes alone (so both save
+//! policies give the same bits):
+//!
+//! - **fused** (`flash.rs`: `flash_cpu.rs`, `flash_cpu_bwd.rs`,
+//!   `flash_cuda.rs`, `flash.cu`), FlashAttention-2's blocks with an online
+//!   softmax: neither `S` nor `P` ever exists whole, in forward or backward.
+//!   Used wherever the lean policy keeps no `P` (below), and whenever no
+//!   input needs grad;
+//! - **unfused**, where keeping `P` is fewer bytes than keeping `Q` and `K`
+//!   (short keys, wide heads): `S` by the shared matmul, the fused masked
+//!   softmax (`cpu.rs` with `cpu_f32.rs`, `cuda.rs`, `attention.cu`), `P`
+//!   saved, backward by matmuls and the softmax backward.
+//!
+//! `MultiheadAttention` (`multihead.rs`) is composed of matmuls, views and
+//! this op.
 //!
 //! Saved for backward (sizes: `|Q|`, `|K|`, `|V|`, `|P|` the bytes of the
 //! q, k, v storages and of the `[.., Lq, Lk]` probabilities, `|M|` of the
@@ -19,23 +31,29 @@
 //! | sdpa (lean) | q (± v) | `V`, `K`, then `P` or `Q`, mask, `lse`: `|V|+|K|+min(|Q|+|M|+|lse|, |P|)` | `dQ = dS·K`; `dS` reads `P` and `dO·Vᵀ` |
 //! | sdpa (lean) | k (± v) | `V`, `Q`, then `P` or `K`, mask, `lse`: `|V|+|Q|+min(|K|+|M|+|lse|, |P|)` | `dK = dSᵀ·Q` |
 //! | sdpa (lean) | q, k (± v) | `V`, `Q`, `K`, then `P` or mask, `lse`: `|V|+|Q|+|K|+min(|M|+|lse|, |P|)` | both |
-//! | sdpa (`SaveAll`) | any | `q`, `k`, `v`, `P`, and for `p > 0` the U8 dropout mask | what PyTorch's math path keeps |
+//! | sdpa (`SaveAll`) | any | `q`, `k`, `v`, `P`, for `p > 0` the U8 dropout mask, and where fused also the mask and `lse` | what PyTorch's math path keeps, and what the fused backward reads |
 //! | any | nothing | — (no node) | |
 //!
-//! `P` is recomputed (same GEMM on the same Q, K, same `exp(S − lse)` with
-//! the saved `lse`: forward's `P` bit for bit) iff that keeps no more bytes
-//! than saving it. Dropout masks are never kept by the lean policy
-//! (replayed from (seed, offset)). Gradients are bit-identical under both
-//! policies.
+//! Where `Q`, `K`, mask and `lse` are kept (the fused path), backward
+//! rebuilds `P` block by block from them. Dropout masks are never kept by
+//! the lean policy (replayed from (seed, offset)). Gradients are
+//! bit-identical under both policies.
 
 mod cpu;
 mod cpu_exp;
 mod cpu_f32;
 mod cuda;
+mod flash;
+mod flash_cpu;
+mod flash_cpu_bwd;
+mod flash_cuda;
+#[cfg(test)]
+mod flash_tests;
 mod multihead;
 #[cfg(test)]
 mod tests;
 
+pub use flash::{FlashGeom, View4};
 pub use multihead::{MhaOptions, MultiheadAttention, MultiheadAttentionBuilder};
 
 use super::dropout::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDraw};
@@ -138,15 +156,6 @@ enum RowLse {
 }
 
 impl RowLse {
-    /// Rows covered.
-    fn len(&self) -> usize {
-        match self {
-            RowLse::Host(v) => v.len(),
-            RowLse::Meta(rows) => *rows,
-            RowLse::Cuda(l) => l.len(),
-        }
-    }
-
     /// As a `[rows]` tensor of `dtype` on `device` (host values converted
     /// and counted now; a device lse as it is, counted from now on).
     fn into_tensor(self, dtype: DType, device: Device) -> Result<Tensor> {
@@ -237,19 +246,17 @@ fn drop(p: &Tensor, g: &Geometry, mask: Option<&SavedTensor>) -> Result<Tensor> 
     }
 }
 
-/// Backward of attention. Holds only the tensors chosen at forward time.
+/// Backward of attention where the probabilities are kept (the lean
+/// policy's choice where they are fewer bytes than `Q` and `K`). Holds
+/// only the tensors chosen at forward time.
 struct SdpaBackward {
     geometry: Geometry,
     needs: [bool; 3],
     q: Option<SavedTensor>,
     k: Option<SavedTensor>,
     v: Option<SavedTensor>,
-    /// The score mask, when the probabilities are recomputed.
-    mask: Option<SavedTensor>,
-    /// Per-row log-sum-exp, when the probabilities are recomputed.
-    lse: Option<SavedTensor>,
-    /// The probabilities (before dropout), when saved.
-    probs: Option<SavedTensor>,
+    /// The probabilities (before dropout).
+    probs: SavedTensor,
     /// SaveAll only: the dropout mask as U8.
     drop_mask: Option<SavedTensor>,
 }
@@ -266,15 +273,7 @@ impl BackwardOp for SdpaBackward {
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let geo = &self.geometry;
-        let p = match &self.probs {
-            Some(p) => p.get()?.clone(),
-            None => {
-                let lse = need(&self.lse)?;
-                let mask = self.mask.as_ref().map(|m| m.get()).transpose()?;
-                let _ws = with_category(Category::Workspace);
-                probabilities(need(&self.q)?, need(&self.k)?, mask, geo, Some(lse))?.0
-            }
-        };
+        let p = self.probs.get()?.clone();
         let [nq, nk, nv] = self.needs;
         let dv = if nv {
             let pd = {
@@ -314,6 +313,38 @@ fn distinct_bytes(ts: &[&Tensor]) -> usize {
         }
     }
     seen.iter().map(|t| t.storage_bytes()).sum()
+}
+
+/// Whether the lean policy recomputes the probabilities (keeping `Q`, `K`,
+/// the mask and `lse`) rather than saving them: iff that keeps no more
+/// bytes, with `V`, `Q` and `K` counted once where the gradients keep them
+/// anyway.
+fn recomputes(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    geometry: &Geometry,
+    [nq, nk, _]: [bool; 3],
+) -> bool {
+    let mut base: Vec<&Tensor> = Vec::new();
+    if nq || nk {
+        base.push(v);
+    }
+    if nk {
+        base.push(q);
+    }
+    if nq {
+        base.push(k);
+    }
+    let scores: usize = geometry.scores.iter().product();
+    let rows = scores.checked_div(geometry.geom.lk).unwrap_or(0);
+    let lse_bytes = rows * if geometry.lse_f32 { 4 } else { 8 };
+    let mut with_qk = base.clone();
+    with_qk.extend([q, k]);
+    with_qk.extend(mask);
+    distinct_bytes(&with_qk) + lse_bytes
+        <= distinct_bytes(&base) + scores * q.dtype().size_in_bytes()
 }
 
 /// Checks shapes and dtypes; returns the scores' shape `[.., Lq, Lk]`.
@@ -388,7 +419,15 @@ pub fn scaled_dot_product_attention(
         }),
         lse_f32: q.dtype() != DType::F64,
     };
-    let (p, lse) = probabilities(q, k, opts.mask.as_ref(), &geometry, None)?;
+    let needs = needs_grad([q, k, v]);
+    // The arithmetic depends on the shapes alone, never on the policy, so
+    // that both policies give the same bits: fused wherever the lean
+    // policy keeps no probabilities.
+    if needs == [false; 3] || recomputes(q, k, v, opts.mask.as_ref(), &geometry, needs) {
+        let save_all = save_policy() == SavePolicy::SaveAll;
+        return flash::attention((q, k, v), opts.mask.as_ref(), &geometry, (needs, save_all));
+    }
+    let (p, _) = probabilities(q, k, opts.mask.as_ref(), &geometry, None)?;
     let out = {
         let pd = {
             let _ws = with_category(Category::Workspace);
@@ -396,62 +435,26 @@ pub fn scaled_dot_product_attention(
         };
         matmul(&pd, v)?
     };
-    let needs = needs_grad([q, k, v]);
     let [nq, nk, nv] = needs;
     if !(nq || nk || nv) {
         return Ok(out);
     }
-    let save = |t: &Tensor| Some(SavedTensor::new(t, OP));
-    let mut op = SdpaBackward {
+    let save_all = save_policy() == SavePolicy::SaveAll;
+    let keep = |c: bool, t: &Tensor| (save_all || c).then(|| SavedTensor::new(t, OP));
+    let op = SdpaBackward {
         geometry: geometry.clone(),
         needs,
-        q: None,
-        k: None,
-        v: None,
-        mask: None,
-        lse: None,
-        probs: None,
-        drop_mask: None,
+        q: keep(nk, q),
+        k: keep(nq, k),
+        v: keep(nq || nk, v),
+        probs: SavedTensor::new(&p, OP),
+        drop_mask: match geometry.draw {
+            Some(draw) if save_all => Some(SavedTensor::new(
+                &dropout_mask(&scores, draw, q.device())?,
+                OP,
+            )),
+            _ => None,
+        },
     };
-    if save_policy() == SavePolicy::SaveAll {
-        (op.q, op.k, op.v, op.probs) = (save(q), save(k), save(v), save(&p));
-        if let Some(draw) = geometry.draw {
-            op.drop_mask = save(&dropout_mask(&scores, draw, q.device())?);
-        }
-        return Ok(attach(out, &[q, k, v], op));
-    }
-    let mut base: Vec<&Tensor> = Vec::new();
-    if nq || nk {
-        base.push(v);
-    }
-    if nk {
-        base.push(q);
-    }
-    if nq {
-        base.push(k);
-    }
-    let lse_bytes = lse.len() * if geometry.lse_f32 { 4 } else { 8 };
-    let mut with_qk = base.clone();
-    with_qk.extend([q, k]);
-    with_qk.extend(opts.mask.as_ref());
-    let recompute = distinct_bytes(&with_qk) + lse_bytes
-        <= distinct_bytes(&base) + p.numel() * p.dtype().size_in_bytes();
-    if recompute {
-        (op.q, op.k) = (save(q), save(k));
-        op.mask = opts.mask.as_ref().and_then(save);
-        let dt = if geometry.lse_f32 {
-            DType::F32
-        } else {
-            DType::F64
-        };
-        op.lse = save(&lse.into_tensor(dt, q.device())?);
-    } else {
-        op.probs = save(&p);
-        op.q = if nk { save(q) } else { None };
-        op.k = if nq { save(k) } else { None };
-    }
-    if nq || nk {
-        op.v = save(v);
-    }
     Ok(attach(out, &[q, k, v], op))
 }
