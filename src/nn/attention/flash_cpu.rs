@@ -341,7 +341,8 @@ pub(super) fn out_shape(x: &FlashInputs) -> Vec<usize> {
 fn forward_typed<T: FloatDType, C: Compute>(x: &FlashInputs) -> Result<(Tensor, RowLse)> {
     let g = x.geom;
     let (lq, dv, rows) = (g.score.lq, g.dv, g.rows());
-    let mut out = try_for_overwrite::<T>(rows * dv)?;
+    // q's rows by v's width: a size no input has, checked before it allocates.
+    let mut out = try_for_overwrite::<T>(crate::tensor::checked_numel(OP, &out_shape(x))?)?;
     let mut lse = vec![0.0f64; rows];
     if rows > 0 && dv > 0 {
         with_problem::<T, C, _>(x, |p| {
