@@ -41,7 +41,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
     ("softmax.cu", include_str!("../ops/softmax/softmax.cu")),
     ("attention.cu", include_str!("../nn/attention/attention.cu")),
-    ("flash.cu", include_str!("../nn/attention/flash.cu")),
+    ("flash.cu", include_str!("../nn/attention/flash/flash.cu")),
     ("conv.cu", include_str!("../nn/conv/conv.cu")),
     ("dropout.cu", include_str!("../nn/dropout/dropout.cu")),
     ("embedding.cu", include_str!("../nn/embedding/embedding.cu")),

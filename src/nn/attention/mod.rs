@@ -7,8 +7,8 @@
 //! Two ways to compute it, chosen by the shapes alone (so both save
 //! policies give the same bits):
 //!
-//! - **fused** (`flash.rs`: `flash_cpu.rs`, `flash_cpu_bwd.rs`,
-//!   `flash_cuda.rs`, `flash.cu`), FlashAttention-2's blocks with an online
+//! - **fused** (`flash/`: `mod.rs`, `cpu.rs`, `cpu_bwd.rs`, `cuda.rs`,
+//!   `flash.cu`), FlashAttention-2's blocks with an online
 //!   softmax: neither `S` nor `P` ever exists whole, in forward or backward.
 //!   Used wherever the lean policy keeps no `P` (below), and whenever no
 //!   input needs grad;
@@ -44,11 +44,6 @@ mod cpu_exp;
 mod cpu_f32;
 mod cuda;
 mod flash;
-mod flash_cpu;
-mod flash_cpu_bwd;
-mod flash_cuda;
-#[cfg(test)]
-mod flash_tests;
 mod multihead;
 #[cfg(test)]
 mod tests;

@@ -30,16 +30,22 @@
 //! leangrad forms `D` from the rebuilt `P` and `dP` instead and keeps `|O|`
 //! fewer bytes per layer.
 //!
-//! The CPU (`flash_cpu.rs`) takes a key block as wide as the keys a band of
+//! The CPU (`cpu.rs`) takes a key block as wide as the keys a band of
 //! 64 queries sees, so its softmax is exact at once and its products are
 //! the unfused path's five (a band of scores per task, never all of them);
-//! CUDA (`flash_cuda.rs`, `flash.cu`) tiles both ways with the online
+//! CUDA (`cuda.rs`, `flash.cu`) tiles both ways with the online
 //! softmax and, to stay deterministic without atomics, runs backward as a
 //! query-block kernel (`D`, then dQ) and a key-block kernel (dK, dV), which
 //! rebuild `S` and `dP` three times: nine tile products where a
 //! FlashAttention-2 backward with atomics has five.
 
-use super::{flash_cpu, flash_cuda, probabilities, Geometry, RowLse, ScoreGeom, OP};
+mod cpu;
+mod cpu_bwd;
+mod cuda;
+#[cfg(test)]
+mod tests;
+
+use super::{probabilities, Geometry, RowLse, ScoreGeom, OP};
 use crate::autograd::{attach, BackwardOp, SavedTensor};
 use crate::memory::{uncounted, with_category, Category};
 use crate::meta::{backend, Backend};
@@ -151,8 +157,8 @@ pub(super) struct FlashInputs<'a> {
 /// and each score row's log-sum-exp (uncounted until saved).
 pub(super) fn forward(x: &FlashInputs) -> Result<(Tensor, RowLse)> {
     match backend(OP, &[x.q, x.k, x.v])? {
-        Backend::Cpu | Backend::Meta => flash_cpu::forward(x),
-        Backend::Cuda(n) => flash_cuda::forward(x, n),
+        Backend::Cpu | Backend::Meta => cpu::forward(x),
+        Backend::Cuda(n) => cuda::forward(x, n),
     }
 }
 
@@ -168,8 +174,8 @@ pub(super) fn backward(
     needs: [bool; 3],
 ) -> Result<[Option<Tensor>; 3]> {
     match backend(OP, &[x.q, x.k, x.v, d_out, lse])? {
-        Backend::Cpu | Backend::Meta => flash_cpu::backward(x, d_out, lse, delta, needs),
-        Backend::Cuda(n) => flash_cuda::backward(x, d_out, lse, delta, needs, n),
+        Backend::Cpu | Backend::Meta => cpu_bwd::backward(x, d_out, lse, delta, needs),
+        Backend::Cuda(n) => cuda::backward(x, d_out, lse, delta, needs, n),
     }
 }
 

@@ -1,5 +1,5 @@
 //! Fused attention on CUDA: the glue from tensors to the kernels of
-//! `flash.cu` (formulas in `flash.rs`). q, k, v and dO are read in place
+//! `flash.cu` (formulas in `flash/mod.rs`). q, k, v and dO are read in place
 //! through their layouts ([`View4`]), so no copy of an operand enters the
 //! ledger; the mask is read in place too, or through an uncounted copy in
 //! the compute type when its float dtype differs (a temporary, as the CPU's
@@ -10,9 +10,9 @@
 //! `delta`, then dQ) and `flash_bwd_dkv_*` (dK and dV); no atomics, so
 //! every result is bit-identical from run to run.
 
-use super::cuda::DeviceLse;
-use super::flash::{FlashGeom, FlashInputs, View4};
-use super::RowLse;
+use super::super::cuda::DeviceLse;
+use super::super::RowLse;
+use super::{FlashGeom, FlashInputs, View4};
 use crate::cuda::check::{float_suffix, input, invalid};
 use crate::cuda::{elementwise, launch, CudaBuffer, CudaDevice};
 use crate::dtype::stat_dtype;

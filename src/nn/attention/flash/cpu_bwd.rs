@@ -5,18 +5,19 @@
 //! the band's rows of dQ, and its share of dK and dV added into the head's
 //! accumulators: the same order of sums on any number of threads.
 
-use super::flash::FlashInputs;
-use super::flash_cpu::BLOCK_Q;
-use super::flash_cpu::{operand, product, with_problem, Compute, Operand, Problem};
-use super::OP;
+use super::super::OP;
+use super::cpu::{operand, out_shape, product, with_problem, Compute, Operand, Problem, BLOCK_Q};
+use super::FlashInputs;
+use crate::dtype::stat_dtype;
 use crate::memory::host::try_for_overwrite;
+use crate::meta::{self, backend, not_on_cuda, Backend};
 use crate::primitives::Dense;
-use crate::{Error, FloatDType, Result, Tensor, WithDType};
+use crate::{DType, Error, FloatDType, Result, Tensor, WithDType};
 use rayon::prelude::*;
 use std::ops::Range;
 
 /// A backward call's operands (the seam checked them).
-pub(super) struct Backward<'a> {
+struct Backward<'a> {
     pub x: &'a FlashInputs<'a>,
     pub d_out: &'a Tensor,
     pub lse: &'a Tensor,
@@ -210,7 +211,7 @@ fn store<T: FloatDType, C: Compute>(dst: &mut [T], src: &[C]) {
 impl Backward<'_> {
     /// The gradients for storage type `T` and compute type `C` (the lse's
     /// and delta's type).
-    pub(super) fn run<T: FloatDType, C: Compute>(&self) -> Result<[Option<Tensor>; 3]> {
+    fn run<T: FloatDType, C: Compute>(&self) -> Result<[Option<Tensor>; 3]> {
         let x = self.x;
         let g = x.geom;
         let (lq, lk, d, dv) = (g.score.lq, g.score.lk, g.d, g.dv);
@@ -271,5 +272,53 @@ impl Backward<'_> {
             wrap(nk, dk, x.k.shape())?,
             wrap(nv, dvv, x.v.shape())?,
         ])
+    }
+}
+
+/// Backward on the CPU (meta: shapes only): see `flash::backward`.
+pub(super) fn backward(
+    x: &FlashInputs,
+    d_out: &Tensor,
+    lse: &Tensor,
+    delta: Option<&Tensor>,
+    needs: [bool; 3],
+) -> Result<[Option<Tensor>; 3]> {
+    let shapes = [x.q.shape(), x.k.shape(), x.v.shape()];
+    match backend(OP, &[x.q, d_out, lse])? {
+        Backend::Meta => {
+            let mut out: [Option<Tensor>; 3] = [None, None, None];
+            for (o, (need, shape)) in out.iter_mut().zip(needs.iter().zip(shapes)) {
+                if *need {
+                    *o = Some(meta::empty(shape, x.q.dtype())?);
+                }
+            }
+            return Ok(out);
+        }
+        Backend::Cuda(n) => return Err(not_on_cuda(OP, n)),
+        Backend::Cpu => {}
+    }
+    if d_out.dtype() != x.q.dtype() || d_out.shape() != out_shape(x) {
+        return Err(Error::Backward(format!(
+            "{OP}: the output gradient does not match"
+        )));
+    }
+    if lse.numel() != x.geom.rows() || lse.dtype() != stat_dtype(x.q.dtype()) {
+        return Err(Error::Backward(format!(
+            "{OP}: the saved lse does not match"
+        )));
+    }
+    let b = Backward {
+        x,
+        d_out,
+        lse,
+        delta,
+        needs,
+    };
+    match x.q.dtype() {
+        DType::F32 => b.run::<f32, f32>(),
+        DType::F64 => b.run::<f64, f64>(),
+        DType::F16 => b.run::<half::f16, f32>(),
+        DType::BF16 => b.run::<half::bf16, f32>(),
+        dtype => Err(Error::UnsupportedDType { op: OP, dtype }),
     }
 }

@@ -1,5 +1,5 @@
 //! Fused attention on the CPU (and its meta form): the algorithm of
-//! `flash.rs` with a key block as wide as the keys a query block sees, so
+//! `flash/mod.rs` with a key block as wide as the keys a query block sees, so
 //! that the online softmax is exact at once: a band of [`BLOCK_Q`] queries'
 //! scores (`64 × lk` compute-type values, the task's own scratch) is all
 //! that ever exists, never the `L×L` whole, and the products are the
@@ -11,11 +11,11 @@
 //! temporaries, as the unfused kernels' rows) is at most
 //! `2·64·lk + (lq + lk)·(d + dv)` compute-type values per task.
 
-use super::cpu_exp::exp_in_place;
-use super::cpu_f32;
-use super::flash::{FlashGeom, FlashInputs, View4};
-use super::{RowLse, OP};
-use crate::dtype::{stat_dtype, CpuData};
+use super::super::cpu_exp::exp_in_place;
+use super::super::cpu_f32;
+use super::super::{RowLse, OP};
+use super::{FlashGeom, FlashInputs, View4};
+use crate::dtype::CpuData;
 use crate::memory::host::try_for_overwrite;
 use crate::meta::{self, backend, not_on_cuda, Backend};
 use crate::nn::dropout::DropoutDraw;
@@ -391,54 +391,6 @@ pub(super) fn forward(x: &FlashInputs) -> Result<(Tensor, RowLse)> {
         DType::F64 => forward_typed::<f64, f64>(x),
         DType::F16 => forward_typed::<half::f16, f32>(x),
         DType::BF16 => forward_typed::<half::bf16, f32>(x),
-        dtype => Err(Error::UnsupportedDType { op: OP, dtype }),
-    }
-}
-
-/// Backward on the CPU (meta: shapes only): see `flash::backward`.
-pub(super) fn backward(
-    x: &FlashInputs,
-    d_out: &Tensor,
-    lse: &Tensor,
-    delta: Option<&Tensor>,
-    needs: [bool; 3],
-) -> Result<[Option<Tensor>; 3]> {
-    let shapes = [x.q.shape(), x.k.shape(), x.v.shape()];
-    match backend(OP, &[x.q, d_out, lse])? {
-        Backend::Meta => {
-            let mut out: [Option<Tensor>; 3] = [None, None, None];
-            for (o, (need, shape)) in out.iter_mut().zip(needs.iter().zip(shapes)) {
-                if *need {
-                    *o = Some(meta::empty(shape, x.q.dtype())?);
-                }
-            }
-            return Ok(out);
-        }
-        Backend::Cuda(n) => return Err(not_on_cuda(OP, n)),
-        Backend::Cpu => {}
-    }
-    if d_out.dtype() != x.q.dtype() || d_out.shape() != out_shape(x) {
-        return Err(Error::Backward(format!(
-            "{OP}: the output gradient does not match"
-        )));
-    }
-    if lse.numel() != x.geom.rows() || lse.dtype() != stat_dtype(x.q.dtype()) {
-        return Err(Error::Backward(format!(
-            "{OP}: the saved lse does not match"
-        )));
-    }
-    let b = super::flash_cpu_bwd::Backward {
-        x,
-        d_out,
-        lse,
-        delta,
-        needs,
-    };
-    match x.q.dtype() {
-        DType::F32 => b.run::<f32, f32>(),
-        DType::F64 => b.run::<f64, f64>(),
-        DType::F16 => b.run::<half::f16, f32>(),
-        DType::BF16 => b.run::<half::bf16, f32>(),
         dtype => Err(Error::UnsupportedDType { op: OP, dtype }),
     }
 }

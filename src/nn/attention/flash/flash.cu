@@ -1,5 +1,5 @@
 // Fused attention in the FlashAttention-2 manner (the formulas are
-// src/nn/attention/flash.rs's; launched from flash_cuda.rs). The scores of a
+// src/nn/attention/flash/mod.rs's; launched from flash/cuda.rs). The scores of a
 // tile of queries against a tile of keys live only in registers and shared
 // memory; nothing of size lq x lk is ever written.
 //
@@ -34,7 +34,7 @@ struct ScoreGeom {
     bool causal;
 };
 
-// `leangrad::nn::FlashGeom` (src/nn/attention/flash.rs, #[repr(C)]).
+// `leangrad::nn::FlashGeom` (src/nn/attention/flash/mod.rs, #[repr(C)]).
 struct FlashGeom {
     ScoreGeom score;
     long long batch, heads, d, dv;
@@ -49,7 +49,7 @@ struct View4 {
 // Tile sizes per compute type (B: tile edge in rows/keys; DC: feature chunk
 // of the dot products; OC: output columns per block). Static shared memory
 // stays under 48 KB: float 41.7 KB forward, 33.5 KB backward; double 33.5 KB.
-// flash_cuda.rs plans its grids with the same numbers (tile, OUT_CHUNK;
+// flash/cuda.rs plans its grids with the same numbers (tile, OUT_CHUNK;
 // a test reads these defines).
 #define LG_FL_TILE 64
 #define LG_FL_TILE_F64 32
@@ -607,7 +607,7 @@ __device__ __forceinline__ void fl_backward_dkv(const FlashGeom& g, const View4&
     }
 }
 
-// Parameters (flash_cuda.rs launches them in this order):
+// Parameters (flash/cuda.rs launches them in this order):
 //   forward: (FlashGeom g, View4 q, k, v, mask, i32 mask_kind, i32 drop,
 //     u64 seed, u64 offset, f64 p, f64 drop_scale, T* out, A* lse,
 //     const T* q, k, v, const void* mask)

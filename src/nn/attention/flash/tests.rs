@@ -1,14 +1,15 @@
-//! The fused attention's CUDA kernels (`flash.cu` through `flash_cuda.rs`)
+//! The fused attention's CUDA kernels (`flash.cu` through `cuda.rs`)
 //! against a naive f64 reference computed on the host from the inputs'
 //! values: `S = scale·q·kᵀ + mask`, causal, softmax, dropout replayed by
-//! `rng::dropout_keep`, `·v`, and the gradients by `flash.rs`'s formulas.
+//! `rng::dropout_keep`, `·v`, and the gradients by `flash/mod.rs`'s formulas.
 //! Every dtype, rank 3 and 4, views, odd and multi-tile sizes, causal with
 //! `lq ≠ lk`, every mask form, dropout, every `needs`, determinism and the
 //! empty edges. Without a GPU each test prints `skipped: no CUDA device (…)`
 //! and passes (a failure under `LEANGRAD_REQUIRE_CUDA=1`).
 
-use super::flash::{FlashGeom, FlashInputs};
-use super::{flash_cuda, RowLse, ScoreGeom};
+use super::super::{RowLse, ScoreGeom};
+use super::cuda as flash_cuda;
+use super::{FlashGeom, FlashInputs};
 use crate::cuda::testing::*;
 use crate::dtype::stat_dtype;
 use crate::nn::dropout::DropoutDraw;
