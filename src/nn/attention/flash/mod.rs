@@ -232,9 +232,14 @@ impl BackwardOp for FlashBackward {
         };
         let [nq, nk, _] = self.needs;
         let lse = self.lse.get()?;
+        // Backward writes every row of `D` before reading it.
         let delta = if nq || nk {
             let _ws = with_category(Category::Workspace);
-            Some(Tensor::zeros(&[self.geom.rows()], lse.dtype(), q.device())?)
+            Some(Tensor::for_overwrite(
+                &[self.geom.rows()],
+                lse.dtype(),
+                q.device(),
+            )?)
         } else {
             None
         };
