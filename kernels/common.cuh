@@ -25,6 +25,28 @@ struct Strided {
     long long strides[LG_MAX_RANK];
 };
 
+// Division by a divisor fixed for a whole launch, as a multiply-high, an
+// add and a shift instead of a division (tens of instructions on the GPU):
+// the round-up method of Granlund and Montgomery, exact for every
+// dividend n < 2^31 and divisor 1 <= d < 2^31 (then umulhi(n, m) + n
+// < 2^32). A kernel makes its dividers once per block (lg_div_make costs a
+// 64-bit division) and uses lg_div per element.
+struct LgDiv {
+    unsigned int m, s;
+};
+
+__device__ __forceinline__ LgDiv lg_div_make(unsigned int d) {
+    unsigned int s = 0;
+    while ((1u << s) < d) ++s;
+    unsigned long long m = ((1ull << 32) * ((1ull << s) - d)) / d + 1;
+    LgDiv v = {(unsigned int)m, s};
+    return v;
+}
+
+__device__ __forceinline__ unsigned int lg_div(const LgDiv& v, unsigned int n) {
+    return (__umulhi(n, v.m) + n) >> v.s;
+}
+
 // Buffer offset (in elements) of logical element `i`.
 __device__ __forceinline__ long long lg_offset(const Strided& l, long long i) {
     // Rank 1 (what a contiguous or coalesced layout becomes): no division.

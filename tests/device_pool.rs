@@ -68,3 +68,44 @@ fn pools_match_the_cpu() {
         });
     }
 }
+
+/// Max pooling with dilation 1 (the 32-bit gather of the input gradient
+/// and the 32-bit forward) against the CPU, bit for bit, in every float
+/// dtype and both save policies (lean U8 window positions, SaveAll's I64
+/// flat indices): ResNet's 3×3/2 with padding 1, overlapping 3×3/1 windows,
+/// 2×2/2, a stride above the kernel, unequal kernel sides with ceil mode.
+/// Inputs are whole numbers in [-3, 3], so windows hold ties (the first
+/// maximum wins) and inputs are the maximum of several windows (their
+/// gradients sum in output order).
+#[test]
+fn max_pools_without_dilation_match_the_cpu() {
+    use leangrad::autograd::{with_save_policy, SavePolicy};
+    let _dev = cuda_or_skip!("pool");
+    let dev = Device::Cuda(0);
+    let geometries: [([usize; 2], [usize; 2], [usize; 2], bool); 5] = [
+        ([3, 3], [2, 2], [1, 1], false),
+        ([3, 3], [1, 1], [1, 1], false),
+        ([2, 2], [2, 2], [0, 0], false),
+        ([2, 3], [4, 3], [1, 0], false),
+        ([3, 2], [2, 1], [1, 1], true),
+    ];
+    for dtype in FLOATS {
+        let shape = [2, 3, 13, 10];
+        let whole: Vec<f64> = vals(&cpu_rand(&shape, -3.49, 3.49, dtype, 8))
+            .iter()
+            .map(|v| v.round())
+            .collect();
+        let x = Tensor::from_f64_slice(&whole, &shape, dtype, Device::Cpu).unwrap();
+        for (i, &(kernel, stride, padding, ceil_mode)) in geometries.iter().enumerate() {
+            let mut o = nn::MaxPool2dOptions::new(kernel);
+            o.stride = Some(stride);
+            o.padding = padding;
+            o.ceil_mode = ceil_mode;
+            for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
+                let _p = with_save_policy(policy);
+                let what = format!("max pool {dtype:?} #{i} {policy:?}");
+                same_on(dev, &what, &x, 9 + i as u64, |t| nn::max_pool2d(t, &o));
+            }
+        }
+    }
+}

@@ -112,10 +112,20 @@ fn max_pool2d_forward(x: &CudaBuffer, g: &PoolGeom) -> Result<(CudaBuffer, CudaB
     let mut y = CudaBuffer::alloc(x.device(), x.dtype(), n)?;
     let mut pos = CudaBuffer::alloc(x.device(), DType::U8, n)?;
     if n > 0 {
-        launch!(x.device(), "pool.cu", format!("max_pool2d_fwd_{sfx}"), CudaDevice::grid_for(n);
+        launch!(x.device(), "pool.cu", format!("max_pool2d_fwd_{sfx}"), pool_grid(n);
             g, y.slice_mut(), pos.slice_mut(), x.slice())?;
     }
     Ok((y, pos))
+}
+
+/// Elements one thread of the max-pooling kernels takes (their
+/// grid-stride loop): what a thread sets up before its first element (the
+/// fast path's test, the block's dividers) is paid once per this many.
+const ELEMENTS_PER_THREAD: usize = 4;
+
+/// The launch of a max-pooling kernel over `n` elements.
+fn pool_grid(n: usize) -> cudarc::driver::LaunchConfig {
+    CudaDevice::grid_for(n.div_ceil(ELEMENTS_PER_THREAD))
 }
 
 /// Max pooling backward: the `[planes, h, w]` input gradient, each output's
@@ -128,7 +138,7 @@ fn max_pool2d_backward(dy: &CudaBuffer, pos: &CudaBuffer, g: &PoolGeom) -> Resul
     let n = g.input_len();
     let mut dx = CudaBuffer::alloc(dy.device(), dy.dtype(), n)?;
     if n > 0 {
-        launch!(dy.device(), "pool.cu", format!("max_pool2d_bwd_{sfx}"), CudaDevice::grid_for(n);
+        launch!(dy.device(), "pool.cu", format!("max_pool2d_bwd_{sfx}"), pool_grid(n);
             g, dx.slice_mut(), dy.slice(), pos.slice())?;
     }
     Ok(dx)
@@ -147,7 +157,7 @@ fn max_pool2d_backward_flat(dy: &CudaBuffer, idx: &CudaBuffer, g: &PoolGeom) -> 
     let mut dx = CudaBuffer::alloc(dy.device(), dy.dtype(), n)?;
     if n > 0 {
         // Parameters: (PoolGeo g, T* dx, const T* dy, const i64* idx).
-        launch!(dy.device(), "pool.cu", format!("max_pool2d_bwd_flat_{sfx}"), CudaDevice::grid_for(n);
+        launch!(dy.device(), "pool.cu", format!("max_pool2d_bwd_flat_{sfx}"), pool_grid(n);
             g, dx.slice_mut(), dy.slice(), idx.slice())?;
     }
     Ok(dx)

@@ -85,10 +85,124 @@ __device__ __forceinline__ bool lg_pool_narrow(const PoolGeom& g) {
            g.k[1] * g.d[1] < most && g.s[0] < most && g.s[1] < most;
 }
 
+// Whether the 32-bit kernels (lg_max_pool_fwd_narrow, lg_max_pool_grad_d1)
+// may run: every index below 2^31 (LgDiv's range) and every window reach
+// within lg_pool_narrow.
+__device__ __forceinline__ bool lg_pool_int32(const PoolGeom& g) {
+    const long long most = 1LL << 31;
+    return lg_pool_narrow(g) && g.planes * g.h * g.w < most && g.planes * g.oh * g.ow < most;
+}
+
+// Whether lg_max_pool_grad_d1 applies: lg_pool_int32 and dilation 1.
+__device__ __forceinline__ bool lg_pool_fast(const PoolGeom& g) {
+    return g.d[0] == 1 && g.d[1] == 1 && lg_pool_int32(g);
+}
+
+// Max pooling's input gradient where lg_pool_fast holds: the same sums as
+// lg_max_pool_grad over the whole input, in the same order (so the same
+// bits), but the outputs whose windows hold (r, c) are found as the ranges
+// i in [ceil((r + p0 - k0 + 1) / s0), (r + p0) / s0] and likewise j (no
+// per-tap stride test), and every division is a multiply-high by a divider
+// made once per block (LgDiv). Writes dx; called by every thread of the
+// launch (it synchronises the block once).
+template <typename T>
+__device__ __forceinline__ void lg_max_pool_grad_d1(const PoolGeom& g, T* dx, const T* dy,
+                                                    const unsigned char* pos,
+                                                    const long long* idx) {
+    typedef typename Acc<T>::type A;
+    __shared__ LgDiv divs[4];  // by w, h, s0, s1
+    if (threadIdx.x == 0) {
+        divs[0] = lg_div_make((unsigned int)g.w);
+        divs[1] = lg_div_make((unsigned int)g.h);
+        divs[2] = lg_div_make((unsigned int)g.s[0]);
+        divs[3] = lg_div_make((unsigned int)g.s[1]);
+    }
+    __syncthreads();
+    const LgDiv by_w = divs[0], by_h = divs[1], by_s0 = divs[2], by_s1 = divs[3];
+    const int W = (int)g.w, H = (int)g.h, OH = (int)g.oh, OW = (int)g.ow;
+    const int K0 = (int)g.k[0], K1 = (int)g.k[1], S0 = (int)g.s[0], S1 = (int)g.s[1];
+    const int P0 = (int)g.p[0], P1 = (int)g.p[1];
+    const unsigned int n = (unsigned int)(g.planes * g.h * g.w), plane_out = OH * OW;
+    for (unsigned int e = blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += blockDim.x * gridDim.x) {
+        unsigned int t = lg_div(by_w, e), pl = lg_div(by_h, t);
+        int c = (int)(e - t * W), r = (int)(t - pl * H);
+        int a = r + P0 - K0 + 1, b = c + P1 - K1 + 1;
+        int i0 = a > 0 ? (int)lg_div(by_s0, a + S0 - 1) : 0;
+        int j0 = b > 0 ? (int)lg_div(by_s1, b + S1 - 1) : 0;
+        int i1 = min(OH - 1, (int)lg_div(by_s0, r + P0));
+        int j1 = min(OW - 1, (int)lg_div(by_s1, c + P1));
+        unsigned int base = pl * plane_out;
+        A acc = 0;
+        for (int i = i0; i <= i1; ++i) {
+            int ki = r + P0 - i * S0;
+            unsigned int row = base + (unsigned int)(i * OW);
+            for (int j = j0; j <= j1; ++j) {
+                unsigned int o = row + j;
+                bool hit = pos ? pos[o] == ki * K1 + (c + P1 - j * S1)
+                               : idx[o] == (long long)(r * W + c);
+                if (hit) acc = lg_load(lg_store<T>(acc + lg_load(dy[o])));
+            }
+        }
+        dx[e] = lg_store<T>(acc);
+    }
+}
+
+// Max pooling forward where lg_pool_int32 holds (any dilation): the
+// maximum and its window position of every output, as the general loop
+// below, with 32-bit indices and the output's coordinates found by
+// multiply-highs (LgDiv, made once per block). Called by every thread of
+// the launch (it synchronises the block once).
+template <typename T>
+__device__ __forceinline__ void lg_max_pool_fwd_narrow(const PoolGeom& g, T* y,
+                                                       unsigned char* pos, const T* x) {
+    typedef typename Acc<T>::type A;
+    __shared__ LgDiv divs[2];  // by ow, oh
+    if (threadIdx.x == 0) {
+        divs[0] = lg_div_make((unsigned int)g.ow);
+        divs[1] = lg_div_make((unsigned int)g.oh);
+    }
+    __syncthreads();
+    const LgDiv by_ow = divs[0], by_oh = divs[1];
+    const int W = (int)g.w, H = (int)g.h, OH = (int)g.oh, OW = (int)g.ow;
+    const int K0 = (int)g.k[0], K1 = (int)g.k[1], S0 = (int)g.s[0], S1 = (int)g.s[1];
+    const int P0 = (int)g.p[0], P1 = (int)g.p[1], D0 = (int)g.d[0], D1 = (int)g.d[1];
+    const unsigned int n = (unsigned int)(g.planes * g.oh * g.ow), plane_in = H * W;
+    for (unsigned int e = blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += blockDim.x * gridDim.x) {
+        unsigned int t = lg_div(by_ow, e), pl = lg_div(by_oh, t);
+        int j = (int)(e - t * OW), i = (int)(t - pl * OH);
+        const T* plane = x + pl * plane_in;
+        A best = -LG_INF;
+        int at = 0;
+        bool found = false;
+        for (int ki = 0; ki < K0; ++ki) {
+            int r = i * S0 + ki * D0 - P0;
+            if (r < 0 || r >= H) continue;
+            for (int kj = 0; kj < K1; ++kj) {
+                int c = j * S1 + kj * D1 - P1;
+                if (c < 0 || c >= W) continue;
+                A v = lg_load(plane[r * W + c]);
+                if (!found || v > best || (v != v && best == best)) {
+                    best = v;
+                    at = ki * K1 + kj;
+                    found = true;
+                }
+            }
+        }
+        y[e] = lg_store<T>(best);
+        pos[e] = (unsigned char)at;
+    }
+}
+
 #define LG_POOL(sfx, T)                                                               \
     extern "C" __global__ void max_pool2d_fwd_##sfx(PoolGeom g, T* y, unsigned char* pos, \
                                                     const T* x) {                     \
         typedef Acc<T>::type A;                                                       \
+        if (lg_pool_int32(g)) {                                                       \
+            lg_max_pool_fwd_narrow<T>(g, y, pos, x);                                  \
+            return;                                                                   \
+        }                                                                             \
         long long n = g.planes * g.oh * g.ow;                                         \
         LG_GRID_LOOP(e, n) {                                                          \
             long long pl = e / (g.oh * g.ow), i = e / g.ow % g.oh, j = e % g.ow;      \
@@ -117,7 +231,9 @@ __device__ __forceinline__ bool lg_pool_narrow(const PoolGeom& g) {
     extern "C" __global__ void max_pool2d_bwd_##sfx(PoolGeom g, T* dx, const T* dy,   \
                                                     const unsigned char* pos) {       \
         long long n = g.planes * g.h * g.w;                                           \
-        if (lg_pool_narrow(g)) {                                                      \
+        if (lg_pool_fast(g)) {                                                        \
+            lg_max_pool_grad_d1<T>(g, dx, dy, pos, 0);                                \
+        } else if (lg_pool_narrow(g)) {                                               \
             LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, int>(g, e, dy, pos, 0); } \
         } else {                                                                      \
             LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, long long>(g, e, dy, pos, 0); } \
@@ -127,7 +243,9 @@ __device__ __forceinline__ bool lg_pool_narrow(const PoolGeom& g) {
     extern "C" __global__ void max_pool2d_bwd_flat_##sfx(PoolGeom g, T* dx, const T* dy, \
                                                          const long long* idx) {      \
         long long n = g.planes * g.h * g.w;                                           \
-        if (lg_pool_narrow(g)) {                                                      \
+        if (lg_pool_fast(g)) {                                                        \
+            lg_max_pool_grad_d1<T>(g, dx, dy, 0, idx);                                \
+        } else if (lg_pool_narrow(g)) {                                               \
             LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, int>(g, e, dy, 0, idx); } \
         } else {                                                                      \
             LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, long long>(g, e, dy, 0, idx); } \
