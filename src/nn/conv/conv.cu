@@ -589,6 +589,78 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
     }
 }
 
+// The K steps of lg_conv_dgrad_phase_rows where one step of LG_IG_BK rows
+// holds whole channels (LG_IG_BK a multiple of the dys*dxs output offsets,
+// as the 7x7/2 stem's 16): every row of a step keeps its offset from step
+// to step and only its channel moves on, so each thread finds its
+// elements' offsets and bounds once (not per step from shared tables) and
+// walks its pointers by whole channels. The same products in the same
+// order as the general loop (the same bits). `gy` points at the tile
+// column's (item, group, u, v); the a_* arrays are the caller's per-row
+// weight base, phase and phase base.
+template <typename T, typename A, int R, bool TC>
+__device__ __forceinline__ void lg_dgrad_phase_rows_steps(
+    const ConvGeom& g, IgTiles<A, 8 * R, TC>& s, A (&acc)[R][4], const T* gy, bool p_ok,
+    long long u, long long v, long long dy_max, long long dys, long long dx_max, long long dxs,
+    const T* w, const long long (&a_w)[R], const long long (&a_qy)[R],
+    const long long (&a_qx)[R], const long long (&a_by)[R], const long long (&a_bx)[R],
+    const bool (&a_ok)[R]) {
+    const int t = threadIdx.x, offsets = (int)(dys * dxs), per_step = LG_IG_BK / offsets;
+    const long long L = g.oh * g.ow, kk = g.kh * g.kw;
+    const long long cg = g.cout / g.groups, Kw = g.cin / g.groups * kk;
+    // B: element j of this thread is row kq = channel kq / offsets of the
+    // step, offset kq % offsets: (dy, dx), inside or not for every step.
+    const T* b_at[LG_IG_B_LOADS];
+    int b_co[LG_IG_B_LOADS];
+    bool b_in[LG_IG_B_LOADS];
+#pragma unroll
+    for (int j = 0; j < LG_IG_B_LOADS; ++j) {
+        int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j, o = kq % offsets;
+        long long dy = dy_max - o / dxs, dx = dx_max - o % dxs;
+        b_co[j] = kq / offsets;
+        b_in[j] = p_ok && lg_inside(u + dy, g.oh) && lg_inside(v + dx, g.ow);
+        b_at[j] = gy + (b_in[j] ? b_co[j] * L + dy * g.ow + dx : 0);
+    }
+    // A: row mq of this thread's R rows, step row kq = t % LG_IG_BK.
+    const int kq = t % LG_IG_BK, a_co = kq / offsets, o = kq % offsets;
+    const long long ady = dy_max - o / dxs, adx = dx_max - o % dxs;
+    const T* a_at[R];
+    bool a_in[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        long long ki = a_qy[i] + (a_by[i] - ady) * g.stride[0];
+        long long kj = a_qx[i] + (a_bx[i] - adx) * g.stride[1];
+        a_in[i] = a_ok[i] && lg_inside(ki, g.kh) && lg_inside(kj, g.kw);
+        a_at[i] = w + (a_in[i] ? a_w[i] + a_co * Kw + ki * g.kw + kj : 0);
+    }
+    // Whole steps, then the rows of a last step past the last channel as 0.
+    const long long full = cg / per_step, b_step = per_step * L, a_step = per_step * Kw;
+    const int left = (int)(cg - full * per_step);
+    for (long long step = 0; step < full + (left > 0); ++step) {
+        if (step == full) {
+#pragma unroll
+            for (int i = 0; i < R; ++i) a_in[i] = a_in[i] && a_co < left;
+#pragma unroll
+            for (int j = 0; j < LG_IG_B_LOADS; ++j) b_in[j] = b_in[j] && b_co[j] < left;
+        }
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            int mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
+            s.a[kq][mq] = a_in[i] ? lg_tile_load<TC>(*a_at[i]) : (A)0;
+            a_at[i] += a_step;
+        }
+#pragma unroll
+        for (int j = 0; j < LG_IG_B_LOADS; ++j) {
+            int bq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
+            s.b[bq][t % LG_IG_BN] = b_in[j] ? lg_tile_load<TC>(*b_at[j]) : (A)0;
+            b_at[j] += b_step;
+        }
+        __syncthreads();
+        lg_ig_product<T, A, R, TC>(s, acc, t);
+        __syncthreads();
+    }
+}
+
 // The input gradient with the stride phases as rows instead (for few input
 // channels, where a phase's product would fill few rows of its tiles;
 // dilation 1): row m of a group is channel m / S of phase m % S (S = sy*sx
@@ -612,12 +684,13 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
     const long long kk = g.kh * g.kw, L = g.oh * g.ow, HW = g.h * g.w;
     const long long cig = g.cin / g.groups, cg = g.cout / g.groups, Kw = cig * kk;
     const long long rows = cig * S, U = (g.h + sy - 1) / sy, V = (g.w + sx - 1) / sx;
-    const long long P = g.n * U * V, K = cg * dys * dxs;
+    const long long P = g.n * U * V;
     const long long tiles_m = (rows + 8 * R - 1) / (8 * R);
     const long long tiles_n = (P + LG_IG_BN - 1) / LG_IG_BN;
     const int t = threadIdx.x;
     for (long long b = blockIdx.x; b < g.groups * tiles_m * tiles_n; b += gridDim.x) {
         IgTile tile = lg_ig_tile(b, tiles_m, tiles_n, 8 * R);
+        long long K = cg * dys * dxs;
         // The rows this thread gathers A for: channel, phase and base.
         long long a_w[R], a_qy[R], a_qx[R], a_by[R], a_bx[R];
         bool a_ok[R];
@@ -641,6 +714,12 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
         long long u = at / V, v = at % V;
         long long gybase = (item * g.cout + tile.grp * cg) * L + u * g.ow + v;
         A acc[R][4] = {};
+        if (LG_IG_BK % (dys * dxs) == 0) {
+            lg_dgrad_phase_rows_steps<T, A, R, TC>(g, s, acc, gy + gybase, p_ok, u, v, dy_max, dys,
+                                                   dx_max, dxs, w, a_w, a_qy, a_qx, a_by, a_bx,
+                                                   a_ok);
+            K = 0;  // every step is done
+        }
         for (long long k0 = 0; k0 < K; k0 += LG_IG_BK) {
             if (t < LG_IG_BK) {
                 long long r = k0 + t, co = r / (dys * dxs);
