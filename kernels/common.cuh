@@ -101,6 +101,29 @@ template <typename T, int N> struct LgRun {
     }
 };
 
+// The packed mask words (bit i of word i/32 for element i) of one warp's
+// pass over 32 consecutive runs of LG_RUN elements, lane l holding run l
+// and its bits in `nib` (bit i: element i of the run): every lane of the
+// warp calls it (LG_RUN ballots); lane k < LG_RUN gets word k of the pass.
+__device__ __forceinline__ unsigned int lg_runs_mask_word(unsigned int nib) {
+    static_assert(LG_RUN == 4, "a mask word is 8 lanes' runs of 4 elements");
+    unsigned int b[LG_RUN];
+#pragma unroll
+    for (int j = 0; j < LG_RUN; ++j) b[j] = __ballot_sync(0xffffffffu, (nib >> j) & 1u);
+    const int k = threadIdx.x & (LG_RUN - 1);
+    unsigned int word = 0;
+#pragma unroll
+    for (int j = 0; j < LG_RUN; ++j) {
+        // Bit m of byte k (lane 8k + m's element j) to bit 4m + j.
+        unsigned int v = b[j] >> (8 * k) & 0xffu;
+        v = (v | v << 12) & 0x000f000fu;
+        v = (v | v << 6) & 0x03030303u;
+        v = (v | v << 3) & 0x11111111u;
+        word |= v << j;
+    }
+    return word;
+}
+
 // Records bad input in the device's check record (src/cuda/checks.rs: four
 // i64 words [recorded, index, size, op]) for the host's next read to
 // report; the first to record wins, later ones are dropped.

@@ -338,3 +338,130 @@ fn batch_norm_module_state_matches_the_cpu() {
         }
     }
 }
+
+/// One run of a BatchNorm(3) followed by a ReLU in place on a copy of `x`
+/// on `dev` (see `batch_norm_with_relu_equals_the_two_ops`): the output,
+/// the gradients of `sum(out · gy)` for the input, weight and bias where
+/// they need grad (on the host), the bytes saved for backward and the
+/// ledger's peak.
+fn bn_relu_run(
+    dev: Device,
+    x: &Tensor,
+    (train, params, x_grad): (bool, bool, bool),
+    policy: SavePolicy,
+    fused: bool,
+) -> (Vec<f64>, Vec<Option<Vec<f64>>>, usize, usize) {
+    use leangrad::autograd::{no_grad, with_buffer_reuse, with_save_policy};
+    use leangrad::memory::{Category, Ledger};
+    use leangrad::nn::ReLU;
+    let ledger = Ledger::new();
+    let _in = ledger.enter();
+    let (_policy, _reuse) = (with_save_policy(policy), with_buffer_reuse(true));
+    let values = x.to_f64_vec().unwrap();
+    let leaf = Tensor::from_f64_slice(&values, x.shape(), x.dtype(), dev)
+        .and_then(|t| t.set_requires_grad(x_grad))
+        .unwrap();
+    let mut bn = BatchNorm::builder(3)
+        .name("bn")
+        .dtype(x.dtype())
+        .build2d(&dev)
+        .unwrap();
+    if !train {
+        // Running statistics moved by one training pass.
+        let _ng = no_grad();
+        bn.forward(&leaf.mul_scalar(1.5).unwrap().add_scalar(0.25).unwrap())
+            .unwrap();
+        bn.set_training(false);
+    }
+    if !params {
+        bn.weight = bn.weight.take().map(|w| w.detach());
+        bn.bias = bn.bias.take().map(|b| b.detach());
+    }
+    // A tensor nothing else holds, as a convolution's output.
+    let h = leaf.mul_scalar(2.0).unwrap();
+    let out = if fused {
+        bn.forward_relu_owned(h).unwrap()
+    } else {
+        ReLU { inplace: true }
+            .forward_owned(bn.forward_owned(h).unwrap())
+            .unwrap()
+    };
+    let saved = ledger.live_in(dev, Category::Saved);
+    let gy = Tensor::rand_range(out.shape(), -1.0, 1.0, out.dtype(), Device::Cpu, 99)
+        .and_then(|t| t.to_device(dev))
+        .unwrap();
+    out.mul(&gy).unwrap().sum_all().unwrap().backward().unwrap();
+    let grad = |t: Option<&Tensor>| t.and_then(|t| t.grad()).map(|g| g.to_f64_vec().unwrap());
+    let grads = vec![
+        grad(Some(&leaf)),
+        grad(bn.weight.as_ref()),
+        grad(bn.bias.as_ref()),
+    ];
+    let peak = ledger.peak(dev);
+    (out.to_f64_vec().unwrap(), grads, saved, peak)
+}
+
+/// `BatchNorm::forward_relu_owned` (on CUDA under the lean policy the norm's
+/// kernel applies the ReLU and makes its mask) gives what a BatchNorm
+/// followed by an in-place ReLU gives: on every device the same output and
+/// gradients (input, weight, bias) bit for bit, the same saved bytes and
+/// ledger peak as the two ops there and as the CPU, and the CPU's values
+/// within tolerance. Train and eval mode, trainable and frozen weight and
+/// bias, input needing grad or not, both policies, every float dtype;
+/// 2·3·5·7 elements (a mask word and a run cut short).
+#[test]
+fn batch_norm_with_relu_equals_the_two_ops() {
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        let x = input(&[2, 3, 5, 7], dtype, 31, -2.0, 2.0);
+        for case in [
+            (true, true, true),
+            (true, true, false),
+            (true, false, true),
+            (false, true, true),
+            (false, false, true),
+            (false, true, false),
+        ] {
+            for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
+                let what = format!("{dtype:?} (train, params, x) {case:?} {policy:?}");
+                let (want, want_grads, want_saved, want_peak) =
+                    bn_relu_run(Device::Cpu, &x, case, policy, true);
+                assert_eq!(
+                    want.iter().copied().fold(0.0, f64::min),
+                    0.0,
+                    "{what}: a ReLU"
+                );
+                for dev in cuda_common::devices(&what) {
+                    let two = bn_relu_run(dev, &x, case, policy, false);
+                    let one = bn_relu_run(dev, &x, case, policy, true);
+                    assert_eq!(one.0, two.0, "{what} on {dev}: output");
+                    assert_eq!(one.1, two.1, "{what} on {dev}: gradients");
+                    assert_eq!(
+                        (one.2, one.3),
+                        (two.2, two.3),
+                        "{what} on {dev}: saved, peak"
+                    );
+                    assert_eq!(
+                        (one.2, one.3),
+                        (want_saved, want_peak),
+                        "{what} on {dev}: vs the CPU"
+                    );
+                    let t = device_common::tol(dtype) * 4.0;
+                    let close = |w: &[f64], g: &[f64], part: &str| {
+                        let big = w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+                        for (i, (a, b)) in w.iter().zip(g).enumerate() {
+                            let ok = (a - b).abs() <= t * a.abs().max(1e-3 * big);
+                            assert!(ok, "{what} on {dev}: {part} {i}: cpu {a} vs {b}");
+                        }
+                    };
+                    close(&want, &one.0, "output");
+                    for (w, g) in want_grads.iter().zip(&one.1) {
+                        assert_eq!(w.is_some(), g.is_some(), "{what} on {dev}: which grads");
+                        if let (Some(w), Some(g)) = (w, g) {
+                            close(w, g, "gradient");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -82,7 +82,9 @@ fn max_pools_without_dilation_match_the_cpu() {
     use leangrad::autograd::{with_save_policy, SavePolicy};
     let _dev = cuda_or_skip!("pool");
     let dev = Device::Cuda(0);
-    let geometries: [([usize; 2], [usize; 2], [usize; 2], bool); 5] = [
+    // (kernel, stride, padding, ceil mode)
+    type Geometry = ([usize; 2], [usize; 2], [usize; 2], bool);
+    let geometries: [Geometry; 5] = [
         ([3, 3], [2, 2], [1, 1], false),
         ([3, 3], [1, 1], [1, 1], false),
         ([2, 2], [2, 2], [0, 0], false),

@@ -168,11 +168,12 @@ impl Block {
         let mut h: Option<Tensor> = None;
         for (i, (cv, b)) in self.convs.iter().zip(&self.bns).enumerate() {
             let conv = cv.forward(h.as_ref().unwrap_or(&x))?;
-            let mut out = b.forward_owned(conv)?;
-            if i < last {
-                out = relu.forward_owned(out)?;
-            }
-            h = Some(out);
+            // Inside the branch the norm's kernel applies the ReLU too
+            // (where it can), as `relu.forward_owned(b.forward_owned(conv))`.
+            h = Some(match i < last {
+                true => b.forward_relu_owned(conv)?,
+                false => b.forward_owned(conv)?,
+            });
         }
         let h = h.ok_or_else(|| Error::InvalidArgument {
             op: "ResNet block",

@@ -48,6 +48,7 @@ mod view;
 pub use loss::{CrossEntropyOptions, Reduction, CHUNK_ELEMENTS};
 pub use mask::{mask_scale, mask_where, positive_mask};
 pub use softmax::LaneGeom;
+pub(crate) use unary::relu_applied_in_place;
 pub use view::sum_to_shape;
 
 use crate::{Error, Result, Tensor};

@@ -375,6 +375,29 @@ fn relu_fused(x: &Tensor, in_place: bool) -> Result<Option<Tensor>> {
     Ok(Some(attach(out, &[x], op)))
 }
 
+/// The ReLU of `relu_inplace` over `x` whose values a fused kernel (a
+/// norm's apply with ReLU) already replaced by `max(x, 0)` in place: the
+/// output and node `x.relu_inplace()` would give on the values before, with
+/// the mask `bits()` makes (the packed bits of the output's positives,
+/// taken only when `x` needs grad, so it is counted where the unfused op
+/// counts its own).
+pub(crate) fn relu_applied_in_place(
+    x: Tensor,
+    bits: impl FnOnce() -> Result<Tensor>,
+) -> Result<Tensor> {
+    let [needs] = needs_grad([&x]);
+    let out = x.detach();
+    if !needs {
+        return Ok(out);
+    }
+    let op = MaskBackward {
+        name: "relu",
+        mask: SavedMask::from_bits(&out, &bits()?, MaskRule::Positive, "relu"),
+        slope: 0.0,
+    };
+    Ok(attach(out, &[&x], op))
+}
+
 impl Tensor {
     /// `-self`. Saves nothing for backward.
     pub fn neg(&self) -> Result<Tensor> {

@@ -22,12 +22,13 @@
 //! rounds the statistics; on CUDA nothing crosses to the host.
 
 use super::{
-    check_param, grads_of, input_grad, inputs_of, norm_stats, normalize, optional_needs,
-    param_grads, prepare, recompute_xhat, scale_tensor, stat_sums, GradMode, GradScale, NormGeom,
-    Normalize, Prep, RunningUpdate, StatSource,
+    check_param, grads_of, input_grad, inputs_of, norm_stats, normalize, normalize_relu,
+    optional_needs, param_grads, prepare, recompute_xhat, scale_tensor, stat_sums, GradMode,
+    GradScale, NormGeom, Normalize, Prep, ReluMask, RunningUpdate, StatSource,
 };
 use crate::autograd::{attach, may_reuse, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::memory::uncounted;
+use crate::ops::relu_applied_in_place;
 use crate::primitives::contiguous_copy;
 use crate::{DType, Error, Result, Tensor};
 
@@ -251,7 +252,7 @@ pub fn batch_norm(
 
 /// [`batch_norm`] with its tensors and mode gathered (never writes `x`).
 pub(super) fn batch_norm_borrowed(x: &Tensor, state: &BnState<'_>, mode: Mode) -> Result<Tensor> {
-    run(x, state, mode, false)
+    run(x, state, mode, false, false)?.without_relu()
 }
 
 /// The tensors batch norm reads besides its input.
@@ -280,7 +281,58 @@ pub(super) struct Mode {
 /// are those of [`batch_norm`].
 pub(super) fn batch_norm_owned(x: Tensor, state: &BnState<'_>, mode: Mode) -> Result<Tensor> {
     let reuse = may_reuse(&x);
-    run(&x, state, mode, reuse)
+    run(&x, state, mode, reuse, false)?.without_relu()
+}
+
+/// [`batch_norm_owned`] to be followed by an in-place ReLU
+/// ([`NormThenRelu::finish`], which the caller runs outside the norm's
+/// scope, where the ReLU would run): the same values, nodes and saved
+/// tensors as the two ops one after the other. Where the output goes over
+/// `x` under the lean policy and the device has the kernel (CUDA), the ReLU
+/// and its mask come from the norm's own pass: one launch instead of two,
+/// the same bits.
+pub(super) fn batch_norm_relu_owned(
+    x: Tensor,
+    state: &BnState<'_>,
+    mode: Mode,
+) -> Result<NormThenRelu> {
+    let reuse = may_reuse(&x);
+    run(&x, state, mode, reuse, true)
+}
+
+/// A batch norm's output and the ReLU still to be recorded over it.
+pub(super) struct NormThenRelu {
+    y: Tensor,
+    /// The mask when the norm's kernel already applied the ReLU.
+    applied: Option<ReluMask>,
+}
+
+impl From<Tensor> for NormThenRelu {
+    /// A norm's output with no ReLU applied.
+    fn from(y: Tensor) -> Self {
+        NormThenRelu { y, applied: None }
+    }
+}
+
+impl NormThenRelu {
+    /// The output without a ReLU (for callers that asked for none).
+    pub(super) fn without_relu(self) -> Result<Tensor> {
+        match self.applied {
+            None => Ok(self.y),
+            Some(_) => Err(Error::Backward(
+                "batch_norm: a ReLU was applied that was not asked for".into(),
+            )),
+        }
+    }
+
+    /// The ReLU in place over the output: its node and mask recorded over
+    /// the values the fused kernel made, or `relu_inplace` run now.
+    pub(super) fn finish(self) -> Result<Tensor> {
+        match self.applied {
+            Some(mask) => relu_applied_in_place(self.y, || mask.into_tensor()),
+            None => self.y.relu_inplace(),
+        }
+    }
 }
 
 /// The per-channel mean and `invstd` batch norm normalises with (outside
@@ -343,7 +395,16 @@ fn statistics(
     Ok((got.mean.ok_or_else(missing)?, got.rstd.ok_or_else(missing)?))
 }
 
-fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tensor> {
+/// Batch norm of `x` (written over it when `reuse`), with the ReLU after it
+/// applied by the norm's kernel where `relu` asks for one and the kernel
+/// can (see [`batch_norm_relu_owned`]).
+fn run(
+    x: &Tensor,
+    state: &BnState<'_>,
+    mode: Mode,
+    reuse: bool,
+    relu: bool,
+) -> Result<NormThenRelu> {
     const OP: &str = "batch_norm";
     let BnState {
         running_mean,
@@ -370,22 +431,29 @@ fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tenso
     let want_xhat = lean && ((training && nx) || nw);
     // Backward reads the input only under SaveAll with a node recorded.
     let y_over_x = reuse && (lean || !(nx || nw || nb));
-    let (y, xhat) = normalize(
-        x,
-        geo,
-        &Normalize {
-            mean: Some(&mean),
-            rstd: &invstd,
-            w: weight,
-            b: bias,
-            want_y: true,
-            want_xhat,
-            y_over_x,
-        },
-    )?;
+    let how = Normalize {
+        mean: Some(&mean),
+        rstd: &invstd,
+        w: weight,
+        b: bias,
+        want_y: true,
+        want_xhat,
+        y_over_x,
+    };
+    let fused = match relu && lean && y_over_x {
+        true => normalize_relu(x, geo, &how)?,
+        false => None,
+    };
+    let (y, xhat, applied) = match fused {
+        Some((xhat, mask)) => (Some(x.detach()), xhat, Some(mask)),
+        None => {
+            let (y, xhat) = normalize(x, geo, &how)?;
+            (y, xhat, None)
+        }
+    };
     let y = y.ok_or_else(|| Error::Backward("batch_norm: output not computed".into()))?;
     if !(nx || nw || nb) {
-        return Ok(y);
+        return Ok(NormThenRelu { y, applied });
     }
     let save = |t: &Tensor| SavedTensor::new(t, OP);
     let running = running_mean.zip(running_var);
@@ -431,5 +499,8 @@ fn run(x: &Tensor, state: &BnState<'_>, mode: Mode, reuse: bool) -> Result<Tenso
         dtype: x.dtype(),
         saved,
     };
-    Ok(attach(y, &inputs_of(x, weight, bias), op))
+    Ok(NormThenRelu {
+        y: attach(y, &inputs_of(x, weight, bias), op),
+        applied,
+    })
 }

@@ -21,10 +21,13 @@
 //! for f64).
 
 use super::{GradMode, GradScale, NormGeom, Normalize, Prep, Prepared, StatSource};
-use crate::cuda::check::{expect, float_suffix, invalid, runs_aligned, runs_grid};
+use crate::cuda::check::{
+    ballot_grid, expect, float_suffix, invalid, runs_aligned, runs_grid, RUN,
+};
 use crate::cuda::launch;
 use crate::cuda::{CudaBuffer, CudaDevice};
 use crate::dtype::stat_dtype;
+use crate::primitives::mask_words;
 use crate::tensor::cuda::{adopt, uncounted, wrap};
 use crate::tensor::Tensor;
 use crate::{DType, Result};
@@ -190,43 +193,82 @@ pub(super) fn normalize(
     geo: NormGeom,
     n: &Normalize<'_>,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    with_params(n, |params| {
+        if n.y_over_x {
+            // `x` is exclusive and contiguous (the seam checked): y goes over it.
+            let xh = {
+                let mut xb = x.storage().cuda_mut()?;
+                // The kernel's 1-element stand-ins are not tensor memory; x̂
+                // is adopted into the ledger below.
+                uncounted(|| norm_forward_in_place(&mut xb, &geo, params, n.want_xhat))?
+            };
+            let xh = xh.map(|t| adopt(t, x.shape())).transpose()?;
+            return Ok((Some(x.detach()), xh));
+        }
+        let xd = dense(x)?;
+        let (y, xh) = {
+            let xb = xd.storage().cuda()?;
+            let dt = x.dtype();
+            let dev = xb.device().clone();
+            uncounted(|| {
+                if x.numel() == 0 {
+                    let none =
+                        |want: bool| want.then(|| CudaBuffer::alloc(&dev, dt, 0)).transpose();
+                    return Ok((none(n.want_y)?, none(n.want_xhat)?));
+                }
+                norm_forward(&xb, &geo, params, n.want_y, n.want_xhat)
+            })?
+        };
+        let own = |t: Option<CudaBuffer>| t.map(|t| adopt(t, x.shape())).transpose();
+        Ok((own(y)?, own(xh)?))
+    })
+}
+
+/// The packed mask of a fused norm + ReLU's positives, kept out of the
+/// ledger until [`ReluBits::into_tensor`] counts it (where the unfused
+/// ReLU would have made it).
+pub(super) struct ReluBits(CudaBuffer);
+
+impl ReluBits {
+    /// The mask as a U32 tensor of `ceil(n/32)` words, counted now.
+    pub(super) fn into_tensor(self) -> Result<Tensor> {
+        let words = self.0.len();
+        adopt(self.0, &[words])
+    }
+}
+
+/// [`normalize`] with `y` over `x` (exclusive and contiguous: the seam
+/// checked) and ReLU applied in the same pass: `x̂` when wanted, and the
+/// mask of `y > 0` (uncounted).
+pub(super) fn normalize_relu(
+    x: &Tensor,
+    geo: NormGeom,
+    n: &Normalize<'_>,
+) -> Result<(Option<Tensor>, ReluBits)> {
+    with_params(n, |params| {
+        let (xh, bits) = {
+            let mut xb = x.storage().cuda_mut()?;
+            uncounted(|| norm_forward_relu_in_place(&mut xb, &geo, params, n.want_xhat))?
+        };
+        let xh = xh.map(|t| adopt(t, x.shape())).transpose()?;
+        Ok((xh, ReluBits(bits)))
+    })
+}
+
+/// Runs `f` with `n`'s statistics and affine parameters as kernel
+/// operands (a missing mean as zeros; views copied dense, uncounted).
+fn with_params<R>(n: &Normalize<'_>, f: impl FnOnce(&NormParams<'_>) -> Result<R>) -> Result<R> {
     let (mean, rstd) = (mean_or_zeros(n.mean, n.rstd)?, dense(n.rstd)?);
     let (w, b) = (dense_opt(n.w)?, dense_opt(n.b)?);
     let (mb, rb) = (mean.storage().cuda()?, rstd.storage().cuda()?);
     let wg = w.as_ref().map(|t| t.storage().cuda()).transpose()?;
     let bg = b.as_ref().map(|t| t.storage().cuda()).transpose()?;
-    let params = NormParams {
+    f(&NormParams {
         mean: &mb,
         rstd: &rb,
         w: wg.as_deref(),
         b: bg.as_deref(),
-    };
-    if n.y_over_x {
-        // `x` is exclusive and contiguous (the seam checked): y goes over it.
-        let xh = {
-            let mut xb = x.storage().cuda_mut()?;
-            // The kernel's 1-element stand-ins are not tensor memory; x̂
-            // is adopted into the ledger below.
-            uncounted(|| norm_forward_in_place(&mut xb, &geo, &params, n.want_xhat))?
-        };
-        let xh = xh.map(|t| adopt(t, x.shape())).transpose()?;
-        return Ok((Some(x.detach()), xh));
-    }
-    let xd = dense(x)?;
-    let (y, xh) = {
-        let xb = xd.storage().cuda()?;
-        let dt = x.dtype();
-        let dev = xb.device().clone();
-        uncounted(|| {
-            if x.numel() == 0 {
-                let none = |want: bool| want.then(|| CudaBuffer::alloc(&dev, dt, 0)).transpose();
-                return Ok((none(n.want_y)?, none(n.want_xhat)?));
-            }
-            norm_forward(&xb, &geo, &params, n.want_y, n.want_xhat)
-        })?
-    };
-    let own = |t: Option<CudaBuffer>| t.map(|t| adopt(t, x.shape())).transpose();
-    Ok((own(y)?, own(xh)?))
+    })
 }
 
 /// The CPU's `input_grad` on CUDA from the saved `x̂` (checked by the seam
@@ -406,6 +448,46 @@ pub(crate) fn norm_forward_in_place(
             p.rstd.slice(), wb.slice(), bb.slice(), xs.slice_mut())?;
     }
     Ok(xh)
+}
+
+/// [`norm_forward_in_place`] and then ReLU over the result in the same
+/// kernel: returns `x̂` (when wanted) and the packed mask of `y > 0`
+/// (`ceil(n/32)` U32 words, bit `i % 32` of word `i / 32`).
+pub(crate) fn norm_forward_relu_in_place(
+    x: &mut CudaBuffer,
+    geo: &NormGeom,
+    p: &NormParams<'_>,
+    want_xhat: bool,
+) -> Result<(Option<CudaBuffer>, CudaBuffer)> {
+    let op = "cuda norm + relu";
+    let sfx = float_suffix(op, x.dtype())?;
+    let n = geo.numel();
+    expect(op, x, x.dtype(), n, x)?;
+    check_stats(op, x, geo, p.mean, p.rstd)?;
+    check_params(op, x, geo, [p.w, p.b])?;
+    let dev = x.device().clone();
+    let mut xh = want_xhat
+        .then(|| CudaBuffer::alloc(&dev, x.dtype(), n))
+        .transpose()?;
+    let mut mask = CudaBuffer::alloc(&dev, DType::U32, mask_words(n))?;
+    if n > 0 {
+        // Absent buffers are never read or written: stand-ins of 1 element.
+        let mut spare_x = CudaBuffer::alloc(&dev, x.dtype(), 1)?;
+        let spare_p = CudaBuffer::alloc(&dev, x.dtype(), 1)?;
+        let flags = [
+            i32::from(want_xhat),
+            i32::from(p.w.is_some()),
+            i32::from(p.b.is_some()),
+        ];
+        let (wb, bb) = (p.w.unwrap_or(&spare_p), p.b.unwrap_or(&spare_p));
+        let vec = i32::from(runs_aligned(&[Some(&*x), xh.as_ref()]));
+        let xs = xh.as_mut().unwrap_or(&mut spare_x);
+        // One lane per run: a warp covers RUN mask words per pass.
+        launch!(&dev, "norm.cu", format!("norm_fwd_relu_inplace_{sfx}"), ballot_grid(n.div_ceil(RUN));
+            geo, &flags[0], &flags[1], &flags[2], &vec, x.slice_mut(), p.mean.slice(),
+            p.rstd.slice(), wb.slice(), bb.slice(), xs.slice_mut(), mask.slice_mut())?;
+    }
+    Ok((xh, mask))
 }
 
 /// [`norm_input_grad`] written over `g` itself (buffer reuse).

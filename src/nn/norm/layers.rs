@@ -5,7 +5,10 @@
 //! seed. Each module is made by a builder with PyTorch's defaults
 //! (`LayerNorm::builder(&[768]).eps(1e-12).build(&device)`).
 
-use super::batch_norm::{batch_norm_borrowed, batch_norm_owned, BnState, Mode as BnMode};
+use super::batch_norm::{
+    batch_norm_borrowed, batch_norm_owned, batch_norm_relu_owned, BnState, Mode as BnMode,
+    NormThenRelu,
+};
 use super::row_norms::{group_norm_owned, layer_norm_owned};
 use super::{group_norm, layer_norm, rms_norm};
 use crate::memory::scope;
@@ -565,10 +568,24 @@ impl BatchNormBuilder {
 }
 
 impl BatchNorm {
-    /// The forward of both entry points: `x` borrowed (never written), or
-    /// handed over (`owned`: the output may take its buffer).
-    fn run(&self, x: Tensor, owned: bool) -> Result<Tensor> {
+    /// `relu(self(x))` on an input handed over, the ReLU in place (as
+    /// `ReLU { inplace: true }.forward_owned(self.forward_owned(x))`: the
+    /// same values, nodes and saved tensors, a 1-bit mask for the ReLU).
+    /// Where the output goes over `x` under the lean policy on CUDA, the
+    /// ReLU and its mask come from the norm's own kernel (one pass over
+    /// the activations instead of two).
+    pub fn forward_relu_owned(&self, x: Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        let y = self.run(x, Entry::OwnedRelu)?;
+        // The ReLU is recorded outside the norm's scope, where a ReLU layer
+        // after it would run.
+        drop(_s);
+        y.finish()
+    }
+
+    /// The forward of every entry point (the caller opened the norm's
+    /// scope).
+    fn run(&self, x: Tensor, entry: Entry) -> Result<NormThenRelu> {
         let layout = match self.ranks {
             [4] => "[N, C, H, W]",
             [5] => "[N, C, D, H, W]",
@@ -598,13 +615,23 @@ impl BatchNorm {
             momentum: factor,
             eps: self.options.eps,
         };
-        let y = if owned {
-            batch_norm_owned(x, &state, mode)?
-        } else {
-            batch_norm_borrowed(&x, &state, mode)?
-        };
-        Ok(y)
+        match entry {
+            Entry::Borrowed => batch_norm_borrowed(&x, &state, mode).map(NormThenRelu::from),
+            Entry::Owned => batch_norm_owned(x, &state, mode).map(NormThenRelu::from),
+            Entry::OwnedRelu => batch_norm_relu_owned(x, &state, mode),
+        }
     }
+}
+
+/// How a batch norm's forward was entered.
+#[derive(Clone, Copy)]
+enum Entry {
+    /// `x` borrowed: never written.
+    Borrowed,
+    /// `x` handed over: the output may take its buffer.
+    Owned,
+    /// Handed over, and ReLU in place after the norm.
+    OwnedRelu,
 }
 
 impl Module for BatchNorm {
@@ -612,14 +639,16 @@ impl Module for BatchNorm {
     /// with batch statistics, updating the running statistics and
     /// `num_batches_tracked`; in eval mode with the running statistics.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.run(x.clone(), false)
+        let _s = scope(self.name.clone());
+        self.run(x.clone(), Entry::Borrowed)?.without_relu()
     }
 
     /// As `forward`, writing the output over `x` when nothing else holds it
     /// and buffer reuse is on (batch norm's backward never reads its input
     /// under the lean policy), in train and eval mode alike.
     fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
-        self.run(x, true)
+        let _s = scope(self.name.clone());
+        self.run(x, Entry::Owned)?.without_relu()
     }
 
     fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {

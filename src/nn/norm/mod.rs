@@ -548,6 +548,44 @@ fn normalize(
     }
 }
 
+/// [`normalize`] with `y` written over `x` and ReLU applied in the same
+/// pass, where the device has that kernel (CUDA): `x̂` when wanted and the
+/// packed mask of `y > 0`, uncounted until it is taken. `None` elsewhere
+/// (the caller normalises, then runs ReLU).
+fn normalize_relu(
+    x: &Tensor,
+    geo: NormGeom,
+    n: &Normalize<'_>,
+) -> Result<Option<(Option<Tensor>, ReluMask)>> {
+    if !(n.y_over_x && n.want_y && x.is_exclusive()) {
+        return Err(Error::Backward(
+            "norm + relu: y is written over x, which nothing else may hold".into(),
+        ));
+    }
+    let operands: Vec<&Tensor> = [Some(x), n.mean, Some(n.rstd), n.w, n.b]
+        .into_iter()
+        .flatten()
+        .collect();
+    match backend("norm", &operands)? {
+        Backend::Cpu | Backend::Meta => Ok(None),
+        Backend::Cuda(_) => {
+            let (xhat, bits) = cuda::normalize_relu(x, geo, n)?;
+            Ok(Some((xhat, ReluMask(bits))))
+        }
+    }
+}
+
+/// The packed mask of a fused norm + ReLU's positives ([`normalize_relu`]),
+/// outside the ledger until taken.
+pub(super) struct ReluMask(cuda::ReluBits);
+
+impl ReluMask {
+    /// The mask as a U32 tensor of `ceil(n/32)` words, counted now.
+    fn into_tensor(self) -> Result<Tensor> {
+        self.0.into_tensor()
+    }
+}
+
 /// Parameter gradients: `Σ g·x̂` (when `xhat` is given) and `Σ g` (when
 /// `want_b`) per affine parameter, summed in f64 in a fixed order and
 /// rounded once to `g`'s dtype, shaped `shape`, on `g`'s device.

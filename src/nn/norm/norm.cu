@@ -135,6 +135,54 @@ struct LgNormAt {
     }
 LG_FOR_FLOATS(LG_NORM)
 
+// norm_fwd_inplace followed by ReLU in the same pass, with the packed mask
+// of the result's positives (bit e % 32 of word e / 32; ballots, so the
+// loop runs whole warps: lane l of pass c takes run 32c + l, none past the
+// end): y = x_hat * w + b rounded to T, then y > 0 ? y : 0 (NaN kept), the
+// values, bits and x_hat of norm_fwd_inplace and relu_mask_fwd_inplace one
+// after the other.
+#define LG_NORM_RELU(sfx, T)                                                          \
+    extern "C" __global__ void norm_fwd_relu_inplace_##sfx(                           \
+        NormGeom g, int want_xhat, int has_w, int has_b, int vec, T* x,               \
+        const Acc<T>::type* mean, const Acc<T>::type* rstd, const T* w, const T* b,   \
+        T* xhat, unsigned int* mask) {                                                \
+        typedef Acc<T>::type A;                                                       \
+        const long long n = g.a * g.s * g.b, words = (n + 31) / 32;                   \
+        const long long per_pass = 32 * LG_RUN;                                       \
+        long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;     \
+        long long warps = ((long long)blockDim.x * gridDim.x) >> 5;                   \
+        int lane = threadIdx.x & 31;                                                  \
+        for (long long c = warp; c * per_pass < n; c += warps) {                      \
+            long long e0 = c * per_pass + lane * LG_RUN, left = n - e0;               \
+            int cnt = left <= 0 ? 0 : left < LG_RUN ? (int)left : LG_RUN;            \
+            unsigned int nib = 0;                                                     \
+            if (cnt > 0) {                                                            \
+                LgRun<T, LG_RUN> run, hat;                                            \
+                run.load(x + e0, cnt, vec);                                           \
+                LgNormAt at(e0, g);                                                   \
+                for (int i = 0; i < cnt; ++i, at.next(g)) {                           \
+                    double h = (lg_to_f64(run.v[i]) - (double)mean[at.s]) *           \
+                               (double)rstd[at.s];                                    \
+                    if (want_xhat) hat.v[i] = lg_from_f64<T>(h);                      \
+                    double wv = has_w ? lg_to_f64(w[at.p]) : 1.0;                     \
+                    double bv = has_b ? lg_to_f64(b[at.p]) : 0.0;                     \
+                    T y = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));            \
+                    A v = lg_load(y);                                                 \
+                    bool pos = v > (A)0;                                              \
+                    nib |= (unsigned int)pos << i;                                    \
+                    /* NaN is not positive (bit 0) but stays NaN, as ReLU's */        \
+                    run.v[i] = pos || v != v ? y : lg_store<T>((A)0);                 \
+                }                                                                     \
+                if (want_xhat) hat.store(xhat + e0, cnt, vec);                        \
+                run.store(x + e0, cnt, vec);                                          \
+            }                                                                         \
+            unsigned int word = lg_runs_mask_word(nib);                               \
+            long long wd = c * LG_RUN + lane;                                         \
+            if (lane < LG_RUN && wd < words) mask[wd] = word;                         \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_NORM_RELU)
+
 // The kernels that let CUDA save what the CPU saves: statistics come back
 // unrounded in double (the host rounds them as for the CPU), and the
 // gradients read the saved x_hat rather than recomputing it from x.

@@ -61,23 +61,9 @@ static __device__ void lg_relu_mask_fwd_runs(double slope, long long n, T* x,
             }
             run.store(x + e0, cnt, vec);
         }
-        unsigned int b[LG_RUN];
-#pragma unroll
-        for (int j = 0; j < LG_RUN; ++j) b[j] = __ballot_sync(0xffffffffu, (nib >> j) & 1u);
+        unsigned int word = lg_runs_mask_word(nib);
         long long w = c * LG_RUN + lane;
-        if (lane < LG_RUN && w < words) {
-            unsigned int word = 0;
-#pragma unroll
-            for (int j = 0; j < LG_RUN; ++j) {
-                // Bit k of lane group `lane`'s byte to bit 4k.
-                unsigned int v = b[j] >> (8 * lane) & 0xffu;
-                v = (v | v << 12) & 0x000f000fu;
-                v = (v | v << 6) & 0x03030303u;
-                v = (v | v << 3) & 0x11111111u;
-                word |= v << j;
-            }
-            mask[w] = word;
-        }
+        if (lane < LG_RUN && w < words) mask[w] = word;
     }
 }
 
