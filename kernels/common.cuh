@@ -29,15 +29,16 @@ struct Strided {
 // add and a shift instead of a division (tens of instructions on the GPU):
 // the round-up method of Granlund and Montgomery, exact for every
 // dividend n < 2^31 and divisor 1 <= d < 2^31 (then umulhi(n, m) + n
-// < 2^32). A kernel makes its dividers once per block (lg_div_make costs a
-// 64-bit division) and uses lg_div per element.
+// < 2^32). A kernel makes its dividers once (lg_div_make costs a 64-bit
+// division: once per block, or once per thread where a thread does much)
+// and uses lg_div per element.
 struct LgDiv {
     unsigned int m, s;
 };
 
 __device__ __forceinline__ LgDiv lg_div_make(unsigned int d) {
-    unsigned int s = 0;
-    while ((1u << s) < d) ++s;
+    // The smallest s with 2^s >= d.
+    unsigned int s = d > 1 ? 32 - __clz(d - 1) : 0;
     unsigned long long m = ((1ull << 32) * ((1ull << s) - d)) / d + 1;
     LgDiv v = {(unsigned int)m, s};
     return v;

@@ -295,28 +295,78 @@ struct IgCols {
     long long per_item, row, at0, du, dv;
 };
 
+// How many distinct tile columns a thread's accumulators cover (2*NI with
+// tensor cores, 4 without), which of them acc[i][j] is in, and its column.
+template <int R, bool TC> __device__ __forceinline__ constexpr int lg_acc_ncols() {
+    if constexpr (TC) {
+        return 2 * IgWarps<R>::NI;
+    } else {
+        return 4;
+    }
+}
+template <int R, bool TC> __device__ __forceinline__ int lg_acc_col_index(int i, int j) {
+    if constexpr (TC) {
+        return i % IgWarps<R>::NI * 2 + j % 2;
+    } else {
+        return j;
+    }
+}
+template <int R, bool TC> __device__ __forceinline__ int lg_acc_col_at(int t, int k) {
+    if constexpr (TC) {
+        return lg_acc_col<R, TC>(t, k / 2, k % 2);
+    } else {
+        return lg_acc_col<R, TC>(t, 0, k);
+    }
+}
+
 // Stores a tile of products into out ([n, c, plane], the tile's rows the
 // channels grp*rows + m of its group, m < rows, its columns the positions
 // q < P of the batch placed by `cols`), each added to bias[channel] when
-// there is a bias.
+// there is a bias. Each of the thread's distinct columns is placed once
+// (its item and plane offset by multiply-highs where every index fits 31
+// bits, else by 64-bit divisions); its elements are then whole planes apart.
 template <typename T, int R, bool TC>
 __device__ __forceinline__ void lg_ig_store_nchw(T* out, const T* bias,
                                                  const typename Acc<T>::type (&acc)[R][4],
                                                  IgTile tile, int t, long long rows,
                                                  long long c, long long plane, long long P,
                                                  IgCols cols) {
+    constexpr int NC = lg_acc_ncols<R, TC>();
+    long long at[NC];
+    bool ok[NC];
+    const long long most = 1LL << 31;
+    if (P < most && cols.per_item < most && cols.row < most) {
+        const LgDiv by_item = lg_div_make((unsigned int)cols.per_item);
+        const LgDiv by_row = lg_div_make((unsigned int)cols.row);
+#pragma unroll
+        for (int k = 0; k < NC; ++k) {
+            long long q = tile.n0 + lg_acc_col_at<R, TC>(t, k);
+            ok[k] = q < P;
+            unsigned int qq = ok[k] ? (unsigned int)q : 0u;
+            unsigned int item = lg_div(by_item, qq), rest = qq - item * (unsigned int)cols.per_item;
+            unsigned int u = lg_div(by_row, rest), v = rest - u * (unsigned int)cols.row;
+            at[k] = (long long)item * c * plane + cols.at0 + u * cols.du + v * cols.dv;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < NC; ++k) {
+            long long q = tile.n0 + lg_acc_col_at<R, TC>(t, k);
+            ok[k] = q < P;
+            long long item = q / cols.per_item, rest = q % cols.per_item;
+            at[k] = item * c * plane + cols.at0 + rest / cols.row * cols.du +
+                    rest % cols.row * cols.dv;
+        }
+    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
 #pragma unroll
         for (int i = 0; i < R; ++i) {
-            long long q = tile.n0 + lg_acc_col<R, TC>(t, i, j);
+            const int k = lg_acc_col_index<R, TC>(i, j);
             long long m = tile.m0 + lg_acc_row<R, TC>(t, i, j);
-            if (q >= P || m >= rows) continue;
-            long long item = q / cols.per_item, rest = q % cols.per_item;
-            long long at = cols.at0 + rest / cols.row * cols.du + rest % cols.row * cols.dv;
+            if (!ok[k] || m >= rows) continue;
             long long ch = tile.grp * rows + m;
             typename Acc<T>::type v = bias ? lg_load(bias[ch]) + acc[i][j] : acc[i][j];
-            out[(item * c + ch) * plane + at] = lg_store<T>(v);
+            out[at[k] + ch * plane] = lg_store<T>(v);
         }
     }
 }

@@ -508,6 +508,13 @@ pub(crate) fn norm_input_grad_in_place(
     let hw = i32::from(w.is_some());
     // Absent x̂ / w are never read: a 1-element stand-in.
     let spare = CudaBuffer::alloc(&dev, g.dtype(), 1)?;
+    if mode == GradMode::Affine {
+        // No sums: element-wise runs over the whole grid.
+        let vec = i32::from(runs_aligned(&[Some(&*g)]));
+        launch!(&dev, "norm.cu", format!("norm_bwd_affine_inplace_{sfx}"), runs_grid(n);
+            geo, &hw, &vec, scale.slice(), g.slice_mut(), w.unwrap_or(&spare).slice())?;
+        return Ok(());
+    }
     launch!(&dev, "norm.cu", format!("norm_bwd_saved_inplace_{sfx}"), CudaDevice::grid_per_row(geo.s);
         geo, &code, &hw, xhat.unwrap_or(&spare).slice(), scale.slice(), g.slice_mut(),
         w.unwrap_or(&spare).slice())?;
@@ -564,7 +571,13 @@ pub(crate) fn norm_input_grad(
 ) -> Result<CudaBuffer> {
     let (sfx, n) = check_input_grad(g, xhat, geo, scale, w, mode)?;
     let mut dx = CudaBuffer::alloc(g.device(), g.dtype(), n)?;
-    if n > 0 {
+    if n > 0 && mode == GradMode::Affine {
+        // No sums: element-wise runs over the whole grid.
+        let hw = i32::from(w.is_some());
+        let vec = i32::from(runs_aligned(&[Some(g), Some(&dx)]));
+        launch!(g.device(), "norm.cu", format!("norm_bwd_affine_{sfx}"), runs_grid(n);
+            geo, &hw, &vec, scale.slice(), g.slice(), w.unwrap_or(g).slice(), dx.slice_mut())?;
+    } else if n > 0 {
         let code = mode_code(mode);
         let hw = i32::from(w.is_some());
         // Absent x̂ / w are never read: g stands in for them.

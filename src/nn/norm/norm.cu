@@ -63,12 +63,51 @@ struct LgNormWalk {
 // then stepped, and the run moves as one vector when `vec` (every buffer
 // 16-byte aligned, checked by the host).
 
+// Multiply-high dividers (LgDiv) by b, s, lp and p, made by a block's first
+// thread, where every index of the input fits 31 bits (`narrow`).
+struct LgNormDivs {
+    LgDiv b, s, lp, p;
+    bool narrow;
+};
+
+// The block's dividers for `g` (every thread of the block calls this once,
+// before its loop: it synchronises the block).
+__device__ __forceinline__ LgNormDivs lg_norm_divs(const NormGeom& g) {
+    __shared__ LgNormDivs d;
+    if (threadIdx.x == 0) {
+        const long long most = 1LL << 31;
+        d.narrow = g.a * g.s * g.b < most && g.b >= 1 && g.s >= 1 && g.lp >= 1 && g.p >= 1 &&
+                   g.b < most && g.s < most && g.lp < most && g.p < most;
+        if (d.narrow) {
+            d.b = lg_div_make((unsigned int)g.b);
+            d.s = lg_div_make((unsigned int)g.s);
+            d.lp = lg_div_make((unsigned int)g.lp);
+            d.p = lg_div_make((unsigned int)g.p);
+        }
+    }
+    __syncthreads();
+    return d;
+}
+
 // The statistic s = (e / B) % S and parameter p = (e / Lp) % P of element
-// e, stepped one element at a time without a division.
+// e (found by multiply-highs where the dividers are narrow), stepped one
+// element at a time without a division.
 struct LgNormAt {
     long long rb, s, rl, p;
-    __device__ __forceinline__ LgNormAt(long long e, const NormGeom& g)
-        : rb(e % g.b), s(e / g.b % g.s), rl(e % g.lp), p(e / g.lp % g.p) {}
+    __device__ __forceinline__ LgNormAt(long long e, const NormGeom& g, const LgNormDivs& d) {
+        if (d.narrow) {
+            unsigned int u = (unsigned int)e, qb = lg_div(d.b, u), ql = lg_div(d.lp, u);
+            rb = u - qb * (unsigned int)g.b;
+            s = qb - lg_div(d.s, qb) * (unsigned int)g.s;
+            rl = u - ql * (unsigned int)g.lp;
+            p = ql - lg_div(d.p, ql) * (unsigned int)g.p;
+        } else {
+            rb = e % g.b;
+            s = e / g.b % g.s;
+            rl = e % g.lp;
+            p = e / g.lp % g.p;
+        }
+    }
     __device__ __forceinline__ void next(const NormGeom& g) {
         if (++rb == g.b) {
             rb = 0;
@@ -81,7 +120,6 @@ struct LgNormAt {
     }
 };
 
-
 #define LG_NORM(sfx, T)                                                               \
     /* y = x_hat * w + b (w, b optional) and/or x_hat = (x - mean) * rstd, both */   \
     /* rounded to T; the statistic of element e is (e / B) % S. */                    \
@@ -92,14 +130,15 @@ struct LgNormAt {
                                                const T* x, const Acc<T>::type* mean,  \
                                                const Acc<T>::type* rstd, const T* w,  \
                                                const T* b, T* y, T* xhat) {           \
+        const LgNormDivs divs = lg_norm_divs(g);                                      \
         long long n = g.a * g.s * g.b;                                                \
-        long long runs = (n + LG_RUN - 1) / LG_RUN;                         \
+        long long runs = (n + LG_RUN - 1) / LG_RUN;                                   \
         LG_GRID_LOOP(t, runs) {                                                       \
             long long e0 = t * LG_RUN;                                           \
             int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;             \
             LgRun<T, LG_RUN> in, hat, out;                                       \
             in.load(x + e0, cnt, vec);                                                \
-            LgNormAt at(e0, g);                                                       \
+            LgNormAt at(e0, g, divs);                                                 \
             for (int i = 0; i < cnt; ++i, at.next(g)) {                               \
                 double h = (lg_to_f64(in.v[i]) - (double)mean[at.s]) *                \
                            (double)rstd[at.s];                                        \
@@ -147,6 +186,7 @@ LG_FOR_FLOATS(LG_NORM)
         const Acc<T>::type* mean, const Acc<T>::type* rstd, const T* w, const T* b,   \
         T* xhat, unsigned int* mask) {                                                \
         typedef Acc<T>::type A;                                                       \
+        const LgNormDivs divs = lg_norm_divs(g);                                      \
         const long long n = g.a * g.s * g.b, words = (n + 31) / 32;                   \
         const long long per_pass = 32 * LG_RUN;                                       \
         long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;     \
@@ -159,7 +199,7 @@ LG_FOR_FLOATS(LG_NORM)
             if (cnt > 0) {                                                            \
                 LgRun<T, LG_RUN> run, hat;                                            \
                 run.load(x + e0, cnt, vec);                                           \
-                LgNormAt at(e0, g);                                                   \
+                LgNormAt at(e0, g, divs);                                             \
                 for (int i = 0; i < cnt; ++i, at.next(g)) {                           \
                     double h = (lg_to_f64(run.v[i]) - (double)mean[at.s]) *           \
                                (double)rstd[at.s];                                    \
@@ -304,6 +344,46 @@ LG_FOR_FLOATS(LG_NORM_RELU)
         }                                                                             \
     }
 LG_FOR_FLOATS(LG_NORM_SAVED)
+
+// The affine input gradient (norm_bwd_saved's mode 2: dx = scale[s] * (g *
+// w[p]), w optional; no sums) element-wise in runs of LG_RUN over the whole
+// grid, rather than one block per statistic: the same products, rounded
+// the same way. dx may be g itself (each run is read whole before it is
+// written, by the one thread that owns it).
+#define LG_NORM_AFFINE_BWD(sfx, T)                                                    \
+    static __device__ void norm_bwd_affine_body_##sfx(NormGeom geo, int has_w, int vec, \
+                                                      const Acc<T>::type* scale,      \
+                                                      const T* g, const T* w, T* dx) { \
+        const LgNormDivs divs = lg_norm_divs(geo);                                    \
+        long long n = geo.a * geo.s * geo.b;                                          \
+        long long runs = (n + LG_RUN - 1) / LG_RUN;                                   \
+        LG_GRID_LOOP(t, runs) {                                                       \
+            long long e0 = t * LG_RUN;                                                \
+            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;                       \
+            LgRun<T, LG_RUN> in, out;                                                 \
+            in.load(g + e0, cnt, vec);                                                \
+            LgNormAt at(e0, geo, divs);                                               \
+            for (int i = 0; i < cnt; ++i, at.next(geo)) {                             \
+                double gw = __dmul_rn(lg_to_f64(in.v[i]),                             \
+                                      has_w ? lg_to_f64(w[at.p]) : 1.0);              \
+                out.v[i] = lg_from_f64<T>(__dmul_rn((double)scale[at.s], gw));        \
+            }                                                                         \
+            out.store(dx + e0, cnt, vec);                                             \
+        }                                                                             \
+    }                                                                                 \
+    extern "C" __global__ void norm_bwd_affine_##sfx(NormGeom geo, int has_w, int vec, \
+                                                     const Acc<T>::type* scale,       \
+                                                     const T* g, const T* w, T* dx) { \
+        norm_bwd_affine_body_##sfx(geo, has_w, vec, scale, g, w, dx);                 \
+    }                                                                                 \
+    /* dx written over g (buffer reuse: nothing else holds g). */                     \
+    extern "C" __global__ void norm_bwd_affine_inplace_##sfx(NormGeom geo, int has_w, \
+                                                             int vec,                 \
+                                                             const Acc<T>::type* scale, \
+                                                             T* g, const T* w) {      \
+        norm_bwd_affine_body_##sfx(geo, has_w, vec, scale, g, w, g);                  \
+    }
+LG_FOR_FLOATS(LG_NORM_AFFINE_BWD)
 
 // What one norm call derives, per statistic i < s, from its mean and
 // variance (the batch's f64 moments, or batch norm's running statistics in
