@@ -421,33 +421,7 @@ pub(crate) fn norm_forward_in_place(
     p: &NormParams<'_>,
     want_xhat: bool,
 ) -> Result<Option<CudaBuffer>> {
-    let op = "cuda norm";
-    let sfx = float_suffix(op, x.dtype())?;
-    let n = geo.numel();
-    expect(op, x, x.dtype(), n, x)?;
-    check_stats(op, x, geo, p.mean, p.rstd)?;
-    check_params(op, x, geo, [p.w, p.b])?;
-    let dev = x.device().clone();
-    let mut xh = want_xhat
-        .then(|| CudaBuffer::alloc(&dev, x.dtype(), n))
-        .transpose()?;
-    if n > 0 {
-        // Absent buffers are never read or written: stand-ins of 1 element.
-        let mut spare_x = CudaBuffer::alloc(&dev, x.dtype(), 1)?;
-        let spare_p = CudaBuffer::alloc(&dev, x.dtype(), 1)?;
-        let flags = [
-            i32::from(want_xhat),
-            i32::from(p.w.is_some()),
-            i32::from(p.b.is_some()),
-        ];
-        let (wb, bb) = (p.w.unwrap_or(&spare_p), p.b.unwrap_or(&spare_p));
-        let vec = i32::from(runs_aligned(&[Some(&*x), xh.as_ref()]));
-        let xs = xh.as_mut().unwrap_or(&mut spare_x);
-        launch!(&dev, "norm.cu", format!("norm_fwd_inplace_{sfx}"), runs_grid(n);
-            geo, &flags[0], &flags[1], &flags[2], &vec, x.slice_mut(), p.mean.slice(),
-            p.rstd.slice(), wb.slice(), bb.slice(), xs.slice_mut())?;
-    }
-    Ok(xh)
+    Ok(norm_forward_over(x, geo, p, want_xhat, false)?.0)
 }
 
 /// [`norm_forward_in_place`] and then ReLU over the result in the same
@@ -459,7 +433,26 @@ pub(crate) fn norm_forward_relu_in_place(
     p: &NormParams<'_>,
     want_xhat: bool,
 ) -> Result<(Option<CudaBuffer>, CudaBuffer)> {
-    let op = "cuda norm + relu";
+    match norm_forward_over(x, geo, p, want_xhat, true)? {
+        (xh, Some(mask)) => Ok((xh, mask)),
+        (_, None) => Err(crate::Error::Backward("cuda norm + relu: no mask".into())),
+    }
+}
+
+/// The norm written over `x`, then ReLU and its mask when `relu`: `x̂`
+/// when wanted, and the mask.
+fn norm_forward_over(
+    x: &mut CudaBuffer,
+    geo: &NormGeom,
+    p: &NormParams<'_>,
+    want_xhat: bool,
+    relu: bool,
+) -> Result<(Option<CudaBuffer>, Option<CudaBuffer>)> {
+    let op = if relu {
+        "cuda norm + relu"
+    } else {
+        "cuda norm"
+    };
     let sfx = float_suffix(op, x.dtype())?;
     let n = geo.numel();
     expect(op, x, x.dtype(), n, x)?;
@@ -469,7 +462,9 @@ pub(crate) fn norm_forward_relu_in_place(
     let mut xh = want_xhat
         .then(|| CudaBuffer::alloc(&dev, x.dtype(), n))
         .transpose()?;
-    let mut mask = CudaBuffer::alloc(&dev, DType::U32, mask_words(n))?;
+    let mut mask = relu
+        .then(|| CudaBuffer::alloc(&dev, DType::U32, mask_words(n)))
+        .transpose()?;
     if n > 0 {
         // Absent buffers are never read or written: stand-ins of 1 element.
         let mut spare_x = CudaBuffer::alloc(&dev, x.dtype(), 1)?;
@@ -482,10 +477,16 @@ pub(crate) fn norm_forward_relu_in_place(
         let (wb, bb) = (p.w.unwrap_or(&spare_p), p.b.unwrap_or(&spare_p));
         let vec = i32::from(runs_aligned(&[Some(&*x), xh.as_ref()]));
         let xs = xh.as_mut().unwrap_or(&mut spare_x);
-        // One lane per run: a warp covers RUN mask words per pass.
-        launch!(&dev, "norm.cu", format!("norm_fwd_relu_inplace_{sfx}"), ballot_grid(n.div_ceil(RUN));
-            geo, &flags[0], &flags[1], &flags[2], &vec, x.slice_mut(), p.mean.slice(),
-            p.rstd.slice(), wb.slice(), bb.slice(), xs.slice_mut(), mask.slice_mut())?;
+        if let Some(mask) = mask.as_mut() {
+            // One lane per run: a warp covers RUN mask words per pass.
+            launch!(&dev, "norm.cu", format!("norm_fwd_relu_inplace_{sfx}"), ballot_grid(n.div_ceil(RUN));
+                geo, &flags[0], &flags[1], &flags[2], &vec, x.slice_mut(), p.mean.slice(),
+                p.rstd.slice(), wb.slice(), bb.slice(), xs.slice_mut(), mask.slice_mut())?;
+        } else {
+            launch!(&dev, "norm.cu", format!("norm_fwd_inplace_{sfx}"), runs_grid(n);
+                geo, &flags[0], &flags[1], &flags[2], &vec, x.slice_mut(), p.mean.slice(),
+                p.rstd.slice(), wb.slice(), bb.slice(), xs.slice_mut())?;
+        }
     }
     Ok((xh, mask))
 }

@@ -120,6 +120,21 @@ struct LgNormAt {
     }
 };
 
+// One element of the norms' forward: x_hat = (x - mean[s]) * rstd[s] in
+// double, written rounded to T where `hat` is given, and y = x_hat * w[p] +
+// b[p] (w, b optional: null) with uncontracted products, rounded to T.
+template <typename T>
+__device__ __forceinline__ T lg_norm_elem(T x, const LgNormAt& at,
+                                          const typename Acc<T>::type* mean,
+                                          const typename Acc<T>::type* rstd, const T* w,
+                                          const T* b, T* hat) {
+    double h = (lg_to_f64(x) - (double)mean[at.s]) * (double)rstd[at.s];
+    if (hat) *hat = lg_from_f64<T>(h);
+    double wv = w ? lg_to_f64(w[at.p]) : 1.0;
+    double bv = b ? lg_to_f64(b[at.p]) : 0.0;
+    return lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));
+}
+
 #define LG_NORM(sfx, T)                                                               \
     /* y = x_hat * w + b (w, b optional) and/or x_hat = (x - mean) * rstd, both */   \
     /* rounded to T; the statistic of element e is (e / B) % S. */                    \
@@ -140,14 +155,9 @@ struct LgNormAt {
             in.load(x + e0, cnt, vec);                                                \
             LgNormAt at(e0, g, divs);                                                 \
             for (int i = 0; i < cnt; ++i, at.next(g)) {                               \
-                double h = (lg_to_f64(in.v[i]) - (double)mean[at.s]) *                \
-                           (double)rstd[at.s];                                        \
-                if (want_xhat) hat.v[i] = lg_from_f64<T>(h);                          \
-                if (want_y) {                                                         \
-                    double wv = has_w ? lg_to_f64(w[at.p]) : 1.0;                     \
-                    double bv = has_b ? lg_to_f64(b[at.p]) : 0.0;                     \
-                    out.v[i] = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));      \
-                }                                                                     \
+                T yv = lg_norm_elem<T>(in.v[i], at, mean, rstd, has_w ? w : 0,        \
+                                       has_b ? b : 0, want_xhat ? &hat.v[i] : 0);     \
+                if (want_y) out.v[i] = yv;                                            \
             }                                                                         \
             if (want_xhat) hat.store(xhat + e0, cnt, vec);                            \
             if (want_y) out.store(y + e0, cnt, vec);                                  \
@@ -201,12 +211,8 @@ LG_FOR_FLOATS(LG_NORM)
                 run.load(x + e0, cnt, vec);                                           \
                 LgNormAt at(e0, g, divs);                                             \
                 for (int i = 0; i < cnt; ++i, at.next(g)) {                           \
-                    double h = (lg_to_f64(run.v[i]) - (double)mean[at.s]) *           \
-                               (double)rstd[at.s];                                    \
-                    if (want_xhat) hat.v[i] = lg_from_f64<T>(h);                      \
-                    double wv = has_w ? lg_to_f64(w[at.p]) : 1.0;                     \
-                    double bv = has_b ? lg_to_f64(b[at.p]) : 0.0;                     \
-                    T y = lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));            \
+                    T y = lg_norm_elem<T>(run.v[i], at, mean, rstd, has_w ? w : 0,    \
+                                          has_b ? b : 0, want_xhat ? &hat.v[i] : 0);  \
                     A v = lg_load(y);                                                 \
                     bool pos = v > (A)0;                                              \
                     nib |= (unsigned int)pos << i;                                    \
