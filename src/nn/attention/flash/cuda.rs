@@ -20,7 +20,7 @@ use crate::nn::dropout::DropoutDraw;
 use crate::tensor::cuda as tensor;
 use crate::{DType, Error, Result, Tensor};
 use cudarc::driver::LaunchConfig;
-use std::sync::Arc;
+use std::sync::{Arc, RwLockReadGuard};
 
 /// The op name in this file's errors.
 const OPF: &str = "cuda flash attention";
@@ -73,6 +73,19 @@ struct Views {
     d_out: View4,
     /// The mask broadcast to the scores (default without one).
     mask: View4,
+}
+
+impl Views {
+    /// The views of `x`'s q, k and v in place, with `d_out`'s and the mask's.
+    fn of(x: &FlashInputs, d_out: View4, mask: &Mask) -> Self {
+        Views {
+            q: view(x.q),
+            k: view(x.k),
+            v: view(x.v),
+            d_out,
+            mask: mask.view,
+        }
+    }
 }
 
 /// The dropout arguments of a launch (`drop = 0`: none).
@@ -137,6 +150,19 @@ struct Mask {
     kind: i32,
     /// Its view broadcast to the scores.
     view: View4,
+}
+
+impl Mask {
+    /// The mask's device buffer (`None` without one), checked against
+    /// `q`'s device.
+    fn buffer(&self, q: &CudaBuffer) -> Result<Option<RwLockReadGuard<'_, CudaBuffer>>> {
+        let Some(m) = &self.tensor else {
+            return Ok(None);
+        };
+        let b = m.storage().cuda()?;
+        check_buffer(m, &b, m.dtype(), q)?;
+        Ok(Some(b))
+    }
 }
 
 /// A tensor's layout as a [`View4`].
@@ -274,14 +300,7 @@ pub(super) fn forward(x: &FlashInputs, ordinal: usize) -> Result<(Tensor, RowLse
         check_buffer(x.q, &qb, dt, &qb)?;
         check_buffer(x.k, &kb, dt, &qb)?;
         check_buffer(x.v, &vb, dt, &qb)?;
-        let mg = mask
-            .tensor
-            .as_ref()
-            .map(|m| m.storage().cuda())
-            .transpose()?;
-        if let (Some(m), Some(b)) = (&mask.tensor, &mg) {
-            check_buffer(m, b, m.dtype(), &qb)?;
-        }
+        let mg = mask.buffer(&qb)?;
         let ops = Operands {
             q: &qb,
             k: &kb,
@@ -290,13 +309,7 @@ pub(super) fn forward(x: &FlashInputs, ordinal: usize) -> Result<(Tensor, RowLse
             mask: mg.as_deref().unwrap_or(&qb),
             lse: &qb,
         };
-        let vw = Views {
-            q: view(x.q),
-            k: view(x.k),
-            v: view(x.v),
-            d_out: View4::default(),
-            mask: mask.view,
-        };
+        let vw = Views::of(x, View4::default(), &mask);
         let dr = DropArgs::of(x.draw);
         launch_forward(&dev, &g, &vw, &dr, mask.kind, &mut out, &mut lse, &ops)?;
     }
@@ -456,14 +469,7 @@ fn backward_launches(
     check_buffer(x.v, &vb, dt, &qb)?;
     check_buffer(d_out, &ob, dt, &qb)?;
     check_buffer(&lse, &lb, compute, &qb)?;
-    let mg = mask
-        .tensor
-        .as_ref()
-        .map(|m| m.storage().cuda())
-        .transpose()?;
-    if let (Some(m), Some(b)) = (&mask.tensor, &mg) {
-        check_buffer(m, b, m.dtype(), &qb)?;
-    }
+    let mg = mask.buffer(&qb)?;
     let mut dg = delta.map(|d| d.storage().cuda_mut()).transpose()?;
     if let (Some(d), Some(b)) = (delta, &dg) {
         check_buffer(d, b, compute, &qb)?;
@@ -481,13 +487,7 @@ fn backward_launches(
         mask: mg.as_deref().unwrap_or(&qb),
         lse: &lb,
     };
-    let vw = Views {
-        q: view(x.q),
-        k: view(x.k),
-        v: view(x.v),
-        d_out: view(d_out),
-        mask: mask.view,
-    };
+    let vw = Views::of(x, view(d_out), &mask);
     let dr = DropArgs::of(x.draw);
     let [dq, dk, dv] = grads;
     if (needs[0] || needs[1]) && g.rows() > 0 {

@@ -61,6 +61,13 @@ template <> struct FlCfg<double> {
     enum { B = LG_FL_TILE_F64, DC = 32, OC = LG_FL_OUT_CHUNK };
 };
 
+// The backward kernels' shared work tile: first the two DC-wide chunks of a
+// dot product's operands, later a B x OC tile of one output chunk.
+template <typename A> __device__ __forceinline__ constexpr int fl_work_len() {
+    constexpr int B = FlCfg<A>::B, DC = FlCfg<A>::DC, OC = FlCfg<A>::OC;
+    return 2 * B * (DC + 1) > B * (OC + 1) ? 2 * B * (DC + 1) : B * (OC + 1);
+}
+
 __device__ __forceinline__ float fl_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 __device__ __forceinline__ double fl_fma(double a, double b, double c) { return __fma_rn(a, b, c); }
 __device__ __forceinline__ float fl_exp(float x) { return expf(x); }
@@ -484,10 +491,9 @@ __device__ __forceinline__ void fl_backward_dq(const FlashGeom& g, const View4& 
                                                const T* k, const T* v, const T* dout,
                                                const void* mask) {
     typedef typename Acc<T>::type A;
-    constexpr int B = FlCfg<A>::B, DC = FlCfg<A>::DC, OC = FlCfg<A>::OC;
-    constexpr int W = 2 * B * (DC + 1) > B * (OC + 1) ? 2 * B * (DC + 1) : B * (OC + 1);
+    constexpr int B = FlCfg<A>::B, OC = FlCfg<A>::OC;
     // sW: the sX, sY chunks of the dot products, then the K tile of dQ.
-    __shared__ A sW[W];
+    __shared__ A sW[fl_work_len<A>()];
     __shared__ A sA[B * (B + 1)];
     FlCall<A> c = fl_call<A>(g, vm, mask_kind, mask, drop, seed, offset, p, drop_scale);
     long long bhn = g.batch * g.heads;
@@ -584,10 +590,9 @@ __device__ __forceinline__ void fl_backward_dkv(const FlashGeom& g, const View4&
                                                 const T* k, const T* v, const T* dout,
                                                 const void* mask) {
     typedef typename Acc<T>::type A;
-    constexpr int B = FlCfg<A>::B, DC = FlCfg<A>::DC, OC = FlCfg<A>::OC;
-    constexpr int W = 2 * B * (DC + 1) > B * (OC + 1) ? 2 * B * (DC + 1) : B * (OC + 1);
+    constexpr int B = FlCfg<A>::B, OC = FlCfg<A>::OC;
     // sW: the sX, sY chunks of the dot products, then the dO or Q tile.
-    __shared__ A sW[W];
+    __shared__ A sW[fl_work_len<A>()];
     __shared__ A sA[B * (B + 1)];
     FlCall<A> c = fl_call<A>(g, vm, mask_kind, mask, drop, seed, offset, p, drop_scale);
     long long bhn = g.batch * g.heads;
