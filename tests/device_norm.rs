@@ -130,6 +130,56 @@ fn f64_norms_match_the_cpu() {
     }
 }
 
+#[test]
+fn large_statistics_match_the_cpu() {
+    // Statistics of more than 4096 elements are summed on CUDA in pieces
+    // joined by a second kernel; rows whose length is not a multiple of 4
+    // put pieces and runs across rows. f64 inputs far from zero check the
+    // variance's join (squared deviations about each piece's own mean) at
+    // a tight tolerance.
+    let policies = [SavePolicy::Lean, SavePolicy::SaveAll];
+    for (dtype, lo, t) in [(DType::F32, -2.0, 1e-5), (DType::F64, 1000.0, 1e-9)] {
+        let hi = lo + 4.0;
+        for shape in [[2, 3, 64, 64], [3, 2, 45, 45]] {
+            let c = shape[1];
+            let x = input(&shape, dtype, 31, lo, hi);
+            let w = input(&[c], dtype, 32, 0.5, 1.5);
+            let b = input(&[c], dtype, 33, -0.5, 0.5);
+            for train in [true, false] {
+                let name = format!("batch_norm {shape:?} {dtype:?} training {train}");
+                check_layer_with(&name, &policies, &[&x, &w, &b], t, |t| {
+                    let (rm, rv) = running(c, dtype, t[0].device())?;
+                    let (w, b) = (Some(&t[1]), Some(&t[2]));
+                    batch_norm(&t[0], Some(&rm), Some(&rv), w, b, train, 0.1, 1e-5)
+                });
+            }
+            check_layer_with(
+                &format!("group_norm {shape:?} {dtype:?}"),
+                &policies,
+                &[&x, &w],
+                t,
+                |t| group_norm(&t[0], 1, Some(&t[1]), None, 1e-5),
+            );
+        }
+        let rows = input(&[2, 9001], dtype, 34, lo, hi);
+        let wr = input(&[9001], dtype, 35, 0.5, 1.5);
+        check_layer_with(
+            &format!("layer_norm 9001 {dtype:?}"),
+            &policies,
+            &[&rows, &wr],
+            t,
+            |t| layer_norm(&t[0], &[9001], Some(&t[1]), None, 1e-5),
+        );
+        check_layer_with(
+            &format!("rms_norm 9001 {dtype:?}"),
+            &policies,
+            &[&rows, &wr],
+            t,
+            |t| rms_norm(&t[0], &[9001], Some(&t[1]), Some(1e-6)),
+        );
+    }
+}
+
 /// Running statistics of `c` channels on `dev` (not requiring grad).
 fn running(c: usize, dtype: DType, dev: Device) -> Result<(Tensor, Tensor)> {
     let m: Vec<f64> = (0..c).map(|i| 0.1 * i as f64 - 0.2).collect();

@@ -335,6 +335,56 @@ pub(super) fn param_grads(
 
 // ---- launch wrappers (`norm.cu`) ----
 
+/// How the two-level sums of `norm.cu` cut each statistic (or parameter)
+/// into pieces: `chunks` pieces of `len` consecutive elements (a multiple
+/// of [`RUN`]; the last may be shorter), a block each, joined in piece
+/// order by a second kernel when there are several, so that a layer with
+/// few statistics still spreads over the GPU and the sums stay
+/// deterministic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pieces {
+    /// Elements per piece.
+    pub len: usize,
+    /// Pieces per statistic (at least 1).
+    pub chunks: usize,
+}
+
+impl Pieces {
+    /// Blocks a reduction aims at: 8 resident 256-thread blocks on each of
+    /// an H100's or H200's 132 SMs, rounded down.
+    const BLOCKS: usize = 1024;
+    /// Fewest elements a piece holds: 4 runs per thread of a block, so that
+    /// a piece's own setup and tree stay small beside its loads.
+    const MIN_LEN: usize = 4096;
+
+    /// The pieces for `stats` statistics of `count` elements each.
+    pub(crate) fn new(stats: usize, count: usize) -> Pieces {
+        let want = Self::BLOCKS
+            .div_ceil(stats.max(1))
+            .min(count.div_ceil(Self::MIN_LEN))
+            .max(1);
+        let len = count.div_ceil(want).next_multiple_of(RUN).max(RUN);
+        Pieces {
+            len,
+            chunks: count.div_ceil(len).max(1),
+        }
+    }
+
+    /// A block (and a block iteration) per piece.
+    fn grid(&self, stats: usize) -> cudarc::driver::LaunchConfig {
+        CudaDevice::grid_per_row(stats.saturating_mul(self.chunks))
+    }
+
+    /// The pieces' two f64 sums each, outside the ledger (a kernel's
+    /// scratch, as the CPU's partial sums are); none for one piece per
+    /// statistic, where the kernels take a null pointer they never touch.
+    fn workspace(&self, dev: &Arc<CudaDevice>, stats: usize) -> Result<Option<CudaBuffer>> {
+        (self.chunks > 1)
+            .then(|| uncounted(|| CudaBuffer::alloc(dev, DType::F64, 2 * stats * self.chunks)))
+            .transpose()
+    }
+}
+
 /// Per-statistic mean (0 unless `centered`) and biased variance (the mean
 /// square when not `centered`) of contiguous `x`, as unrounded f64 buffers
 /// (what the CPU's `norm_stats` returns before the caller rounds).
@@ -350,9 +400,21 @@ pub(crate) fn norm_moments(
     let mut mean = CudaBuffer::alloc(dev, DType::F64, geo.s)?;
     let mut var = CudaBuffer::alloc(dev, DType::F64, geo.s)?;
     if geo.s > 0 {
+        let pieces = Pieces::new(geo.s, geo.count());
+        let scratch = pieces.workspace(dev, geo.s)?;
+        let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
+        let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
         let c = i32::from(centered);
-        launch!(dev, "norm.cu", format!("norm_moments_{sfx}"), CudaDevice::grid_per_row(geo.s);
-            geo, &c, mean.slice_mut(), var.slice_mut(), x.slice())?;
+        let vec = i32::from(runs_aligned(&[Some(x)]));
+        launch!(dev, "norm.cu", format!("norm_moments_{sfx}"), pieces.grid(geo.s);
+            geo, &len, &chunks, &c, &vec, x.slice(), &part, mean.slice_mut(),
+            var.slice_mut())?;
+        if pieces.chunks > 1 {
+            let (s64, cnt) = (geo.s as i64, geo.count() as i64);
+            launch!(dev, "norm.cu", "norm_moments_combine", CudaDevice::grid_for(geo.s);
+                &s64, &cnt, &len, &chunks, &c, &part, mean.slice_mut(),
+                var.slice_mut())?;
+        }
     }
     Ok((mean, var))
 }
@@ -516,9 +578,21 @@ pub(crate) fn norm_input_grad_in_place(
             geo, &hw, &vec, scale.slice(), g.slice_mut(), w.unwrap_or(&spare).slice())?;
         return Ok(());
     }
-    launch!(&dev, "norm.cu", format!("norm_bwd_saved_inplace_{sfx}"), CudaDevice::grid_per_row(geo.s);
-        geo, &code, &hw, xhat.unwrap_or(&spare).slice(), scale.slice(), g.slice_mut(),
-        w.unwrap_or(&spare).slice())?;
+    let xh = xhat.unwrap_or(&spare);
+    let vec = i32::from(runs_aligned(&[Some(&*g), Some(xh)]));
+    let pieces = Pieces::new(geo.s, geo.count());
+    let scratch = pieces.workspace(&dev, geo.s)?;
+    let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
+    let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
+    let wb = w.unwrap_or(&spare);
+    launch!(&dev, "norm.cu", format!("norm_bwd_inplace_{sfx}"), pieces.grid(geo.s);
+        geo, &len, &chunks, &code, &hw, &vec, xh.slice(), scale.slice(), g.slice_mut(),
+        wb.slice(), &part)?;
+    if pieces.chunks > 1 {
+        launch!(&dev, "norm.cu", format!("norm_bwd_apply_inplace_{sfx}"), pieces.grid(geo.s);
+            geo, &len, &chunks, &code, &hw, &vec, xh.slice(), scale.slice(), g.slice_mut(),
+            wb.slice(), &part)?;
+    }
     Ok(())
 }
 
@@ -579,12 +653,24 @@ pub(crate) fn norm_input_grad(
         launch!(g.device(), "norm.cu", format!("norm_bwd_affine_{sfx}"), runs_grid(n);
             geo, &hw, &vec, scale.slice(), g.slice(), w.unwrap_or(g).slice(), dx.slice_mut())?;
     } else if n > 0 {
+        let dev = g.device();
         let code = mode_code(mode);
         let hw = i32::from(w.is_some());
         // Absent x̂ / w are never read: g stands in for them.
-        launch!(g.device(), "norm.cu", format!("norm_bwd_saved_{sfx}"), CudaDevice::grid_per_row(geo.s);
-            geo, &code, &hw, xhat.unwrap_or(g).slice(), scale.slice(), g.slice(),
-            w.unwrap_or(g).slice(), dx.slice_mut())?;
+        let (xh, wb) = (xhat.unwrap_or(g), w.unwrap_or(g));
+        let vec = i32::from(runs_aligned(&[Some(g), Some(xh), Some(&dx)]));
+        let pieces = Pieces::new(geo.s, geo.count());
+        let scratch = pieces.workspace(dev, geo.s)?;
+        let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
+        let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
+        launch!(dev, "norm.cu", format!("norm_bwd_{sfx}"), pieces.grid(geo.s);
+            geo, &len, &chunks, &code, &hw, &vec, xh.slice(), scale.slice(), g.slice(),
+            wb.slice(), &part, dx.slice_mut())?;
+        if pieces.chunks > 1 {
+            launch!(dev, "norm.cu", format!("norm_bwd_apply_{sfx}"), pieces.grid(geo.s);
+                geo, &len, &chunks, &code, &hw, &vec, xh.slice(), scale.slice(), g.slice(),
+                wb.slice(), &part, dx.slice_mut())?;
+        }
     }
     Ok(dx)
 }
@@ -619,10 +705,25 @@ pub(crate) fn norm_param_grads(
         let mut spare_w = CudaBuffer::alloc(dev, g.dtype(), 1)?;
         let mut spare_b = CudaBuffer::alloc(dev, g.dtype(), 1)?;
         let (fw, fb) = (i32::from(want_w), i32::from(want_b));
+        let xh = xhat.unwrap_or(g);
+        let vec = i32::from(runs_aligned(&[Some(g), Some(xh)]));
         let ws = dw.as_mut().unwrap_or(&mut spare_w);
         let bs = db.as_mut().unwrap_or(&mut spare_b);
-        launch!(dev, "norm.cu", format!("norm_param_grad_saved_{sfx}"), CudaDevice::grid_per_row(geo.p);
-            geo, &fw, &fb, xhat.unwrap_or(g).slice(), g.slice(), ws.slice_mut(), bs.slice_mut())?;
+        // Parameter p's elements (o·P + p)·Lp + l as statistics of a batch
+        // norm over [n / (P·Lp), P, Lp].
+        let by_param: NormGeom = NormGeom::batch(n / (geo.p * geo.lp), geo.p, geo.lp);
+        let pieces = Pieces::new(geo.p, by_param.count());
+        let scratch = pieces.workspace(dev, geo.p)?;
+        let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
+        let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
+        launch!(dev, "norm.cu", format!("norm_param_sums_{sfx}"), pieces.grid(geo.p);
+            &by_param, &len, &chunks, &fw, &fb, &vec, xh.slice(), g.slice(), &part,
+            ws.slice_mut(), bs.slice_mut())?;
+        if pieces.chunks > 1 {
+            let p64 = geo.p as i64;
+            launch!(dev, "norm.cu", format!("norm_param_combine_{sfx}"), CudaDevice::grid_for(geo.p);
+                &p64, &chunks, &fw, &fb, &part, ws.slice_mut(), bs.slice_mut())?;
+        }
     }
     Ok((dw, db))
 }
@@ -655,4 +756,44 @@ fn check_params<const K: usize>(
         expect(op, b, x.dtype(), geo.p, x)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pieces;
+    use crate::cuda::check::RUN;
+
+    /// Pieces cover each statistic exactly (none empty), hold whole runs,
+    /// and spread few large statistics over many blocks while leaving
+    /// many small ones whole.
+    #[test]
+    fn pieces_cover_every_statistic_in_whole_runs() {
+        for (stats, count) in [
+            (64, 64 * 112 * 112),
+            (512, 64 * 49),
+            (1, 5),
+            (3, 0),
+            (1024, 768),
+            (2, 4097),
+            (7, 1 << 20),
+        ] {
+            let p = Pieces::new(stats, count);
+            assert!(p.chunks >= 1 && p.len >= RUN && p.len % RUN == 0, "{p:?}");
+            assert!(p.len * p.chunks >= count, "{stats} × {count}: {p:?}");
+            assert!(
+                count == 0 || (p.chunks - 1) * p.len < count,
+                "{stats} × {count}: an empty piece in {p:?}"
+            );
+        }
+        assert_eq!(Pieces::new(64, 64 * 112 * 112).chunks, 16);
+        assert_eq!(Pieces::new(512, 64 * 49).chunks, 1);
+        assert_eq!(Pieces::new(1024, 768).chunks, 1);
+        assert_eq!(
+            Pieces::new(3, 0),
+            Pieces {
+                len: RUN,
+                chunks: 1
+            }
+        );
+    }
 }

@@ -14,8 +14,10 @@
 // is the CPU's unit of work and is not used here.
 // Reductions and the normalization run in double (as the CPU, which uses
 // f64; the affine map with uncontracted __dmul_rn/__dadd_rn as Rust's); statistics are stored in the statistics type (double for f64,
-// float otherwise: `Acc<T>`). One block of LG_NORM_THREADS per statistic or
-// per parameter; sums use a fixed tree order, so results are deterministic.
+// float otherwise: `Acc<T>`). Sums run over pieces of a statistic (or of a
+// parameter's elements), a block of LG_NORM_THREADS each, joined in a fixed
+// order (see "Sums over statistics in pieces"), so results are
+// deterministic.
 
 struct NormGeom {
     long long a, s, b, p, lp, seg;
@@ -34,29 +36,6 @@ __device__ __forceinline__ double lg_norm_sum(double v, double* buf) {
     __syncthreads();
     return r;
 }
-
-// Element k (< A*B) of statistic s is (k / B * S + s) * B + k % B. A thread
-// visits k = threadIdx.x, threadIdx.x + LG_NORM_THREADS, … in that order
-// without a 64-bit division per element: k = a*B + b advances by the
-// block's stride as (a, b) += (stride / B, stride % B) with one carry
-// (B = 0 means no elements: the walk is never advanced then).
-struct LgNormWalk {
-    long long a, b, da, db;
-    __device__ __forceinline__ LgNormWalk(long long k0, long long B)
-        : a(B > 0 ? k0 / B : 0), b(B > 0 ? k0 % B : 0), da(B > 0 ? LG_NORM_THREADS / B : 0),
-          db(B > 0 ? LG_NORM_THREADS % B : 0) {}
-    __device__ __forceinline__ long long elem(long long s, long long S, long long B) const {
-        return (a * S + s) * B + b;
-    }
-    __device__ __forceinline__ void next(long long B) {
-        a += da;
-        b += db;
-        if (b >= B) {
-            b -= B;
-            ++a;
-        }
-    }
-};
 
 // A thread of norm_fwd_* normalizes a run of LG_RUN consecutive elements:
 // the statistic and parameter indices are divided out once per run and
@@ -87,6 +66,15 @@ __device__ __forceinline__ LgNormDivs lg_norm_divs(const NormGeom& g) {
     }
     __syncthreads();
     return d;
+}
+
+// The parameter p = (e / Lp) % P of element e alone (multiply-highs where
+// the dividers are narrow).
+__device__ __forceinline__ long long lg_norm_param(long long e, const NormGeom& g,
+                                                   const LgNormDivs& d) {
+    if (!d.narrow) return e / g.lp % g.p;
+    unsigned int q = lg_div(d.lp, (unsigned int)e);
+    return q - lg_div(d.p, q) * (unsigned int)g.p;
 }
 
 // The statistic s = (e / B) % S and parameter p = (e / Lp) % P of element
@@ -229,127 +217,374 @@ LG_FOR_FLOATS(LG_NORM)
     }
 LG_FOR_FLOATS(LG_NORM_RELU)
 
+// ---- Sums over statistics in pieces (two-level, deterministic) ----
+//
 // The kernels that let CUDA save what the CPU saves: statistics come back
 // unrounded in double (the host rounds them as for the CPU), and the
 // gradients read the saved x_hat rather than recomputing it from x.
-#define LG_NORM_SAVED(sfx, T)                                                         \
-    /* Per statistic: the mean (0 unless centered) and the biased variance */         \
-    /* (mean square when not centered), both unrounded doubles. */                    \
-    extern "C" __global__ void norm_moments_##sfx(NormGeom g, int centered,           \
-                                                  double* mean, double* var,          \
-                                                  const T* x) {                       \
+//
+// A statistic's A*B elements are numbered k = a*B + b (a < A, b < B: the
+// element (a*S + s)*B + b). The host cuts each statistic into `chunks`
+// pieces of `len` consecutive k (a multiple of LG_RUN; the last piece may
+// be shorter: chunks = ceil(A*B / len)), so that a layer with few
+// statistics (a ResNet stem's 64 channels) still spreads over the whole
+// GPU: block iteration w (blockIdx.x, then + gridDim.x, …) takes piece
+// (s, c) = (w / chunks, w % chunks). A piece sums in a fixed order (each
+// thread's runs in turn, then lg_norm_sum's tree) into part[2w] and
+// part[2w + 1]; the kernel after it adds a statistic's pieces in the order
+// c = 0, 1, …, so every result is deterministic. With one piece per
+// statistic the block finishes its statistic itself and `part` is unused.
+
+// Runs of LG_RUN consecutive k of the piece [lo, hi) one thread takes:
+// lo + LG_RUN * (threadIdx.x + i * blockDim.x), each with the row a and
+// column b of its first k, stepped without a division.
+struct LgPieceRuns {
+    long long k, hi, stride, a, b, da, db;
+    __device__ __forceinline__ LgPieceRuns(long long lo, long long end, long long B)
+        : k(lo + (long long)threadIdx.x * LG_RUN), hi(end),
+          stride((long long)blockDim.x * LG_RUN) {
+        // B = 0 means no elements (lo = hi = 0): nothing is visited.
+        a = B > 0 ? k / B : 0;
+        b = B > 0 ? k % B : 0;
+        da = B > 0 ? stride / B : 0;
+        db = B > 0 ? stride % B : 0;
+    }
+    __device__ __forceinline__ bool more() const { return k < hi; }
+    __device__ __forceinline__ int count() const {
+        return hi - k < LG_RUN ? (int)(hi - k) : LG_RUN;
+    }
+    __device__ __forceinline__ void next(long long B) {
+        k += stride;
+        a += da;
+        b += db;
+        if (b >= B) {
+            b -= B;
+            ++a;
+        }
+    }
+};
+
+// The piece of block iteration w: statistic s and its k range [lo, hi).
+struct LgPiece {
+    long long s, lo, hi;
+    __device__ __forceinline__ LgPiece(long long w, long long cnt, long long len,
+                                       long long chunks)
+        : s(w / chunks), lo(w % chunks * len), hi(lo + len < cnt ? lo + len : cnt) {}
+};
+
+// Every block iteration w of a pieces kernel (uniform over the block).
+#define LG_PIECES(w, g, chunks) \
+    for (long long w = blockIdx.x; w < (g).s * (chunks); w += gridDim.x)
+
+// Calls f(e, cnt) over the thread's share of piece p: cnt consecutive
+// elements from element e, a whole run at once (cnt = LG_RUN: one vector
+// when aligned) where rows hold whole runs (B a multiple of LG_RUN, and
+// runs start at multiples of LG_RUN), one element at a time otherwise.
+template <typename F>
+__device__ __forceinline__ void lg_piece_visit(const NormGeom& g, const LgPiece& p, F f) {
+    const long long S = g.s, B = g.b;
+    const bool whole_runs = B % LG_RUN == 0;
+    for (LgPieceRuns r(p.lo, p.hi, B); r.more(); r.next(B)) {
+        const int cnt = r.count();
+        if (whole_runs) {
+            f((r.a * S + p.s) * B + r.b, cnt);
+            continue;
+        }
+        long long a = r.a, b = r.b;
+        for (int i = 0; i < cnt; ++i) {
+            f((a * S + p.s) * B + b, 1);
+            if (++b == B) {
+                b = 0;
+                ++a;
+            }
+        }
+    }
+}
+
+// Statistic s's sum j (0 or 1) over its pieces, in piece order.
+__device__ __forceinline__ double lg_piece_total(const double* part, long long s,
+                                                 long long chunks, int j) {
+    double t = 0;
+    for (long long c = 0; c < chunks; ++c) t += part[(s * chunks + c) * 2 + j];
+    return t;
+}
+
+// The weight w[p] of element e (1 without w) for gw = g * w[p]: batch
+// norm's parameter is its statistic (`per_stat`, read once per piece);
+// group and layer norm find it per element.
+template <typename T> struct LgGradWeight {
+    const T* w;
+    bool per_stat;
+    double ws;
+    __device__ __forceinline__ LgGradWeight(const T* wp, const NormGeom& g, long long s)
+        : w(wp), per_stat(g.p == g.s && g.lp == g.b),
+          ws(wp && g.p == g.s && g.lp == g.b ? lg_to_f64(wp[s]) : 1.0) {}
+    __device__ __forceinline__ double at(long long e, const NormGeom& g,
+                                         const LgNormDivs& d) const {
+        return w && !per_stat ? lg_to_f64(w[lg_norm_param(e, g, d)]) : ws;
+    }
+};
+
+// A piece's block-wide sums s1 = sum gw and (when want2) s2 = sum gw * x_hat,
+// gw = g * w[p] rounded (w null: g itself).
+template <typename T>
+__device__ void lg_piece_grad_sums(const NormGeom& g, const LgNormDivs& d, const LgPiece& p,
+                                   int vec, int want2, const T* xhat, const T* gr, const T* w,
+                                   double* buf, double& s1, double& s2) {
+    const LgGradWeight<T> wt(w, g, p.s);
+    double t1 = 0, t2 = 0;
+    lg_piece_visit(g, p, [&](long long e, int cnt) {
+        LgRun<T, LG_RUN> gv, hv;
+        gv.load(gr + e, cnt, vec);
+        if (want2) hv.load(xhat + e, cnt, vec);
+        for (int i = 0; i < cnt; ++i) {
+            double gw = __dmul_rn(lg_to_f64(gv.v[i]), wt.at(e + i, g, d));
+            t1 += gw;
+            if (want2) t2 += gw * lg_to_f64(hv.v[i]);
+        }
+    });
+    s1 = lg_norm_sum(t1, buf);
+    s2 = want2 ? lg_norm_sum(t2, buf) : 0.0;
+}
+
+// The input gradient over a piece from its statistic's means m1 = mean(gw)
+// and m2 = mean(gw * x_hat) and scale r (rstd, or batch norm's w * invstd
+// with w null):
+//   mode 0 (centered): r * (gw - m1 - x_hat * m2)
+//   mode 1 (RMS):      r * (gw - x_hat * m2)
+// dx may be g itself: each stretch is read whole before it is written, by
+// the one thread that owns it.
+template <typename T>
+__device__ void lg_piece_grad_apply(const NormGeom& g, const LgNormDivs& d, const LgPiece& p,
+                                    int vec, int mode, const T* xhat,
+                                    const typename Acc<T>::type* scale, const T* gr,
+                                    const T* w, double m1, double m2, T* dx) {
+    const LgGradWeight<T> wt(w, g, p.s);
+    const double r = (double)scale[p.s];
+    lg_piece_visit(g, p, [&](long long e, int cnt) {
+        LgRun<T, LG_RUN> gv, hv, out;
+        gv.load(gr + e, cnt, vec);
+        hv.load(xhat + e, cnt, vec);
+        for (int i = 0; i < cnt; ++i) {
+            double gw = __dmul_rn(lg_to_f64(gv.v[i]), wt.at(e + i, g, d));
+            double hm = __dmul_rn(lg_to_f64(hv.v[i]), m2);
+            double v = mode == 0 ? __dsub_rn(__dsub_rn(gw, m1), hm) : __dsub_rn(gw, hm);
+            out.v[i] = lg_from_f64<T>(__dmul_rn(r, v));
+        }
+        out.store(dx + e, cnt, vec);
+    });
+}
+
+// Per statistic: the mean (0 unless centered) and the biased variance (the
+// mean square when not centered), unrounded doubles. A piece's sums are
+// its sum and its squared deviations from its own mean (centered: a
+// second pass over the piece, which the first left in cache), or its sum
+// of squares; norm_moments_combine joins pieces.
+#define LG_NORM_MOMENTS(sfx, T)                                                       \
+    extern "C" __global__ void norm_moments_##sfx(NormGeom g, long long len,          \
+                                                  long long chunks, int centered,     \
+                                                  int vec, const T* x, double* part,  \
+                                                  double* mean, double* var) {        \
         __shared__ double buf[LG_NORM_THREADS];                                       \
-        long long A = g.a, S = g.s, B = g.b;                                          \
-        long long cnt = A * B;                                                        \
-        double div = cnt > 0 ? (double)cnt : 1.0;                                     \
-        for (long long s = blockIdx.x; s < S; s += gridDim.x) {                       \
-            double m = 0;                                                             \
+        const long long cnt = g.a * g.b;                                              \
+        LG_PIECES(it, g, chunks) {                                                    \
+            const LgPiece p(it, cnt, len, chunks);                                    \
+            const double n = p.hi > p.lo ? (double)(p.hi - p.lo) : 1.0;               \
+            double sum = 0, m = 0;                                                    \
             if (centered) {                                                           \
-                LgNormWalk it(threadIdx.x, B);                                        \
-                for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS, it.next(B)) \
-                    m += lg_to_f64(x[it.elem(s, S, B)]);                              \
-                m = lg_norm_sum(m, buf) / div;                                        \
+                double t = 0;                                                         \
+                lg_piece_visit(g, p, [&](long long e, int k) {                        \
+                    LgRun<T, LG_RUN> r;                                               \
+                    r.load(x + e, k, vec);                                            \
+                    for (int i = 0; i < k; ++i) t += lg_to_f64(r.v[i]);               \
+                });                                                                   \
+                sum = lg_norm_sum(t, buf);                                            \
+                m = sum / n;                                                          \
             }                                                                         \
-            double v = 0;                                                             \
-            LgNormWalk it(threadIdx.x, B);                                            \
-            for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS, it.next(B)) { \
-                double d = lg_to_f64(x[it.elem(s, S, B)]) - m;                        \
-                v += d * d;                                                           \
-            }                                                                         \
-            v = lg_norm_sum(v, buf) / div;                                            \
-            if (threadIdx.x == 0) {                                                   \
-                mean[s] = m;                                                          \
-                var[s] = v;                                                           \
-            }                                                                         \
-        }                                                                             \
-    }                                                                                 \
-    /* Input gradient per statistic s from the saved x_hat, gw = g * w and */         \
-    /* scale[s] (rstd, or batch norm's w * invstd with has_w = 0):          */        \
-    /*   mode 0 (centered): scale * (gw - mean(gw) - x_hat * mean(gw * x_hat)) */     \
-    /*   mode 1 (RMS):      scale * (gw - x_hat * mean(gw * x_hat))          */       \
-    /*   mode 2 (affine):   scale * gw (x_hat is not read)                   */       \
-    /* mode is uniform over the grid, so the block-wide sums are reached by */       \
-    /* every thread of a block or by none. */                                         \
-    /* dx may be g itself: a block reads all of its statistic's g (the sums) */      \
-    /* before any of them is written, and each element is then read and */           \
-    /* written by one thread. */                                                      \
-    static __device__ void norm_bwd_saved_body_##sfx(NormGeom geo, int mode,          \
-                                                     int has_w, const T* xhat,        \
-                                                     const Acc<T>::type* scale,       \
-                                                     const T* g, const T* w, T* dx) { \
-        __shared__ double buf[LG_NORM_THREADS];                                       \
-        long long A = geo.a, S = geo.s, B = geo.b, P = geo.p, Lp = geo.lp;            \
-        long long cnt = A * B;                                                        \
-        double div = cnt > 0 ? (double)cnt : 1.0;                                     \
-        for (long long s = blockIdx.x; s < S; s += gridDim.x) {                       \
-            double r = (double)scale[s];                                              \
-            double s1 = 0, s2 = 0;                                                    \
-            if (mode != 2) {                                                          \
-                LgNormWalk it(threadIdx.x, B);                                        \
-                for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS, it.next(B)) { \
-                    long long e = it.elem(s, S, B);                                   \
-                    double gw = __dmul_rn(lg_to_f64(g[e]),                            \
-                                          has_w ? lg_to_f64(w[e / Lp % P]) : 1.0);    \
-                    s1 += gw;                                                         \
-                    s2 += gw * lg_to_f64(xhat[e]);                                    \
+            double q = 0;                                                             \
+            lg_piece_visit(g, p, [&](long long e, int k) {                            \
+                LgRun<T, LG_RUN> r;                                                   \
+                r.load(x + e, k, vec);                                                \
+                for (int i = 0; i < k; ++i) {                                         \
+                    double dv = lg_to_f64(r.v[i]) - m;                                \
+                    q += dv * dv;                                                     \
                 }                                                                     \
-                s1 = lg_norm_sum(s1, buf) / div;                                      \
-                s2 = lg_norm_sum(s2, buf) / div;                                      \
-            }                                                                         \
-            LgNormWalk it(threadIdx.x, B);                                            \
-            for (long long k = threadIdx.x; k < cnt; k += LG_NORM_THREADS, it.next(B)) { \
-                long long e = it.elem(s, S, B);                                       \
-                double gw = __dmul_rn(lg_to_f64(g[e]),                                \
-                                      has_w ? lg_to_f64(w[e / Lp % P]) : 1.0);        \
-                double v = gw;                                                        \
-                if (mode == 0)                                                        \
-                    v = __dsub_rn(__dsub_rn(gw, s1), __dmul_rn(lg_to_f64(xhat[e]), s2)); \
-                else if (mode == 1)                                                   \
-                    v = __dsub_rn(gw, __dmul_rn(lg_to_f64(xhat[e]), s2));             \
-                dx[e] = lg_from_f64<T>(__dmul_rn(r, v));                              \
-            }                                                                         \
-        }                                                                             \
-    }                                                                                 \
-    extern "C" __global__ void norm_bwd_saved_##sfx(NormGeom geo, int mode, int has_w, \
-                                                    const T* xhat,                    \
-                                                    const Acc<T>::type* scale,        \
-                                                    const T* g, const T* w, T* dx) {  \
-        norm_bwd_saved_body_##sfx(geo, mode, has_w, xhat, scale, g, w, dx);           \
-    }                                                                                 \
-    /* dx written over g (buffer reuse: nothing else holds g). */                     \
-    extern "C" __global__ void norm_bwd_saved_inplace_##sfx(NormGeom geo, int mode,   \
-                                                            int has_w, const T* xhat, \
-                                                            const Acc<T>::type* scale, \
-                                                            T* g, const T* w) {       \
-        norm_bwd_saved_body_##sfx(geo, mode, has_w, xhat, scale, g, w, g);            \
-    }                                                                                 \
-    /* Parameter gradients from the saved x_hat: dw[p] = sum g * x_hat (when */       \
-    /* want_w; x_hat is not read otherwise), db[p] = sum g (when want_b), over */     \
-    /* the elements (o*P + p)*Lp + l; one block per parameter. */                     \
-    extern "C" __global__ void norm_param_grad_saved_##sfx(NormGeom geo, int want_w,  \
-                                                           int want_b, const T* xhat, \
-                                                           const T* g, T* dw, T* db) { \
-        __shared__ double buf[LG_NORM_THREADS];                                       \
-        long long n = geo.a * geo.s * geo.b, P = geo.p, Lp = geo.lp;                  \
-        long long per = P * Lp > 0 ? n / (P * Lp) * Lp : 0;                           \
-        for (long long p = blockIdx.x; p < P; p += gridDim.x) {                       \
-            double sw = 0, sb = 0;                                                    \
-            LgNormWalk it(threadIdx.x, Lp);                                           \
-            for (long long k = threadIdx.x; k < per; k += LG_NORM_THREADS, it.next(Lp)) { \
-                long long e = it.elem(p, P, Lp);                                      \
-                double gv = lg_to_f64(g[e]);                                          \
-                sb += gv;                                                             \
-                if (want_w) sw += gv * lg_to_f64(xhat[e]);                            \
-            }                                                                         \
-            sw = lg_norm_sum(sw, buf);                                                \
-            sb = lg_norm_sum(sb, buf);                                                \
+            });                                                                       \
+            q = lg_norm_sum(q, buf);                                                  \
             if (threadIdx.x == 0) {                                                   \
-                if (want_w) dw[p] = lg_from_f64<T>(sw);                               \
-                if (want_b) db[p] = lg_from_f64<T>(sb);                               \
+                if (chunks == 1) {                                                    \
+                    mean[p.s] = m;                                                    \
+                    var[p.s] = q / n;                                                 \
+                } else {                                                              \
+                    part[2 * it] = sum;                                               \
+                    part[2 * it + 1] = q;                                             \
+                }                                                                     \
             }                                                                         \
         }                                                                             \
     }
-LG_FOR_FLOATS(LG_NORM_SAVED)
+LG_FOR_FLOATS(LG_NORM_MOMENTS)
+
+// The moments of each statistic from its pieces (norm_moments with
+// chunks > 1): mean = (the pieces' sums, in order) / cnt; variance = the
+// pieces' squared deviations plus each piece's n_c * (m_c - mean)^2 (the
+// exact split of the two-pass sum; m_c the piece's mean), over cnt.
+extern "C" __global__ void norm_moments_combine(long long S, long long cnt, long long len,
+                                                long long chunks, int centered,
+                                                const double* part, double* mean,
+                                                double* var) {
+    const double div = cnt > 0 ? (double)cnt : 1.0;
+    LG_GRID_LOOP(s, S) {
+        const double m = centered ? lg_piece_total(part, s, chunks, 0) / div : 0.0;
+        double q = 0;
+        for (long long c = 0; c < chunks; ++c) {
+            const double* pc = part + (s * chunks + c) * 2;
+            q += pc[1];
+            if (centered) {
+                const long long lo = c * len;
+                const double n = (double)((lo + len < cnt ? lo + len : cnt) - lo);
+                const double dm = pc[0] / n - m;
+                q += n * dm * dm;
+            }
+        }
+        mean[s] = m;
+        var[s] = q / div;
+    }
+}
+
+// The input gradient from the saved x_hat, gw = g * w (has_w) and scale[s]
+// (lg_piece_grad_apply's modes 0 and 1; the affine mode has no sums and
+// runs norm_bwd_affine). norm_bwd_* sums each piece and, with one piece
+// per statistic, applies it; with more, norm_bwd_apply_* adds a
+// statistic's pieces and applies each piece. The *_inplace kernels write
+// dx over g (buffer reuse: nothing else holds g); every sum of a statistic
+// is complete before any of its elements is written.
+#define LG_NORM_GRAD(sfx, T)                                                          \
+    static __device__ void norm_bwd_body_##sfx(NormGeom g, long long len,             \
+                                               long long chunks, int mode, int has_w, \
+                                               int vec, const T* xhat,                \
+                                               const Acc<T>::type* scale,             \
+                                               const T* gr, const T* w, double* part, \
+                                               T* dx) {                               \
+        __shared__ double buf[LG_NORM_THREADS];                                       \
+        const LgNormDivs divs = lg_norm_divs(g);                                      \
+        const long long cnt = g.a * g.b;                                              \
+        const double div = cnt > 0 ? (double)cnt : 1.0;                               \
+        const T* wp = has_w ? w : (const T*)0;                                        \
+        LG_PIECES(it, g, chunks) {                                                    \
+            const LgPiece p(it, cnt, len, chunks);                                    \
+            double s1, s2;                                                            \
+            lg_piece_grad_sums<T>(g, divs, p, vec, 1, xhat, gr, wp, buf, s1, s2);     \
+            if (chunks == 1) {                                                        \
+                lg_piece_grad_apply<T>(g, divs, p, vec, mode, xhat, scale, gr, wp,    \
+                                       s1 / div, s2 / div, dx);                       \
+            } else if (threadIdx.x == 0) {                                            \
+                part[2 * it] = s1;                                                    \
+                part[2 * it + 1] = s2;                                                \
+            }                                                                         \
+        }                                                                             \
+    }                                                                                 \
+    static __device__ void norm_bwd_apply_body_##sfx(NormGeom g, long long len,       \
+                                                     long long chunks, int mode,      \
+                                                     int has_w, int vec,              \
+                                                     const T* xhat,                   \
+                                                     const Acc<T>::type* scale,       \
+                                                     const T* gr, const T* w,         \
+                                                     const double* part, T* dx) {     \
+        __shared__ double means[2];                                                   \
+        const LgNormDivs divs = lg_norm_divs(g);                                      \
+        const long long cnt = g.a * g.b;                                              \
+        const double div = cnt > 0 ? (double)cnt : 1.0;                              \
+        const T* wp = has_w ? w : (const T*)0;                                        \
+        LG_PIECES(it, g, chunks) {                                                    \
+            const LgPiece p(it, cnt, len, chunks);                                    \
+            if (threadIdx.x < 2)                                                      \
+                means[threadIdx.x] = lg_piece_total(part, p.s, chunks, threadIdx.x) / div; \
+            __syncthreads();                                                          \
+            lg_piece_grad_apply<T>(g, divs, p, vec, mode, xhat, scale, gr, wp,        \
+                                   means[0], means[1], dx);                           \
+            __syncthreads(); /* before the next piece's means */                      \
+        }                                                                             \
+    }                                                                                 \
+    extern "C" __global__ void norm_bwd_##sfx(NormGeom g, long long len, long long chunks, \
+                                              int mode, int has_w, int vec,           \
+                                              const T* xhat, const Acc<T>::type* scale, \
+                                              const T* gr, const T* w, double* part,  \
+                                              T* dx) {                                \
+        norm_bwd_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr, w,     \
+                            part, dx);                                                \
+    }                                                                                 \
+    extern "C" __global__ void norm_bwd_inplace_##sfx(NormGeom g, long long len,      \
+                                                      long long chunks, int mode,     \
+                                                      int has_w, int vec,             \
+                                                      const T* xhat,                  \
+                                                      const Acc<T>::type* scale,      \
+                                                      T* gr, const T* w, double* part) { \
+        norm_bwd_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr, w,     \
+                            part, gr);                                                \
+    }                                                                                 \
+    extern "C" __global__ void norm_bwd_apply_##sfx(NormGeom g, long long len,        \
+                                                    long long chunks, int mode,       \
+                                                    int has_w, int vec,               \
+                                                    const T* xhat,                    \
+                                                    const Acc<T>::type* scale,        \
+                                                    const T* gr, const T* w,          \
+                                                    const double* part, T* dx) {      \
+        norm_bwd_apply_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr,  \
+                                  w, part, dx);                                       \
+    }                                                                                 \
+    extern "C" __global__ void norm_bwd_apply_inplace_##sfx(NormGeom g, long long len, \
+                                                            long long chunks, int mode, \
+                                                            int has_w, int vec,       \
+                                                            const T* xhat,            \
+                                                            const Acc<T>::type* scale, \
+                                                            T* gr, const T* w,        \
+                                                            const double* part) {     \
+        norm_bwd_apply_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr,  \
+                                  w, part, gr);                                       \
+    }
+LG_FOR_FLOATS(LG_NORM_GRAD)
+
+// Parameter gradients from the saved x_hat: dw[p] = sum g * x_hat (when
+// want_w; x_hat is not read otherwise) and db[p] = sum g (when want_b),
+// rounded once to T. `g` here is the parameters' geometry [n / (P*Lp), P,
+// Lp] (parameter p's elements are (o*P + p)*Lp + l): norm_param_sums_*
+// sums pieces (and writes dw, db with one piece per parameter),
+// norm_param_combine_* adds the pieces of each parameter in order.
+#define LG_NORM_PARAM(sfx, T)                                                         \
+    extern "C" __global__ void norm_param_sums_##sfx(NormGeom g, long long len,       \
+                                                     long long chunks, int want_w,    \
+                                                     int want_b, int vec,             \
+                                                     const T* xhat, const T* gr,      \
+                                                     double* part, T* dw, T* db) {    \
+        __shared__ double buf[LG_NORM_THREADS];                                       \
+        const LgNormDivs divs = lg_norm_divs(g);                                      \
+        const long long cnt = g.a * g.b;                                              \
+        LG_PIECES(it, g, chunks) {                                                    \
+            const LgPiece p(it, cnt, len, chunks);                                    \
+            double sb, sw;                                                            \
+            lg_piece_grad_sums<T>(g, divs, p, vec, want_w, xhat, gr, (const T*)0, buf, \
+                                  sb, sw);                                            \
+            if (threadIdx.x == 0) {                                                   \
+                if (chunks > 1) {                                                     \
+                    part[2 * it] = sb;                                                \
+                    part[2 * it + 1] = sw;                                            \
+                } else {                                                              \
+                    if (want_w) dw[p.s] = lg_from_f64<T>(sw);                         \
+                    if (want_b) db[p.s] = lg_from_f64<T>(sb);                         \
+                }                                                                     \
+            }                                                                         \
+        }                                                                             \
+    }                                                                                 \
+    extern "C" __global__ void norm_param_combine_##sfx(long long P, long long chunks, \
+                                                        int want_w, int want_b,       \
+                                                        const double* part, T* dw,    \
+                                                        T* db) {                      \
+        LG_GRID_LOOP(p, P) {                                                          \
+            if (want_w) dw[p] = lg_from_f64<T>(lg_piece_total(part, p, chunks, 1));   \
+            if (want_b) db[p] = lg_from_f64<T>(lg_piece_total(part, p, chunks, 0));   \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_NORM_PARAM)
 
 // The affine input gradient (norm_bwd_saved's mode 2: dx = scale[s] * (g *
 // w[p]), w optional; no sums) element-wise in runs of LG_RUN over the whole
