@@ -336,37 +336,54 @@ pub(super) fn param_grads(
 // ---- launch wrappers (`norm.cu`) ----
 
 /// How the two-level sums of `norm.cu` cut each statistic (or parameter)
-/// into pieces: `chunks` pieces of `len` consecutive elements (a multiple
-/// of [`RUN`]; the last may be shorter), a block each, joined in piece
-/// order by a second kernel when there are several, so that a layer with
-/// few statistics still spreads over the GPU and the sums stay
-/// deterministic.
+/// into pieces: `chunks` pieces of `len` consecutive elements (the last
+/// may be shorter), a block each, joined in piece order by a second kernel
+/// when there are several, so that a layer with few statistics still
+/// spreads over the GPU and the sums stay deterministic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Pieces {
-    /// Elements per piece.
+    /// Elements per piece: whole rows of a statistic, or a multiple of
+    /// [`RUN`] (a piece never starts inside a run).
     pub len: usize,
     /// Pieces per statistic (at least 1).
     pub chunks: usize,
 }
 
 impl Pieces {
-    /// Blocks a reduction aims at: 8 resident 256-thread blocks on each of
-    /// an H100's or H200's 132 SMs, rounded down.
-    const BLOCKS: usize = 1024;
-    /// Fewest elements a piece holds: 4 runs per thread of a block, so that
-    /// a piece's own setup and tree stay small beside its loads.
+    /// Blocks a reduction aims at: 4 resident 256-thread blocks (32 warps)
+    /// on each of an H100's or H200's 132 SMs, rounded down.
+    const BLOCKS: usize = 512;
+    /// Fewest elements a piece cut inside a row holds: 4 runs per thread
+    /// of a block, so that a piece's setup and tree stay small beside its
+    /// loads.
     const MIN_LEN: usize = 4096;
 
-    /// The pieces for `stats` statistics of `count` elements each.
-    pub(crate) fn new(stats: usize, count: usize) -> Pieces {
-        let want = Self::BLOCKS
-            .div_ceil(stats.max(1))
-            .min(count.div_ceil(Self::MIN_LEN))
-            .max(1);
-        let len = count.div_ceil(want).next_multiple_of(RUN).max(RUN);
+    /// The pieces for `stats` statistics, each `rows` rows of `row_len`
+    /// elements (the geometry's `a` and `b`). With several rows a piece is
+    /// whole rows (batch norm: some samples' planes of a channel), so the
+    /// pieces, and the launches, are the same at every image size; a
+    /// single row (layer, group and RMS norm) is cut into stretches.
+    pub(crate) fn new(stats: usize, rows: usize, row_len: usize) -> Pieces {
+        let count = rows * row_len;
+        if count == 0 {
+            return Pieces {
+                len: RUN,
+                chunks: 1,
+            };
+        }
+        let spread = Self::BLOCKS.div_ceil(stats.max(1));
+        if rows > 1 {
+            let per = rows.div_ceil(spread.min(rows));
+            return Pieces {
+                len: per * row_len,
+                chunks: rows.div_ceil(per),
+            };
+        }
+        let want = spread.min(count.div_ceil(Self::MIN_LEN)).max(1);
+        let len = count.div_ceil(want).next_multiple_of(RUN);
         Pieces {
             len,
-            chunks: count.div_ceil(len).max(1),
+            chunks: count.div_ceil(len),
         }
     }
 
@@ -400,7 +417,7 @@ pub(crate) fn norm_moments(
     let mut mean = CudaBuffer::alloc(dev, DType::F64, geo.s)?;
     let mut var = CudaBuffer::alloc(dev, DType::F64, geo.s)?;
     if geo.s > 0 {
-        let pieces = Pieces::new(geo.s, geo.count());
+        let pieces = Pieces::new(geo.s, geo.a, geo.b);
         let scratch = pieces.workspace(dev, geo.s)?;
         let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
         let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
@@ -580,7 +597,7 @@ pub(crate) fn norm_input_grad_in_place(
     }
     let xh = xhat.unwrap_or(&spare);
     let vec = i32::from(runs_aligned(&[Some(&*g), Some(xh)]));
-    let pieces = Pieces::new(geo.s, geo.count());
+    let pieces = Pieces::new(geo.s, geo.a, geo.b);
     let scratch = pieces.workspace(&dev, geo.s)?;
     let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
     let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
@@ -659,7 +676,7 @@ pub(crate) fn norm_input_grad(
         // Absent x̂ / w are never read: g stands in for them.
         let (xh, wb) = (xhat.unwrap_or(g), w.unwrap_or(g));
         let vec = i32::from(runs_aligned(&[Some(g), Some(xh), Some(&dx)]));
-        let pieces = Pieces::new(geo.s, geo.count());
+        let pieces = Pieces::new(geo.s, geo.a, geo.b);
         let scratch = pieces.workspace(dev, geo.s)?;
         let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
         let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
@@ -712,7 +729,7 @@ pub(crate) fn norm_param_grads(
         // Parameter p's elements (o·P + p)·Lp + l as statistics of a batch
         // norm over [n / (P·Lp), P, Lp].
         let by_param: NormGeom = NormGeom::batch(n / (geo.p * geo.lp), geo.p, geo.lp);
-        let pieces = Pieces::new(geo.p, by_param.count());
+        let pieces = Pieces::new(geo.p, by_param.a, by_param.b);
         let scratch = pieces.workspace(dev, geo.p)?;
         let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
         let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
@@ -763,37 +780,47 @@ mod tests {
     use super::Pieces;
     use crate::cuda::check::RUN;
 
-    /// Pieces cover each statistic exactly (none empty), hold whole runs,
-    /// and spread few large statistics over many blocks while leaving
-    /// many small ones whole.
+    /// Pieces cover each statistic exactly (none empty); a piece inside
+    /// a row holds whole runs; few large statistics spread over many
+    /// blocks, many small ones stay whole; rows are never cut when a
+    /// statistic has several.
     #[test]
-    fn pieces_cover_every_statistic_in_whole_runs() {
-        for (stats, count) in [
-            (64, 64 * 112 * 112),
-            (512, 64 * 49),
-            (1, 5),
-            (3, 0),
-            (1024, 768),
-            (2, 4097),
-            (7, 1 << 20),
+    fn pieces_cover_every_statistic() {
+        for (stats, rows, row_len) in [
+            (64, 64, 112 * 112),
+            (512, 64, 49),
+            (256, 64, 14 * 14),
+            (64, 2, 16 * 16),
+            (3, 2, 2025),
+            (1, 1, 5),
+            (3, 0, 7),
+            (1024, 1, 768),
+            (2, 1, 9001),
+            (7, 1, 1 << 20),
         ] {
-            let p = Pieces::new(stats, count);
-            assert!(p.chunks >= 1 && p.len >= RUN && p.len % RUN == 0, "{p:?}");
-            assert!(p.len * p.chunks >= count, "{stats} × {count}: {p:?}");
+            let (p, count) = (Pieces::new(stats, rows, row_len), rows * row_len);
+            let case = format!("{stats} × {rows} × {row_len}: {p:?}");
+            assert!(p.chunks >= 1 && p.len >= 1, "{case}");
+            assert!(p.len * p.chunks >= count, "{case}");
             assert!(
                 count == 0 || (p.chunks - 1) * p.len < count,
-                "{stats} × {count}: an empty piece in {p:?}"
+                "{case}: an empty piece"
             );
-        }
-        assert_eq!(Pieces::new(64, 64 * 112 * 112).chunks, 16);
-        assert_eq!(Pieces::new(512, 64 * 49).chunks, 1);
-        assert_eq!(Pieces::new(1024, 768).chunks, 1);
-        assert_eq!(
-            Pieces::new(3, 0),
-            Pieces {
-                len: RUN,
-                chunks: 1
+            if rows > 1 && count > 0 {
+                assert_eq!(p.len % row_len, 0, "{case}: a row cut");
+            } else {
+                assert_eq!(p.len % RUN, 0, "{case}: a run cut");
             }
+        }
+        assert_eq!(Pieces::new(64, 64, 112 * 112).chunks, 8);
+        assert_eq!(
+            Pieces::new(64, 64, 8 * 8).chunks,
+            8,
+            "the same at every size"
         );
+        assert_eq!(Pieces::new(256, 64, 14 * 14).chunks, 2);
+        assert_eq!(Pieces::new(512, 64, 49).chunks, 1);
+        assert_eq!(Pieces::new(1024, 1, 768).chunks, 1);
+        assert_eq!(Pieces::new(2, 1, 9001).chunks, 3);
     }
 }

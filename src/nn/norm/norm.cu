@@ -225,8 +225,9 @@ LG_FOR_FLOATS(LG_NORM_RELU)
 //
 // A statistic's A*B elements are numbered k = a*B + b (a < A, b < B: the
 // element (a*S + s)*B + b). The host cuts each statistic into `chunks`
-// pieces of `len` consecutive k (a multiple of LG_RUN; the last piece may
-// be shorter: chunks = ceil(A*B / len)), so that a layer with few
+// pieces of `len` consecutive k (whole rows, or a multiple of LG_RUN: a
+// piece never starts inside a run; the last piece may be shorter: chunks
+// = ceil(A*B / len); `Pieces` in cuda.rs), so that a layer with few
 // statistics (a ResNet stem's 64 channels) still spreads over the whole
 // GPU: block iteration w (blockIdx.x, then + gridDim.x, …) takes piece
 // (s, c) = (w / chunks, w % chunks). A piece sums in a fixed order (each
