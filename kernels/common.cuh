@@ -70,6 +70,12 @@ __device__ __forceinline__ long long lg_offset(const Strided& l, long long i) {
 // straddles a 32-element mask word.
 #define LG_RUN 4
 
+// The elements i < cnt of a run, unrolled with constant indices: a loop to
+// a run-time count would index the run's values dynamically and move them
+// from registers to local memory.
+#define LG_RUN_EACH(i, cnt) \
+    _Pragma("unroll") for (int i = 0; i < LG_RUN; ++i) if (i < (cnt))
+
 // N consecutive elements of one thread (a "run"): loaded and stored as
 // one vector (16 bytes, or 8 for a run of four 2-byte elements) when `vec`
 // says every buffer the kernel moves runs through is aligned to it and the
@@ -81,14 +87,18 @@ template <typename T, int N> struct LgRun {
         if (vec && cnt == N) {
             copy(reinterpret_cast<unsigned int*>(v), reinterpret_cast<const unsigned int*>(p));
         } else {
-            for (int i = 0; i < cnt; ++i) v[i] = p[i];
+#pragma unroll
+            for (int i = 0; i < N; ++i)
+                if (i < cnt) v[i] = p[i];
         }
     }
     __device__ __forceinline__ void store(T* p, int cnt, int vec) const {
         if (vec && cnt == N) {
             copy(reinterpret_cast<unsigned int*>(p), reinterpret_cast<const unsigned int*>(v));
         } else {
-            for (int i = 0; i < cnt; ++i) p[i] = v[i];
+#pragma unroll
+            for (int i = 0; i < N; ++i)
+                if (i < cnt) p[i] = v[i];
         }
     }
     static __device__ __forceinline__ void copy(unsigned int* d, const unsigned int* s) {

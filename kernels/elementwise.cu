@@ -207,7 +207,7 @@ static __device__ __forceinline__ T lg_axpy_one(T acc, typename Acc<T>::type al,
             LgRun<T, LG_RUN> a, b;                                               \
             a.load(acc + e0, cnt, vec);                                               \
             b.load(x + e0, cnt, vec);                                                 \
-            for (int i = 0; i < cnt; ++i) a.v[i] = lg_axpy_one<T>(a.v[i], al, b.v[i]); \
+            LG_RUN_EACH(i, cnt) a.v[i] = lg_axpy_one<T>(a.v[i], al, b.v[i]);          \
             a.store(acc + e0, cnt, vec);                                              \
         }                                                                             \
     }

@@ -142,10 +142,11 @@ __device__ __forceinline__ T lg_norm_elem(T x, const LgNormAt& at,
             LgRun<T, LG_RUN> in, hat, out;                                       \
             in.load(x + e0, cnt, vec);                                                \
             LgNormAt at(e0, g, divs);                                                 \
-            for (int i = 0; i < cnt; ++i, at.next(g)) {                               \
+            LG_RUN_EACH(i, cnt) {                                                     \
                 T yv = lg_norm_elem<T>(in.v[i], at, mean, rstd, has_w ? w : 0,        \
                                        has_b ? b : 0, want_xhat ? &hat.v[i] : 0);     \
                 if (want_y) out.v[i] = yv;                                            \
+                at.next(g);                                                           \
             }                                                                         \
             if (want_xhat) hat.store(xhat + e0, cnt, vec);                            \
             if (want_y) out.store(y + e0, cnt, vec);                                  \
@@ -198,7 +199,7 @@ LG_FOR_FLOATS(LG_NORM)
                 LgRun<T, LG_RUN> run, hat;                                            \
                 run.load(x + e0, cnt, vec);                                           \
                 LgNormAt at(e0, g, divs);                                             \
-                for (int i = 0; i < cnt; ++i, at.next(g)) {                           \
+                LG_RUN_EACH(i, cnt) {                                                 \
                     T y = lg_norm_elem<T>(run.v[i], at, mean, rstd, has_w ? w : 0,    \
                                           has_b ? b : 0, want_xhat ? &hat.v[i] : 0);  \
                     A v = lg_load(y);                                                 \
@@ -206,6 +207,7 @@ LG_FOR_FLOATS(LG_NORM)
                     nib |= (unsigned int)pos << i;                                    \
                     /* NaN is not positive (bit 0) but stays NaN, as ReLU's */        \
                     run.v[i] = pos || v != v ? y : lg_store<T>((A)0);                 \
+                    at.next(g);                                                       \
                 }                                                                     \
                 if (want_xhat) hat.store(xhat + e0, cnt, vec);                        \
                 run.store(x + e0, cnt, vec);                                          \
@@ -236,19 +238,24 @@ LG_FOR_FLOATS(LG_NORM_RELU)
 // c = 0, 1, …, so every result is deterministic. With one piece per
 // statistic the block finishes its statistic itself and `part` is unused.
 
-// Runs of LG_RUN consecutive k of the piece [lo, hi) one thread takes:
-// lo + LG_RUN * (threadIdx.x + i * blockDim.x), each with the row a and
-// column b of its first k, stepped without a division.
+// Runs of LG_RUN consecutive k of the piece [lo, hi) of statistic s that
+// one thread takes: lo + LG_RUN * (threadIdx.x + i * blockDim.x), each
+// with the column b of its first k and that k's element e, both stepped
+// without a division or a product: k += stride moves e by
+// (stride / B) * S*B + stride % B, and a column past the row's end moves
+// e on to the next row of the statistic, (S - 1) * B further.
 struct LgPieceRuns {
-    long long k, hi, stride, a, b, da, db;
-    __device__ __forceinline__ LgPieceRuns(long long lo, long long end, long long B)
+    long long k, hi, stride, b, e, db, de, wrap;
+    __device__ __forceinline__ LgPieceRuns(long long lo, long long end, long long s,
+                                           long long S, long long B)
         : k(lo + (long long)threadIdx.x * LG_RUN), hi(end),
-          stride((long long)blockDim.x * LG_RUN) {
+          stride((long long)blockDim.x * LG_RUN), wrap((S - 1) * B) {
         // B = 0 means no elements (lo = hi = 0): nothing is visited.
-        a = B > 0 ? k / B : 0;
+        const long long a = B > 0 ? k / B : 0;
         b = B > 0 ? k % B : 0;
-        da = B > 0 ? stride / B : 0;
+        e = (a * S + s) * B + b;
         db = B > 0 ? stride % B : 0;
+        de = (B > 0 ? stride / B : 0) * S * B + db;
     }
     __device__ __forceinline__ bool more() const { return k < hi; }
     __device__ __forceinline__ int count() const {
@@ -256,11 +263,11 @@ struct LgPieceRuns {
     }
     __device__ __forceinline__ void next(long long B) {
         k += stride;
-        a += da;
         b += db;
+        e += de;
         if (b >= B) {
             b -= B;
-            ++a;
+            e += wrap;
         }
     }
 };
@@ -280,23 +287,27 @@ struct LgPiece {
 // Calls f(e, cnt) over the thread's share of piece p: cnt consecutive
 // elements from element e, a whole run at once (cnt = LG_RUN: one vector
 // when aligned) where rows hold whole runs (B a multiple of LG_RUN, and
-// runs start at multiples of LG_RUN), one element at a time otherwise.
+// runs start at multiples of LG_RUN), one element at a time otherwise and
+// for a piece's short last run.
 template <typename F>
 __device__ __forceinline__ void lg_piece_visit(const NormGeom& g, const LgPiece& p, F f) {
     const long long S = g.s, B = g.b;
-    const bool whole_runs = B % LG_RUN == 0;
-    for (LgPieceRuns r(p.lo, p.hi, B); r.more(); r.next(B)) {
-        const int cnt = r.count();
-        if (whole_runs) {
-            f((r.a * S + p.s) * B + r.b, cnt);
-            continue;
-        }
-        long long a = r.a, b = r.b;
-        for (int i = 0; i < cnt; ++i) {
-            f((a * S + p.s) * B + b, 1);
+    LgPieceRuns r(p.lo, p.hi, p.s, S, B);
+    if (B % LG_RUN == 0) {
+        // Whole runs with a constant count (their loops unroll unguarded),
+        // then at most one short run, inside its row.
+        for (; r.k + LG_RUN <= p.hi; r.next(B)) f(r.e, LG_RUN);
+        for (int i = 0; i < r.count(); ++i) f(r.e + i, 1);
+        return;
+    }
+    for (; r.more(); r.next(B)) {
+        long long b = r.b, e = r.e;
+        for (int i = 0; i < r.count(); ++i) {
+            f(e, 1);
+            ++e;
             if (++b == B) {
                 b = 0;
-                ++a;
+                e += r.wrap;
             }
         }
     }
@@ -338,7 +349,7 @@ __device__ void lg_piece_grad_sums(const NormGeom& g, const LgNormDivs& d, const
         LgRun<T, LG_RUN> gv, hv;
         gv.load(gr + e, cnt, vec);
         if (want2) hv.load(xhat + e, cnt, vec);
-        for (int i = 0; i < cnt; ++i) {
+        LG_RUN_EACH(i, cnt) {
             double gw = __dmul_rn(lg_to_f64(gv.v[i]), wt.at(e + i, g, d));
             t1 += gw;
             if (want2) t2 += gw * lg_to_f64(hv.v[i]);
@@ -366,7 +377,7 @@ __device__ void lg_piece_grad_apply(const NormGeom& g, const LgNormDivs& d, cons
         LgRun<T, LG_RUN> gv, hv, out;
         gv.load(gr + e, cnt, vec);
         hv.load(xhat + e, cnt, vec);
-        for (int i = 0; i < cnt; ++i) {
+        LG_RUN_EACH(i, cnt) {
             double gw = __dmul_rn(lg_to_f64(gv.v[i]), wt.at(e + i, g, d));
             double hm = __dmul_rn(lg_to_f64(hv.v[i]), m2);
             double v = mode == 0 ? __dsub_rn(__dsub_rn(gw, m1), hm) : __dsub_rn(gw, hm);
@@ -397,7 +408,7 @@ __device__ void lg_piece_grad_apply(const NormGeom& g, const LgNormDivs& d, cons
                 lg_piece_visit(g, p, [&](long long e, int k) {                        \
                     LgRun<T, LG_RUN> r;                                               \
                     r.load(x + e, k, vec);                                            \
-                    for (int i = 0; i < k; ++i) t += lg_to_f64(r.v[i]);               \
+                    LG_RUN_EACH(i, k) t += lg_to_f64(r.v[i]);                         \
                 });                                                                   \
                 sum = lg_norm_sum(t, buf);                                            \
                 m = sum / n;                                                          \
@@ -406,7 +417,7 @@ __device__ void lg_piece_grad_apply(const NormGeom& g, const LgNormDivs& d, cons
             lg_piece_visit(g, p, [&](long long e, int k) {                            \
                 LgRun<T, LG_RUN> r;                                                   \
                 r.load(x + e, k, vec);                                                \
-                for (int i = 0; i < k; ++i) {                                         \
+                LG_RUN_EACH(i, k) {                                                   \
                     double dv = lg_to_f64(r.v[i]) - m;                                \
                     q += dv * dv;                                                     \
                 }                                                                     \
@@ -605,10 +616,11 @@ LG_FOR_FLOATS(LG_NORM_PARAM)
             LgRun<T, LG_RUN> in, out;                                                 \
             in.load(g + e0, cnt, vec);                                                \
             LgNormAt at(e0, geo, divs);                                               \
-            for (int i = 0; i < cnt; ++i, at.next(geo)) {                             \
+            LG_RUN_EACH(i, cnt) {                                                     \
                 double gw = __dmul_rn(lg_to_f64(in.v[i]),                             \
                                       has_w ? lg_to_f64(w[at.p]) : 1.0);              \
                 out.v[i] = lg_from_f64<T>(__dmul_rn((double)scale[at.s], gw));        \
+                at.next(geo);                                                         \
             }                                                                         \
             out.store(dx + e0, cnt, vec);                                             \
         }                                                                             \

@@ -52,7 +52,7 @@ static __device__ void lg_relu_mask_fwd_runs(double slope, long long n, T* x,
         unsigned int nib = 0;
         if (cnt > 0) {
             run.load(x + e0, cnt, vec);
-            for (int i = 0; i < cnt; ++i) {
+            LG_RUN_EACH(i, cnt) {
                 A v = lg_load(run.v[i]);
                 bool pos = v > (A)0;
                 nib |= (unsigned int)pos << i;
@@ -82,7 +82,7 @@ static __device__ void lg_relu_mask_bwd_runs(double slope, long long n, T* g,
         unsigned int bits = mask[e0 >> 5] >> (e0 & 31);
         LgRun<T, LG_RUN> run;
         run.load(g + e0, cnt, vec);
-        for (int i = 0; i < cnt; ++i) {
+        LG_RUN_EACH(i, cnt) {
             if (!(bits >> i & 1u))
                 run.v[i] = lg_store<T>(slope == 0.0 ? (A)0 : lg_load(run.v[i]) * s);
         }
