@@ -108,19 +108,49 @@ struct LgNormAt {
     }
 };
 
-// One element of the norms' forward: x_hat = (x - mean[s]) * rstd[s] in
-// double, written rounded to T where `hat` is given, and y = x_hat * w[p] +
-// b[p] (w, b optional: null) with uncontracted products, rounded to T.
+// What the forward applies to an element: its statistic's mean and rstd
+// and its parameter's w and b (1 and 0 where absent), as doubles.
+struct LgNormVals {
+    double m, r, w, b;
+    template <typename S, typename T>
+    __device__ __forceinline__ LgNormVals(const LgNormAt& at, const S* mean, const S* rstd,
+                                          const T* wp, const T* bp)
+        : m((double)mean[at.s]), r((double)rstd[at.s]), w(wp ? lg_to_f64(wp[at.p]) : 1.0),
+          b(bp ? lg_to_f64(bp[at.p]) : 0.0) {}
+};
+
+// The LgNormVals of a run's elements in turn (`v`, then next() after each
+// element): read once where the run of cnt elements from e0 lies on one
+// statistic and one parameter (batch and group norm's runs inside a
+// plane), stepped and read again per element otherwise.
+template <typename T> struct LgNormRunVals {
+    typedef typename Acc<T>::type S;
+    const NormGeom& g;
+    LgNormAt at;
+    const bool uniform;
+    const S *mean, *rstd;
+    const T *w, *b;
+    LgNormVals v;
+    __device__ __forceinline__ LgNormRunVals(long long e0, int cnt, const NormGeom& geo,
+                                             const LgNormDivs& d, const S* mn, const S* rs,
+                                             const T* wp, const T* bp)
+        : g(geo), at(e0, geo, d), uniform(at.rb + cnt <= geo.b && at.rl + cnt <= geo.lp),
+          mean(mn), rstd(rs), w(wp), b(bp), v(at, mn, rs, wp, bp) {}
+    __device__ __forceinline__ void next() {
+        if (uniform) return;
+        at.next(g);
+        v = LgNormVals(at, mean, rstd, w, b);
+    }
+};
+
+// One element of the norms' forward: x_hat = (x - m) * r in double,
+// written rounded to T where `hat` is given, and y = x_hat * w + b with
+// uncontracted products, rounded to T.
 template <typename T>
-__device__ __forceinline__ T lg_norm_elem(T x, const LgNormAt& at,
-                                          const typename Acc<T>::type* mean,
-                                          const typename Acc<T>::type* rstd, const T* w,
-                                          const T* b, T* hat) {
-    double h = (lg_to_f64(x) - (double)mean[at.s]) * (double)rstd[at.s];
+__device__ __forceinline__ T lg_norm_elem(T x, const LgNormVals& v, T* hat) {
+    double h = (lg_to_f64(x) - v.m) * v.r;
     if (hat) *hat = lg_from_f64<T>(h);
-    double wv = w ? lg_to_f64(w[at.p]) : 1.0;
-    double bv = b ? lg_to_f64(b[at.p]) : 0.0;
-    return lg_from_f64<T>(__dadd_rn(__dmul_rn(h, wv), bv));
+    return lg_from_f64<T>(__dadd_rn(__dmul_rn(h, v.w), v.b));
 }
 
 #define LG_NORM(sfx, T)                                                               \
@@ -141,12 +171,12 @@ __device__ __forceinline__ T lg_norm_elem(T x, const LgNormAt& at,
             int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;             \
             LgRun<T, LG_RUN> in, hat, out;                                       \
             in.load(x + e0, cnt, vec);                                                \
-            LgNormAt at(e0, g, divs);                                                 \
+            LgNormRunVals<T> rv(e0, cnt, g, divs, mean, rstd, has_w ? w : 0,          \
+                                has_b ? b : 0);                                       \
             LG_RUN_EACH(i, cnt) {                                                     \
-                T yv = lg_norm_elem<T>(in.v[i], at, mean, rstd, has_w ? w : 0,        \
-                                       has_b ? b : 0, want_xhat ? &hat.v[i] : 0);     \
+                T yv = lg_norm_elem<T>(in.v[i], rv.v, want_xhat ? &hat.v[i] : 0);     \
                 if (want_y) out.v[i] = yv;                                            \
-                at.next(g);                                                           \
+                rv.next();                                                            \
             }                                                                         \
             if (want_xhat) hat.store(xhat + e0, cnt, vec);                            \
             if (want_y) out.store(y + e0, cnt, vec);                                  \
@@ -198,16 +228,16 @@ LG_FOR_FLOATS(LG_NORM)
             if (cnt > 0) {                                                            \
                 LgRun<T, LG_RUN> run, hat;                                            \
                 run.load(x + e0, cnt, vec);                                           \
-                LgNormAt at(e0, g, divs);                                             \
+                LgNormRunVals<T> rv(e0, cnt, g, divs, mean, rstd, has_w ? w : 0,      \
+                                    has_b ? b : 0);                                   \
                 LG_RUN_EACH(i, cnt) {                                                 \
-                    T y = lg_norm_elem<T>(run.v[i], at, mean, rstd, has_w ? w : 0,    \
-                                          has_b ? b : 0, want_xhat ? &hat.v[i] : 0);  \
+                    T y = lg_norm_elem<T>(run.v[i], rv.v, want_xhat ? &hat.v[i] : 0); \
                     A v = lg_load(y);                                                 \
                     bool pos = v > (A)0;                                              \
                     nib |= (unsigned int)pos << i;                                    \
                     /* NaN is not positive (bit 0) but stays NaN, as ReLU's */        \
                     run.v[i] = pos || v != v ? y : lg_store<T>((A)0);                 \
-                    at.next(g);                                                       \
+                    rv.next();                                                        \
                 }                                                                     \
                 if (want_xhat) hat.store(xhat + e0, cnt, vec);                        \
                 run.store(x + e0, cnt, vec);                                          \
@@ -615,12 +645,13 @@ LG_FOR_FLOATS(LG_NORM_PARAM)
             int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;                       \
             LgRun<T, LG_RUN> in, out;                                                 \
             in.load(g + e0, cnt, vec);                                                \
-            LgNormAt at(e0, geo, divs);                                               \
+            /* scale[s] read as the statistic's values (v.m; v.r unused) */          \
+            LgNormRunVals<T> rv(e0, cnt, geo, divs, scale, scale, has_w ? w : 0,      \
+                                (const T*)0);                                         \
             LG_RUN_EACH(i, cnt) {                                                     \
-                double gw = __dmul_rn(lg_to_f64(in.v[i]),                             \
-                                      has_w ? lg_to_f64(w[at.p]) : 1.0);              \
-                out.v[i] = lg_from_f64<T>(__dmul_rn((double)scale[at.s], gw));        \
-                at.next(geo);                                                         \
+                double gw = __dmul_rn(lg_to_f64(in.v[i]), rv.v.w);                    \
+                out.v[i] = lg_from_f64<T>(__dmul_rn(rv.v.m, gw));                     \
+                rv.next();                                                            \
             }                                                                         \
             out.store(dx + e0, cnt, vec);                                             \
         }                                                                             \
