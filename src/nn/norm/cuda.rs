@@ -602,13 +602,12 @@ pub(crate) fn norm_input_grad_in_place(
     let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
     let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
     let wb = w.unwrap_or(&spare);
-    launch!(&dev, "norm.cu", format!("norm_bwd_inplace_{sfx}"), pieces.grid(geo.s);
-        geo, &len, &chunks, &code, &hw, &vec, xh.slice(), scale.slice(), g.slice_mut(),
-        wb.slice(), &part)?;
-    if pieces.chunks > 1 {
-        launch!(&dev, "norm.cu", format!("norm_bwd_apply_inplace_{sfx}"), pieces.grid(geo.s);
-            geo, &len, &chunks, &code, &hw, &vec, xh.slice(), scale.slice(), g.slice_mut(),
-            wb.slice(), &part)?;
+    // The sums, then (with several pieces) the join and the apply.
+    for pass in 0..=i32::from(pieces.chunks > 1) {
+        let join: i32 = pass;
+        launch!(&dev, "norm.cu", format!("norm_bwd_inplace_{sfx}"), pieces.grid(geo.s);
+            geo, &len, &chunks, &join, &code, &hw, &vec, xh.slice(), scale.slice(),
+            g.slice_mut(), wb.slice(), &part)?;
     }
     Ok(())
 }
@@ -680,13 +679,12 @@ pub(crate) fn norm_input_grad(
         let scratch = pieces.workspace(dev, geo.s)?;
         let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
         let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
-        launch!(dev, "norm.cu", format!("norm_bwd_{sfx}"), pieces.grid(geo.s);
-            geo, &len, &chunks, &code, &hw, &vec, xh.slice(), scale.slice(), g.slice(),
-            wb.slice(), &part, dx.slice_mut())?;
-        if pieces.chunks > 1 {
-            launch!(dev, "norm.cu", format!("norm_bwd_apply_{sfx}"), pieces.grid(geo.s);
-                geo, &len, &chunks, &code, &hw, &vec, xh.slice(), scale.slice(), g.slice(),
-                wb.slice(), &part, dx.slice_mut())?;
+        // The sums, then (with several pieces) the join and the apply.
+        for pass in 0..=i32::from(pieces.chunks > 1) {
+            let join: i32 = pass;
+            launch!(dev, "norm.cu", format!("norm_bwd_{sfx}"), pieces.grid(geo.s);
+                geo, &len, &chunks, &join, &code, &hw, &vec, xh.slice(), scale.slice(),
+                g.slice(), wb.slice(), &part, dx.slice_mut())?;
         }
     }
     Ok(dx)

@@ -495,9 +495,9 @@ extern "C" __global__ void norm_moments_combine(long long S, long long cnt, long
 
 // The input gradient from the saved x_hat, gw = g * w (has_w) and scale[s]
 // (lg_piece_grad_apply's modes 0 and 1; the affine mode has no sums and
-// runs norm_bwd_affine). norm_bwd_* sums each piece and, with one piece
-// per statistic, applies it; with more, norm_bwd_apply_* adds a
-// statistic's pieces and applies each piece. The *_inplace kernels write
+// runs norm_bwd_affine). norm_bwd_* (join 0) sums each piece and, with
+// one piece per statistic, applies it; with more, a second launch (join 1)
+// adds a statistic's pieces and applies each piece. The *_inplace kernels write
 // dx over g (buffer reuse: nothing else holds g); every sum of a statistic
 // is complete before any of its elements is written.
 #define LG_NORM_GRAD(sfx, T)                                                          \
@@ -547,42 +547,32 @@ extern "C" __global__ void norm_moments_combine(long long S, long long cnt, long
             __syncthreads(); /* before the next piece's means */                      \
         }                                                                             \
     }                                                                                 \
+    /* join 0: sum each piece (and apply it, with one piece per statistic); */   \
+    /* join 1: add a statistic's pieces and apply each piece. */                     \
     extern "C" __global__ void norm_bwd_##sfx(NormGeom g, long long len, long long chunks, \
-                                              int mode, int has_w, int vec,           \
+                                              int join, int mode, int has_w, int vec, \
                                               const T* xhat, const Acc<T>::type* scale, \
                                               const T* gr, const T* w, double* part,  \
                                               T* dx) {                                \
-        norm_bwd_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr, w,     \
-                            part, dx);                                                \
+        if (join)                                                                     \
+            norm_bwd_apply_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale,  \
+                                      gr, w, part, dx);                               \
+        else                                                                          \
+            norm_bwd_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr, w, \
+                                part, dx);                                            \
     }                                                                                 \
     extern "C" __global__ void norm_bwd_inplace_##sfx(NormGeom g, long long len,      \
-                                                      long long chunks, int mode,     \
-                                                      int has_w, int vec,             \
+                                                      long long chunks, int join,     \
+                                                      int mode, int has_w, int vec,   \
                                                       const T* xhat,                  \
                                                       const Acc<T>::type* scale,      \
                                                       T* gr, const T* w, double* part) { \
-        norm_bwd_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr, w,     \
-                            part, gr);                                                \
-    }                                                                                 \
-    extern "C" __global__ void norm_bwd_apply_##sfx(NormGeom g, long long len,        \
-                                                    long long chunks, int mode,       \
-                                                    int has_w, int vec,               \
-                                                    const T* xhat,                    \
-                                                    const Acc<T>::type* scale,        \
-                                                    const T* gr, const T* w,          \
-                                                    const double* part, T* dx) {      \
-        norm_bwd_apply_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr,  \
-                                  w, part, dx);                                       \
-    }                                                                                 \
-    extern "C" __global__ void norm_bwd_apply_inplace_##sfx(NormGeom g, long long len, \
-                                                            long long chunks, int mode, \
-                                                            int has_w, int vec,       \
-                                                            const T* xhat,            \
-                                                            const Acc<T>::type* scale, \
-                                                            T* gr, const T* w,        \
-                                                            const double* part) {     \
-        norm_bwd_apply_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr,  \
-                                  w, part, gr);                                       \
+        if (join)                                                                     \
+            norm_bwd_apply_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale,  \
+                                      gr, w, part, gr);                               \
+        else                                                                          \
+            norm_bwd_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr, w, \
+                                part, gr);                                            \
     }
 LG_FOR_FLOATS(LG_NORM_GRAD)
 
