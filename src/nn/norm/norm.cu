@@ -502,8 +502,8 @@ extern "C" __global__ void norm_moments_combine(long long S, long long cnt, long
 // is complete before any of its elements is written.
 #define LG_NORM_GRAD(sfx, T)                                                          \
     static __device__ void norm_bwd_body_##sfx(NormGeom g, long long len,             \
-                                               long long chunks, int mode, int has_w, \
-                                               int vec, const T* xhat,                \
+                                               long long chunks, int join, int mode,  \
+                                               int has_w, int vec, const T* xhat,     \
                                                const Acc<T>::type* scale,             \
                                                const T* gr, const T* w, double* part, \
                                                T* dx) {                               \
@@ -514,52 +514,40 @@ extern "C" __global__ void norm_moments_combine(long long S, long long cnt, long
         const T* wp = has_w ? w : (const T*)0;                                        \
         LG_PIECES(it, g, chunks) {                                                    \
             const LgPiece p(it, cnt, len, chunks);                                    \
-            double s1, s2;                                                            \
-            lg_piece_grad_sums<T>(g, divs, p, vec, 1, xhat, gr, wp, buf, s1, s2);     \
-            if (chunks == 1) {                                                        \
-                lg_piece_grad_apply<T>(g, divs, p, vec, mode, xhat, scale, gr, wp,    \
-                                       s1 / div, s2 / div, dx);                       \
-            } else if (threadIdx.x == 0) {                                            \
-                part[2 * it] = s1;                                                    \
-                part[2 * it + 1] = s2;                                                \
+            double m1, m2;                                                            \
+            if (join) {                                                               \
+                if (threadIdx.x < 2)                                                  \
+                    buf[threadIdx.x] = lg_piece_total(part, p.s, chunks, threadIdx.x) / div; \
+                __syncthreads();                                                      \
+                m1 = buf[0];                                                          \
+                m2 = buf[1];                                                          \
+                __syncthreads(); /* before buf is written again */                    \
+            } else {                                                                  \
+                double s1, s2;                                                        \
+                lg_piece_grad_sums<T>(g, divs, p, vec, 1, xhat, gr, wp, buf, s1, s2); \
+                if (chunks > 1) {                                                     \
+                    if (threadIdx.x == 0) {                                           \
+                        part[2 * it] = s1;                                            \
+                        part[2 * it + 1] = s2;                                        \
+                    }                                                                 \
+                    continue;                                                         \
+                }                                                                     \
+                m1 = s1 / div;                                                        \
+                m2 = s2 / div;                                                        \
             }                                                                         \
+            lg_piece_grad_apply<T>(g, divs, p, vec, mode, xhat, scale, gr, wp, m1, m2, \
+                                   dx);                                               \
         }                                                                             \
     }                                                                                 \
-    static __device__ void norm_bwd_apply_body_##sfx(NormGeom g, long long len,       \
-                                                     long long chunks, int mode,      \
-                                                     int has_w, int vec,              \
-                                                     const T* xhat,                   \
-                                                     const Acc<T>::type* scale,       \
-                                                     const T* gr, const T* w,         \
-                                                     const double* part, T* dx) {     \
-        __shared__ double means[2];                                                   \
-        const LgNormDivs divs = lg_norm_divs(g);                                      \
-        const long long cnt = g.a * g.b;                                              \
-        const double div = cnt > 0 ? (double)cnt : 1.0;                              \
-        const T* wp = has_w ? w : (const T*)0;                                        \
-        LG_PIECES(it, g, chunks) {                                                    \
-            const LgPiece p(it, cnt, len, chunks);                                    \
-            if (threadIdx.x < 2)                                                      \
-                means[threadIdx.x] = lg_piece_total(part, p.s, chunks, threadIdx.x) / div; \
-            __syncthreads();                                                          \
-            lg_piece_grad_apply<T>(g, divs, p, vec, mode, xhat, scale, gr, wp,        \
-                                   means[0], means[1], dx);                           \
-            __syncthreads(); /* before the next piece's means */                      \
-        }                                                                             \
-    }                                                                                 \
-    /* join 0: sum each piece (and apply it, with one piece per statistic); */   \
+    /* join 0: sum each piece (and apply it, with one piece per statistic); */       \
     /* join 1: add a statistic's pieces and apply each piece. */                     \
     extern "C" __global__ void norm_bwd_##sfx(NormGeom g, long long len, long long chunks, \
                                               int join, int mode, int has_w, int vec, \
                                               const T* xhat, const Acc<T>::type* scale, \
                                               const T* gr, const T* w, double* part,  \
                                               T* dx) {                                \
-        if (join)                                                                     \
-            norm_bwd_apply_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale,  \
-                                      gr, w, part, dx);                               \
-        else                                                                          \
-            norm_bwd_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr, w, \
-                                part, dx);                                            \
+        norm_bwd_body_##sfx(g, len, chunks, join, mode, has_w, vec, xhat, scale, gr,  \
+                            w, part, dx);                                             \
     }                                                                                 \
     extern "C" __global__ void norm_bwd_inplace_##sfx(NormGeom g, long long len,      \
                                                       long long chunks, int join,     \
@@ -567,12 +555,8 @@ extern "C" __global__ void norm_moments_combine(long long S, long long cnt, long
                                                       const T* xhat,                  \
                                                       const Acc<T>::type* scale,      \
                                                       T* gr, const T* w, double* part) { \
-        if (join)                                                                     \
-            norm_bwd_apply_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale,  \
-                                      gr, w, part, gr);                               \
-        else                                                                          \
-            norm_bwd_body_##sfx(g, len, chunks, mode, has_w, vec, xhat, scale, gr, w, \
-                                part, gr);                                            \
+        norm_bwd_body_##sfx(g, len, chunks, join, mode, has_w, vec, xhat, scale, gr,  \
+                            w, part, gr);                                             \
     }
 LG_FOR_FLOATS(LG_NORM_GRAD)
 
