@@ -387,19 +387,38 @@ impl Pieces {
         }
     }
 
-    /// A block (and a block iteration) per piece.
-    fn grid(&self, stats: usize) -> cudarc::driver::LaunchConfig {
-        CudaDevice::grid_per_row(stats.saturating_mul(self.chunks))
-    }
-
-    /// The pieces' two f64 sums each, outside the ledger (a kernel's
-    /// scratch, as the CPU's partial sums are); none for one piece per
-    /// statistic, where the kernels take a null pointer they never touch.
-    fn workspace(&self, dev: &Arc<CudaDevice>, stats: usize) -> Result<Option<CudaBuffer>> {
-        (self.chunks > 1)
+    /// What a launch over `stats` statistics cut this way takes: its grid,
+    /// the piece arguments and the scratch of the pieces' sums.
+    fn launch(self, dev: &Arc<CudaDevice>, stats: usize) -> Result<PieceLaunch> {
+        // The pieces' two f64 sums each, outside the ledger (a kernel's
+        // scratch, as the CPU's partial sums are); none for one piece per
+        // statistic, where the kernels take a null pointer they never touch.
+        let scratch = (self.chunks > 1)
             .then(|| uncounted(|| CudaBuffer::alloc(dev, DType::F64, 2 * stats * self.chunks)))
-            .transpose()
+            .transpose()?;
+        Ok(PieceLaunch {
+            grid: CudaDevice::grid_per_row(stats.saturating_mul(self.chunks)),
+            len: self.len as i64,
+            chunks: self.chunks as i64,
+            joined: self.chunks > 1,
+            part: scratch.as_ref().map_or(0, CudaBuffer::address),
+            _scratch: scratch,
+        })
     }
+}
+
+/// A pieces kernel's launch: a block (and a block iteration) per piece,
+/// the kernels' `len`, `chunks` and `part` arguments, and whether a second
+/// launch joins the pieces.
+struct PieceLaunch {
+    grid: cudarc::driver::LaunchConfig,
+    len: i64,
+    chunks: i64,
+    joined: bool,
+    /// The scratch's address (null without one).
+    part: u64,
+    /// Held until the launches are queued (freed in stream order after).
+    _scratch: Option<CudaBuffer>,
 }
 
 /// Per-statistic mean (0 unless `centered`) and biased variance (the mean
@@ -417,19 +436,16 @@ pub(crate) fn norm_moments(
     let mut mean = CudaBuffer::alloc(dev, DType::F64, geo.s)?;
     let mut var = CudaBuffer::alloc(dev, DType::F64, geo.s)?;
     if geo.s > 0 {
-        let pieces = Pieces::new(geo.s, geo.a, geo.b);
-        let scratch = pieces.workspace(dev, geo.s)?;
-        let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
-        let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
+        let pl = Pieces::new(geo.s, geo.a, geo.b).launch(dev, geo.s)?;
         let c = i32::from(centered);
         let vec = i32::from(runs_aligned(&[Some(x)]));
-        launch!(dev, "norm.cu", format!("norm_moments_{sfx}"), pieces.grid(geo.s);
-            geo, &len, &chunks, &c, &vec, x.slice(), &part, mean.slice_mut(),
+        launch!(dev, "norm.cu", format!("norm_moments_{sfx}"), pl.grid;
+            geo, &pl.len, &pl.chunks, &c, &vec, x.slice(), &pl.part, mean.slice_mut(),
             var.slice_mut())?;
-        if pieces.chunks > 1 {
+        if pl.joined {
             let (s64, cnt) = (geo.s as i64, geo.count() as i64);
             launch!(dev, "norm.cu", "norm_moments_combine", CudaDevice::grid_for(geo.s);
-                &s64, &cnt, &len, &chunks, &c, &part, mean.slice_mut(),
+                &s64, &cnt, &pl.len, &pl.chunks, &c, &pl.part, mean.slice_mut(),
                 var.slice_mut())?;
         }
     }
@@ -597,17 +613,14 @@ pub(crate) fn norm_input_grad_in_place(
     }
     let xh = xhat.unwrap_or(&spare);
     let vec = i32::from(runs_aligned(&[Some(&*g), Some(xh)]));
-    let pieces = Pieces::new(geo.s, geo.a, geo.b);
-    let scratch = pieces.workspace(&dev, geo.s)?;
-    let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
-    let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
+    let pl = Pieces::new(geo.s, geo.a, geo.b).launch(&dev, geo.s)?;
     let wb = w.unwrap_or(&spare);
     // The sums, then (with several pieces) the join and the apply.
-    for pass in 0..=i32::from(pieces.chunks > 1) {
+    for pass in 0..=i32::from(pl.joined) {
         let join: i32 = pass;
-        launch!(&dev, "norm.cu", format!("norm_bwd_inplace_{sfx}"), pieces.grid(geo.s);
-            geo, &len, &chunks, &join, &code, &hw, &vec, xh.slice(), scale.slice(),
-            g.slice_mut(), wb.slice(), &part)?;
+        launch!(&dev, "norm.cu", format!("norm_bwd_inplace_{sfx}"), pl.grid;
+            geo, &pl.len, &pl.chunks, &join, &code, &hw, &vec, xh.slice(), scale.slice(),
+            g.slice_mut(), wb.slice(), &pl.part)?;
     }
     Ok(())
 }
@@ -675,16 +688,13 @@ pub(crate) fn norm_input_grad(
         // Absent x̂ / w are never read: g stands in for them.
         let (xh, wb) = (xhat.unwrap_or(g), w.unwrap_or(g));
         let vec = i32::from(runs_aligned(&[Some(g), Some(xh), Some(&dx)]));
-        let pieces = Pieces::new(geo.s, geo.a, geo.b);
-        let scratch = pieces.workspace(dev, geo.s)?;
-        let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
-        let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
+        let pl = Pieces::new(geo.s, geo.a, geo.b).launch(dev, geo.s)?;
         // The sums, then (with several pieces) the join and the apply.
-        for pass in 0..=i32::from(pieces.chunks > 1) {
+        for pass in 0..=i32::from(pl.joined) {
             let join: i32 = pass;
-            launch!(dev, "norm.cu", format!("norm_bwd_{sfx}"), pieces.grid(geo.s);
-                geo, &len, &chunks, &join, &code, &hw, &vec, xh.slice(), scale.slice(),
-                g.slice(), wb.slice(), &part, dx.slice_mut())?;
+            launch!(dev, "norm.cu", format!("norm_bwd_{sfx}"), pl.grid;
+                geo, &pl.len, &pl.chunks, &join, &code, &hw, &vec, xh.slice(), scale.slice(),
+                g.slice(), wb.slice(), &pl.part, dx.slice_mut())?;
         }
     }
     Ok(dx)
@@ -727,17 +737,14 @@ pub(crate) fn norm_param_grads(
         // Parameter p's elements (o·P + p)·Lp + l as statistics of a batch
         // norm over [n / (P·Lp), P, Lp].
         let by_param: NormGeom = NormGeom::batch(n / (geo.p * geo.lp), geo.p, geo.lp);
-        let pieces = Pieces::new(geo.p, by_param.a, by_param.b);
-        let scratch = pieces.workspace(dev, geo.p)?;
-        let part: u64 = scratch.as_ref().map_or(0, CudaBuffer::address);
-        let (len, chunks) = (pieces.len as i64, pieces.chunks as i64);
-        launch!(dev, "norm.cu", format!("norm_param_sums_{sfx}"), pieces.grid(geo.p);
-            &by_param, &len, &chunks, &fw, &fb, &vec, xh.slice(), g.slice(), &part,
+        let pl = Pieces::new(geo.p, by_param.a, by_param.b).launch(dev, geo.p)?;
+        launch!(dev, "norm.cu", format!("norm_param_sums_{sfx}"), pl.grid;
+            &by_param, &pl.len, &pl.chunks, &fw, &fb, &vec, xh.slice(), g.slice(), &pl.part,
             ws.slice_mut(), bs.slice_mut())?;
-        if pieces.chunks > 1 {
+        if pl.joined {
             let p64 = geo.p as i64;
             launch!(dev, "norm.cu", format!("norm_param_combine_{sfx}"), CudaDevice::grid_for(geo.p);
-                &p64, &chunks, &fw, &fb, &part, ws.slice_mut(), bs.slice_mut())?;
+                &p64, &pl.chunks, &fw, &fb, &pl.part, ws.slice_mut(), bs.slice_mut())?;
         }
     }
     Ok((dw, db))
