@@ -333,29 +333,51 @@ fn main() -> Result<()> {
             "PyTorch"
         );
     }
+    // A workload that fails is reported and the others still run (a long
+    // simulated run should not lose every row to one).
+    let mut failed = Vec::new();
     for w in chosen {
-        // f32 rows strict (PyTorch's twin turns both of its switches off),
-        // tf32 rows TF32 in matrix products and convolutions (both on).
-        let _tf32 = with_tf32(w.tf32);
-        let _conv_tf32 = with_conv_tf32(w.tf32);
-        let v = if dev.is_simulated() {
-            let (p, note) = simulated(&dev, w)?;
-            let v = report(w, Some(&p), &note, None);
-            if o.table && !o.json {
-                println!("{}", table::summary(&p, &model::H200));
+        match row(&dev, w, &o) {
+            Ok(v) if o.json => println!("{v}"),
+            Ok(v) => print_row(&v),
+            Err(e) => {
+                eprintln!("{}: {e}", w.name);
+                failed.push(w.name);
             }
-            v
-        } else {
-            report(w, None, "measured on the GPU", Some(measured(&dev, w, &o)?))
-        };
-        if o.json {
-            println!("{v}");
-        } else {
-            print_row(&v);
         }
     }
     if !o.json && dev.is_simulated() {
         println!("(ResNet-18 times: profiles at 32² and 64², extrapolated to 224²; PyTorch: H200, forward + backward)");
     }
-    Ok(())
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(leangrad::Error::InvalidArgument {
+            op: "gpu_step",
+            msg: format!("failed: {}", failed.join(", ")),
+        }),
+    }
+}
+
+/// One workload's row: simulated (with its summary table when asked) or
+/// measured.
+fn row(dev: &CudaDevice, w: &Workload, o: &Options) -> Result<Value> {
+    // f32 rows strict (PyTorch's twin turns both of its switches off),
+    // tf32 rows TF32 in matrix products and convolutions (both on).
+    let _tf32 = with_tf32(w.tf32);
+    let _conv_tf32 = with_conv_tf32(w.tf32);
+    if dev.is_simulated() {
+        let (p, note) = simulated(dev, w)?;
+        let v = report(w, Some(&p), &note, None);
+        if o.table && !o.json {
+            println!("{}", table::summary(&p, &model::H200));
+        }
+        Ok(v)
+    } else {
+        Ok(report(
+            w,
+            None,
+            "measured on the GPU",
+            Some(measured(dev, w, o)?),
+        ))
+    }
 }

@@ -319,6 +319,31 @@ template <int R, bool TC> __device__ __forceinline__ int lg_acc_col_at(int t, in
     }
 }
 
+// The same for rows: how many distinct tile rows a thread's accumulators
+// cover (2*MI with tensor cores, R without), which of them acc[i][j] is
+// in, and its row.
+template <int R, bool TC> __device__ __forceinline__ constexpr int lg_acc_nrows() {
+    if constexpr (TC) {
+        return 2 * IgWarps<R>::MI;
+    } else {
+        return R;
+    }
+}
+template <int R, bool TC> __device__ __forceinline__ int lg_acc_row_index(int i, int j) {
+    if constexpr (TC) {
+        return i / IgWarps<R>::NI * 2 + j / 2;
+    } else {
+        return i;
+    }
+}
+template <int R, bool TC> __device__ __forceinline__ int lg_acc_row_at(int t, int r) {
+    if constexpr (TC) {
+        return lg_acc_row<R, TC>(t, r / 2 * IgWarps<R>::NI, r % 2 * 2);
+    } else {
+        return lg_acc_row<R, TC>(t, r, 0);
+    }
+}
+
 // Stores a tile of products into out ([n, c, plane], the tile's rows the
 // channels grp*rows + m of its group, m < rows, its columns the positions
 // q < P of the batch placed by `cols`), each added to bias[channel] when
@@ -526,6 +551,10 @@ struct IgAxisPhase {
 __device__ __forceinline__ IgAxisPhase lg_axis_phase(long long len, long long k, long long s,
                                                      long long p, long long d, long long q) {
     IgAxisPhase a;
+    if (s == 1) {  // every coordinate, every tap: no divisions (most layers)
+        a.first = 0, a.count = len, a.taps = k, a.base = p;
+        return a;
+    }
     a.first = ((q - p) % s + s) % s;
     a.count = a.first < len ? (len - a.first + s - 1) / s : 0;
     a.taps = 0;
@@ -538,6 +567,10 @@ __device__ __forceinline__ IgAxisPhase lg_axis_phase(long long len, long long k,
 // that tap's k in `k_out`.
 __device__ __forceinline__ long long lg_axis_tap(long long j, long long k, long long s,
                                                  long long d, long long q, long long& k_out) {
+    if (s == 1) {  // the j-th tap is tap j
+        k_out = j;
+        return j * d;
+    }
     long long ki = 0;
     for (long long seen = 0; ki < k; ++ki) {
         if ((ki * d) % s == q && seen++ == j) break;
@@ -573,12 +606,15 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
     const int B_STEP = LG_IG_THREADS / LG_IG_BN;
     const int t = threadIdx.x;
     for (long long b = blockIdx.x; b < sy * sx * per_phase; b += gridDim.x) {
-        const long long qy = b / per_phase / sx, qx = b / per_phase % sx;
+        // One phase (stride 1, most layers): no divisions for it.
+        const bool phased = sy * sx > 1;
+        const long long phase = phased ? b / per_phase : 0;
+        const long long qy = phased ? phase / sx : 0, qx = phased ? phase % sx : 0;
         const IgAxisPhase py = lg_axis_phase(g.h, g.kh, sy, g.pad[0], g.dil[0], qy);
         const IgAxisPhase px = lg_axis_phase(g.w, g.kw, sx, g.pad[1], g.dil[1], qx);
         const long long plane = py.count * px.count, P = g.n * plane;
         const long long taps = py.taps * px.taps, K = cg * taps;
-        IgTile tile = lg_ig_tile(b % per_phase, tiles_m, tiles_n, 8 * R);
+        IgTile tile = lg_ig_tile(b - phase * per_phase, tiles_m, tiles_n, 8 * R);
         if (tile.n0 >= P) continue;  // this phase has fewer tiles
         // The input position this thread gathers taps for: (u, v) of the phase.
         long long p = tile.n0 + t % LG_IG_BN;
@@ -655,7 +691,10 @@ __device__ __forceinline__ void lg_dgrad_phase_rows_steps(
     const T* w, const long long (&a_w)[R], const long long (&a_qy)[R],
     const long long (&a_qx)[R], const long long (&a_by)[R], const long long (&a_bx)[R],
     const bool (&a_ok)[R]) {
+    // offsets divides LG_IG_BK (16), so it and dxs are powers of two:
+    // shifts and masks, not divisions.
     const int t = threadIdx.x, offsets = (int)(dys * dxs), per_step = LG_IG_BK / offsets;
+    const int o_bits = __popc(offsets - 1), x_bits = __popc((int)dxs - 1);
     const long long L = g.oh * g.ow, kk = g.kh * g.kw;
     const long long cg = g.cout / g.groups, Kw = g.cin / g.groups * kk;
     // B: element j of this thread is row kq = channel kq / offsets of the
@@ -665,15 +704,15 @@ __device__ __forceinline__ void lg_dgrad_phase_rows_steps(
     bool b_in[LG_IG_B_LOADS];
 #pragma unroll
     for (int j = 0; j < LG_IG_B_LOADS; ++j) {
-        int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j, o = kq % offsets;
-        long long dy = dy_max - o / dxs, dx = dx_max - o % dxs;
-        b_co[j] = kq / offsets;
+        int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j, o = kq & (offsets - 1);
+        long long dy = dy_max - (o >> x_bits), dx = dx_max - (o & (dxs - 1));
+        b_co[j] = kq >> o_bits;
         b_in[j] = p_ok && lg_inside(u + dy, g.oh) && lg_inside(v + dx, g.ow);
         b_at[j] = gy + (b_in[j] ? b_co[j] * L + dy * g.ow + dx : 0);
     }
     // A: row mq of this thread's R rows, step row kq = t % LG_IG_BK.
-    const int kq = t % LG_IG_BK, a_co = kq / offsets, o = kq % offsets;
-    const long long ady = dy_max - o / dxs, adx = dx_max - o % dxs;
+    const int kq = t % LG_IG_BK, a_co = kq >> o_bits, o = kq & (offsets - 1);
+    const long long ady = dy_max - (o >> x_bits), adx = dx_max - (o & (dxs - 1));
     const T* a_at[R];
     bool a_in[R];
 #pragma unroll
@@ -801,33 +840,49 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
             __syncthreads();
         }
         // Row (c, q), column (item, u, v): input (first_qy + u*sy, first_qx + v*sx).
+        // Each of the thread's distinct rows and columns is placed once.
+        constexpr int NR = lg_acc_nrows<R, TC>(), NC = lg_acc_ncols<R, TC>();
+        long long r_ch[NR], r_fy[NR], r_fx[NR];
+        bool r_ok[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            long long m = tile.m0 + lg_acc_row_at<R, TC>(t, r);
+            r_ok[r] = m < rows;
+            long long c = m / S, q = m % S, qy = q / sx, qx = q % sx;
+            r_ch[r] = tile.grp * cig + c;
+            r_fy[r] = ((qy - g.pad[0]) % sy + sy) % sy;
+            r_fx[r] = ((qx - g.pad[1]) % sx + sx) % sx;
+        }
+        long long c_at[NC], c_y[NC], c_x[NC];
+        bool c_ok[NC];
+#pragma unroll
+        for (int k = 0; k < NC; ++k) {
+            long long col = tile.n0 + lg_acc_col_at<R, TC>(t, k);
+            c_ok[k] = col < P;
+            long long ci = col / (U * V), ca = col % (U * V);
+            c_y[k] = ca / V * sy, c_x[k] = ca % V * sx;
+            c_at[k] = ci * g.cin * HW;
+        }
 #pragma unroll
         for (int i = 0; i < R; ++i) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                long long m = tile.m0 + lg_acc_row<R, TC>(t, i, j);
-                long long col = tile.n0 + lg_acc_col<R, TC>(t, i, j);
-                if (m >= rows || col >= P) continue;
-                long long c = m / S, qy = m % S / sx, qx = m % sx;
-                long long fy = ((qy - g.pad[0]) % sy + sy) % sy;
-                long long fx = ((qx - g.pad[1]) % sx + sx) % sx;
-                long long ci = col / (U * V), ca = col % (U * V);
-                long long iy = fy + ca / V * sy, ix = fx + ca % V * sx;
-                if (iy >= g.h || ix >= g.w) continue;
-                long long ch = tile.grp * cig + c;
-                A val = bias ? lg_load(bias[ch]) + acc[i][j] : acc[i][j];
-                gx[(ci * g.cin + ch) * HW + iy * g.w + ix] = lg_store<T>(val);
+                const int r = lg_acc_row_index<R, TC>(i, j), k = lg_acc_col_index<R, TC>(i, j);
+                long long iy = r_fy[r] + c_y[k], ix = r_fx[r] + c_x[k];
+                if (!r_ok[r] || !c_ok[k] || iy >= g.h || ix >= g.w) continue;
+                A val = bias ? lg_load(bias[r_ch[r]]) + acc[i][j] : acc[i][j];
+                gx[c_at[k] + r_ch[r] * HW + iy * g.w + ix] = lg_store<T>(val);
             }
         }
     }
 }
 
-// The weight gradient over the batch positions of split `split` (of
-// `splits`, `chunk` positions each, a multiple of LG_IG_BK): with one split
+// The weight gradient over the batch positions of split `split` of
+// `splits` (positions split*P/splits up to (split+1)*P/splits): with one split
 // gw ([cout, cin/groups, kh, kw]) itself, every element written; with more,
 // the split's partial sums in part[split] (cout*cig*kk values of A each).
 template <typename T, int R, bool TC>
-__device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chunk, T* gw,
+__device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, T* gw,
                               typename Acc<T>::type* part, const T* gy, const T* x) {
     typedef typename Acc<T>::type A;
     __shared__ IgTiles<A, 8 * R, TC> s;
@@ -849,7 +904,7 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
         long long c = r / kk, ki = r % kk / g.kw, kj = r % g.kw;
         long long rdy = ki * g.dil[0], rdx = kj * g.dil[1];
         long long roff = (tile.grp * cig + c) * HW + rdy * g.w + rdx;
-        long long first = split * chunk, end = min(P, first + chunk);
+        long long first = split * P / splits, end = (split + 1) * P / splits;
         const IgRows<R> arows = lg_ig_rows<R, TC>(tile.m0, cg, L, t);
         A acc[R][4] = {};
         for (long long k0 = first; k0 < end; k0 += LG_IG_BK) {
@@ -910,9 +965,9 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long chu
         lg_conv_dgrad_phase_rows<T, R, TC>(g, dy_max, dys, dx_max, dxs, gx, gy, w, bias); \
     }                                                                                 \
     extern "C" __global__ void conv_wgrad_m##BM##_##sfx(                              \
-        ConvGeom g, long long splits, long long chunk, T* gw, Acc<T>::type* part,     \
+        ConvGeom g, long long splits, T* gw, Acc<T>::type* part,                      \
         const T* gy, const T* x) {                                                    \
-        lg_conv_wgrad<T, R, TC>(g, splits, chunk, gw, part, gy, x);                   \
+        lg_conv_wgrad<T, R, TC>(g, splits, gw, part, gy, x);                          \
     }
 // Whether T's tiles of 16 rows or more run on tensor cores by default: the
 // half types (exact products, f32 sums, as their fused multiply-adds);

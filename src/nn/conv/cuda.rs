@@ -126,16 +126,6 @@ const TILE_ROWS: [usize; 5] = [8, 16, 32, 64, 128];
 /// GPU (the values are the same at every height: each element sums its K
 /// in the same order).
 const TALL_TILE_BLOCKS: usize = 512;
-/// The reduction step of one tile (`LG_IG_BK`).
-const TILE_K: usize = 16;
-/// Blocks the weight gradient aims for when it splits its reduction (about
-/// two per SM of a 132-SM GPU). A constant, not the device's SM count, so
-/// that the split, and with it the order of the sums, is the same on every
-/// GPU.
-const SPLIT_TARGET_BLOCKS: usize = 256;
-/// Fewest batch positions one split of the weight gradient sums.
-const MIN_SPLIT_POSITIONS: usize = 256;
-
 /// The launch shape of `blocks` tiles (the kernels loop over tiles beyond
 /// the grid's 65,536 blocks).
 fn tile_grid(blocks: usize) -> LaunchConfig {
@@ -357,31 +347,11 @@ fn conv_input_grad(
     Ok(gx)
 }
 
-/// How the weight gradient splits its reduction over the batch's `n·l`
-/// positions: `(splits, positions per split)`. Enough splits for about
-/// [`SPLIT_TARGET_BLOCKS`] blocks, each summing at least
-/// [`MIN_SPLIT_POSITIONS`] positions, and only as many partial sums as
-/// `capacity` bytes hold (one split: no partial sums).
-fn weight_grad_split(g: &ConvGeom, partial_elem: usize, capacity: usize) -> (usize, usize) {
-    let positions = g.n * g.l();
-    let tiles = tiles(g.groups, g.cout_g(), g.k()).max(1);
-    let per_split = (g.cout * g.k() * partial_elem).max(1);
-    let splits = SPLIT_TARGET_BLOCKS
-        .div_ceil(tiles)
-        .min(positions.div_ceil(MIN_SPLIT_POSITIONS))
-        .min(capacity / per_split);
-    if splits < 2 {
-        return (1, positions);
-    }
-    let chunk = positions.div_ceil(splits).div_ceil(TILE_K) * TILE_K;
-    (positions.div_ceil(chunk), chunk)
-}
-
 /// The weight gradient `[cout, cin/groups, kh, kw]` = `Σ_items gy·colsᵀ`
 /// per group: one implicit-GEMM launch (`conv_wgrad_*`), its reduction
-/// split in ranges of the batch when the output has few tiles, their
-/// partial sums (in the column buffer's Workspace) added in range order by
-/// `conv_split_sum_*`.
+/// split in ranges of the batch when the output has few tiles
+/// ([`ConvGeom::weight_grad_splits`]), their partial sums (in its
+/// Workspace) added in range order by `conv_split_sum_*`.
 fn conv_weight_grad(gy: &CudaBuffer, x: &CudaBuffer, g: &ConvGeom) -> Result<CudaBuffer> {
     let op = "cuda conv weight grad";
     let sfx = float_suffix(op, x.dtype())?;
@@ -392,22 +362,20 @@ fn conv_weight_grad(gy: &CudaBuffer, x: &CudaBuffer, g: &ConvGeom) -> Result<Cud
         true => CudaBuffer::zeros(x.device(), x.dtype(), nw)?,
         false => CudaBuffer::alloc(x.device(), x.dtype(), nw)?,
     };
-    let elem = x.dtype().size_in_bytes();
-    // f32 partial sums for the half types, as the kernels accumulate.
-    let partial = elem.max(4);
-    let mut ws = workspace(x, g)?;
-    let (splits, chunk) = weight_grad_split(g, partial, ws.len() * elem);
+    let len = g.weight_grad_workspace_len(x.dtype());
+    let mut ws = CudaBuffer::alloc_in(x.device(), x.dtype(), len, Category::Workspace)?;
+    let splits = g.weight_grad_splits(x.dtype());
     if nw == 0 || g.n * g.l() == 0 {
         return Ok(gw);
     }
     let cfg = tile_grid(splits * tiles(g.groups, g.cout_g(), g.k()));
     let rows = tile_rows(g.groups, g.cout_g(), g.k());
     let tsfx = tile_suffix(sfx, x.dtype(), rows);
-    let (s64, c64) = (splits as i64, chunk as i64);
-    // Parameters: (ConvGeom g, i64 splits, i64 chunk, T* gw, A* part,
-    // const T* gy, const T* x).
+    let s64 = splits as i64;
+    // Parameters: (ConvGeom g, i64 splits, T* gw, A* part, const T* gy,
+    // const T* x).
     launch!(x.device(), "conv.cu", format!("conv_wgrad_m{rows}_{tsfx}"), cfg;
-        g, &s64, &c64, gw.slice_mut(), ws.slice_mut(), gy.slice(), x.slice())?;
+        g, &s64, gw.slice_mut(), ws.slice_mut(), gy.slice(), x.slice())?;
     if splits > 1 {
         let n64 = nw as i64;
         // Parameters: (i64 n, i64 splits, T* gw, const A* part).
@@ -445,7 +413,8 @@ mod tests {
         let define = |name: &str| crate::cuda::testing::cu_define(src, name);
         assert_eq!(define("LG_IG_THREADS"), THREADS);
         assert_eq!(define("LG_IG_BN"), TILE);
-        assert_eq!(define("LG_IG_BK"), TILE_K);
+        // The weight gradient's split counts tiles of these columns.
+        assert_eq!(define("LG_IG_BN"), super::super::workspace::SPLIT_TILE);
         for rows in TILE_ROWS {
             let tc = if rows >= 16 { "TC" } else { "false" };
             let tile = format!("LG_CONV_TILE_AS(sfx, T, {rows}, {}, {tc})", rows / 8);
@@ -536,47 +505,5 @@ mod tests {
             ..geom([2, 6, 14, 9], [6, 2, 4, 3], 1, 1, 1)
         };
         assert!(!per_phase(&grouped));
-    }
-
-    /// The weight gradient splits a long reduction over few tiles, within
-    /// the partial sums' capacity, and never leaves a split empty.
-    #[test]
-    fn weight_grad_splits_within_capacity() {
-        // ResNet-18's first 3×3 layer at batch 64, 56²: 9 tiles, 200,704
-        // positions, 64·576 partial sums per split.
-        let g = ConvGeom {
-            n: 64,
-            cin: 64,
-            h: 56,
-            w: 56,
-            cout: 64,
-            kh: 3,
-            kw: 3,
-            stride: [1, 1],
-            pad: [1, 1],
-            dil: [1, 1],
-            groups: 1,
-            oh: 56,
-            ow: 56,
-        };
-        let per_split = 64 * 576 * 4;
-        let (splits, chunk) = weight_grad_split(&g, 4, 576 * 3136 * 4);
-        assert_eq!(splits, 29);
-        assert_eq!(chunk % TILE_K, 0);
-        assert!(splits * chunk >= 64 * 3136 && (splits - 1) * chunk < 64 * 3136);
-        // Capacity for 3 splits' partial sums: 3.
-        assert_eq!(weight_grad_split(&g, 4, 3 * per_split + 1).0, 3);
-        // No room for two: one split, summing everything.
-        assert_eq!(weight_grad_split(&g, 4, per_split), (1, 64 * 3136));
-        // A batch of 2 at 4²: too few positions to split.
-        let small = ConvGeom {
-            n: 2,
-            h: 4,
-            w: 4,
-            oh: 4,
-            ow: 4,
-            ..g
-        };
-        assert_eq!(weight_grad_split(&small, 4, usize::MAX).0, 1);
     }
 }

@@ -11,8 +11,11 @@
 //! the f32 kernels, within rounding where the `gemm` crate multiplies, as
 //! its depth blocking follows a product's shape). The CUDA kernels
 //! gather their tiles from the input and need no columns, but hold a buffer
-//! of the same size (their weight gradient keeps its split partial sums
-//! there), so that the CPU, CUDA and meta ledgers agree byte for byte.
+//! of the same size, so that the CPU, CUDA and meta ledgers agree byte for
+//! byte. A weight gradient holds at least room for its split partial sums
+//! ([`ConvGeom::weight_grad_splits`], the same on every device and at every
+//! image size): the CUDA kernels sum a long reduction over few output tiles
+//! in ranges of the batch, each range's sums kept there.
 
 use super::ConvGeom;
 use crate::settings::{set, SettingGuard};
@@ -28,6 +31,21 @@ pub const DEFAULT_CONV_WORKSPACE_BYTES: usize = 4 << 20;
 /// bundled models then unfolds whole items, and a CUDA weight gradient
 /// splits its reduction further.
 pub const LARGE_WORKSPACE_BYTES: usize = 256 << 20;
+
+/// Blocks a weight gradient's split aims for (about two per SM of a
+/// 132-SM GPU). A constant, not a device's SM count, so that the split, and
+/// with it the order of the sums, is the same on every device.
+const SPLIT_TARGET_BLOCKS: usize = 256;
+/// The output tile the split counts blocks in: the CUDA kernels' 64
+/// columns by up to 64 rows (a taller tile is taken only where tiles are
+/// many, and then no split is wanted either way).
+pub(super) const SPLIT_TILE: usize = 64;
+/// Fewest batch positions one split sums on average (half of the kernels'
+/// 16-position step): no split is empty, and a ResNet's splits are the
+/// same from 32² images up at batch 64 (its last 1×1 layer then has 64
+/// positions, enough for the 8 splits its 32 tiles want), so that a small
+/// run's launches are a large one's and extrapolate to it.
+const MIN_SPLIT_POSITIONS: usize = 8;
 
 thread_local! {
     static CONV_WORKSPACE: Cell<usize> = const { Cell::new(DEFAULT_CONV_WORKSPACE_BYTES) };
@@ -63,6 +81,44 @@ impl ConvGeom {
         let smallest = 3 * self.k().max(self.l());
         self.full_columns().min(budget.max(smallest))
     }
+
+    /// How many ranges a weight gradient in `dtype` splits its reduction
+    /// over the batch's `n·oh·ow` positions into (split `s` of `S` sums
+    /// positions `s·P/S .. (s+1)·P/S`; their partial sums are then added
+    /// in range order; one split sums everything in place). Enough for
+    /// about [`SPLIT_TARGET_BLOCKS`] blocks over the output's tiles, only as
+    /// many partial sums (`cout·cin/groups·kh·kw` each, in f32 for the half
+    /// types, as the kernels accumulate) as the workspace budget holds, and
+    /// [`MIN_SPLIT_POSITIONS`] positions each on average: nothing depends
+    /// on the image size beyond that floor.
+    pub(super) fn weight_grad_splits(&self, dtype: DType) -> usize {
+        let tiles =
+            self.groups * self.cout_g().div_ceil(SPLIT_TILE) * self.k().div_ceil(SPLIT_TILE);
+        let per_split = (self.cout * self.k() * partial_bytes(dtype)).max(1);
+        SPLIT_TARGET_BLOCKS
+            .div_ceil(tiles.max(1))
+            .min(conv_workspace_bytes() / per_split)
+            .min(self.n * self.l() / MIN_SPLIT_POSITIONS)
+            .max(1)
+    }
+
+    /// The elements of `dtype` a weight gradient holds as Workspace: the
+    /// column buffer, or room for its split's partial sums where that is
+    /// more (CUDA keeps them there; the CPU kernels use the column buffer's
+    /// share and hold the rest only so that the ledgers agree).
+    pub(super) fn weight_grad_workspace_len(&self, dtype: DType) -> usize {
+        let partials = match self.weight_grad_splits(dtype) {
+            1 => 0,
+            s => (s * self.cout * self.k() * partial_bytes(dtype)).div_ceil(dtype.size_in_bytes()),
+        };
+        self.column_buffer_len(dtype).max(partials)
+    }
+}
+
+/// Bytes of one partial sum of a weight gradient in `dtype`: f32 for the
+/// half types (the kernels' accumulators), the dtype's own size otherwise.
+pub(super) fn partial_bytes(dtype: DType) -> usize {
+    dtype.size_in_bytes().max(4)
 }
 
 #[cfg(test)]
@@ -111,5 +167,67 @@ mod tests {
         });
         assert_eq!(other.join().unwrap(), 1);
         assert_eq!(conv_workspace_bytes(), DEFAULT_CONV_WORKSPACE_BYTES);
+    }
+
+    /// The weight gradient splits a long reduction over few tiles within
+    /// the budget, and the same at every image size from 32² (the floor of
+    /// positions aside).
+    #[test]
+    fn weight_grad_splits_within_the_budget_at_every_size() {
+        // ResNet-18's first 3×3 layer at batch 64, 56²: 9 tiles, 64·576
+        // partial sums per split (147,456 bytes).
+        let g = ConvGeom {
+            n: 64,
+            ..geom(64, 64, 56, 1)
+        };
+        let per_split = 64 * 576 * 4;
+        // 256/9 → 29 wanted, 4 MiB / 147,456 → 28 held.
+        assert_eq!(g.weight_grad_splits(DType::F32), 28);
+        // The column buffer holds them (1 Mi elements, capped by the budget).
+        assert_eq!(g.weight_grad_workspace_len(DType::F32), 1 << 20);
+        // The same split at 8² (ResNet-18's layer1 for 32² images), where
+        // the partial sums are more than one item's columns.
+        let small = ConvGeom {
+            n: 64,
+            ..geom(64, 64, 8, 1)
+        };
+        assert_eq!(small.weight_grad_splits(DType::F32), 28);
+        assert_eq!(small.weight_grad_workspace_len(DType::F32), 28 * 64 * 576);
+        // bf16 keeps f32 partial sums: the same splits, twice the elements.
+        assert_eq!(small.weight_grad_splits(DType::BF16), 28);
+        assert_eq!(
+            small.weight_grad_workspace_len(DType::BF16),
+            2 * 28 * 64 * 576
+        );
+        {
+            // A budget for 3 splits' partial sums: 3; for fewer than 2: 1.
+            let _three = with_conv_workspace(3 * per_split + 1);
+            assert_eq!(g.weight_grad_splits(DType::F32), 3);
+            let _none = with_conv_workspace(per_split);
+            assert_eq!(g.weight_grad_splits(DType::F32), 1);
+        }
+        // ResNet-18's last 1×1 layer (256 → 512, stride 2) at batch 64:
+        // 32 tiles, 8 splits from 32² images (1² outputs) up.
+        for (size, out) in [(2, 1), (4, 2), (14, 7)] {
+            let down = ConvGeom {
+                n: 64,
+                kh: 1,
+                kw: 1,
+                stride: [2, 2],
+                pad: [0, 0],
+                oh: out,
+                ow: out,
+                ..geom(256, 512, size, 1)
+            };
+            assert_eq!(down.weight_grad_splits(DType::F32), 8, "{size}²");
+        }
+        // A batch of 2 at 2²: too few positions to split.
+        let tiny = ConvGeom {
+            n: 2,
+            ..geom(64, 64, 2, 1)
+        };
+        assert_eq!(tiny.weight_grad_splits(DType::F32), 1);
+        let columns = tiny.column_buffer_len(DType::F32);
+        assert_eq!(tiny.weight_grad_workspace_len(DType::F32), columns);
     }
 }

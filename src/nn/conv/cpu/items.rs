@@ -554,7 +554,8 @@ pub(super) fn weight_grad_of_items(
         let width = nb * l;
         let gy = slice::<T>(gy, gy_range)?;
         let x = slice::<T>(x, x_range)?;
-        let n = cols.len();
+        // The column buffer's share (the rest is the CUDA kernels' room).
+        let n = g.column_buffer_len(T::DTYPE);
         let (wide, rest) = slice_mut::<T>(cols, 0..n)?.split_at_mut(cout * width);
         let gw = slice_mut::<T>(gw, 0..cout * k)?;
         side_by_side(gy, wide, (cout, l));

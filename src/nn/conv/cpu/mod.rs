@@ -744,9 +744,13 @@ pub(super) fn conv2d_weight_grad(gy: &Tensor, x: &Tensor, g: &ConvGeom) -> Resul
     let (gy, gs) = dense(gy)?;
     let (x, xs) = dense(x)?;
     let (k, l, cg) = (g.k(), g.l(), g.cout_g());
-    // Scratch: each use writes the part it reads first.
+    // Scratch: each use writes the part it reads first. The kernels here
+    // use the column buffer's share of it (`len`); the rest is room for the
+    // CUDA kernels' split partial sums, held on every device so that the
+    // ledgers agree.
     let len = g.column_buffer_len(gy.dtype());
-    let cols = Tensor::for_overwrite(&[len], gy.dtype(), gy.device())?;
+    let held = g.weight_grad_workspace_len(gy.dtype());
+    let cols = Tensor::for_overwrite(&[held], gy.dtype(), gy.device())?;
     let n = items(&x, g);
     if let Some(pieces) = tiles::pieces(g, len) {
         for i in 0..n {

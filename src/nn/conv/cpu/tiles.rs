@@ -305,7 +305,8 @@ fn weight_grad_slices<T: FloatDType>(
     let x = slice::<T>(x, xs..xs + g.cin * g.h * g.w)?;
     let gy = slice::<T>(gy, ys..ys + g.cout * l)?;
     let gw = slice_mut::<T>(gw, 0..g.cout * k)?;
-    let n = cols.len();
+    // The column buffer's share (the rest is the CUDA kernels' room).
+    let n = g.column_buffer_len(T::DTYPE);
     let cols = slice_mut::<T>(cols, 0..n)?;
     let slices = piece_ranges(k, n / l.max(1));
     for gi in 0..g.groups {
