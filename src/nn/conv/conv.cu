@@ -895,6 +895,11 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, T* gw,
     const long long tiles_n = (Kw + LG_IG_BN - 1) / LG_IG_BN;
     const long long tiles = g.groups * tiles_m * tiles_n;
     const int t = threadIdx.x;
+    // Where every position (and the 16 past the end) fits 31 bits, a step
+    // finds its positions' item and output row by multiply-highs.
+    const bool narrow = P + LG_IG_BK < (1LL << 31);
+    const LgDiv by_l = lg_div_make(narrow ? (unsigned int)L : 1u);
+    const LgDiv by_ow = lg_div_make(narrow ? (unsigned int)g.ow : 1u);
     for (long long b = blockIdx.x; b < splits * tiles; b += gridDim.x) {
         long long split = b / tiles;
         IgTile tile = lg_ig_tile(b % tiles, tiles_m, tiles_n, 8 * R);
@@ -909,9 +914,16 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, T* gw,
         A acc[R][4] = {};
         for (long long k0 = first; k0 < end; k0 += LG_IG_BK) {
             if (t < LG_IG_BK) {
-                long long p = k0 + t, item = p / L, l = p % L;
-                long long iy0 = l / g.ow * g.stride[0] - g.pad[0];
-                long long ix0 = l % g.ow * g.stride[1] - g.pad[1];
+                long long p = k0 + t, item, l, oy, ox;
+                if (narrow) {  // multiply-highs, not divisions, per step
+                    unsigned int q = (unsigned int)p, it = lg_div(by_l, q);
+                    unsigned int at = q - it * (unsigned int)L, y = lg_div(by_ow, at);
+                    item = it, l = at, oy = y, ox = at - y * (unsigned int)g.ow;
+                } else {
+                    item = p / L, l = p % L, oy = l / g.ow, ox = l % g.ow;
+                }
+                long long iy0 = oy * g.stride[0] - g.pad[0];
+                long long ix0 = ox * g.stride[1] - g.pad[1];
                 tab_gy[t] = (item * g.cout + tile.grp * cg) * L + l;
                 tab_x[t] = item * g.cin * HW + iy0 * g.w + ix0;
                 tab_iy[t] = p < end ? iy0 : LG_IG_OUTSIDE;
