@@ -750,6 +750,54 @@ __device__ __forceinline__ void lg_dgrad_phase_rows_steps(
     }
 }
 
+// Stores the phase-rows input gradient's tile: row (c, q) of a group,
+// column (item, u, v) of the P = n*U*V phase positions, at input
+// (first_qy + u*sy, first_qx + v*sx), each added to bias[channel] when
+// there is one. Each of the thread's distinct rows and columns is placed
+// once (their divisions are not repeated per output).
+template <typename T, int R, bool TC>
+__device__ __forceinline__ void lg_phase_rows_store(T* gx, const T* bias,
+                                                    const typename Acc<T>::type (&acc)[R][4],
+                                                    IgTile tile, int t, const ConvGeom& g,
+                                                    long long P, long long V) {
+    typedef typename Acc<T>::type A;
+    const long long sy = g.stride[0], sx = g.stride[1], S = sy * sx, HW = g.h * g.w;
+    const long long cig = g.cin / g.groups, rows = cig * S, U = (g.h + sy - 1) / sy;
+    constexpr int NR = lg_acc_nrows<R, TC>(), NC = lg_acc_ncols<R, TC>();
+    long long r_ch[NR], r_fy[NR], r_fx[NR];
+    bool r_ok[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        long long m = tile.m0 + lg_acc_row_at<R, TC>(t, r);
+        r_ok[r] = m < rows;
+        long long c = m / S, q = m % S, qy = q / sx, qx = q % sx;
+        r_ch[r] = tile.grp * cig + c;
+        r_fy[r] = ((qy - g.pad[0]) % sy + sy) % sy;
+        r_fx[r] = ((qx - g.pad[1]) % sx + sx) % sx;
+    }
+    long long c_at[NC], c_y[NC], c_x[NC];
+    bool c_ok[NC];
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+        long long col = tile.n0 + lg_acc_col_at<R, TC>(t, k);
+        c_ok[k] = col < P;
+        long long ci = col / (U * V), ca = col % (U * V);
+        c_y[k] = ca / V * sy, c_x[k] = ca % V * sx;
+        c_at[k] = ci * g.cin * HW;
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int r = lg_acc_row_index<R, TC>(i, j), k = lg_acc_col_index<R, TC>(i, j);
+            long long iy = r_fy[r] + c_y[k], ix = r_fx[r] + c_x[k];
+            if (!r_ok[r] || !c_ok[k] || iy >= g.h || ix >= g.w) continue;
+            A val = bias ? lg_load(bias[r_ch[r]]) + acc[i][j] : acc[i][j];
+            gx[c_at[k] + r_ch[r] * HW + iy * g.w + ix] = lg_store<T>(val);
+        }
+    }
+}
+
 // The input gradient with the stride phases as rows instead (for few input
 // channels, where a phase's product would fill few rows of its tiles;
 // dilation 1): row m of a group is channel m / S of phase m % S (S = sy*sx
@@ -839,41 +887,7 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
             lg_ig_product<T, A, R, TC>(s, acc, t);
             __syncthreads();
         }
-        // Row (c, q), column (item, u, v): input (first_qy + u*sy, first_qx + v*sx).
-        // Each of the thread's distinct rows and columns is placed once.
-        constexpr int NR = lg_acc_nrows<R, TC>(), NC = lg_acc_ncols<R, TC>();
-        long long r_ch[NR], r_fy[NR], r_fx[NR];
-        bool r_ok[NR];
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-            long long m = tile.m0 + lg_acc_row_at<R, TC>(t, r);
-            r_ok[r] = m < rows;
-            long long c = m / S, q = m % S, qy = q / sx, qx = q % sx;
-            r_ch[r] = tile.grp * cig + c;
-            r_fy[r] = ((qy - g.pad[0]) % sy + sy) % sy;
-            r_fx[r] = ((qx - g.pad[1]) % sx + sx) % sx;
-        }
-        long long c_at[NC], c_y[NC], c_x[NC];
-        bool c_ok[NC];
-#pragma unroll
-        for (int k = 0; k < NC; ++k) {
-            long long col = tile.n0 + lg_acc_col_at<R, TC>(t, k);
-            c_ok[k] = col < P;
-            long long ci = col / (U * V), ca = col % (U * V);
-            c_y[k] = ca / V * sy, c_x[k] = ca % V * sx;
-            c_at[k] = ci * g.cin * HW;
-        }
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int r = lg_acc_row_index<R, TC>(i, j), k = lg_acc_col_index<R, TC>(i, j);
-                long long iy = r_fy[r] + c_y[k], ix = r_fx[r] + c_x[k];
-                if (!r_ok[r] || !c_ok[k] || iy >= g.h || ix >= g.w) continue;
-                A val = bias ? lg_load(bias[r_ch[r]]) + acc[i][j] : acc[i][j];
-                gx[c_at[k] + r_ch[r] * HW + iy * g.w + ix] = lg_store<T>(val);
-            }
-        }
+        lg_phase_rows_store<T, R, TC>(gx, bias, acc, tile, t, g, P, V);
     }
 }
 
