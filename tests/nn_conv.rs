@@ -122,7 +122,14 @@ fn weight_gradient_of_item_chunks_equals_the_sum_over_items() {
     ledger.reset_peak();
     backward_with(&y, Some(gy.clone()), &mut CollectGrads).unwrap();
     let cols = 32 * 9 * 16 * 8;
-    assert_eq!(ledger.peak_in(Device::Cpu, Category::Workspace), cols);
+    // Held: the one-item column buffer, or the room for the CUDA kernels'
+    // split partial sums where that is more (every device holds it): 10
+    // splits (80 positions, 8 each) of 8·288 f64 sums.
+    let partials = 10 * 8 * 288 * 8;
+    assert_eq!(
+        ledger.peak_in(Device::Cpu, Category::Workspace),
+        cols.max(partials)
+    );
     let batch = wg.grad().unwrap().to_f64_vec().unwrap();
     let mut sum = vec![0.0; batch.len()];
     for i in 0..5 {
@@ -1057,7 +1064,10 @@ fn a_column_buffer_short_of_an_item_gives_the_same_values() {
             let e = dtype.size_in_bytes();
             let full = groups * k * l;
             let (want, peaks) = at_budget(op.as_ref(), (&x, &w, &b), LARGE);
-            assert_eq!(peaks, [full * e; 2], "{name} {dtype:?}");
+            // Backward's weight gradient may hold more: the room for the
+            // CUDA kernels' split partial sums, held on every device.
+            assert_eq!(peaks[0], full * e, "{name} {dtype:?}");
+            assert!(peaks[1] >= full * e, "{name} {dtype:?}");
             // Positions or rows of one group (the smallest pieces: three
             // at a time; four; five), one group at a time, two at a time.
             for budget in [
@@ -1070,7 +1080,8 @@ fn a_column_buffer_short_of_an_item_gives_the_same_values() {
                 let (got, peaks) = at_budget(op.as_ref(), (&x, &w, &b), budget);
                 let buffer = full.min((budget / e).max(3 * k.max(l))) * e;
                 let what = format!("{name} {dtype:?} budget {budget}");
-                assert_eq!(peaks, [buffer; 2], "{what}");
+                assert_eq!(peaks[0], buffer, "{what}");
+                assert!(peaks[1] >= buffer, "{what}");
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     let tol = match own_kernels(dtype) {
                         true => 0.0,
