@@ -246,14 +246,14 @@ fn input_grad_plan(g: &ConvGeom) -> InputGradPlan {
     }
 }
 
-/// The Workspace a convolution holds while it runs: the column buffer the
-/// CPU kernels unfold into ([`ConvGeom::column_buffer_len`] elements of
-/// `like`'s dtype), so that a CUDA step's ledger equals the CPU's and the
-/// meta prediction byte for byte. The implicit GEMMs gather their tiles
-/// from the input directly and use none of it except for the weight
-/// gradient's split partial sums.
-fn workspace(like: &CudaBuffer, g: &ConvGeom) -> Result<CudaBuffer> {
-    let len = g.column_buffer_len(like.dtype());
+/// The Workspace a convolution holds while it runs, `len` elements of
+/// `like`'s dtype: what the CPU kernels hold for the same pass (the column
+/// buffer, [`ConvGeom::column_buffer_len`]; for a weight gradient
+/// [`ConvGeom::weight_grad_workspace_len`]), so that a CUDA step's ledger
+/// equals the CPU's and the meta prediction byte for byte. The implicit
+/// GEMMs gather their tiles from the input directly and use none of it
+/// except for the weight gradient's split partial sums.
+fn workspace(like: &CudaBuffer, len: usize) -> Result<CudaBuffer> {
     CudaBuffer::alloc_in(like.device(), like.dtype(), len, Category::Workspace)
 }
 
@@ -288,7 +288,7 @@ fn conv_forward(
     expect(op, w, x.dtype(), nw, x)?;
     let b = bias_address(op, bias, x, g.cout)?;
     let mut y = CudaBuffer::alloc(x.device(), x.dtype(), ny)?;
-    let _reserved = workspace(x, g)?;
+    let _reserved = workspace(x, g.column_buffer_len(x.dtype()))?;
     if ny > 0 {
         let cfg = tile_grid(tiles(g.groups, g.cout_g(), g.n * g.l()));
         let rows = tile_rows(g.groups, g.cout_g(), g.n * g.l());
@@ -318,7 +318,7 @@ fn conv_input_grad(
     expect(op, w, gy.dtype(), nw, gy)?;
     let b = bias_address(op, bias, gy, g.cin)?;
     let mut gx = CudaBuffer::alloc(gy.device(), gy.dtype(), nx)?;
-    let _reserved = workspace(gy, g)?;
+    let _reserved = workspace(gy, g.column_buffer_len(gy.dtype()))?;
     if nx > 0 {
         let cig = g.cin / g.groups;
         match input_grad_plan(g) {
@@ -362,8 +362,7 @@ fn conv_weight_grad(gy: &CudaBuffer, x: &CudaBuffer, g: &ConvGeom) -> Result<Cud
         true => CudaBuffer::zeros(x.device(), x.dtype(), nw)?,
         false => CudaBuffer::alloc(x.device(), x.dtype(), nw)?,
     };
-    let len = g.weight_grad_workspace_len(x.dtype());
-    let mut ws = CudaBuffer::alloc_in(x.device(), x.dtype(), len, Category::Workspace)?;
+    let mut ws = workspace(x, g.weight_grad_workspace_len(x.dtype()))?;
     let splits = g.weight_grad_splits(x.dtype());
     if nw == 0 || g.n * g.l() == 0 {
         return Ok(gw);
