@@ -139,6 +139,8 @@ struct Options {
     workloads: Vec<String>,
     warmup: usize,
     iters: usize,
+    /// How many of the slowest single launches to list (simulated runs).
+    launches: usize,
 }
 
 fn parse() -> std::result::Result<Options, String> {
@@ -148,6 +150,7 @@ fn parse() -> std::result::Result<Options, String> {
         workloads: Vec::new(),
         warmup: 3,
         iters: 10,
+        launches: 0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -159,6 +162,7 @@ fn parse() -> std::result::Result<Options, String> {
             "--workloads" => o.workloads = value()?.split(',').map(str::to_string).collect(),
             "--warmup" => o.warmup = value()?.parse().map_err(|e| format!("{a}: {e}"))?,
             "--iters" => o.iters = value()?.parse().map_err(|e| format!("{a}: {e}"))?,
+            "--launches" => o.launches = value()?.parse().map_err(|e| format!("{a}: {e}"))?,
             "--bench" | "--nocapture" => {}
             other => return Err(format!("unknown argument {other}")),
         }
@@ -358,6 +362,24 @@ fn main() -> Result<()> {
     }
 }
 
+/// The `n` slowest launches of `p` on the modelled H200, one line each
+/// (to stderr, beside the JSON): which layer of a step costs what.
+fn print_slowest_launches(p: &Profile, w: &Workload, n: usize) {
+    let mut rows: Vec<(f64, String)> = p
+        .launches
+        .iter()
+        .map(|l| {
+            let (us, bound) = model::launch_us(l, &model::H200, &model::COSTS);
+            let name = &p.kernels[l.kernel as usize];
+            (us, format!("{name} grid {} {bound:?}", l.grid[0]))
+        })
+        .collect();
+    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (us, what) in rows.into_iter().take(n) {
+        eprintln!("{}: {us:9.1} µs  {what}", w.name);
+    }
+}
+
 /// One workload's row: simulated (with its summary table when asked) or
 /// measured.
 fn row(dev: &CudaDevice, w: &Workload, o: &Options) -> Result<Value> {
@@ -371,6 +393,7 @@ fn row(dev: &CudaDevice, w: &Workload, o: &Options) -> Result<Value> {
         if o.table && !o.json {
             println!("{}", table::summary(&p, &model::H200));
         }
+        print_slowest_launches(&p, w, o.launches);
         Ok(v)
     } else {
         Ok(report(

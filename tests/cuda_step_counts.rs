@@ -29,16 +29,18 @@ const EXPECTED: [(&str, usize, usize, &str, [u64; 7]); 3] = [
     // inside each residual branch (8 of them) the BatchNorm before it
     // makes both in its own launch.
     // Every convolution is one implicit-GEMM launch per pass (two for a
-    // weight gradient whose reduction is split: here the stem's, layer1's
-    // and layer2's, whose few output tiles split over the batch's
-    // positions, down to 8 per split), whatever the batch: the
+    // weight gradient whose reduction is split: here every layer's but
+    // layer4's (a partial sum over the budget, or 2 positions), whose few
+    // output tiles split over the batch's
+    // positions, down to 2 per range; a memset, not a launch, zeroes the
+    // counters of ranges summed one after another), whatever the batch: the
     // cuBLAS calls left are the classifier's. Still per-parameter SGD
     // launches. BatchNorm's sums over a channel run in pieces of whole
     // samples where a layer has at most 256 channels (15 of ResNet-18's
     // 20), so that few channels still fill the GPU: the moments, the input
     // gradient and the parameter gradients each take a second launch that
     // joins the pieces, and a scratch buffer of the pieces' sums.
-    ("resnet18", 2, 32, "all", [364, 3, 1, 1, 2, 472, 472]),
+    ("resnet18", 2, 32, "all", [369, 3, 1, 1, 2, 472, 472]),
     (
         "resnet18",
         2,

@@ -129,8 +129,9 @@ fn grads(y: &Tensor, gy: &Tensor, leaves: &[&Tensor]) -> Vec<Vec<f64>> {
 /// The CUDA convolutions are implicit GEMMs that hold the CPU's column
 /// buffer of Workspace (one item's im2col columns capped by the budget of
 /// `nn::with_conv_workspace`, so the ledgers match), and the weight
-/// gradient splits a long reduction into partial sums kept there (more of
-/// them with a larger budget, the buffer grown to hold them): every way
+/// gradient splits a long reduction into ranges summed into partial sums
+/// kept there (several ranges one after another into each where the budget
+/// holds fewer sums than ranges; the buffer grown to hold them): every way
 /// gives the CPU's output, input, weight and bias gradients, in every
 /// float dtype (f64 included), for a short batch (few splits) and a long
 /// one (many); a strided 1-d convolution too.
@@ -172,15 +173,22 @@ fn conv_matches_the_cpu_with_and_without_split_sums() {
                 let peak = ledger.peak_in(Device::Cuda(0), Category::Workspace);
                 let what = format!("{dtype:?} {xs:?} budget {budget}");
                 let buffer = (24 * l).min((budget / elem).max(3 * l.max(12))) * elem;
-                // A weight gradient holds at least its split partial sums:
-                // 256 blocks / 2 tiles (2 groups of one tile) = 128 splits
-                // wanted, as many 6·12 partial sums (f32 for the half
-                // types) as the budget holds, 8 positions per split.
+                // A weight gradient holds at least its split's partial
+                // sums: 528 blocks / 2 tiles (2 groups of one tile) = 264
+                // ranges wanted, 2 positions each at least, summed into as
+                // many 6·12 partial sums (f32 for the half types) as the
+                // budget holds, with a counter per tile and slot where a
+                // slot takes several ranges one after another.
                 let positions = yc.shape()[0] * l;
-                let per_split = 6 * 12 * elem.max(4);
-                let splits = 128.min(budget / per_split).min(positions / 8).max(1);
-                let partials = if splits > 1 { splits * per_split } else { 0 };
-                assert_eq!(peak, buffer.max(partials), "{what}");
+                let sums = 6 * 12 * elem.max(4);
+                let splits = 264.min(positions / 2);
+                let slots = splits.min(budget / (sums + 2 * 4));
+                let room = match splits > 1 && slots > 0 {
+                    true if splits > slots => slots * (sums + 2 * 4),
+                    true => slots * sums,
+                    false => 0,
+                };
+                assert_eq!(peak, buffer.max(room.div_ceil(elem) * elem), "{what}");
                 assert_close(&format!("conv y {what}"), &vals(&y), &vals(&yc), t);
                 assert_close(&format!("conv dx {what}"), &got[0], &want[0], t);
                 assert_close(&format!("conv dw {what}"), &got[1], &want[1], t);

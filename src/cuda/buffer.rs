@@ -316,6 +316,15 @@ impl CudaBuffer {
         &mut self.data
     }
 
+    /// Zeroes the bytes `range` of the buffer (on its device's stream).
+    pub(crate) fn zero_bytes(&mut self, range: std::ops::Range<usize>) -> Result<()> {
+        let stream = self.device.stream().clone();
+        let mut view = self.data.slice_mut(range);
+        stream
+            .memset_zeros(&mut view)
+            .map_err(|e| self.device.error("cuMemsetD8Async", e))
+    }
+
     /// A view of the element bytes (exactly [`CudaBuffer::size_in_bytes`]).
     pub fn bytes(&self) -> CudaView<'_, u8> {
         self.data.slice(0..self.size_in_bytes())

@@ -18,8 +18,8 @@
 // for f16 and bf16 (exact products, f32 sums), for f32 when TF32 is
 // allowed (the `_tf32` kernels, operands rounded to TF32; the default).
 // The weight gradient's K (every position of the batch) may be split into
-// `splits` ranges whose partial sums are added in range order by
-// conv_split_sum.
+// `splits` ranges summed into `slots` partial sums (each slot's ranges one
+// after another, lg_wgrad_chain), which conv_split_sum adds in order.
 //
 // `struct ConvGeom` is the Rust `leangrad::nn::ConvGeom` (src/nn/conv/mod.rs,
 // #[repr(C)]): same fields in the same order, its usize fields laid out as
@@ -891,17 +891,149 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
     }
 }
 
+// A position of the weight gradient's K, as a chunk's table holds it: its
+// offset in gy at the group's first channel, its offset in x at channel 0
+// and the top-left input coordinate (iy, ix) of its taps; iy is
+// LG_IG_OUTSIDE past the split's end. I is int where every offset fits 31
+// bits (one 16-byte shared load per gathered element), else long long.
+template <typename I> struct __align__(16) WgPos {
+    I gy, x, iy, ix;
+};
+
+// Whether 0 <= v < len, in 32 bits.
+__device__ __forceinline__ bool lg_inside(int v, int len) {
+    return (unsigned int)v < (unsigned int)len;
+}
+
+// What the weight gradient's K steps of one tile share: the column row
+// this thread gathers B for (its channel's x offset and tap (rdy, rdx);
+// rdy = LG_IG_OUTSIDE for a row past the end, so that no position's tap
+// is inside), x's height and width, and the A rows it gathers.
+template <typename I, int R> struct WgCol {
+    I roff, rdy, rdx, h, w;
+    IgRows<R> arows;
+};
+
+// Positions c0 + t (t < LG_IG_THREADS) of the weight gradient's K as the
+// table `tab` holds them (WgPos), by multiply-highs where I is int.
+template <typename I>
+__device__ __forceinline__ void lg_wgrad_table(const ConvGeom& g, WgPos<I>* tab, long long grp,
+                                               long long p, long long end, const LgDiv& by_l,
+                                               const LgDiv& by_ow) {
+    const long long L = g.oh * g.ow, cg = g.cout / g.groups;
+    long long item, l, oy, ox;
+    if constexpr (sizeof(I) == 4) {
+        unsigned int q = (unsigned int)p, it = lg_div(by_l, q);
+        unsigned int at = q - it * (unsigned int)L, y = lg_div(by_ow, at);
+        item = it, l = at, oy = y, ox = at - y * (unsigned int)g.ow;
+    } else {
+        item = p / L, l = p % L, oy = l / g.ow, ox = l % g.ow;
+    }
+    const long long iy0 = oy * g.stride[0] - g.pad[0], ix0 = ox * g.stride[1] - g.pad[1];
+    WgPos<I> e;
+    e.gy = (I)((item * g.cout + grp * cg) * L + l);
+    e.x = (I)(item * g.cin * g.h * g.w + iy0 * g.w + ix0);
+    e.iy = (I)(p < end ? iy0 : LG_IG_OUTSIDE);
+    e.ix = (I)ix0;
+    tab[threadIdx.x] = e;
+}
+
+// acc += the weight gradient's product over positions first..end of one
+// tile, LG_IG_BK positions per step: every LG_IG_THREADS positions the
+// block's threads place one position each in the table (one division-free
+// pass, one barrier), which the chunk's steps then read: A (gy) at the
+// position's gy offset, B (x) at its x offset plus the column's, inside
+// where the position's coordinate plus the column's tap is.
+template <typename T, int R, bool TC, typename I>
+__device__ __forceinline__ void lg_wgrad_steps(const ConvGeom& g,
+                                               IgTiles<typename Acc<T>::type, 8 * R, TC>& s,
+                                               WgPos<I>* tab, typename Acc<T>::type (&acc)[R][4],
+                                               const T* gy, const T* x, long long grp,
+                                               long long first, long long end,
+                                               const WgCol<I, R>& col, const LgDiv& by_l,
+                                               const LgDiv& by_ow) {
+    typedef typename Acc<T>::type A;
+    const int t = threadIdx.x, n = t % LG_IG_BN, B_STEP = LG_IG_THREADS / LG_IG_BN;
+    for (long long c0 = first; c0 < end; c0 += LG_IG_THREADS) {
+        lg_wgrad_table<I>(g, tab, grp, c0 + t, end, by_l, by_ow);
+        __syncthreads();
+        const long long left = end - c0;
+        const int steps = left < LG_IG_THREADS ? (int)((left + LG_IG_BK - 1) / LG_IG_BK)
+                                               : LG_IG_THREADS / LG_IG_BK;
+        for (int st = 0; st < steps; ++st) {
+            const WgPos<I>* e = tab + st * LG_IG_BK;
+            lg_ig_gather_a<T, R, TC>(s, gy, e[t % LG_IG_BK].gy, col.arows,
+                                     left - st * LG_IG_BK, t);
+#pragma unroll
+            for (int j = 0; j < LG_IG_B_LOADS; ++j) {
+                const int kq = t / LG_IG_BN + B_STEP * j;
+                const WgPos<I> pe = e[kq];
+                const bool in =
+                    lg_inside(pe.iy + col.rdy, col.h) & lg_inside(pe.ix + col.rdx, col.w);
+                s.b[kq][n] = in ? lg_tile_load<TC>(x[pe.x + col.roff]) : (A)0;
+            }
+            __syncthreads();
+            lg_ig_product<T, A, R, TC>(s, acc, t);
+            __syncthreads();
+        }
+    }
+}
+
+// Adds a tile's products of split `split` into its slot (split % slots of
+// part, cout*cig*kk values of A each), the slot's splits one after another
+// in order: the first writes its products, each later one waits until the
+// tile's counter says the one before it is done (its block is an earlier
+// one of the grid, see MAX_SPLIT_BLOCKS in workspace.rs), adds its own to
+// what it reads and counts itself done. The values are then the same from
+// run to run.
+template <typename T, int R, bool TC>
+__device__ __forceinline__ void lg_wgrad_chain(const typename Acc<T>::type (&acc)[R][4],
+                                               typename Acc<T>::type* part, unsigned int* counter,
+                                               long long split, long long slots, IgTile tile,
+                                               long long cg, long long Kw, long long n, int t) {
+    typedef typename Acc<T>::type A;
+    const unsigned int link = (unsigned int)(split / slots);
+    A* dst = part + split % slots * n;
+    if (link > 0) {
+        if (t == 0) {
+            while (atomicAdd(counter, 0u) != link) {
+            }
+            __threadfence();
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            long long q = tile.n0 + lg_acc_col<R, TC>(t, i, j);
+            long long m = tile.m0 + lg_acc_row<R, TC>(t, i, j);
+            if (q >= Kw || m >= cg) continue;
+            A* at = dst + (tile.grp * cg + m) * Kw + q;
+            // The earlier splits' sum, read past this SM's L1.
+            *at = link > 0 ? __ldcg(at) + acc[i][j] : acc[i][j];
+        }
+    }
+    if (counter) {
+        __threadfence();
+        __syncthreads();
+        if (t == 0) atomicExch(counter, link + 1);
+    }
+}
+
 // The weight gradient over the batch positions of split `split` of
 // `splits` (positions split*P/splits up to (split+1)*P/splits): with one split
 // gw ([cout, cin/groups, kh, kw]) itself, every element written; with more,
-// the split's partial sums in part[split] (cout*cig*kk values of A each).
+// added into its slot of `part` (lg_wgrad_chain; `counters`, one per slot
+// and tile, zeroed, where a slot takes more than one split).
+// Offsets in 32 bits where x, gy and the positions fit 31 bits.
 template <typename T, int R, bool TC>
-__device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, T* gw,
-                              typename Acc<T>::type* part, const T* gy, const T* x) {
+__device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long slots, T* gw,
+                              typename Acc<T>::type* part, unsigned int* counters, const T* gy,
+                              const T* x) {
     typedef typename Acc<T>::type A;
     __shared__ IgTiles<A, 8 * R, TC> s;
-    __shared__ long long tab_gy[LG_IG_BK], tab_x[LG_IG_BK];
-    __shared__ long long tab_iy[LG_IG_BK], tab_ix[LG_IG_BK];
+    __shared__ WgPos<long long> tab_raw[LG_IG_THREADS];
     const long long kk = g.kh * g.kw, L = g.oh * g.ow, HW = g.h * g.w;
     const long long cig = g.cin / g.groups, cg = g.cout / g.groups;
     const long long Kw = cig * kk, P = g.n * L;
@@ -909,9 +1041,12 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, T* gw,
     const long long tiles_n = (Kw + LG_IG_BN - 1) / LG_IG_BN;
     const long long tiles = g.groups * tiles_m * tiles_n;
     const int t = threadIdx.x;
-    // Where every position (and the 16 past the end) fits 31 bits, a step
-    // finds its positions' item and output row by multiply-highs.
-    const bool narrow = P + LG_IG_BK < (1LL << 31);
+    const long long most = 1LL << 31;
+    // Past x's end by at most a tap's reach (an offset of a gather that is
+    // outside and not made).
+    const long long reach = (g.kh * g.dil[0] + g.pad[0] + 1) * g.w + g.kw * g.dil[1] + g.pad[1];
+    const bool narrow = P + LG_IG_THREADS < most && g.n * g.cin * HW + reach < most &&
+                        g.n * g.cout * L < most;
     const LgDiv by_l = lg_div_make(narrow ? (unsigned int)L : 1u);
     const LgDiv by_ow = lg_div_make(narrow ? (unsigned int)g.ow : 1u);
     for (long long b = blockIdx.x; b < splits * tiles; b += gridDim.x) {
@@ -919,42 +1054,28 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, T* gw,
         IgTile tile = lg_ig_tile(b % tiles, tiles_m, tiles_n, 8 * R);
         // The column row this thread gathers: r = (c, ki, kj).
         long long r = tile.n0 + t % LG_IG_BN;
-        bool r_ok = r < Kw;
         long long c = r / kk, ki = r % kk / g.kw, kj = r % g.kw;
         long long rdy = ki * g.dil[0], rdx = kj * g.dil[1];
         long long roff = (tile.grp * cig + c) * HW + rdy * g.w + rdx;
         long long first = split * P / splits, end = (split + 1) * P / splits;
         const IgRows<R> arows = lg_ig_rows<R, TC>(tile.m0, cg, L, t);
         A acc[R][4] = {};
-        for (long long k0 = first; k0 < end; k0 += LG_IG_BK) {
-            if (t < LG_IG_BK) {
-                long long p = k0 + t, item, l, oy, ox;
-                if (narrow) {  // multiply-highs, not divisions, per step
-                    unsigned int q = (unsigned int)p, it = lg_div(by_l, q);
-                    unsigned int at = q - it * (unsigned int)L, y = lg_div(by_ow, at);
-                    item = it, l = at, oy = y, ox = at - y * (unsigned int)g.ow;
-                } else {
-                    item = p / L, l = p % L, oy = l / g.ow, ox = l % g.ow;
-                }
-                long long iy0 = oy * g.stride[0] - g.pad[0];
-                long long ix0 = ox * g.stride[1] - g.pad[1];
-                tab_gy[t] = (item * g.cout + tile.grp * cg) * L + l;
-                tab_x[t] = item * g.cin * HW + iy0 * g.w + ix0;
-                tab_iy[t] = p < end ? iy0 : LG_IG_OUTSIDE;
-                tab_ix[t] = ix0;
-            }
-            __syncthreads();
-            lg_ig_gather_a<T, R, TC>(s, gy, tab_gy[t % LG_IG_BK], arows, end - k0, t);
-#pragma unroll
-            for (int j = 0; j < LG_IG_B_LOADS; ++j) {
-                int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
-                long long iy = tab_iy[kq] + rdy, ix = tab_ix[kq] + rdx;
-                bool in = r_ok && lg_inside(iy, g.h) && lg_inside(ix, g.w);
-                s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(x[tab_x[kq] + roff]) : (A)0;
-            }
-            __syncthreads();
-            lg_ig_product<T, A, R, TC>(s, acc, t);
-            __syncthreads();
+        if (r >= Kw) rdy = LG_IG_OUTSIDE;
+        if (narrow) {
+            WgCol<int, R> col{(int)roff, (int)rdy, (int)rdx, (int)g.h, (int)g.w, arows};
+            lg_wgrad_steps<T, R, TC, int>(g, s, reinterpret_cast<WgPos<int>*>(tab_raw), acc, gy,
+                                          x, tile.grp, first, end, col, by_l, by_ow);
+        } else {
+            WgCol<long long, R> col{roff, rdy, rdx, g.h, g.w, arows};
+            lg_wgrad_steps<T, R, TC, long long>(g, s, tab_raw, acc, gy, x, tile.grp, first, end,
+                                                col, by_l, by_ow);
+        }
+        if (splits > 1) {
+            unsigned int* counter =
+                splits > slots ? counters + split % slots * tiles + b % tiles : nullptr;
+            lg_wgrad_chain<T, R, TC>(acc, part, counter, split, slots, tile, cg, Kw, g.cout * Kw,
+                                     t);
+            continue;
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -963,12 +1084,7 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, T* gw,
                 long long q = tile.n0 + lg_acc_col<R, TC>(t, i, j);
                 long long m = tile.m0 + lg_acc_row<R, TC>(t, i, j);
                 if (q >= Kw || m >= cg) continue;
-                long long e = (tile.grp * cg + m) * Kw + q;
-                if (splits == 1) {
-                    gw[e] = lg_store<T>(acc[i][j]);
-                } else {
-                    part[split * g.cout * Kw + e] = acc[i][j];
-                }
+                gw[(tile.grp * cg + m) * Kw + q] = lg_store<T>(acc[i][j]);
             }
         }
     }
@@ -991,9 +1107,9 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, T* gw,
         lg_conv_dgrad_phase_rows<T, R, TC>(g, dy_max, dys, dx_max, dxs, gx, gy, w, bias); \
     }                                                                                 \
     extern "C" __global__ void conv_wgrad_m##BM##_##sfx(                              \
-        ConvGeom g, long long splits, T* gw, Acc<T>::type* part,                      \
-        const T* gy, const T* x) {                                                    \
-        lg_conv_wgrad<T, R, TC>(g, splits, gw, part, gy, x);                          \
+        ConvGeom g, long long splits, long long slots, T* gw, Acc<T>::type* part,     \
+        unsigned int* counters, const T* gy, const T* x) {                            \
+        lg_conv_wgrad<T, R, TC>(g, splits, slots, gw, part, counters, gy, x);         \
     }
 // Whether T's tiles of 16 rows or more run on tensor cores by default: the
 // half types (exact products, f32 sums, as their fused multiply-adds);
@@ -1018,7 +1134,7 @@ LG_CONV_TILE_AS(tf32, float, 16, 2, true)
 
 #define LG_CONV(sfx, T)                                                               \
     LG_CONV_TILES(sfx, T, LgTensorCores<T>::on)                                       \
-    /* gw[e] = the sum over s < splits of part[s*n + e], in split order. */           \
+    /* gw[e] = the sum over s < splits of part[s*n + e] (slots), in order. */        \
     extern "C" __global__ void conv_split_sum_##sfx(long long n, long long splits,   \
                                                     T* gw, const Acc<T>::type* part) { \
         typedef Acc<T>::type A;                                                       \

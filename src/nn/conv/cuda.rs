@@ -10,6 +10,7 @@
 //! the ledgers match; the weight gradient keeps its split partial sums
 //! there (more with a larger [`super::with_conv_workspace`] budget).
 
+use super::workspace::partial_bytes;
 use super::ConvGeom;
 use crate::cuda::check::{expect, float_suffix};
 use crate::cuda::launch;
@@ -363,23 +364,29 @@ fn conv_weight_grad(gy: &CudaBuffer, x: &CudaBuffer, g: &ConvGeom) -> Result<Cud
         false => CudaBuffer::alloc(x.device(), x.dtype(), nw)?,
     };
     let mut ws = workspace(x, g.weight_grad_workspace_len(x.dtype()))?;
-    let splits = g.weight_grad_splits(x.dtype());
+    let split = g.weight_grad_split(x.dtype());
     if nw == 0 || g.n * g.l() == 0 {
         return Ok(gw);
     }
-    let cfg = tile_grid(splits * tiles(g.groups, g.cout_g(), g.k()));
+    let cfg = tile_grid(split.splits * tiles(g.groups, g.cout_g(), g.k()));
     let rows = tile_rows(g.groups, g.cout_g(), g.k());
     let tsfx = tile_suffix(sfx, x.dtype(), rows);
-    let s64 = splits as i64;
-    // Parameters: (ConvGeom g, i64 splits, T* gw, A* part, const T* gy,
-    // const T* x).
+    // The partial sums first, then the chains' counters, zeroed here.
+    let sums_bytes = split.slots * nw * partial_bytes(x.dtype());
+    if split.counter_bytes() > 0 {
+        ws.zero_bytes(sums_bytes..sums_bytes + split.counter_bytes())?;
+    }
+    let counters = ws.address() + sums_bytes as u64;
+    let (s64, slots64) = (split.splits as i64, split.slots as i64);
+    // Parameters: (ConvGeom g, i64 splits, i64 slots, T* gw, A* part,
+    // unsigned* counters, const T* gy, const T* x).
     launch!(x.device(), "conv.cu", format!("conv_wgrad_m{rows}_{tsfx}"), cfg;
-        g, &s64, gw.slice_mut(), ws.slice_mut(), gy.slice(), x.slice())?;
-    if splits > 1 {
+        g, &s64, &slots64, gw.slice_mut(), ws.slice_mut(), &counters, gy.slice(), x.slice())?;
+    if split.splits > 1 {
         let n64 = nw as i64;
         // Parameters: (i64 n, i64 splits, T* gw, const A* part).
         launch!(x.device(), "conv.cu", format!("conv_split_sum_{sfx}"), CudaDevice::grid_for(nw);
-            &n64, &s64, gw.slice_mut(), ws.slice())?;
+            &n64, &slots64, gw.slice_mut(), ws.slice())?;
     }
     Ok(gw)
 }

@@ -32,20 +32,53 @@ pub const DEFAULT_CONV_WORKSPACE_BYTES: usize = 4 << 20;
 /// splits its reduction further.
 pub const LARGE_WORKSPACE_BYTES: usize = 256 << 20;
 
-/// Blocks a weight gradient's split aims for (about two per SM of a
-/// 132-SM GPU). A constant, not a device's SM count, so that the split, and
-/// with it the order of the sums, is the same on every device.
-const SPLIT_TARGET_BLOCKS: usize = 256;
+/// Blocks a weight gradient's split aims for (four per SM of a 132-SM
+/// GPU: sixteen warps each, enough to hide the latency of their loads). A
+/// constant, not a device's SM count, so that the split, and with it the
+/// order of the sums, is the same on every device.
+const SPLIT_TARGET_BLOCKS: usize = 528;
 /// The output tile the split counts blocks in: the CUDA kernels' 64
 /// columns by up to 64 rows (a taller tile is taken only where tiles are
 /// many, and then no split is wanted either way).
 pub(super) const SPLIT_TILE: usize = 64;
-/// Fewest batch positions one split sums on average (half of the kernels'
-/// 16-position step): no split is empty, and a ResNet's splits are the
-/// same from 32² images up at batch 64 (its last 1×1 layer then has 64
-/// positions, enough for the 8 splits its 32 tiles want), so that a small
-/// run's launches are a large one's and extrapolate to it.
-const MIN_SPLIT_POSITIONS: usize = 8;
+/// Fewest batch positions one split sums on average: no split is empty,
+/// and a ResNet's splits are the same from 32² images up at batch 64 (its
+/// last 1×1 layer then has 64 positions, enough for the 17 splits its 32
+/// tiles want), so that a small run's launches are a large one's and
+/// extrapolate to it.
+const MIN_SPLIT_POSITIONS: usize = 2;
+/// Most blocks a split launch may have: every split's block is then in
+/// the grid at once (the kernels' grid is at most 65,536 blocks), so that
+/// a split that waits for the one before it in its chain waits for an
+/// earlier block, never for one that runs after it.
+const MAX_SPLIT_BLOCKS: usize = 65_536;
+
+/// How a weight gradient's reduction over the batch's positions is split
+/// ([`ConvGeom::weight_grad_split`]): `splits` ranges of positions (range
+/// `s` is `s·P/splits .. (s+1)·P/splits`), summed into `slots` partial
+/// sums (range `s` into slot `s % slots`, each slot's ranges one after
+/// another in order), which are then added in slot order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct WeightGradSplit {
+    /// Ranges of positions (1: no split, the kernel sums in place).
+    pub splits: usize,
+    /// Partial sums held (each `cout·cin/groups·kh·kw` values).
+    pub slots: usize,
+    /// Output tiles per split ([`SPLIT_TILE`] square; the kernels' tiles
+    /// are never more): one chain counter each per slot.
+    pub tiles: usize,
+}
+
+impl WeightGradSplit {
+    /// Bytes of the chains' counters (one `u32` per slot and tile, only
+    /// where a slot sums more than one range).
+    pub(super) fn counter_bytes(&self) -> usize {
+        match self.splits > self.slots {
+            true => self.slots * self.tiles * 4,
+            false => 0,
+        }
+    }
+}
 
 thread_local! {
     static CONV_WORKSPACE: Cell<usize> = const { Cell::new(DEFAULT_CONV_WORKSPACE_BYTES) };
@@ -82,36 +115,50 @@ impl ConvGeom {
         self.full_columns().min(budget.max(smallest))
     }
 
-    /// How many ranges a weight gradient in `dtype` splits its reduction
-    /// over the batch's `n·oh·ow` positions into (split `s` of `S` sums
-    /// positions `s·P/S .. (s+1)·P/S`; their partial sums are then added
-    /// in range order; one split sums everything in place). Enough for
-    /// about [`SPLIT_TARGET_BLOCKS`] blocks over the output's tiles, only as
+    /// How a weight gradient in `dtype` splits its reduction over the
+    /// batch's `n·oh·ow` positions ([`WeightGradSplit`]): enough ranges
+    /// for about [`SPLIT_TARGET_BLOCKS`] blocks over the output's tiles
+    /// with [`MIN_SPLIT_POSITIONS`] positions each on average, and only as
     /// many partial sums (`cout·cin/groups·kh·kw` each, in f32 for the half
-    /// types, as the kernels accumulate) as the workspace budget holds, and
-    /// [`MIN_SPLIT_POSITIONS`] positions each on average: nothing depends
-    /// on the image size beyond that floor.
-    pub(super) fn weight_grad_splits(&self, dtype: DType) -> usize {
+    /// types, as the kernels accumulate, with their chains' counters) as
+    /// the workspace budget holds; none where it holds not even one.
+    /// Nothing depends on the image size beyond the floor of positions.
+    pub(super) fn weight_grad_split(&self, dtype: DType) -> WeightGradSplit {
         let tiles =
             self.groups * self.cout_g().div_ceil(SPLIT_TILE) * self.k().div_ceil(SPLIT_TILE);
-        let per_split = (self.cout * self.k() * partial_bytes(dtype)).max(1);
-        SPLIT_TARGET_BLOCKS
+        let per_slot = self.cout * self.k() * partial_bytes(dtype) + 4 * tiles;
+        let splits = SPLIT_TARGET_BLOCKS
             .div_ceil(tiles.max(1))
-            .min(conv_workspace_bytes() / per_split)
             .min(self.n * self.l() / MIN_SPLIT_POSITIONS)
-            .max(1)
+            .min(MAX_SPLIT_BLOCKS / tiles.max(1));
+        let slots = splits.min(conv_workspace_bytes() / per_slot.max(1));
+        match splits > 1 && slots > 0 {
+            true => WeightGradSplit {
+                splits,
+                slots,
+                tiles,
+            },
+            false => WeightGradSplit {
+                splits: 1,
+                slots: 1,
+                tiles,
+            },
+        }
     }
 
     /// The elements of `dtype` a weight gradient holds as Workspace: the
-    /// column buffer, or room for its split's partial sums where that is
-    /// more (CUDA keeps them there; the CPU kernels use the column buffer's
-    /// share and hold the rest only so that the ledgers agree).
+    /// column buffer, or room for its split's partial sums and counters
+    /// where that is more (CUDA keeps them there; the CPU kernels use the
+    /// column buffer's share and hold the rest only so that the ledgers
+    /// agree).
     pub(super) fn weight_grad_workspace_len(&self, dtype: DType) -> usize {
-        let partials = match self.weight_grad_splits(dtype) {
+        let split = self.weight_grad_split(dtype);
+        let room = match split.splits {
             1 => 0,
-            s => (s * self.cout * self.k() * partial_bytes(dtype)).div_ceil(dtype.size_in_bytes()),
+            _ => split.slots * self.cout * self.k() * partial_bytes(dtype) + split.counter_bytes(),
         };
-        self.column_buffer_len(dtype).max(partials)
+        self.column_buffer_len(dtype)
+            .max(room.div_ceil(dtype.size_in_bytes()))
     }
 }
 
@@ -169,20 +216,23 @@ mod tests {
         assert_eq!(conv_workspace_bytes(), DEFAULT_CONV_WORKSPACE_BYTES);
     }
 
-    /// The weight gradient splits a long reduction over few tiles within
-    /// the budget, and the same at every image size from 32² (the floor of
-    /// positions aside).
+    /// The weight gradient splits a long reduction over few tiles into
+    /// enough ranges for the target's blocks, the same at every image size
+    /// from 32² (the floor of positions aside), and sums them into as many
+    /// partial sums as the budget holds.
     #[test]
     fn weight_grad_splits_within_the_budget_at_every_size() {
         // ResNet-18's first 3×3 layer at batch 64, 56²: 9 tiles, 64·576
-        // partial sums per split (147,456 bytes).
+        // partial sums per slot (147,456 bytes) and 9 counters.
         let g = ConvGeom {
             n: 64,
             ..geom(64, 64, 56, 1)
         };
-        let per_split = 64 * 576 * 4;
-        // 256/9 → 29 wanted, 4 MiB / 147,456 → 28 held.
-        assert_eq!(g.weight_grad_splits(DType::F32), 28);
+        let per_slot = 64 * 576 * 4 + 9 * 4;
+        // 528/9 → 59 ranges; 4 MiB / 147,492 → 28 partial sums.
+        let split = g.weight_grad_split(DType::F32);
+        assert_eq!((split.splits, split.slots, split.tiles), (59, 28, 9));
+        assert_eq!(split.counter_bytes(), 28 * 9 * 4);
         // The column buffer holds them (1 Mi elements, capped by the budget).
         assert_eq!(g.weight_grad_workspace_len(DType::F32), 1 << 20);
         // The same split at 8² (ResNet-18's layer1 for 32² images), where
@@ -191,23 +241,29 @@ mod tests {
             n: 64,
             ..geom(64, 64, 8, 1)
         };
-        assert_eq!(small.weight_grad_splits(DType::F32), 28);
-        assert_eq!(small.weight_grad_workspace_len(DType::F32), 28 * 64 * 576);
-        // bf16 keeps f32 partial sums: the same splits, twice the elements.
-        assert_eq!(small.weight_grad_splits(DType::BF16), 28);
-        assert_eq!(
-            small.weight_grad_workspace_len(DType::BF16),
-            2 * 28 * 64 * 576
-        );
+        assert_eq!(small.weight_grad_split(DType::F32), split);
+        let room = 28 * 64 * 576 * 4 + 28 * 9 * 4;
+        assert_eq!(small.weight_grad_workspace_len(DType::F32), room / 4);
+        // bf16 keeps f32 partial sums: the same split, twice the elements.
+        assert_eq!(small.weight_grad_split(DType::BF16), split);
+        assert_eq!(small.weight_grad_workspace_len(DType::BF16), room / 2);
         {
-            // A budget for 3 splits' partial sums: 3; for fewer than 2: 1.
-            let _three = with_conv_workspace(3 * per_split + 1);
-            assert_eq!(g.weight_grad_splits(DType::F32), 3);
-            let _none = with_conv_workspace(per_split);
-            assert_eq!(g.weight_grad_splits(DType::F32), 1);
+            // A budget for 3 partial sums: 3 slots of 59 ranges; for none:
+            // no split.
+            let _three = with_conv_workspace(3 * per_slot + 1);
+            assert_eq!(g.weight_grad_split(DType::F32).slots, 3);
+            assert_eq!(g.weight_grad_split(DType::F32).splits, 59);
+            let _none = with_conv_workspace(per_slot - 1);
+            assert_eq!(g.weight_grad_split(DType::F32).splits, 1);
+        }
+        // A budget for every range: one range per slot, no counters.
+        {
+            let _large = with_conv_workspace(LARGE_WORKSPACE_BYTES);
+            let all = g.weight_grad_split(DType::F32);
+            assert_eq!((all.splits, all.slots, all.counter_bytes()), (59, 59, 0));
         }
         // ResNet-18's last 1×1 layer (256 → 512, stride 2) at batch 64:
-        // 32 tiles, 8 splits from 32² images (1² outputs) up.
+        // 32 tiles, 17 ranges into 7 slots from 32² images (1² outputs) up.
         for (size, out) in [(2, 1), (4, 2), (14, 7)] {
             let down = ConvGeom {
                 n: 64,
@@ -219,14 +275,15 @@ mod tests {
                 ow: out,
                 ..geom(256, 512, size, 1)
             };
-            assert_eq!(down.weight_grad_splits(DType::F32), 8, "{size}²");
+            let split = down.weight_grad_split(DType::F32);
+            assert_eq!((split.splits, split.slots), (17, 7), "{size}²");
         }
-        // A batch of 2 at 2²: too few positions to split.
+        // One position: nothing to split.
         let tiny = ConvGeom {
-            n: 2,
-            ..geom(64, 64, 2, 1)
+            n: 1,
+            ..geom(64, 64, 1, 1)
         };
-        assert_eq!(tiny.weight_grad_splits(DType::F32), 1);
+        assert_eq!(tiny.weight_grad_split(DType::F32).splits, 1);
         let columns = tiny.column_buffer_len(DType::F32);
         assert_eq!(tiny.weight_grad_workspace_len(DType::F32), columns);
     }
