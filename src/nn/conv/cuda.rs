@@ -351,8 +351,9 @@ fn conv_input_grad(
 /// The weight gradient `[cout, cin/groups, kh, kw]` = `Σ_items gy·colsᵀ`
 /// per group: one implicit-GEMM launch (`conv_wgrad_*`), its reduction
 /// split in ranges of the batch when the output has few tiles
-/// ([`ConvGeom::weight_grad_splits`]), their partial sums (in its
-/// Workspace) added in range order by `conv_split_sum_*`.
+/// ([`ConvGeom::weight_grad_split`]), summed into partial sums in its
+/// Workspace (a sum's ranges one after another, counted by a counter per
+/// tile after them), which `conv_split_sum_*` adds in order.
 fn conv_weight_grad(gy: &CudaBuffer, x: &CudaBuffer, g: &ConvGeom) -> Result<CudaBuffer> {
     let op = "cuda conv weight grad";
     let sfx = float_suffix(op, x.dtype())?;

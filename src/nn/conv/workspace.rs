@@ -12,10 +12,10 @@
 //! its depth blocking follows a product's shape). The CUDA kernels
 //! gather their tiles from the input and need no columns, but hold a buffer
 //! of the same size, so that the CPU, CUDA and meta ledgers agree byte for
-//! byte. A weight gradient holds at least room for its split partial sums
-//! ([`ConvGeom::weight_grad_splits`], the same on every device and at every
+//! byte. A weight gradient holds at least room for its split's partial sums
+//! ([`ConvGeom::weight_grad_split`], the same on every device and at every
 //! image size): the CUDA kernels sum a long reduction over few output tiles
-//! in ranges of the batch, each range's sums kept there.
+//! in ranges of the batch, into as many partial sums as the budget holds.
 
 use super::ConvGeom;
 use crate::settings::{set, SettingGuard};
