@@ -979,6 +979,24 @@ __device__ __forceinline__ void lg_wgrad_steps(const ConvGeom& g,
     }
 }
 
+// f(e, v) for each of thread t's accumulators v of a weight gradient's
+// tile that lies inside the output ([cout, cig*kk] per group), e its
+// element's index there.
+template <typename T, int R, bool TC, typename F>
+__device__ __forceinline__ void lg_wgrad_each(const typename Acc<T>::type (&acc)[R][4],
+                                              IgTile tile, long long cg, long long Kw, int t,
+                                              F f) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            long long q = tile.n0 + lg_acc_col<R, TC>(t, i, j);
+            long long m = tile.m0 + lg_acc_row<R, TC>(t, i, j);
+            if (q < Kw && m < cg) f((tile.grp * cg + m) * Kw + q, acc[i][j]);
+        }
+    }
+}
+
 // Adds a tile's products of split `split` into its slot (split % slots of
 // part, cout*cig*kk values of A each), the slot's splits one after another
 // in order: the first writes its products, each later one waits until the
@@ -1002,18 +1020,10 @@ __device__ __forceinline__ void lg_wgrad_chain(const typename Acc<T>::type (&acc
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-            long long q = tile.n0 + lg_acc_col<R, TC>(t, i, j);
-            long long m = tile.m0 + lg_acc_row<R, TC>(t, i, j);
-            if (q >= Kw || m >= cg) continue;
-            A* at = dst + (tile.grp * cg + m) * Kw + q;
-            // The earlier splits' sum, read past this SM's L1.
-            *at = link > 0 ? __ldcg(at) + acc[i][j] : acc[i][j];
-        }
-    }
+    lg_wgrad_each<T, R, TC>(acc, tile, cg, Kw, t, [&](long long e, A v) {
+        // The earlier splits' sum, read past this SM's L1.
+        dst[e] = link > 0 ? __ldcg(dst + e) + v : v;
+    });
     if (counter) {
         __threadfence();
         __syncthreads();
@@ -1077,16 +1087,9 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long slo
                                      t);
             continue;
         }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-#pragma unroll
-            for (int i = 0; i < R; ++i) {
-                long long q = tile.n0 + lg_acc_col<R, TC>(t, i, j);
-                long long m = tile.m0 + lg_acc_row<R, TC>(t, i, j);
-                if (q >= Kw || m >= cg) continue;
-                gw[(tile.grp * cg + m) * Kw + q] = lg_store<T>(acc[i][j]);
-            }
-        }
+        lg_wgrad_each<T, R, TC>(acc, tile, cg, Kw, t, [&](long long e, A v) {
+            gw[e] = lg_store<T>(v);
+        });
     }
 }
 

@@ -98,14 +98,22 @@ __device__ __forceinline__ bool lg_pool_fast(const PoolGeom& g) {
     return g.d[0] == 1 && g.d[1] == 1 && lg_pool_int32(g);
 }
 
+// Whether an input element of `g` lies in at most 2 windows along each
+// axis (ceil(k/s) <= 2: kernels no more than twice the stride).
+__device__ __forceinline__ bool lg_pool_ranges_2(const PoolGeom& g) {
+    return g.k[0] <= 2 * g.s[0] && g.k[1] <= 2 * g.s[1];
+}
+
 // Max pooling's input gradient where lg_pool_fast holds: the same sums as
 // lg_max_pool_grad over the whole input, in the same order (so the same
 // bits), but the outputs whose windows hold (r, c) are found as the ranges
 // i in [ceil((r + p0 - k0 + 1) / s0), (r + p0) / s0] and likewise j (no
 // per-tap stride test), and every division is a multiply-high by a divider
-// made once per block (LgDiv). Writes dx; called by every thread of the
-// launch (it synchronises the block once).
-template <typename T>
+// made once per block (LgDiv). RI and RJ, where not 0, are bounds known
+// at compile time of each range's length (ceil(k/s): 2 for ResNet's 3x3/2
+// pool), so that the loops unroll. Writes dx; called by every thread of
+// the launch (it synchronises the block once).
+template <typename T, int RI, int RJ>
 __device__ __forceinline__ void lg_max_pool_grad_d1(const PoolGeom& g, T* dx, const T* dy,
                                                     const unsigned char* pos,
                                                     const long long* idx) {
@@ -134,10 +142,17 @@ __device__ __forceinline__ void lg_max_pool_grad_d1(const PoolGeom& g, T* dx, co
         int j1 = min(OW - 1, (int)lg_div(by_s1, c + P1));
         unsigned int base = pl * plane_out;
         A acc = 0;
-        for (int i = i0; i <= i1; ++i) {
+        const int ni = RI > 0 ? RI : i1 - i0 + 1, nj = RJ > 0 ? RJ : j1 - j0 + 1;
+#pragma unroll
+        for (int di = 0; di < ni; ++di) {
+            const int i = i0 + di;
+            if (i > i1) break;
             int ki = r + P0 - i * S0;
             unsigned int row = base + (unsigned int)(i * OW);
-            for (int j = j0; j <= j1; ++j) {
+#pragma unroll
+            for (int dj = 0; dj < nj; ++dj) {
+                const int j = j0 + dj;
+                if (j > j1) break;
                 unsigned int o = row + j;
                 bool hit = pos ? pos[o] == ki * K1 + (c + P1 - j * S1)
                                : idx[o] == (long long)(r * W + c);
@@ -151,9 +166,10 @@ __device__ __forceinline__ void lg_max_pool_grad_d1(const PoolGeom& g, T* dx, co
 // Max pooling forward where lg_pool_int32 holds (any dilation): the
 // maximum and its window position of every output, as the general loop
 // below, with 32-bit indices and the output's coordinates found by
-// multiply-highs (LgDiv, made once per block). Called by every thread of
-// the launch (it synchronises the block once).
-template <typename T>
+// multiply-highs (LgDiv, made once per block); the window K0 x K1 known at
+// compile time where not 0 (3x3, ResNet's), so that its loops unroll.
+// Called by every thread of the launch (it synchronises the block once).
+template <typename T, int K0, int K1>
 __device__ __forceinline__ void lg_max_pool_fwd_narrow(const PoolGeom& g, T* y,
                                                        unsigned char* pos, const T* x) {
     typedef typename Acc<T>::type A;
@@ -165,7 +181,8 @@ __device__ __forceinline__ void lg_max_pool_fwd_narrow(const PoolGeom& g, T* y,
     __syncthreads();
     const LgDiv by_ow = divs[0], by_oh = divs[1];
     const int W = (int)g.w, H = (int)g.h, OH = (int)g.oh, OW = (int)g.ow;
-    const int K0 = (int)g.k[0], K1 = (int)g.k[1], S0 = (int)g.s[0], S1 = (int)g.s[1];
+    const int k0 = K0 > 0 ? K0 : (int)g.k[0], k1 = K1 > 0 ? K1 : (int)g.k[1];
+    const int S0 = (int)g.s[0], S1 = (int)g.s[1];
     const int P0 = (int)g.p[0], P1 = (int)g.p[1], D0 = (int)g.d[0], D1 = (int)g.d[1];
     const unsigned int n = (unsigned int)(g.planes * g.oh * g.ow), plane_in = H * W;
     for (unsigned int e = blockIdx.x * blockDim.x + threadIdx.x; e < n;
@@ -174,24 +191,24 @@ __device__ __forceinline__ void lg_max_pool_fwd_narrow(const PoolGeom& g, T* y,
         int j = (int)(e - t * OW), i = (int)(t - pl * OH);
         const T* plane = x + pl * plane_in;
         A best = -LG_INF;
-        int at = 0;
-        bool found = false;
-        for (int ki = 0; ki < K0; ++ki) {
+        int at = -1;  // none yet: the first tap inside is taken whatever it holds
+#pragma unroll
+        for (int ki = 0; ki < k0; ++ki) {
             int r = i * S0 + ki * D0 - P0;
             if (r < 0 || r >= H) continue;
-            for (int kj = 0; kj < K1; ++kj) {
+#pragma unroll
+            for (int kj = 0; kj < k1; ++kj) {
                 int c = j * S1 + kj * D1 - P1;
                 if (c < 0 || c >= W) continue;
                 A v = lg_load(plane[r * W + c]);
-                if (!found || v > best || (v != v && best == best)) {
+                if (at < 0 || v > best || (v != v && best == best)) {
                     best = v;
-                    at = ki * K1 + kj;
-                    found = true;
+                    at = ki * k1 + kj;
                 }
             }
         }
         y[e] = lg_store<T>(best);
-        pos[e] = (unsigned char)at;
+        pos[e] = (unsigned char)(at < 0 ? 0 : at);
     }
 }
 
@@ -200,7 +217,11 @@ __device__ __forceinline__ void lg_max_pool_fwd_narrow(const PoolGeom& g, T* y,
                                                     const T* x) {                     \
         typedef Acc<T>::type A;                                                       \
         if (lg_pool_int32(g)) {                                                       \
-            lg_max_pool_fwd_narrow<T>(g, y, pos, x);                                  \
+            if (g.k[0] == 3 && g.k[1] == 3) {                                         \
+                lg_max_pool_fwd_narrow<T, 3, 3>(g, y, pos, x);                        \
+            } else {                                                                  \
+                lg_max_pool_fwd_narrow<T, 0, 0>(g, y, pos, x);                        \
+            }                                                                         \
             return;                                                                   \
         }                                                                             \
         long long n = g.planes * g.oh * g.ow;                                         \
@@ -231,8 +252,10 @@ __device__ __forceinline__ void lg_max_pool_fwd_narrow(const PoolGeom& g, T* y,
     extern "C" __global__ void max_pool2d_bwd_##sfx(PoolGeom g, T* dx, const T* dy,   \
                                                     const unsigned char* pos) {       \
         long long n = g.planes * g.h * g.w;                                           \
-        if (lg_pool_fast(g)) {                                                        \
-            lg_max_pool_grad_d1<T>(g, dx, dy, pos, 0);                                \
+        if (lg_pool_fast(g) && lg_pool_ranges_2(g)) {                                 \
+            lg_max_pool_grad_d1<T, 2, 2>(g, dx, dy, pos, 0);                          \
+        } else if (lg_pool_fast(g)) {                                                 \
+            lg_max_pool_grad_d1<T, 0, 0>(g, dx, dy, pos, 0);                          \
         } else if (lg_pool_narrow(g)) {                                               \
             LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, int>(g, e, dy, pos, 0); } \
         } else {                                                                      \
@@ -243,8 +266,10 @@ __device__ __forceinline__ void lg_max_pool_fwd_narrow(const PoolGeom& g, T* y,
     extern "C" __global__ void max_pool2d_bwd_flat_##sfx(PoolGeom g, T* dx, const T* dy, \
                                                          const long long* idx) {      \
         long long n = g.planes * g.h * g.w;                                           \
-        if (lg_pool_fast(g)) {                                                        \
-            lg_max_pool_grad_d1<T>(g, dx, dy, 0, idx);                                \
+        if (lg_pool_fast(g) && lg_pool_ranges_2(g)) {                                 \
+            lg_max_pool_grad_d1<T, 2, 2>(g, dx, dy, 0, idx);                          \
+        } else if (lg_pool_fast(g)) {                                                 \
+            lg_max_pool_grad_d1<T, 0, 0>(g, dx, dy, 0, idx);                          \
         } else if (lg_pool_narrow(g)) {                                               \
             LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, int>(g, e, dy, 0, idx); } \
         } else {                                                                      \
