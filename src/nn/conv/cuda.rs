@@ -10,7 +10,6 @@
 //! the ledgers match; the weight gradient keeps its split partial sums
 //! there (more with a larger [`super::with_conv_workspace`] budget).
 
-use super::workspace::partial_bytes;
 use super::ConvGeom;
 use crate::cuda::check::{expect, float_suffix};
 use crate::cuda::launch;
@@ -373,7 +372,7 @@ fn conv_weight_grad(gy: &CudaBuffer, x: &CudaBuffer, g: &ConvGeom) -> Result<Cud
     let rows = tile_rows(g.groups, g.cout_g(), g.k());
     let tsfx = tile_suffix(sfx, x.dtype(), rows);
     // The partial sums first, then the chains' counters, zeroed here.
-    let sums_bytes = split.slots * nw * partial_bytes(x.dtype());
+    let sums_bytes = split.sums_bytes();
     if split.counter_bytes() > 0 {
         ws.zero_bytes(sums_bytes..sums_bytes + split.counter_bytes())?;
     }

@@ -67,6 +67,8 @@ pub(super) struct WeightGradSplit {
     /// Output tiles per split ([`SPLIT_TILE`] square; the kernels' tiles
     /// are never more): one chain counter each per slot.
     pub tiles: usize,
+    /// Bytes of one partial sum (`cout·cin/groups·kh·kw` accumulators).
+    pub sum_bytes: usize,
 }
 
 impl WeightGradSplit {
@@ -76,6 +78,21 @@ impl WeightGradSplit {
         match self.splits > self.slots {
             true => self.slots * self.tiles * 4,
             false => 0,
+        }
+    }
+
+    /// Bytes of the slots' partial sums, which come first in the Workspace
+    /// (the counters follow them).
+    pub(super) fn sums_bytes(&self) -> usize {
+        self.slots * self.sum_bytes
+    }
+
+    /// Bytes of Workspace the split needs: none without a split, else the
+    /// partial sums and the counters.
+    pub(super) fn room_bytes(&self) -> usize {
+        match self.splits {
+            1 => 0,
+            _ => self.sums_bytes() + self.counter_bytes(),
         }
     }
 }
@@ -126,23 +143,21 @@ impl ConvGeom {
     pub(super) fn weight_grad_split(&self, dtype: DType) -> WeightGradSplit {
         let tiles =
             self.groups * self.cout_g().div_ceil(SPLIT_TILE) * self.k().div_ceil(SPLIT_TILE);
-        let per_slot = self.cout * self.k() * partial_bytes(dtype) + 4 * tiles;
+        let sum_bytes = self.cout * self.k() * partial_bytes(dtype);
         let splits = SPLIT_TARGET_BLOCKS
             .div_ceil(tiles.max(1))
             .min(self.n * self.l() / MIN_SPLIT_POSITIONS)
             .min(MAX_SPLIT_BLOCKS / tiles.max(1));
-        let slots = splits.min(conv_workspace_bytes() / per_slot.max(1));
-        match splits > 1 && slots > 0 {
-            true => WeightGradSplit {
-                splits,
-                slots,
-                tiles,
-            },
-            false => WeightGradSplit {
-                splits: 1,
-                slots: 1,
-                tiles,
-            },
+        let slots = splits.min(conv_workspace_bytes() / (sum_bytes + 4 * tiles).max(1));
+        let (splits, slots) = match splits > 1 && slots > 0 {
+            true => (splits, slots),
+            false => (1, 1),
+        };
+        WeightGradSplit {
+            splits,
+            slots,
+            tiles,
+            sum_bytes,
         }
     }
 
@@ -152,11 +167,7 @@ impl ConvGeom {
     /// column buffer's share and hold the rest only so that the ledgers
     /// agree).
     pub(super) fn weight_grad_workspace_len(&self, dtype: DType) -> usize {
-        let split = self.weight_grad_split(dtype);
-        let room = match split.splits {
-            1 => 0,
-            _ => split.slots * self.cout * self.k() * partial_bytes(dtype) + split.counter_bytes(),
-        };
+        let room = self.weight_grad_split(dtype).room_bytes();
         self.column_buffer_len(dtype)
             .max(room.div_ceil(dtype.size_in_bytes()))
     }
@@ -164,7 +175,7 @@ impl ConvGeom {
 
 /// Bytes of one partial sum of a weight gradient in `dtype`: f32 for the
 /// half types (the kernels' accumulators), the dtype's own size otherwise.
-pub(super) fn partial_bytes(dtype: DType) -> usize {
+fn partial_bytes(dtype: DType) -> usize {
     dtype.size_in_bytes().max(4)
 }
 

@@ -163,6 +163,24 @@ __device__ __forceinline__ void lg_max_pool_grad_d1(const PoolGeom& g, T* dx, co
     }
 }
 
+// Max pooling's input gradient (every element of dx), by the fastest of
+// the loops above that applies to `g`; the argmax named by `pos` or `idx`
+// as lg_max_pool_grad's. Called by every thread of the launch.
+template <typename T>
+__device__ __forceinline__ void lg_max_pool_bwd(const PoolGeom& g, T* dx, const T* dy,
+                                                const unsigned char* pos, const long long* idx) {
+    const long long n = g.planes * g.h * g.w;
+    if (lg_pool_fast(g) && lg_pool_ranges_2(g)) {
+        lg_max_pool_grad_d1<T, 2, 2>(g, dx, dy, pos, idx);
+    } else if (lg_pool_fast(g)) {
+        lg_max_pool_grad_d1<T, 0, 0>(g, dx, dy, pos, idx);
+    } else if (lg_pool_narrow(g)) {
+        LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, int>(g, e, dy, pos, idx); }
+    } else {
+        LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, long long>(g, e, dy, pos, idx); }
+    }
+}
+
 // Max pooling forward where lg_pool_int32 holds (any dilation): the
 // maximum and its window position of every output, as the general loop
 // below, with 32-bit indices and the output's coordinates found by
@@ -251,30 +269,12 @@ __device__ __forceinline__ void lg_max_pool_fwd_narrow(const PoolGeom& g, T* y,
     }                                                                                 \
     extern "C" __global__ void max_pool2d_bwd_##sfx(PoolGeom g, T* dx, const T* dy,   \
                                                     const unsigned char* pos) {       \
-        long long n = g.planes * g.h * g.w;                                           \
-        if (lg_pool_fast(g) && lg_pool_ranges_2(g)) {                                 \
-            lg_max_pool_grad_d1<T, 2, 2>(g, dx, dy, pos, 0);                          \
-        } else if (lg_pool_fast(g)) {                                                 \
-            lg_max_pool_grad_d1<T, 0, 0>(g, dx, dy, pos, 0);                          \
-        } else if (lg_pool_narrow(g)) {                                               \
-            LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, int>(g, e, dy, pos, 0); } \
-        } else {                                                                      \
-            LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, long long>(g, e, dy, pos, 0); } \
-        }                                                                             \
+        lg_max_pool_bwd<T>(g, dx, dy, pos, 0);                                        \
     }                                                                                 \
     /* The same from flat in-plane input indices (SaveAll's i64 indices). */          \
     extern "C" __global__ void max_pool2d_bwd_flat_##sfx(PoolGeom g, T* dx, const T* dy, \
                                                          const long long* idx) {      \
-        long long n = g.planes * g.h * g.w;                                           \
-        if (lg_pool_fast(g) && lg_pool_ranges_2(g)) {                                 \
-            lg_max_pool_grad_d1<T, 2, 2>(g, dx, dy, 0, idx);                          \
-        } else if (lg_pool_fast(g)) {                                                 \
-            lg_max_pool_grad_d1<T, 0, 0>(g, dx, dy, 0, idx);                          \
-        } else if (lg_pool_narrow(g)) {                                               \
-            LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, int>(g, e, dy, 0, idx); } \
-        } else {                                                                      \
-            LG_GRID_LOOP(e, n) { dx[e] = lg_max_pool_grad<T, long long>(g, e, dy, 0, idx); } \
-        }                                                                             \
+        lg_max_pool_bwd<T>(g, dx, dy, 0, idx);                                        \
     }                                                                                 \
     extern "C" __global__ void avg_pool2d_fwd_##sfx(PoolGeom g, int mode, T* y,       \
                                                     const T* x) {                     \
