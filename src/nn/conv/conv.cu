@@ -55,16 +55,79 @@ template <> __device__ __forceinline__ double lg_fma<double>(double a, double b,
     return fma(a, b, c);
 }
 
-// One block's operand tiles: a[k][m] and b[k][n], their rows padded
-// against bank conflicts: by one 16-byte vector for the A tile's
-// transposed stores; with tensor cores (TC) both by 8 floats, so that the
-// fragment loads of a warp (rows k + t%4, columns r + lane/4) fall in 32
-// distinct banks.
-template <typename A, int BM, bool TC> struct IgTiles {
-    static constexpr int PAD_A = TC ? 8 : 16 / sizeof(A), PAD_B = TC ? 8 : 0;
-    __align__(16) A a[LG_IG_BK][BM + PAD_A];
-    __align__(16) A b[LG_IG_BK][LG_IG_BN + PAD_B];
+// Round to TF32 (10 explicit mantissa bits, to nearest, ties away), as an
+// mma.tf32 operand.
+__device__ __forceinline__ unsigned lg_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// An element as a tile holds it: widened to its arithmetic type, and for
+// f32 on tensor cores (TC) rounded to TF32 here, once per gathered
+// element rather than at every fragment load.
+template <bool TC, typename T>
+__device__ __forceinline__ typename Acc<T>::type lg_tile_load(T v) {
+    if constexpr (TC && sizeof(T) == 4) {
+        return __uint_as_float(lg_tf32(v));
+    } else {
+        return lg_load(v);
+    }
+}
+
+// One block's operand tiles: a[k][m] and b[k][n] of element type T as
+// the product reads them (IgTiles::E): widened to T's arithmetic type
+// (f32 ones rounded to TF32 once, as gathered, on tensor cores), their
+// rows padded against bank conflicts: by one 16-byte vector for the A
+// tile's transposed stores; with tensor cores (TC) both by 8 floats, so
+// that the fragment loads of a warp (rows k + t%4, columns r + lane/4)
+// fall in 32 distinct banks. The half types on tensor cores keep their
+// bits instead (the specialisation below).
+template <typename T, int BM, bool TC, bool PACKED = TC && sizeof(T) == 2> struct IgTiles {
+    typedef typename Acc<T>::type E;
+    static constexpr int PAD_A = TC ? 8 : 16 / sizeof(E), PAD_B = TC ? 8 : 0;
+    // The A gatherers of step row k start rotated by 2*(k/A_TURN) rows
+    // (0: not rotated), see lg_ig_a_row.
+    static constexpr int A_TURN = TC ? 4 : 0;
+    __align__(16) E a[LG_IG_BK][BM + PAD_A];
+    __align__(16) E b[LG_IG_BK][LG_IG_BN + PAD_B];
+    __device__ static E elem(T v) { return lg_tile_load<TC>(v); }
+    __device__ E& at_a(int k, int m) { return a[k][m]; }
+    __device__ E& at_b(int k, int n) { return b[k][n]; }
 };
+// The half types on tensor cores: each element's 16 bits as loaded, rows
+// k and k+1 of a column side by side in one 32-bit word, the pair an mma
+// operand register holds (one shared load per register, no conversion).
+// A word row is 8 words longer than the tile (8 banks apart per pair), so
+// a warp's fragment loads (pair rows q and q+4, columns lane/4) take 32
+// distinct banks; the A gatherers of pair rows kp and kp+4 start 2 rows
+// apart (A_TURN), so that a warp's 16 stored words do too.
+template <typename T, int BM> struct IgTiles<T, BM, true, true> {
+    typedef unsigned short E;
+    static constexpr int A_TURN = 8;
+    __align__(16) E a[LG_IG_BK / 2][BM + 8][2];
+    __align__(16) E b[LG_IG_BK / 2][LG_IG_BN + 8][2];
+    __device__ static E elem(T v) { return *reinterpret_cast<const E*>(&v); }
+    __device__ E& at_a(int k, int m) { return a[k / 2][m][k % 2]; }
+    __device__ E& at_b(int k, int n) { return b[k / 2][n][k % 2]; }
+    __device__ unsigned word_a(int kp, int m) const {
+        return *reinterpret_cast<const unsigned*>(a[kp][m]);
+    }
+    __device__ unsigned word_b(int kp, int n) const {
+        return *reinterpret_cast<const unsigned*>(b[kp][n]);
+    }
+};
+
+// Tile element (k, m) of A (lg_put_a) or (k, n) of B (lg_put_b) := *p
+// where `in`, else 0 (p is not read then).
+template <typename S, typename T>
+__device__ __forceinline__ void lg_put_a(S& s, int k, int m, bool in, const T* p) {
+    s.at_a(k, m) = in ? S::elem(*p) : typename S::E(0);
+}
+template <typename S, typename T>
+__device__ __forceinline__ void lg_put_b(S& s, int k, int n, bool in, const T* p) {
+    s.at_b(k, n) = in ? S::elem(*p) : typename S::E(0);
+}
 
 // out[0..4] = p[0..4], p 16-byte aligned, as 16-byte shared loads.
 __device__ __forceinline__ void lg_ld4(const float* p, float (&out)[4]) {
@@ -78,8 +141,8 @@ __device__ __forceinline__ void lg_ld4(const double* p, double (&out)[4]) {
 
 // acc[i][j] += a[k][tm + i] * b[k][tn + j] for k in order (tm = R*(t/16),
 // tn = 4*(t%16)).
-template <typename A, int R>
-__device__ __forceinline__ void lg_ig_mac(const IgTiles<A, 8 * R, false>& s, A (&acc)[R][4],
+template <typename T, typename A, int R>
+__device__ __forceinline__ void lg_ig_mac(const IgTiles<T, 8 * R, false>& s, A (&acc)[R][4],
                                           int tm, int tn) {
 #pragma unroll
     for (int k = 0; k < LG_IG_BK; ++k) {
@@ -116,26 +179,6 @@ template <int R> struct IgWarps {
     static_assert(MI * NI == R, "a tensor-core tile holds the FMA layout's accumulators");
 };
 
-// Round to TF32 (10 explicit mantissa bits, to nearest, ties away), as an
-// mma.tf32 operand.
-__device__ __forceinline__ unsigned lg_tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
-// An element as a tile holds it: widened to its arithmetic type, and for
-// f32 on tensor cores (TC) rounded to TF32 here, once per gathered
-// element rather than at every fragment load.
-template <bool TC, typename T>
-__device__ __forceinline__ typename Acc<T>::type lg_tile_load(T v) {
-    if constexpr (TC && sizeof(T) == 4) {
-        return __uint_as_float(lg_tf32(v));
-    } else {
-        return lg_load(v);
-    }
-}
-
 // One mma.sync.m16n8kK: d += a (16 x K) * b (K x 8), fragments of 32-bit
 // registers, f32 accumulators.
 template <typename T> __device__ __forceinline__ void lg_mma(float (&d)[4], const unsigned (&a)[4],
@@ -166,41 +209,28 @@ template <> __device__ __forceinline__ void lg_mma<__nv_bfloat16>(float (&d)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The 32-bit fragment element of an mma operand for element type T from
-// the f32 tile values at k and k + h (h = 4 for TF32, whose register holds
-// one value, rounded as it was gathered; 1 for the half types, whose
-// register packs the pair, k's in the low 16 bits; the tile holds them
-// exactly, widened).
-template <typename T> struct LgFrag;
-template <> struct LgFrag<float> {
-    static constexpr int K = 8, H = 4;
-    // Rounded to TF32 already as the tile was gathered (lg_tile_load).
-    __device__ static unsigned one(float v) { return __float_as_uint(v); }
-};
-template <> struct LgFrag<__half> {
-    static constexpr int K = 16, H = 1;
-    __device__ static unsigned pair(float lo, float hi) {
-        return (unsigned)__half_as_ushort(__float2half_rn(hi)) << 16 |
-               __half_as_ushort(__float2half_rn(lo));
-    }
-};
-template <> struct LgFrag<__nv_bfloat16> {
-    static constexpr int K = 16, H = 1;
-    __device__ static unsigned pair(float lo, float hi) {
-        return (__float_as_uint(hi) & 0xffff0000u) | __float_as_uint(lo) >> 16;
-    }
-};
-
-// Fragment registers 2e and 2e+1 of the PTX ISA's mma layouts (g = lane/4,
-// q = lane%4): for TF32 (m16n8k8) register e holds k = q + 4e; for the
-// half types (m16n8k16) register e holds the pair k = 2q + 8e, 2q + 8e + 1.
-// `at(k)` reads the tile at k of this thread's row or column.
-template <typename T, typename F>
-__device__ __forceinline__ unsigned lg_frag(int q, int e, F at) {
-    if constexpr (LgFrag<T>::H == 4) {
-        return LgFrag<T>::one(at(q + 4 * e));
+// Fragment register e of thread (g, q) (g = lane/4, q = lane%4) in the
+// PTX ISA's mma layouts, for A's tile row r or B's tile column c at the
+// mma step's first k: for TF32 (m16n8k8) register e holds k + q + 4e (one
+// value, rounded to TF32 as the tile was gathered); for the half types
+// (m16n8k16, a tile step is one mma step) the pair 2q + 8e, 2q + 8e + 1,
+// the tile's word row q + 4e.
+template <typename T, int BM>
+__device__ __forceinline__ unsigned lg_frag_a(const IgTiles<T, BM, true>& s, int k, int e,
+                                              int q, int r) {
+    if constexpr (sizeof(T) == 2) {
+        return s.word_a(q + 4 * e, r);
     } else {
-        return LgFrag<T>::pair(at(2 * q + 8 * e), at(2 * q + 8 * e + 1));
+        return __float_as_uint(s.a[k + q + 4 * e][r]);
+    }
+}
+template <typename T, int BM>
+__device__ __forceinline__ unsigned lg_frag_b(const IgTiles<T, BM, true>& s, int k, int e,
+                                              int q, int c) {
+    if constexpr (sizeof(T) == 2) {
+        return s.word_b(q + 4 * e, c);
+    } else {
+        return __float_as_uint(s.b[k + q + 4 * e][c]);
     }
 }
 
@@ -209,13 +239,14 @@ __device__ __forceinline__ unsigned lg_frag(int q, int e, F at) {
 // ISA's layouts: A holds rows g and g+8, B column g, C rows g and g+8 at
 // columns 2q and 2q+1).
 template <typename T, int R>
-__device__ __forceinline__ void lg_ig_mma(const IgTiles<float, 8 * R, true>& s,
-                                          float (&acc)[R][4], int t) {
+__device__ __forceinline__ void lg_ig_mma(const IgTiles<T, 8 * R, true>& s, float (&acc)[R][4],
+                                          int t) {
     typedef IgWarps<R> W;
+    constexpr int MMA_K = sizeof(T) == 2 ? 16 : 8;
     const int warp = t / 32, g = t % 32 / 4, q = t % 4;
     const int m0 = warp / W::WN * (W::BM / W::WM), n0 = warp % W::WN * (LG_IG_BN / W::WN);
 #pragma unroll
-    for (int k = 0; k < LG_IG_BK; k += LgFrag<T>::K) {
+    for (int k = 0; k < LG_IG_BK; k += MMA_K) {
         unsigned a[W::MI][4], b[W::NI][2];
 #pragma unroll
         for (int mi = 0; mi < W::MI; ++mi) {
@@ -223,17 +254,14 @@ __device__ __forceinline__ void lg_ig_mma(const IgTiles<float, 8 * R, true>& s,
             // Registers 0 and 1: rows g and g+8 of the first k half; 2, 3 the second.
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                a[mi][2 * e] = lg_frag<T>(q, e, [&](int kk) { return s.a[k + kk][r]; });
-                a[mi][2 * e + 1] = lg_frag<T>(q, e, [&](int kk) { return s.a[k + kk][r + 8]; });
+                a[mi][2 * e] = lg_frag_a(s, k, e, q, r);
+                a[mi][2 * e + 1] = lg_frag_a(s, k, e, q, r + 8);
             }
         }
 #pragma unroll
         for (int ni = 0; ni < W::NI; ++ni) {
-            int c = n0 + ni * 8 + g;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                b[ni][e] = lg_frag<T>(q, e, [&](int kk) { return s.b[k + kk][c]; });
-            }
+            for (int e = 0; e < 2; ++e) b[ni][e] = lg_frag_b(s, k, e, q, n0 + ni * 8 + g);
         }
 #pragma unroll
         for (int mi = 0; mi < W::MI; ++mi) {
@@ -263,12 +291,12 @@ template <int R, bool TC> __device__ __forceinline__ int lg_acc_col(int t, int i
 
 // acc += the tile's product: tensor cores or fused multiply-adds.
 template <typename T, typename A, int R, bool TC>
-__device__ __forceinline__ void lg_ig_product(const IgTiles<A, 8 * R, TC>& s, A (&acc)[R][4],
+__device__ __forceinline__ void lg_ig_product(const IgTiles<T, 8 * R, TC>& s, A (&acc)[R][4],
                                               int t) {
     if constexpr (TC) {
         lg_ig_mma<T, R>(s, acc, t);
     } else {
-        lg_ig_mac<A, R>(s, acc, t / 16 * R, t % 16 * 4);
+        lg_ig_mac<T, A, R>(s, acc, t / 16 * R, t % 16 * 4);
     }
 }
 
@@ -397,13 +425,17 @@ __device__ __forceinline__ void lg_ig_store_nchw(T* out, const T* bias,
 }
 
 // The first of the A rows thread t gathers (its others 8, 16, … further):
-// the 16 threads of one k take the 8 row offsets twice, and with tensor
-// cores (rows 8 floats longer than the tile, 8 banks apart per k) the two
-// warps' halves are rotated by 2*(k/4) so that a warp's 32 stores land in
-// 32 distinct banks.
-template <bool TC> __device__ __forceinline__ int lg_ig_a_row(int t) {
+// the 16 threads of one k take the 8 row offsets twice, and where a
+// tile's k rows are a multiple of 8 banks apart (IgTiles::A_TURN) the two
+// warps' halves are rotated by 2*(k/A_TURN) so that a warp's 32 stores
+// land in distinct banks.
+template <typename S> __device__ __forceinline__ int lg_ig_a_row(int t) {
     const int apart = LG_IG_THREADS / LG_IG_BK;
-    return TC ? (t / LG_IG_BK + 2 * (t % LG_IG_BK / 4)) % apart : t / LG_IG_BK;
+    if constexpr (S::A_TURN > 0) {
+        return (t / LG_IG_BK + 2 * (t % LG_IG_BK / S::A_TURN)) % apart;
+    } else {
+        return t / LG_IG_BK;
+    }
 }
 
 // The A rows thread t gathers in a tile whose rows start at m0 (the same
@@ -414,11 +446,11 @@ template <int R> struct IgRows {
     long long off, step;
     int valid;
 };
-template <int R, bool TC>
+template <typename S, int R>
 __device__ __forceinline__ IgRows<R> lg_ig_rows(long long m0, long long rows, long long stride,
                                                 int t) {
     const int apart = LG_IG_THREADS / LG_IG_BK;
-    long long m = m0 + lg_ig_a_row<TC>(t), left = rows > m ? (rows - m + apart - 1) / apart : 0;
+    long long m = m0 + lg_ig_a_row<S>(t), left = rows > m ? (rows - m + apart - 1) / apart : 0;
     return IgRows<R>{m * stride, apart * stride, (int)(left < R ? left : R)};
 }
 
@@ -427,20 +459,20 @@ __device__ __forceinline__ IgRows<R> lg_ig_rows(long long m0, long long rows, lo
 // elsewhere. Each row's element is one `step` past the last (a pointer
 // increment, not a product, per element).
 template <typename T, int R, bool TC>
-__device__ __forceinline__ void lg_ig_gather_a(IgTiles<typename Acc<T>::type, 8 * R, TC>& s,
-                                               const T* src, long long start,
-                                               const IgRows<R>& rows, long long ks, int t) {
-    typedef typename Acc<T>::type A;
-    const int kq = t % LG_IG_BK, m = lg_ig_a_row<TC>(t), apart = LG_IG_THREADS / LG_IG_BK;
+__device__ __forceinline__ void lg_ig_gather_a(IgTiles<T, 8 * R, TC>& s, const T* src,
+                                               long long start, const IgRows<R>& rows,
+                                               long long ks, int t) {
+    typedef IgTiles<T, 8 * R, TC> S;
+    const int kq = t % LG_IG_BK, m = lg_ig_a_row<S>(t), apart = LG_IG_THREADS / LG_IG_BK;
     const T* p = src + start + rows.off;
     if (kq < ks && rows.valid == R) {
 #pragma unroll
-        for (int i = 0; i < R; ++i, p += rows.step) s.a[kq][m + apart * i] = lg_tile_load<TC>(*p);
+        for (int i = 0; i < R; ++i, p += rows.step) s.at_a(kq, m + apart * i) = S::elem(*p);
     } else {
 #pragma unroll
         for (int i = 0; i < R; ++i, p += rows.step) {
             bool ok = kq < ks && i < rows.valid;
-            s.a[kq][m + apart * i] = ok ? lg_tile_load<TC>(*p) : (A)0;
+            lg_put_a(s, kq, m + apart * i, ok, p);
         }
     }
 }
@@ -449,18 +481,18 @@ __device__ __forceinline__ void lg_ig_gather_a(IgTiles<typename Acc<T>::type, 8 
 // column in a uniform step: src[0], src[step], src[2*step], … where the
 // step's tap reaches inside (`in`), zeros elsewhere.
 template <typename T, int R, bool TC>
-__device__ __forceinline__ void lg_ig_gather_b(IgTiles<typename Acc<T>::type, 8 * R, TC>& s,
-                                               const T* src, long long step, bool in, int t) {
-    typedef typename Acc<T>::type A;
+__device__ __forceinline__ void lg_ig_gather_b(IgTiles<T, 8 * R, TC>& s, const T* src,
+                                               long long step, bool in, int t) {
+    typedef IgTiles<T, 8 * R, TC> S;
     const int n = t % LG_IG_BN, k = t / LG_IG_BN, apart = LG_IG_THREADS / LG_IG_BN;
     if (in) {
 #pragma unroll
         for (int j = 0; j < LG_IG_B_LOADS; ++j, src += step) {
-            s.b[k + apart * j][n] = lg_tile_load<TC>(*src);
+            s.at_b(k + apart * j, n) = S::elem(*src);
         }
     } else {
 #pragma unroll
-        for (int j = 0; j < LG_IG_B_LOADS; ++j) s.b[k + apart * j][n] = (A)0;
+        for (int j = 0; j < LG_IG_B_LOADS; ++j) lg_put_b(s, k + apart * j, n, false, src);
     }
 }
 
@@ -473,7 +505,7 @@ __device__ __forceinline__ void lg_ig_gather_b(IgTiles<typename Acc<T>::type, 8 
 template <typename T, int R, bool TC>
 __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, const T* bias) {
     typedef typename Acc<T>::type A;
-    __shared__ IgTiles<A, 8 * R, TC> s;
+    __shared__ IgTiles<T, 8 * R, TC> s;
     __shared__ long long tab_w[LG_IG_BK], tab_off[LG_IG_BK];
     __shared__ long long tab_dy[LG_IG_BK], tab_dx[LG_IG_BK];
     const long long kk = g.kh * g.kw, L = g.oh * g.ow, HW = g.h * g.w;
@@ -495,7 +527,7 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
         long long ix0 = l % g.ow * g.stride[1] - g.pad[1];
         long long xbase = (item * g.cin + tile.grp * cig) * HW + iy0 * g.w + ix0;
         const long long xrow = xbase + t / LG_IG_BN * HW, xstep = B_STEP * HW;
-        const IgRows<R> arows = lg_ig_rows<R, TC>(tile.m0, cg, K, t);
+        const IgRows<R> arows = lg_ig_rows<decltype(s), R>(tile.m0, cg, K, t);
         const long long wbase = tile.grp * cg * K;
         // The step's first row (uniform steps): channel c0 of tap (ki, kj).
         long long c0 = 0, ki = 0, kj = 0;
@@ -529,7 +561,7 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
                     int kq = t / LG_IG_BN + B_STEP * j;
                     long long iy = iy0 + tab_dy[kq], ix = ix0 + tab_dx[kq];
                     bool in = p_ok && lg_inside(iy, g.h) && lg_inside(ix, g.w);
-                    s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(x[xbase + tab_off[kq]]) : (A)0;
+                    lg_put_b(s, kq, t % LG_IG_BN, in, x + xbase + tab_off[kq]);
                 }
             }
             __syncthreads();
@@ -592,7 +624,7 @@ __device__ __forceinline__ long long lg_axis_tap(long long j, long long k, long 
 template <typename T, int R, bool TC>
 __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w, const T* bias) {
     typedef typename Acc<T>::type A;
-    __shared__ IgTiles<A, 8 * R, TC> s;
+    __shared__ IgTiles<T, 8 * R, TC> s;
     __shared__ long long tab_w[LG_IG_BK], tab_gy[LG_IG_BK];
     __shared__ long long tab_dy[LG_IG_BK], tab_dx[LG_IG_BK];
     const long long sy = g.stride[0], sx = g.stride[1];
@@ -623,7 +655,7 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
         long long oy0 = py.base + at / px.count, ox0 = px.base + at % px.count;
         long long gybase = (item * g.cout + tile.grp * cg) * L + oy0 * g.ow + ox0;
         const long long gyrow = gybase + t / LG_IG_BN * L, gystep = B_STEP * L;
-        const IgRows<R> arows = lg_ig_rows<R, TC>(tile.m0, cig, kk, t);
+        const IgRows<R> arows = lg_ig_rows<decltype(s), R>(tile.m0, cig, kk, t);
         // The step's first row (uniform steps): channel co0 of the phase's
         // tap (jy, jx), kernel tap (ki, kj), output offset (my, mx).
         long long co0 = 0, jy = 0, jx = 0, ki, kj;
@@ -663,7 +695,7 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
                     int kq = t / LG_IG_BN + B_STEP * j;
                     long long oy = oy0 - tab_dy[kq], ox = ox0 - tab_dx[kq];
                     bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
-                    s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(gy[gybase + tab_gy[kq]]) : (A)0;
+                    lg_put_b(s, kq, t % LG_IG_BN, in, gy + gybase + tab_gy[kq]);
                 }
             }
             __syncthreads();
@@ -686,7 +718,7 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
 // weight base, phase and phase base.
 template <typename T, typename A, int R, bool TC>
 __device__ __forceinline__ void lg_dgrad_phase_rows_steps(
-    const ConvGeom& g, IgTiles<A, 8 * R, TC>& s, A (&acc)[R][4], const T* gy, bool p_ok,
+    const ConvGeom& g, IgTiles<T, 8 * R, TC>& s, A (&acc)[R][4], const T* gy, bool p_ok,
     long long u, long long v, long long dy_max, long long dys, long long dx_max, long long dxs,
     const T* w, const long long (&a_w)[R], const long long (&a_qy)[R],
     const long long (&a_qx)[R], const long long (&a_by)[R], const long long (&a_bx)[R],
@@ -734,14 +766,14 @@ __device__ __forceinline__ void lg_dgrad_phase_rows_steps(
         }
 #pragma unroll
         for (int i = 0; i < R; ++i) {
-            int mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
-            s.a[kq][mq] = a_in[i] ? lg_tile_load<TC>(*a_at[i]) : (A)0;
+            int mq = lg_ig_a_row<IgTiles<T, 8 * R, TC>>(t) + LG_IG_THREADS / LG_IG_BK * i;
+            lg_put_a(s, kq, mq, a_in[i], a_at[i]);
             a_at[i] += a_step;
         }
 #pragma unroll
         for (int j = 0; j < LG_IG_B_LOADS; ++j) {
             int bq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
-            s.b[bq][t % LG_IG_BN] = b_in[j] ? lg_tile_load<TC>(*b_at[j]) : (A)0;
+            lg_put_b(s, bq, t % LG_IG_BN, b_in[j], b_at[j]);
             b_at[j] += b_step;
         }
         __syncthreads();
@@ -814,7 +846,7 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
                                      long long dx_max, long long dxs, T* gx, const T* gy,
                                      const T* w, const T* bias) {
     typedef typename Acc<T>::type A;
-    __shared__ IgTiles<A, 8 * R, TC> s;
+    __shared__ IgTiles<T, 8 * R, TC> s;
     __shared__ long long tab_co[LG_IG_BK], tab_gy[LG_IG_BK];
     __shared__ long long tab_dy[LG_IG_BK], tab_dx[LG_IG_BK];
     const long long sy = g.stride[0], sx = g.stride[1], S = sy * sx;
@@ -833,7 +865,7 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
         bool a_ok[R];
 #pragma unroll
         for (int i = 0; i < R; ++i) {
-            long long m = tile.m0 + t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
+            long long m = tile.m0 + lg_ig_a_row<decltype(s)>(t) + LG_IG_THREADS / LG_IG_BK * i;
             a_ok[i] = m < rows;
             long long c = m / S, q = m % S;
             a_qy[i] = q / sx;
@@ -869,19 +901,18 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
             __syncthreads();
 #pragma unroll
             for (int i = 0; i < R; ++i) {
-                int kq = t % LG_IG_BK, mq = t / LG_IG_BK + LG_IG_THREADS / LG_IG_BK * i;
+                int kq = t % LG_IG_BK, mq = lg_ig_a_row<decltype(s)>(t) + LG_IG_THREADS / LG_IG_BK * i;
                 long long ki = a_qy[i] + (a_by[i] - tab_dy[kq]) * sy;
                 long long kj = a_qx[i] + (a_bx[i] - tab_dx[kq]) * sx;
                 bool ok = a_ok[i] && tab_co[kq] >= 0 && lg_inside(ki, g.kh) && lg_inside(kj, g.kw);
-                s.a[kq][mq] =
-                    ok ? lg_tile_load<TC>(w[a_w[i] + tab_co[kq] * Kw + ki * g.kw + kj]) : (A)0;
+                lg_put_a(s, kq, mq, ok, w + a_w[i] + tab_co[kq] * Kw + ki * g.kw + kj);
             }
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
                 long long oy = u + tab_dy[kq], ox = v + tab_dx[kq];
                 bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
-                s.b[kq][t % LG_IG_BN] = in ? lg_tile_load<TC>(gy[gybase + tab_gy[kq]]) : (A)0;
+                lg_put_b(s, kq, t % LG_IG_BN, in, gy + gybase + tab_gy[kq]);
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -946,7 +977,7 @@ __device__ __forceinline__ void lg_wgrad_table(const ConvGeom& g, WgPos<I>* tab,
 // where the position's coordinate plus the column's tap is.
 template <typename T, int R, bool TC, typename I>
 __device__ __forceinline__ void lg_wgrad_steps(const ConvGeom& g,
-                                               IgTiles<typename Acc<T>::type, 8 * R, TC>& s,
+                                               IgTiles<T, 8 * R, TC>& s,
                                                WgPos<I>* tab, typename Acc<T>::type (&acc)[R][4],
                                                const T* gy, const T* x, long long grp,
                                                long long first, long long end,
@@ -970,7 +1001,7 @@ __device__ __forceinline__ void lg_wgrad_steps(const ConvGeom& g,
                 const WgPos<I> pe = e[kq];
                 const bool in =
                     lg_inside(pe.iy + col.rdy, col.h) & lg_inside(pe.ix + col.rdx, col.w);
-                s.b[kq][n] = in ? lg_tile_load<TC>(x[pe.x + col.roff]) : (A)0;
+                lg_put_b(s, kq, n, in, x + pe.x + col.roff);
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -1042,7 +1073,7 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long slo
                               typename Acc<T>::type* part, unsigned int* counters, const T* gy,
                               const T* x) {
     typedef typename Acc<T>::type A;
-    __shared__ IgTiles<A, 8 * R, TC> s;
+    __shared__ IgTiles<T, 8 * R, TC> s;
     __shared__ WgPos<long long> tab_raw[LG_IG_THREADS];
     const long long kk = g.kh * g.kw, L = g.oh * g.ow, HW = g.h * g.w;
     const long long cig = g.cin / g.groups, cg = g.cout / g.groups;
@@ -1068,7 +1099,7 @@ __device__ void lg_conv_wgrad(const ConvGeom& g, long long splits, long long slo
         long long rdy = ki * g.dil[0], rdx = kj * g.dil[1];
         long long roff = (tile.grp * cig + c) * HW + rdy * g.w + rdx;
         long long first = split * P / splits, end = (split + 1) * P / splits;
-        const IgRows<R> arows = lg_ig_rows<R, TC>(tile.m0, cg, L, t);
+        const IgRows<R> arows = lg_ig_rows<decltype(s), R>(tile.m0, cg, L, t);
         A acc[R][4] = {};
         if (r >= Kw) rdy = LG_IG_OUTSIDE;
         if (narrow) {
