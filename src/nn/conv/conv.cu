@@ -209,30 +209,27 @@ template <> __device__ __forceinline__ void lg_mma<__nv_bfloat16>(float (&d)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Fragment register e of thread (g, q) (g = lane/4, q = lane%4) in the
-// PTX ISA's mma layouts, for A's tile row r or B's tile column c at the
-// mma step's first k: for TF32 (m16n8k8) register e holds k + q + 4e (one
-// value, rounded to TF32 as the tile was gathered); for the half types
-// (m16n8k16, a tile step is one mma step) the pair 2q + 8e, 2q + 8e + 1,
-// the tile's word row q + 4e.
-template <typename T, int BM>
-__device__ __forceinline__ unsigned lg_frag_a(const IgTiles<T, BM, true>& s, int k, int e,
-                                              int q, int r) {
-    if constexpr (sizeof(T) == 2) {
-        return s.word_a(q + 4 * e, r);
-    } else {
-        return __float_as_uint(s.a[k + q + 4 * e][r]);
-    }
-}
-template <typename T, int BM>
-__device__ __forceinline__ unsigned lg_frag_b(const IgTiles<T, BM, true>& s, int k, int e,
-                                              int q, int c) {
-    if constexpr (sizeof(T) == 2) {
-        return s.word_b(q + 4 * e, c);
-    } else {
-        return __float_as_uint(s.b[k + q + 4 * e][c]);
-    }
-}
+// Where thread (g, q) (g = lane/4, q = lane%4) reads its mma fragment
+// registers in the PTX ISA's layouts: register e of A's tile row `row` + r
+// (B's column `col` + c) at the mma step's first k is a[(k + 4e)*ROW_A + r]
+// (b[(k + 4e)*ROW_B + c]), a and b pointing at the tile's row q: for TF32 (m16n8k8)
+// register e holds k + q + 4e (one value, rounded to TF32 as the tile was
+// gathered); for the half types (m16n8k16, a tile step is one mma step)
+// the pair 2q + 8e, 2q + 8e + 1, the tile's word row q + 4e.
+template <typename T, int BM, bool PACKED = sizeof(T) == 2> struct IgFrags {
+    static constexpr int ROW_A = BM + 8, ROW_B = LG_IG_BN + 8;
+    const unsigned *a, *b;
+    __device__ IgFrags(const IgTiles<T, BM, true>& s, int q, int row, int col)
+        : a(reinterpret_cast<const unsigned*>(&s.a[q][row])),
+          b(reinterpret_cast<const unsigned*>(&s.b[q][col])) {}
+};
+template <typename T, int BM> struct IgFrags<T, BM, true> {
+    static constexpr int ROW_A = BM + 8, ROW_B = LG_IG_BN + 8;
+    const unsigned *a, *b;
+    __device__ IgFrags(const IgTiles<T, BM, true>& s, int q, int row, int col)
+        : a(reinterpret_cast<const unsigned*>(s.a[q][row])),
+          b(reinterpret_cast<const unsigned*>(s.b[q][col])) {}
+};
 
 // acc += the tile's product over its 16 k on tensor cores: per k step of
 // mma (8 for TF32, 16 for the half types) MI*NI mma.sync per warp (the PTX
@@ -242,26 +239,28 @@ template <typename T, int R>
 __device__ __forceinline__ void lg_ig_mma(const IgTiles<T, 8 * R, true>& s, float (&acc)[R][4],
                                           int t) {
     typedef IgWarps<R> W;
+    typedef IgFrags<T, 8 * R> F;
     constexpr int MMA_K = sizeof(T) == 2 ? 16 : 8;
-    const int warp = t / 32, g = t % 32 / 4, q = t % 4;
+    const int warp = t / 32;
     const int m0 = warp / W::WN * (W::BM / W::WM), n0 = warp % W::WN * (LG_IG_BN / W::WN);
+    const F f(s, t % 4, m0 + t % 32 / 4, n0 + t % 32 / 4);
 #pragma unroll
     for (int k = 0; k < LG_IG_BK; k += MMA_K) {
         unsigned a[W::MI][4], b[W::NI][2];
 #pragma unroll
         for (int mi = 0; mi < W::MI; ++mi) {
-            int r = m0 + mi * 16 + g;
             // Registers 0 and 1: rows g and g+8 of the first k half; 2, 3 the second.
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                a[mi][2 * e] = lg_frag_a(s, k, e, q, r);
-                a[mi][2 * e + 1] = lg_frag_a(s, k, e, q, r + 8);
+                const unsigned* at = f.a + (k + 4 * e) * F::ROW_A + mi * 16;
+                a[mi][2 * e] = at[0];
+                a[mi][2 * e + 1] = at[8];
             }
         }
 #pragma unroll
         for (int ni = 0; ni < W::NI; ++ni) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) b[ni][e] = lg_frag_b(s, k, e, q, n0 + ni * 8 + g);
+            for (int e = 0; e < 2; ++e) b[ni][e] = f.b[(k + 4 * e) * F::ROW_B + ni * 8];
         }
 #pragma unroll
         for (int mi = 0; mi < W::MI; ++mi) {
@@ -499,9 +498,11 @@ __device__ __forceinline__ void lg_ig_gather_b(IgTiles<T, 8 * R, TC>& s, const T
 // y ([n, cout, oh, ow]) = bias + W (*) x, every element written. K runs
 // tap-major (row r = tap*cig + c, tap = ki*kw + kj), so that where cig is a
 // multiple of LG_IG_BK (`uniform`) every step's rows share one tap: each
-// thread then tests its column against that tap once per step and gathers
-// its elements one input plane apart, with no table. Otherwise a table of
-// the step's rows (LG_IG_BK threads, divisions) serves every thread.
+// thread then tests its column against a tap once, for all of the tap's
+// steps, and gathers its elements one input plane apart through pointers
+// that move on by LG_IG_BK channels per step, with no table. Otherwise a
+// table of the step's rows (LG_IG_BK threads, divisions) serves every
+// thread.
 template <typename T, int R, bool TC>
 __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, const T* bias) {
     typedef typename Acc<T>::type A;
@@ -529,40 +530,41 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
         const long long xrow = xbase + t / LG_IG_BN * HW, xstep = B_STEP * HW;
         const IgRows<R> arows = lg_ig_rows<decltype(s), R>(tile.m0, cg, K, t);
         const long long wbase = tile.grp * cg * K;
-        // The step's first row (uniform steps): channel c0 of tap (ki, kj).
-        long long c0 = 0, ki = 0, kj = 0;
         A acc[R][4] = {};
-        for (long long k0 = 0; k0 < K; k0 += LG_IG_BK) {
-            if (uniform) {
+        for (long long ki = 0; uniform && ki < g.kh; ++ki) {
+            for (long long kj = 0; kj < g.kw; ++kj) {
                 const long long dy = ki * g.dil[0], dx = kj * g.dil[1];
-                const long long wk = wbase + (c0 + t % LG_IG_BK) * kk + ki * g.kw + kj;
-                lg_ig_gather_a<T, R, TC>(s, w, wk, arows, LG_IG_BK, t);
-                bool in = p_ok && lg_inside(iy0 + dy, g.h) && lg_inside(ix0 + dx, g.w);
-                const long long at = xrow + c0 * HW + dy * g.w + dx;
-                lg_ig_gather_b<T, R, TC>(s, x + at, xstep, in, t);
-                c0 += LG_IG_BK;
-                if (c0 == cig) {
-                    c0 = 0;
-                    if (++kj == g.kw) kj = 0, ++ki;
+                const bool in = p_ok && lg_inside(iy0 + dy, g.h) && lg_inside(ix0 + dx, g.w);
+                const T* wp = w + wbase + t % LG_IG_BK * kk + ki * g.kw + kj;
+                const T* xp = x + xrow + dy * g.w + dx;
+                for (long long c0 = 0; c0 < cig; c0 += LG_IG_BK) {
+                    lg_ig_gather_a<T, R, TC>(s, wp, 0, arows, LG_IG_BK, t);
+                    lg_ig_gather_b<T, R, TC>(s, xp, xstep, in, t);
+                    wp += LG_IG_BK * kk, xp += LG_IG_BK * HW;
+                    __syncthreads();
+                    lg_ig_product<T, A, R, TC>(s, acc, t);
+                    __syncthreads();
                 }
-            } else {
-                if (t < LG_IG_BK) {
-                    long long r = k0 + t, tap = r / cig, c = r % cig;
-                    long long dy = tap / g.kw * g.dil[0], dx = tap % g.kw * g.dil[1];
-                    tab_w[t] = r < K ? c * kk + tap : 0;
-                    tab_dy[t] = r < K ? dy : LG_IG_OUTSIDE;
-                    tab_dx[t] = dx;
-                    tab_off[t] = c * HW + dy * g.w + dx;
-                }
-                __syncthreads();
-                lg_ig_gather_a<T, R, TC>(s, w, wbase + tab_w[t % LG_IG_BK], arows, K - k0, t);
+            }
+        }
+        // Otherwise a table of the step's rows.
+        for (long long k0 = 0; !uniform && k0 < K; k0 += LG_IG_BK) {
+            if (t < LG_IG_BK) {
+                long long r = k0 + t, tap = r / cig, c = r % cig;
+                long long dy = tap / g.kw * g.dil[0], dx = tap % g.kw * g.dil[1];
+                tab_w[t] = r < K ? c * kk + tap : 0;
+                tab_dy[t] = r < K ? dy : LG_IG_OUTSIDE;
+                tab_dx[t] = dx;
+                tab_off[t] = c * HW + dy * g.w + dx;
+            }
+            __syncthreads();
+            lg_ig_gather_a<T, R, TC>(s, w, wbase + tab_w[t % LG_IG_BK], arows, K - k0, t);
 #pragma unroll
-                for (int j = 0; j < LG_IG_B_LOADS; ++j) {
-                    int kq = t / LG_IG_BN + B_STEP * j;
-                    long long iy = iy0 + tab_dy[kq], ix = ix0 + tab_dx[kq];
-                    bool in = p_ok && lg_inside(iy, g.h) && lg_inside(ix, g.w);
-                    lg_put_b(s, kq, t % LG_IG_BN, in, x + xbase + tab_off[kq]);
-                }
+            for (int j = 0; j < LG_IG_B_LOADS; ++j) {
+                int kq = t / LG_IG_BN + B_STEP * j;
+                long long iy = iy0 + tab_dy[kq], ix = ix0 + tab_dx[kq];
+                bool in = p_ok && lg_inside(iy, g.h) && lg_inside(ix, g.w);
+                lg_put_b(s, kq, t % LG_IG_BN, in, x + xbase + tab_off[kq]);
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -656,47 +658,46 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
         long long gybase = (item * g.cout + tile.grp * cg) * L + oy0 * g.ow + ox0;
         const long long gyrow = gybase + t / LG_IG_BN * L, gystep = B_STEP * L;
         const IgRows<R> arows = lg_ig_rows<decltype(s), R>(tile.m0, cig, kk, t);
-        // The step's first row (uniform steps): channel co0 of the phase's
-        // tap (jy, jx), kernel tap (ki, kj), output offset (my, mx).
-        long long co0 = 0, jy = 0, jx = 0, ki, kj;
-        long long my = lg_axis_tap(0, g.kh, sy, g.dil[0], qy, ki);
-        long long mx = lg_axis_tap(0, g.kw, sx, g.dil[1], qx, kj);
         A acc[R][4] = {};
-        for (long long k0 = 0; k0 < K; k0 += LG_IG_BK) {
-            if (uniform) {
-                const long long wk = (tile.grp * cg + co0 + t % LG_IG_BK) * Kw + ki * g.kw + kj;
-                lg_ig_gather_a<T, R, TC>(s, w, wk, arows, LG_IG_BK, t);
-                bool in = p_ok && lg_inside(oy0 - my, g.oh) && lg_inside(ox0 - mx, g.ow);
-                const long long at = gyrow + co0 * L - my * g.ow - mx;
-                lg_ig_gather_b<T, R, TC>(s, gy + at, gystep, in, t);
-                co0 += LG_IG_BK;
-                if (co0 == cg) {
-                    co0 = 0;
-                    if (++jx == px.taps) {
-                        jx = 0;
-                        my = lg_axis_tap(++jy, g.kh, sy, g.dil[0], qy, ki);
-                    }
-                    mx = lg_axis_tap(jx, g.kw, sx, g.dil[1], qx, kj);
+        // Uniform steps, the phase's taps (jy, jx) in turn: kernel tap
+        // (ki, kj), output offset (my, mx), as in lg_conv_fwd.
+        for (long long jy = 0; uniform && jy < py.taps; ++jy) {
+            long long ki, kj;
+            const long long my = lg_axis_tap(jy, g.kh, sy, g.dil[0], qy, ki);
+            for (long long jx = 0; jx < px.taps; ++jx) {
+                const long long mx = lg_axis_tap(jx, g.kw, sx, g.dil[1], qx, kj);
+                const bool in = p_ok && lg_inside(oy0 - my, g.oh) && lg_inside(ox0 - mx, g.ow);
+                const T* wp = w + (tile.grp * cg + t % LG_IG_BK) * Kw + ki * g.kw + kj;
+                const T* gp = gy + gyrow - my * g.ow - mx;
+                for (long long co0 = 0; co0 < cg; co0 += LG_IG_BK) {
+                    lg_ig_gather_a<T, R, TC>(s, wp, 0, arows, LG_IG_BK, t);
+                    lg_ig_gather_b<T, R, TC>(s, gp, gystep, in, t);
+                    wp += LG_IG_BK * Kw, gp += LG_IG_BK * L;
+                    __syncthreads();
+                    lg_ig_product<T, A, R, TC>(s, acc, t);
+                    __syncthreads();
                 }
-            } else {
-                if (t < LG_IG_BK) {
-                    long long r = k0 + t, tap = r / cg, co = r % cg, tki, tkj;
-                    long long tmy = lg_axis_tap(tap / px.taps, g.kh, sy, g.dil[0], qy, tki);
-                    long long tmx = lg_axis_tap(tap % px.taps, g.kw, sx, g.dil[1], qx, tkj);
-                    tab_w[t] = (tile.grp * cg + co) * Kw + tki * g.kw + tkj;
-                    tab_gy[t] = co * L - tmy * g.ow - tmx;
-                    tab_dy[t] = r < K ? tmy : -LG_IG_OUTSIDE;
-                    tab_dx[t] = tmx;
-                }
-                __syncthreads();
-                lg_ig_gather_a<T, R, TC>(s, w, tab_w[t % LG_IG_BK], arows, K - k0, t);
+            }
+        }
+        // Otherwise a table of the step's rows.
+        for (long long k0 = 0; !uniform && k0 < K; k0 += LG_IG_BK) {
+            if (t < LG_IG_BK) {
+                long long r = k0 + t, tap = r / cg, co = r % cg, tki, tkj;
+                long long tmy = lg_axis_tap(tap / px.taps, g.kh, sy, g.dil[0], qy, tki);
+                long long tmx = lg_axis_tap(tap % px.taps, g.kw, sx, g.dil[1], qx, tkj);
+                tab_w[t] = (tile.grp * cg + co) * Kw + tki * g.kw + tkj;
+                tab_gy[t] = co * L - tmy * g.ow - tmx;
+                tab_dy[t] = r < K ? tmy : -LG_IG_OUTSIDE;
+                tab_dx[t] = tmx;
+            }
+            __syncthreads();
+            lg_ig_gather_a<T, R, TC>(s, w, tab_w[t % LG_IG_BK], arows, K - k0, t);
 #pragma unroll
-                for (int j = 0; j < LG_IG_B_LOADS; ++j) {
-                    int kq = t / LG_IG_BN + B_STEP * j;
-                    long long oy = oy0 - tab_dy[kq], ox = ox0 - tab_dx[kq];
-                    bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
-                    lg_put_b(s, kq, t % LG_IG_BN, in, gy + gybase + tab_gy[kq]);
-                }
+            for (int j = 0; j < LG_IG_B_LOADS; ++j) {
+                int kq = t / LG_IG_BN + B_STEP * j;
+                long long oy = oy0 - tab_dy[kq], ox = ox0 - tab_dx[kq];
+                bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
+                lg_put_b(s, kq, t % LG_IG_BN, in, gy + gybase + tab_gy[kq]);
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
