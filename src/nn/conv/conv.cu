@@ -708,6 +708,39 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
     }
 }
 
+// Whether every one of v is true.
+template <int N> __device__ __forceinline__ bool lg_all(const bool (&v)[N]) {
+    bool all = true;
+#pragma unroll
+    for (int i = 0; i < N; ++i) all = all && v[i];
+    return all;
+}
+
+// A step's A elements of one thread in lg_dgrad_phase_rows_steps (rows
+// m + 8i of step row kq) or its B elements (rows t / LG_IG_BN + 2j of
+// column t % LG_IG_BN): *at[i] where in[i] (every one when ALL, with no
+// test each), 0 elsewhere; each pointer then moves on by `step`.
+template <bool ALL, typename S, typename T, int R>
+__device__ __forceinline__ void lg_phase_rows_put_a(S& s, int kq, int m, const bool (&in)[R],
+                                                    const T* (&at)[R], long long step) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        lg_put_a(s, kq, m + LG_IG_THREADS / LG_IG_BK * i, ALL || in[i], at[i]);
+        at[i] += step;
+    }
+}
+template <bool ALL, typename S, typename T>
+__device__ __forceinline__ void lg_phase_rows_put_b(S& s, int t, const bool (&in)[LG_IG_B_LOADS],
+                                                    const T* (&at)[LG_IG_B_LOADS],
+                                                    long long step) {
+#pragma unroll
+    for (int j = 0; j < LG_IG_B_LOADS; ++j) {
+        const int k = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
+        lg_put_b(s, k, t % LG_IG_BN, ALL || in[j], at[j]);
+        at[j] += step;
+    }
+}
+
 // The K steps of lg_conv_dgrad_phase_rows where one step of LG_IG_BK rows
 // holds whole channels (LG_IG_BK a multiple of the dys*dxs output offsets,
 // as the 7x7/2 stem's 16): every row of a step keeps its offset from step
@@ -758,24 +791,29 @@ __device__ __forceinline__ void lg_dgrad_phase_rows_steps(
     // Whole steps, then the rows of a last step past the last channel as 0.
     const long long full = cg / per_step, b_step = per_step * L, a_step = per_step * Kw;
     const int left = (int)(cg - full * per_step);
+    // Whether all of the warp's A (B) elements are inside: then the warp
+    // gathers them with no test each (most warps, away from the borders).
+    bool a_all = __all_sync(0xffffffffu, lg_all(a_in));
+    bool b_all = __all_sync(0xffffffffu, lg_all(b_in));
     for (long long step = 0; step < full + (left > 0); ++step) {
         if (step == full) {
 #pragma unroll
             for (int i = 0; i < R; ++i) a_in[i] = a_in[i] && a_co < left;
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) b_in[j] = b_in[j] && b_co[j] < left;
+            a_all = __all_sync(0xffffffffu, lg_all(a_in));
+            b_all = __all_sync(0xffffffffu, lg_all(b_in));
         }
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-            int mq = lg_ig_a_row<IgTiles<T, 8 * R, TC>>(t) + LG_IG_THREADS / LG_IG_BK * i;
-            lg_put_a(s, kq, mq, a_in[i], a_at[i]);
-            a_at[i] += a_step;
+        const int m = lg_ig_a_row<IgTiles<T, 8 * R, TC>>(t);
+        if (a_all) {
+            lg_phase_rows_put_a<true>(s, kq, m, a_in, a_at, a_step);
+        } else {
+            lg_phase_rows_put_a<false>(s, kq, m, a_in, a_at, a_step);
         }
-#pragma unroll
-        for (int j = 0; j < LG_IG_B_LOADS; ++j) {
-            int bq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
-            lg_put_b(s, bq, t % LG_IG_BN, b_in[j], b_at[j]);
-            b_at[j] += b_step;
+        if (b_all) {
+            lg_phase_rows_put_b<true>(s, t, b_in, b_at, b_step);
+        } else {
+            lg_phase_rows_put_b<false>(s, t, b_in, b_at, b_step);
         }
         __syncthreads();
         lg_ig_product<T, A, R, TC>(s, acc, t);
