@@ -452,6 +452,15 @@ fn relu_leaky_relu_and_dropout_layers() {
         check_layer("relu(relu)", &[&x], |t| {
             t[0].relu()?.mul_scalar(2.0)?.relu()
         });
+        // Owned, unshared operands (one kernel on CUDA under the lean
+        // policy where the result needs grad), and a leaf (the plain path).
+        let y = input(&[7, 11], dtype, 22, -1.0, 1.0);
+        check_layer("add_relu_owned", &[&x, &y], |t| {
+            t[0].mul_scalar(2.0)?.add_relu_owned(&t[1].mul_scalar(0.5)?)
+        });
+        check_layer("add_relu_owned of a leaf", &[&x, &y], |t| {
+            t[0].clone().add_relu_owned(&t[1])
+        });
         check_layer("dropout", &[&x], |t| {
             leangrad::nn::dropout(&t[0], 0.3, 5, 17)
         });

@@ -163,13 +163,12 @@ impl Block {
     /// itself becomes the identity.
     fn forward(&self, x: Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
-        let relu = ReLU { inplace: true };
         let last = self.convs.len() - 1;
         let mut h: Option<Tensor> = None;
         for (i, (cv, b)) in self.convs.iter().zip(&self.bns).enumerate() {
             let conv = cv.forward(h.as_ref().unwrap_or(&x))?;
             // Inside the branch the norm's kernel applies the ReLU too
-            // (where it can), as `relu.forward_owned(b.forward_owned(conv))`.
+            // (where it can), as an in-place ReLU after `b.forward_owned`.
             h = Some(match i < last {
                 true => b.forward_relu_owned(conv)?,
                 false => b.forward_owned(conv)?,
@@ -186,7 +185,9 @@ impl Block {
             }
             None => x,
         };
-        relu.forward_owned(h.add_owned(&identity)?)
+        // An in-place ReLU after `h.add_owned(&identity)`, in one kernel
+        // where the device has one.
+        h.add_relu_owned(&identity)
     }
 
     fn parts(&self, part: Part) -> Vec<Named> {

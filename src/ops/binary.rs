@@ -176,6 +176,35 @@ impl Tensor {
         Ok(attach(self.detach(), &[&self, rhs], op))
     }
 
+    /// `relu(self + rhs)` on an owned `self`, as
+    /// `self.add_owned(rhs)?.relu_inplace()` (the same values, nodes and
+    /// saved mask) and in one kernel where the device has one (CUDA under
+    /// the lean policy: `self` written over, when both would run in place
+    /// and the result needs grad). Saves only ReLU's 1-bit mask of the
+    /// result's positives; the add saves nothing.
+    pub fn add_relu_owned(self, rhs: &Tensor) -> Result<Tensor> {
+        let whole =
+            rhs.is_contiguous() && rhs.layout().offset() == 0 && rhs.numel() == rhs.storage().len();
+        let needs = needs_grad([&self, rhs]);
+        let fused = self.dtype() == rhs.dtype()
+            && self.shape() == rhs.shape()
+            && whole
+            && needs.contains(&true)
+            && may_reuse(&self)
+            && !self.shares_storage_with(rhs);
+        if fused {
+            if let Some(bits) = crate::ops::mask::add_relu_with_mask(&self, rhs)? {
+                let op = AddBackward {
+                    shapes: Shapes::of(&self, rhs),
+                    needs,
+                };
+                let sum = attach(self.detach(), &[&self, rhs], op);
+                return crate::ops::relu_applied_in_place(sum, || Ok(bits));
+            }
+        }
+        self.add_owned(rhs)?.relu_inplace()
+    }
+
     /// `self - rhs` with broadcasting. Saves nothing for backward.
     pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
         let out = binary_map(self, rhs, &SubK)?;

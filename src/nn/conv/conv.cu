@@ -89,8 +89,8 @@ template <typename T, int BM, bool TC, bool PACKED = TC && sizeof(T) == 2> struc
     // The A gatherers of step row k start rotated by 2*(k/A_TURN) rows
     // (0: not rotated), see lg_ig_a_row.
     static constexpr int A_TURN = TC ? 4 : 0;
-    __align__(16) E a[LG_IG_BK][BM + PAD_A];
     __align__(16) E b[LG_IG_BK][LG_IG_BN + PAD_B];
+    __align__(16) E a[LG_IG_BK][BM + PAD_A];
     __device__ static E elem(T v) { return lg_tile_load<TC>(v); }
     __device__ E& at_a(int k, int m) { return a[k][m]; }
     __device__ E& at_b(int k, int n) { return b[k][n]; }

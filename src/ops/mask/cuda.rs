@@ -57,6 +57,45 @@ pub(super) fn relu_with_mask(x: &Tensor, in_place: bool) -> Result<(Tensor, Tens
     Ok((x.detach(), tensor::wrap(mask, &words)?))
 }
 
+/// ReLU of `x + b` written over `x` (both whole and contiguous, `x`
+/// exclusive: the caller checked) and the mask of its positives, in one
+/// launch: an in-place add followed by `relu_with_mask`'s in-place ReLU,
+/// the same values and the same one allocation (the mask).
+pub(super) fn add_relu_with_mask(x: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let n = x.numel();
+    let mask = {
+        let mut xb = x.storage().cuda_mut()?;
+        add_relu_mask_forward_in_place(&mut xb, &*b.storage().cuda()?, n)?
+    };
+    tensor::wrap(mask, &[mask_words(n)])
+}
+
+/// [`add_relu_with_mask`] on buffers: `x[..n] = max(x + b, 0)` (the sum
+/// rounded to the dtype first, NaN kept); returns the mask.
+fn add_relu_mask_forward_in_place(
+    x: &mut CudaBuffer,
+    b: &CudaBuffer,
+    n: usize,
+) -> Result<CudaBuffer> {
+    let op = "cuda add_relu";
+    let sfx = float_suffix(op, x.dtype())?;
+    expect(op, x, x.dtype(), n, x)?;
+    expect(op, b, x.dtype(), n, x)?;
+    let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
+    if n > 0 {
+        let (n64, dev, vec) = (
+            n as i64,
+            x.device().clone(),
+            i32::from(runs_aligned(&[Some(x), Some(b)])),
+        );
+        // One lane per run: a warp covers RUN mask words.
+        let grid = ballot_grid(n.div_ceil(RUN));
+        launch!(&dev, "relu_mask.cu", format!("add_relu_mask_fwd_inplace_{sfx}"), grid;
+            &n64, x.slice_mut(), b.slice(), mask.slice_mut(), &vec)?;
+    }
+    Ok(mask)
+}
+
 /// ReLU (`slope` 0) or LeakyReLU forward of `x` (layout `lx`): returns the
 /// contiguous output (`x > 0 ? x : x·slope`, exactly 0 for ReLU) and the
 /// U32 mask of `ceil(n/32)` words with bit `i` set where `x[i] > 0`.

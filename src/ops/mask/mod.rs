@@ -68,6 +68,21 @@ pub(crate) fn relu_with_mask(x: &Tensor, in_place: bool) -> Result<Option<(Tenso
     }
 }
 
+/// ReLU of `x + b` written over `x` with the mask of its positives, in one
+/// kernel where the device has one (CUDA under the lean policy): the mask,
+/// or `None` to take the plain path (an in-place add, then
+/// `relu_inplace`). The caller checked that `x` is exclusive and `b` whole
+/// and contiguous, of `x`'s shape and dtype, in other storage.
+pub(crate) fn add_relu_with_mask(x: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
+    if save_policy() != SavePolicy::Lean {
+        return Ok(None);
+    }
+    match backend("add_relu", &[x, b])? {
+        Backend::Cpu | Backend::Meta => Ok(None),
+        Backend::Cuda(_) => cuda::add_relu_with_mask(x, b).map(Some),
+    }
+}
+
 /// The packed mask of `lo <= x <= hi` (clamp) under `op`'s name.
 fn within_mask(x: &Tensor, op: &'static str, lo: f64, hi: f64) -> Result<Tensor> {
     match backend(op, &[x])? {

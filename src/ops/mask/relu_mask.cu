@@ -35,9 +35,12 @@ static __device__ void lg_relu_mask_fwd(double slope, long long n, T* y, unsigne
 // LG_RUN elements per lane (one vector where x is aligned: `vec`): a
 // warp covers 4 mask words per pass, lane 8w + k holding bits 4k..4k+3 of
 // word w, gathered from four ballots (one per run element) by lanes 0-3.
+// With an `addend` (contiguous, aligned as x), of x + addend rounded to T
+// (an in-place add's result, then its ReLU).
 template <typename T>
 static __device__ void lg_relu_mask_fwd_runs(double slope, long long n, T* x,
-                                             unsigned int* mask, int vec) {
+                                             unsigned int* mask, int vec,
+                                             const T* addend = nullptr) {
     typedef typename Acc<T>::type A;
     A s = lg_load(lg_from_f64<T>(slope));
     const long long words = (n + 31) / 32, per_pass = 32 * LG_RUN;
@@ -52,6 +55,11 @@ static __device__ void lg_relu_mask_fwd_runs(double slope, long long n, T* x,
         unsigned int nib = 0;
         if (cnt > 0) {
             run.load(x + e0, cnt, vec);
+            if (addend) {
+                LgRun<T, LG_RUN> add;
+                add.load(addend + e0, cnt, vec);
+                LG_RUN_EACH(i, cnt) run.v[i] = lg_store<T>(lg_load(run.v[i]) + lg_load(add.v[i]));
+            }
             LG_RUN_EACH(i, cnt) {
                 A v = lg_load(run.v[i]);
                 bool pos = v > (A)0;
@@ -102,6 +110,14 @@ static __device__ void lg_relu_mask_bwd_runs(double slope, long long n, T* g,
                                                            T* x, unsigned int* mask,  \
                                                            int vec) {                 \
         lg_relu_mask_fwd_runs<T>(slope, n, x, mask, vec);                             \
+    }                                                                                 \
+    /* ReLU of x + b written over x (both contiguous), with the mask of the */       \
+    /* result's positives: an in-place add then relu_mask_fwd_inplace. */            \
+    extern "C" __global__ void add_relu_mask_fwd_inplace_##sfx(long long n, T* x,     \
+                                                               const T* b,            \
+                                                               unsigned int* mask,    \
+                                                               int vec) {             \
+        lg_relu_mask_fwd_runs<T>(0.0, n, x, mask, vec, b);                            \
     }                                                                                 \
     extern "C" __global__ void relu_mask_bwd_##sfx(double slope, long long n, T* dx, \
                                                    const T* g, Strided lg,            \
