@@ -20,6 +20,7 @@
 //! | op | requires grad | saved for backward | why |
 //! |---|---|---|---|
 //! | `relu`, `relu_inplace` (lean) | input | the mask of `output > 0`: `4·⌈n/32⌉` bytes; nothing of its own while another op keeps the output (the mask is rebuilt when that op lets go) | which elements pass the gradient |
+//! | `add_relu_owned` (lean) | either input | as `relu_inplace` of the sum (the add saves nothing); on CUDA the add, the ReLU and the mask are one kernel | which elements pass the gradient (to both inputs) |
 //! | `leaky_relu` (lean) | input | the mask of `input > 0`: `4·⌈n/32⌉` bytes (or the input while another op keeps it) | which elements get `g`, which `g · slope` |
 //! | `clamp` (lean) | input | the mask of `min ≤ input ≤ max`: `4·⌈n/32⌉` bytes (or the input while another op keeps it) | which elements pass the gradient |
 //! | `relu` (`SaveAll`) | input | the output: `n·b` bytes | what PyTorch keeps |
