@@ -564,7 +564,7 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
                 int kq = t / LG_IG_BN + B_STEP * j;
                 long long iy = iy0 + tab_dy[kq], ix = ix0 + tab_dx[kq];
                 bool in = p_ok && lg_inside(iy, g.h) && lg_inside(ix, g.w);
-                lg_put_b(s, kq, t % LG_IG_BN, in, x + xbase + tab_off[kq]);
+                lg_put_b(s, kq, t % LG_IG_BN, in, x + (xbase + tab_off[kq]));
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -697,7 +697,7 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
                 int kq = t / LG_IG_BN + B_STEP * j;
                 long long oy = oy0 - tab_dy[kq], ox = ox0 - tab_dx[kq];
                 bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
-                lg_put_b(s, kq, t % LG_IG_BN, in, gy + gybase + tab_gy[kq]);
+                lg_put_b(s, kq, t % LG_IG_BN, in, gy + (gybase + tab_gy[kq]));
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -944,14 +944,14 @@ __device__ void lg_conv_dgrad_phase_rows(const ConvGeom& g, long long dy_max, lo
                 long long ki = a_qy[i] + (a_by[i] - tab_dy[kq]) * sy;
                 long long kj = a_qx[i] + (a_bx[i] - tab_dx[kq]) * sx;
                 bool ok = a_ok[i] && tab_co[kq] >= 0 && lg_inside(ki, g.kh) && lg_inside(kj, g.kw);
-                lg_put_a(s, kq, mq, ok, w + a_w[i] + tab_co[kq] * Kw + ki * g.kw + kj);
+                lg_put_a(s, kq, mq, ok, w + (a_w[i] + tab_co[kq] * Kw + ki * g.kw + kj));
             }
 #pragma unroll
             for (int j = 0; j < LG_IG_B_LOADS; ++j) {
                 int kq = t / LG_IG_BN + LG_IG_THREADS / LG_IG_BN * j;
                 long long oy = u + tab_dy[kq], ox = v + tab_dx[kq];
                 bool in = p_ok && lg_inside(oy, g.oh) && lg_inside(ox, g.ow);
-                lg_put_b(s, kq, t % LG_IG_BN, in, gy + gybase + tab_gy[kq]);
+                lg_put_b(s, kq, t % LG_IG_BN, in, gy + (gybase + tab_gy[kq]));
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
@@ -1040,7 +1040,7 @@ __device__ __forceinline__ void lg_wgrad_steps(const ConvGeom& g,
                 const WgPos<I> pe = e[kq];
                 const bool in =
                     lg_inside(pe.iy + col.rdy, col.h) & lg_inside(pe.ix + col.rdx, col.w);
-                lg_put_b(s, kq, n, in, x + pe.x + col.roff);
+                lg_put_b(s, kq, n, in, x + (pe.x + col.roff));
             }
             __syncthreads();
             lg_ig_product<T, A, R, TC>(s, acc, t);
