@@ -495,6 +495,26 @@ __device__ __forceinline__ void lg_ig_gather_b(IgTiles<T, 8 * R, TC>& s, const T
     }
 }
 
+// acc += one tap's uniform steps (lg_conv_fwd, lg_conv_dgrad): its
+// `channels` rows of K, LG_IG_BK per step; A from wp, whose rows are
+// `a_next` elements apart; B (where the tap reaches inside, `in`) from bp,
+// whose rows are `b_next` apart (this thread's rows `b_rows` apart).
+template <typename T, typename A, int R, bool TC>
+__device__ __forceinline__ void lg_ig_tap_steps(IgTiles<T, 8 * R, TC>& s, A (&acc)[R][4],
+                                                const IgRows<R>& arows, const T* wp,
+                                                long long a_next, const T* bp, long long b_rows,
+                                                long long b_next, bool in, long long channels,
+                                                int t) {
+    for (long long c0 = 0; c0 < channels; c0 += LG_IG_BK) {
+        lg_ig_gather_a<T, R, TC>(s, wp, 0, arows, LG_IG_BK, t);
+        lg_ig_gather_b<T, R, TC>(s, bp, b_rows, in, t);
+        wp += LG_IG_BK * a_next, bp += LG_IG_BK * b_next;
+        __syncthreads();
+        lg_ig_product<T, A, R, TC>(s, acc, t);
+        __syncthreads();
+    }
+}
+
 // y ([n, cout, oh, ow]) = bias + W (*) x, every element written. K runs
 // tap-major (row r = tap*cig + c, tap = ki*kw + kj), so that where cig is a
 // multiple of LG_IG_BK (`uniform`) every step's rows share one tap: each
@@ -537,14 +557,7 @@ __device__ void lg_conv_fwd(const ConvGeom& g, T* y, const T* x, const T* w, con
                 const bool in = p_ok && lg_inside(iy0 + dy, g.h) && lg_inside(ix0 + dx, g.w);
                 const T* wp = w + wbase + t % LG_IG_BK * kk + ki * g.kw + kj;
                 const T* xp = x + xrow + dy * g.w + dx;
-                for (long long c0 = 0; c0 < cig; c0 += LG_IG_BK) {
-                    lg_ig_gather_a<T, R, TC>(s, wp, 0, arows, LG_IG_BK, t);
-                    lg_ig_gather_b<T, R, TC>(s, xp, xstep, in, t);
-                    wp += LG_IG_BK * kk, xp += LG_IG_BK * HW;
-                    __syncthreads();
-                    lg_ig_product<T, A, R, TC>(s, acc, t);
-                    __syncthreads();
-                }
+                lg_ig_tap_steps<T, A, R, TC>(s, acc, arows, wp, kk, xp, xstep, HW, in, cig, t);
             }
         }
         // Otherwise a table of the step's rows.
@@ -669,14 +682,7 @@ __device__ void lg_conv_dgrad(const ConvGeom& g, T* gx, const T* gy, const T* w,
                 const bool in = p_ok && lg_inside(oy0 - my, g.oh) && lg_inside(ox0 - mx, g.ow);
                 const T* wp = w + (tile.grp * cg + t % LG_IG_BK) * Kw + ki * g.kw + kj;
                 const T* gp = gy + gyrow - my * g.ow - mx;
-                for (long long co0 = 0; co0 < cg; co0 += LG_IG_BK) {
-                    lg_ig_gather_a<T, R, TC>(s, wp, 0, arows, LG_IG_BK, t);
-                    lg_ig_gather_b<T, R, TC>(s, gp, gystep, in, t);
-                    wp += LG_IG_BK * Kw, gp += LG_IG_BK * L;
-                    __syncthreads();
-                    lg_ig_product<T, A, R, TC>(s, acc, t);
-                    __syncthreads();
-                }
+                lg_ig_tap_steps<T, A, R, TC>(s, acc, arows, wp, Kw, gp, gystep, L, in, cg, t);
             }
         }
         // Otherwise a table of the step's rows.
