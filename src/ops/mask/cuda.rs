@@ -52,7 +52,7 @@ pub(super) fn relu_with_mask(x: &Tensor, in_place: bool) -> Result<(Tensor, Tens
     let n = x.numel();
     let mask = {
         let mut xb = x.storage().cuda_mut()?;
-        relu_mask_forward_in_place(&mut xb, n, 0.0)?
+        relu_mask_forward_in_place(&mut xb, n, 0.0, None)?
     };
     Ok((x.detach(), tensor::wrap(mask, &words)?))
 }
@@ -65,35 +65,9 @@ pub(super) fn add_relu_with_mask(x: &Tensor, b: &Tensor) -> Result<Tensor> {
     let n = x.numel();
     let mask = {
         let mut xb = x.storage().cuda_mut()?;
-        add_relu_mask_forward_in_place(&mut xb, &*b.storage().cuda()?, n)?
+        relu_mask_forward_in_place(&mut xb, n, 0.0, Some(&*b.storage().cuda()?))?
     };
     tensor::wrap(mask, &[mask_words(n)])
-}
-
-/// [`add_relu_with_mask`] on buffers: `x[..n] = max(x + b, 0)` (the sum
-/// rounded to the dtype first, NaN kept); returns the mask.
-fn add_relu_mask_forward_in_place(
-    x: &mut CudaBuffer,
-    b: &CudaBuffer,
-    n: usize,
-) -> Result<CudaBuffer> {
-    let op = "cuda add_relu";
-    let sfx = float_suffix(op, x.dtype())?;
-    expect(op, x, x.dtype(), n, x)?;
-    expect(op, b, x.dtype(), n, x)?;
-    let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
-    if n > 0 {
-        let (n64, dev, vec) = (
-            n as i64,
-            x.device().clone(),
-            i32::from(runs_aligned(&[Some(x), Some(b)])),
-        );
-        // One lane per run: a warp covers RUN mask words.
-        let grid = ballot_grid(n.div_ceil(RUN));
-        launch!(&dev, "relu_mask.cu", format!("add_relu_mask_fwd_inplace_{sfx}"), grid;
-            &n64, x.slice_mut(), b.slice(), mask.slice_mut(), &vec)?;
-    }
-    Ok(mask)
 }
 
 /// ReLU (`slope` 0) or LeakyReLU forward of `x` (layout `lx`): returns the
@@ -119,26 +93,38 @@ pub(crate) fn relu_mask_forward(
 }
 
 /// [`relu_mask_forward`] written over the first `n` elements of the
-/// contiguous `x` itself; returns the mask.
+/// contiguous `x` itself, or of `x + addend` (contiguous: an in-place add
+/// first, the sum rounded to the dtype, in the same launch); returns the
+/// mask.
 pub(crate) fn relu_mask_forward_in_place(
     x: &mut CudaBuffer,
     n: usize,
     slope: f64,
+    addend: Option<&CudaBuffer>,
 ) -> Result<CudaBuffer> {
     let op = "cuda relu";
     let sfx = float_suffix(op, x.dtype())?;
     expect(op, x, x.dtype(), n, x)?;
+    if let Some(b) = addend {
+        expect(op, b, x.dtype(), n, x)?;
+    }
     let mut mask = CudaBuffer::alloc(x.device(), DType::U32, mask_words(n))?;
     if n > 0 {
         let (n64, dev, vec) = (
             n as i64,
             x.device().clone(),
-            i32::from(runs_aligned(&[Some(x)])),
+            i32::from(runs_aligned(&[Some(x), addend])),
         );
         // One lane per run: a warp covers RUN mask words.
         let grid = ballot_grid(n.div_ceil(RUN));
-        launch!(&dev, "relu_mask.cu", format!("relu_mask_fwd_inplace_{sfx}"), grid;
-            &slope, &n64, x.slice_mut(), mask.slice_mut(), &vec)?;
+        match addend {
+            None => launch!(&dev, "relu_mask.cu", format!("relu_mask_fwd_inplace_{sfx}"), grid;
+                &slope, &n64, x.slice_mut(), mask.slice_mut(), &vec)?,
+            Some(b) => {
+                launch!(&dev, "relu_mask.cu", format!("add_relu_mask_fwd_inplace_{sfx}"), grid;
+                &slope, &n64, x.slice_mut(), mask.slice_mut(), &vec, b.slice())?
+            }
+        }
     }
     Ok(mask)
 }

@@ -111,13 +111,10 @@ static __device__ void lg_relu_mask_bwd_runs(double slope, long long n, T* g,
                                                            int vec) {                 \
         lg_relu_mask_fwd_runs<T>(slope, n, x, mask, vec);                             \
     }                                                                                 \
-    /* ReLU of x + b written over x (both contiguous), with the mask of the */       \
-    /* result's positives: an in-place add then relu_mask_fwd_inplace. */            \
-    extern "C" __global__ void add_relu_mask_fwd_inplace_##sfx(long long n, T* x,     \
-                                                               const T* b,            \
-                                                               unsigned int* mask,    \
-                                                               int vec) {             \
-        lg_relu_mask_fwd_runs<T>(0.0, n, x, mask, vec, b);                            \
+    /* The same of x + b (both contiguous): an in-place add, then the above. */     \
+    extern "C" __global__ void add_relu_mask_fwd_inplace_##sfx(                      \
+        double slope, long long n, T* x, unsigned int* mask, int vec, const T* b) {   \
+        lg_relu_mask_fwd_runs<T>(slope, n, x, mask, vec, b);                          \
     }                                                                                 \
     extern "C" __global__ void relu_mask_bwd_##sfx(double slope, long long n, T* dx, \
                                                    const T* g, Strided lg,            \

@@ -98,7 +98,7 @@ fn relu_mask_bits_and_values_match_the_cpu() {
             assert_eq!(download(&y), vals(&yc), "relu fwd {dtype:?} {slope}");
             // In place: the same values over x's own buffer, the same bits.
             let mut own = upload(&dev, &x);
-            let mi = relu_mask_forward_in_place(&mut own, n, slope).unwrap();
+            let mi = relu_mask_forward_in_place(&mut own, n, slope, None).unwrap();
             assert_eq!(
                 download(&own),
                 vals(&yc),
