@@ -1,15 +1,17 @@
 //! Embedding on CUDA: the glue from tensors to device buffers and the
-//! launch wrappers of `embedding.cu`. Indices come from the host (read and
-//! checked there, as on the CPU); their uploads stay out of the ledger, so
-//! both devices count the same bytes. The weight gradient is deterministic
-//! and bit-identical to the CPU's: positions are grouped by row on the host
+//! launch wrappers of `embedding.cu`. The kernels read the index tensor on
+//! the device (no copy to the host, no wait): an index out of range is
+//! recorded on the device and reported by the next read, as the other
+//! index kernels do. The weight gradient is deterministic and
+//! bit-identical to the CPU's: positions are sorted by row on the device
 //! and one block sums a row in index order.
 
 use crate::cuda::check::{expect, float_suffix};
 use crate::cuda::{launch, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
 use crate::tensor::cuda as tensor;
-use crate::{Error, Result, Tensor};
+use crate::{DType, Device, Error, Result, Tensor};
+use cudarc::driver::LaunchConfig;
 
 /// `x` as a whole-buffer dense CUDA tensor (a Workspace copy of a view).
 fn dense(x: &Tensor) -> Result<Tensor> {
@@ -17,109 +19,157 @@ fn dense(x: &Tensor) -> Result<Tensor> {
     tensor::dense(x)
 }
 
-/// Rows `idx[k]` of the `[num, dim]` weight (any layout) as a contiguous
-/// tensor of `shape` (`idx.len() · dim` elements).
-pub(super) fn gather(weight: &Tensor, idx: &[usize], shape: &[usize]) -> Result<Tensor> {
+/// Rows `indices[k]` of the `[num, dim]` weight (any layout) as a
+/// contiguous tensor of `shape` (`indices.numel() · dim` elements).
+pub(super) fn gather(weight: &Tensor, indices: &Tensor, shape: &[usize]) -> Result<Tensor> {
     let (num, dim) = (weight.shape()[0], weight.shape()[1]);
     let w = dense(weight)?;
-    let out = embedding_forward(&*w.storage().cuda()?, num, dim, idx)?;
+    let idx = device_indices("cuda embedding", indices, weight.device())?;
+    let out = embedding_forward(&*w.storage().cuda()?, num, dim, &*idx.storage().cuda()?)?;
     tensor::wrap(out, shape)
 }
 
-/// The `[num, dim]` weight gradient from `g` (any layout).
-pub(super) fn backward(
-    g: &Tensor,
-    idx: &[usize],
+/// The positions of `indices` sorted on `device` by the row they add to
+/// (see [`embedding_sort_keys`]), outside the ledger (the CPU's host
+/// values): what the backward reads once the saved indices are gone.
+pub(super) fn sorted_rows(
+    indices: &Tensor,
+    device: Device,
     num: usize,
-    dim: usize,
     padding: Option<usize>,
-) -> Result<Tensor> {
+) -> Result<CudaBuffer> {
+    let idx = device_indices("cuda embedding backward", indices, device)?;
+    tensor::uncounted(|| embedding_sort_keys(&*idx.storage().cuda()?, num, padding))
+}
+
+/// The `[num, dim]` weight gradient from `g` (any layout) and the sorted
+/// positions of [`sorted_rows`].
+pub(super) fn backward(g: &Tensor, keys: &CudaBuffer, num: usize, dim: usize) -> Result<Tensor> {
     let g = dense(g)?;
-    let out = embedding_backward(&*g.storage().cuda()?, idx, num, dim, padding)?;
+    let out = embedding_backward(&*g.storage().cuda()?, keys, num, dim)?;
     tensor::wrap(out, &[num, dim])
 }
 
-/// Checks host indices against a table of `num` rows, as i64.
-fn indices(op: &'static str, idx: &[usize], num: usize) -> Result<Vec<i64>> {
-    match idx.iter().find(|&&i| i >= num) {
-        Some(&i) => Err(Error::IndexOutOfRange {
+/// The I64 or U32 `indices` as a dense buffer on `device`: the
+/// tensor itself when it is one already, else a copy outside the ledger
+/// (the CPU reads indices where they are, so both devices count the same).
+fn device_indices(op: &'static str, indices: &Tensor, device: Device) -> Result<Tensor> {
+    if !matches!(indices.dtype(), DType::I64 | DType::U32) {
+        return Err(Error::DTypeMismatch {
             op,
-            index: i as i64,
-            size: num,
+            expected: DType::I64,
+            got: indices.dtype(),
+        });
+    }
+    tensor::uncounted(|| {
+        let on = indices.detach().to_device(device)?;
+        tensor::dense(&on)
+    })
+}
+
+/// The kernel-name suffix of an index buffer's dtype.
+fn index_suffix(op: &'static str, idx: &CudaBuffer) -> Result<&'static str> {
+    match idx.dtype() {
+        DType::I64 => Ok("i64"),
+        DType::U32 => Ok("u32"),
+        got => Err(Error::DTypeMismatch {
+            op,
+            expected: DType::I64,
+            got,
         }),
-        None => Ok(idx.iter().map(|&i| i as i64).collect()),
     }
 }
 
-/// Embedding lookup: rows `idx` of the contiguous `[num, dim]` table `w`,
-/// as a contiguous `[idx.len(), dim]` buffer.
+/// Embedding lookup: rows `idx` (I64 or U32, on the device) of the
+/// contiguous `[num, dim]` table `w`, as a contiguous `[idx.len(), dim]`
+/// buffer. An index outside `0..num` gives a zero row and is reported as
+/// [`Error::IndexOutOfRange`] by the next read from the device (the
+/// device's check record): the lookup never waits for the host.
 pub(crate) fn embedding_forward(
     w: &CudaBuffer,
     num: usize,
     dim: usize,
-    idx: &[usize],
+    idx: &CudaBuffer,
 ) -> Result<CudaBuffer> {
     let op = "cuda embedding";
     let sfx = float_suffix(op, w.dtype())?;
+    let isfx = index_suffix(op, idx)?;
     expect(op, w, w.dtype(), num * dim, w)?;
-    let host = indices(op, idx, num)?;
+    expect(op, idx, idx.dtype(), idx.len(), w)?;
     let mut out = CudaBuffer::alloc(w.device(), w.dtype(), idx.len() * dim)?;
-    if !out.is_empty() {
-        // The indices are host values on the CPU (read, never stored): the
-        // upload stays out of the ledger so both devices count the same.
-        tensor::uncounted(|| {
-            let d_idx = CudaBuffer::from_slice(w.device(), &host)?;
-            let (k, d) = (idx.len() as i64, dim as i64);
-            launch!(w.device(), "embedding.cu", format!("embedding_fwd_{sfx}"), CudaDevice::grid_for(idx.len() * dim);
-                &k, &d, out.slice_mut(), w.slice(), d_idx.slice())
-        })?;
+    if out.is_empty() {
+        return Ok(out);
     }
+    let record = w.device().check_record("embedding")?;
+    let check: u64 = record.0;
+    let check_op: i64 = record.1;
+    let (k, d, rows) = (idx.len() as i64, dim as i64, num as i64);
+    launch!(w.device(), "embedding.cu", format!("embedding_fwd_{isfx}_{sfx}"), CudaDevice::grid_per_row(idx.len());
+        &k, &d, &rows, out.slice_mut(), w.slice(), idx.slice(), &check, &check_op)?;
     Ok(out)
 }
 
-/// The `[num, dim]` weight gradient from `g` (contiguous `[idx.len(),
-/// dim]`): row `idx[k]` gets row `k` of `g` added, in `k` order, except
-/// where `idx[k]` is `padding`. Deterministic and bit-identical to the CPU:
-/// the positions are grouped by row on the host and one block sums a row.
-pub(crate) fn embedding_backward(
-    g: &CudaBuffer,
-    idx: &[usize],
+/// The positions `k` of `idx` (I64 or U32, on the device) whose row gets
+/// a gradient, sorted by row and by `k` inside a row, as keys `row << 32 |
+/// k` (all distinct, so any correct sort gives this order), padded to a
+/// power of two with all-ones keys, which also stand for `padding` and for
+/// indices out of range (the forward reported those). A new buffer
+/// counted under the current category.
+pub(crate) fn embedding_sort_keys(
+    idx: &CudaBuffer,
     num: usize,
-    dim: usize,
     padding: Option<usize>,
 ) -> Result<CudaBuffer> {
     let op = "cuda embedding backward";
-    let sfx = float_suffix(op, g.dtype())?;
-    expect(op, g, g.dtype(), idx.len() * dim, g)?;
-    indices(op, idx, num)?;
-    let mut gw = CudaBuffer::zeros(g.device(), g.dtype(), num * dim)?;
-    // Positions grouped by row (a stable sort keeps k order inside a row).
-    let mut order: Vec<usize> = (0..idx.len())
-        .filter(|&k| Some(idx[k]) != padding)
-        .collect();
-    order.sort_by_key(|&k| idx[k]);
-    let (mut rows, mut starts) = (Vec::<i64>::new(), Vec::<i64>::new());
-    for (q, &k) in order.iter().enumerate() {
-        if rows.last() != Some(&(idx[k] as i64)) {
-            rows.push(idx[k] as i64);
-            starts.push(q as i64);
-        }
+    let isfx = index_suffix(op, idx)?;
+    let n = idx.len();
+    // A key holds a row in 32 bits and a position in 32 bits; the all-ones
+    // key marks a position without a row.
+    if num >= 1 << 31 || n >= 1 << 32 {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: format!("{num} rows and {n} indices: at most 2^31 - 1 rows and 2^32 - 1 indices"),
+        });
     }
-    starts.push(order.len() as i64);
-    if rows.is_empty() || dim == 0 {
+    let dev = idx.device();
+    let n_pad = n.max(1).next_power_of_two();
+    let mut keys = CudaBuffer::alloc(dev, DType::I64, n_pad)?;
+    let pad: i64 = padding.map_or(-1, |p| p as i64);
+    let (n64, pad64, num64) = (n as i64, n_pad as i64, num as i64);
+    launch!(dev, "embedding.cu", format!("embedding_keys_{isfx}"), CudaDevice::grid_for(n_pad);
+        &n64, &pad64, &num64, &pad, idx.slice(), keys.slice_mut())?;
+    let one_block = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (SORT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(dev, "embedding.cu", "embedding_sort", one_block; &pad64, keys.slice_mut())?;
+    Ok(keys)
+}
+
+/// The `[num, dim]` weight gradient from `g` (contiguous, `dim` values per
+/// position) and the sorted `keys` of [`embedding_sort_keys`]: row `r`
+/// gets the rows of `g` at its positions added in position order.
+/// Deterministic and bit-identical to the CPU's sequential loop without
+/// float atomics: one block sums a row.
+pub(crate) fn embedding_backward(
+    g: &CudaBuffer,
+    keys: &CudaBuffer,
+    num: usize,
+    dim: usize,
+) -> Result<CudaBuffer> {
+    let op = "cuda embedding backward";
+    let sfx = float_suffix(op, g.dtype())?;
+    expect(op, keys, DType::I64, keys.len(), g)?;
+    let mut gw = CudaBuffer::zeros(g.device(), g.dtype(), num * dim)?;
+    if keys.is_empty() || dim == 0 {
         return Ok(gw);
     }
-    let pos: Vec<i64> = order.iter().map(|&k| k as i64).collect();
-    let dev = g.device();
-    // The row grouping is host bookkeeping on the CPU: its upload stays out
-    // of the ledger, so both devices count the same bytes.
-    tensor::uncounted(|| {
-        let d_rows = CudaBuffer::from_slice(dev, &rows)?;
-        let d_starts = CudaBuffer::from_slice(dev, &starts)?;
-        let d_pos = CudaBuffer::from_slice(dev, &pos)?;
-        let (used, d) = (rows.len() as i64, dim as i64);
-        launch!(dev, "embedding.cu", format!("embedding_bwd_{sfx}"), CudaDevice::grid_per_row(rows.len());
-            &used, &d, gw.slice_mut(), g.slice(), d_rows.slice(), d_starts.slice(), d_pos.slice())
-    })?;
+    let (n_pad, d) = (keys.len() as i64, dim as i64);
+    launch!(g.device(), "embedding.cu", format!("embedding_bwd_{sfx}"), CudaDevice::grid_per_row(keys.len());
+        &n_pad, &d, gw.slice_mut(), g.slice(), keys.slice())?;
     Ok(gw)
 }
+
+/// Threads of the one block that sorts the backward's keys.
+const SORT_THREADS: u32 = 1024;

@@ -1,9 +1,11 @@
 //! Embedding lookup: rows of a `[num_embeddings, embedding_dim]` weight
-//! gathered by an integer index tensor of any shape. The indices are read
-//! on the host (and checked there) on every device; the weight gradient is
-//! a scatter-add in index order, deterministic and bit-identical on the
-//! CPU and on CUDA (`embedding.cu` groups the positions by row instead of
-//! using float atomics).
+//! gathered by an integer index tensor of any shape. The CPU reads and
+//! checks the indices on the host; CUDA reads them on the device (an index
+//! out of range is reported by the next read from the device, so a step
+//! never waits for the host here). The weight gradient is a scatter-add in
+//! index order, deterministic and bit-identical on the CPU and on CUDA
+//! (`embedding.cu` sorts the positions by row instead of using float
+//! atomics).
 //!
 //! Saved for backward, for `k` index elements of `bi` bytes (8 for I64, 4
 //! for U32):
@@ -33,27 +35,56 @@ use crate::{DType, Device, Error, Result, Tensor};
 // The dispatch seam: one small function per kernel, the only place here
 // (besides cuda.rs) that names CUDA.
 
-/// Rows `idx[k]` of the `[num, dim]` weight (any layout), stacked into a
-/// contiguous `[idx.len(), dim]` tensor of shape `shape`.
-fn embedding_gather(weight: &Tensor, idx: &[usize], shape: &[usize]) -> Result<Tensor> {
+/// Rows `indices[k]` of the `[num, dim]` weight (any layout), stacked
+/// into a contiguous `[k, dim]` tensor of shape `shape`. The CPU reads and
+/// checks the indices first; CUDA reads them in its kernel and reports one
+/// out of range with its next read from the device.
+fn embedding_gather(weight: &Tensor, indices: &Tensor, shape: &[usize]) -> Result<Tensor> {
     match backend("embedding", &[weight])? {
-        Backend::Cpu | Backend::Meta => cpu::gather(weight, idx, shape),
-        Backend::Cuda(_) => cuda::gather(weight, idx, shape),
+        Backend::Cpu | Backend::Meta => {
+            let idx = read_indices("embedding", indices, weight.shape()[0])?;
+            cpu::gather(weight, &idx, shape)
+        }
+        Backend::Cuda(_) => cuda::gather(weight, indices, shape),
     }
 }
 
-/// The `[num, dim]` weight gradient: row `k` of `g` added to row `idx[k]`,
-/// in `k` order, except where `idx[k]` is `padding`.
+/// Where the weight gradient's rows come from, read from the saved
+/// indices before they are dropped (so that they are gone before the
+/// gradient is allocated, on every device alike): the indices on the host
+/// (CPU, meta), or the positions sorted by row on the device (CUDA).
+enum GradRows {
+    Host(Vec<usize>),
+    Device(crate::cuda::CudaBuffer),
+}
+
+/// [`GradRows`] of `indices` for a gradient on `g`'s device.
+fn grad_rows(g: &Tensor, indices: &Tensor, num: usize, padding: Option<usize>) -> Result<GradRows> {
+    match backend("embedding", &[g])? {
+        Backend::Cpu | Backend::Meta => {
+            Ok(GradRows::Host(read_indices("embedding", indices, num)?))
+        }
+        Backend::Cuda(_) => Ok(GradRows::Device(cuda::sorted_rows(
+            indices,
+            g.device(),
+            num,
+            padding,
+        )?)),
+    }
+}
+
+/// The `[num, dim]` weight gradient: row `k` of `g` added to row
+/// `indices[k]`, in `k` order, except where `indices[k]` is `padding`.
 fn embedding_backward(
     g: &Tensor,
-    idx: &[usize],
+    rows: &GradRows,
     num: usize,
     dim: usize,
     padding: Option<usize>,
 ) -> Result<Tensor> {
-    match backend("embedding", &[g])? {
-        Backend::Cpu | Backend::Meta => cpu::backward(g, idx, num, dim, padding),
-        Backend::Cuda(_) => cuda::backward(g, idx, num, dim, padding),
+    match rows {
+        GradRows::Host(idx) => cpu::backward(g, idx, num, dim, padding),
+        GradRows::Device(keys) => cuda::backward(g, keys, num, dim),
     }
 }
 
@@ -71,15 +102,12 @@ impl BackwardOp for EmbeddingBackward {
         "embedding"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let idx = read_indices("embedding", self.indices.get()?, self.num)?;
+        // The rows are read first and the indices dropped before the
+        // gradient is allocated (the same ledger events on every device).
+        let rows = grad_rows(&g, self.indices.get()?, self.num, self.padding)?;
         drop(self.indices);
-        Ok(vec![Some(embedding_backward(
-            &g,
-            &idx,
-            self.num,
-            self.dim,
-            self.padding,
-        )?)])
+        let dw = embedding_backward(&g, &rows, self.num, self.dim, self.padding)?;
+        Ok(vec![Some(dw)])
     }
 }
 
@@ -102,7 +130,9 @@ fn resolve_padding(padding_idx: Option<i64>, num: usize) -> Result<Option<usize>
 
 /// `weight[indices]`: for an I64 or U32 index tensor of any shape, the
 /// result has shape `indices.shape + [embedding_dim]`. An index outside
-/// `0..num_embeddings` is `Error::IndexOutOfRange`. The gradient of the
+/// `0..num_embeddings` is `Error::IndexOutOfRange`: from this call on the
+/// CPU, from the next read of a value from the device on CUDA (the
+/// kernel checks; nothing waits for the host). The gradient of the
 /// weight is accumulated sequentially (deterministic); the `padding_idx`
 /// row (negative counts from the end) gets none. Saves the index tensor,
 /// and only when the weight needs grad (the same under `SaveAll`).
@@ -117,10 +147,9 @@ pub fn embedding(weight: &Tensor, indices: &Tensor, padding_idx: Option<i64>) ->
     }
     let (num, dim) = (weight.shape()[0], weight.shape()[1]);
     let padding = resolve_padding(padding_idx, num)?;
-    let idx = read_indices(OP, indices, num)?;
     let mut shape = indices.shape().to_vec();
     shape.push(dim);
-    let out = embedding_gather(weight, &idx, &shape)?;
+    let out = embedding_gather(weight, indices, &shape)?;
     let [needs] = needs_grad([weight]);
     if !needs {
         return Ok(out);

@@ -65,6 +65,23 @@ pub(super) fn forward(
     })
 }
 
+/// Chunks' per-sample losses (f64) one after another and the total of
+/// their counts (one i64 each), on the device and outside the ledger (as
+/// the chunks'), for one reduction over all of their samples.
+pub(super) fn join(losses: &[Tensor], counts: &[Tensor]) -> Result<(Tensor, Tensor)> {
+    uncounted(|| {
+        let all = Tensor::cat(&losses.iter().collect::<Vec<_>>(), 0)?;
+        let each = dense(&Tensor::cat(&counts.iter().collect::<Vec<_>>(), 0)?)?;
+        let cb = each.storage().cuda()?;
+        let dev = cb.device().clone();
+        let mut total = CudaBuffer::alloc(&dev, DType::I64, 1)?;
+        let n = cb.len() as i64;
+        launch!(&dev, "loss.cu", "cross_entropy_count_total", CudaDevice::grid_for(1);
+            &n, cb.slice(), total.slice_mut())?;
+        Ok((all, wrap(total, &[1])?))
+    })
+}
+
 /// The loss as `reduction` asks from the per-sample f64 `losses` and the
 /// device's `count`, in `dtype` (one launch; a new tensor counted under the
 /// current category, shaped `shape` for no reduction, a scalar otherwise).

@@ -18,6 +18,7 @@
 
 use super::{
     cross_entropy_backward, cross_entropy_forward, CrossEntropyOptions, Reduction, SampleCount,
+    SampleLosses,
 };
 use crate::autograd::{attach, is_grad_enabled, no_grad, BackwardOp, SavedTensor};
 use crate::memory::{with_category, Category};
@@ -53,7 +54,7 @@ struct LinearCrossEntropyBackward {
     bias: Option<SavedTensor>,
     targets: SavedTensor,
     opts: CrossEntropyOptions,
-    count: usize,
+    count: SampleCount,
     rows: usize,
     needs: [bool; 3],
 }
@@ -93,14 +94,7 @@ impl BackwardOp for LinearCrossEntropyBackward {
                         Error::Backward("linear_cross_entropy: no probabilities".into())
                     })?;
                 drop(logits);
-                cross_entropy_backward(
-                    g_c,
-                    &probs,
-                    &t_c,
-                    1,
-                    &self.opts,
-                    &SampleCount::Host(self.count),
-                )?
+                cross_entropy_backward(g_c, &probs, &t_c, 1, &self.opts, &self.count)?
             };
             if need_h {
                 grad_h_chunks.push(matmul(&grad_logits, w)?);
@@ -205,7 +199,7 @@ impl Tensor {
             .iter()
             .map(|t| is_grad_enabled() && t.requires_grad())
             .collect();
-        let (mut losses, mut count) = (Vec::with_capacity(n), 0);
+        let mut parts = Vec::new();
         {
             let _g = no_grad();
             for start in (0..n).step_by(rows) {
@@ -213,20 +207,15 @@ impl Tensor {
                 let logits = chunk_logits(&self.narrow(0, start, r)?, weight, bias)?;
                 let t_c = targets.narrow(0, start, r)?;
                 let _ws = with_category(Category::Workspace);
-                let fwd = cross_entropy_forward(&logits, 1, &t_c, &opts, false)?;
-                // Chunk by chunk: the losses and counts come to the host
-                // (a read from the device on CUDA).
-                let (l, c) = fwd.stats.into_host()?;
-                losses.extend(l);
-                count += c;
+                // Each chunk's losses and count stay where they were made
+                // (on the device for CUDA: nothing waits for the host).
+                parts.push(cross_entropy_forward(&logits, 1, &t_c, &opts, false)?.stats);
             }
         }
-        let total = || losses.iter().sum::<f64>();
-        let out = match opts.reduction {
-            Reduction::None => Tensor::from_host_f64(&losses, &[n], self.dtype(), self.device())?,
-            Reduction::Sum => Tensor::scalar(total(), self.dtype(), self.device())?,
-            Reduction::Mean => Tensor::scalar(total() / count as f64, self.dtype(), self.device())?,
-        };
+        let stats = SampleLosses::join(parts)?;
+        let out = stats.reduce(opts.reduction, &[n], self)?;
+        let count = stats.count();
+        drop(stats);
         if !needs.iter().any(|&b| b) {
             return Ok(out);
         }

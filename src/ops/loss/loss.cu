@@ -80,6 +80,16 @@ template <typename A> __device__ __forceinline__ A lg_ce_reduce(A v, A* buf, int
     }
 LG_FOR_FLOATS(LG_CE_FWD)
 
+// out[0] = counts[0] + ... + counts[n-1]: the samples not ignored over the
+// chunks of one op (linear_cross_entropy), on the device.
+extern "C" __global__ void cross_entropy_count_total(long long n, const long long* counts,
+                                                     long long* out) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    long long total = 0;
+    for (long long i = 0; i < n; ++i) total += counts[i];
+    out[0] = total;
+}
+
 // The loss as the reduction asks, from the per-sample f64 losses, on the
 // device: reduction 0 (none) rounds each to T; 1 (sum) and 2 (mean, over
 // the count of samples not ignored) add them in sample order in one thread,

@@ -105,15 +105,37 @@ impl SampleLosses {
         }
     }
 
-    /// The losses and the count as host values (a read from the device on
-    /// CUDA).
-    fn into_host(self) -> Result<(Vec<f64>, usize)> {
-        match self {
-            SampleLosses::Host { losses, count } => Ok((losses, count)),
-            SampleLosses::Device { losses, count } => {
-                let count = count.to_vec::<i64>()?.first().copied().unwrap_or(0);
-                Ok((losses.to_vec::<f64>()?, usize::try_from(count).unwrap_or(0)))
+    /// The samples of `parts` one after another, as one forward over all of
+    /// them gives: the losses in order, the counts summed (on the device for
+    /// CUDA parts: nothing is read back). No parts: no samples.
+    fn join(parts: Vec<SampleLosses>) -> Result<SampleLosses> {
+        let (mut host, mut host_count) = (Vec::new(), 0);
+        let (mut losses, mut counts) = (Vec::new(), Vec::new());
+        for part in parts {
+            match part {
+                SampleLosses::Host { losses, count } => {
+                    host.extend(losses);
+                    host_count += count;
+                }
+                SampleLosses::Device { losses: l, count } => {
+                    losses.push(l);
+                    counts.push(count);
+                }
             }
+        }
+        match (losses.is_empty(), host.is_empty() && host_count == 0) {
+            (true, _) => Ok(SampleLosses::Host {
+                losses: host,
+                count: host_count,
+            }),
+            (false, true) => {
+                let (losses, count) = cuda::join(&losses, &counts)?;
+                Ok(SampleLosses::Device { losses, count })
+            }
+            (false, false) => Err(Error::InvalidArgument {
+                op: "cross_entropy",
+                msg: "sample losses on the host and on a device cannot be joined".into(),
+            }),
         }
     }
 
