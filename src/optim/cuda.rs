@@ -7,7 +7,7 @@
 //! bit-identical.
 
 use super::rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
-use crate::cuda::check::{expect, float_suffix, input, invalid};
+use crate::cuda::check::{self, expect, float_suffix, input, invalid};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
 use crate::{Result, Tensor};
 use cudarc::driver::LaunchConfig;
@@ -96,15 +96,28 @@ pub(crate) fn sgd_step(
     let momentum: f64 = hp.momentum;
     let dampening: f64 = hp.dampening;
     let decay: f64 = hp.weight_decay;
+    // Whole vectors where the parameter from `off`, a contiguous gradient
+    // and the buffer all start on 16-byte boundaries.
+    let at16 = |b: &CudaBuffer, elem: usize| {
+        (b.address() as usize + elem * b.dtype().size_in_bytes()).is_multiple_of(16)
+    };
+    let dense = gl.strides() == [1];
+    let vec = i32::from(
+        dense
+            && at16(a.param, a.offset)
+            && at16(a.grad, gl.offset())
+            && buf.as_ref().is_none_or(|b| at16(b, 0)),
+    );
+    let grid = check::runs_grid(n);
     match buf {
-        Some(b) => launch!(&dev, "optim.cu", name, CudaDevice::grid_for(n);
-            &n64, &lr, &momentum, &dampening, &decay, &flags[0], &flags[1],
+        Some(b) => launch!(&dev, "optim.cu", name, grid;
+            &n64, &vec, &lr, &momentum, &dampening, &decay, &flags[0], &flags[1],
             &flags[2], &flags[3], &gm, &gp, a.param.slice_mut(), &off, a.grad.slice(), &gl,
             b.slice_mut()),
         // No buffer: the kernel never touches its `buf` argument, so the
         // gradient's pointer stands in (no placeholder allocation).
-        None => launch!(&dev, "optim.cu", name, CudaDevice::grid_for(n);
-            &n64, &lr, &momentum, &dampening, &decay, &flags[0], &flags[1],
+        None => launch!(&dev, "optim.cu", name, grid;
+            &n64, &vec, &lr, &momentum, &dampening, &decay, &flags[0], &flags[1],
             &flags[2], &flags[3], &gm, &gp, a.param.slice_mut(), &off, a.grad.slice(), &gl,
             a.grad.slice()),
     }

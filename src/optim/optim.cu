@@ -40,10 +40,8 @@ template <typename T> __device__ __forceinline__ bool lg_tnan(T a) {
     return lg_load(a) != lg_load(a);
 }
 
-template <typename T>
-__device__ __forceinline__ T lg_grad(const T* g, const Strided& gl, long long i, int gmode,
-                                     T gparam) {
-    T v = g[lg_offset(gl, i)];
+// A gradient value through the transform.
+template <typename T> __device__ __forceinline__ T lg_grad_map(T v, int gmode, T gparam) {
     if (gmode == 1) return lg_tmul(v, gparam);
     if (gmode == 2) {
         if (lg_load(v) < -lg_load(gparam)) return lg_store<T>(-lg_load(gparam));
@@ -52,36 +50,63 @@ __device__ __forceinline__ T lg_grad(const T* g, const Strided& gl, long long i,
     return v;
 }
 
+// Element i of the gradient (row-major through its layout), transformed.
+template <typename T>
+__device__ __forceinline__ T lg_grad(const T* g, const Strided& gl, long long i, int gmode,
+                                     T gparam) {
+    return lg_grad_map(g[lg_offset(gl, i)], gmode, gparam);
+}
+
+// One SGD update of an element: d = (maximize ? -g : g) + wd*p (if wd !=
+// 0); with momentum: b = first ? d : b*momentum + (1-dampening)*d, d =
+// nesterov ? d + momentum*b : b; p += -lr * d.
+template <typename T> struct LgSgd {
+    T tm, keep, twd, neg_lr;
+    double wd;
+    int nesterov, maximize, first, has_buf;
+    __device__ __forceinline__ void apply(T& pv, T d, T& b) const {
+        if (maximize) d = lg_store<T>(-lg_load(d));
+        if (wd != 0.0) d = lg_tadd(d, lg_tmul(twd, pv));
+        if (has_buf) {
+            b = first ? d : lg_tadd(lg_tmul(b, tm), lg_tmul(keep, d));
+            d = nesterov ? lg_tadd(d, lg_tmul(tm, b)) : b;
+        }
+        pv = lg_tadd(pv, lg_tmul(neg_lr, d));
+    }
+};
+
 #define LG_OPTIM(sfx, T)                                                              \
-    /* SGD: d = (maximize ? -g : g) + wd*p (if wd != 0); with momentum: */            \
-    /* buf = first ? d : buf*momentum + (1-dampening)*d, d = nesterov ? */            \
-    /* d + momentum*buf : buf; p += -lr * d. */                                       \
-    extern "C" __global__ void sgd_##sfx(long long n, double lr, double momentum,    \
-                                         double dampening, double wd, int nesterov,   \
-                                         int maximize, int first, int has_buf,        \
-                                         int gmode, double gparam, T* p,              \
-                                         long long poff, const T* g, Strided gl,      \
-                                         T* buf) {                                    \
-        T tm = lg_from_f64<T>(momentum), keep = lg_from_f64<T>(1.0 - dampening);      \
-        T twd = lg_from_f64<T>(wd), neg_lr = lg_from_f64<T>(-lr);                     \
+    /* SGD (LgSgd) in runs of LG_RUN elements per thread; a gradient that is */      \
+    /* contiguous (rank 1, stride 1 once coalesced) is read as runs too, one */       \
+    /* vector each where `vec` says every buffer is 16-byte aligned there. */        \
+    extern "C" __global__ void sgd_##sfx(long long n, int vec, double lr,            \
+                                         double momentum, double dampening,           \
+                                         double wd, int nesterov, int maximize,       \
+                                         int first, int has_buf, int gmode,           \
+                                         double gparam, T* p, long long poff,         \
+                                         const T* g, Strided gl, T* buf) {            \
+        LgSgd<T> u{lg_from_f64<T>(momentum), lg_from_f64<T>(1.0 - dampening),         \
+                   lg_from_f64<T>(wd),       lg_from_f64<T>(-lr),                     \
+                   wd,                       nesterov,                                \
+                   maximize,                 first,                                   \
+                   has_buf};                                                          \
         T gp = lg_from_f64<T>(gparam);                                                \
-        LG_GRID_LOOP(i, n) {                                                          \
-            T pv = p[poff + i];                                                       \
-            T d = lg_grad(g, gl, i, gmode, gp);                                       \
-            if (maximize) d = lg_store<T>(-lg_load(d));                               \
-            if (wd != 0.0) d = lg_tadd(d, lg_tmul(twd, pv));                          \
-            if (has_buf) {                                                            \
-                T b;                                                                  \
-                if (first) {                                                          \
-                    b = d;                                                            \
-                } else {                                                              \
-                    b = lg_tmul(buf[i], tm);                                          \
-                    b = lg_tadd(b, lg_tmul(keep, d));                                 \
-                }                                                                     \
-                buf[i] = b;                                                           \
-                d = nesterov ? lg_tadd(d, lg_tmul(tm, b)) : b;                        \
+        bool dense = gl.rank == 1 && gl.strides[0] == 1;                              \
+        long long runs = (n + LG_RUN - 1) / LG_RUN;                                   \
+        LG_GRID_LOOP(r, runs) {                                                       \
+            long long e0 = r * LG_RUN;                                                \
+            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;                       \
+            LgRun<T, LG_RUN> pv, gv, bv;                                              \
+            pv.load(p + poff + e0, cnt, vec);                                         \
+            if (dense) {                                                              \
+                gv.load(g + gl.offset + e0, cnt, vec);                                \
+            } else {                                                                  \
+                LG_RUN_EACH(i, cnt) gv.v[i] = g[lg_offset(gl, e0 + i)];               \
             }                                                                         \
-            p[poff + i] = lg_tadd(pv, lg_tmul(neg_lr, d));                            \
+            if (has_buf && !first) bv.load(buf + e0, cnt, vec);                       \
+            LG_RUN_EACH(i, cnt) u.apply(pv.v[i], lg_grad_map(gv.v[i], gmode, gp), bv.v[i]); \
+            pv.store(p + poff + e0, cnt, vec);                                        \
+            if (has_buf) bv.store(buf + e0, cnt, vec);                                \
         }                                                                             \
     }                                                                                 \
     /* Adam / AdamW (+amsgrad) with the host's step constants: neg_step = */          \
