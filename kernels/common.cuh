@@ -202,6 +202,32 @@ template <> __device__ __forceinline__ long long lg_from_f64<long long>(double v
     return (long long)v;
 }
 
+// Offsets in `l` of the logical elements e0 .. e0+cnt-1 of a run (cnt <= N):
+// one division chain for e0; the elements in e0's innermost row follow it
+// by that dim's stride (a run that crosses rows takes a chain per element
+// past the row). `unit`: the whole run lies in one row of stride 1, so it
+// is contiguous in memory.
+template <int N> struct LgRunOffsets {
+    long long off[N];
+    bool unit;
+    __device__ __forceinline__ LgRunOffsets(const Strided& l, long long e0, int cnt) {
+        long long i = e0, o = l.offset, col = 0;
+        for (long long d = l.rank - 1; d >= 0; --d) {
+            long long s = l.shape[d], c = i % s;
+            if (d == l.rank - 1) col = c;
+            o += c * l.strides[d];
+            i /= s;
+        }
+        long long row = l.rank > 0 ? l.shape[l.rank - 1] : 1;
+        long long step = l.rank > 0 ? l.strides[l.rank - 1] : 0;
+        bool in_row = col + cnt <= row;
+        unit = in_row && step == 1;
+#pragma unroll
+        for (int k = 0; k < N; ++k)
+            off[k] = k == 0 || in_row ? o + k * step : (k < cnt ? lg_offset(l, e0 + k) : o);
+    }
+};
+
 // Instantiates `KERNEL(suffix, type)` for the four float types.
 #define LG_FOR_FLOATS(KERNEL) \
     KERNEL(f32, float) KERNEL(f64, double) KERNEL(f16, __half) KERNEL(bf16, __nv_bfloat16)

@@ -1,11 +1,31 @@
 // Layout kernels that move bits without looking at them, one per element
 // size in bytes: strided copy (make contiguous) and fill.
 
-// out[i] = x[offset of logical element i]: any layout to contiguous.
+// out[i] = x[offset of logical element i]: any layout to contiguous, in
+// runs of LG_RUN elements per thread (LgRunOffsets: one index chain per
+// run). A run that is contiguous in x too moves as one vector where both
+// ends are aligned (`vec`: out is 16-byte aligned; x's run is tested),
+// for element sizes whose runs fill whole 8-byte words.
 #define LG_COPY(bytes, T)                                                             \
-    extern "C" __global__ void copy_strided_##bytes(long long n, T* out,             \
+    extern "C" __global__ void copy_strided_##bytes(long long n, int vec, T* out,    \
                                                     const T* x, Strided lx) {         \
-        LG_GRID_LOOP(i, n) { out[i] = x[lg_offset(lx, i)]; }                          \
+        constexpr bool words = sizeof(T) * LG_RUN % 8 == 0;                           \
+        constexpr unsigned long long align = sizeof(T) * LG_RUN < 16 ? sizeof(T) * LG_RUN : 16; \
+        long long runs = (n + LG_RUN - 1) / LG_RUN;                                   \
+        LG_GRID_LOOP(r, runs) {                                                       \
+            long long e0 = r * LG_RUN;                                                \
+            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;                       \
+            LgRunOffsets<LG_RUN> at(lx, e0, cnt);                                     \
+            LgRun<T, LG_RUN> v;                                                       \
+            const T* src = x + at.off[0];                                             \
+            bool whole = words && at.unit && (unsigned long long)src % align == 0;   \
+            if (whole) {                                                              \
+                v.load(src, cnt, 1);                                                  \
+            } else {                                                                  \
+                LG_RUN_EACH(k, cnt) v.v[k] = x[at.off[k]];                            \
+            }                                                                         \
+            v.store(out + e0, cnt, words && vec);                                     \
+        }                                                                             \
     }                                                                                 \
     extern "C" __global__ void fill_##bytes(long long n, T* out,                     \
                                             unsigned long long bits) {                \

@@ -188,11 +188,22 @@ static __device__ __forceinline__ T lg_axpy_one(T acc, typename Acc<T>::type al,
     return lg_store<T>(lg_load(acc) + al * lg_load(x));
 }
 #define LG_AXPY(sfx, T)                                                               \
-    extern "C" __global__ void axpy_##sfx(long long n, double alpha, T* acc,         \
+    /* In runs of LG_RUN per thread: x's offsets by one index chain per run */      \
+    /* (LgRunOffsets), acc as one vector where 16-byte aligned (vec). */              \
+    extern "C" __global__ void axpy_##sfx(long long n, double alpha, int vec, T* acc, \
                                           const T* x, Strided lx) {                   \
         typedef Acc<T>::type A;                                                       \
         A al = (A)alpha;                                                              \
-        LG_GRID_LOOP(i, n) { acc[i] = lg_axpy_one<T>(acc[i], al, x[lg_offset(lx, i)]); } \
+        long long runs = (n + LG_RUN - 1) / LG_RUN;                                   \
+        LG_GRID_LOOP(r, runs) {                                                       \
+            long long e0 = r * LG_RUN;                                                \
+            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;                       \
+            LgRunOffsets<LG_RUN> at(lx, e0, cnt);                                     \
+            LgRun<T, LG_RUN> a;                                                       \
+            a.load(acc + e0, cnt, vec);                                               \
+            LG_RUN_EACH(k, cnt) a.v[k] = lg_axpy_one<T>(a.v[k], al, x[at.off[k]]);    \
+            a.store(acc + e0, cnt, vec);                                              \
+        }                                                                             \
     }                                                                                 \
     /* The same with x contiguous too, in runs of LG_RUN per thread (one */     \
     /* vector each where both buffers are 16-byte aligned: vec). */                   \

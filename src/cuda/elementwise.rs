@@ -89,8 +89,9 @@ pub(crate) fn binary(
 }
 
 /// `acc += alpha · x` in place (`acc` contiguous, `x` read through `lx` of
-/// `acc`'s length): how gradients of a value used twice are summed. A
-/// contiguous `x` takes `axpy_dense_*`, in runs of 4 elements per thread.
+/// `acc`'s length): how gradients of a value used twice are summed, in runs
+/// of 4 elements per thread (`axpy_dense_*` where `x` is contiguous from
+/// its start).
 pub(crate) fn axpy(acc: &mut CudaBuffer, alpha: f64, x: &CudaBuffer, lx: &Strided) -> Result<()> {
     let sfx = float_suffix("cuda axpy", acc.dtype())?;
     check::input("cuda axpy", x, acc.dtype(), lx, acc)?;
@@ -113,8 +114,9 @@ pub(crate) fn axpy(acc: &mut CudaBuffer, alpha: f64, x: &CudaBuffer, lx: &Stride
         return launch!(&device, "elementwise.cu", format!("axpy_dense_{sfx}"), check::runs_grid(n);
             &n64, &alpha, &vec, acc.slice_mut(), x.slice());
     }
-    launch!(&device, "elementwise.cu", format!("axpy_{sfx}"), CudaDevice::grid_for(n);
-        &n64, &alpha, acc.slice_mut(), x.slice(), &lx)
+    let vec = i32::from(check::runs_aligned(&[Some(acc)]));
+    launch!(&device, "elementwise.cu", format!("axpy_{sfx}"), check::runs_grid(n);
+        &n64, &alpha, &vec, acc.slice_mut(), x.slice(), &lx)
 }
 
 /// `op(a, b)` as u8 for buffers of any (equal) dtype; `la`, `lb` of the
@@ -228,7 +230,8 @@ pub(crate) fn cast_inplace(x: &mut CudaBuffer, to: DType) -> Result<()> {
     x.retype(to)
 }
 
-/// A contiguous copy of `x` read through `lx` (make contiguous), any dtype.
+/// A contiguous copy of `x` read through `lx` (make contiguous), any dtype:
+/// runs of 4 elements per thread, moved as vectors where contiguous.
 pub(crate) fn copy_strided(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     check::input("cuda copy_strided", x, x.dtype(), lx, x)?;
     let n = lx.numel();
@@ -239,8 +242,9 @@ pub(crate) fn copy_strided(x: &CudaBuffer, lx: &Strided) -> Result<CudaBuffer> {
     let n64 = n as i64;
     let name = format!("copy_strided_{}", x.dtype().size_in_bytes());
     let lx = lx.coalesced();
-    launch!(x.device(), "copy.cu", name, CudaDevice::grid_for(n);
-        &n64, out.slice_mut(), x.slice(), &lx)?;
+    let vec = i32::from(check::runs_aligned(&[Some(&out)]));
+    launch!(x.device(), "copy.cu", name, check::runs_grid(n);
+        &n64, &vec, out.slice_mut(), x.slice(), &lx)?;
     Ok(out)
 }
 
