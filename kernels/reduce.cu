@@ -63,6 +63,48 @@ template <typename A> __device__ __forceinline__ void lg_block_reduce(int op, A*
     }
 LG_FOR_FLOATS(LG_REDUCE)
 
+// The same reductions where the kept elements are adjacent in memory (a
+// bias gradient: the sum over the rows of a row-major [inner, outer]):
+// output o reduces x[offset + o + j*stride] for j < inner. A block of
+// LG_RED_THREADS threads takes LG_RED_COLS adjacent outputs, its threads
+// as LG_RED_COLS columns by LG_RED_SLICES row slices (a warp reads whole
+// 32-byte sectors of each row); thread (c, s) reduces rows j = s, s +
+// LG_RED_SLICES, ... in order, then the slices join in a fixed tree.
+#define LG_RED_COLS 8
+#define LG_RED_SLICES (LG_RED_THREADS / LG_RED_COLS)
+
+#define LG_REDUCE_COLS(sfx, T)                                                        \
+    extern "C" __global__ void reduce_cols_##sfx(int op, long long outer,             \
+                                                 long long inner, long long stride,   \
+                                                 T* out, const T* x, long long offset) { \
+        typedef Acc<T>::type A;                                                       \
+        __shared__ A buf[LG_RED_SLICES][LG_RED_COLS];                                 \
+        int c = threadIdx.x % LG_RED_COLS, sl = threadIdx.x / LG_RED_COLS;            \
+        long long groups = (outer + LG_RED_COLS - 1) / LG_RED_COLS;                   \
+        for (long long grp = blockIdx.x; grp < groups; grp += gridDim.x) {            \
+            long long o = grp * LG_RED_COLS + c;                                      \
+            A acc = lg_red_init<A>(op);                                               \
+            if (o < outer) {                                                          \
+                const T* col = x + offset + o;                                        \
+                for (long long j = sl; j < inner; j += LG_RED_SLICES)                 \
+                    acc = lg_red_combine(op, acc, lg_load(col[j * stride]));          \
+            }                                                                         \
+            buf[sl][c] = acc;                                                         \
+            for (int h = LG_RED_SLICES / 2; h > 0; h >>= 1) {                         \
+                __syncthreads();                                                      \
+                if (sl < h) buf[sl][c] = lg_red_combine(op, buf[sl][c], buf[sl + h][c]); \
+            }                                                                         \
+            __syncthreads();                                                          \
+            if (sl == 0 && o < outer) {                                               \
+                A r = buf[0][c];                                                      \
+                if (op == 1) r = r / (A)inner;                                        \
+                out[o] = lg_store<T>(r);                                              \
+            }                                                                         \
+            __syncthreads();                                                          \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_REDUCE_COLS)
+
 // The type argreduce compares in: the arithmetic type for floats, the
 // element type itself for integers (exact: u32 and i64 do not fit a float).
 template <typename T> struct LgArg {

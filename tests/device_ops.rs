@@ -211,6 +211,15 @@ fn reductions_and_argmax() {
         check("argmax", &[&x], |t| t[0].argmax(1, false));
         let xt = x.transpose(0, 1).unwrap();
         check("sum of a view", &[&xt], |t| t[0].sum(&[1], true));
+        // Over the rows of a row-major matrix (a bias gradient): more rows
+        // than a block has slices, columns not a multiple of its 8, and a
+        // window that starts inside a row.
+        let rows = input(&[300, 37], dtype, 9, -2.0, 2.0);
+        check("sum over rows", &[&rows], |t| t[0].sum(&[0], false));
+        check("max over rows", &[&rows], |t| t[0].max(0, false));
+        check("mean over rows of a window", &[&rows], |t| {
+            t[0].narrow(1, 3, 30)?.mean(&[0], true)
+        });
     }
 }
 

@@ -4,6 +4,9 @@ use super::check::{self, float_suffix};
 use super::{CudaBuffer, CudaDevice, Strided};
 use crate::{DType, Error, Result};
 
+/// Adjacent outputs one block of `reduce_cols_*` computes (`LG_RED_COLS`).
+const COLS_PER_BLOCK: usize = 8;
+
 /// What a reduction computes over the reduced elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ReduceOp {
@@ -77,6 +80,16 @@ pub(crate) fn reduce(
         return Ok(out);
     }
     let (code, o64, i64_) = (op as i32, outer as i64, inner as i64);
+    // One kept dim, its elements adjacent in memory (a sum over rows):
+    // blocks of adjacent outputs whose warps read whole sectors of a row.
+    let shape = permuted.shape();
+    if let ([1, stride], true) = (&permuted.strides()[..], shape == [outer, inner]) {
+        let (stride, offset) = (*stride as i64, permuted.offset() as i64);
+        let groups = outer.div_ceil(COLS_PER_BLOCK);
+        return launch!(x.device(), "reduce.cu", format!("reduce_cols_{sfx}"), CudaDevice::grid_per_row(groups);
+            &code, &o64, &i64_, &stride, out.slice_mut(), x.slice(), &offset)
+        .map(|()| out);
+    }
     launch!(x.device(), "reduce.cu", format!("reduce_{sfx}"), CudaDevice::grid_per_row(outer);
         &code, &o64, &i64_, out.slice_mut(), x.slice(), &permuted)?;
     Ok(out)
@@ -109,4 +122,17 @@ pub(crate) fn arg_reduce(
     launch!(x.device(), "reduce.cu", format!("argreduce_{sfx}"), CudaDevice::grid_per_row(outer);
         &want, &o64, &i64_, out.slice_mut(), x.slice(), &permuted)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The launch sizes its grid by the kernel's own column count.
+    #[test]
+    fn the_column_block_matches_the_kernels() {
+        let src = include_str!("../../kernels/reduce.cu");
+        assert_eq!(
+            crate::cuda::testing::cu_define(src, "LG_RED_COLS"),
+            super::COLS_PER_BLOCK
+        );
+    }
 }
