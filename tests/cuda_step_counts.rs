@@ -84,35 +84,14 @@ fn a_training_steps_launches_syncs_and_copies_are_as_counted() {
             device: Device::Cuda(0),
         };
         let mut runner = StepRunner::new(name, &spec).unwrap();
-        // The first step loads the kernels; the second is what every
-        // later step does.
-        assert!(runner.step().unwrap().is_finite());
-        if !dev.is_simulated() {
-            assert!(runner.step().unwrap().is_finite());
+        let Some((got, table)) = counts_of_step(&dev, || runner.step().unwrap()) else {
             continue;
-        }
-        profiler::simulator_profile_reset(&dev).unwrap();
-        assert!(runner.step().unwrap().is_finite());
-        let summary = profiler::simulator_profile_summary(&dev).unwrap();
-        let c = &summary["counts"];
-        let got: Vec<u64> = [
-            "launches",
-            "cublas_calls",
-            "syncs",
-            "h2d",
-            "d2h",
-            "allocs",
-            "frees",
-        ]
-        .iter()
-        .map(|k| c[k].as_u64().expect("a count"))
-        .collect();
+        };
         println!("{name} b{batch} {size}² {case}: {got:?}");
         if got != expected {
             wrong.push(format!(
                 "{name} batch {batch} {size}² {case}: counted {got:?}, expected {expected:?} \
-                 (launches, cuBLAS calls, syncs, H2D, D2H, allocs, frees)\n{}",
-                summary["table_h200"].as_str().unwrap_or("")
+                 (launches, cuBLAS calls, syncs, H2D, D2H, allocs, frees)\n{table}"
             ));
         }
     }
@@ -120,12 +99,13 @@ fn a_training_steps_launches_syncs_and_copies_are_as_counted() {
 }
 
 /// Launches, cuBLAS calls, syncs, H2D, D2H, allocations and frees of the
-/// second of two runs of `step` (the first loads the kernels); `None` on a
-/// real GPU, where they cannot be read (the steps still run).
+/// second of two runs of `step` (the first loads the kernels; the second
+/// is what every later step does), with the simulator's summary table;
+/// `None` on a real GPU, where they cannot be read (the steps still run).
 fn counts_of_step(
     dev: &std::sync::Arc<leangrad::cuda::CudaDevice>,
     mut step: impl FnMut() -> f64,
-) -> Option<Vec<u64>> {
+) -> Option<(Vec<u64>, String)> {
     assert!(step().is_finite());
     if !dev.is_simulated() {
         assert!(step().is_finite());
@@ -135,20 +115,20 @@ fn counts_of_step(
     assert!(step().is_finite());
     let summary = profiler::simulator_profile_summary(dev).unwrap();
     let c = &summary["counts"];
-    Some(
-        [
-            "launches",
-            "cublas_calls",
-            "syncs",
-            "h2d",
-            "d2h",
-            "allocs",
-            "frees",
-        ]
-        .iter()
-        .map(|k| c[k].as_u64().expect("a count"))
-        .collect(),
-    )
+    let counts = [
+        "launches",
+        "cublas_calls",
+        "syncs",
+        "h2d",
+        "d2h",
+        "allocs",
+        "frees",
+    ]
+    .iter()
+    .map(|k| c[k].as_u64().expect("a count"))
+    .collect();
+    let table = summary["table_h200"].as_str().unwrap_or("").to_string();
+    Some((counts, table))
 }
 
 /// Token models: the ids go up once, and nothing comes back until the loss
@@ -235,11 +215,11 @@ fn a_token_models_step_waits_for_the_host_only_where_its_loss_is_read() {
         ("gpt2 tiny", gpt2_counts, [159, 40, 1, 1, 2, 211, 211]),
     ];
     for (name, got, want) in expected {
-        let Some(got) = got else { continue };
+        let Some((got, table)) = got else { continue };
         println!("{name}: {got:?}");
         assert_eq!(
             got, want,
-            "{name}: launches, cuBLAS, syncs, H2D, D2H, allocs, frees"
+            "{name}: launches, cuBLAS, syncs, H2D, D2H, allocs, frees\n{table}"
         );
     }
 }
