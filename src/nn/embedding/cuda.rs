@@ -113,8 +113,8 @@ pub(crate) fn embedding_forward(
 /// a gradient, sorted by row and by `k` inside a row, as keys `row << 32 |
 /// k` (all distinct, so any correct sort gives this order), padded to a
 /// power of two with all-ones keys, which also stand for `padding` and for
-/// indices out of range (the forward reported those). A new buffer
-/// counted under the current category.
+/// indices out of range (the forward reported those); empty for no
+/// indices. A new buffer counted under the current category.
 pub(crate) fn embedding_sort_keys(
     idx: &CudaBuffer,
     num: usize,
@@ -132,7 +132,10 @@ pub(crate) fn embedding_sort_keys(
         });
     }
     let dev = idx.device();
-    let n_pad = n.max(1).next_power_of_two();
+    if n == 0 {
+        return CudaBuffer::alloc(dev, DType::I64, 0);
+    }
+    let n_pad = n.next_power_of_two();
     let mut keys = CudaBuffer::alloc(dev, DType::I64, n_pad)?;
     let pad: i64 = padding.map_or(-1, |p| p as i64);
     let (n64, pad64, num64) = (n as i64, n_pad as i64, num as i64);

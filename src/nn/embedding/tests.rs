@@ -60,6 +60,9 @@ fn embedding_sorts_more_positions_than_one_block_has_threads() {
     // many times, and 1,025 positions all of one row.
     check_against_cpu(&repeated_indices(2500, 37), 37, 3, Some(4));
     check_against_cpu(&[2; 1025], 5, 2, None);
+    // No index at all, and one only (a single key, no sorting network).
+    check_against_cpu(&[], 4, 3, None);
+    check_against_cpu(&[3], 4, 3, Some(0));
 }
 
 #[test]
