@@ -29,24 +29,27 @@ pub(super) fn gather(weight: &Tensor, indices: &Tensor, shape: &[usize]) -> Resu
     tensor::wrap(out, shape)
 }
 
-/// The positions of `indices` sorted on `device` by the row they add to
-/// (see [`embedding_sort_keys`]), outside the ledger (the CPU's host
+/// The positions of an index tensor sorted by the row they add to (the
+/// keys of [`embedding_sort_keys`]), outside the ledger (the CPU's host
 /// values): what the backward reads once the saved indices are gone.
+pub(super) struct SortedRows(CudaBuffer);
+
+/// [`SortedRows`] of `indices`, sorted on `device`.
 pub(super) fn sorted_rows(
     indices: &Tensor,
     device: Device,
     num: usize,
     padding: Option<usize>,
-) -> Result<CudaBuffer> {
+) -> Result<SortedRows> {
     let idx = device_indices("cuda embedding backward", indices, device)?;
-    tensor::uncounted(|| embedding_sort_keys(&*idx.storage().cuda()?, num, padding))
+    tensor::uncounted(|| embedding_sort_keys(&*idx.storage().cuda()?, num, padding)).map(SortedRows)
 }
 
 /// The `[num, dim]` weight gradient from `g` (any layout) and the sorted
 /// positions of [`sorted_rows`].
-pub(super) fn backward(g: &Tensor, keys: &CudaBuffer, num: usize, dim: usize) -> Result<Tensor> {
+pub(super) fn backward(g: &Tensor, rows: &SortedRows, num: usize, dim: usize) -> Result<Tensor> {
     let g = dense(g)?;
-    let out = embedding_backward(&*g.storage().cuda()?, keys, num, dim)?;
+    let out = embedding_backward(&*g.storage().cuda()?, &rows.0, num, dim)?;
     tensor::wrap(out, &[num, dim])
 }
 

@@ -55,7 +55,7 @@ fn embedding_gather(weight: &Tensor, indices: &Tensor, shape: &[usize]) -> Resul
 /// (CPU, meta), or the positions sorted by row on the device (CUDA).
 enum GradRows {
     Host(Vec<usize>),
-    Device(crate::cuda::CudaBuffer),
+    Device(cuda::SortedRows),
 }
 
 /// [`GradRows`] of `indices` for a gradient on `g`'s device.
