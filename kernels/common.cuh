@@ -70,6 +70,16 @@ __device__ __forceinline__ long long lg_offset(const Strided& l, long long i) {
 // straddles a 32-element mask word.
 #define LG_RUN 4
 
+// The runs of LG_RUN elements of [0, n) this thread takes, grid-stride: the
+// body sees `e0`, a run's first element; lg_run_count(n, e0) its length
+// (LG_RUN, fewer at the end).
+#define LG_RUN_LOOP(e0, n)                                                            \
+    for (long long e0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * LG_RUN;  \
+         e0 < (n); e0 += (long long)blockDim.x * gridDim.x * LG_RUN)
+__device__ __forceinline__ int lg_run_count(long long n, long long e0) {
+    return n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;
+}
+
 // The elements i < cnt of a run, unrolled with constant indices: a loop to
 // a run-time count would index the run's values dynamically and move them
 // from registers to local memory.

@@ -11,10 +11,8 @@
                                                     const T* x, Strided lx) {         \
         constexpr bool words = sizeof(T) * LG_RUN % 8 == 0;                           \
         constexpr unsigned long long align = sizeof(T) * LG_RUN < 16 ? sizeof(T) * LG_RUN : 16; \
-        long long runs = (n + LG_RUN - 1) / LG_RUN;                                   \
-        LG_GRID_LOOP(r, runs) {                                                       \
-            long long e0 = r * LG_RUN;                                                \
-            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;                       \
+        LG_RUN_LOOP(e0, n) {                                                          \
+            int cnt = lg_run_count(n, e0);                                            \
             LgRunOffsets<LG_RUN> at(lx, e0, cnt);                                     \
             LgRun<T, LG_RUN> v;                                                       \
             const T* src = x + at.off[0];                                             \

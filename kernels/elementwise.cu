@@ -194,10 +194,8 @@ static __device__ __forceinline__ T lg_axpy_one(T acc, typename Acc<T>::type al,
                                           const T* x, Strided lx) {                   \
         typedef Acc<T>::type A;                                                       \
         A al = (A)alpha;                                                              \
-        long long runs = (n + LG_RUN - 1) / LG_RUN;                                   \
-        LG_GRID_LOOP(r, runs) {                                                       \
-            long long e0 = r * LG_RUN;                                                \
-            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;                       \
+        LG_RUN_LOOP(e0, n) {                                                          \
+            int cnt = lg_run_count(n, e0);                                            \
             LgRunOffsets<LG_RUN> at(lx, e0, cnt);                                     \
             LgRun<T, LG_RUN> a;                                                       \
             a.load(acc + e0, cnt, vec);                                               \
@@ -211,10 +209,8 @@ static __device__ __forceinline__ T lg_axpy_one(T acc, typename Acc<T>::type al,
                                                 T* acc, const T* x) {                 \
         typedef Acc<T>::type A;                                                       \
         A al = (A)alpha;                                                              \
-        long long runs = (n + LG_RUN - 1) / LG_RUN;                         \
-        LG_GRID_LOOP(r, runs) {                                                       \
-            long long e0 = r * LG_RUN;                                           \
-            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;             \
+        LG_RUN_LOOP(e0, n) {                                                          \
+            int cnt = lg_run_count(n, e0);                                            \
             LgRun<T, LG_RUN> a, b;                                               \
             a.load(acc + e0, cnt, vec);                                               \
             b.load(x + e0, cnt, vec);                                                 \

@@ -293,7 +293,13 @@ impl CudaBuffer {
     /// Whether element 0 starts on a 16-byte boundary, so that a kernel
     /// may move runs of its elements as whole 16-byte (or 8-byte) vectors.
     pub(crate) fn vector_aligned(&self) -> bool {
-        self.address().is_multiple_of(16)
+        self.vector_aligned_at(0)
+    }
+
+    /// Whether element `elem` starts on a 16-byte boundary (a run kernel's
+    /// vectors from an offset into the buffer).
+    pub(crate) fn vector_aligned_at(&self, elem: usize) -> bool {
+        (self.address() as usize + elem * self.dtype.size_in_bytes()).is_multiple_of(16)
     }
 
     /// The device address of element 0, for a kernel parameter that may

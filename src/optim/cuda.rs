@@ -98,15 +98,11 @@ pub(crate) fn sgd_step(
     let decay: f64 = hp.weight_decay;
     // Whole vectors where the parameter from `off`, a contiguous gradient
     // and the buffer all start on 16-byte boundaries.
-    let at16 = |b: &CudaBuffer, elem: usize| {
-        (b.address() as usize + elem * b.dtype().size_in_bytes()).is_multiple_of(16)
-    };
-    let dense = gl.strides() == [1];
     let vec = i32::from(
-        dense
-            && at16(a.param, a.offset)
-            && at16(a.grad, gl.offset())
-            && buf.as_ref().is_none_or(|b| at16(b, 0)),
+        gl.strides() == [1]
+            && a.param.vector_aligned_at(a.offset)
+            && a.grad.vector_aligned_at(gl.offset())
+            && buf.as_ref().is_none_or(|b| b.vector_aligned()),
     );
     let grid = check::runs_grid(n);
     match buf {

@@ -92,10 +92,8 @@ template <typename T> struct LgSgd {
                    has_buf};                                                          \
         T gp = lg_from_f64<T>(gparam);                                                \
         bool dense = gl.rank == 1 && gl.strides[0] == 1;                              \
-        long long runs = (n + LG_RUN - 1) / LG_RUN;                                   \
-        LG_GRID_LOOP(r, runs) {                                                       \
-            long long e0 = r * LG_RUN;                                                \
-            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;                       \
+        LG_RUN_LOOP(e0, n) {                                                          \
+            int cnt = lg_run_count(n, e0);                                            \
             LgRun<T, LG_RUN> pv, gv, bv;                                              \
             pv.load(p + poff + e0, cnt, vec);                                         \
             if (dense) {                                                              \

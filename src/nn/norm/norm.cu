@@ -165,10 +165,8 @@ __device__ __forceinline__ T lg_norm_elem(T x, const LgNormVals& v, T* hat) {
                                                const T* b, T* y, T* xhat) {           \
         const LgNormDivs divs = lg_norm_divs(g);                                      \
         long long n = g.a * g.s * g.b;                                                \
-        long long runs = (n + LG_RUN - 1) / LG_RUN;                                   \
-        LG_GRID_LOOP(t, runs) {                                                       \
-            long long e0 = t * LG_RUN;                                           \
-            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;             \
+        LG_RUN_LOOP(e0, n) {                                                          \
+            int cnt = lg_run_count(n, e0);                                            \
             LgRun<T, LG_RUN> in, hat, out;                                       \
             in.load(x + e0, cnt, vec);                                                \
             LgNormRunVals<T> rv(e0, cnt, g, divs, mean, rstd, has_w ? w : 0,          \
@@ -613,10 +611,8 @@ LG_FOR_FLOATS(LG_NORM_PARAM)
                                                       const T* g, const T* w, T* dx) { \
         const LgNormDivs divs = lg_norm_divs(geo);                                    \
         long long n = geo.a * geo.s * geo.b;                                          \
-        long long runs = (n + LG_RUN - 1) / LG_RUN;                                   \
-        LG_GRID_LOOP(t, runs) {                                                       \
-            long long e0 = t * LG_RUN;                                                \
-            int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;                       \
+        LG_RUN_LOOP(e0, n) {                                                          \
+            int cnt = lg_run_count(n, e0);                                            \
             LgRun<T, LG_RUN> in, out;                                                 \
             in.load(g + e0, cnt, vec);                                                \
             /* scale[s] read as the statistic's values (v.m; v.r unused) */          \

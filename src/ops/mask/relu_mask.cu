@@ -83,10 +83,8 @@ static __device__ void lg_relu_mask_bwd_runs(double slope, long long n, T* g,
                                              const unsigned int* mask, int vec) {
     typedef typename Acc<T>::type A;
     A s = lg_load(lg_from_f64<T>(slope));
-    long long runs = (n + LG_RUN - 1) / LG_RUN;
-    LG_GRID_LOOP(r, runs) {
-        long long e0 = r * LG_RUN;
-        int cnt = n - e0 < LG_RUN ? (int)(n - e0) : LG_RUN;
+    LG_RUN_LOOP(e0, n) {
+        int cnt = lg_run_count(n, e0);
         unsigned int bits = mask[e0 >> 5] >> (e0 & 31);
         LgRun<T, LG_RUN> run;
         run.load(g + e0, cnt, vec);
