@@ -155,6 +155,105 @@ fn adam_updates_equal_the_cpu_bit_for_bit() {
     }
 }
 
+/// Sizes of the many-parameter model: more tensors than one multi-tensor
+/// launch holds (32), sizes that end in a partial run of 4, single
+/// elements and a few thousand.
+const MANY_SIZES: [usize; 37] = [
+    1, 3, 4, 5, 7, 8, 9, 16, 17, 31, 33, 64, 65, 100, 127, 128, 129, 255, 256, 257, 500, 513, 1000,
+    1023, 1025, 2, 6, 10, 11, 12, 13, 14, 15, 4093, 4096, 4099, 3,
+];
+
+/// Three `step()`s of an optimizer over `MANY_SIZES` parameters (two
+/// groups when `split`, the second with `alg2`) whose gradients are exact
+/// (the gradient of `Σ sum(p ⊙ c)` is `c`): every parameter after each
+/// step, on `dev`.
+fn many_run<A: Algorithm>(
+    alg: &A,
+    alg2: Option<&A>,
+    clip: Clip,
+    dtype: DType,
+    dev: Device,
+) -> Vec<Vec<f64>> {
+    let ps: Vec<Tensor> = MANY_SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let p = Tensor::rand_range(&[n], -1.0, 1.0, dtype, Device::Cpu, 300 + i as u64);
+            p.unwrap()
+                .to_device(dev)
+                .unwrap()
+                .set_requires_grad(true)
+                .unwrap()
+        })
+        .collect();
+    let (first, second) = ps.split_at(if alg2.is_some() { 20 } else { ps.len() });
+    let mut opt = Optimizer::new(first.to_vec(), alg.clone()).unwrap();
+    if let Some(a2) = alg2 {
+        opt.add_param_group(second.to_vec(), a2.clone()).unwrap();
+    }
+    opt.set_clip(clip).unwrap();
+    let mut out = Vec::new();
+    for step in 0..3u64 {
+        let mut loss: Option<Tensor> = None;
+        for (i, p) in ps.iter().enumerate() {
+            let c = Tensor::rand_range(
+                p.shape(),
+                -2.0,
+                2.0,
+                dtype,
+                Device::Cpu,
+                900 + 50 * step + i as u64,
+            );
+            let term = p
+                .mul(&c.unwrap().to_device(dev).unwrap())
+                .unwrap()
+                .sum_all()
+                .unwrap();
+            loss = Some(match loss {
+                Some(l) => l.add(&term).unwrap(),
+                None => term,
+            });
+        }
+        loss.unwrap().backward().unwrap();
+        opt.step().unwrap();
+        opt.zero_grad();
+        out.extend(ps.iter().map(|p| p.to_f64_vec().unwrap()));
+    }
+    out
+}
+
+/// `step()` on CUDA runs each group's parameters as multi-tensor launches
+/// (32 tensors each); on identical gradients the parameters equal the
+/// CPU's bit for bit, for every algorithm and float dtype, with shared
+/// transforms (value clipping) and per-tensor ones (norm clipping, which
+/// cannot share a launch), and across two groups.
+#[test]
+fn multi_tensor_steps_equal_the_cpu_bit_for_bit() {
+    fn check<A: Algorithm>(name: &str, alg: &A, alg2: &A) {
+        for dtype in KERNEL_FLOATS {
+            for (clip, split) in [
+                (Clip::None, false),
+                (Clip::Value(0.5), true),
+                (Clip::ParamNorm(3.0), false),
+            ] {
+                let split = split.then_some(alg2);
+                let want = many_run(alg, split, clip, dtype, Device::Cpu);
+                for dev in cuda_common::devices("multi-tensor optimizer step") {
+                    let got = many_run(alg, split, clip, dtype, dev);
+                    bit_equal(&format!("{name} {dtype:?} {clip:?} on {dev}"), &want, &got);
+                }
+            }
+        }
+    }
+    let (sgds, adams) = (sgd_cases(), adam_cases(1e-8));
+    for (k, (name, alg)) in sgds.iter().enumerate() {
+        check(name, alg, &sgds[(k + 1) % sgds.len()].1);
+    }
+    for (k, (name, alg)) in adams.iter().enumerate() {
+        check(name, alg, &adams[(k + 1) % adams.len()].1);
+    }
+}
+
 #[test]
 fn sum_of_squares_equals_the_cpu_bit_for_bit() {
     for dtype in KERNEL_FLOATS {

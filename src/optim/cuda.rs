@@ -6,11 +6,13 @@
 //! by operation and in the same order, so the parameters come out
 //! bit-identical.
 
+use super::kernels::PendingUpdate;
 use super::rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
-use crate::cuda::check::{self, expect, float_suffix, input, invalid};
+use crate::cuda::check::{self, expect, float_suffix, input, invalid, RUN};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
 use crate::{Result, Tensor};
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+use std::sync::Arc;
 
 /// The kernels' code of a gradient transform: (mode, value).
 fn code(map: GradTransform) -> (i32, f64) {
@@ -119,6 +121,51 @@ pub(crate) fn sgd_step(
     }
 }
 
+/// Adam's step constants for the kernels, exactly as `Adam::update`
+/// computes them on the host, and its flags.
+struct AdamConstants {
+    /// `-lr / (1 - beta1^t)`.
+    neg_step: f64,
+    /// `sqrt(1 - beta2^t)`.
+    bc2_sqrt: f64,
+    eps: f64,
+    /// `1 - beta1`.
+    weight: f64,
+    beta2: f64,
+    weight_decay: f64,
+    /// `1 - lr * wd` (AdamW's decay).
+    shrink: f64,
+    /// L2 decay (Adam).
+    l2: i32,
+    /// Decoupled decay (AdamW).
+    decoupled: i32,
+    maximize: i32,
+    /// A max buffer is given (amsgrad).
+    amsgrad: i32,
+}
+
+impl AdamConstants {
+    fn new(hp: &AdamParams, step: u64, has_vmax: bool) -> AdamConstants {
+        let t = step as f64;
+        let decay = hp.weight_decay != 0.0;
+        AdamConstants {
+            neg_step: -(hp.lr / (1.0 - hp.beta1.powf(t))),
+            bc2_sqrt: (1.0 - hp.beta2.powf(t)).sqrt(),
+            eps: hp.eps,
+            weight: 1.0 - hp.beta1,
+            beta2: hp.beta2,
+            weight_decay: hp.weight_decay,
+            shrink: 1.0 - hp.lr * hp.weight_decay,
+            l2: i32::from(decay && !hp.decoupled_weight_decay),
+            decoupled: i32::from(decay && hp.decoupled_weight_decay),
+            maximize: i32::from(hp.maximize),
+            // As on the CPU, a given max buffer is used (the optimizer gives
+            // one exactly with amsgrad).
+            amsgrad: i32::from(has_vmax),
+        }
+    }
+}
+
 /// One Adam step (`step` ≥ 1, as on the CPU) in place with moments `m`,
 /// `v` and, for amsgrad, `vmax` (used whenever given, as the CPU uses a
 /// third state slice; whole contiguous buffers of the parameter's length
@@ -146,38 +193,23 @@ pub(crate) fn adam_step(
     if n == 0 {
         return Ok(());
     }
-    // The step constants exactly as `Adam::update` computes them on the host.
-    let t = step as f64;
-    let neg_step = -(hp.lr / (1.0 - hp.beta1.powf(t)));
-    let bc2_sqrt = (1.0 - hp.beta2.powf(t)).sqrt();
-    let weight: f64 = 1.0 - hp.beta1;
-    let shrink: f64 = 1.0 - hp.lr * hp.weight_decay;
-    let eps: f64 = hp.eps;
-    let beta2: f64 = hp.beta2;
-    let weight_decay: f64 = hp.weight_decay;
-    let decay = hp.weight_decay != 0.0;
-    let flags = [
-        i32::from(decay && !hp.decoupled_weight_decay),
-        i32::from(decay && hp.decoupled_weight_decay),
-        i32::from(hp.maximize),
-        // As on the CPU, a given max buffer is used (the optimizer gives
-        // one exactly with amsgrad).
-        i32::from(vmax.is_some()),
-    ];
+    let c = AdamConstants::new(hp, step, vmax.is_some());
     let (n64, off, (gm, gp)) = (n as i64, a.offset as i64, code(a.map));
     let gl = a.layout.coalesced();
     let dev = a.param.device().clone();
     let name = format!("adam_{sfx}");
     match vmax {
         Some(vm) => launch!(&dev, "optim.cu", name, CudaDevice::grid_for(n);
-            &n64, &neg_step, &bc2_sqrt, &eps, &weight, &beta2, &weight_decay, &shrink,
-            &flags[0], &flags[1], &flags[2], &flags[3], &gm, &gp, a.param.slice_mut(), &off,
+            &n64, &c.neg_step, &c.bc2_sqrt, &c.eps, &c.weight, &c.beta2, &c.weight_decay,
+            &c.shrink, &c.l2, &c.decoupled, &c.maximize, &c.amsgrad, &gm, &gp,
+            a.param.slice_mut(), &off,
             a.grad.slice(), &gl, m.slice_mut(), v.slice_mut(), vm.slice_mut()),
         // Without amsgrad the kernel never touches `vmax`: the gradient's
         // pointer stands in (no placeholder allocation).
         None => launch!(&dev, "optim.cu", name, CudaDevice::grid_for(n);
-            &n64, &neg_step, &bc2_sqrt, &eps, &weight, &beta2, &weight_decay, &shrink,
-            &flags[0], &flags[1], &flags[2], &flags[3], &gm, &gp, a.param.slice_mut(), &off,
+            &n64, &c.neg_step, &c.bc2_sqrt, &c.eps, &c.weight, &c.beta2, &c.weight_decay,
+            &c.shrink, &c.l2, &c.decoupled, &c.maximize, &c.amsgrad, &gm, &gp,
+            a.param.slice_mut(), &off,
             a.grad.slice(), &gl, m.slice_mut(), v.slice_mut(), a.grad.slice()),
     }
 }
@@ -277,6 +309,164 @@ pub(crate) fn update(
                 ));
             };
             adam_step(args, m, v, rest.first_mut().map(|b| &mut **b), step, &hp)
+        }
+    }
+}
+
+/// Tensors per multi-tensor launch: `LG_LIST` in `optim.cu`.
+pub const LIST: usize = 32;
+
+/// The tensors of one multi-tensor update, as `struct LgTensorList` in
+/// `optim.cu` (passed by value): tensor `k` has `n[k]` elements at device
+/// address `p[k]`, its contiguous gradient at `g[k]`, its state buffers at
+/// `s[j][k]` (0 where absent); its runs of 4 elements are the list's runs
+/// `start[k] .. start[k + 1]`; `vec[k]` says every address of tensor `k` is
+/// 16-byte aligned.
+#[doc(hidden)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TensorList {
+    start: [i64; LIST + 1],
+    n: [i64; LIST],
+    p: [u64; LIST],
+    g: [u64; LIST],
+    s: [[u64; LIST]; 3],
+    vec: [i32; LIST],
+    count: i32,
+}
+
+// The C struct: 8-byte fields, then 33 ints, padded to a multiple of 8.
+const _: () = assert!(std::mem::size_of::<TensorList>() == (LIST + 1 + 6 * LIST) * 8 + 33 * 4 + 4);
+
+// SAFETY: a plain `repr(C)` struct of integers, laid out as
+// `struct LgTensorList` in `optim.cu` (size asserted above).
+unsafe impl DeviceRepr for TensorList {}
+
+impl TensorList {
+    fn new() -> TensorList {
+        TensorList {
+            start: [0; LIST + 1],
+            n: [0; LIST],
+            p: [0; LIST],
+            g: [0; LIST],
+            s: [[0; LIST]; 3],
+            vec: [0; LIST],
+            count: 0,
+        }
+    }
+
+    /// All runs of the list (the launch's work).
+    fn runs(&self) -> usize {
+        self.start[self.count as usize] as usize
+    }
+
+    /// Appends a tensor of `n` elements at the given addresses.
+    fn push(&mut self, n: usize, p: u64, g: u64, state: &[u64]) {
+        let k = self.count as usize;
+        self.n[k] = n as i64;
+        self.p[k] = p;
+        self.g[k] = g;
+        for (j, &a) in state.iter().enumerate() {
+            self.s[j][k] = a;
+        }
+        let mut addresses = [p, g].into_iter().chain(state.iter().copied());
+        self.vec[k] = i32::from(addresses.all(|a| a % 16 == 0));
+        self.start[k + 1] = self.start[k] + n.div_ceil(RUN) as i64;
+        self.count += 1;
+    }
+}
+
+/// The device address of element `first` of `t`'s storage; `write` takes
+/// the storage for writing, which bumps its version (an in-place update).
+/// The address stays valid while the caller holds `t`; the one stream
+/// orders the launch after every earlier use of the buffer.
+fn address(t: &Tensor, first: usize, write: bool) -> Result<u64> {
+    let storage = t.storage();
+    let base = if write {
+        storage.cuda_mut()?.address()
+    } else {
+        storage.cuda()?.address()
+    };
+    Ok(base + (first * t.dtype().size_in_bytes()) as u64)
+}
+
+/// Runs `updates` (all on one device, one dtype, one step and transform,
+/// gradients contiguous, checked by the caller; `ranges`: each
+/// parameter's elements in its storage) as multi-tensor kernels, [`LIST`]
+/// tensors per launch. Per element the arithmetic of [`sgd_step`] /
+/// [`adam_step`], so the same bits. Allocates nothing.
+pub(crate) fn update_list(
+    rule: UpdateRule,
+    updates: &[PendingUpdate],
+    ranges: &[std::ops::Range<usize>],
+) -> Result<()> {
+    let Some(first) = updates.first() else {
+        return Ok(());
+    };
+    let op = "cuda multi-tensor update";
+    let sfx = float_suffix(op, first.param.dtype())?;
+    let slots = match rule {
+        UpdateRule::Sgd(hp) if hp.momentum != 0.0 => 1,
+        UpdateRule::Sgd(_) => 0,
+        UpdateRule::Adam(hp) => 2 + usize::from(hp.amsgrad),
+    };
+    if updates.iter().any(|u| u.state.len() < slots) {
+        return Err(invalid(op, format!("fewer than {slots} state buffers")));
+    }
+    let dev = first.param.storage().cuda()?.device().clone();
+    for (chunk, chunk_ranges) in updates.chunks(LIST).zip(ranges.chunks(LIST)) {
+        let mut list = TensorList::new();
+        for (u, range) in chunk.iter().zip(chunk_ranges) {
+            let p = address(&u.param, range.start, true)?;
+            let g_first = u.grad.layout().contiguous_range().map_or(0, |r| r.start);
+            let g = address(&u.grad, g_first, false)?;
+            let mut state = [0u64; 3];
+            for (a, s) in state.iter_mut().zip(&u.state) {
+                *a = address(s, 0, true)?;
+            }
+            list.push(range.len(), p, g, &state);
+        }
+        launch_list(&dev, rule, sfx, &list, first)?;
+    }
+    Ok(())
+}
+
+/// One launch of a list's kernel (`sgd_list_*` / `adam_list_*`).
+fn launch_list(
+    dev: &Arc<CudaDevice>,
+    rule: UpdateRule,
+    sfx: &'static str,
+    list: &TensorList,
+    first: &PendingUpdate,
+) -> Result<()> {
+    let grid = CudaDevice::grid_for(list.runs());
+    let (gm, gp) = code(first.transform);
+    let has_state = !first.state.is_empty();
+    match rule {
+        UpdateRule::Sgd(hp) => {
+            let name = format!("sgd_list_{sfx}");
+            let lr: f64 = hp.lr;
+            let momentum: f64 = hp.momentum;
+            let dampening: f64 = hp.dampening;
+            let decay: f64 = hp.weight_decay;
+            let flags = [
+                i32::from(hp.nesterov),
+                i32::from(hp.maximize),
+                // The CPU's test: the buffer starts as the gradient on update 1.
+                i32::from(first.step == 1),
+                // As on the CPU, a given buffer is used.
+                i32::from(has_state),
+            ];
+            launch!(dev, "optim.cu", name, grid;
+                list, &lr, &momentum, &dampening, &decay, &flags[0], &flags[1], &flags[2],
+                &flags[3], &gm, &gp)
+        }
+        UpdateRule::Adam(hp) => {
+            let name = format!("adam_list_{sfx}");
+            let c = AdamConstants::new(&hp, first.step, first.state.len() > 2);
+            launch!(dev, "optim.cu", name, grid;
+                list, &c.neg_step, &c.bc2_sqrt, &c.eps, &c.weight, &c.beta2, &c.weight_decay,
+                &c.shrink, &c.l2, &c.decoupled, &c.maximize, &c.amsgrad, &gm, &gp)
         }
     }
 }

@@ -209,6 +209,43 @@ fn check_like(op: &'static str, param: &Tensor, other: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// The checks of one update: the gradient and each state tensor like the
+/// parameter (shape, dtype, device, no shared storage), the state whole
+/// and contiguous, the parameter contiguous. Returns the parameter's
+/// element range in its storage.
+fn checked_range(
+    op: &'static str,
+    param: &Tensor,
+    grad: &Tensor,
+    state: &[Tensor],
+) -> Result<std::ops::Range<usize>> {
+    check_like(op, param, grad)?;
+    for (i, s) in state.iter().enumerate() {
+        check_like(op, param, s)?;
+        if !s.is_contiguous() || s.numel() != s.storage().len() {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: "optimizer state must be a whole contiguous tensor".into(),
+            });
+        }
+        // Each storage is locked once below (read for the gradient, write
+        // for the rest): a shared one would deadlock.
+        if s.shares_storage_with(grad) || state[..i].iter().any(|o| o.shares_storage_with(s)) {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: "optimizer state shares storage with the gradient or other state".into(),
+            });
+        }
+    }
+    param
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op,
+            msg: "parameters are updated in place and must be contiguous".into(),
+        })
+}
+
 /// The update of one parameter, in place under `no_grad` (bumping its
 /// version): checks shapes, locks the storages and runs `alg` on them.
 /// `state` tensors must be contiguous and the parameter's shape.
@@ -220,31 +257,7 @@ pub fn apply_update<A: Algorithm>(
     transform: GradTransform,
     state: &[Tensor],
 ) -> Result<()> {
-    check_like(A::NAME, param, grad)?;
-    for (i, s) in state.iter().enumerate() {
-        check_like(A::NAME, param, s)?;
-        if !s.is_contiguous() || s.numel() != s.storage().len() {
-            return Err(Error::InvalidArgument {
-                op: A::NAME,
-                msg: "optimizer state must be a whole contiguous tensor".into(),
-            });
-        }
-        // Each storage is locked once below (read for the gradient, write
-        // for the rest): a shared one would deadlock.
-        if s.shares_storage_with(grad) || state[..i].iter().any(|o| o.shares_storage_with(s)) {
-            return Err(Error::InvalidArgument {
-                op: A::NAME,
-                msg: "optimizer state shares storage with the gradient or other state".into(),
-            });
-        }
-    }
-    let range = param
-        .layout()
-        .contiguous_range()
-        .ok_or(Error::InvalidArgument {
-            op: A::NAME,
-            msg: "parameters are updated in place and must be contiguous".into(),
-        })?;
+    let range = checked_range(A::NAME, param, grad, state)?;
     let _ng = no_grad();
     match crate::meta::backend(A::NAME, &[param, grad])? {
         // Meta: no arithmetic; the parameter and its state change versions
@@ -305,6 +318,71 @@ pub fn apply_update<A: Algorithm>(
         DType::BF16 => go::<bf16, A>(alg, step, p, range, g, l, transform, s),
         dtype => Err(Error::UnsupportedDType { op: A::NAME, dtype }),
     }
+}
+
+/// One parameter's update, ready to run: what [`apply_update`] takes.
+pub(crate) struct PendingUpdate {
+    /// The parameter (updated in place).
+    pub param: Tensor,
+    /// Its gradient.
+    pub grad: Tensor,
+    /// The gradient transform (clipping).
+    pub transform: GradTransform,
+    /// The parameter's update count, 1 on the first.
+    pub step: u64,
+    /// Its state tensors.
+    pub state: Vec<Tensor>,
+}
+
+impl PendingUpdate {
+    /// Whether `self` can share one multi-tensor launch with `other`: both
+    /// on the same CUDA device and dtype, the same step and transform, each
+    /// gradient contiguous (read as runs, no layout per tensor).
+    fn joins(&self, other: &PendingUpdate) -> bool {
+        let listable = |u: &PendingUpdate| {
+            matches!(u.param.device(), crate::Device::Cuda(_))
+                && u.grad.layout().contiguous_range().is_some()
+        };
+        listable(self)
+            && listable(other)
+            && self.param.device() == other.param.device()
+            && self.param.dtype() == other.param.dtype()
+            && self.step == other.step
+            && self.transform == other.transform
+    }
+}
+
+/// The updates of one parameter group in order, each as
+/// [`apply_update`] runs it. On CUDA, consecutive updates that can share
+/// a launch ([`PendingUpdate::joins`]) run as multi-tensor kernels
+/// (PyTorch's `foreach`): the same per-element arithmetic, so the same
+/// bits, in one launch per [`cuda::LIST`](super::cuda) tensors.
+pub(crate) fn apply_updates<A: Algorithm>(alg: &A, updates: &[PendingUpdate]) -> Result<()> {
+    let mut i = 0;
+    while i < updates.len() {
+        let mut j = i + 1;
+        while j < updates.len() && updates[i].joins(&updates[j]) {
+            j += 1;
+        }
+        match alg.rule() {
+            Some(rule) if j - i > 1 => {
+                let run = &updates[i..j];
+                let ranges = run
+                    .iter()
+                    .map(|u| checked_range(A::NAME, &u.param, &u.grad, &u.state))
+                    .collect::<Result<Vec<_>>>()?;
+                let _ng = no_grad();
+                super::cuda::update_list(rule, run, &ranges)?;
+            }
+            _ => {
+                let u = &updates[i];
+                apply_update(alg, u.step, &u.param, &u.grad, u.transform, &u.state)?;
+                j = i + 1;
+            }
+        }
+        i = j;
+    }
+    Ok(())
 }
 
 /// Elements of one parameter chunk that one rayon task updates.

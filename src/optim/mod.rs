@@ -41,6 +41,10 @@ mod state;
 
 pub use adam::Adam;
 pub use clip::{clip_grad_norm, clip_grad_value, total_norm};
+/// The multi-tensor update's kernel argument (its size is checked
+/// against the kernel's by the launch-signature test).
+#[doc(hidden)]
+pub use cuda::TensorList;
 pub use kernels::{apply_update, sum_of_squares, Algorithm};
 pub use lbfgs::{Lbfgs, LbfgsOptions, LineSearch};
 pub use rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
@@ -54,6 +58,7 @@ use crate::autograd::backward_with;
 use crate::memory::{with_category, Category};
 use crate::{Error, Result, Tensor};
 use fused::{FusedSink, Mode, NormSink};
+use kernels::PendingUpdate;
 use std::collections::HashMap;
 
 /// Gradient clipping applied inside the update.
@@ -285,8 +290,8 @@ impl<A: Algorithm> Optimizer<A> {
         })
     }
 
-    /// THE per-parameter update, shared by both paths: creates the state on
-    /// the first update, then runs the algorithm's kernel in place.
+    /// THE per-parameter update of the fused path: [`Self::prepare_update`]
+    /// then the algorithm's kernel in place.
     fn update_param(
         &mut self,
         group: usize,
@@ -294,8 +299,26 @@ impl<A: Algorithm> Optimizer<A> {
         grad: &Tensor,
         global_scale: Option<f64>,
     ) -> Result<()> {
-        let Some(id) = param.leaf_id() else {
+        let Some(u) = self.prepare_update(group, param, grad, global_scale)? else {
             return Ok(());
+        };
+        let hyper = &self.groups[group].hyper;
+        apply_update(hyper, u.step, &u.param, &u.grad, u.transform, &u.state)
+    }
+
+    /// A parameter's update made ready, shared by both paths: the gradient
+    /// transform of the clipping mode, the state created on the first
+    /// update (under [`Category::OptimizerState`]), the update counted.
+    /// `None` for a parameter that is not a leaf.
+    fn prepare_update(
+        &mut self,
+        group: usize,
+        param: &Tensor,
+        grad: &Tensor,
+        global_scale: Option<f64>,
+    ) -> Result<Option<PendingUpdate>> {
+        let Some(id) = param.leaf_id() else {
+            return Ok(None);
         };
         let transform = match self.clip {
             Clip::None => GradTransform::Identity,
@@ -311,24 +334,32 @@ impl<A: Algorithm> Optimizer<A> {
                 })?)
             }
         };
-        let hyper = &self.groups[group].hyper;
+        let slots = self.groups[group].hyper.state_slots();
         let state = match self.state.entry(id) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 let _state = with_category(Category::OptimizerState);
-                let tensors = (0..hyper.state_slots())
+                let tensors = (0..slots)
                     .map(|_| Tensor::zeros(param.shape(), param.dtype(), param.device()))
                     .collect::<Result<Vec<_>>>()?;
                 e.insert(ParamState { step: 0, tensors })
             }
         };
         state.step = state.step.checked_add(1).ok_or_else(step_overflow)?;
-        apply_update(hyper, state.step, param, grad, transform, &state.tensors)
+        Ok(Some(PendingUpdate {
+            param: param.clone(),
+            grad: grad.clone(),
+            transform,
+            step: state.step,
+            state: state.tensors.clone(),
+        }))
     }
 
     /// The usual path: updates every parameter from its collected `.grad`
     /// (parameters without one are skipped, as in PyTorch). With
     /// [`Clip::GlobalNorm`] the total norm is taken over the `.grad`s first.
+    /// A group's CUDA parameters update in multi-tensor launches
+    /// ([`kernels::apply_updates`]), the same bits as one by one.
     pub fn step(&mut self) -> Result<()> {
         // Allocations before the first update kernel are the step's own.
         crate::memory::note_op("optimizer step");
@@ -341,10 +372,17 @@ impl<A: Algorithm> Optimizer<A> {
             }
             _ => None,
         };
+        // Each group's updates, in parameter order.
+        let mut pending: Vec<Vec<PendingUpdate>> = self.groups.iter().map(|_| Vec::new()).collect();
         for (g, p) in &params {
             if let Some(grad) = p.grad() {
-                self.update_param(*g, p, &grad, scale)?;
+                if let Some(u) = self.prepare_update(*g, p, &grad, scale)? {
+                    pending[*g].push(u);
+                }
             }
+        }
+        for (group, updates) in self.groups.iter().zip(&pending) {
+            kernels::apply_updates(&group.hyper, updates)?;
         }
         self.steps = self.steps.checked_add(1).ok_or_else(step_overflow)?;
         Ok(())

@@ -75,6 +75,89 @@ template <typename T> struct LgSgd {
     }
 };
 
+// One Adam / AdamW (+amsgrad) update of an element with the host's step
+// constants (converted to T as the CPU converts them): ns = -lr/(1-beta1^t),
+// bc2 = sqrt(1-beta2^t), w = 1-beta1 (small: w < 0.5), shrink = 1 - lr*wd;
+// l2 adds wd*p to the gradient, decoupled multiplies p by shrink.
+template <typename T> struct LgAdam {
+    T ns, bc2, eps, w, omw, b2, omb2, twd, shrink;
+    int small, l2, decoupled, maximize, amsgrad;
+    __device__ __forceinline__ void apply(T& pv, T gv, T& mv, T& vv, T& mx) const {
+        if (decoupled) pv = lg_tmul(pv, shrink);
+        if (maximize) gv = lg_store<T>(-lg_load(gv));
+        if (l2) gv = lg_tadd(gv, lg_tmul(twd, pv));
+        mv = small ? lg_tadd(mv, lg_tmul(w, lg_tsub(gv, mv)))
+                   : lg_tsub(gv, lg_tmul(lg_tsub(gv, mv), omw));
+        vv = lg_tadd(lg_tmul(vv, b2), lg_tmul(lg_tmul(omb2, gv), gv));
+        T sm = vv;
+        if (amsgrad) {
+            mx = (lg_tnan(vv) || lg_tnan(mx)) ? lg_tadd(vv, mx)
+                                              : (lg_load(vv) > lg_load(mx) ? vv : mx);
+            sm = mx;
+        }
+        T denom = lg_tadd(lg_tdiv(lg_store<T>(sqrt(lg_load(sm))), bc2), eps);
+        pv = lg_tadd(pv, lg_tdiv(lg_tmul(ns, mv), denom));
+    }
+    static __device__ __forceinline__ LgAdam make(double neg_step, double bc2_sqrt, double eps,
+                                                  double weight, double beta2, double wd,
+                                                  double shrink, int l2, int decoupled,
+                                                  int maximize, int amsgrad) {
+        return LgAdam{lg_from_f64<T>(neg_step),     lg_from_f64<T>(bc2_sqrt),
+                      lg_from_f64<T>(eps),          lg_from_f64<T>(weight),
+                      lg_from_f64<T>(1.0 - weight), lg_from_f64<T>(beta2),
+                      lg_from_f64<T>(1.0 - beta2),  lg_from_f64<T>(wd),
+                      lg_from_f64<T>(shrink),       weight < 0.5,
+                      l2,                           decoupled,
+                      maximize,                     amsgrad};
+    }
+};
+
+// The parameters of one multi-tensor update (PyTorch's `foreach`): up to
+// LG_LIST tensors in one launch, mirrored by `TensorList` in
+// src/optim/cuda.rs (LIST there). Tensor k has n[k] elements at address
+// p[k], its gradient contiguous at g[k] and its state buffers at
+// s[j][k] (0 where absent); its runs of LG_RUN elements are the list's runs
+// start[k] .. start[k+1] (start[count]: all runs); vec[k]: every address of
+// tensor k is 16-byte aligned.
+#define LG_LIST 32
+struct LgTensorList {
+    long long start[LG_LIST + 1];
+    long long n[LG_LIST];
+    unsigned long long p[LG_LIST];
+    unsigned long long g[LG_LIST];
+    unsigned long long s[3][LG_LIST];
+    int vec[LG_LIST];
+    int count;
+};
+
+// The tensor holding the list's run r: the last k with start[k] <= r.
+__device__ __forceinline__ int lg_list_find(const LgTensorList& L, long long r) {
+    int lo = 0, hi = L.count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (L.start[mid] <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Run r of a list: its tensor k, its first element e0 in it, its length.
+struct LgListRun {
+    int k;
+    long long e0;
+    int cnt;
+};
+__device__ __forceinline__ LgListRun lg_list_run(const LgTensorList& L, long long r) {
+    int k = lg_list_find(L, r);
+    long long e0 = (r - L.start[k]) * LG_RUN;
+    return LgListRun{k, e0, lg_run_count(L.n[k], e0)};
+}
+
+// The runs of a list this thread takes, grid-stride.
+#define LG_LIST_LOOP(r, L)                                                            \
+    for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;              \
+         r < (L).start[(L).count]; r += (long long)blockDim.x * gridDim.x)
+
 #define LG_OPTIM(sfx, T)                                                              \
     /* SGD (LgSgd) in runs of LG_RUN elements per thread; a gradient that is */      \
     /* contiguous (rank 1, stride 1 once coalesced) is read as runs too, one */       \
@@ -117,35 +200,80 @@ template <typename T> struct LgSgd {
                                           int gmode, double gparam, T* p,             \
                                           long long poff, const T* g, Strided gl,     \
                                           T* m, T* v, T* vmax) {                      \
-        T tns = lg_from_f64<T>(neg_step), tbc2 = lg_from_f64<T>(bc2_sqrt);            \
-        T teps = lg_from_f64<T>(eps), tw = lg_from_f64<T>(weight);                    \
-        T tomw = lg_from_f64<T>(1.0 - weight), tb2 = lg_from_f64<T>(beta2);           \
-        T tomb2 = lg_from_f64<T>(1.0 - beta2), twd = lg_from_f64<T>(wd);              \
-        T tshrink = lg_from_f64<T>(shrink), gp = lg_from_f64<T>(gparam);              \
-        bool small = weight < 0.5;                                                    \
+        LgAdam<T> u = LgAdam<T>::make(neg_step, bc2_sqrt, eps, weight, beta2, wd, shrink, \
+                                      l2, decoupled, maximize, amsgrad);              \
+        T gp = lg_from_f64<T>(gparam);                                                \
         LG_GRID_LOOP(i, n) {                                                          \
-            T pv = p[poff + i];                                                       \
-            if (decoupled) pv = lg_tmul(pv, tshrink);                                 \
-            T gv = lg_grad(g, gl, i, gmode, gp);                                      \
-            if (maximize) gv = lg_store<T>(-lg_load(gv));                             \
-            if (l2) gv = lg_tadd(gv, lg_tmul(twd, pv));                               \
-            T mv = m[i];                                                              \
-            mv = small ? lg_tadd(mv, lg_tmul(tw, lg_tsub(gv, mv)))                    \
-                       : lg_tsub(gv, lg_tmul(lg_tsub(gv, mv), tomw));                 \
+            T pv = p[poff + i], mv = m[i], vv = v[i], mx;                             \
+            if (amsgrad) mx = vmax[i];                                                \
+            u.apply(pv, lg_grad(g, gl, i, gmode, gp), mv, vv, mx);                    \
             m[i] = mv;                                                                \
-            T vv = lg_tmul(v[i], tb2);                                                \
-            vv = lg_tadd(vv, lg_tmul(lg_tmul(tomb2, gv), gv));                        \
             v[i] = vv;                                                                \
-            T sm = vv;                                                                \
-            if (amsgrad) {                                                            \
-                T mx = vmax[i];                                                       \
-                mx = (lg_tnan(vv) || lg_tnan(mx)) ? lg_tadd(vv, mx)                   \
-                                                  : (lg_load(vv) > lg_load(mx) ? vv : mx); \
-                vmax[i] = mx;                                                         \
-                sm = mx;                                                              \
-            }                                                                         \
-            T denom = lg_tadd(lg_tdiv(lg_store<T>(sqrt(lg_load(sm))), tbc2), teps);   \
-            p[poff + i] = lg_tadd(pv, lg_tdiv(lg_tmul(tns, mv), denom));              \
+            if (amsgrad) vmax[i] = mx;                                                \
+            p[poff + i] = pv;                                                         \
+        }                                                                             \
+    }                                                                                 \
+    /* SGD over a list of tensors (LgTensorList; state s[0]: the momentum */          \
+    /* buffers), every contiguous gradient read as runs. */                          \
+    extern "C" __global__ void sgd_list_##sfx(LgTensorList L, double lr, double momentum, \
+                                              double dampening, double wd,            \
+                                              int nesterov, int maximize, int first,  \
+                                              int has_buf, int gmode, double gparam) { \
+        LgSgd<T> u{lg_from_f64<T>(momentum), lg_from_f64<T>(1.0 - dampening),         \
+                   lg_from_f64<T>(wd),       lg_from_f64<T>(-lr),                     \
+                   wd,                       nesterov,                                \
+                   maximize,                 first,                                   \
+                   has_buf};                                                          \
+        T gp = lg_from_f64<T>(gparam);                                                \
+        LG_LIST_LOOP(r, L) {                                                          \
+            const LgListRun at = lg_list_run(L, r);                                   \
+            const int k = at.k, cnt = at.cnt;                                         \
+            const long long e0 = at.e0;                                               \
+            T* p = reinterpret_cast<T*>(L.p[k]) + e0;                                 \
+            const T* g = reinterpret_cast<const T*>(L.g[k]) + e0;                     \
+            T* b = reinterpret_cast<T*>(L.s[0][k]) + e0;                              \
+            int vec = L.vec[k];                                                       \
+            LgRun<T, LG_RUN> pv, gv, bv;                                              \
+            pv.load(p, cnt, vec);                                                     \
+            gv.load(g, cnt, vec);                                                     \
+            if (has_buf && !first) bv.load(b, cnt, vec);                              \
+            LG_RUN_EACH(i, cnt) u.apply(pv.v[i], lg_grad_map(gv.v[i], gmode, gp), bv.v[i]); \
+            pv.store(p, cnt, vec);                                                    \
+            if (has_buf) bv.store(b, cnt, vec);                                       \
+        }                                                                             \
+    }                                                                                 \
+    /* Adam over a list of tensors (state s[0] m, s[1] v, s[2] vmax), every */        \
+    /* contiguous gradient read as runs. */                                           \
+    extern "C" __global__ void adam_list_##sfx(LgTensorList L, double neg_step,       \
+                                               double bc2_sqrt, double eps, double weight, \
+                                               double beta2, double wd, double shrink, \
+                                               int l2, int decoupled, int maximize,   \
+                                               int amsgrad, int gmode, double gparam) { \
+        LgAdam<T> u = LgAdam<T>::make(neg_step, bc2_sqrt, eps, weight, beta2, wd, shrink, \
+                                      l2, decoupled, maximize, amsgrad);              \
+        T gp = lg_from_f64<T>(gparam);                                                \
+        LG_LIST_LOOP(r, L) {                                                          \
+            const LgListRun at = lg_list_run(L, r);                                   \
+            const int k = at.k, cnt = at.cnt;                                         \
+            const long long e0 = at.e0;                                               \
+            T* p = reinterpret_cast<T*>(L.p[k]) + e0;                                 \
+            const T* g = reinterpret_cast<const T*>(L.g[k]) + e0;                     \
+            T* m = reinterpret_cast<T*>(L.s[0][k]) + e0;                              \
+            T* v = reinterpret_cast<T*>(L.s[1][k]) + e0;                              \
+            T* vm = reinterpret_cast<T*>(L.s[2][k]) + e0;                             \
+            int vec = L.vec[k];                                                       \
+            LgRun<T, LG_RUN> pv, gv, mv, vv, xv;                                      \
+            pv.load(p, cnt, vec);                                                     \
+            gv.load(g, cnt, vec);                                                     \
+            mv.load(m, cnt, vec);                                                     \
+            vv.load(v, cnt, vec);                                                     \
+            if (amsgrad) xv.load(vm, cnt, vec);                                       \
+            LG_RUN_EACH(i, cnt) u.apply(pv.v[i], lg_grad_map(gv.v[i], gmode, gp), mv.v[i], \
+                                        vv.v[i], xv.v[i]);                            \
+            pv.store(p, cnt, vec);                                                    \
+            mv.store(m, cnt, vec);                                                    \
+            vv.store(v, cnt, vec);                                                    \
+            if (amsgrad) xv.store(vm, cnt, vec);                                      \
         }                                                                             \
     }                                                                                 \
     /* clip_grad_value on CUDA: out (contiguous) = g (layout gl) clamped to */       \
