@@ -6,8 +6,7 @@
 //! by operation and in the same order, so the parameters come out
 //! bit-identical.
 
-use super::kernels::PendingUpdate;
-use super::rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
+use super::rule::{AdamParams, GradTransform, PendingUpdate, SgdParams, UpdateRule, NORM_LANES};
 use crate::cuda::check::{self, expect, float_suffix, input, invalid, RUN};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
 use crate::{Result, Tensor};

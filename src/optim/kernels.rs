@@ -7,7 +7,7 @@
 //! serves the usual path (`.grad` after backward) and the fused path (the
 //! gradient handed over by backward), so both give bit-identical parameters.
 
-use super::rule::{GradTransform, UpdateRule, NORM_LANES};
+use super::rule::{GradTransform, PendingUpdate, UpdateRule, NORM_LANES};
 use crate::autograd::no_grad;
 use crate::dtype::CpuData;
 use crate::tensor::Layout;
@@ -320,48 +320,32 @@ pub fn apply_update<A: Algorithm>(
     }
 }
 
-/// One parameter's update, ready to run: what [`apply_update`] takes.
-pub(crate) struct PendingUpdate {
-    /// The parameter (updated in place).
-    pub param: Tensor,
-    /// Its gradient.
-    pub grad: Tensor,
-    /// The gradient transform (clipping).
-    pub transform: GradTransform,
-    /// The parameter's update count, 1 on the first.
-    pub step: u64,
-    /// Its state tensors.
-    pub state: Vec<Tensor>,
-}
-
-impl PendingUpdate {
-    /// Whether `self` can share one multi-tensor launch with `other`: both
-    /// on the same CUDA device and dtype, the same step and transform, each
-    /// gradient contiguous (read as runs, no layout per tensor).
-    fn joins(&self, other: &PendingUpdate) -> bool {
-        let listable = |u: &PendingUpdate| {
-            matches!(u.param.device(), crate::Device::Cuda(_))
-                && u.grad.layout().contiguous_range().is_some()
-        };
-        listable(self)
-            && listable(other)
-            && self.param.device() == other.param.device()
-            && self.param.dtype() == other.param.dtype()
-            && self.step == other.step
-            && self.transform == other.transform
-    }
+/// Whether `a` and `b` can share one multi-tensor launch: both on the
+/// same CUDA device and dtype, the same step and transform, each gradient
+/// contiguous (read as runs, no layout per tensor).
+fn joins(a: &PendingUpdate, b: &PendingUpdate) -> bool {
+    let listable = |u: &PendingUpdate| {
+        matches!(u.param.device(), crate::Device::Cuda(_))
+            && u.grad.layout().contiguous_range().is_some()
+    };
+    listable(a)
+        && listable(b)
+        && a.param.device() == b.param.device()
+        && a.param.dtype() == b.param.dtype()
+        && a.step == b.step
+        && a.transform == b.transform
 }
 
 /// The updates of one parameter group in order, each as
 /// [`apply_update`] runs it. On CUDA, consecutive updates that can share
-/// a launch ([`PendingUpdate::joins`]) run as multi-tensor kernels
+/// a launch ([`joins`]) run as multi-tensor kernels
 /// (PyTorch's `foreach`): the same per-element arithmetic, so the same
 /// bits, in one launch per [`cuda::LIST`](super::cuda) tensors.
 pub(crate) fn apply_updates<A: Algorithm>(alg: &A, updates: &[PendingUpdate]) -> Result<()> {
     let mut i = 0;
     while i < updates.len() {
         let mut j = i + 1;
-        while j < updates.len() && updates[i].joins(&updates[j]) {
+        while j < updates.len() && joins(&updates[i], &updates[j]) {
             j += 1;
         }
         match alg.rule() {

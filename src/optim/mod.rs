@@ -58,7 +58,7 @@ use crate::autograd::backward_with;
 use crate::memory::{with_category, Category};
 use crate::{Error, Result, Tensor};
 use fused::{FusedSink, Mode, NormSink};
-use kernels::PendingUpdate;
+use rule::PendingUpdate;
 use std::collections::HashMap;
 
 /// Gradient clipping applied inside the update.

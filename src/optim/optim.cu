@@ -141,16 +141,21 @@ __device__ __forceinline__ int lg_list_find(const LgTensorList& L, long long r) 
     return lo;
 }
 
-// Run r of a list: its tensor k, its first element e0 in it, its length.
+// Run r of a list: its tensor k, its first element e0 in it, its length,
+// whether tensor k's buffers are aligned for vectors; at() the address of
+// the run's first element in one of tensor k's buffers.
 struct LgListRun {
     int k;
     long long e0;
-    int cnt;
+    int cnt, vec;
+    template <typename T> __device__ __forceinline__ T* at(unsigned long long base) const {
+        return reinterpret_cast<T*>(base) + e0;
+    }
 };
 __device__ __forceinline__ LgListRun lg_list_run(const LgTensorList& L, long long r) {
     int k = lg_list_find(L, r);
     long long e0 = (r - L.start[k]) * LG_RUN;
-    return LgListRun{k, e0, lg_run_count(L.n[k], e0)};
+    return LgListRun{k, e0, lg_run_count(L.n[k], e0), L.vec[k]};
 }
 
 // The runs of a list this thread takes, grid-stride.
@@ -226,16 +231,12 @@ __device__ __forceinline__ LgListRun lg_list_run(const LgTensorList& L, long lon
                    has_buf};                                                          \
         T gp = lg_from_f64<T>(gparam);                                                \
         LG_LIST_LOOP(r, L) {                                                          \
-            const LgListRun at = lg_list_run(L, r);                                   \
-            const int k = at.k, cnt = at.cnt;                                         \
-            const long long e0 = at.e0;                                               \
-            T* p = reinterpret_cast<T*>(L.p[k]) + e0;                                 \
-            const T* g = reinterpret_cast<const T*>(L.g[k]) + e0;                     \
-            T* b = reinterpret_cast<T*>(L.s[0][k]) + e0;                              \
-            int vec = L.vec[k];                                                       \
+            const LgListRun run = lg_list_run(L, r);                                  \
+            const int k = run.k, cnt = run.cnt, vec = run.vec;                        \
+            T *p = run.at<T>(L.p[k]), *b = run.at<T>(L.s[0][k]);                      \
             LgRun<T, LG_RUN> pv, gv, bv;                                              \
             pv.load(p, cnt, vec);                                                     \
-            gv.load(g, cnt, vec);                                                     \
+            gv.load(run.at<const T>(L.g[k]), cnt, vec);                               \
             if (has_buf && !first) bv.load(b, cnt, vec);                              \
             LG_RUN_EACH(i, cnt) u.apply(pv.v[i], lg_grad_map(gv.v[i], gmode, gp), bv.v[i]); \
             pv.store(p, cnt, vec);                                                    \
@@ -253,18 +254,13 @@ __device__ __forceinline__ LgListRun lg_list_run(const LgTensorList& L, long lon
                                       l2, decoupled, maximize, amsgrad);              \
         T gp = lg_from_f64<T>(gparam);                                                \
         LG_LIST_LOOP(r, L) {                                                          \
-            const LgListRun at = lg_list_run(L, r);                                   \
-            const int k = at.k, cnt = at.cnt;                                         \
-            const long long e0 = at.e0;                                               \
-            T* p = reinterpret_cast<T*>(L.p[k]) + e0;                                 \
-            const T* g = reinterpret_cast<const T*>(L.g[k]) + e0;                     \
-            T* m = reinterpret_cast<T*>(L.s[0][k]) + e0;                              \
-            T* v = reinterpret_cast<T*>(L.s[1][k]) + e0;                              \
-            T* vm = reinterpret_cast<T*>(L.s[2][k]) + e0;                             \
-            int vec = L.vec[k];                                                       \
+            const LgListRun run = lg_list_run(L, r);                                  \
+            const int k = run.k, cnt = run.cnt, vec = run.vec;                        \
+            T *p = run.at<T>(L.p[k]), *m = run.at<T>(L.s[0][k]);                      \
+            T *v = run.at<T>(L.s[1][k]), *vm = run.at<T>(L.s[2][k]);                  \
             LgRun<T, LG_RUN> pv, gv, mv, vv, xv;                                      \
             pv.load(p, cnt, vec);                                                     \
-            gv.load(g, cnt, vec);                                                     \
+            gv.load(run.at<const T>(L.g[k]), cnt, vec);                               \
             mv.load(m, cnt, vec);                                                     \
             vv.load(v, cnt, vec);                                                     \
             if (amsgrad) xv.load(vm, cnt, vec);                                       \

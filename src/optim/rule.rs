@@ -1,6 +1,9 @@
 //! What an update is, as data shared by the CPU update (`kernels.rs`) and
 //! the CUDA kernels (`cuda.rs`): the gradient transform, the hyper-parameters
-//! of each built-in rule, and the fixed summation order of gradient norms.
+//! of each built-in rule, the fixed summation order of gradient norms, and
+//! one parameter's update ready to run.
+
+use crate::Tensor;
 
 /// What is done to each gradient element before the update (clipping).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -67,4 +70,18 @@ pub struct AdamParams {
     pub amsgrad: bool,
     /// Ascend instead of descend.
     pub maximize: bool,
+}
+
+/// One parameter's update, ready to run: what [`apply_update`] takes.
+pub(crate) struct PendingUpdate {
+    /// The parameter (updated in place).
+    pub param: Tensor,
+    /// Its gradient.
+    pub grad: Tensor,
+    /// The gradient transform (clipping).
+    pub transform: GradTransform,
+    /// The parameter's update count, 1 on the first.
+    pub step: u64,
+    /// Its state tensors.
+    pub state: Vec<Tensor>,
 }
