@@ -17,8 +17,8 @@
 //! momentum buffers) is created lazily on a parameter's first update under
 //! [`Category::OptimizerState`]; parameters that do not require grad get no
 //! state and no update. Gradient accumulation over `k` micro-batches
-//! ([`Optimizer::set_accumulation`]) and clipping ([`Clip`]) are fused too;
-//! see `docs/optim.md` for the modes and their costs.
+//! ([`Optimizer::set_accumulation`]) and clipping ([`Clip`], whose variants
+//! say what each mode costs) are fused too.
 //!
 //! On CUDA both paths run on the device: the update kernels of
 //! `optim.cu` (launched from `src/optim/cuda.rs`) compute each algorithm's
@@ -358,8 +358,9 @@ impl<A: Algorithm> Optimizer<A> {
     /// The usual path: updates every parameter from its collected `.grad`
     /// (parameters without one are skipped, as in PyTorch). With
     /// [`Clip::GlobalNorm`] the total norm is taken over the `.grad`s first.
-    /// A group's CUDA parameters update in multi-tensor launches
-    /// ([`kernels::apply_updates`]), the same bits as one by one.
+    /// A group's CUDA parameters update in multi-tensor launches (up to 32
+    /// parameters each, as PyTorch's `foreach`), the same bits as one by
+    /// one.
     pub fn step(&mut self) -> Result<()> {
         // Allocations before the first update kernel are the step's own.
         crate::memory::note_op("optimizer step");
