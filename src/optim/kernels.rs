@@ -345,7 +345,14 @@ pub(crate) fn apply_updates<A: Algorithm>(alg: &A, updates: &[PendingUpdate]) ->
     let mut i = 0;
     while i < updates.len() {
         let mut j = i + 1;
-        while j < updates.len() && joins(&updates[i], &updates[j]) {
+        // A parameter whose storage another of the run shares (views of one
+        // tensor) would be updated concurrently: it starts a new run.
+        while j < updates.len()
+            && joins(&updates[i], &updates[j])
+            && !updates[i..j]
+                .iter()
+                .any(|u| u.param.shares_storage_with(&updates[j].param))
+        {
             j += 1;
         }
         match alg.rule() {
