@@ -73,6 +73,15 @@ template <typename T> struct LgSgd {
         }
         pv = lg_tadd(pv, lg_tmul(neg_lr, d));
     }
+    static __device__ __forceinline__ LgSgd make(double lr, double momentum, double dampening,
+                                                 double wd, int nesterov, int maximize,
+                                                 int first, int has_buf) {
+        return LgSgd{lg_from_f64<T>(momentum), lg_from_f64<T>(1.0 - dampening),
+                     lg_from_f64<T>(wd),       lg_from_f64<T>(-lr),
+                     wd,                       nesterov,
+                     maximize,                 first,
+                     has_buf};
+    }
 };
 
 // One Adam / AdamW (+amsgrad) update of an element with the host's step
@@ -173,11 +182,8 @@ __device__ __forceinline__ LgListRun lg_list_run(const LgTensorList& L, long lon
                                          int first, int has_buf, int gmode,           \
                                          double gparam, T* p, long long poff,         \
                                          const T* g, Strided gl, T* buf) {            \
-        LgSgd<T> u{lg_from_f64<T>(momentum), lg_from_f64<T>(1.0 - dampening),         \
-                   lg_from_f64<T>(wd),       lg_from_f64<T>(-lr),                     \
-                   wd,                       nesterov,                                \
-                   maximize,                 first,                                   \
-                   has_buf};                                                          \
+        LgSgd<T> u = LgSgd<T>::make(lr, momentum, dampening, wd, nesterov, maximize, first, \
+                                    has_buf);                                         \
         T gp = lg_from_f64<T>(gparam);                                                \
         bool dense = gl.rank == 1 && gl.strides[0] == 1;                              \
         LG_RUN_LOOP(e0, n) {                                                          \
@@ -224,11 +230,8 @@ __device__ __forceinline__ LgListRun lg_list_run(const LgTensorList& L, long lon
                                               double dampening, double wd,            \
                                               int nesterov, int maximize, int first,  \
                                               int has_buf, int gmode, double gparam) { \
-        LgSgd<T> u{lg_from_f64<T>(momentum), lg_from_f64<T>(1.0 - dampening),         \
-                   lg_from_f64<T>(wd),       lg_from_f64<T>(-lr),                     \
-                   wd,                       nesterov,                                \
-                   maximize,                 first,                                   \
-                   has_buf};                                                          \
+        LgSgd<T> u = LgSgd<T>::make(lr, momentum, dampening, wd, nesterov, maximize, first, \
+                                    has_buf);                                         \
         T gp = lg_from_f64<T>(gparam);                                                \
         LG_LIST_LOOP(r, L) {                                                          \
             const LgListRun run = lg_list_run(L, r);                                  \
