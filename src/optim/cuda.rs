@@ -9,6 +9,7 @@
 use super::rule::{AdamParams, GradTransform, PendingUpdate, SgdParams, UpdateRule, NORM_LANES};
 use crate::cuda::check::{self, expect, float_suffix, input, invalid, RUN};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
+use crate::tensor::cuda::address;
 use crate::{Result, Tensor};
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use std::sync::Arc;
@@ -313,7 +314,7 @@ pub(crate) fn update(
 }
 
 /// Tensors per multi-tensor launch: `LG_LIST` in `optim.cu`.
-pub const LIST: usize = 32;
+pub(crate) const LIST: usize = 32;
 
 /// The tensors of one multi-tensor update, as `struct LgTensorList` in
 /// `optim.cu` (passed by value): tensor `k` has `n[k]` elements at device
@@ -375,30 +376,12 @@ impl TensorList {
     }
 }
 
-/// The device address of element `first` of `t`'s storage; `write` takes
-/// the storage for writing, which bumps its version (an in-place update).
-/// The address stays valid while the caller holds `t`; the one stream
-/// orders the launch after every earlier use of the buffer.
-fn address(t: &Tensor, first: usize, write: bool) -> Result<u64> {
-    let storage = t.storage();
-    let base = if write {
-        storage.cuda_mut()?.address()
-    } else {
-        storage.cuda()?.address()
-    };
-    Ok(base + (first * t.dtype().size_in_bytes()) as u64)
-}
-
 /// Runs `updates` (all on one device, one dtype, one step and transform,
-/// gradients contiguous, checked by the caller; `ranges`: each
-/// parameter's elements in its storage) as multi-tensor kernels, [`LIST`]
-/// tensors per launch. Per element the arithmetic of [`sgd_step`] /
-/// [`adam_step`], so the same bits. Allocates nothing.
-pub(crate) fn update_list(
-    rule: UpdateRule,
-    updates: &[PendingUpdate],
-    ranges: &[std::ops::Range<usize>],
-) -> Result<()> {
+/// parameters and gradients contiguous, checked by the caller) as
+/// multi-tensor kernels, [`LIST`] tensors per launch. Per element the
+/// arithmetic of [`sgd_step`] / [`adam_step`], so the same bits.
+/// Allocates nothing.
+pub(crate) fn update_list(rule: UpdateRule, updates: &[PendingUpdate]) -> Result<()> {
     let Some(first) = updates.first() else {
         return Ok(());
     };
@@ -413,17 +396,16 @@ pub(crate) fn update_list(
         return Err(invalid(op, format!("fewer than {slots} state buffers")));
     }
     let dev = first.param.storage().cuda()?.device().clone();
-    for (chunk, chunk_ranges) in updates.chunks(LIST).zip(ranges.chunks(LIST)) {
+    for chunk in updates.chunks(LIST) {
         let mut list = TensorList::new();
-        for (u, range) in chunk.iter().zip(chunk_ranges) {
-            let p = address(&u.param, range.start, true)?;
-            let g_first = u.grad.layout().contiguous_range().map_or(0, |r| r.start);
-            let g = address(&u.grad, g_first, false)?;
+        for u in chunk {
+            let p = address(op, &u.param, true)?;
+            let g = address(op, &u.grad, false)?;
             let mut state = [0u64; 3];
             for (a, s) in state.iter_mut().zip(&u.state) {
-                *a = address(s, 0, true)?;
+                *a = address(op, s, true)?;
             }
-            list.push(range.len(), p, g, &state);
+            list.push(u.param.numel(), p, g, &state);
         }
         launch_list(&dev, rule, sfx, &list, first)?;
     }

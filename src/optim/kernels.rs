@@ -358,12 +358,11 @@ pub(crate) fn apply_updates<A: Algorithm>(alg: &A, updates: &[PendingUpdate]) ->
         match alg.rule() {
             Some(rule) if j - i > 1 => {
                 let run = &updates[i..j];
-                let ranges = run
-                    .iter()
-                    .map(|u| checked_range(A::NAME, &u.param, &u.grad, &u.state))
-                    .collect::<Result<Vec<_>>>()?;
+                for u in run {
+                    checked_range(A::NAME, &u.param, &u.grad, &u.state)?;
+                }
                 let _ng = no_grad();
-                super::cuda::update_list(rule, run, &ranges)?;
+                super::cuda::update_list(rule, run)?;
             }
             _ => {
                 let u = &updates[i];

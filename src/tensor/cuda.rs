@@ -83,6 +83,29 @@ pub(crate) fn download(x: &Tensor) -> Result<CpuData> {
     data
 }
 
+/// The device address of element 0 of the contiguous tensor `t` (for
+/// kernels that take addresses inside a struct argument). `write` takes
+/// the storage for writing, which bumps its version (an in-place update).
+/// The address stays valid while the caller holds `t`; the one stream
+/// orders the launch after every earlier use of the buffer.
+pub(crate) fn address(op: &'static str, t: &Tensor, write: bool) -> Result<u64> {
+    let range = t
+        .layout()
+        .contiguous_range()
+        .ok_or_else(|| crate::Error::InvalidArgument {
+            op,
+            msg: format!("{:?}: a contiguous operand expected", t.shape()),
+        })?;
+    let offset = (range.start * t.dtype().size_in_bytes()) as u64;
+    let storage = t.storage();
+    let base = if write {
+        storage.cuda_mut()?.address()
+    } else {
+        storage.cuda()?.address()
+    };
+    Ok(base + offset)
+}
+
 /// `x` itself when it is contiguous over its whole buffer (what the
 /// row-wise kernels read), else a contiguous copy.
 pub(crate) fn dense(x: &Tensor) -> Result<Tensor> {

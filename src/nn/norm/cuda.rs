@@ -56,26 +56,12 @@ fn device_of(x: &Tensor) -> Result<Arc<CudaDevice>> {
 }
 
 /// The device address of element 0 of the contiguous tensor `t`, or null
-/// for an absent operand (the kernels test for it). `write` takes the
-/// storage for writing, which bumps its version (an in-place update).
-/// The address stays valid while the caller holds `t`; the one stream
-/// orders the launch after every earlier use of the buffer.
+/// for an absent operand (the kernels test for it); `write` bumps the
+/// storage's version (an in-place update).
 fn address(t: Option<&Tensor>, write: bool) -> Result<u64> {
-    let Some(t) = t else { return Ok(0) };
-    let range = t.layout().contiguous_range().ok_or_else(|| {
-        invalid(
-            "cuda norm statistics",
-            format!("{:?}: a contiguous operand expected", t.shape()),
-        )
-    })?;
-    let offset = (range.start * t.dtype().size_in_bytes()) as u64;
-    let storage = t.storage();
-    let base = if write {
-        storage.cuda_mut()?.address()
-    } else {
-        storage.cuda()?.address()
-    };
-    Ok(base + offset)
+    t.map_or(Ok(0), |t| {
+        crate::tensor::cuda::address("cuda norm statistics", t, write)
+    })
 }
 
 /// Per statistic: the unrounded mean and biased variance as f64 tensors on
