@@ -10,13 +10,20 @@
 //! 4. When a leaf's count reaches zero its gradient is final, and it goes to
 //!    the [`GradientSink`] at that moment: collected as `.grad`, or handed to
 //!    a callback (the hook the fused optimizer uses) which may then drop it.
+//! 5. A checkpointed segment's node, when its gradient is ready, runs the
+//!    segment again ([`super::checkpoint`]) and the engine counts and runs
+//!    the recomputed graph in its place (its nodes are the newest, so all of
+//!    them run before any older one): what reaches the recompute's input
+//!    leaves goes on along the segment node's edges, and its edges to the
+//!    parameters were counted in step 1 through the segment node's own.
 
-use super::node::node_of;
+use super::checkpoint::Recomputed;
+use super::node::{node_of, InputEdge, Work};
 use super::{no_grad, Edge, Node};
 use crate::memory::{attribute_to_scope, note_op, with_category, Category};
 use crate::tensor::{Leaf, Tensor};
 use crate::{Error, Result};
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// Receives each leaf's gradient the moment it is final.
@@ -190,52 +197,92 @@ pub fn backward_with(
         ));
     };
 
-    // 1. Dependency counts.
-    let mut node_deps: HashMap<u64, usize> = HashMap::new();
-    let mut leaf_deps: HashMap<u64, usize> = HashMap::new();
-    let mut stack = vec![root_node.clone()];
-    let mut seen = std::collections::HashSet::from([root_node.seq()]);
-    while let Some(node) = stack.pop() {
-        if node.is_consumed() {
-            return Err(Error::Backward(format!(
-                "the graph through {} was already freed by an earlier backward",
-                node.name()
-            )));
-        }
-        for input in node.inputs().iter().flatten() {
-            match &input.edge {
-                Edge::Node(n) => {
-                    *node_deps.entry(n.seq()).or_default() += 1;
-                    if seen.insert(n.seq()) {
-                        stack.push(n.clone());
+    let mut run = Run {
+        sink,
+        node_deps: HashMap::new(),
+        leaf_deps: HashMap::new(),
+        node_grads: HashMap::from([(root_node.seq(), seed)]),
+        leaf_grads: HashMap::new(),
+        redirects: HashMap::new(),
+        ready: BinaryHeap::new(),
+    };
+    run.count_from(&root_node, true)?;
+    run.ready.push(Ready(root_node));
+    while let Some(Ready(node)) = run.ready.pop() {
+        run.run_node(node)?;
+    }
+    Ok(())
+}
+
+/// One backward in progress.
+struct Run<'s> {
+    sink: &'s mut dyn GradientSink,
+    /// Edges not yet run into each node, by `seq`.
+    node_deps: HashMap<u64, usize>,
+    /// Edges not yet run into each leaf, by id.
+    leaf_deps: HashMap<u64, usize>,
+    node_grads: HashMap<u64, Tensor>,
+    leaf_grads: HashMap<u64, Tensor>,
+    /// A recomputed segment's input leaf (by id) → the segment's node and
+    /// the input's index: what reaches the leaf goes on along that edge.
+    redirects: HashMap<u64, (Arc<Node>, usize)>,
+    ready: BinaryHeap<Ready>,
+}
+
+impl Run<'_> {
+    /// Step 1: counts the edges into every node reachable from `root`, and
+    /// into every leaf (`all_leaves`) or only into recomputed segments' inputs.
+    fn count_from(&mut self, root: &Arc<Node>, all_leaves: bool) -> Result<()> {
+        let mut stack = vec![root.clone()];
+        let mut seen = HashSet::from([root.seq()]);
+        while let Some(node) = stack.pop() {
+            if node.is_consumed() {
+                return Err(Error::Backward(format!(
+                    "the graph through {} was already freed by an earlier backward",
+                    node.name()
+                )));
+            }
+            for input in node.inputs().iter().flatten() {
+                match &input.edge {
+                    Edge::Node(n) => {
+                        *self.node_deps.entry(n.seq()).or_default() += 1;
+                        if seen.insert(n.seq()) {
+                            stack.push(n.clone());
+                        }
                     }
+                    Edge::Leaf(l) if all_leaves || self.redirects.contains_key(&l.id()) => {
+                        *self.leaf_deps.entry(l.id()).or_default() += 1
+                    }
+                    // A parameter edge inside a recomputed segment: counted
+                    // already, by the segment node's edges.
+                    Edge::Leaf(_) => {}
                 }
-                Edge::Leaf(l) => *leaf_deps.entry(l.id()).or_default() += 1,
             }
         }
+        Ok(())
     }
-    drop(seen);
 
-    // 2-4. Run the nodes.
-    let mut node_grads: HashMap<u64, Tensor> = HashMap::from([(root_node.seq(), seed)]);
-    let mut leaf_grads: HashMap<u64, Tensor> = HashMap::new();
-    let mut ready = BinaryHeap::from([Ready(root_node)]);
-    while let Some(Ready(node)) = ready.pop() {
-        let grad = node_grads.remove(&node.seq());
+    /// Steps 2 and 3: runs `node` and hands each input its gradient.
+    fn run_node(&mut self, node: Arc<Node>) -> Result<()> {
+        let grad = self.node_grads.remove(&node.seq());
         // What this node allocates is reported under the layer that recorded it.
         let _site = attribute_to_scope(node.scope().cloned());
         note_op(node.name());
-        let op = node.take_backward().ok_or_else(|| {
+        let work = node.take_backward().ok_or_else(|| {
             Error::Backward(format!(
                 "{} was already run by another backward",
                 node.name()
             ))
         })?;
         // A node no gradient reached contributes nothing; its state is freed.
-        let input_grads = match grad {
-            Some(g) => op.backward(g)?,
-            None => {
-                drop(op);
+        let input_grads = match (work, grad) {
+            (Work::Op(op), Some(g)) => op.backward(g)?,
+            (Work::Segment(segment), Some(g)) => {
+                let recomputed = segment.recompute()?;
+                return self.expand(node, recomputed, g);
+            }
+            (work, None) => {
+                drop(work);
                 vec![None; node.inputs().len()]
             }
         };
@@ -248,50 +295,101 @@ pub fn backward_with(
             )));
         }
         for (input, grad) in node.inputs().iter().zip(input_grads) {
-            let Some(input) = input else { continue };
-            if let Some(g) = &grad {
-                if g.shape() != input.shape.as_slice() || g.dtype() != input.dtype {
-                    return Err(Error::Backward(format!(
-                        "{} returned a gradient of shape {:?} ({:?}) for an input of shape {:?} ({:?})",
-                        node.name(),
-                        g.shape(),
-                        g.dtype(),
-                        input.shape,
-                        input.dtype
-                    )));
+            if let Some(input) = input {
+                self.deliver(node.name(), input, grad)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a recomputed segment's graph in place of its `node`, from `grad`.
+    fn expand(&mut self, node: Arc<Node>, segment: Recomputed, grad: Tensor) -> Result<()> {
+        for (i, leaf) in segment.input_leaves.iter().enumerate() {
+            if let Some(l) = leaf {
+                self.redirects.insert(l.id(), (node.clone(), i));
+                self.leaf_deps.insert(l.id(), 0);
+            }
+        }
+        self.count_from(&segment.root, false)?;
+        // An input the recompute's graph never reaches gets no gradient now.
+        for (i, leaf) in segment.input_leaves.iter().enumerate() {
+            let Some(l) = leaf else { continue };
+            if self.leaf_deps.get(&l.id()) == Some(&0) {
+                self.leaf_deps.remove(&l.id());
+                self.redirects.remove(&l.id());
+                if let Some(input) = &node.inputs()[i] {
+                    self.deliver(node.name(), input, None)?;
                 }
             }
-            match &input.edge {
-                Edge::Node(n) => {
-                    if let Some(g) = grad {
-                        add_pending(&mut node_grads, n.seq(), g)?;
-                    }
-                    let d = node_deps.get_mut(&n.seq()).expect("counted in the walk");
-                    *d -= 1;
-                    if *d == 0 {
-                        ready.push(Ready(n.clone()));
-                    }
+        }
+        add_pending(&mut self.node_grads, segment.root.seq(), grad)?;
+        self.ready.push(Ready(segment.root));
+        Ok(())
+    }
+
+    /// Steps 3 and 4: adds `grad` (from the node named `from`) to what `input`'s
+    /// target has pending and, once every edge into the target has run,
+    /// makes it ready (a node), hands its gradient to the sink (a leaf) or
+    /// passes it on along a recomputed segment's edge.
+    fn deliver(&mut self, from: &str, input: &InputEdge, grad: Option<Tensor>) -> Result<()> {
+        if let Some(g) = &grad {
+            if g.shape() != input.shape.as_slice() || g.dtype() != input.dtype {
+                return Err(Error::Backward(format!(
+                    "{from} returned a gradient of shape {:?} ({:?}) for an input of shape {:?} ({:?})",
+                    g.shape(),
+                    g.dtype(),
+                    input.shape,
+                    input.dtype
+                )));
+            }
+        }
+        match &input.edge {
+            Edge::Node(n) => {
+                if let Some(g) = grad {
+                    add_pending(&mut self.node_grads, n.seq(), g)?;
                 }
-                Edge::Leaf(leaf) => {
-                    if let Some(g) = grad {
-                        add_pending(&mut leaf_grads, leaf.id(), g)?;
-                    }
-                    if let Some(g) = leaf_grads.get(&leaf.id()) {
+                if count_down(&mut self.node_deps, n.seq()) {
+                    self.ready.push(Ready(n.clone()));
+                }
+            }
+            Edge::Leaf(leaf) => {
+                let redirect = self.redirects.contains_key(&leaf.id());
+                if let Some(g) = grad {
+                    add_pending(&mut self.leaf_grads, leaf.id(), g)?;
+                }
+                if !redirect {
+                    if let Some(g) = self.leaf_grads.get(&leaf.id()) {
                         mark_leaf_gradient(g, leaf.tensor().as_ref());
                     }
-                    let d = leaf_deps.get_mut(&leaf.id()).expect("counted in the walk");
-                    *d -= 1;
-                    if *d == 0 {
-                        if let Some(g) = leaf_grads.remove(&leaf.id()) {
+                }
+                if !count_down(&mut self.leaf_deps, leaf.id()) {
+                    return Ok(());
+                }
+                let g = self.leaf_grads.remove(&leaf.id());
+                match self.redirects.remove(&leaf.id()) {
+                    Some((segment, i)) => {
+                        if let Some(input) = &segment.inputs()[i] {
+                            self.deliver(segment.name(), input, g)?;
+                        }
+                    }
+                    None => {
+                        if let Some(g) = g {
                             let param = leaf.tensor();
-                            sink.gradient_ready(leaf, param.as_ref(), g)?;
+                            self.sink.gradient_ready(leaf, param.as_ref(), g)?;
                         }
                     }
                 }
             }
         }
+        Ok(())
     }
-    Ok(())
+}
+
+/// One edge into `key` has run: whether it was the last.
+fn count_down(deps: &mut HashMap<u64, usize>, key: u64) -> bool {
+    let d = deps.get_mut(&key).expect("counted in the walk");
+    *d -= 1;
+    *d == 0
 }
 
 fn add_pending(map: &mut HashMap<u64, Tensor>, key: u64, grad: Tensor) -> Result<()> {

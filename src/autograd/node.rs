@@ -1,5 +1,6 @@
 //! Graph nodes: one per recorded op, owning only its saved state.
 
+use super::checkpoint::Segment;
 use super::is_grad_enabled;
 use crate::tensor::{Leaf, Tensor};
 use crate::{DType, Result};
@@ -39,13 +40,21 @@ pub struct InputEdge {
     pub(crate) dtype: DType,
 }
 
+/// What a node runs in backward.
+pub(crate) enum Work {
+    /// An op's backward: input gradients from the output's.
+    Op(Box<dyn BackwardOp>),
+    /// A checkpointed segment: recomputed, and its graph run in place of it.
+    Segment(Box<Segment>),
+}
+
 /// One recorded op.
 pub struct Node {
     seq: u64,
     name: &'static str,
     /// The layer path the op ran in (its backward is reported there).
     scope: Option<Arc<str>>,
-    backward: Mutex<Option<Box<dyn BackwardOp>>>,
+    backward: Mutex<Option<Work>>,
     inputs: Vec<Option<InputEdge>>,
 }
 
@@ -72,7 +81,7 @@ impl Node {
     }
 
     /// Takes the backward state out (it runs once; afterwards it is gone).
-    pub(crate) fn take_backward(&self) -> Option<Box<dyn BackwardOp>> {
+    pub(crate) fn take_backward(&self) -> Option<Work> {
         self.backward
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -125,29 +134,47 @@ pub fn attach(output: Tensor, inputs: &[&Tensor], op: impl BackwardOp + 'static)
     if !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
         return output;
     }
-    let edges = inputs
-        .iter()
-        .map(|t| {
-            let edge = match (t.leaf(), node_of(t)) {
-                (Some(l), _) => Edge::Leaf(l.clone()),
-                (None, Some(n)) => Edge::Node(n),
-                (None, None) => return None,
-            };
-            Some(InputEdge {
-                edge,
-                shape: t.shape().to_vec(),
-                dtype: t.dtype(),
-            })
-        })
-        .collect();
+    let edges = inputs.iter().map(|t| edge_to(t)).collect();
+    let name = op.name();
+    attach_work(output, name, edges, Work::Op(Box::new(op)))
+}
+
+/// The edge backward follows from an op to its input `t` (`None` when `t`
+/// does not require grad).
+pub(crate) fn edge_to(t: &Tensor) -> Option<InputEdge> {
+    let edge = match (t.leaf(), node_of(t)) {
+        (Some(l), _) => Edge::Leaf(l.clone()),
+        (None, Some(n)) => Edge::Node(n),
+        (None, None) => return None,
+    };
+    Some(InputEdge {
+        edge,
+        shape: t.shape().to_vec(),
+        dtype: t.dtype(),
+    })
+}
+
+/// Records `work` under `name` as the producer of `output`, with `edges`.
+pub(crate) fn attach_work(
+    output: Tensor,
+    name: &'static str,
+    edges: Vec<Option<InputEdge>>,
+    work: Work,
+) -> Tensor {
     let node = Node {
         seq: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
-        name: op.name(),
+        name,
         scope: crate::memory::current_scope_path(),
-        backward: Mutex::new(Some(Box::new(op))),
+        backward: Mutex::new(Some(work)),
         inputs: edges,
     };
     output.with_op_node(Arc::new(node))
+}
+
+/// The `seq` the next node recorded will get (nodes recorded from now on
+/// have this or more).
+pub(crate) fn next_seq() -> u64 {
+    NEXT_NODE.load(Ordering::Relaxed)
 }
 
 /// The node of the op that produced `t`, if one was recorded. (Only

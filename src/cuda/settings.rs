@@ -19,13 +19,8 @@
 //! The convolution workspace budget, which applies on every device, is
 //! `crate::nn::with_conv_workspace`.
 
-use crate::settings::{set, SettingGuard};
+use crate::settings::{set, SettingGuard, CONV_TF32, TF32};
 use std::cell::Cell;
-
-thread_local! {
-    static TF32: Cell<bool> = const { Cell::new(false) };
-    static CONV_TF32: Cell<bool> = const { Cell::new(true) };
-}
 
 /// f32 matrix products (cuBLAS GEMMs) on this thread use TF32 tensor
 /// cores when `enabled`, until the guard drops (off by default, as

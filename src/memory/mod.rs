@@ -38,8 +38,8 @@ pub use host_cache::{
 pub use ledger::{Allocation, Ledger};
 pub use report::{human_bytes, CategoryBytes, DeviceReport, LayerBytes, MemoryReport, PeakMoment};
 pub use scope::{
-    attribute_to_scope, current_category, current_scope, current_scope_path, note_op, scope,
-    with_category, AttributionGuard, CategoryGuard, ScopeGuard,
+    attribute_to_scope, current_category, current_scope, current_scope_path, enter_scope_path,
+    note_op, scope, with_category, AttributionGuard, CategoryGuard, ScopeGuard,
 };
 pub use timeline::{replay, EventKind, TimelineEvent};
 

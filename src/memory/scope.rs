@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 thread_local! {
     static CATEGORY: RefCell<Vec<Category>> = const { RefCell::new(Vec::new()) };
-    /// Full layer paths, innermost last (joined once, on entry).
-    static SCOPE: RefCell<Vec<Arc<str>>> = const { RefCell::new(Vec::new()) };
+    /// Full layer paths, innermost last (joined once, on entry; `None`: a
+    /// recompute's return to the top level).
+    static SCOPE: RefCell<Vec<Option<Arc<str>>>> = const { RefCell::new(Vec::new()) };
     /// Scopes that allocations are attributed to instead of `SCOPE` (backward
     /// runs each node under the scope that recorded it).
     static ATTRIBUTED: RefCell<Vec<Option<Arc<str>>>> = const { RefCell::new(Vec::new()) };
@@ -52,11 +53,20 @@ pub fn scope(name: impl Into<String>) -> ScopeGuard {
     SCOPE.with(|s| {
         let mut s = s.borrow_mut();
         let path: Arc<str> = match s.last() {
-            Some(parent) => Arc::from(format!("{parent}.{name}")),
-            None => Arc::from(name),
+            Some(Some(parent)) => Arc::from(format!("{parent}.{name}")),
+            _ => Arc::from(name),
         };
-        s.push(path);
+        s.push(Some(path));
     });
+    ScopeGuard(())
+}
+
+/// Makes `path` (a [`current_scope_path`] taken earlier; `None`: outside
+/// any layer) the current layer path until the guard drops, whatever the
+/// scopes open now: a checkpointed segment's recompute runs in backward
+/// under the path its forward ran under.
+pub fn enter_scope_path(path: Option<Arc<str>>) -> ScopeGuard {
+    SCOPE.with(|s| s.borrow_mut().push(path));
     ScopeGuard(())
 }
 
@@ -68,7 +78,7 @@ pub fn current_scope() -> String {
 /// The current layer path, shared (`None` outside any scope): what an
 /// autograd node keeps so that its backward is attributed to its layer.
 pub fn current_scope_path() -> Option<Arc<str>> {
-    SCOPE.with(|s| s.borrow().last().cloned())
+    SCOPE.with(|s| s.borrow().last().cloned().flatten())
 }
 
 /// Ends an [`attribute_to_scope`] when dropped.
@@ -106,7 +116,7 @@ pub(crate) fn current_site() -> (Option<Arc<str>>, &'static str) {
     let scope = match attributed {
         Some(path) => path,
         None => SCOPE
-            .try_with(|s| s.borrow().last().cloned())
+            .try_with(|s| s.borrow().last().cloned().flatten())
             .ok()
             .flatten(),
     };

@@ -6,6 +6,13 @@
 //! `(offset + i) / 4` (word `(offset + i) % 4`) for uniforms, and block
 //! `(offset + i) / 2` (words 2k, 2k+1 through Box-Muller) for normals, with
 //! the 64-bit block number in counter words 0 and 1 and the seed as the key.
+//!
+//! [`Generator::reserve`] is the one place a random op gets its numbers; a
+//! checkpointed segment records what it handed out ([`record_draws`]) and
+//! its recompute gets the same ranges back ([`replay_draws`]).
+
+mod replay;
+pub use replay::{record_draws, replay_draws, DrawLog, RecordGuard, ReplayGuard};
 
 const M0: u32 = 0xD251_1F53;
 const M1: u32 = 0xCD9E_8D57;
@@ -118,12 +125,14 @@ impl Generator {
 
     /// Reserves `n` counters: returns (seed, offset) of the first. Offsets
     /// advance in multiples of 4 so that reservations never share a block.
+    /// Inside a recompute ([`replay_draws`]) it hands back the range the
+    /// forward got instead, and leaves the stream where it is.
     pub fn reserve(&self, n: u64) -> (u64, u64) {
-        let step = n.div_ceil(4) * 4;
-        let offset = self
-            .offset
-            .fetch_add(step, std::sync::atomic::Ordering::Relaxed);
-        (self.seed, offset)
+        replay::reserve(self.seed, n, || {
+            let step = n.div_ceil(4) * 4;
+            self.offset
+                .fetch_add(step, std::sync::atomic::Ordering::Relaxed)
+        })
     }
 }
 

@@ -318,6 +318,12 @@ impl Tensor {
             && !(self.is_leaf() && self.requires_grad())
     }
 
+    /// Whether `other` is this very tensor (not a view or a clone of its
+    /// storage under another handle).
+    pub(crate) fn same_tensor(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Whether this is a leaf of the graph (not produced by a recorded op).
     pub fn is_leaf(&self) -> bool {
         !matches!(self.0.grad, GradMeta::Node(_))

@@ -18,14 +18,11 @@
 //! in ranges of the batch, into as many partial sums as the budget holds.
 
 use super::ConvGeom;
-use crate::settings::{set, SettingGuard};
+use crate::settings::{set, SettingGuard, CONV_WORKSPACE};
 use crate::DType;
 use std::cell::Cell;
 
-/// The Workspace a convolution may hold by default (4 MiB), as PyTorch
-/// bounds cuDNN's: enough for the CPU's products to run whole tiles on
-/// every layer of the bundled models, a small part of any step's peak.
-pub const DEFAULT_CONV_WORKSPACE_BYTES: usize = 4 << 20;
+pub use crate::settings::DEFAULT_CONV_WORKSPACE_BYTES;
 
 /// A workspace budget for speed over memory (256 MiB): every layer of the
 /// bundled models then unfolds whole items, and a CUDA weight gradient
@@ -95,10 +92,6 @@ impl WeightGradSplit {
             _ => self.sums_bytes() + self.counter_bytes(),
         }
     }
-}
-
-thread_local! {
-    static CONV_WORKSPACE: Cell<usize> = const { Cell::new(DEFAULT_CONV_WORKSPACE_BYTES) };
 }
 
 /// Convolutions on this thread hold at most `bytes` of Workspace (or the

@@ -373,7 +373,9 @@ fn statistics(
         }
         let (mean, var) = norm_stats(x, geo, true)?;
         let mut p = prep(StatSource::Moments, Some(&mean), &var, mode.eps, dt);
-        p.update = running.map(|(m, v)| RunningUpdate {
+        // A checkpointed segment's recompute leaves them: its forward moved them.
+        let update = running.filter(|_| !crate::autograd::is_recomputing());
+        p.update = update.map(|(m, v)| RunningUpdate {
             mean: m,
             var: v,
             momentum: mode.momentum,

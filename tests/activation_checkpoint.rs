@@ -1,0 +1,354 @@
+//! Activation checkpointing (`autograd::checkpoint`): gradients bit for bit
+//! those of the same graph without it, under both policies, with dropout,
+//! nested segments, shared parameters and the fused optimizer; what the
+//! forward keeps; the segment run once more in backward and not at all
+//! when nothing in it needs a gradient; clear errors for misuse.
+use leangrad::autograd::{checkpoint, no_grad, with_save_policy, SavePolicy};
+use leangrad::memory::{Category, Ledger};
+use leangrad::nn::{BatchNorm, Dropout, Linear, Module};
+use leangrad::optim::{Adam, Optimizer};
+use leangrad::{DType, Device, Error, Result, Tensor};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+const CPU: Device = Device::Cpu;
+
+/// Two blocks of `fc(relu(fc(x)))` with dropout, seeded alike on every call.
+struct Net {
+    blocks: Vec<Arc<Block>>,
+}
+
+struct Block {
+    fc1: Linear,
+    fc2: Linear,
+    drop: Dropout,
+}
+
+impl Block {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.fc1.forward(x)?.relu()?;
+        let h = self.drop.forward(&h)?;
+        self.fc2.forward(&h)?.gelu(false)
+    }
+}
+
+fn net(device: Device) -> Net {
+    let blocks = (0..2u64)
+        .map(|i| {
+            let lin = |a, b, s| {
+                Linear::builder(a, b)
+                    .name("fc")
+                    .seed(s)
+                    .build(&device)
+                    .unwrap()
+            };
+            Arc::new(Block {
+                fc1: lin(8, 32, 10 + i),
+                fc2: lin(32, 8, 20 + i),
+                drop: Dropout::new("drop", 0.25, 7 + i).unwrap(),
+            })
+        })
+        .collect();
+    Net { blocks }
+}
+
+impl Net {
+    fn params(&self) -> Vec<Tensor> {
+        self.blocks
+            .iter()
+            .flat_map(|b| [b.fc1.parameters(), b.fc2.parameters()].concat())
+            .collect()
+    }
+
+    /// The loss, each block checkpointed when `segments`.
+    fn loss(&self, x: &Tensor, segments: bool) -> Result<Tensor> {
+        let mut h = x.clone();
+        for b in &self.blocks {
+            h = if segments {
+                let b = b.clone();
+                checkpoint(move |xs| b.forward(&xs[0]), &[&h])?
+            } else {
+                b.forward(&h)?
+            };
+        }
+        h.square()?.mean_all()
+    }
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+/// Input and parameter gradients of one backward.
+fn grads(segments: bool, policy: SavePolicy, input_grad: bool) -> Vec<Vec<u32>> {
+    let _p = with_save_policy(policy);
+    let n = net(CPU);
+    let x = Tensor::randn(&[4, 8], DType::F32, CPU, 3)
+        .unwrap()
+        .set_requires_grad(input_grad)
+        .unwrap();
+    let loss = n.loss(&x, segments).unwrap();
+    loss.backward().unwrap();
+    let mut out = vec![bits(&loss)];
+    if input_grad {
+        out.push(bits(&x.grad().unwrap()));
+    }
+    out.extend(n.params().iter().map(|p| bits(&p.grad().unwrap())));
+    out
+}
+
+#[test]
+fn gradients_are_bit_for_bit_those_without_checkpointing() {
+    for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
+        for input_grad in [true, false] {
+            assert_eq!(
+                grads(true, policy, input_grad),
+                grads(false, policy, input_grad),
+                "{policy:?}, input requires grad: {input_grad}"
+            );
+        }
+    }
+}
+
+/// The bytes saved for backward when the forward is done, and the step's peak.
+fn saved_and_peak(segments: bool) -> (u64, u64) {
+    let ledger = Ledger::new();
+    let _g = ledger.enter();
+    let n = net(CPU);
+    let x = Tensor::randn(&[64, 8], DType::F32, CPU, 3).unwrap();
+    let loss = n.loss(&x, segments).unwrap();
+    let saved = ledger.live_in(CPU, Category::Saved) as u64;
+    loss.backward().unwrap();
+    (saved, ledger.peak(CPU) as u64)
+}
+
+#[test]
+fn the_forward_keeps_only_the_segments_inputs() {
+    let (saved, _) = saved_and_peak(true);
+    let (saved_plain, _) = saved_and_peak(false);
+    // Each block's input (64×8 f32) and what the loss saves (the second
+    // block's output, for the square's gradient).
+    assert_eq!(saved, 3 * 64 * 8 * 4, "plain: {saved_plain}");
+    assert!(saved_plain > 4 * saved, "{saved_plain} vs {saved}");
+}
+
+#[test]
+fn the_segment_runs_once_more_in_backward_and_never_without_gradients() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let n = net(CPU);
+    let run = |x: &Tensor| {
+        let (b, c) = (n.blocks[0].clone(), calls.clone());
+        checkpoint(
+            move |xs| {
+                c.fetch_add(1, Ordering::SeqCst);
+                b.forward(&xs[0])
+            },
+            &[x],
+        )
+        .unwrap()
+    };
+    let x = Tensor::randn(&[4, 8], DType::F32, CPU, 3).unwrap();
+    let y = run(&x);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // Under no_grad, and when nothing needs a gradient: one run, no node.
+    {
+        let _ng = no_grad();
+        assert!(!run(&x).requires_grad());
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let frozen = |l: &Linear| {
+        let mut f = Linear::builder(1, 1).build(&CPU).unwrap();
+        f.weight = l.weight.detach();
+        f.bias = l.bias.as_ref().map(Tensor::detach);
+        f
+    };
+    let b = Arc::new(Block {
+        fc1: frozen(&n.blocks[0].fc1),
+        fc2: frozen(&n.blocks[0].fc2),
+        drop: Dropout::new("drop", 0.25, 1).unwrap(),
+    });
+    let c = calls.clone();
+    let y = checkpoint(
+        move |xs| {
+            c.fetch_add(1, Ordering::SeqCst);
+            b.forward(&xs[0])
+        },
+        &[&x],
+    )
+    .unwrap();
+    assert!(!y.requires_grad());
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+#[test]
+fn nested_segments_give_the_same_gradients() {
+    let n = net(CPU);
+    let x = Tensor::randn(&[4, 8], DType::F32, CPU, 3)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    let (b0, b1) = (n.blocks[0].clone(), n.blocks[1].clone());
+    // An outer segment of both blocks, the second block a segment inside it.
+    let y = checkpoint(
+        move |xs| {
+            let h = b0.forward(&xs[0])?;
+            let b1 = b1.clone();
+            checkpoint(move |hs| b1.forward(&hs[0]), &[&h])
+        },
+        &[&x],
+    )
+    .unwrap();
+    let loss = y.square().unwrap().mean_all().unwrap();
+    loss.backward().unwrap();
+    let mut got = vec![bits(&loss), bits(&x.grad().unwrap())];
+    got.extend(n.params().iter().map(|p| bits(&p.grad().unwrap())));
+    assert_eq!(got, grads(false, SavePolicy::Lean, true));
+}
+
+/// Parameters after two fused AdamW steps of a net whose two segments use
+/// the same block (its parameters have edges from both).
+fn fused_steps_with_shared_block(segments: bool) -> Vec<Vec<u32>> {
+    let n = net(CPU);
+    let shared = n.blocks[0].clone();
+    let params = [shared.fc1.parameters(), shared.fc2.parameters()].concat();
+    let mut opt = Optimizer::new(params.clone(), Adam::adamw(1e-2)).unwrap();
+    for step in 0..2 {
+        let x = Tensor::randn(&[4, 8], DType::F32, CPU, 30 + step).unwrap();
+        let mut h = x;
+        for _ in 0..2 {
+            let b = shared.clone();
+            h = if segments {
+                checkpoint(move |xs| b.forward(&xs[0]), &[&h]).unwrap()
+            } else {
+                b.forward(&h).unwrap()
+            };
+        }
+        let loss = h.square().unwrap().mean_all().unwrap();
+        opt.backward_step(&loss).unwrap();
+    }
+    params.iter().map(bits).collect()
+}
+
+#[test]
+fn a_parameter_two_segments_use_is_final_after_both_under_the_fused_optimizer() {
+    assert_eq!(
+        fused_steps_with_shared_block(true),
+        fused_steps_with_shared_block(false)
+    );
+}
+
+#[test]
+fn batch_norm_running_statistics_move_once_per_forward() {
+    let stats = |segments: bool| {
+        let bn = Arc::new(BatchNorm::builder(8).build1d(&CPU).unwrap());
+        let x = Tensor::randn(&[16, 8], DType::F32, CPU, 5)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
+        let b = bn.clone();
+        let y = if segments {
+            checkpoint(move |xs| b.forward(&xs[0]), &[&x]).unwrap()
+        } else {
+            bn.forward(&x).unwrap()
+        };
+        y.square().unwrap().sum_all().unwrap().backward().unwrap();
+        let buffers: Vec<Vec<u32>> = [&bn.running_mean, &bn.running_var]
+            .iter()
+            .map(|t| bits(t.as_ref().unwrap()))
+            .collect();
+        let tracked = bn
+            .num_batches_tracked
+            .as_ref()
+            .unwrap()
+            .to_f64_vec()
+            .unwrap();
+        (buffers, tracked, bits(&x.grad().unwrap()))
+    };
+    let (with, plain) = (stats(true), stats(false));
+    assert_eq!(with, plain);
+    assert_eq!(with.1, vec![1.0]);
+}
+
+#[test]
+fn misuse_is_a_clear_error() {
+    let x = Tensor::randn(&[4, 8], DType::F32, CPU, 3)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    // A segment that writes over its input.
+    let plain = Tensor::randn(&[4, 8], DType::F32, CPU, 4).unwrap();
+    let err = checkpoint(
+        |xs| {
+            xs[0].add_scalar_(1.0)?;
+            xs[0].mul(&xs[0])
+        },
+        &[&plain],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument { op: "checkpoint", msg } if msg.contains("in place")),
+        "{err}"
+    );
+    // A segment that reads a non-leaf tensor requiring grad it was not given.
+    let outside = x.relu().unwrap();
+    let err = checkpoint(move |xs| xs[0].mul(&outside), &[&plain]).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument { op: "checkpoint", msg } if msg.contains("inputs")),
+        "{err}"
+    );
+    // An error inside the segment comes out as it is, and leaves no state
+    // behind: the next segment works.
+    let err = checkpoint(|xs| xs[0].matmul(&xs[0]), &[&x]).unwrap_err();
+    assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
+    let y = checkpoint(|xs| xs[0].tanh(), &[&x]).unwrap();
+    y.sum_all().unwrap().backward().unwrap();
+    let want: Vec<f32> = x
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| 1.0 - v.tanh() * v.tanh())
+        .collect();
+    let got = x.grad().unwrap().to_vec::<f32>().unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-6, "{g} vs {w}");
+    }
+    // A segment that returns its input: the gradient goes straight to it.
+    let z = Tensor::randn(&[3], DType::F32, CPU, 9)
+        .unwrap()
+        .set_requires_grad(true)
+        .unwrap();
+    let same = checkpoint(|xs| Ok(xs[0].clone()), &[&z]).unwrap();
+    same.sum_all().unwrap().backward().unwrap();
+    assert_eq!(z.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0; 3]);
+}
+
+#[test]
+fn the_meta_device_predicts_the_cpu_ledger_byte_for_byte() {
+    let run = |device: Device| {
+        let ledger = Ledger::new().record_timeline(true);
+        let _g = ledger.enter();
+        let n = net(device);
+        let x = Tensor::randn(&[64, 8], DType::F32, device, 3).unwrap();
+        let loss = n.loss(&x, true).unwrap();
+        let forward_peak = ledger.peak(device);
+        loss.backward().unwrap();
+        let events: Vec<_> = ledger
+            .timeline()
+            .iter()
+            .map(|e| (e.bytes, e.category, e.kind))
+            .collect();
+        (
+            forward_peak,
+            ledger.peak(device),
+            ledger.at_peak(device),
+            events,
+        )
+    };
+    assert_eq!(run(Device::Meta), run(CPU));
+}
