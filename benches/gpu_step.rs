@@ -189,6 +189,7 @@ fn spec(w: &Workload, size: usize) -> Result<StepSpec> {
         dtype: w.dtype,
         optimizer: OptimizerKind::Sgd,
         fused: false,
+        checkpoint: false,
         case: parse_case(w.case)?,
         device: Device::Cuda(0),
     })

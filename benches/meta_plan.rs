@@ -19,6 +19,7 @@ fn main() {
             dtype: DType::F32,
             optimizer: OptimizerKind::Sgd,
             fused: false,
+            checkpoint: false,
             case: Case::all()[0],
             device: Device::Meta,
         };
@@ -44,6 +45,7 @@ fn main() {
                 dtype: DType::F32,
                 optimizer: OptimizerKind::Sgd,
                 fused: false,
+                checkpoint: false,
                 case,
                 device: Device::Meta,
             };

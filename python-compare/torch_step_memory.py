@@ -15,13 +15,18 @@ cross-entropy over the logits (GPT-2: next-token targets, given already
 shifted, over every position), backward and the optimizer step (SGD with
 momentum 0.9, Adam, AdamW with PyTorch's defaults; `--fused`: one
 optimizer per parameter stepped in a post-accumulate-grad hook, PyTorch's
-"optimizer step in backward").
+"optimizer step in backward"); `--checkpoint`: activation checkpointing
+per block, non-reentrant (`torch.utils.checkpoint(..., use_reentrant=False)`
+around each torchvision residual block; Hugging Face's
+`gradient_checkpointing_enable` with `use_reentrant: False`).
 
 It measures:
 
 * `saved_bytes`: the bytes of the distinct storages autograd saves for
   backward during forward and loss (`saved_tensors_hooks`), the model's
-  parameters and buffers left out. Nothing saved is freed before backward,
+  parameters and buffers left out (with `--checkpoint`, a segment's inputs
+  are held by the checkpoint itself, not saved through the hooks: only the
+  step's peak counts them). Nothing saved is freed before backward,
   so this is the saved-for-backward peak. Measured on every device.
 * `step_peak_bytes`: the step's peak, parameters included. On CUDA
   `torch.cuda.max_memory_allocated()` from before the model is built to
@@ -40,12 +45,12 @@ VGG-16, is left out, as leangrad refuses it):
 
     python3 python-compare/torch_step_memory.py --model resnet18 --batch 64 \
         --case input-bn-eval [--size 224] [--classes 1000] [--seq 128] \
-        [--dtype f32|f16|bf16] [--optimizer sgd|adam|adamw] [--fused] \
+        [--dtype f32|f16|bf16] [--optimizer sgd|adam|adamw] [--fused] [--checkpoint] \
         [--device meta|cpu|cuda] [--attention sdpa|eager]
 
 The object: `model`, `source` (the PyTorch class), `versions` (torch,
 torchvision, transformers), the step as run (`batch`, `size` or null,
-`seq` or null, `classes`, `dtype`, `optimizer`, `fused`, `case`,
+`seq` or null, `classes`, `dtype`, `optimizer`, `fused`, `checkpoint`, `case`,
 `device`, `attention`: the Hugging Face attention implementation, null
 for the CNNs), `trainable_parameters` (elements requiring grad), `parameter_bytes`
 (the model's parameters and buffers), `optimizer_state_bytes` (the
@@ -205,6 +210,29 @@ def build(torch, args):
     return cls(cfg), f"transformers.{cls.__name__}"
 
 
+def checkpoint_blocks(torch, args, model):
+    """Each residual block (CNNs) or encoder layer / block (transformers) a
+    non-reentrant checkpointed segment, as leangrad's `--checkpoint`."""
+    if args.model not in ("resnet18", "resnet50"):
+        if args.model in CNNS:
+            raise SystemExit(f"{args.model} has no per-block checkpointing")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return
+    from torch.utils.checkpoint import checkpoint
+
+    class Segment(torch.nn.Module):
+        def __init__(self, block):
+            super().__init__()
+            self.block = block
+
+        def forward(self, x):
+            return checkpoint(self.block, x, use_reentrant=False)
+
+    for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for i in range(len(stage)):
+            stage[i] = Segment(stage[i])
+
+
 def make_input(torch, args, model, dtype, device):
     """The step's input and targets, as leangrad's StepInput makes them."""
     n, grad = args.batch, args.case.startswith("input")
@@ -286,6 +314,9 @@ def measure(torch, args, case):
         model, source = build(torch, args)
     model.to(dtype)
     rows = parameter_kinds(torch, args.model, model)
+    if args.checkpoint:
+        # After the names are read: the wrappers add `.block` to them.
+        checkpoint_blocks(torch, args, model)
     train = trainable(case, rows)
     for n, p, _ in rows:
         p.requires_grad_(n in train)
@@ -353,6 +384,7 @@ def measure(torch, args, case):
         "dtype": args.dtype,
         "optimizer": args.optimizer,
         "fused": args.fused,
+        "checkpoint": args.checkpoint,
         "case": case,
         "device": args.device,
         "attention": None if args.model in CNNS else args.attention,
@@ -391,6 +423,7 @@ def main():
     p.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
     p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
     p.add_argument("--fused", action="store_true")
+    p.add_argument("--checkpoint", action="store_true")
     p.add_argument("--device", choices=["meta", "cpu", "cuda"], default="meta")
     p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
                    help="Hugging Face attention implementation (transformers' default: sdpa)")

@@ -259,6 +259,7 @@ fn resnet18_peaks_at_batch_64_with_and_without_reuse() {
             dtype: DType::F32,
             optimizer: OptimizerKind::Sgd,
             fused: false,
+            checkpoint: false,
             case: case.parse::<Case>().expect("case"),
             device: Device::Meta,
         };

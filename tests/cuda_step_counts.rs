@@ -80,6 +80,7 @@ fn a_training_steps_launches_syncs_and_copies_are_as_counted() {
             dtype: DType::F32,
             optimizer: OptimizerKind::Sgd,
             fused: false,
+            checkpoint: false,
             case: parse_case(case).unwrap(),
             device: Device::Cuda(0),
         };

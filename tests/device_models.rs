@@ -30,6 +30,7 @@ fn check_model(index: usize) {
                         dtype,
                         optimizer,
                         fused,
+                        checkpoint: false,
                         case,
                         device,
                     };

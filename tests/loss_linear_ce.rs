@@ -294,6 +294,7 @@ fn gpt2_small_step_never_holds_tokens_by_vocabulary() {
         dtype: DType::F32,
         optimizer: OptimizerKind::Adamw,
         fused: true,
+        checkpoint: false,
         case: parse_case("all").unwrap(),
         device: Device::Meta,
     };

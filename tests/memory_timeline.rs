@@ -22,6 +22,7 @@ fn spec(case: &str, input: leangrad::memory_plan::StepInput, device: Device) -> 
         dtype: DType::F32,
         optimizer: OptimizerKind::Sgd,
         fused: false,
+        checkpoint: false,
         case: case.parse::<Case>().expect("case"),
         device,
     }

@@ -29,6 +29,7 @@ fn spec(
         dtype: DType::F32,
         optimizer,
         fused,
+        checkpoint: false,
         case,
         device,
     }

@@ -59,6 +59,7 @@ fn save_all_keeps_what_pytorch_keeps_and_lean_never_more() {
             dtype: DType::F32,
             optimizer: OptimizerKind::Sgd,
             fused: false,
+            checkpoint: false,
             case: r.case,
             device: Device::Meta,
         };
@@ -219,6 +220,7 @@ fn real_pytorch_steps_agree_with_save_all_where_they_keep_the_same() {
             dtype: DType::F32,
             optimizer: OptimizerKind::Sgd,
             fused: false,
+            checkpoint: false,
             case: r.case,
             device: Device::Meta,
         };

@@ -295,6 +295,7 @@ fn predict_step(opts: &FinetuneOptions, case: Case, classes: usize) -> Result<St
         dtype: DType::F32,
         optimizer: opts.optimizer,
         fused: opts.fused,
+        checkpoint: false,
         case,
         device: Device::Meta,
     };

@@ -112,6 +112,9 @@ pub struct StepSpec {
     /// The fused `backward_step` (update each parameter as its gradient is
     /// final) instead of `backward` + `step`.
     pub fused: bool,
+    /// Each block of the model a checkpointed segment (its
+    /// `gradient_checkpointing(true)`; an error for a model without one).
+    pub checkpoint: bool,
     /// Which parameters train, the input gradient and the mode (by name:
     /// `surgical-last-bn-eval`).
     #[serde(serialize_with = "display")]
@@ -184,6 +187,9 @@ pub fn run_step_recording(
         // Also forgets the op that ran last on this thread: it was not this step's.
         ledger.set_phase(Phase::Setup);
         let mut model = build(spec.dtype, spec.device)?;
+        if spec.checkpoint {
+            model.set_gradient_checkpointing(true)?;
+        }
         let params = trained_params(model.as_mut(), spec)?;
         let x = spec
             .input

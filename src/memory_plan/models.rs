@@ -29,6 +29,19 @@ pub trait StepModel: Freeze {
         self.step_logits(input)?
             .cross_entropy(targets, CrossEntropyOptions::default())
     }
+
+    /// Turns per-block activation checkpointing on or off (the model's
+    /// `gradient_checkpointing`); an error for a model without blocks to
+    /// checkpoint.
+    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
+        let _ = on;
+        Err(Error::InvalidArgument {
+            op: "checkpoint",
+            msg: "this model has no per-block checkpointing (resnet18, resnet50, vit_b16, \
+                  bert_base and gpt2 have)"
+                .into(),
+        })
+    }
 }
 
 macro_rules! step_by_forward {
@@ -40,11 +53,27 @@ macro_rules! step_by_forward {
         }
     )*};
 }
-step_by_forward!(ResNet, Vgg, MobileNetV2);
+step_by_forward!(Vgg, MobileNetV2);
+
+impl StepModel for ResNet {
+    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+        self.forward(input)
+    }
+
+    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
+        self.gradient_checkpointing(on);
+        Ok(())
+    }
+}
 
 impl<B: Backbone> StepModel for Classifier<B> {
     fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
         self.forward(input)
+    }
+
+    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
+        self.gradient_checkpointing(on);
+        Ok(())
     }
 }
 
@@ -61,6 +90,11 @@ impl StepModel for Gpt2 {
     /// tensor is ever alive.
     fn step_loss(&self, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
         self.lm_loss(text_input(input), targets, CrossEntropyOptions::default())
+    }
+
+    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
+        self.gradient_checkpointing(on);
+        Ok(())
     }
 }
 

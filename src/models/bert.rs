@@ -5,6 +5,7 @@
 //! output.{dense,LayerNorm}}`, `pooler.dense`. Optional padding mask; no
 //! dropout.
 
+use super::checkpoint_block;
 use super::transformer::{
     check_sizes, key_mask, layer_norm, leaf_kinds, leaf_params, leaf_set_requires_grad, linear,
     pool, FeedForward, Leaf, Leaves, LeavesMut, SelfAttention, TextInput, INITIALIZER_RANGE,
@@ -75,6 +76,7 @@ impl BertConfig {
 
 /// One post-norm encoder layer: `a = LN(dense(attn(x)) + x)`, then
 /// `LN(mlp(a) + a)`.
+#[derive(Clone)]
 struct BertLayer {
     attention: SelfAttention,
     attention_dense: Linear,
@@ -159,6 +161,7 @@ pub struct Bert {
     norm: LayerNorm,
     layers: Vec<BertLayer>,
     pooler: Option<Linear>,
+    checkpointing: bool,
 }
 
 impl Bert {
@@ -215,12 +218,26 @@ impl Bert {
                 .add_pooling_layer
                 .then(|| linear("dense", d, d, c, seed.wrapping_add(7)))
                 .transpose()?,
+            checkpointing: false,
         })
     }
 
     /// The configuration the model was built from.
     pub fn config(&self) -> BertConfig {
         self.config
+    }
+
+    /// Runs each encoder layer as a checkpointed segment when `on` (Hugging Face's
+    /// `gradient_checkpointing_enable()`): forward keeps only each encoder layer's
+    /// input, backward runs the encoder layer again; gradients are unchanged, one
+    /// more forward of the encoder layers is the cost. Off by default.
+    pub fn gradient_checkpointing(&mut self, on: bool) {
+        self.checkpointing = on;
+    }
+
+    /// Whether [`Bert::gradient_checkpointing`] is on.
+    pub fn is_gradient_checkpointing(&self) -> bool {
+        self.checkpointing
     }
 
     /// The last hidden state `[B, L, hidden]` and, with a pooler, the
@@ -266,7 +283,15 @@ impl Bert {
             let _e = scope("encoder");
             for (i, layer) in self.layers.iter().enumerate() {
                 let _l = scope(format!("layer.{i}"));
-                h = layer.forward(&h, mask.as_ref())?;
+                h = match (self.checkpointing, &mask) {
+                    (true, Some(m)) => {
+                        checkpoint_block(layer, &[&h, m], |l, xs| l.forward(&xs[0], Some(&xs[1])))?
+                    }
+                    (true, None) => {
+                        checkpoint_block(layer, &[&h], |l, xs| l.forward(&xs[0], None))?
+                    }
+                    (false, _) => layer.forward(&h, mask.as_ref())?,
+                };
             }
         }
         let pooled = self.pooler.as_ref().map(|p| pool(p, &h)).transpose()?;

@@ -3,6 +3,7 @@
 //! the language-model head tied to `wte` (`GPT2LMHeadModel`'s logits,
 //! `h · wteᵀ`).
 
+use super::checkpoint_block;
 use super::transformer::{
     attend, check_sizes, layer_norm, leaf_kinds, leaf_params, leaf_set_requires_grad, Conv1D, Leaf,
     Leaves, LeavesMut, TextInput, INITIALIZER_RANGE,
@@ -63,6 +64,7 @@ impl Gpt2Config {
 
 /// One pre-norm block: `x + c_proj(attn(c_attn(ln_1(x))))`, then
 /// `h + mlp.c_proj(gelu_new(mlp.c_fc(ln_2(h))))`.
+#[derive(Clone)]
 struct Block {
     ln_1: LayerNorm,
     c_attn: Conv1D,
@@ -162,6 +164,7 @@ pub struct Gpt2 {
     wpe: Embedding,
     blocks: Vec<Block>,
     ln_f: LayerNorm,
+    checkpointing: bool,
 }
 
 impl Gpt2 {
@@ -194,12 +197,26 @@ impl Gpt2 {
                 .build(&device)?,
             blocks,
             ln_f: layer_norm("ln_f", d, cfg.layer_norm_epsilon, c)?,
+            checkpointing: false,
         })
     }
 
     /// The configuration the model was built from.
     pub fn config(&self) -> Gpt2Config {
         self.config
+    }
+
+    /// Runs each block as a checkpointed segment when `on` (Hugging Face's
+    /// `gradient_checkpointing_enable()`): forward keeps only each block's
+    /// input, backward runs the block again; gradients are unchanged, one
+    /// more forward of the blocks is the cost. Off by default.
+    pub fn gradient_checkpointing(&mut self, on: bool) {
+        self.checkpointing = on;
+    }
+
+    /// Whether [`Gpt2::gradient_checkpointing`] is on.
+    pub fn is_gradient_checkpointing(&self) -> bool {
+        self.checkpointing
     }
 
     /// The final hidden state `[B, L, n_embd]` (after `ln_f`).
@@ -223,7 +240,10 @@ impl Gpt2 {
         let mut h = x.add(&pos)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let _s = scope(format!("h.{i}"));
-            h = block.forward(&h)?;
+            h = match self.checkpointing {
+                true => checkpoint_block(block, &[&h], |b, xs| b.forward(&xs[0]))?,
+                false => block.forward(&h)?,
+            };
         }
         self.ln_f.forward(&h)
     }

@@ -24,6 +24,9 @@ pub trait Backbone: Freeze {
     }
     /// Features `[N, width]` of the input.
     fn features(&self, input: &Tensor) -> Result<Tensor>;
+    /// Runs each encoder layer as a checkpointed segment when `on` (the
+    /// backbone's `gradient_checkpointing`).
+    fn set_gradient_checkpointing(&mut self, on: bool);
 }
 
 /// A backbone and a Linear `classifier` (`width → classes`) on its
@@ -69,6 +72,12 @@ impl<B: Backbone> Classifier<B> {
     /// The backbone.
     pub fn backbone(&self) -> &B {
         &self.backbone
+    }
+
+    /// Runs each of the backbone's encoder layers as a checkpointed
+    /// segment when `on` (see [`Backbone::set_gradient_checkpointing`]).
+    pub fn gradient_checkpointing(&mut self, on: bool) {
+        self.backbone.set_gradient_checkpointing(on);
     }
 }
 
@@ -127,6 +136,10 @@ impl Backbone for ViT {
         let (h, _) = self.encode(images)?;
         h.narrow(1, 0, 1)?.squeeze(1)
     }
+
+    fn set_gradient_checkpointing(&mut self, on: bool) {
+        self.gradient_checkpointing(on);
+    }
 }
 
 impl Backbone for Bert {
@@ -141,6 +154,10 @@ impl Backbone for Bert {
             op: "BertClassifier",
             msg: "the BERT has no pooler".into(),
         })
+    }
+
+    fn set_gradient_checkpointing(&mut self, on: bool) {
+        self.gradient_checkpointing(on);
     }
 }
 

@@ -38,6 +38,22 @@ pub use resnet::{BlockKind, ResNet, ResNetConfig};
 pub use sentence::{l2_normalize, mean_pool, SentenceEncoder, TextTokenizer, TokenBatch};
 pub use surgery::{FeatureMaps, ReplaceHead};
 pub use transformer::{Conv1D, Conv1DBuilder, Param, TextInput, INITIALIZER_RANGE};
+
+/// `f(block, inputs)` as a checkpointed segment
+/// ([`crate::autograd::checkpoint`]) of a clone of `block` (which shares
+/// its parameters): what a model under `gradient_checkpointing(true)` runs
+/// for each of its blocks.
+pub(crate) fn checkpoint_block<B>(
+    block: &B,
+    inputs: &[&crate::Tensor],
+    f: fn(&B, &[crate::Tensor]) -> crate::Result<crate::Tensor>,
+) -> crate::Result<crate::Tensor>
+where
+    B: Clone + Send + Sync + 'static,
+{
+    let block = block.clone();
+    crate::autograd::checkpoint(move |xs| f(&block, xs), inputs)
+}
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
 pub use vit::{classic_vit_name, ViT, ViTConfig};
 

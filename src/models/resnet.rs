@@ -2,6 +2,7 @@
 //! a Bottleneck sits on its 3×3 convolution), with torchvision's
 //! state-dict names, plus small configurations for tests.
 
+use super::checkpoint_block;
 use super::surgery::{head_like, HeadInit};
 use super::{
     batch_norm2d, kinds, part_of, ran_to_the_end, set_bn, set_conv, set_linear, square_conv,
@@ -100,6 +101,7 @@ fn conv(
 
 /// One residual block: `relu(bnN(convN(…)) + identity)`, where identity is
 /// the input or `downsample.1(downsample.0(input))`.
+#[derive(Clone)]
 struct Block {
     name: String,
     convs: Vec<Conv2d>,
@@ -216,6 +218,7 @@ pub struct ResNet {
     stages: Vec<Vec<Block>>,
     avgpool: AdaptiveAvgPool2d,
     fc: Linear,
+    checkpointing: bool,
 }
 
 impl ResNet {
@@ -273,12 +276,26 @@ impl ResNet {
                 .dtype(dtype)
                 .seed(seed.wrapping_add(9))
                 .build(&device)?,
+            checkpointing: false,
         })
     }
 
     /// The configuration the model was built from.
     pub fn config(&self) -> ResNetConfig {
         self.config
+    }
+
+    /// Runs each residual block as a checkpointed segment when `on` (Hugging Face's
+    /// `gradient_checkpointing_enable()`): forward keeps only each residual block's
+    /// input, backward runs the residual block again; gradients are unchanged, one
+    /// more forward of the residual blocks is the cost. Off by default.
+    pub fn gradient_checkpointing(&mut self, on: bool) {
+        self.checkpointing = on;
+    }
+
+    /// Whether [`ResNet::gradient_checkpointing`] is on.
+    pub fn is_gradient_checkpointing(&self) -> bool {
+        self.checkpointing
     }
 
     /// Makes each parameter require grad exactly when `want(name)` is true
@@ -355,7 +372,10 @@ impl FeatureMaps for ResNet {
         stop_if!(visit("maxpool", &h));
         for (s, stage) in self.stages.iter().enumerate() {
             for block in stage {
-                h = block.forward(h)?;
+                h = match self.checkpointing {
+                    true => checkpoint_block(block, &[&h], |b, xs| b.forward(xs[0].clone()))?,
+                    false => block.forward(h)?,
+                };
                 stop_if!(visit(&block.name, &h));
             }
             stop_if!(visit(STAGES[s], &h));

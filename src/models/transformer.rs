@@ -154,6 +154,7 @@ impl Leaf for Param {
 /// (transposed with respect to [`Linear`]). Saves the input only if the
 /// weight needs grad, the weight (a parameter, no extra bytes) only if the
 /// input does; nothing for the bias.
+#[derive(Clone)]
 pub struct Conv1D {
     /// `[in_features, out_features]`.
     pub weight: Tensor,
@@ -350,6 +351,7 @@ pub(crate) fn attend(
 /// BERT/ViT self-attention: separate `query`, `key`, `value` projections
 /// then bidirectional attention; returns the merged context `[B, L, D]`
 /// (the output projection belongs to the caller's `output.dense`).
+#[derive(Clone)]
 pub(crate) struct SelfAttention {
     pub(crate) query: Linear,
     pub(crate) key: Linear,
@@ -400,6 +402,7 @@ impl SelfAttention {
 
 /// The `intermediate.dense` → GELU → `output.dense` pair of BERT and ViT
 /// (exact, erf-based GELU; it saves its input).
+#[derive(Clone)]
 pub(crate) struct FeedForward {
     pub(crate) intermediate: Linear,
     pub(crate) output: Linear,

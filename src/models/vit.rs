@@ -6,6 +6,7 @@
 //! attention.output.dense, intermediate.dense, output.dense,
 //! layernorm_before, layernorm_after}`, `layernorm`, `pooler.dense`.
 
+use super::checkpoint_block;
 use super::transformer::{
     check_sizes, layer_norm, leaf_kinds, leaf_params, leaf_set_requires_grad, linear, pool,
     FeedForward, Leaf, Leaves, LeavesMut, Param, SelfAttention, INITIALIZER_RANGE,
@@ -104,6 +105,7 @@ pub fn classic_vit_name(name: &str) -> String {
 
 /// One pre-norm encoder layer: `x + attn(ln_before(x))`, then
 /// `h + mlp(ln_after(h))`.
+#[derive(Clone)]
 struct ViTLayer {
     attention: SelfAttention,
     output: Linear,
@@ -180,6 +182,7 @@ pub struct ViT {
     layers: Vec<ViTLayer>,
     layernorm: LayerNorm,
     pooler: Option<Linear>,
+    checkpointing: bool,
 }
 
 impl ViT {
@@ -244,12 +247,26 @@ impl ViT {
                 .add_pooling_layer
                 .then(|| linear("dense", d, d, c, seed.wrapping_add(7)))
                 .transpose()?,
+            checkpointing: false,
         })
     }
 
     /// The configuration the model was built from.
     pub fn config(&self) -> ViTConfig {
         self.config
+    }
+
+    /// Runs each encoder layer as a checkpointed segment when `on` (Hugging Face's
+    /// `gradient_checkpointing_enable()`): forward keeps only each encoder layer's
+    /// input, backward runs the encoder layer again; gradients are unchanged, one
+    /// more forward of the encoder layers is the cost. Off by default.
+    pub fn gradient_checkpointing(&mut self, on: bool) {
+        self.checkpointing = on;
+    }
+
+    /// Whether [`ViT::gradient_checkpointing`] is on.
+    pub fn is_gradient_checkpointing(&self) -> bool {
+        self.checkpointing
     }
 
     /// The last hidden state `[N, patches + 1, hidden]` of images
@@ -286,7 +303,10 @@ impl ViT {
             let _e = scope("encoder");
             for (i, layer) in self.layers.iter().enumerate() {
                 let _l = scope(format!("layer.{i}"));
-                h = layer.forward(&h)?;
+                h = match self.checkpointing {
+                    true => checkpoint_block(layer, &[&h], |l, xs| l.forward(&xs[0]))?,
+                    false => layer.forward(&h)?,
+                };
             }
         }
         let h = self.layernorm.forward(&h)?;

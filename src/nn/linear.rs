@@ -12,6 +12,7 @@ use crate::{DType, Device, Result, Tensor};
 /// grad, the weight only if the input needs grad; the bias needs nothing,
 /// so it is added over the product's own buffer (`Tensor::add_owned`): the
 /// layer makes one `[…, out]` buffer, not two.
+#[derive(Clone)]
 pub struct Linear {
     /// `[out_features, in_features]`.
     pub weight: Tensor,

@@ -21,6 +21,11 @@ pub enum LayerKind {
 /// A layer: a forward function plus named parameters and buffers, named as
 /// in PyTorch's `state_dict` (relative to the layer: `weight`, `bias`,
 /// `running_mean`, …).
+///
+/// The layers are `Clone`: a clone shares the parameter and buffer tensors
+/// (as `Tensor::clone` does) and a dropout layer's random stream, so a
+/// clone moved into a checkpointed segment ([`crate::autograd::checkpoint`])
+/// is the same layer, not a copy of it.
 pub trait Module {
     /// Applies the layer.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;

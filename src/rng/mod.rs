@@ -107,11 +107,13 @@ pub fn dropout_keep(seed: u64, offset: u64, index: u64, p: f64) -> bool {
 
 /// A seeded Philox stream handing out disjoint ranges of counters, so that
 /// every random op (dropout, init) gets its own (seed, offset) and can be
-/// replayed from those two numbers.
-#[derive(Debug)]
+/// replayed from those two numbers. A clone draws from the same stream (the
+/// counter is shared), as the layer it belongs to shares its parameters
+/// with its clones.
+#[derive(Clone, Debug)]
 pub struct Generator {
     seed: u64,
-    offset: std::sync::atomic::AtomicU64,
+    offset: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Generator {
@@ -119,7 +121,7 @@ impl Generator {
     pub fn new(seed: u64) -> Generator {
         Generator {
             seed,
-            offset: std::sync::atomic::AtomicU64::new(0),
+            offset: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
     }
 

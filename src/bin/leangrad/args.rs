@@ -288,6 +288,10 @@ pub struct MemoryArgs {
     /// Fuse the optimizer into backward (`backward_step`).
     #[arg(long)]
     pub fused: bool,
+    /// Activation checkpointing per block (each residual block or encoder
+    /// layer keeps only its input; backward runs it again).
+    #[arg(long)]
+    pub checkpoint: bool,
     /// `meta` predicts without data; `cpu` runs the step for real;
     /// `cuda` runs it on CUDA device 0 (an error without one).
     #[arg(long, default_value = "meta", value_parser = ["meta", "cpu", "cuda"])]

@@ -120,6 +120,7 @@ pub fn memory(a: MemoryArgs) -> Result<()> {
         },
         optimizer: OptimizerKind::parse(&a.optimizer)?,
         fused: a.fused,
+        checkpoint: a.checkpoint,
         case: memory_plan::parse_case(&a.case)?,
         device: match a.device.as_str() {
             "meta" => Device::Meta,

@@ -117,6 +117,9 @@ pub fn script_args(a: &MemoryArgs, spec: &StepSpec, run: &TorchRun) -> Vec<Strin
     if spec.fused {
         v.push("--fused".into());
     }
+    if spec.checkpoint {
+        v.push("--checkpoint".into());
+    }
     v
 }
 

@@ -31,6 +31,7 @@ pub struct MhaOptions {
 /// are views of the projections, so keeping them keeps those storages).
 /// Dropout (training mode) on the attention probabilities is drawn from its
 /// own Philox generator and replayed, never stored.
+#[derive(Clone)]
 pub struct MultiheadAttention {
     /// `[3E, E]`: the stacked query, key and value projections.
     pub in_proj_weight: Tensor,

@@ -203,6 +203,7 @@ fn params(weight: &Tensor, bias: &Option<Tensor>) -> Vec<(String, Tensor)> {
 ///
 /// Saved for backward: the input only if the weight needs grad, the weight
 /// only if the input needs grad; nothing for the bias.
+#[derive(Clone)]
 pub struct Conv2d {
     /// `[out_channels, in_channels/groups, kh, kw]`.
     pub weight: Tensor,
@@ -300,6 +301,7 @@ impl Module for Conv2d {
 ///
 /// Saved for backward: the input only if the weight needs grad, the weight
 /// only if the input needs grad; nothing for the bias.
+#[derive(Clone)]
 pub struct Conv1d {
     /// `[out_channels, in_channels/groups, k]`.
     pub weight: Tensor,
@@ -396,6 +398,7 @@ impl Module for Conv1d {
 ///
 /// Saved for backward: the input only if the weight needs grad, the weight
 /// only if the input needs grad; nothing for the bias.
+#[derive(Clone)]
 pub struct ConvTranspose2d {
     /// `[in_channels, out_channels/groups, kh, kw]`.
     pub weight: Tensor,

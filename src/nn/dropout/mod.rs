@@ -190,6 +190,7 @@ fn dropout_reusing(x: Tensor, p: f64, (seed, offset): (u64, u64), owned: bool) -
 /// in evaluation mode (or for `p = 0`) it is the identity and records
 /// nothing. Saves no bytes for backward (`SaveAll`: one byte per element).
 /// No parameters.
+#[derive(Clone)]
 pub struct Dropout {
     p: f64,
     training: bool,

@@ -167,6 +167,7 @@ pub fn embedding(weight: &Tensor, indices: &Tensor, padding_idx: Option<i64>) ->
 /// initialised N(0, 1) (the `padding_idx` row zeroed); `forward` takes the
 /// index tensor. Saves the indices only when the weight needs grad (a
 /// frozen embedding saves nothing).
+#[derive(Clone)]
 pub struct Embedding {
     /// `[num_embeddings, embedding_dim]`.
     pub weight: Tensor,

@@ -33,6 +33,7 @@ fn named(w: &Option<Tensor>, b: &Option<Tensor>) -> Vec<(String, Tensor)> {
 /// Saves (lean): `x̂` if the input or weight needs grad; per-row rstd and
 /// the weight if the input needs grad; nothing for bias only. SaveAll:
 /// input, weight, bias, per-row mean and rstd.
+#[derive(Clone)]
 pub struct LayerNorm {
     /// Weight of `normalized_shape` (ones), if `elementwise_affine`.
     pub weight: Option<Tensor>,
@@ -170,6 +171,7 @@ impl Module for LayerNorm {
 /// Saves (lean): `x̂` if the input or weight needs grad; per-(sample,
 /// group) rstd and the weight if the input needs grad; nothing for bias
 /// only. SaveAll: input, weight, mean and rstd.
+#[derive(Clone)]
 pub struct GroupNorm {
     /// `[C]` weight (ones), if affine.
     pub weight: Option<Tensor>,
@@ -302,6 +304,7 @@ impl Module for GroupNorm {
 ///
 /// Saves (lean): `x̂` if the input or weight needs grad; per-row rstd and
 /// the weight if the input needs grad. SaveAll: input, weight and rstd.
+#[derive(Clone)]
 pub struct RMSNorm {
     /// Weight of `normalized_shape` (ones), if `elementwise_affine`.
     pub weight: Option<Tensor>,
@@ -429,6 +432,7 @@ impl Default for BatchNormOptions {
 /// saves: train mode `x̂` + C-sized `weight·invstd` for the input gradient,
 /// `x̂` for the weight gradient; eval mode only `weight·invstd` for the
 /// input gradient, `x̂` for the weight gradient; nothing for bias only.
+#[derive(Clone)]
 pub struct BatchNorm {
     /// `[C]` weight (ones), if affine.
     pub weight: Option<Tensor>,
