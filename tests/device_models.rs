@@ -2,8 +2,10 @@
 //! the model tests (CNNs and transformers) on CUDA moves the ledger exactly
 //! as on the CPU — peak and live bytes by category, the parameter-gradient
 //! peak and saved bytes by layer, byte for byte — for the main cases, both
-//! save policies, usual and fused SGD-momentum and AdamW. Without a GPU
-//! only the CPU runs and the CUDA half prints `skipped`.
+//! save policies, usual and fused SGD-momentum and AdamW; and the same with
+//! every block a checkpointed segment (`--checkpoint`) for the models that
+//! have blocks. Without a GPU only the CPU runs and the CUDA half prints
+//! `skipped`.
 
 mod tiny_models;
 
@@ -16,12 +18,31 @@ use leangrad::{DType, Device};
 use tiny_models::models;
 
 fn check_model(index: usize) {
+    let runs = [(OptimizerKind::Sgd, true), (OptimizerKind::Adamw, false)];
+    check_steps(
+        index,
+        &["all", "input", "input-bn-eval", "surgical-last"],
+        &runs,
+        false,
+    );
+}
+
+/// The models with blocks to checkpoint, each block a segment: fused AdamW.
+fn check_checkpointed(index: usize) {
+    check_steps(
+        index,
+        &["all", "input"],
+        &[(OptimizerKind::Adamw, true)],
+        true,
+    );
+}
+
+fn check_steps(index: usize, cases: &[&str], runs: &[(OptimizerKind, bool)], checkpoint: bool) {
     let (name, build, input) = models().swap_remove(index);
     let devices = cuda_common::devices(name);
-    let cases = ["all", "input", "input-bn-eval", "surgical-last"];
     for case in cases.iter().map(|c| c.parse::<Case>().unwrap()) {
         for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
-            for (optimizer, fused) in [(OptimizerKind::Sgd, true), (OptimizerKind::Adamw, false)] {
+            for &(optimizer, fused) in runs {
                 for dtype in [DType::F32, DType::BF16] {
                     let spec = |device| StepSpec {
                         batch: 2,
@@ -30,12 +51,13 @@ fn check_model(index: usize) {
                         dtype,
                         optimizer,
                         fused,
-                        checkpoint: false,
+                        checkpoint,
                         case,
                         device,
                     };
-                    let what =
-                        format!("{name} {case} {policy:?} {optimizer:?} fused={fused} {dtype:?}");
+                    let what = format!(
+                        "{name} {case} {policy:?} {optimizer:?} fused={fused} {dtype:?} checkpoint={checkpoint}"
+                    );
                     let cpu = run_step(build.as_ref(), &spec(Device::Cpu), policy)
                         .unwrap_or_else(|e| panic!("{what} cpu: {e}"));
                     for &dev in devices.iter().filter(|d| **d != Device::Cpu) {
@@ -83,4 +105,11 @@ fn transformers_tiny_ledger_match_on_every_device() {
     check_model(7);
     check_model(6);
     check_model(5);
+}
+
+#[test]
+fn checkpointed_blocks_ledger_matches_on_every_device() {
+    for index in [0, 1, 5, 6, 7] {
+        check_checkpointed(index);
+    }
 }

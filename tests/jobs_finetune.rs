@@ -159,6 +159,42 @@ fn the_fused_update_gives_the_usual_one_bit_for_bit() {
 }
 
 #[test]
+fn checkpointed_blocks_train_the_same_weights() {
+    let root = tempdir("gradient-checkpointing");
+    let plain = run(&FinetuneOptions {
+        case: "all".into(),
+        epochs: 1,
+        out: Some(root.join("plain")),
+        ..options(&root)
+    })
+    .unwrap();
+    let segments = run(&FinetuneOptions {
+        case: "all".into(),
+        epochs: 1,
+        gradient_checkpointing: true,
+        out: Some(root.join("segments")),
+        ..options(&root)
+    })
+    .unwrap();
+    assert_eq!(
+        weights(&root.join("plain")),
+        weights(&root.join("segments"))
+    );
+    assert_eq!(
+        plain.epochs[0].train_loss.to_bits(),
+        segments.epochs[0].train_loss.to_bits()
+    );
+    // At this size the parameters, gradients and momentum make the peak;
+    // the segments never add to it.
+    assert!(
+        segments.memory.lean_step_bytes <= plain.memory.lean_step_bytes,
+        "{} vs {}",
+        segments.memory.lean_step_bytes,
+        plain.memory.lean_step_bytes
+    );
+}
+
+#[test]
 fn mismatched_folders_and_bad_options_are_typed_errors() {
     let root = tempdir("errors");
     let other = folder(&root, "other", &["dark", "medium", "light"]);

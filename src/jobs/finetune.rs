@@ -62,6 +62,10 @@ pub struct FinetuneOptions {
     /// Update each parameter inside backward, as soon as its gradient is
     /// final (`Optimizer::backward_step`).
     pub fused: bool,
+    /// Each residual block of the model a checkpointed segment (activation
+    /// checkpointing: forward keeps each block's input, backward runs the
+    /// block again); an error for a model without blocks.
+    pub gradient_checkpointing: bool,
     /// The checkpoint folder written after every epoch.
     pub out: Option<PathBuf>,
     /// A checkpoint folder to resume from.
@@ -97,6 +101,7 @@ impl FinetuneOptions {
             lr: 0.01,
             optimizer: OptimizerKind::Sgd,
             fused: false,
+            gradient_checkpointing: false,
             out: None,
             resume: None,
             device: Device::Cpu,
@@ -226,6 +231,9 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
     )?;
     let mut model = loaded.model;
     case.apply(model.as_mut())?;
+    if opts.gradient_checkpointing {
+        model.set_gradient_checkpointing(true)?;
+    }
     let all = model.parameters();
     let params: Vec<Tensor> = all.iter().filter(|p| p.requires_grad()).cloned().collect();
     if params.is_empty() {
@@ -295,7 +303,7 @@ fn predict_step(opts: &FinetuneOptions, case: Case, classes: usize) -> Result<St
         dtype: DType::F32,
         optimizer: opts.optimizer,
         fused: opts.fused,
-        checkpoint: false,
+        checkpoint: opts.gradient_checkpointing,
         case,
         device: Device::Meta,
     };

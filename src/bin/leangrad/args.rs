@@ -98,6 +98,11 @@ pub enum Command {
         /// Update each parameter inside backward as soon as its gradient is final.
         #[arg(long)]
         fused: bool,
+        /// Activation checkpointing per residual block: forward keeps only
+        /// each block's input and backward runs the block again (the saved
+        /// training state is --out).
+        #[arg(long = "checkpoint")]
+        gradient_checkpointing: bool,
         /// The checkpoint folder written after every epoch.
         #[arg(long)]
         out: Option<PathBuf>,
