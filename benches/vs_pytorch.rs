@@ -235,6 +235,24 @@ const WORKLOADS: &[Workload] = &[
         reps: 1,
         warmup: 1,
     },
+    Workload {
+        name: "resnet18_all_ckpt",
+        what: "resnet18_all, each block checkpointed",
+        reps: 1,
+        warmup: 2,
+    },
+    Workload {
+        name: "resnet18_input_ckpt",
+        what: "resnet18_input, each block checkpointed",
+        reps: 1,
+        warmup: 2,
+    },
+    Workload {
+        name: "bert_all_ckpt",
+        what: "bert_all, each layer checkpointed",
+        reps: 1,
+        warmup: 1,
+    },
 ];
 
 /// One timed iteration: returns its milliseconds (setup work such as the
@@ -300,8 +318,9 @@ fn optimizer<A: Algorithm + 'static>(hyper: A) -> Result<Iteration> {
 /// cross-entropy, backward and (when a parameter trains) the optimizer's
 /// update, gradients dropped after it as `zero_grad(set_to_none)` does.
 /// ResNet-18 runs at `size`² (batch 8 at 112², 4 at 224²), BERT-base at
-/// batch 2 × 128 tokens with Adam.
-fn model_step(name: &str, case: &str, size: usize) -> Result<Iteration> {
+/// batch 2 × 128 tokens with Adam; with `checkpoint` each residual block or
+/// encoder layer is a checkpointed segment.
+fn model_step(name: &str, case: &str, size: usize, checkpoint: bool) -> Result<Iteration> {
     let entry = find_model(name)?;
     let resnet = name == "resnet18";
     let (size, seq) = if resnet {
@@ -319,6 +338,9 @@ fn model_step(name: &str, case: &str, size: usize) -> Result<Iteration> {
     };
     let mut model = (entry.build)(classes, size.unwrap_or(224), F32, CPU)?;
     case.apply(model.as_mut())?;
+    if checkpoint {
+        model.set_gradient_checkpointing(true)?;
+    }
     let params: Vec<Tensor> = model
         .parameters()
         .into_iter()
@@ -403,14 +425,18 @@ fn leangrad_setup(name: &str) -> Result<Iteration> {
         "adam_10m" => optimizer(Adam::new(1e-3)),
         other => {
             let case = |rest: &str| rest.replace('_', "-");
-            if let Some(rest) = other.strip_prefix("resnet18_224_") {
-                return model_step("resnet18", &case(rest), 224);
+            let (base, ckpt) = match other.strip_suffix("_ckpt") {
+                Some(base) => (base, true),
+                None => (other, false),
+            };
+            if let Some(rest) = base.strip_prefix("resnet18_224_") {
+                return model_step("resnet18", &case(rest), 224, ckpt);
             }
-            if let Some(rest) = other.strip_prefix("resnet18_") {
-                return model_step("resnet18", &case(rest), 112);
+            if let Some(rest) = base.strip_prefix("resnet18_") {
+                return model_step("resnet18", &case(rest), 112, ckpt);
             }
-            if let Some(rest) = other.strip_prefix("bert_") {
-                return model_step("bert_base", &case(rest), 0);
+            if let Some(rest) = base.strip_prefix("bert_") {
+                return model_step("bert_base", &case(rest), 0, ckpt);
             }
             Err(leangrad::Error::InvalidArgument {
                 op: "vs_pytorch",

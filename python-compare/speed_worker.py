@@ -32,6 +32,7 @@ try:
     import torch
     import torch.nn.functional as F
     from torch import nn
+    from torch.utils.checkpoint import checkpoint
 except Exception as e:  # noqa: BLE001 - any import failure means "no torch"
     reply({"error": f"cannot import torch: {e}"})
     sys.exit(0)
@@ -84,13 +85,14 @@ class BertClassifier(nn.Module):
         self.layers = nn.ModuleList(BertLayer(d, heads, inner, eps) for _ in range(layers))
         self.pooler = nn.Linear(d, d)
         self.classifier = nn.Linear(d, classes)
+        self.checkpointing = False
 
     def forward(self, x):
         h = self.word(x) if x.dtype == torch.int64 else x
         n = h.shape[1]
         h = self.norm(h + self.token_type.weight[0] + self.position.weight[:n])
         for layer in self.layers:
-            h = layer(h)
+            h = checkpoint(layer, h, use_reentrant=False) if self.checkpointing else layer(h)
         return self.classifier(torch.tanh(self.pooler(h[:, 0])))
 
 
@@ -138,9 +140,22 @@ def trainable(model, case):
     raise ValueError(f"case {case} is not measured here")
 
 
-def model_step(name, case, size=112):
+class Segment(nn.Module):
+    """A residual block run as a non-reentrant checkpointed segment."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
+def model_step(name, case, size=112, ckpt=False):
     """ResNet-18 at `size`² (batch 8 at 112², 4 at 224², SGD momentum) or
-    BERT-base at 2 × 128 tokens (Adam)."""
+    BERT-base at 2 × 128 tokens (Adam); with `ckpt` every residual block or
+    encoder layer a checkpointed segment (`torch.utils.checkpoint`,
+    non-reentrant)."""
     classes, adam = (1000, False) if name == "resnet18" else (2, True)
     if name == "resnet18":
         cfg = dict(arch="resnet", block="basic", layers=[2, 2, 2, 2], width=64,
@@ -157,6 +172,13 @@ def model_step(name, case, size=112):
             x = torch.arange(256).reshape(2, 128) % 30522
         targets = torch.arange(2) % classes
     params = trainable(model, case)
+    if ckpt and name == "resnet18":
+        for s in range(1, 5):
+            stage = getattr(model, f"layer{s}")
+            for i in range(len(stage)):
+                stage[i] = Segment(stage[i])
+    elif ckpt:
+        model.checkpointing = True
     chosen = {id(p) for p in params}
     for p in model.parameters():
         p.requires_grad_(id(p) in chosen)
@@ -203,10 +225,12 @@ def setup(name):
         return optimizer(lambda ws: torch.optim.SGD(ws, lr=0.01, momentum=0.9))
     if name == "adam_10m":
         return optimizer(lambda ws: torch.optim.Adam(ws, lr=1e-3))
+    ckpt = name.endswith("_ckpt")
+    base = name.removesuffix("_ckpt")
     for prefix, model, size in (("resnet18_224_", "resnet18", 224),
                                 ("resnet18_", "resnet18", 112), ("bert_", "bert", 0)):
-        if name.startswith(prefix):
-            return model_step(model, name[len(prefix):].replace("_", "-"), size)
+        if base.startswith(prefix):
+            return model_step(model, base[len(prefix):].replace("_", "-"), size, ckpt)
     raise ValueError(f"unknown workload {name}")
 
 

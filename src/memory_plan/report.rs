@@ -179,7 +179,7 @@ impl MemoryPlan {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{}: batch {}, {}, {}, case {}, {}{}, {} (both policies in {:.1} ms)",
+            "{}: batch {}, {}, {}, case {}, {}{}{}, {} (both policies in {:.1} ms)",
             self.model,
             s.batch,
             match s.input {
@@ -190,6 +190,11 @@ impl MemoryPlan {
             s.case,
             optimizer_label(s.optimizer),
             if s.fused { " fused" } else { "" },
+            if s.checkpoint {
+                ", every block checkpointed"
+            } else {
+                ""
+            },
             if s.device == Device::Meta {
                 "predicted on meta".to_string()
             } else {
