@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// What the fused sink does with a final gradient.
 pub(super) enum Mode {
     Accumulate,
-    Update(Option<f64>),
+    Update(super::Factors),
 }
 
 /// The fused optimizer's gradient sink.

@@ -32,6 +32,7 @@ mod adam;
 mod clip;
 mod cuda;
 mod fused;
+mod grad_scaler;
 pub mod kernels;
 mod lbfgs;
 mod rule;
@@ -45,6 +46,7 @@ pub use clip::{clip_grad_norm, clip_grad_value, total_norm};
 /// against the kernel's by the launch-signature test).
 #[doc(hidden)]
 pub use cuda::TensorList;
+pub use grad_scaler::GradScaler;
 pub use kernels::{apply_update, sum_of_squares, Algorithm};
 pub use lbfgs::{Lbfgs, LbfgsOptions, LineSearch};
 pub use rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
@@ -297,9 +299,9 @@ impl<A: Algorithm> Optimizer<A> {
         group: usize,
         param: &Tensor,
         grad: &Tensor,
-        global_scale: Option<f64>,
+        factors: Factors,
     ) -> Result<()> {
-        let Some(u) = self.prepare_update(group, param, grad, global_scale)? else {
+        let Some(u) = self.prepare_update(group, param, grad, factors)? else {
             return Ok(());
         };
         let hyper = &self.groups[group].hyper;
@@ -315,23 +317,30 @@ impl<A: Algorithm> Optimizer<A> {
         group: usize,
         param: &Tensor,
         grad: &Tensor,
-        global_scale: Option<f64>,
+        factors: Factors,
     ) -> Result<Option<PendingUpdate>> {
         let Some(id) = param.leaf_id() else {
             return Ok(None);
         };
+        let u = factors.unscale;
+        // Scaling by `u` (a power of two) commutes with rounding: one
+        // factor is unscaling then clipping, each rounded, as PyTorch does.
         let transform = match self.clip {
-            Clip::None => GradTransform::Identity,
-            Clip::Value(c) => GradTransform::ClampAbs(c),
-            Clip::ParamNorm(max) => GradTransform::Scale(clip::coefficient(
-                kernels::sum_of_squares(grad)?.sqrt(),
-                max,
-            )),
+            Clip::None if u == 1.0 => GradTransform::Identity,
+            Clip::None => GradTransform::Scale(u),
+            Clip::Value(c) if u == 1.0 => GradTransform::ClampAbs(c),
+            Clip::Value(_) => return Err(Error::InvalidArgument {
+                op: "backward_step",
+                msg: "value clipping of unscaled gradients has no one-pass form in the fused path: use the usual path (scale, backward, unscale, clip_grad_value, step)".into(),
+            }),
+            Clip::ParamNorm(max) => GradTransform::Scale(
+                clip::coefficient(kernels::sum_of_squares(grad)?.sqrt() * u, max) * u,
+            ),
             Clip::GlobalNorm(_) => {
-                GradTransform::Scale(global_scale.ok_or(Error::InvalidArgument {
+                GradTransform::Scale(factors.global.ok_or(Error::InvalidArgument {
                     op: "optimizer step",
                     msg: "global-norm clipping needs the total norm first".into(),
-                })?)
+                })? * u)
             }
         };
         let slots = self.groups[group].hyper.state_slots();
@@ -377,7 +386,11 @@ impl<A: Algorithm> Optimizer<A> {
         let mut pending: Vec<Vec<PendingUpdate>> = self.groups.iter().map(|_| Vec::new()).collect();
         for (g, p) in &params {
             if let Some(grad) = p.grad() {
-                if let Some(u) = self.prepare_update(*g, p, &grad, scale)? {
+                let factors = Factors {
+                    global: scale,
+                    unscale: 1.0,
+                };
+                if let Some(u) = self.prepare_update(*g, p, &grad, factors)? {
                     pending[*g].push(u);
                 }
             }
@@ -406,19 +419,29 @@ impl<A: Algorithm> Optimizer<A> {
     /// Gradients of leaves that this optimizer does not own go to their
     /// `.grad` as usual. Existing `.grad`s of owned parameters are ignored.
     pub fn backward_step(&mut self, loss: &Tensor) -> Result<FusedStep> {
-        let scale = match self.clip {
+        self.fused_backward(loss, 1.0)
+    }
+
+    /// [`Optimizer::backward_step`] of a loss scaled by `1 / unscale`:
+    /// each gradient is multiplied by `unscale` as it updates (converted to
+    /// its element type: a power of two, exact), and the global norm of the
+    /// norm pass, taken over the scaled gradients, by `unscale` too.
+    pub(crate) fn fused_backward(&mut self, loss: &Tensor, unscale: f64) -> Result<FusedStep> {
+        let norm = self.global_norm.take();
+        let global = match self.clip {
             Clip::GlobalNorm(max) => {
                 if self.accumulation > 1 {
                     return Err(global_with_accumulation());
                 }
-                let norm = self.global_norm.take().ok_or(Error::InvalidArgument {
+                let norm = norm.ok_or(Error::InvalidArgument {
                     op: "backward_step",
                     msg: "Clip::GlobalNorm in the fused path needs backward_norm_pass on the same batch first".into(),
                 })?;
-                Some(clip::coefficient(norm, max))
+                Some(clip::coefficient(norm * unscale, max))
             }
             _ => None,
         };
+        let scale = Factors { global, unscale };
         self.micro += 1;
         if self.micro < self.accumulation {
             let mut sink = FusedSink {
@@ -476,6 +499,12 @@ impl<A: Algorithm> Optimizer<A> {
         Ok(norm)
     }
 
+    /// Drops the norm a norm pass left for the next fused step (a loss
+    /// scaler's skipped step).
+    pub(crate) fn forget_norm(&mut self) {
+        self.global_norm = None;
+    }
+
     /// The usual path's global-norm clipping over this optimizer's
     /// collected `.grad`s (scaled in place); returns the total norm. Use it
     /// with [`Clip::None`] before [`Optimizer::step`].
@@ -493,6 +522,17 @@ impl<A: Algorithm> Optimizer<A> {
             .clone();
         Some((g, p))
     }
+}
+
+/// What multiplies a gradient in its update besides its clipping mode's
+/// own rule.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Factors {
+    /// The global-norm clipping coefficient (of the unscaled norm), under
+    /// [`Clip::GlobalNorm`].
+    global: Option<f64>,
+    /// A loss scaler's inverse scale (1 without one).
+    unscale: f64,
 }
 
 /// A step count that would pass `u64::MAX` (only a restored state can be
