@@ -12,6 +12,8 @@ evaluation mode) and trains with SGD (momentum 0.9), Adam or AdamW
 (torch's defaults). `--fused` steps each parameter inside backward as soon
 as its gradient is accumulated (`register_post_accumulate_grad_hook`, one
 optimizer per parameter, PyTorch's "optimizer step in backward" recipe).
+`--checkpoint` runs each residual block as a non-reentrant checkpointed
+segment (`torch.utils.checkpoint(..., use_reentrant=False)`).
 Data: torchvision's `ImageFolder` and `DataLoader` (`--workers` processes,
 kept between epochs; shuffled by a generator seeded from `--seed` and the
 epoch; a resumed run's crops and flips differ from an uninterrupted
@@ -71,6 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.01, help="learning rate")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
     p.add_argument("--fused", action="store_true", help="update each parameter inside backward")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing per residual block")
     p.add_argument("--out", default=None, help="the checkpoint folder written after every epoch")
     p.add_argument("--resume", default=None, help="resume from this checkpoint folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffling and the random crops and flips")
@@ -202,6 +206,8 @@ def run(a):
     model = jc.image_model(a.model, a.weights, len(train.classes), device, a.strict == "true",
                            a.strip_prefix, a.add_prefix)
     jc.apply_case(a.case, model)
+    if a.checkpoint:
+        checkpoint_blocks(model, a.model)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise jc.JobError(f"case `{a.case}` trains no parameter of {a.model}")
@@ -308,6 +314,19 @@ def describe(r):
     if r["checkpoint"]:
         s += f"checkpoint: {r['checkpoint']}\n"
     return s
+
+
+def checkpoint_blocks(model, name):
+    """Each residual block of a torchvision ResNet a non-reentrant
+    checkpointed segment, as leangrad's `--checkpoint` (the blocks' own
+    `forward` replaced, so the state_dict names stay torchvision's)."""
+    from torch.utils.checkpoint import checkpoint
+
+    if not name.startswith("resnet"):
+        raise jc.JobError(f"{name} has no per-block checkpointing")
+    for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for block in stage:
+            block.forward = lambda x, f=block.forward: checkpoint(f, x, use_reentrant=False)
 
 
 def main(argv=None):

@@ -25,7 +25,9 @@
 //! it has run.
 
 use super::grad_mode::recomputing;
-use super::node::{attach_work, edge_to, next_seq, node_of, Edge, InputEdge, Work};
+use super::node::{
+    attach_work, edge_to, next_seq, node_of, Edge, InputEdge, Recompute, Recomputed, Work,
+};
 use super::{buffer_reuse, enable_grad, is_grad_enabled, save_policy, SavePolicy, SavedTensor};
 use super::{with_buffer_reuse, with_save_policy, Node};
 use crate::memory::{
@@ -129,7 +131,7 @@ impl Context {
 }
 
 /// A recorded checkpoint: what backward needs to run the segment again.
-pub(crate) struct Segment {
+struct Segment {
     f: Arc<SegmentFn>,
     inputs: Vec<SavedTensor>,
     requires: Vec<bool>,
@@ -141,17 +143,8 @@ pub(crate) struct Segment {
     output: (Vec<usize>, DType),
 }
 
-/// A segment run again: the engine runs `root`'s graph with the gradient
-/// the segment's node received, and treats a gradient reaching
-/// `input_leaves[i]` as one reaching the node's input `i`.
-pub(crate) struct Recomputed {
-    pub root: Arc<Node>,
-    pub input_leaves: Vec<Option<Arc<Leaf>>>,
-}
-
-impl Segment {
-    /// Runs the segment again as its forward ran, with grad mode on.
-    pub(crate) fn recompute(self) -> Result<Recomputed> {
+impl Recompute for Segment {
+    fn recompute(self: Box<Self>) -> Result<Recomputed> {
         let Segment {
             f,
             inputs,
@@ -160,7 +153,7 @@ impl Segment {
             context,
             params,
             output,
-        } = self;
+        } = *self;
         let _grad = enable_grad();
         let _category = with_category(Category::Activation);
         let _site = attribute_to_scope(None);

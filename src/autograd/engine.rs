@@ -17,8 +17,7 @@
 //!    leaves goes on along the segment node's edges, and its edges to the
 //!    parameters were counted in step 1 through the segment node's own.
 
-use super::checkpoint::Recomputed;
-use super::node::{node_of, InputEdge, Work};
+use super::node::{node_of, InputEdge, Recomputed, Work};
 use super::{no_grad, Edge, Node};
 use crate::memory::{attribute_to_scope, note_op, with_category, Category};
 use crate::tensor::{Leaf, Tensor};

@@ -1,6 +1,5 @@
 //! Graph nodes: one per recorded op, owning only its saved state.
 
-use super::checkpoint::Segment;
 use super::is_grad_enabled;
 use crate::tensor::{Leaf, Tensor};
 use crate::{DType, Result};
@@ -45,7 +44,22 @@ pub(crate) enum Work {
     /// An op's backward: input gradients from the output's.
     Op(Box<dyn BackwardOp>),
     /// A checkpointed segment: recomputed, and its graph run in place of it.
-    Segment(Box<Segment>),
+    Segment(Box<dyn Recompute>),
+}
+
+/// A checkpointed segment's backward ([`super::checkpoint`]): it runs the
+/// segment again and hands the engine the recomputed graph.
+pub(crate) trait Recompute: Send + Sync {
+    /// Runs the segment again as its forward ran, with grad mode on.
+    fn recompute(self: Box<Self>) -> Result<Recomputed>;
+}
+
+/// A segment run again: the engine runs `root`'s graph with the gradient
+/// the segment's node received, and treats a gradient reaching
+/// `input_leaves[i]` as one reaching the node's input `i`.
+pub(crate) struct Recomputed {
+    pub root: Arc<Node>,
+    pub input_leaves: Vec<Option<Arc<Leaf>>>,
 }
 
 /// One recorded op.
