@@ -129,3 +129,17 @@ fn full_size_parameter_counts_match_torchvision() {
     .unwrap();
     assert_eq!(count(&mb), 3_504_872);
 }
+
+/// Every residual block a checkpointed segment: torchvision's fixtures hold
+/// in every case.
+#[test]
+fn checkpointed_tiny_resnets_match_pytorch_in_every_case() {
+    for model in ["resnet18_tiny", "resnet50_tiny"] {
+        let make = |d: DType| {
+            let mut m = ResNet::new(config(model), d, CPU, 1).unwrap();
+            m.gradient_checkpointing(true);
+            m
+        };
+        check_model(&make, model, DType::F32, 1e-4);
+    }
+}

@@ -395,3 +395,36 @@ fn tied_gpt2_trains_identically_on_the_fused_path() {
         loaded.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     );
 }
+
+/// Every block a checkpointed segment (`gradient_checkpointing(true)`):
+/// the same Hugging Face fixtures hold in every case.
+#[test]
+fn checkpointed_tiny_models_match_hugging_face() {
+    let on = |mut m: ViT| {
+        m.gradient_checkpointing(true);
+        m
+    };
+    check_model(&|d| on(vit(d)), "vit_tiny", &VIT_CASES, DType::F32, 1e-4);
+    check_model(
+        &|d| {
+            let mut m = bert(d);
+            m.gradient_checkpointing(true);
+            m
+        },
+        "bert_tiny",
+        &TEXT_CASES,
+        DType::F32,
+        1e-4,
+    );
+    check_model(
+        &|d| {
+            let mut m = gpt2(d);
+            m.gradient_checkpointing(true);
+            m
+        },
+        "gpt2_tiny",
+        &TEXT_CASES,
+        DType::F32,
+        1e-4,
+    );
+}
