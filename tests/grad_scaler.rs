@@ -57,36 +57,9 @@ fn scaler(scenario: &Value) -> GradScaler {
         .unwrap()
 }
 
-fn usual(scenario: &Value, device: Device) -> Steps {
-    let (x, y, w) = data_on(device);
-    let mut opt = Optimizer::new([w.clone()], Sgd::new(0.1)).unwrap();
-    let mut s = scaler(scenario);
-    let mut out = Vec::new();
-    for step in scenario["steps"].as_array().unwrap() {
-        opt.zero_grad();
-        let f = factor(step["factor"].as_str().unwrap());
-        let loss = x
-            .matmul(&w.t().unwrap())
-            .unwrap()
-            .mse_loss(&y, Reduction::Mean)
-            .unwrap()
-            .mul_scalar(f)
-            .unwrap();
-        s.scale(&loss).unwrap().backward().unwrap();
-        let ran = s.step(&mut opt).unwrap();
-        assert_eq!(ran, !s.found_inf());
-        s.update().unwrap();
-        out.push((
-            !ran,
-            s.get_scale(),
-            s.growth_tracker(),
-            w.to_vec::<f32>().unwrap(),
-        ));
-    }
-    out
-}
-
-fn fused(scenario: &Value, device: Device) -> Steps {
+/// The scenario's steps on `device`: the usual path (scale, backward,
+/// step, update) or the fused one (`backward_step`, update).
+fn steps(scenario: &Value, device: Device, fused: bool) -> Steps {
     let (x, y, w) = data_on(device);
     let mut opt = Optimizer::new([w.clone()], Sgd::new(0.1)).unwrap();
     let mut s = scaler(scenario);
@@ -98,9 +71,18 @@ fn fused(scenario: &Value, device: Device) -> Steps {
                 .mse_loss(&y, Reduction::Mean)?
                 .mul_scalar(f)
         };
-        let ran = s.backward_step(&mut opt, forward).unwrap();
+        let ran = if fused {
+            let ran = s.backward_step(&mut opt, forward).unwrap();
+            assert!(w.grad().is_none(), "the fused path keeps no gradient");
+            ran
+        } else {
+            opt.zero_grad();
+            s.scale(&forward().unwrap()).unwrap().backward().unwrap();
+            let ran = s.step(&mut opt).unwrap();
+            assert_eq!(ran, !s.found_inf());
+            ran
+        };
         s.update().unwrap();
-        assert!(w.grad().is_none(), "the fused path keeps no gradient");
         out.push((
             !ran,
             s.get_scale(),
@@ -109,6 +91,14 @@ fn fused(scenario: &Value, device: Device) -> Steps {
         ));
     }
     out
+}
+
+fn usual(scenario: &Value, device: Device) -> Steps {
+    steps(scenario, device, false)
+}
+
+fn fused(scenario: &Value, device: Device) -> Steps {
+    steps(scenario, device, true)
 }
 
 #[test]
