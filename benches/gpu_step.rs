@@ -45,6 +45,8 @@ struct Workload {
     case: &'static str,
     dtype: DType,
     tf32: bool,
+    /// Every block a checkpointed segment (`--checkpoint`).
+    checkpoint: bool,
     /// PyTorch's measured ms for this step on an H200, where known
     /// (`benches/results/2026-11-27-h200.md`: forward + backward with the
     /// batch already on the device, PyTorch's defaults, so TF32
@@ -68,6 +70,7 @@ const fn resnet(
         case,
         dtype,
         tf32,
+        checkpoint: false,
         pytorch_ms_h200: pytorch,
     }
 }
@@ -83,11 +86,21 @@ const fn tokens(name: &'static str, model: &'static str) -> Workload {
         case: "all",
         dtype: DType::F32,
         tf32: false,
+        checkpoint: false,
         pytorch_ms_h200: None,
     }
 }
 
-const WORKLOADS: [Workload; 11] = [
+/// `w` with every block a checkpointed segment.
+const fn checkpointed(name: &'static str, w: Workload) -> Workload {
+    Workload {
+        name,
+        checkpoint: true,
+        ..w
+    }
+}
+
+const WORKLOADS: [Workload; 13] = [
     resnet("resnet18_b64_all_f32", "all", DType::F32, false, None),
     resnet("resnet18_b64_input_f32", "input", DType::F32, false, None),
     resnet(
@@ -135,6 +148,14 @@ const WORKLOADS: [Workload; 11] = [
     ),
     tokens("bert-base_b8x128_all_f32", "bert_base"),
     tokens("gpt2_b8x128_all_f32", "gpt2"),
+    checkpointed(
+        "resnet18_b64_all_tf32_ckpt",
+        resnet("", "all", DType::F32, true, None),
+    ),
+    checkpointed(
+        "bert-base_b8x128_all_f32_ckpt",
+        tokens("", "bert_base"),
+    ),
 ];
 
 struct Options {
@@ -189,7 +210,7 @@ fn spec(w: &Workload, size: usize) -> Result<StepSpec> {
         dtype: w.dtype,
         optimizer: OptimizerKind::Sgd,
         fused: false,
-        checkpoint: false,
+        checkpoint: w.checkpoint,
         case: parse_case(w.case)?,
         device: Device::Cuda(0),
     })

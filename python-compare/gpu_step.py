@@ -14,7 +14,10 @@ leangrad's default), f32 with TF32 on (PyTorch's default for convolutions)
 and bf16; BERT-base (sequence classification over 1000 classes, as
 leangrad's step) and GPT-2 small (next-token loss) at batch 8 × 128, case
 `all`, randomly initialised from their configurations (needs
-`transformers`).
+`transformers`). The `_ckpt` rows are the ResNet-18 TF32 `all` step and
+the BERT-base step with every residual block / encoder layer a
+non-reentrant checkpointed segment (`torch.utils.checkpoint(...,
+use_reentrant=False)`; Hugging Face's `gradient_checkpointing_enable`).
 
     python3 python-compare/gpu_step.py --device cuda --json
     python3 python-compare/gpu_step.py --device cpu --small   # a smoke test
@@ -43,13 +46,27 @@ def workloads():
            for mode, dtype, tf32 in RESNET_MODES for case in RESNET_CASES]
     out.append(("bert-base_b8x128_all_f32", ("bert_base", "all", torch.float32, False)))
     out.append(("gpt2_b8x128_all_f32", ("gpt2", "all", torch.float32, False)))
+    out.append(("resnet18_b64_all_tf32_ckpt", ("resnet18", "all-ckpt", torch.float32, True)))
+    out.append(("bert-base_b8x128_all_f32_ckpt", ("bert_base", "all-ckpt", torch.float32, False)))
     return out
+
+
+def checkpoint_blocks(model):
+    """Each residual block's forward a non-reentrant checkpointed segment."""
+    from torch.utils.checkpoint import checkpoint
+
+    for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for block in stage:
+            block.forward = lambda x, f=block.forward: checkpoint(f, x, use_reentrant=False)
 
 
 def resnet_step(case, dtype, device, small):
     batch, size = (2, 32) if small else (64, 224)
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=1000).to(device, dtype)
+    if case.endswith("-ckpt"):
+        case = case.removesuffix("-ckpt")
+        checkpoint_blocks(model)
     input_grad = case != "all"
     if input_grad:
         for p in model.parameters():
@@ -74,7 +91,7 @@ def resnet_step(case, dtype, device, small):
     return step
 
 
-def text_step(name, device, small):
+def text_step(name, device, small, ckpt=False):
     import transformers
     batch, seq = (2, 16) if small else (8, 128)
     torch.manual_seed(0)
@@ -85,6 +102,8 @@ def text_step(name, device, small):
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
     model = model.to(device)
     model.train()
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     vocab = model.config.vocab_size
     host_ids = (torch.arange(batch * seq) % vocab).view(batch, seq)
     labels = (torch.arange(batch) % 1000).to(device)
@@ -138,7 +157,7 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = tf32
         try:
             step = (resnet_step(case, dtype, device, a.small) if model == "resnet18"
-                    else text_step(model, device, a.small))
+                    else text_step(model, device, a.small, case.endswith("-ckpt")))
             row = {"workload": name, "framework": "pytorch", "torch": torch.__version__,
                    "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                    "measured_ms": timed(step, device, a.warmup, a.iters), "small": a.small}
