@@ -152,10 +152,7 @@ const WORKLOADS: [Workload; 13] = [
         "resnet18_b64_all_tf32_ckpt",
         resnet("", "all", DType::F32, true, None),
     ),
-    checkpointed(
-        "bert-base_b8x128_all_f32_ckpt",
-        tokens("", "bert_base"),
-    ),
+    checkpointed("bert-base_b8x128_all_f32_ckpt", tokens("", "bert_base")),
 ];
 
 struct Options {
