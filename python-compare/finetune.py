@@ -12,8 +12,8 @@ evaluation mode) and trains with SGD (momentum 0.9), Adam or AdamW
 (torch's defaults). `--fused` steps each parameter inside backward as soon
 as its gradient is accumulated (`register_post_accumulate_grad_hook`, one
 optimizer per parameter, PyTorch's "optimizer step in backward" recipe).
-`--checkpoint` runs each residual block as a non-reentrant checkpointed
-segment (`torch.utils.checkpoint(..., use_reentrant=False)`).
+`--checkpoint` runs each residual block (MobileNetV2: each `features.N`)
+as a non-reentrant checkpointed segment (`torch.utils.checkpoint(..., use_reentrant=False)`).
 Data: torchvision's `ImageFolder` and `DataLoader` (`--workers` processes,
 kept between epochs; shuffled by a generator seeded from `--seed` and the
 epoch; a resumed run's crops and flips differ from an uninterrupted
@@ -317,16 +317,21 @@ def describe(r):
 
 
 def checkpoint_blocks(model, name):
-    """Each residual block of a torchvision ResNet a non-reentrant
-    checkpointed segment, as leangrad's `--checkpoint` (the blocks' own
-    `forward` replaced, so the state_dict names stay torchvision's)."""
+    """Each residual block of a torchvision ResNet (each `features.N` of
+    MobileNetV2) a non-reentrant checkpointed segment, as leangrad's
+    `--checkpoint` (the blocks' own `forward` replaced, so the state_dict
+    names stay torchvision's)."""
     from torch.utils.checkpoint import checkpoint
 
-    if not name.startswith("resnet"):
+    if name == "mobilenet_v2":
+        blocks = list(model.features)
+    elif name.startswith("resnet"):
+        blocks = [b for stage in (model.layer1, model.layer2, model.layer3, model.layer4)
+                  for b in stage]
+    else:
         raise jc.JobError(f"{name} has no per-block checkpointing")
-    for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
-        for block in stage:
-            block.forward = lambda x, f=block.forward: checkpoint(f, x, use_reentrant=False)
+    for block in blocks:
+        block.forward = lambda x, f=block.forward: checkpoint(f, x, use_reentrant=False)
 
 
 def main(argv=None):

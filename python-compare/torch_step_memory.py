@@ -17,7 +17,8 @@ momentum 0.9, Adam, AdamW with PyTorch's defaults; `--fused`: one
 optimizer per parameter stepped in a post-accumulate-grad hook, PyTorch's
 "optimizer step in backward"); `--checkpoint`: activation checkpointing
 per block, non-reentrant (`torch.utils.checkpoint(..., use_reentrant=False)`
-around each torchvision residual block; Hugging Face's
+around each torchvision residual block and each of MobileNetV2's
+`features.N`; Hugging Face's
 `gradient_checkpointing_enable` with `use_reentrant: False`).
 
 It measures:
@@ -213,6 +214,13 @@ def build(torch, args):
 def checkpoint_blocks(torch, args, model):
     """Each residual block (CNNs) or encoder layer / block (transformers) a
     non-reentrant checkpointed segment, as leangrad's `--checkpoint`."""
+    if args.model == "mobilenet_v2":
+        # Every `features.N` block, as leangrad's MobileNetV2.
+        from torch.utils.checkpoint import checkpoint
+
+        for block in model.features:
+            block.forward = lambda x, f=block.forward: checkpoint(f, x, use_reentrant=False)
+        return
     if args.model not in ("resnet18", "resnet50"):
         if args.model in CNNS:
             raise SystemExit(f"{args.model} has no per-block checkpointing")

@@ -11,7 +11,7 @@ use leangrad::autograd::{checkpoint, no_grad, with_save_policy, SavePolicy};
 use leangrad::memory::{Category, Ledger};
 use leangrad::memory_plan::{run_step, OptimizerKind, StepInput, StepModel, StepSpec};
 use leangrad::models::{Bert, BertClassifier, BertConfig, Gpt2, Gpt2Config, ResNet, ResNetConfig};
-use leangrad::models::{ViT, ViTConfig};
+use leangrad::models::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config, ViT, ViTConfig};
 use leangrad::nn::{BatchNorm, Dropout, Linear, Module};
 use leangrad::ops::CrossEntropyOptions;
 use leangrad::optim::{Adam, Optimizer};
@@ -552,4 +552,33 @@ fn the_planner_predicts_checkpointed_steps_byte_for_byte_and_lower() {
             );
         }
     }
+}
+
+#[test]
+fn mobilenet_v2_blocks_checkpointed_with_dropout_give_the_same_gradients() {
+    let run = |on: bool| {
+        let config = MobileNetV2Config {
+            stem: 4,
+            settings: [(1, 4, 1, 1), (6, 6, 2, 2)]
+                .iter()
+                .map(|&(t, c, n, s)| InvertedResidualSetting { t, c, n, s })
+                .collect(),
+            last_channel: 16,
+            num_classes: 5,
+            in_channels: 3,
+            dropout: 0.2,
+        };
+        let mut m = MobileNetV2::new(&config, DType::F32, CPU, 3).unwrap();
+        m.gradient_checkpointing(on);
+        let x = Tensor::randn(&[2, 3, 32, 32], DType::F32, CPU, 11)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
+        let targets = Tensor::from_vec(vec![1i64, 4], &[2], CPU).unwrap();
+        step(&m, &x, &|x| {
+            m.forward(x)?
+                .cross_entropy(&targets, CrossEntropyOptions::default())
+        })
+    };
+    assert_eq!(run(true), run(false));
 }

@@ -69,3 +69,16 @@ fn names_are_torchvision_state_dict_names() {
     }
     assert_eq!(MobileNetV2Config::v2(1000).settings.len(), 7);
 }
+
+/// Every `features.N` block a checkpointed segment: the same fixtures hold
+/// in every case.
+#[test]
+fn checkpointed_tiny_mobilenet_v2_matches_pytorch() {
+    let make = |d: DType| {
+        let mut m = make(d);
+        m.gradient_checkpointing(true);
+        assert!(m.is_gradient_checkpointing());
+        m
+    };
+    check_model(&make, NAME, DType::F32, 1e-4);
+}

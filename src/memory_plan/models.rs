@@ -37,23 +37,29 @@ pub trait StepModel: Freeze {
         let _ = on;
         Err(Error::InvalidArgument {
             op: "checkpoint",
-            msg: "this model has no per-block checkpointing (resnet18, resnet50, vit_b16, \
-                  bert_base and gpt2 have)"
+            msg: "this model has no per-block checkpointing (resnet18, resnet50, \
+                  mobilenet_v2, vit_b16, bert_base and gpt2 have)"
                 .into(),
         })
     }
 }
 
-macro_rules! step_by_forward {
-    ($($model:ty),*) => {$(
-        impl StepModel for $model {
-            fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
-                self.forward(input)
-            }
-        }
-    )*};
+impl StepModel for Vgg {
+    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+        self.forward(input)
+    }
 }
-step_by_forward!(Vgg, MobileNetV2);
+
+impl StepModel for MobileNetV2 {
+    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+        self.forward(input)
+    }
+
+    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
+        self.gradient_checkpointing(on);
+        Ok(())
+    }
+}
 
 impl StepModel for ResNet {
     fn step_logits(&self, input: &Tensor) -> Result<Tensor> {

@@ -2,6 +2,7 @@
 //! `features.N.conv.M` names and depthwise convolutions, plus small
 //! configurations for tests.
 
+use super::checkpoint_block;
 use super::surgery::{head_like, HeadInit};
 use super::{
     batch_norm2d, kinds, part_of, ran_to_the_end, set_bn, set_conv, set_linear, square_conv,
@@ -71,6 +72,7 @@ impl MobileNetV2Config {
 
 /// A bias-free convolution, its BatchNorm and optionally ReLU6, with names
 /// relative to the block.
+#[derive(Clone)]
 struct Unit {
     conv: Conv2d,
     bn: BatchNorm,
@@ -79,6 +81,7 @@ struct Unit {
 }
 
 /// `features.N`: units in order, plus the residual connection if any.
+#[derive(Clone)]
 struct Block {
     name: String,
     units: Vec<Unit>,
@@ -117,6 +120,7 @@ pub struct MobileNetV2 {
     avgpool: AdaptiveAvgPool2d,
     dropout: Dropout,
     fc: Linear,
+    checkpointing: bool,
 }
 
 impl MobileNetV2 {
@@ -234,7 +238,21 @@ impl MobileNetV2 {
                 .dtype(dtype)
                 .seed(seed.wrapping_add(9))
                 .build(&device)?,
+            checkpointing: false,
         })
+    }
+
+    /// Runs each `features.N` block (the stem, every inverted residual, the
+    /// last 1×1 convolution) as a checkpointed segment when `on`: forward
+    /// keeps only each block's input, backward runs the block again;
+    /// gradients are unchanged. Off by default.
+    pub fn gradient_checkpointing(&mut self, on: bool) {
+        self.checkpointing = on;
+    }
+
+    /// Whether [`MobileNetV2::gradient_checkpointing`] is on.
+    pub fn is_gradient_checkpointing(&self) -> bool {
+        self.checkpointing
     }
 
     /// Makes each parameter require grad exactly when `want(name)` is true
@@ -315,7 +333,10 @@ impl FeatureMaps for MobileNetV2 {
     ) -> Result<Option<Tensor>> {
         let mut h = x.clone();
         for block in &self.blocks {
-            h = block.forward(&h)?;
+            h = match self.checkpointing {
+                true => checkpoint_block(block, &[&h], |b, xs| b.forward(&xs[0]))?,
+                false => block.forward(&h)?,
+            };
             stop_if!(visit(&block.name, &h));
         }
         h = self.avgpool.forward(&h)?;
