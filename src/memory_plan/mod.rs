@@ -187,9 +187,6 @@ pub fn run_step_recording(
         // Also forgets the op that ran last on this thread: it was not this step's.
         ledger.set_phase(Phase::Setup);
         let mut model = build(spec.dtype, spec.device)?;
-        if spec.checkpoint {
-            model.set_gradient_checkpointing(true)?;
-        }
         let params = trained_params(model.as_mut(), spec)?;
         let x = spec
             .input
@@ -239,10 +236,14 @@ pub fn run_step_recording(
     Ok(StepMemory { report, timeline })
 }
 
-/// Applies `spec.case` to `model` and returns the parameters it trains; a
-/// case that trains nothing and needs no input gradient is an error.
+/// Applies `spec.case` (and `spec.checkpoint`) to `model` and returns the
+/// parameters it trains; a case that trains nothing and needs no input
+/// gradient is an error.
 fn trained_params(model: &mut dyn StepModel, spec: &StepSpec) -> Result<Vec<Tensor>> {
     spec.case.apply(model)?;
+    if spec.checkpoint {
+        model.set_gradient_checkpointing(true)?;
+    }
     let params: Vec<Tensor> = model
         .parameters()
         .into_iter()
