@@ -50,37 +50,26 @@ impl StepModel for Vgg {
     }
 }
 
-impl StepModel for MobileNetV2 {
-    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
-        self.forward(input)
-    }
+/// A model whose step is its `forward` and whose blocks checkpoint through
+/// its own `gradient_checkpointing`.
+macro_rules! step_by_forward_with_blocks {
+    ($(impl$(<$g:ident: $bound:path>)? for $model:ty;)*) => {$(
+        impl$(<$g: $bound>)? StepModel for $model {
+            fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+                self.forward(input)
+            }
 
-    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
-        self.gradient_checkpointing(on);
-        Ok(())
-    }
+            fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
+                self.gradient_checkpointing(on);
+                Ok(())
+            }
+        }
+    )*};
 }
-
-impl StepModel for ResNet {
-    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
-        self.forward(input)
-    }
-
-    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
-        self.gradient_checkpointing(on);
-        Ok(())
-    }
-}
-
-impl<B: Backbone> StepModel for Classifier<B> {
-    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
-        self.forward(input)
-    }
-
-    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
-        self.gradient_checkpointing(on);
-        Ok(())
-    }
+step_by_forward_with_blocks! {
+    impl for ResNet;
+    impl for MobileNetV2;
+    impl<B: Backbone> for Classifier<B>;
 }
 
 impl StepModel for Gpt2 {
