@@ -131,6 +131,11 @@ impl Algorithm for Adam {
         2 + usize::from(self.amsgrad)
     }
 
+    fn slot_is_nonnegative(&self, slot: usize) -> bool {
+        // exp_avg_sq and max_exp_avg_sq.
+        slot >= 1
+    }
+
     fn update<T: FloatDType>(
         &self,
         step: u64,

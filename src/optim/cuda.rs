@@ -6,6 +6,7 @@
 //! by operation and in the same order, so the parameters come out
 //! bit-identical.
 
+use super::compact::StateFormat;
 use super::rule::{AdamParams, GradTransform, PendingUpdate, SgdParams, UpdateRule, NORM_LANES};
 use crate::cuda::check::{self, expect, float_suffix, input, invalid, RUN};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
@@ -272,18 +273,26 @@ fn clamp_abs_buffer(g: &CudaBuffer, layout: &Strided, bound: f64) -> Result<Cuda
     Ok(out)
 }
 
+/// One update as the CUDA glue takes it: the rule, the parameter's update
+/// count, its first element in its buffer, the gradient transform and the
+/// state's format.
+pub(crate) struct Update {
+    /// The algorithm's update as data.
+    pub rule: UpdateRule,
+    /// The parameter's update count, 1 on the first.
+    pub step: u64,
+    /// The parameter's first element in its buffer.
+    pub offset: usize,
+    /// The gradient transform (clipping).
+    pub transform: GradTransform,
+    /// How the state tensors hold the state.
+    pub format: StateFormat,
+}
+
 /// `apply_update` on CUDA: locks the storages (the gradient for reading,
 /// the parameter and state for writing, which bumps their versions) and
-/// runs `rule`'s kernel on the buffers. Allocates nothing.
-pub(crate) fn update(
-    rule: UpdateRule,
-    step: u64,
-    param: &Tensor,
-    offset: usize,
-    grad: &Tensor,
-    transform: GradTransform,
-    state: &[Tensor],
-) -> Result<()> {
+/// runs the rule's kernel on the buffers. Allocates nothing.
+pub(crate) fn update(u: Update, param: &Tensor, grad: &Tensor, state: &[Tensor]) -> Result<()> {
     let layout = crate::tensor::cuda::strided(grad.layout())?;
     let gbuf = grad.storage().cuda()?;
     let mut pbuf = param.storage().cuda_mut()?;
@@ -294,24 +303,136 @@ pub(crate) fn update(
     let mut srefs: Vec<&mut CudaBuffer> = sbufs.iter_mut().map(|b| &mut **b).collect();
     let args = UpdateArgs {
         param: &mut pbuf,
-        offset,
+        offset: u.offset,
         grad: &gbuf,
         layout,
-        map: transform,
+        map: u.transform,
     };
-    match rule {
-        UpdateRule::Sgd(hp) => sgd_step(args, srefs.first_mut().map(|b| &mut **b), step, &hp),
-        UpdateRule::Adam(hp) => {
+    match (u.rule, u.format) {
+        (UpdateRule::Sgd(hp), StateFormat::Full) => {
+            sgd_step(args, srefs.first_mut().map(|b| &mut **b), u.step, &hp)
+        }
+        (UpdateRule::Adam(hp), StateFormat::Full) => {
             let [m, v, rest @ ..] = &mut srefs[..] else {
                 return Err(invalid(
                     "cuda Adam",
                     format!("{} state buffers, 2 needed", state.len()),
                 ));
             };
-            adam_step(args, m, v, rest.first_mut().map(|b| &mut **b), step, &hp)
+            adam_step(args, m, v, rest.first_mut().map(|b| &mut **b), u.step, &hp)
+        }
+        (UpdateRule::Adam(hp), format) => adam_compact_step(args, &mut srefs, u.step, &hp, format),
+        (UpdateRule::Sgd(_), format) => Err(invalid(
+            "cuda SGD",
+            format!("{format} momentum buffers run on the CPU only; use f32 state on CUDA"),
+        )),
+    }
+}
+
+/// The two 8-bit maps, passed by value as `struct LgQuantMaps` in
+/// `optim.cu` (signed for first moments, unsigned for second moments).
+#[doc(hidden)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QuantMaps {
+    signed: [f32; 256],
+    unsigned: [f32; 256],
+}
+
+// SAFETY: a plain `repr(C)` struct of floats, laid out as
+// `struct LgQuantMaps` in `optim.cu`.
+unsafe impl DeviceRepr for QuantMaps {}
+
+impl QuantMaps {
+    /// The maps of [`super::compact`].
+    pub fn new() -> QuantMaps {
+        QuantMaps {
+            signed: super::compact::signed_map().values,
+            unsigned: super::compact::unsigned_map().values,
         }
     }
 }
+
+impl Default for QuantMaps {
+    fn default() -> Self {
+        QuantMaps::new()
+    }
+}
+
+/// One Adam step with compact state (`state`: per slot a bf16 buffer, or
+/// in 8-bit the u8 codes then the f32 block scales; slots m, v and, with
+/// amsgrad, vmax): per element the arithmetic of [`adam_step`] on the
+/// widened state, narrowed back as `super::compact` describes. bf16 runs
+/// one thread per element; 8-bit one block of 256 threads per
+/// quantisation block. Allocates nothing. Bit-identical to the CPU.
+fn adam_compact_step(
+    a: UpdateArgs<'_>,
+    state: &mut [&mut CudaBuffer],
+    step: u64,
+    hp: &AdamParams,
+    format: StateFormat,
+) -> Result<()> {
+    let op = "cuda Adam (compact state)";
+    let sfx = float_suffix(op, a.param.dtype())?;
+    let n = a.check(op)?;
+    let per = format.tensors_per_slot();
+    let slots = 2 + usize::from(hp.amsgrad);
+    if state.len() != slots * per {
+        return Err(invalid(
+            op,
+            format!("{} state buffers, {} needed", state.len(), slots * per),
+        ));
+    }
+    for (i, b) in state.iter().enumerate() {
+        let (dtype, len) = super::compact::expected_tensor(format, i, n);
+        expect(op, b, dtype, len, a.param)?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let c = AdamConstants::new(hp, step, hp.amsgrad);
+    let (n64, off, (gm, gp)) = (n as i64, a.offset as i64, code(a.map));
+    let gl = a.layout.coalesced();
+    let dev = a.param.device().clone();
+    let bufs = state_addresses(state, a.grad.address());
+    match format {
+        StateFormat::Bf16 => launch!(&dev, "optim.cu", format!("adam_bf16_state_{sfx}"),
+            CudaDevice::grid_for(n);
+            &n64, &c.neg_step, &c.bc2_sqrt, &c.eps, &c.weight, &c.beta2, &c.weight_decay,
+            &c.shrink, &c.l2, &c.decoupled, &c.maximize, &c.amsgrad, &gm, &gp,
+            a.param.slice_mut(), &off, a.grad.slice(), &gl, &bufs[0], &bufs[1], &bufs[2]),
+        _ => {
+            let blocks = n.div_ceil(super::compact::QUANT_BLOCK) as u32;
+            let grid = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (Q8_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let maps = QuantMaps::new();
+            launch!(&dev, "optim.cu", format!("adam_q8_state_{sfx}"), grid;
+                &n64, &c.neg_step, &c.bc2_sqrt, &c.eps, &c.weight, &c.beta2, &c.weight_decay,
+                &c.shrink, &c.l2, &c.decoupled, &c.maximize, &c.amsgrad, &gm, &gp,
+                a.param.slice_mut(), &off, a.grad.slice(), &gl, &maps,
+                &bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[4], &bufs[5])
+        }
+    }
+}
+
+/// The addresses of a compact state's buffers, in order, padded to six
+/// with `stand_in`: without amsgrad (or in bf16) the kernels never touch
+/// the missing buffers, so the gradient's address stands in for them (no
+/// placeholder allocation).
+fn state_addresses(state: &[&mut CudaBuffer], stand_in: u64) -> [u64; 6] {
+    let mut out = [stand_in; 6];
+    for (o, b) in out.iter_mut().zip(state) {
+        *o = b.address();
+    }
+    out
+}
+
+/// Threads per block of the 8-bit update (`LG_Q8_THREADS` in `optim.cu`):
+/// each handles `QUANT_BLOCK / Q8_THREADS` elements of its block.
+const Q8_THREADS: u32 = 256;
 
 /// Tensors per multi-tensor launch: `LG_LIST` in `optim.cu`.
 pub(crate) const LIST: usize = 32;

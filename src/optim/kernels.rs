@@ -7,6 +7,7 @@
 //! serves the usual path (`.grad` after backward) and the fused path (the
 //! gradient handed over by backward), so both give bit-identical parameters.
 
+use super::compact::{self, StateFormat};
 use super::rule::{GradTransform, PendingUpdate, UpdateRule, NORM_LANES};
 use crate::autograd::no_grad;
 use crate::dtype::CpuData;
@@ -67,7 +68,7 @@ impl<'a, T: FloatDType> GradReader<'a, T> {
     }
 
     /// A reader over a dense slice (one chunk of a gradient).
-    fn dense(data: &'a [T], transform: GradTransform) -> Self {
+    pub(super) fn dense(data: &'a [T], transform: GradTransform) -> Self {
         GradReader::with_offsets(data, None, 0, transform)
     }
 
@@ -144,6 +145,13 @@ pub trait Algorithm: Clone + std::fmt::Debug + Sync {
     /// How many state tensors (each the parameter's shape and dtype) one
     /// parameter needs: they are created, zeroed, on its first update.
     fn state_slots(&self) -> usize;
+    /// Whether state slot `slot` is never negative (a second moment): its
+    /// 8-bit form then uses the unsigned map
+    /// ([`StateFormat::Blockwise8`](super::StateFormat)). Default: false.
+    fn slot_is_nonnegative(&self, slot: usize) -> bool {
+        let _ = slot;
+        false
+    }
     /// Updates `param` in place from `grad`; `step` counts this parameter's
     /// updates, 1 on the first; `state` has [`Algorithm::state_slots`] slices.
     fn update<T: FloatDType>(
@@ -237,18 +245,12 @@ fn checked_range(
             });
         }
     }
-    param
-        .layout()
-        .contiguous_range()
-        .ok_or(Error::InvalidArgument {
-            op,
-            msg: "parameters are updated in place and must be contiguous".into(),
-        })
+    contiguous_param(op, param)
 }
 
 /// The update of one parameter, in place under `no_grad` (bumping its
 /// version): checks shapes, locks the storages and runs `alg` on them.
-/// `state` tensors must be contiguous and the parameter's shape.
+/// `state` tensors must be contiguous and the parameter's shape and dtype.
 pub fn apply_update<A: Algorithm>(
     alg: &A,
     step: u64,
@@ -257,7 +259,30 @@ pub fn apply_update<A: Algorithm>(
     transform: GradTransform,
     state: &[Tensor],
 ) -> Result<()> {
-    let range = checked_range(A::NAME, param, grad, state)?;
+    apply_update_as(alg, step, param, grad, transform, StateFormat::Full, state)
+}
+
+/// [`apply_update`] with the state kept in `format` (as
+/// [`StateFormat::for_param`] gives it for this parameter): full state is
+/// one tensor per slot like the parameter; bf16 one bf16 tensor per slot;
+/// 8-bit per slot the u8 codes and the f32 scales of its blocks.
+pub fn apply_update_as<A: Algorithm>(
+    alg: &A,
+    step: u64,
+    param: &Tensor,
+    grad: &Tensor,
+    transform: GradTransform,
+    format: StateFormat,
+    state: &[Tensor],
+) -> Result<()> {
+    let range = match format {
+        StateFormat::Full => checked_range(A::NAME, param, grad, state)?,
+        _ => {
+            check_like(A::NAME, param, grad)?;
+            compact::check_state(A::NAME, param, format, state)?;
+            contiguous_param(A::NAME, param)?
+        }
+    };
     let _ng = no_grad();
     match crate::meta::backend(A::NAME, &[param, grad])? {
         // Meta: no arithmetic; the parameter and its state change versions
@@ -270,7 +295,14 @@ pub fn apply_update<A: Algorithm>(
         }
         crate::meta::Backend::Cuda(n) => {
             let rule = alg.rule().ok_or(crate::meta::not_on_cuda(A::NAME, n))?;
-            return super::cuda::update(rule, step, param, range.start, grad, transform, state);
+            let u = super::cuda::Update {
+                rule,
+                step,
+                offset: range.start,
+                transform,
+                format,
+            };
+            return super::cuda::update(u, param, grad, state);
         }
         crate::meta::Backend::Cpu => {}
     }
@@ -280,44 +312,100 @@ pub fn apply_update<A: Algorithm>(
         .iter()
         .map(|s| s.storage().cpu_mut())
         .collect::<Result<Vec<_>>>()?;
-    #[allow(clippy::too_many_arguments)]
-    fn go<T: FloatDType, A: Algorithm>(
+    let host = HostUpdate {
+        step,
+        range,
+        glayout: grad.layout(),
+        transform,
+        format,
+    };
+    let (p, g, s) = (&mut *pdata, &*gdata, &mut sdata[..]);
+    match param.dtype() {
+        DType::F32 => host.run::<f32, A>(alg, p, g, s),
+        DType::F64 => host.run::<f64, A>(alg, p, g, s),
+        DType::F16 => host.run::<f16, A>(alg, p, g, s),
+        DType::BF16 => host.run::<bf16, A>(alg, p, g, s),
+        dtype => Err(Error::UnsupportedDType { op: A::NAME, dtype }),
+    }
+}
+
+/// The parameter's element range in its storage (it is updated in place,
+/// so it must be contiguous).
+fn contiguous_param(op: &'static str, param: &Tensor) -> Result<std::ops::Range<usize>> {
+    param
+        .layout()
+        .contiguous_range()
+        .ok_or(Error::InvalidArgument {
+            op,
+            msg: "parameters are updated in place and must be contiguous".into(),
+        })
+}
+
+/// One update on the host, its storages locked.
+struct HostUpdate<'a> {
+    step: u64,
+    range: std::ops::Range<usize>,
+    glayout: &'a Layout,
+    transform: GradTransform,
+    format: StateFormat,
+}
+
+impl HostUpdate<'_> {
+    fn run<T: FloatDType, A: Algorithm>(
+        &self,
         alg: &A,
-        step: u64,
         p: &mut CpuData,
-        range: std::ops::Range<usize>,
         g: &CpuData,
-        glayout: &Layout,
-        transform: GradTransform,
         s: &mut [std::sync::RwLockWriteGuard<'_, CpuData>],
     ) -> Result<()> {
-        let p = &mut typed_mut::<T>(p, A::NAME)?[range];
+        let p = &mut typed_mut::<T>(p, A::NAME)?[self.range.clone()];
         let g = typed::<T>(g, A::NAME)?;
+        let (glayout, transform) = (self.glayout, self.transform);
+        if self.format != StateFormat::Full {
+            let slots = compact_slots(alg, self.format, s)?;
+            compact::update_host(alg, self.step, p, g, glayout, transform, slots);
+            return Ok(());
+        }
         let mut states = s
             .iter_mut()
             .map(|guard| typed_mut::<T>(guard, A::NAME))
             .collect::<Result<Vec<_>>>()?;
-        let contiguous = glayout.contiguous_range();
-        if p.len() < UPDATE_CHUNK && contiguous.is_some() {
-            alg.update(
-                step,
-                p,
-                &GradReader::new(g, glayout, transform)?,
-                &mut states,
-            );
+        if p.len() < UPDATE_CHUNK && glayout.contiguous_range().is_some() {
+            let reader = GradReader::new(g, glayout, transform)?;
+            alg.update(self.step, p, &reader, &mut states);
             return Ok(());
         }
-        update_in_chunks(alg, step, p, g, glayout, transform, states);
+        update_in_chunks(alg, self.step, p, g, glayout, transform, states);
         Ok(())
     }
-    let (p, g, s, l) = (&mut *pdata, &*gdata, &mut sdata[..], grad.layout());
-    match param.dtype() {
-        DType::F32 => go::<f32, A>(alg, step, p, range, g, l, transform, s),
-        DType::F64 => go::<f64, A>(alg, step, p, range, g, l, transform, s),
-        DType::F16 => go::<f16, A>(alg, step, p, range, g, l, transform, s),
-        DType::BF16 => go::<bf16, A>(alg, step, p, range, g, l, transform, s),
-        dtype => Err(Error::UnsupportedDType { op: A::NAME, dtype }),
+}
+
+/// The host slices of a compact state, one [`compact::HostSlot`] per slot.
+fn compact_slots<'a, A: Algorithm>(
+    alg: &A,
+    format: StateFormat,
+    s: &'a mut [std::sync::RwLockWriteGuard<'_, CpuData>],
+) -> Result<Vec<compact::HostSlot<'a>>> {
+    let mut slots = Vec::new();
+    let mut guards = s.iter_mut();
+    while let Some(first) = guards.next() {
+        let slot = slots.len();
+        slots.push(match format {
+            StateFormat::Blockwise8 => {
+                let absmax = guards.next().ok_or(Error::InvalidArgument {
+                    op: A::NAME,
+                    msg: "8-bit state without its scales".into(),
+                })?;
+                compact::HostSlot::Quantized {
+                    codes: typed_mut::<u8>(first, A::NAME)?,
+                    absmax: typed_mut::<f32>(absmax, A::NAME)?,
+                    map: compact::slot_map(alg, slot),
+                }
+            }
+            _ => compact::HostSlot::Bf16(typed_mut::<bf16>(first, A::NAME)?),
+        });
     }
+    Ok(slots)
 }
 
 /// Whether `a` and `b` can share one multi-tensor launch: both on the
@@ -334,6 +422,8 @@ fn joins(a: &PendingUpdate, b: &PendingUpdate) -> bool {
         && a.param.dtype() == b.param.dtype()
         && a.step == b.step
         && a.transform == b.transform
+        && a.format == StateFormat::Full
+        && b.format == StateFormat::Full
 }
 
 /// The updates of one parameter group in order, each as
@@ -366,7 +456,15 @@ pub(crate) fn apply_updates<A: Algorithm>(alg: &A, updates: &[PendingUpdate]) ->
             }
             _ => {
                 let u = &updates[i];
-                apply_update(alg, u.step, &u.param, &u.grad, u.transform, &u.state)?;
+                apply_update_as(
+                    alg,
+                    u.step,
+                    &u.param,
+                    &u.grad,
+                    u.transform,
+                    u.format,
+                    &u.state,
+                )?;
                 j = i + 1;
             }
         }
@@ -431,7 +529,7 @@ fn update_in_chunks<T: FloatDType, A: Algorithm>(
 
 /// Elements `start..start + n` (row-major) of the strided view `layout`
 /// of `data`: an odometer over the multi-index from `start`'s.
-fn gather_range<T: Copy>(data: &[T], layout: &Layout, start: usize, n: usize) -> Vec<T> {
+pub(super) fn gather_range<T: Copy>(data: &[T], layout: &Layout, start: usize, n: usize) -> Vec<T> {
     let (shape, strides) = (layout.shape(), layout.strides());
     let rank = shape.len();
     let mut out = Vec::with_capacity(n);

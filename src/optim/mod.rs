@@ -30,6 +30,7 @@
 
 mod adam;
 mod clip;
+mod compact;
 mod cuda;
 mod fused;
 mod grad_scaler;
@@ -42,12 +43,16 @@ mod state;
 
 pub use adam::Adam;
 pub use clip::{clip_grad_norm, clip_grad_value, total_norm};
+pub use compact::{
+    dequantize_block, quantize_block, signed_map, unsigned_map, QuantMap, StateFormat,
+    MIN_8BIT_SIZE, QUANT_BLOCK,
+};
 /// The multi-tensor update's kernel argument (its size is checked
 /// against the kernel's by the launch-signature test).
 #[doc(hidden)]
 pub use cuda::TensorList;
 pub use grad_scaler::GradScaler;
-pub use kernels::{apply_update, sum_of_squares, Algorithm};
+pub use kernels::{apply_update, apply_update_as, sum_of_squares, Algorithm};
 pub use lbfgs::{Lbfgs, LbfgsOptions, LineSearch};
 pub use rule::{AdamParams, GradTransform, SgdParams, UpdateRule, NORM_LANES};
 pub use schedule::{
@@ -116,6 +121,9 @@ impl<A> ParamGroup<A> {
 /// A parameter's optimizer state.
 struct ParamState {
     step: u64,
+    /// How `tensors` hold the state (the optimizer's format as
+    /// [`StateFormat::for_param`] gives it for this parameter).
+    format: StateFormat,
     tensors: Vec<Tensor>,
 }
 
@@ -132,6 +140,7 @@ pub struct Optimizer<A: Algorithm> {
     buffers: HashMap<u64, Tensor>,
     global_norm: Option<f64>,
     steps: u64,
+    state_format: StateFormat,
 }
 
 impl<A: Algorithm> Optimizer<A> {
@@ -148,6 +157,7 @@ impl<A: Algorithm> Optimizer<A> {
             buffers: HashMap::new(),
             global_norm: None,
             steps: 0,
+            state_format: StateFormat::Full,
         };
         opt.add_param_group(params, hyper)?;
         Ok(opt)
@@ -262,6 +272,29 @@ impl<A: Algorithm> Optimizer<A> {
         Ok(())
     }
 
+    /// Keeps the state of parameters updated from now on in `format`
+    /// (bf16 or block-wise 8-bit moments instead of the parameter's dtype;
+    /// see [`StateFormat`]). Set it before the first update: changing it
+    /// once state exists is an error, as is changing it mid-window.
+    pub fn set_state_format(&mut self, format: StateFormat) -> Result<()> {
+        if format != self.state_format && (!self.state.is_empty() || self.micro != 0) {
+            return Err(Error::InvalidArgument {
+                op: "set_state_format",
+                msg: format!(
+                    "the optimizer already holds {} state; set the format before the first update",
+                    self.state_format
+                ),
+            });
+        }
+        self.state_format = format;
+        Ok(())
+    }
+
+    /// The format new state is kept in.
+    pub fn state_format(&self) -> StateFormat {
+        self.state_format
+    }
+
     /// Number of updates done (by either path).
     pub fn steps(&self) -> u64 {
         self.steps
@@ -305,7 +338,15 @@ impl<A: Algorithm> Optimizer<A> {
             return Ok(());
         };
         let hyper = &self.groups[group].hyper;
-        apply_update(hyper, u.step, &u.param, &u.grad, u.transform, &u.state)
+        apply_update_as(
+            hyper,
+            u.step,
+            &u.param,
+            &u.grad,
+            u.transform,
+            u.format,
+            &u.state,
+        )
     }
 
     /// A parameter's update made ready, shared by both paths: the gradient
@@ -348,10 +389,13 @@ impl<A: Algorithm> Optimizer<A> {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 let _state = with_category(Category::OptimizerState);
-                let tensors = (0..slots)
-                    .map(|_| Tensor::zeros(param.shape(), param.dtype(), param.device()))
-                    .collect::<Result<Vec<_>>>()?;
-                e.insert(ParamState { step: 0, tensors })
+                let format = self.state_format.for_param(param.numel());
+                let tensors = compact::new_state(param, slots, format)?;
+                e.insert(ParamState {
+                    step: 0,
+                    format,
+                    tensors,
+                })
             }
         };
         state.step = state.step.checked_add(1).ok_or_else(step_overflow)?;
@@ -360,6 +404,7 @@ impl<A: Algorithm> Optimizer<A> {
             grad: grad.clone(),
             transform,
             step: state.step,
+            format: state.format,
             state: state.tensors.clone(),
         }))
     }

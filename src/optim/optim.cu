@@ -298,6 +298,145 @@ __device__ __forceinline__ LgListRun lg_list_run(const LgTensorList& L, long lon
     }
 LG_FOR_FLOATS(LG_OPTIM)
 
+// Compact optimizer state (src/optim/compact.rs): Adam's moments kept in
+// bf16 or in block-wise 8-bit, widened to T for the update (LgAdam, the
+// same arithmetic as full state) and narrowed back through f32 as the CPU
+// narrows them. State buffers come as addresses (a missing one, without
+// amsgrad, is the gradient's address and never dereferenced).
+
+// The two 8-bit maps (QuantMaps in src/optim/cuda.rs): signed for first
+// moments, unsigned for second moments; each sorted ascending.
+struct LgQuantMaps {
+    float signed_map[256];
+    float unsigned_map[256];
+};
+
+// T -> f32 as the CPU's FloatDType::to_f32, f32 -> T as its from_f32.
+template <typename T> __device__ __forceinline__ float lg_narrow_f32(T v) {
+    return (float)lg_load(v);
+}
+template <typename T> __device__ __forceinline__ T lg_widen_f32(float v) {
+    return lg_store<T>((typename Acc<T>::type)v);
+}
+
+// The code nearest to x: a binary search over the midpoints of the sorted
+// map, a value on a midpoint taking the lower code (QuantMap::encode).
+__device__ __forceinline__ unsigned char lg_q8_encode(const float* map, float x) {
+    int lo = 0, hi = 255;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (x > __fmul_rn(__fadd_rn(map[mid], map[mid + 1]), 0.5f)) lo = mid + 1;
+        else hi = mid;
+    }
+    return (unsigned char)lo;
+}
+
+// Elements per quantisation block (QUANT_BLOCK) and threads per block of
+// the 8-bit kernels (Q8_THREADS): each thread takes LG_Q8_PER elements,
+// LG_Q8_THREADS apart.
+#define LG_Q8_BLOCK 2048
+#define LG_Q8_THREADS 256
+#define LG_Q8_PER (LG_Q8_BLOCK / LG_Q8_THREADS)
+
+// The largest of the block's values v (fmaxf: NaN ignored, as the CPU's
+// f32::max), every thread getting it.
+__device__ __forceinline__ float lg_q8_block_max(float v, float* red) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = LG_Q8_THREADS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float r = red[0];
+    __syncthreads();
+    return r;
+}
+
+// The 8-bit code of x under scale absmax (0 stands for 0 when absmax is 0).
+template <typename T>
+__device__ __forceinline__ unsigned char lg_q8_code(const float* map, T x, float absmax) {
+    return lg_q8_encode(map, absmax > 0.f ? __fdiv_rn(lg_narrow_f32(x), absmax) : 0.f);
+}
+
+#define LG_OPTIM_COMPACT(sfx, T)                                                      \
+    /* Adam with bf16 moments: one thread per element. */                             \
+    extern "C" __global__ void adam_bf16_state_##sfx(                                 \
+        long long n, double neg_step, double bc2_sqrt, double eps, double weight,     \
+        double beta2, double wd, double shrink, int l2, int decoupled, int maximize,  \
+        int amsgrad, int gmode, double gparam, T* p, long long poff, const T* g,      \
+        Strided gl, unsigned long long ma, unsigned long long va,                     \
+        unsigned long long xa) {                                                      \
+        LgAdam<T> u = LgAdam<T>::make(neg_step, bc2_sqrt, eps, weight, beta2, wd, shrink, \
+                                      l2, decoupled, maximize, amsgrad);              \
+        T gp = lg_from_f64<T>(gparam);                                                \
+        __nv_bfloat16 *m = (__nv_bfloat16*)ma, *v = (__nv_bfloat16*)va;               \
+        __nv_bfloat16* vmax = (__nv_bfloat16*)xa;                                     \
+        LG_GRID_LOOP(i, n) {                                                          \
+            T pv = p[poff + i], mx;                                                   \
+            T mv = lg_widen_f32<T>(__bfloat162float(m[i]));                           \
+            T vv = lg_widen_f32<T>(__bfloat162float(v[i]));                           \
+            if (amsgrad) mx = lg_widen_f32<T>(__bfloat162float(vmax[i]));             \
+            u.apply(pv, lg_grad(g, gl, i, gmode, gp), mv, vv, mx);                    \
+            m[i] = __float2bfloat16_rn(lg_narrow_f32(mv));                            \
+            v[i] = __float2bfloat16_rn(lg_narrow_f32(vv));                            \
+            if (amsgrad) vmax[i] = __float2bfloat16_rn(lg_narrow_f32(mx));            \
+            p[poff + i] = pv;                                                         \
+        }                                                                             \
+    }                                                                                 \
+    /* Adam with 8-bit moments: block b of LG_Q8_THREADS threads updates */           \
+    /* quantisation block b (codes mc/vc/xc, scales ma/va/xa), then */                \
+    /* quantises the new moments with the block's new absmax. */                      \
+    extern "C" __global__ void adam_q8_state_##sfx(                                   \
+        long long n, double neg_step, double bc2_sqrt, double eps, double weight,     \
+        double beta2, double wd, double shrink, int l2, int decoupled, int maximize,  \
+        int amsgrad, int gmode, double gparam, T* p, long long poff, const T* g,      \
+        Strided gl, LgQuantMaps maps, unsigned long long mc, unsigned long long ma,   \
+        unsigned long long vc, unsigned long long va, unsigned long long xc,          \
+        unsigned long long xa) {                                                      \
+        __shared__ float smap[256], umap[256], red[LG_Q8_THREADS];                    \
+        smap[threadIdx.x] = maps.signed_map[threadIdx.x];                             \
+        umap[threadIdx.x] = maps.unsigned_map[threadIdx.x];                           \
+        __syncthreads();                                                              \
+        LgAdam<T> u = LgAdam<T>::make(neg_step, bc2_sqrt, eps, weight, beta2, wd, shrink, \
+                                      l2, decoupled, maximize, amsgrad);              \
+        T gp = lg_from_f64<T>(gparam);                                                \
+        unsigned char *mq = (unsigned char*)mc, *vq = (unsigned char*)vc;             \
+        unsigned char* xq = (unsigned char*)xc;                                       \
+        float *mabs = (float*)ma, *vabs = (float*)va, *xabs = (float*)xa;             \
+        const long long b = blockIdx.x, base = b * LG_Q8_BLOCK + threadIdx.x;         \
+        const float am = mabs[b], av = vabs[b], ax = amsgrad ? xabs[b] : 0.f;         \
+        T mv[LG_Q8_PER], vv[LG_Q8_PER], xv[LG_Q8_PER];                                \
+        float lm = 0.f, lv = 0.f, lx = 0.f;                                           \
+        _Pragma("unroll") for (int k = 0; k < LG_Q8_PER; ++k) {                       \
+            long long i = base + (long long)k * LG_Q8_THREADS;                        \
+            if (i >= n) continue;                                                     \
+            T pv = p[poff + i];                                                       \
+            mv[k] = lg_widen_f32<T>(__fmul_rn(smap[mq[i]], am));                      \
+            vv[k] = lg_widen_f32<T>(__fmul_rn(umap[vq[i]], av));                      \
+            if (amsgrad) xv[k] = lg_widen_f32<T>(__fmul_rn(umap[xq[i]], ax));         \
+            u.apply(pv, lg_grad(g, gl, i, gmode, gp), mv[k], vv[k], xv[k]);           \
+            p[poff + i] = pv;                                                         \
+            lm = fmaxf(lm, fabsf(lg_narrow_f32(mv[k])));                              \
+            lv = fmaxf(lv, fabsf(lg_narrow_f32(vv[k])));                              \
+            if (amsgrad) lx = fmaxf(lx, fabsf(lg_narrow_f32(xv[k])));                 \
+        }                                                                             \
+        const float nm = lg_q8_block_max(lm, red), nv = lg_q8_block_max(lv, red);     \
+        const float nx = amsgrad ? lg_q8_block_max(lx, red) : 0.f;                    \
+        _Pragma("unroll") for (int k = 0; k < LG_Q8_PER; ++k) {                       \
+            long long i = base + (long long)k * LG_Q8_THREADS;                        \
+            if (i >= n) continue;                                                     \
+            mq[i] = lg_q8_code(smap, mv[k], nm);                                      \
+            vq[i] = lg_q8_code(umap, vv[k], nv);                                      \
+            if (amsgrad) xq[i] = lg_q8_code(umap, xv[k], nx);                         \
+        }                                                                             \
+        if (threadIdx.x == 0) {                                                       \
+            mabs[b] = nm;                                                             \
+            vabs[b] = nv;                                                             \
+            if (amsgrad) xabs[b] = nx;                                                \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_OPTIM_COMPACT)
+
 // The lanes' partial sums (`pow2` of them, a power of two, zero-padded)
 // added as a fixed pairwise tree, the CPU's order: at each level s = pow2/2,
 // pow2/4, ..., 1, part[k] += part[k + s] for k < s. One block; every thread

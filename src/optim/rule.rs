@@ -82,6 +82,8 @@ pub(crate) struct PendingUpdate {
     pub transform: GradTransform,
     /// The parameter's update count, 1 on the first.
     pub step: u64,
+    /// How its state tensors hold the state.
+    pub format: super::StateFormat,
     /// Its state tensors.
     pub state: Vec<Tensor>,
 }

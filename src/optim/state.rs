@@ -14,11 +14,12 @@
 //! resumes bit for bit. The usual path's pending `.grad`s are included on
 //! request ([`Optimizer::pending_grads`]).
 
+use super::compact::{expected_tensor, StateFormat};
 use super::kernels::{nonneg, Algorithm};
 use super::{Adam, Clip, Optimizer, ParamState, Sgd};
 use crate::autograd::no_grad;
 use crate::memory::{with_category, Category};
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -122,15 +123,60 @@ fn name_of(p: &Tensor, names: &[(String, Tensor)]) -> Option<String> {
 /// A new tensor shaped, typed and placed as `like`, holding `src`'s values
 /// (cast to `like`'s dtype), counted under `category`.
 fn fresh_copy(src: &Tensor, like: &Tensor, category: Category) -> Result<Tensor> {
+    fresh_copy_as(src, like, like.dtype(), category)
+}
+
+/// [`fresh_copy`] in `dtype`, shaped as `src`, on `like`'s device.
+fn fresh_copy_as(src: &Tensor, like: &Tensor, dtype: DType, category: Category) -> Result<Tensor> {
     let _category = with_category(category);
     let _no_grad = no_grad();
-    let dst = Tensor::zeros(like.shape(), like.dtype(), like.device())?;
-    let src = src
-        .detach()
-        .to_dtype(like.dtype())?
-        .to_device(like.device())?;
+    let dst = Tensor::zeros(src.shape(), dtype, like.device())?;
+    let src = src.detach().to_dtype(dtype)?.to_device(like.device())?;
     crate::primitives::copy_into(&dst, &src)?;
     Ok(dst)
+}
+
+/// The names of a parameter's state tensors in `format`: the slots' names,
+/// each followed in 8-bit by `{slot}_absmax` (its blocks' scales).
+fn state_names(slots: &[&str], format: StateFormat) -> Vec<String> {
+    slots
+        .iter()
+        .flat_map(|s| match format {
+            StateFormat::Blockwise8 => vec![s.to_string(), format!("{s}_absmax")],
+            _ => vec![s.to_string()],
+        })
+        .collect()
+}
+
+/// Checks saved tensor `i` of a compact state (`entry` names it) against
+/// what the format needs for `param`: bf16 state may come from any float
+/// tensor of the parameter's shape (it is rounded to bf16); 8-bit codes
+/// and scales must be exactly the u8 and f32 tensors the format keeps.
+fn check_compact(
+    entry: &str,
+    src: &Tensor,
+    param: &Tensor,
+    format: StateFormat,
+    i: usize,
+) -> Result<()> {
+    let (dtype, numel) = expected_tensor(format, i, param.numel());
+    let fits = match (format, i % 2) {
+        (StateFormat::Bf16, _) => src.shape() == param.shape() && src.dtype().is_float(),
+        (_, 0) => src.shape() == param.shape() && src.dtype() == dtype,
+        _ => src.shape() == [numel] && src.dtype() == dtype,
+    };
+    if fits {
+        return Ok(());
+    }
+    Err(fault(
+        entry,
+        format!(
+            "{:?} {:?} cannot be {format} state of a parameter of shape {:?} (expected {dtype:?} × {numel})",
+            src.dtype(),
+            src.shape(),
+            param.shape()
+        ),
+    ))
 }
 
 /// The ledger category of a restored gradient of `param`.
@@ -194,21 +240,18 @@ impl<A: CheckpointHyper> Optimizer<A> {
             for p in &group.params {
                 if let Some(leaf) = p.leaf_id() {
                     if let Some(s) = self.state.get(&leaf) {
-                        if s.tensors.len() != slots.len() {
+                        let names = state_names(&slots, s.format);
+                        if s.tensors.len() != names.len() {
                             return Err(fault(
                                 format!("state.{id}"),
                                 format!(
                                     "holds {} state tensors, the group's hyper-parameters need {}",
                                     s.tensors.len(),
-                                    slots.len()
+                                    names.len()
                                 ),
                             ));
                         }
-                        let tensors = slots
-                            .iter()
-                            .map(|s| s.to_string())
-                            .zip(s.tensors.iter().cloned())
-                            .collect();
+                        let tensors = names.into_iter().zip(s.tensors.iter().cloned()).collect();
                         state.insert(
                             id,
                             SavedParamState {
@@ -369,25 +412,30 @@ impl<A: CheckpointHyper> Optimizer<A> {
         let mut state = HashMap::new();
         for (&id, s) in &saved.state {
             let (t, leaf) = owned(id, &format!("state.{id}"))?;
-            let wanted = hypers[t.group].slot_names();
-            if let Some(extra) = s.tensors.keys().find(|k| !wanted.contains(&k.as_str())) {
+            let format = self.state_format.for_param(t.param.numel());
+            let wanted = state_names(&hypers[t.group].slot_names(), format);
+            if let Some(extra) = s.tensors.keys().find(|k| !wanted.contains(k)) {
                 return Err(fault(
                     format!("state.{id}.{extra}"),
                     format!(
-                        "not a state of {} with these hyper-parameters (expected {wanted:?})",
+                        "not a state of {} with these hyper-parameters and {format} state (expected {wanted:?})",
                         hypers[t.group].kind()
                     ),
                 ));
             }
             let mut tensors = Vec::with_capacity(wanted.len());
-            for slot in wanted {
+            for (i, slot) in wanted.iter().enumerate() {
                 let entry = format!("state.{id}.{slot}");
                 let src = s
                     .tensors
                     .get(slot)
                     .ok_or_else(|| fault(entry.as_str(), format!("missing (step {})", s.step)))?;
-                check_fits(&entry, src, &t.param, t.name.as_deref())?;
-                tensors.push((src, t));
+                if format == StateFormat::Full {
+                    check_fits(&entry, src, &t.param, t.name.as_deref())?;
+                } else {
+                    check_compact(&entry, src, &t.param, format, i)?;
+                }
+                tensors.push((src, t, i));
             }
             if s.step > MAX_STEP_COUNT {
                 return Err(fault(
@@ -398,7 +446,7 @@ impl<A: CheckpointHyper> Optimizer<A> {
                     ),
                 ));
             }
-            state.insert(leaf, (s.step, tensors));
+            state.insert(leaf, (s.step, format, tensors));
         }
         let mut buffers = Vec::new();
         for (&id, b) in &saved.accumulated {
@@ -443,12 +491,25 @@ impl<A: CheckpointHyper> Optimizer<A> {
         // Everything fits: copy (which may still run out of memory) before
         // changing anything.
         let mut new_state = HashMap::with_capacity(state.len());
-        for (leaf, (step, tensors)) in state {
+        for (leaf, (step, format, tensors)) in state {
             let tensors = tensors
                 .into_iter()
-                .map(|(src, t)| fresh_copy(src, &t.param, Category::OptimizerState))
+                .map(|(src, t, i)| {
+                    let dtype = match format {
+                        StateFormat::Full => t.param.dtype(),
+                        _ => expected_tensor(format, i, t.param.numel()).0,
+                    };
+                    fresh_copy_as(src, &t.param, dtype, Category::OptimizerState)
+                })
                 .collect::<Result<Vec<_>>>()?;
-            new_state.insert(leaf, ParamState { step, tensors });
+            new_state.insert(
+                leaf,
+                ParamState {
+                    step,
+                    format,
+                    tensors,
+                },
+            );
         }
         let mut new_buffers = HashMap::with_capacity(buffers.len());
         for (leaf, b, t) in buffers {
