@@ -10,7 +10,8 @@ mod device_common;
 
 use leangrad::memory::{Category, Ledger};
 use leangrad::optim::{
-    apply_update, sum_of_squares, Adam, Algorithm, Clip, GradTransform, Optimizer, Sgd, NORM_LANES,
+    apply_update, apply_update_as, sum_of_squares, Adam, Algorithm, Clip, GradTransform, Optimizer,
+    Sgd, StateFormat, NORM_LANES, QUANT_BLOCK,
 };
 use leangrad::{DType, Device, Tensor};
 
@@ -152,6 +153,101 @@ fn sgd_updates_equal_the_cpu_bit_for_bit() {
 fn adam_updates_equal_the_cpu_bit_for_bit() {
     for (name, alg) in adam_cases(1e-8) {
         check_kernels(name, &alg);
+    }
+}
+
+/// Zeroed compact state of `slots` slots for a `shape` parameter: bf16
+/// tensors, or per slot the u8 codes and the f32 block scales.
+fn compact_state(slots: usize, shape: &[usize], format: StateFormat, dev: Device) -> Vec<Tensor> {
+    let n: usize = shape.iter().product();
+    let mut out = Vec::new();
+    for _ in 0..slots {
+        match format {
+            StateFormat::Bf16 => out.push(Tensor::zeros(shape, DType::BF16, dev).unwrap()),
+            _ => {
+                out.push(Tensor::zeros(shape, DType::U8, dev).unwrap());
+                let blocks = n.div_ceil(QUANT_BLOCK);
+                out.push(Tensor::zeros(&[blocks], DType::F32, dev).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// As [`kernel_run`] with compact state: a `[3, 2100]` view at offset 2100
+/// of a `[5, 2100]` storage (four quantisation blocks, the last partial),
+/// transposed gradients, three updates; the parameter and every state
+/// tensor (codes, scales, bf16 values) after each.
+fn compact_run(
+    alg: &Adam,
+    dtype: DType,
+    transform: GradTransform,
+    format: StateFormat,
+    dev: Device,
+) -> Vec<Vec<f64>> {
+    let base = rand(&[5, 2100], dtype, 12).to_device(dev).unwrap();
+    let param = base.narrow(0, 1, 3).unwrap();
+    let state = compact_state(alg.state_slots(), &[3, 2100], format, dev);
+    let mut out = Vec::new();
+    for step in 1..=3u64 {
+        let mut g = rand(&[2100, 3], dtype, 30 + step).to_f64_vec().unwrap();
+        if step == 1 {
+            // The last block (row 2 of the parameter from column 1944) gets
+            // a zero gradient: its scales are 0 after the first step.
+            for c in 1944..2100 {
+                g[c * 3 + 2] = 0.0;
+            }
+        }
+        let g = Tensor::from_vec(g, &[2100, 3], Device::Cpu).unwrap();
+        let g = g
+            .to_dtype(dtype)
+            .unwrap()
+            .to_device(dev)
+            .unwrap()
+            .t()
+            .unwrap();
+        apply_update_as(alg, step, &param, &g, transform, format, &state).unwrap();
+        out.push(param.to_f64_vec().unwrap());
+        for s in &state {
+            out.push(s.to_f64_vec().unwrap());
+        }
+    }
+    out
+}
+
+/// The compact-state Adam kernels (bf16 and 8-bit, with and without
+/// amsgrad, every float parameter dtype and transform) equal the CPU's
+/// update bit for bit: parameters, codes, scales and bf16 moments.
+#[test]
+fn compact_state_updates_equal_the_cpu_bit_for_bit() {
+    let cases = [
+        ("adamw", Adam::adamw(0.01).weight_decay(0.02)),
+        (
+            "adam amsgrad l2",
+            Adam::new(0.01).amsgrad(true).weight_decay(0.05),
+        ),
+        (
+            "adam maximize beta1 0.3",
+            Adam::new(0.01).maximize(true).betas(0.3, 0.99),
+        ),
+    ];
+    for format in [StateFormat::Bf16, StateFormat::Blockwise8] {
+        for (name, alg) in &cases {
+            for dtype in KERNEL_FLOATS {
+                for transform in TRANSFORMS {
+                    let want = compact_run(alg, dtype, transform, format, Device::Cpu);
+                    assert!(want[1].iter().any(|&m| m != 0.0), "{name}: state moved");
+                    for dev in cuda_common::devices("compact optimizer state") {
+                        let got = compact_run(alg, dtype, transform, format, dev);
+                        bit_equal(
+                            &format!("{name} {format} {dtype:?} {transform:?} on {dev}"),
+                            &want,
+                            &got,
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -508,6 +604,84 @@ fn optimizer_state_lives_on_the_parameter_device_and_counts_exactly() {
             assert_eq!(run.state_peak, want, "{dtype:?} on {dev}");
             let plain = train(&Sgd::new(0.1), Clip::None, Path::Fused, dtype, dev);
             assert_eq!((plain.state_bytes, plain.state_peak), (0, 0));
+        }
+    }
+}
+
+/// An optimizer with compact state on a device: three steps (usual and
+/// fused) of a 5000-element parameter (three quantisation blocks) and a
+/// 40-element one (under the 8-bit threshold: full state) whose gradients
+/// are exact give the CPU's parameters and state bit for bit, the same
+/// state bytes, and state that lives on the device.
+#[test]
+fn compact_state_optimizer_on_every_device_equals_the_cpu() {
+    fn run(format: StateFormat, fused: bool, dev: Device) -> (Vec<Vec<f64>>, usize, usize) {
+        let ps: Vec<Tensor> = [5000usize, 40]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                rand(&[n], DType::F32, 70 + i as u64)
+                    .to_device(dev)
+                    .and_then(|t| t.set_requires_grad(true))
+                    .unwrap()
+            })
+            .collect();
+        let ledger = Ledger::new();
+        let guard = ledger.enter();
+        let mut opt = Optimizer::new(ps.clone(), Adam::adamw(0.01).amsgrad(true)).unwrap();
+        opt.set_state_format(format).unwrap();
+        for step in 0..3u64 {
+            let mut loss: Option<Tensor> = None;
+            for (i, p) in ps.iter().enumerate() {
+                let c = rand(&[p.numel()], DType::F32, 80 + 2 * step + i as u64);
+                let term = p
+                    .mul(&c.to_device(dev).unwrap())
+                    .unwrap()
+                    .sum_all()
+                    .unwrap();
+                loss = Some(match loss {
+                    None => term,
+                    Some(l) => l.add(&term).unwrap(),
+                });
+            }
+            let loss = loss.unwrap();
+            if fused {
+                opt.backward_step(&loss).unwrap();
+            } else {
+                loss.backward().unwrap();
+                opt.step().unwrap();
+                opt.zero_grad();
+            }
+        }
+        let state_peak = ledger.peak_in(dev, Category::OptimizerState);
+        drop(guard);
+        let mut out: Vec<Vec<f64>> = ps.iter().map(|p| p.to_f64_vec().unwrap()).collect();
+        let sd = opt.state_dict().unwrap();
+        for s in sd.state.values() {
+            for t in s.tensors.values() {
+                assert_eq!(t.device(), dev);
+                out.push(t.to_f64_vec().unwrap());
+            }
+        }
+        (out, opt.state_bytes(), state_peak)
+    }
+    for format in [StateFormat::Bf16, StateFormat::Blockwise8] {
+        let want = run(format, false, Device::Cpu);
+        let full = run(StateFormat::Full, false, Device::Cpu);
+        assert!(
+            want.1 <= full.1 / 2,
+            "{format}: {} vs {} bytes",
+            want.1,
+            full.1
+        );
+        assert_eq!(want.2, want.1, "{format}: ledger counts the state");
+        for fused in [false, true] {
+            for dev in cuda_common::devices("compact optimizer state") {
+                let got = run(format, fused, dev);
+                let what = format!("{format} fused {fused} on {dev}");
+                bit_equal(&what, &want.0, &got.0);
+                assert_eq!((got.1, got.2), (want.1, want.2), "{what}: state bytes");
+            }
         }
     }
 }

@@ -731,6 +731,10 @@ fn every_launch_matches_its_kernels_parameters() {
             "TensorList",
             std::mem::size_of::<leangrad::optim::TensorList>(),
         ),
+        (
+            "QuantMaps",
+            std::mem::size_of::<leangrad::optim::QuantMaps>(),
+        ),
     ]
     .into_iter()
     .collect();

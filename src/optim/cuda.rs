@@ -394,13 +394,13 @@ fn adam_compact_step(
     let (n64, off, (gm, gp)) = (n as i64, a.offset as i64, code(a.map));
     let gl = a.layout.coalesced();
     let dev = a.param.device().clone();
-    let bufs = state_addresses(state, a.grad.address());
+    let (s0, s1, s2, s3, s4, s5) = state_addresses(state, a.grad.address());
     match format {
         StateFormat::Bf16 => launch!(&dev, "optim.cu", format!("adam_bf16_state_{sfx}"),
             CudaDevice::grid_for(n);
             &n64, &c.neg_step, &c.bc2_sqrt, &c.eps, &c.weight, &c.beta2, &c.weight_decay,
             &c.shrink, &c.l2, &c.decoupled, &c.maximize, &c.amsgrad, &gm, &gp,
-            a.param.slice_mut(), &off, a.grad.slice(), &gl, &bufs[0], &bufs[1], &bufs[2]),
+            a.param.slice_mut(), &off, a.grad.slice(), &gl, &s0, &s1, &s2),
         _ => {
             let blocks = n.div_ceil(super::compact::QUANT_BLOCK) as u32;
             let grid = LaunchConfig {
@@ -408,12 +408,12 @@ fn adam_compact_step(
                 block_dim: (Q8_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let maps = QuantMaps::new();
+            let maps: QuantMaps = QuantMaps::new();
             launch!(&dev, "optim.cu", format!("adam_q8_state_{sfx}"), grid;
                 &n64, &c.neg_step, &c.bc2_sqrt, &c.eps, &c.weight, &c.beta2, &c.weight_decay,
                 &c.shrink, &c.l2, &c.decoupled, &c.maximize, &c.amsgrad, &gm, &gp,
                 a.param.slice_mut(), &off, a.grad.slice(), &gl, &maps,
-                &bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[4], &bufs[5])
+                &s0, &s1, &s2, &s3, &s4, &s5)
         }
     }
 }
@@ -422,12 +422,13 @@ fn adam_compact_step(
 /// with `stand_in`: without amsgrad (or in bf16) the kernels never touch
 /// the missing buffers, so the gradient's address stands in for them (no
 /// placeholder allocation).
-fn state_addresses(state: &[&mut CudaBuffer], stand_in: u64) -> [u64; 6] {
+fn state_addresses(state: &[&mut CudaBuffer], stand_in: u64) -> (u64, u64, u64, u64, u64, u64) {
     let mut out = [stand_in; 6];
     for (o, b) in out.iter_mut().zip(state) {
         *o = b.address();
     }
-    out
+    let [a, b, c, d, e, f] = out;
+    (a, b, c, d, e, f)
 }
 
 /// Threads per block of the 8-bit update (`LG_Q8_THREADS` in `optim.cu`):

@@ -50,7 +50,7 @@ pub use compact::{
 /// The multi-tensor update's kernel argument (its size is checked
 /// against the kernel's by the launch-signature test).
 #[doc(hidden)]
-pub use cuda::TensorList;
+pub use cuda::{QuantMaps, TensorList};
 pub use grad_scaler::GradScaler;
 pub use kernels::{apply_update, apply_update_as, sum_of_squares, Algorithm};
 pub use lbfgs::{Lbfgs, LbfgsOptions, LineSearch};
