@@ -208,6 +208,7 @@ fn spec(w: &Workload, size: usize) -> Result<StepSpec> {
         optimizer: OptimizerKind::Sgd,
         fused: false,
         checkpoint: w.checkpoint,
+        optimizer_state: leangrad::optim::StateFormat::Full,
         case: parse_case(w.case)?,
         device: Device::Cuda(0),
     })

@@ -20,6 +20,7 @@ fn main() {
             optimizer: OptimizerKind::Sgd,
             fused: false,
             checkpoint: false,
+            optimizer_state: leangrad::optim::StateFormat::Full,
             case: Case::all()[0],
             device: Device::Meta,
         };
@@ -46,6 +47,7 @@ fn main() {
                 optimizer: OptimizerKind::Sgd,
                 fused: false,
                 checkpoint: false,
+                optimizer_state: leangrad::optim::StateFormat::Full,
                 case,
                 device: Device::Meta,
             };

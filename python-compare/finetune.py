@@ -53,6 +53,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from torchvision.datasets import ImageFolder  # noqa: E402
 
 STATE_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+# bitsandbytes' 8-bit optimizers' state (counted in memory, never saved).
+BNB_STATE_KEYS = ("state1", "state2", "absmax1", "absmax2", "qmap1", "qmap2")
 
 
 def parse_args(argv=None):
@@ -75,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--fused", action="store_true", help="update each parameter inside backward")
     p.add_argument("--checkpoint", action="store_true",
                    help="activation checkpointing per residual block")
+    p.add_argument("--optimizer-state", default="f32", choices=["f32", "bf16", "8bit"],
+                   help="8bit: bitsandbytes' 8-bit optimizers; bf16 has no PyTorch counterpart")
     p.add_argument("--out", default=None, help="the checkpoint folder written after every epoch")
     p.add_argument("--resume", default=None, help="resume from this checkpoint folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffling and the random crops and flips")
@@ -120,6 +124,23 @@ class Updates:
         make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=a.lr, momentum=0.9),
                 "adam": lambda ps: torch.optim.Adam(ps, lr=a.lr),
                 "adamw": lambda ps: torch.optim.AdamW(ps, lr=a.lr)}[a.optimizer]
+        if a.optimizer_state == "bf16":
+            raise jc.JobError("--optimizer-state bf16: PyTorch has no optimizer with bf16 state "
+                              "for f32 parameters")
+        if a.optimizer_state == "8bit":
+            if a.out is not None or a.resume is not None:
+                # bitsandbytes' state (blocks of 256, its own names) is not
+                # a leangrad checkpoint's (blocks of 2048).
+                raise jc.JobError("--optimizer-state 8bit: bitsandbytes' 8-bit state cannot be "
+                                  "written or read as a leangrad checkpoint (--out, --resume)")
+            try:
+                import bitsandbytes as bnb
+            except ImportError as e:
+                raise jc.JobError("--optimizer-state 8bit needs bitsandbytes "
+                                  "(pip install bitsandbytes)") from e
+            make = {"sgd": lambda ps: bnb.optim.SGD8bit(ps, lr=a.lr, momentum=0.9),
+                    "adam": lambda ps: bnb.optim.Adam8bit(ps, lr=a.lr),
+                    "adamw": lambda ps: bnb.optim.AdamW8bit(ps, lr=a.lr)}[a.optimizer]
         self.kind = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}[a.optimizer]
         self.opts = [make([p]) for p in params] if a.fused else [make(params)]
         self.updates = 0
@@ -146,7 +167,7 @@ class Updates:
 
     def state_tensors(self):
         return [t for i, p in enumerate(self.params) for k, t in self.owner(i).state[p].items()
-                if k in STATE_KEYS]
+                if k in STATE_KEYS or k in BNB_STATE_KEYS]
 
     def save(self, folder, names, epoch, steps, model_name):
         tensors, state = {}, {}

@@ -47,11 +47,17 @@ VGG-16, is left out, as leangrad refuses it):
     python3 python-compare/torch_step_memory.py --model resnet18 --batch 64 \
         --case input-bn-eval [--size 224] [--classes 1000] [--seq 128] \
         [--dtype f32|f16|bf16] [--optimizer sgd|adam|adamw] [--fused] [--checkpoint] \
-        [--device meta|cpu|cuda] [--attention sdpa|eager]
+        [--optimizer-state f32|bf16|8bit] [--device meta|cpu|cuda] [--attention sdpa|eager]
+
+`--optimizer-state 8bit` uses bitsandbytes' 8-bit optimizers (`Adam8bit`,
+`AdamW8bit`, `SGD8bit`; block-wise state, f32 under 4096 elements); `bf16`
+has no PyTorch counterpart and is answered as unsupported (exit 3 with
+`{"missing": [], "unsupported": why}`).
 
 The object: `model`, `source` (the PyTorch class), `versions` (torch,
 torchvision, transformers), the step as run (`batch`, `size` or null,
-`seq` or null, `classes`, `dtype`, `optimizer`, `fused`, `checkpoint`, `case`,
+`seq` or null, `classes`, `dtype`, `optimizer`, `fused`, `checkpoint`,
+`optimizer_state`, `case`,
 `device`, `attention`: the Hugging Face attention implementation, null
 for the CNNs), `trainable_parameters` (elements requiring grad), `parameter_bytes`
 (the model's parameters and buffers), `optimizer_state_bytes` (the
@@ -110,8 +116,11 @@ VIT_LAYER_ORDER = ["attention.attention.query", "attention.attention.key",
                    "layernorm_after"]
 
 
-def needed_modules(model):
-    return ["torch", "torchvision" if model in CNNS else "transformers"]
+def needed_modules(args):
+    out = ["torch", "torchvision" if args.model in CNNS else "transformers"]
+    if args.optimizer_state == "8bit":
+        out.append("bitsandbytes")  # its 8-bit optimizers are PyTorch's
+    return out
 
 
 def leangrad_name(model, name):
@@ -272,6 +281,16 @@ def logits(args, model, x):
 
 
 def optimizer(torch, args, params):
+    if args.optimizer_state == "8bit":
+        # bitsandbytes' block-wise 8-bit state, what a PyTorch user turns on
+        # (parameters under 4096 elements keep f32 state, as leangrad's).
+        import bitsandbytes as bnb
+
+        if args.optimizer == "sgd":
+            return bnb.optim.SGD8bit(params, lr=0.01, momentum=0.9)
+        if args.optimizer == "adam":
+            return bnb.optim.Adam8bit(params, lr=1e-3)
+        return bnb.optim.AdamW8bit(params, lr=1e-3)
     if args.optimizer == "sgd":
         return torch.optim.SGD(params, lr=0.01, momentum=0.9)
     if args.optimizer == "adam":
@@ -393,6 +412,7 @@ def measure(torch, args, case):
         "optimizer": args.optimizer,
         "fused": args.fused,
         "checkpoint": args.checkpoint,
+        "optimizer_state": args.optimizer_state,
         "case": case,
         "device": args.device,
         "attention": None if args.model in CNNS else args.attention,
@@ -432,11 +452,18 @@ def main():
     p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
     p.add_argument("--fused", action="store_true")
     p.add_argument("--checkpoint", action="store_true")
+    p.add_argument("--optimizer-state", choices=["f32", "bf16", "8bit"], default="f32")
     p.add_argument("--device", choices=["meta", "cpu", "cuda"], default="meta")
     p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
                    help="Hugging Face attention implementation (transformers' default: sdpa)")
     args = p.parse_args()
-    missing = [m for m in needed_modules(args.model) if importlib.util.find_spec(m) is None]
+    if args.optimizer_state == "bf16":
+        # torch.optim keeps an f32 parameter's moments in f32; nothing in
+        # PyTorch or bitsandbytes keeps them in bf16.
+        print(json.dumps({"missing": [], "unsupported":
+                          "PyTorch has no optimizer with bf16 state for f32 parameters"}))
+        sys.exit(EXIT_MISSING)
+    missing = [m for m in needed_modules(args) if importlib.util.find_spec(m) is None]
     if missing:
         print(json.dumps({"missing": missing, "install": "pip install " + " ".join(missing)}))
         sys.exit(EXIT_MISSING)

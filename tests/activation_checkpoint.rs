@@ -500,6 +500,7 @@ fn spec(model: &str, device: Device, checkpoint: bool) -> StepSpec {
         optimizer: OptimizerKind::Adamw,
         fused: true,
         checkpoint,
+        optimizer_state: leangrad::optim::StateFormat::Full,
         case: leangrad::memory_plan::parse_case("all").unwrap(),
         device,
     }

@@ -260,6 +260,7 @@ fn resnet18_peaks_at_batch_64_with_and_without_reuse() {
             optimizer: OptimizerKind::Sgd,
             fused: false,
             checkpoint: false,
+            optimizer_state: leangrad::optim::StateFormat::Full,
             case: case.parse::<Case>().expect("case"),
             device: Device::Meta,
         };

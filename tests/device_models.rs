@@ -52,6 +52,7 @@ fn check_steps(index: usize, cases: &[&str], runs: &[(OptimizerKind, bool)], che
                         optimizer,
                         fused,
                         checkpoint,
+                        optimizer_state: leangrad::optim::StateFormat::Full,
                         case,
                         device,
                     };

@@ -295,6 +295,7 @@ fn gpt2_small_step_never_holds_tokens_by_vocabulary() {
         optimizer: OptimizerKind::Adamw,
         fused: true,
         checkpoint: false,
+        optimizer_state: leangrad::optim::StateFormat::Full,
         case: parse_case("all").unwrap(),
         device: Device::Meta,
     };

@@ -23,6 +23,7 @@ fn spec(case: &str, input: leangrad::memory_plan::StepInput, device: Device) -> 
         optimizer: OptimizerKind::Sgd,
         fused: false,
         checkpoint: false,
+        optimizer_state: leangrad::optim::StateFormat::Full,
         case: case.parse::<Case>().expect("case"),
         device,
     }

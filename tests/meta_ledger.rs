@@ -30,6 +30,7 @@ fn spec(
         optimizer,
         fused,
         checkpoint: false,
+        optimizer_state: leangrad::optim::StateFormat::Full,
         case,
         device,
     }

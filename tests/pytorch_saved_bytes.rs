@@ -60,6 +60,7 @@ fn save_all_keeps_what_pytorch_keeps_and_lean_never_more() {
             optimizer: OptimizerKind::Sgd,
             fused: false,
             checkpoint: false,
+            optimizer_state: leangrad::optim::StateFormat::Full,
             case: r.case,
             device: Device::Meta,
         };
@@ -221,6 +222,7 @@ fn real_pytorch_steps_agree_with_save_all_where_they_keep_the_same() {
             optimizer: OptimizerKind::Sgd,
             fused: false,
             checkpoint: false,
+            optimizer_state: leangrad::optim::StateFormat::Full,
             case: r.case,
             device: Device::Meta,
         };

@@ -25,7 +25,7 @@ use crate::memory::Ledger;
 use crate::memory_plan::{parse_case, run_step, OptimizerKind, StepInput, StepModel, StepSpec};
 use crate::models::Case;
 use crate::ops::CrossEntropyOptions;
-use crate::optim::{Adam, Algorithm, CheckpointHyper, Optimizer, Sgd};
+use crate::optim::{Adam, Algorithm, CheckpointHyper, Optimizer, Sgd, StateFormat};
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -66,6 +66,9 @@ pub struct FinetuneOptions {
     /// checkpointing: forward keeps each block's input, backward runs the
     /// block again); an error for a model without blocks.
     pub gradient_checkpointing: bool,
+    /// How Adam keeps its moments (f32, bf16 or block-wise 8-bit;
+    /// [`Optimizer::set_state_format`]).
+    pub optimizer_state: StateFormat,
     /// The checkpoint folder written after every epoch.
     pub out: Option<PathBuf>,
     /// A checkpoint folder to resume from.
@@ -102,6 +105,7 @@ impl FinetuneOptions {
             optimizer: OptimizerKind::Sgd,
             fused: false,
             gradient_checkpointing: false,
+            optimizer_state: StateFormat::Full,
             out: None,
             resume: None,
             device: Device::Cpu,
@@ -263,13 +267,19 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
             .transpose()?,
         ledger: &ledger,
     };
+    let optimizer = |alg| -> Result<Optimizer<_>> {
+        let mut opt = Optimizer::new(params.clone(), alg)?;
+        opt.set_state_format(opts.optimizer_state)?;
+        Ok(opt)
+    };
     let (first_epoch, epochs, checkpoint) = match opts.optimizer {
-        OptimizerKind::Sgd => job.train(Optimizer::new(
-            params.clone(),
-            Sgd::new(opts.lr).momentum(0.9),
-        )?)?,
-        OptimizerKind::Adam => job.train(Optimizer::new(params.clone(), Adam::new(opts.lr))?)?,
-        OptimizerKind::Adamw => job.train(Optimizer::new(params.clone(), Adam::adamw(opts.lr))?)?,
+        OptimizerKind::Sgd => {
+            let mut opt = Optimizer::new(params.clone(), Sgd::new(opts.lr).momentum(0.9))?;
+            opt.set_state_format(opts.optimizer_state)?;
+            job.train(opt)?
+        }
+        OptimizerKind::Adam => job.train(optimizer(Adam::new(opts.lr))?)?,
+        OptimizerKind::Adamw => job.train(optimizer(Adam::adamw(opts.lr))?)?,
     };
     Ok(FinetuneReport {
         model: opts.model.clone(),
@@ -304,6 +314,7 @@ fn predict_step(opts: &FinetuneOptions, case: Case, classes: usize) -> Result<St
         optimizer: opts.optimizer,
         fused: opts.fused,
         checkpoint: opts.gradient_checkpointing,
+        optimizer_state: opts.optimizer_state,
         case,
         device: Device::Meta,
     };

@@ -41,7 +41,7 @@ use crate::autograd::{save_policy, with_save_policy, SavePolicy};
 use crate::memory::{DeviceReport, Ledger, MemoryReport, Phase, TimelineEvent};
 use crate::models::Case;
 use crate::ops::CrossEntropyOptions;
-use crate::optim::{Adam, Algorithm, Optimizer, Sgd};
+use crate::optim::{Adam, Algorithm, Optimizer, Sgd, StateFormat};
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
 
@@ -115,6 +115,11 @@ pub struct StepSpec {
     /// Each block of the model a checkpointed segment (its
     /// `gradient_checkpointing(true)`; an error for a model without one).
     pub checkpoint: bool,
+    /// How the optimizer keeps its state: `f32` (the parameters' dtype),
+    /// `bf16`, or block-wise `8bit` (Adam moments; see
+    /// [`Optimizer::set_state_format`]).
+    #[serde(serialize_with = "display")]
+    pub optimizer_state: StateFormat,
     /// Which parameters train, the input gradient and the mode (by name:
     /// `surgical-last-bn-eval`).
     #[serde(serialize_with = "display")]
@@ -199,7 +204,7 @@ pub fn run_step_recording(
                 m,
                 &x,
                 &targets,
-                Optimizer::new(params, Sgd::new(0.01).momentum(0.9))?,
+                optimizer(params, Sgd::new(0.01).momentum(0.9), spec)?,
                 spec.fused,
                 &ledger,
             )?,
@@ -207,7 +212,7 @@ pub fn run_step_recording(
                 m,
                 &x,
                 &targets,
-                Optimizer::new(params, Adam::new(1e-3))?,
+                optimizer(params, Adam::new(1e-3), spec)?,
                 spec.fused,
                 &ledger,
             )?,
@@ -215,7 +220,7 @@ pub fn run_step_recording(
                 m,
                 &x,
                 &targets,
-                Optimizer::new(params, Adam::adamw(1e-3))?,
+                optimizer(params, Adam::adamw(1e-3), spec)?,
                 spec.fused,
                 &ledger,
             )?,
@@ -234,6 +239,14 @@ pub fn run_step_recording(
         events
     });
     Ok(StepMemory { report, timeline })
+}
+
+/// The step's optimizer over `params`, keeping its state as
+/// `spec.optimizer_state` says.
+fn optimizer<A: Algorithm>(params: Vec<Tensor>, alg: A, spec: &StepSpec) -> Result<Optimizer<A>> {
+    let mut opt = Optimizer::new(params, alg)?;
+    opt.set_state_format(spec.optimizer_state)?;
+    Ok(opt)
 }
 
 /// Applies `spec.case` (and `spec.checkpoint`) to `model` and returns the

@@ -35,7 +35,7 @@ impl StepRunner {
         let mut model = (entry.build)(spec.classes, size, spec.dtype, spec.device)?;
         let params = super::trained_params(model.as_mut(), spec)?;
         let input_grad = spec.case.input_requires_grad();
-        let opt = Optimizer::new(params, Sgd::new(0.01).momentum(0.9))?;
+        let opt = super::optimizer(params, Sgd::new(0.01).momentum(0.9), spec)?;
         // Token ids, or (for the `input` cases of text models) embeddings.
         let host_input = spec
             .input

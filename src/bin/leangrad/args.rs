@@ -103,6 +103,10 @@ pub enum Command {
         /// training state is --out).
         #[arg(long = "checkpoint")]
         gradient_checkpointing: bool,
+        /// How Adam keeps its two moments: f32, bf16 (half the bytes) or
+        /// 8bit (block-wise quantised, a quarter).
+        #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "8bit"])]
+        optimizer_state: String,
         /// The checkpoint folder written after every epoch.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -297,6 +301,12 @@ pub struct MemoryArgs {
     /// layer keeps only its input; backward runs it again).
     #[arg(long)]
     pub checkpoint: bool,
+    /// How Adam keeps its two moments: `f32` (the parameters' dtype),
+    /// `bf16` (half the bytes), or `8bit` (block-wise quantised as
+    /// bitsandbytes' 8-bit optimizers do: a quarter, for parameters of
+    /// 4096 elements or more).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "8bit"])]
+    pub optimizer_state: String,
     /// `meta` predicts without data; `cpu` runs the step for real;
     /// `cuda` runs it on CUDA device 0 (an error without one).
     #[arg(long, default_value = "meta", value_parser = ["meta", "cpu", "cuda"])]

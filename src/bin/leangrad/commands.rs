@@ -8,6 +8,7 @@ use crate::torch_compare::{self, Outcome, TorchRun};
 use anyhow::Result;
 use leangrad::demo::{self, DemoOptions};
 use leangrad::memory_plan::{self, InputKind, MemoryPlan, OptimizerKind, StepSpec, TorchMeasured};
+use leangrad::optim::StateFormat;
 use leangrad::{DType, Device};
 use std::ops::ControlFlow;
 
@@ -121,6 +122,7 @@ pub fn memory(a: MemoryArgs) -> Result<()> {
         optimizer: OptimizerKind::parse(&a.optimizer)?,
         fused: a.fused,
         checkpoint: a.checkpoint,
+        optimizer_state: StateFormat::parse(&a.optimizer_state, "memory")?,
         case: memory_plan::parse_case(&a.case)?,
         device: match a.device.as_str() {
             "meta" => Device::Meta,

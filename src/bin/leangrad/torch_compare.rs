@@ -120,6 +120,7 @@ pub fn script_args(a: &MemoryArgs, spec: &StepSpec, run: &TorchRun) -> Vec<Strin
     if spec.checkpoint {
         v.push("--checkpoint".into());
     }
+    v.extend(["--optimizer-state".into(), spec.optimizer_state.to_string()]);
     v
 }
 
@@ -207,6 +208,10 @@ pub fn measure(a: &MemoryArgs, args: &[String], run: &TorchRun) -> Result<Outcom
             if !missing.is_empty() {
                 let why = format!("`{python}` cannot import {}", missing.join(", "));
                 return Ok(unavailable(&python, &why, &missing, true));
+            }
+            if let Some(why) = v["unsupported"].as_str() {
+                let message = format!("--compare-torch: {why}, so the torch column is left out.\n");
+                return Ok(Outcome::Unavailable(v.clone(), message));
             }
         }
     }
