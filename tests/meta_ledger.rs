@@ -141,6 +141,90 @@ fn meta_ledger_equals_cpu_gpt2_tiny() {
 
 /// A full-size ResNet-18 training step (batch 64, 224×224, f32) on meta:
 /// it runs (timing belongs in a bench) and its numbers are plausible.
+/// Compact optimizer state (bf16 and 8-bit Adam moments) moves the meta
+/// ledger exactly as the CPU's: bf16 holds half the bytes, 8-bit no more
+/// than full state (the tiny models' parameters are mostly under the
+/// 4096 elements where 8-bit starts).
+#[test]
+fn compact_optimizer_state_on_meta_equals_cpu() {
+    use leangrad::optim::StateFormat;
+    let mut ran = 0;
+    for (name, build, input) in models()
+        .into_iter()
+        .filter(|(n, ..)| *n == "resnet18_tiny" || *n == "gpt2_tiny")
+    {
+        ran += 1;
+        let case = leangrad::memory_plan::parse_case("all").unwrap();
+        for fused in [false, true] {
+            let mut state_peaks = Vec::new();
+            for format in [
+                StateFormat::Full,
+                StateFormat::Bf16,
+                StateFormat::Blockwise8,
+            ] {
+                let what = format!("{name} {format} fused={fused}");
+                let at = |device| StepSpec {
+                    optimizer_state: format,
+                    ..spec(input, case, OptimizerKind::Adamw, fused, device)
+                };
+                let cpu = run_step(build.as_ref(), &at(Device::Cpu), SavePolicy::Lean)
+                    .unwrap_or_else(|e| panic!("{what} cpu: {e}"));
+                let meta = run_step(build.as_ref(), &at(Device::Meta), SavePolicy::Lean)
+                    .unwrap_or_else(|e| panic!("{what} meta: {e}"));
+                let (mut c, m) = (cpu.report, meta.report);
+                c.device = m.device.clone();
+                assert_eq!(c, m, "{what}: whole report");
+                state_peaks.push(c.peak.optimizer_state);
+            }
+            assert!(
+                state_peaks[1] * 2 == state_peaks[0] && state_peaks[2] <= state_peaks[0],
+                "{name}: state bytes f32, bf16, 8bit: {state_peaks:?}"
+            );
+        }
+    }
+    assert_eq!(ran, 2);
+}
+
+/// A full-size ResNet-18 (at 32², its conv weights well over the 8-bit
+/// threshold) with 8-bit AdamW state: meta equals the CPU byte for byte
+/// under both policies, and the state is about a quarter of f32's.
+#[test]
+fn eight_bit_state_resnet18_on_meta_equals_cpu() {
+    use leangrad::optim::StateFormat;
+    let at = |device, format| StepSpec {
+        batch: 2,
+        optimizer_state: format,
+        ..spec(
+            StepInput::Image {
+                channels: 3,
+                size: 32,
+            },
+            leangrad::memory_plan::parse_case("all").unwrap(),
+            OptimizerKind::Adamw,
+            true,
+            device,
+        )
+    };
+    let cpu =
+        leangrad::memory_plan::plan("resnet18", &at(Device::Cpu, StateFormat::Blockwise8)).unwrap();
+    let meta = leangrad::memory_plan::plan("resnet18", &at(Device::Meta, StateFormat::Blockwise8))
+        .unwrap();
+    for (mut c, m) in [(cpu.lean, meta.lean.clone()), (cpu.pytorch, meta.pytorch)] {
+        c.report.device = m.report.device.clone();
+        assert_eq!(c.report, m.report);
+    }
+    let full =
+        leangrad::memory_plan::plan("resnet18", &at(Device::Meta, StateFormat::Full)).unwrap();
+    let (q, f) = (
+        meta.lean.report.peak.optimizer_state,
+        full.lean.report.peak.optimizer_state,
+    );
+    assert!(
+        q * 100 < f * 27 && q * 100 > f * 25,
+        "8-bit {q} vs f32 {f} bytes"
+    );
+}
+
 #[test]
 fn full_size_resnet18_step_on_meta() {
     let build: Build = Box::new(|d, dev| {
