@@ -21,7 +21,7 @@
 //!   Parameters with fewer than [`MIN_8BIT_SIZE`] elements keep their state
 //!   in their own dtype, as bitsandbytes' `min_8bit_size`.
 
-use super::kernels::{gather_range, Algorithm, GradReader};
+use super::algorithm::{gather_range, Algorithm, GradReader};
 use super::rule::GradTransform;
 use crate::tensor::Layout;
 use crate::{DType, Error, FloatDType, Result, Tensor};

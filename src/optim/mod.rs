@@ -29,6 +29,7 @@
 //! [`NORM_LANES`] on every device.
 
 mod adam;
+mod algorithm;
 mod clip;
 mod compact;
 mod cuda;
