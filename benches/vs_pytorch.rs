@@ -34,7 +34,7 @@ use leangrad::memory_plan::find_model;
 use leangrad::models::Case;
 use leangrad::nn::{conv2d, Conv2dOptions};
 use leangrad::ops::CrossEntropyOptions;
-use leangrad::optim::{Adam, Algorithm, Optimizer, Sgd};
+use leangrad::optim::{Adam, Algorithm, Optimizer, Sgd, StateFormat};
 use leangrad::{DType, Device, Result, Tensor};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -170,6 +170,12 @@ const WORKLOADS: &[Workload] = &[
         warmup: 2,
     },
     Workload {
+        name: "adam8bit_10m",
+        what: "same, 8-bit state (bitsandbytes' Adam8bit)",
+        reps: 3,
+        warmup: 2,
+    },
+    Workload {
         name: "resnet18_all",
         what: "ResNet-18 step, batch 8 112², all train, SGD",
         reps: 1,
@@ -300,7 +306,7 @@ fn conv(
 /// An optimizer update over ten `[1000, 1000]` weights whose gradients
 /// come from a real matmul backward (so their layout is what a Linear
 /// layer's weight gradient has).
-fn optimizer<A: Algorithm + 'static>(hyper: A) -> Result<Iteration> {
+fn optimizer<A: Algorithm + 'static>(hyper: A, state: StateFormat) -> Result<Iteration> {
     let ws: Vec<Tensor> = (0..10)
         .map(|i| Tensor::randn(&[1000, 1000], F32, CPU, 10 + i)?.into_parameter())
         .collect::<Result<_>>()?;
@@ -311,6 +317,7 @@ fn optimizer<A: Algorithm + 'static>(hyper: A) -> Result<Iteration> {
     }
     loss.backward()?;
     let mut opt = Optimizer::new(ws, hyper)?;
+    opt.set_state_format(state)?;
     Ok(Box::new(move || timed(|| opt.step())))
 }
 
@@ -421,8 +428,9 @@ fn leangrad_setup(name: &str) -> Result<Iteration> {
         "conv_l4_fwd" => conv((512, 512, 4), (3, 1), "fwd"),
         "conv_l4_dx" => conv((512, 512, 4), (3, 1), "dx"),
         "conv_l4_dw" => conv((512, 512, 4), (3, 1), "dw"),
-        "sgd_10m" => optimizer(Sgd::new(0.01).momentum(0.9)),
-        "adam_10m" => optimizer(Adam::new(1e-3)),
+        "sgd_10m" => optimizer(Sgd::new(0.01).momentum(0.9), StateFormat::Full),
+        "adam_10m" => optimizer(Adam::new(1e-3), StateFormat::Full),
+        "adam8bit_10m" => optimizer(Adam::new(1e-3), StateFormat::Blockwise8),
         other => {
             let case = |rest: &str| rest.replace('_', "-");
             let (base, ckpt) = match other.strip_suffix("_ckpt") {

@@ -225,6 +225,10 @@ def setup(name):
         return optimizer(lambda ws: torch.optim.SGD(ws, lr=0.01, momentum=0.9))
     if name == "adam_10m":
         return optimizer(lambda ws: torch.optim.Adam(ws, lr=1e-3))
+    if name == "adam8bit_10m":
+        import bitsandbytes as bnb  # its 8-bit optimizers run on the CPU too
+
+        return optimizer(lambda ws: bnb.optim.Adam8bit(ws, lr=1e-3))
     ckpt = name.endswith("_ckpt")
     base = name.removesuffix("_ckpt")
     for prefix, model, size in (("resnet18_224_", "resnet18", 224),

@@ -3,7 +3,8 @@
 //! PyTorch path, f32): token ids exactly; the last hidden state of a
 //! padded batch and the mean-pooled, normalised sentence embeddings within
 //! tolerances; a frozen encoder under a trained Linear head keeps only what
-//! the head needs.
+//! the head needs; 8-bit and bf16 AdamW state fine-tuning its last layer
+//! track f32 AdamW's losses.
 //!
 //! Tolerances (absolute): last hidden state 1e-4 (measured 3.3e-5;
 //! PyTorch's own f32 is 3.5e-5 from its f64), embeddings 1e-5 (measured
@@ -18,6 +19,7 @@ use leangrad::memory::{Category, Ledger};
 use leangrad::models::{Freeze, SentenceEncoder};
 use leangrad::nn::{Linear, Module};
 use leangrad::ops::CrossEntropyOptions;
+use leangrad::optim::{Adam, Optimizer, StateFormat};
 use leangrad::{DType, Device, Error, Tensor};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -199,4 +201,97 @@ fn a_folder_that_is_not_a_model_is_a_typed_error_naming_the_file() {
     };
     assert!(matches!(err, Error::ModelFile { .. }), "{err:?}");
     assert!(err.to_string().contains("config.json"), "{err}");
+}
+
+/// 8-bit (and bf16) AdamW state on a real task: fine-tuning the last
+/// encoder layer and a Linear head on a three-topic sentence
+/// classification (sentences of `examples/text_classify.rs`), full batch,
+/// 40 fused steps; the compact states' losses track f32 AdamW's.
+const TRACKING_STEPS: usize = 40;
+
+const TOPIC_SENTENCES: [(&str, i64); 18] = [
+    ("The striker scored twice in the second half.", 0),
+    ("She won the marathon in record time.", 0),
+    ("The referee showed him a red card.", 0),
+    ("Our team lost the final on penalties.", 0),
+    ("The goalkeeper saved three shots.", 0),
+    ("The swimmer broke the world record.", 0),
+    ("Chop the onions and fry them in butter.", 1),
+    ("Bake the bread for forty minutes.", 1),
+    ("Add a pinch of salt to the boiling water.", 1),
+    ("Whisk the eggs with sugar until pale.", 1),
+    ("Knead the dough and let it rise.", 1),
+    ("Grate some cheese over the pasta.", 1),
+    ("The compiler reports an error on line ten.", 2),
+    ("Install the package and restart the server.", 2),
+    ("The database query takes too long.", 2),
+    ("The program crashed with a null pointer.", 2),
+    ("Update the operating system to fix the bug.", 2),
+    ("The unit tests pass on every commit.", 2),
+];
+
+/// The loss before each of `TRACKING_STEPS` AdamW steps with state kept as
+/// `format`, and the bytes of optimizer state at the end.
+fn compact_state_losses(format: StateFormat) -> Option<(Vec<f64>, usize)> {
+    let mut enc = encoder()?;
+    enc.freeze(&["*"]).unwrap();
+    enc.unfreeze(&["encoder.layer.5.*"]).unwrap();
+    let head = Linear::builder(384, 3).seed(7).build(&CPU).unwrap();
+    let mut params: Vec<Tensor> = enc
+        .parameters()
+        .into_iter()
+        .filter(|p| p.requires_grad())
+        .collect();
+    params.extend(head.parameters());
+    let mut opt = Optimizer::new(params, Adam::adamw(2e-4)).unwrap();
+    opt.set_state_format(format).unwrap();
+    let text: Vec<&str> = TOPIC_SENTENCES.iter().map(|s| s.0).collect();
+    let tokens = enc.tokenize(&text).unwrap();
+    let labels: Vec<i64> = TOPIC_SENTENCES.iter().map(|s| s.1).collect();
+    let targets = Tensor::from_vec(labels, &[TOPIC_SENTENCES.len()], CPU).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..TRACKING_STEPS {
+        // Normalised embeddings are small: scale them so that the head's
+        // logits move within a few steps.
+        let features = enc.embed_batch(&tokens).unwrap().mul_scalar(8.0).unwrap();
+        let loss = head
+            .forward(&features)
+            .unwrap()
+            .cross_entropy(&targets, CrossEntropyOptions::default())
+            .unwrap();
+        out.push(loss.to_f64_vec().unwrap()[0]);
+        opt.backward_step(&loss).unwrap();
+    }
+    Some((out, opt.state_bytes()))
+}
+
+#[test]
+fn compact_adamw_state_tracks_f32_on_minilm_fine_tuning() {
+    let Some((full, full_bytes)) = compact_state_losses(StateFormat::Full) else {
+        return;
+    };
+    for format in [StateFormat::Bf16, StateFormat::Blockwise8] {
+        let (got, bytes) = compact_state_losses(format).unwrap();
+        let worst = full
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f64, f64::max);
+        let what = format!("{format}: losses {got:?} against f32's {full:?}");
+        // Tolerance: every step's loss within 0.01 of f32's (0.8% of the
+        // initial 1.31), the final loss within 10% of f32's. Measured on a
+        // Zen 4: bf16 0.00002 and 0.03%, 8-bit 0.00029 and 3.7%.
+        assert!(worst <= 0.01, "worst gap {worst}; {what}");
+        let (a, b) = (full[TRACKING_STEPS - 1], got[TRACKING_STEPS - 1]);
+        assert!((a - b).abs() <= 0.1 * a, "final {b} vs {a}; {what}");
+        // It trained, and the state is as small as promised.
+        assert!(b < 0.05 * got[0], "{what}");
+        match format {
+            StateFormat::Bf16 => assert_eq!(2 * bytes, full_bytes),
+            _ => assert!(
+                100 * bytes < 26 * full_bytes,
+                "{bytes} vs {full_bytes} bytes"
+            ),
+        }
+    }
 }

@@ -103,17 +103,83 @@ impl std::fmt::Display for StateFormat {
 pub struct QuantMap {
     /// The values the codes stand for.
     pub values: [f32; 256],
+    /// `mids[i]`: the midpoint between codes `i` and `i + 1` (+∞ for 255).
+    mids: [f32; 256],
+    /// Per bucket of `|x| <= 1` floats sharing sign, exponent and the top 8
+    /// mantissa bits ([`bucket`]): the code of the bucket's least value,
+    /// plus [`SEARCH`] where more than one midpoint falls inside it.
+    buckets: Box<[u16]>,
+}
+
+/// Buckets of [`QuantMap`]: sign × 128 exponents (`|x| <= 1`) × 256.
+const BUCKETS: usize = 1 << 16;
+
+/// A bucket entry's flag: encode by the binary search.
+const SEARCH: u16 = 1 << 8;
+
+/// The bucket of an `|x| <= 1` float: its sign, its exponent's low 7 bits
+/// (the 8th is 0 up to 1.0) and the top 8 bits of its mantissa.
+#[inline]
+fn bucket(x: f32) -> usize {
+    let b = x.to_bits();
+    (((b >> 16) & 0x8000) | ((b >> 15) & 0x7fff)) as usize
 }
 
 impl QuantMap {
-    /// The code nearest to `x` (see the module doc: the binary search over
-    /// midpoints that the CUDA kernel runs too).
+    /// The map of `values` (sorted) with its midpoints and buckets.
+    fn new(values: [f32; 256]) -> QuantMap {
+        let mut mids = [f32::INFINITY; 256];
+        for (m, w) in mids.iter_mut().zip(values.windows(2)) {
+            *m = (w[0] + w[1]) * 0.5;
+        }
+        let mut map = QuantMap {
+            values,
+            mids,
+            buckets: Box::new([]),
+        };
+        let buckets: Vec<u16> = (0..BUCKETS as u32)
+            .map(|i| {
+                let bits = ((i & 0x8000) << 16) | ((i & 0x7fff) << 15);
+                let (a, b) = (f32::from_bits(bits), f32::from_bits(bits | 0x7fff));
+                // For negative floats the larger bits are the lesser value.
+                let (lo, hi) = if i & 0x8000 == 0 { (a, b) } else { (b, a) };
+                let (c_lo, c_hi) = (map.search(lo), map.search(hi));
+                let flag = if c_hi <= c_lo.saturating_add(1) {
+                    0
+                } else {
+                    SEARCH
+                };
+                u16::from(c_lo) | flag
+            })
+            .collect();
+        map.buckets = buckets.into_boxed_slice();
+        map
+    }
+
+    /// The code nearest to `x`: the first `i` with `x <= mids[i]` (ties go
+    /// to the lower code; the binary search over midpoints that the CUDA
+    /// kernel runs too, NaN giving 0). For `|x| <= 1` a table of buckets
+    /// answers in one comparison: codes are monotone in `x`, so within a
+    /// bucket holding at most one midpoint the code is the bucket's least
+    /// value's, or the next one past that midpoint.
     #[inline]
     pub fn encode(&self, x: f32) -> u8 {
+        if x.abs() <= 1.0 {
+            let e = self.buckets[bucket(x)];
+            if e & SEARCH == 0 {
+                let c = usize::from(e as u8);
+                return (c + usize::from(x > self.mids[c])) as u8;
+            }
+        }
+        self.search(x)
+    }
+
+    /// [`QuantMap::encode`] by binary search over the midpoints.
+    fn search(&self, x: f32) -> u8 {
         let (mut lo, mut hi) = (0usize, 255usize);
         while lo < hi {
             let mid = (lo + hi) / 2;
-            if x > (self.values[mid] + self.values[mid + 1]) * 0.5 {
+            if x > self.mids[mid] {
                 lo = mid + 1;
             } else {
                 hi = mid;
@@ -169,7 +235,7 @@ fn dynamic_map(signed: bool) -> QuantMap {
     data.sort_by(f32::total_cmp);
     let mut values = [0.0f32; 256];
     values.copy_from_slice(&data);
-    QuantMap { values }
+    QuantMap::new(values)
 }
 
 /// The map of state that can be negative (bitsandbytes' `dynamic`).
@@ -244,7 +310,7 @@ pub(crate) fn new_state(param: &Tensor, slots: usize, format: StateFormat) -> Re
 pub(crate) fn expected_tensor(format: StateFormat, i: usize, numel: usize) -> (DType, usize) {
     match format {
         StateFormat::Bf16 => (DType::BF16, numel),
-        StateFormat::Blockwise8 if i % 2 == 0 => (DType::U8, numel),
+        StateFormat::Blockwise8 if i.is_multiple_of(2) => (DType::U8, numel),
         StateFormat::Blockwise8 => (DType::F32, numel.div_ceil(QUANT_BLOCK)),
         StateFormat::Full => unreachable!("full state is checked as the parameter's"),
     }
@@ -260,7 +326,7 @@ pub(crate) fn check_state(
     state: &[Tensor],
 ) -> Result<()> {
     let bad = |msg: String| Error::InvalidArgument { op, msg };
-    if state.len() % format.tensors_per_slot() != 0 {
+    if !state.len().is_multiple_of(format.tensors_per_slot()) {
         return Err(bad(format!(
             "{} state tensors for {format} state",
             state.len()
@@ -449,6 +515,29 @@ mod tests {
 
     /// A block round-trips within half the map's local spacing, and its
     /// largest element exactly.
+    #[test]
+    fn buckets_encode_as_the_binary_search_does() {
+        for map in [signed_map(), unsigned_map()] {
+            let flagged = map.buckets.iter().filter(|&&e| e & SEARCH != 0).count();
+            assert!(flagged < 64, "{flagged} buckets need the search");
+            let mut xs: Vec<f32> = Vec::new();
+            for &m in &map.mids[..255] {
+                xs.extend([
+                    m,
+                    f32::from_bits(m.to_bits() + 1),
+                    f32::from_bits(m.to_bits() - 1),
+                ]);
+            }
+            xs.extend(map.values);
+            xs.extend((0..200_000).map(|i| ((i as f32) * 0.618_034).fract() * 2.0 - 1.0));
+            xs.extend((0..2000).map(|i| 1e-9 * i as f32));
+            xs.extend([0.0, -0.0, 1.0, -1.0, f32::NAN, 2.0, -3.0, f32::INFINITY]);
+            for x in xs {
+                assert_eq!(map.encode(x), map.search(x), "{x:e}");
+            }
+        }
+    }
+
     #[test]
     fn quantize_then_dequantize_is_close() {
         let mut x: Vec<f32> = (0..QUANT_BLOCK)

@@ -274,6 +274,19 @@ fn joins(a: &PendingUpdate, b: &PendingUpdate) -> bool {
         && b.format == StateFormat::Full
 }
 
+/// [`apply_update_as`] of one pending update.
+pub(crate) fn apply_pending<A: Algorithm>(alg: &A, u: &PendingUpdate) -> Result<()> {
+    apply_update_as(
+        alg,
+        u.step,
+        &u.param,
+        &u.grad,
+        u.transform,
+        u.format,
+        &u.state,
+    )
+}
+
 /// The updates of one parameter group in order, each as
 /// [`apply_update`] runs it. On CUDA, consecutive updates that can share
 /// a launch ([`joins`]) run as multi-tensor kernels
@@ -303,16 +316,7 @@ pub(crate) fn apply_updates<A: Algorithm>(alg: &A, updates: &[PendingUpdate]) ->
                 super::cuda::update_list(rule, run)?;
             }
             _ => {
-                let u = &updates[i];
-                apply_update_as(
-                    alg,
-                    u.step,
-                    &u.param,
-                    &u.grad,
-                    u.transform,
-                    u.format,
-                    &u.state,
-                )?;
+                apply_pending(alg, &updates[i])?;
                 j = i + 1;
             }
         }

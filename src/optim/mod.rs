@@ -338,16 +338,7 @@ impl<A: Algorithm> Optimizer<A> {
         let Some(u) = self.prepare_update(group, param, grad, factors)? else {
             return Ok(());
         };
-        let hyper = &self.groups[group].hyper;
-        apply_update_as(
-            hyper,
-            u.step,
-            &u.param,
-            &u.grad,
-            u.transform,
-            u.format,
-            &u.state,
-        )
+        kernels::apply_pending(&self.groups[group].hyper, &u)
     }
 
     /// A parameter's update made ready, shared by both paths: the gradient

@@ -18,6 +18,7 @@
 use crate::args::{MemoryArgs, SAME_DEVICE};
 use anyhow::{bail, Context, Result};
 use leangrad::memory_plan::{StepInput, StepSpec, TorchMeasured};
+use leangrad::optim::StateFormat;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::Command;
@@ -120,7 +121,9 @@ pub fn script_args(a: &MemoryArgs, spec: &StepSpec, run: &TorchRun) -> Vec<Strin
     if spec.checkpoint {
         v.push("--checkpoint".into());
     }
-    v.extend(["--optimizer-state".into(), spec.optimizer_state.to_string()]);
+    if spec.optimizer_state != StateFormat::Full {
+        v.extend(["--optimizer-state".into(), spec.optimizer_state.to_string()]);
+    }
     v
 }
 
