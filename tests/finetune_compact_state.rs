@@ -65,13 +65,28 @@ fn compact_state_follows_f32_state_fine_tuning_a_resnet() {
     let data = colour_folder(&root);
     let full = train(&data, StateFormat::Full);
     let losses = |r: &FinetuneReport| r.epochs.iter().map(|e| e.train_loss).collect::<Vec<_>>();
+    let mean_after_first = |l: &[f64]| l[1..].iter().sum::<f64>() / (l.len() - 1) as f64;
+    let mut peaks = vec![full.memory.measured_peak_bytes];
     for format in [StateFormat::Bf16, StateFormat::Blockwise8] {
         let got = train(&data, format);
         let (a, b) = (losses(&full), losses(&got));
-        eprintln!(
-            "{format}: {b:?} vs f32 {a:?}; accuracy {:?}",
-            got.epochs.last().map(|e| e.train_accuracy)
-        );
+        let what = format!("{format}: losses {b:?} against f32's {a:?}");
+        // Random crops and batch norm make each run's epochs noisy (f32's
+        // own losses go 0.99, 0.24, 0.41, 0.10), so the tolerance is on
+        // the mean of the epochs after the first: within 0.1 of f32's
+        // (measured on a Zen 4: 0.028 bf16, 0.031 8-bit), and the task
+        // is learnt.
+        let gap = (mean_after_first(&a) - mean_after_first(&b)).abs();
+        assert!(gap <= 0.1, "mean gap {gap}; {what}");
+        let last = got.epochs.last().unwrap();
+        assert!(last.train_accuracy >= 0.9, "{what}");
+        assert!(last.train_loss < 0.5 * b[0], "{what}");
+        peaks.push(got.memory.measured_peak_bytes);
     }
+    // The whole run's measured peak holds the state: f32 > bf16 > 8-bit.
+    assert!(
+        peaks[0] > peaks[1] && peaks[1] > peaks[2],
+        "peaks {peaks:?}"
+    );
     let _ = std::fs::remove_dir_all(&root);
 }
