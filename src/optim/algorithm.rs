@@ -156,7 +156,7 @@ pub trait Algorithm: Clone + std::fmt::Debug + Sync {
     );
     /// The update as plain hyper-parameters, for devices that run it as one
     /// kernel (CUDA). `None` (the default, for algorithms of your own):
-    /// such a device answers [`Error::NotOnCuda`].
+    /// such a device answers [`Error::NotOnCuda`](crate::Error::NotOnCuda).
     fn rule(&self) -> Option<UpdateRule> {
         None
     }
