@@ -145,6 +145,8 @@ pub struct FinetuneReport {
     pub classes: Vec<String>,
     /// The case.
     pub case: String,
+    /// How the optimizer kept its state (`f32`, `bf16`, `8bit`).
+    pub optimizer_state: StateFormat,
     /// Parameters trained / in the model.
     pub trainable_parameters: usize,
     /// All parameters.
@@ -287,6 +289,7 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
         weights: loaded.weights,
         classes,
         case: opts.case.clone(),
+        optimizer_state: opts.optimizer_state,
         trainable_parameters: params.iter().map(Tensor::numel).sum(),
         parameters: all.iter().map(Tensor::numel).sum(),
         device: opts.device.to_string(),

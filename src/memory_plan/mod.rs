@@ -118,7 +118,6 @@ pub struct StepSpec {
     /// How the optimizer keeps its state: `f32` (the parameters' dtype),
     /// `bf16`, or block-wise `8bit` (Adam moments; see
     /// [`Optimizer::set_state_format`]).
-    #[serde(serialize_with = "display")]
     pub optimizer_state: StateFormat,
     /// Which parameters train, the input gradient and the mode (by name:
     /// `surgical-last-bn-eval`).

@@ -36,7 +36,7 @@ pub const QUANT_BLOCK: usize = 2048;
 pub const MIN_8BIT_SIZE: usize = 4096;
 
 /// How an optimizer keeps its per-parameter state tensors.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum StateFormat {
     /// In the parameter's dtype (f32 state for f32 parameters): the update
     /// is exactly torch.optim's.
@@ -89,6 +89,13 @@ impl StateFormat {
             StateFormat::Blockwise8 => 2,
             _ => 1,
         }
+    }
+}
+
+/// Serialised by its command-line name (`"8bit"`).
+impl serde::Serialize for StateFormat {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
     }
 }
 
