@@ -162,6 +162,23 @@ pub trait Algorithm: Clone + std::fmt::Debug + Sync {
     }
 }
 
+/// Elements `start..start + n` (row-major) of the gradient `data` viewed
+/// by `layout`, whose `contiguous_range()` is `contiguous`: a slice when
+/// the view is contiguous, else gathered ([`gather_range`]). The chunked
+/// updates (full and compact state) read their chunk's gradient with it.
+pub(super) fn dense_range<'a, T: Copy>(
+    data: &'a [T],
+    layout: &Layout,
+    contiguous: &Option<std::ops::Range<usize>>,
+    start: usize,
+    n: usize,
+) -> std::borrow::Cow<'a, [T]> {
+    match contiguous {
+        Some(r) => std::borrow::Cow::Borrowed(&data[r.start + start..r.start + start + n]),
+        None => std::borrow::Cow::Owned(gather_range(data, layout, start, n)),
+    }
+}
+
 /// Elements `start..start + n` (row-major) of the strided view `layout`
 /// of `data`: an odometer over the multi-index from `start`'s.
 pub(super) fn gather_range<T: Copy>(data: &[T], layout: &Layout, start: usize, n: usize) -> Vec<T> {

@@ -21,7 +21,7 @@
 //!   Parameters with fewer than [`MIN_8BIT_SIZE`] elements keep their state
 //!   in their own dtype, as bitsandbytes' `min_8bit_size`.
 
-use super::algorithm::{gather_range, Algorithm, GradReader};
+use super::algorithm::{dense_range, Algorithm, GradReader};
 use super::rule::GradTransform;
 use crate::tensor::Layout;
 use crate::{DType, Error, FloatDType, Result, Tensor};
@@ -428,7 +428,6 @@ type Task<'a, T> = (usize, &'a mut [T], Vec<Vec<BlockSlot<'a>>>);
 /// state narrowed back; blocks in parallel (the update is elementwise, so
 /// the values are those of one pass). A strided gradient is gathered block
 /// by block.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn update_host<T: FloatDType, A: Algorithm>(
     alg: &A,
     step: u64,
@@ -472,20 +471,13 @@ pub(crate) fn update_host<T: FloatDType, A: Algorithm>(
     let run = |(start, p, mut slots): Task<'_, T>| {
         let mut wide: Vec<Vec<T>> = slots.iter().map(|_| vec![T::zero(); QUANT_BLOCK]).collect();
         for (b, pb) in p.chunks_mut(QUANT_BLOCK).enumerate() {
-            let (first, len) = (start + b * QUANT_BLOCK, pb.len());
-            let gathered;
-            let dense = match &contiguous {
-                Some(r) => &g[r.start + first..r.start + first + len],
-                None => {
-                    gathered = gather_range(g, glayout, first, len);
-                    &gathered[..]
-                }
-            };
+            let len = pb.len();
+            let dense = dense_range(g, glayout, &contiguous, start + b * QUANT_BLOCK, len);
             for (w, s) in wide.iter_mut().zip(&slots) {
                 s[b].widen(&mut w[..len]);
             }
             let mut views: Vec<&mut [T]> = wide.iter_mut().map(|w| &mut w[..len]).collect();
-            alg.update(step, pb, &GradReader::dense(dense, transform), &mut views);
+            alg.update(step, pb, &GradReader::dense(&dense, transform), &mut views);
             for (w, s) in wide.iter().zip(slots.iter_mut()) {
                 s[b].narrow(&w[..len]);
             }

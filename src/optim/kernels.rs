@@ -7,7 +7,7 @@
 //! serves the usual path (`.grad` after backward) and the fused path (the
 //! gradient handed over by backward), so both give bit-identical parameters.
 
-use super::algorithm::gather_range;
+use super::algorithm::dense_range;
 pub use super::algorithm::{Algorithm, GradPass, GradReader};
 use super::compact::{self, StateFormat};
 use super::rule::{GradTransform, PendingUpdate, NORM_LANES};
@@ -361,16 +361,8 @@ fn update_in_chunks<T: FloatDType, A: Algorithm>(
     }
     let contiguous = glayout.contiguous_range();
     let run = |(start, p, mut st): UpdateChunk<'_, T>| {
-        let n = p.len();
-        let gathered;
-        let dense = match &contiguous {
-            Some(r) => &g[r.start + start..r.start + start + n],
-            None => {
-                gathered = gather_range(g, glayout, start, n);
-                &gathered[..]
-            }
-        };
-        alg.update(step, p, &GradReader::dense(dense, transform), &mut st);
+        let dense = dense_range(g, glayout, &contiguous, start, p.len());
+        alg.update(step, p, &GradReader::dense(&dense, transform), &mut st);
     };
     if crate::primitives::parallel(p_len) {
         chunks.into_par_iter().for_each(run);
@@ -435,6 +427,7 @@ pub(crate) fn c<T: FloatDType>(v: f64) -> T {
 
 #[cfg(test)]
 mod tests {
+    use super::super::algorithm::gather_range;
     use super::*;
 
     /// `gather_range` reads the same elements as the layout's full offset
