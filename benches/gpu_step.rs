@@ -209,6 +209,7 @@ fn spec(w: &Workload, size: usize) -> Result<StepSpec> {
         fused: false,
         checkpoint: w.checkpoint,
         optimizer_state: leangrad::optim::StateFormat::Full,
+        autocast: None,
         case: parse_case(w.case)?,
         device: Device::Cuda(0),
     })

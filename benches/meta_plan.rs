@@ -21,6 +21,7 @@ fn main() {
             fused: false,
             checkpoint: false,
             optimizer_state: leangrad::optim::StateFormat::Full,
+            autocast: None,
             case: Case::all()[0],
             device: Device::Meta,
         };
@@ -48,6 +49,7 @@ fn main() {
                 fused: false,
                 checkpoint: false,
                 optimizer_state: leangrad::optim::StateFormat::Full,
+                autocast: None,
                 case,
                 device: Device::Meta,
             };

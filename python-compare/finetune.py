@@ -79,6 +79,8 @@ def parse_args(argv=None):
                    help="activation checkpointing per residual block")
     p.add_argument("--optimizer-state", default="f32", choices=["f32", "bf16", "8bit"],
                    help="8bit: bitsandbytes' 8-bit optimizers; bf16 has no PyTorch counterpart")
+    p.add_argument("--autocast", default=None, choices=["bf16", "f16"],
+                   help="the training forward and loss under torch.autocast in this dtype")
     p.add_argument("--out", default=None, help="the checkpoint folder written after every epoch")
     p.add_argument("--resume", default=None, help="resume from this checkpoint folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffling and the random crops and flips")
@@ -250,7 +252,7 @@ def run(a):
     epochs, written = [], None
     for epoch in range(first, a.epochs):
         gen.manual_seed(a.seed * 1_000_003 + epoch)
-        epochs.append(train_epoch(model, loader, updates, meter, epoch, device))
+        epochs.append(train_epoch(model, loader, updates, meter, epoch, device, a.autocast))
         epochs[-1]["val_accuracy"] = validate(a, model, val, device)
         if a.out is not None:
             jc.check_checkpoint_folder(a.out)
@@ -264,6 +266,7 @@ def run(a):
         "random_init": a.weights is None,
         "classes": train.classes,
         "case": a.case,
+        "autocast": a.autocast,
         "trainable_parameters": sum(p.numel() for p in params),
         "parameters": sum(p.numel() for p in model.parameters()),
         "device": jc.device_name(device),
@@ -274,16 +277,16 @@ def run(a):
     }
 
 
-def train_epoch(model, loader, updates, meter, epoch, device):
+def train_epoch(model, loader, updates, meter, epoch, device, autocast=None):
     start = time.perf_counter()
     loss_sum, batches, right, seen = 0.0, 0, 0, 0
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)
         if meter.step_bytes is None:
             with meter.measure(model, [images, labels] + updates.state_tensors()):
-                logits, loss = step(model, images, labels, updates)
+                logits, loss = step(model, images, labels, updates, autocast)
         else:
-            logits, loss = step(model, images, labels, updates)
+            logits, loss = step(model, images, labels, updates, autocast)
         right += (logits.argmax(1) == labels).sum().item()
         seen += len(labels)
         loss_sum += loss
@@ -298,9 +301,11 @@ def train_epoch(model, loader, updates, meter, epoch, device):
     }
 
 
-def step(model, images, labels, updates):
-    logits = model(images)
-    loss = F.cross_entropy(logits, labels)
+def step(model, images, labels, updates, autocast=None):
+    amp = {"bf16": torch.bfloat16, "f16": torch.float16}.get(autocast)
+    with torch.autocast(device_type=images.device.type, dtype=amp, enabled=amp is not None):
+        logits = model(images)
+        loss = F.cross_entropy(logits, labels)
     value = loss.item()
     updates.backward_step(loss)
     return logits.detach(), value

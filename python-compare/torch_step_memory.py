@@ -47,7 +47,12 @@ VGG-16, is left out, as leangrad refuses it):
     python3 python-compare/torch_step_memory.py --model resnet18 --batch 64 \
         --case input-bn-eval [--size 224] [--classes 1000] [--seq 128] \
         [--dtype f32|f16|bf16] [--optimizer sgd|adam|adamw] [--fused] [--checkpoint] \
-        [--optimizer-state f32|bf16|8bit] [--device meta|cpu|cuda] [--attention sdpa|eager]
+        [--optimizer-state f32|bf16|8bit] [--autocast bf16|f16] [--device meta|cpu|cuda] \
+        [--attention sdpa|eager]
+
+`--autocast` runs the forward and the loss under `torch.autocast` on the
+step's device (CPU or CUDA; PyTorch's autocast does not run on the meta
+device, answered as unsupported).
 
 `--optimizer-state 8bit` uses bitsandbytes' 8-bit optimizers (`Adam8bit`,
 `AdamW8bit`, `SGD8bit`; block-wise state, f32 under 4096 elements); `bf16`
@@ -378,7 +383,9 @@ def measure(torch, args, case):
         opts = {None: optimizer(torch, args, params)}
 
     def step():
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        amp = {"bf16": torch.bfloat16, "f16": torch.float16}.get(args.autocast)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast(device_type=args.device, dtype=amp, enabled=amp is not None):
             loss = torch.nn.functional.cross_entropy(logits(args, model, x), targets)
         if args.device == "meta":
             return  # nothing is allocated: the saved bytes are all there is
@@ -413,6 +420,7 @@ def measure(torch, args, case):
         "fused": args.fused,
         "checkpoint": args.checkpoint,
         "optimizer_state": args.optimizer_state,
+        "autocast": args.autocast,
         "case": case,
         "device": args.device,
         "attention": None if args.model in CNNS else args.attention,
@@ -453,6 +461,7 @@ def main():
     p.add_argument("--fused", action="store_true")
     p.add_argument("--checkpoint", action="store_true")
     p.add_argument("--optimizer-state", choices=["f32", "bf16", "8bit"], default="f32")
+    p.add_argument("--autocast", choices=["bf16", "f16"], default=None)
     p.add_argument("--device", choices=["meta", "cpu", "cuda"], default="meta")
     p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
                    help="Hugging Face attention implementation (transformers' default: sdpa)")
@@ -462,6 +471,10 @@ def main():
         # PyTorch or bitsandbytes keeps them in bf16.
         print(json.dumps({"missing": [], "unsupported":
                           "PyTorch has no optimizer with bf16 state for f32 parameters"}))
+        sys.exit(EXIT_MISSING)
+    if args.autocast and args.device == "meta":
+        print(json.dumps({"missing": [], "unsupported":
+                          "PyTorch's autocast does not run on the meta device (use --device cpu or cuda)"}))
         sys.exit(EXIT_MISSING)
     missing = [m for m in needed_modules(args) if importlib.util.find_spec(m) is None]
     if missing:

@@ -31,6 +31,7 @@ pub mod threads;
 pub use device::Device;
 pub use dtype::{DType, FloatDType, WithDType};
 pub use error::{Error, Result};
+pub use ops::autocast;
 pub use primitives::{cpu_path, CpuPath};
 pub use tensor::Tensor;
 

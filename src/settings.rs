@@ -1,12 +1,14 @@
 //! Per-thread, scoped settings (TF32, the convolution workspace budget,
-//! like the save policy): each is set by a guard for the calling thread
+//! autocast, like the save policy): each is set by a guard for the calling thread
 //! only and restored when the guard drops, so no caller changes another's
 //! numerics or memory.
 
+use crate::DType;
 use std::cell::Cell;
 use std::thread::LocalKey;
 
 /// Restores a setting's previous value on this thread when dropped.
+#[derive(Debug)]
 #[must_use = "the setting applies only while the guard lives"]
 pub struct SettingGuard<T: Copy + 'static> {
     key: &'static LocalKey<Cell<T>>,
@@ -39,6 +41,8 @@ thread_local! {
     pub(crate) static CONV_TF32: Cell<bool> = const { Cell::new(true) };
     /// The convolution workspace budget (`nn::with_conv_workspace`).
     pub(crate) static CONV_WORKSPACE: Cell<usize> = const { Cell::new(DEFAULT_CONV_WORKSPACE_BYTES) };
+    /// The autocast dtype, if an autocast scope is open (`ops::autocast`).
+    pub(crate) static AUTOCAST: Cell<Option<DType>> = const { Cell::new(None) };
 }
 
 /// Every per-thread setting that decides an op's values or allocations,
@@ -49,11 +53,17 @@ pub(crate) struct Snapshot {
     tf32: bool,
     conv_tf32: bool,
     conv_workspace: usize,
+    autocast: Option<DType>,
 }
 
 /// Restores the settings a [`Snapshot::enter`] replaced, when dropped.
 pub(crate) struct SnapshotGuard {
-    _guards: (SettingGuard<bool>, SettingGuard<bool>, SettingGuard<usize>),
+    _guards: (
+        SettingGuard<bool>,
+        SettingGuard<bool>,
+        SettingGuard<usize>,
+        SettingGuard<Option<DType>>,
+    ),
 }
 
 impl Snapshot {
@@ -63,6 +73,7 @@ impl Snapshot {
             tf32: TF32.with(Cell::get),
             conv_tf32: CONV_TF32.with(Cell::get),
             conv_workspace: CONV_WORKSPACE.with(Cell::get),
+            autocast: AUTOCAST.with(Cell::get),
         }
     }
 
@@ -73,6 +84,7 @@ impl Snapshot {
                 set(&TF32, self.tf32),
                 set(&CONV_TF32, self.conv_tf32),
                 set(&CONV_WORKSPACE, self.conv_workspace),
+                set(&AUTOCAST, self.autocast),
             ),
         }
     }
@@ -88,6 +100,7 @@ mod tests {
         let taken = {
             let _tf32 = set(&TF32, !before.tf32);
             let _ws = set(&CONV_WORKSPACE, 123);
+            let _ac = set(&AUTOCAST, Some(DType::BF16));
             Snapshot::current()
         };
         assert_eq!(Snapshot::current(), before);
@@ -95,6 +108,7 @@ mod tests {
             let _g = taken.enter();
             assert_eq!(Snapshot::current(), taken);
             assert_eq!(CONV_WORKSPACE.with(Cell::get), 123);
+            assert_eq!(AUTOCAST.with(Cell::get), Some(DType::BF16));
         }
         assert_eq!(Snapshot::current(), before);
     }

@@ -501,6 +501,7 @@ fn spec(model: &str, device: Device, checkpoint: bool) -> StepSpec {
         fused: true,
         checkpoint,
         optimizer_state: leangrad::optim::StateFormat::Full,
+        autocast: None,
         case: leangrad::memory_plan::parse_case("all").unwrap(),
         device,
     }

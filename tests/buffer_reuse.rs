@@ -261,6 +261,7 @@ fn resnet18_peaks_at_batch_64_with_and_without_reuse() {
             fused: false,
             checkpoint: false,
             optimizer_state: leangrad::optim::StateFormat::Full,
+            autocast: None,
             case: case.parse::<Case>().expect("case"),
             device: Device::Meta,
         };

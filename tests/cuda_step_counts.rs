@@ -82,6 +82,7 @@ fn a_training_steps_launches_syncs_and_copies_are_as_counted() {
             fused: false,
             checkpoint: false,
             optimizer_state: leangrad::optim::StateFormat::Full,
+            autocast: None,
             case: parse_case(case).unwrap(),
             device: Device::Cuda(0),
         };

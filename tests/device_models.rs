@@ -53,6 +53,7 @@ fn check_steps(index: usize, cases: &[&str], runs: &[(OptimizerKind, bool)], che
                         fused,
                         checkpoint,
                         optimizer_state: leangrad::optim::StateFormat::Full,
+                        autocast: None,
                         case,
                         device,
                     };

@@ -296,6 +296,7 @@ fn gpt2_small_step_never_holds_tokens_by_vocabulary() {
         fused: true,
         checkpoint: false,
         optimizer_state: leangrad::optim::StateFormat::Full,
+        autocast: None,
         case: parse_case("all").unwrap(),
         device: Device::Meta,
     };

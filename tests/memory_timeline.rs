@@ -24,6 +24,7 @@ fn spec(case: &str, input: leangrad::memory_plan::StepInput, device: Device) -> 
         fused: false,
         checkpoint: false,
         optimizer_state: leangrad::optim::StateFormat::Full,
+        autocast: None,
         case: case.parse::<Case>().expect("case"),
         device,
     }

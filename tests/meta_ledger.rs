@@ -31,6 +31,7 @@ fn spec(
         fused,
         checkpoint: false,
         optimizer_state: leangrad::optim::StateFormat::Full,
+        autocast: None,
         case,
         device,
     }
@@ -139,8 +140,37 @@ fn meta_ledger_equals_cpu_gpt2_tiny() {
     assert_eq!(check_model(7), 12);
 }
 
-/// A full-size ResNet-18 training step (batch 64, 224×224, f32) on meta:
-/// it runs (timing belongs in a bench) and its numbers are plausible.
+/// Under autocast (bf16 and f16) every tiny model's step moves the meta
+/// ledger as the CPU's, byte for byte, under both policies, usual and fused
+/// AdamW.
+#[test]
+fn autocast_on_meta_equals_cpu() {
+    let case = leangrad::memory_plan::parse_case("all").unwrap();
+    let mut ran = 0;
+    for (name, build, input) in models() {
+        ran += 1;
+        for low in [DType::BF16, DType::F16] {
+            for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
+                for fused in [false, true] {
+                    let what = format!("{name} {low:?} {policy:?} fused={fused}");
+                    let at = |device| StepSpec {
+                        autocast: Some(low),
+                        ..spec(input, case, OptimizerKind::Adamw, fused, device)
+                    };
+                    let cpu = run_step(build.as_ref(), &at(Device::Cpu), policy)
+                        .unwrap_or_else(|e| panic!("{what} cpu: {e}"));
+                    let meta = run_step(build.as_ref(), &at(Device::Meta), policy)
+                        .unwrap_or_else(|e| panic!("{what} meta: {e}"));
+                    let (mut c, m) = (cpu.report, meta.report);
+                    c.device = m.device.clone();
+                    assert_eq!(c, m, "{what}: whole report");
+                }
+            }
+        }
+    }
+    assert!(ran >= 6, "{ran} tiny models");
+}
+
 /// Compact optimizer state (bf16 and 8-bit Adam moments) moves the meta
 /// ledger exactly as the CPU's: bf16 holds half the bytes, 8-bit no more
 /// than full state (the tiny models' parameters are mostly under the
@@ -225,6 +255,8 @@ fn eight_bit_state_resnet18_on_meta_equals_cpu() {
     );
 }
 
+/// A full-size ResNet-18 training step (batch 64, 224×224, f32) on meta:
+/// it runs (timing belongs in a bench) and its numbers are plausible.
 #[test]
 fn full_size_resnet18_step_on_meta() {
     let build: Build = Box::new(|d, dev| {

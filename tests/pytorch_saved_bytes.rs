@@ -61,6 +61,7 @@ fn save_all_keeps_what_pytorch_keeps_and_lean_never_more() {
             fused: false,
             checkpoint: false,
             optimizer_state: leangrad::optim::StateFormat::Full,
+            autocast: None,
             case: r.case,
             device: Device::Meta,
         };
@@ -223,6 +224,7 @@ fn real_pytorch_steps_agree_with_save_all_where_they_keep_the_same() {
             fused: false,
             checkpoint: false,
             optimizer_state: leangrad::optim::StateFormat::Full,
+            autocast: None,
             case: r.case,
             device: Device::Meta,
         };

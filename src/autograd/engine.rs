@@ -20,6 +20,7 @@
 use super::node::{node_of, InputEdge, Recomputed, Work};
 use super::{no_grad, Edge, Node};
 use crate::memory::{attribute_to_scope, note_op, with_category, Category};
+use crate::settings::{set, AUTOCAST};
 use crate::tensor::{Leaf, Tensor};
 use crate::{Error, Result};
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -165,6 +166,9 @@ pub fn backward_with(
 ) -> Result<()> {
     let _grad_category = with_category(Category::IntermediateGradient);
     let _no_grad = no_grad();
+    // Each op's backward works in the dtypes its forward used: no autocast
+    // casts (a checkpointed segment's recompute restores its forward's).
+    let _no_autocast = set(&AUTOCAST, None);
     // Allocations before the first node (the seed) are the backward's own.
     note_op("backward");
     let seed = match grad_output {

@@ -69,6 +69,9 @@ pub struct FinetuneOptions {
     /// How Adam keeps its moments (f32, bf16 or block-wise 8-bit;
     /// [`Optimizer::set_state_format`]).
     pub optimizer_state: StateFormat,
+    /// The training forward under [`crate::autocast`] in this dtype (bf16
+    /// or f16), or in f32 (`None`).
+    pub autocast: Option<DType>,
     /// The checkpoint folder written after every epoch.
     pub out: Option<PathBuf>,
     /// A checkpoint folder to resume from.
@@ -106,6 +109,7 @@ impl FinetuneOptions {
             fused: false,
             gradient_checkpointing: false,
             optimizer_state: StateFormat::Full,
+            autocast: None,
             out: None,
             resume: None,
             device: Device::Cpu,
@@ -147,6 +151,8 @@ pub struct FinetuneReport {
     pub case: String,
     /// How the optimizer kept its state (`f32`, `bf16`, `8bit`).
     pub optimizer_state: StateFormat,
+    /// The training forward's autocast dtype (`bf16`, `f16`), if any.
+    pub autocast: Option<String>,
     /// Parameters trained / in the model.
     pub trainable_parameters: usize,
     /// All parameters.
@@ -290,6 +296,7 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
         classes,
         case: opts.case.clone(),
         optimizer_state: opts.optimizer_state,
+        autocast: opts.autocast.map(|d| format!("{d:?}").to_lowercase()),
         trainable_parameters: params.iter().map(Tensor::numel).sum(),
         parameters: all.iter().map(Tensor::numel).sum(),
         device: opts.device.to_string(),
@@ -318,6 +325,7 @@ fn predict_step(opts: &FinetuneOptions, case: Case, classes: usize) -> Result<St
         fused: opts.fused,
         checkpoint: opts.gradient_checkpointing,
         optimizer_state: opts.optimizer_state,
+        autocast: opts.autocast,
         case,
         device: Device::Meta,
     };
@@ -404,8 +412,12 @@ impl Job<'_> {
         let (mut loss_sum, mut batches, mut right, mut seen) = (0.0, 0usize, 0usize, 0usize);
         for batch in self.train.epoch(epoch as u64) {
             let batch = batch?;
-            let logits = self.model.step_logits(&batch.images)?;
-            let loss = logits.cross_entropy(&batch.labels, CrossEntropyOptions::default())?;
+            let (logits, loss) = {
+                let _autocast = self.opts.autocast.map(crate::autocast).transpose()?;
+                let logits = self.model.step_logits(&batch.images)?;
+                let loss = logits.cross_entropy(&batch.labels, CrossEntropyOptions::default())?;
+                (logits, loss)
+            };
             right += correct(&logits, &batch.labels)?;
             seen += batch.indices.len();
             let value = loss.to_scalar()?;

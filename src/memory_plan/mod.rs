@@ -119,6 +119,10 @@ pub struct StepSpec {
     /// `bf16`, or block-wise `8bit` (Adam moments; see
     /// [`Optimizer::set_state_format`]).
     pub optimizer_state: StateFormat,
+    /// The forward under [`crate::autocast`] in this dtype (`bf16` or
+    /// `f16`; `None`, null in JSON, for none).
+    #[serde(serialize_with = "optional_lower_debug")]
+    pub autocast: Option<DType>,
     /// Which parameters train, the input gradient and the mode (by name:
     /// `surgical-last-bn-eval`).
     #[serde(serialize_with = "display")]
@@ -131,6 +135,16 @@ pub struct StepSpec {
 
 fn lower_debug<S: serde::Serializer>(d: &DType, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_str(&format!("{d:?}").to_lowercase())
+}
+
+fn optional_lower_debug<S: serde::Serializer>(
+    d: &Option<DType>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => lower_debug(d, s),
+        None => s.serialize_none(),
+    }
 }
 
 fn display<T: Display, S: serde::Serializer>(d: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -197,6 +211,7 @@ pub fn run_step_recording(
             .make(spec.batch, input_grad, spec.dtype, spec.device)?;
         let targets = spec.input.targets(spec.batch, spec.classes, spec.device)?;
         let _p = with_save_policy(policy);
+        let _autocast = spec.autocast.map(crate::autocast).transpose()?;
         let m: &dyn StepModel = model.as_ref();
         match spec.optimizer {
             OptimizerKind::Sgd => step(

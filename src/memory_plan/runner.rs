@@ -58,7 +58,10 @@ impl StepRunner {
             .host_input
             .to_device(self.spec.device)?
             .set_requires_grad(self.input_grad)?;
-        let loss = self.model.step_loss(&x, &self.targets)?;
+        let loss = {
+            let _autocast = self.spec.autocast.map(crate::autocast).transpose()?;
+            self.model.step_loss(&x, &self.targets)?
+        };
         if self.spec.fused {
             self.opt.backward_step(&loss)?;
         } else {

@@ -4,6 +4,7 @@ use super::init::Init;
 use super::Module;
 use crate::memory::scope;
 use crate::nn::input::{check_dtype, check_min_rank, check_size};
+use crate::ops::autocast::lower3;
 use crate::{DType, Device, Result, Tensor};
 
 /// `y = x Wᵀ + b`, weight `[out, in]` and bias `[out]` as in `torch.nn.Linear`.
@@ -145,9 +146,11 @@ impl Module for Linear {
             self.weight.shape()[1],
             "input features (last dim)",
         )?;
-        check_dtype(x, self.weight.dtype())?;
-        let y = x.matmul(&self.weight.t()?)?;
-        match &self.bias {
+        // Under autocast the product and the bias run in its dtype.
+        let (x, w, b) = lower3(x, &self.weight, self.bias.as_ref())?;
+        check_dtype(&x, w.dtype())?;
+        let y = x.matmul(&w.t()?)?;
+        match &b {
             Some(b) => y.add_owned(b),
             None => Ok(y),
         }

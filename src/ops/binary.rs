@@ -1,5 +1,6 @@
 //! Elementwise binary ops with broadcasting: add, sub, mul, div.
 
+use super::autocast::promoted;
 use super::check_in_place;
 use super::sum_to_shape;
 use crate::autograd::{attach, keep, may_reuse, needs_grad, BackwardOp, SavedTensor};
@@ -141,9 +142,22 @@ impl BackwardOp for DivBackward {
     }
 }
 
+/// Under autocast, the two operands cast to their promoted float dtype
+/// (PyTorch's type promotion: the wider float; f16 with bf16 is f32), when
+/// they are floats of different dtypes. The casts are differentiable.
+fn promote_pair(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    promoted(a.dtype(), b.dtype())
+        .map(|d| Ok((a.to_dtype(d)?, b.to_dtype(d)?)))
+        .transpose()
+}
+
 impl Tensor {
-    /// `self + rhs` with broadcasting. Saves nothing for backward.
+    /// `self + rhs` with broadcasting (under autocast, floats of two dtypes
+    /// are promoted to the wider). Saves nothing for backward.
     pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
+        if let Some((a, b)) = promote_pair(self, rhs)? {
+            return a.add(&b);
+        }
         let out = binary_map(self, rhs, &AddK)?;
         let needs = needs_grad([self, rhs]);
         let op = AddBackward {
@@ -160,6 +174,12 @@ impl Tensor {
     /// same values and gradients either way (a residual connection's add).
     /// Saves nothing for backward.
     pub fn add_owned(self, rhs: &Tensor) -> Result<Tensor> {
+        if promoted(self.dtype(), rhs.dtype()) == Some(self.dtype()) {
+            // A wider `self` (an f32 residual stream plus a bf16 branch
+            // under autocast) keeps its buffer: only `rhs` is cast.
+            let rhs = rhs.to_dtype(self.dtype())?;
+            return self.add_owned(&rhs);
+        }
         let fits = self.dtype() == rhs.dtype()
             && self.device() == rhs.device()
             && crate::tensor::broadcast_shapes("add", self.shape(), rhs.shape())
@@ -205,8 +225,12 @@ impl Tensor {
         self.add_owned(rhs)?.relu_inplace()
     }
 
-    /// `self - rhs` with broadcasting. Saves nothing for backward.
+    /// `self - rhs` with broadcasting (promoting as [`Tensor::add`]). Saves
+    /// nothing for backward.
     pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
+        if let Some((a, b)) = promote_pair(self, rhs)? {
+            return a.sub(&b);
+        }
         let out = binary_map(self, rhs, &SubK)?;
         let needs = needs_grad([self, rhs]);
         let op = SubBackward {
@@ -216,9 +240,12 @@ impl Tensor {
         Ok(attach(out, &[self, rhs], op))
     }
 
-    /// `self * rhs` with broadcasting. Saves `rhs` only when `self` needs
+    /// `self * rhs` with broadcasting (promoting as [`Tensor::add`]). Saves `rhs` only when `self` needs
     /// grad, and `self` only when `rhs` does (both under `SaveAll`).
     pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
+        if let Some((a, b)) = promote_pair(self, rhs)? {
+            return a.mul(&b);
+        }
         let out = binary_map(self, rhs, &MulK)?;
         let [na, nb] = needs_grad([self, rhs]);
         if !(na || nb) {
@@ -233,9 +260,12 @@ impl Tensor {
         Ok(attach(out, &[self, rhs], op))
     }
 
-    /// `self / rhs` with broadcasting. Saves `rhs` when either needs grad,
+    /// `self / rhs` with broadcasting (promoting as [`Tensor::add`]). Saves `rhs` when either needs grad,
     /// and `self` only when `rhs` does (always under `SaveAll`).
     pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
+        if let Some((a, b)) = promote_pair(self, rhs)? {
+            return a.div(&b);
+        }
         let out = binary_map(self, rhs, &DivK)?;
         let needs = needs_grad([self, rhs]);
         if !(needs[0] || needs[1]) {

@@ -1,5 +1,6 @@
 //! Joining and splitting along a dimension: cat, stack, chunk, split.
 
+use super::autocast::promote_all;
 use crate::autograd::{attach, is_grad_enabled, BackwardOp};
 use crate::tensor::resolve_dim;
 use crate::{Error, Result, Tensor};
@@ -76,11 +77,15 @@ impl BackwardOp for StackBackward {
 
 impl Tensor {
     /// Concatenates `tensors` along `dim` (negative counts from the end).
-    /// All must share dtype, device and rank, and agree in every dimension
-    /// but `dim`. Works for every dtype; the result is a new contiguous
+    /// All must share dtype (under [`crate::autocast`] floats of several
+    /// dtypes are promoted to the widest), device and rank, and agree in
+    /// every dimension but `dim`. Works for every dtype; the result is a new contiguous
     /// tensor. Saves only each input's size along `dim` (backward hands each
     /// input a narrowed view of the gradient).
     pub fn cat(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
+        if let Some(same) = promote_all(tensors)? {
+            return Tensor::cat(&same.iter().collect::<Vec<_>>(), dim);
+        }
         check_same_kind("cat", tensors)?;
         let first = tensors[0];
         let d = resolve_dim("cat", dim, first.rank())?;
@@ -120,6 +125,9 @@ impl Tensor {
     /// contiguous tensor. Saves nothing (backward hands each input a view of
     /// its slice of the gradient).
     pub fn stack(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
+        if let Some(same) = promote_all(tensors)? {
+            return Tensor::stack(&same.iter().collect::<Vec<_>>(), dim);
+        }
         check_same_kind("stack", tensors)?;
         let first = tensors[0];
         let d = resolve_dim("stack", dim, first.rank() + 1)?;

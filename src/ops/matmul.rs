@@ -1,6 +1,7 @@
 //! Matrix products: `matmul` with torch.matmul's rules (1-d·1-d, 2-d, and
 //! batched with broadcast batch dims), on the gemm kernel in `cpu`.
 
+use super::autocast::{lower, lowers};
 use super::reduce::unit_reshape;
 use super::sum_to_shape;
 use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
@@ -116,7 +117,11 @@ impl Tensor {
     ///
     /// Saves `rhs` only if `self` needs grad and `self` only if `rhs` does
     /// (both under `SaveAll`); gradients of broadcast batch dims are summed back.
+    /// Under [`crate::autocast`] both operands are cast to its dtype first.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        if lowers(self) || lowers(rhs) {
+            return lower(self)?.matmul(&lower(rhs)?);
+        }
         if self.rank() == 0 || rhs.rank() == 0 {
             return Err(Error::InvalidArgument {
                 op: "matmul",

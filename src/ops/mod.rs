@@ -16,6 +16,7 @@
 //! | clamp | 1-bit mask of `min ≤ x ≤ max` | ⌈n/32⌉·4 |
 //! | where_cond(c, a, b) | the u8 condition, if a or b needs grad | n |
 //! | to_dtype, to_dtype_owned (float→float) | nothing | 0 |
+//! | the casts autocast inserts ([`autocast`]) | nothing (the op after them saves what its table says, in their dtype) | 0 |
 //! | reshape, flatten, (un)squeeze, permute, transpose, narrow, broadcast_to, contiguous | shapes only | 0 |
 //! | cat, stack, chunk, split | sizes along the dim only | 0 |
 //! | index_select, gather | the index tensor, if the source needs grad | index bytes |
@@ -31,6 +32,7 @@
 //! Backward never materialises a zero-filled stand-in for an input that
 //! needs no grad: it returns `None`, and the engine skips the edge.
 
+pub(crate) mod autocast;
 mod binary;
 mod cast;
 mod compare;
@@ -45,6 +47,7 @@ mod softmax;
 mod unary;
 mod view;
 
+pub use autocast::{autocast, autocast_disabled, autocast_dtype};
 pub use loss::{CrossEntropyOptions, Reduction, CHUNK_ELEMENTS};
 pub use mask::{mask_scale, mask_where, positive_mask};
 pub use softmax::LaneGeom;

@@ -107,6 +107,10 @@ pub enum Command {
         /// 8bit (block-wise quantised, a quarter).
         #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "8bit"])]
         optimizer_state: String,
+        /// Mixed precision: products and convolutions in bf16 or f16,
+        /// norms, softmax and the loss in f32, f32 weights and gradients.
+        #[arg(long, value_parser = ["bf16", "f16"])]
+        autocast: Option<String>,
         /// The checkpoint folder written after every epoch.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -307,6 +311,11 @@ pub struct MemoryArgs {
     /// 4096 elements or more).
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "8bit"])]
     pub optimizer_state: String,
+    /// Mixed precision (as `torch.autocast`): matrix products, linear
+    /// layers and convolutions in bf16 or f16; norms, softmax and the loss
+    /// in f32; f32 weights, gradients and optimizer.
+    #[arg(long, value_parser = ["bf16", "f16"])]
+    pub autocast: Option<String>,
     /// `meta` predicts without data; `cpu` runs the step for real;
     /// `cuda` runs it on CUDA device 0 (an error without one).
     #[arg(long, default_value = "meta", value_parser = ["meta", "cpu", "cuda"])]

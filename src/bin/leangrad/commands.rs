@@ -83,6 +83,16 @@ pub fn demo(a: DemoArgs) -> Result<()> {
     })
 }
 
+/// The dtype of an `--autocast` option (`bf16` or `f16`; clap has checked it).
+pub fn autocast_arg(arg: &Option<String>) -> anyhow::Result<Option<DType>> {
+    Ok(match arg.as_deref() {
+        None => None,
+        Some("bf16") => Some(DType::BF16),
+        Some("f16") => Some(DType::F16),
+        Some(other) => anyhow::bail!("--autocast takes bf16 or f16, not {other}"),
+    })
+}
+
 /// Predicts or measures one training step's memory.
 pub fn memory(a: MemoryArgs) -> Result<()> {
     // Refused before any work: a file there that leangrad did not write.
@@ -123,6 +133,7 @@ pub fn memory(a: MemoryArgs) -> Result<()> {
         fused: a.fused,
         checkpoint: a.checkpoint,
         optimizer_state: StateFormat::parse(&a.optimizer_state, "memory")?,
+        autocast: autocast_arg(&a.autocast)?,
         case: memory_plan::parse_case(&a.case)?,
         device: match a.device.as_str() {
             "meta" => Device::Meta,

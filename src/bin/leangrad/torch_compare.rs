@@ -124,6 +124,9 @@ pub fn script_args(a: &MemoryArgs, spec: &StepSpec, run: &TorchRun) -> Vec<Strin
     if spec.optimizer_state != StateFormat::Full {
         v.extend(["--optimizer-state".into(), spec.optimizer_state.to_string()]);
     }
+    if let Some(d) = spec.autocast {
+        v.extend(["--autocast".into(), format!("{d:?}").to_lowercase()]);
+    }
     v
 }
 

@@ -55,6 +55,7 @@ use super::dropout::{dropout_apply, dropout_apply_mask, dropout_mask, DropoutDra
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::memory::{with_category, Category};
 use crate::meta::{backend, Backend};
+use crate::ops::autocast::{lower, lowers};
 use crate::ops::expect_float;
 use crate::primitives::matmul;
 use crate::{DType, Device, Error, Result, Tensor};
@@ -397,6 +398,10 @@ pub fn scaled_dot_product_attention(
     v: &Tensor,
     opts: &SdpaOptions,
 ) -> Result<Tensor> {
+    if lowers(q) || lowers(k) || lowers(v) {
+        let (q, k, v) = (lower(q)?, lower(k)?, lower(v)?);
+        return scaled_dot_product_attention(&q, &k, &v, opts);
+    }
     let scores = check(q, k, v, opts)?;
     let r = q.rank();
     let geometry = Geometry {

@@ -10,6 +10,7 @@ use crate::memory::scope;
 use crate::nn::init::Init;
 use crate::nn::input::{check_dtype, check_rank, check_size};
 use crate::nn::Module;
+use crate::ops::autocast::lower3;
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// A 2-d size: one value for both axes (`3`) or `[height, width]`
@@ -284,8 +285,9 @@ impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
         let channels = self.weight.shape()[1] * self.options.groups;
-        check_input(x, &self.weight, 4, "[N, C, H, W]", channels)?;
-        conv2d(x, &self.weight, self.bias.as_ref(), &self.options)
+        let (x, w, b) = lower3(x, &self.weight, self.bias.as_ref())?;
+        check_input(&x, &w, 4, "[N, C, H, W]", channels)?;
+        conv2d(&x, &w, b.as_ref(), &self.options)
     }
 
     fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
@@ -381,8 +383,9 @@ impl Module for Conv1d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
         let channels = self.weight.shape()[1] * self.options.groups;
-        check_input(x, &self.weight, 3, "[N, C, L]", channels)?;
-        conv1d(x, &self.weight, self.bias.as_ref(), &self.options)
+        let (x, w, b) = lower3(x, &self.weight, self.bias.as_ref())?;
+        check_input(&x, &w, 3, "[N, C, L]", channels)?;
+        conv1d(&x, &w, b.as_ref(), &self.options)
     }
 
     fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {
@@ -488,8 +491,9 @@ impl Module for ConvTranspose2d {
     /// Applies the layer to `x` `[n, in, h, w]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
-        check_input(x, &self.weight, 4, "[N, C, H, W]", self.weight.shape()[0])?;
-        conv_transpose2d(x, &self.weight, self.bias.as_ref(), &self.options)
+        let (x, w, b) = lower3(x, &self.weight, self.bias.as_ref())?;
+        check_input(&x, &w, 4, "[N, C, H, W]", self.weight.shape()[0])?;
+        conv_transpose2d(&x, &w, b.as_ref(), &self.options)
     }
 
     fn parameter_kinds(&self) -> Vec<(String, crate::nn::LayerKind)> {

@@ -36,6 +36,7 @@ mod workspace;
 
 use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
 use crate::meta::{backend, Backend};
+use crate::ops::autocast::lower3;
 use crate::ops::expect_float;
 use crate::primitives::check_pair;
 use crate::tensor::Layout;
@@ -453,6 +454,8 @@ pub fn conv2d(
     bias: Option<&Tensor>,
     opts: &Conv2dOptions,
 ) -> Result<Tensor> {
+    let (x, weight, bias) = lower3(x, weight, bias)?;
+    let (x, weight, bias) = (&x, &weight, bias.as_ref());
     const OP: &str = "conv2d";
     let cout = weight.shape().first().copied().unwrap_or(0);
     check_operands(OP, x, weight, bias, 4, cout)?;
@@ -473,6 +476,8 @@ pub fn conv1d(
     bias: Option<&Tensor>,
     opts: &Conv1dOptions,
 ) -> Result<Tensor> {
+    let (x, weight, bias) = lower3(x, weight, bias)?;
+    let (x, weight, bias) = (&x, &weight, bias.as_ref());
     const OP: &str = "conv1d";
     let cout = weight.shape().first().copied().unwrap_or(0);
     check_operands(OP, x, weight, bias, 3, cout)?;
@@ -513,6 +518,8 @@ pub fn conv_transpose2d(
     bias: Option<&Tensor>,
     opts: &ConvTranspose2dOptions,
 ) -> Result<Tensor> {
+    let (x, weight, bias) = lower3(x, weight, bias)?;
+    let (x, weight, bias) = (&x, &weight, bias.as_ref());
     const OP: &str = "conv_transpose2d";
     let ws = weight.shape();
     let cout = if ws.len() == 4 {

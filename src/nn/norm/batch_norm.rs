@@ -28,6 +28,7 @@ use super::{
 };
 use crate::autograd::{attach, may_reuse, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::memory::uncounted;
+use crate::ops::autocast::{widen, widens};
 use crate::ops::relu_applied_in_place;
 use crate::primitives::contiguous_copy;
 use crate::{DType, Error, Result, Tensor};
@@ -408,6 +409,11 @@ fn run(
     relu: bool,
 ) -> Result<NormThenRelu> {
     const OP: &str = "batch_norm";
+    if widens(x) {
+        // Autocast's f32 list; the f32 copy is this call's own.
+        let x = widen(x)?;
+        return run(&x, state, mode, may_reuse(&x), relu);
+    }
     let BnState {
         running_mean,
         running_var,

@@ -15,6 +15,7 @@ use crate::memory::scope;
 use crate::memory::Category;
 use crate::nn::input::{check_dtype_of, check_min_rank, check_rank, check_size, check_trailing};
 use crate::nn::Module;
+use crate::ops::autocast::{widen, widen_owned};
 use crate::{DType, Device, Error, Result, Tensor};
 
 fn param(shape: &[usize], v: f64, dtype: DType, device: Device) -> Result<Tensor> {
@@ -131,6 +132,7 @@ impl Module for LayerNorm {
     /// Layer norm of `x` `[…, *normalized_shape]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        let x = &widen(x)?;
         check_trailing(x, &self.normalized_shape)?;
         check_dtype_of(x, self.weight.as_ref())?;
         layer_norm(
@@ -146,6 +148,7 @@ impl Module for LayerNorm {
     /// and buffer reuse is on.
     fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        let x = widen_owned(x)?;
         check_trailing(&x, &self.normalized_shape)?;
         check_dtype_of(&x, self.weight.as_ref())?;
         layer_norm_owned(
@@ -262,6 +265,7 @@ impl Module for GroupNorm {
     /// Group norm of `x` `[N, C, *]` with `C` the layer's channel count.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        let x = &widen(x)?;
         check_min_rank(x, 2, "[N, C, *]")?;
         check_size(x, 1, self.num_channels, "channels (dim 1)")?;
         check_dtype_of(x, self.weight.as_ref())?;
@@ -278,6 +282,7 @@ impl Module for GroupNorm {
     /// and buffer reuse is on.
     fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        let x = widen_owned(x)?;
         check_min_rank(&x, 2, "[N, C, *]")?;
         check_size(&x, 1, self.num_channels, "channels (dim 1)")?;
         check_dtype_of(&x, self.weight.as_ref())?;
@@ -389,6 +394,7 @@ impl Module for RMSNorm {
     /// RMS norm of `x` `[…, *normalized_shape]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _s = scope(self.name.clone());
+        let x = &widen(x)?;
         check_trailing(x, &self.normalized_shape)?;
         check_dtype_of(x, self.weight.as_ref())?;
         rms_norm(x, &self.normalized_shape, self.weight.as_ref(), self.eps)
@@ -595,6 +601,7 @@ impl BatchNorm {
             [5] => "[N, C, D, H, W]",
             _ => "[N, C] or [N, C, L]",
         };
+        let x = widen_owned(x)?;
         check_rank(&x, self.ranks, layout)?;
         check_size(&x, 1, self.num_features, "channels (dim 1)")?;
         check_dtype_of(&x, self.weight.as_ref().or(self.running_mean.as_ref()))?;

@@ -16,6 +16,7 @@ use super::{
     StatSource,
 };
 use crate::autograd::{attach, may_reuse, save_policy, BackwardOp, SavePolicy, SavedTensor};
+use crate::ops::autocast::{widen, widen_opt, widens};
 use crate::primitives::contiguous_copy;
 use crate::{DType, Error, Result, Tensor};
 
@@ -254,6 +255,12 @@ fn layer_norm_reusing(
     eps: f64,
     reuse: bool,
 ) -> Result<Tensor> {
+    if widens(x) || weight.is_some_and(widens) || bias.is_some_and(widens) {
+        let (x, w, b) = (widen(x)?, widen_opt(weight)?, widen_opt(bias)?);
+        // The f32 copy is this call's own: the output may go over it.
+        let reuse = may_reuse(&x);
+        return layer_norm_reusing(&x, normalized_shape, w.as_ref(), b.as_ref(), eps, reuse);
+    }
     let geo = rows_over("layer_norm", x, normalized_shape)?;
     let spec = RowNorm {
         name: "layer_norm",
@@ -279,6 +286,14 @@ pub fn rms_norm(
     weight: Option<&Tensor>,
     eps: Option<f64>,
 ) -> Result<Tensor> {
+    if widens(x) || weight.is_some_and(widens) {
+        return rms_norm(
+            &widen(x)?,
+            normalized_shape,
+            widen_opt(weight)?.as_ref(),
+            eps,
+        );
+    }
     let geo = rows_over("rms_norm", x, normalized_shape)?;
     let eps = eps.unwrap_or(match x.dtype() {
         DType::F64 => f64::EPSILON,
@@ -335,6 +350,12 @@ fn group_norm_reusing(
     eps: f64,
     reuse: bool,
 ) -> Result<Tensor> {
+    if widens(x) || weight.is_some_and(widens) || bias.is_some_and(widens) {
+        let (x, w, b) = (widen(x)?, widen_opt(weight)?, widen_opt(bias)?);
+        // The f32 copy is this call's own: the output may go over it.
+        let reuse = may_reuse(&x);
+        return group_norm_reusing(&x, num_groups, w.as_ref(), b.as_ref(), eps, reuse);
+    }
     if x.rank() < 2 {
         return Err(Error::InvalidArgument {
             op: "group_norm",

@@ -10,6 +10,7 @@
 //! |---|---|---|---|
 //! | `linear_cross_entropy` | any of hidden, weight, bias | the hidden states: `N·D·b` bytes; the weight and bias (parameters: no bytes); the targets: `8·N` bytes (the caller's tensor, not copied) | every gradient needs the chunk's probabilities, recomputed from `h`, `W` and `b`: no logits, no probabilities kept |
 //! | `linear_cross_entropy` | nothing | — (no node) | |
+//! | `linear_cross_entropy` under autocast | any of hidden, weight, bias | the hidden states in autocast's dtype: `N·D·2` bytes; the rest as above | the logits are recomputed from the same low-precision operands; the weight's low-precision copy is Workspace, made once in forward and once in backward |
 //!
 //! The same under both save policies. Each chunk's logits, probabilities
 //! and their gradient are Workspace, at most [`CHUNK_ELEMENTS`] elements
@@ -22,6 +23,7 @@ use super::{
 };
 use crate::autograd::{attach, is_grad_enabled, no_grad, BackwardOp, SavedTensor};
 use crate::memory::{with_category, Category};
+use crate::ops::autocast::{autocast_dtype, lower, lowers};
 use crate::primitives::{add_assign, matmul, matmul_into};
 use crate::{DType, Error, Result, Tensor};
 
@@ -35,21 +37,52 @@ fn chunk_rows(classes: usize) -> usize {
 }
 
 /// The logits `h·Wᵀ (+ b)` of rows `rows` of `hidden`, without a graph, as
-/// Workspace.
-fn chunk_logits(hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+/// Workspace; in f32 when they were computed in autocast's dtype `low`.
+fn chunk_logits(
+    hidden: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    low: Option<DType>,
+) -> Result<Tensor> {
     let _ws = with_category(Category::Workspace);
     let logits = matmul(hidden, &weight.t()?)?;
     if let Some(b) = bias {
         add_assign(&logits, b)?;
     }
-    Ok(logits)
+    match low {
+        Some(_) => logits.to_dtype_owned(DType::F32),
+        None => Ok(logits),
+    }
+}
+
+/// The weight and bias the logits are computed with: the tensors given, or
+/// under autocast (`low`) their copies in its dtype, as Workspace.
+fn run_weights(
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    low: Option<DType>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let _ws = with_category(Category::Workspace);
+    match low {
+        Some(low) => Ok((
+            weight.to_dtype(low)?,
+            bias.map(|b| b.to_dtype(low)).transpose()?,
+        )),
+        None => Ok((weight.clone(), bias.cloned())),
+    }
 }
 
 /// Backward of [`Tensor::linear_cross_entropy`]: saves the hidden states,
 /// the weight and the bias (parameters: no bytes) and the targets, plus
 /// the options and the count of samples not ignored.
 struct LinearCrossEntropyBackward {
+    /// The hidden states the logits were computed from (in autocast's
+    /// dtype under autocast).
     hidden: SavedTensor,
+    /// The dtype of the hidden states given (their gradient's).
+    hidden_dtype: DType,
+    /// Autocast's dtype, when the logits were computed in it.
+    low: Option<DType>,
     weight: SavedTensor,
     bias: Option<SavedTensor>,
     targets: SavedTensor,
@@ -78,6 +111,7 @@ impl BackwardOp for LinearCrossEntropyBackward {
             .then(|| Tensor::zeros(&[classes], w.dtype(), w.device()))
             .transpose()?;
         let rows = self.rows;
+        let (w_run, b_run) = run_weights(w, bias, self.low)?;
         for start in (0..n).step_by(rows) {
             let r = rows.min(n - start);
             let (h_c, t_c) = (h.narrow(0, start, r)?, targets.narrow(0, start, r)?);
@@ -86,7 +120,7 @@ impl BackwardOp for LinearCrossEntropyBackward {
                 _ => g.clone(),
             };
             let grad_logits = {
-                let logits = chunk_logits(&h_c, w, bias)?;
+                let logits = chunk_logits(&h_c, &w_run, b_run.as_ref(), self.low)?;
                 let _ws = with_category(Category::Workspace);
                 let probs = cross_entropy_forward(&logits, 1, &t_c, &self.opts, true)?
                     .probs
@@ -96,16 +130,22 @@ impl BackwardOp for LinearCrossEntropyBackward {
                 drop(logits);
                 cross_entropy_backward(g_c, &probs, &t_c, 1, &self.opts, &self.count)?
             };
+            // Under autocast the gradients' products run in f32 from the
+            // f32 probabilities and the f32 weight (more precise than the
+            // low dtype, and no copy of the weight kept for them).
             if need_h {
-                grad_h_chunks.push(matmul(&grad_logits, w)?);
+                let gh = matmul(&grad_logits, w)?;
+                grad_h_chunks.push(gh.to_dtype_owned(self.hidden_dtype)?);
             }
             if let Some(gw) = &grad_w {
+                let h_c = h_c.to_dtype(w.dtype())?;
                 matmul_into(gw, &grad_logits.t()?, &h_c, true)?;
             }
             if let Some(gb) = &grad_b {
                 add_assign(gb, &grad_logits.sum(&[0], false)?)?;
             }
         }
+        drop((w_run, b_run));
         let grad_h = need_h
             .then(|| Tensor::cat(&grad_h_chunks.iter().collect::<Vec<_>>(), 0))
             .transpose()?;
@@ -199,12 +239,24 @@ impl Tensor {
             .iter()
             .map(|t| is_grad_enabled() && t.requires_grad())
             .collect();
+        let low =
+            autocast_dtype().filter(|_| lowers(self) || lowers(weight) || bias.is_some_and(lowers));
+        // Under autocast the logits come from the hidden states and weight
+        // in its dtype (the hidden states are what backward keeps, the
+        // weight's copy lives for this forward only) and the loss from
+        // their f32 copy; the graph's edges stay the tensors given.
+        let hidden = {
+            let _g = no_grad();
+            lower(self)?
+        };
         let mut parts = Vec::new();
         {
             let _g = no_grad();
+            let (w_run, b_run) = run_weights(weight, bias, low)?;
             for start in (0..n).step_by(rows) {
                 let r = rows.min(n - start);
-                let logits = chunk_logits(&self.narrow(0, start, r)?, weight, bias)?;
+                let logits =
+                    chunk_logits(&hidden.narrow(0, start, r)?, &w_run, b_run.as_ref(), low)?;
                 let t_c = targets.narrow(0, start, r)?;
                 let _ws = with_category(Category::Workspace);
                 // Each chunk's losses and count stay where they were made
@@ -220,7 +272,9 @@ impl Tensor {
             return Ok(out);
         }
         let backward = LinearCrossEntropyBackward {
-            hidden: SavedTensor::new(self, op),
+            hidden: SavedTensor::new(&hidden, op),
+            hidden_dtype: self.dtype(),
+            low,
             weight: SavedTensor::new(weight, op),
             bias: bias.map(|b| SavedTensor::new(b, op)),
             targets: SavedTensor::new(targets, op),

@@ -27,6 +27,7 @@ pub use linear::CHUNK_ELEMENTS;
 #[cfg(test)]
 mod tests;
 
+use super::autocast::{widen, widens};
 use super::expect_float;
 use crate::autograd::{attach, needs_grad, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::meta::{backend, Backend};
@@ -311,8 +312,12 @@ impl Tensor {
     /// A target outside `0..C` gives `Error::IndexOutOfRange`.
     ///
     /// Saves the softmax probabilities and the targets, only when the logits
-    /// need grad (see the backward's doc).
+    /// need grad (see the backward's doc). Under [`crate::autocast`] f16
+    /// and bf16 logits are cast to f32 first.
     pub fn cross_entropy(&self, targets: &Tensor, opts: CrossEntropyOptions) -> Result<Tensor> {
+        if widens(self) {
+            return widen(self)?.cross_entropy(targets, opts);
+        }
         expect_float("cross_entropy", self)?;
         if targets.dtype() != DType::I64 {
             return Err(Error::DTypeMismatch {
@@ -386,8 +391,12 @@ impl Tensor {
 
     /// Mean squared error `(self − target)²` with `reduction` (mean over all
     /// elements, sum, or elementwise). Shapes must be equal. Saves only the
-    /// difference, and only when either input needs grad.
+    /// difference, and only when either input needs grad. Under
+    /// [`crate::autocast`] f16 and bf16 inputs are cast to f32 first.
     pub fn mse_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        if widens(self) || widens(target) {
+            return widen(self)?.mse_loss(&widen(target)?, reduction);
+        }
         expect_float("mse_loss", self)?;
         if self.shape() != target.shape() {
             return Err(Error::ShapeMismatch {

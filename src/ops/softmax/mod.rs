@@ -22,6 +22,7 @@ mod cuda;
 pub(crate) use cpu::{for_blocks, lane_stats};
 pub(crate) use cuda::lanes;
 
+use super::autocast::{widen, widens};
 use super::expect_float;
 use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::meta::{backend, Backend};
@@ -121,6 +122,9 @@ impl BackwardOp for SoftmaxBackward {
 
 impl Tensor {
     fn softmax_impl(&self, op: &'static str, dim: isize, log: bool) -> Result<Tensor> {
+        if widens(self) {
+            return widen(self)?.softmax_impl(op, dim, log);
+        }
         expect_float(op, self)?;
         let d = resolve_dim(op, dim, self.rank())?;
         let out = softmax_forward(self, d, log)?;
@@ -135,14 +139,14 @@ impl Tensor {
         Ok(attach(out, &[self], op))
     }
 
-    /// `exp(x) / Σ exp(x)` along `dim`, computed stably in f64. Saves only
-    /// its output for backward.
+    /// `exp(x) / Σ exp(x)` along `dim`, computed stably in f64 (in f32
+    /// under [`crate::autocast`]). Saves only its output for backward.
     pub fn softmax(&self, dim: isize) -> Result<Tensor> {
         self.softmax_impl("softmax", dim, false)
     }
 
-    /// `x − log Σ exp(x)` along `dim`, computed stably in f64. Saves only
-    /// its output for backward.
+    /// `x − log Σ exp(x)` along `dim`, computed stably in f64 (in f32
+    /// under [`crate::autocast`]). Saves only its output for backward.
     pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
         self.softmax_impl("log_softmax", dim, true)
     }

@@ -1,0 +1,289 @@
+//! Autocast (`leangrad::autocast`): which dtype each op runs in, gradients
+//! against PyTorch's (fixture from `python-compare/autocast_fixture.py`:
+//! the tiny GPT-2 under `torch.autocast("cpu", bfloat16)`, and a conv net
+//! with leangrad's casts written out), checkpointed = plain bit for bit
+//! under autocast, backward inside the scope = outside, and clear errors.
+//!
+//! Measured worst relative errors (max |a − b| / max |b| per tensor):
+//! GPT-2 against PyTorch's autocast: loss 2.4e-5, gradients 8.5e-3 (the
+//! head's gradient products run in f32 here, in bf16 in PyTorch); the conv
+//! net: loss 8.3e-5, gradients 9.7e-3, while PyTorch's own bf16 and f32
+//! gradients differ by 1.6e-1 (so the comparison tells autocast from none).
+
+use leangrad::autograd::with_save_policy;
+use leangrad::io::{load_state_dict, LoadOptions};
+use leangrad::models::{Gpt2, Gpt2Config, TextInput};
+use leangrad::nn::{batch_norm, conv2d, Conv2dOptions, Linear, Module};
+use leangrad::ops::{autocast_disabled, autocast_dtype, CrossEntropyOptions};
+use leangrad::{autocast, DType, Device, Error, Tensor};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+const CPU: Device = Device::Cpu;
+
+fn fixture(name: &str) -> BTreeMap<String, Tensor> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    leangrad::io::load_safetensors(path).unwrap()
+}
+
+/// max |a − b| / max |b|.
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.shape(), b.shape());
+    let (a, b) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
+    let scale = b.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f64, f64::max)
+        / scale
+}
+
+fn bits(t: &Tensor) -> Vec<u64> {
+    t.to_f64_vec()
+        .unwrap()
+        .into_iter()
+        .map(f64::to_bits)
+        .collect()
+}
+
+/// The largest |value| of a tensor.
+trait MaxAll {
+    fn max_all_value(&self) -> f64;
+}
+
+impl MaxAll for Tensor {
+    fn max_all_value(&self) -> f64 {
+        self.to_f64_vec().unwrap().into_iter().fold(0f64, f64::max)
+    }
+}
+
+fn leaf(t: &Tensor) -> Tensor {
+    t.clone().set_requires_grad(true).unwrap()
+}
+
+#[test]
+fn each_op_runs_in_the_dtype_of_its_list() {
+    let x = Tensor::randn(&[2, 3, 8], DType::F32, CPU, 1).unwrap();
+    let w = leaf(&Tensor::randn(&[8, 8], DType::F32, CPU, 2).unwrap());
+    let _a = autocast(DType::BF16).unwrap();
+    assert_eq!(autocast_dtype(), Some(DType::BF16));
+    let y = x.matmul(&w).unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    // Promotion: the f32 residual stream plus a bf16 branch is f32.
+    assert_eq!(x.add(&y).unwrap().dtype(), DType::F32);
+    assert_eq!(y.mul(&x).unwrap().dtype(), DType::F32);
+    // ReLU and GELU keep the dtype they are given; softmax and layer norm are f32.
+    assert_eq!(y.relu().unwrap().dtype(), DType::BF16);
+    assert_eq!(y.gelu(true).unwrap().dtype(), DType::BF16);
+    assert_eq!(y.softmax(-1).unwrap().dtype(), DType::F32);
+    let ln = leangrad::nn::layer_norm(&y, &[8], None, None, 1e-5).unwrap();
+    assert_eq!(ln.dtype(), DType::F32);
+    // f64 is left alone, as PyTorch does.
+    let d = Tensor::randn(&[4, 4], DType::F64, CPU, 3).unwrap();
+    assert_eq!(d.matmul(&d).unwrap().dtype(), DType::F64);
+    // The parameter's gradient is f32 (its cast's backward casts it back).
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(w.grad().unwrap().dtype(), DType::F32);
+    {
+        let _off = autocast_disabled();
+        assert_eq!(x.matmul(&w).unwrap().dtype(), DType::F32);
+    }
+    assert_eq!(autocast_dtype(), Some(DType::BF16));
+}
+
+#[test]
+fn the_tiny_gpt2_matches_pytorch_autocast() {
+    let f = fixture("autocast.safetensors");
+    let weights = fixture("models/gpt2_tiny.safetensors");
+    let model = Gpt2::new(Gpt2Config::tiny(), DType::F32, CPU, 1).unwrap();
+    load_state_dict(&model, &weights, LoadOptions { strict: true }).unwrap();
+    let loss = {
+        let _a = autocast(DType::BF16).unwrap();
+        model
+            .lm_loss(
+                TextInput::Ids(&f["gpt2.ids"]),
+                &f["gpt2.targets"],
+                CrossEntropyOptions::default(),
+            )
+            .unwrap()
+    };
+    assert_eq!(loss.dtype(), DType::F32);
+    loss.backward().unwrap();
+    let e = rel(&loss, &f["gpt2.loss"]);
+    assert!(e < 2e-4, "loss {e:e}");
+    let mut worst = 0f64;
+    for (name, p) in model.named_parameters() {
+        let g = p.grad().unwrap();
+        assert_eq!(g.dtype(), DType::F32, "{name}");
+        let e = rel(&g, &f[&format!("gpt2.grad.{name}")]);
+        assert!(e < 2e-2, "{name}: {e:e}");
+        worst = worst.max(e);
+    }
+    eprintln!("gpt2 under autocast: loss {e:e}, worst gradient {worst:e}");
+}
+
+const CONV_KEYS: [&str; 9] = [
+    "x",
+    "conv1.weight",
+    "conv1.bias",
+    "bn.weight",
+    "bn.bias",
+    "conv2.weight",
+    "conv2.bias",
+    "fc.weight",
+    "fc.bias",
+];
+
+/// The fixture's conv net: its loss and the gradient of every input.
+fn conv_net(f: &BTreeMap<String, Tensor>, low: Option<DType>) -> (Tensor, Vec<Tensor>) {
+    let t: BTreeMap<&str, Tensor> = CONV_KEYS
+        .iter()
+        .map(|k| (*k, leaf(&f[&format!("conv.{k}")])))
+        .collect();
+    let mut fc = Linear::builder(128, 5).build(&CPU).unwrap();
+    fc.weight = t["fc.weight"].clone();
+    fc.bias = Some(t["fc.bias"].clone());
+    let loss = {
+        let _a = low.map(|d| autocast(d).unwrap());
+        let pad = Conv2dOptions {
+            padding: [1, 1],
+            ..Default::default()
+        };
+        let h = conv2d(&t["x"], &t["conv1.weight"], Some(&t["conv1.bias"]), &pad).unwrap();
+        assert_eq!(h.dtype(), low.unwrap_or(DType::F32));
+        let (w, b) = (Some(&t["bn.weight"]), Some(&t["bn.bias"]));
+        let h = batch_norm(&h, None, None, w, b, true, 0.1, 1e-5).unwrap();
+        assert_eq!(h.dtype(), DType::F32);
+        let strided = Conv2dOptions {
+            stride: [2, 2],
+            ..pad
+        };
+        let h = conv2d(
+            &h.relu().unwrap(),
+            &t["conv2.weight"],
+            Some(&t["conv2.bias"]),
+            &strided,
+        )
+        .unwrap();
+        let logits = fc
+            .forward(&h.relu().unwrap().flatten(1, -1).unwrap())
+            .unwrap();
+        assert_eq!(logits.dtype(), low.unwrap_or(DType::F32));
+        logits
+            .cross_entropy(&f["conv.labels"], CrossEntropyOptions::default())
+            .unwrap()
+    };
+    loss.backward().unwrap();
+    let grads = CONV_KEYS.iter().map(|k| t[k].grad().unwrap()).collect();
+    (loss, grads)
+}
+
+#[test]
+fn a_conv_net_matches_pytorch_with_the_same_casts() {
+    let f = fixture("autocast.safetensors");
+    for (tag, low, tol) in [("bf16", Some(DType::BF16), 1.5e-2), ("f32", None, 1e-5)] {
+        let (loss, grads) = conv_net(&f, low);
+        let e = rel(&loss, &f[&format!("conv.{tag}.loss")]);
+        assert!(e < tol / 10.0, "{tag} loss {e:e}");
+        let mut worst = 0f64;
+        for (k, g) in CONV_KEYS.iter().zip(&grads) {
+            assert_eq!(g.dtype(), DType::F32, "{k}");
+            if *k == "conv1.bias" {
+                // Batch norm subtracts the mean: this gradient is 0 up to
+                // rounding noise (4e-4 in PyTorch's bf16 step), which is all
+                // either side can match.
+                let noise = g.abs().unwrap().max_all_value();
+                assert!(noise < 2e-3, "{tag} {k}: {noise:e}");
+                continue;
+            }
+            let e = rel(g, &f[&format!("conv.{tag}.grad.{k}")]);
+            assert!(e < tol, "{tag} {k}: {e:e}");
+            worst = worst.max(e);
+        }
+        eprintln!("conv net {tag}: loss {e:e}, worst gradient {worst:e}");
+    }
+    // The bf16 step is not the f32 one: the comparison above tells them apart.
+    let apart = CONV_KEYS
+        .iter()
+        .filter(|k| **k != "conv1.bias")
+        .map(|k| {
+            rel(
+                &f[&format!("conv.bf16.grad.{k}")],
+                &f[&format!("conv.f32.grad.{k}")],
+            )
+        })
+        .fold(0f64, f64::max);
+    eprintln!("conv net: PyTorch's bf16 and f32 gradients differ by {apart:e}");
+    assert!(apart > 1.5e-2);
+}
+
+/// Loss and every parameter's gradient of a tiny GPT-2 step under bf16
+/// autocast, its blocks checkpointed when `on`, backward run inside the
+/// scope when `backward_inside`.
+fn gpt2_step(on: bool, backward_inside: bool) -> Vec<Vec<u64>> {
+    let mut m = Gpt2::new(Gpt2Config::tiny(), DType::F32, CPU, 5).unwrap();
+    m.gradient_checkpointing(on);
+    let vocab = Gpt2Config::tiny().vocab_size as i64;
+    let ids: Vec<i64> = (0..16).map(|i| (i * 7 + 3) % vocab).collect();
+    let ids = Tensor::from_vec(ids, &[2, 8], CPU).unwrap();
+    let targets = ids.reshape(&[16]).unwrap();
+    let scope = autocast(DType::BF16).unwrap();
+    let loss = m
+        .lm_loss(
+            TextInput::Ids(&ids),
+            &targets,
+            CrossEntropyOptions::default(),
+        )
+        .unwrap();
+    if !backward_inside {
+        drop(scope);
+        loss.backward().unwrap();
+    } else {
+        loss.backward().unwrap();
+        drop(scope);
+    }
+    let mut out = vec![bits(&loss)];
+    out.extend(
+        m.named_parameters()
+            .iter()
+            .map(|(_, p)| bits(&p.grad().unwrap())),
+    );
+    out
+}
+
+#[test]
+fn checkpointed_blocks_recompute_under_the_forwards_autocast_bit_for_bit() {
+    let plain = gpt2_step(false, false);
+    assert_eq!(gpt2_step(true, false), plain);
+    // Backward inside the scope changes nothing: it runs with autocast off.
+    assert_eq!(gpt2_step(false, true), plain);
+    assert_eq!(gpt2_step(true, true), plain);
+}
+
+#[test]
+fn the_pytorch_policy_gives_the_same_values_under_autocast() {
+    let lean = gpt2_step(false, false);
+    let all = {
+        let _p = with_save_policy(leangrad::autograd::SavePolicy::SaveAll);
+        gpt2_step(false, false)
+    };
+    assert_eq!(lean, all);
+}
+
+#[test]
+fn bad_uses_are_clear_errors() {
+    for d in [DType::F32, DType::F64, DType::I64] {
+        let err = autocast(d).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidArgument { op: "autocast", .. }),
+            "{err}"
+        );
+    }
+    // f64 is not cast: an f64 operand with an f32 one stays a mismatch.
+    let _a = autocast(DType::F16).unwrap();
+    let a = Tensor::randn(&[2, 2], DType::F64, CPU, 1).unwrap();
+    let b = Tensor::randn(&[2, 2], DType::F32, CPU, 1).unwrap();
+    assert!(matches!(a.matmul(&b), Err(Error::DTypeMismatch { .. })));
+}
