@@ -4,7 +4,7 @@
 //! peak and saved bytes by layer, byte for byte — for the main cases, both
 //! save policies, usual and fused SGD-momentum and AdamW; and the same with
 //! every block a checkpointed segment (`--checkpoint`) for the models that
-//! have blocks. Without a GPU only the CPU runs and the CUDA half prints
+//! have blocks, and under bf16 and f16 autocast. Without a GPU only the CPU runs and the CUDA half prints
 //! `skipped`.
 
 mod tiny_models;
@@ -24,8 +24,12 @@ fn check_model(index: usize) {
         &["all", "input", "input-bn-eval", "surgical-last"],
         &runs,
         false,
+        PLAIN,
     );
 }
+
+/// f32 and pure bf16 steps, no autocast.
+const PLAIN: &[(DType, Option<DType>)] = &[(DType::F32, None), (DType::BF16, None)];
 
 /// The models with blocks to checkpoint, each block a segment: fused AdamW.
 fn check_checkpointed(index: usize) {
@@ -34,16 +38,35 @@ fn check_checkpointed(index: usize) {
         &["all", "input"],
         &[(OptimizerKind::Adamw, true)],
         true,
+        PLAIN,
     );
 }
 
-fn check_steps(index: usize, cases: &[&str], runs: &[(OptimizerKind, bool)], checkpoint: bool) {
+/// An f32 model under bf16 and f16 autocast.
+fn check_autocast(index: usize) {
+    let runs = [(OptimizerKind::Sgd, false), (OptimizerKind::Adamw, true)];
+    let variants = [
+        (DType::F32, Some(DType::BF16)),
+        (DType::F32, Some(DType::F16)),
+    ];
+    check_steps(index, &["all", "input-bn-eval"], &runs, false, &variants);
+}
+
+/// Every case × policy × run × (model dtype, autocast) variant: the CUDA
+/// ledger equals the CPU's.
+fn check_steps(
+    index: usize,
+    cases: &[&str],
+    runs: &[(OptimizerKind, bool)],
+    checkpoint: bool,
+    variants: &[(DType, Option<DType>)],
+) {
     let (name, build, input) = models().swap_remove(index);
     let devices = cuda_common::devices(name);
     for case in cases.iter().map(|c| c.parse::<Case>().unwrap()) {
         for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
             for &(optimizer, fused) in runs {
-                for dtype in [DType::F32, DType::BF16] {
+                for &(dtype, autocast) in variants {
                     let spec = |device| StepSpec {
                         batch: 2,
                         input,
@@ -53,12 +76,12 @@ fn check_steps(index: usize, cases: &[&str], runs: &[(OptimizerKind, bool)], che
                         fused,
                         checkpoint,
                         optimizer_state: leangrad::optim::StateFormat::Full,
-                        autocast: None,
+                        autocast,
                         case,
                         device,
                     };
                     let what = format!(
-                        "{name} {case} {policy:?} {optimizer:?} fused={fused} {dtype:?} checkpoint={checkpoint}"
+                        "{name} {case} {policy:?} {optimizer:?} fused={fused} {dtype:?} autocast={autocast:?} checkpoint={checkpoint}"
                     );
                     let cpu = run_step(build.as_ref(), &spec(Device::Cpu), policy)
                         .unwrap_or_else(|e| panic!("{what} cpu: {e}"));
@@ -113,5 +136,12 @@ fn transformers_tiny_ledger_match_on_every_device() {
 fn checkpointed_blocks_ledger_matches_on_every_device() {
     for index in [0, 1, 4, 5, 6, 7] {
         check_checkpointed(index);
+    }
+}
+
+#[test]
+fn autocast_ledger_matches_on_every_device() {
+    for index in [0, 1, 3, 4, 5, 6, 7] {
+        check_autocast(index);
     }
 }

@@ -1,5 +1,6 @@
 //! Autocast (`leangrad::autocast`): which dtype each op runs in, gradients
-//! against PyTorch's (fixture from `python-compare/autocast_fixture.py`:
+//! against PyTorch's on every device (the CPU, and CUDA where there is one;
+//! fixture from `python-compare/autocast_fixture.py`:
 //! the tiny GPT-2 under `torch.autocast("cpu", bfloat16)`, and a conv net
 //! with leangrad's casts written out), checkpointed = plain bit for bit
 //! under autocast, backward inside the scope = outside, and clear errors.
@@ -18,6 +19,8 @@ use leangrad::ops::{autocast_disabled, autocast_dtype, CrossEntropyOptions};
 use leangrad::{autocast, DType, Device, Error, Tensor};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+mod cuda_common;
 
 const CPU: Device = Device::Cpu;
 
@@ -95,16 +98,26 @@ fn each_op_runs_in_the_dtype_of_its_list() {
 
 #[test]
 fn the_tiny_gpt2_matches_pytorch_autocast() {
+    for device in cuda_common::devices("the_tiny_gpt2_matches_pytorch_autocast") {
+        gpt2_matches_pytorch(device);
+    }
+}
+
+fn gpt2_matches_pytorch(device: Device) {
     let f = fixture("autocast.safetensors");
-    let weights = fixture("models/gpt2_tiny.safetensors");
-    let model = Gpt2::new(Gpt2Config::tiny(), DType::F32, CPU, 1).unwrap();
+    let weights: BTreeMap<String, Tensor> = fixture("models/gpt2_tiny.safetensors")
+        .into_iter()
+        .map(|(k, v)| (k, v.to_device(device).unwrap()))
+        .collect();
+    let model = Gpt2::new(Gpt2Config::tiny(), DType::F32, device, 1).unwrap();
     load_state_dict(&model, &weights, LoadOptions { strict: true }).unwrap();
+    let on = |t: &Tensor| t.to_device(device).unwrap();
     let loss = {
         let _a = autocast(DType::BF16).unwrap();
         model
             .lm_loss(
-                TextInput::Ids(&f["gpt2.ids"]),
-                &f["gpt2.targets"],
+                TextInput::Ids(&on(&f["gpt2.ids"])),
+                &on(&f["gpt2.targets"]),
                 CrossEntropyOptions::default(),
             )
             .unwrap()
@@ -112,16 +125,16 @@ fn the_tiny_gpt2_matches_pytorch_autocast() {
     assert_eq!(loss.dtype(), DType::F32);
     loss.backward().unwrap();
     let e = rel(&loss, &f["gpt2.loss"]);
-    assert!(e < 2e-4, "loss {e:e}");
+    assert!(e < 2e-4, "{device} loss {e:e}");
     let mut worst = 0f64;
     for (name, p) in model.named_parameters() {
         let g = p.grad().unwrap();
         assert_eq!(g.dtype(), DType::F32, "{name}");
         let e = rel(&g, &f[&format!("gpt2.grad.{name}")]);
-        assert!(e < 2e-2, "{name}: {e:e}");
+        assert!(e < 2e-2, "{device} {name}: {e:e}");
         worst = worst.max(e);
     }
-    eprintln!("gpt2 under autocast: loss {e:e}, worst gradient {worst:e}");
+    eprintln!("gpt2 under autocast on {device}: loss {e:e}, worst gradient {worst:e}");
 }
 
 const CONV_KEYS: [&str; 9] = [
@@ -137,12 +150,22 @@ const CONV_KEYS: [&str; 9] = [
 ];
 
 /// The fixture's conv net: its loss and the gradient of every input.
-fn conv_net(f: &BTreeMap<String, Tensor>, low: Option<DType>) -> (Tensor, Vec<Tensor>) {
+fn conv_net(
+    f: &BTreeMap<String, Tensor>,
+    low: Option<DType>,
+    device: Device,
+) -> (Tensor, Vec<Tensor>) {
     let t: BTreeMap<&str, Tensor> = CONV_KEYS
         .iter()
-        .map(|k| (*k, leaf(&f[&format!("conv.{k}")])))
+        .map(|k| {
+            (
+                *k,
+                leaf(&f[&format!("conv.{k}")].to_device(device).unwrap()),
+            )
+        })
         .collect();
-    let mut fc = Linear::builder(128, 5).build(&CPU).unwrap();
+    let labels = f["conv.labels"].to_device(device).unwrap();
+    let mut fc = Linear::builder(128, 5).build(&device).unwrap();
     fc.weight = t["fc.weight"].clone();
     fc.bias = Some(t["fc.bias"].clone());
     let loss = {
@@ -172,7 +195,7 @@ fn conv_net(f: &BTreeMap<String, Tensor>, low: Option<DType>) -> (Tensor, Vec<Te
             .unwrap();
         assert_eq!(logits.dtype(), low.unwrap_or(DType::F32));
         logits
-            .cross_entropy(&f["conv.labels"], CrossEntropyOptions::default())
+            .cross_entropy(&labels, CrossEntropyOptions::default())
             .unwrap()
     };
     loss.backward().unwrap();
@@ -182,9 +205,15 @@ fn conv_net(f: &BTreeMap<String, Tensor>, low: Option<DType>) -> (Tensor, Vec<Te
 
 #[test]
 fn a_conv_net_matches_pytorch_with_the_same_casts() {
+    for device in cuda_common::devices("a_conv_net_matches_pytorch_with_the_same_casts") {
+        conv_net_matches_pytorch(device);
+    }
+}
+
+fn conv_net_matches_pytorch(device: Device) {
     let f = fixture("autocast.safetensors");
     for (tag, low, tol) in [("bf16", Some(DType::BF16), 1.5e-2), ("f32", None, 1e-5)] {
-        let (loss, grads) = conv_net(&f, low);
+        let (loss, grads) = conv_net(&f, low, device);
         let e = rel(&loss, &f[&format!("conv.{tag}.loss")]);
         assert!(e < tol / 10.0, "{tag} loss {e:e}");
         let mut worst = 0f64;
@@ -202,7 +231,7 @@ fn a_conv_net_matches_pytorch_with_the_same_casts() {
             assert!(e < tol, "{tag} {k}: {e:e}");
             worst = worst.max(e);
         }
-        eprintln!("conv net {tag}: loss {e:e}, worst gradient {worst:e}");
+        eprintln!("conv net {tag} on {device}: loss {e:e}, worst gradient {worst:e}");
     }
     // The bf16 step is not the f32 one: the comparison above tells them apart.
     let apart = CONV_KEYS
