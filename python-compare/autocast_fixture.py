@@ -11,7 +11,9 @@ training step's loss and gradients under bf16 autocast, from PyTorch.
    linear, cross-entropy) with the casts of leangrad's autocast written out
    (PyTorch's CPU autocast would keep the batch norm in bf16): convolutions
    and the linear layer in bf16 on bf16 copies of the f32 weights, the
-   batch norm and the loss in f32. The f32 step (no autocast) is stored too.
+   batch norm in f32 on an f32 copy of its bf16 input with its output in
+   bf16 (as cuDNN's under PyTorch's CUDA autocast), the loss in f32. The
+   f32 step (no autocast) is stored too.
 
 Needs torch, safetensors, transformers. From the repository root:
 
@@ -72,7 +74,7 @@ def conv_net(t, autocast):
     low = (lambda a: a.to(BF16)) if autocast else (lambda a: a)
     h = F.conv2d(low(t["x"]), low(t["conv1.weight"]), low(t["conv1.bias"]), padding=1)
     h = F.batch_norm(h.float(), None, None, t["bn.weight"], t["bn.bias"], training=True)
-    h = F.relu(h)
+    h = F.relu(low(h))
     h = F.conv2d(low(h), low(t["conv2.weight"]), low(t["conv2.bias"]), stride=2, padding=1)
     h = F.relu(h).flatten(1)
     logits = F.linear(low(h), low(t["fc.weight"]), low(t["fc.bias"]))

@@ -178,7 +178,7 @@ fn conv_net(
         assert_eq!(h.dtype(), low.unwrap_or(DType::F32));
         let (w, b) = (Some(&t["bn.weight"]), Some(&t["bn.bias"]));
         let h = batch_norm(&h, None, None, w, b, true, 0.1, 1e-5).unwrap();
-        assert_eq!(h.dtype(), DType::F32);
+        assert_eq!(h.dtype(), low.unwrap_or(DType::F32));
         let strided = Conv2dOptions {
             stride: [2, 2],
             ..pad
@@ -299,6 +299,20 @@ fn the_pytorch_policy_gives_the_same_values_under_autocast() {
         gpt2_step(false, false)
     };
     assert_eq!(lean, all);
+}
+
+#[test]
+fn batch_norm_under_autocast_gives_the_same_bits_under_both_policies() {
+    let f = fixture("autocast.safetensors");
+    let run = |policy| {
+        let _p = with_save_policy(policy);
+        let (loss, grads) = conv_net(&f, Some(DType::BF16), CPU);
+        let mut out = vec![bits(&loss)];
+        out.extend(grads.iter().map(bits));
+        out
+    };
+    use leangrad::autograd::SavePolicy;
+    assert_eq!(run(SavePolicy::Lean), run(SavePolicy::SaveAll));
 }
 
 #[test]

@@ -23,7 +23,8 @@ use std::cell::Cell;
 /// | list | leangrad ops | inputs cast to | output |
 /// |---|---|---|---|
 /// | low precision | `matmul`, `Linear`, `conv1d`, `conv2d`, `conv_transpose2d` (and their modules), `scaled_dot_product_attention`, the hidden states and weight of `linear_cross_entropy` | the autocast dtype (f32/f16/bf16 inputs; f64 is left alone) | the autocast dtype |
-/// | f32 | `softmax`, `log_softmax`, `cross_entropy`, `mse_loss`, `layer_norm`, `group_norm`, `rms_norm`, `batch_norm`, the logits of `linear_cross_entropy` | f32 (f16/bf16 inputs) | f32 |
+/// | f32 | `softmax`, `log_softmax`, `cross_entropy`, `mse_loss`, `layer_norm`, `group_norm`, `rms_norm`, the logits of `linear_cross_entropy` | f32 (f16/bf16 inputs) | f32 |
+/// | mixed (as cuDNN's batch norm under PyTorch's CUDA autocast) | `batch_norm` (and `BatchNorm`) | f32 for the arithmetic: an f32 copy of the f16/bf16 input, f32 weights and running statistics | the input's dtype, and `x̂` (lean) or the input (`SaveAll`) kept for backward in it: half the bytes of f32 |
 /// | promote | `add`, `sub`, `mul`, `div`, `cat`, `stack` (outside autocast several dtypes are an error) | the wider float dtype of the two (f16 with bf16: f32) | that dtype |
 ///
 /// Every other op runs in the dtype it is given (ReLU, GELU, pooling,

@@ -28,7 +28,7 @@ use super::{
 };
 use crate::autograd::{attach, may_reuse, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::memory::uncounted;
-use crate::ops::autocast::{widen, widens};
+use crate::ops::autocast::widens;
 use crate::ops::relu_applied_in_place;
 use crate::primitives::contiguous_copy;
 use crate::{DType, Error, Result, Tensor};
@@ -66,7 +66,10 @@ struct BatchNormBackward {
     eps: f64,
     needs: [bool; 3],
     present: [bool; 2],
+    /// The dtype backward computes in (the input's, f32 under autocast).
     dtype: DType,
+    /// The dtype `x̂` (or the input) was kept in: `dtype`, or autocast's.
+    kept: DType,
     saved: BnSaved,
 }
 
@@ -93,6 +96,16 @@ fn prep<'a>(
 }
 
 impl BatchNormBackward {
+    /// A kept tensor in the dtype backward computes in (a Workspace copy
+    /// when it was kept in autocast's dtype).
+    fn widened(&self, t: &Tensor) -> Result<Tensor> {
+        if t.dtype() == self.dtype {
+            return Ok(t.clone());
+        }
+        let _ws = crate::memory::with_category(crate::memory::Category::Workspace);
+        t.to_dtype(self.dtype)
+    }
+
     /// The saved `x̂` (or recomputed, under SaveAll) and the input
     /// gradient's `scale` per channel, each when needed.
     fn xhat_and_scale(&self) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -100,7 +113,7 @@ impl BatchNormBackward {
         let (geo, eps, dt) = (self.geo, self.eps, self.dtype);
         match &self.saved {
             BnSaved::Lean { xhat, scale } => {
-                let xhat = xhat.as_ref().map(|t| t.get().cloned()).transpose()?;
+                let xhat = xhat.as_ref().map(|t| self.widened(t.get()?)).transpose()?;
                 let scale = match scale {
                     None => None,
                     Some(Scale::Vector(t)) => Some(t.get()?.clone()),
@@ -137,7 +150,15 @@ impl BatchNormBackward {
                     _ => return Err(Error::Backward("batch_norm: statistics missing".into())),
                 };
                 let xhat = ((self.train && nx) || nw)
-                    .then(|| recompute_xhat(input.get()?, geo, Some(&mean), &invstd))
+                    .then(|| {
+                        let input = self.widened(input.get()?)?;
+                        let xh = recompute_xhat(&input, geo, Some(&mean), &invstd)?;
+                        // Rounded as the lean policy keeps it: the same bits.
+                        match self.kept == self.dtype {
+                            true => Ok(xh),
+                            false => self.widened(&xh.to_dtype_owned(self.kept)?),
+                        }
+                    })
                     .transpose()?;
                 let w = weight.as_ref().map(|t| t.get().cloned()).transpose()?;
                 let scale = nx
@@ -281,6 +302,9 @@ pub(super) struct Mode {
 /// does whenever a node is recorded). Values, gradients and saved tensors
 /// are those of [`batch_norm`].
 pub(super) fn batch_norm_owned(x: Tensor, state: &BnState<'_>, mode: Mode) -> Result<Tensor> {
+    if widens(&x) {
+        return run_autocast(x, state, mode)?.without_relu();
+    }
     let reuse = may_reuse(&x);
     run(&x, state, mode, reuse, false)?.without_relu()
 }
@@ -297,6 +321,9 @@ pub(super) fn batch_norm_relu_owned(
     state: &BnState<'_>,
     mode: Mode,
 ) -> Result<NormThenRelu> {
+    if widens(&x) {
+        return run_autocast(x, state, mode);
+    }
     let reuse = may_reuse(&x);
     run(&x, state, mode, reuse, true)
 }
@@ -408,12 +435,39 @@ fn run(
     reuse: bool,
     relu: bool,
 ) -> Result<NormThenRelu> {
-    const OP: &str = "batch_norm";
     if widens(x) {
-        // Autocast's f32 list; the f32 copy is this call's own.
-        let x = widen(x)?;
-        return run(&x, state, mode, may_reuse(&x), relu);
+        return run_autocast(x.clone(), state, mode);
     }
+    run_in(x, state, mode, (reuse, relu), x.dtype())
+}
+
+/// Batch norm of an f16/bf16 `x` under autocast, as cuDNN's under
+/// PyTorch's CUDA autocast: normalised in f32 (an f32 copy of `x`, f32
+/// weights and running statistics), the output and what backward keeps in
+/// `x`'s dtype (`x̂` under the lean policy, the input under `SaveAll`).
+/// The f32 copy and the f32 output are this call's own (the output is
+/// written over the copy) and freed before it returns; `x` goes once
+/// copied (its buffer too, when nothing else holds it).
+fn run_autocast(x: Tensor, state: &BnState<'_>, mode: Mode) -> Result<NormThenRelu> {
+    let low = x.dtype();
+    let wide = x.to_dtype(DType::F32)?;
+    drop(x);
+    let reuse = may_reuse(&wide);
+    let y = run_in(&wide, state, mode, (reuse, false), low)?.without_relu()?;
+    drop(wide);
+    Ok(NormThenRelu::from(y.to_dtype_owned(low)?))
+}
+
+/// [`run`] with `x̂` (or, under `SaveAll`, the input) kept for backward in
+/// `kept` (`x`'s dtype, or autocast's low dtype).
+fn run_in(
+    x: &Tensor,
+    state: &BnState<'_>,
+    mode: Mode,
+    (reuse, relu): (bool, bool),
+    kept: DType,
+) -> Result<NormThenRelu> {
+    const OP: &str = "batch_norm";
     let BnState {
         running_mean,
         running_var,
@@ -464,6 +518,15 @@ fn run(
         return Ok(NormThenRelu { y, applied });
     }
     let save = |t: &Tensor| SavedTensor::new(t, OP);
+    // What autocast keeps in its low dtype: a counted copy (the f32 one is
+    // this call's own and goes).
+    let save_kept = |t: &Tensor| -> Result<SavedTensor> {
+        Ok(if t.dtype() == kept {
+            save(t)
+        } else {
+            save(&t.detach().to_dtype(kept)?)
+        })
+    };
     let running = running_mean.zip(running_var);
     let saved = if lean {
         let state_only = !training
@@ -478,12 +541,12 @@ fn run(
             (true, _) => Some(Scale::Vector(save(&scale_tensor(weight, &invstd)?))),
         };
         BnSaved::Lean {
-            xhat: xhat.as_ref().map(save),
+            xhat: xhat.as_ref().map(save_kept).transpose()?,
             scale,
         }
     } else {
         BnSaved::All {
-            input: save(x),
+            input: save_kept(x)?,
             weight: weight.map(save),
             running: running.map(|(m, v)| (save(m), save(v))),
             batch: training
@@ -505,6 +568,7 @@ fn run(
         needs: [nx, nw, nb],
         present: [weight.is_some(), bias.is_some()],
         dtype: x.dtype(),
+        kept,
         saved,
     };
     Ok(NormThenRelu {

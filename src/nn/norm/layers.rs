@@ -15,7 +15,7 @@ use crate::memory::scope;
 use crate::memory::Category;
 use crate::nn::input::{check_dtype_of, check_min_rank, check_rank, check_size, check_trailing};
 use crate::nn::Module;
-use crate::ops::autocast::{widen, widen_owned};
+use crate::ops::autocast::{widen, widen_owned, widens};
 use crate::{DType, Device, Error, Result, Tensor};
 
 fn param(shape: &[usize], v: f64, dtype: DType, device: Device) -> Result<Tensor> {
@@ -601,10 +601,13 @@ impl BatchNorm {
             [5] => "[N, C, D, H, W]",
             _ => "[N, C] or [N, C, L]",
         };
-        let x = widen_owned(x)?;
         check_rank(&x, self.ranks, layout)?;
         check_size(&x, 1, self.num_features, "channels (dim 1)")?;
-        check_dtype_of(&x, self.weight.as_ref().or(self.running_mean.as_ref()))?;
+        // Under autocast an f16/bf16 input meets f32 parameters (batch_norm
+        // normalises it in f32).
+        if !widens(&x) {
+            check_dtype_of(&x, self.weight.as_ref().or(self.running_mean.as_ref()))?;
+        }
         // `num_batches_tracked` moves on with the running statistics, on
         // their device. Only the cumulative average (momentum None) needs
         // its value here: a host read, as PyTorch's `float(...)` is.

@@ -45,6 +45,7 @@
 //! | batch_norm, eval | w (± b), not x | `x̂` | `n·T` | `dw = Σ g·x̂`; cheaper than the input plus two C-sized statistics, and immune to later updates of the running statistics |
 //! | batch_norm, eval | x and w (± b) | `x̂`, and `scale` unless w and running_var are model state | `n·T` (+ `C·S`) | both of the above |
 //! | batch_norm | b only | nothing | 0 | `db = Σ g` |
+//! | batch_norm under autocast (f16/bf16 input, f32 weights and running statistics) | as above | as above, with `x̂` in the input's dtype (`SaveAll`: the input in its dtype) | `n·T`, `T` = 2 | normalised in f32 on a transient f32 copy of the input, output in the input's dtype, as cuDNN's batch norm under PyTorch's CUDA autocast |
 //! | layer_norm | x (± w, b) | `x̂`, rstd (R), w (if affine) | `n·T + R·S + D·T` | `dx = rstd·(g·w − mean(g·w) − x̂·mean(g·w·x̂))` per row |
 //! | layer_norm | w (± b), not x | `x̂` | `n·T` | `dw = Σ g·x̂` |
 //! | layer_norm | b only | nothing | 0 | `db = Σ g` |
