@@ -186,7 +186,10 @@ impl MemoryPlan {
                 StepInput::Image { size, .. } => format!("{size}×{size}"),
                 StepInput::Tokens { seq, .. } => format!("{seq} tokens"),
             },
-            format!("{:?}", s.dtype).to_lowercase(),
+            match s.autocast {
+                Some(low) => format!("{:?} under {:?} autocast", s.dtype, low).to_lowercase(),
+                None => format!("{:?}", s.dtype).to_lowercase(),
+            },
             s.case,
             optimizer_label(s.optimizer),
             if s.fused { " fused" } else { "" },
