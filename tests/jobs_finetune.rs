@@ -390,6 +390,10 @@ fn a_resumed_checkpoint_past_the_last_epoch_is_refused_and_kept() {
 /// state follow f32 state's losses within the stated tolerance, learn the
 /// task, and hold less.
 fn train_with_state(data: &Path, format: StateFormat) -> FinetuneReport {
+    train_with(data, format, None)
+}
+
+fn train_with(data: &Path, format: StateFormat, autocast: Option<DType>) -> FinetuneReport {
     run(&FinetuneOptions {
         case: "all".into(),
         size: 32,
@@ -399,6 +403,7 @@ fn train_with_state(data: &Path, format: StateFormat) -> FinetuneReport {
         optimizer: OptimizerKind::Adamw,
         fused: true,
         optimizer_state: format,
+        autocast,
         workers: 1,
         ..FinetuneOptions::new("resnet18", data)
     })
@@ -434,5 +439,27 @@ fn compact_state_follows_f32_state_fine_tuning_a_resnet() {
         peaks[0] > peaks[1] && peaks[1] > peaks[2],
         "peaks {peaks:?}"
     );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `--autocast bf16`: the same ResNet-18 fine-tune with its forward under
+/// bf16 autocast follows the f32 run's losses as compact state does, learns
+/// the task, and says so in its report.
+#[test]
+fn autocast_fine_tuning_follows_f32_fine_tuning() {
+    let root = tempdir("autocast");
+    let data = colour_folder(&root, "train");
+    let losses = |r: &FinetuneReport| r.epochs.iter().map(|e| e.train_loss).collect::<Vec<_>>();
+    let mean_after_first = |l: &[f64]| l[1..].iter().sum::<f64>() / (l.len() - 1) as f64;
+    let full = train_with(&data, StateFormat::Full, None);
+    let got = train_with(&data, StateFormat::Full, Some(DType::BF16));
+    assert_eq!(got.autocast.as_deref(), Some("bf16"));
+    assert_eq!(full.autocast, None);
+    let (a, b) = (losses(&full), losses(&got));
+    let gap = (mean_after_first(&a) - mean_after_first(&b)).abs();
+    assert!(gap <= 0.1, "mean gap {gap}: bf16 {b:?} against f32 {a:?}");
+    let last = got.epochs.last().unwrap();
+    assert!(last.train_accuracy >= 0.9, "{b:?}");
+    assert!(last.train_loss < 0.5 * b[0], "{b:?}");
     let _ = std::fs::remove_dir_all(&root);
 }
