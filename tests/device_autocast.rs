@@ -315,6 +315,71 @@ fn batch_norm_under_autocast_gives_the_same_bits_under_both_policies() {
     assert_eq!(run(SavePolicy::Lean), run(SavePolicy::SaveAll));
 }
 
+/// f16 autocast with a `GradScaler` on the tiny GPT-2, usual and fused
+/// AdamW: a scale too large overflows the f16 gradients, those steps are
+/// skipped and the scale backs off until the steps run, and then the loss
+/// goes down.
+#[test]
+fn f16_autocast_trains_with_a_grad_scaler_on_both_paths() {
+    use leangrad::optim::{Adam, GradScaler, Optimizer};
+    for fused in [false, true] {
+        let m = Gpt2::new(Gpt2Config::tiny(), DType::F32, CPU, 3).unwrap();
+        let vocab = Gpt2Config::tiny().vocab_size as i64;
+        let ids =
+            Tensor::from_vec((0..16).map(|i| (i * 5 + 1) % vocab).collect(), &[2, 8], CPU).unwrap();
+        let targets =
+            Tensor::from_vec((0..16).map(|i| (i * 5 + 6) % vocab).collect(), &[16], CPU).unwrap();
+        let forward = || {
+            let _a = autocast(DType::F16)?;
+            m.lm_loss(
+                TextInput::Ids(&ids),
+                &targets,
+                CrossEntropyOptions::default(),
+            )
+        };
+        let mut opt = Optimizer::new(m.parameters(), Adam::adamw(1e-2)).unwrap();
+        // 2²⁴ times this step's gradients is past f16's 65504.
+        let mut scaler = GradScaler::new().init_scale(16_777_216.0).unwrap();
+        let first = forward().unwrap().to_f64_vec().unwrap()[0];
+        let (mut ran, mut skipped) = (0, 0);
+        for _ in 0..30 {
+            let stepped = if fused {
+                scaler.backward_step(&mut opt, forward).unwrap()
+            } else {
+                let loss = forward().unwrap();
+                scaler.scale(&loss).unwrap().backward().unwrap();
+                let s = scaler.step(&mut opt).unwrap();
+                opt.zero_grad();
+                s
+            };
+            scaler.update().unwrap();
+            if stepped {
+                ran += 1;
+            } else {
+                assert_eq!(ran, 0, "fused={fused}: a skip after steps ran");
+                skipped += 1;
+            }
+        }
+        let what = format!(
+            "fused={fused}: {skipped} skipped, scale {}",
+            scaler.get_scale()
+        );
+        assert!(skipped >= 1 && ran >= 20, "{what}");
+        assert!(scaler.get_scale() < 16_777_216.0, "{what}");
+        let last = forward().unwrap().to_f64_vec().unwrap()[0];
+        assert!(
+            last.is_finite() && last < 0.5 * first,
+            "{what}: {first} → {last}"
+        );
+        for p in m.parameters() {
+            assert!(
+                p.to_f64_vec().unwrap().iter().all(|v| v.is_finite()),
+                "{what}"
+            );
+        }
+    }
+}
+
 #[test]
 fn bad_uses_are_clear_errors() {
     for d in [DType::F32, DType::F64, DType::I64] {

@@ -153,13 +153,16 @@ pub(crate) fn promote_all(tensors: &[&Tensor]) -> Result<Option<Vec<Tensor>>> {
     let Some(first) = tensors.first() else {
         return Ok(None);
     };
+    if autocast_dtype().is_none() || !tensors.iter().all(|t| t.dtype().is_float()) {
+        return Ok(None);
+    }
     let mut to = first.dtype();
     for t in &tensors[1..] {
         if let Some(d) = promoted(to, t.dtype()) {
             to = d;
         }
     }
-    if tensors.iter().all(|t| t.dtype() == to) || !to.is_float() {
+    if tensors.iter().all(|t| t.dtype() == to) {
         return Ok(None);
     }
     tensors
@@ -182,6 +185,19 @@ mod tests {
         assert_eq!(promoted(DType::F16, DType::BF16), Some(DType::F32));
         assert_eq!(promoted(DType::F32, DType::F32), None);
         assert_eq!(promoted(DType::F32, DType::I64), None);
+    }
+
+    #[test]
+    fn cat_promotes_floats_only_and_only_under_autocast() {
+        let dev = crate::Device::Cpu;
+        let a = Tensor::zeros(&[2], DType::F32, dev).unwrap();
+        let h = Tensor::zeros(&[2], DType::BF16, dev).unwrap();
+        let i = Tensor::zeros(&[2], DType::I64, dev).unwrap();
+        assert!(promote_all(&[&a, &h]).unwrap().is_none());
+        let _g = autocast(DType::BF16).unwrap();
+        assert!(promote_all(&[&a, &i]).unwrap().is_none());
+        let both = promote_all(&[&a, &h]).unwrap().unwrap();
+        assert!(both.iter().all(|t| t.dtype() == DType::F32));
     }
 
     #[test]
