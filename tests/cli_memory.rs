@@ -498,3 +498,40 @@ fn checkpointed_blocks_lower_the_predicted_peak() {
         peak(&plain)
     );
 }
+
+/// `--autocast bf16`: predicted on meta as the CPU measures it (both
+/// policies), named in the JSON, and for ResNet-50 at batch 64, 224², case
+/// all, at most 0.6× the f32 step's lean peak (0.535× measured).
+#[test]
+fn autocast_is_predicted_as_measured_and_halves_resnet50() {
+    let bf16 = ["--autocast", "bf16"];
+    let meta = memory_json("resnet18", "all", &bf16, "meta");
+    let cpu = memory_json("resnet18", "all", &bf16, "cpu");
+    assert_eq!(meta["spec"]["autocast"], "bf16");
+    for policy in ["lean", "pytorch"] {
+        assert_eq!(numbers(&meta, policy), numbers(&cpu, policy), "{policy}");
+    }
+    let peak = |extra: &[&str]| -> u64 {
+        let mut args = vec![
+            "memory", "--model", "resnet50", "--batch", "64", "--case", "all", "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = leangrad(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let plan: Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+        assert_eq!(
+            plan["spec"]["autocast"],
+            extra.get(1).map_or(Value::Null, |d| (*d).into())
+        );
+        plan["lean"]["report"]["peak_total"].as_u64().unwrap()
+    };
+    let (f32_peak, bf16_peak) = (peak(&[]), peak(&bf16));
+    assert!(
+        (bf16_peak as f64) <= 0.6 * f32_peak as f64,
+        "{bf16_peak} against {f32_peak}"
+    );
+}
