@@ -12,6 +12,15 @@ fn leangrad(args: &[&str]) -> Output {
         .expect("the leangrad binary runs")
 }
 
+/// `leangrad` with `args` (ending in `--json`): its JSON, after checking
+/// that it succeeded.
+fn json_of(args: &[&str]) -> Value {
+    let out = leangrad(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    serde_json::from_slice(&out.stdout).expect("valid JSON")
+}
+
 /// `leangrad memory --json` at batch 2: 32×32 images and 10 classes for
 /// image models, unless `extra` says otherwise (text models pass `--seq`).
 fn memory_json(model: &str, case: &str, extra: &[&str], device: &str) -> Value {
@@ -22,10 +31,7 @@ fn memory_json(model: &str, case: &str, extra: &[&str], device: &str) -> Value {
         args.extend_from_slice(&["--size", "32", "--classes", "10"]);
     }
     args.extend_from_slice(extra);
-    let out = leangrad(&args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{args:?}: {stderr}");
-    serde_json::from_slice(&out.stdout).expect("valid JSON")
+    json_of(&args)
 }
 
 /// The ledger numbers of one policy, without the device's name.
@@ -479,13 +485,7 @@ fn checkpointed_blocks_lower_the_predicted_peak() {
             "--json",
         ];
         args.extend_from_slice(extra);
-        let out = leangrad(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("valid JSON")
+        json_of(&args)
     };
     let (plain, segments) = (plan(&[]), plan(&["--checkpoint"]));
     assert_eq!(segments["spec"]["checkpoint"], true);
@@ -516,13 +516,7 @@ fn autocast_is_predicted_as_measured_and_halves_resnet50() {
             "memory", "--model", "resnet50", "--batch", "64", "--case", "all", "--json",
         ];
         args.extend_from_slice(extra);
-        let out = leangrad(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let plan: Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+        let plan = json_of(&args);
         assert_eq!(
             plan["spec"]["autocast"],
             extra.get(1).map_or(Value::Null, |d| (*d).into())

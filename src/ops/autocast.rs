@@ -103,11 +103,7 @@ pub(crate) fn lower_opt(t: Option<&Tensor>) -> Result<Option<Tensor>> {
 /// `t` in f32 when a scope is open and `t` is f16 or bf16 (an op of the
 /// f32 list); else `t` itself. The cast is differentiable.
 pub(crate) fn widen(t: &Tensor) -> Result<Tensor> {
-    if widens(t) {
-        t.to_dtype(DType::F32)
-    } else {
-        Ok(t.clone())
-    }
+    widen_owned(t.clone())
 }
 
 /// [`widen`] of a tensor handed over (the low-precision one is dropped

@@ -1,6 +1,6 @@
 //! Elementwise binary ops with broadcasting: add, sub, mul, div.
 
-use super::autocast::promoted;
+use super::autocast::{promote_all, promoted};
 use super::check_in_place;
 use super::sum_to_shape;
 use crate::autograd::{attach, keep, may_reuse, needs_grad, BackwardOp, SavedTensor};
@@ -142,20 +142,17 @@ impl BackwardOp for DivBackward {
     }
 }
 
-/// Under autocast, the two operands cast to their promoted float dtype
-/// (PyTorch's type promotion: the wider float; f16 with bf16 is f32), when
-/// they are floats of different dtypes. The casts are differentiable.
-fn promote_pair(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
-    promoted(a.dtype(), b.dtype())
-        .map(|d| Ok((a.to_dtype(d)?, b.to_dtype(d)?)))
-        .transpose()
+/// Under autocast, both operands in their promoted float dtype (autocast's
+/// promote list, as `cat`): `None` when no cast is due.
+fn promote_pair(a: &Tensor, b: &Tensor) -> Result<Option<[Tensor; 2]>> {
+    Ok(promote_all(&[a, b])?.and_then(|v| <[Tensor; 2]>::try_from(v).ok()))
 }
 
 impl Tensor {
     /// `self + rhs` with broadcasting (under autocast, floats of two dtypes
     /// are promoted to the wider). Saves nothing for backward.
     pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
-        if let Some((a, b)) = promote_pair(self, rhs)? {
+        if let Some([a, b]) = promote_pair(self, rhs)? {
             return a.add(&b);
         }
         let out = binary_map(self, rhs, &AddK)?;
@@ -228,7 +225,7 @@ impl Tensor {
     /// `self - rhs` with broadcasting (promoting as [`Tensor::add`]). Saves
     /// nothing for backward.
     pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
-        if let Some((a, b)) = promote_pair(self, rhs)? {
+        if let Some([a, b]) = promote_pair(self, rhs)? {
             return a.sub(&b);
         }
         let out = binary_map(self, rhs, &SubK)?;
@@ -243,7 +240,7 @@ impl Tensor {
     /// `self * rhs` with broadcasting (promoting as [`Tensor::add`]). Saves `rhs` only when `self` needs
     /// grad, and `self` only when `rhs` does (both under `SaveAll`).
     pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
-        if let Some((a, b)) = promote_pair(self, rhs)? {
+        if let Some([a, b]) = promote_pair(self, rhs)? {
             return a.mul(&b);
         }
         let out = binary_map(self, rhs, &MulK)?;
@@ -263,7 +260,7 @@ impl Tensor {
     /// `self / rhs` with broadcasting (promoting as [`Tensor::add`]). Saves `rhs` when either needs grad,
     /// and `self` only when `rhs` does (always under `SaveAll`).
     pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
-        if let Some((a, b)) = promote_pair(self, rhs)? {
+        if let Some([a, b]) = promote_pair(self, rhs)? {
             return a.div(&b);
         }
         let out = binary_map(self, rhs, &DivK)?;
