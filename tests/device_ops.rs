@@ -518,13 +518,21 @@ fn embedding_layer() {
         let w = input(&[9, 5], dtype, 51, -1.0, 1.0);
         let idx = Tensor::from_vec(vec![3i64, 0, 8, 3, 3, 1, 7, 0], &[2, 4], Device::Cpu).unwrap();
         for padding in [None, Some(3)] {
-            let idx = idx.clone();
+            let (idx, tied_idx) = (idx.clone(), idx.clone());
             // A fresh copy of the indices in the run's ledger on every
             // device (saved when the table trains; `to_device` onto the CPU
             // would share the caller's storage, counted outside the ledger).
             check_layer("embedding", &[&w], move |t| {
                 let idx = fresh_copy(&idx, t[0].device());
                 leangrad::nn::embedding(&t[0], &idx, padding)
+            });
+            // Tied to an output head (GPT-2's `wte`): the head's gradient
+            // reaches the table first and the embedding adds into it.
+            let idx = tied_idx.clone();
+            check_layer("embedding tied to its head", &[&w], move |t| {
+                let idx = fresh_copy(&idx, t[0].device());
+                let h = leangrad::nn::embedding(&t[0], &idx, padding)?;
+                h.matmul(&t[0].t()?)
             });
         }
     }

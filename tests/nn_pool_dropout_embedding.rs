@@ -497,6 +497,53 @@ fn embedding_saves_the_indices_only_for_the_weight() {
     assert_eq!(ledger.live_in(Device::Cpu, Category::Saved), 0);
 }
 
+/// A tied table (GPT-2's `wte`: the embedding and the output head): the
+/// head's gradient reaches the weight first and the embedding adds its
+/// rows into that buffer, so backward never holds two `[num, dim]`
+/// gradients; the values are those of two untied copies' gradients added.
+#[test]
+fn a_tied_embedding_adds_its_rows_into_the_head_gradient() {
+    let (num, dim) = (64, 256);
+    let ids = [5i64, 9, 5, 63, 0, 9];
+    let table = f32s(&[num, dim], 41);
+    let r = f32s(&[ids.len(), num], 42);
+    let step = |emb: &Tensor, head: &Tensor| {
+        let h = embedding(emb, &idx(&ids, &[ids.len()]), Some(0)).unwrap();
+        let logits = h.matmul(&head.t().unwrap()).unwrap();
+        logits
+            .mul(&r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+    };
+    let ledger = Ledger::new();
+    let tied = {
+        let _g = ledger.enter();
+        let w = table.clone().set_requires_grad(true).unwrap();
+        step(&w, &w);
+        w.grad().unwrap()
+    };
+    let (emb, head) = (
+        table.clone().set_requires_grad(true).unwrap(),
+        table.clone().set_requires_grad(true).unwrap(),
+    );
+    step(&emb, &head);
+    let untied = head.grad().unwrap().add(&emb.grad().unwrap()).unwrap();
+    assert_eq!(
+        tied.to_f64_vec().unwrap(),
+        untied.to_f64_vec().unwrap(),
+        "bit for bit"
+    );
+    let table_bytes = num * dim * 4;
+    let peak = ledger.peak_gradients(Device::Cpu);
+    assert!(
+        peak < 2 * table_bytes && peak >= table_bytes,
+        "one [num, dim] gradient at a time: peak {peak} for a {table_bytes}-byte table"
+    );
+}
+
 #[test]
 fn embedding_errors() {
     let w = f32s(&[4, 2], 21);

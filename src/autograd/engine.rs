@@ -7,6 +7,10 @@
 //!    and consumes its backward state (so its saved tensors are freed).
 //! 3. Each returned gradient is accumulated into its target's single buffer:
 //!    the first contribution is moved in, later ones are added in place.
+//!    An op that can add its gradient into a buffer itself
+//!    ([`BackwardOp::adds_into_pending`](super::BackwardOp::adds_into_pending),
+//!    the embedding's scatter) is handed the one pending for that input, so
+//!    the two never coexist.
 //! 4. When a leaf's count reaches zero its gradient is final, and it goes to
 //!    the [`GradientSink`] at that moment: collected as `.grad`, or handed to
 //!    a callback (the hook the fused optimizer uses) which may then drop it.
@@ -279,7 +283,10 @@ impl Run<'_> {
         })?;
         // A node no gradient reached contributes nothing; its state is freed.
         let input_grads = match (work, grad) {
-            (Work::Op(op), Some(g)) => op.backward(g)?,
+            (Work::Op(op), Some(g)) => match self.take_pending_for(&node, op.as_ref()) {
+                Some(pending) => op.backward_into(g, pending)?,
+                None => op.backward(g)?,
+            },
             (Work::Segment(segment), Some(g)) => {
                 let recomputed = segment.recompute()?;
                 return self.expand(node, recomputed, g);
@@ -303,6 +310,33 @@ impl Run<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The gradients pending for those of `node`'s inputs `op` adds into in
+    /// place (taken out of the pending maps: `op` returns them with its own
+    /// added), or `None` when there is none to hand over. A pending buffer
+    /// something else references stays where it is (it is added to
+    /// afterwards, as any other).
+    fn take_pending_for(
+        &mut self,
+        node: &Node,
+        op: &dyn super::BackwardOp,
+    ) -> Option<Vec<Option<Tensor>>> {
+        let mut pending: Vec<Option<Tensor>> = vec![None; node.inputs().len()];
+        for (i, input) in node.inputs().iter().enumerate() {
+            let Some(input) = input else { continue };
+            if !op.adds_into_pending(i) {
+                continue;
+            }
+            let (map, key) = match &input.edge {
+                Edge::Node(n) => (&mut self.node_grads, n.seq()),
+                Edge::Leaf(l) => (&mut self.leaf_grads, l.id()),
+            };
+            if map.get(&key).is_some_and(is_exclusive) {
+                pending[i] = map.remove(&key);
+            }
+        }
+        pending.iter().any(Option::is_some).then_some(pending)
     }
 
     /// Runs a recomputed segment's graph in place of its `node`, from `grad`.

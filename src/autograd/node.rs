@@ -20,6 +20,36 @@ pub trait BackwardOp: Send + Sync {
     /// the order the inputs were given to [`attach`]. An input that does not
     /// require grad gets `None`; so may one whose gradient is identically zero.
     fn backward(self: Box<Self>, grad_output: Tensor) -> Result<Vec<Option<Tensor>>>;
+
+    /// Whether [`backward_into`](Self::backward_into) adds input `i`'s
+    /// gradient into a buffer it is given, in place (so the engine hands
+    /// it the gradient already pending for that input instead of holding
+    /// both and adding them afterwards). Default: no input.
+    fn adds_into_pending(&self, _input: usize) -> bool {
+        false
+    }
+
+    /// As [`backward`](Self::backward), given `pending[i]`: a gradient that
+    /// already reached input `i` (only for inputs where
+    /// [`adds_into_pending`](Self::adds_into_pending) holds, as a buffer
+    /// nothing else references). Returns each input's gradient with its
+    /// pending one added, the same values as `pending[i] + backward's[i]`.
+    /// The default runs `backward` and adds.
+    fn backward_into(
+        self: Box<Self>,
+        grad_output: Tensor,
+        pending: Vec<Option<Tensor>>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let grads = self.backward(grad_output)?;
+        grads
+            .into_iter()
+            .zip(pending.into_iter().chain(std::iter::repeat_with(|| None)))
+            .map(|(grad, pending)| match (pending, grad) {
+                (Some(p), Some(g)) => super::engine::accumulate(p, g).map(Some),
+                (p, g) => Ok(g.or(p)),
+            })
+            .collect()
+    }
 }
 
 /// Where an input's gradient goes.

@@ -4,9 +4,9 @@
 use crate::dtype::CpuData;
 use crate::memory::host::{try_vec, try_zeroed};
 use crate::meta::{self, backend, not_on_cuda, Backend};
-use crate::primitives::Source;
+use crate::primitives::{typed, Source};
 use crate::tensor::{Layout, Tensor};
-use crate::{FloatDType, Result};
+use crate::{Error, FloatDType, Result};
 
 /// Rows `idx[k]` of the `[num, dim]` weight (any layout), stacked into a
 /// contiguous `[idx.len(), dim]` buffer wrapped with shape `shape`.
@@ -32,44 +32,70 @@ pub(super) fn gather(weight: &Tensor, idx: &[usize], shape: &[usize]) -> Result<
     Tensor::from_cpu_data(out, shape)
 }
 
-/// The `[num, dim]` weight gradient: row `idx[k]` of a zero buffer gets row
-/// `k` of `g` (`[idx.len(), dim]` in row-major order, any layout) added,
-/// sequentially in `k` order, except where `idx[k]` is `padding`.
-pub(super) fn backward(
+/// Adds row `k` of `g` (`[idx.len(), dim]` in row-major order, any
+/// layout) to row `idx[k]` of the contiguous `[num, dim]` buffer `gw`, in
+/// place, except where `idx[k]` is `padding`: each row's contributions are
+/// summed in `k` order (from zero) and the sum added to the row, so a zero
+/// `gw` gets the sequential sum and a pending gradient gets exactly
+/// `pending + sum`.
+pub(super) fn add_rows(
+    gw: &Tensor,
     g: &Tensor,
     idx: &[usize],
-    num: usize,
-    dim: usize,
     padding: Option<usize>,
-) -> Result<Tensor> {
-    match backend("embedding", &[g])? {
-        Backend::Meta => return meta::empty(&[num, dim], g.dtype()),
+) -> Result<()> {
+    match backend("embedding", &[gw, g])? {
+        Backend::Meta => {
+            meta::touch(gw);
+            return Ok(());
+        }
         Backend::Cuda(n) => return Err(not_on_cuda("embedding", n)),
         Backend::Cpu => {}
     }
+    let dim = gw.shape()[1];
+    let range = gw.layout().contiguous_range().ok_or(Error::Backward(
+        "embedding: the weight gradient to add into is not contiguous".into(),
+    ))?;
+    let order = positions_by_row(idx, padding)?;
     let data = g.storage().cpu()?;
+    let mut out = gw.storage().cpu_mut()?;
     fn go<T: FloatDType>(
+        gw: &mut [T],
         s: &[T],
         l: &Layout,
         idx: &[usize],
-        num: usize,
+        order: &[usize],
         dim: usize,
-        padding: Option<usize>,
-    ) -> Result<CpuData> {
+    ) -> Result<()> {
         let src = Source::new(s, l)?;
-        let mut gw = try_zeroed::<T>(crate::tensor::checked_numel("embedding", &[num, dim])?)?;
-        for (k, &r) in idx.iter().enumerate() {
-            if Some(r) == padding {
-                continue;
+        let mut sum = try_zeroed::<T>(dim)?;
+        for group in order.chunk_by(|&a, &b| idx[a] == idx[b]) {
+            sum.fill(T::from_f32(0.0));
+            for &k in group {
+                for (c, v) in sum.iter_mut().enumerate() {
+                    *v = *v + src.get(k * dim + c);
+                }
             }
-            let row = &mut gw[r * dim..(r + 1) * dim];
-            for (c, v) in row.iter_mut().enumerate() {
-                *v = *v + src.get(k * dim + c);
+            let r = idx[group[0]];
+            for (w, &v) in gw[r * dim..(r + 1) * dim].iter_mut().zip(&sum) {
+                *w = *w + v;
             }
         }
-        Ok(T::wrap(gw))
+        Ok(())
     }
-    let out = crate::match_float_data!(&*data, "embedding", v => go(v, g.layout(), idx, num, dim, padding)?);
-    drop(data);
-    Tensor::from_cpu_data(out, &[num, dim])
+    crate::match_float_data!(&mut *out, "embedding", d => {
+        let s = typed(&data, "embedding")?;
+        go(&mut d[range], s, g.layout(), idx, &order, dim)?
+    });
+    Ok(())
+}
+
+/// The positions `k` whose row gets a gradient (not `padding`), sorted by
+/// row and by `k` inside a row (the order the CUDA kernel sums in).
+fn positions_by_row(idx: &[usize], padding: Option<usize>) -> Result<Vec<usize>> {
+    let mut order = try_vec(idx.len())?;
+    order.extend((0..idx.len()).filter(|&k| Some(idx[k]) != padding));
+    // Stable: positions stay in `k` order inside a row.
+    order.sort_by_key(|&k| idx[k]);
+    Ok(order)
 }

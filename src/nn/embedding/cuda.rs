@@ -45,12 +45,22 @@ pub(super) fn sorted_rows(
     tensor::uncounted(|| embedding_sort_keys(&*idx.storage().cuda()?, num, padding)).map(SortedRows)
 }
 
-/// The `[num, dim]` weight gradient from `g` (any layout) and the sorted
-/// positions of [`sorted_rows`].
-pub(super) fn backward(g: &Tensor, rows: &SortedRows, num: usize, dim: usize) -> Result<Tensor> {
+/// Adds `g` (any layout) into the contiguous `[num, dim]` weight gradient
+/// `gw` in place, by the sorted positions of [`sorted_rows`].
+pub(super) fn add_rows(gw: &Tensor, g: &Tensor, rows: &SortedRows) -> Result<()> {
     let g = dense(g)?;
-    let out = embedding_backward(&*g.storage().cuda()?, &rows.0, num, dim)?;
-    tensor::wrap(out, &[num, dim])
+    let offset = gw.layout().contiguous_range().map(|r| r.start);
+    let (Some(0), true) = (offset, gw.numel() == gw.storage().len()) else {
+        return Err(Error::Backward(
+            "cuda embedding: the weight gradient to add into is not a whole dense buffer".into(),
+        ));
+    };
+    let dim = gw.shape()[1];
+    let mut out = gw.storage().cuda_mut()?;
+    embedding_backward_add(&mut out, &*g.storage().cuda()?, &rows.0, dim)?;
+    drop(out);
+    crate::meta::touch(gw);
+    Ok(())
 }
 
 /// The I64 or U32 `indices` as a dense buffer on `device`: the
@@ -153,28 +163,29 @@ pub(crate) fn embedding_sort_keys(
     Ok(keys)
 }
 
-/// The `[num, dim]` weight gradient from `g` (contiguous, `dim` values per
-/// position) and the sorted `keys` of [`embedding_sort_keys`]: row `r`
-/// gets the rows of `g` at its positions added in position order.
-/// Deterministic and bit-identical to the CPU's sequential loop without
-/// float atomics: one block sums a row.
-pub(crate) fn embedding_backward(
+/// Adds `g` (contiguous, `dim` values per position) into the `[num, dim]`
+/// weight gradient `gw` in place, by the sorted `keys` of
+/// [`embedding_sort_keys`]: row `r` gets the sum of the rows of `g` at its
+/// positions, summed in position order from zero, added to it.
+/// Deterministic and bit-identical to the CPU's loop without float
+/// atomics: one block sums a row.
+pub(crate) fn embedding_backward_add(
+    gw: &mut CudaBuffer,
     g: &CudaBuffer,
     keys: &CudaBuffer,
-    num: usize,
     dim: usize,
-) -> Result<CudaBuffer> {
+) -> Result<()> {
     let op = "cuda embedding backward";
     let sfx = float_suffix(op, g.dtype())?;
     expect(op, keys, DType::I64, keys.len(), g)?;
-    let mut gw = CudaBuffer::zeros(g.device(), g.dtype(), num * dim)?;
+    expect(op, gw, g.dtype(), gw.len(), g)?;
     if keys.is_empty() || dim == 0 {
-        return Ok(gw);
+        return Ok(());
     }
     let (n_pad, d) = (keys.len() as i64, dim as i64);
     launch!(g.device(), "embedding.cu", format!("embedding_bwd_{sfx}"), CudaDevice::grid_per_row(keys.len());
         &n_pad, &d, gw.slice_mut(), g.slice(), keys.slice())?;
-    Ok(gw)
+    Ok(())
 }
 
 /// Threads of the one block that sorts the backward's keys.

@@ -13,7 +13,8 @@
 // padding row or of an index out of range get the largest key and are
 // skipped. A block per sorted position that starts a row sums row k of g
 // over the row's positions in k order, each addition rounded in T as the
-// CPU, and writes the row of the zeroed gradient. Rows not used stay 0.
+// CPU, and adds the sum to the row of the gradient (a zeroed one, or the
+// gradient already pending for a tied weight). Rows not used are untouched.
 
 #define LG_EMB_NONE 0xffffffffffffffffULL
 
@@ -90,7 +91,7 @@ extern "C" __global__ void embedding_sort(long long n, unsigned long long* keys)
         const unsigned int* idx, long long* check, long long check_op) {              \
         lg_embedding_fwd<T, unsigned int>(n_idx, dim, num, out, w, idx, check, check_op); \
     }                                                                                 \
-    /* gw[row] = sum of g[k] over the row's sorted positions, in k order. */          \
+    /* gw[row] += sum of g[k] over the row's sorted positions, in k order. */         \
     extern "C" __global__ void embedding_bwd_##sfx(long long n, long long dim, T* gw,  \
                                                    const T* g,                        \
                                                    const unsigned long long* keys) {  \
@@ -106,7 +107,7 @@ extern "C" __global__ void embedding_sort(long long n, unsigned long long* keys)
                                       (long long)(keys[q] >> 32) == row;              \
                      ++q)                                                             \
                     acc = lg_load(lg_store<T>(acc + lg_load(g[(long long)(keys[q] & 0xffffffffULL) * dim + c]))); \
-                gw[row * dim + c] = lg_store<T>(acc);                                 \
+                gw[row * dim + c] = lg_store<T>(lg_load(gw[row * dim + c]) + acc);   \
             }                                                                         \
         }                                                                             \
     }

@@ -73,19 +73,27 @@ fn grad_rows(g: &Tensor, indices: &Tensor, num: usize, padding: Option<usize>) -
     }
 }
 
-/// The `[num, dim]` weight gradient: row `k` of `g` added to row
-/// `indices[k]`, in `k` order, except where `indices[k]` is `padding`.
+/// The `[num, dim]` weight gradient added into `into` (the gradient
+/// already pending for the weight, written in place) or into a new zero
+/// buffer: row `k` of `g` goes to row `indices[k]`, except where that is
+/// `padding`; each row's contributions are summed in `k` order and the sum
+/// added to the row, the same values as a separate gradient added after.
 fn embedding_backward(
     g: &Tensor,
     rows: &GradRows,
-    num: usize,
-    dim: usize,
+    (num, dim): (usize, usize),
     padding: Option<usize>,
+    into: Option<Tensor>,
 ) -> Result<Tensor> {
+    let gw = match into {
+        Some(t) => t,
+        None => Tensor::zeros(&[num, dim], g.dtype(), g.device())?,
+    };
     match rows {
-        GradRows::Host(idx) => cpu::backward(g, idx, num, dim, padding),
-        GradRows::Device(keys) => cuda::backward(g, keys, num, dim),
+        GradRows::Host(idx) => cpu::add_rows(&gw, g, idx, padding)?,
+        GradRows::Device(keys) => cuda::add_rows(&gw, g, keys)?,
     }
+    Ok(gw)
 }
 
 /// Backward of embedding: saves the index tensor only (the weight's shape
@@ -97,17 +105,38 @@ struct EmbeddingBackward {
     padding: Option<usize>,
 }
 
+impl EmbeddingBackward {
+    /// The weight gradient, added into `into` when given.
+    fn weight_grad(self, g: Tensor, into: Option<Tensor>) -> Result<Vec<Option<Tensor>>> {
+        // The rows are read first and the indices dropped before the
+        // gradient is allocated (the same ledger events on every device).
+        let rows = grad_rows(&g, self.indices.get()?, self.num, self.padding)?;
+        drop(self.indices);
+        let dw = embedding_backward(&g, &rows, (self.num, self.dim), self.padding, into)?;
+        Ok(vec![Some(dw)])
+    }
+}
+
 impl BackwardOp for EmbeddingBackward {
     fn name(&self) -> &'static str {
         "embedding"
     }
     fn backward(self: Box<Self>, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        // The rows are read first and the indices dropped before the
-        // gradient is allocated (the same ledger events on every device).
-        let rows = grad_rows(&g, self.indices.get()?, self.num, self.padding)?;
-        drop(self.indices);
-        let dw = embedding_backward(&g, &rows, self.num, self.dim, self.padding)?;
-        Ok(vec![Some(dw)])
+        self.weight_grad(g, None)
+    }
+    /// A tied weight (GPT-2's `wte`, whose `lm_head` gradient arrives
+    /// first) gets the rows added into that gradient: no second
+    /// `[num, dim]` buffer.
+    fn adds_into_pending(&self, input: usize) -> bool {
+        input == 0
+    }
+    fn backward_into(
+        self: Box<Self>,
+        g: Tensor,
+        mut pending: Vec<Option<Tensor>>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let into = pending.first_mut().and_then(Option::take);
+        self.weight_grad(g, into)
     }
 }
 

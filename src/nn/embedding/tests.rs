@@ -4,7 +4,7 @@
 //! reported by the next read. Without a GPU the tests print
 //! `skipped: no CUDA device (…)` and pass.
 
-use super::cuda::{embedding_backward, embedding_forward, embedding_sort_keys};
+use super::cuda::{embedding_backward_add, embedding_forward, embedding_sort_keys};
 use crate::cuda::testing::*;
 use crate::cuda::CudaBuffer;
 use crate::{DType, Device, Error, Tensor};
@@ -37,14 +37,23 @@ fn check_against_cpu(idx: &[usize], num: usize, dim: usize, padding: Option<usiz
         let gy = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 23);
         // The CPU's gradient of sum(y · gy).
         yc.mul(&gy).unwrap().sum_all().unwrap().backward().unwrap();
-        let want = vals(&wl.grad().unwrap());
+        let grad = wl.grad().unwrap();
+        let want = vals(&grad);
+        let pending = cpu_rand(&[num, dim], -1.0, 1.0, dtype, 24);
+        let want_added = vals(&pending.add(&grad).unwrap());
         for d_idx in &on_device {
             let what = format!("{dtype:?} {:?} {} indices", d_idx.dtype(), idx.len());
             let y = embedding_forward(&upload(&dev, &w), num, dim, d_idx).unwrap();
             assert_eq!(download(&y), vals(&yc), "embedding {what}");
             let keys = embedding_sort_keys(d_idx, num, padding).unwrap();
-            let dw = embedding_backward(&upload(&dev, &gy), &keys, num, dim).unwrap();
+            let gy_d = upload(&dev, &gy);
+            let mut dw = CudaBuffer::zeros(&dev, dtype, num * dim).unwrap();
+            embedding_backward_add(&mut dw, &gy_d, &keys, dim).unwrap();
             assert_eq!(download(&dw), want, "embedding bwd {what}");
+            // Into a pending gradient (a tied weight's): pending + the sum.
+            let mut into = upload(&dev, &pending);
+            embedding_backward_add(&mut into, &gy_d, &keys, dim).unwrap();
+            assert_eq!(download(&into), want_added, "embedding bwd into {what}");
         }
     }
 }
