@@ -304,6 +304,16 @@ pub enum Error {
         /// What happened, and what to try instead.
         reason: String,
     },
+    /// Setting up or running a process group failed: a rank that did not
+    /// arrive in time, a port in use, ranks that disagree on the world size,
+    /// a collective the ranks called differently, NCCL missing or failing.
+    #[error("distributed (rank {rank}): {msg}")]
+    Distributed {
+        /// The rank that reports it.
+        rank: usize,
+        /// What happened.
+        msg: String,
+    },
 }
 
 /// `std::result::Result` with leangrad's [`Error`].

@@ -10,6 +10,7 @@ pub mod cuda;
 pub mod data;
 pub mod demo;
 pub mod device;
+pub mod distributed;
 pub mod dtype;
 pub mod error;
 pub mod io;

@@ -16,6 +16,7 @@ mod kernel;
 
 use crate::driver::consts::*;
 use crate::driver::errors::intern;
+use crate::driver::lock::SimLock;
 use crate::driver::state::{self, handle, id_of, panic_text, BlasEntry, Op, Sim, TAG_BLAS};
 use gemm::{Compute, Elem, Gemm};
 use std::ffi::{c_char, c_int, c_longlong, c_void};
@@ -108,16 +109,16 @@ fn bfail<T>(status: CublasStatus, msg: impl Into<String>) -> BResult<T> {
 
 /// Runs cuBLAS call `func` on the simulator; a failure is printed as
 /// `gpusim: <func>: <what>`.
-fn blas_api(func: &str, f: impl FnOnce(&mut Sim) -> BResult<()>) -> CublasStatus {
+fn blas_api(func: &str, f: impl FnOnce(&mut SimLock) -> BResult<()>) -> CublasStatus {
     let r = catch_unwind(AssertUnwindSafe(|| {
-        let mut g = state::lock();
-        match g.as_mut() {
-            None => bfail(
+        let g = state::lock();
+        if g.is_none() {
+            return bfail(
                 CUBLAS_STATUS_NOT_INITIALIZED,
                 "the CUDA driver is not initialised (cuInit, and a current context)",
-            ),
-            Some(sim) => f(sim),
+            );
         }
+        f(&mut SimLock::new(g))
     }));
     let (status, msg) = match r {
         Ok(Ok(())) => return CUBLAS_STATUS_SUCCESS,

@@ -3,6 +3,7 @@
 use super::config::Config;
 use super::consts::*;
 use super::errors::{fail, report, DrvErr};
+use super::lock::SimLock;
 use super::state::{self, api, handle, id_of, Device, Sim, TAG_CTX, TAG_STREAM};
 use super::stats;
 use crate::profile::{Event, SyncKind};
@@ -234,7 +235,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
 }
 
 /// Destroys everything the context of `d` owned.
-fn reset_device(sim: &mut Sim, d: usize) {
+fn reset_device(sim: &mut SimLock, d: usize) {
     sim.drain(d, None);
     let ptrs: Vec<u64> = sim.devices[d].allocs.keys().copied().collect();
     for p in ptrs {

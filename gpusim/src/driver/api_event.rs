@@ -89,14 +89,14 @@ pub extern "C" fn cuEventRecord(e: CUevent, stream: CUstream) -> CUresult {
     })
 }
 
-/// The number of queued items of the event's device up to and including
-/// its latest record (0 when done or never recorded).
-fn items_before(sim: &Sim, e: CUevent, ev: &EventEntry) -> Option<(usize, usize)> {
+/// The device of the event's latest record and that record's queue item,
+/// while it is still queued (`None` when done or never recorded).
+fn items_before(sim: &Sim, e: CUevent, ev: &EventEntry) -> Option<(usize, u64)> {
     let d = ev.device?;
-    let pos = sim.devices[d].queue.iter().position(|w| {
+    let w = sim.devices[d].queue.iter().find(|w| {
         matches!(w.op, Op::Marker { event, generation } if event == e as u64 && generation == ev.generation)
     })?;
-    Some((d, pos + 1))
+    Some((d, w.id))
 }
 
 /// `cuEventQuery`: success once the record has run, else
@@ -123,8 +123,8 @@ pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
     api("cuEventSynchronize", |sim| {
         let ev = event(sim, e)?;
         crate::profile::record(crate::profile::Event::Sync(crate::profile::SyncKind::Event));
-        if let Some((d, n)) = items_before(sim, e, &ev) {
-            sim.drain_n(d, n);
+        if let Some((d, id)) = items_before(sim, e, &ev) {
+            sim.drain_to(d, id);
         }
         sim.deliver()
     })

@@ -4,6 +4,7 @@
 use super::api_device::out;
 use super::consts::*;
 use super::errors::{fail, DResult, DrvErr};
+use super::lock::SimLock;
 use super::state::{api, handle, id_of, Alloc, Op, Sim, TAG_POOL};
 use crate::memory::DEVICE_BASE;
 use crate::profile::{record, Event};
@@ -30,7 +31,7 @@ fn host_ptr(p: *const c_void, what: &str) -> DResult<()> {
 /// Allocates `size` bytes on `dev`, from the pool or not. Cached pool
 /// bytes are released, then queued work (pending frees) is run, before an
 /// allocation is refused.
-fn alloc(sim: &mut Sim, dev: usize, size: u64, from_pool: bool) -> DResult<u64> {
+fn alloc(sim: &mut SimLock, dev: usize, size: u64, from_pool: bool) -> DResult<u64> {
     if size == 0 {
         return fail(CUDA_ERROR_INVALID_VALUE, "bytesize is 0");
     }

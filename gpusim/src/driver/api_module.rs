@@ -2,8 +2,9 @@
 
 use super::consts::*;
 use super::errors::{fail, DrvErr};
+use super::lock::SimLock;
 use super::state::{
-    api, handle, id_of, panic_text, FunctionEntry, LaunchJob, ModuleEntry, Op, Sim, TAG_FUNCTION,
+    api, handle, id_of, panic_text, FunctionEntry, LaunchJob, ModuleEntry, Op, TAG_FUNCTION,
     TAG_MODULE,
 };
 use crate::ptx::{LaunchDims, Module};
@@ -77,7 +78,7 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c
 
 /// Unloads module `h` (queued work of its device runs first), dropping its
 /// function handles.
-pub fn unload(sim: &mut Sim, h: u64) {
+pub fn unload(sim: &mut SimLock, h: u64) {
     let Some(dev) = sim.modules.get(&h).map(|m| m.device) else {
         return;
     };

@@ -1,7 +1,8 @@
 //! The simulated machine's shape, from the environment:
 //! `GPUSIM_DEVICE_COUNT` (default 1), `GPUSIM_MEMORY_BYTES` (per device,
 //! default 16G; suffixes K, M, G, T in powers of 1024), `GPUSIM_COMPUTE`
-//! (compute capability, default "8.0").
+//! (compute capability, default "8.0"), `GPUSIM_NCCL_TIMEOUT_MS` (how long
+//! a NCCL rank waits for the others, default 30000).
 
 /// Devices, memory and compute capability of the simulated machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -12,6 +13,9 @@ pub struct Config {
     pub memory_bytes: u64,
     /// Compute capability (major, minor).
     pub compute: (i32, i32),
+    /// How long NCCL waits for the other ranks of a communicator (to join,
+    /// or to enqueue their part of a collective), ms.
+    pub nccl_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -20,6 +24,7 @@ impl Default for Config {
             devices: 1,
             memory_bytes: 16 << 30,
             compute: (8, 0),
+            nccl_timeout_ms: 30_000,
         }
     }
 }
@@ -76,6 +81,16 @@ impl Config {
         if let Some(v) = get("GPUSIM_COMPUTE") {
             c.compute = parse_compute(&v).map_err(|e| format!("GPUSIM_COMPUTE: {e}"))?;
         }
+        if let Some(v) = get("GPUSIM_NCCL_TIMEOUT_MS") {
+            c.nccl_timeout_ms = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&ms: &u64| ms > 0)
+                .ok_or_else(|| {
+                    format!("GPUSIM_NCCL_TIMEOUT_MS={v:?}: expected a positive number of ms")
+                })?;
+        }
         Ok(c)
     }
 
@@ -112,9 +127,15 @@ mod tests {
             Config {
                 devices: 2,
                 memory_bytes: 1 << 20,
-                compute: (8, 0)
+                compute: (8, 0),
+                nccl_timeout_ms: 30_000,
             }
         );
         assert!(Config::from_vars(|k| (k == "GPUSIM_COMPUTE").then(|| "x".into())).is_err());
+        let t = Config::from_vars(|k| (k == "GPUSIM_NCCL_TIMEOUT_MS").then(|| "250".into()));
+        assert_eq!(t.map(|c| c.nccl_timeout_ms), Ok(250));
+        assert!(
+            Config::from_vars(|k| (k == "GPUSIM_NCCL_TIMEOUT_MS").then(|| "0".into())).is_err()
+        );
     }
 }

@@ -15,6 +15,7 @@ pub mod api_module;
 pub mod config;
 pub mod consts;
 pub mod errors;
+pub mod lock;
 pub mod pool;
 pub mod state;
 pub mod stats;

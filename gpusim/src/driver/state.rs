@@ -1,10 +1,12 @@
 //! The simulator's global state behind one mutex: devices (memory, pool,
 //! work queue, primary context), loaded modules, streams, cuBLAS handles,
-//! and the faults waiting for the thread that enqueued the faulting work.
+//! NCCL communicators, and the faults waiting for the thread that enqueued
+//! the faulting work. Running the queues is in `lock.rs`.
 
 use super::config::Config;
 use super::consts::*;
 use super::errors::{fail, report, DResult, DrvErr};
+use super::lock::SimLock;
 use super::pool::Pool;
 use crate::memory::{self, DeviceMemory};
 use crate::ptx::{KernelId, LaunchDims, Module};
@@ -138,10 +140,16 @@ pub enum Op {
         /// The work.
         job: HostJob,
     },
+    /// NCCL operations of one group (or one call) on this device's
+    /// stream: run together with the other ranks' parts (`crate::nccl`).
+    Nccl(Box<crate::nccl::Item>),
 }
 
 /// One queued item: which stream, which host thread enqueued it, what.
 pub struct Work {
+    /// Sequence number, unique in the simulator, increasing in enqueue
+    /// order: names the item while the lock is released (`lock.rs`).
+    pub id: u64,
     /// Stream key: 0 for the default stream, else the stream handle.
     pub stream: u64,
     /// The enqueuing thread (its faults are delivered to it).
@@ -240,7 +248,10 @@ pub struct Sim {
     pub events: HashMap<u64, EventEntry>,
     /// Faults by enqueuing thread.
     pub pending: HashMap<ThreadId, Pending>,
+    /// NCCL communicators, rendezvous and posted operations.
+    pub nccl: crate::nccl::state::NcclState,
     next_id: u64,
+    next_work: u64,
 }
 
 static SIM: Mutex<Option<Sim>> = Mutex::new(None);
@@ -264,13 +275,13 @@ pub fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 /// Runs the body of driver call `func` on the initialised simulator:
 /// `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`; an error is printed and
 /// kept for `cuGetErrorString`; a panic becomes `CUDA_ERROR_UNKNOWN`.
-pub fn api(func: &str, f: impl FnOnce(&mut Sim) -> DResult<()>) -> CUresult {
+pub fn api(func: &str, f: impl FnOnce(&mut SimLock) -> DResult<()>) -> CUresult {
     let r = catch_unwind(AssertUnwindSafe(|| {
-        let mut g = lock();
-        match g.as_mut() {
-            None => fail(CUDA_ERROR_NOT_INITIALIZED, "cuInit has not been called"),
-            Some(sim) => f(sim),
+        let g = lock();
+        if g.is_none() {
+            return fail(CUDA_ERROR_NOT_INITIALIZED, "cuInit has not been called");
         }
+        f(&mut SimLock::new(g))
     }));
     match r {
         Ok(Ok(())) => CUDA_SUCCESS,
@@ -320,7 +331,9 @@ impl Sim {
             blas: HashMap::new(),
             events: HashMap::new(),
             pending: HashMap::new(),
+            nccl: crate::nccl::state::NcclState::new(config.nccl_timeout_ms),
             next_id: 1,
+            next_work: 0,
         }
     }
 
@@ -401,13 +414,18 @@ impl Sim {
         Ok((dev, v))
     }
 
-    /// Appends `op` to the queue of `dev`, on stream key `stream`.
-    pub fn enqueue(&mut self, dev: usize, stream: u64, op: Op) {
+    /// Appends `op` to the queue of `dev`, on stream key `stream`; returns
+    /// the item's id.
+    pub fn enqueue(&mut self, dev: usize, stream: u64, op: Op) -> u64 {
+        self.next_work += 1;
+        let id = self.next_work;
         self.devices[dev].queue.push_back(Work {
+            id,
             stream,
             thread: std::thread::current().id(),
             op,
         });
+        id
     }
 
     /// Checks that `[addr, addr + len)` lies in one live allocation of `dev`.
@@ -420,35 +438,6 @@ impl Sim {
             .find(addr, len)
             .map(|_| ())
             .map_err(|e| DrvErr::new(CUDA_ERROR_INVALID_VALUE, format!("{what}: {e}")))
-    }
-
-    /// Runs queued work of `dev`: all of it (`upto = None`), or up to and
-    /// including the last item of stream key `upto`. The pool is trimmed
-    /// afterwards (a synchronisation).
-    pub fn drain(&mut self, dev: usize, upto: Option<u64>) {
-        let q = &self.devices[dev].queue;
-        let n = match upto {
-            None => q.len(),
-            Some(s) => q.iter().rposition(|w| w.stream == s).map_or(0, |i| i + 1),
-        };
-        self.drain_n(dev, n);
-    }
-
-    /// Runs the first `n` queued items of `dev`, then trims the pool.
-    pub fn drain_n(&mut self, dev: usize, n: usize) {
-        for _ in 0..n {
-            if let Some(w) = self.devices[dev].queue.pop_front() {
-                self.execute(dev, w);
-            }
-        }
-        self.devices[dev].pool.trim();
-    }
-
-    /// Drains (as [`Sim::drain`]) and returns the calling thread's first
-    /// undelivered fault, if any: the semantics of a synchronising call.
-    pub fn sync(&mut self, dev: usize, upto: Option<u64>) -> DResult<()> {
-        self.drain(dev, upto);
-        self.deliver()
     }
 
     /// The calling thread's first undelivered fault (all of them are then
@@ -485,7 +474,9 @@ impl Sim {
         Ok(())
     }
 
-    fn execute(&mut self, dev: usize, w: Work) {
+    /// Runs one queued item (not a NCCL one: `lock.rs` hands those to
+    /// `crate::nccl::exec`), recording its fault for the enqueuing thread.
+    pub(crate) fn execute(&mut self, dev: usize, w: Work) {
         if let Op::Marker { event, generation } = w.op {
             if let Some(e) = self.events.get_mut(&event) {
                 if e.generation == generation {
@@ -549,6 +540,13 @@ impl Sim {
                 };
                 (what, r)
             }
+            Op::Nccl(_) => (
+                "NCCL operation".to_string(),
+                fail(
+                    CUDA_ERROR_UNKNOWN,
+                    "internal error: a NCCL item reached the plain executor",
+                ),
+            ),
             Op::Free { .. } | Op::Marker { .. } => return,
         };
         if let Err(e) = r {
@@ -557,7 +555,7 @@ impl Sim {
     }
 
     /// Records a fault of work enqueued by `thread`, printing it now.
-    fn fault(&mut self, thread: ThreadId, what: &str, mut e: DrvErr) {
+    pub(crate) fn fault(&mut self, thread: ThreadId, what: &str, mut e: DrvErr) {
         e.msg = format!("gpusim: {what}: {}", e.msg);
         eprintln!("{} (enqueued by thread {thread:?})", e.msg);
         e.printed = true;

@@ -17,6 +17,8 @@ static INTERP_NANOS: AtomicU64 = AtomicU64::new(0);
 static GEMMS: AtomicU64 = AtomicU64::new(0);
 static GEMM_MACS: AtomicU64 = AtomicU64::new(0);
 static GEMM_NANOS: AtomicU64 = AtomicU64::new(0);
+static COLLECTIVES: AtomicU64 = AtomicU64::new(0);
+static COLLECTIVE_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Totals since the process started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -35,6 +37,11 @@ pub struct Stats {
     pub gemm_macs: u64,
     /// Nanoseconds spent in GEMMs.
     pub gemm_nanos: u64,
+    /// NCCL operations run, counted per rank (an all-reduce over 4 ranks
+    /// counts 4, as 4 kernels would run).
+    pub collectives: u64,
+    /// Their bytes (each rank's call's largest buffer).
+    pub collective_bytes: u64,
 }
 
 /// The counters now.
@@ -47,6 +54,8 @@ pub fn stats() -> Stats {
         gemms: GEMMS.load(Relaxed),
         gemm_macs: GEMM_MACS.load(Relaxed),
         gemm_nanos: GEMM_NANOS.load(Relaxed),
+        collectives: COLLECTIVES.load(Relaxed),
+        collective_bytes: COLLECTIVE_BYTES.load(Relaxed),
     }
 }
 
@@ -69,7 +78,15 @@ impl std::fmt::Display for Stats {
             self.gemms,
             self.gemm_macs,
             self.gemm_nanos as f64 * 1e-9
-        )
+        )?;
+        if self.collectives > 0 {
+            write!(
+                f,
+                "; {} NCCL operations (per rank), {} bytes",
+                self.collectives, self.collective_bytes
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -78,6 +95,12 @@ pub fn count_gemm(macs: u64, nanos: u64) {
     GEMMS.fetch_add(1, Relaxed);
     GEMM_MACS.fetch_add(macs, Relaxed);
     GEMM_NANOS.fetch_add(nanos, Relaxed);
+}
+
+/// Counts one rank's NCCL operation of `bytes` that ran.
+pub fn count_collective(bytes: u64) {
+    COLLECTIVES.fetch_add(1, Relaxed);
+    COLLECTIVE_BYTES.fetch_add(bytes, Relaxed);
 }
 
 /// The driver error of a kernel fault (see gpusim/README.md).

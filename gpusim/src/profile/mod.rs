@@ -159,6 +159,26 @@ pub enum SyncKind {
     Event,
 }
 
+/// Which NCCL operation a [`Event::Collective`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveKind {
+    /// `ncclAllReduce`.
+    AllReduce,
+    /// `ncclBroadcast`.
+    Broadcast,
+    /// `ncclReduce`.
+    Reduce,
+    /// `ncclAllGather`.
+    AllGather,
+    /// `ncclReduceScatter`.
+    ReduceScatter,
+    /// `ncclSend`.
+    Send,
+    /// `ncclRecv`.
+    Recv,
+}
+
 /// One thing the program did, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -181,6 +201,10 @@ pub enum Event {
     Alloc(u64),
     /// A free.
     Free(u64),
+    /// One rank's NCCL operation, when enqueued on its stream (at
+    /// `ncclGroupEnd` inside a group), with its bytes (the call's largest
+    /// buffer).
+    Collective(CollectiveKind, u64),
 }
 
 /// A whole profile, as written to `GPUSIM_PROFILE`'s file.
@@ -223,6 +247,12 @@ pub struct Counts {
     pub h2d_bytes: u64,
     /// Bytes copied device to host.
     pub d2h_bytes: u64,
+    /// NCCL operations (one per rank's call).
+    #[serde(default)]
+    pub collectives: u64,
+    /// Their bytes.
+    #[serde(default)]
+    pub collective_bytes: u64,
 }
 
 impl Profile {
@@ -254,6 +284,10 @@ impl Profile {
                 Event::Memset(_) => c.memsets += 1,
                 Event::Alloc(_) => c.allocs += 1,
                 Event::Free(_) => c.frees += 1,
+                Event::Collective(_, b) => {
+                    c.collectives += 1;
+                    c.collective_bytes += b;
+                }
             }
         }
         c

@@ -52,6 +52,9 @@ pub struct Gpu {
     pub max_blocks_per_sm: u32,
     /// Shared memory per SM, bytes.
     pub shared_per_sm: u32,
+    /// NVLink bandwidth per direction between two GPUs, GB/s (what a NCCL
+    /// operation's bytes cross).
+    pub nvlink_gbps: f64,
 }
 
 /// NVIDIA H100 SXM5 (80 GB HBM3).
@@ -69,6 +72,7 @@ pub const H100_SXM: Gpu = Gpu {
     max_threads_per_sm: 2048,
     max_blocks_per_sm: 32,
     shared_per_sm: 228 * 1024,
+    nvlink_gbps: 450.0,
 };
 
 /// NVIDIA H200 (141 GB HBM3e): the H100's SMs with faster memory.
@@ -304,6 +308,9 @@ pub struct Prediction {
     pub gemms_us: f64,
     /// Device time in copies and memsets, µs.
     pub copies_us: f64,
+    /// Device time in NCCL operations, µs (not fitted: a kernel's fixed
+    /// cost plus twice the bytes over NVLink, a ring all-reduce's traffic).
+    pub collectives_us: f64,
     /// Time the device sat idle waiting for the host, µs.
     pub device_idle_us: f64,
     /// Device time per launch record (index as [`Profile::launches`]),
@@ -395,6 +402,11 @@ pub fn predict_with(p: &Profile, gpu: &Gpu, costs: &Costs) -> Prediction {
                 t.issue(costs.host_launch_us, us);
             }
             Event::Alloc(_) | Event::Free(_) => t.host += costs.host_alloc_us,
+            Event::Collective(_, bytes) => {
+                let us = costs.kernel_fixed_us + 2.0 * bytes as f64 / (gpu.nvlink_gbps * 1e3);
+                out.collectives_us += us;
+                t.issue(costs.host_launch_us, us);
+            }
         }
     }
     out.total_us = t.host.max(t.device);

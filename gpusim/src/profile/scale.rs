@@ -102,6 +102,9 @@ pub fn extrapolate(a: &Profile, b: &Profile, t: f64) -> Result<Profile, String> 
             (Event::Memset(x), Event::Memset(y)) => Event::Memset(lerp(x, y, t, 0)),
             (Event::Alloc(x), Event::Alloc(y)) => Event::Alloc(lerp(x, y, t, 0)),
             (Event::Free(x), Event::Free(y)) => Event::Free(lerp(x, y, t, 0)),
+            (Event::Collective(k, x), Event::Collective(l, y)) if k == l => {
+                Event::Collective(k, lerp(x, y, t, 0))
+            }
             _ => return Err(differ()),
         };
         out.events.push(e);

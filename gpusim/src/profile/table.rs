@@ -75,6 +75,15 @@ pub fn summary(p: &Profile, gpu: &Gpu) -> String {
         c.launches, c.cublas_calls, c.syncs, c.h2d, c.h2d_bytes, c.d2h, c.d2h_bytes, c.d2d,
         c.memsets, c.allocs, c.frees
     );
+    if c.collectives > 0 {
+        let _ = writeln!(
+            s,
+            "{} NCCL operations ({} bytes), {:.3} ms predicted",
+            c.collectives,
+            c.collective_bytes,
+            pred.collectives_us / 1e3
+        );
+    }
     let _ = writeln!(
         s,
         "predicted on {}: {:.3} ms (device: kernels {:.3} ms, GEMMs {:.3} ms, copies {:.3} ms; idle waiting for the host {:.3} ms)",
@@ -85,7 +94,7 @@ pub fn summary(p: &Profile, gpu: &Gpu) -> String {
         pred.copies_us / 1e3,
         pred.device_idle_us / 1e3
     );
-    let device = (pred.kernels_us + pred.gemms_us + pred.copies_us).max(1e-9);
+    let device = (pred.kernels_us + pred.gemms_us + pred.copies_us + pred.collectives_us).max(1e-9);
     let _ = writeln!(
         s,
         "\n Time(%)  Total(µs)  Instances  Avg(µs)  Bound    Inst/thread  Sectors/req  Name"

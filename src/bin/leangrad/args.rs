@@ -44,6 +44,11 @@ pub enum Command {
     /// memory of one training step, lean policy next to what PyTorch's
     /// autograd keeps.
     Memory(MemoryArgs),
+    /// Start one process per GPU for data-parallel training, as torchrun:
+    /// each runs the command after `--` with RANK, WORLD_SIZE, LOCAL_RANK,
+    /// LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; when one fails the
+    /// others are stopped and its exit code is returned.
+    Launch(LaunchArgs),
     /// Fine-tune an image classifier on a folder of images (one sub-folder
     /// per class): the head is replaced to match the classes, the backbone
     /// frozen by the case; prints per-epoch loss and accuracy and the step's
@@ -266,6 +271,30 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// The arguments of `leangrad launch`.
+#[derive(clap::Args)]
+pub struct LaunchArgs {
+    /// Processes to start on this machine: one per GPU (each gets
+    /// `LOCAL_RANK` = its GPU).
+    #[arg(long)]
+    pub nproc_per_node: usize,
+    /// Machines in the job.
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    /// This machine's index among them (rank 0 runs on machine 0).
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Machine 0's address, where rank 0 listens.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// Rank 0's port.
+    #[arg(long, default_value_t = 29500)]
+    pub master_port: u16,
+    /// The command each process runs, after `--`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
 }
 
 /// The arguments of `leangrad memory`.

@@ -2,7 +2,7 @@
 //! refused before it starts when its peak (predicted on the meta device)
 //! does not fit the device, then run and reported.
 
-use crate::args::MemoryArgs;
+use crate::args::{LaunchArgs, MemoryArgs};
 use crate::output::{self, stdout, Progress};
 use crate::torch_compare::{self, Outcome, TorchRun};
 use anyhow::Result;
@@ -91,6 +91,52 @@ pub fn autocast_arg(arg: &Option<String>) -> anyhow::Result<Option<DType>> {
         Some("f16") => Some(DType::F16),
         Some(other) => anyhow::bail!("--autocast takes bf16 or f16, not {other}"),
     })
+}
+
+/// A launched rank ended with a failure: the launcher exits with `code`.
+#[derive(Debug)]
+pub struct RankFailed {
+    /// The rank that failed first.
+    pub rank: usize,
+    /// Its exit code (1 when a signal ended it).
+    pub code: i32,
+}
+
+impl std::fmt::Display for RankFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rank {} exited with code {}; the other ranks were stopped",
+            self.rank, self.code
+        )
+    }
+}
+
+impl std::error::Error for RankFailed {}
+
+/// `leangrad launch`: one process per rank here, waited for.
+pub fn launch(a: LaunchArgs) -> Result<()> {
+    use leangrad::distributed::{launch, LaunchOptions};
+    let opts = LaunchOptions {
+        nnodes: a.nnodes,
+        node_rank: a.node_rank,
+        master_addr: a.master_addr,
+        master_port: a.master_port,
+        ..LaunchOptions::new(a.nproc_per_node)
+    };
+    let (program, args) = a
+        .command
+        .split_first()
+        .ok_or_else(|| anyhow::anyhow!("launch: give the command to run after `--`"))?;
+    let outcome = launch(&opts, program, args)?;
+    match outcome.failed_rank {
+        None => Ok(()),
+        Some(rank) => Err(RankFailed {
+            rank,
+            code: outcome.code,
+        }
+        .into()),
+    }
 }
 
 /// Predicts or measures one training step's memory.

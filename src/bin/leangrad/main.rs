@@ -29,6 +29,14 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // The reader of stdout went away (`| head`): nothing left to say.
         Err(e) if e.is::<PipeClosed>() => std::process::ExitCode::SUCCESS,
+        // A launched rank failed: its own exit code, as torchrun returns.
+        Err(e) if e.is::<commands::RankFailed>() => {
+            output::stderr(&format!("error: {}\n", error_text(&e)));
+            let code = e
+                .downcast_ref::<commands::RankFailed>()
+                .map_or(1, |f| f.code);
+            std::process::ExitCode::from(u8::try_from(code).unwrap_or(1).max(1))
+        }
         Err(e) => {
             output::stderr(&format!("error: {}\n", error_text(&e)));
             std::process::ExitCode::FAILURE
@@ -70,6 +78,7 @@ fn run(cli: Cli) -> Result<()> {
             json,
         })?,
         Command::Memory(args) => commands::memory(args)?,
+        Command::Launch(args) => commands::launch(args)?,
         Command::Finetune {
             model,
             weights,

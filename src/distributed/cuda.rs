@@ -1,0 +1,271 @@
+//! NCCL through cudarc's runtime-loaded bindings: the unique id, one
+//! communicator per rank on its device, and the collectives on the device
+//! buffers of contiguous tensors, enqueued on the device's one stream.
+
+use super::ReduceOp;
+use crate::cuda::{CudaBuffer, CudaDevice};
+use crate::tensor::cuda as tensor;
+use crate::{DType, Error, Result, Tensor};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::nccl::{result, sys};
+use std::ffi::CStr;
+use std::sync::Arc;
+
+/// Bytes of NCCL's unique id.
+const ID_BYTES: usize = 128;
+
+fn nccl_error(rank: usize, what: &str, e: result::NcclError) -> Error {
+    // SAFETY: NCCL returns a static NUL-terminated string for any code.
+    let text = unsafe { CStr::from_ptr(sys::ncclGetErrorString(e.0)) };
+    Error::Distributed {
+        rank,
+        msg: format!("{what}: {:?} ({})", e.0, text.to_string_lossy()),
+    }
+}
+
+/// Whether NCCL can be loaded, as an error naming what is missing.
+fn require_nccl(rank: usize) -> Result<()> {
+    // SAFETY: only tries to open the library.
+    if unsafe { sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(Error::Distributed {
+        rank,
+        msg: "NCCL (libnccl.so.2) cannot be loaded: install it (e.g. `pip install nvidia-nccl-cu13`) and put its lib folder on LD_LIBRARY_PATH".into(),
+    })
+}
+
+/// A new NCCL unique id (rank 0 makes it and the rendezvous hands it out).
+pub(super) fn unique_id(rank: usize) -> Result<Vec<u8>> {
+    require_nccl(rank)?;
+    let id = result::get_uniqueid().map_err(|e| nccl_error(rank, "ncclGetUniqueId", e))?;
+    Ok(id.internal.iter().map(|&c| c as u8).collect())
+}
+
+/// One rank's NCCL communicator, on its CUDA device.
+pub(super) struct Communicator {
+    comm: sys::ncclComm_t,
+    device: Arc<CudaDevice>,
+    rank: usize,
+    world_size: usize,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a
+// time; every call here is made with `&self` and NCCL serialises calls on
+// one communicator.
+unsafe impl Send for Communicator {}
+// SAFETY: as above.
+unsafe impl Sync for Communicator {}
+
+impl Communicator {
+    /// Joins the clique of `id` as `rank` of `world_size` on CUDA device
+    /// `ordinal`; returns once every rank has joined.
+    pub(super) fn new(ordinal: usize, id: &[u8], rank: usize, world_size: usize) -> Result<Self> {
+        require_nccl(rank)?;
+        if id.len() != ID_BYTES {
+            return Err(Error::Distributed {
+                rank,
+                msg: format!("an NCCL id of {} bytes (expected {ID_BYTES})", id.len()),
+            });
+        }
+        let device = tensor::device(ordinal)?;
+        // NCCL puts the communicator on the calling thread's current device.
+        device
+            .stream()
+            .context()
+            .bind_to_thread()
+            .map_err(|e| device.error("cuCtxSetCurrent", e))?;
+        let mut uid = sys::ncclUniqueId {
+            internal: [0; ID_BYTES],
+        };
+        for (d, s) in uid.internal.iter_mut().zip(id) {
+            *d = *s as _;
+        }
+        let mut comm = std::mem::MaybeUninit::uninit();
+        let (world, r) = (world_size as i32, rank as i32);
+        // SAFETY: `comm` is written by NCCL before it is read.
+        let comm = unsafe {
+            result::comm_init_rank(comm.as_mut_ptr(), world, uid, r)
+                .map_err(|e| nccl_error(rank, "ncclCommInitRank", e))?;
+            comm.assume_init()
+        };
+        Ok(Communicator {
+            comm,
+            device,
+            rank,
+            world_size,
+        })
+    }
+
+    fn error(&self, what: &str, e: result::NcclError) -> Error {
+        nccl_error(self.rank, what, e)
+    }
+
+    /// `t`'s whole buffer, checked to be all of `t` (contiguous, no offset).
+    fn whole<'t>(&self, op: &'static str, t: &'t Tensor) -> Result<&'t Tensor> {
+        let dense = t.is_contiguous() && t.layout().offset() == 0 && t.numel() == t.storage().len();
+        if !dense {
+            return Err(Error::InvalidArgument {
+                op,
+                msg:
+                    "the tensor must be contiguous and the whole of its storage (use .contiguous())"
+                        .into(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// Reduces `t` over the ranks in place.
+    pub(super) fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        let t = self.whole("all_reduce", t)?;
+        let mut buf = t.storage().cuda_mut()?;
+        let (dtype, count) = (nccl_dtype(buf.dtype())?, buf.len());
+        let stream = self.device.stream().clone();
+        let p = address_mut(&mut buf, &stream) as *mut std::ffi::c_void;
+        // SAFETY: `count` elements of `dtype` at `p` on this device, read
+        // and written in this stream's order.
+        unsafe {
+            result::all_reduce(
+                p,
+                p,
+                count,
+                dtype,
+                nccl_op(op),
+                self.comm,
+                stream.cu_stream() as _,
+            )
+        }
+        .map_err(|e| self.error("ncclAllReduce", e))?;
+        drop(buf);
+        crate::meta::touch(t);
+        Ok(())
+    }
+
+    /// Copies rank `root`'s `t` into every rank's `t`.
+    pub(super) fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
+        let t = self.whole("broadcast", t)?;
+        let mut buf = t.storage().cuda_mut()?;
+        let (dtype, count) = (nccl_dtype(buf.dtype())?, buf.len());
+        let stream = self.device.stream().clone();
+        let p = address_mut(&mut buf, &stream) as *mut std::ffi::c_void;
+        // SAFETY: as in `all_reduce`.
+        unsafe {
+            result::broadcast(
+                p,
+                p,
+                count,
+                dtype,
+                root as i32,
+                self.comm,
+                stream.cu_stream() as _,
+            )
+        }
+        .map_err(|e| self.error("ncclBroadcast", e))?;
+        drop(buf);
+        crate::meta::touch(t);
+        Ok(())
+    }
+
+    /// Every rank's `t` in rank order, `[world_size, ...]`.
+    pub(super) fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
+        let dense = tensor::dense(t)?;
+        let src = dense.storage().cuda()?;
+        let mut out = CudaBuffer::alloc(&self.device, src.dtype(), src.len() * self.world_size)?;
+        let stream = self.device.stream().clone();
+        let (sp, dp) = (address(&src, &stream), address_mut(&mut out, &stream));
+        // SAFETY: `src.len()` elements at `sp`, `world_size` times as many
+        // at `dp`, on this device in this stream's order.
+        unsafe {
+            result::all_gather(
+                sp as *const _,
+                dp as *mut _,
+                src.len(),
+                nccl_dtype(src.dtype())?,
+                self.comm,
+                stream.cu_stream() as _,
+            )
+        }
+        .map_err(|e| self.error("ncclAllGather", e))?;
+        drop(src);
+        let mut shape = vec![self.world_size];
+        shape.extend_from_slice(t.shape());
+        tensor::wrap(out, &shape)
+    }
+
+    /// `t` (`[world_size, ...]`) reduced over ranks; this rank's block.
+    pub(super) fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        let dense = tensor::dense(t)?;
+        let src = dense.storage().cuda()?;
+        let count = src.len() / self.world_size;
+        let mut out = CudaBuffer::alloc(&self.device, src.dtype(), count)?;
+        let stream = self.device.stream().clone();
+        let (sp, dp) = (address(&src, &stream), address_mut(&mut out, &stream));
+        // SAFETY: `world_size · count` elements at `sp`, `count` at `dp`.
+        unsafe {
+            result::reduce_scatter(
+                sp as *const _,
+                dp as *mut _,
+                count,
+                nccl_dtype(src.dtype())?,
+                nccl_op(op),
+                self.comm,
+                stream.cu_stream() as _,
+            )
+        }
+        .map_err(|e| self.error("ncclReduceScatter", e))?;
+        drop(src);
+        tensor::wrap(out, &t.shape()[1..])
+    }
+
+    /// An all-reduce of one element, then a wait for this device's stream.
+    pub(super) fn barrier(&self) -> Result<()> {
+        let one = tensor::zeros(&[1], DType::F32, self.device.ordinal())?;
+        self.all_reduce(&one, ReduceOp::Sum)?;
+        self.device.synchronize()
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // SAFETY: the communicator is not used after this; destroy waits
+        // for its queued operations.
+        let _ = unsafe { result::comm_destroy(self.comm) };
+    }
+}
+
+/// The device address of `buf` for work on `stream` (the device keeps no
+/// per-buffer events: its one stream orders everything).
+fn address(buf: &CudaBuffer, stream: &Arc<CudaStream>) -> u64 {
+    let (p, _record) = buf.slice().device_ptr(stream);
+    p
+}
+
+/// [`address`] of a buffer the work writes.
+fn address_mut(buf: &mut CudaBuffer, stream: &Arc<CudaStream>) -> u64 {
+    let (p, _record) = buf.slice_mut().device_ptr_mut(stream);
+    p
+}
+
+fn nccl_dtype(dtype: DType) -> Result<sys::ncclDataType_t> {
+    use sys::ncclDataType_t as N;
+    Ok(match dtype {
+        DType::F32 => N::ncclFloat32,
+        DType::F64 => N::ncclFloat64,
+        DType::F16 => N::ncclFloat16,
+        DType::BF16 => N::ncclBfloat16,
+        DType::U8 => N::ncclUint8,
+        DType::U32 => N::ncclUint32,
+        DType::I64 => N::ncclInt64,
+    })
+}
+
+fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
+    use sys::ncclRedOp_t as N;
+    match op {
+        ReduceOp::Sum => N::ncclSum,
+        ReduceOp::Avg => N::ncclAvg,
+        ReduceOp::Product => N::ncclProd,
+        ReduceOp::Max => N::ncclMax,
+        ReduceOp::Min => N::ncclMin,
+    }
+}
