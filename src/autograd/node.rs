@@ -34,21 +34,20 @@ pub trait BackwardOp: Send + Sync {
     /// [`adds_into_pending`](Self::adds_into_pending) holds, as a buffer
     /// nothing else references). Returns each input's gradient with its
     /// pending one added, the same values as `pending[i] + backward's[i]`.
-    /// The default runs `backward` and adds.
+    /// An op that declares `adds_into_pending` implements this; the default
+    /// (for ops that never get a pending buffer) is `backward`.
     fn backward_into(
         self: Box<Self>,
         grad_output: Tensor,
         pending: Vec<Option<Tensor>>,
     ) -> Result<Vec<Option<Tensor>>> {
-        let grads = self.backward(grad_output)?;
-        grads
-            .into_iter()
-            .zip(pending.into_iter().chain(std::iter::repeat_with(|| None)))
-            .map(|(grad, pending)| match (pending, grad) {
-                (Some(p), Some(g)) => super::engine::accumulate(p, g).map(Some),
-                (p, g) => Ok(g.or(p)),
-            })
-            .collect()
+        if pending.iter().any(Option::is_some) {
+            return Err(crate::Error::Backward(format!(
+                "{} declares adds_into_pending but does not implement backward_into",
+                self.name()
+            )));
+        }
+        self.backward(grad_output)
     }
 }
 

@@ -8,7 +8,7 @@ use crate::tensor::cuda as tensor;
 use crate::{DType, Error, Result, Tensor};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
-use std::ffi::CStr;
+use std::ffi::{c_void, CStr};
 use std::sync::Arc;
 
 /// Bytes of NCCL's unique id.
@@ -56,6 +56,16 @@ pub(super) struct Communicator {
 unsafe impl Send for Communicator {}
 // SAFETY: as above.
 unsafe impl Sync for Communicator {}
+
+/// What one NCCL call is given: the send and receive addresses, the
+/// element count and type, and the stream.
+type Call = (
+    *const c_void,
+    *mut c_void,
+    usize,
+    sys::ncclDataType_t,
+    sys::cudaStream_t,
+);
 
 impl Communicator {
     /// Joins the clique of `id` as `rank` of `world_size` on CUDA device
@@ -115,106 +125,93 @@ impl Communicator {
         Ok(t)
     }
 
-    /// Reduces `t` over the ranks in place.
-    pub(super) fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
-        let t = self.whole("all_reduce", t)?;
+    /// Runs `call` on `t`'s buffer as both send and receive buffer (an
+    /// in-place collective named `what`), `t` being all of its storage.
+    fn in_place(
+        &self,
+        what: &'static str,
+        t: &Tensor,
+        call: impl FnOnce(Call) -> std::result::Result<result::NcclStatus, result::NcclError>,
+    ) -> Result<()> {
+        let t = self.whole(what, t)?;
         let mut buf = t.storage().cuda_mut()?;
         let (dtype, count) = (nccl_dtype(buf.dtype())?, buf.len());
         let stream = self.device.stream().clone();
-        let p = address_mut(&mut buf, &stream) as *mut std::ffi::c_void;
-        // SAFETY: `count` elements of `dtype` at `p` on this device, read
-        // and written in this stream's order.
-        unsafe {
-            result::all_reduce(
-                p,
-                p,
-                count,
-                dtype,
-                nccl_op(op),
-                self.comm,
-                stream.cu_stream() as _,
-            )
-        }
-        .map_err(|e| self.error("ncclAllReduce", e))?;
+        let p = address_mut(&mut buf, &stream) as *mut c_void;
+        call((p, p, count, dtype, stream.cu_stream() as _)).map_err(|e| self.error(what, e))?;
         drop(buf);
         crate::meta::touch(t);
         Ok(())
+    }
+
+    /// Runs `call` from a dense copy of `t` (`count` elements sent) into a
+    /// new buffer of `out_len` elements (a collective named `what`), wrapped
+    /// as a tensor of `shape`.
+    fn to_new_buffer(
+        &self,
+        what: &'static str,
+        t: &Tensor,
+        (out_len, shape): (usize, &[usize]),
+        call: impl FnOnce(Call) -> std::result::Result<result::NcclStatus, result::NcclError>,
+    ) -> Result<Tensor> {
+        let dense = tensor::dense(t)?;
+        let src = dense.storage().cuda()?;
+        let dtype = nccl_dtype(src.dtype())?;
+        let mut out = CudaBuffer::alloc(&self.device, src.dtype(), out_len)?;
+        let stream = self.device.stream().clone();
+        let (sp, dp) = (address(&src, &stream), address_mut(&mut out, &stream));
+        let args = (
+            sp as *const c_void,
+            dp as *mut c_void,
+            src.len(),
+            dtype,
+            stream.cu_stream() as _,
+        );
+        call(args).map_err(|e| self.error(what, e))?;
+        drop(src);
+        tensor::wrap(out, shape)
+    }
+
+    /// Reduces `t` over the ranks in place.
+    pub(super) fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        // SAFETY (here and below): the addresses and counts are those of
+        // live buffers of this device, used in its stream's order.
+        self.in_place("ncclAllReduce", t, |(s, r, n, d, st)| unsafe {
+            result::all_reduce(s, r, n, d, nccl_op(op), self.comm, st)
+        })
     }
 
     /// Copies rank `root`'s `t` into every rank's `t`.
     pub(super) fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
-        let t = self.whole("broadcast", t)?;
-        let mut buf = t.storage().cuda_mut()?;
-        let (dtype, count) = (nccl_dtype(buf.dtype())?, buf.len());
-        let stream = self.device.stream().clone();
-        let p = address_mut(&mut buf, &stream) as *mut std::ffi::c_void;
-        // SAFETY: as in `all_reduce`.
-        unsafe {
-            result::broadcast(
-                p,
-                p,
-                count,
-                dtype,
-                root as i32,
-                self.comm,
-                stream.cu_stream() as _,
-            )
-        }
-        .map_err(|e| self.error("ncclBroadcast", e))?;
-        drop(buf);
-        crate::meta::touch(t);
-        Ok(())
+        self.in_place("ncclBroadcast", t, |(s, r, n, d, st)| unsafe {
+            result::broadcast(s, r, n, d, root as i32, self.comm, st)
+        })
     }
 
     /// Every rank's `t` in rank order, `[world_size, ...]`.
     pub(super) fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
-        let dense = tensor::dense(t)?;
-        let src = dense.storage().cuda()?;
-        let mut out = CudaBuffer::alloc(&self.device, src.dtype(), src.len() * self.world_size)?;
-        let stream = self.device.stream().clone();
-        let (sp, dp) = (address(&src, &stream), address_mut(&mut out, &stream));
-        // SAFETY: `src.len()` elements at `sp`, `world_size` times as many
-        // at `dp`, on this device in this stream's order.
-        unsafe {
-            result::all_gather(
-                sp as *const _,
-                dp as *mut _,
-                src.len(),
-                nccl_dtype(src.dtype())?,
-                self.comm,
-                stream.cu_stream() as _,
-            )
-        }
-        .map_err(|e| self.error("ncclAllGather", e))?;
-        drop(src);
         let mut shape = vec![self.world_size];
         shape.extend_from_slice(t.shape());
-        tensor::wrap(out, &shape)
+        let out_len = t.numel() * self.world_size;
+        self.to_new_buffer(
+            "ncclAllGather",
+            t,
+            (out_len, &shape),
+            |(s, r, n, d, st)| unsafe { result::all_gather(s, r, n, d, self.comm, st) },
+        )
     }
 
     /// `t` (`[world_size, ...]`) reduced over ranks; this rank's block.
     pub(super) fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        let dense = tensor::dense(t)?;
-        let src = dense.storage().cuda()?;
-        let count = src.len() / self.world_size;
-        let mut out = CudaBuffer::alloc(&self.device, src.dtype(), count)?;
-        let stream = self.device.stream().clone();
-        let (sp, dp) = (address(&src, &stream), address_mut(&mut out, &stream));
-        // SAFETY: `world_size · count` elements at `sp`, `count` at `dp`.
-        unsafe {
-            result::reduce_scatter(
-                sp as *const _,
-                dp as *mut _,
-                count,
-                nccl_dtype(src.dtype())?,
-                nccl_op(op),
-                self.comm,
-                stream.cu_stream() as _,
-            )
-        }
-        .map_err(|e| self.error("ncclReduceScatter", e))?;
-        drop(src);
-        tensor::wrap(out, &t.shape()[1..])
+        let count = t.numel() / self.world_size;
+        self.to_new_buffer(
+            "ncclReduceScatter",
+            t,
+            (count, &t.shape()[1..]),
+            |(s, r, _, d, st)| unsafe {
+                result::reduce_scatter(s, r, count, d, nccl_op(op), self.comm, st)
+            },
+        )
     }
 
     /// An all-reduce of one element, then a wait for this device's stream.
