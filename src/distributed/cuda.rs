@@ -113,8 +113,7 @@ impl Communicator {
 
     /// `t`'s whole buffer, checked to be all of `t` (contiguous, no offset).
     fn whole<'t>(&self, op: &'static str, t: &'t Tensor) -> Result<&'t Tensor> {
-        let dense = t.is_contiguous() && t.layout().offset() == 0 && t.numel() == t.storage().len();
-        if !dense {
+        if !t.is_whole_storage() {
             return Err(Error::InvalidArgument {
                 op,
                 msg:

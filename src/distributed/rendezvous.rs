@@ -90,7 +90,7 @@ impl Rendezvous {
         while joined.len() + 1 < self.world_size {
             match listener.accept() {
                 Ok((stream, _)) => {
-                    if let Some(arrival) = self.greet(stream, deadline, &joined)? {
+                    if let Some(arrival) = self.greet(stream, deadline, &mut joined)? {
                         joined.push(arrival);
                     }
                 }
@@ -125,7 +125,7 @@ impl Rendezvous {
         &self,
         mut stream: TcpStream,
         deadline: Instant,
-        joined: &[(usize, TcpStream)],
+        joined: &mut [(usize, TcpStream)],
     ) -> Result<Option<(usize, TcpStream)>> {
         let left = deadline.saturating_duration_since(Instant::now());
         let setup = stream
@@ -164,11 +164,7 @@ impl Rendezvous {
             None => Ok(Some((rank, stream))),
             Some(msg) => {
                 let _ = send_reply(&mut stream, 1, msg.as_bytes());
-                let mut others: Vec<(usize, TcpStream)> = joined
-                    .iter()
-                    .filter_map(|(r, s)| s.try_clone().ok().map(|s| (*r, s)))
-                    .collect();
-                refuse_all(&mut others, &msg);
+                refuse_all(joined, &msg);
                 Err(self.error(msg))
             }
         }

@@ -318,6 +318,12 @@ impl Tensor {
             && !(self.is_leaf() && self.requires_grad())
     }
 
+    /// Whether the tensor is all of its storage, contiguous from its start
+    /// (a kernel may then take the buffer for the tensor).
+    pub(crate) fn is_whole_storage(&self) -> bool {
+        self.is_contiguous() && self.layout().offset() == 0 && self.numel() == self.0.storage.len()
+    }
+
     /// Whether `other` is this very tensor (not a view or a clone of its
     /// storage under another handle).
     pub(crate) fn same_tensor(&self, other: &Tensor) -> bool {

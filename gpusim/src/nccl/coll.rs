@@ -230,10 +230,7 @@ pub fn enqueue(sim: &mut SimLock, ops: Vec<Queued>) -> NResult<()> {
         for q in ops.iter().filter(|q| (q.device, q.stream) == (dev, stream)) {
             let key = next_key(sim, q.cref, &q.call);
             let nranks = sim.nccl.clique(q.cref.clique).nranks();
-            record(Event::Collective(
-                q.call.kind.profile(),
-                q.call.bytes(nranks),
-            ));
+            record(Event::Collective(q.call.kind, q.call.bytes(nranks)));
             parts.push(Part {
                 clique: q.cref.clique,
                 rank: q.cref.rank,

@@ -62,24 +62,8 @@ pub struct Wait {
     pub rank: usize,
 }
 
-/// Which NCCL call an operation is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// `ncclAllReduce`.
-    AllReduce,
-    /// `ncclBroadcast` (and `ncclBcast`).
-    Broadcast,
-    /// `ncclReduce`.
-    Reduce,
-    /// `ncclAllGather`.
-    AllGather,
-    /// `ncclReduceScatter`.
-    ReduceScatter,
-    /// `ncclSend`.
-    Send,
-    /// `ncclRecv`.
-    Recv,
-}
+/// Which NCCL call an operation is: the profile's own record of it.
+pub use crate::profile::CollectiveKind as Kind;
 
 impl Kind {
     /// The entry point's name.
@@ -103,20 +87,6 @@ impl Kind {
     /// Whether the call has a root.
     pub fn rooted(self) -> bool {
         matches!(self, Kind::Broadcast | Kind::Reduce)
-    }
-
-    /// The profile's name for it.
-    pub fn profile(self) -> crate::profile::CollectiveKind {
-        use crate::profile::CollectiveKind as C;
-        match self {
-            Kind::AllReduce => C::AllReduce,
-            Kind::Broadcast => C::Broadcast,
-            Kind::Reduce => C::Reduce,
-            Kind::AllGather => C::AllGather,
-            Kind::ReduceScatter => C::ReduceScatter,
-            Kind::Send => C::Send,
-            Kind::Recv => C::Recv,
-        }
     }
 }
 

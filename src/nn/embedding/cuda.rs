@@ -49,12 +49,11 @@ pub(super) fn sorted_rows(
 /// `gw` in place, by the sorted positions of [`sorted_rows`].
 pub(super) fn add_rows(gw: &Tensor, g: &Tensor, rows: &SortedRows) -> Result<()> {
     let g = dense(g)?;
-    let offset = gw.layout().contiguous_range().map(|r| r.start);
-    let (Some(0), true) = (offset, gw.numel() == gw.storage().len()) else {
+    if !gw.is_whole_storage() {
         return Err(Error::Backward(
             "cuda embedding: the weight gradient to add into is not a whole dense buffer".into(),
         ));
-    };
+    }
     let dim = gw.shape()[1];
     let mut out = gw.storage().cuda_mut()?;
     embedding_backward_add(&mut out, &*g.storage().cuda()?, &rows.0, dim)?;
