@@ -529,3 +529,66 @@ fn autocast_is_predicted_as_measured_and_halves_resnet50() {
         "{bf16_peak} against {f32_peak}"
     );
 }
+
+/// `--world-size`: one rank of data parallel next to one device, the
+/// sharded state at most the largest rank's share; combinations that do
+/// not apply are refused with the flag named.
+#[test]
+fn world_size_predicts_one_rank_next_to_one_device() {
+    let plan = json_of(&[
+        "memory",
+        "--model",
+        "resnet18",
+        "--batch",
+        "2",
+        "--size",
+        "32",
+        "--optimizer",
+        "adam",
+        "--fused",
+        "--world-size",
+        "4",
+        "--shard-optimizer",
+        "--json",
+    ]);
+    assert_eq!(plan["world_size"], 4);
+    let state = |row: &str| plan[row]["optimizer_state_bytes"].as_u64().expect(row);
+    assert_eq!(state("replicated"), state("single_device"));
+    assert!(state("sharded") < state("replicated") / 2, "{plan}");
+    let text = leangrad(&[
+        "memory",
+        "--model",
+        "resnet18",
+        "--batch",
+        "2",
+        "--size",
+        "32",
+        "--world-size",
+        "2",
+    ]);
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("one device") && text.contains("rank 0 of 2, replicated state"),
+        "{text}"
+    );
+    for (args, flag) in [
+        (&["--shard-optimizer"][..], "--world-size"),
+        (
+            &["--world-size", "2", "--compare-torch", "meta"][..],
+            "--compare-torch",
+        ),
+        (&["--world-size", "2", "--device", "cpu"][..], "--device"),
+    ] {
+        let mut all = vec![
+            "memory", "--model", "resnet18", "--batch", "2", "--size", "32",
+        ];
+        all.extend_from_slice(args);
+        let out = leangrad(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(flag),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -7,78 +7,11 @@
 //! wait, not a hang. Without enough devices the tests print a skip (a
 //! failure under `LEANGRAD_REQUIRE_CUDA=1`).
 mod cuda_common;
-use leangrad::distributed::{InitOptions, ProcessGroup, ReduceOp};
+mod distributed_common;
+use distributed_common::{have_devices, on_ranks};
+use leangrad::distributed::ReduceOp;
 use leangrad::{DType, Device, Tensor};
-use std::net::TcpListener;
-use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
-
-/// Four simulated devices and a short NCCL timeout, before any CUDA call
-/// (no effect on a real GPU).
-fn simulator_settings() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os("GPUSIM_DEVICE_COUNT").is_none() {
-            std::env::set_var("GPUSIM_DEVICE_COUNT", "4");
-        }
-        if std::env::var_os("GPUSIM_NCCL_TIMEOUT_MS").is_none() {
-            std::env::set_var("GPUSIM_NCCL_TIMEOUT_MS", "3000");
-        }
-    });
-}
-
-/// Whether `world` CUDA devices are open (else a printed skip, or a
-/// failure under `LEANGRAD_REQUIRE_CUDA=1`).
-fn have_devices(test: &str, world: usize) -> bool {
-    simulator_settings();
-    if cuda_common::device(test).is_none() {
-        return false;
-    }
-    let open = (0..world)
-        .filter(|&i| Device::Cuda(i).check_available().is_ok())
-        .count();
-    if open < world {
-        assert!(
-            !cuda_common::cuda_required(),
-            "LEANGRAD_REQUIRE_CUDA=1 but {open} of {world} CUDA devices open [{test}]"
-        );
-        eprintln!("skipped: {open} CUDA device(s), {world} needed [{test}]");
-        return false;
-    }
-    true
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-/// Runs `f(group)` on ranks `0..world` (threads), each on its own device.
-fn on_ranks<T: Send + 'static>(
-    world: usize,
-    f: impl Fn(&ProcessGroup) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    // One group at a time: two tests' groups on the same devices would
-    // interleave their collectives in the devices' queues.
-    static ONE_GROUP: Mutex<()> = Mutex::new(());
-    let _one = ONE_GROUP.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port();
-    let f = Arc::new(f);
-    let handles: Vec<_> = (0..world)
-        .map(|rank| {
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let group = InitOptions::new(rank, world)
-                    .master("127.0.0.1", port)
-                    .timeout(Duration::from_secs(30))
-                    .init()
-                    .unwrap();
-                f(&group)
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
 
 /// `values` as a tensor of `dtype` on `device`.
 fn on(device: Device, values: &[f64], shape: &[usize], dtype: DType) -> Tensor {

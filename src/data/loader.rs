@@ -1,7 +1,8 @@
 //! Batches from a [`Dataset`], decoded by worker threads ahead of the
 //! consumer (PyTorch's `DataLoader` with `num_workers` and `prefetch`).
 //!
-//! Each epoch's order is a permutation drawn from (seed, epoch), and each
+//! Each epoch's order is a permutation drawn from (seed, epoch) (or, with a
+//! [`DistributedSampler`], this rank's shard of the epoch), and each
 //! sample's random transforms from (seed, epoch, sample index), so a run is
 //! reproducible whatever the number of workers. Workers take whole batches
 //! in order, at most `prefetch` batches past the one the consumer last
@@ -15,6 +16,7 @@ use std::thread::JoinHandle;
 
 use super::dataset::Dataset;
 use super::random::{permutation, SampleRng};
+use super::sampler::DistributedSampler;
 use crate::memory::Ledger;
 use crate::{Device, Error, Result, Tensor};
 
@@ -63,6 +65,7 @@ pub struct DataLoader<D> {
     dataset: Arc<D>,
     batch_size: usize,
     shuffle: bool,
+    sampler: Option<DistributedSampler>,
     seed: u64,
     drop_last: bool,
     workers: usize,
@@ -87,6 +90,7 @@ impl<D: Dataset + 'static> DataLoader<D> {
             dataset: Arc::new(dataset),
             batch_size,
             shuffle: false,
+            sampler: None,
             seed: 0,
             drop_last: false,
             workers: 2,
@@ -101,6 +105,21 @@ impl<D: Dataset + 'static> DataLoader<D> {
     pub fn shuffle(mut self, shuffle: bool) -> Self {
         self.shuffle = shuffle;
         self
+    }
+
+    /// Makes each epoch this rank's shard of the dataset (see
+    /// [`DistributedSampler`]), batched by this loader's batch size and
+    /// drop_last. The sampler's shuffle and seed pick the order; the
+    /// loader's seed still picks the random transforms. As in PyTorch, a
+    /// sampler excludes the loader's own shuffle: a loader shuffling already
+    /// is [`Error::InvalidArgument`] here, and one set to shuffle afterwards
+    /// yields that error as each epoch's first item (and the last). A shard
+    /// that would be empty for this dataset is an error here too.
+    pub fn sampler(mut self, sampler: DistributedSampler) -> Result<Self> {
+        sampler.indices(self.dataset.len(), 0)?;
+        self.sampler = Some(sampler);
+        self.check_sampler()?;
+        Ok(self)
     }
 
     /// The seed of the shuffles and of the random transforms (default 0).
@@ -158,7 +177,10 @@ impl<D: Dataset + 'static> DataLoader<D> {
 
     /// The number of batches in an epoch.
     pub fn num_batches(&self) -> usize {
-        let n = self.dataset.len();
+        let n = match &self.sampler {
+            Some(sampler) => sampler.num_samples(self.dataset.len()),
+            None => self.dataset.len(),
+        };
         if self.drop_last {
             n / self.batch_size
         } else {
@@ -166,30 +188,60 @@ impl<D: Dataset + 'static> DataLoader<D> {
         }
     }
 
-    /// The order in which `epoch` visits the samples.
+    /// The order in which `epoch` visits the samples: with a sampler, this
+    /// rank's shard (empty where [`DataLoader::epoch`] yields an error).
     pub fn order(&self, epoch: u64) -> Vec<usize> {
-        let n = self.dataset.len();
-        if self.shuffle {
-            permutation(n, self.seed, epoch)
-        } else {
-            (0..n).collect()
+        self.try_order(epoch).unwrap_or_default()
+    }
+
+    /// A sampler together with the loader's own shuffle is an error.
+    fn check_sampler(&self) -> Result<()> {
+        if self.sampler.is_some() && self.shuffle {
+            return Err(Error::InvalidArgument {
+                op: "DataLoader::sampler",
+                msg: "a sampler and the loader's shuffle exclude each other; \
+                      shuffle with DistributedSampler::shuffle instead"
+                    .into(),
+            });
         }
+        Ok(())
+    }
+
+    /// [`DataLoader::order`], or why the epoch cannot start.
+    fn try_order(&self, epoch: u64) -> Result<Vec<usize>> {
+        self.check_sampler()?;
+        let n = self.dataset.len();
+        Ok(match &self.sampler {
+            Some(sampler) => sampler.indices(n, epoch)?,
+            None if self.shuffle => permutation(n, self.seed, epoch),
+            None => (0..n).collect(),
+        })
     }
 
     /// The batches of `epoch` (numbered from 0; it picks the shuffle and the
     /// random transforms). Workers start at once; dropping the iterator
     /// early stops and joins them. Batch memory is counted in the ledger
-    /// current on this thread. Too many workers, or a thread the system
-    /// does not give, is an error as the first item (and the last).
+    /// current on this thread. Too many workers, a thread the system does
+    /// not give, or a sampler together with the loader's shuffle, is an
+    /// error as the first item (and the last).
     pub fn epoch(&self, epoch: u64) -> Epoch {
+        let (order, failed) = match self.try_order(epoch) {
+            Ok(order) => (order, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
         let maker = Arc::new(BatchMaker {
             dataset: self.dataset.clone(),
-            order: self.order(epoch),
+            order,
             batch_size: self.batch_size,
             seed: self.seed,
             epoch,
             skip: self.skip_bad_files.then(|| self.skipped.clone()),
         });
+        if let Some(e) = failed {
+            let mut epoch = Epoch::start(maker, 0, 0, self.prefetch, self.device);
+            epoch.fail(e);
+            return epoch;
+        }
         Epoch::start(
             maker,
             self.num_batches(),

@@ -1,6 +1,7 @@
 //! Images and data: image files ⇄ tensors, torchvision's transforms, an
 //! `ImageFolder` dataset and a `DataLoader` that decodes on worker threads
-//! ahead of the training step.
+//! ahead of the training step, and a `DistributedSampler` that gives each
+//! rank of a data-parallel run its shard of every epoch.
 //!
 //! Images are `[C, H, W]` f32 tensors in [0, 1] (torchvision's `to_tensor`),
 //! batches `[N, C, H, W]` with I64 labels (what `cross_entropy` takes).
@@ -37,6 +38,7 @@ mod pad;
 mod plan;
 mod random;
 mod resize;
+mod sampler;
 mod transforms;
 
 pub use dataset::Dataset;
@@ -51,6 +53,7 @@ pub use pad::{make_grid, pad, PaddingMode};
 pub use plan::StepPlan;
 pub use random::{permutation, SampleRng};
 pub use resize::resize;
+pub use sampler::DistributedSampler;
 pub use transforms::{
     center_crop, crop, denormalize, hflip, normalize, CenterCrop, Compose, Denormalize, Normalize,
     RandomCrop, RandomHorizontalFlip, RandomResizedCrop, Resize, ResizeTo, Transform,

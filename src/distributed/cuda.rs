@@ -6,7 +6,7 @@ use super::ReduceOp;
 use crate::cuda::{CudaBuffer, CudaDevice};
 use crate::tensor::cuda as tensor;
 use crate::{DType, Error, Result, Tensor};
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;
@@ -46,16 +46,51 @@ pub(super) fn unique_id(rank: usize) -> Result<Vec<u8>> {
 pub(super) struct Communicator {
     comm: sys::ncclComm_t,
     device: Arc<CudaDevice>,
+    /// The stream of the asynchronous collectives (data parallel's
+    /// buckets), so that they overlap the kernels of the device's stream.
+    comm_stream: Arc<CudaStream>,
     rank: usize,
     world_size: usize,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread, one call at a
-// time; every call here is made with `&self` and NCCL serialises calls on
-// one communicator.
-unsafe impl Send for Communicator {}
-// SAFETY: as above.
-unsafe impl Sync for Communicator {}
+/// Collectives queued on the communication stream: the tensors they work
+/// on, held until the device's stream has been told to wait for them (a
+/// buffer freed earlier could be handed to a kernel while NCCL still uses
+/// it).
+pub(super) struct CommWork {
+    done: CudaEvent,
+    device: Arc<CudaDevice>,
+    tensors: Vec<Tensor>,
+}
+
+impl CommWork {
+    /// Makes the device's stream wait for the collectives (the host does
+    /// not wait) and gives the tensors back.
+    pub(super) fn wait(mut self) -> Result<Vec<Tensor>> {
+        self.order_after()?;
+        Ok(std::mem::take(&mut self.tensors))
+    }
+
+    /// The device's later work (a free of these tensors' buffers included)
+    /// after the collectives.
+    fn order_after(&self) -> Result<()> {
+        self.device
+            .stream()
+            .wait(&self.done)
+            .map_err(|e| self.device.error("cuStreamWaitEvent", e))
+    }
+}
+
+impl Drop for CommWork {
+    fn drop(&mut self) {
+        // Work dropped unwaited (a backward that failed): its buffers are
+        // freed on the device's stream, which must not hand them to a
+        // kernel before NCCL is done with them.
+        if !self.tensors.is_empty() {
+            let _ = self.order_after();
+        }
+    }
+}
 
 /// What one NCCL call is given: the send and receive addresses, the
 /// element count and type, and the stream.
@@ -99,9 +134,18 @@ impl Communicator {
                 .map_err(|e| nccl_error(rank, "ncclCommInitRank", e))?;
             comm.assume_init()
         };
+        let comm_stream = match device.stream().context().new_stream() {
+            Ok(s) => s,
+            Err(e) => {
+                // SAFETY: the communicator was made above and is not used again.
+                let _ = unsafe { result::comm_destroy(comm) };
+                return Err(device.error("cuStreamCreate", e));
+            }
+        };
         Ok(Communicator {
             comm,
             device,
+            comm_stream,
             rank,
             world_size,
         })
@@ -211,6 +255,104 @@ impl Communicator {
                 result::reduce_scatter(s, r, count, d, nccl_op(op), self.comm, st)
             },
         )
+    }
+
+    /// Reduces each of `tensors` in place on the communication stream, as
+    /// one NCCL group: to every rank where its root is `None`, to that rank
+    /// alone otherwise (the others' buffers are left as they were). Queued
+    /// after the work already on the device's stream (which wrote them);
+    /// the device's stream goes on at once.
+    pub(super) fn reduce_async(
+        &self,
+        tensors: Vec<Tensor>,
+        roots: &[Option<usize>],
+        op: ReduceOp,
+    ) -> Result<CommWork> {
+        let stream = self.comm_stream.clone();
+        stream
+            .join(self.device.stream())
+            .map_err(|e| self.device.error("cuStreamWaitEvent", e))?;
+        result::group_start().map_err(|e| self.error("ncclGroupStart", e))?;
+        let queued = tensors
+            .iter()
+            .zip(roots)
+            .try_for_each(|(t, &root)| self.queue_reduce(t, root, op, &stream));
+        // The group is closed even when a call failed, so NCCL's state stays whole.
+        let ended = result::group_end().map_err(|e| self.error("ncclGroupEnd", e));
+        queued?;
+        ended?;
+        let done = stream
+            .record_event(None)
+            .map_err(|e| self.device.error("cuEventRecord", e))?;
+        Ok(CommWork {
+            done,
+            device: self.device.clone(),
+            tensors,
+        })
+    }
+
+    /// One in-place all-reduce (`root` `None`) or reduce of `t` on `stream`.
+    fn queue_reduce(
+        &self,
+        t: &Tensor,
+        root: Option<usize>,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let what = match root {
+            None => "ncclAllReduce",
+            Some(_) => "ncclReduce",
+        };
+        let t = self.whole(what, t)?;
+        let mut buf = t.storage().cuda_mut()?;
+        let (dtype, count) = (nccl_dtype(buf.dtype())?, buf.len());
+        let p = address_mut(&mut buf, stream) as *mut c_void;
+        let (op, s) = (nccl_op(op), stream.cu_stream() as _);
+        // SAFETY: a live buffer of this device, kept alive by the returned
+        // work until the device's stream has waited for it.
+        unsafe {
+            match root {
+                None => result::all_reduce(p, p, count, dtype, op, self.comm, s),
+                Some(r) => result::reduce(p, p, count, dtype, op, r as i32, self.comm, s),
+            }
+        }
+        .map_err(|e| self.error(what, e))?;
+        drop(buf);
+        crate::meta::touch(t);
+        Ok(())
+    }
+
+    /// Broadcasts each of `tensors` from its root, in place, as one NCCL
+    /// group on the device's stream (after the kernels that wrote them).
+    pub(super) fn broadcast_group(&self, tensors: &[Tensor], roots: &[usize]) -> Result<()> {
+        let what = "ncclBroadcast";
+        let stream = self.device.stream().clone();
+        result::group_start().map_err(|e| self.error("ncclGroupStart", e))?;
+        let queued = tensors.iter().zip(roots).try_for_each(|(t, &root)| {
+            let t = self.whole(what, t)?;
+            let mut buf = t.storage().cuda_mut()?;
+            let (dtype, count) = (nccl_dtype(buf.dtype())?, buf.len());
+            let p = address_mut(&mut buf, &stream) as *mut c_void;
+            // SAFETY: a live buffer of this device, in its stream's order.
+            unsafe {
+                result::broadcast(
+                    p,
+                    p,
+                    count,
+                    dtype,
+                    root as i32,
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            }
+            .map_err(|e| self.error(what, e))?;
+            drop(buf);
+            crate::meta::touch(t);
+            Ok::<(), Error>(())
+        });
+        let ended = result::group_end().map_err(|e| self.error("ncclGroupEnd", e));
+        queued?;
+        ended.map(|_| ())
     }
 
     /// An all-reduce of one element, then a wait for this device's stream.

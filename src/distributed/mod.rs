@@ -21,12 +21,17 @@
 //! where it is missing). A group of one rank needs nothing: its collectives
 //! leave the tensors as they are, on any device.
 
+mod bucket;
 mod cuda;
+mod ddp;
 mod launch;
 mod rendezvous;
+mod zero;
 
+pub use ddp::{DataParallel, DdpOptions, DistributedDataParallel, NoSync};
 pub use launch::{launch, LaunchOptions, LaunchOutcome};
 pub use rendezvous::Rendezvous;
+pub use zero::ShardedOptimizer;
 
 use crate::{Device, Error, Result, Tensor};
 use std::time::Duration;
@@ -218,6 +223,26 @@ pub struct ProcessGroup {
 }
 
 impl ProcessGroup {
+    /// Rank `rank` of a group of `world_size` that does not communicate:
+    /// its collectives leave the tensors as they are (an all-gather or a
+    /// reduce-scatter still allocates its output), so that a step on the
+    /// meta device allocates as that rank would (`leangrad memory
+    /// --world-size`).
+    pub(crate) fn predicting(rank: usize, world_size: usize, device: Device) -> ProcessGroup {
+        ProcessGroup {
+            rank,
+            world_size,
+            device,
+            comm: None,
+        }
+    }
+
+    /// Whether collectives reach other ranks (not a group of one rank or a
+    /// predicting one).
+    pub(crate) fn communicates(&self) -> bool {
+        self.comm.is_some()
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -278,7 +303,13 @@ impl ProcessGroup {
     pub fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
         match self.comm_for("all_gather", t)? {
             Some(c) => c.all_gather(t),
-            None => t.contiguous()?.unsqueeze(0),
+            None if self.world_size == 1 => t.contiguous()?.unsqueeze(0),
+            None => {
+                let mut shape = vec![self.world_size];
+                shape.extend_from_slice(t.shape());
+                let _ng = crate::autograd::no_grad();
+                crate::primitives::contiguous_copy(&t.unsqueeze(0)?.broadcast_to(&shape)?)
+            }
         }
     }
 
@@ -297,7 +328,43 @@ impl ProcessGroup {
         }
         match self.comm_for("reduce_scatter", t)? {
             Some(c) => c.reduce_scatter(t, op),
-            None => t.contiguous()?.squeeze(0),
+            None if self.world_size == 1 => t.contiguous()?.squeeze(0),
+            None => {
+                let _ng = crate::autograd::no_grad();
+                crate::primitives::contiguous_copy(&t.narrow(0, 0, 1)?.squeeze(0)?)
+            }
+        }
+    }
+
+    /// Reduces each of `tensors` (each the whole of its storage) in place,
+    /// to every rank where its root is `None` and to that rank otherwise,
+    /// as one group of collectives on the communication stream, after the
+    /// work already queued on the device: the device's stream goes on at
+    /// once and waits for the results only at [`PendingReduce::wait`].
+    fn reduce_async(
+        &self,
+        tensors: Vec<Tensor>,
+        roots: &[Option<usize>],
+        op: ReduceOp,
+    ) -> Result<PendingReduce> {
+        for t in &tensors {
+            self.comm_for("all_reduce", t)?;
+        }
+        Ok(match &self.comm {
+            Some(c) => PendingReduce::Queued(c.reduce_async(tensors, roots, op)?),
+            None => PendingReduce::Done(tensors),
+        })
+    }
+
+    /// Broadcasts each of `tensors` from its root, in place, as one group
+    /// on the device's stream.
+    fn broadcast_group(&self, tensors: &[Tensor], roots: &[usize]) -> Result<()> {
+        for t in tensors {
+            self.comm_for("broadcast", t)?;
+        }
+        match &self.comm {
+            Some(c) => c.broadcast_group(tensors, roots),
+            None => Ok(()),
         }
     }
 
@@ -307,6 +374,25 @@ impl ProcessGroup {
         match &self.comm {
             Some(c) => c.barrier(),
             None => Ok(()),
+        }
+    }
+}
+
+/// All-reduces in flight ([`ProcessGroup::all_reduce_async`]).
+enum PendingReduce {
+    /// A group of one rank: nothing to wait for.
+    Done(Vec<Tensor>),
+    /// Queued on the communication stream.
+    Queued(cuda::CommWork),
+}
+
+impl PendingReduce {
+    /// Orders the device's later work after the reductions and gives the
+    /// tensors back.
+    fn wait(self) -> Result<Vec<Tensor>> {
+        match self {
+            PendingReduce::Done(t) => Ok(t),
+            PendingReduce::Queued(work) => work.wait(),
         }
     }
 }

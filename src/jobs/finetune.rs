@@ -7,6 +7,14 @@
 //! the validation accuracy; a checkpoint (model, optimizer, progress) is
 //! written after every epoch and a run resumes from one bit for bit.
 //!
+//! Data parallel (under `leangrad launch` or torchrun, or with
+//! [`FinetuneOptions::distributed`]): each rank trains on its shard of
+//! every epoch ([`DistributedSampler`], seeded by `seed`) with `batch`
+//! images per rank, the gradients averaged over the ranks
+//! ([`DataParallel`]); losses and accuracies are over all ranks' images,
+//! validation runs whole on every rank, and rank 0 alone prints progress
+//! and writes checkpoints, which resume on any number of ranks.
+//!
 //! Training images get torchvision's `RandomResizedCrop(size)` and
 //! `RandomHorizontalFlip()`, validation images `Resize(size·256/224)` and
 //! `CenterCrop(size)`; both are normalised with ImageNet's mean and std.
@@ -17,9 +25,10 @@ use super::{
 };
 use crate::autograd::{no_grad, SavePolicy};
 use crate::data::{
-    CenterCrop, Compose, DataLoader, ImageFolder, Normalize, RandomHorizontalFlip,
-    RandomResizedCrop, Resize,
+    CenterCrop, Compose, DataLoader, DistributedSampler, ImageFolder, Normalize,
+    RandomHorizontalFlip, RandomResizedCrop, Resize,
 };
+use crate::distributed::{DataParallel, DdpOptions, InitOptions, ProcessGroup, ReduceOp};
 use crate::io::{state_dict, Checkpoint};
 use crate::memory::Ledger;
 use crate::memory_plan::{parse_case, run_step, OptimizerKind, StepInput, StepModel, StepSpec};
@@ -29,6 +38,7 @@ use crate::optim::{Adam, Algorithm, CheckpointHyper, Optimizer, Sgd, StateFormat
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What [`run`] does; [`FinetuneOptions::new`] gives the defaults of the
@@ -87,6 +97,9 @@ pub struct FinetuneOptions {
     pub skip_bad_images: bool,
     /// No progress bar.
     pub quiet: bool,
+    /// Train data parallel as this rank of this group (`device` must be
+    /// its device); `None`: one process.
+    pub distributed: Option<InitOptions>,
 }
 
 impl FinetuneOptions {
@@ -117,6 +130,7 @@ impl FinetuneOptions {
             workers: 2,
             skip_bad_images: false,
             quiet: true,
+            distributed: None,
         }
     }
 }
@@ -163,8 +177,12 @@ pub struct FinetuneReport {
     pub first_epoch: usize,
     /// Each epoch run.
     pub epochs: Vec<EpochResult>,
-    /// Memory.
+    /// Memory (of this rank, under data parallel).
     pub memory: StepBytes,
+    /// The ranks that trained (1 without data parallel).
+    pub world_size: usize,
+    /// Each rank's measured peak bytes, in rank order.
+    pub peak_bytes_per_rank: Vec<usize>,
     /// The checkpoint written last.
     pub checkpoint: Option<PathBuf>,
 }
@@ -232,6 +250,7 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
     };
     let memory = predict_step(opts, case, classes.len())?;
     memory.check_fits(opts.device, "training step")?;
+    let group = join_group(opts)?;
     let ledger = Ledger::new();
     let _l = ledger.enter();
     let loaded = image_model_with(
@@ -254,12 +273,25 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
             msg: format!("case `{}` trains no parameter of {}", opts.case, opts.model),
         });
     }
+    let parallel = match &group {
+        Some(g) => Some(DataParallel::new(
+            model.as_ref(),
+            g.clone(),
+            DdpOptions::default(),
+        )?),
+        None => None,
+    };
+    let train = match &group {
+        Some(g) => DataLoader::new(train, opts.batch)?
+            .sampler(DistributedSampler::new(g.world_size(), g.rank())?.seed(opts.seed))?,
+        None => DataLoader::new(train, opts.batch)?.shuffle(true),
+    };
     let job = Job {
         opts,
         case,
         model: model.as_mut(),
-        train: DataLoader::new(train, opts.batch)?
-            .shuffle(true)
+        parallel: parallel.as_ref(),
+        train: train
             .seed(opts.seed)
             .workers(opts.workers)
             .skip_bad_files(opts.skip_bad_images)
@@ -306,8 +338,48 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
             measured_peak_bytes: ledger.peak(opts.device),
             ..memory
         },
+        world_size: group.as_ref().map_or(1, |g| g.world_size()),
+        peak_bytes_per_rank: peaks_per_rank(group.as_deref(), ledger.peak(opts.device))?,
         checkpoint,
     })
+}
+
+/// The group of [`FinetuneOptions::distributed`], joined, on `device`.
+fn join_group(opts: &FinetuneOptions) -> Result<Option<Arc<ProcessGroup>>> {
+    let Some(init) = &opts.distributed else {
+        return Ok(None);
+    };
+    if init.device != opts.device {
+        return Err(Error::InvalidArgument {
+            op: "finetune",
+            msg: format!(
+                "rank {} computes on {:?}, but the job was given {:?}",
+                init.rank, init.device, opts.device
+            ),
+        });
+    }
+    Ok(Some(Arc::new(init.init()?)))
+}
+
+/// Every rank's `peak`, in rank order (this one's alone without a group).
+fn peaks_per_rank(group: Option<&ProcessGroup>, peak: usize) -> Result<Vec<usize>> {
+    let Some(g) = group else {
+        return Ok(vec![peak]);
+    };
+    let mine = Tensor::from_vec(vec![peak as i64], &[1], g.device())?;
+    let all: Vec<i64> = g.all_gather(&mine)?.to_vec()?;
+    Ok(all.into_iter().map(|b| b.max(0) as usize).collect())
+}
+
+/// Sums over the ranks (as they are without a group).
+fn sum_over_ranks(parallel: Option<&DataParallel>, values: [f64; 4]) -> Result<[f64; 4]> {
+    let Some(p) = parallel else {
+        return Ok(values);
+    };
+    let t = Tensor::from_vec(values.to_vec(), &[4], p.group().device())?;
+    p.group().all_reduce(&t, ReduceOp::Sum)?;
+    let v: Vec<f64> = t.to_vec()?;
+    Ok([v[0], v[1], v[2], v[3]])
 }
 
 /// One step of the same model, case, batch and optimizer on the meta
@@ -346,6 +418,8 @@ struct Job<'a> {
     opts: &'a FinetuneOptions,
     case: Case,
     model: &'a mut dyn ImageClassifier,
+    /// Data parallel's gradient averaging, under a group.
+    parallel: Option<&'a DataParallel>,
     train: DataLoader<ImageFolder>,
     val: Option<DataLoader<ImageFolder>>,
     ledger: &'a Ledger,
@@ -383,6 +457,9 @@ impl Job<'_> {
         let mut written = None;
         for epoch in first..self.opts.epochs {
             results.push(self.epoch(epoch, &mut opt)?);
+            if !self.is_rank0() {
+                continue;
+            }
             if let Some(dir) = &self.opts.out {
                 let steps = (epoch as u64 + 1)
                     .checked_mul(self.train.num_batches() as u64)
@@ -400,18 +477,28 @@ impl Job<'_> {
         Ok((first, results, written))
     }
 
+    /// Whether this process prints and writes (rank 0, or no group).
+    fn is_rank0(&self) -> bool {
+        self.parallel.is_none_or(|p| p.group().rank() == 0)
+    }
+
     fn epoch<A: Algorithm>(&mut self, epoch: usize, opt: &mut Optimizer<A>) -> Result<EpochResult> {
         let progress = Progress::new(
             self.train.num_batches() as u64,
             &format!("epoch {epoch}"),
             self.ledger,
             self.opts.device,
-            self.opts.quiet,
+            self.opts.quiet || !self.is_rank0(),
         );
         let start = Instant::now();
         let (mut loss_sum, mut batches, mut right, mut seen) = (0.0, 0usize, 0usize, 0usize);
         for batch in self.train.epoch(epoch as u64) {
             let batch = batch?;
+            if let Some(p) = self.parallel.filter(|_| self.case.training()) {
+                // Rank 0's running statistics on every rank, as DDP's
+                // broadcast_buffers.
+                p.broadcast_buffers(&*self.model)?;
+            }
             let (logits, loss) = {
                 let _autocast = self.opts.autocast.map(crate::autocast).transpose()?;
                 let logits = self.model.step_logits(&batch.images)?;
@@ -421,10 +508,17 @@ impl Job<'_> {
             right += correct(&logits, &batch.labels)?;
             seen += batch.indices.len();
             let value = loss.to_scalar()?;
-            if self.opts.fused {
-                opt.backward_step(&loss)?;
-            } else {
-                loss.backward()?;
+            match (self.parallel, self.opts.fused) {
+                (None, true) => {
+                    opt.backward_step(&loss)?;
+                }
+                (Some(p), true) => {
+                    p.backward_step(opt, &loss)?;
+                }
+                (None, false) => loss.backward()?,
+                (Some(p), false) => p.backward(&loss)?,
+            }
+            if !self.opts.fused {
                 opt.step()?;
                 opt.zero_grad();
             }
@@ -433,14 +527,18 @@ impl Job<'_> {
             progress.step(value);
         }
         progress.finish();
+        let [loss_sum, batches, right, seen] = sum_over_ranks(
+            self.parallel,
+            [loss_sum, batches as f64, right as f64, seen as f64],
+        )?;
         let seconds = start.elapsed().as_secs_f64();
         let val_accuracy = self.validate()?;
         Ok(EpochResult {
             epoch,
-            train_loss: loss_sum / batches.max(1) as f64,
-            train_accuracy: right as f64 / seen.max(1) as f64,
+            train_loss: loss_sum / batches.max(1.0),
+            train_accuracy: right / seen.max(1.0),
             val_accuracy,
-            images_per_second: seen as f64 / seconds.max(1e-9),
+            images_per_second: seen / seconds.max(1e-9),
         })
     }
 
@@ -506,6 +604,18 @@ pub fn describe(r: &FinetuneReport) -> String {
         );
     }
     s += &r.memory.describe("training step");
+    if r.world_size > 1 {
+        let peaks: Vec<String> = r
+            .peak_bytes_per_rank
+            .iter()
+            .map(|&b| crate::memory::human_bytes(b))
+            .collect();
+        s += &format!(
+            "data parallel over {} ranks: measured peak per rank {}\n",
+            r.world_size,
+            peaks.join(", ")
+        );
+    }
     if let Some(c) = &r.checkpoint {
         s += &format!("checkpoint: {}\n", c.display());
     }

@@ -46,6 +46,7 @@ use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
 
 mod models;
+mod parallel;
 pub mod plot;
 mod report;
 mod runner;
@@ -53,6 +54,7 @@ mod runner;
 pub use models::{
     find_model, parse_case, BuildFn, InputKind, ModelEntry, StepInput, StepModel, MODELS,
 };
+pub use parallel::{plan_parallel, ParallelPlan, ParallelSpec, RankPeak};
 pub use report::{LayerComparison, TorchMeasured};
 pub use runner::StepRunner;
 use std::fmt::Display;
@@ -186,6 +188,17 @@ pub fn run_step_recording(
     policy: SavePolicy,
     timeline: bool,
 ) -> Result<StepMemory> {
+    run_step_as(build, spec, policy, timeline, None)
+}
+
+/// [`run_step_recording`] as `rank` of a data parallel group when given.
+fn run_step_as(
+    build: &dyn Fn(DType, Device) -> Result<Box<dyn StepModel>>,
+    spec: &StepSpec,
+    policy: SavePolicy,
+    timeline: bool,
+    rank: Option<parallel::Rank>,
+) -> Result<StepMemory> {
     if spec.batch == 0 || spec.classes == 0 || spec.input.is_empty() {
         return Err(Error::InvalidArgument {
             op: "memory",
@@ -213,31 +226,28 @@ pub fn run_step_recording(
         let _p = with_save_policy(policy);
         let _autocast = spec.autocast.map(crate::autocast).transpose()?;
         let m: &dyn StepModel = model.as_ref();
+        let run = |opt| -> Result<(MemoryReport, Vec<TimelineEvent>)> {
+            match &rank {
+                None => step(m, &x, &targets, opt, spec.fused, &ledger),
+                Some(r) => r.step(m, &x, &targets, opt, spec.fused, &ledger),
+            }
+        };
         match spec.optimizer {
-            OptimizerKind::Sgd => step(
-                m,
-                &x,
-                &targets,
-                optimizer(params, Sgd::new(0.01).momentum(0.9), spec)?,
-                spec.fused,
-                &ledger,
-            )?,
-            OptimizerKind::Adam => step(
-                m,
-                &x,
-                &targets,
-                optimizer(params, Adam::new(1e-3), spec)?,
-                spec.fused,
-                &ledger,
-            )?,
-            OptimizerKind::Adamw => step(
-                m,
-                &x,
-                &targets,
-                optimizer(params, Adam::adamw(1e-3), spec)?,
-                spec.fused,
-                &ledger,
-            )?,
+            OptimizerKind::Sgd => run(AnyOptimizer::Sgd(optimizer(
+                params,
+                Sgd::new(0.01).momentum(0.9),
+                spec,
+            )?))?,
+            OptimizerKind::Adam => run(AnyOptimizer::Adam(optimizer(
+                params,
+                Adam::new(1e-3),
+                spec,
+            )?))?,
+            OptimizerKind::Adamw => run(AnyOptimizer::Adam(optimizer(
+                params,
+                Adam::adamw(1e-3),
+                spec,
+            )?))?,
         }
     };
     let report = report
@@ -292,14 +302,32 @@ fn trained_params(model: &mut dyn StepModel, spec: &StepSpec) -> Result<Vec<Tens
 /// `ledger`; returns the ledger's report and timeline at the end of the
 /// step, while the model, its gradients, the optimizer state, the input and
 /// the loss are still alive (what is freed afterwards is not the step's).
-fn step<A: Algorithm>(
+fn step(
     model: &dyn StepModel,
     x: &Tensor,
     targets: &Tensor,
-    mut opt: Optimizer<A>,
+    mut opt: AnyOptimizer,
     fused: bool,
     ledger: &Ledger,
 ) -> Result<(MemoryReport, Vec<TimelineEvent>)> {
+    let loss = forward_loss(model, x, targets, ledger)?;
+    if fused {
+        opt.backward_step(&loss)?;
+    } else {
+        loss.backward()?;
+        ledger.set_phase(Phase::Optimizer);
+        opt.step()?;
+    }
+    Ok((ledger.report(), ledger.timeline()))
+}
+
+/// The step's forward and loss, then the backward phase marked.
+fn forward_loss(
+    model: &dyn StepModel,
+    x: &Tensor,
+    targets: &Tensor,
+    ledger: &Ledger,
+) -> Result<Tensor> {
     ledger.set_phase(Phase::Forward);
     // The PyTorch policy measures PyTorch's own path (the whole logits,
     // then cross-entropy); the lean one takes the model's leanest loss.
@@ -311,14 +339,55 @@ fn step<A: Algorithm>(
         model.step_loss(x, targets)?
     };
     ledger.set_phase(Phase::Backward);
-    if fused {
-        opt.backward_step(&loss)?;
-    } else {
-        loss.backward()?;
-        ledger.set_phase(Phase::Optimizer);
-        opt.step()?;
+    Ok(loss)
+}
+
+/// The step's optimizer, of either algorithm family.
+enum AnyOptimizer {
+    Sgd(Optimizer<Sgd>),
+    Adam(Optimizer<Adam>),
+}
+
+impl AnyOptimizer {
+    fn backward_step(&mut self, loss: &Tensor) -> Result<()> {
+        match self {
+            AnyOptimizer::Sgd(o) => o.backward_step(loss).map(drop),
+            AnyOptimizer::Adam(o) => o.backward_step(loss).map(drop),
+        }
     }
-    Ok((ledger.report(), ledger.timeline()))
+
+    fn step(&mut self) -> Result<()> {
+        match self {
+            AnyOptimizer::Sgd(o) => o.step(),
+            AnyOptimizer::Adam(o) => o.step(),
+        }
+    }
+}
+
+/// The constructor of the model `name` of [`MODELS`] for `spec`'s input
+/// (an error when the model reads another kind of input).
+fn plan_build(
+    name: &str,
+    spec: &StepSpec,
+) -> Result<impl Fn(DType, Device) -> Result<Box<dyn StepModel>>> {
+    let entry = find_model(name)?;
+    let matches = matches!(
+        (entry.input, spec.input),
+        (InputKind::Image { .. }, StepInput::Image { .. })
+            | (InputKind::Tokens { .. }, StepInput::Tokens { .. })
+    );
+    if !matches {
+        return Err(Error::InvalidArgument {
+            op: "memory",
+            msg: format!("{name} reads {:?}, not the step's input", entry.input),
+        });
+    }
+    let classes = spec.classes;
+    let size = match spec.input {
+        StepInput::Image { size, .. } => size,
+        StepInput::Tokens { .. } => 0,
+    };
+    Ok(move |dtype: DType, device: Device| (entry.build)(classes, size, dtype, device))
 }
 
 /// The lean policy next to what PyTorch's autograd keeps, for one model
@@ -349,24 +418,7 @@ pub fn plan(name: &str, spec: &StepSpec) -> Result<MemoryPlan> {
 
 /// [`plan`], also recording both steps' timelines when `timeline` is true.
 pub fn plan_recording(name: &str, spec: &StepSpec, timeline: bool) -> Result<MemoryPlan> {
-    let entry = find_model(name)?;
-    let matches = matches!(
-        (entry.input, spec.input),
-        (InputKind::Image { .. }, StepInput::Image { .. })
-            | (InputKind::Tokens { .. }, StepInput::Tokens { .. })
-    );
-    if !matches {
-        return Err(Error::InvalidArgument {
-            op: "memory",
-            msg: format!("{name} reads {:?}, not the step's input", entry.input),
-        });
-    }
-    let classes = spec.classes;
-    let size = match spec.input {
-        StepInput::Image { size, .. } => size,
-        StepInput::Tokens { .. } => 0,
-    };
-    let build = move |dtype: DType, device: Device| (entry.build)(classes, size, dtype, device);
+    let build = plan_build(name, spec)?;
     let start = Instant::now();
     let lean = run_step_recording(&build, spec, SavePolicy::Lean, timeline)?;
     let pytorch = run_step_recording(&build, spec, SavePolicy::SaveAll, timeline)?;

@@ -74,6 +74,34 @@ pub trait Module {
     }
 }
 
+/// A boxed module is the module it holds (so `Box<dyn Module>` wraps and
+/// chains as any layer does).
+impl<M: Module + ?Sized> Module for Box<M> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        (**self).forward(x)
+    }
+
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+        (**self).forward_owned(x)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        (**self).named_parameters()
+    }
+
+    fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
+        (**self).parameter_kinds()
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        (**self).named_buffers()
+    }
+
+    fn set_training(&mut self, training: bool) {
+        (**self).set_training(training)
+    }
+}
+
 /// Every parameter of `module` labelled `kind`: what a layer that is one
 /// kind of layer answers for [`Module::parameter_kinds`].
 pub fn parameters_of_kind(module: &dyn Module, kind: LayerKind) -> Vec<(String, LayerKind)> {

@@ -2,7 +2,7 @@
 //! parameter the moment its gradient is final, and the one of the first
 //! pass of global-norm clipping, which only adds up squared norms.
 
-use super::{kernels, Algorithm, Optimizer};
+use super::{kernels, Algorithm, GradRelay, Optimizer};
 use crate::autograd::engine::merge_leaf_gradient;
 use crate::autograd::{CollectGrads, GradientSink};
 use crate::tensor::Leaf;
@@ -17,12 +17,14 @@ pub(super) enum Mode {
 }
 
 /// The fused optimizer's gradient sink.
-pub(super) struct FusedSink<'o, A: Algorithm> {
+pub(super) struct FusedSink<'o, 'r, A: Algorithm> {
     pub(super) opt: &'o mut Optimizer<A>,
     pub(super) mode: Mode,
+    /// Where an updating micro-batch's gradients go before their update.
+    pub(super) relay: Option<&'o mut (dyn GradRelay + 'r)>,
 }
 
-impl<A: Algorithm> GradientSink for FusedSink<'_, A> {
+impl<A: Algorithm> GradientSink for FusedSink<'_, '_, A> {
     fn gradient_ready(
         &mut self,
         leaf: &Arc<Leaf>,
@@ -40,11 +42,17 @@ impl<A: Algorithm> GradientSink for FusedSink<'_, A> {
                 self.opt.buffers.insert(id, grad);
                 Ok(())
             }
-            Mode::Update(scale) => {
-                let param = param.clone();
-                self.opt.update_param(group, &param, &grad, scale)
-                // `grad` (and the buffer it may be) is dropped here.
-            }
+            Mode::Update(scale) => match self.relay.as_deref_mut() {
+                Some(relay) => {
+                    let ready = relay.relay(param, grad)?;
+                    self.opt.update_ready(ready, scale)
+                }
+                None => {
+                    let param = param.clone();
+                    self.opt.update_param(group, &param, &grad, scale)
+                    // `grad` (and the buffer it may be) is dropped here.
+                }
+            },
         }
     }
 }

@@ -247,7 +247,7 @@ impl GradScaler {
             return Ok(false);
         }
         let loss = self.scale(&forward()?)?;
-        let done = opt.fused_backward(&loss, self.inverse() as f64)?;
+        let done = opt.fused_backward(&loss, self.inverse() as f64, None)?;
         Ok(matches!(done, FusedStep::Updated))
     }
 

@@ -456,14 +456,39 @@ impl<A: Algorithm> Optimizer<A> {
     /// Gradients of leaves that this optimizer does not own go to their
     /// `.grad` as usual. Existing `.grad`s of owned parameters are ignored.
     pub fn backward_step(&mut self, loss: &Tensor) -> Result<FusedStep> {
-        self.fused_backward(loss, 1.0)
+        self.fused_backward(loss, 1.0, None)
+    }
+
+    /// [`Optimizer::backward_step`] with each final gradient of an updating
+    /// micro-batch passed through `relay` (after adding the accumulation
+    /// buffer) before its update: the relay hands back the (parameter,
+    /// gradient) pairs to update, then or later (data parallel's buckets,
+    /// reduced across ranks). Micro-batches that only accumulate do not
+    /// reach the relay.
+    pub(crate) fn backward_step_relayed(
+        &mut self,
+        loss: &Tensor,
+        relay: &mut dyn GradRelay,
+    ) -> Result<FusedStep> {
+        if let Clip::GlobalNorm(_) = self.clip {
+            return Err(Error::InvalidArgument {
+                op: "backward_step",
+                msg: "fused global-norm clipping takes its norm from this rank's gradients before they are reduced: clip per parameter (Clip::ParamNorm) or use the usual path".into(),
+            });
+        }
+        self.fused_backward(loss, 1.0, Some(relay))
     }
 
     /// [`Optimizer::backward_step`] of a loss scaled by `1 / unscale`:
     /// each gradient is multiplied by `unscale` as it updates (converted to
     /// its element type: a power of two, exact), and the global norm of the
     /// norm pass, taken over the scaled gradients, by `unscale` too.
-    pub(crate) fn fused_backward(&mut self, loss: &Tensor, unscale: f64) -> Result<FusedStep> {
+    pub(crate) fn fused_backward(
+        &mut self,
+        loss: &Tensor,
+        unscale: f64,
+        mut relay: Option<&mut dyn GradRelay>,
+    ) -> Result<FusedStep> {
         let norm = self.global_norm.take();
         let global = match self.clip {
             Clip::GlobalNorm(max) => {
@@ -484,6 +509,7 @@ impl<A: Algorithm> Optimizer<A> {
             let mut sink = FusedSink {
                 opt: self,
                 mode: Mode::Accumulate,
+                relay: None,
             };
             backward_with(loss, None, &mut sink)?;
             return Ok(FusedStep::Accumulated {
@@ -495,16 +521,35 @@ impl<A: Algorithm> Optimizer<A> {
         let mut sink = FusedSink {
             opt: self,
             mode: Mode::Update(scale),
+            relay: relay.as_deref_mut(),
         };
         let result = backward_with(loss, None, &mut sink);
         // Parameters that had gradients in earlier micro-batches but none
-        // in this one are updated from their buffers now.
-        let leftover: Vec<(u64, Tensor)> = self.buffers.drain().collect();
+        // in this one are updated from their buffers now (in parameter
+        // order, so that every rank relays them alike).
+        let mut leftover: Vec<(u64, Tensor)> = self.buffers.drain().collect();
         result?;
+        let order: HashMap<u64, usize> = self
+            .trainable()
+            .enumerate()
+            .filter_map(|(i, (_, p))| Some((p.leaf_id()?, i)))
+            .collect();
+        leftover.sort_by_key(|(id, _)| order.get(id).copied());
         for (id, buffer) in leftover {
-            if let Some((g, p)) = self.find(id) {
-                self.update_param(g, &p, &buffer, scale)?;
+            if let Some((_, p)) = self.find(id) {
+                match relay.as_deref_mut() {
+                    Some(r) => {
+                        let ready = r.relay(&p, buffer)?;
+                        self.update_ready(ready, scale)?;
+                    }
+                    None => self.update_ready(vec![(p, buffer)], scale)?,
+                }
             }
+        }
+        if let Some(r) = relay {
+            let ready = r.finish()?;
+            self.update_ready(ready, scale)?;
+            r.after_updates()?;
         }
         self.steps = self.steps.checked_add(1).ok_or_else(step_overflow)?;
         Ok(FusedStep::Updated)
@@ -550,6 +595,18 @@ impl<A: Algorithm> Optimizer<A> {
         clip_grad_norm(&params, max_norm)
     }
 
+    /// Updates each (parameter, gradient) pair of this optimizer's (others
+    /// are skipped), dropping each gradient after its update.
+    fn update_ready(&mut self, ready: Vec<(Tensor, Tensor)>, scale: Factors) -> Result<()> {
+        for (param, grad) in ready {
+            let group = param.leaf_id().and_then(|id| self.index.get(&id).copied());
+            if let Some(group) = group {
+                self.update_param(group, &param, &grad, scale)?;
+            }
+        }
+        Ok(())
+    }
+
     fn find(&self, id: u64) -> Option<(usize, Tensor)> {
         let g = *self.index.get(&id)?;
         let p = self.groups[g]
@@ -558,6 +615,22 @@ impl<A: Algorithm> Optimizer<A> {
             .find(|p| p.leaf_id() == Some(id))?
             .clone();
         Some((g, p))
+    }
+}
+
+/// Where the fused step sends each final gradient before its update: the
+/// relay may hold gradients (until their bucket has been reduced across
+/// ranks, say) and hands back the (parameter, gradient) pairs that are
+/// ready, in the order they must be updated.
+pub(crate) trait GradRelay {
+    /// `grad` is `param`'s final gradient on this process; returns the
+    /// pairs now ready (none, this one, or ones held before).
+    fn relay(&mut self, param: &Tensor, grad: Tensor) -> Result<Vec<(Tensor, Tensor)>>;
+    /// Backward is over: every pair still held.
+    fn finish(&mut self) -> Result<Vec<(Tensor, Tensor)>>;
+    /// The pairs [`GradRelay::finish`] handed back have been updated.
+    fn after_updates(&mut self) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -248,6 +248,13 @@ pub fn enqueue(sim: &mut SimLock, ops: Vec<Queued>) -> NResult<()> {
             c.posted.entry(key).or_default().insert(rank, posted);
         }
     }
+    // Ranks of other processes may be waiting for these parts already.
+    let mut cliques: Vec<u64> = ops.iter().map(|q| q.cref.clique).collect();
+    cliques.sort_unstable();
+    cliques.dedup();
+    for c in cliques {
+        super::net::kick(sim, c);
+    }
     notify();
     Ok(())
 }

@@ -1,52 +1,17 @@
-//! Communicators: unique ids, the rendezvous of `ncclCommInitRank`,
-//! `ncclCommInitAll`, finalize/destroy/abort, and the queries.
+//! Communicators: unique ids, the rendezvous of `ncclCommInitRank` (ranks
+//! of other processes join it through `join`), `ncclCommInitAll`,
+//! finalize/destroy/abort, and the queries.
 
-use super::state::{CommRef, Failure, Rendezvous, Status};
+use super::join::{self, Procs};
+use super::state::{CommRef, Failure, NcclState, Rendezvous, Status};
+use super::transport::{make_id, parse_id};
 use super::*;
 use crate::driver::lock::notify;
 use crate::driver::state::{handle, id_of};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-/// The first bytes of every gpusim unique id.
-const MAGIC: &[u8; 8] = b"gpusimNC";
-
-/// A fresh unique id: [`MAGIC`], this process's id, a serial number.
-fn make_id() -> NcclUniqueId {
-    static SERIAL: AtomicU64 = AtomicU64::new(0);
-    let serial = SERIAL.fetch_add(1, Relaxed) + 1;
-    let mut b = [0u8; 128];
-    b[..8].copy_from_slice(MAGIC);
-    b[8..12].copy_from_slice(&std::process::id().to_le_bytes());
-    b[12..20].copy_from_slice(&serial.to_le_bytes());
-    NcclUniqueId {
-        internal: b.map(|x| x as c_char),
-    }
-}
-
-/// The serial of unique id `id`, or why it cannot be used here.
-fn parse_id(id: &NcclUniqueId) -> NResult<u64> {
-    let b = id.internal.map(|x| x as u8);
-    if &b[..8] != MAGIC {
-        return nfail(
-            NCCL_INVALID_ARGUMENT,
-            "the unique id was not made by ncclGetUniqueId of gpusim",
-        );
-    }
-    let pid = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
-    if pid != std::process::id() {
-        return nfail(
-            NCCL_INVALID_USAGE,
-            format!(
-                "the unique id was made by process {pid}, this is process {}: gpusim's NCCL connects ranks that are threads of one process; it has no transport between processes",
-                std::process::id()
-            ),
-        );
-    }
-    Ok(u64::from_le_bytes(b[12..20].try_into().expect("8 bytes")))
-}
-
-/// `ncclGetUniqueId`. Needs no `cuInit`.
+/// `ncclGetUniqueId`: a fresh id naming this process and its listener
+/// (opened on first use, see `transport`). Needs no `cuInit`.
 ///
 /// # Safety
 /// `unique_id` must be null or writable.
@@ -58,9 +23,11 @@ pub unsafe extern "C" fn ncclGetUniqueId(unique_id: *mut NcclUniqueId) -> NcclRe
     }
 }
 
-/// Fails rendezvous `rv` (every rank waiting in it returns `f`).
-fn fail_rendezvous(rv: &mut Rendezvous, f: Failure) -> NErr {
+/// Fails rendezvous `rv` (every rank waiting in it returns `f`, ranks of
+/// other processes too).
+pub fn fail_rendezvous(procs: &Procs, rv: &mut Rendezvous, f: Failure) -> NErr {
     rv.failed.get_or_insert(f.clone());
+    procs.tell_failed(rv.remote.values(), &f);
     notify();
     f.into()
 }
@@ -81,9 +48,27 @@ fn join(sim: &mut SimLock, serial: u64, nranks: c_int, rank: c_int) -> NResult<u
     }
     let (n, r) = (nranks as usize, rank as usize);
     let h = handle(TAG_COMM, sim.new_id()) as u64;
-    let rv = sim.nccl.rendezvous.entry(serial).or_insert(Rendezvous {
+    admit(&mut sim.nccl, serial, n, r, (dev, h, None))?;
+    Ok(h)
+}
+
+/// Admits rank `r` of `n` to the rendezvous of serial `serial`: on device
+/// `dev` with handle `h` (0 for a rank of another process), joined through
+/// connection `chan` if it is of another process. Ranks disagreeing on
+/// `nranks`, a rank twice, two ranks of one process on one device fail
+/// every joiner; the last rank makes the clique.
+pub fn admit(
+    nc: &mut NcclState,
+    serial: u64,
+    n: usize,
+    r: usize,
+    (dev, h, chan): (usize, u64, Option<u64>),
+) -> NResult<()> {
+    let procs = &nc.procs;
+    let rv = nc.rendezvous.entry(serial).or_insert(Rendezvous {
         nranks: n,
         joined: Default::default(),
+        remote: Default::default(),
         clique: None,
         failed: None,
         collected: 0,
@@ -110,28 +95,60 @@ fn join(sim: &mut SimLock, serial: u64, nranks: c_int, rank: c_int) -> NResult<u
             "rank {r} passed nranks = {n}, but rank {first} passed nranks = {}",
             rv.nranks
         );
-        return Err(fail_rendezvous(rv, Failure::new(NCCL_INVALID_USAGE, msg)));
+        return Err(fail_rendezvous(
+            procs,
+            rv,
+            Failure::new(NCCL_INVALID_USAGE, msg),
+        ));
     }
     if rv.joined.contains_key(&r) {
         let msg = format!("rank {r} joined this unique id twice");
-        return Err(fail_rendezvous(rv, Failure::new(NCCL_INVALID_USAGE, msg)));
+        return Err(fail_rendezvous(
+            procs,
+            rv,
+            Failure::new(NCCL_INVALID_USAGE, msg),
+        ));
     }
-    if let Some((other, _)) = rv.joined.iter().find(|(_, j)| j.0 == dev) {
+    let same_place = |other: &usize| rv.remote.get(other) == chan.as_ref();
+    if let Some((other, _)) = rv.joined.iter().find(|(o, j)| j.0 == dev && same_place(o)) {
         let msg = format!(
             "ranks {other} and {r} are both on device {dev} (one device per rank, as NCCL requires)"
         );
-        return Err(fail_rendezvous(rv, Failure::new(NCCL_INVALID_USAGE, msg)));
+        return Err(fail_rendezvous(
+            procs,
+            rv,
+            Failure::new(NCCL_INVALID_USAGE, msg),
+        ));
     }
     rv.joined.insert(r, (dev, h));
+    if let Some(c) = chan {
+        rv.remote.insert(r, c);
+    }
     if rv.joined.len() == n {
-        let members: Vec<(usize, u64)> = rv.joined.values().copied().collect();
-        let id = sim.nccl.new_clique(&members);
-        if let Some(rv) = sim.nccl.rendezvous.get_mut(&serial) {
-            rv.clique = Some(id);
-        }
+        complete(nc, serial);
     }
     notify();
-    Ok(h)
+    Ok(())
+}
+
+/// Makes the clique of complete rendezvous `serial` (with its transport
+/// and the other processes told, if it spans processes).
+fn complete(nc: &mut NcclState, serial: u64) {
+    let Some(rv) = nc.rendezvous.get(&serial) else {
+        return;
+    };
+    let members: Vec<(usize, u64)> = rv.joined.values().copied().collect();
+    let remote = rv.remote.clone();
+    let id = nc.new_clique(&members);
+    join::make_hub(nc, id, &remote);
+    if let Some(rv) = nc.rendezvous.get_mut(&serial) {
+        rv.clique = Some(id);
+        // Ranks of other processes are collected by their processes.
+        rv.collected += remote.len();
+        if rv.collected == rv.nranks {
+            nc.rendezvous.remove(&serial);
+        }
+    }
 }
 
 /// Waits (lock released) until every rank of rendezvous `serial` has
@@ -160,7 +177,12 @@ pub fn wait_joined(sim: &mut SimLock, serial: u64, deadline: Instant) -> NResult
                 "timed out after {timeout_ms} ms (GPUSIM_NCCL_TIMEOUT_MS) waiting for rank(s) {missing:?} of {} to join (ncclCommInitRank)",
                 rv.nranks
             );
-            return Err(fail_rendezvous(rv, Failure::new(NCCL_SYSTEM_ERROR, msg)));
+            let f = Failure::new(NCCL_SYSTEM_ERROR, msg);
+            let nc = &mut sim.nccl;
+            let Some(rv) = nc.rendezvous.get_mut(&serial) else {
+                return Err(f.into());
+            };
+            return Err(fail_rendezvous(&nc.procs, rv, f));
         }
         sim.wait_until(deadline);
     }
@@ -179,14 +201,20 @@ unsafe fn init_rank(
         if comm.is_null() {
             return nfail(NCCL_INVALID_ARGUMENT, "comm is null");
         }
-        let serial = parse_id(&id)?;
+        let id = parse_id(&id)?;
         let start = Instant::now();
-        let h = join(sim, serial, nranks, rank)?;
-        if group::in_group() {
-            group::add_init(serial);
+        let deadline = start + sim.nccl.timeout;
+        let (h, init) = if id.pid == std::process::id() {
+            let h = join(sim, id.serial, nranks, rank)?;
+            (h, group::Init::Local(id.serial))
         } else {
-            let deadline = start + sim.nccl.timeout;
-            wait_joined(sim, serial, deadline)?;
+            let h = join::join_remote(sim, &id, nranks, rank)?;
+            (h, group::Init::Remote(id.pid, id.serial))
+        };
+        if group::in_group() {
+            group::add_init(init);
+        } else {
+            group::wait_init(sim, init, deadline)?;
         }
         *comm = h as NcclComm;
         Ok(())
@@ -317,7 +345,9 @@ pub extern "C" fn ncclCommFinalize(comm: NcclComm) -> NcclResult {
         let r = &mut sim.nccl.clique(c.clique).ranks[c.rank];
         if r.status == Status::Live {
             r.status = Status::Finalized;
+            super::netfail::rank_ended(sim, c.clique, c.rank, "finalized");
         }
+        let r = &sim.nccl.clique(c.clique).ranks[c.rank];
         match &r.async_error {
             Some(f) => Err(f.clone().into()),
             None => Ok(()),
@@ -331,7 +361,9 @@ pub extern "C" fn ncclCommFinalize(comm: NcclComm) -> NcclResult {
 fn end(sim: &mut SimLock, comm: NcclComm, c: CommRef, how: &'static str) {
     sim.nccl.comms.remove(&(comm as u64));
     sim.nccl.clique(c.clique).ranks[c.rank].status = Status::Gone(how);
+    super::netfail::rank_ended(sim, c.clique, c.rank, how);
     sim.nccl.drop_if_done(c.clique);
+    join::await_closing(sim);
     notify();
 }
 

@@ -15,15 +15,21 @@
 //! than hang. A part some rank has not enqueued yet makes the walk return
 //! [`Ran::Blocked`]; the drain waits (lock released, `driver::lock`) and
 //! walks again, so everything here runs without waiting.
+//!
+//! Ranks of other processes are no part of a matched set: once this
+//! process's items of a set are at the fronts of their queues, `net`
+//! sends their parts of each operation spanning processes to its hub and
+//! the set runs when every outcome has come back (until then the walk is
+//! blocked on the first rank of another process, as on a missing part).
 
 use super::state::{Clique, Failure, Key, Wait};
-use super::{apply, NCCL_INVALID_USAGE, NCCL_REMOTE_ERROR};
+use super::{apply, net, NCCL_INVALID_USAGE, NCCL_REMOTE_ERROR};
 use crate::driver::lock::Ran;
 use crate::driver::state::{Op, Sim};
 use std::collections::HashSet;
 
 /// A queue item: (device, item id).
-type ItemRef = (usize, u64);
+pub type ItemRef = (usize, u64);
 
 /// How far a walk got.
 enum Step {
@@ -115,6 +121,9 @@ fn gather(sim: &Sim, start: ItemRef) -> Gathered {
                 continue;
             }
             for r in c.participants(p.key) {
+                if c.ranks[r].remote.is_some() {
+                    continue; // its process sends its part to the hub
+                }
                 match c.posted.get(&p.key).and_then(|m| m.get(&r)) {
                     Some(q) if !set.contains(&(q.device, q.work)) => set.push((q.device, q.work)),
                     Some(_) => {}
@@ -185,6 +194,11 @@ fn run_set(sim: &mut Sim, start: ItemRef, busy: &mut HashSet<ItemRef>) -> Step {
     }
     if !matches!(step, Step::Ran) {
         return step;
+    }
+    match net::ready(sim, &set) {
+        net::Ready::Go => {}
+        net::Ready::Wait(w) => return Step::Wait(w),
+        net::Ready::Restart => return Step::Restart,
     }
     let mut works = Vec::new();
     for &(d, w) in &set {
@@ -274,6 +288,9 @@ pub fn time_out(sim: &mut Sim, w: &Wait) {
         Some(k) => Clique::op_name(k, w.key),
         None => format!("{:?}", w.key),
     };
+    if c.ranks[w.rank].remote.is_some() {
+        return super::netfail::time_out(sim, w, &op);
+    }
     let msg = format!(
         "timed out after {timeout_ms} ms (GPUSIM_NCCL_TIMEOUT_MS) waiting for rank {} (device {}) to enqueue its part of {op}",
         w.rank, c.ranks[w.rank].device
@@ -284,5 +301,6 @@ pub fn time_out(sim: &mut Sim, w: &Wait) {
     for r in 0..c.nranks() {
         c.set_async_error(r, &f);
     }
-    c.broken.get_or_insert(f);
+    c.broken.get_or_insert(f.clone());
+    super::netfail::spread_broken(sim, w.clique, &f, None);
 }

@@ -11,6 +11,24 @@ use super::comm::wait_joined;
 use super::*;
 use std::time::Instant;
 
+/// A rendezvous a rank joined, to be waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Init {
+    /// Of a unique id of this process (its serial).
+    Local(u64),
+    /// Of a unique id of another process (its id, the id's serial).
+    Remote(u32, u64),
+}
+
+/// Waits (lock released) until every rank of `init` has joined, or fails
+/// once `deadline` passes.
+pub fn wait_init(sim: &mut SimLock, init: Init, deadline: Instant) -> NResult<()> {
+    match init {
+        Init::Local(serial) => wait_joined(sim, serial, deadline),
+        Init::Remote(pid, serial) => super::join::wait_remote(sim, (pid, serial), deadline),
+    }
+}
+
 /// The calling thread's open group.
 #[derive(Default)]
 struct Group {
@@ -18,8 +36,8 @@ struct Group {
     depth: u32,
     /// Operations to enqueue at the end, in call order.
     ops: Vec<Queued>,
-    /// Rendezvous (unique-id serials) joined inside the group.
-    inits: Vec<u64>,
+    /// Rendezvous joined inside the group.
+    inits: Vec<Init>,
 }
 
 thread_local! {
@@ -37,8 +55,8 @@ pub fn add_op(q: Queued) {
 }
 
 /// Adds a rendezvous joined inside the calling thread's group.
-pub fn add_init(serial: u64) {
-    GROUP.with(|g| g.borrow_mut().inits.push(serial));
+pub fn add_init(init: Init) {
+    GROUP.with(|g| g.borrow_mut().inits.push(init));
 }
 
 /// `ncclGroupStart`: opens (or nests) a group on the calling thread.
@@ -87,8 +105,8 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     nccl_api("ncclGroupEnd", |sim| {
         let deadline = Instant::now() + sim.nccl.timeout;
         let mut first = Ok(());
-        for serial in inits {
-            let r = wait_joined(sim, serial, deadline);
+        for init in inits {
+            let r = wait_init(sim, init, deadline);
             first = first.and(r);
         }
         first?;

@@ -1,9 +1,9 @@
-//! The stand-in NCCL (`libnccl.so`): communicators over the simulated
-//! devices of one process — ranks as threads (`ncclCommInitRank` with an id
-//! from `ncclGetUniqueId`), or one thread driving every device
-//! (`ncclCommInitAll`, `ncclGroupStart`/`ncclGroupEnd`) — with exactly the
-//! C ABI of cudarc 0.19's `nccl::sys` (NCCL 2.30). There is no transport
-//! between processes: a unique id made by another process is refused.
+//! The stand-in NCCL (`libnccl.so`): communicators over simulated devices
+//! — ranks as threads (`ncclCommInitRank` with an id from
+//! `ncclGetUniqueId`), one thread driving every device (`ncclCommInitAll`,
+//! `ncclGroupStart`/`ncclGroupEnd`), or ranks in several processes on one
+//! machine (`ncclCommInitRank` with an id made by another process) — with
+//! exactly the C ABI of cudarc 0.19's `nccl::sys` (NCCL 2.30).
 //!
 //! A collective is queued on its stream like a kernel (`Op::Nccl`) and is
 //! matched with the other ranks' parts by its number on the communicator
@@ -13,18 +13,43 @@
 //! the synchronising call waits for it with the simulator's mutex released
 //! (`driver::lock`), up to `GPUSIM_NCCL_TIMEOUT_MS`. Results are
 //! deterministic: reductions go in rank order, rounding each step in the
-//! element type (`reduce`). Errors found when a collective runs (a
-//! mismatch between ranks, a timeout, an abort, a memory fault) are faults
-//! of every rank's enqueuing thread, returned by its next synchronising
-//! call, and each rank's asynchronous error (`ncclCommGetAsyncError`).
+//! element type (`reduce`, `outcome`). Errors found when a collective runs
+//! (a mismatch between ranks, a timeout, an abort, a memory fault) are
+//! faults of every rank's enqueuing thread, returned by its next
+//! synchronising call, and each rank's asynchronous error
+//! (`ncclCommGetAsyncError`).
+//!
+//! Between processes (`transport`, `wire`, `join`, `net`, `hub`,
+//! `netfail`): a unique id also names a TCP listener on 127.0.0.1 that
+//! `ncclGetUniqueId` opened in the creating process (port chosen by the
+//! system), which is the communicator's hub. A process joining an id made
+//! elsewhere connects to it (one connection per id and process) and its
+//! ranks join the hub's rendezvous; communicators whose ranks are all in
+//! one process never touch a socket. When a process's parts of an
+//! operation spanning processes reach the fronts of their queues, their
+//! inputs go to the hub, which decides the operation exactly as within one
+//! process and sends each process its ranks' outcomes; the hub asks the
+//! processes that still owe a part to run their queues up to it (a GPU
+//! runs queued work without being waited for). A process that exits or is
+//! killed with live ranks, an abort, a timeout anywhere: every process
+//! hears of it (`ncclRemoteError`, `ncclSystemError` for a rendezvous that
+//! never completes), none hangs. The creating process must outlive the
+//! communicator.
 
 pub mod apply;
 pub mod coll;
 pub mod comm;
 pub mod exec;
 pub mod group;
+pub mod hub;
+pub mod join;
+pub mod net;
+pub mod netfail;
+pub mod outcome;
 pub mod reduce;
 pub mod state;
+pub mod transport;
+pub mod wire;
 
 pub use state::{Item, Wait};
 
@@ -45,7 +70,8 @@ pub type NcclComm = *mut c_void;
 pub const NCCL_SUCCESS: NcclResult = 0;
 /// `ncclUnhandledCudaError`: a CUDA call failed (no context, a fault).
 pub const NCCL_UNHANDLED_CUDA_ERROR: NcclResult = 1;
-/// `ncclSystemError`: here, a rank that never joined in time.
+/// `ncclSystemError`: here, a rank that never joined in time, or the
+/// creating process of a unique id that cannot be reached.
 pub const NCCL_SYSTEM_ERROR: NcclResult = 2;
 /// `ncclInternalError`: a panic of the simulator.
 pub const NCCL_INTERNAL_ERROR: NcclResult = 3;
@@ -53,7 +79,8 @@ pub const NCCL_INTERNAL_ERROR: NcclResult = 3;
 pub const NCCL_INVALID_ARGUMENT: NcclResult = 4;
 /// `ncclInvalidUsage`.
 pub const NCCL_INVALID_USAGE: NcclResult = 5;
-/// `ncclRemoteError`: another rank aborted, timed out or failed.
+/// `ncclRemoteError`: another rank aborted, timed out or failed, or its
+/// process exited.
 pub const NCCL_REMOTE_ERROR: NcclResult = 6;
 /// `ncclInProgress`.
 pub const NCCL_IN_PROGRESS: NcclResult = 7;
@@ -67,7 +94,8 @@ pub const VERSION: c_int = 23000;
 pub const TAG_COMM: u64 = 0xcc10 << 48;
 
 /// `ncclUniqueId`: 128 opaque bytes. gpusim's hold a magic, the creating
-/// process's id and a serial number.
+/// process's id, a serial number and the address of the creating
+/// process's listener (layout: `transport`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NcclUniqueId {

@@ -56,6 +56,25 @@ impl DataType {
         })
     }
 
+    /// The `ncclDataType_t` value of this type.
+    pub fn to_raw(self) -> u32 {
+        use DataType::*;
+        match self {
+            I8 => 0,
+            U8 => 1,
+            I32 => 2,
+            U32 => 3,
+            I64 => 4,
+            U64 => 5,
+            F16 => 6,
+            F32 => 7,
+            F64 => 8,
+            Bf16 => 9,
+            F8E4M3 => 10,
+            F8E5M2 => 11,
+        }
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         use DataType::*;
@@ -101,6 +120,17 @@ impl RedOp {
             4 => RedOp::Avg,
             _ => return None,
         })
+    }
+
+    /// The `ncclRedOp_t` value of this operator.
+    pub fn to_raw(self) -> u32 {
+        match self {
+            RedOp::Sum => 0,
+            RedOp::Prod => 1,
+            RedOp::Max => 2,
+            RedOp::Min => 3,
+            RedOp::Avg => 4,
+        }
     }
 }
 

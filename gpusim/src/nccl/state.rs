@@ -183,6 +183,9 @@ pub struct RankInfo {
     pub sent: HashMap<usize, u64>,
     /// Receives enqueued so far, by peer.
     pub received: HashMap<usize, u64>,
+    /// The process that holds the rank, when it is not this one (its
+    /// device and handle are then that process's business).
+    pub remote: Option<u32>,
 }
 
 /// The ranks of one communicator and their operations in flight.
@@ -200,6 +203,8 @@ pub struct Clique {
     /// Parts of its operations still in device queues (the clique is kept
     /// while any is: `posted` alone can miss a self-send's part).
     pub queued: usize,
+    /// The transport, when some ranks live in other processes (`net`).
+    pub net: Option<Box<super::net::Net>>,
 }
 
 impl Clique {
@@ -215,6 +220,15 @@ impl Clique {
             Key::P2p { src, dst, .. } if src == dst => vec![src],
             Key::P2p { src, dst, .. } => vec![src, dst],
         }
+    }
+
+    /// Whether operation `key` has participants in other processes.
+    pub fn spans(&self, key: Key) -> bool {
+        self.net.is_some()
+            && self
+                .participants(key)
+                .iter()
+                .any(|&r| self.ranks.get(r).is_some_and(|x| x.remote.is_some()))
     }
 
     /// Records rank `rank`'s first asynchronous error.
@@ -253,8 +267,11 @@ impl Clique {
 pub struct Rendezvous {
     /// The number of ranks the first joiner gave.
     pub nranks: usize,
-    /// Rank → (device, handle made for it).
+    /// Rank → (device, handle made for it; 0 for a rank of another
+    /// process).
     pub joined: BTreeMap<usize, (usize, u64)>,
+    /// Ranks of other processes → the connection they joined through.
+    pub remote: BTreeMap<usize, u64>,
     /// The clique, once every rank joined.
     pub clique: Option<u64>,
     /// Set when the rendezvous failed (a timeout, a bad joiner).
@@ -283,6 +300,8 @@ pub struct NcclState {
     pub comms: HashMap<u64, CommRef>,
     /// Rendezvous by unique-id serial.
     pub rendezvous: HashMap<u64, Rendezvous>,
+    /// Connections to other processes, and joins through them (`join`).
+    pub procs: super::join::Procs,
     next_clique: u64,
 }
 
@@ -294,12 +313,14 @@ impl NcclState {
             cliques: HashMap::new(),
             comms: HashMap::new(),
             rendezvous: HashMap::new(),
+            procs: Default::default(),
             next_clique: 0,
         }
     }
 
     /// Makes a clique of `members` (device, handle), rank by rank, and
-    /// registers the handles; returns its id.
+    /// registers the handles (0: a rank of another process, which has
+    /// none here); returns its id.
     pub fn new_clique(&mut self, members: &[(usize, u64)]) -> u64 {
         self.next_clique += 1;
         let id = self.next_clique;
@@ -307,7 +328,9 @@ impl NcclState {
             .iter()
             .enumerate()
             .map(|(rank, &(device, handle))| {
-                self.comms.insert(handle, CommRef { clique: id, rank });
+                if handle != 0 {
+                    self.comms.insert(handle, CommRef { clique: id, rank });
+                }
                 RankInfo {
                     device,
                     handle,
@@ -316,6 +339,7 @@ impl NcclState {
                     coll_seq: 0,
                     sent: HashMap::new(),
                     received: HashMap::new(),
+                    remote: None,
                 }
             })
             .collect();
@@ -325,19 +349,27 @@ impl NcclState {
             failed: HashMap::new(),
             broken: None,
             queued: 0,
+            net: None,
         };
         self.cliques.insert(id, clique);
         id
     }
 
     /// Forgets clique `id` once every rank's handle is gone and nothing of
-    /// it is queued.
+    /// it is queued (a member of a communicator spanning processes counts
+    /// its own ranks only; the hub counts all) and closes its connections.
     pub fn drop_if_done(&mut self, id: u64) {
         let done = self.cliques.get(&id).is_some_and(|c| {
-            c.queued == 0 && c.ranks.iter().all(|r| matches!(r.status, Status::Gone(_)))
+            let hub = c.net.as_ref().is_none_or(|n| n.hub);
+            c.queued == 0
+                && c.ranks
+                    .iter()
+                    .all(|r| matches!(r.status, Status::Gone(_)) || (!hub && r.remote.is_some()))
         });
         if done {
-            self.cliques.remove(&id);
+            if let Some(c) = self.cliques.remove(&id) {
+                self.procs.close_all(&c);
+            }
         }
     }
 

@@ -334,6 +334,14 @@ pub struct MemoryArgs {
     /// layer keeps only its input; backward runs it again).
     #[arg(long)]
     pub checkpoint: bool,
+    /// Data parallel over this many GPUs (each running --batch): one rank's
+    /// memory next to one device's (predicted on the meta device).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub world_size: u32,
+    /// With --world-size: the optimizer state sharded over the ranks
+    /// (ZeRO stage 1; stage 2 with --fused).
+    #[arg(long)]
+    pub shard_optimizer: bool,
     /// How Adam keeps its two moments: `f32` (the parameters' dtype),
     /// `bf16` (half the bytes), or `8bit` (block-wise quantised as
     /// bitsandbytes' 8-bit optimizers do: a quarter, for parameters of

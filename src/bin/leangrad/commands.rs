@@ -114,6 +114,15 @@ impl std::fmt::Display for RankFailed {
 
 impl std::error::Error for RankFailed {}
 
+/// This process's rank when a launcher started it (`leangrad launch` or
+/// torchrun set `WORLD_SIZE`), from the environment; `None` otherwise.
+pub fn launched_rank() -> Result<Option<leangrad::distributed::InitOptions>> {
+    if std::env::var_os("WORLD_SIZE").is_none() {
+        return Ok(None);
+    }
+    Ok(Some(leangrad::distributed::InitOptions::from_env()?))
+}
+
 /// `leangrad launch`: one process per rank here, waited for.
 pub fn launch(a: LaunchArgs) -> Result<()> {
     use leangrad::distributed::{launch, LaunchOptions};
@@ -186,6 +195,9 @@ pub fn memory(a: MemoryArgs) -> Result<()> {
             other => device(other)?,
         },
     };
+    if a.world_size > 1 || a.shard_optimizer {
+        return memory_parallel(&a, &spec);
+    }
     if !spec.device.is_meta() {
         // Both policies run one after the other, each in its own ledger:
         // the larger peak is what the device must hold.
@@ -210,6 +222,35 @@ pub fn memory(a: MemoryArgs) -> Result<()> {
         memory_plan::plot::write_timeline(&plan, path)?;
     }
     show_memory(&a, &spec, &plan)
+}
+
+/// `leangrad memory --world-size N [--shard-optimizer]`: one rank next to
+/// one device, on the meta device.
+fn memory_parallel(a: &MemoryArgs, spec: &StepSpec) -> Result<()> {
+    if a.shard_optimizer && a.world_size < 2 {
+        anyhow::bail!("--shard-optimizer shards over the ranks of --world-size (2 or more)");
+    }
+    let others = [
+        (a.timeline.is_some(), "--timeline"),
+        (a.plot.is_some(), "--plot"),
+        (a.compare_torch.is_some(), "--compare-torch"),
+        (!spec.device.is_meta(), "--device other than meta"),
+    ];
+    if let Some((_, flag)) = others.iter().find(|(given, _)| *given) {
+        anyhow::bail!(
+            "--world-size predicts on the meta device alone: {flag} does not combine with it"
+        );
+    }
+    let parallel = memory_plan::ParallelSpec {
+        world_size: a.world_size as usize,
+        shard_optimizer: a.shard_optimizer,
+    };
+    let plan = memory_plan::plan_parallel(&a.model, spec, parallel)?;
+    stdout(&if a.json {
+        serde_json::to_string_pretty(&plan)? + "\n"
+    } else {
+        plan.to_table()
+    })
 }
 
 /// The rest of `leangrad memory` once `plan` is made: PyTorch's run of

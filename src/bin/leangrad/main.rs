@@ -105,6 +105,13 @@ fn run(cli: Cli) -> Result<()> {
             device,
             json,
         } => {
+            // Under a launcher, each rank trains on CUDA device LOCAL_RANK.
+            let distributed = commands::launched_rank()?;
+            let device = match &distributed {
+                Some(d) => d.device,
+                None => jobs::choose_device(&device)?,
+            };
+            let rank0 = distributed.as_ref().is_none_or(|d| d.rank == 0);
             let opts = FinetuneOptions {
                 weights,
                 loading: jobs::WeightsLoading {
@@ -125,17 +132,20 @@ fn run(cli: Cli) -> Result<()> {
                 autocast: commands::autocast_arg(&autocast)?,
                 out,
                 resume,
-                device: jobs::choose_device(&device)?,
+                device,
                 seed,
                 workers,
                 skip_bad_images,
                 quiet: json,
+                distributed,
                 ..FinetuneOptions::new(&model, data)
             };
             let start = std::time::Instant::now();
             let r = finetune::run(&opts)?;
             let seconds = start.elapsed().as_secs_f64();
-            output::report_timed(&r, json, finetune::describe, seconds)?;
+            if rank0 {
+                output::report_timed(&r, json, finetune::describe, seconds)?;
+            }
         }
         Command::Adversarial {
             model,

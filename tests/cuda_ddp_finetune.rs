@@ -1,0 +1,135 @@
+//! `finetune` data parallel on two simulated CUDA devices (ranks as
+//! threads, as `leangrad launch` makes them processes): each rank trains
+//! on its shard of every epoch with half the batch, and the weights rank 0
+//! writes equal those of one device trained with the whole batch, within
+//! the bound of a batch mean taken as the average of two half-batch means.
+//! The report counts every rank's images, and gives every rank's peak.
+mod cuda_common;
+mod distributed_common;
+
+use distributed_common::{free_port, have_devices_for_training, one_at_a_time};
+use leangrad::data::{write_png, PngDepth};
+use leangrad::distributed::InitOptions;
+use leangrad::io::load_safetensors;
+use leangrad::jobs::finetune::{run, FinetuneOptions, FinetuneReport};
+use leangrad::{DType, Device, Tensor};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("leangrad-ddp-ft-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Six 40² images per class, dark or light.
+fn folder(root: &Path) -> PathBuf {
+    let dir = root.join("train");
+    for (c, class) in ["dark", "light"].iter().enumerate() {
+        std::fs::create_dir_all(dir.join(class)).unwrap();
+        for i in 0..6 {
+            let lo = if c == 0 { 0.0 } else { 0.6 };
+            let t = Tensor::rand_range(
+                &[3, 40, 40],
+                lo,
+                lo + 0.4,
+                DType::F32,
+                Device::Cpu,
+                (10 * c + i) as u64,
+            )
+            .unwrap();
+            write_png(
+                &t,
+                dir.join(class).join(format!("{i}.png")),
+                PngDepth::Eight,
+            )
+            .unwrap();
+        }
+    }
+    dir
+}
+
+fn options(data: &Path, out: PathBuf, batch: usize, device: Device) -> FinetuneOptions {
+    FinetuneOptions {
+        size: 32,
+        batch,
+        epochs: 2,
+        lr: 0.05,
+        workers: 1,
+        out: Some(out),
+        device,
+        ..FinetuneOptions::new("resnet18", data)
+    }
+}
+
+fn fc(ckpt: &Path) -> Vec<f32> {
+    let tensors = load_safetensors(ckpt.join("model.safetensors")).unwrap();
+    ["fc.weight", "fc.bias"]
+        .iter()
+        .flat_map(|name| tensors[*name].to_vec::<f32>().unwrap())
+        .collect()
+}
+
+#[test]
+fn finetune_on_two_ranks_writes_the_weights_of_one_device_with_the_whole_batch() {
+    if !have_devices_for_training("ddp_finetune", 2) {
+        return;
+    }
+    let root = tempdir("two-ranks");
+    let data = folder(&root);
+    let one: FinetuneReport = {
+        let _alone = one_at_a_time();
+        run(&options(&data, root.join("one"), 4, Device::Cuda(0))).unwrap()
+    };
+    let reports: Vec<FinetuneReport> = {
+        let _alone = one_at_a_time();
+        let port = free_port();
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let mut opts = options(&data, root.join("two"), 2, Device::Cuda(rank));
+                opts.distributed = Some(
+                    InitOptions::new(rank, 2)
+                        .master("127.0.0.1", port)
+                        .timeout(Duration::from_secs(60)),
+                );
+                std::thread::spawn(move || run(&opts).unwrap())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    };
+    let (a, b) = (fc(&root.join("one")), fc(&root.join("two")));
+    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    eprintln!("fc after 2 epochs: largest difference {diff:.3e} of {scale:.3e}");
+    assert!(diff <= 1e-5 * scale, "{diff} of {scale}");
+    assert!(
+        one.epochs[1].train_loss < one.epochs[0].train_loss,
+        "the head must train"
+    );
+    for (r, rep) in reports.iter().enumerate() {
+        assert_eq!(rep.world_size, 2);
+        assert_eq!(rep.peak_bytes_per_rank.len(), 2);
+        assert!(rep.peak_bytes_per_rank.iter().all(|&p| p > 0));
+        for (e1, e2) in one.epochs.iter().zip(&rep.epochs) {
+            // Every rank's images counted: the same loss and accuracy.
+            assert!(
+                (e1.train_loss - e2.train_loss).abs() <= 1e-5 * e1.train_loss.abs(),
+                "rank {r}"
+            );
+            assert_eq!(e1.train_accuracy, e2.train_accuracy, "rank {r}");
+        }
+        assert_eq!(rep.checkpoint.is_some(), r == 0, "rank 0 alone writes");
+    }
+    // The two ranks' checkpoint resumes on one device.
+    let mut resumed = options(&data, root.join("two"), 4, Device::Cuda(0));
+    resumed.epochs = 3;
+    resumed.resume = Some(root.join("two"));
+    let _alone = one_at_a_time();
+    let r = run(&resumed).unwrap();
+    assert_eq!(r.first_epoch, 2);
+    let _ = std::fs::remove_dir_all(&root);
+}
