@@ -452,3 +452,47 @@ fn sharded_optimizer_state_trains_as_one_device_in_stages_1_and_2() {
     check(run(Net::Bert, Path::ShardedFused, 2, 2), BOUND);
     check(run(Net::Bert, Path::ShardedUsual, 2, 2), BOUND);
 }
+
+/// Ranks that wrap different modules are told so at construction, and a
+/// parameter that gets no gradient on a rank is named by the error of its
+/// backward (the other ranks' wait for it ends at the NCCL timeout).
+#[test]
+fn different_modules_and_unused_parameters_are_typed_errors() {
+    if !have_devices_for_training("ddp_errors", 2) {
+        return;
+    }
+    let errors = on_ranks_shared(2, |g| {
+        let classes = 3 + g.rank();
+        let model =
+            BertClassifier::new(BertConfig::tiny(), classes, DType::F32, g.device(), 1).unwrap();
+        DistributedDataParallel::new(model, g, DdpOptions::default())
+            .err()
+            .map(|e| e.to_string())
+    });
+    for (r, e) in errors.iter().enumerate() {
+        let e = e.as_deref().unwrap_or("no error");
+        assert!(
+            e.contains("ranks [1]") && e.contains("differ from rank 0"),
+            "rank {r}: {e}"
+        );
+    }
+    // A world of one rank runs the same check-free path, so use two ranks
+    // that both leave the classifier's head out of the loss.
+    let errors = on_ranks_shared(2, |g| {
+        let device = g.device();
+        let model = BertClassifier::new(BertConfig::tiny(), 3, DType::F32, device, 1).unwrap();
+        let ddp = DistributedDataParallel::new(model, g, DdpOptions::default()).unwrap();
+        let (x, _) = batch(Net::Bert, 0, 0, 0..ROWS, device);
+        let hidden = ddp.module().backbone().forward_ids(&x).unwrap();
+        ddp.backward(&hidden.sum_all().unwrap())
+            .err()
+            .map(|e| e.to_string())
+    });
+    for (r, e) in errors.iter().enumerate() {
+        let e = e.as_deref().unwrap_or("no error");
+        assert!(
+            e.contains("no gradient reached") && e.contains("classifier"),
+            "rank {r}: {e}"
+        );
+    }
+}

@@ -106,10 +106,19 @@ fn finetune_on_two_ranks_writes_the_weights_of_one_device_with_the_whole_batch()
         .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     eprintln!("fc after 2 epochs: largest difference {diff:.3e} of {scale:.3e}");
     assert!(diff <= 1e-5 * scale, "{diff} of {scale}");
-    assert!(
-        one.epochs[1].train_loss < one.epochs[0].train_loss,
-        "the head must train"
-    );
+    // The second epoch moved the head far more than the two runs differ.
+    let after_one_epoch = {
+        let _alone = one_at_a_time();
+        let mut opts = options(&data, root.join("one-epoch"), 4, Device::Cuda(0));
+        opts.epochs = 1;
+        run(&opts).unwrap();
+        fc(&root.join("one-epoch"))
+    };
+    let moved = a
+        .iter()
+        .zip(&after_one_epoch)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(moved > 100.0 * diff, "epoch 2 moved the head by {moved}");
     for (r, rep) in reports.iter().enumerate() {
         assert_eq!(rep.world_size, 2);
         assert_eq!(rep.peak_bytes_per_rank.len(), 2);

@@ -53,6 +53,13 @@ pub(super) struct Communicator {
     world_size: usize,
 }
 
+// SAFETY: an NCCL communicator may be used from any thread, one call at a
+// time; every call here is made with `&self` and NCCL serialises calls on
+// one communicator.
+unsafe impl Send for Communicator {}
+// SAFETY: as above.
+unsafe impl Sync for Communicator {}
+
 /// Collectives queued on the communication stream: the tensors they work
 /// on, held until the device's stream has been told to wait for them (a
 /// buffer freed earlier could be handed to a kernel while NCCL still uses

@@ -40,15 +40,7 @@ impl<A: Algorithm> ShardedOptimizer<A> {
         hyper: A,
         group: Arc<ProcessGroup>,
     ) -> Result<ShardedOptimizer<A>> {
-        let params: Vec<Tensor> = params.into_iter().collect();
-        let opt = Optimizer::new(params.clone(), hyper)?;
-        let owners = deal(&params, group.world_size());
-        Ok(ShardedOptimizer {
-            group,
-            opt,
-            params,
-            owners,
-        })
+        ShardedOptimizer::from_optimizer(Optimizer::new(params, hyper)?, group)
     }
 
     /// `opt`'s parameters (every group's, in order), its hyper-parameters

@@ -177,12 +177,13 @@ pub fn load_into(
     options: LoadOptions,
 ) -> Result<LoadReport> {
     let (pairs, report) = plan(destinations, tensors, options)?;
-    // Cast everything before writing anything, so a failing cast leaves the
-    // module untouched.
+    // Cast (and move to each destination's device: a file's tensors are
+    // read to the host) everything before writing anything, so a failing
+    // cast or upload leaves the module untouched.
     let _g = crate::autograd::no_grad();
     let cast = pairs
         .iter()
-        .map(|(_, dst, src)| src.detach().to_dtype(dst.dtype()))
+        .map(|(_, dst, src)| src.detach().to_dtype(dst.dtype())?.to_device(dst.device()))
         .collect::<Result<Vec<_>>>()?;
     for ((_, dst, _), src) in pairs.iter().zip(&cast) {
         crate::primitives::copy_into(dst, src)?;
