@@ -213,6 +213,16 @@ impl ParallelPlan {
                 format!("rank {} of {}, sharded state", p.rank, self.world_size),
                 p,
             );
+            let even = self.replicated.optimizer_state_bytes / self.world_size;
+            if p.optimizer_state_bytes > even {
+                s += &format!(
+                    "\neach parameter's state lives whole on one rank (dealt largest first, as \
+                     ZeroRedundancyOptimizer does): rank {} holds {}, an even split {}\n",
+                    p.rank,
+                    human_bytes(p.optimizer_state_bytes),
+                    human_bytes(even)
+                );
+            }
         }
         s += "\ngradients are all-reduced in place in 25 MiB buckets: no communication buffer is added\n";
         s
