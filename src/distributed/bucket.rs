@@ -235,8 +235,10 @@ impl GradRelay for Reducer<'_> {
                 ),
             });
         }
-        // NCCL works on whole buffers: a gradient that is a view is copied.
-        let grad = match grad.is_whole_storage() {
+        // NCCL reduces whole buffers in place: a gradient that is a view,
+        // or whose buffer something else also holds (an op's backward may
+        // hand one buffer to two inputs), is copied first.
+        let grad = match grad.is_exclusive() {
             true => grad,
             false => crate::primitives::contiguous_copy(&grad)?,
         };
