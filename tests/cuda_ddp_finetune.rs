@@ -142,3 +142,60 @@ fn finetune_on_two_ranks_writes_the_weights_of_one_device_with_the_whole_batch()
     assert_eq!(r.first_epoch, 2);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The command line: `leangrad launch --nproc-per-node 2 -- leangrad
+/// finetune …` (two processes, a simulated device each) prints one report,
+/// rank 0's, counting both ranks, and rank 0 writes the checkpoint.
+#[test]
+fn finetune_under_leangrad_launch_reports_once_for_both_ranks() {
+    if !have_devices_for_training("ddp_finetune_launch", 2) {
+        return;
+    }
+    let root = tempdir("launch");
+    let data = folder(&root);
+    let out = root.join("run");
+    let leangrad = env!("CARGO_BIN_EXE_leangrad");
+    let port = free_port().to_string();
+    let output = {
+        let _alone = one_at_a_time();
+        std::process::Command::new(leangrad)
+            .args([
+                "launch",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                &port,
+                "--",
+                leangrad,
+            ])
+            .args([
+                "finetune", "--model", "resnet18", "--batch", "2", "--size", "32",
+            ])
+            .args(["--epochs", "1", "--workers", "1", "--json", "--data"])
+            .arg(&data)
+            .arg("--out")
+            .arg(&out)
+            .env("GPUSIM_DEVICE_COUNT", "2")
+            .env("GPUSIM_NCCL_TIMEOUT_MS", "120000")
+            .output()
+            .unwrap()
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON report");
+    assert_eq!(report["world_size"], 2, "{report}");
+    assert_eq!(report["device"], "cuda:0", "{report}");
+    assert_eq!(
+        report["peak_bytes_per_rank"].as_array().map(Vec::len),
+        Some(2)
+    );
+    // 12 images, 2 per rank per step: 3 steps, every image counted once.
+    let epoch = &report["epochs"][0];
+    assert!(
+        epoch["train_loss"].as_f64().is_some_and(f64::is_finite),
+        "{report}"
+    );
+    assert!(out.join("model.safetensors").is_file());
+    let _ = std::fs::remove_dir_all(&root);
+}
