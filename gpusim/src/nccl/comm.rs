@@ -7,7 +7,7 @@ use super::state::{CommRef, Failure, NcclState, Rendezvous, Status};
 use super::transport::{make_id, parse_id};
 use super::*;
 use crate::driver::lock::notify;
-use crate::driver::state::{handle, id_of};
+use crate::driver::state::{handle, id_of, Sim};
 use std::time::Instant;
 
 /// `ncclGetUniqueId`: a fresh id naming this process and its listener
@@ -36,6 +36,15 @@ pub fn fail_rendezvous(procs: &Procs, rv: &mut Rendezvous, f: Failure) -> NErr {
 /// rendezvous of unique-id serial `serial`; returns the handle made for
 /// it (registered once every rank has joined).
 fn join(sim: &mut SimLock, serial: u64, nranks: c_int, rank: c_int) -> NResult<u64> {
+    let (dev, n, r) = joining_rank(sim, nranks, rank)?;
+    let h = handle(TAG_COMM, sim.new_id()) as u64;
+    admit(&mut sim.nccl, serial, n, r, (dev, h, None))?;
+    Ok(h)
+}
+
+/// A joining rank's device (the current context's) and its `nranks` and
+/// `rank`, checked: `(device, n, r)`.
+pub fn joining_rank(sim: &Sim, nranks: c_int, rank: c_int) -> NResult<(usize, usize, usize)> {
     let dev = sim.current_device().map_err(|e| NErr {
         code: NCCL_UNHANDLED_CUDA_ERROR,
         msg: format!("{} (the communicator's device is the current one's)", e.msg),
@@ -46,10 +55,7 @@ fn join(sim: &mut SimLock, serial: u64, nranks: c_int, rank: c_int) -> NResult<u
             format!("rank {rank} of nranks {nranks}: need 0 ≤ rank < nranks"),
         );
     }
-    let (n, r) = (nranks as usize, rank as usize);
-    let h = handle(TAG_COMM, sim.new_id()) as u64;
-    admit(&mut sim.nccl, serial, n, r, (dev, h, None))?;
-    Ok(h)
+    Ok((dev, nranks as usize, rank as usize))
 }
 
 /// Admits rank `r` of `n` to the rendezvous of serial `serial`: on device

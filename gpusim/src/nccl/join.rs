@@ -11,7 +11,7 @@
 //! that gives up (its `GPUSIM_NCCL_TIMEOUT_MS` passed) hangs up, which
 //! fails the rendezvous at the hub with `ncclSystemError`.
 
-use super::comm::{admit, fail_rendezvous};
+use super::comm::{admit, fail_rendezvous, joining_rank};
 use super::net::{self, Net, Peer};
 use super::netfail;
 use super::state::{Clique, Failure, NcclState};
@@ -128,17 +128,7 @@ pub fn join_remote(sim: &mut SimLock, id: &Id, nranks: c_int, rank: c_int) -> NR
             format!("the unique id names process {}, but its address {addr} is this process's own listener (pid {me}): the id was altered, so no transport between processes can be set up from it", id.pid),
         );
     }
-    let dev = sim.current_device().map_err(|e| NErr {
-        code: NCCL_UNHANDLED_CUDA_ERROR,
-        msg: format!("{} (the communicator's device is the current one's)", e.msg),
-    })?;
-    if nranks < 1 || rank < 0 || rank >= nranks {
-        return nfail(
-            NCCL_INVALID_ARGUMENT,
-            format!("rank {rank} of nranks {nranks}: need 0 ≤ rank < nranks"),
-        );
-    }
-    let (n, r) = (nranks as usize, rank as usize);
+    let (dev, n, r) = joining_rank(sim, nranks, rank)?;
     let key = (id.pid, id.serial);
     if let Some(rv) = sim.nccl.procs.joins.get(&key) {
         if let Some(f) = &rv.failed {
