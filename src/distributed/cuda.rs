@@ -183,11 +183,21 @@ impl Communicator {
         t: &Tensor,
         call: impl FnOnce(Call) -> std::result::Result<result::NcclStatus, result::NcclError>,
     ) -> Result<()> {
+        self.in_place_on(what, t, self.device.stream(), call)
+    }
+
+    /// [`Self::in_place`] queued on `stream`.
+    fn in_place_on(
+        &self,
+        what: &'static str,
+        t: &Tensor,
+        stream: &Arc<CudaStream>,
+        call: impl FnOnce(Call) -> std::result::Result<result::NcclStatus, result::NcclError>,
+    ) -> Result<()> {
         let t = self.whole(what, t)?;
         let mut buf = t.storage().cuda_mut()?;
         let (dtype, count) = (nccl_dtype(buf.dtype())?, buf.len());
-        let stream = self.device.stream().clone();
-        let p = address_mut(&mut buf, &stream) as *mut c_void;
+        let p = address_mut(&mut buf, stream) as *mut c_void;
         call((p, p, count, dtype, stream.cu_stream() as _)).map_err(|e| self.error(what, e))?;
         drop(buf);
         crate::meta::touch(t);
@@ -279,15 +289,12 @@ impl Communicator {
         stream
             .join(self.device.stream())
             .map_err(|e| self.device.error("cuStreamWaitEvent", e))?;
-        result::group_start().map_err(|e| self.error("ncclGroupStart", e))?;
-        let queued = tensors
-            .iter()
-            .zip(roots)
-            .try_for_each(|(t, &root)| self.queue_reduce(t, root, op, &stream));
-        // The group is closed even when a call failed, so NCCL's state stays whole.
-        let ended = result::group_end().map_err(|e| self.error("ncclGroupEnd", e));
-        queued?;
-        ended?;
+        self.grouped(|| {
+            tensors
+                .iter()
+                .zip(roots)
+                .try_for_each(|(t, &root)| self.queue_reduce(t, root, op, &stream))
+        })?;
         let done = stream
             .record_event(None)
             .map_err(|e| self.device.error("cuEventRecord", e))?;
@@ -310,56 +317,39 @@ impl Communicator {
             None => "ncclAllReduce",
             Some(_) => "ncclReduce",
         };
-        let t = self.whole(what, t)?;
-        let mut buf = t.storage().cuda_mut()?;
-        let (dtype, count) = (nccl_dtype(buf.dtype())?, buf.len());
-        let p = address_mut(&mut buf, stream) as *mut c_void;
-        let (op, s) = (nccl_op(op), stream.cu_stream() as _);
+        let op = nccl_op(op);
         // SAFETY: a live buffer of this device, kept alive by the returned
         // work until the device's stream has waited for it.
-        unsafe {
+        self.in_place_on(what, t, stream, |(s, r, n, d, st)| unsafe {
             match root {
-                None => result::all_reduce(p, p, count, dtype, op, self.comm, s),
-                Some(r) => result::reduce(p, p, count, dtype, op, r as i32, self.comm, s),
+                None => result::all_reduce(s, r, n, d, op, self.comm, st),
+                Some(root) => result::reduce(s, r, n, d, op, root as i32, self.comm, st),
             }
-        }
-        .map_err(|e| self.error(what, e))?;
-        drop(buf);
-        crate::meta::touch(t);
-        Ok(())
+        })
     }
 
     /// Broadcasts each of `tensors` from its root, in place, as one NCCL
     /// group on the device's stream (after the kernels that wrote them).
     pub(super) fn broadcast_group(&self, tensors: &[Tensor], roots: &[usize]) -> Result<()> {
-        let what = "ncclBroadcast";
-        let stream = self.device.stream().clone();
+        self.grouped(|| {
+            tensors.iter().zip(roots).try_for_each(|(t, &root)| {
+                // SAFETY: a live buffer of this device, in its stream's order.
+                self.in_place("ncclBroadcast", t, |(s, r, n, d, st)| unsafe {
+                    result::broadcast(s, r, n, d, root as i32, self.comm, st)
+                })
+            })
+        })
+    }
+
+    /// Runs `queue` (NCCL calls) between `ncclGroupStart` and
+    /// `ncclGroupEnd`; the group is closed even when a call failed, so
+    /// NCCL's state stays whole.
+    fn grouped(&self, queue: impl FnOnce() -> Result<()>) -> Result<()> {
         result::group_start().map_err(|e| self.error("ncclGroupStart", e))?;
-        let queued = tensors.iter().zip(roots).try_for_each(|(t, &root)| {
-            let t = self.whole(what, t)?;
-            let mut buf = t.storage().cuda_mut()?;
-            let (dtype, count) = (nccl_dtype(buf.dtype())?, buf.len());
-            let p = address_mut(&mut buf, &stream) as *mut c_void;
-            // SAFETY: a live buffer of this device, in its stream's order.
-            unsafe {
-                result::broadcast(
-                    p,
-                    p,
-                    count,
-                    dtype,
-                    root as i32,
-                    self.comm,
-                    stream.cu_stream() as _,
-                )
-            }
-            .map_err(|e| self.error(what, e))?;
-            drop(buf);
-            crate::meta::touch(t);
-            Ok::<(), Error>(())
-        });
+        let queued = queue();
         let ended = result::group_end().map_err(|e| self.error("ncclGroupEnd", e));
         queued?;
-        ended.map(|_| ())
+        ended.map(drop)
     }
 
     /// An all-reduce of one element, then a wait for this device's stream.

@@ -529,12 +529,14 @@ impl<A: Algorithm> Optimizer<A> {
         // order, so that every rank relays them alike).
         let mut leftover: Vec<(u64, Tensor)> = self.buffers.drain().collect();
         result?;
-        let order: HashMap<u64, usize> = self
-            .trainable()
-            .enumerate()
-            .filter_map(|(i, (_, p))| Some((p.leaf_id()?, i)))
-            .collect();
-        leftover.sort_by_key(|(id, _)| order.get(id).copied());
+        if leftover.len() > 1 {
+            let order: HashMap<u64, usize> = self
+                .trainable()
+                .enumerate()
+                .filter_map(|(i, (_, p))| Some((p.leaf_id()?, i)))
+                .collect();
+            leftover.sort_by_key(|(id, _)| order.get(id).copied());
+        }
         for (id, buffer) in leftover {
             if let Some((_, p)) = self.find(id) {
                 match relay.as_deref_mut() {
