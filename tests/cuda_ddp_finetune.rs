@@ -25,10 +25,15 @@ fn tempdir(name: &str) -> PathBuf {
 
 /// Six 40² images per class, dark or light.
 fn folder(root: &Path) -> PathBuf {
+    folder_of(root, 6)
+}
+
+/// `per_class` 40² images per class, dark or light.
+fn folder_of(root: &Path, per_class: usize) -> PathBuf {
     let dir = root.join("train");
     for (c, class) in ["dark", "light"].iter().enumerate() {
         std::fs::create_dir_all(dir.join(class)).unwrap();
-        for i in 0..6 {
+        for i in 0..per_class {
             let lo = if c == 0 { 0.0 } else { 0.6 };
             let t = Tensor::rand_range(
                 &[3, 40, 40],
@@ -143,6 +148,99 @@ fn finetune_on_two_ranks_writes_the_weights_of_one_device_with_the_whole_batch()
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// Every tensor of a checkpoint's model, by name.
+fn all_tensors(ckpt: &Path) -> Vec<(String, Vec<f32>)> {
+    let mut tensors: Vec<(String, Vec<f32>)> = load_safetensors(ckpt.join("model.safetensors"))
+        .unwrap()
+        .into_iter()
+        .filter(|(_, t)| t.dtype() == DType::F32)
+        .map(|(n, t)| (n, t.to_vec::<f32>().unwrap()))
+        .collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    tensors
+}
+
+/// The largest difference between two checkpoints' tensors, relative to
+/// the largest value of `reference` (as the data-parallel tests measure:
+/// a tensor of small values, such as a bias after one step, has sums with
+/// cancellation whose rounding is large relative to it alone), and the
+/// tensor it is in.
+fn largest_difference(a: &[(String, Vec<f32>)], reference: &[(String, Vec<f32>)]) -> (f32, String) {
+    assert_eq!(a.len(), reference.len());
+    let scale = reference
+        .iter()
+        .flat_map(|(_, v)| v)
+        .fold(0f32, |m, v| m.max(v.abs()));
+    let mut worst = (0f32, String::new());
+    for ((name, x), (other, y)) in a.iter().zip(reference) {
+        assert_eq!(name, other);
+        let d = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs())) / scale;
+        if d > worst.0 {
+            worst = (d, name.clone());
+        }
+    }
+    worst
+}
+
+/// Every layer training with BatchNorm in training mode (`all`): two ranks
+/// of two images with `sync_batch_norm` write the weights and running
+/// statistics of one device with four; without it, each rank's
+/// statistics are its own and they do not. One step (four images): with
+/// batch statistics over two to four values per channel (ResNet-18's last
+/// stage is 1×1 at 32²) a step from random weights is extremely
+/// ill-conditioned. Measured with the same model and sizes on simulated
+/// devices: scaling the stem's weights by 1 + 1e-7 moves one device's
+/// step by 0.25 of the largest weight; synchronised ranks differ from one
+/// device by 7.6e-4, per-rank statistics by 160. After three steps
+/// rounding alone grows to differences of order 1. The exact checks are
+/// `cuda_ddp.rs`'s (a smaller model) and `sync_batch_norm.rs`'s (f64).
+#[test]
+fn finetune_with_sync_batchnorm_on_two_ranks_trains_as_one_device() {
+    if !have_devices_for_training("ddp_finetune_sync_bn", 2) {
+        return;
+    }
+    let root = tempdir("sync-bn");
+    let data = folder_of(&root, 2);
+    let with = |mut o: FinetuneOptions, sync: bool| {
+        (o.case, o.epochs, o.sync_batch_norm) = ("all".into(), 1, sync);
+        o
+    };
+    {
+        let _alone = one_at_a_time();
+        run(&with(
+            options(&data, root.join("one"), 4, Device::Cuda(0)),
+            false,
+        ))
+        .unwrap();
+    }
+    for (sync, name) in [(true, "synced"), (false, "local")] {
+        let _alone = one_at_a_time();
+        let port = free_port();
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let mut opts = with(options(&data, root.join(name), 2, Device::Cuda(rank)), sync);
+                opts.distributed = Some(
+                    InitOptions::new(rank, 2)
+                        .master("127.0.0.1", port)
+                        .timeout(Duration::from_secs(60)),
+                );
+                std::thread::spawn(move || run(&opts).unwrap())
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+    let one = all_tensors(&root.join("one"));
+    let (synced, at) = largest_difference(&all_tensors(&root.join("synced")), &one);
+    eprintln!("sync_batch_norm: largest relative difference {synced:.3e} (in {at})");
+    assert!(synced <= 5e-3, "{synced:.3e} in {at}");
+    let (local, at) = largest_difference(&all_tensors(&root.join("local")), &one);
+    eprintln!("per-rank BatchNorm: largest relative difference {local:.3e} (in {at})");
+    assert!(local > 1.0, "{local:.3e} in {at}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// The command line: `leangrad launch --nproc-per-node 2 -- leangrad
 /// finetune …` (two processes, a simulated device each) prints one report,
 /// rank 0's, counting both ranks, and rank 0 writes the checkpoint.
@@ -171,7 +269,10 @@ fn finetune_under_leangrad_launch_reports_once_for_both_ranks() {
             .args([
                 "finetune", "--model", "resnet18", "--batch", "2", "--size", "32",
             ])
-            .args(["--epochs", "1", "--workers", "1", "--json", "--data"])
+            // BatchNorm in eval mode (the default case): the flag is
+            // accepted and changes nothing.
+            .args(["--epochs", "1", "--workers", "1", "--sync-batchnorm"])
+            .args(["--json", "--data"])
             .arg(&data)
             .arg("--out")
             .arg(&out)

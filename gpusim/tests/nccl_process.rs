@@ -56,6 +56,8 @@ fn child() {
             "stuck" => stuck(id),
             "creator" => creator(),
             "orphan" => orphan(id),
+            "hub_first" => hub_done_first(),
+            "receiver" => receiver(id),
             other => panic!("unknown role {other}"),
         }
     });
@@ -395,6 +397,59 @@ fn orphan(id: NcclUniqueId) {
         assert_eq!(async_error(c.0), NCCL_REMOTE_ERROR);
         assert_eq!(ncclCommAbort(c.0), NCCL_SUCCESS);
     }
+}
+
+/// Makes the unique id (the hub), joins ranks 0 and 1, destroys them as
+/// soon as every rank has joined and ends (the process exits).
+fn hub_done_first() {
+    let id = unique_id();
+    say(&format!("id {}", hex(&id)));
+    let comms = ranks_joined(&[0, 1], id);
+    for (dev, c) in comms.iter().enumerate() {
+        bind(dev);
+        assert_eq!(ncclCommDestroy(c.0), NCCL_SUCCESS);
+    }
+    say("destroyed");
+}
+
+/// Rank 3 alone: once told, receives 4 floats from rank 2 and checks them.
+fn receiver(id: NcclUniqueId) {
+    let comms = ranks_joined(&[3], id);
+    bind(0);
+    let recv = alloc(16);
+    assert_eq!(hear(), "receive");
+    let r = unsafe { ncclRecv(recv as _, 4, F32, 2, comms[0].0, null_mut()) };
+    assert_eq!(r, NCCL_SUCCESS);
+    assert_eq!(read(recv, 16), bytes(&[1.5f32, 2.5, 3.5, 4.5]));
+    assert_eq!(ncclCommDestroy(comms[0].0), NCCL_SUCCESS);
+    say("received");
+}
+
+/// The process that made the id relays the other processes' operations:
+/// when its own ranks are destroyed first, it stays (at exit, until the
+/// other ranks have ended, at most its NCCL timeout) so that ranks 2 and 3,
+/// in two other processes, still exchange through it afterwards.
+#[test]
+fn a_hub_whose_ranks_end_first_still_relays_the_others() {
+    let _g = setup();
+    let mut hub = spawn("hub_first", &unique_id(), TIMEOUT_MS);
+    let line = hub.line_where("id …", |l| l.starts_with("id "));
+    let id = unhex(&line[3..]);
+    let mut rx = spawn("receiver", &id, TIMEOUT_MS);
+    let comms = ranks_joined(&[2], id);
+    bind(0);
+    hub.expect("destroyed");
+    // Time for the hub's process to end, were it not waiting.
+    std::thread::sleep(Duration::from_millis(500));
+    let send = upload(&bytes(&[1.5f32, 2.5, 3.5, 4.5]));
+    rx.tell("receive");
+    let r = unsafe { ncclSend(send as _, 4, F32, 3, comms[0].0, null_mut()) };
+    assert_eq!(r, NCCL_SUCCESS);
+    read(send, 16);
+    rx.expect("received");
+    assert_eq!(ncclCommDestroy(comms[0].0), NCCL_SUCCESS);
+    rx.finish();
+    hub.finish();
 }
 
 #[test]

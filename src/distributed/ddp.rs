@@ -31,7 +31,7 @@ use super::bucket::{BucketPlan, Reducer};
 use super::{ProcessGroup, ShardedOptimizer};
 use crate::autograd::engine::merge_leaf_gradient;
 use crate::autograd::{backward_with, no_grad, CollectGrads, GradientSink};
-use crate::nn::{LayerKind, Module};
+use crate::nn::{BatchStatsSync, LayerKind, Module};
 use crate::optim::{Algorithm, FusedStep, GradRelay, Optimizer};
 use crate::tensor::Leaf;
 use crate::{Error, Result, Tensor};
@@ -355,6 +355,10 @@ impl<M: Module> Module for DistributedDataParallel<M> {
     fn set_training(&mut self, training: bool) {
         self.training = training;
         self.module.set_training(training);
+    }
+
+    fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
+        self.module.sync_batch_norm(sync)
     }
 }
 

@@ -33,7 +33,9 @@ pub use launch::{launch, LaunchOptions, LaunchOutcome};
 pub use rendezvous::Rendezvous;
 pub use zero::ShardedOptimizer;
 
+use crate::nn::{BatchStatsSync, Module};
 use crate::{Device, Error, Result, Tensor};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How a reduction combines the ranks' values (NCCL's `ncclRedOp_t`).
@@ -376,6 +378,40 @@ impl ProcessGroup {
             None => Ok(()),
         }
     }
+}
+
+/// A process group is what a synchronised batch norm exchanges its
+/// statistics over ([`convert_sync_batchnorm`]).
+impl BatchStatsSync for ProcessGroup {
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
+        ProcessGroup::all_gather(self, t)
+    }
+
+    /// On the communication stream, as data parallel's gradient buckets:
+    /// one stream keeps every rank's collectives on the communicator in
+    /// the order they were issued.
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<()> {
+        self.reduce_async(vec![t.clone()], &[None], ReduceOp::Sum)?
+            .wait()
+            .map(drop)
+    }
+}
+
+/// Makes every BatchNorm of `module` normalise training batches with the
+/// statistics of all ranks' batches of `group` together, as
+/// `torch.nn.SyncBatchNorm.convert_sync_batchnorm`; returns how many it
+/// converted. Each forward in training mode then all-gathers each rank's
+/// per-channel mean and variance and its count, and each backward that
+/// needs the input gradient all-reduces two sums per channel; nothing more
+/// is kept for backward. Every
+/// rank must convert the same model. A group of one rank changes nothing.
+pub fn convert_sync_batchnorm(module: &mut dyn Module, group: &Arc<ProcessGroup>) -> usize {
+    let sync: Arc<dyn BatchStatsSync> = group.clone();
+    module.sync_batch_norm(Some(&sync))
 }
 
 /// All-reduces in flight ([`ProcessGroup::all_reduce_async`]).

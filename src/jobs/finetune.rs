@@ -28,7 +28,9 @@ use crate::data::{
     CenterCrop, Compose, DataLoader, DistributedSampler, ImageFolder, Normalize,
     RandomHorizontalFlip, RandomResizedCrop, Resize,
 };
-use crate::distributed::{DataParallel, DdpOptions, InitOptions, ProcessGroup, ReduceOp};
+use crate::distributed::{
+    convert_sync_batchnorm, DataParallel, DdpOptions, InitOptions, ProcessGroup, ReduceOp,
+};
 use crate::io::{state_dict, Checkpoint};
 use crate::memory::Ledger;
 use crate::memory_plan::{parse_case, run_step, OptimizerKind, StepInput, StepModel, StepSpec};
@@ -76,6 +78,10 @@ pub struct FinetuneOptions {
     /// checkpointing: forward keeps each block's input, backward runs the
     /// block again); an error for a model without blocks.
     pub gradient_checkpointing: bool,
+    /// Under a group, BatchNorm layers in training mode normalise with
+    /// statistics over all ranks' batches (`SyncBatchNorm`,
+    /// [`convert_sync_batchnorm`]); without one it changes nothing.
+    pub sync_batch_norm: bool,
     /// How Adam keeps its moments (f32, bf16 or block-wise 8-bit;
     /// [`Optimizer::set_state_format`]).
     pub optimizer_state: StateFormat,
@@ -121,6 +127,7 @@ impl FinetuneOptions {
             optimizer: OptimizerKind::Sgd,
             fused: false,
             gradient_checkpointing: false,
+            sync_batch_norm: false,
             optimizer_state: StateFormat::Full,
             autocast: None,
             out: None,
@@ -264,6 +271,9 @@ pub fn run(opts: &FinetuneOptions) -> Result<FinetuneReport> {
     case.apply(model.as_mut())?;
     if opts.gradient_checkpointing {
         model.set_gradient_checkpointing(true)?;
+    }
+    if let Some(g) = group.as_ref().filter(|_| opts.sync_batch_norm) {
+        convert_sync_batchnorm(model.as_mut(), g);
     }
     let all = model.parameters();
     let params: Vec<Tensor> = all.iter().filter(|p| p.requires_grad()).cloned().collect();

@@ -9,8 +9,9 @@ use super::{
     kinds_of, params_of, set_linear, Bert, BertConfig, Freeze, ReplaceHead, TextInput, ViT,
     ViTConfig, INITIALIZER_RANGE,
 };
-use crate::nn::{Init, LayerKind, Linear, Module};
+use crate::nn::{BatchStatsSync, Init, LayerKind, Linear, Module};
 use crate::{DType, Device, Error, Result, Tensor};
+use std::sync::Arc;
 
 /// A backbone a [`Classifier`] reads features from.
 pub trait Backbone: Freeze {
@@ -203,6 +204,10 @@ impl<B: Backbone> Module for Classifier<B> {
 
     fn set_training(&mut self, training: bool) {
         self.backbone.set_training(training);
+    }
+
+    fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
+        self.backbone.sync_batch_norm(sync)
     }
 }
 

@@ -9,8 +9,11 @@ use super::{
     stop_if, tensors, Ctx, FeatureMaps, Named, Part, ReplaceHead,
 };
 use crate::memory::scope;
-use crate::nn::{AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, Init, LayerKind, Linear, Module};
+use crate::nn::{
+    AdaptiveAvgPool2d, BatchNorm, BatchStatsSync, Conv2d, Dropout, Init, LayerKind, Linear, Module,
+};
 use crate::{DType, Device, Error, Result, Tensor};
+use std::sync::Arc;
 
 /// One row of the inverted-residual plan: expansion `t`, output channels
 /// `c`, repeats `n`, stride of the first repeat `s`.
@@ -393,5 +396,10 @@ impl Module for MobileNetV2 {
             }
         }
         self.dropout.set_training(training);
+    }
+
+    fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
+        let units = self.blocks.iter_mut().flat_map(|b| b.units.iter_mut());
+        units.map(|u| u.bn.sync_batch_norm(sync)).sum()
     }
 }

@@ -10,10 +10,11 @@ use super::{
 };
 use crate::memory::scope;
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, Conv2d, LayerKind, Linear, MaxPool2d, MaxPool2dOptions, Module,
-    ReLU,
+    AdaptiveAvgPool2d, BatchNorm, BatchStatsSync, Conv2d, LayerKind, Linear, MaxPool2d,
+    MaxPool2dOptions, Module, ReLU,
 };
 use crate::{DType, Device, Error, Result, Tensor};
+use std::sync::Arc;
 
 /// The residual block of a [`ResNet`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -438,5 +439,18 @@ impl Module for ResNet {
                 b.set_training(training);
             }
         }
+    }
+
+    fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
+        let mut n = self.bn1.sync_batch_norm(sync);
+        for block in self.stages.iter_mut().flatten() {
+            for b in &mut block.bns {
+                n += b.sync_batch_norm(sync);
+            }
+            if let Some((_, b)) = &mut block.downsample {
+                n += b.sync_batch_norm(sync);
+            }
+        }
+        n
     }
 }

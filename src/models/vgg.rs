@@ -9,10 +9,11 @@ use super::{
 };
 use crate::memory::scope;
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, Conv2d, Dropout, FanMode, Init, LayerKind, Linear, MaxPool2d,
-    MaxPool2dOptions, Module, ReLU,
+    AdaptiveAvgPool2d, BatchNorm, BatchStatsSync, Conv2d, Dropout, FanMode, Init, LayerKind,
+    Linear, MaxPool2d, MaxPool2dOptions, Module, ReLU,
 };
 use crate::{DType, Device, Error, Result, Tensor};
+use std::sync::Arc;
 
 /// torchvision's VGG-16 feature plan ("D"): output channels of each 3×3
 /// convolution, `0` for a 2×2 max pool.
@@ -325,5 +326,15 @@ impl Module for Vgg {
                 _ => {}
             }
         }
+    }
+
+    fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
+        let mut n = 0;
+        for (_, layer) in &mut self.layers {
+            if let Layer::Bn(m) = layer {
+                n += m.sync_batch_norm(sync);
+            }
+        }
+        n
     }
 }

@@ -12,6 +12,7 @@ mod linear;
 mod module;
 mod pool;
 mod sequential;
+mod stats_sync;
 
 pub use activation::{Flatten, LeakyReLU, ReLU, SiLU, Sigmoid, Tanh, GELU};
 pub use conv::{
@@ -30,6 +31,7 @@ pub use pool::{
     MaxPool2d, MaxPool2dOptions, PoolGeom,
 };
 pub use sequential::Sequential;
+pub use stats_sync::BatchStatsSync;
 mod norm;
 
 pub use norm::{

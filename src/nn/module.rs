@@ -1,6 +1,8 @@
 //! The layer interface.
 
+use super::stats_sync::BatchStatsSync;
 use crate::{Result, Tensor};
+use std::sync::Arc;
 
 /// The kind of layer a parameter belongs to; the selective-differentiation
 /// cases (norm-only, conv-only, linear-only, …) pick parameters by it.
@@ -65,6 +67,17 @@ pub trait Module {
         let _ = training;
     }
 
+    /// Makes every batch norm inside normalise training batches with the
+    /// statistics of the whole batch over the ranks of `sync`
+    /// (`torch.nn.SyncBatchNorm.convert_sync_batchnorm`), or per rank again
+    /// with `None`; returns how many batch norms it set. Modules holding
+    /// batch norms pass it on to them; the default (no batch norm) sets
+    /// none.
+    fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
+        let _ = sync;
+        0
+    }
+
     /// The parameters, without names.
     fn parameters(&self) -> Vec<Tensor> {
         self.named_parameters()
@@ -99,6 +112,10 @@ impl<M: Module + ?Sized> Module for Box<M> {
 
     fn set_training(&mut self, training: bool) {
         (**self).set_training(training)
+    }
+
+    fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
+        (**self).sync_batch_norm(sync)
     }
 }
 

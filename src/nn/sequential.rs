@@ -1,8 +1,9 @@
 //! `torch.nn.Sequential`: layers run one after the other, named by their
 //! position.
 
-use super::{LayerKind, Module};
+use super::{BatchStatsSync, LayerKind, Module};
 use crate::{Result, Tensor};
+use std::sync::Arc;
 
 /// Layers applied in order, as `torch.nn.Sequential`: child `i` is named
 /// `"i"`, so its parameters are `i.weight`, `i.bias`, … in the state dict
@@ -150,5 +151,12 @@ impl Module for Sequential {
         for child in &mut self.children {
             child.set_training(training);
         }
+    }
+
+    fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
+        self.children
+            .iter_mut()
+            .map(|c| c.sync_batch_norm(sync))
+            .sum()
     }
 }

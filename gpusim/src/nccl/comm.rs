@@ -383,8 +383,57 @@ pub extern "C" fn ncclCommDestroy(comm: NcclComm) -> NcclResult {
             flush(sim, c);
         }
         end(sim, comm, c, "destroyed");
+        if relaying(sim) {
+            linger_at_exit_once();
+        }
         Ok(())
     })
+}
+
+/// Whether this process is the hub of a communicator between processes
+/// (see `net`) whose own ranks have all ended while another process's
+/// ranks are still live: it still relays their operations.
+fn relaying(sim: &Sim) -> bool {
+    sim.nccl.cliques.values().any(|c| {
+        let hub = c.net.as_ref().is_some_and(|n| n.hub);
+        let ended = |r: &super::state::RankInfo| matches!(r.status, Status::Gone(_));
+        let (own, others): (Vec<_>, Vec<_>) = c.ranks.iter().partition(|r| r.remote.is_none());
+        hub && own.iter().all(|r| ended(r)) && !others.iter().all(|r| ended(r))
+    })
+}
+
+extern "C" {
+    fn atexit(cb: extern "C" fn()) -> i32;
+}
+
+/// At the exit of a hub process: waits (lock released, at most the NCCL
+/// timeout) until the other processes' ranks have ended, so that outcomes
+/// it decided but had not delivered yet do not go with it — a real NCCL
+/// rank's transfers are done when its operation is, a relay's are not. A
+/// process that exits with live ranks of its own does not wait (the
+/// others are told it went).
+extern "C" fn linger_at_exit() {
+    let g = crate::driver::state::lock();
+    if g.is_none() {
+        return;
+    }
+    let mut sim = SimLock::new(g);
+    let deadline = Instant::now() + sim.nccl.timeout;
+    while Instant::now() < deadline && relaying(&sim) {
+        sim.wait_until(deadline);
+    }
+    join::await_closing(&mut sim);
+}
+
+/// Registers [`linger_at_exit`] once, when a hub's own rank ends.
+fn linger_at_exit_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain function with the C library; it takes the
+    // simulator's lock, which no exiting thread holds for long (waits
+    // release it).
+    ONCE.call_once(|| unsafe {
+        atexit(linger_at_exit);
+    });
 }
 
 /// `ncclCommAbort`: frees the handle at once, without waiting. Operations

@@ -108,6 +108,11 @@ pub enum Command {
         /// training state is --out).
         #[arg(long = "checkpoint")]
         gradient_checkpointing: bool,
+        /// Under `leangrad launch`: BatchNorm layers in training mode
+        /// normalise with the statistics of all ranks' batches together
+        /// (SyncBatchNorm) instead of each rank's own.
+        #[arg(long = "sync-batchnorm")]
+        sync_batch_norm: bool,
         /// How Adam keeps its two moments: f32, bf16 (half the bytes) or
         /// 8bit (block-wise quantised, a quarter).
         #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "8bit"])]

@@ -21,17 +21,20 @@
 //! place, in f64 from the unrounded batch moments, by the same pass that
 //! rounds the statistics; on CUDA nothing crosses to the host.
 
+use super::sync::{synced_input_grad, synced_moments, SyncedGrad};
 use super::{
     check_param, grads_of, input_grad, inputs_of, norm_stats, normalize, normalize_relu,
     optional_needs, param_grads, prepare, recompute_xhat, scale_tensor, stat_sums, GradMode,
-    GradScale, NormGeom, Normalize, Prep, ReluMask, RunningUpdate, StatSource,
+    GradScale, NormGeom, Normalize, Prep, Prepared, ReluMask, RunningUpdate, StatSource,
 };
 use crate::autograd::{attach, may_reuse, save_policy, BackwardOp, SavePolicy, SavedTensor};
 use crate::memory::uncounted;
+use crate::nn::BatchStatsSync;
 use crate::ops::autocast::widens;
 use crate::ops::relu_applied_in_place;
 use crate::primitives::contiguous_copy;
 use crate::{DType, Error, Result, Tensor};
+use std::sync::Arc;
 
 /// Where the lean input gradient's per-channel `weight·invstd` comes from.
 enum Scale {
@@ -71,6 +74,9 @@ struct BatchNormBackward {
     /// The dtype `x̂` (or the input) was kept in: `dtype`, or autocast's.
     kept: DType,
     saved: BnSaved,
+    /// Train mode over several ranks: the group and the global count per
+    /// channel (`[1]` f64, outside the ledger).
+    sync: Option<(Arc<dyn BatchStatsSync>, Tensor)>,
 }
 
 /// A [`Prep`] from `mean` and `var` of `source` that wants nothing yet.
@@ -178,6 +184,31 @@ impl BackwardOp for BatchNormBackward {
         let [nx, nw, nb] = self.needs;
         let geo = self.geo;
         let (xhat, scale) = self.xhat_and_scale()?;
+        if self.train && nx && self.sync.is_some() {
+            let BatchNormBackward {
+                saved,
+                sync,
+                present,
+                ..
+            } = *self;
+            // The node's saved `x̂` goes now: ours may then be written over.
+            drop(saved);
+            let missing = || Error::Backward("sync_batch_norm: saved state missing".into());
+            let (sync, count) = sync.ok_or_else(missing)?;
+            let how = SyncedGrad {
+                xhat: xhat.ok_or_else(missing)?,
+                scale: &scale.ok_or_else(missing)?,
+                count: &count,
+                sync: sync.as_ref(),
+            };
+            let (gx, gw, gb) = synced_input_grad(g, geo, how)?;
+            return Ok(grads_of(
+                Some(gx),
+                nw.then_some(gw),
+                nb.then_some(gb),
+                present,
+            ));
+        }
         // In train mode with x̂ at hand the weight and bias gradients are the
         // sums the input gradient's means need (one statistic per channel,
         // one parameter per channel): one pass makes all of them (on the
@@ -263,6 +294,7 @@ pub fn batch_norm(
         weight,
         bias,
         num_batches_tracked: None,
+        sync: None,
     };
     let mode = Mode {
         training,
@@ -285,6 +317,9 @@ pub(super) struct BnState<'a> {
     pub bias: Option<&'a Tensor>,
     /// Incremented with the running statistics' update (train mode).
     pub num_batches_tracked: Option<&'a Tensor>,
+    /// The ranks whose batches are normalised together (train mode,
+    /// `SyncBatchNorm`); `None`: this batch alone.
+    pub sync: Option<&'a Arc<dyn BatchStatsSync>>,
 }
 
 /// Batch statistics or running ones, the running statistics' momentum and
@@ -363,15 +398,22 @@ impl NormThenRelu {
     }
 }
 
+/// The statistics a batch norm normalises with.
+struct Statistics {
+    /// Per-channel mean, statistics dtype, outside the ledger.
+    mean: Tensor,
+    /// Per-channel `invstd`, statistics dtype, outside the ledger.
+    invstd: Tensor,
+    /// Train mode over several ranks: the global count per channel (`[1]`
+    /// f64), which the input gradient divides by.
+    global_count: Option<Tensor>,
+}
+
 /// The per-channel mean and `invstd` batch norm normalises with (outside
-/// the ledger): the batch's, updating the running statistics, in train
-/// mode; the running statistics' otherwise.
-fn statistics(
-    x: &Tensor,
-    geo: NormGeom,
-    state: &BnState<'_>,
-    mode: Mode,
-) -> Result<(Tensor, Tensor)> {
+/// the ledger): the batch's (over every rank when synchronised), updating
+/// the running statistics, in train mode; the running statistics'
+/// otherwise.
+fn statistics(x: &Tensor, geo: NormGeom, state: &BnState<'_>, mode: Mode) -> Result<Statistics> {
     const OP: &str = "batch_norm";
     let running = match (state.running_mean, state.running_var) {
         (Some(m), Some(v)) => Some((m, v)),
@@ -387,42 +429,84 @@ fn statistics(
         check_running(OP, m, geo.s, x)?;
         check_running(OP, v, geo.s, x)?;
     }
-    let dt = x.dtype();
-    let got = if mode.training {
-        let count = geo.count();
-        if count <= 1 {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                msg: format!(
-                    "expected more than 1 value per channel when training, got {:?}",
-                    x.shape()
-                ),
-            });
-        }
-        let (mean, var) = norm_stats(x, geo, true)?;
-        let mut p = prep(StatSource::Moments, Some(&mean), &var, mode.eps, dt);
-        // A checkpointed segment's recompute leaves them: its forward moved them.
-        let update = running.filter(|_| !crate::autograd::is_recomputing());
-        p.update = update.map(|(m, v)| RunningUpdate {
-            mean: m,
-            var: v,
-            momentum: mode.momentum,
-            unbias: count as f64 / (count as f64 - 1.0),
-            counter: state.num_batches_tracked,
-        });
-        (p.want_mean, p.want_rstd) = (true, true);
-        prepare(&p)?
+    let (got, global_count) = if mode.training {
+        batch_statistics(x, geo, state, mode, running)?
     } else {
         let (rm, rv) = running.ok_or(Error::InvalidArgument {
             op: OP,
             msg: "eval mode needs running statistics".into(),
         })?;
-        let mut p = prep(StatSource::Running, Some(rm), rv, mode.eps, dt);
+        let mut p = prep(StatSource::Running, Some(rm), rv, mode.eps, x.dtype());
         (p.want_mean, p.want_rstd) = (true, true);
-        prepare(&p)?
+        (prepare(&p)?, None)
     };
     let missing = || Error::Backward("batch_norm: statistics not computed".into());
-    Ok((got.mean.ok_or_else(missing)?, got.rstd.ok_or_else(missing)?))
+    Ok(Statistics {
+        mean: got.mean.ok_or_else(missing)?,
+        invstd: got.rstd.ok_or_else(missing)?,
+        global_count,
+    })
+}
+
+/// Train mode's statistics: the batch's moments (combined over every rank
+/// when `state.sync` says so), rounded, the running statistics moved with
+/// them; and the global count when synchronised.
+fn batch_statistics(
+    x: &Tensor,
+    geo: NormGeom,
+    state: &BnState<'_>,
+    mode: Mode,
+    running: Option<(&Tensor, &Tensor)>,
+) -> Result<(Prepared, Option<Tensor>)> {
+    let count = geo.count();
+    // Over several ranks one value here is enough: there are others.
+    let least = if state.sync.is_some() { 1 } else { 2 };
+    if count < least {
+        return Err(Error::InvalidArgument {
+            op: "batch_norm",
+            msg: format!(
+                "expected more than 1 value per channel when training, got {:?}",
+                x.shape()
+            ),
+        });
+    }
+    let (mean, var) = norm_stats(x, geo, true)?;
+    let dt = x.dtype();
+    // A checkpointed segment's recompute leaves them: its forward moved them.
+    let update = running.filter(|_| !crate::autograd::is_recomputing());
+    let moving = |unbias: f64| {
+        update.map(|(m, v)| RunningUpdate {
+            mean: m,
+            var: v,
+            momentum: mode.momentum,
+            unbias,
+            counter: state.num_batches_tracked,
+        })
+    };
+    let Some(sync) = state.sync else {
+        let mut p = prep(StatSource::Moments, Some(&mean), &var, mode.eps, dt);
+        p.update = moving(count as f64 / (count as f64 - 1.0));
+        (p.want_mean, p.want_rstd) = (true, true);
+        return Ok((prepare(&p)?, None));
+    };
+    let all = synced_moments(&mean, &var, count, sync.as_ref())?;
+    let mut p = prep(StatSource::Moments, Some(&all.mean), &all.var, mode.eps, dt);
+    (p.want_mean, p.want_rstd) = (true, true);
+    let got = prepare(&p)?;
+    // The global count is on the device: the running variance moves with
+    // the variance already unbiased there.
+    if update.is_some() {
+        let mut q = prep(
+            StatSource::Moments,
+            Some(&all.mean),
+            &all.var_unbiased,
+            mode.eps,
+            dt,
+        );
+        q.update = moving(1.0);
+        prepare(&q)?;
+    }
+    Ok((got, Some(all.count)))
 }
 
 /// Batch norm of `x` (written over it when `reuse`), with the ReLU after it
@@ -486,7 +570,11 @@ fn run_in(
     let geo = NormGeom::batch(x.shape()[0], c, x.shape()[2..].iter().product());
     check_param(OP, weight, &[c], x)?;
     check_param(OP, bias, &[c], x)?;
-    let (mean, invstd) = statistics(x, geo, state, mode)?;
+    let Statistics {
+        mean,
+        invstd,
+        global_count,
+    } = statistics(x, geo, state, mode)?;
     let training = mode.training;
     let [nx, nw, nb] = optional_needs(x, weight, bias);
     let lean = save_policy() == SavePolicy::Lean;
@@ -570,6 +658,7 @@ fn run_in(
         dtype: x.dtype(),
         kept,
         saved,
+        sync: state.sync.cloned().zip(global_count),
     };
     Ok(NormThenRelu {
         y: attach(y, &inputs_of(x, weight, bias), op),

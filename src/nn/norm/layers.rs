@@ -14,9 +14,10 @@ use super::{group_norm, layer_norm, rms_norm};
 use crate::memory::scope;
 use crate::memory::Category;
 use crate::nn::input::{check_dtype_of, check_min_rank, check_rank, check_size, check_trailing};
-use crate::nn::Module;
+use crate::nn::{BatchStatsSync, Module};
 use crate::ops::autocast::{widen, widen_owned, widens};
 use crate::{DType, Device, Error, Result, Tensor};
+use std::sync::Arc;
 
 fn param(shape: &[usize], v: f64, dtype: DType, device: Device) -> Result<Tensor> {
     Tensor::full(shape, v, dtype, device)?.into_parameter()
@@ -455,6 +456,9 @@ pub struct BatchNorm {
     ranks: &'static [usize],
     training: bool,
     name: String,
+    /// The ranks whose batches are normalised together in training mode
+    /// (`SyncBatchNorm`); `None`: this rank's batch alone.
+    sync: Option<Arc<dyn BatchStatsSync>>,
 }
 
 impl BatchNorm {
@@ -491,12 +495,20 @@ impl BatchNorm {
             ranks,
             training: true,
             name: name.to_string(),
+            sync: None,
         })
     }
 
     /// Whether the layer is in training mode.
     pub fn is_training(&self) -> bool {
         self.training
+    }
+
+    /// Whether training batches are normalised with statistics over the
+    /// ranks of a group of more than one rank (see
+    /// [`Module::sync_batch_norm`]).
+    pub fn is_synced(&self) -> bool {
+        self.sync.as_ref().is_some_and(|s| s.world_size() > 1)
     }
 
     /// A builder with PyTorch's defaults ([`BatchNormOptions::default`],
@@ -623,6 +635,12 @@ impl BatchNorm {
             weight: self.weight.as_ref(),
             bias: self.bias.as_ref(),
             num_batches_tracked: counter,
+            // Eval mode normalises with the running statistics: nothing to
+            // exchange.
+            sync: self
+                .sync
+                .as_ref()
+                .filter(|s| s.world_size() > 1 && self.training),
         };
         let mode = BnMode {
             training: self.training || self.running_mean.is_none(),
@@ -698,5 +716,19 @@ impl Module for BatchNorm {
 
     fn set_training(&mut self, training: bool) {
         self.training = training;
+    }
+
+    /// With a group of more than one rank, training batches are normalised
+    /// with the mean and variance of all ranks' batches together (as
+    /// `torch.nn.SyncBatchNorm`): the forward all-gathers each rank's
+    /// per-channel mean, variance and count (combined in f64 in rank
+    /// order, the same on every rank), the running statistics move with
+    /// the global ones, and the input gradient's two per-channel sums are
+    /// all-reduced in backward. It saves what the layer saves unsynced;
+    /// the weight and bias gradients stay this rank's (data parallel
+    /// averages them). Eval mode exchanges nothing.
+    fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
+        self.sync = sync.cloned();
+        1
     }
 }

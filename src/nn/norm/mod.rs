@@ -7,6 +7,7 @@
 //!   saves) and its backward;
 //! - `row_norms.rs`: [`layer_norm`], [`group_norm`], [`rms_norm`] and their
 //!   shared backward;
+//! - `sync.rs`: batch norm synchronised over ranks (`SyncBatchNorm`);
 //! - `layers.rs`: the modules [`BatchNorm`], [`LayerNorm`], [`GroupNorm`],
 //!   [`RMSNorm`] (and their builders);
 //! - `cpu.rs`: the CPU kernels (statistics, normalise, input and parameter
@@ -45,6 +46,7 @@
 //! | batch_norm, eval | w (± b), not x | `x̂` | `n·T` | `dw = Σ g·x̂`; cheaper than the input plus two C-sized statistics, and immune to later updates of the running statistics |
 //! | batch_norm, eval | x and w (± b) | `x̂`, and `scale` unless w and running_var are model state | `n·T` (+ `C·S`) | both of the above |
 //! | batch_norm | b only | nothing | 0 | `db = Σ g` |
+//! | batch_norm, train, synchronised over ranks (`SyncBatchNorm`) | as above | as above (the statistics are the global ones) | as above | `dx` takes `Σ g` and `Σ g·x̂` over all ranks (one all-reduce of `2C` values); `x̂` is written over once they are taken |
 //! | batch_norm under autocast (f16/bf16 input, f32 weights and running statistics) | as above | as above, with `x̂` in the input's dtype (`SaveAll`: the input in its dtype) | `n·T`, `T` = 2 | normalised in f32 on a transient f32 copy of the input, output in the input's dtype, as cuDNN's batch norm under PyTorch's CUDA autocast |
 //! | layer_norm | x (± w, b) | `x̂`, rstd (R), w (if affine) | `n·T + R·S + D·T` | `dx = rstd·(g·w − mean(g·w) − x̂·mean(g·w·x̂))` per row |
 //! | layer_norm | w (± b), not x | `x̂` | `n·T` | `dw = Σ g·x̂` |
@@ -74,6 +76,7 @@ mod cpu;
 mod cuda;
 mod layers;
 mod row_norms;
+mod sync;
 
 pub use batch_norm::batch_norm;
 pub use layers::{
