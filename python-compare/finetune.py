@@ -77,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--fused", action="store_true", help="update each parameter inside backward")
     p.add_argument("--checkpoint", action="store_true",
                    help="activation checkpointing per residual block")
+    p.add_argument("--sync-batchnorm", action="store_true",
+                   help="under torchrun: BatchNorm statistics over all ranks' batches (SyncBatchNorm)")
     p.add_argument("--optimizer-state", default="f32", choices=["f32", "bf16", "8bit"],
                    help="8bit: bitsandbytes' 8-bit optimizers; bf16 has no PyTorch counterpart")
     p.add_argument("--autocast", default=None, choices=["bf16", "f16"],
@@ -231,6 +233,9 @@ def run(a):
     jc.apply_case(a.case, model)
     if a.checkpoint:
         checkpoint_blocks(model, a.model)
+    if a.sync_batchnorm and torch.distributed.is_available() and torch.distributed.is_initialized():
+        # As leangrad: only under a process group; a single process keeps its BatchNorm.
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise jc.JobError(f"case `{a.case}` trains no parameter of {a.model}")
