@@ -89,6 +89,7 @@ tests/pytorch_saved_bytes.rs compares it with leangrad's save-all policy
 """
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -384,8 +385,11 @@ def measure(torch, args, case):
 
     def step():
         amp = {"bf16": torch.bfloat16, "f16": torch.float16}.get(args.autocast)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                torch.autocast(device_type=args.device, dtype=amp, enabled=amp is not None):
+        # No autocast context at all without --autocast: torch 2.15 refuses
+        # even a disabled one on the meta device ("unsupported scalarType").
+        cast = (torch.autocast(device_type=args.device, dtype=amp) if amp is not None
+                else contextlib.nullcontext())
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), cast:
             loss = torch.nn.functional.cross_entropy(logits(args, model, x), targets)
         if args.device == "meta":
             return  # nothing is allocated: the saved bytes are all there is
