@@ -1,4 +1,4 @@
-"""Writes the model fixtures of tests/models_{resnet,vgg,mobilenet}.rs.
+"""Writes the model fixtures of tests/models_{resnet,vgg,mobilenet,alexnet}.rs.
 
 Builds a model in plain torch.nn with torchvision's attribute (and so
 state-dict) names, seeds it, fills the BatchNorm statistics and affine
@@ -47,6 +47,30 @@ Run from the repository root:
     python3 python-compare/export.py --arch mobilenet_v2 --width 4 \
         --settings 1 2 1 1 6 3 2 2 6 4 2 2 --last-channel 16 --batch 2 \
         --size 16 --name mobilenet_v2_tiny
+    python3 python-compare/export.py --arch resnet --block bottleneck \
+        --layers 3 4 23 3 --width 2 --classes 5 --in-channels 1 --batch 16 \
+        --size 48 --seed 12 --cases all input input-bn-eval norm conv-bn-eval \
+        surgical-last --name resnet101_tiny
+    python3 python-compare/export.py --arch resnet --block bottleneck \
+        --layers 3 4 23 3 --width 2 --groups 4 --width-per-group 32 \
+        --classes 5 --in-channels 1 --batch 16 --size 48 --seed 18 --cases all \
+        input input-bn-eval norm conv-bn-eval surgical-last --name resnext101_tiny
+    python3 python-compare/export.py --arch alexnet --widths 4 8 8 8 8 \
+        --pool-size 6 --hidden 16 --classes 5 --in-channels 3 --batch 2 \
+        --size 64 --seed 0 --name alexnet_tiny
+
+The ResNet-101 and ResNeXt-101 fixtures (ResNet-101's blocks [3, 4, 23,
+3]; the ResNeXt's 3×3 convolutions in 4 groups of width_per_group 32, so
+twice a ResNet's width, as ResNeXt-101 64×4d is four times) hold only the
+cases given by `--cases`: ResNet-50's fixtures already cover every case
+of the same block code, and deep fixtures are large. Their seeds were
+screened as ResNet-50's (`--screen 30` with the same `--cases`): in
+training mode no seed keeps PyTorch's own f32 within 1e-4 (the best:
+1.14e-4 for ResNet-101, seed 12 of 19; 1.36e-4 for the ResNeXt, seed 18
+of 25; most seeds have a ReLU input within f32 rounding of zero, and are
+off by 1e-2 to 0.5 where f32 and f64 take different sides of it).
+torchvision_models.py checks that these architectures at full size are
+torchvision's own (names, shapes and outputs with the same weights).
 
 The transformer fixtures (ViT, BERT, GPT-2) come from
 export_transformers.py beside this file, in the same layout.
@@ -88,12 +112,14 @@ class BasicBlock(nn.Module):
 class Bottleneck(nn.Module):
     expansion = 4
 
-    def __init__(self, cin, width, stride):
+    def __init__(self, cin, planes, stride, groups=1, width_per_group=64):
         super().__init__()
-        cout = width * 4
+        cout = planes * 4
+        # torchvision's Bottleneck: the grouped 3x3 convolution's width.
+        width = int(planes * (width_per_group / 64.0)) * groups
         self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, groups=groups, bias=False)
         self.bn2 = nn.BatchNorm2d(width)
         self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(cout)
@@ -115,8 +141,10 @@ def downsample(cin, cout, stride):
 
 
 class ResNet(nn.Module):
-    def __init__(self, block, layers, width, classes, in_ch):
+    def __init__(self, block, layers, width, classes, in_ch, groups=1, width_per_group=64):
         super().__init__()
+        grouped = {} if block is BasicBlock else {"groups": groups,
+                                                  "width_per_group": width_per_group}
         self.conv1 = nn.Conv2d(in_ch, width, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
@@ -126,7 +154,7 @@ class ResNet(nn.Module):
             blocks = []
             for i in range(n):
                 stride = 2 if s > 0 and i == 0 else 1
-                blocks.append(block(cin, width << s, stride))
+                blocks.append(block(cin, width << s, stride, **grouped))
                 cin = (width << s) * block.expansion
             setattr(self, f"layer{s + 1}", nn.Sequential(*blocks))
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
@@ -165,6 +193,33 @@ class VGG(nn.Module):
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
                 nn.init.uniform_(m.bias, -0.1, 0.1)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+class AlexNet(nn.Module):
+    """torchvision's AlexNet with the five convolutions' widths, the pool
+    size and the hidden width as arguments (torchvision: 64, 192, 384, 256,
+    256; 6; 4096). torchvision keeps PyTorch's default initialisation."""
+
+    def __init__(self, widths, in_ch, pool, hidden, classes, dropout):
+        super().__init__()
+        a, b, c, d, e = widths
+        self.features = nn.Sequential(
+            nn.Conv2d(in_ch, a, kernel_size=11, stride=4, padding=2), nn.ReLU(inplace=True),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+            nn.Conv2d(a, b, kernel_size=5, padding=2), nn.ReLU(inplace=True),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+            nn.Conv2d(b, c, kernel_size=3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(c, d, kernel_size=3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(d, e, kernel_size=3, padding=1), nn.ReLU(inplace=True),
+            nn.MaxPool2d(kernel_size=3, stride=2))
+        self.avgpool = nn.AdaptiveAvgPool2d((pool, pool))
+        self.classifier = nn.Sequential(
+            nn.Dropout(p=dropout), nn.Linear(e * pool * pool, hidden), nn.ReLU(inplace=True),
+            nn.Dropout(p=dropout), nn.Linear(hidden, hidden), nn.ReLU(inplace=True),
+            nn.Linear(hidden, classes))
 
     def forward(self, x):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
@@ -218,9 +273,13 @@ def build(args):
     if args.arch == "vgg":
         return VGG(args.plan, args.bn, args.in_channels, args.pool_size, args.hidden,
                    args.classes, args.dropout)
+    if args.arch == "alexnet":
+        return AlexNet(args.widths, args.in_channels, args.pool_size, args.hidden,
+                       args.classes, args.dropout)
     if args.arch == "resnet":
         block = BasicBlock if args.block == "basic" else Bottleneck
-        return ResNet(block, args.layers, args.width, args.classes, args.in_channels)
+        return ResNet(block, args.layers, args.width, args.classes, args.in_channels,
+                      args.groups, args.width_per_group)
     raise SystemExit(f"unknown architecture {args.arch}")
 
 
@@ -332,6 +391,13 @@ def main():
     p.add_argument("--settings", type=int, nargs="+",
                    help="MobileNetV2 rows, flattened t c n s quadruples")
     p.add_argument("--last-channel", type=int, default=16)
+    p.add_argument("--groups", type=int, default=1, help="ResNeXt: groups of the 3x3 conv")
+    p.add_argument("--width-per-group", type=int, default=64,
+                   help="ResNeXt: torchvision's width_per_group")
+    p.add_argument("--widths", type=int, nargs=5, default=[64, 192, 384, 256, 256],
+                   help="AlexNet: the five convolutions' widths")
+    p.add_argument("--cases", nargs="+", choices=CASES, default=CASES,
+                   help="the cases to write (default: all 14)")
     p.add_argument("--name", required=True)
     args = p.parse_args()
     if args.screen:
@@ -362,7 +428,7 @@ def export(args, seed, write):
         save_file({"input": x, "probe": probe},
                   os.path.join(OUT, f"{args.name}_io.safetensors"))
     errs = {}
-    for case in CASES:
+    for case in args.cases:
         if not case.startswith("input") and not trainable(case, model):
             continue  # nothing would train: e.g. `norm` on VGG without BN
         # The reference runs in f64 and is stored rounded to f32.

@@ -356,7 +356,7 @@ def checkpoint_blocks(model, name):
 
     if name == "mobilenet_v2":
         blocks = list(model.features)
-    elif name.startswith("resnet"):
+    elif name.startswith(("resnet", "resnext")):
         blocks = [b for stage in (model.layer1, model.layer2, model.layer3, model.layer4)
                   for b in stage]
     else:

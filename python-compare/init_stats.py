@@ -16,8 +16,11 @@ whose per-layer statistics do not depend on its width):
 * resnet_basic: ResNet(BasicBlock, [1, 1, 1, 1], num_classes=10)
 * resnet_bottleneck_zero_init: ResNet(Bottleneck, [1, 1, 1, 1],
   num_classes=10, zero_init_residual=True)
+* resnext_bottleneck: ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10,
+  groups=32, width_per_group=4) (ResNeXt's grouped 3x3 convolutions)
 * vgg11, vgg11_bn: torchvision's, num_classes=10
 * mobilenet_v2: torchvision's, num_classes=10
+* alexnet: torchvision's, num_classes=10 (PyTorch's default init)
 * vit: ViTForImageClassification (hidden 96, 2 layers, 4 heads, MLP 384,
   64×64 images of 16×16 patches, 5 labels), names as the published
   checkpoints' (transformers 5's `layers.N.…` mapped back) without `vit.`
@@ -103,12 +106,18 @@ def models():
     add("resnet_bottleneck_zero_init",
         "ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10, zero_init_residual=True)",
         lambda: ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10, zero_init_residual=True))
+    add("resnext_bottleneck",
+        "ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10, groups=32, width_per_group=4)",
+        lambda: ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10, groups=32,
+                       width_per_group=4))
     add("vgg11", "torchvision.models.vgg11(num_classes=10)",
         lambda: torchvision.models.vgg11(num_classes=10))
     add("vgg11_bn", "torchvision.models.vgg11_bn(num_classes=10)",
         lambda: torchvision.models.vgg11_bn(num_classes=10))
     add("mobilenet_v2", "torchvision.models.mobilenet_v2(num_classes=10)",
         lambda: torchvision.models.mobilenet_v2(num_classes=10))
+    add("alexnet", "torchvision.models.alexnet(num_classes=10)",
+        lambda: torchvision.models.alexnet(num_classes=10))
     vit = ViTConfig(hidden_size=96, num_hidden_layers=2, num_attention_heads=4,
                     intermediate_size=384, image_size=64, patch_size=16, num_labels=5)
     add("vit", "ViTForImageClassification(hidden 96, 2 layers, 4 heads, MLP 384, "

@@ -2,7 +2,8 @@
 `leangrad memory --compare-torch`.
 
 Builds the model `leangrad memory` builds, as PyTorch users build it
-(torchvision's resnet18, resnet50, vgg16, vgg16_bn, mobilenet_v2; Hugging
+(torchvision's resnet18, resnet50, resnet101, resnext101_64x4d, vgg16,
+vgg16_bn, mobilenet_v2, alexnet; Hugging
 Face's ViTForImageClassification, BertForSequenceClassification and
 GPT2LMHeadModel at their default, full-size configurations, dropout 0 for
 BERT and GPT-2 as leangrad's twins), randomly initialised (nothing is
@@ -80,7 +81,8 @@ from anywhere (the binary carries a copy of this file).
 tests/fixtures/torch_step_memory.jsonl is its output on the meta device
 for every model at batch 2 (224x224 images, 128 tokens), every case:
 
-    for m in resnet18 resnet50 vgg16 vgg16_bn mobilenet_v2 vit_b16 bert_base gpt2; do
+    for m in resnet18 resnet50 vgg16 vgg16_bn mobilenet_v2 vit_b16 bert_base gpt2 \
+             resnet101 resnext101_64x4d alexnet; do
         python3 python-compare/torch_step_memory.py --model $m --batch 2 --all-cases
     done > tests/fixtures/torch_step_memory.jsonl
 
@@ -97,7 +99,8 @@ import re
 import sys
 import time
 
-CNNS = ["resnet18", "resnet50", "vgg16", "vgg16_bn", "mobilenet_v2"]
+CNNS = ["resnet18", "resnet50", "resnet101", "resnext101_64x4d", "vgg16", "vgg16_bn",
+        "mobilenet_v2", "alexnet"]
 HF = ["vit_b16", "bert_base", "gpt2"]
 BASES = ["all", "input", "norm", "conv", "linear", "surgical-first", "surgical-last"]
 CASES = BASES + [b + "-bn-eval" for b in BASES]
@@ -236,7 +239,7 @@ def checkpoint_blocks(torch, args, model):
         for block in model.features:
             block.forward = lambda x, f=block.forward: checkpoint(f, x, use_reentrant=False)
         return
-    if args.model not in ("resnet18", "resnet50"):
+    if args.model not in ("resnet18", "resnet50", "resnet101", "resnext101_64x4d"):
         if args.model in CNNS:
             raise SystemExit(f"{args.model} has no per-block checkpointing")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -89,6 +89,8 @@ fn tiny_resnet(seed: u64) -> Net {
         num_classes: 4,
         in_channels: 1,
         zero_init_residual: false,
+        groups: 1,
+        width_per_group: 64,
     };
     let model = ResNet::new(config, DType::F32, CPU, seed).unwrap();
     let state = state_dict(&model, "");

@@ -592,3 +592,84 @@ fn world_size_predicts_one_rank_next_to_one_device() {
         );
     }
 }
+
+/// ResNet-101, ResNeXt-101 64×4d and AlexNet are `leangrad memory` models:
+/// planned on the meta device at full size with torchvision's parameter
+/// counts (AlexNet has no buffers: its parameter bytes are exactly 4 per
+/// parameter), the lean policy keeping less than PyTorch's; AlexNet's
+/// prediction equals the CPU's measurement; what they cannot do is a clear
+/// error.
+#[test]
+fn resnet101_resnext101_and_alexnet_are_planned() {
+    for (model, count) in [
+        ("resnet101", 44_549_160u64),
+        ("resnext101_64x4d", 83_455_272),
+        ("alexnet", 61_100_840),
+    ] {
+        let plan = json_of(&[
+            "memory", "--model", model, "--batch", "2", "--case", "input", "--json",
+        ]);
+        assert_eq!(plan["model"], model);
+        let report = |p: &str| plan[p]["report"]["peak"].clone();
+        let params = report("lean")["parameters"].as_u64().unwrap();
+        if model == "alexnet" {
+            assert_eq!(params, 4 * count, "{model}");
+        } else {
+            // BatchNorm's running statistics besides the parameters.
+            assert!(
+                params > 4 * count && params < 4 * count + 4 * count / 50,
+                "{model}"
+            );
+        }
+        let saved = |p: &str| report(p)["saved"].as_u64().unwrap();
+        assert!(saved("lean") < saved("pytorch"), "{model}");
+    }
+    for case in ["input-bn-eval", "linear"] {
+        let args = [
+            "memory",
+            "--model",
+            "alexnet",
+            "--batch",
+            "2",
+            "--size",
+            "64",
+            "--classes",
+            "10",
+            "--case",
+            case,
+            "--json",
+            "--device",
+        ];
+        let meta = json_of(&[&args[..], &["meta"]].concat());
+        let cpu = json_of(&[&args[..], &["cpu"]].concat());
+        for policy in ["lean", "pytorch"] {
+            assert_eq!(
+                numbers(&meta, policy),
+                numbers(&cpu, policy),
+                "alexnet {case} {policy}"
+            );
+        }
+    }
+    for (args, expect) in [
+        (
+            &["memory", "--model", "alexnet", "--checkpoint"][..],
+            "no per-block checkpointing",
+        ),
+        (
+            &[
+                "memory", "--model", "alexnet", "--batch", "1", "--case", "norm",
+            ][..],
+            "trains nothing",
+        ),
+        (
+            &["memory", "--model", "alexnet", "--size", "32"][..],
+            "pool",
+        ),
+    ] {
+        let out = leangrad(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}

@@ -4,7 +4,8 @@
 //! peak and saved bytes by layer, byte for byte — for the main cases, both
 //! save policies, usual and fused SGD-momentum and AdamW; and the same with
 //! every block a checkpointed segment (`--checkpoint`) for the models that
-//! have blocks, and under bf16 and f16 autocast. Without a GPU only the CPU runs and the CUDA half prints
+//! have blocks, and under bf16 and f16 autocast; and the tiny ResNet-101,
+//! ResNeXt-101 and AlexNet. Without a GPU only the CPU runs and the CUDA half prints
 //! `skipped`.
 
 mod tiny_models;
@@ -12,10 +13,10 @@ mod tiny_models;
 mod cuda_common;
 
 use leangrad::autograd::SavePolicy;
-use leangrad::memory_plan::{run_step, OptimizerKind, StepSpec};
+use leangrad::memory_plan::{run_step, OptimizerKind, StepInput, StepSpec};
 use leangrad::models::Case;
 use leangrad::{DType, Device};
-use tiny_models::models;
+use tiny_models::{models, paper_models, Build};
 
 fn check_model(index: usize) {
     let runs = [(OptimizerKind::Sgd, true), (OptimizerKind::Adamw, false)];
@@ -61,7 +62,18 @@ fn check_steps(
     checkpoint: bool,
     variants: &[(DType, Option<DType>)],
 ) {
-    let (name, build, input) = models().swap_remove(index);
+    let model = models().swap_remove(index);
+    check_steps_of(model, cases, runs, checkpoint, variants);
+}
+
+/// [`check_steps`] for the tiny model `(name, build, input)`.
+fn check_steps_of(
+    (name, build, input): (&str, Build, StepInput),
+    cases: &[&str],
+    runs: &[(OptimizerKind, bool)],
+    checkpoint: bool,
+    variants: &[(DType, Option<DType>)],
+) {
     let devices = cuda_common::devices(name);
     for case in cases.iter().map(|c| c.parse::<Case>().unwrap()) {
         for policy in [SavePolicy::Lean, SavePolicy::SaveAll] {
@@ -143,5 +155,25 @@ fn checkpointed_blocks_ledger_matches_on_every_device() {
 fn autocast_ledger_matches_on_every_device() {
     for index in [0, 1, 3, 4, 5, 6, 7] {
         check_autocast(index);
+    }
+}
+
+/// The tiny ResNet-101, ResNeXt-101 (grouped convolutions) and AlexNet
+/// (dropout, 64×64 images): f32 and bf16 steps with fused SGD and AdamW,
+/// the ResNets also with every block checkpointed.
+#[test]
+fn paper_models_tiny_ledger_matches_on_every_device() {
+    let runs = [(OptimizerKind::Sgd, true), (OptimizerKind::Adamw, false)];
+    for model in paper_models() {
+        check_steps_of(model, &["all", "input-bn-eval"], &runs, false, PLAIN);
+    }
+    for model in paper_models().into_iter().filter(|m| m.0 != "alexnet_tiny") {
+        check_steps_of(
+            model,
+            &["input"],
+            &[(OptimizerKind::Adamw, true)],
+            true,
+            &[(DType::F32, None)],
+        );
     }
 }

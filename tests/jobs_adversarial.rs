@@ -225,6 +225,8 @@ fn one_fgsm_step_matches_pytorch() {
         num_classes: 5,
         in_channels: 3,
         zero_init_residual: false,
+        groups: 1,
+        width_per_group: 64,
     };
     let mut model = ResNet::new(config, leangrad::DType::F32, Device::Cpu, 9).unwrap();
     let weights: BTreeMap<String, Tensor> = f

@@ -13,7 +13,7 @@ use leangrad::memory::{Category, Ledger};
 use leangrad::memory_plan::{run_step, OptimizerKind, StepInput, StepModel, StepSpec};
 use leangrad::models::{Case, ResNet, ResNetConfig};
 use leangrad::{DType, Device, Error, Tensor};
-use tiny_models::{models, Build};
+use tiny_models::{models, paper_models, Build};
 
 fn spec(
     input: StepInput,
@@ -116,6 +116,28 @@ fn meta_ledger_equals_cpu_vgg16_tiny() {
 #[test]
 fn meta_ledger_equals_cpu_vgg16_bn_tiny() {
     assert_eq!(check_model(3), 14);
+}
+
+/// The tiny ResNet-101, ResNeXt-101 (grouped convolutions) and AlexNet
+/// (dropout, 64×64 images): a few cases each, every one of AlexNet's
+/// twelve that train something.
+#[test]
+fn meta_ledger_equals_cpu_paper_models_tiny() {
+    for (name, build, input) in paper_models() {
+        let cases: Vec<Case> = if name == "alexnet_tiny" {
+            Case::all()
+                .into_iter()
+                .filter(|c| !c.to_string().starts_with("norm"))
+                .collect()
+        } else {
+            ["all", "input", "norm-bn-eval", "surgical-last"]
+                .map(|c| c.parse().unwrap())
+                .to_vec()
+        };
+        for case in cases {
+            assert_meta_equals_cpu(name, &build, input, case);
+        }
+    }
 }
 
 #[test]

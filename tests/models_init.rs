@@ -18,8 +18,8 @@
 //! 4096 → 4096 → 10): their statistics do not depend on the width.
 
 use leangrad::models::{
-    BertClassifier, BertConfig, BlockKind, Gpt2, Gpt2Config, MobileNetV2, MobileNetV2Config,
-    ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
+    AlexNet, AlexNetConfig, BertClassifier, BertConfig, BlockKind, Gpt2, Gpt2Config, MobileNetV2,
+    MobileNetV2Config, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use leangrad::nn::Module;
 use leangrad::{DType, Device, Tensor};
@@ -45,6 +45,8 @@ fn resnet(block: BlockKind, zero_init_residual: bool) -> ResNetConfig {
         num_classes: 10,
         in_channels: 3,
         zero_init_residual,
+        groups: 1,
+        width_per_group: 64,
     }
 }
 
@@ -106,9 +108,19 @@ fn build(name: &str, device: Device, seed: u64) -> Box<dyn Module> {
             ResNet::new(resnet(BlockKind::Bottleneck, true), f, device, seed)
                 .map(|m| Box::new(m) as Box<dyn Module>)
         }
+        "resnext_bottleneck" => {
+            let c = ResNetConfig {
+                groups: 32,
+                width_per_group: 4,
+                ..resnet(BlockKind::Bottleneck, false)
+            };
+            ResNet::new(c, f, device, seed).map(|m| Box::new(m) as Box<dyn Module>)
+        }
         "vgg11" => Vgg::new(&vgg(false), f, device, seed).map(|m| Box::new(m) as Box<dyn Module>),
         "vgg11_bn" => Vgg::new(&vgg(true), f, device, seed).map(|m| Box::new(m) as Box<dyn Module>),
         "mobilenet_v2" => MobileNetV2::new(&MobileNetV2Config::v2(10), f, device, seed)
+            .map(|m| Box::new(m) as Box<dyn Module>),
+        "alexnet" => AlexNet::new(&AlexNetConfig::alexnet(10), f, device, seed)
             .map(|m| Box::new(m) as Box<dyn Module>),
         "vit" => ViTClassifier::new(vit(), 5, f, device, seed).map(|m| Box::new(m) as _),
         "bert" => BertClassifier::new(bert(), 5, f, device, seed).map(|m| Box::new(m) as _),
@@ -225,6 +237,21 @@ fn resnet_bottleneck_with_zero_init_residual_is_initialised_as_torchvisions() {
     check("resnet_bottleneck_zero_init");
 }
 
+/// ResNeXt's grouped 3×3 convolutions draw over torchvision's fan out
+/// (`out · 3 · 3`, the groups left out, as `kaiming_normal_` computes it
+/// from the weight's shape).
+#[test]
+fn resnext_bottleneck_is_initialised_as_torchvisions() {
+    check("resnext_bottleneck");
+}
+
+/// torchvision's AlexNet keeps PyTorch's default initialisation of every
+/// convolution and Linear (uniform in ±1/√fan_in, weight and bias).
+#[test]
+fn alexnet_is_initialised_as_torchvisions() {
+    check("alexnet");
+}
+
 #[test]
 fn vgg_is_initialised_as_torchvisions() {
     check("vgg11");
@@ -285,7 +312,9 @@ fn seeds_reproduce_the_initial_values() {
 fn models_build_on_the_meta_device_with_the_same_shapes() {
     for model in [
         "resnet_basic",
+        "resnext_bottleneck",
         "vgg11_bn",
+        "alexnet",
         "mobilenet_v2",
         "vit",
         "bert",

@@ -36,6 +36,8 @@ fn resnet18() -> ResNet {
         num_classes: 5,
         in_channels: 1,
         zero_init_residual: false,
+        groups: 1,
+        width_per_group: 64,
     };
     ResNet::new(config, DType::F32, CPU, 1).unwrap()
 }

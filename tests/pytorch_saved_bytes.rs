@@ -155,9 +155,11 @@ fn expected_gap(r: &TorchStep) -> Option<usize> {
         // Elsewhere PyTorch's addmm skips the classifier's input when its
         // weight is frozen, and eval-mode BatchNorm keeps two per-channel
         // vectors (save-all reads the running statistics, model state).
-        "resnet18" | "resnet50" => of(&["all", "linear", "surgical-last", "linear-bn-eval"]),
+        "resnet18" | "resnet50" | "resnet101" | "resnext101_64x4d" => {
+            of(&["all", "linear", "surgical-last", "linear-bn-eval"])
+        }
         // In training mode Dropout's masks differ too.
-        "vgg16" => of(&["all-bn-eval", "linear-bn-eval", "surgical-last-bn-eval"]),
+        "vgg16" | "alexnet" => of(&["all-bn-eval", "linear-bn-eval", "surgical-last-bn-eval"]),
         "vgg16_bn" | "mobilenet_v2" => of(&["linear-bn-eval"]),
         // Elsewhere a frozen Linear lets PyTorch skip its input.
         "vit_b16" => of(&[
@@ -210,8 +212,9 @@ fn fused_lse(r: &TorchStep) -> usize {
 fn real_pytorch_steps_agree_with_save_all_where_they_keep_the_same() {
     let steps = torch_steps();
     // Every model of `leangrad memory`, every case that trains something
-    // (VGG-16 has no norm layer, BERT and GPT-2 no convolution).
-    assert_eq!(steps.len(), 8 * 14 - 2 - 2 - 2);
+    // (VGG-16 and AlexNet have no norm layer, BERT and GPT-2 no
+    // convolution).
+    assert_eq!(steps.len(), 11 * 14 - 2 - 2 - 2 - 2);
     let mut agreeing = 0;
     for r in &steps {
         let entry = find_model(&r.model).unwrap();
@@ -269,5 +272,5 @@ fn real_pytorch_steps_agree_with_save_all_where_they_keep_the_same() {
             None => {}
         }
     }
-    assert_eq!(agreeing, 4 * 2 + 3 + 1 + 1 + 6 + 6);
+    assert_eq!(agreeing, 4 * 4 + 3 * 2 + 1 + 1 + 6 + 6);
 }

@@ -23,7 +23,8 @@ use crate::io::{
 use crate::memory::Ledger;
 use crate::memory_plan::StepModel;
 use crate::models::{
-    MobileNetV2, MobileNetV2Config, ReplaceHead, ResNet, ResNetConfig, Vgg, VggConfig,
+    AlexNet, AlexNetConfig, MobileNetV2, MobileNetV2Config, ReplaceHead, ResNet, ResNetConfig, Vgg,
+    VggConfig,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -62,11 +63,14 @@ impl<T: StepModel + ReplaceHead> ImageClassifier for T {}
 pub const CLASSIFIERS: &[&str] = &[
     "resnet18",
     "resnet50",
+    "resnet101",
+    "resnext101_64x4d",
     "vgg16",
     "vgg16_bn",
     "vgg19",
     "vgg19_bn",
     "mobilenet_v2",
+    "alexnet",
 ];
 
 /// The classifier `name` (one of [`CLASSIFIERS`]) with `classes` outputs,
@@ -90,6 +94,18 @@ pub fn build_classifier(
             device,
             0,
         )?),
+        "resnet101" => Box::new(ResNet::new(
+            ResNetConfig::resnet101(classes),
+            f32,
+            device,
+            0,
+        )?),
+        "resnext101_64x4d" => Box::new(ResNet::new(
+            ResNetConfig::resnext101_64x4d(classes),
+            f32,
+            device,
+            0,
+        )?),
         "vgg16" | "vgg16_bn" | "vgg19" | "vgg19_bn" => {
             let bn = name.ends_with("_bn");
             let config = if name.starts_with("vgg16") {
@@ -101,6 +117,12 @@ pub fn build_classifier(
         }
         "mobilenet_v2" => Box::new(MobileNetV2::new(
             &MobileNetV2Config::v2(classes),
+            f32,
+            device,
+            0,
+        )?),
+        "alexnet" => Box::new(AlexNet::new(
+            &AlexNetConfig::alexnet(classes),
             f32,
             device,
             0,

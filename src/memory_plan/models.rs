@@ -4,8 +4,8 @@
 use super::Case;
 use crate::models::heads::{text_input, Backbone, Classifier};
 use crate::models::{
-    BertClassifier, BertConfig, Freeze, Gpt2, Gpt2Config, MobileNetV2, MobileNetV2Config, ResNet,
-    ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
+    AlexNet, AlexNetConfig, BertClassifier, BertConfig, Freeze, Gpt2, Gpt2Config, MobileNetV2,
+    MobileNetV2Config, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use crate::nn::Module;
 use crate::ops::CrossEntropyOptions;
@@ -38,13 +38,19 @@ pub trait StepModel: Freeze {
         Err(Error::InvalidArgument {
             op: "checkpoint",
             msg: "this model has no per-block checkpointing (resnet18, resnet50, \
-                  mobilenet_v2, vit_b16, bert_base and gpt2 have)"
+                  resnet101, resnext101_64x4d, mobilenet_v2, vit_b16, bert_base and gpt2 have)"
                 .into(),
         })
     }
 }
 
 impl StepModel for Vgg {
+    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+        self.forward(input)
+    }
+}
+
+impl StepModel for AlexNet {
     fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
         self.forward(input)
     }
@@ -297,6 +303,38 @@ fn resnet50(classes: usize, _: usize, dtype: DType, device: Device) -> Result<Bo
     )?))
 }
 
+fn resnet101(classes: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(ResNet::new(
+        ResNetConfig::resnet101(classes),
+        dtype,
+        device,
+        0,
+    )?))
+}
+
+fn resnext101_64x4d(
+    classes: usize,
+    _: usize,
+    dtype: DType,
+    device: Device,
+) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(ResNet::new(
+        ResNetConfig::resnext101_64x4d(classes),
+        dtype,
+        device,
+        0,
+    )?))
+}
+
+fn alexnet(classes: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(AlexNet::new(
+        &AlexNetConfig::alexnet(classes),
+        dtype,
+        device,
+        0,
+    )?))
+}
+
 fn vgg16(classes: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
     Ok(Box::new(Vgg::new(
         &VggConfig::vgg16(false, classes),
@@ -382,6 +420,16 @@ pub const MODELS: &[ModelEntry] = &[
         input: IMAGE_224,
     },
     ModelEntry {
+        name: "resnet101",
+        build: resnet101,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "resnext101_64x4d",
+        build: resnext101_64x4d,
+        input: IMAGE_224,
+    },
+    ModelEntry {
         name: "vgg16",
         build: vgg16,
         input: IMAGE_224,
@@ -394,6 +442,11 @@ pub const MODELS: &[ModelEntry] = &[
     ModelEntry {
         name: "mobilenet_v2",
         build: mobilenet_v2,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "alexnet",
+        build: alexnet,
         input: IMAGE_224,
     },
     ModelEntry {

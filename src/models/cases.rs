@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::str::FromStr;
 
-use super::{MobileNetV2, ResNet, Vgg};
+use super::{AlexNet, MobileNetV2, ResNet, Vgg};
 use crate::nn::{LayerKind, Module};
 use crate::{Error, Result};
 
@@ -292,6 +292,7 @@ macro_rules! freeze_by_inherent {
 freeze_by_inherent!(
     ResNet,
     Vgg,
+    AlexNet,
     MobileNetV2,
     super::ViT,
     super::Bert,

@@ -1,7 +1,7 @@
 //! Whole models with PyTorch-compatible state-dict names (torchvision's
-//! for the CNNs, Hugging Face transformers' for ViT, BERT and GPT-2), so
-//! weights exported to safetensors load with
-//! [`crate::io::load_state_dict`] in strict mode.
+//! for the CNNs: ResNet and ResNeXt, VGG, MobileNetV2, AlexNet; Hugging
+//! Face transformers' for ViT, BERT and GPT-2), so weights exported to
+//! safetensors load with [`crate::io::load_state_dict`] in strict mode.
 //!
 //! Each model implements [`crate::nn::Module`] (full dotted names such as
 //! `layer1.0.conv1.weight`; `set_training` reaches every BatchNorm), runs
@@ -15,6 +15,7 @@
 //! [`SentenceEncoder`] turns sentences into sentence-transformers'
 //! embeddings (all-MiniLM-L6-v2: [`SentenceEncoder::minilm`]).
 
+pub mod alexnet;
 pub mod bert;
 pub mod cases;
 pub mod gpt2;
@@ -28,6 +29,7 @@ pub mod transformer;
 pub mod vgg;
 pub mod vit;
 
+pub use alexnet::{AlexNet, AlexNetConfig};
 pub use bert::{Bert, BertConfig};
 pub use cases::{glob_match, layer_of, layers_in_order, Case, Freeze, Glob, Selection};
 pub use gpt2::{Gpt2, Gpt2Config};

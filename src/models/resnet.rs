@@ -1,5 +1,6 @@
-//! ResNet as in torchvision (`resnet18` … `resnet152`, v1.5: the stride of
-//! a Bottleneck sits on its 3×3 convolution), with torchvision's
+//! ResNet and ResNeXt as in torchvision (`resnet18` … `resnet152`,
+//! `resnext50_32x4d` … `resnext101_64x4d`; v1.5: the stride of a Bottleneck
+//! sits on its 3×3 convolution, which ResNeXt groups), with torchvision's
 //! state-dict names, plus small configurations for tests.
 
 use super::checkpoint_block;
@@ -36,7 +37,14 @@ impl BlockKind {
 }
 
 /// The shape of a [`ResNet`]: torchvision's sizes are `base_width` 64,
-/// `in_channels` 3 and `num_classes` 1000.
+/// `in_channels` 3 and `num_classes` 1000; a ResNet has `groups` 1 and
+/// `width_per_group` 64, a ResNeXt more groups of fewer channels each.
+///
+/// A Bottleneck of a stage whose width (`planes`) is `base_width · 2^s`
+/// has `planes · width_per_group / 64 · groups` channels in its 3×3
+/// convolution, which runs in `groups` groups, as torchvision computes it
+/// (`int(planes * (base_width / 64.)) * groups`); its output has
+/// `4 · planes` channels whatever the groups.
 ///
 /// A fresh ResNet is initialised as torchvision's constructor leaves it:
 /// every convolution `kaiming_normal_(mode="fan_out",
@@ -60,6 +68,14 @@ pub struct ResNetConfig {
     /// each block starts as the identity (torchvision's
     /// `zero_init_residual`; default false).
     pub zero_init_residual: bool,
+    /// Groups of each Bottleneck's 3×3 convolution (torchvision's
+    /// `groups`; 1 for a ResNet, 32 or 64 for a ResNeXt). Basic blocks
+    /// take only 1.
+    pub groups: usize,
+    /// Channels per group of a Bottleneck's 3×3 convolution in a stage of
+    /// width 64 (torchvision's `width_per_group`; 64 for a ResNet, 4 for
+    /// ResNeXt-101 64×4d). Basic blocks take only 64.
+    pub width_per_group: usize,
 }
 
 impl ResNetConfig {
@@ -72,6 +88,8 @@ impl ResNetConfig {
             num_classes,
             in_channels: 3,
             zero_init_residual: false,
+            groups: 1,
+            width_per_group: 64,
         }
     }
 
@@ -80,11 +98,82 @@ impl ResNetConfig {
         ResNetConfig {
             block: BlockKind::Bottleneck,
             layers: [3, 4, 6, 3],
-            base_width: 64,
-            num_classes,
-            in_channels: 3,
-            zero_init_residual: false,
+            ..ResNetConfig::resnet18(num_classes)
         }
+    }
+
+    /// torchvision's ResNet-101: Bottleneck blocks `[3, 4, 23, 3]`
+    /// (44,549,160 parameters with 1000 classes).
+    pub fn resnet101(num_classes: usize) -> Self {
+        ResNetConfig {
+            layers: [3, 4, 23, 3],
+            ..ResNetConfig::resnet50(num_classes)
+        }
+    }
+
+    /// torchvision's ResNeXt-101 64×4d (`resnext101_64x4d`): ResNet-101's
+    /// blocks with each 3×3 convolution in 64 groups of 4 channels per 64
+    /// of stage width (83,455,272 parameters with 1000 classes).
+    pub fn resnext101_64x4d(num_classes: usize) -> Self {
+        ResNetConfig {
+            groups: 64,
+            width_per_group: 4,
+            ..ResNetConfig::resnet101(num_classes)
+        }
+    }
+
+    /// The channels of the 3×3 convolution of a block in a stage of width
+    /// `planes` (`planes · width_per_group / 64 · groups`, see
+    /// [`ResNetConfig`]); `None` on overflow.
+    pub fn bottleneck_width(&self, planes: usize) -> Option<usize> {
+        planes
+            .checked_mul(self.width_per_group)
+            .map(|p| p / 64)
+            .and_then(|p| p.checked_mul(self.groups))
+    }
+
+    /// Checks that the configuration describes a network: every size
+    /// positive, Basic blocks only with `groups` 1 and `width_per_group`
+    /// 64 (as torchvision's `BasicBlock`), every stage's grouped width at
+    /// least one channel per group, and no size overflowing.
+    /// [`Error::InvalidArgument`] says what is wrong.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| {
+            Err(Error::InvalidArgument {
+                op: "ResNet",
+                msg: format!("{msg}: {self:?}"),
+            })
+        };
+        if self.base_width == 0
+            || self.num_classes == 0
+            || self.in_channels == 0
+            || self.layers.contains(&0)
+            || self.groups == 0
+            || self.width_per_group == 0
+        {
+            return bad("every size must be positive".into());
+        }
+        if self.block == BlockKind::Basic && (self.groups != 1 || self.width_per_group != 64) {
+            return bad("Basic blocks only take groups 1 and width_per_group 64".into());
+        }
+        for s in 0..4 {
+            let planes = self.base_width.checked_mul(1 << s);
+            let out = planes.and_then(|p| p.checked_mul(self.block.expansion()));
+            match (planes.and_then(|p| self.bottleneck_width(p)), out) {
+                (Some(0), _) => {
+                    return bad(format!(
+                        "layer{}'s grouped width {} · {} / 64 · {} is 0 channels",
+                        s + 1,
+                        self.base_width << s,
+                        self.width_per_group,
+                        self.groups
+                    ))
+                }
+                (Some(_), Some(_)) => {}
+                _ => return bad(format!("layer{}'s width overflows", s + 1)),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -99,6 +188,9 @@ fn conv(
 ) -> Result<Conv2d> {
     square_conv(name, [cin, cout], k, stride, 1, c, seed)
 }
+
+/// One convolution of a block: (in, out, kernel, stride, groups).
+type ConvShape = (usize, usize, usize, usize, usize);
 
 /// One residual block: `relu(bnN(convN(…)) + identity)`, where identity is
 /// the input or `downsample.1(downsample.0(input))`.
@@ -120,26 +212,20 @@ impl Block {
         seed: u64,
     ) -> Result<Block> {
         let [cin, width, cout] = io;
-        let shapes: Vec<(usize, usize, usize, usize)> = match cfg.block {
-            BlockKind::Basic => vec![(cin, width, 3, stride), (width, width, 3, 1)],
+        let g = cfg.groups;
+        let shapes: Vec<ConvShape> = match cfg.block {
+            BlockKind::Basic => vec![(cin, width, 3, stride, 1), (width, width, 3, 1, 1)],
             BlockKind::Bottleneck => vec![
-                (cin, width, 1, 1),
-                (width, width, 3, stride),
-                (width, cout, 1, 1),
+                (cin, width, 1, 1, 1),
+                (width, width, 3, stride, g),
+                (width, cout, 1, 1, 1),
             ],
         };
         let mut convs = Vec::new();
         let mut bns = Vec::new();
-        for (i, &(a, b, k, s)) in shapes.iter().enumerate() {
-            convs.push(conv(
-                &format!("conv{}", i + 1),
-                a,
-                b,
-                k,
-                s,
-                c,
-                seed + i as u64,
-            )?);
+        for (i, &(a, b, k, s, g)) in shapes.iter().enumerate() {
+            let name = format!("conv{}", i + 1);
+            convs.push(square_conv(&name, [a, b], k, s, g, c, seed + i as u64)?);
             bns.push(batch_norm2d(&format!("bn{}", i + 1), b, c)?);
         }
         if let (true, Some(last)) = (cfg.zero_init_residual, bns.last_mut()) {
@@ -225,18 +311,11 @@ pub struct ResNet {
 impl ResNet {
     /// A ResNet of `config` initialised as torchvision's (see
     /// [`ResNetConfig`]; seeded), ready for [`crate::io::load_state_dict`].
+    /// A configuration [`ResNetConfig::validate`] refuses is
+    /// [`Error::InvalidArgument`], before anything is allocated.
     pub fn new(config: ResNetConfig, dtype: DType, device: Device, seed: u64) -> Result<ResNet> {
         let cfg = config;
-        if cfg.base_width == 0
-            || cfg.num_classes == 0
-            || cfg.in_channels == 0
-            || cfg.layers.contains(&0)
-        {
-            return Err(Error::InvalidArgument {
-                op: "ResNet",
-                msg: format!("every size must be positive: {cfg:?}"),
-            });
-        }
+        cfg.validate()?;
         let c = (dtype, device);
         let w = cfg.base_width;
         let exp = cfg.block.expansion();
@@ -247,7 +326,9 @@ impl ResNet {
         let mut cin = w;
         let mut stages = Vec::new();
         for (s, &n) in cfg.layers.iter().enumerate() {
-            let width = w << s;
+            let planes = w << s;
+            // Validated: positive and without overflow.
+            let width = cfg.bottleneck_width(planes).unwrap_or(planes);
             let mut blocks = Vec::new();
             for i in 0..n {
                 let stride = if s > 0 && i == 0 { 2 } else { 1 };
@@ -256,12 +337,12 @@ impl ResNet {
                 blocks.push(Block::new(
                     &cfg,
                     name,
-                    [cin, width, width * exp],
+                    [cin, width, planes * exp],
                     stride,
                     c,
                     bseed,
                 )?);
-                cin = width * exp;
+                cin = planes * exp;
             }
             stages.push(blocks);
         }

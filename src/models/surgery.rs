@@ -50,7 +50,7 @@ pub trait ReplaceHead {
 /// output even where the next layer is an in-place ReLU (which then works
 /// out of place; PyTorch's forward hooks would see the overwritten values).
 pub trait FeatureMaps {
-    /// The model's name in errors (`ResNet`, `Vgg`, `MobileNetV2`).
+    /// The model's name in errors (`ResNet`, `Vgg`, `AlexNet`, `MobileNetV2`).
     fn model_name(&self) -> &'static str;
 
     /// Every layer name, in the order the forward pass runs them (the

@@ -72,7 +72,9 @@ impl VggConfig {
     }
 }
 
-enum Layer {
+/// One layer of a plain chain of layers (VGG's and AlexNet's `features`
+/// and `classifier`).
+pub(super) enum Layer {
     Conv(Conv2d),
     Bn(BatchNorm),
     Relu(String),
@@ -82,7 +84,7 @@ enum Layer {
 }
 
 impl Layer {
-    fn forward(&self, x: Tensor) -> Result<Tensor> {
+    pub(super) fn forward(&self, x: Tensor) -> Result<Tensor> {
         match self {
             Layer::Conv(m) => m.forward(&x),
             Layer::Bn(m) => m.forward_owned(x),
@@ -106,14 +108,134 @@ impl Layer {
     }
 }
 
+/// A chain of named layers with an adaptive average pool and a flatten
+/// between the first `features` of them and the rest: what VGG and
+/// AlexNet are. Each model keeps one and hands its [`Module`],
+/// [`FeatureMaps`] and freezing work to it.
+pub(super) struct Chain {
+    pub(super) layers: Vec<(String, Layer)>,
+    pub(super) avgpool: AdaptiveAvgPool2d,
+    pub(super) features: usize,
+}
+
+impl Chain {
+    /// See [`Vgg::set_requires_grad`].
+    pub(super) fn set_requires_grad(&mut self, want: &mut dyn FnMut(&str) -> bool) -> Result<()> {
+        for (name, layer) in &mut self.layers {
+            match layer {
+                Layer::Conv(m) => set_conv(m, name, want)?,
+                Layer::Bn(m) => set_bn(m, name, want)?,
+                Layer::Linear(m) => set_linear(m, name, want)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The layer names in order, `avgpool` and `flatten` where they run.
+    pub(super) fn feature_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for (i, (name, _)) in self.layers.iter().enumerate() {
+            if i == self.features {
+                names.extend(["avgpool", "flatten"].map(String::from));
+            }
+            names.push(name.clone());
+        }
+        names
+    }
+
+    /// [`FeatureMaps::walk`] over the chain.
+    pub(super) fn walk(
+        &self,
+        x: &Tensor,
+        visit: &mut dyn FnMut(&str, &Tensor) -> bool,
+    ) -> Result<Option<Tensor>> {
+        let mut h = x.clone();
+        for (i, (name, layer)) in self.layers.iter().enumerate() {
+            if i == self.features {
+                h = self.avgpool.forward(&h)?;
+                stop_if!(visit("avgpool", &h));
+                h = h.flatten(1, -1)?;
+                stop_if!(visit("flatten", &h));
+            }
+            h = layer.forward(h)?;
+            stop_if!(visit(name, &h));
+        }
+        Ok(Some(h))
+    }
+
+    /// The last Linear layer, mutable.
+    pub(super) fn head_mut(&mut self) -> Option<&mut Linear> {
+        self.layers.iter_mut().rev().find_map(|(_, l)| match l {
+            Layer::Linear(m) => Some(m),
+            _ => None,
+        })
+    }
+
+    /// The last Linear layer and its name.
+    pub(super) fn head(&self) -> Option<(&String, &Linear)> {
+        self.layers.iter().rev().find_map(|(n, l)| match l {
+            Layer::Linear(m) => Some((n, m)),
+            _ => None,
+        })
+    }
+
+    /// [`Module::named_parameters`] of every layer.
+    pub(super) fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let layers = self.layers.iter();
+        layers
+            .filter_map(|(n, l)| l.module().map(|m| params_of(n, m)))
+            .flatten()
+            .collect()
+    }
+
+    /// [`Module::parameter_kinds`] of every layer.
+    pub(super) fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
+        let layers = self.layers.iter();
+        layers
+            .filter_map(|(n, l)| l.module().map(|m| kinds_of(n, m)))
+            .flatten()
+            .collect()
+    }
+
+    /// [`Module::named_buffers`] of every layer.
+    pub(super) fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let layers = self.layers.iter();
+        layers
+            .filter_map(|(n, l)| l.module().map(|m| buffers_of(n, m)))
+            .flatten()
+            .collect()
+    }
+
+    /// Training or evaluation mode for every BatchNorm and Dropout.
+    pub(super) fn set_training(&mut self, training: bool) {
+        for (_, layer) in &mut self.layers {
+            match layer {
+                Layer::Bn(m) => m.set_training(training),
+                Layer::Dropout(m) => m.set_training(training),
+                _ => {}
+            }
+        }
+    }
+
+    /// [`Module::sync_batch_norm`] for every BatchNorm.
+    pub(super) fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
+        let mut n = 0;
+        for (_, layer) in &mut self.layers {
+            if let Layer::Bn(m) = layer {
+                n += m.sync_batch_norm(sync);
+            }
+        }
+        n
+    }
+}
+
 /// torchvision's VGG: `features` (3×3 convolutions with bias, optional
 /// BatchNorm, ReLU, 2×2 max pools), `avgpool` (adaptive), flatten,
 /// `classifier` (Linear, ReLU, Dropout, Linear, ReLU, Dropout, Linear).
 /// Starts in training mode.
 pub struct Vgg {
-    layers: Vec<(String, Layer)>,
-    avgpool: AdaptiveAvgPool2d,
-    features: usize,
+    chain: Chain,
 }
 
 impl Vgg {
@@ -194,25 +316,18 @@ impl Vgg {
             }
         }
         Ok(Vgg {
-            layers,
-            avgpool: AdaptiveAvgPool2d::new("avgpool", [c.pool_size; 2]),
-            features,
+            chain: Chain {
+                layers,
+                avgpool: AdaptiveAvgPool2d::new("avgpool", [c.pool_size; 2]),
+                features,
+            },
         })
     }
 
     /// Makes each parameter require grad exactly when `want(name)` is true
     /// (names as in [`Module::named_parameters`]); values are kept.
     pub fn set_requires_grad(&mut self, mut want: impl FnMut(&str) -> bool) -> Result<()> {
-        let want: &mut dyn FnMut(&str) -> bool = &mut want;
-        for (name, layer) in &mut self.layers {
-            match layer {
-                Layer::Conv(m) => set_conv(m, name, want)?,
-                Layer::Bn(m) => set_bn(m, name, want)?,
-                Layer::Linear(m) => set_linear(m, name, want)?,
-                _ => {}
-            }
-        }
-        Ok(())
+        self.chain.set_requires_grad(&mut want)
     }
 }
 
@@ -225,14 +340,7 @@ impl FeatureMaps for Vgg {
     /// torchvision's index), `avgpool`, `flatten`, `classifier.0` …
     /// `classifier.6`.
     fn feature_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = Vec::new();
-        for (i, (name, _)) in self.layers.iter().enumerate() {
-            if i == self.features {
-                names.extend(["avgpool", "flatten"].map(String::from));
-            }
-            names.push(name.clone());
-        }
-        names
+        self.chain.feature_names()
     }
 
     fn walk(
@@ -240,51 +348,28 @@ impl FeatureMaps for Vgg {
         x: &Tensor,
         visit: &mut dyn FnMut(&str, &Tensor) -> bool,
     ) -> Result<Option<Tensor>> {
-        let mut h = x.clone();
-        for (i, (name, layer)) in self.layers.iter().enumerate() {
-            if i == self.features {
-                h = self.avgpool.forward(&h)?;
-                stop_if!(visit("avgpool", &h));
-                h = h.flatten(1, -1)?;
-                stop_if!(visit("flatten", &h));
-            }
-            h = layer.forward(h)?;
-            stop_if!(visit(name, &h));
-        }
-        Ok(Some(h))
+        self.chain.walk(x, visit)
     }
 }
 
 impl ReplaceHead for Vgg {
     fn head_name(&self) -> &str {
-        self.head().map_or("classifier.6", |(n, _)| n.as_str())
+        self.chain
+            .head()
+            .map_or("classifier.6", |(n, _)| n.as_str())
     }
 
     fn num_classes(&self) -> usize {
-        self.head().map_or(0, |(_, l)| l.weight.shape()[0])
+        self.chain.head().map_or(0, |(_, l)| l.weight.shape()[0])
     }
 
     /// A fresh `classifier.6`, initialised as torchvision's VGG initialises
     /// its Linear layers (weight normal with std 0.01, bias zero).
     fn replace_head(&mut self, num_classes: usize, seed: u64) -> Result<()> {
-        let head = self.layers.iter_mut().rev().find_map(|(_, l)| match l {
-            Layer::Linear(m) => Some(m),
-            _ => None,
-        });
-        if let Some(head) = head {
+        if let Some(head) = self.chain.head_mut() {
             *head = head_like(head, num_classes, HeadInit::Normal(0.01), seed)?;
         }
         Ok(())
-    }
-}
-
-impl Vgg {
-    /// The last Linear layer and its name.
-    fn head(&self) -> Option<(&String, &Linear)> {
-        self.layers.iter().rev().find_map(|(n, l)| match l {
-            Layer::Linear(m) => Some((n, m)),
-            _ => None,
-        })
     }
 }
 
@@ -295,46 +380,22 @@ impl Module for Vgg {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let layers = self.layers.iter();
-        layers
-            .filter_map(|(n, l)| l.module().map(|m| params_of(n, m)))
-            .flatten()
-            .collect()
+        self.chain.named_parameters()
     }
 
     fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
-        let layers = self.layers.iter();
-        layers
-            .filter_map(|(n, l)| l.module().map(|m| kinds_of(n, m)))
-            .flatten()
-            .collect()
+        self.chain.parameter_kinds()
     }
 
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        let layers = self.layers.iter();
-        layers
-            .filter_map(|(n, l)| l.module().map(|m| buffers_of(n, m)))
-            .flatten()
-            .collect()
+        self.chain.named_buffers()
     }
 
     fn set_training(&mut self, training: bool) {
-        for (_, layer) in &mut self.layers {
-            match layer {
-                Layer::Bn(m) => m.set_training(training),
-                Layer::Dropout(m) => m.set_training(training),
-                _ => {}
-            }
-        }
+        self.chain.set_training(training)
     }
 
     fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
-        let mut n = 0;
-        for (_, layer) in &mut self.layers {
-            if let Layer::Bn(m) = layer {
-                n += m.sync_batch_norm(sync);
-            }
-        }
-        n
+        self.chain.sync_batch_norm(sync)
     }
 }

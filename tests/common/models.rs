@@ -7,7 +7,9 @@ use leangrad::autograd::{with_save_policy, SavePolicy};
 use leangrad::io::{load_safetensors, load_state_dict, LoadOptions};
 use leangrad::memory::{Category, Ledger};
 use leangrad::models::{Case, Freeze};
+use leangrad::nn::Module;
 use leangrad::{DType, Device, Tensor};
+use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
@@ -131,9 +133,21 @@ pub fn check_model<M: Freeze>(
     dtype: DType,
     tol: f64,
 ) -> f64 {
-    let mut worst = (0f64, String::new());
     let cases = meaningful_cases(&make(DType::F32));
-    for &case in &cases {
+    check_model_cases(make, model_name, dtype, tol, &cases)
+}
+
+/// [`check_model`] for the cases `cases` only (the fixtures of the deep
+/// models hold a few cases; see python-compare/export.py's `--cases`).
+pub fn check_model_cases<M: Freeze>(
+    make: &dyn Fn(DType) -> M,
+    model_name: &str,
+    dtype: DType,
+    tol: f64,
+    cases: &[Case],
+) -> f64 {
+    let mut worst = (0f64, String::new());
+    for &case in cases {
         let io = fixture(&format!("{model_name}_{case}.safetensors"));
         let r = run(make, model_name, case, SavePolicy::Lean, dtype);
         let mut note = |e: f64, what: String| {
@@ -183,7 +197,12 @@ pub fn check_model<M: Freeze>(
 /// bytes (strictly fewer for `input`), identical outputs, bit-identical
 /// gradients.
 pub fn check_policies<M: Freeze>(make: &dyn Fn(DType) -> M, model: &str) {
-    for case in meaningful_cases(&make(DType::F32)) {
+    check_policies_cases(make, model, &meaningful_cases(&make(DType::F32)));
+}
+
+/// [`check_policies`] for the cases `cases` only.
+pub fn check_policies_cases<M: Freeze>(make: &dyn Fn(DType) -> M, model: &str, cases: &[Case]) {
+    for &case in cases {
         let lean = run(make, model, case, SavePolicy::Lean, DType::F32);
         let all = run(make, model, case, SavePolicy::SaveAll, DType::F32);
         let (l, a) = (lean.saved_bytes, all.saved_bytes);
@@ -204,5 +223,103 @@ pub fn check_policies<M: Freeze>(make: &dyn Fn(DType) -> M, model: &str) {
         for (n, g) in &lean.grads {
             assert_eq!(bits(g), bits(&all.grads[n]), "{model} {case} {n}");
         }
+    }
+}
+
+/// torchvision's full-size models as `python-compare/torchvision_models.py`
+/// wrote them.
+pub fn torchvision(model: &str) -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/models/torchvision_models.json"
+    );
+    let text = std::fs::read_to_string(path).expect("the torchvision models fixture");
+    let all: Value = serde_json::from_str(&text).expect("valid JSON");
+    all["models"][model].clone()
+}
+
+/// The state dict `(name, shape)` in order and the parameter count of
+/// `model`, on the meta device (nothing drawn or allocated).
+pub fn ours(model: &dyn Module) -> (Vec<(String, Vec<usize>)>, usize) {
+    let sd = leangrad::io::state_dict(model, "");
+    let entries = sd.into_iter().map(|(n, t)| (n, t.shape().to_vec()));
+    let count = model.parameters().iter().map(|t| t.numel()).sum();
+    (entries.collect(), count)
+}
+
+/// What torchvision's fixture says: its state dict in order and its
+/// parameter count.
+pub fn theirs(v: &Value) -> (Vec<(String, Vec<usize>)>, usize) {
+    let entries = v["state_dict"].as_array().expect("state_dict");
+    let entries = entries.iter().map(|e| {
+        let shape = e[1].as_array().expect("shape");
+        let shape = shape.iter().map(|d| d.as_u64().unwrap() as usize);
+        (e[0].as_str().expect("name").to_string(), shape.collect())
+    });
+    (
+        entries.collect(),
+        v["parameters"].as_u64().unwrap() as usize,
+    )
+}
+
+/// `model`'s state dict has the names and shapes of torchvision's twin
+/// (`want`, a model of [`torchvision`]), its parameters in torchvision's
+/// order (the order the surgical cases count layers in), and as many
+/// parameters; the first few differences are named.
+pub fn same_state_dict(model: &dyn Module, want: &Value, name: &str) {
+    let (sd, count) = ours(model);
+    let (want_sd, want_count) = theirs(want);
+    let a: BTreeMap<&String, &Vec<usize>> = sd.iter().map(|(n, s)| (n, s)).collect();
+    let b: BTreeMap<&String, &Vec<usize>> = want_sd.iter().map(|(n, s)| (n, s)).collect();
+    let differ: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .filter(|n| a.get(*n) != b.get(*n))
+        .map(|n| format!("{n}: ours {:?}, torchvision's {:?}", a.get(n), b.get(n)))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "{name}: {} state-dict entries differ, first: {:?}",
+        differ.len(),
+        &differ[..differ.len().min(5)]
+    );
+    let params: Vec<String> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let theirs_params: Vec<&String> = want_sd
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| params.contains(n))
+        .collect();
+    assert!(
+        params.iter().eq(theirs_params.iter().copied()),
+        "{name}: parameter order"
+    );
+    assert_eq!(count, want_count, "{name}: parameter count");
+}
+
+/// Each of the 14 cases trains on `model` the (tensors, values) that
+/// `want["cases"]` counts on torchvision's twin.
+pub fn check_cases_against(model: &mut dyn leangrad::models::Freeze, want: &Value, name: &str) {
+    for case in Case::all() {
+        case.apply(model).unwrap();
+        let on: Vec<(String, usize)> = model
+            .named_parameters()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .map(|(n, t)| (n, t.numel()))
+            .collect();
+        let base = case.to_string().replace("-bn-eval", "");
+        let counts = &want["cases"][&base];
+        let got = (on.len(), on.iter().map(|(_, n)| n).sum::<usize>());
+        let expected = (
+            counts[0].as_u64().unwrap() as usize,
+            counts[1].as_u64().unwrap() as usize,
+        );
+        assert_eq!(got, expected, "{name} {case}");
     }
 }
