@@ -1,15 +1,14 @@
 // Comparisons (u8 results, 1 = true) for every dtype, and `where`.
-// Op codes match `CompareOp` in src/cuda/elementwise.rs:
-// 0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge.
+// The op is a `CompareOp` (declared from src/op_code.rs).
 
 template <typename C> __device__ __forceinline__ unsigned char lg_cmp(int op, C a, C b) {
     switch (op) {
-    case 0: return a == b;
-    case 1: return a != b;
-    case 2: return a < b;
-    case 3: return a <= b;
-    case 4: return a > b;
-    case 5: return a >= b;
+    case CompareOp::Eq: return a == b;
+    case CompareOp::Ne: return a != b;
+    case CompareOp::Lt: return a < b;
+    case CompareOp::Le: return a <= b;
+    case CompareOp::Gt: return a > b;
+    case CompareOp::Ge: return a >= b;
     default: return 0;
     }
 }

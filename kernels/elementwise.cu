@@ -2,8 +2,8 @@
 // which also cover tensor-scalar arithmetic and clamp) and binary maps with
 // broadcasting through strides (with one scalar parameter: the gradient
 // kernels of the unary ops are binary maps `(g, saved) -> dx`). Outputs are
-// contiguous. The op codes must match `UnaryOp` / `BinaryOp` in
-// src/cuda/elementwise.rs, and each formula the CPU kernel of the same op
+// contiguous. The op codes are `UnaryOp` / `BinaryOp`, declared from
+// src/op_code.rs in front of this file, and each formula the CPU kernel of the same op
 // (src/ops/unary.rs, scalar.rs, loss.rs), operation for operation. The CPU
 // computes half types one operation at a time, each rounded to the element
 // type, so every intermediate here goes through `lg_rt` (the identity for
@@ -46,47 +46,59 @@ __device__ __forceinline__ double lg_gelu_grad(double x, bool approximate) {
     return cdf + x * pdf;
 }
 
+// min(max(x + 3, 0), 6) with x + 3 rounded to T; NaN passes through.
+template <typename T>
+__device__ __forceinline__ typename Acc<T>::type lg_relu6_shift(typename Acc<T>::type x) {
+    typedef typename Acc<T>::type A;
+    A r = lg_rt<T>(x + (A)3);
+    r = r < (A)0 ? (A)0 : r;
+    return (A)6 < r ? (A)6 : r;
+}
+
 // `p` and `q` are the parameters in the arithmetic type, `pd` the first in
 // double (for the ops that compute in double as the CPU does). The result
 // is rounded to T by the caller's store.
 template <typename T, typename A = typename Acc<T>::type>
 __device__ __forceinline__ A lg_unary(int op, A x, A p, A q, double pd) {
     switch (op) {
-    case 0: return -x;
-    case 1: return exp(x);
-    case 2: return log(x);
-    case 3: return sqrt(x);
-    case 4: return fabs(x);
-    case 5: return x * x;
-    case 6: return (A)1 / x;
-    case 7: return sin(x);
-    case 8: return cos(x);
-    case 9: return tanh(x);
-    case 10: return lg_sigmoid<T>(x);
-    case 11: return (A)lg_gelu((double)x, false);
-    case 12: return (A)lg_gelu((double)x, true);
-    case 13: return x * lg_sigmoid<T>(x);
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Exp: return exp(x);
+    case UnaryOp::Log: return log(x);
+    case UnaryOp::Sqrt: return sqrt(x);
+    case UnaryOp::Abs: return fabs(x);
+    case UnaryOp::Square: return x * x;
+    case UnaryOp::Recip: return (A)1 / x;
+    case UnaryOp::Sin: return sin(x);
+    case UnaryOp::Cos: return cos(x);
+    case UnaryOp::Tanh: return tanh(x);
+    case UnaryOp::Sigmoid: return lg_sigmoid<T>(x);
+    case UnaryOp::Gelu: return (A)lg_gelu((double)x, false);
+    case UnaryOp::GeluTanh: return (A)lg_gelu((double)x, true);
+    case UnaryOp::Silu: return x * lg_sigmoid<T>(x);
     // relu: `x <= 0` is false for NaN, so NaN propagates (as the CPU).
-    case 14: return x <= (A)0 ? (A)0 : x;
-    case 15: return pow(x, p);
-    case 16: return x > (A)0 ? x : x * p;
-    case 17: return x + p;
-    case 18: return x * p;
-    case 19: return p - x;
-    case 20: return p / x;
+    case UnaryOp::Relu: return x <= (A)0 ? (A)0 : x;
+    case UnaryOp::Powf: return pow(x, p);
+    case UnaryOp::LeakyRelu: return x > (A)0 ? x : x * p;
+    case UnaryOp::AddScalar: return x + p;
+    case UnaryOp::MulScalar: return x * p;
+    case UnaryOp::RSubScalar: return p - x;
+    case UnaryOp::RDivScalar: return p / x;
     // One-sided clamps: NaN passes through (a comparison with NaN is false).
-    case 21: return x < p ? p : x;
-    case 22: return x > p ? p : x;
-    case 23: return x;
-    case 24: return (A)1 / sqrt(x);
-    case 25: return x / p;
+    case UnaryOp::MaxScalar: return x < p ? p : x;
+    case UnaryOp::MinScalar: return x > p ? p : x;
+    case UnaryOp::Rsqrt: return (A)1 / sqrt(x);
+    case UnaryOp::DivScalar: return x / p;
     // clamp to [p, q] (bounds already rounded to the element type); NaN
     // passes through, as on the CPU.
-    case 26: return x < p ? p : (x > q ? q : x);
+    case UnaryOp::Clamp: return x < p ? p : (x > q ? q : x);
     // x · factor with the product in double, as the CPU's `Scale`.
-    case 27: return (A)((double)x * pd);
+    case UnaryOp::Scale: return (A)((double)x * pd);
     // sign: (0 < x) - (x < 0), so ±0 and NaN give 0 (as the CPU and PyTorch).
-    case 28: return (x > (A)0 ? (A)1 : (A)0) - (x < (A)0 ? (A)1 : (A)0);
+    case UnaryOp::Sign: return (x > (A)0 ? (A)1 : (A)0) - (x < (A)0 ? (A)1 : (A)0);
+    // relu6(x + 3) / 6 and x · relu6(x + 3) / 6, as PyTorch's CPU kernels
+    // (comparisons, so NaN passes through), each step rounded to T.
+    case UnaryOp::Hardsigmoid: return lg_relu6_shift<T>(x) / (A)6;
+    case UnaryOp::Hardswish: return lg_rt<T>(x * lg_relu6_shift<T>(x)) / (A)6;
     default: return x;
     }
 }
@@ -100,41 +112,47 @@ __device__ __forceinline__ A lg_unary(int op, A x, A p, A q, double pd) {
 template <typename T, typename A = typename Acc<T>::type>
 __device__ __forceinline__ A lg_binary(int op, A a, A b, double p, A pt, A pm1t) {
     switch (op) {
-    case 0: return a + b;
-    case 1: return a - b;
-    case 2: return a * b;
-    case 3: return a / b;
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
     // maximum / minimum: NaN propagates (as torch.maximum and the CPU's
     // ExtremumK, which returns a + b then); otherwise the CPU's choice on
     // ties (max keeps a, min keeps b: it matters for -0 vs +0).
-    case 4: return (a != a || b != b) ? a + b : (a >= b ? a : b);
-    case 5: return (a != a || b != b) ? a + b : (a >= b ? b : a);
-    case 6: return pow(a, b);
-    case 7: return a / lg_rt<T>(b + b);                             // sqrt: g / 2y
-    case 8: return b > (A)0 ? a : (b < (A)0 ? -a : (A)0);            // abs: 0 at 0 and NaN
-    case 9: return a * lg_rt<T>(b + b);                             // square: g · 2x
-    case 10: return -(lg_rt<T>(a * b) * b);                         // recip: -g y²
-    case 11: return a * lg_rt<T>(cos(b));                           // sin
-    case 12: return -(a * lg_rt<T>(sin(b)));                        // cos
-    case 13: return a * lg_rt<T>((A)1 - lg_rt<T>(b * b));           // tanh: g (1 - y²)
-    case 14: return lg_rt<T>(a * b) * lg_rt<T>((A)1 - b);           // sigmoid: g y (1 - y)
-    case 15: {                                                      // silu
+    case BinaryOp::Max: return (a != a || b != b) ? a + b : (a >= b ? a : b);
+    case BinaryOp::Min: return (a != a || b != b) ? a + b : (a >= b ? b : a);
+    case BinaryOp::Pow: return pow(a, b);
+    case BinaryOp::SqrtGrad: return a / lg_rt<T>(b + b);                             // sqrt: g / 2y
+    case BinaryOp::AbsGrad: return b > (A)0 ? a : (b < (A)0 ? -a : (A)0);            // abs: 0 at 0 and NaN
+    case BinaryOp::SquareGrad: return a * lg_rt<T>(b + b);                             // square: g · 2x
+    case BinaryOp::RecipGrad: return -(lg_rt<T>(a * b) * b);                         // recip: -g y²
+    case BinaryOp::SinGrad: return a * lg_rt<T>(cos(b));                           // sin
+    case BinaryOp::CosGrad: return -(a * lg_rt<T>(sin(b)));                        // cos
+    case BinaryOp::TanhGrad: return a * lg_rt<T>((A)1 - lg_rt<T>(b * b));           // tanh: g (1 - y²)
+    case BinaryOp::SigmoidGrad: return lg_rt<T>(a * b) * lg_rt<T>((A)1 - b);           // sigmoid: g y (1 - y)
+    case BinaryOp::SiluGrad: {                                                      // silu
         A s = lg_sigmoid<T>(b);
         return lg_rt<T>(a * s) * lg_rt<T>((A)1 + lg_rt<T>(b * lg_rt<T>((A)1 - s)));
     }
     // powf: g · p · x^(p-1), and 0 for p = 0 (p and p - 1 each rounded to
     // the element type, as the CPU rounds each to the dtype).
-    case 16: return p == 0.0 ? (A)0 : lg_rt<T>(a * pt) * lg_rt<T>(pow(b, pm1t));
+    case BinaryOp::PowGrad: return p == 0.0 ? (A)0 : lg_rt<T>(a * pt) * lg_rt<T>(pow(b, pm1t));
     // gelu': computed in double, rounded to T through float (the CPU's
     // `c::<T>(gelu_f64(x).1)`), then the product.
-    case 17: return a * lg_rt<T>((A)lg_gelu_grad((double)b, false));
-    case 18: return a * lg_rt<T>((A)lg_gelu_grad((double)b, true));
+    case BinaryOp::GeluGrad: return a * lg_rt<T>((A)lg_gelu_grad((double)b, false));
+    case BinaryOp::GeluTanhGrad: return a * lg_rt<T>((A)lg_gelu_grad((double)b, true));
     // The share of maximum's / minimum's gradient that goes to `a`: 1 where
     // a wins, 1/2 on a tie, 0 where b wins or either is NaN.
-    case 19: return a == b ? (A)0.5 : (a > b ? (A)1 : (A)0);
-    case 20: return a == b ? (A)0.5 : (a < b ? (A)1 : (A)0);
+    case BinaryOp::MaxShare: return a == b ? (A)0.5 : (a > b ? (A)1 : (A)0);
+    case BinaryOp::MinShare: return a == b ? (A)0.5 : (a < b ? (A)1 : (A)0);
     // a · b · p with the products in double, as the CPU's ScaledMul.
-    case 21: return (A)((double)a * (double)b * p);
+    case BinaryOp::ScaledMul: return (A)((double)a * (double)b * p);
+    // hardsigmoid: g · (the f32 1/6, rounded to T) strictly inside (-3, 3), else 0
+    // (NaN gives 0); hardswish: 0 up to -3, g from 3, else g · (x/3 + 1/2)
+    // (NaN gives NaN), as PyTorch's vectorised backward kernels.
+    case BinaryOp::HardsigmoidGrad: return (b > (A)-3 && b < (A)3) ? a * lg_rt<T>((A)(1.0f / 6.0f)) : (A)0;
+    case BinaryOp::HardswishGrad:
+        return b <= (A)-3 ? (A)0 : (b >= (A)3 ? a : a * lg_rt<T>(lg_rt<T>(b / (A)3) + (A)0.5));
     default: return a;
     }
 }
@@ -160,7 +178,7 @@ LG_FOR_FLOATS(LG_UNARY)
                                                    long long start, long long n, T* x) { \
         typedef Acc<T>::type A;                                                       \
         A p = lg_load(lg_from_f64<T>(param)), q = lg_load(lg_from_f64<T>(param2));    \
-        LG_GRID_LOOP(i, n) { x[start + i] = lg_store<T>(lg_unary<A>(op, lg_load(x[start + i]), p, q, param)); } \
+        LG_GRID_LOOP(i, n) { x[start + i] = lg_store<T>(lg_unary<T>(op, lg_load(x[start + i]), p, q, param)); } \
     }
 LG_FOR_FLOATS(LG_UNARY_INPLACE)
 

@@ -2,23 +2,23 @@
 // first and the reduced ones last: output element o reduces logical
 // elements o*inner .. o*inner+inner of `lx`. One block of LG_RED_THREADS
 // threads per output element (grid-stride over outputs); accumulation in
-// float (double for f64). Op codes match `ReduceOp` in src/cuda/reduce.rs:
-// 0 sum, 1 mean, 2 max, 3 min. As on the CPU, a NaN is the max/min of any
+// float (double for f64). The op is a `ReduceCode` (declared from
+// src/op_code.rs). As on the CPU, a NaN is the max/min of any
 // run that holds one.
 
 #define LG_RED_THREADS 256
 
 template <typename A> __device__ __forceinline__ A lg_red_init(int op) {
-    if (op == 2) return -LG_INF;
-    if (op == 3) return LG_INF;
+    if (op == ReduceCode::Max) return -LG_INF;
+    if (op == ReduceCode::Min) return LG_INF;
     return (A)0;
 }
 
 template <typename A> __device__ __forceinline__ A lg_red_combine(int op, A a, A b) {
-    if (op == 0 || op == 1) return a + b;
+    if (op == ReduceCode::Sum || op == ReduceCode::Mean) return a + b;
     if (a != a) return a;
     if (b != b) return b;
-    return op == 2 ? fmax(a, b) : fmin(a, b);
+    return op == ReduceCode::Max ? fmax(a, b) : fmin(a, b);
 }
 
 // Whether candidate (vb, ib) beats (va, ia) for argmax (want_max) or argmin:
@@ -55,7 +55,7 @@ template <typename A> __device__ __forceinline__ void lg_block_reduce(int op, A*
             lg_block_reduce(op, buf);                                                 \
             if (threadIdx.x == 0) {                                                   \
                 A r = buf[0];                                                         \
-                if (op == 1) r = r / (A)inner;                                        \
+                if (op == ReduceCode::Mean) r = r / (A)inner;                                        \
                 out[o] = lg_store<T>(r);                                              \
             }                                                                         \
             __syncthreads();                                                          \
@@ -97,7 +97,7 @@ LG_FOR_FLOATS(LG_REDUCE)
             __syncthreads();                                                          \
             if (sl == 0 && o < outer) {                                               \
                 A r = buf[0][c];                                                      \
-                if (op == 1) r = r / (A)inner;                                        \
+                if (op == ReduceCode::Mean) r = r / (A)inner;                                        \
                 out[o] = lg_store<T>(r);                                              \
             }                                                                         \
             __syncthreads();                                                          \

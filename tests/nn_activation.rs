@@ -1,5 +1,6 @@
 //! Activation layers, Flatten and relu_inplace: values, gradients, saved
-//! bytes under both policies, and when relu writes over its input.
+//! bytes under both policies, and when relu writes over its input;
+//! hardswish and hardsigmoid bit for bit against PyTorch.
 mod common;
 use common::*;
 use leangrad::autograd::{with_save_policy, SavePolicy};
@@ -86,6 +87,22 @@ fn cases() -> Vec<(&'static str, Case)> {
             (Box::new(Sigmoid {}), |x| 1.0 / (1.0 + (-x).exp()), whole),
         ),
         ("tanh", (Box::new(Tanh {}), |x| x.tanh(), whole)),
+        (
+            "hardswish",
+            (
+                Box::new(Hardswish {}),
+                |x| x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
+                whole,
+            ),
+        ),
+        (
+            "hardsigmoid",
+            (
+                Box::new(Hardsigmoid {}),
+                |x| (x + 3.0).clamp(0.0, 6.0) / 6.0,
+                whole,
+            ),
+        ),
     ]
 }
 
@@ -258,4 +275,40 @@ fn relu_inplace_on_an_intermediate_keeps_gradients_and_the_bit_mask() {
             .relu_inplace(),
         UnsupportedDType
     );
+}
+
+/// PyTorch's hardswish and hardsigmoid (`python-compare/activation_fixture.py`:
+/// 1000 elements over [−7, 7] with ±3, ±inf, ±0 and neighbours of ±3),
+/// outputs and input gradients, bit for bit in f32 and f64.
+#[test]
+fn hardswish_and_hardsigmoid_equal_pytorch_bit_for_bit() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/activations/hard.safetensors");
+    let fx = leangrad::io::load_safetensors(path).unwrap();
+    let get = |k: &str| fx.get(k).unwrap_or_else(|| panic!("fixture {k}")).clone();
+    let bits = |t: &Tensor| -> Vec<u64> {
+        t.to_f64_vec()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    for dtype in ["f32", "f64"] {
+        let layers: [(&str, Box<dyn Module>); 2] = [
+            ("hardswish", Box::new(Hardswish {})),
+            ("hardsigmoid", Box::new(Hardsigmoid {})),
+        ];
+        for (name, m) in layers {
+            let x = get(&format!("x_{dtype}")).set_requires_grad(true).unwrap();
+            let y = m.forward(&x).unwrap();
+            let want = get(&format!("{name}_{dtype}"));
+            assert_eq!(bits(&y), bits(&want), "{name} {dtype} forward");
+            // d(Σ y·g)/dy is g exactly, so backward receives PyTorch's g.
+            let g = get(&format!("g_{dtype}"));
+            y.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+            let grad = x.grad().expect("input gradient");
+            let want = get(&format!("{name}_grad_{dtype}"));
+            assert_eq!(bits(&grad), bits(&want), "{name} {dtype} gradient");
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! Run-time compilation of `kernels/*.cu` with NVRTC.
 //!
 //! The sources are embedded in the binary with `include_str!`; each is
-//! compiled with [`PRELUDE`] (`kernels/common.cuh`) in front of it: for a
+//! compiled with [`PRELUDE`] (`kernels/common.cuh`) and the kernel codes' declarations
+//! ([`full_source`]) in front of it: for a
 //! GPU, to a CUBIN for its compute capability (`sm_XY`; [`cubin_for`]); for
 //! the simulated GPU and the compile check, to PTX for a virtual
 //! architecture (`compute_XY`; [`ptx_for`], [`compile`]). Which one a
@@ -17,6 +18,7 @@
 //! writable folder kernels are compiled every time, never an error.
 
 use super::kernel_cache;
+use crate::op_code::kernel_code_header;
 use crate::{Device, Error, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -160,6 +162,14 @@ fn source_of(file: &str) -> Result<&'static str> {
         })
 }
 
+/// The text NVRTC compiles for kernel file `file`: the prelude, the
+/// kernel codes' C++ declarations ([`kernel_code_header`]), then the file
+/// (its lines numbered from 1 in compiler messages).
+pub fn full_source(file: &str, source: &str) -> String {
+    let codes = kernel_code_header();
+    format!("{PRELUDE}\n{codes}#line 1 \"{file}\"\n{source}")
+}
+
 /// `source` with the prelude in front, after checking that libnvrtc and
 /// the headers are there.
 fn prepare(file: &str, source: &str) -> Result<(String, PathBuf)> {
@@ -170,7 +180,7 @@ fn prepare(file: &str, source: &str) -> Result<(String, PathBuf)> {
         });
     }
     let include = include_dir()?;
-    Ok((format!("{PRELUDE}\n#line 1 \"{file}\"\n{source}"), include))
+    Ok((full_source(file, source), include))
 }
 
 /// What NVRTC is asked to produce for a device.

@@ -2,23 +2,11 @@
 
 use super::check::{self, float_suffix};
 use super::{CudaBuffer, CudaDevice, Strided};
+use crate::op_code::ReduceCode;
 use crate::{DType, Error, Result};
 
 /// Adjacent outputs one block of `reduce_cols_*` computes (`LG_RED_COLS`).
 const COLS_PER_BLOCK: usize = 8;
-
-/// What a reduction computes over the reduced elements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ReduceOp {
-    /// Their sum.
-    Sum = 0,
-    /// Their mean.
-    Mean = 1,
-    /// Their maximum (NaN if one of them is, as on the CPU).
-    Max = 2,
-    /// Their minimum (NaN if one of them is, as on the CPU).
-    Min = 3,
-}
 
 /// `lx` reordered so that the kept dims come first and the reduced ones
 /// last, with (outputs, elements per output) and the output shape.
@@ -59,7 +47,7 @@ fn split_dims(
 /// contiguous with the kept dims' shape (reduced dims removed; a keepdim
 /// result is the same buffer with 1s put back in the shape).
 pub(crate) fn reduce(
-    op: ReduceOp,
+    op: ReduceCode,
     x: &CudaBuffer,
     lx: &Strided,
     dims: &[usize],
@@ -69,7 +57,7 @@ pub(crate) fn reduce(
     let (permuted, outer, inner, _) = split_dims("cuda reduce", lx, dims)?;
     // Same element order, fewer dims for the kernel to divide through.
     let permuted = permuted.coalesced();
-    if inner == 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
+    if inner == 0 && matches!(op, ReduceCode::Max | ReduceCode::Min) {
         return Err(Error::InvalidArgument {
             op: "cuda reduce",
             msg: format!("max/min over dims {dims:?} of size 0"),
@@ -79,7 +67,7 @@ pub(crate) fn reduce(
     if outer == 0 {
         return Ok(out);
     }
-    let (code, o64, i64_) = (op as i32, outer as i64, inner as i64);
+    let (code, o64, i64_): (i32, i64, i64) = (op.kernel_code(), outer as i64, inner as i64);
     // One kept dim, its elements adjacent in memory (a sum over rows):
     // blocks of adjacent outputs whose warps read whole sectors of a row.
     let shape = permuted.shape();

@@ -110,6 +110,21 @@ activation!(
 );
 
 activation!(
+    /// `torch.nn.Hardswish` (MobileNetV3). Saves its input; `forward_owned`
+    /// writes over an input nothing else holds when no gradient flows
+    /// through it.
+    Hardswish {} |s, x| x.hardswish(),
+    owned |s, x| x.hardswish_owned()
+);
+
+activation!(
+    /// `torch.nn.Hardsigmoid` (MobileNetV3's squeeze-and-excitation gate).
+    /// Saves its input; `forward_owned` as [`Hardswish`]'s.
+    Hardsigmoid {} |s, x| x.hardsigmoid(),
+    owned |s, x| x.hardsigmoid_owned()
+);
+
+activation!(
     /// `torch.nn.Sigmoid`. Saves its output; `forward_owned` writes it
     /// over an input nothing else holds.
     Sigmoid {} |s, x| x.sigmoid(),

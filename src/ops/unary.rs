@@ -84,6 +84,11 @@ kernel!(SignK, "sign", Sign, |x| {
     pos - neg
 });
 
+kernel!(HardsigmoidK, "hardsigmoid", Hardsigmoid, |x| relu6_shift(x)
+    / c::<T>(6.0));
+kernel!(HardswishK, "hardswish", Hardswish, |x| x * relu6_shift(x)
+    / c::<T>(6.0));
+
 grad_kernel!(ExpB, "exp", Mul, |g, y| g * y);
 grad_kernel!(LogB, "log", Div, |g, x| g / x);
 grad_kernel!(SqrtB, "sqrt", SqrtGrad, |g, y| g / (y + y));
@@ -106,6 +111,40 @@ grad_kernel!(SiluB, "silu", SiluGrad, |g, x| {
     let s = sigmoid(x);
     g * s * (T::one() + x * (T::one() - s))
 });
+
+// PyTorch's backward kernels (its vectorised CPU path, which tensors of
+// more than a few elements take): hardsigmoid's is 0 at ±3 and for NaN;
+// hardswish's is 0 up to −3 and `g` from 3, NaN for NaN.
+grad_kernel!(HardsigmoidB, "hardsigmoid", HardsigmoidGrad, |g, x| {
+    if x > c::<T>(-3.0) && x < c::<T>(3.0) {
+        // PyTorch's `one_sixth` is the f32 1/6 in every dtype.
+        g * c::<T>((1.0f32 / 6.0f32) as f64)
+    } else {
+        T::zero()
+    }
+});
+grad_kernel!(HardswishB, "hardswish", HardswishGrad, |g, x| {
+    if x <= c::<T>(-3.0) {
+        T::zero()
+    } else if x >= c::<T>(3.0) {
+        g
+    } else {
+        g * (x / c::<T>(3.0) + c::<T>(0.5))
+    }
+});
+
+/// `min(max(x + 3, 0), 6)` by comparisons as PyTorch's CPU kernels, so NaN
+/// passes through (`f32::max` would drop it).
+#[inline(always)]
+fn relu6_shift<T: FloatDType>(x: T) -> T {
+    let r = x + c::<T>(3.0);
+    let r = if r < T::zero() { T::zero() } else { r };
+    if c::<T>(6.0) < r {
+        c(6.0)
+    } else {
+        r
+    }
+}
 
 #[inline(always)]
 fn sigmoid<T: FloatDType>(x: T) -> T {
@@ -473,6 +512,31 @@ impl Tensor {
     /// `x · sigmoid(x)` (swish). Saves its input for backward.
     pub fn silu(&self) -> Result<Tensor> {
         unary_op(self, SiluK, Keep::Input, SiluB)
+    }
+
+    /// `relu6(x + 3) / 6` (`torch.nn.functional.hardsigmoid`; MobileNetV3's
+    /// squeeze-and-excitation gate). Saves its input for backward.
+    pub fn hardsigmoid(&self) -> Result<Tensor> {
+        unary_op(self, HardsigmoidK, Keep::Input, HardsigmoidB)
+    }
+
+    /// `x · relu6(x + 3) / 6` (`torch.nn.functional.hardswish`). Saves its
+    /// input for backward.
+    pub fn hardswish(&self) -> Result<Tensor> {
+        unary_op(self, HardswishK, Keep::Input, HardswishB)
+    }
+
+    /// [`Tensor::hardswish`] of a tensor handed over: written over its
+    /// buffer when nothing else holds it and no gradient flows through it.
+    /// Saves its input for backward, as `hardswish`.
+    pub fn hardswish_owned(self) -> Result<Tensor> {
+        unary_op_owned(self, HardswishK, Keep::Input, HardswishB)
+    }
+
+    /// [`Tensor::hardsigmoid`] of a tensor handed over (see
+    /// [`Tensor::hardswish_owned`]).
+    pub fn hardsigmoid_owned(self) -> Result<Tensor> {
+        unary_op_owned(self, HardsigmoidK, Keep::Input, HardsigmoidB)
     }
 
     /// [`Tensor::tanh`] of a tensor handed over: written over its buffer

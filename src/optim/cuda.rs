@@ -10,6 +10,7 @@ use super::compact::StateFormat;
 use super::rule::{AdamParams, GradTransform, PendingUpdate, SgdParams, UpdateRule, NORM_LANES};
 use crate::cuda::check::{self, expect, float_suffix, input, invalid, RUN};
 use crate::cuda::{launch, CudaBuffer, CudaDevice, Strided};
+use crate::op_code::GradMapCode;
 use crate::tensor::cuda::address;
 use crate::{Result, Tensor};
 use cudarc::driver::{DeviceRepr, LaunchConfig};
@@ -18,9 +19,9 @@ use std::sync::Arc;
 /// The kernels' code of a gradient transform: (mode, value).
 fn code(map: GradTransform) -> (i32, f64) {
     match map {
-        GradTransform::Identity => (0, 0.0),
-        GradTransform::Scale(s) => (1, s),
-        GradTransform::ClampAbs(b) => (2, b),
+        GradTransform::Identity => (GradMapCode::Identity.kernel_code(), 0.0),
+        GradTransform::Scale(s) => (GradMapCode::Scale.kernel_code(), s),
+        GradTransform::ClampAbs(b) => (GradMapCode::ClampAbs.kernel_code(), b),
     }
 }
 

@@ -4,8 +4,8 @@
 // Step-dependent constants come from the host as doubles and are converted
 // to T here, as the CPU converts them.
 //
-// Gradient transform (GradTransform): gmode 0 identity, 1 g * gparam
-// (scale), 2 clamp to [-gparam, gparam].
+// Gradient transform (GradTransform; `gmode` a `GradMapCode`): the identity,
+// g * gparam (scale) or g clamped to [-gparam, gparam].
 //
 // The parameter is contiguous from element `poff` of its buffer; the
 // gradient is read through its layout `gl` (any strides), as the CPU reads
@@ -42,8 +42,8 @@ template <typename T> __device__ __forceinline__ bool lg_tnan(T a) {
 
 // A gradient value through the transform.
 template <typename T> __device__ __forceinline__ T lg_grad_map(T v, int gmode, T gparam) {
-    if (gmode == 1) return lg_tmul(v, gparam);
-    if (gmode == 2) {
+    if (gmode == GradMapCode::Scale) return lg_tmul(v, gparam);
+    if (gmode == GradMapCode::ClampAbs) {
         if (lg_load(v) < -lg_load(gparam)) return lg_store<T>(-lg_load(gparam));
         if (lg_load(v) > lg_load(gparam)) return gparam;
     }

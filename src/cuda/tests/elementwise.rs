@@ -33,6 +33,8 @@ fn unary_and_scalar_ops_match_the_cpu() {
         (UnaryOp::Gelu, |t| t.gelu(false), false),
         (UnaryOp::GeluTanh, |t| t.gelu(true), false),
         (UnaryOp::Silu, |t| t.silu(), false),
+        (UnaryOp::Hardswish, |t| t.hardswish(), false),
+        (UnaryOp::Hardsigmoid, |t| t.hardsigmoid(), false),
         (UnaryOp::Relu, |t| t.relu(), false),
         (UnaryOp::Rsqrt, |t| t.sqrt()?.recip(), true),
         (UnaryOp::Powf(1.7), |t| t.powf(1.7), true),
@@ -63,6 +65,46 @@ fn unary_and_scalar_ops_match_the_cpu() {
                 &download(&got),
                 &want,
                 tol(dtype),
+            );
+        }
+    }
+}
+
+/// An in-place map (`relu_`, `sigmoid_`…) computes what the out-of-place
+/// one does, bit for bit: the same formula, its intermediates rounded to
+/// the element type the same way (f16/bf16 once rounded only at the end).
+#[test]
+fn in_place_maps_equal_out_of_place_bit_for_bit() {
+    let dev = cuda_or_skip!("unary in place");
+    let ops = [
+        UnaryOp::Sigmoid,
+        UnaryOp::Silu,
+        UnaryOp::Hardswish,
+        UnaryOp::Hardsigmoid,
+        UnaryOp::Tanh,
+        UnaryOp::Gelu,
+        UnaryOp::Relu,
+        UnaryOp::Exp,
+        UnaryOp::LeakyRelu(0.1),
+        UnaryOp::Clamp(-0.3, 0.7),
+        UnaryOp::Scale(0.3),
+        UnaryOp::Sign,
+    ];
+    for dtype in FLOATS {
+        for (i, op) in ops.iter().enumerate() {
+            let x = cpu_rand(&[3, 77], -3.0, 3.0, dtype, 40 + i as u64);
+            let out = elementwise::unary(*op, &upload(&dev, &x), &dense(&[3, 77])).unwrap();
+            let mut inplace = upload(&dev, &x);
+            elementwise::unary_inplace(*op, &mut inplace, 0..231).unwrap();
+            let (got, want) = (download(&inplace), download(&out));
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(g, w)| g.to_bits() != w.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "{op:?} {dtype:?}: {differ} of 231 elements differ"
             );
         }
     }

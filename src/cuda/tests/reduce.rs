@@ -3,11 +3,12 @@
 //! the reduction tests of `tests/cuda_reduce.rs`). Without a GPU:
 //! `skipped: no CUDA device (…)`.
 
-use crate::cuda::reduce::{self, ReduceOp};
+use crate::cuda::reduce;
 use crate::cuda::testing::{
     assert_close, cpu_rand, cuda_or_skip, dense, download, tol, upload, FLOATS,
 };
 use crate::cuda::{CudaBuffer, Strided};
+use crate::op_code::ReduceCode;
 use crate::DType;
 
 #[test]
@@ -21,21 +22,21 @@ fn sum_mean_max_min_over_dims_match_the_cpu() {
         for dims in cases {
             let idims: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
             let what = |op: &str| format!("{op} over {dims:?} {dtype:?}");
-            let got = reduce::reduce(ReduceOp::Sum, &gx, &dense(&shape), dims).unwrap();
+            let got = reduce::reduce(ReduceCode::Sum, &gx, &dense(&shape), dims).unwrap();
             let want = x.sum(&idims, false).unwrap().to_f64_vec().unwrap();
             assert_close(&what("sum"), &download(&got), &want, tol(dtype) * 4.0);
-            let got = reduce::reduce(ReduceOp::Mean, &gx, &dense(&shape), dims).unwrap();
+            let got = reduce::reduce(ReduceCode::Mean, &gx, &dense(&shape), dims).unwrap();
             let want = x.mean(&idims, false).unwrap().to_f64_vec().unwrap();
             assert_close(&what("mean"), &download(&got), &want, tol(dtype) * 4.0);
         }
         for dim in 0..4 {
             let d = dim as isize;
-            let got = reduce::reduce(ReduceOp::Max, &gx, &dense(&shape), &[dim]).unwrap();
+            let got = reduce::reduce(ReduceCode::Max, &gx, &dense(&shape), &[dim]).unwrap();
             assert_eq!(
                 download(&got),
                 x.max(d, false).unwrap().to_f64_vec().unwrap()
             );
-            let got = reduce::reduce(ReduceOp::Min, &gx, &dense(&shape), &[dim]).unwrap();
+            let got = reduce::reduce(ReduceCode::Min, &gx, &dense(&shape), &[dim]).unwrap();
             assert_eq!(
                 download(&got),
                 x.min(d, false).unwrap().to_f64_vec().unwrap()
@@ -55,7 +56,7 @@ fn sum_mean_max_min_over_dims_match_the_cpu() {
         // A long run (many threads per output) read through a transpose.
         let y = cpu_rand(&[1000, 3], -1.0, 1.0, dtype, 12);
         let lt = Strided::new(&[3, 1000], &[1, 3], 0).unwrap();
-        let got = reduce::reduce(ReduceOp::Sum, &upload(&dev, &y), &lt, &[1]).unwrap();
+        let got = reduce::reduce(ReduceCode::Sum, &upload(&dev, &y), &lt, &[1]).unwrap();
         let want = y.sum(&[0], false).unwrap().to_f64_vec().unwrap();
         assert_close(
             "sum of a transpose",
@@ -90,7 +91,11 @@ fn nan_is_the_extremum_as_on_the_cpu() {
             } else {
                 x.min(1, false)
             };
-            let op = if max { ReduceOp::Max } else { ReduceOp::Min };
+            let op = if max {
+                ReduceCode::Max
+            } else {
+                ReduceCode::Min
+            };
             let got = reduce::reduce(op, &gx, &dense(&[2, 4]), &[1]).unwrap();
             assert_close(
                 "max/min with NaN",

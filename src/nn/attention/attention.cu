@@ -7,9 +7,9 @@
 //   P[r, j] = exp(logit(r, j) - lse(r))
 // in double as the CPU's f64 rows (no FMA contraction of scale*S + mask:
 // __dmul_rn and __dadd_rn round each step as Rust does; the CPU works f32
-// rows in f32). Masks: kind 0 none, 1 additive
-// float of T, 2 bool (u8, 0 = masked out), 3 additive double (a float mask
-// of another dtype, converted exactly); row r reads mask row r % mask_rows,
+// rows in f32). Masks (`kind`, a `MaskCode`): none, Float (additive, of
+// T), Bool (u8, 0 = masked out), F64 (additive double: a float mask of
+// another dtype, converted exactly); row r reads mask row r % mask_rows,
 // so a [lq, lk] mask serves every batch and head. With use_lse the given
 // lse is used instead (recomputing forward's P bit for bit in backward).
 // Backward: dS = scale * P * (dP - sum_j P*dP) per row.
@@ -49,11 +49,11 @@ __device__ __forceinline__ double lg_att_logit(double scale, double sv, int kind
                                                const T* fmask, const unsigned char* bmask,
                                                const double* dmask) {
     double x = __dmul_rn(scale, sv);
-    if (kind == 1) x = __dadd_rn(x, lg_to_f64(fmask[m]));
-    else if (kind == 3) x = __dadd_rn(x, dmask[m]);
+    if (kind == MaskCode::Float) x = __dadd_rn(x, lg_to_f64(fmask[m]));
+    else if (kind == MaskCode::F64) x = __dadd_rn(x, dmask[m]);
     // Added, not assigned, as the CPU's additive 0/-inf mask: a masked NaN
     // or +inf score stays NaN.
-    else if (kind == 2 && !bmask[m]) x = __dadd_rn(x, -(double)LG_INF);
+    else if (kind == MaskCode::Bool && !bmask[m]) x = __dadd_rn(x, -(double)LG_INF);
     return x;
 }
 

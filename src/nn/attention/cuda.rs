@@ -10,6 +10,7 @@ use crate::cuda::check::{expect, float_suffix, invalid};
 use crate::cuda::{elementwise, launch, CudaBuffer, CudaDevice};
 use crate::dtype::stat_dtype;
 use crate::memory::{with_category, Category};
+use crate::op_code::MaskCode;
 use crate::tensor::cuda as tensor;
 use crate::tensor::Layout;
 use crate::{DType, Result, Tensor};
@@ -81,25 +82,26 @@ pub(crate) fn attention_probs(
     let rows = s.len() / lk;
     // Unused mask pointers point at `s` (never read: the kind selects).
     let (kind, mrows, fm, bm, dm) = match mask {
-        AttnMask::None => (0i32, 0usize, s, s, s),
+        AttnMask::None => (MaskCode::None, 0usize, s, s, s),
         AttnMask::Float(m, r) => {
             expect(op, m, s.dtype(), r * lk, s)?;
-            (1, r, m, s, s)
+            (MaskCode::Float, r, m, s, s)
         }
         AttnMask::Bool(m, r) => {
             expect(op, m, DType::U8, r * lk, s)?;
-            (2, r, s, m, s)
+            (MaskCode::Bool, r, s, m, s)
         }
         AttnMask::F64(m, r) => {
             expect(op, m, DType::F64, r * lk, s)?;
-            (3, r, s, s, m)
+            (MaskCode::F64, r, s, s, m)
         }
     };
-    if kind != 0 && mrows == 0 {
+    if kind != MaskCode::None && mrows == 0 {
         return Err(invalid(op, "a mask of 0 rows"));
     }
     let mut p = CudaBuffer::alloc(s.device(), s.dtype(), s.len())?;
     let (r64, m64) = (rows as i64, mrows as i64);
+    let kind: i32 = kind.kernel_code();
     let name = format!("attn_probs_{sfx}");
     let cfg = CudaDevice::grid_per_row(rows);
     // Parameters: (ScoreGeom g, i64 rows, i32 kind, i64 mask_rows,

@@ -27,6 +27,7 @@ use crate::cuda::check::{
 use crate::cuda::launch;
 use crate::cuda::{CudaBuffer, CudaDevice};
 use crate::dtype::stat_dtype;
+use crate::op_code::NormGradCode;
 use crate::primitives::mask_words;
 use crate::tensor::cuda::{adopt, uncounted, wrap};
 use crate::tensor::Tensor;
@@ -640,11 +641,12 @@ fn check_input_grad(
 
 /// `norm_bwd_saved`'s mode codes.
 fn mode_code(mode: GradMode) -> i32 {
-    match mode {
-        GradMode::Centered => 0,
-        GradMode::Uncentered => 1,
-        GradMode::Affine => 2,
-    }
+    let code = match mode {
+        GradMode::Centered => NormGradCode::Centered,
+        GradMode::Uncentered => NormGradCode::Uncentered,
+        GradMode::Affine => NormGradCode::Affine,
+    };
+    code.kernel_code()
 }
 
 /// The input gradient from the incoming gradient `g` and the saved `x̂`

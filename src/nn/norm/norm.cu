@@ -389,9 +389,9 @@ __device__ void lg_piece_grad_sums(const NormGeom& g, const LgNormDivs& d, const
 
 // The input gradient over a piece from its statistic's means m1 = mean(gw)
 // and m2 = mean(gw * x_hat) and scale r (rstd, or batch norm's w * invstd
-// with w null):
-//   mode 0 (centered): r * (gw - m1 - x_hat * m2)
-//   mode 1 (RMS):      r * (gw - x_hat * m2)
+// with w null), `mode` a `NormGradCode`:
+//   Centered:   r * (gw - m1 - x_hat * m2)
+//   Uncentered: r * (gw - x_hat * m2)   (RMS norm)
 // dx may be g itself: each stretch is read whole before it is written, by
 // the one thread that owns it.
 template <typename T>
@@ -408,7 +408,7 @@ __device__ void lg_piece_grad_apply(const NormGeom& g, const LgNormDivs& d, cons
         LG_RUN_EACH(i, cnt) {
             double gw = __dmul_rn(lg_to_f64(gv.v[i]), wt.at(e + i, g, d));
             double hm = __dmul_rn(lg_to_f64(hv.v[i]), m2);
-            double v = mode == 0 ? __dsub_rn(__dsub_rn(gw, m1), hm) : __dsub_rn(gw, hm);
+            double v = mode == NormGradCode::Centered ? __dsub_rn(__dsub_rn(gw, m1), hm) : __dsub_rn(gw, hm);
             out.v[i] = lg_from_f64<T>(__dmul_rn(r, v));
         }
         out.store(dx + e, cnt, vec);
@@ -492,7 +492,7 @@ extern "C" __global__ void norm_moments_combine(long long S, long long cnt, long
 }
 
 // The input gradient from the saved x_hat, gw = g * w (has_w) and scale[s]
-// (lg_piece_grad_apply's modes 0 and 1; the affine mode has no sums and
+// (lg_piece_grad_apply's two modes; the affine mode has no sums and
 // runs norm_bwd_affine). norm_bwd_* (join 0) sums each piece and, with
 // one piece per statistic, applies it; with more, a second launch (join 1)
 // adds a statistic's pieces and applies each piece. The *_inplace kernels write
@@ -600,7 +600,7 @@ LG_FOR_FLOATS(LG_NORM_GRAD)
     }
 LG_FOR_FLOATS(LG_NORM_PARAM)
 
-// The affine input gradient (norm_bwd_saved's mode 2: dx = scale[s] * (g *
+// The affine input gradient (norm_bwd_saved's NormGradCode::Affine: dx = scale[s] * (g *
 // w[p]), w optional; no sums) element-wise in runs of LG_RUN over the whole
 // grid, rather than one block per statistic: the same products, rounded
 // the same way. dx may be g itself (each run is read whole before it is

@@ -9,6 +9,7 @@ use super::{AvgMode, PoolGeom, WindowPositions};
 use crate::cuda::check::{expect, float_suffix};
 use crate::cuda::{launch, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
+use crate::op_code::AvgPoolCode;
 use crate::tensor::cuda as tensor;
 use crate::{DType, Result, Tensor};
 
@@ -28,18 +29,18 @@ impl PoolGeom {
     }
 }
 
-/// The kernels' code for an average mode: 0 fixed windows (padding not
-/// counted), 1 fixed (padding counted), 2 adaptive.
+/// The kernels' code for an average mode.
 fn mode_code(mode: AvgMode) -> i32 {
-    match mode {
+    let code = match mode {
         AvgMode::Fixed {
             count_include_pad: false,
-        } => 0,
+        } => AvgPoolCode::Fixed,
         AvgMode::Fixed {
             count_include_pad: true,
-        } => 1,
-        AvgMode::Adaptive => 2,
-    }
+        } => AvgPoolCode::FixedCountPad,
+        AvgMode::Adaptive => AvgPoolCode::Adaptive,
+    };
+    code.kernel_code()
 }
 
 /// Max pooling's U8 window positions as the kernel wrote them: a device

@@ -15,11 +15,11 @@ struct PoolGeom {
     long long k[2], s[2], p[2], d[2];
 };
 
-// Avg modes: 0 fixed windows (padding not counted), 1 fixed (padding
-// counted), 2 adaptive. Writes the clipped window and returns the divisor.
+// `mode` is an `AvgPoolCode` (fixed windows with or without the padding
+// counted, or adaptive). Writes the clipped window and returns the divisor.
 __device__ __forceinline__ double lg_avg_window(const PoolGeom& g, int mode, long long i,
                                                 long long j, long long* win) {
-    if (mode == 2) {
+    if (mode == AvgPoolCode::Adaptive) {
         win[0] = i * g.h / g.oh;
         win[1] = ((i + 1) * g.h + g.oh - 1) / g.oh;
         win[2] = j * g.w / g.ow;
@@ -36,7 +36,7 @@ __device__ __forceinline__ double lg_avg_window(const PoolGeom& g, int mode, lon
     r1 = max(r1, r0);
     c1 = max(c1, c0);
     win[0] = r0; win[1] = r1; win[2] = c0; win[3] = c1;
-    return mode == 1 ? padded : (double)((r1 - r0) * (c1 - c0));
+    return mode == AvgPoolCode::FixedCountPad ? padded : (double)((r1 - r0) * (c1 - c0));
 }
 
 // The gradient of input element `e` of max pooling: the sum, in row-major
@@ -303,7 +303,7 @@ __device__ __forceinline__ void lg_max_pool_fwd_narrow(const PoolGeom& g, T* y,
             long long i1 = min(g.oh, ((r + 1) * g.oh + g.h - 1) / g.h + 1);           \
             long long j0 = max(0LL, c * g.ow / g.w - 1);                              \
             long long j1 = min(g.ow, ((c + 1) * g.ow + g.w - 1) / g.w + 1);           \
-            if (mode != 2) {                                                          \
+            if (mode != AvgPoolCode::Adaptive) {                                                          \
                 long long a = r + g.p[0] - g.k[0] + 1, b = c + g.p[1] - g.k[1] + 1;   \
                 i0 = a <= 0 ? 0 : (a + g.s[0] - 1) / g.s[0];                          \
                 j0 = b <= 0 ? 0 : (b + g.s[1] - 1) / g.s[1];                          \

@@ -4,7 +4,8 @@
 //! program moves the CUDA ledger as it moves the CPU's.
 
 use crate::cuda::elementwise as ew;
-use crate::cuda::reduce::{self as red, ReduceOp};
+use crate::cuda::reduce as red;
+use crate::op_code::ReduceCode;
 use crate::op_code::{BinaryOp, CompareOp, UnaryOp};
 use crate::primitives::CmpOp;
 use crate::tensor::cuda::{adopt, contiguous, map, strided, uncounted, wrap};
@@ -167,9 +168,9 @@ pub(crate) fn sum_scaled(x: &Tensor, out_shape: &[usize], scale: f64) -> Result<
         };
     }
     let op = if scale == 1.0 {
-        ReduceOp::Sum
+        ReduceCode::Sum
     } else if scale == 1.0 / count as f64 {
-        ReduceOp::Mean
+        ReduceCode::Mean
     } else {
         let sum = sum_scaled(x, out_shape, 1.0)?;
         return unary(&sum, Some(UnaryOp::Scale(scale)), "sum");
@@ -183,7 +184,11 @@ pub(crate) fn extremum_to(x: &Tensor, out_shape: &[usize], max: bool) -> Result<
     if dims.is_empty() {
         return contiguous(x);
     }
-    let op = if max { ReduceOp::Max } else { ReduceOp::Min };
+    let op = if max {
+        ReduceCode::Max
+    } else {
+        ReduceCode::Min
+    };
     map(x, out_shape, |b, l| red::reduce(op, b, l, &dims))
 }
 

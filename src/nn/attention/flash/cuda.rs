@@ -17,6 +17,7 @@ use crate::cuda::check::{float_suffix, input, invalid};
 use crate::cuda::{elementwise, launch, CudaBuffer, CudaDevice};
 use crate::dtype::stat_dtype;
 use crate::nn::dropout::DropoutDraw;
+use crate::op_code::MaskCode;
 use crate::tensor::cuda as tensor;
 use crate::{DType, Error, Result, Tensor};
 use cudarc::driver::LaunchConfig;
@@ -141,13 +142,13 @@ struct Operands<'a> {
     lse: &'a CudaBuffer,
 }
 
-/// The mask as the kernels read it: kind 0 none, 1 additive in the
-/// compute type, 2 U8 (0 removes).
+/// The mask as the kernels read it: none, additive in the compute type
+/// ([`MaskCode::Float`]) or U8 (0 removes).
 struct Mask {
     /// The tensor read (the user's, or an uncounted converted copy).
     tensor: Option<Tensor>,
-    /// The kind code of `flash.cu`.
-    kind: i32,
+    /// What `flash.cu` reads.
+    kind: MaskCode,
     /// Its view broadcast to the scores.
     view: View4,
 }
@@ -235,13 +236,13 @@ fn mask_operand(x: &FlashInputs, compute: DType) -> Result<Mask> {
     let Some(m) = x.mask else {
         return Ok(Mask {
             tensor: None,
-            kind: 0,
+            kind: MaskCode::None,
             view: View4::default(),
         });
     };
     let (kind, target) = match m.dtype() {
-        DType::U8 => (2, DType::U8),
-        t if t.is_float() => (1, compute),
+        DType::U8 => (MaskCode::Bool, DType::U8),
+        t if t.is_float() => (MaskCode::Float, compute),
         t => return Err(Error::UnsupportedDType { op: OPF, dtype: t }),
     };
     let m = tensor::uncounted(|| {
@@ -311,7 +312,16 @@ pub(super) fn forward(x: &FlashInputs, ordinal: usize) -> Result<(Tensor, RowLse
         };
         let vw = Views::of(x, View4::default(), &mask);
         let dr = DropArgs::of(x.draw);
-        launch_forward(&dev, &g, &vw, &dr, mask.kind, &mut out, &mut lse, &ops)?;
+        launch_forward(
+            &dev,
+            &g,
+            &vw,
+            &dr,
+            mask.kind.kernel_code(),
+            &mut out,
+            &mut lse,
+            &ops,
+        )?;
     }
     let out = tensor::wrap(out, &out_shape(x))?;
     Ok((out, RowLse::Cuda(DeviceLse::Uncounted(lse))))
@@ -497,7 +507,7 @@ fn backward_launches(
             &g,
             &vw,
             &dr,
-            mask.kind,
+            mask.kind.kernel_code(),
             needs[0],
             write_delta,
             dq,
@@ -510,7 +520,7 @@ fn backward_launches(
         &g,
         &vw,
         &dr,
-        mask.kind,
+        mask.kind.kernel_code(),
         [needs[1], needs[2]],
         dk,
         dv,

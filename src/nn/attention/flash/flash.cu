@@ -110,7 +110,7 @@ template <typename A> struct FlCall {
     int lq, lk, d, dv;
     bool causal;
     A scale;
-    // Mask: kind 0 none, 1 additive (type A), 2 U8 (0 removes); element
+    // Mask (a `MaskCode`): None, Float (additive, type A) or Bool (U8, 0 removes); element
     // [i, j] of this (b, h) at mask[mbase + i*mrs + j*mcs].
     int mask_kind;
     const void* mask;
@@ -162,9 +162,9 @@ template <typename A>
 __device__ __forceinline__ A fl_logit(const FlCall<A>& c, A s, int i, int j) {
     if (i >= c.lq || j >= c.lk || (c.causal && j > i)) return -(A)LG_INF;
     A x = c.scale * s;
-    if (c.mask_kind != 0) {
+    if (c.mask_kind != MaskCode::None) {
         long long at = c.mbase + (long long)i * c.mrs + (long long)j * c.mcs;
-        if (c.mask_kind == 1)
+        if (c.mask_kind == MaskCode::Float)
             x = x + ((const A*)c.mask)[at];
         else if (!((const unsigned char*)c.mask)[at])
             x = x + -(A)LG_INF;
