@@ -46,6 +46,13 @@ __device__ __forceinline__ double lg_gelu_grad(double x, bool approximate) {
     return cdf + x * pdf;
 }
 
+// tanh(log1p(e^x)) (mish's factor, PyTorch's form: no threshold), each
+// operation rounded to T as the CPU's.
+template <typename T>
+__device__ __forceinline__ typename Acc<T>::type lg_tanh_softplus(typename Acc<T>::type x) {
+    return lg_rt<T>(tanh(lg_rt<T>(log1p(lg_rt<T>(exp(x))))));
+}
+
 // min(max(x + 3, 0), 6) with x + 3 rounded to T; NaN passes through.
 template <typename T>
 __device__ __forceinline__ typename Acc<T>::type lg_relu6_shift(typename Acc<T>::type x) {
@@ -99,6 +106,7 @@ __device__ __forceinline__ A lg_unary(int op, A x, A p, A q, double pd) {
     // (comparisons, so NaN passes through), each step rounded to T.
     case UnaryOp::Hardsigmoid: return lg_relu6_shift<T>(x) / (A)6;
     case UnaryOp::Hardswish: return lg_rt<T>(x * lg_relu6_shift<T>(x)) / (A)6;
+    case UnaryOp::Mish: return x * lg_tanh_softplus<T>(x);
     default: return x;
     }
 }
@@ -151,6 +159,10 @@ __device__ __forceinline__ A lg_binary(int op, A a, A b, double p, A pt, A pm1t)
     // (NaN gives 0); hardswish: 0 up to -3, g from 3, else g · (x/3 + 1/2)
     // (NaN gives NaN), as PyTorch's vectorised backward kernels.
     case BinaryOp::HardsigmoidGrad: return (b > (A)-3 && b < (A)3) ? a * lg_rt<T>((A)(1.0f / 6.0f)) : (A)0;
+    case BinaryOp::MishGrad: {                                      // mish, as PyTorch's order
+        A s = lg_sigmoid<T>(b), t = lg_tanh_softplus<T>(b);
+        return a * lg_rt<T>(t + lg_rt<T>(lg_rt<T>(b * s) * lg_rt<T>((A)1 - lg_rt<T>(t * t))));
+    }
     case BinaryOp::HardswishGrad:
         return b <= (A)-3 ? (A)0 : (b >= (A)3 ? a : a * lg_rt<T>(lg_rt<T>(b / (A)3) + (A)0.5));
     default: return a;

@@ -1,5 +1,5 @@
 """Writes tests/fixtures/activations/hard.safetensors for
-tests/nn_activation.rs: PyTorch's hardswish and hardsigmoid, forward and
+tests/nn_activation.rs: PyTorch's hardswish, hardsigmoid and mish, forward and
 input gradient (for a given incoming gradient), in f32 and f64, on inputs
 that cover every branch: below −3, the boundaries ±3 exactly, inside,
 above 3, ±inf and ±0 (NaN is left out: PyTorch's scalar and vectorised CPU
@@ -27,7 +27,7 @@ for dtype, name in [(torch.float32, "f32"), (torch.float64, "f64")]:
     xd, gd = x.to(dtype), g.to(dtype)
     out[f"x_{name}"] = xd
     out[f"g_{name}"] = gd
-    for op, f in [("hardswish", F.hardswish), ("hardsigmoid", F.hardsigmoid)]:
+    for op, f in [("hardswish", F.hardswish), ("hardsigmoid", F.hardsigmoid), ("mish", F.mish)]:
         xs = xd.clone().requires_grad_(True)
         y = f(xs)
         y.backward(gd)

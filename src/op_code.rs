@@ -229,6 +229,8 @@ kernel_codes! {
         Hardsigmoid,
         /// `x · relu6(x + 3) / 6`
         Hardswish,
+        /// `x · tanh(ln(1 + eˣ))`
+        Mish,
     }
 }
 
@@ -242,7 +244,7 @@ impl UnaryOp {
             RSubScalar(p) | RDivScalar(p) | MaxScalar(p) | MinScalar(p) | Scale(p) => (p, 0.0),
             Clamp(lo, hi) => (round_to(dtype, lo), round_to(dtype, hi)),
             Neg | Exp | Log | Sqrt | Abs | Square | Recip | Sin | Cos | Tanh | Sigmoid | Gelu
-            | GeluTanh | Silu | Relu | Rsqrt | Sign | Hardsigmoid | Hardswish => (0.0, 0.0),
+            | GeluTanh | Silu | Relu | Rsqrt | Sign | Hardsigmoid | Hardswish | Mish => (0.0, 0.0),
         };
         (self.kernel_code(), p, q)
     }
@@ -314,6 +316,8 @@ kernel_codes! {
         HardsigmoidGrad,
         /// hardswish's: 0 up to −3, `g` from 3, else `g·(x/3 + ½)`
         HardswishGrad,
+        /// mish's: `g·(t + x·sigmoid(x)·(1 − t²))`, `t = tanh(ln(1 + eˣ))`
+        MishGrad,
     }
 }
 
@@ -325,7 +329,9 @@ impl BinaryOp {
             PowGrad(p) | ScaledMul(p) => p,
             Add | Sub | Mul | Div | Max | Min | Pow | SqrtGrad | AbsGrad | SquareGrad
             | RecipGrad | SinGrad | CosGrad | TanhGrad | SigmoidGrad | SiluGrad | GeluGrad
-            | GeluTanhGrad | MaxShare | MinShare | HardsigmoidGrad | HardswishGrad => 0.0,
+            | GeluTanhGrad | MaxShare | MinShare | HardsigmoidGrad | HardswishGrad | MishGrad => {
+                0.0
+            }
         };
         (self.kernel_code(), p)
     }
@@ -355,7 +361,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     /// Every variant of `UnaryOp` (parameters arbitrary).
-    const UNARY: [UnaryOp; 30] = {
+    const UNARY: [UnaryOp; 31] = {
         use UnaryOp::*;
         [
             Neg,
@@ -388,11 +394,12 @@ mod tests {
             Sign,
             Hardsigmoid,
             Hardswish,
+            Mish,
         ]
     };
 
     /// Every variant of `BinaryOp`.
-    const BINARY: [BinaryOp; 24] = {
+    const BINARY: [BinaryOp; 25] = {
         use BinaryOp::*;
         [
             Add,
@@ -419,6 +426,7 @@ mod tests {
             ScaledMul(0.5),
             HardsigmoidGrad,
             HardswishGrad,
+            MishGrad,
         ]
     };
 

@@ -309,14 +309,14 @@ fn dropout_under_save_all() {
     }
 }
 
-/// The activations that save a value (GELU, SiLU, Hardswish, Hardsigmoid:
+/// The activations that save a value (GELU, SiLU, Hardswish, Hardsigmoid, Mish:
 /// the input; Sigmoid, Tanh: the output). Their backwards are the elementwise gradient kernels
 /// `GeluB`, `SiluB`, `SigmoidB`, `TanhB` of `src/ops/unary.rs`, on CUDA
 /// `lg_binary` in kernels/elementwise.cu, which rounds half types after
 /// every operation as the CPU does.
 #[test]
 fn saved_value_activations() {
-    use leangrad::nn::{Hardsigmoid, Hardswish, SiLU, Sigmoid, Tanh, GELU};
+    use leangrad::nn::{Hardsigmoid, Hardswish, Mish, SiLU, Sigmoid, Tanh, GELU};
     for dtype in FLOATS {
         let x = input(&[5, 17], dtype, 97, -2.0, 2.0);
         check_layer("GELU", &[&x], |t| {
@@ -333,6 +333,7 @@ fn saved_value_activations() {
         let wide = input(&[5, 17], dtype, 98, -5.0, 5.0);
         check_layer("Hardswish", &[&wide], |t| Hardswish {}.forward(&t[0]));
         check_layer("Hardsigmoid", &[&wide], |t| Hardsigmoid {}.forward(&t[0]));
+        check_layer("Mish", &[&wide], |t| Mish {}.forward(&t[0]));
     }
 }
 

@@ -103,6 +103,10 @@ fn cases() -> Vec<(&'static str, Case)> {
                 whole,
             ),
         ),
+        (
+            "mish",
+            (Box::new(Mish {}), |x| x * x.exp().ln_1p().tanh(), whole),
+        ),
     ]
 }
 
@@ -309,6 +313,50 @@ fn hardswish_and_hardsigmoid_equal_pytorch_bit_for_bit() {
             let grad = x.grad().expect("input gradient");
             let want = get(&format!("{name}_grad_{dtype}"));
             assert_eq!(bits(&grad), bits(&want), "{name} {dtype} gradient");
+        }
+    }
+}
+
+/// PyTorch's mish on the same inputs: PyTorch's vectorised exp, log1p and
+/// tanh are not the C library's, so values agree to a few ulps, not bits
+/// (f32 within 4e-7 relative to max(|y|, 1); f64 within 1e-15).
+#[test]
+fn mish_matches_pytorch() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/activations/hard.safetensors");
+    let fx = leangrad::io::load_safetensors(path).unwrap();
+    let get = |k: &str| fx.get(k).unwrap_or_else(|| panic!("fixture {k}")).clone();
+    for (dtype, tol) in [("f32", 4e-7), ("f64", 1e-15)] {
+        let x = get(&format!("x_{dtype}")).set_requires_grad(true).unwrap();
+        let y = Mish {}.forward(&x).unwrap();
+        let g = get(&format!("g_{dtype}"));
+        y.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+        let grad = x.grad().expect("input gradient");
+        for (what, got, want) in [
+            (
+                "forward",
+                y.to_f64_vec().unwrap(),
+                get(&format!("mish_{dtype}")),
+            ),
+            (
+                "gradient",
+                grad.to_f64_vec().unwrap(),
+                get(&format!("mish_grad_{dtype}")),
+            ),
+        ] {
+            let want = want.to_f64_vec().unwrap();
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| {
+                    if a == b {
+                        0.0
+                    } else {
+                        (a - b).abs() / b.abs().max(1.0)
+                    }
+                })
+                .fold(0.0f64, f64::max);
+            assert!(worst <= tol, "mish {dtype} {what}: {worst:e} > {tol:e}");
         }
     }
 }

@@ -125,6 +125,13 @@ activation!(
 );
 
 activation!(
+    /// `torch.nn.Mish`. Saves its input; `forward_owned` as
+    /// [`Hardswish`]'s.
+    Mish {} |s, x| x.mish(),
+    owned |s, x| x.mish_owned()
+);
+
+activation!(
     /// `torch.nn.Sigmoid`. Saves its output; `forward_owned` writes it
     /// over an input nothing else holds.
     Sigmoid {} |s, x| x.sigmoid(),

@@ -14,7 +14,9 @@ mod pool;
 mod sequential;
 mod stats_sync;
 
-pub use activation::{Flatten, Hardsigmoid, Hardswish, LeakyReLU, ReLU, SiLU, Sigmoid, Tanh, GELU};
+pub use activation::{
+    Flatten, Hardsigmoid, Hardswish, LeakyReLU, Mish, ReLU, SiLU, Sigmoid, Tanh, GELU,
+};
 pub use conv::{
     conv1d, conv2d, conv_transpose2d, conv_workspace_bytes, with_conv_workspace, Conv1d,
     Conv1dBuilder, Conv1dOptions, Conv2d, Conv2dBuilder, Conv2dOptions, ConvGeom, ConvTranspose2d,

@@ -11,7 +11,7 @@
 //! | div(a, b) | `b` if either needs grad; `a` if b needs grad | n·s per saved input |
 //! | maximum, minimum | both inputs (the comparison decides either gradient) | both inputs |
 //! | exp, sqrt, recip, tanh, sigmoid | the output | n·s |
-//! | log, abs, square, sin, cos, gelu, silu, hardswish, hardsigmoid, powf | the input (`gelu_owned` on the CPU: gelu'(x), written over the input) | n·s |
+//! | log, abs, square, sin, cos, gelu, silu, hardswish, hardsigmoid, mish, powf | the input (`gelu_owned` on the CPU: gelu'(x), written over the input) | n·s |
 //! | relu, leaky_relu | 1-bit mask of `x > 0` (neither input nor output) | ⌈n/32⌉·4 |
 //! | clamp | 1-bit mask of `min ≤ x ≤ max` | ⌈n/32⌉·4 |
 //! | where_cond(c, a, b) | the u8 condition, if a or b needs grad | n |

@@ -88,6 +88,8 @@ kernel!(HardsigmoidK, "hardsigmoid", Hardsigmoid, |x| relu6_shift(x)
     / c::<T>(6.0));
 kernel!(HardswishK, "hardswish", Hardswish, |x| x * relu6_shift(x)
     / c::<T>(6.0));
+// PyTorch's mish: `x · tanh(log1p(eˣ))` with no softplus threshold.
+kernel!(MishK, "mish", Mish, |x| x * tanh_softplus(x));
 
 grad_kernel!(ExpB, "exp", Mul, |g, y| g * y);
 grad_kernel!(LogB, "log", Div, |g, x| g / x);
@@ -132,6 +134,19 @@ grad_kernel!(HardswishB, "hardswish", HardswishGrad, |g, x| {
         g * (x / c::<T>(3.0) + c::<T>(0.5))
     }
 });
+
+// `g · (t + x·s·(1 − t²))`, `s = sigmoid(x)`, `t = tanh(softplus(x))`:
+// PyTorch's formula and order of operations.
+grad_kernel!(MishB, "mish", MishGrad, |g, x| {
+    let (s, t) = (sigmoid(x), tanh_softplus(x));
+    g * (t + x * s * (T::one() - t * t))
+});
+
+/// `tanh(ln(1 + eˣ))`, mish's factor.
+#[inline(always)]
+fn tanh_softplus<T: FloatDType>(x: T) -> T {
+    x.exp().ln_1p().tanh()
+}
 
 /// `min(max(x + 3, 0), 6)` by comparisons as PyTorch's CPU kernels, so NaN
 /// passes through (`f32::max` would drop it).
@@ -524,6 +539,18 @@ impl Tensor {
     /// input for backward.
     pub fn hardswish(&self) -> Result<Tensor> {
         unary_op(self, HardswishK, Keep::Input, HardswishB)
+    }
+
+    /// `x · tanh(ln(1 + eˣ))` (`torch.nn.functional.mish`). Saves its input
+    /// for backward.
+    pub fn mish(&self) -> Result<Tensor> {
+        unary_op(self, MishK, Keep::Input, MishB)
+    }
+
+    /// [`Tensor::mish`] of a tensor handed over (see
+    /// [`Tensor::hardswish_owned`]).
+    pub fn mish_owned(self) -> Result<Tensor> {
+        unary_op_owned(self, MishK, Keep::Input, MishB)
     }
 
     /// [`Tensor::hardswish`] of a tensor handed over: written over its
