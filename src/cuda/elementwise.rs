@@ -136,7 +136,8 @@ pub(crate) fn compare(
     if n == 0 {
         return Ok(out);
     }
-    let (code, n64): (i32, i64) = (op.kernel_code(), n as i64);
+    let code: i32 = op.kernel_code();
+    let n64 = n as i64;
     let name = format!("compare_{}", suffix(a.dtype()));
     let (la, lb) = (la.coalesced(), lb.coalesced());
     launch!(a.device(), "compare.cu", name, CudaDevice::grid_for(n);
@@ -157,7 +158,8 @@ pub(crate) fn compare_scalar(
     if n == 0 {
         return Ok(out);
     }
-    let (code, n64): (i32, i64) = (op.kernel_code(), n as i64);
+    let code: i32 = op.kernel_code();
+    let n64 = n as i64;
     let name = format!("compare_scalar_{}", suffix(a.dtype()));
     let la = la.coalesced();
     launch!(a.device(), "compare.cu", name, CudaDevice::grid_for(n);

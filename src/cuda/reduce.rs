@@ -67,7 +67,8 @@ pub(crate) fn reduce(
     if outer == 0 {
         return Ok(out);
     }
-    let (code, o64, i64_): (i32, i64, i64) = (op.kernel_code(), outer as i64, inner as i64);
+    let code: i32 = op.kernel_code();
+    let (o64, i64_) = (outer as i64, inner as i64);
     // One kept dim, its elements adjacent in memory (a sum over rows):
     // blocks of adjacent outputs whose warps read whole sectors of a row.
     let shape = permuted.shape();
