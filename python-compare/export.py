@@ -1,4 +1,4 @@
-"""Writes the model fixtures of tests/models_{resnet,vgg,mobilenet,alexnet}.rs.
+"""Writes the model fixtures of tests/models_{resnet,vgg,mobilenet,mobilenet_v3,alexnet}.rs.
 
 Builds a model in plain torch.nn with torchvision's attribute (and so
 state-dict) names, seeds it, fills the BatchNorm statistics and affine
@@ -58,6 +58,15 @@ Run from the repository root:
     python3 python-compare/export.py --arch alexnet --widths 4 8 8 8 8 \
         --pool-size 6 --hidden 16 --classes 5 --in-channels 3 --batch 2 \
         --size 64 --seed 0 --name alexnet_tiny
+    python3 python-compare/export.py --arch mobilenet_v3 --bneck 8 3 8 8 0 0 1 \
+        8 3 16 8 1 0 2 8 5 16 8 1 1 1 8 3 24 16 0 1 2 --last-channel 16 \
+        --classes 5 --batch 2 --size 32 --seed 0 --name mobilenet_v3_tiny
+
+MobileNetV3 is the one architecture built from torchvision itself
+(`torchvision.models.mobilenetv3.MobileNetV3` with the given
+`InvertedResidualConfig` rows; needs torchvision): its squeeze-and-
+excitation, Hardswish and BatchNorm eps/momentum are torchvision's own.
+Seeds 0..9 all keep PyTorch's own f32 within 4.4e-6 (`--screen 10`).
 
 The ResNet-101 and ResNeXt-101 fixtures (ResNet-101's blocks [3, 4, 23,
 3]; the ResNeXt's 3×3 convolutions in 4 groups of width_per_group 32, so
@@ -265,7 +274,37 @@ class MobileNetV2(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
+def mobilenet_v3(rows, last, classes, in_ch, dropout, width_mult=1.0):
+    """torchvision's own MobileNetV3 (needs torchvision; the one
+    architecture here not rebuilt in plain torch.nn) from bneck rows
+    `(input, kernel, expanded, out, use_se, use_hs, stride)`, as
+    torchvision's `InvertedResidualConfig` (dilation 1)."""
+    from functools import partial
+
+    from torchvision.models import mobilenetv3 as mv3
+    settings = [mv3.InvertedResidualConfig(i, k, e, o, bool(se), "HS" if hs else "RE", s, 1,
+                                           width_mult)
+                for i, k, e, o, se, hs, s in rows]
+    model = mv3.MobileNetV3(settings, last, num_classes=classes, dropout=dropout)
+    if in_ch != 3:
+        raise SystemExit("mobilenet_v3: torchvision's stem takes 3 channels")
+    return model
+
+
+LARGE_ROWS = [
+    (16, 3, 16, 16, 0, 0, 1), (16, 3, 64, 24, 0, 0, 2), (24, 3, 72, 24, 0, 0, 1),
+    (24, 5, 72, 40, 1, 0, 2), (40, 5, 120, 40, 1, 0, 1), (40, 5, 120, 40, 1, 0, 1),
+    (40, 3, 240, 80, 0, 1, 2), (80, 3, 200, 80, 0, 1, 1), (80, 3, 184, 80, 0, 1, 1),
+    (80, 3, 184, 80, 0, 1, 1), (80, 3, 480, 112, 1, 1, 1), (112, 3, 672, 112, 1, 1, 1),
+    (112, 5, 672, 160, 1, 1, 2), (160, 5, 960, 160, 1, 1, 1), (160, 5, 960, 160, 1, 1, 1)]
+"""torchvision's MobileNetV3-Large bneck rows (mobilenetv3._mobilenet_v3_conf)."""
+
+
 def build(args):
+    if args.arch == "mobilenet_v3":
+        rows = [args.bneck[i:i + 7] for i in range(0, len(args.bneck), 7)]
+        return mobilenet_v3(rows, args.last_channel, args.classes, args.in_channels,
+                            args.dropout)
     if args.arch == "mobilenet_v2":
         rows = [args.settings[i:i + 4] for i in range(0, len(args.settings), 4)]
         return MobileNetV2(args.width, rows, args.last_channel, args.classes,
@@ -391,6 +430,9 @@ def main():
     p.add_argument("--settings", type=int, nargs="+",
                    help="MobileNetV2 rows, flattened t c n s quadruples")
     p.add_argument("--last-channel", type=int, default=16)
+    p.add_argument("--bneck", type=int, nargs="+",
+                   help="MobileNetV3 rows, flattened (input kernel expanded out "
+                        "use_se use_hs stride) 7-tuples")
     p.add_argument("--groups", type=int, default=1, help="ResNeXt: groups of the 3x3 conv")
     p.add_argument("--width-per-group", type=int, default=64,
                    help="ResNeXt: torchvision's width_per_group")

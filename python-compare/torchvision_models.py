@@ -1,6 +1,7 @@
-"""torchvision's full-size ResNet-101, ResNeXt-101 64x4d and AlexNet: their
-state-dict names, shapes and parameter counts, for tests/models_resnet.rs
-and tests/models_alexnet.rs, and a check that export.py's rebuilds of them
+"""torchvision's full-size ResNet-101, ResNeXt-101 64x4d, AlexNet and
+MobileNetV3-Large: their state-dict names, shapes and parameter counts, for
+tests/models_resnet.rs, tests/models_alexnet.rs and
+tests/models_mobilenet_v3.rs, and a check that export.py's rebuilds of them
 (the architectures of the tiny fixtures) are torchvision's own.
 
 Writes tests/fixtures/models/torchvision_models.json: per model the
@@ -48,6 +49,10 @@ def rebuilds():
         "alexnet": (lambda: tv.alexnet(weights=None),
                     lambda: export.AlexNet([64, 192, 384, 256, 256], 3, 6, 4096, 1000, 0.5),
                     96),
+        "mobilenet_v3_large": (lambda: tv.mobilenet_v3_large(weights=None),
+                               lambda: export.mobilenet_v3(export.LARGE_ROWS, 1280, 1000, 3,
+                                                           0.2),
+                               64),
     }
 
 

@@ -5,7 +5,7 @@ use super::Case;
 use crate::models::heads::{text_input, Backbone, Classifier};
 use crate::models::{
     AlexNet, AlexNetConfig, BertClassifier, BertConfig, Freeze, Gpt2, Gpt2Config, MobileNetV2,
-    MobileNetV2Config, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
+    MobileNetV2Config, MobileNetV3, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use crate::nn::Module;
 use crate::ops::CrossEntropyOptions;
@@ -75,6 +75,7 @@ macro_rules! step_by_forward_with_blocks {
 step_by_forward_with_blocks! {
     impl for ResNet;
     impl for MobileNetV2;
+    impl for MobileNetV3;
     impl<B: Backbone> for Classifier<B>;
 }
 

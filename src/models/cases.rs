@@ -294,6 +294,7 @@ freeze_by_inherent!(
     Vgg,
     AlexNet,
     MobileNetV2,
+    super::MobileNetV3,
     super::ViT,
     super::Bert,
     super::Gpt2

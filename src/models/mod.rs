@@ -1,5 +1,5 @@
 //! Whole models with PyTorch-compatible state-dict names (torchvision's
-//! for the CNNs: ResNet and ResNeXt, VGG, MobileNetV2, AlexNet; Hugging
+//! for the CNNs: ResNet and ResNeXt, VGG, MobileNetV2, MobileNetV3-Large, AlexNet; Hugging
 //! Face transformers' for ViT, BERT and GPT-2), so weights exported to
 //! safetensors load with [`crate::io::load_state_dict`] in strict mode.
 //!
@@ -21,6 +21,7 @@ pub mod cases;
 pub mod gpt2;
 pub mod heads;
 pub mod mobilenet;
+pub mod mobilenet_v3;
 pub mod pretrained;
 pub mod resnet;
 pub mod sentence;
@@ -35,6 +36,7 @@ pub use cases::{glob_match, layer_of, layers_in_order, Case, Freeze, Glob, Selec
 pub use gpt2::{Gpt2, Gpt2Config};
 pub use heads::{Backbone, BertClassifier, Classifier, ViTClassifier};
 pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
+pub use mobilenet_v3::{make_divisible, BneckSetting, MobileNetV3, MobileNetV3Config};
 pub use pretrained::{minilm_dir, MINILM_DIR_ENV, MINILM_INSTALL};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
 pub use sentence::{l2_normalize, mean_pool, SentenceEncoder, TextTokenizer, TokenBatch};
