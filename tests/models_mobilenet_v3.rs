@@ -314,3 +314,18 @@ fn bad_configs_are_invalid_arguments() {
         Err(Error::InvalidArgument { .. })
     ));
 }
+
+/// Registered as `mobilenet_v3_large` for the jobs (`leangrad finetune`)
+/// and `leangrad memory`, full size, head `classifier.3`.
+#[test]
+fn registered_as_mobilenet_v3_large() {
+    assert!(leangrad::jobs::CLASSIFIERS.contains(&"mobilenet_v3_large"));
+    let m = leangrad::jobs::build_classifier("mobilenet_v3_large", 10, Device::Meta).unwrap();
+    assert_eq!(m.head_name(), "classifier.3");
+    assert_eq!(m.num_classes(), 10);
+    let entry = leangrad::memory_plan::find_model("mobilenet_v3_large").unwrap();
+    let mut m = (entry.build)(1000, 224, DType::F32, Device::Meta).unwrap();
+    let count: usize = m.parameters().iter().map(|t| t.numel()).sum();
+    assert_eq!(count, 5_483_032);
+    m.set_gradient_checkpointing(true).unwrap();
+}

@@ -23,8 +23,8 @@ use crate::io::{
 use crate::memory::Ledger;
 use crate::memory_plan::StepModel;
 use crate::models::{
-    AlexNet, AlexNetConfig, MobileNetV2, MobileNetV2Config, ReplaceHead, ResNet, ResNetConfig, Vgg,
-    VggConfig,
+    AlexNet, AlexNetConfig, MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config,
+    ReplaceHead, ResNet, ResNetConfig, Vgg, VggConfig,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -70,6 +70,7 @@ pub const CLASSIFIERS: &[&str] = &[
     "vgg19",
     "vgg19_bn",
     "mobilenet_v2",
+    "mobilenet_v3_large",
     "alexnet",
 ];
 
@@ -117,6 +118,12 @@ pub fn build_classifier(
         }
         "mobilenet_v2" => Box::new(MobileNetV2::new(
             &MobileNetV2Config::v2(classes),
+            f32,
+            device,
+            0,
+        )?),
+        "mobilenet_v3_large" => Box::new(MobileNetV3::new(
+            &MobileNetV3Config::mobilenet_v3_large(classes),
             f32,
             device,
             0,

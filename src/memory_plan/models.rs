@@ -5,7 +5,8 @@ use super::Case;
 use crate::models::heads::{text_input, Backbone, Classifier};
 use crate::models::{
     AlexNet, AlexNetConfig, BertClassifier, BertConfig, Freeze, Gpt2, Gpt2Config, MobileNetV2,
-    MobileNetV2Config, MobileNetV3, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
+    MobileNetV2Config, MobileNetV3, MobileNetV3Config, ResNet, ResNetConfig, Vgg, VggConfig,
+    ViTClassifier, ViTConfig,
 };
 use crate::nn::Module;
 use crate::ops::CrossEntropyOptions;
@@ -38,7 +39,7 @@ pub trait StepModel: Freeze {
         Err(Error::InvalidArgument {
             op: "checkpoint",
             msg: "this model has no per-block checkpointing (resnet18, resnet50, \
-                  resnet101, resnext101_64x4d, mobilenet_v2, vit_b16, bert_base and gpt2 have)"
+                  resnet101, resnext101_64x4d, mobilenet_v2, mobilenet_v3_large, vit_b16, bert_base and gpt2 have)"
                 .into(),
         })
     }
@@ -368,6 +369,20 @@ fn mobilenet_v2(
     )?))
 }
 
+fn mobilenet_v3_large(
+    classes: usize,
+    _: usize,
+    dtype: DType,
+    device: Device,
+) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(MobileNetV3::new(
+        &MobileNetV3Config::mobilenet_v3_large(classes),
+        dtype,
+        device,
+        0,
+    )?))
+}
+
 fn vit_b16(
     classes: usize,
     size: usize,
@@ -443,6 +458,11 @@ pub const MODELS: &[ModelEntry] = &[
     ModelEntry {
         name: "mobilenet_v2",
         build: mobilenet_v2,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "mobilenet_v3_large",
+        build: mobilenet_v3_large,
         input: IMAGE_224,
     },
     ModelEntry {
