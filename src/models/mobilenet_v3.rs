@@ -520,22 +520,25 @@ impl MobileNetV3 {
 }
 
 impl Se {
+    /// The layers' scopes are full names under the block (`block.K.fc1`,
+    /// `block.K.avgpool`, …), the multiply's is `block.K`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let _s = scope(self.name.clone());
+        let sub = |s: &str| scope(format!("{}.{s}", self.name));
         let scale = {
-            let _a = scope("avgpool".to_string());
+            let _a = sub("avgpool");
             adaptive_avg_pool2d(x, [1, 1])?
         };
         let scale = self.fc1.forward(&scale)?;
         let scale = {
-            let _a = scope("activation".to_string());
+            let _a = sub("activation");
             scale.relu_inplace()?
         };
         let scale = self.fc2.forward(&scale)?;
         let scale = {
-            let _a = scope("scale_activation".to_string());
+            let _a = sub("scale_activation");
             scale.hardsigmoid_owned()?
         };
+        let _s = scope(self.name.clone());
         scale.mul(x)
     }
 }
