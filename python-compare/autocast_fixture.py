@@ -1,4 +1,4 @@
-"""Writes tests/fixtures/autocast.safetensors for tests/autocast.rs: a
+"""Writes tests/fixtures/autocast.safetensors for tests/device_autocast.rs: a
 training step's loss and gradients under bf16 autocast, from PyTorch.
 
 1. The tiny GPT-2 of tests/fixtures/models/gpt2_tiny.safetensors (Hugging

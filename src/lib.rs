@@ -40,3 +40,35 @@ pub use tensor::Tensor;
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The examples of `docs/memory.md` (the ledger), compiled and run as doc
+/// tests.
+#[doc = include_str!("../docs/memory.md")]
+#[cfg(doctest)]
+pub struct MemoryDoctests;
+
+/// The examples of `docs/jobs.md` (text classification, model surgery),
+/// compiled and run as doc tests.
+#[doc = include_str!("../docs/jobs.md")]
+#[cfg(doctest)]
+pub struct JobsDoctests;
+
+/// The examples of `docs/data-and-checkpoints.md` (`.pth` files,
+/// checkpoints, images and the data loader), compiled and run as doc tests.
+#[doc = include_str!("../docs/data-and-checkpoints.md")]
+#[cfg(doctest)]
+pub struct DataAndCheckpointsDoctests;
+
+/// The examples of `docs/training-options.md` (activation checkpointing,
+/// autocast, compact optimizer state, loss scaling), compiled and run as
+/// doc tests.
+#[doc = include_str!("../docs/training-options.md")]
+#[cfg(doctest)]
+pub struct TrainingOptionsDoctests;
+
+/// The examples of `docs/distributed.md` (process groups, data parallel
+/// training, synchronised BatchNorm), compiled as doc tests (they need a
+/// launcher and GPUs to run).
+#[doc = include_str!("../docs/distributed.md")]
+#[cfg(doctest)]
+pub struct DistributedDoctests;

@@ -1,8 +1,9 @@
 //! The jobs leangrad is for, as library functions with the same options as
-//! their commands: [`adversarial`] (adversarial examples with every
-//! parameter frozen: only the input gets a gradient) and [`finetune`]
-//! (a classifier with a new head on an image folder, backbone frozen by
-//! the named case).
+//! their commands: [`finetune`] (a classifier with a new head on an image
+//! folder, backbone frozen by the named case), [`adversarial`]
+//! (adversarial examples with every parameter frozen: only the input gets
+//! a gradient) and [`style`] (neural style transfer: an image optimised
+//! against a frozen VGG's features, only the image requiring grad).
 //!
 //! What they share lives here: choosing the device (`auto`, `cpu`,
 //! `cuda`), building a model by name with or without weights, the image
