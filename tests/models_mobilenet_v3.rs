@@ -36,17 +36,7 @@ fn config() -> MobileNetV3Config {
         in_channels: 3,
         settings: rows
             .iter()
-            .map(
-                |&(input, kernel, expanded, out, use_se, use_hs, stride)| BneckSetting {
-                    input,
-                    kernel,
-                    expanded,
-                    out,
-                    use_se,
-                    use_hs,
-                    stride,
-                },
-            )
+            .map(|&row| BneckSetting::from_row(row))
             .collect(),
         width_mult: 1.0,
         last_channel: 16,

@@ -37,6 +37,23 @@ pub struct BneckSetting {
     pub stride: usize,
 }
 
+impl BneckSetting {
+    /// A setting from torchvision's `bneck_conf` row order: (input, kernel,
+    /// expanded, out, use_se, use_hs, stride).
+    pub fn from_row(row: (usize, usize, usize, usize, bool, bool, usize)) -> Self {
+        let (input, kernel, expanded, out, use_se, use_hs, stride) = row;
+        BneckSetting {
+            input,
+            kernel,
+            expanded,
+            out,
+            use_se,
+            use_hs,
+            stride,
+        }
+    }
+}
+
 /// torchvision's `_make_divisible`: `v` rounded to the nearest multiple of
 /// `divisor` (at least `divisor`), never more than 10 % below `v`.
 pub fn make_divisible(v: f64, divisor: usize) -> usize {
@@ -98,17 +115,7 @@ impl MobileNetV3Config {
         ];
         let settings = rows
             .iter()
-            .map(
-                |&(input, kernel, expanded, out, use_se, use_hs, stride)| BneckSetting {
-                    input,
-                    kernel,
-                    expanded,
-                    out,
-                    use_se,
-                    use_hs,
-                    stride,
-                },
-            )
+            .map(|&row| BneckSetting::from_row(row))
             .collect();
         let last_channel = if width_mult.is_finite() && width_mult > 0.0 {
             make_divisible(1280.0 * width_mult, 8)
