@@ -193,6 +193,40 @@ pub fn check_model_cases<M: Freeze>(
     worst.0
 }
 
+/// The outputs of `cases` in `dtype` against the fixtures within `tol`
+/// (relative to the output's largest magnitude), with every gradient the
+/// fixture names present and finite; for cases whose gradients are too
+/// ill-conditioned in `dtype` to compare (see tests/models_resnet.rs).
+/// Returns the worst scaled error.
+pub fn check_outputs_cases<M: Freeze>(
+    make: &dyn Fn(DType) -> M,
+    model_name: &str,
+    dtype: DType,
+    tol: f64,
+    cases: &[Case],
+) -> f64 {
+    let mut worst = 0f64;
+    for &case in cases {
+        let io = fixture(&format!("{model_name}_{case}.safetensors"));
+        let r = run(make, model_name, case, SavePolicy::Lean, dtype);
+        let what = format!("{model_name} {case} output");
+        worst = worst.max(assert_close_scaled(
+            &what,
+            &r.output,
+            &io["output"],
+            tol,
+            0.0,
+        ));
+        let want: BTreeSet<&String> = io.keys().filter(|k| k.starts_with("grad.")).collect();
+        assert_eq!(r.grads.keys().collect::<BTreeSet<_>>(), want, "{what}");
+        for (n, g) in &r.grads {
+            let finite = g.to_f64_vec().unwrap().iter().all(|v| v.is_finite());
+            assert!(finite, "{model_name} {case} {n}: not finite");
+        }
+    }
+    worst
+}
+
 /// Lean against SaveAll in f32 for every meaningful case: never more saved
 /// bytes (strictly fewer for `input`), identical outputs, bit-identical
 /// gradients.
