@@ -1,6 +1,7 @@
 """Writes the transformer fixtures of tests/models_transformers.rs.
 
-Builds tiny Hugging Face `ViTModel`, `BertModel` and `GPT2Model`s (with
+Builds tiny Hugging Face `ViTModel`, `BertModel`, `RobertaModel` and
+`GPT2Model`s (with
 `transformers` when importable; eager attention, dropout 0) and writes to
 tests/fixtures/models/, with the layout of export.py:
 
@@ -11,7 +12,9 @@ tests/fixtures/models/, with the layout of export.py:
 * `<model>_<case>.safetensors`: `input` (images; for the text models the
   input embeddings, fed through `inputs_embeds`, in the `input` case only)
   or `input_ids` (I64), BERT's `token_type_ids` and `attention_mask` (the
-  last two tokens of the second sequence are padding), `output` (ViT/BERT: the
+  last two tokens of the second sequence are padding; RoBERTa's first
+  sequence also starts with one padding token, and its padding tokens are
+  the padding id 1, which moves its position ids), `output` (ViT/BERT: the
   last hidden state; GPT-2: logits through the LM head tied to `wte`),
   `pooled` (ViT/BERT pooler output), probes `probe` and `probe.pooled`
   (loss = sum(output * probe) + sum(pooled * probe.pooled)), `grad.<name>`
@@ -25,19 +28,21 @@ first / last ceil(L/4) layers, a parameter's layer being its name without
 the last dot-component, layers in state-dict order).
 
 Run from the repository root: python3 python-compare/export_transformers.py
+[MODEL …] (default: every model; e.g. `roberta_tiny` writes only its files).
 """
 
 import math
 import os
 import re
+import sys
 
 import torch
 from torch import nn
 from safetensors.torch import save_file
 
 try:
-    from transformers import (BertConfig, BertModel, GPT2Config, GPT2Model, ViTConfig,
-                              ViTModel)
+    from transformers import (BertConfig, BertModel, GPT2Config, GPT2Model, RobertaConfig,
+                              RobertaModel, ViTConfig, ViTModel)
     from transformers.pytorch_utils import Conv1D
 except ImportError as e:  # the reference is Hugging Face's own code
     raise SystemExit(f"needs transformers (pip install transformers): {e}")
@@ -92,6 +97,12 @@ def build(name):
                          num_attention_heads=2, intermediate_size=32,
                          max_position_embeddings=16, type_vocab_size=2, **common)
         return BertModel(cfg), (lambda n: n), None
+    if name == "roberta_tiny":
+        cfg = RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                            num_attention_heads=2, intermediate_size=32,
+                            max_position_embeddings=18, type_vocab_size=1, pad_token_id=1,
+                            layer_norm_eps=1e-5, **common)
+        return RobertaModel(cfg), (lambda n: n), None
     cfg = GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2,
                      n_inner=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                      bos_token_id=0, eos_token_id=0)
@@ -148,7 +159,7 @@ def run(name, model, case, inputs):
         if k in inputs:
             kw[k] = inputs[k]
     o = model(**kw)
-    if name == "bert_tiny":
+    if name in ("bert_tiny", "roberta_tiny"):
         return {"output": o.last_hidden_state, "pooled": o.pooler_output}
     return {"output": o.last_hidden_state @ model.wte.weight.t()}
 
@@ -196,6 +207,15 @@ def export(name, seed):
             mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
             mask[1, -2:] = 0
             io["attention_mask"] = mask
+        if name == "roberta_tiny":
+            mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
+            mask[0, 0] = 0
+            mask[1, -2:] = 0
+            io["attention_mask"] = mask
+            if "input_ids" in io:
+                ids = io["input_ids"]
+                ids[ids == cfg.pad_token_id] = 2
+                ids[mask == 0] = cfg.pad_token_id
         inputs = {k: (v.double() if v.is_floating_point() else v) for k, v in io.items()}
         x = inputs.get("input")
         if x is not None:
@@ -219,8 +239,12 @@ def export(name, seed):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    for i, name in enumerate(["vit_tiny", "bert_tiny", "gpt2_tiny"]):
-        export(name, i)
+    models = ["vit_tiny", "bert_tiny", "gpt2_tiny", "roberta_tiny"]
+    wanted = sys.argv[1:] or models
+    for name in wanted:
+        if name not in models:
+            raise SystemExit(f"unknown model {name}; one of {models}")
+        export(name, models.index(name))
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@
 
 Builds the model `leangrad memory` builds, as PyTorch users build it
 (torchvision's resnet18, resnet50, resnet101, resnext101_64x4d, vgg16,
-vgg16_bn, mobilenet_v2, alexnet; Hugging
-Face's ViTForImageClassification, BertForSequenceClassification and
-GPT2LMHeadModel at their default, full-size configurations, dropout 0 for
-BERT and GPT-2 as leangrad's twins), randomly initialised (nothing is
+vgg16_bn, mobilenet_v2, mobilenet_v3_large, alexnet; Hugging Face's
+ViTForImageClassification, BertForSequenceClassification,
+RobertaForSequenceClassification, XLMRobertaForSequenceClassification
+(roberta-base's and xlm-roberta-base's sizes) and GPT2LMHeadModel at their
+default, full-size configurations, dropout 0 for the text models as
+leangrad's twins), randomly initialised (nothing is
 downloaded), freezes it by leangrad's case rule (models::Case: by layer
 type, or the first/last ceil(L/4) of the L parameterised layers in
 leangrad's parameter order, `-bn-eval` for evaluation mode), and runs one
@@ -100,8 +102,9 @@ import sys
 import time
 
 CNNS = ["resnet18", "resnet50", "resnet101", "resnext101_64x4d", "vgg16", "vgg16_bn",
-        "mobilenet_v2", "alexnet"]
-HF = ["vit_b16", "bert_base", "gpt2"]
+        "mobilenet_v2", "mobilenet_v3_large", "alexnet"]
+HF = ["vit_b16", "bert_base", "roberta_base", "xlm_roberta_base", "gpt2"]
+ROBERTAS = ["roberta_base", "xlm_roberta_base"]
 BASES = ["all", "input", "norm", "conv", "linear", "surgical-first", "surgical-last"]
 CASES = BASES + [b + "-bn-eval" for b in BASES]
 EXIT_MISSING = 3
@@ -135,9 +138,16 @@ def needed_modules(args):
 def leangrad_name(model, name):
     """The name leangrad gives the parameter Hugging Face calls `name`
     (torchvision's names are leangrad's)."""
-    for prefix in ("vit.", "bert.", "transformer."):
+    for prefix in ("vit.", "bert.", "roberta.", "transformer."):
         if name.startswith(prefix):
             name = name[len(prefix):]
+    if model in ROBERTAS:
+        # RobertaClassificationHead's dense + tanh + out_proj on the first
+        # token are leangrad's pooler and classifier.
+        for theirs, ours in (("classifier.dense.", "pooler.dense."),
+                             ("classifier.out_proj.", "classifier.")):
+            if name.startswith(theirs):
+                return ours + name[len(theirs):]
     if model == "vit_b16":
         for pat, rep in VIT_RENAMES:
             if re.match(pat, name):
@@ -222,6 +232,15 @@ def build(torch, args):
         cfg = tf.BertConfig(num_labels=args.classes, hidden_dropout_prob=0.0,
                             attention_probs_dropout_prob=0.0, **attn)
         cls = tf.BertForSequenceClassification
+    elif args.model in ROBERTAS:
+        xlm = args.model == "xlm_roberta_base"
+        config_cls = tf.XLMRobertaConfig if xlm else tf.RobertaConfig
+        cfg = config_cls(vocab_size=250002 if xlm else 50265, max_position_embeddings=514,
+                         type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1,
+                         num_labels=args.classes, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0, classifier_dropout=0.0, **attn)
+        cls = (tf.XLMRobertaForSequenceClassification if xlm
+               else tf.RobertaForSequenceClassification)
     else:
         cfg = tf.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **attn)
         cls = tf.GPT2LMHeadModel
@@ -232,8 +251,8 @@ def build(torch, args):
 def checkpoint_blocks(torch, args, model):
     """Each residual block (CNNs) or encoder layer / block (transformers) a
     non-reentrant checkpointed segment, as leangrad's `--checkpoint`."""
-    if args.model == "mobilenet_v2":
-        # Every `features.N` block, as leangrad's MobileNetV2.
+    if args.model in ("mobilenet_v2", "mobilenet_v3_large"):
+        # Every `features.N` block, as leangrad's MobileNets.
         from torch.utils.checkpoint import checkpoint
 
         for block in model.features:

@@ -673,3 +673,39 @@ fn resnet101_resnext101_and_alexnet_are_planned() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+/// RoBERTa- and XLM-RoBERTa-base are `leangrad memory` models: Hugging
+/// Face's parameter counts (`RobertaModel` 124,645,632 and
+/// `XLMRobertaModel` 278,043,648, plus a 768 × 3 classifier), sequences up
+/// to 512 tokens (their 514 positions start after the padding token), the
+/// lean policy keeping less than PyTorch's.
+#[test]
+fn roberta_and_xlm_roberta_are_planned() {
+    for (model, count) in [
+        ("roberta_base", 124_645_632u64),
+        ("xlm_roberta_base", 278_043_648),
+    ] {
+        let plan = json_of(&[
+            "memory",
+            "--model",
+            model,
+            "--batch",
+            "2",
+            "--seq",
+            "16",
+            "--classes",
+            "3",
+            "--case",
+            "all",
+            "--json",
+        ]);
+        assert_eq!(plan["model"], model);
+        let report = |p: &str| plan[p]["report"]["peak"].clone();
+        let params = report("lean")["parameters"].as_u64().unwrap();
+        assert_eq!(params, 4 * (count + 768 * 3 + 3), "{model}");
+        let saved = |p: &str| report(p)["saved"].as_u64().unwrap();
+        assert!(saved("lean") < saved("pytorch"), "{model}");
+    }
+    let out = leangrad(&["memory", "--model", "roberta_base", "--seq", "513"]);
+    assert!(!out.status.success());
+}

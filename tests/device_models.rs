@@ -5,8 +5,8 @@
 //! save policies, usual and fused SGD-momentum and AdamW; and the same with
 //! every block a checkpointed segment (`--checkpoint`) for the models that
 //! have blocks, and under bf16 and f16 autocast; and the tiny ResNet-101,
-//! ResNeXt-101 and AlexNet. Without a GPU only the CPU runs and the CUDA half prints
-//! `skipped`.
+//! ResNeXt-101, AlexNet, MobileNetV3 and RoBERTa. Without a GPU only the
+//! CPU runs and the CUDA half prints `skipped`.
 
 mod tiny_models;
 
@@ -158,9 +158,11 @@ fn autocast_ledger_matches_on_every_device() {
     }
 }
 
-/// The tiny ResNet-101, ResNeXt-101 (grouped convolutions) and AlexNet
-/// (dropout, 64×64 images): f32 and bf16 steps with fused SGD and AdamW,
-/// the ResNets also with every block checkpointed.
+/// The tiny ResNet-101, ResNeXt-101 (grouped convolutions), AlexNet
+/// (dropout, 64×64 images), MobileNetV3 (squeeze-and-excitation,
+/// Hardswish) and RoBERTa (positions after the padding token): f32 and
+/// bf16 steps with fused SGD and AdamW, all but AlexNet also with every
+/// block checkpointed.
 #[test]
 fn paper_models_tiny_ledger_matches_on_every_device() {
     let runs = [(OptimizerKind::Sgd, true), (OptimizerKind::Adamw, false)];

@@ -118,9 +118,9 @@ fn meta_ledger_equals_cpu_vgg16_bn_tiny() {
     assert_eq!(check_model(3), 14);
 }
 
-/// The tiny ResNet-101, ResNeXt-101 (grouped convolutions) and AlexNet
-/// (dropout, 64×64 images): a few cases each, every one of AlexNet's
-/// twelve that train something.
+/// The tiny ResNet-101, ResNeXt-101 (grouped convolutions), AlexNet
+/// (dropout, 64×64 images), MobileNetV3 and RoBERTa: a few cases each,
+/// every one of AlexNet's twelve that train something.
 #[test]
 fn meta_ledger_equals_cpu_paper_models_tiny() {
     for (name, build, input) in paper_models() {

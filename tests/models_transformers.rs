@@ -1,4 +1,4 @@
-//! Tiny ViT, BERT and GPT-2 against Hugging Face transformers (fixtures
+//! Tiny ViT, BERT, RoBERTa and GPT-2 against Hugging Face transformers (fixtures
 //! written by `python-compare/export_transformers.py`, reference in f64):
 //! strict state-dict load, outputs and every gradient of
 //! `Σ sum(output * probe)` for the freezing cases, names one-to-one; the
@@ -7,9 +7,9 @@
 //!
 //! Tolerances are relative to each tensor's largest magnitude: 1e-4 in
 //! f32, 1e-5 in f64. Measured worst (outputs and all gradients over all
-//! cases): ViT 7.6e-7 / 3.6e-7, BERT 2.2e-7 / 5.0e-8, GPT-2 4.9e-7 /
-//! 5.5e-8 (f32 / f64; the f64 figures are the f32 rounding of the stored
-//! reference).
+//! cases): ViT 7.6e-7 / 3.6e-7, BERT 2.2e-7 / 5.0e-8, RoBERTa 2.8e-7 /
+//! 5.5e-8, GPT-2 4.9e-7 / 5.5e-8 (f32 / f64; the f64 figures are the f32
+//! rounding of the stored reference).
 
 mod common;
 #[path = "common/hf.rs"]
@@ -20,7 +20,7 @@ use hf::{check_model, check_policies, run, HfModel};
 use leangrad::autograd::SavePolicy;
 use leangrad::io::{load_state_dict, state_dict, LoadOptions};
 use leangrad::models::{
-    classic_vit_name, Bert, BertConfig, Gpt2, Gpt2Config, TextInput, ViT, ViTConfig,
+    classic_vit_name, Bert, BertConfig, Gpt2, Gpt2Config, PositionIds, TextInput, ViT, ViTConfig,
 };
 use leangrad::nn::{LayerKind, Module};
 use leangrad::{DType, Error, Tensor};
@@ -88,6 +88,19 @@ fn vit(d: DType) -> ViT {
 fn bert(d: DType) -> Bert {
     Bert::new(BertConfig::tiny(), d, CPU, 1).unwrap()
 }
+/// RoBERTa's tiny configuration: BERT's tiny one with positions after the
+/// padding token 1, one token type, 18 positions, epsilon 1e-5.
+fn roberta(d: DType) -> Bert {
+    let config = BertConfig {
+        max_position_embeddings: 18,
+        type_vocab_size: 1,
+        layer_norm_eps: 1e-5,
+        pad_token_id: Some(1),
+        position_ids: PositionIds::AfterPadding,
+        ..BertConfig::tiny()
+    };
+    Bert::new(config, d, CPU, 1).unwrap()
+}
 fn gpt2(d: DType) -> Gpt2 {
     Gpt2::new(Gpt2Config::tiny(), d, CPU, 1).unwrap()
 }
@@ -102,6 +115,15 @@ fn tiny_vit_matches_hugging_face_f32_and_f64() {
 fn tiny_bert_matches_hugging_face_f32_and_f64() {
     check_model(&bert, "bert_tiny", &TEXT_CASES, DType::F32, 1e-4);
     check_model(&bert, "bert_tiny", &TEXT_CASES, DType::F64, 1e-5);
+}
+
+/// Padding on both sides of RoBERTa's sequences (ids 1 where the mask is
+/// 0): positions counted after the padding token, the padding rows of the
+/// word and position tables without a gradient.
+#[test]
+fn tiny_roberta_matches_hugging_face_f32_and_f64() {
+    check_model(&roberta, "roberta_tiny", &TEXT_CASES, DType::F32, 1e-4);
+    check_model(&roberta, "roberta_tiny", &TEXT_CASES, DType::F64, 1e-5);
 }
 
 #[test]
@@ -120,6 +142,10 @@ fn lean_policy_saves_no_more_with_bit_identical_gradients() {
     report("vit_tiny", check_policies(&vit, "vit_tiny", &VIT_CASES));
     report("bert_tiny", check_policies(&bert, "bert_tiny", &TEXT_CASES));
     report("gpt2_tiny", check_policies(&gpt2, "gpt2_tiny", &TEXT_CASES));
+    report(
+        "roberta_tiny",
+        check_policies(&roberta, "roberta_tiny", &TEXT_CASES),
+    );
 }
 
 #[test]
@@ -131,6 +157,10 @@ fn names_are_hugging_face_state_dict_names() {
     assert_eq!(names(&vit(DType::F32)), file("vit_tiny.safetensors"));
     assert_eq!(names(&bert(DType::F32)), file("bert_tiny.safetensors"));
     assert_eq!(names(&gpt2(DType::F32)), file("gpt2_tiny.safetensors"));
+    assert_eq!(
+        names(&roberta(DType::F32)),
+        file("roberta_tiny.safetensors")
+    );
 }
 
 #[test]
@@ -213,8 +243,9 @@ fn ledger_reports_saved_bytes_by_hugging_face_layer_name() {
 
 /// Full-size configurations have Hugging Face's parameter counts
 /// (`sum(p.numel() for p in Model(Config()).parameters())` with
-/// transformers 5.23): ViTModel 86 389 248, BertModel 109 482 240,
-/// GPT2Model 124 439 808. Built in bf16 to halve the memory.
+/// transformers 5.23; RoBERTa's with 5.24): ViTModel 86 389 248,
+/// BertModel 109 482 240, RobertaModel 124 645 632, XLMRobertaModel
+/// 278 043 648, GPT2Model 124 439 808. Built in bf16 to halve the memory.
 #[test]
 fn full_size_parameter_counts_match_hugging_face() {
     let count = |m: &dyn Module| -> usize { m.parameters().iter().map(|t| t.numel()).sum() };
@@ -226,6 +257,13 @@ fn full_size_parameter_counts_match_hugging_face() {
     let m = Bert::new(BertConfig::bert_base(), d, CPU, 0).unwrap();
     assert_eq!(count(&m), 109_482_240);
     assert_eq!(m.named_parameters().len(), 199);
+    drop(m);
+    let m = Bert::new(BertConfig::roberta_base(), d, CPU, 0).unwrap();
+    assert_eq!(count(&m), 124_645_632);
+    assert_eq!(m.named_parameters().len(), 199);
+    drop(m);
+    let m = Bert::new(BertConfig::xlm_roberta_base(), d, CPU, 0).unwrap();
+    assert_eq!(count(&m), 278_043_648);
     drop(m);
     let m = Gpt2::new(Gpt2Config::gpt2_small(), d, CPU, 0).unwrap();
     assert_eq!(count(&m), 124_439_808);

@@ -28,6 +28,12 @@
 //!   `BertForSequenceClassification` (a Linear `classifier` on the tanh
 //!   pooler's output; no dropout), token ids `[N, seq]`, one class per
 //!   sequence.
+//! * `roberta_base`, `xlm_roberta_base`: the same classifier on RoBERTa-
+//!   and XLM-RoBERTa-base ([`BertConfig::roberta_base`](crate::models::BertConfig::roberta_base):
+//!   positions after the padding token, one token type; a pooler and a
+//!   Linear `classifier` as BERT's, where Hugging Face's
+//!   `RobertaForSequenceClassification` has the same two layers as
+//!   `classifier.dense` and `classifier.out_proj` on the first token).
 //! * `gpt2`: GPT-2 small with its tied LM head, token ids `[N, seq]`,
 //!   next-token cross-entropy over the logits `[N·seq, vocab]` (the
 //!   targets are given already shifted, as a data loader's `labels`, so

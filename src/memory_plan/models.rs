@@ -39,7 +39,8 @@ pub trait StepModel: Freeze {
         Err(Error::InvalidArgument {
             op: "checkpoint",
             msg: "this model has no per-block checkpointing (resnet18, resnet50, \
-                  resnet101, resnext101_64x4d, mobilenet_v2, mobilenet_v3_large, vit_b16, bert_base and gpt2 have)"
+                  resnet101, resnext101_64x4d, mobilenet_v2, mobilenet_v3_large, vit_b16, bert_base, \
+                  roberta_base, xlm_roberta_base and gpt2 have)"
                 .into(),
         })
     }
@@ -408,6 +409,36 @@ fn bert_base(classes: usize, _: usize, dtype: DType, device: Device) -> Result<B
     )?))
 }
 
+fn roberta_base(
+    classes: usize,
+    _: usize,
+    dtype: DType,
+    device: Device,
+) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(BertClassifier::new(
+        BertConfig::roberta_base(),
+        classes,
+        dtype,
+        device,
+        0,
+    )?))
+}
+
+fn xlm_roberta_base(
+    classes: usize,
+    _: usize,
+    dtype: DType,
+    device: Device,
+) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(BertClassifier::new(
+        BertConfig::xlm_roberta_base(),
+        classes,
+        dtype,
+        device,
+        0,
+    )?))
+}
+
 fn gpt2(_: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
     Ok(Box::new(Gpt2::new(
         Gpt2Config::gpt2_small(),
@@ -480,6 +511,28 @@ pub const MODELS: &[ModelEntry] = &[
         build: bert_base,
         input: InputKind::Tokens {
             vocab: 30522,
+            hidden: 768,
+            max_seq: 512,
+            default_seq: 128,
+            next_token: false,
+        },
+    },
+    ModelEntry {
+        name: "roberta_base",
+        build: roberta_base,
+        input: InputKind::Tokens {
+            vocab: 50265,
+            hidden: 768,
+            max_seq: 512,
+            default_seq: 128,
+            next_token: false,
+        },
+    },
+    ModelEntry {
+        name: "xlm_roberta_base",
+        build: xlm_roberta_base,
+        input: InputKind::Tokens {
+            vocab: 250_002,
             hidden: 768,
             max_seq: 512,
             default_seq: 128,

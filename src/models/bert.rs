@@ -3,7 +3,9 @@
 //! `embeddings.LayerNorm`, `encoder.layer.N.{attention.self.{query,key,
 //! value}, attention.output.{dense,LayerNorm}, intermediate.dense,
 //! output.{dense,LayerNorm}}`, `pooler.dense`. Optional padding mask; no
-//! dropout.
+//! dropout. RoBERTa and XLM-RoBERTa (`RobertaModel`,
+//! `XLMRobertaModel`) are the same network with the same names and
+//! positions counted after the padding token ([`PositionIds`]).
 
 use super::checkpoint_block;
 use super::transformer::{
@@ -12,7 +14,9 @@ use super::transformer::{
 };
 use super::Ctx;
 use crate::memory::scope;
-use crate::nn::{Embedding, Init, LayerKind, LayerNorm, Linear, Module};
+use crate::nn::{
+    position_ids_from_input_ids, Embedding, Init, LayerKind, LayerNorm, Linear, Module,
+};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The shape of a [`Bert`] (Hugging Face's `BertConfig` fields).
@@ -40,6 +44,25 @@ pub struct BertConfig {
     /// vocabularies): its row of `word_embeddings` starts at zero and gets
     /// no gradient, as `nn.Embedding(padding_idx=pad_token_id)`.
     pub pad_token_id: Option<usize>,
+    /// How token positions are numbered: from 0 (BERT) or after the
+    /// padding token (RoBERTa, XLM-RoBERTa).
+    pub position_ids: PositionIds,
+}
+
+/// How a [`Bert`] numbers the positions it looks up in
+/// `position_embeddings`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PositionIds {
+    /// BERT: the tokens of a row are at positions `0, 1, …, L-1`.
+    FromZero,
+    /// RoBERTa and XLM-RoBERTa (Hugging Face's
+    /// `create_position_ids_from_input_ids`): a padding token is at
+    /// position `pad_token_id`, the `n`-th other token of its row at
+    /// `pad_token_id + n`; input embeddings at `pad_token_id + 1, …`. The
+    /// padding row of `position_embeddings` gets no gradient. Needs a
+    /// `pad_token_id`; rows hold at most `max_position_embeddings -
+    /// pad_token_id - 1` tokens.
+    AfterPadding,
 }
 
 impl BertConfig {
@@ -56,6 +79,31 @@ impl BertConfig {
             layer_norm_eps: 1e-12,
             add_pooling_layer: true,
             pad_token_id: Some(0),
+            position_ids: PositionIds::FromZero,
+        }
+    }
+
+    /// RoBERTa-base (`roberta-base`: byte-level BPE vocabulary of 50265,
+    /// 514 positions of which the first two are never a token's, one token
+    /// type, padding token 1, LayerNorm epsilon 1e-5).
+    pub fn roberta_base() -> BertConfig {
+        BertConfig {
+            vocab_size: 50265,
+            max_position_embeddings: 514,
+            type_vocab_size: 1,
+            layer_norm_eps: 1e-5,
+            pad_token_id: Some(1),
+            position_ids: PositionIds::AfterPadding,
+            ..BertConfig::bert_base()
+        }
+    }
+
+    /// XLM-RoBERTa-base (`xlm-roberta-base`): RoBERTa-base with the
+    /// 250002-token SentencePiece vocabulary of 100 languages.
+    pub fn xlm_roberta_base() -> BertConfig {
+        BertConfig {
+            vocab_size: 250_002,
+            ..BertConfig::roberta_base()
         }
     }
 
@@ -199,6 +247,22 @@ impl Bert {
                 })
             })
             .transpose()?;
+        let position_pad = match cfg.position_ids {
+            PositionIds::FromZero => None,
+            PositionIds::AfterPadding => match pad {
+                Some(p) if (p as usize) < cfg.max_position_embeddings => Some(p),
+                _ => {
+                    return Err(Error::InvalidArgument {
+                        op: "Bert",
+                        msg: format!(
+                            "positions after the padding token need a pad_token_id below \
+                             max_position_embeddings ({}); got {:?}",
+                            cfg.max_position_embeddings, cfg.pad_token_id
+                        ),
+                    })
+                }
+            },
+        };
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| BertLayer::new(&cfg, c, seed.wrapping_add(100 * (i as u64 + 1))))
             .collect::<Result<_>>()?;
@@ -208,7 +272,7 @@ impl Bert {
             position_embeddings: table(
                 "position_embeddings",
                 cfg.max_position_embeddings,
-                None,
+                position_pad,
                 2,
             )?,
             token_type_embeddings: table("token_type_embeddings", cfg.type_vocab_size, None, 3)?,
@@ -251,7 +315,6 @@ impl Bert {
         token_type_ids: Option<&Tensor>,
         attention_mask: Option<&Tensor>,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        let d = self.config.hidden_size;
         let mut h = {
             let _s = scope("embeddings");
             let x = match input {
@@ -259,16 +322,9 @@ impl Bert {
                 TextInput::Embeds(e) => e.clone(),
             };
             let s = x.shape().to_vec();
-            if s.len() != 3 || s[2] != d || s[1] > self.config.max_position_embeddings {
-                return Err(Error::ShapeMismatch {
-                    op: "Bert",
-                    lhs: vec![0, self.config.max_position_embeddings, d],
-                    rhs: s,
-                });
-            }
             let pos = {
                 let _p = scope("position_embeddings");
-                self.position_embeddings.weight.narrow(0, 0, s[1])?
+                self.positions(input, &s)?
             };
             let types = match token_type_ids {
                 Some(t) => self.token_type_embeddings.forward(t)?,
@@ -296,6 +352,33 @@ impl Bert {
         }
         let pooled = self.pooler.as_ref().map(|p| pool(p, &h)).transpose()?;
         Ok((h, pooled))
+    }
+
+    /// The position embeddings of an input whose embeddings have shape
+    /// `s` (`[B, L, hidden]`): a view of the table's rows (positions from
+    /// zero, or RoBERTa's input embeddings), or for RoBERTa's token ids a
+    /// lookup of [`position_ids_from_input_ids`] (saving the positions when
+    /// the table needs grad).
+    fn positions(&self, input: TextInput, s: &[usize]) -> Result<Tensor> {
+        let cfg = &self.config;
+        let first = match cfg.position_ids {
+            PositionIds::FromZero => 0,
+            PositionIds::AfterPadding => cfg.pad_token_id.unwrap_or(0) + 1,
+        };
+        if s.len() != 3 || s[2] != cfg.hidden_size || first + s[1] > cfg.max_position_embeddings {
+            return Err(Error::ShapeMismatch {
+                op: "Bert",
+                lhs: vec![0, cfg.max_position_embeddings - first, cfg.hidden_size],
+                rhs: s.to_vec(),
+            });
+        }
+        match (cfg.position_ids, input) {
+            (PositionIds::AfterPadding, TextInput::Ids(ids)) => {
+                let ids = position_ids_from_input_ids(ids, first as i64 - 1)?;
+                self.position_embeddings.forward(&ids)
+            }
+            _ => self.position_embeddings.weight.narrow(0, first, s[1]),
+        }
     }
 
     /// [`Bert::encode_masked`] without an attention mask.

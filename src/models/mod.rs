@@ -31,7 +31,7 @@ pub mod vgg;
 pub mod vit;
 
 pub use alexnet::{AlexNet, AlexNetConfig};
-pub use bert::{Bert, BertConfig};
+pub use bert::{Bert, BertConfig, PositionIds};
 pub use cases::{glob_match, layer_of, layers_in_order, Case, Freeze, Glob, Selection};
 pub use gpt2::{Gpt2, Gpt2Config};
 pub use heads::{Backbone, BertClassifier, Classifier, ViTClassifier};

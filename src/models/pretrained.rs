@@ -2,6 +2,7 @@
 //! (`config.json` + `model.safetensors`), and where the all-MiniLM-L6-v2
 //! folder is installed.
 
+use super::bert::PositionIds;
 use super::{Bert, BertConfig};
 use crate::io::{load_safetensors, load_state_dict, LoadOptions};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -97,7 +98,10 @@ pub const BERT_CONFIG_RANGES: [(&str, usize, usize); 7] = [
 impl BertConfig {
     /// The configuration in a Hugging Face `config.json` (`BertConfig`'s
     /// fields; `layer_norm_eps` defaults to 1e-12, `pad_token_id` to 0,
-    /// `null` for none). The pooler is assumed
+    /// `null` for none). A `model_type` of `roberta` or `xlm-roberta`
+    /// numbers positions after the padding token
+    /// ([`PositionIds::AfterPadding`]; `pad_token_id` then defaults to 1,
+    /// as `RobertaConfig`). The pooler is assumed
     /// present: [`Bert::from_pretrained`] follows the weights file instead.
     /// [`Error::ModelFile`] for a missing size, one outside
     /// [`BERT_CONFIG_RANGES`], heads that do not divide the width, an
@@ -136,6 +140,12 @@ impl BertConfig {
                 ))),
             }
         };
+        // RoBERTa-style checkpoints number positions after the padding
+        // token, which is 1 unless the file says otherwise.
+        let roberta = matches!(
+            json.get("model_type").and_then(Value::as_str),
+            Some("roberta" | "xlm-roberta")
+        );
         text("hidden_act", "gelu")?;
         text("position_embedding_type", "absolute")?;
         let layer_norm_eps = match json.get("layer_norm_eps") {
@@ -157,13 +167,17 @@ impl BertConfig {
             add_pooling_layer: true,
             // Hugging Face's default is 0; `null` means no padding row.
             pad_token_id: match json.get("pad_token_id") {
-                None => Some(0),
+                None => Some(usize::from(roberta)),
                 Some(Value::Null) => None,
                 Some(v) => Some(
                     v.as_u64()
                         .and_then(|p| usize::try_from(p).ok())
                         .ok_or_else(|| bad(format!("`pad_token_id` is {v}, not a token id")))?,
                 ),
+            },
+            position_ids: match roberta {
+                true => PositionIds::AfterPadding,
+                false => PositionIds::FromZero,
             },
         };
         if let Some(p) = config.pad_token_id.filter(|&p| p >= config.vocab_size) {
@@ -211,15 +225,21 @@ impl BertConfig {
     }
 }
 
-/// The encoder's tensors of a checkpoint: names with a `bert.` prefix
-/// (`BertFor…` checkpoints) lose it; the `embeddings.position_ids`
+/// The encoder's tensors of a checkpoint: names with a `bert.` or
+/// `roberta.` prefix (`BertFor…`, `RobertaFor…` and `XLMRobertaFor…`
+/// checkpoints) lose it; the `embeddings.position_ids`
 /// buffer (always `0..n`) and the heads of `BertFor…` models (names
 /// outside `embeddings.`, `encoder.` and `pooler.`) are left out.
 fn encoder_tensors(file: BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
     file.into_iter()
-        .map(|(name, t)| match name.strip_prefix("bert.") {
-            Some(rest) => (rest.to_string(), t),
-            None => (name, t),
+        .map(|(name, t)| {
+            let rest = name
+                .strip_prefix("bert.")
+                .or_else(|| name.strip_prefix("roberta."));
+            match rest {
+                Some(rest) => (rest.to_string(), t),
+                None => (name, t),
+            }
         })
         .filter(|(name, _)| {
             name != "embeddings.position_ids"
@@ -235,8 +255,10 @@ impl Bert {
     /// `dir/config.json` ([`BertConfig::from_json_file`]), weights from
     /// `dir/model.safetensors`, loaded strictly (see the names rule below)
     /// and cast to `dtype`. The pooler is built when the file has one.
-    /// Names may carry a `bert.` prefix; `embeddings.position_ids` and
-    /// the task heads of `BertFor…` checkpoints are ignored. Parameters
+    /// Names may carry a `bert.` or `roberta.` prefix;
+    /// `embeddings.position_ids` and the task heads of `BertFor…` and
+    /// `RobertaFor…` checkpoints are ignored. RoBERTa and XLM-RoBERTa
+    /// folders (`model_type` `roberta`, `xlm-roberta`) load the same way. Parameters
     /// require grad, as [`Bert::new`] makes them; freeze with
     /// [`Bert::set_requires_grad`] or [`super::Freeze`].
     pub fn from_pretrained(dir: impl AsRef<Path>, dtype: DType, device: Device) -> Result<Bert> {
@@ -291,7 +313,7 @@ mod tests {
         let file: BTreeMap<String, Tensor> = [
             "bert.embeddings.word_embeddings.weight",
             "bert.embeddings.position_ids",
-            "encoder.layer.0.output.dense.bias",
+            "roberta.encoder.layer.0.output.dense.bias",
             "pooler.dense.weight",
             "classifier.weight",
             "cls.predictions.bias",
@@ -355,6 +377,16 @@ mod tests {
         assert_eq!((c.num_attention_heads, c.intermediate_size), (2, 16));
         assert_eq!((c.max_position_embeddings, c.type_vocab_size), (32, 2));
         assert_eq!(c.layer_norm_eps, 1e-5);
+        assert_eq!(
+            (c.pad_token_id, c.position_ids),
+            (Some(0), PositionIds::FromZero)
+        );
+        write(r#", "model_type": "xlm-roberta""#);
+        let c = BertConfig::from_json_file(&path).unwrap();
+        assert_eq!(
+            (c.pad_token_id, c.position_ids),
+            (Some(1), PositionIds::AfterPadding)
+        );
         write(r#", "hidden_act": "relu""#);
         let err = BertConfig::from_json_file(&path).unwrap_err().to_string();
         assert!(

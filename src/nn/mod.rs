@@ -24,7 +24,7 @@ pub use conv::{
     LARGE_WORKSPACE_BYTES,
 };
 pub use dropout::{dropout, dropout_owned, Dropout};
-pub use embedding::{embedding, Embedding, EmbeddingBuilder};
+pub use embedding::{embedding, position_ids_from_input_ids, Embedding, EmbeddingBuilder};
 pub use init::{FanMode, Init};
 pub use linear::{Linear, LinearBuilder};
 pub use module::{parameters_of_kind, LayerKind, Module};

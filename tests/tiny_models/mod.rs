@@ -5,9 +5,9 @@
 
 use leangrad::memory_plan::{StepInput, StepModel};
 use leangrad::models::{
-    AlexNet, AlexNetConfig, BertClassifier, BertConfig, BlockKind, Gpt2, Gpt2Config,
-    InvertedResidualSetting, MobileNetV2, MobileNetV2Config, ResNet, ResNetConfig, Vgg, VggConfig,
-    ViTClassifier, ViTConfig,
+    AlexNet, AlexNetConfig, BertClassifier, BertConfig, BlockKind, BneckSetting, Gpt2, Gpt2Config,
+    InvertedResidualSetting, MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config,
+    PositionIds, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use leangrad::{DType, Device, Result};
 
@@ -110,6 +110,43 @@ pub fn bert() -> Build {
     })
 }
 
+/// The tiny RoBERTa of the transformer tests (BERT's tiny configuration
+/// with positions after the padding token 1) with a 5-way classifier.
+pub fn roberta() -> Build {
+    Box::new(|d, dev| {
+        let config = BertConfig {
+            type_vocab_size: 1,
+            layer_norm_eps: 1e-5,
+            pad_token_id: Some(1),
+            position_ids: PositionIds::AfterPadding,
+            ..BertConfig::tiny()
+        };
+        Ok(Box::new(BertClassifier::new(config, 5, d, dev, 1)?) as Box<dyn StepModel>)
+    })
+}
+
+/// The tiny MobileNetV3 of `tests/models_mobilenet_v3.rs` (squeeze-and-
+/// excitation, Hardswish), with dropout.
+pub fn mobilenet_v3() -> Build {
+    Box::new(|d, dev| {
+        let rows = [
+            (8, 3, 8, 8, false, false, 1),
+            (8, 3, 16, 8, true, false, 2),
+            (8, 5, 16, 8, true, true, 1),
+            (8, 3, 24, 16, false, true, 2),
+        ];
+        let c = MobileNetV3Config {
+            in_channels: 3,
+            settings: rows.iter().map(|&r| BneckSetting::from_row(r)).collect(),
+            width_mult: 1.0,
+            last_channel: 16,
+            num_classes: 5,
+            dropout: 0.2,
+        };
+        Ok(Box::new(MobileNetV3::new(&c, d, dev, 1)?) as Box<dyn StepModel>)
+    })
+}
+
 /// The tiny GPT-2 of the transformer tests (next-token loss).
 pub fn gpt2() -> Build {
     Box::new(|d, dev| Ok(Box::new(Gpt2::new(Gpt2Config::tiny(), d, dev, 1)?) as Box<dyn StepModel>))
@@ -156,7 +193,8 @@ pub fn models() -> Vec<(&'static str, Build, StepInput)> {
 }
 
 /// The tiny twins of the models added for the memory-saving paper's list
-/// (ResNet-101, ResNeXt-101, AlexNet; AlexNet needs 63×63 images), kept
+/// (ResNet-101, ResNeXt-101, AlexNet, MobileNetV3, RoBERTa; AlexNet needs
+/// 63×63 images), kept
 /// apart from [`models`] so that the suites iterating over it (and the
 /// committed fingerprints) stay as they are.
 pub fn paper_models() -> Vec<(&'static str, Build, StepInput)> {
@@ -177,6 +215,17 @@ pub fn paper_models() -> Vec<(&'static str, Build, StepInput)> {
             StepInput::Image {
                 channels: 3,
                 size: 64,
+            },
+        ),
+        ("mobilenet_v3_tiny", mobilenet_v3(), IMAGES),
+        (
+            "roberta_tiny",
+            roberta(),
+            StepInput::Tokens {
+                seq: 8,
+                vocab: 50,
+                hidden: 16,
+                next_token: false,
             },
         ),
     ]

@@ -378,7 +378,8 @@ pub struct MemoryArgs {
     /// Add a column of what PyTorch itself keeps for the same step, run
     /// by python-compare/torch_step_memory.py with `LEANGRAD_PYTHON` (else
     /// `python3`), which needs torch and torchvision (CNNs) or
-    /// transformers (vit_b16, bert_base, gpt2). Alone: on the step's
+    /// transformers (vit_b16, bert_base, roberta_base, xlm_roberta_base,
+    /// gpt2). Alone: on the step's
     /// `--device` (on meta PyTorch can measure only the parameters and the
     /// saved bytes); `cpu`: PyTorch runs the step on the CPU at
     /// `--torch-batch`, which measures its peak too; `meta`: on meta.

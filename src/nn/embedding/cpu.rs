@@ -99,3 +99,24 @@ fn positions_by_row(idx: &[usize], padding: Option<usize>) -> Result<Vec<usize>>
     order.sort_by_key(|&k| idx[k]);
     Ok(order)
 }
+
+/// [`super::position_ids_from_input_ids`] on the CPU: `[rows, len]` ids
+/// (I64 or U32, any layout) to the contiguous I64 positions.
+pub(super) fn position_ids(ids: &Tensor, rows: usize, len: usize, pad: i64) -> Result<Tensor> {
+    let values: Vec<i64> = match ids.dtype() {
+        crate::DType::U32 => ids.to_vec::<u32>()?.into_iter().map(i64::from).collect(),
+        _ => ids.to_vec::<i64>()?,
+    };
+    let mut out = try_vec(values.len())?;
+    for row in values.chunks(len.max(1)).take(rows) {
+        let mut seen = 0;
+        out.extend(row.iter().map(|&id| {
+            if id == pad {
+                return pad;
+            }
+            seen += 1;
+            pad + seen
+        }));
+    }
+    Tensor::from_cpu_data(CpuData::I64(out), &[rows, len])
+}

@@ -62,6 +62,25 @@ pub(super) fn add_rows(gw: &Tensor, g: &Tensor, rows: &SortedRows) -> Result<()>
     Ok(())
 }
 
+/// [`super::position_ids_from_input_ids`] on CUDA: `[rows, len]` ids
+/// (I64 or U32, any layout) to contiguous I64 positions, by one thread per
+/// row on the device.
+pub(super) fn position_ids(ids: &Tensor, rows: usize, len: usize, pad: i64) -> Result<Tensor> {
+    let op = "cuda position_ids_from_input_ids";
+    let device = ids.device();
+    let idx = device_indices(op, ids, device)?;
+    let idx = idx.storage().cuda()?;
+    let isfx = index_suffix(op, &idx)?;
+    let mut out = CudaBuffer::alloc(idx.device(), DType::I64, rows * len)?;
+    if !out.is_empty() {
+        let (r, l) = (rows as i64, len as i64);
+        launch!(idx.device(), "embedding.cu", format!("embedding_positions_{isfx}"), CudaDevice::grid_for(rows);
+            &r, &l, &pad, idx.slice(), out.slice_mut())?;
+    }
+    drop(idx);
+    tensor::wrap(out, &[rows, len])
+}
+
 /// The I64 or U32 `indices` as a dense buffer on `device`: the
 /// tensor itself when it is one already, else a copy outside the ledger
 /// (the CPU reads indices where they are, so both devices count the same).

@@ -61,6 +61,25 @@ __device__ __forceinline__ void lg_embedding_keys(long long n_idx, long long n_p
 LG_EMBEDDING_INDEX(i64, long long)
 LG_EMBEDDING_INDEX(u32, unsigned int)
 
+// RoBERTa's position ids (as position_ids in cpu.rs): for `rows` rows of
+// `len` token ids, `pad` where the token is `pad`, else `pad` plus the
+// count of non-padding tokens up to and including it. One thread per row.
+#define LG_EMBEDDING_POSITIONS(isfx, I)                                               \
+    extern "C" __global__ void embedding_positions_##isfx(long long rows, long long len, \
+                                                          long long pad, const I* ids,  \
+                                                          long long* out) {             \
+        LG_GRID_LOOP(r, rows) {                                                       \
+            long long seen = 0;                                                       \
+            for (long long c = 0; c < len; ++c) {                                     \
+                bool padding = (long long)ids[r * len + c] == pad;                    \
+                seen += padding ? 0 : 1;                                              \
+                out[r * len + c] = padding ? pad : pad + seen;                        \
+            }                                                                         \
+        }                                                                             \
+    }
+LG_EMBEDDING_POSITIONS(i64, long long)
+LG_EMBEDDING_POSITIONS(u32, unsigned int)
+
 // Sorts keys[0..n) ascending, n a power of two: a bitonic network run by one
 // block (its passes separated by barriers, which also order the global
 // memory the block reads and writes).

@@ -192,6 +192,45 @@ pub fn embedding(weight: &Tensor, indices: &Tensor, padding_idx: Option<i64>) ->
     Ok(attach(out, &[weight], op))
 }
 
+/// RoBERTa's position ids (Hugging Face's
+/// `create_position_ids_from_input_ids`): for token ids `[B, L]` (I64 or
+/// U32), the I64 tensor `[B, L]` whose entry is `padding_idx` where the
+/// token is `padding_idx`, and `padding_idx + n` at the `n`-th token of
+/// its row that is not (counting from 1), so that padding on either side
+/// leaves the real tokens' positions unchanged. Computed where the ids
+/// are (a kernel on CUDA: nothing waits for the host). No gradient.
+pub fn position_ids_from_input_ids(ids: &Tensor, padding_idx: i64) -> Result<Tensor> {
+    const OP: &str = "position_ids_from_input_ids";
+    if !matches!(ids.dtype(), DType::I64 | DType::U32) {
+        return Err(Error::DTypeMismatch {
+            op: OP,
+            expected: DType::I64,
+            got: ids.dtype(),
+        });
+    }
+    let &[rows, len] = ids.shape() else {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!("token ids must be [batch, length], got {:?}", ids.shape()),
+        });
+    };
+    let last = i64::try_from(len)
+        .ok()
+        .and_then(|l| padding_idx.checked_add(l))
+        .filter(|_| padding_idx >= 0);
+    if last.is_none() {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!("padding_idx {padding_idx} with {len} tokens per row"),
+        });
+    }
+    match backend(OP, &[ids])? {
+        Backend::Meta => crate::meta::empty(&[rows, len], DType::I64),
+        Backend::Cpu => cpu::position_ids(ids, rows, len, padding_idx),
+        Backend::Cuda(_) => cuda::position_ids(ids, rows, len, padding_idx),
+    }
+}
+
 /// `torch.nn.Embedding`: a `weight` of `[num_embeddings, embedding_dim]`
 /// initialised N(0, 1) (the `padding_idx` row zeroed); `forward` takes the
 /// index tensor. Saves the indices only when the weight needs grad (a

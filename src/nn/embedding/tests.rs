@@ -100,3 +100,49 @@ fn embedding_index_out_of_range_is_reported_by_the_next_read() {
         "{err:?}"
     );
 }
+
+#[test]
+fn position_ids_count_the_tokens_that_are_not_padding() {
+    let ids = Tensor::from_vec(vec![5i64, 7, 1, 1, 1, 1, 9, 4], &[2, 4], Device::Cpu).unwrap();
+    let pos = super::position_ids_from_input_ids(&ids, 1).unwrap();
+    assert_eq!(pos.shape(), &[2, 4]);
+    assert_eq!(pos.to_vec::<i64>().unwrap(), [2, 3, 1, 1, 1, 1, 2, 3]);
+    let u = Tensor::from_vec(vec![0u32, 3, 0], &[1, 3], Device::Cpu).unwrap();
+    let pos = super::position_ids_from_input_ids(&u, 0).unwrap();
+    assert_eq!(pos.to_vec::<i64>().unwrap(), [0, 1, 0]);
+    // A transposed view is read in its logical order.
+    let t = ids.reshape(&[4, 2]).unwrap().transpose(0, 1).unwrap();
+    let pos = super::position_ids_from_input_ids(&t, 1).unwrap();
+    assert_eq!(pos.to_vec::<i64>().unwrap(), [2, 1, 1, 3, 2, 1, 1, 3]);
+    let f = Tensor::zeros(&[1, 2], DType::F32, Device::Cpu).unwrap();
+    assert!(super::position_ids_from_input_ids(&f, 1).is_err());
+    let flat = Tensor::zeros(&[3], DType::I64, Device::Cpu).unwrap();
+    assert!(super::position_ids_from_input_ids(&flat, 1).is_err());
+    assert!(super::position_ids_from_input_ids(&ids, -1).is_err());
+}
+
+#[test]
+fn position_ids_on_the_device_are_the_cpus() {
+    let Some(_dev) = device("position_ids") else {
+        return;
+    };
+    let cuda = Device::Cuda(0);
+    // Rows with padding on either side, in the middle, none and all; more
+    // rows than one block has threads.
+    let (rows, len) = (300, 7);
+    let ids: Vec<i64> = (0..rows * len)
+        .map(|k| [1, 1, 4, 9, 1, 3, 2][(k * 5 + k / 11) % 7])
+        .collect();
+    let cpu = Tensor::from_vec(ids.clone(), &[rows, len], Device::Cpu).unwrap();
+    let want = super::position_ids_from_input_ids(&cpu, 1).unwrap();
+    let on = cpu.to_device(cuda).unwrap();
+    let got = super::position_ids_from_input_ids(&on, 1).unwrap();
+    assert_eq!(got.device(), cuda);
+    assert_eq!(got.to_vec::<i64>().unwrap(), want.to_vec::<i64>().unwrap());
+    let u: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+    let u = Tensor::from_vec(u, &[len, rows], Device::Cpu).unwrap();
+    let ut = u.transpose(0, 1).unwrap();
+    let want = super::position_ids_from_input_ids(&ut, 1).unwrap();
+    let got = super::position_ids_from_input_ids(&ut.to_device(cuda).unwrap(), 1).unwrap();
+    assert_eq!(got.to_vec::<i64>().unwrap(), want.to_vec::<i64>().unwrap());
+}
