@@ -399,44 +399,29 @@ fn vit_b16(
     )?))
 }
 
+/// A [`BertClassifier`] of `config` with a `classes`-way head: BERT-,
+/// RoBERTa- and XLM-RoBERTa-base differ only in their configuration.
+fn text_classifier(
+    config: BertConfig,
+    classes: usize,
+    dtype: DType,
+    device: Device,
+) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(BertClassifier::new(
+        config, classes, dtype, device, 0,
+    )?))
+}
+
 fn bert_base(classes: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
-    Ok(Box::new(BertClassifier::new(
-        BertConfig::bert_base(),
-        classes,
-        dtype,
-        device,
-        0,
-    )?))
+    text_classifier(BertConfig::bert_base(), classes, dtype, device)
 }
 
-fn roberta_base(
-    classes: usize,
-    _: usize,
-    dtype: DType,
-    device: Device,
-) -> Result<Box<dyn StepModel>> {
-    Ok(Box::new(BertClassifier::new(
-        BertConfig::roberta_base(),
-        classes,
-        dtype,
-        device,
-        0,
-    )?))
+fn roberta_base(c: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    text_classifier(BertConfig::roberta_base(), c, dtype, device)
 }
 
-fn xlm_roberta_base(
-    classes: usize,
-    _: usize,
-    dtype: DType,
-    device: Device,
-) -> Result<Box<dyn StepModel>> {
-    Ok(Box::new(BertClassifier::new(
-        BertConfig::xlm_roberta_base(),
-        classes,
-        dtype,
-        device,
-        0,
-    )?))
+fn xlm_roberta_base(c: usize, _: usize, d: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    text_classifier(BertConfig::xlm_roberta_base(), c, d, device)
 }
 
 fn gpt2(_: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
