@@ -6,13 +6,13 @@
 use super::checkpoint_block;
 use super::surgery::{head_like, HeadInit};
 use super::{
-    kinds, part_of, ran_to_the_end, set_bn, set_conv, set_linear, stop_if, tensors, Ctx,
-    FeatureMaps, Named, Part, ReplaceHead,
+    kinds, part_of, ran_to_the_end, set_bn, set_conv, set_linear, square_conv_builder, stop_if,
+    tensors, Ctx, FeatureMaps, Named, Part, ReplaceHead,
 };
 use crate::memory::scope;
 use crate::nn::{
-    adaptive_avg_pool2d, BatchNorm, BatchStatsSync, Conv2d, Dropout, FanMode, Init, LayerKind,
-    Linear, Module,
+    adaptive_avg_pool2d, BatchNorm, BatchStatsSync, Conv2d, Dropout, Init, LayerKind, Linear,
+    Module,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 use std::sync::Arc;
@@ -223,30 +223,13 @@ struct Block {
     residual: bool,
 }
 
-/// A `k`×`k` convolution with torchvision's padding `(k - 1) / 2`,
+/// A 1×1 convolution with a bias (squeeze-and-excitation's `fc1`, `fc2`),
 /// initialised as torchvision's MobileNetV3 (`kaiming_normal_(mode=
 /// "fan_out")`, bias zero).
-#[allow(clippy::too_many_arguments)]
-fn conv(
-    name: &str,
-    io: [usize; 2],
-    k: usize,
-    stride: usize,
-    groups: usize,
-    bias: bool,
-    c: Ctx,
-    seed: u64,
-) -> Result<Conv2d> {
-    Conv2d::builder(io[0], io[1], k)
-        .name(name)
-        .stride(stride)
-        .padding((k - 1) / 2)
-        .groups(groups)
-        .bias(bias)
-        .weight_init(Init::kaiming_normal_relu(FanMode::FanOut))
+fn pointwise_with_bias(name: &str, io: [usize; 2], c: Ctx, seed: u64) -> Result<Conv2d> {
+    square_conv_builder(name, io, 1, 1, 1, c, seed)
+        .bias(true)
         .bias_init(Init::zeros())
-        .dtype(c.0)
-        .seed(seed)
         .build(&c.1)
 }
 
@@ -275,7 +258,11 @@ fn unit(
         .dtype(c.0)
         .build2d(&c.1)?;
     Ok(Unit {
-        conv: conv(&p("0"), io, k, stride, groups, false, c, seed)?,
+        // torchvision's padding here is `(k - 1) / 2` (the same as
+        // `k / 2` for the odd kernels it uses).
+        conv: square_conv_builder(&p("0"), io, k, stride, groups, c, seed)
+            .padding((k - 1) / 2)
+            .build(&c.1)?,
         bn,
         bn_name: p("1"),
         act,
@@ -369,26 +356,8 @@ impl MobileNetV3 {
             if row.use_se {
                 let name = format!("block.{}", stages.len());
                 let squeeze = make_divisible((hidden / 4) as f64, 8);
-                let fc1 = conv(
-                    &format!("{name}.fc1"),
-                    [hidden, squeeze],
-                    1,
-                    1,
-                    1,
-                    true,
-                    c,
-                    s + 2,
-                )?;
-                let fc2 = conv(
-                    &format!("{name}.fc2"),
-                    [squeeze, hidden],
-                    1,
-                    1,
-                    1,
-                    true,
-                    c,
-                    s + 3,
-                )?;
+                let fc1 = pointwise_with_bias(&format!("{name}.fc1"), [hidden, squeeze], c, s + 2)?;
+                let fc2 = pointwise_with_bias(&format!("{name}.fc2"), [squeeze, hidden], c, s + 3)?;
                 stages.push(Stage::Se(Se { name, fc1, fc2 }));
             }
             let k = stages.len();

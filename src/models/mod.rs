@@ -61,7 +61,7 @@ where
 pub use vgg::{Vgg, VggConfig, VGG16_PLAN};
 pub use vit::{classic_vit_name, ViT, ViTConfig};
 
-use crate::nn::{BatchNorm, Conv2d, FanMode, Init, LayerKind, Module};
+use crate::nn::{BatchNorm, Conv2d, Conv2dBuilder, FanMode, Init, LayerKind, Module};
 use crate::{DType, Device, Result, Tensor};
 
 /// In a [`FeatureMaps::walk`]: returns `Ok(None)` (stop) when the visitor
@@ -87,7 +87,7 @@ pub(crate) fn ran_to_the_end(out: Option<Tensor>, model: &'static str) -> Result
 pub(crate) type Ctx = (DType, Device);
 
 /// A bias-free `k`×`k` convolution with "same" padding (`k / 2`), as
-/// torchvision's ResNet and MobileNetV2 build and initialise them: weight
+/// torchvision's ResNet and MobileNets build and initialise them: weight
 /// `kaiming_normal_(mode="fan_out", nonlinearity="relu")`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn square_conv(
@@ -99,6 +99,19 @@ pub(crate) fn square_conv(
     c: Ctx,
     seed: u64,
 ) -> Result<Conv2d> {
+    square_conv_builder(name, io, k, stride, groups, c, seed).build(&c.1)
+}
+
+/// The builder of [`square_conv`], for a variant (a bias) before building.
+pub(crate) fn square_conv_builder(
+    name: &str,
+    io: [usize; 2],
+    k: usize,
+    stride: usize,
+    groups: usize,
+    c: Ctx,
+    seed: u64,
+) -> Conv2dBuilder {
     Conv2d::builder(io[0], io[1], k)
         .name(name)
         .stride(stride)
@@ -108,7 +121,6 @@ pub(crate) fn square_conv(
         .weight_init(Init::kaiming_normal_relu(FanMode::FanOut))
         .dtype(c.0)
         .seed(seed)
-        .build(&c.1)
 }
 
 /// A BatchNorm2d with PyTorch's default options (weight 1, bias 0, as
