@@ -5,12 +5,12 @@
 use super::checkpoint_block;
 use super::surgery::{head_like, HeadInit};
 use super::{
-    batch_norm2d, kinds, part_of, ran_to_the_end, set_bn, set_conv, set_linear, square_conv,
-    stop_if, tensors, Ctx, FeatureMaps, Named, Part, ReplaceHead,
+    batch_norm2d, part_of, set_bn, set_conv, set_linear, square_conv, stop_if,
+    walked_module_methods, Ctx, FeatureMaps, Named, Part, ReplaceHead,
 };
 use crate::memory::scope;
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, BatchStatsSync, Conv2d, Dropout, Init, LayerKind, Linear, Module,
+    AdaptiveAvgPool2d, BatchNorm, BatchStatsSync, Conv2d, Dropout, Init, Linear, Module,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 use std::sync::Arc;
@@ -372,22 +372,7 @@ impl ReplaceHead for MobileNetV2 {
 }
 
 impl Module for MobileNetV2 {
-    /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ran_to_the_end(self.walk(x, &mut |_, _| false)?, "MobileNetV2")
-    }
-
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        tensors(self.parts(Part::Parameters))
-    }
-
-    fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
-        kinds(self.parts(Part::Kinds))
-    }
-
-    fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        tensors(self.parts(Part::Buffers))
-    }
+    walked_module_methods!("MobileNetV2");
 
     fn set_training(&mut self, training: bool) {
         for block in &mut self.blocks {

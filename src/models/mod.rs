@@ -75,6 +75,34 @@ macro_rules! stop_if {
 }
 pub(crate) use stop_if;
 
+/// The [`Module`] methods of a CNN that walks its layers
+/// ([`FeatureMaps::walk`]) and lists its tensors by [`Part`]: `forward`
+/// (the walk to its end; `$model` names it in the error),
+/// `named_parameters`, `parameter_kinds` and `named_buffers`. Used inside
+/// `impl Module for …`, beside the model's own `set_training`.
+macro_rules! walked_module_methods {
+    ($model:literal) => {
+        /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
+        fn forward(&self, x: &$crate::Tensor) -> $crate::Result<$crate::Tensor> {
+            let out = $crate::models::FeatureMaps::walk(self, x, &mut |_, _| false)?;
+            $crate::models::ran_to_the_end(out, $model)
+        }
+
+        fn named_parameters(&self) -> Vec<(String, $crate::Tensor)> {
+            $crate::models::tensors(self.parts($crate::models::Part::Parameters))
+        }
+
+        fn parameter_kinds(&self) -> Vec<(String, $crate::nn::LayerKind)> {
+            $crate::models::kinds(self.parts($crate::models::Part::Kinds))
+        }
+
+        fn named_buffers(&self) -> Vec<(String, $crate::Tensor)> {
+            $crate::models::tensors(self.parts($crate::models::Part::Buffers))
+        }
+    };
+}
+pub(crate) use walked_module_methods;
+
 /// The output of a walk that no visitor stopped.
 pub(crate) fn ran_to_the_end(out: Option<Tensor>, model: &'static str) -> Result<Tensor> {
     out.ok_or_else(|| crate::Error::InvalidArgument {

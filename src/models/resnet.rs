@@ -6,13 +6,13 @@
 use super::checkpoint_block;
 use super::surgery::{head_like, HeadInit};
 use super::{
-    batch_norm2d, kinds, part_of, ran_to_the_end, set_bn, set_conv, set_linear, square_conv,
-    stop_if, tensors, Ctx, FeatureMaps, Named, Part, ReplaceHead,
+    batch_norm2d, part_of, set_bn, set_conv, set_linear, square_conv, stop_if,
+    walked_module_methods, Ctx, FeatureMaps, Named, Part, ReplaceHead,
 };
 use crate::memory::scope;
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, BatchStatsSync, Conv2d, LayerKind, Linear, MaxPool2d,
-    MaxPool2dOptions, Module, ReLU,
+    AdaptiveAvgPool2d, BatchNorm, BatchStatsSync, Conv2d, Linear, MaxPool2d, MaxPool2dOptions,
+    Module, ReLU,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 use std::sync::Arc;
@@ -493,22 +493,7 @@ impl ReplaceHead for ResNet {
 }
 
 impl Module for ResNet {
-    /// Class scores `[n, num_classes]` of images `[n, in_channels, h, w]`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ran_to_the_end(self.walk(x, &mut |_, _| false)?, "ResNet")
-    }
-
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        tensors(self.parts(Part::Parameters))
-    }
-
-    fn parameter_kinds(&self) -> Vec<(String, LayerKind)> {
-        kinds(self.parts(Part::Kinds))
-    }
-
-    fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        tensors(self.parts(Part::Buffers))
-    }
+    walked_module_methods!("ResNet");
 
     fn set_training(&mut self, training: bool) {
         self.bn1.set_training(training);
