@@ -317,8 +317,13 @@ def build(args):
                        args.classes, args.dropout)
     if args.arch == "resnet":
         block = BasicBlock if args.block == "basic" else Bottleneck
+        # Callers that build a plain ResNet from a Namespace of their own
+        # (the speed worker, the saved-bytes and conv-stack scripts) name
+        # neither ResNeXt option: torchvision's defaults then.
+        groups = getattr(args, "groups", 1)
+        width_per_group = getattr(args, "width_per_group", 64)
         return ResNet(block, args.layers, args.width, args.classes, args.in_channels,
-                      args.groups, args.width_per_group)
+                      groups, width_per_group)
     raise SystemExit(f"unknown architecture {args.arch}")
 
 
