@@ -1,0 +1,147 @@
+//! A tiny Mistral-style decoder (grouped-query attention with 4 query and
+//! 2 key/value heads, rotary embeddings, RMSNorm, SwiGLU, a sliding window
+//! of 5 over 6 tokens, right padding in the second sequence) against Hugging
+//! Face's `MistralForCausalLM` (fixtures written by
+//! `python-compare/export_transformers.py mistral_tiny`, reference in f64):
+//! strict state-dict load, logits and every gradient of `sum(logits ·
+//! probe)` for the freezing cases, with and without per-layer
+//! checkpointing; the lean policy against SaveAll; Mistral-7B's parameter
+//! count on the meta device; bad configurations.
+//!
+//! Tolerances are relative to each tensor's largest magnitude: 1e-4 in
+//! f32, 1e-5 in f64.
+
+mod common;
+#[path = "common/hf.rs"]
+mod hf;
+
+use common::models::{fixture, CPU};
+use hf::{check_model, check_policies, HfModel};
+use leangrad::io::state_dict;
+use leangrad::models::{Mistral, MistralConfig, TextInput};
+use leangrad::nn::{LayerKind, Module};
+use leangrad::{DType, Device, Tensor};
+use std::collections::{BTreeMap, BTreeSet};
+
+const CASES: [&str; 6] = [
+    "all",
+    "input",
+    "norm",
+    "linear",
+    "surgical-first",
+    "surgical-last",
+];
+
+impl HfModel for Mistral {
+    fn freeze(&mut self, want: &dyn Fn(&str) -> bool) {
+        self.set_requires_grad(want).unwrap();
+    }
+    fn outputs(&self, x: Option<&Tensor>, io: &BTreeMap<String, Tensor>) -> Vec<(String, Tensor)> {
+        let input = match x {
+            Some(e) => TextInput::Embeds(e),
+            None => TextInput::Ids(&io["input_ids"]),
+        };
+        let mask = io.get("attention_mask");
+        vec![("output".into(), self.logits(input, mask).unwrap())]
+    }
+}
+
+fn tiny(d: DType) -> Mistral {
+    Mistral::new(MistralConfig::tiny(), d, CPU, 1).unwrap()
+}
+
+#[test]
+fn tiny_mistral_matches_hugging_face_f32_and_f64() {
+    check_model(&tiny, "mistral_tiny", &CASES, DType::F32, 1e-4);
+    check_model(&tiny, "mistral_tiny", &CASES, DType::F64, 1e-5);
+}
+
+#[test]
+fn checkpointed_layers_match_hugging_face() {
+    let on = |d| {
+        let mut m = tiny(d);
+        m.gradient_checkpointing(true);
+        m
+    };
+    check_model(&on, "mistral_tiny", &CASES, DType::F32, 1e-4);
+}
+
+#[test]
+fn lean_policy_saves_less_with_bit_identical_gradients() {
+    let bytes = check_policies(&tiny, "mistral_tiny", &CASES);
+    // Where every parameter learns, the lean policy keeps strictly less:
+    // no silu(gate), no repeated keys and values, no rotation tables.
+    let all = bytes.iter().find(|(c, ..)| c == "all").unwrap();
+    assert!(all.1 < all.2, "{all:?}");
+    println!("mistral_tiny saved bytes (case, lean, SaveAll): {bytes:?}");
+}
+
+#[test]
+fn names_and_kinds_are_hugging_faces() {
+    let m = tiny(DType::F32);
+    let names: BTreeSet<String> = state_dict(&m, "").into_iter().map(|(n, _)| n).collect();
+    let file: BTreeSet<String> = fixture("mistral_tiny.safetensors").into_keys().collect();
+    assert_eq!(names, file);
+    let k: BTreeMap<_, _> = m.parameter_kinds().into_iter().collect();
+    assert_eq!(k["model.embed_tokens.weight"], LayerKind::Embedding);
+    assert_eq!(k["model.layers.1.self_attn.k_proj.weight"], LayerKind::Linear);
+    assert_eq!(k["model.layers.0.mlp.gate_proj.weight"], LayerKind::Linear);
+    assert_eq!(k["model.layers.0.post_attention_layernorm.weight"], LayerKind::Norm);
+    assert_eq!(k["model.norm.weight"], LayerKind::Norm);
+    assert_eq!(k["lm_head.weight"], LayerKind::Linear);
+}
+
+/// `sum(p.numel() for p in MistralForCausalLM(config).parameters())` with
+/// transformers 5.24 (built on PyTorch's meta device): 7 241 732 096 in
+/// 291 tensors. Built here on the meta device too (no bytes).
+#[test]
+fn mistral_7b_has_hugging_faces_parameter_count() {
+    let cfg = MistralConfig::mistral_7b();
+    assert_eq!(cfg.parameter_count(), Some(7_241_732_096));
+    let m = Mistral::new(cfg, DType::BF16, Device::Meta, 0).unwrap();
+    let params = m.named_parameters();
+    assert_eq!(params.len(), 291);
+    let total: usize = params.iter().map(|(_, t)| t.numel()).sum();
+    assert_eq!(total, 7_241_732_096);
+    let tied = MistralConfig {
+        tie_word_embeddings: true,
+        ..MistralConfig::tiny()
+    };
+    let m = Mistral::new(tied, DType::F32, CPU, 0).unwrap();
+    let total: usize = m.named_parameters().iter().map(|(_, t)| t.numel()).sum();
+    assert_eq!(Some(total), tied.parameter_count());
+    assert!(!m.named_parameters().iter().any(|(n, _)| n == "lm_head.weight"));
+}
+
+#[test]
+fn bad_configs_and_inputs_are_errors() {
+    let tiny_cfg = MistralConfig::tiny();
+    for bad in [
+        MistralConfig {
+            num_key_value_heads: 3,
+            ..tiny_cfg
+        },
+        MistralConfig {
+            head_dim: 7,
+            ..tiny_cfg
+        },
+        MistralConfig {
+            sliding_window: Some(0),
+            ..tiny_cfg
+        },
+        MistralConfig {
+            rope_theta: -1.0,
+            ..tiny_cfg
+        },
+    ] {
+        assert!(Mistral::new(bad, DType::F32, CPU, 0).is_err(), "{bad:?}");
+    }
+    let m = tiny(DType::F32);
+    let long = Tensor::zeros(&[1, 33], DType::I64, CPU).unwrap();
+    assert!(m.forward(&long).is_err());
+    let out_of_vocab = Tensor::full(&[1, 3], 64.0, DType::I64, CPU).unwrap();
+    assert!(m.forward(&out_of_vocab).is_err());
+    let ids = Tensor::zeros(&[2, 4], DType::I64, CPU).unwrap();
+    let mask = Tensor::ones(&[2, 5], DType::I64, CPU).unwrap();
+    assert!(m.logits(TextInput::Ids(&ids), Some(&mask)).is_err());
+}
