@@ -249,6 +249,7 @@ fn fingerprints(device: Device) -> BTreeMap<String, (String, String)> {
                 seed: 3,
                 offset: 0,
                 scale: None,
+                enable_gqa: false,
             };
             scaled_dot_product_attention(&xs[0], &xs[1], &xs[2], &o)
         };

@@ -1,5 +1,6 @@
 //! The layers of issue #5 written once for every device: attention (SDPA
-//! with causal / bool / float masks, dropout, both saving paths) and
+//! with causal / bool / float masks, dropout, both saving paths,
+//! grouped-query heads) and
 //! MultiheadAttention, max pooling under both
 //! save policies, the mask-keeping activations (clamp, leaky_relu), the
 //! saved-value activations and dropout under SaveAll. Each runs on the CPU
@@ -11,7 +12,9 @@ mod attention_bound;
 mod cuda_common;
 mod device_common;
 
-use attention_bound::{assert_within_bound, mha_error_bound, sdpa_error_bound};
+use attention_bound::{
+    assert_within_bound, mha_error_bound, sdpa_bounds, sdpa_error_bound, Approx, Rounding,
+};
 use device_common::{
     check_layer, check_layer_bounded, check_layer_under, fresh_copy, input, tol, FLOATS,
 };
@@ -167,6 +170,108 @@ fn sdpa_dropout() {
             .causal(true)
             .mask(bool_mask(lq, lk));
         check_sdpa("sdpa dropout + causal + mask", dtype, LONG, &opts);
+    }
+}
+
+/// k or v `[B, Hkv, L, F]` repeated to `[B, Hkv·group, L, F]`
+/// (`repeat_interleave` over the heads): the bounds' reference only.
+fn repeat_kv(t: &Tensor, group: usize) -> Result<Tensor> {
+    let s = t.shape();
+    t.unsqueeze(2)?
+        .broadcast_to(&[s[0], s[1], group, s[2], s[3]])?
+        .reshape(&[s[0], s[1] * group, s[2], s[3]])
+}
+
+/// `[B, H, L, F]` summed over each group of `group` consecutive heads.
+fn sum_groups(t: &Tensor, group: usize) -> Result<Tensor> {
+    let s = t.shape();
+    t.reshape(&[s[0], s[1] / group, group, s[2], s[3]])?
+        .sum(&[2], false)
+}
+
+/// The rounding bounds of grouped-query attention (`group` query heads per
+/// key/value head; inputs `[B, L, H, F]` viewed as `[B, H, L, F]` when
+/// `permuted`): those of attention on k and v repeated, with dK's and dV's
+/// summed over each group and taken `group` times, as each device sums the
+/// group's `group·Lq` terms in one accumulator (`γ_(group·n) ≈ group·γ_n`).
+fn gqa_error_bound(
+    opts: &SdpaOptions,
+    group: usize,
+    permuted: bool,
+) -> impl Fn(DType, &[Tensor], &Tensor) -> Result<Vec<Tensor>> + '_ {
+    move |dtype, x, gy| {
+        let heads = |t: &Tensor| {
+            if permuted {
+                t.permute(&[0, 2, 1, 3])
+            } else {
+                Ok(t.clone())
+            }
+        };
+        let plain = opts.clone().gqa(false);
+        let (q, k, v) = (heads(&x[0])?, heads(&x[1])?, heads(&x[2])?);
+        let (k, v) = (repeat_kv(&k, group)?, repeat_kv(&v, group)?);
+        let [q, k, v, g] = [&q, &k, &v, gy].map(Approx::exact);
+        let r = Rounding::new(dtype);
+        let [out, dq, dk, dv] = sdpa_bounds(&r, &q?, &k?, &v?, &g?, &plain)?;
+        let widen = |e: &Tensor| sum_groups(e, group)?.mul_scalar(group as f64);
+        Ok(vec![
+            out.e,
+            heads(&dq.e)?,
+            heads(&widen(&dk.e)?)?,
+            heads(&widen(&dv.e)?)?,
+        ])
+    }
+}
+
+/// Grouped-query attention (`enable_gqa`: 4 query heads on 2 key/value
+/// heads, or on 1) on every device against the CPU, every requires-grad
+/// combination under both policies: outputs, gradients and saved bytes (K
+/// and V saved un-repeated on every device), causal, a U8 mask with a fully
+/// masked row, dropout, and head-split views of `[B, L, H, D]` inputs.
+#[test]
+fn sdpa_grouped_query_heads() {
+    let (b, h, lq, lk, d, dv) = (2, 4, 9, 13, 3, 5);
+    for dtype in FLOATS {
+        let cases = [
+            (2, false, SdpaOptions::default().causal(true)),
+            (
+                1,
+                true,
+                SdpaOptions::default()
+                    .mask(bool_mask(lq, lk))
+                    .dropout(0.3, 7, 11),
+            ),
+            (
+                2,
+                true,
+                SdpaOptions::default().dropout(0.5, 3, 0).causal(true),
+            ),
+        ];
+        for (hkv, permuted, opts) in cases {
+            let opts = opts.gqa(true);
+            let shape = |hs: usize, l: usize, f: usize| {
+                if permuted {
+                    [b, l, hs, f]
+                } else {
+                    [b, hs, l, f]
+                }
+            };
+            let q = input(&shape(h, lq, d), dtype, 51, -1.0, 1.0);
+            let k = input(&shape(hkv, lk, d), dtype, 52, -1.0, 1.0);
+            let v = input(&shape(hkv, lk, dv), dtype, 53, -1.0, 1.0);
+            let what = format!("sdpa gqa {h}/{hkv} permuted {permuted} ({dtype:?})");
+            let bound = gqa_error_bound(&opts, h / hkv, permuted);
+            check_layer_bounded(&what, &BOTH, &[&q, &k, &v], att_tol(dtype), &bound, |t| {
+                if !permuted {
+                    return run_sdpa(t, &opts);
+                }
+                let views = t
+                    .iter()
+                    .map(|x| x.permute(&[0, 2, 1, 3]))
+                    .collect::<Result<Vec<_>>>()?;
+                run_sdpa(&views, &opts)
+            });
+        }
     }
 }
 

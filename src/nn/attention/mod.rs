@@ -10,12 +10,28 @@
 //! - **fused** (`flash/`: `mod.rs`, `cpu.rs`, `cpu_bwd.rs`, `cuda.rs`,
 //!   `flash.cu`), FlashAttention-2's blocks with an online
 //!   softmax: neither `S` nor `P` ever exists whole, in forward or backward.
-//!   Used wherever the lean policy keeps no `P` (below), and whenever no
-//!   input needs grad;
+//!   Used wherever the lean policy keeps no `P` (below), whenever no
+//!   input needs grad, and always under grouped-query attention with fewer
+//!   key/value heads than query heads (below);
 //! - **unfused**, where keeping `P` is fewer bytes than keeping `Q` and `K`
 //!   (short keys, wide heads): `S` by the shared matmul, the fused masked
 //!   softmax (`cpu.rs` with `cpu_f32.rs`, `cuda.rs`, `attention.cu`), `P`
 //!   saved, backward by matmuls and the softmax backward.
+//!
+//! **Grouped-query attention** ([`SdpaOptions::enable_gqa`], PyTorch's
+//! `enable_gqa`): `k`, `v` `[B, Hkv, Lk, ·]` with `H = group·Hkv` query
+//! heads; query head `h` reads key/value head `h / group` in place (the
+//! fused kernels' [`FlashGeom::kv_heads`]), so the repeated K and V that
+//! PyTorch's math path and Hugging Face's `repeat_kv` form never exist, not
+//! even as a workspace. Backward runs one task (CPU) or one key block (CUDA)
+//! per key/value head, which walks its group's query heads in order, so
+//! dK and dV sum the group in one fixed order on any thread count, without
+//! atomics. Grouped heads always take the fused path: the unfused path's
+//! products and its choice of `P` against `Q` and `K` pair one key head
+//! with each query head, and to run it the keys would have to be repeated
+//! (or every product broadcast over the group) while its `P` is `group`
+//! times the scores of one key head; the fused path keeps `K` and `V` at
+//! their own size. With `Hkv = H` the flag changes nothing.
 //!
 //! `MultiheadAttention` (`multihead.rs`) is composed of matmuls, views and
 //! this op.
@@ -23,7 +39,8 @@
 //! Saved for backward (sizes: `|Q|`, `|K|`, `|V|`, `|P|` the bytes of the
 //! q, k, v storages and of the `[.., Lq, Lk]` probabilities, `|M|` of the
 //! user's mask storage, `|lse|` = 4 (8 for f64 inputs) bytes per score row;
-//! views of one storage count once):
+//! views of one storage count once; under GQA `|K|`, `|V|` are the
+//! un-repeated `[B, Hkv, Lk, ·]` storages):
 //!
 //! | op | requires grad | saved for backward | why |
 //! |---|---|---|---|
@@ -32,6 +49,9 @@
 //! | sdpa (lean) | k (± v) | `V`, `Q`, then `P` or `K`, mask, `lse`: `|V|+|Q|+min(|K|+|M|+|lse|, |P|)` | `dK = dSᵀ·Q` |
 //! | sdpa (lean) | q, k (± v) | `V`, `Q`, `K`, then `P` or mask, `lse`: `|V|+|Q|+|K|+min(|M|+|lse|, |P|)` | both |
 //! | sdpa (`SaveAll`) | any | `q`, `k`, `v`, `P`, for `p > 0` the U8 dropout mask, and where fused also the mask and `lse` | what PyTorch's math path keeps, and what the fused backward reads |
+//! | sdpa (lean), GQA (`Hkv < H`) | v only | `Q`, `K`, mask, `lse`: `|Q|+|K|+|M|+|lse|` | always fused: `dV = P'ᵀ·dO` with `P` rebuilt |
+//! | sdpa (lean), GQA (`Hkv < H`) | q or k (± v) | `Q`, `K`, `V`, mask, `lse`: `|Q|+|K|+|V|+|M|+|lse|` | always fused: `dQ`, `dK` from `dS`, `dK`, `dV` summed over the group |
+//! | sdpa (`SaveAll`), GQA (`Hkv < H`) | any | `q`, `k`, `v` (un-repeated), `P`, for `p > 0` the U8 dropout mask, the mask and `lse` | PyTorch's math path keeps K and V repeated (`group`× their bytes); leangrad never forms them |
 //! | any | nothing | — (no node) | |
 //!
 //! Where `Q`, `K`, mask and `lse` are kept (the fused path), backward
@@ -80,6 +100,13 @@ pub struct SdpaOptions {
     pub offset: u64,
     /// Score scale; `None` means `1/√D`.
     pub scale: Option<f64>,
+    /// Grouped-query attention (PyTorch's `enable_gqa`): rank-4 `k` and `v`
+    /// may have `Hkv` heads where `q` has `H`, `H` a multiple of `Hkv`, and
+    /// query head `h` attends with key/value head `h / (H / Hkv)` (as
+    /// `repeat_interleave`, Hugging Face's `repeat_kv`). K and V are read and
+    /// saved as they are, never repeated; their gradients sum the group's
+    /// query heads. Off: the heads must match.
+    pub enable_gqa: bool,
 }
 
 impl SdpaOptions {
@@ -101,6 +128,12 @@ impl SdpaOptions {
     /// Sets the score scale.
     pub fn scale(mut self, scale: f64) -> SdpaOptions {
         self.scale = Some(scale);
+        self
+    }
+    /// Turns grouped-query attention on or off (see
+    /// [`SdpaOptions::enable_gqa`]).
+    pub fn gqa(mut self, on: bool) -> SdpaOptions {
+        self.enable_gqa = on;
         self
     }
 }
@@ -220,7 +253,11 @@ fn probabilities(
 ) -> Result<(Tensor, RowLse)> {
     let s = {
         let _ws = with_category(Category::Workspace);
-        matmul(q, &k.detach().transpose(-2, -1)?)?
+        if grouped(q, k) {
+            grouped_scores(q, k)?
+        } else {
+            matmul(q, &k.detach().transpose(-2, -1)?)?
+        }
     };
     let spec = ScoreSpec {
         geom: g.geom,
@@ -229,6 +266,30 @@ fn probabilities(
         lse_f32: g.lse_f32,
     };
     attention_probs(&s, &spec, lse)
+}
+
+/// Whether `q` has more heads than `k` (grouped-query attention, checked).
+fn grouped(q: &Tensor, k: &Tensor) -> bool {
+    q.rank() == 4 && k.rank() == 4 && q.shape()[1] != k.shape()[1]
+}
+
+/// `Q·Kᵀ` `[B, H, Lq, Lk]` under GQA: q seen as `[B, Hkv, group, Lq, D]`
+/// (a view: the head dim split in two) against k as `[B, Hkv, 1, D, Lk]`,
+/// broadcast over the group by stride 0, so the repeated keys never exist.
+fn grouped_scores(q: &Tensor, k: &Tensor) -> Result<Tensor> {
+    let (qs, l) = (q.shape(), q.layout());
+    let (b, h, lq, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let hkv = k.shape()[1];
+    let st = l.strides();
+    let split = crate::tensor::Layout::from_parts(
+        vec![b, hkv, h / hkv, lq, d],
+        vec![st[0], st[1] * (h / hkv), st[1], st[2], st[3]],
+        l.offset(),
+    );
+    let q5 = q.detach().view_with_layout(split);
+    let kt = k.detach().transpose(-2, -1)?.unsqueeze(2)?;
+    let lk = k.shape()[2];
+    matmul(&q5, &kt)?.reshape(&[b, h, lq, lk])
 }
 
 /// Applies the dropout draw (replayed, or from a saved U8 mask).
@@ -343,6 +404,45 @@ fn recomputes(
         <= distinct_bytes(&base) + scores * q.dtype().size_in_bytes()
 }
 
+/// Checks the leading dims: batch dims equal (rank 3 has no head dim, so
+/// there GQA groups nothing and they must match too); on rank 4, k's and
+/// v's heads equal and q's the same, or under GQA a multiple of them.
+fn check_lead(qs: &[usize], ks: &[usize], vs: &[usize], gqa: bool) -> Result<()> {
+    if qs[0] != ks[0] || qs[0] != vs[0] {
+        let why = if gqa && qs.len() == 3 {
+            " (rank-3 inputs have no head dim for enable_gqa to group)"
+        } else {
+            ""
+        };
+        return Err(invalid(format!(
+            "batch dims differ: q {qs:?}, k {ks:?}, v {vs:?}{why}"
+        )));
+    }
+    if qs.len() == 3 {
+        return Ok(());
+    }
+    let (h, hk, hv) = (qs[1], ks[1], vs[1]);
+    if hk != hv {
+        return Err(invalid(format!(
+            "k has {hk} heads and v {hv}: they must match"
+        )));
+    }
+    if h == hk {
+        return Ok(());
+    }
+    if !gqa {
+        return Err(invalid(format!(
+            "q has {h} heads, k and v {hk}: heads must match (enable_gqa groups them)"
+        )));
+    }
+    if hk == 0 || h % hk != 0 {
+        return Err(invalid(format!(
+            "enable_gqa: q's {h} heads are not a multiple of k's and v's {hk}"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks shapes and dtypes; returns the scores' shape `[.., Lq, Lk]`.
 fn check(q: &Tensor, k: &Tensor, v: &Tensor, o: &SdpaOptions) -> Result<Vec<usize>> {
     for t in [q, k, v] {
@@ -356,9 +456,7 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, o: &SdpaOptions) -> Result<Vec<usiz
         return Err(invalid("q, k, v must all be rank 3 or all rank 4".into()));
     }
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
-    if qs[..r - 2] != ks[..r - 2] || qs[..r - 2] != vs[..r - 2] {
-        return Err(invalid(format!("batch dims differ: {qs:?} {ks:?} {vs:?}")));
-    }
+    check_lead(qs, ks, vs, o.enable_gqa)?;
     if qs[r - 1] != ks[r - 1] {
         return Err(invalid(format!("head dims differ: q {qs:?}, k {ks:?}")));
     }
@@ -384,13 +482,16 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, o: &SdpaOptions) -> Result<Vec<usiz
 
 /// Scaled-dot-product attention (`torch.nn.functional.scaled_dot_product_attention`):
 /// `q` `[B, H, Lq, D]`, `k` `[B, H, Lk, D]`, `v` `[B, H, Lk, Dv]` (or rank 3,
-/// `[B·H, L, D]`) → `[.., Lq, Dv]`. Rows whose scores are all masked give
-/// zero probabilities. The mask never receives a gradient.
+/// `[B·H, L, D]`) → `[.., Lq, Dv]`. With [`SdpaOptions::enable_gqa`], rank-4
+/// `k` and `v` may have `Hkv` heads, `H` a multiple of `Hkv` (query head `h`
+/// reads key/value head `h / (H / Hkv)`). Rows whose scores are all masked
+/// give zero probabilities. The mask never receives a gradient.
 ///
 /// Saves (lean): `V` if `q` or `k` needs grad; `K` if `q` does; `Q` if `k`
 /// does; then either `P` (`B·H·Lq·Lk` elements) or — when not more bytes —
 /// `Q`, `K`, the mask and `lse` (`B·H·Lq` f32, f64 for f64 inputs) to
-/// recompute `P` bit for bit. Dropout masks are replayed, never saved.
+/// recompute `P` bit for bit. Under GQA with `Hkv < H` always the latter,
+/// with `K` and `V` un-repeated. Dropout masks are replayed, never saved.
 /// `SaveAll`: `q`, `k`, `v`, `P` and, for `p > 0`, the U8 dropout mask.
 pub fn scaled_dot_product_attention(
     q: &Tensor,
@@ -422,8 +523,12 @@ pub fn scaled_dot_product_attention(
     let needs = needs_grad([q, k, v]);
     // The arithmetic depends on the shapes alone, never on the policy, so
     // that both policies give the same bits: fused wherever the lean
-    // policy keeps no probabilities.
-    if needs == [false; 3] || recomputes(q, k, v, opts.mask.as_ref(), &geometry, needs) {
+    // policy keeps no probabilities, and always for grouped heads (the
+    // module doc says why).
+    if needs == [false; 3]
+        || grouped(q, k)
+        || recomputes(q, k, v, opts.mask.as_ref(), &geometry, needs)
+    {
         let save_all = save_policy() == SavePolicy::SaveAll;
         return flash::attention((q, k, v), opts.mask.as_ref(), &geometry, (needs, save_all));
     }

@@ -5,11 +5,13 @@
 //! that ever exists, never the `L×L` whole, and the products are the
 //! unfused path's (two forward, five backward, by the shared GEMM on
 //! operands packed in the compute type from any layout of q, k, v and dO).
-//! Forward runs one task per (batch·head, query band); backward one task
-//! per batch·head, which owns that head's rows of dQ, dK and dV, so every
-//! sum runs in one order whatever the thread count. Scratch (uncounted host
-//! temporaries, as the unfused kernels' rows) is at most
-//! `2·64·lk + (lq + lk)·(d + dv)` compute-type values per task.
+//! Forward runs one task per (batch·head, query band), reading key/value
+//! head `h / group` for query head `h`; backward one task per (batch,
+//! key/value head), which owns that key/value head's rows of dK and dV and
+//! its group's rows of dQ, so every sum runs in one order whatever the
+//! thread count. Scratch (uncounted host temporaries, as the unfused
+//! kernels' rows) is at most `2·64·lk + (lq + lk)·(d + dv)` compute-type
+//! values per task.
 
 use super::super::cpu_exp::exp_in_place;
 use super::super::cpu_f32;
@@ -151,6 +153,11 @@ pub(super) struct Problem<'a, T, C> {
 }
 
 impl<T: FloatDType, C: Compute> Problem<'_, T, C> {
+    /// The key/value head query head `(b, h)` reads: `(b, h / group)`.
+    pub(super) fn kv(&self, (b, h): (usize, usize)) -> (usize, usize) {
+        (b, h / self.geom.group())
+    }
+
     /// The keys query block `qs` sees: all, or up to its last query when
     /// causal.
     pub(super) fn key_end(&self, qs: &Range<usize>) -> usize {
@@ -277,8 +284,8 @@ fn forward_block<T: FloatDType, C: Compute>(
     let (m, n) = (qs.len(), p.key_end(&qs));
     let (mut qb, mut kb, mut vb) = (Vec::new(), Vec::new(), Vec::new());
     p.q.pack(bh, qs.clone(), d, &mut qb);
-    p.k.pack(bh, 0..n, d, &mut kb);
-    p.v.pack(bh, 0..n, dv, &mut vb);
+    p.k.pack(p.kv(bh), 0..n, d, &mut kb);
+    p.v.pack(p.kv(bh), 0..n, dv, &mut vb);
     let mut s = vec![C::zero(); m * n];
     let ks = 0..n;
     p.scores(&qb, &kb, (m, n), &mut s)?;

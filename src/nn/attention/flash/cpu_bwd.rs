@@ -1,9 +1,12 @@
-//! Fused attention's backward on the CPU: one task per batch·head, which
-//! packs that head's q, k, v and dO once in the compute type and walks its
-//! query bands in order: each band's probabilities rebuilt from the saved
-//! `lse`, `dP`, `D_i = Σ_j P_ij dP_ij` (into the caller's `delta`), `dS`,
-//! the band's rows of dQ, and its share of dK and dV added into the head's
-//! accumulators: the same order of sums on any number of threads.
+//! Fused attention's backward on the CPU: one task per (batch, key/value
+//! head), which packs that head's k and v once in the compute type and
+//! walks the query heads of its group in order (one, without GQA), packing
+//! each one's q and dO and walking its query bands in order: each band's
+//! probabilities rebuilt from the saved `lse`, `dP`, `D_i = Σ_j P_ij dP_ij`
+//! (into the caller's `delta`), `dS`, the band's rows of dQ, and its share
+//! of dK and dV added into the key/value head's accumulators. A task owns
+//! its rows of dK and dV and its group's rows of dQ and `delta`, so the
+//! group's contributions are summed in one order on any number of threads.
 
 use super::super::OP;
 use super::cpu::{operand, out_shape, product, with_problem, Compute, Operand, Problem, BLOCK_Q};
@@ -25,11 +28,18 @@ struct Backward<'a> {
     pub needs: [bool; 3],
 }
 
-/// One head's rows of the outputs (empty where not needed).
-struct HeadOut<'a, T, C> {
+/// One task's rows of the outputs (empty where not needed): a key/value
+/// head's dK and dV, and dQ and `delta` of its group's query heads.
+struct GroupOut<'a, T, C> {
     dq: &'a mut [T],
     dk: &'a mut [T],
     dv: &'a mut [T],
+    delta: &'a mut [C],
+}
+
+/// One query head's rows of dQ and `delta` (empty where not needed).
+struct HeadRows<'a, T, C> {
+    dq: &'a mut [T],
     delta: &'a mut [C],
 }
 
@@ -117,7 +127,7 @@ impl<T: FloatDType, C: Compute> Problem<'_, T, C> {
         qs: &Range<usize>,
         lse: &[C],
         needs: [bool; 3],
-        out: &mut HeadOut<T, C>,
+        out: &mut HeadRows<T, C>,
         sums: &mut Sums<C>,
     ) -> Result<()> {
         let (d, dv) = (self.geom.d, self.geom.dv);
@@ -162,17 +172,19 @@ impl<T: FloatDType, C: Compute> Problem<'_, T, C> {
         Ok(())
     }
 
-    /// One head's gradients into `out`.
-    fn head_backward(
+    /// One task's gradients into `out`: key/value head `kv = (b, j)` of
+    /// batch entry `b` and its group's query heads `j·group ..
+    /// (j + 1)·group`, in order, with their `lse` rows (`group·lq`).
+    fn group_backward(
         &self,
-        bh: (usize, usize),
+        kv: (usize, usize),
         go: &Operand<T>,
         lse: &[C],
         needs: [bool; 3],
-        mut out: HeadOut<T, C>,
+        out: GroupOut<T, C>,
     ) -> Result<()> {
         let g = self.geom;
-        let (lq, lk, d, dv) = (g.score.lq, g.score.lk, g.d, g.dv);
+        let (lq, lk, d, dv, group) = (g.score.lq, g.score.lk, g.d, g.dv, g.group());
         let [nq, nk, nv] = needs;
         let mut pk = Packed {
             q: Vec::new(),
@@ -180,20 +192,29 @@ impl<T: FloatDType, C: Compute> Problem<'_, T, C> {
             v: Vec::new(),
             go: Vec::new(),
         };
-        self.q.pack(bh, 0..lq, d, &mut pk.q);
-        self.k.pack(bh, 0..lk, d, &mut pk.k);
+        // K and V once for the whole group: read in place, never repeated.
+        self.k.pack(kv, 0..lk, d, &mut pk.k);
         if nq || nk {
-            self.v.pack(bh, 0..lk, dv, &mut pk.v);
+            self.v.pack(kv, 0..lk, dv, &mut pk.v);
         }
-        go.pack(bh, 0..lq, dv, &mut pk.go);
         let mut sums = Sums {
             dk: vec![C::zero(); if nk { lk * d } else { 0 }],
             dv: vec![C::zero(); if nv { lk * dv } else { 0 }],
             bands: [Vec::new(), Vec::new(), Vec::new()],
         };
-        for q0 in (0..lq).step_by(BLOCK_Q) {
-            let qs = q0..(q0 + BLOCK_Q).min(lq);
-            self.band_backward(bh, &pk, &qs, lse, needs, &mut out, &mut sums)?;
+        let rows = split(out.dq, group)
+            .into_iter()
+            .zip(split(out.delta, group));
+        for (i, (dq, delta)) in rows.enumerate() {
+            let bh = (kv.0, kv.1 * group + i);
+            self.q.pack(bh, 0..lq, d, &mut pk.q);
+            go.pack(bh, 0..lq, dv, &mut pk.go);
+            let lse = &lse[i * lq..(i + 1) * lq];
+            let mut head = HeadRows { dq, delta };
+            for q0 in (0..lq).step_by(BLOCK_Q) {
+                let qs = q0..(q0 + BLOCK_Q).min(lq);
+                self.band_backward(bh, &pk, &qs, lse, needs, &mut head, &mut sums)?;
+            }
         }
         store(out.dk, &sums.dk);
         store(out.dv, &sums.dv);
@@ -216,6 +237,8 @@ impl Backward<'_> {
         let g = x.geom;
         let (lq, lk, d, dv) = (g.score.lq, g.score.lk, g.d, g.dv);
         let heads = g.batch * g.heads;
+        // One task per key/value head: it owns that head's dK, dV rows.
+        let tasks = g.batch * g.kv_heads;
         let [nq, nk, nv] = self.needs;
         let alloc = |need: bool, n: usize| -> Result<Vec<T>> {
             // Every element is written (a head's rows are all stored).
@@ -226,8 +249,8 @@ impl Backward<'_> {
             }
         };
         let mut dq = alloc(nq, heads * lq * d)?;
-        let mut dk = alloc(nk, heads * lk * d)?;
-        let mut dvv = alloc(nv, heads * lk * dv)?;
+        let mut dk = alloc(nk, tasks * lk * d)?;
+        let mut dvv = alloc(nv, tasks * lk * dv)?;
         let lse_dense = Dense::new(self.lse)?;
         let (lse_data, lse_range) = lse_dense.parts();
         let lse = lse_data
@@ -248,18 +271,20 @@ impl Backward<'_> {
             None => &mut [],
         };
         let go_guard = self.d_out.storage().cpu()?;
-        let parts = split(&mut dq, heads)
+        let parts = split(&mut dq, tasks)
             .into_iter()
-            .zip(split(&mut dk, heads))
-            .zip(split(&mut dvv, heads))
-            .zip(split(delta, heads))
-            .map(|(((dq, dk), dv), delta)| HeadOut { dq, dk, dv, delta })
+            .zip(split(&mut dk, tasks))
+            .zip(split(&mut dvv, tasks))
+            .zip(split(delta, tasks))
+            .map(|(((dq, dk), dv), delta)| GroupOut { dq, dk, dv, delta })
             .collect::<Vec<_>>();
+        let span = g.group() * lq;
         with_problem::<T, C, _>(x, |p| {
             let go = operand::<T>(&go_guard, self.d_out)?;
-            parts.into_par_iter().enumerate().try_for_each(|(bh, out)| {
-                let head = (bh / g.heads, bh % g.heads);
-                p.head_backward(head, &go, &lse[bh * lq..(bh + 1) * lq], self.needs, out)
+            parts.into_par_iter().enumerate().try_for_each(|(t, out)| {
+                let kv = (t / g.kv_heads, t % g.kv_heads);
+                let lse = &lse[t * span..(t + 1) * span];
+                p.group_backward(kv, &go, lse, self.needs, out)
             })
         })?;
         drop(delta_guard);

@@ -7,8 +7,10 @@
 //! is uncounted until the caller saves it ([`DeviceLse::Uncounted`]).
 //!
 //! Kernels: `flash_fwd_*` (output and lse), `flash_bwd_dq_*` (`D` into
-//! `delta`, then dQ) and `flash_bwd_dkv_*` (dK and dV); no atomics, so
-//! every result is bit-identical from run to run.
+//! `delta`, then dQ) and `flash_bwd_dkv_*` (dK and dV, a block per key
+//! tile of a key/value head summing its group's query heads in order); no
+//! atomics, so every result is bit-identical from run to run. Under GQA k
+//! and v are read at key/value head `h / group` in place, never repeated.
 
 use super::super::cuda::DeviceLse;
 use super::super::RowLse;
@@ -187,22 +189,30 @@ fn check_inputs(x: &FlashInputs) -> Result<()> {
         }
     }
     let r = x.q.rank();
-    let lead = match r {
-        4 => vec![g.batch, g.heads],
-        3 if g.heads == 1 => vec![g.batch],
+    // Query heads, and the key/value heads each group of them reads.
+    let (lead, kv_lead) = match r {
+        4 if g.kv_heads * g.group() == g.heads => {
+            (vec![g.batch, g.heads], vec![g.batch, g.kv_heads])
+        }
+        3 if g.heads == 1 && g.kv_heads == 1 => (vec![g.batch], vec![g.batch]),
         _ => {
             return Err(invalid(
                 OPF,
-                format!("rank {r} with {} heads (want rank 3 or 4)", g.heads),
+                format!(
+                    "rank {r} with {} heads and {} key/value heads (want rank 3 or 4, \
+                     the heads a multiple of the key/value heads)",
+                    g.heads, g.kv_heads
+                ),
             ))
         }
     };
     let (lq, lk) = (g.score.lq, g.score.lk);
     let want = |a: usize, b: usize| [lead.as_slice(), &[a, b]].concat();
+    let want_kv = |a: usize, b: usize| [kv_lead.as_slice(), &[a, b]].concat();
     for (name, t, shape) in [
         ("q", x.q, want(lq, g.d)),
-        ("k", x.k, want(lk, g.d)),
-        ("v", x.v, want(lk, g.dv)),
+        ("k", x.k, want_kv(lk, g.d)),
+        ("v", x.v, want_kv(lk, g.dv)),
     ] {
         if t.shape() != shape.as_slice() {
             return Err(invalid(
@@ -562,8 +572,9 @@ fn launch_dq(
         ops.k.slice(), ops.v.slice(), ops.d_out.slice(), ops.mask.slice())
 }
 
-/// Launches `flash_bwd_dkv_*` over every (b·h, key tile, column chunk)
-/// for dK (`needs[0]`) and dV (`needs[1]`); nothing when no block has work.
+/// Launches `flash_bwd_dkv_*` over every (b·key/value head, key tile,
+/// column chunk) for dK (`needs[0]`) and dV (`needs[1]`), each block
+/// walking its group's query heads; nothing when no block has work.
 #[allow(clippy::too_many_arguments)]
 fn launch_dkv(
     dev: &Arc<CudaDevice>,
@@ -585,7 +596,7 @@ fn launch_dkv(
     } else {
         0
     };
-    let tasks = g.batch * g.heads * g.score.lk.div_ceil(b) * kc.max(vc);
+    let tasks = g.batch * g.kv_heads * g.score.lk.div_ceil(b) * kc.max(vc);
     if tasks == 0 {
         return Ok(());
     }

@@ -11,9 +11,14 @@
 //                    pass 1 over the key tiles forms D_i = sum_j P_ij dP_ij
 //                    (written to delta by chunk 0), pass 2 accumulates
 //                    dQ = scale * dS K.
-//   flash_bwd_dkv_*  one block per (b*h, key tile, chunk of columns): a loop
-//                    over the query tiles accumulates dV = P'^T dO and
+//   flash_bwd_dkv_*  one block per (b*kv head, key tile, chunk of columns): a
+//                    loop over the group's query heads in order, and in each
+//                    over the query tiles, accumulates dV = P'^T dO and
 //                    dK = scale * dS^T Q, reading lse and delta.
+//
+// Grouped-query attention (FlashGeom::kv_heads < heads): query head h reads k
+// and v at head h / group in place (never repeated); the mask, dropout, lse
+// and delta are the query head's.
 //
 // No atomics: every sum runs in an order fixed by the shapes (the 16-lane
 // shuffle butterflies give every lane the same bits, as IEEE addition is
@@ -35,10 +40,17 @@ struct ScoreGeom {
 };
 
 // `leangrad::nn::FlashGeom` (src/nn/attention/flash/mod.rs, #[repr(C)]).
+// kv_heads: key/value heads; query head h reads head h / (heads / kv_heads).
 struct FlashGeom {
     ScoreGeom score;
-    long long batch, heads, d, dv;
+    long long batch, heads, d, dv, kv_heads;
 };
+
+// Query heads per key/value head (1 without key/value heads: then there are
+// no query heads either).
+__device__ __forceinline__ long long fl_group(const FlashGeom& g) {
+    return g.kv_heads > 0 ? g.heads / g.kv_heads : 1;
+}
 
 // `leangrad::nn::View4`: element [b, h, r, c] of a view sits at
 // offset + b*batch + h*head + r*row + c*col (stride 0 broadcasts).
@@ -388,9 +400,10 @@ __device__ __forceinline__ void fl_forward(const FlashGeom& g, const View4& vq, 
         int qt = (int)(task / chunks % qtiles);
         long long bh = task / chunks / qtiles;
         long long b = bh / g.heads, h = bh % g.heads;
+        long long kh = h / fl_group(g);
         fl_mask_at(c, b, h);
-        fl_fwd_task<T, A>(c, fl_op(q, vq, b, h), fl_op(k, vk, b, h), fl_op(v, vv, b, h), bh, qt * B,
-                          vc, out, lse, sX, sU, sP);
+        fl_fwd_task<T, A>(c, fl_op(q, vq, b, h), fl_op(k, vk, b, kh), fl_op(v, vv, b, kh), bh,
+                          qt * B, vc, out, lse, sX, sU, sP);
     }
 }
 
@@ -505,30 +518,30 @@ __device__ __forceinline__ void fl_backward_dq(const FlashGeom& g, const View4& 
         int qt = (int)(task / chunks % qtiles);
         long long bh = task / chunks / qtiles;
         long long b = bh / g.heads, h = bh % g.heads;
+        long long kh = h / fl_group(g);
         fl_mask_at(c, b, h);
-        fl_dq_task<T, A>(c, fl_op(q, vq, b, h), fl_op(k, vk, b, h), fl_op(v, vv, b, h),
+        fl_dq_task<T, A>(c, fl_op(q, vq, b, h), fl_op(k, vk, b, kh), fl_op(v, vv, b, kh),
                          fl_op(dout, vdo, b, h), bh, qt * B, qc, need_dq, write_delta, dq, delta,
                          lse, sW, sA);
     }
 }
 
-// One dK/dV task: key tile j0 of (b, h) index bh, columns [ch*OC,
-// ch*OC + OC) of dK (when need_dk and inside d) and of dV (likewise). The
-// tiles are transposed: rows are keys (j = j0 + ty + 16a), columns queries.
+// One query head's share of a dK/dV task: query head bh (index b*heads + h:
+// its lse, delta and dropout rows; the call's mask points at it) against key
+// tile j0 of its key/value head, added into this thread's accumulators ak
+// (dK / scale) and av (dV), columns [ch*OC, ch*OC + OC). The tiles are
+// transposed: rows are keys (j = j0 + ty + 16a), columns queries.
 template <typename T, typename A>
-__device__ __forceinline__ void fl_dkv_task(const FlCall<A>& c, const FlOp<T>& Q, const FlOp<T>& K,
+__device__ __forceinline__ void fl_dkv_head(const FlCall<A>& c, const FlOp<T>& Q, const FlOp<T>& K,
                                             const FlOp<T>& V, const FlOp<T>& DO, long long bh,
-                                            int j0, int ch, bool do_dk, bool do_dv, T* dk, T* dv,
+                                            int j0, int ch, bool do_dk, bool do_dv,
+                                            A (&ak)[FlCfg<A>::B / 16][FlCfg<A>::OC / 16],
+                                            A (&av)[FlCfg<A>::B / 16][FlCfg<A>::OC / 16],
                                             const A* lse, const A* delta, A* sW, A* sA) {
-    constexpr int B = FlCfg<A>::B, DC = FlCfg<A>::DC, OC = FlCfg<A>::OC, R = B / 16, RO = OC / 16;
+    constexpr int B = FlCfg<A>::B, DC = FlCfg<A>::DC, OC = FlCfg<A>::OC, R = B / 16;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     A* sX = sW;
     A* sY = sW + B * (DC + 1);
-    A ak[R][RO], av[R][RO];
-#pragma unroll
-    for (int a = 0; a < R; ++a)
-#pragma unroll
-        for (int o = 0; o < RO; ++o) ak[a][o] = av[a][o] = (A)0;
     // Causal: query tiles wholly before the key tile see none of its keys.
     for (int i0 = c.causal ? j0 : 0; i0 < c.lq; i0 += B) {
         A s[R][R], dp[R][R];
@@ -565,16 +578,52 @@ __device__ __forceinline__ void fl_dkv_task(const FlCall<A>& c, const FlOp<T>& Q
             fl_accum(ak, sA, sW, in_n);
         }
     }
+}
+
+// What a dK/dV task reads of the query side: q and dO with their views,
+// and lse and delta (rows of query heads).
+template <typename T, typename A> struct FlQuerySide {
+    const T* q;
+    const T* dout;
+    View4 vq, vdo;
+    const A* lse;
+    const A* delta;
+};
+
+// One dK/dV task: key tile j0 of key/value head kh of batch entry b, columns
+// [ch*OC, ch*OC + OC) of dK (when do_dk and inside d) and of dV (likewise):
+// the group's query heads kh*group .. in order, each over its query tiles,
+// summed into one accumulator (a fixed order, no atomics), stored once.
+template <typename T, typename A>
+__device__ __forceinline__ void fl_dkv_task(FlCall<A>& c, const FlashGeom& g,
+                                            const FlQuerySide<T, A>& x, const FlOp<T>& K,
+                                            const FlOp<T>& V, long long b, long long kh, int j0,
+                                            int ch, bool do_dk, bool do_dv, T* dk, T* dv, A* sW,
+                                            A* sA) {
+    constexpr int B = FlCfg<A>::B, OC = FlCfg<A>::OC, R = B / 16, RO = OC / 16;
+    A ak[R][RO], av[R][RO];
+#pragma unroll
+    for (int a = 0; a < R; ++a)
+#pragma unroll
+        for (int o = 0; o < RO; ++o) ak[a][o] = av[a][o] = (A)0;
+    long long group = fl_group(g);
+    for (long long e = 0; e < group; ++e) {
+        long long h = kh * group + e;
+        fl_mask_at(c, b, h);
+        fl_dkv_head<T, A>(c, fl_op(x.q, x.vq, b, h), K, V, fl_op(x.dout, x.vdo, b, h),
+                          b * g.heads + h, j0, ch, do_dk, do_dv, ak, av, x.lse, x.delta, sW, sA);
+    }
+    long long kvh = b * g.kv_heads + kh;
     A f[R];
     if (do_dk) {
 #pragma unroll
         for (int a = 0; a < R; ++a) f[a] = c.scale;
-        fl_store<T, A>(dk, ak, f, bh, j0, c.lk, ch * OC, c.d);
+        fl_store<T, A>(dk, ak, f, kvh, j0, c.lk, ch * OC, c.d);
     }
     if (do_dv) {
 #pragma unroll
         for (int a = 0; a < R; ++a) f[a] = (A)1;
-        fl_store<T, A>(dv, av, f, bh, j0, c.lk, ch * OC, c.dv);
+        fl_store<T, A>(dv, av, f, kvh, j0, c.lk, ch * OC, c.dv);
     }
 }
 
@@ -595,20 +644,25 @@ __device__ __forceinline__ void fl_backward_dkv(const FlashGeom& g, const View4&
     __shared__ A sW[fl_work_len<A>()];
     __shared__ A sA[B * (B + 1)];
     FlCall<A> c = fl_call<A>(g, vm, mask_kind, mask, drop, seed, offset, p, drop_scale);
-    long long bhn = g.batch * g.heads;
+    FlQuerySide<T, A> x;
+    x.q = q;
+    x.dout = dout;
+    x.vq = vq;
+    x.vdo = vdo;
+    x.lse = lse;
+    x.delta = delta;
+    long long kvn = g.batch * g.kv_heads;
     long long ktiles = (c.lk + B - 1) / B;
     int kc = need_dk ? (c.d + OC - 1) / OC : 0, vc = need_dv ? (c.dv + OC - 1) / OC : 0;
     long long chunks = max(kc, vc);
-    long long tasks = bhn * ktiles * chunks;
+    long long tasks = kvn * ktiles * chunks;
     for (long long task = blockIdx.x; task < tasks; task += gridDim.x) {
         int ch = (int)(task % chunks);
         int kt = (int)(task / chunks % ktiles);
-        long long bh = task / chunks / ktiles;
-        long long b = bh / g.heads, h = bh % g.heads;
-        fl_mask_at(c, b, h);
-        fl_dkv_task<T, A>(c, fl_op(q, vq, b, h), fl_op(k, vk, b, h), fl_op(v, vv, b, h),
-                          fl_op(dout, vdo, b, h), bh, kt * B, ch, ch < kc, ch < vc, dk, dv, lse,
-                          delta, sW, sA);
+        long long kvh = task / chunks / ktiles;
+        long long b = kvh / g.kv_heads, kh = kvh % g.kv_heads;
+        fl_dkv_task<T, A>(c, g, x, fl_op(k, vk, b, kh), fl_op(v, vv, b, kh), b, kh, kt * B, ch,
+                          ch < kc, ch < vc, dk, dv, sW, sA);
     }
 }
 

@@ -22,6 +22,13 @@
 //!   `dS_ij = P_ij (dP_ij − D_i)`, `dQ_i = scale Σ_j dS_ij k_j`,
 //!   `dK_j = scale Σ_i dS_ij q_i`, `dV_j = Σ_i P'_ij dO_i`.
 //!
+//! Grouped-query attention ([`FlashGeom::kv_heads`] below `heads`): query
+//! head `h` reads key/value head `h / group` wherever the formulas read
+//! `k_j` or `v_j`, and `dK_j`, `dV_j` of a key/value head sum over the
+//! `group` query heads that read it, head after head in order, inside one
+//! task (CPU) or one key block (CUDA); the mask, dropout and `lse` rows are
+//! the query head's. K and V are never repeated.
+//!
 //! Every sum runs in an order fixed by the shapes alone (no atomics), so
 //! results are bit-identical from run to run and thread count to thread
 //! count. Saved for backward: what the unfused path's recompute branch
@@ -68,12 +75,22 @@ pub struct FlashGeom {
     pub d: usize,
     /// The value feature size (the output's last dim).
     pub dv: usize,
+    /// Key/value heads per batch entry: `heads`, or under grouped-query
+    /// attention a divisor of it, query head `h` reading key/value head
+    /// `h / group()` (1 for rank-3 inputs).
+    pub kv_heads: usize,
 }
 
 impl FlashGeom {
     /// Score rows: `batch·heads·lq`.
     pub fn rows(&self) -> usize {
         self.batch * self.heads * self.score.lq
+    }
+
+    /// Query heads per key/value head (`heads / kv_heads`; 1 when there are
+    /// no key/value heads, hence no query heads either).
+    pub fn group(&self) -> usize {
+        self.heads.checked_div(self.kv_heads).unwrap_or(1).max(1)
     }
 }
 
@@ -265,6 +282,7 @@ pub(super) fn attention(
         heads: if r == 4 { q.shape()[1] } else { 1 },
         d: q.shape()[r - 1],
         dv: v.shape()[r - 1],
+        kv_heads: if r == 4 { k.shape()[1] } else { 1 },
     };
     let x = FlashInputs {
         q,

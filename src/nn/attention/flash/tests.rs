@@ -41,6 +41,9 @@ struct Case {
     b: usize,
     /// Heads.
     h: usize,
+    /// Query heads per key/value head (GQA; 1: plain attention, and always
+    /// for rank 3): k and v have `h / group` heads.
+    group: usize,
     /// Query length.
     lq: usize,
     /// Key length.
@@ -67,6 +70,7 @@ impl Case {
             rank4: true,
             b: 2,
             h: 2,
+            group: 1,
             lq: 5,
             lk: 7,
             d: 3,
@@ -92,6 +96,16 @@ impl Case {
         self.b * self.h * self.lq
     }
 
+    /// Key/value heads.
+    fn kv_heads(&self) -> usize {
+        self.h / self.group
+    }
+
+    /// The key/value (batch·head) index query (batch·head) `bh` reads.
+    fn kv_of(&self, bh: usize) -> usize {
+        bh / self.h * self.kv_heads() + bh % self.h / self.group
+    }
+
     /// The scale on `q·kᵀ`.
     fn scale(&self) -> f64 {
         if self.d == 0 {
@@ -102,23 +116,34 @@ impl Case {
     }
 }
 
-/// An operand `[.., l, f]` on the device and its values in row-major
-/// order; a view split from `[B, L, H, f]` (`[L, B·H, f]`) when permuted.
-fn operand(c: &Case, l: usize, f: usize, seed: u64) -> (Tensor, Vec<f64>) {
-    let bh = c.b * c.h;
+/// An operand `[.., l, f]` of `h` heads on the device and its values in
+/// row-major order; a view split from `[B, L, H, f]` (`[L, B·H, f]`) when
+/// permuted.
+fn operand_of(c: &Case, h: usize, l: usize, f: usize, seed: u64) -> (Tensor, Vec<f64>) {
+    let bh = c.b * h;
     let (base, perm): (Vec<usize>, Vec<usize>) = match (c.rank4, c.permuted) {
-        (true, true) => (vec![c.b, l, c.h, f], vec![0, 2, 1, 3]),
-        (true, false) => (vec![c.b, c.h, l, f], vec![0, 1, 2, 3]),
+        (true, true) => (vec![c.b, l, h, f], vec![0, 2, 1, 3]),
+        (true, false) => (vec![c.b, h, l, f], vec![0, 1, 2, 3]),
         (false, true) => (vec![l, bh, f], vec![1, 0, 2]),
         (false, false) => (vec![bh, l, f], vec![0, 1, 2]),
     };
     let cpu = cpu_rand(&base, -1.0, 1.0, c.dtype, seed);
     let want = vals(&cpu.permute(&perm).unwrap());
     let dev = cpu.to_device(CUDA).unwrap().permute(&perm).unwrap();
-    if c.permuted && l > 1 && c.h > 1 && f > 0 {
+    if c.permuted && l > 1 && h > 1 && f > 0 {
         assert!(!dev.is_contiguous(), "a permuted operand is a view");
     }
     (dev, want)
+}
+
+/// A query-side operand (q, dO): `c.h` heads.
+fn operand(c: &Case, l: usize, f: usize, seed: u64) -> (Tensor, Vec<f64>) {
+    operand_of(c, c.h, l, f, seed)
+}
+
+/// A key-side operand (k, v): `c.kv_heads()` heads.
+fn kv_operand(c: &Case, l: usize, f: usize, seed: u64) -> (Tensor, Vec<f64>) {
+    operand_of(c, c.kv_heads(), l, f, seed)
 }
 
 /// The case's mask on the device and its values broadcast to the scores
@@ -186,7 +211,7 @@ fn ref_probs(c: &Case, x: &Values, bh: usize, i: usize) -> (Vec<f64>, f64) {
                 return f64::NEG_INFINITY;
             }
             let dot: f64 = (0..d)
-                .map(|t| x.q[(bh * lq + i) * d + t] * x.k[(bh * lk + j) * d + t])
+                .map(|t| x.q[(bh * lq + i) * d + t] * x.k[(c.kv_of(bh) * lk + j) * d + t])
                 .sum();
             let s = c.scale() * dot;
             match x.mask {
@@ -208,7 +233,7 @@ fn ref_probs(c: &Case, x: &Values, bh: usize, i: usize) -> (Vec<f64>, f64) {
 /// The naive reference of forward and backward.
 fn reference(c: &Case, x: &Values) -> Reference {
     let (lq, lk, d, dv) = (c.lq, c.lk, c.d, c.dv);
-    let bhn = c.b * c.h;
+    let (bhn, kvn) = (c.b * c.h, c.b * c.kv_heads());
     let draw = DropoutDraw {
         seed: 11,
         offset: 5,
@@ -220,11 +245,13 @@ fn reference(c: &Case, x: &Values) -> Reference {
         delta: vec![0.0; bhn * lq],
         grads: [
             vec![0.0; bhn * lq * d],
-            vec![0.0; bhn * lk * d],
-            vec![0.0; bhn * lk * dv],
+            vec![0.0; kvn * lk * d],
+            vec![0.0; kvn * lk * dv],
         ],
     };
     for bh in 0..bhn {
+        // The key/value head this query head reads (itself without GQA).
+        let kh = c.kv_of(bh);
         for i in 0..lq {
             let row = bh * lq + i;
             let (p, lse) = ref_probs(c, x, bh, i);
@@ -240,7 +267,7 @@ fn reference(c: &Case, x: &Values) -> Reference {
             let dp: Vec<f64> = (0..lk)
                 .map(|j| {
                     let dot: f64 = (0..dv)
-                        .map(|t| x.d_out[row * dv + t] * x.v[(bh * lk + j) * dv + t])
+                        .map(|t| x.d_out[row * dv + t] * x.v[(kh * lk + j) * dv + t])
                         .sum();
                     drop(j) * dot
                 })
@@ -251,12 +278,12 @@ fn reference(c: &Case, x: &Values) -> Reference {
                 let pd = drop(j) * p[j];
                 let ds = p[j] * (dp[j] - delta);
                 for t in 0..dv {
-                    r.out[row * dv + t] += pd * x.v[(bh * lk + j) * dv + t];
-                    r.grads[2][(bh * lk + j) * dv + t] += pd * x.d_out[row * dv + t];
+                    r.out[row * dv + t] += pd * x.v[(kh * lk + j) * dv + t];
+                    r.grads[2][(kh * lk + j) * dv + t] += pd * x.d_out[row * dv + t];
                 }
                 for t in 0..d {
-                    r.grads[0][row * d + t] += c.scale() * ds * x.k[(bh * lk + j) * d + t];
-                    r.grads[1][(bh * lk + j) * d + t] += c.scale() * ds * x.q[row * d + t];
+                    r.grads[0][row * d + t] += c.scale() * ds * x.k[(kh * lk + j) * d + t];
+                    r.grads[1][(kh * lk + j) * d + t] += c.scale() * ds * x.q[row * d + t];
                 }
             }
         }
@@ -285,8 +312,8 @@ fn run_case(c: &Case, needs: [bool; 3]) -> Got {
     let with = |a: usize, b: usize| [lead.as_slice(), &[a, b]].concat();
     let scores = with(c.lq, c.lk);
     let (q, qv) = operand(c, c.lq, c.d, 1);
-    let (k, kv) = operand(c, c.lk, c.d, 2);
-    let (v, vv) = operand(c, c.lk, c.dv, 3);
+    let (k, kv) = kv_operand(c, c.lk, c.d, 2);
+    let (v, vv) = kv_operand(c, c.lk, c.dv, 3);
     let (d_out, ov) = operand(c, c.lq, c.dv, 4);
     let mask = mask_of(c, &scores);
     let geom = FlashGeom {
@@ -300,6 +327,7 @@ fn run_case(c: &Case, needs: [bool; 3]) -> Got {
         heads: if c.rank4 { c.h } else { 1 },
         d: c.d,
         dv: c.dv,
+        kv_heads: if c.rank4 { c.kv_heads() } else { 1 },
     };
     let x = FlashInputs {
         q: &q,
@@ -539,6 +567,104 @@ fn flash_backward_for_every_needs_combination() {
     }
 }
 
+/// Grouped-query attention: k and v of `h / group` heads read in place at
+/// key/value head `h / group`, dK and dV summed over each group (2, 3, and
+/// every query head on one key/value head), in every float dtype, causal,
+/// every mask kind, dropout and head-split views, against the reference.
+#[test]
+fn flash_grouped_query_heads_match_the_reference() {
+    let _dev = cuda_or_skip!("flash gqa");
+    let cases = [
+        (
+            DType::F32,
+            4,
+            2,
+            false,
+            Some((DType::F32, MaskShape::Full)),
+            0.0,
+            false,
+        ),
+        (
+            DType::F64,
+            4,
+            4,
+            true,
+            Some((DType::U8, MaskShape::Rows)),
+            0.0,
+            false,
+        ),
+        (
+            DType::F16,
+            4,
+            2,
+            false,
+            Some((DType::F16, MaskShape::Keys)),
+            0.3,
+            true,
+        ),
+        (DType::BF16, 6, 3, true, None, 0.3, true),
+        (
+            DType::F32,
+            3,
+            3,
+            true,
+            Some((DType::U8, MaskShape::Keys)),
+            0.3,
+            true,
+        ),
+    ];
+    for (dtype, h, group, causal, mask, p, permuted) in cases {
+        let c = Case {
+            h,
+            group,
+            causal,
+            mask,
+            p,
+            permuted,
+            lq: 6,
+            lk: 9,
+            d: 8,
+            dv: 5,
+            ..Case::small(dtype)
+        };
+        run_case(&c, ALL_GRADS);
+    }
+}
+
+/// GQA over several query and key tiles (the dK/dV block walks two query
+/// heads, each over three query tiles), for every `needs`, and the same
+/// bits from run to run.
+#[test]
+fn flash_grouped_query_heads_over_tiles_and_needs() {
+    let _dev = cuda_or_skip!("flash gqa tiles");
+    let c = Case {
+        b: 1,
+        h: 4,
+        group: 2,
+        lq: 130,
+        lk: 70,
+        d: 16,
+        dv: 8,
+        causal: true,
+        p: 0.2,
+        permuted: true,
+        mask: Some((DType::F32, MaskShape::Keys)),
+        ..Case::small(DType::F32)
+    };
+    let a = run_case(&c, ALL_GRADS);
+    assert_eq!(a, run_case(&c, ALL_GRADS), "two GQA runs differ");
+    // Every other combination (all three just ran).
+    for n in 1..7u32 {
+        let needs = [n & 1 != 0, n & 2 != 0, n & 4 != 0];
+        let small = Case {
+            lq: 20,
+            lk: 33,
+            ..c.clone()
+        };
+        run_case(&small, needs);
+    }
+}
+
 #[test]
 fn flash_is_bit_identical_from_run_to_run() {
     let _dev = cuda_or_skip!("flash determinism");
@@ -616,6 +742,7 @@ fn flash_rejects_inconsistent_operands_with_typed_errors() {
         heads: c.h,
         d: c.d,
         dv: c.dv,
+        kv_heads: c.h,
     };
     let x = FlashInputs {
         q: &q,
@@ -645,6 +772,15 @@ fn flash_rejects_inconsistent_operands_with_typed_errors() {
     let k64 = k.to_dtype(DType::F64).unwrap();
     let mixed = FlashInputs { k: &k64, ..x };
     assert!(flash_cuda::forward(&mixed, 0).is_err());
+    // Key/value heads that do not divide the query heads, or that do not
+    // match k's and v's own.
+    for kv_heads in [3, 1, 0] {
+        let grouped = FlashInputs {
+            geom: FlashGeom { kv_heads, ..geom },
+            ..x
+        };
+        assert!(flash_cuda::forward(&grouped, 0).is_err(), "{kv_heads}");
+    }
 }
 
 /// The block size, tiles and output chunk the launches plan with are the
