@@ -719,8 +719,18 @@ fn roberta_and_xlm_roberta_are_planned() {
 fn mistral_7b_is_planned() {
     let plan = |seq: &str| {
         json_of(&[
-            "memory", "--model", "mistral_7b", "--batch", "1", "--seq", seq, "--dtype", "bf16",
-            "--case", "all", "--json",
+            "memory",
+            "--model",
+            "mistral_7b",
+            "--batch",
+            "1",
+            "--seq",
+            seq,
+            "--dtype",
+            "bf16",
+            "--case",
+            "all",
+            "--json",
         ])
     };
     let p = plan("64");
@@ -728,9 +738,7 @@ fn mistral_7b_is_planned() {
     let report = |p: &serde_json::Value, policy: &str| p[policy]["report"]["peak"].clone();
     let params = report(&p, "lean")["parameters"].as_u64().unwrap();
     assert_eq!(params, 2 * 7_241_732_096);
-    let saved = |p: &serde_json::Value, policy: &str| {
-        report(p, policy)["saved"].as_u64().unwrap()
-    };
+    let saved = |p: &serde_json::Value, policy: &str| report(p, policy)["saved"].as_u64().unwrap();
     assert!(saved(&p, "lean") < saved(&p, "pytorch"));
     // Past the window: the U8 mask `[1, 1, L, L]` is kept by each layer's
     // attention (one storage shared by all 32).

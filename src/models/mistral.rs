@@ -10,8 +10,8 @@
 
 use super::checkpoint_block;
 use super::transformer::{
-    key_mask, leaf_kinds, leaf_params, leaf_set_requires_grad, Leaf, Leaves,
-    LeavesMut, TextInput, INITIALIZER_RANGE,
+    key_mask, leaf_kinds, leaf_params, leaf_set_requires_grad, Leaf, Leaves, LeavesMut, TextInput,
+    INITIALIZER_RANGE,
 };
 use super::Ctx;
 use crate::memory::scope;
@@ -127,10 +127,7 @@ impl MistralConfig {
             self.head_dim,
             self.sliding_window.unwrap_or(1),
         ];
-        let bad = |msg: String| Error::InvalidArgument {
-            op: "Mistral",
-            msg,
-        };
+        let bad = |msg: String| Error::InvalidArgument { op: "Mistral", msg };
         let (h, kv) = (self.num_attention_heads, self.num_key_value_heads);
         if sizes.contains(&0) || !h.is_multiple_of(kv) {
             return Err(bad(format!(
@@ -277,33 +274,44 @@ impl Layer {
         m.add_owned(&h)
     }
 
+    /// The layer's leaves in Hugging Face's order (attention, MLP, then the
+    /// two norms, as `MistralDecoderLayer` registers them).
     fn leaves(&self, p: &str) -> Leaves<'_> {
         let a = &self.self_attn;
         vec![
-            (format!("{p}.input_layernorm"), &self.input_layernorm as &dyn Module),
-            (format!("{p}.self_attn.q_proj"), &a.q_proj),
+            (format!("{p}.self_attn.q_proj"), &a.q_proj as &dyn Module),
             (format!("{p}.self_attn.k_proj"), &a.k_proj),
             (format!("{p}.self_attn.v_proj"), &a.v_proj),
             (format!("{p}.self_attn.o_proj"), &a.o_proj),
-            (format!("{p}.post_attention_layernorm"), &self.post_attention_layernorm),
             (format!("{p}.mlp.gate_proj"), &self.gate_proj),
             (format!("{p}.mlp.up_proj"), &self.up_proj),
             (format!("{p}.mlp.down_proj"), &self.down_proj),
+            (format!("{p}.input_layernorm"), &self.input_layernorm),
+            (
+                format!("{p}.post_attention_layernorm"),
+                &self.post_attention_layernorm,
+            ),
         ]
     }
 
     fn leaves_mut(&mut self, p: &str) -> LeavesMut<'_> {
         let a = &mut self.self_attn;
         vec![
-            (format!("{p}.input_layernorm"), &mut self.input_layernorm as &mut dyn Leaf),
-            (format!("{p}.self_attn.q_proj"), &mut a.q_proj),
+            (
+                format!("{p}.self_attn.q_proj"),
+                &mut a.q_proj as &mut dyn Leaf,
+            ),
             (format!("{p}.self_attn.k_proj"), &mut a.k_proj),
             (format!("{p}.self_attn.v_proj"), &mut a.v_proj),
             (format!("{p}.self_attn.o_proj"), &mut a.o_proj),
-            (format!("{p}.post_attention_layernorm"), &mut self.post_attention_layernorm),
             (format!("{p}.mlp.gate_proj"), &mut self.gate_proj),
             (format!("{p}.mlp.up_proj"), &mut self.up_proj),
             (format!("{p}.mlp.down_proj"), &mut self.down_proj),
+            (format!("{p}.input_layernorm"), &mut self.input_layernorm),
+            (
+                format!("{p}.post_attention_layernorm"),
+                &mut self.post_attention_layernorm,
+            ),
         ]
     }
 }
@@ -341,7 +349,13 @@ impl Mistral {
             .collect::<Result<_>>()?;
         let lm_head = match cfg.tie_word_embeddings {
             true => None,
-            false => Some(proj("lm_head", cfg.hidden_size, cfg.vocab_size, c, seed.wrapping_add(1))?),
+            false => Some(proj(
+                "lm_head",
+                cfg.hidden_size,
+                cfg.vocab_size,
+                c,
+                seed.wrapping_add(1),
+            )?),
         };
         Ok(Mistral {
             config,
@@ -375,26 +389,34 @@ impl Mistral {
     /// `attention_mask` `[B, L]` (1 = token, 0 = padding), as one U8 mask
     /// broadcastable to `[B, heads, L, L]`, or `None` when neither limits
     /// anything.
-    fn mask(&self, batch: usize, len: usize, attention_mask: Option<&Tensor>) -> Result<Option<Tensor>> {
+    fn mask(
+        &self,
+        batch: usize,
+        len: usize,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
         let device = self.embed_tokens.weight.device();
         let window = self.config.sliding_window.filter(|&w| w < len);
         let window = match window {
             None => None,
+            // Query i sees keys j with i − j < w (the causal flag removes
+            // j > i): `i < j + w`, built where the model lives.
             Some(w) => {
-                // Query i sees keys i − w < j ≤ i (the causal flag removes
-                // j > i).
-                let keep: Vec<u8> = (0..len * len)
-                    .map(|k| u8::from(k / len < k % len + w))
-                    .collect();
-                Some(Tensor::from_vec(keep, &[1, 1, len, len], device)?)
+                let i = Tensor::arange(len, DType::F64, device)?.reshape(&[len, 1])?;
+                let j = Tensor::arange(len, DType::F64, device)?
+                    .add_scalar(w as f64)?
+                    .reshape(&[1, len])?;
+                Some(i.lt(&j)?.reshape(&[1, 1, len, len])?)
             }
         };
-        let padding = attention_mask.map(|m| key_mask(m, batch, len)).transpose()?;
+        let padding = attention_mask
+            .map(|m| key_mask(m, batch, len))
+            .transpose()?;
         match (window, padding) {
-            // Both: their product, through f32 (U8 has no arithmetic).
+            // Both: the window's entries where the key is a token, else 0.
             (Some(w), Some(p)) => {
-                let both = w.to_dtype(DType::F32)?.mul(&p.to_dtype(DType::F32)?)?;
-                Ok(Some(both.to_dtype(DType::U8)?))
+                let zero = Tensor::zeros(&[], DType::U8, device)?;
+                Ok(Some(Tensor::where_cond(&p, &w, &zero)?))
             }
             (w, p) => Ok(w.or(p)),
         }
@@ -405,7 +427,8 @@ impl Mistral {
     pub fn hidden(&self, input: TextInput, attention_mask: Option<&Tensor>) -> Result<Tensor> {
         let x = match input {
             TextInput::Ids(ids) => {
-                let _s = scope("model.embed_tokens");
+                // The table scopes itself: `model.embed_tokens`.
+                let _s = scope("model");
                 self.embed_tokens.forward(ids)?
             }
             TextInput::Embeds(e) => e.clone(),
@@ -425,13 +448,13 @@ impl Mistral {
             let _s = scope(format!("model.layers.{i}"));
             h = match (self.checkpointing, &mask) {
                 (true, None) => checkpoint_block(layer, &[&h], |l, xs| l.forward(&xs[0], None))?,
-                (true, Some(m)) => checkpoint_block(layer, &[&h, m], |l, xs| {
-                    l.forward(&xs[0], Some(&xs[1]))
-                })?,
+                (true, Some(m)) => {
+                    checkpoint_block(layer, &[&h, m], |l, xs| l.forward(&xs[0], Some(&xs[1])))?
+                }
                 (false, m) => layer.forward(&h, m.as_ref())?,
             };
         }
-        let _s = scope("model.norm");
+        let _s = scope("model");
         self.norm.forward(&h)
     }
 
@@ -463,8 +486,12 @@ impl Mistral {
         let h = self.hidden(input, None)?;
         let s = h.shape().to_vec();
         let _s = scope("lm_head");
-        h.reshape(&[s[0] * s[1], s[2]])?
-            .linear_cross_entropy(self.head_weight(), None, targets, opts)
+        h.reshape(&[s[0] * s[1], s[2]])?.linear_cross_entropy(
+            self.head_weight(),
+            None,
+            targets,
+            opts,
+        )
     }
 
     /// Makes each parameter require grad exactly when `want(name)` is true
@@ -486,7 +513,10 @@ impl Mistral {
     }
 
     fn leaves_mut(&mut self) -> LeavesMut<'_> {
-        let mut v: LeavesMut = vec![("model.embed_tokens".into(), &mut self.embed_tokens as &mut dyn Leaf)];
+        let mut v: LeavesMut = vec![(
+            "model.embed_tokens".into(),
+            &mut self.embed_tokens as &mut dyn Leaf,
+        )];
         for (i, l) in self.layers.iter_mut().enumerate() {
             v.extend(l.leaves_mut(&format!("model.layers.{i}")));
         }

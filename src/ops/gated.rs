@@ -198,7 +198,10 @@ mod tests {
             let back = |t: &Tensor| vals(&t.to_device(Device::Cpu).unwrap());
             let got = (
                 back(&y),
-                vec![Some(back(&a.grad().unwrap())), Some(back(&b.grad().unwrap()))],
+                vec![
+                    Some(back(&a.grad().unwrap())),
+                    Some(back(&b.grad().unwrap())),
+                ],
             );
             assert_eq!(got, want, "{dtype:?}");
         }

@@ -6,8 +6,8 @@
 use leangrad::memory_plan::{StepInput, StepModel};
 use leangrad::models::{
     AlexNet, AlexNetConfig, BertClassifier, BertConfig, BlockKind, BneckSetting, Gpt2, Gpt2Config,
-    InvertedResidualSetting, Mistral, MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config,
-    PositionIds, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
+    InvertedResidualSetting, Mistral, MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3,
+    MobileNetV3Config, PositionIds, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use leangrad::{DType, Device, Result};
 

@@ -40,7 +40,13 @@ fn table(g: &RotaryGeom) -> Result<Vec<(f32, f32)>> {
 /// One row: `out[i] = x[i]·c − x[i+h]·s`, `out[i+h] = x[i+h]·c + x[i]·s`
 /// (`s` already carries the direction's sign), each product and sum
 /// rounded to `T` as PyTorch's composition rounds them.
-fn rotate_row<T: FloatDType>(src: &[T], at: usize, col: usize, angles: &[(f32, f32)], out: &mut [T]) {
+fn rotate_row<T: FloatDType>(
+    src: &[T],
+    at: usize,
+    col: usize,
+    angles: &[(f32, f32)],
+    out: &mut [T],
+) {
     let half = angles.len();
     for (i, &(c, s)) in angles.iter().enumerate() {
         let (c, s) = (T::from_f32(c), T::from_f32(s));

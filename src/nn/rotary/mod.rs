@@ -130,13 +130,16 @@ fn geometry(t: &Tensor, opts: RotaryOptions, sin_sign: f64) -> Result<RotaryGeom
         )));
     }
     let dim = shape[rank - 1];
-    if dim % 2 != 0 {
+    if !dim.is_multiple_of(2) {
         return Err(bad(format!(
             "the feature size {dim} must be even (features i and i + D/2 are rotated together)"
         )));
     }
     if !(opts.theta.is_finite() && opts.theta > 0.0) {
-        return Err(bad(format!("theta must be positive and finite, got {}", opts.theta)));
+        return Err(bad(format!(
+            "theta must be positive and finite, got {}",
+            opts.theta
+        )));
     }
     let len = shape[rank - 2];
     // Positions are f32 in Hugging Face's angles: exact below 2^24.

@@ -9,8 +9,8 @@ use super::cpu::cos_sin;
 use super::{rotary_embedding, RotaryOptions};
 use crate::autograd::gradcheck::{gradcheck, GradcheckOptions};
 use crate::autograd::{backward_with, CollectGrads};
-use crate::memory::{Category, Ledger};
 use crate::cuda::testing::{cpu_rand, device, vals, FLOATS};
+use crate::memory::{Category, Ledger};
 use crate::{DType, Device, Error, Tensor};
 
 /// Hugging Face's `cos`, `sin` `[len, dim]` (the halves repeated) for
@@ -19,7 +19,12 @@ fn tables(len: usize, dim: usize, opts: RotaryOptions, dtype: DType) -> (Tensor,
     let (mut c, mut s) = (Vec::new(), Vec::new());
     for l in 0..len {
         for j in 0..dim {
-            let (cv, sv) = cos_sin((opts.start + l) as i64, j % (dim / 2), dim as i64, opts.theta);
+            let (cv, sv) = cos_sin(
+                (opts.start + l) as i64,
+                j % (dim / 2),
+                dim as i64,
+                opts.theta,
+            );
             c.push(cv);
             s.push(sv);
         }
@@ -41,7 +46,10 @@ fn reference(x: &Tensor, opts: RotaryOptions) -> Tensor {
     let lo = x.narrow(-1, 0, dim / 2).unwrap();
     let hi = x.narrow(-1, dim / 2, dim / 2).unwrap();
     let rotated = Tensor::cat(&[&hi.neg().unwrap(), &lo], -1).unwrap();
-    x.mul(&cos).unwrap().add(&rotated.mul(&sin).unwrap()).unwrap()
+    x.mul(&cos)
+        .unwrap()
+        .add(&rotated.mul(&sin).unwrap())
+        .unwrap()
 }
 
 /// A `[2, 3, 5, 8]` view permuted from a `[2, 5, 3, 8]` tensor (a
@@ -100,7 +108,10 @@ fn the_gradient_is_the_inverse_rotation_and_saves_nothing() {
 fn the_meta_device_plans_the_output_only() {
     let x = Tensor::zeros(&[2, 4, 16, 8], DType::BF16, Device::Meta).unwrap();
     let y = rotary_embedding(&x, RotaryOptions::default()).unwrap();
-    assert_eq!((y.shape(), y.dtype(), y.device()), (x.shape(), DType::BF16, Device::Meta));
+    assert_eq!(
+        (y.shape(), y.dtype(), y.device()),
+        (x.shape(), DType::BF16, Device::Meta)
+    );
 }
 
 #[test]
@@ -136,16 +147,28 @@ fn cuda_gives_the_cpus_bits() {
         // The same permuted view on the device.
         let on = on.permute(&[0, 1, 2, 3]).unwrap();
         let got = rotary_embedding(&on, opts).unwrap();
-        assert_eq!(vals(&got.to_device(Device::Cpu).unwrap()), vals(&want), "{dtype:?}");
+        assert_eq!(
+            vals(&got.to_device(Device::Cpu).unwrap()),
+            vals(&want),
+            "{dtype:?}"
+        );
         // Strided in place on the device, and backward's inverse rotation.
         let base = cpu_rand(&[2, 5, 3, 8], -2.0, 2.0, dtype, 5);
         let leaf_c = base.clone().set_requires_grad(true).unwrap();
         let yc = rotary_embedding(&leaf_c.permute(&[0, 2, 1, 3]).unwrap(), opts).unwrap();
         let g = cpu_rand(yc.shape(), -1.0, 1.0, dtype, 6);
         backward_with(&yc, Some(g.clone()), &mut CollectGrads).unwrap();
-        let leaf_d = base.to_device(cuda).unwrap().set_requires_grad(true).unwrap();
+        let leaf_d = base
+            .to_device(cuda)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
         let yd = rotary_embedding(&leaf_d.permute(&[0, 2, 1, 3]).unwrap(), opts).unwrap();
-        assert_eq!(vals(&yd.to_device(Device::Cpu).unwrap()), vals(&yc), "{dtype:?} view");
+        assert_eq!(
+            vals(&yd.to_device(Device::Cpu).unwrap()),
+            vals(&yc),
+            "{dtype:?} view"
+        );
         let gd = g.to_device(cuda).unwrap();
         backward_with(&yd, Some(gd), &mut CollectGrads).unwrap();
         assert_eq!(
