@@ -181,3 +181,101 @@ fn ledger_reports_saved_bytes_by_hugging_face_layer_name() {
         r.layers
     );
 }
+
+/// A folder as Hugging Face writes one: `config.json` (transformers 5's
+/// `rope_parameters`) and the weights, whole or in two shards with their
+/// index; `from_pretrained` gives the fixture's logits either way.
+#[test]
+fn from_pretrained_reads_whole_and_sharded_folders() {
+    let dir = std::env::temp_dir().join(format!("leangrad-mistral-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = r#"{"model_type": "mistral", "architectures": ["MistralForCausalLM"],
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "max_position_embeddings": 32, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "sliding_window": 5, "tie_word_embeddings": false, "hidden_act": "silu"}"#;
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let io = fixture("mistral_tiny_input.safetensors");
+    let logits = |m: &Mistral| {
+        let x = TextInput::Embeds(&io["input"]);
+        m.logits(x, Some(&io["attention_mask"])).unwrap()
+    };
+    let want = io["output"].to_f64_vec().unwrap();
+    let check = |m: &Mistral| {
+        let got = logits(m).to_f64_vec().unwrap();
+        let scale = want.iter().fold(0f64, |a, v| a.max(v.abs()));
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0f64, |a, (g, w)| a.max((g - w).abs()));
+        assert!(err <= 1e-4 * scale, "{err} against {scale}");
+    };
+    let weights: Vec<(String, Tensor)> = fixture("mistral_tiny.safetensors").into_iter().collect();
+    leangrad::io::save_safetensors(dir.join("model.safetensors"), &weights).unwrap();
+    check(&Mistral::from_pretrained(&dir, DType::F32, CPU).unwrap());
+    // Two shards and their index, as `save_pretrained(max_shard_size=…)`.
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let (a, b) = weights.split_at(weights.len() / 2);
+    let mut map = serde_json::Map::new();
+    for (shard, part) in [
+        ("model-00001-of-00002.safetensors", a),
+        ("model-00002-of-00002.safetensors", b),
+    ] {
+        leangrad::io::save_safetensors(dir.join(shard), part).unwrap();
+        for (n, _) in part {
+            map.insert(n.clone(), shard.into());
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    check(&Mistral::from_pretrained(&dir, DType::F32, CPU).unwrap());
+    // An index that points outside the folder is refused.
+    let escape = serde_json::json!({"weight_map": {"lm_head.weight": "../x.safetensors"}});
+    std::fs::write(dir.join("model.safetensors.index.json"), escape.to_string()).unwrap();
+    let e = Mistral::from_pretrained(&dir, DType::F32, CPU)
+        .err()
+        .unwrap();
+    assert!(matches!(e, leangrad::Error::ModelFile { .. }), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `config.json` files the decoder cannot be: each refused by name.
+#[test]
+fn bad_config_files_are_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("leangrad-mistral-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    let base = r#""vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 32"#;
+    let read = |extra: &str| {
+        std::fs::write(&path, format!("{{{base}{extra}}}")).unwrap();
+        MistralConfig::from_json_file(&path)
+    };
+    // Llama's: no sliding window, key/value heads default to the heads.
+    let llama = read(r#", "model_type": "llama", "rope_theta": 500000.0"#).unwrap();
+    assert_eq!(llama.num_key_value_heads, 4);
+    assert_eq!(
+        (llama.head_dim, llama.sliding_window, llama.rope_theta),
+        (8, None, 5e5)
+    );
+    for (extra, says) in [
+        (r#", "model_type": "qwen2""#, "model_type"),
+        (r#", "hidden_act": "gelu""#, "hidden_act"),
+        (r#", "attention_bias": true"#, "attention_bias"),
+        (r#", "num_key_value_heads": 3"#, "decoder"),
+        (
+            r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#,
+            "yarn",
+        ),
+        (r#", "vocab_size": 0"#, "vocab_size"),
+        (r#", "sliding_window": -1"#, "sliding_window"),
+        (r#", "rms_norm_eps": "small""#, "rms_norm_eps"),
+    ] {
+        let e = read(extra).err().unwrap();
+        assert!(e.to_string().contains(says), "{extra}: {e}");
+        assert!(e.to_string().contains("config.json"), "{e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

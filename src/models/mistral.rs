@@ -115,7 +115,7 @@ impl MistralConfig {
 
     /// Sizes positive, heads dividing each other, an even head size, a
     /// positive window, a positive finite base and epsilon.
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         let sizes = [
             self.vocab_size,
             self.hidden_size,

@@ -21,6 +21,7 @@ pub mod cases;
 pub mod gpt2;
 pub mod heads;
 pub mod mistral;
+mod mistral_pretrained;
 pub mod mobilenet;
 pub mod mobilenet_v3;
 pub mod pretrained;
@@ -37,6 +38,7 @@ pub use cases::{glob_match, layer_of, layers_in_order, Case, Freeze, Glob, Selec
 pub use gpt2::{Gpt2, Gpt2Config};
 pub use heads::{Backbone, BertClassifier, Classifier, ViTClassifier};
 pub use mistral::{Mistral, MistralConfig};
+pub use mistral_pretrained::DECODER_CONFIG_RANGES;
 pub use mobilenet::{InvertedResidualSetting, MobileNetV2, MobileNetV2Config};
 pub use mobilenet_v3::{make_divisible, BneckSetting, MobileNetV3, MobileNetV3Config};
 pub use pretrained::{minilm_dir, MINILM_DIR_ENV, MINILM_INSTALL};
