@@ -22,7 +22,7 @@ pub(super) fn rotate(t: &Tensor, g: &RotaryGeom) -> Result<Tensor> {
     input(op, &x, t.dtype(), &tensor::strided(t.layout())?, &x)?;
     let mut out = CudaBuffer::alloc(x.device(), x.dtype(), g.numel())?;
     if !out.is_empty() {
-        let geom = *g;
+        let geom: RotaryGeom = *g;
         let pairs = g.len as usize * g.half();
         launch!(x.device(), "rotary.cu", format!("rotary_{sfx}"), CudaDevice::grid_for(pairs);
             &geom, x.slice(), out.slice_mut())?;
