@@ -211,6 +211,24 @@ LG_FOR_FLOATS(LG_UNARY_INPLACE)
     }
 LG_FOR_FLOATS(LG_BINARY)
 
+// x[start + i] = op(x[start + i], b[i], param) in place: the CPU's in-place
+// binary kernels allocate nothing, so neither does this. b is read through
+// lb, which has the range's shape (stride 0 where broadcast).
+#define LG_BINARY_INPLACE(sfx, T)                                                     \
+    extern "C" __global__ void binary_inplace_##sfx(int op, double param, long long start, \
+                                                    long long n, T* x, const T* b,    \
+                                                    Strided lb) {                     \
+        typedef Acc<T>::type A;                                                       \
+        A pt = lg_load(lg_from_f64<T>(param));                                        \
+        A pm1t = lg_load(lg_from_f64<T>(param - 1.0));                                \
+        LG_GRID_LOOP(i, n) {                                                          \
+            A va = lg_load(x[start + i]);                                             \
+            A vb = lg_load(b[lg_offset(lb, i)]);                                      \
+            x[start + i] = lg_store<T>(lg_binary<T>(op, va, vb, param, pt, pm1t));    \
+        }                                                                             \
+    }
+LG_FOR_FLOATS(LG_BINARY_INPLACE)
+
 // In-place accumulation (the autograd engine's gradient sums):
 // acc[i] += alpha * x[i] with acc contiguous and x of any layout.
 template <typename T>

@@ -1,7 +1,7 @@
 """Writes the transformer fixtures of tests/models_transformers.rs.
 
-Builds tiny Hugging Face `ViTModel`, `BertModel`, `RobertaModel` and
-`GPT2Model`s (with
+Builds tiny Hugging Face `ViTModel`, `BertModel`, `RobertaModel`,
+`GPT2Model` and `MistralForCausalLM`s (with
 `transformers` when importable; eager attention, dropout 0) and writes to
 tests/fixtures/models/, with the layout of export.py:
 
@@ -15,14 +15,17 @@ tests/fixtures/models/, with the layout of export.py:
   last two tokens of the second sequence are padding; RoBERTa's first
   sequence also starts with one padding token, and its padding tokens are
   the padding id 1, which moves its position ids), `output` (ViT/BERT: the
-  last hidden state; GPT-2: logits through the LM head tied to `wte`),
+  last hidden state; GPT-2: logits through the LM head tied to `wte`;
+  Mistral: logits through `lm_head`, with grouped-query attention, a
+  sliding window shorter than the sequence and the second sequence's
+  last two tokens padding),
   `pooled` (ViT/BERT pooler output), probes `probe` and `probe.pooled`
   (loss = sum(output * probe) + sum(pooled * probe.pooled)), `grad.<name>`
   for every parameter that requires grad and `grad.input` when the input
   does. Reference computed in f64, stored as f32.
 
 Cases: all, input (every parameter frozen, input grad), norm (LayerNorms
-only), linear (Q/K/V/dense/Conv1D/pooler only), conv (ViT's patch
+and RMSNorms only), linear (Q/K/V/dense/Conv1D/pooler/projections only), conv (ViT's patch
 projection only), surgical-first / surgical-last (the parameters of the
 first / last ceil(L/4) layers, a parameter's layer being its name without
 the last dot-component, layers in state-dict order).
@@ -41,8 +44,10 @@ from torch import nn
 from safetensors.torch import save_file
 
 try:
-    from transformers import (BertConfig, BertModel, GPT2Config, GPT2Model, RobertaConfig,
-                              RobertaModel, ViTConfig, ViTModel)
+    from transformers import (BertConfig, BertModel, GPT2Config, GPT2Model, MistralConfig,
+                              MistralForCausalLM, RobertaConfig, RobertaModel, ViTConfig,
+                              ViTModel)
+    from transformers.models.mistral.modeling_mistral import MistralRMSNorm
     from transformers.pytorch_utils import Conv1D
 except ImportError as e:  # the reference is Hugging Face's own code
     raise SystemExit(f"needs transformers (pip install transformers): {e}")
@@ -103,6 +108,14 @@ def build(name):
                             max_position_embeddings=18, type_vocab_size=1, pad_token_id=1,
                             layer_norm_eps=1e-5, **common)
         return RobertaModel(cfg), (lambda n: n), None
+    if name == "mistral_tiny":
+        # MistralConfig.tiny() of src/models/mistral.rs.
+        cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, max_position_embeddings=32, rms_norm_eps=1e-6,
+                            rope_theta=10000.0, sliding_window=5, tie_word_embeddings=False,
+                            attention_dropout=0.0)
+        return MistralForCausalLM(cfg), (lambda n: n), None
     cfg = GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2,
                      n_inner=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                      bos_token_id=0, eos_token_id=0)
@@ -113,7 +126,7 @@ def kinds(model, rename):
     """Classic name -> layer kind, as leangrad's parameter_kinds says."""
     out = {}
     for mname, m in model.named_modules():
-        if isinstance(m, nn.LayerNorm):
+        if isinstance(m, (nn.LayerNorm, MistralRMSNorm)):
             kind = "norm"
         elif isinstance(m, (nn.Linear, Conv1D)):
             kind = "linear"
@@ -161,6 +174,8 @@ def run(name, model, case, inputs):
     o = model(**kw)
     if name in ("bert_tiny", "roberta_tiny"):
         return {"output": o.last_hidden_state, "pooled": o.pooler_output}
+    if name == "mistral_tiny":
+        return {"output": o.logits}
     return {"output": o.last_hidden_state @ model.wte.weight.t()}
 
 
@@ -170,7 +185,7 @@ def export(name, seed):
     model.config._attn_implementation = "eager"
     with torch.no_grad():
         for mname, m in model.named_modules():
-            if isinstance(m, nn.LayerNorm):
+            if isinstance(m, (nn.LayerNorm, MistralRMSNorm)):
                 m.weight.uniform_(0.5, 1.5)
             for pname, prm in m.named_parameters(recurse=False):
                 if pname == "bias":
@@ -207,6 +222,11 @@ def export(name, seed):
             mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
             mask[1, -2:] = 0
             io["attention_mask"] = mask
+        if name == "mistral_tiny":
+            # Right padding: the last two tokens of the second sequence.
+            mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
+            mask[1, -2:] = 0
+            io["attention_mask"] = mask
         if name == "roberta_tiny":
             mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
             mask[0, 0] = 0
@@ -239,7 +259,7 @@ def export(name, seed):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    models = ["vit_tiny", "bert_tiny", "gpt2_tiny", "roberta_tiny"]
+    models = ["vit_tiny", "bert_tiny", "gpt2_tiny", "roberta_tiny", "mistral_tiny"]
     wanted = sys.argv[1:] or models
     for name in wanted:
         if name not in models:

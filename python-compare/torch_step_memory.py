@@ -6,7 +6,8 @@ Builds the model `leangrad memory` builds, as PyTorch users build it
 vgg16_bn, mobilenet_v2, mobilenet_v3_large, alexnet; Hugging Face's
 ViTForImageClassification, BertForSequenceClassification,
 RobertaForSequenceClassification, XLMRobertaForSequenceClassification
-(roberta-base's and xlm-roberta-base's sizes) and GPT2LMHeadModel at their
+(roberta-base's and xlm-roberta-base's sizes), GPT2LMHeadModel and
+MistralForCausalLM (Mistral-7B v0.1's configuration) at their
 default, full-size configurations, dropout 0 for the text models as
 leangrad's twins), randomly initialised (nothing is
 downloaded), freezes it by leangrad's case rule (models::Case: by layer
@@ -103,7 +104,9 @@ import time
 
 CNNS = ["resnet18", "resnet50", "resnet101", "resnext101_64x4d", "vgg16", "vgg16_bn",
         "mobilenet_v2", "mobilenet_v3_large", "alexnet"]
-HF = ["vit_b16", "bert_base", "roberta_base", "xlm_roberta_base", "gpt2"]
+HF = ["vit_b16", "bert_base", "roberta_base", "xlm_roberta_base", "gpt2", "mistral_7b"]
+# The language models: next-token targets over their vocabulary.
+LMS = ["gpt2", "mistral_7b"]
 ROBERTAS = ["roberta_base", "xlm_roberta_base"]
 BASES = ["all", "input", "norm", "conv", "linear", "surgical-first", "surgical-last"]
 CASES = BASES + [b + "-bn-eval" for b in BASES]
@@ -241,6 +244,12 @@ def build(torch, args):
                          attention_probs_dropout_prob=0.0, classifier_dropout=0.0, **attn)
         cls = (tf.XLMRobertaForSequenceClassification if xlm
                else tf.RobertaForSequenceClassification)
+    elif args.model == "mistral_7b":
+        # Mistral-7B v0.1's config.json (MistralConfig's defaults but for
+        # these two).
+        cfg = tf.MistralConfig(rms_norm_eps=1e-5, max_position_embeddings=32768,
+                               attention_dropout=0.0, **attn)
+        cls = tf.MistralForCausalLM
     else:
         cfg = tf.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **attn)
         cls = tf.GPT2LMHeadModel
@@ -290,7 +299,7 @@ def make_input(torch, args, model, dtype, device):
         x.requires_grad_(True)
     else:
         x = (torch.arange(n * args.seq, device=device) % cfg.vocab_size).view(n, args.seq)
-    if args.model == "gpt2":
+    if args.model in LMS:
         targets = (torch.arange(n * args.seq, device=device) + 1) % cfg.vocab_size
     else:
         targets = torch.arange(n, device=device) % args.classes
@@ -440,7 +449,7 @@ def measure(torch, args, case):
         "batch": args.batch,
         "size": args.size if args.model in CNNS or args.model == "vit_b16" else None,
         "seq": None if args.model in CNNS or args.model == "vit_b16" else args.seq,
-        "classes": model.config.vocab_size if args.model == "gpt2" else args.classes,
+        "classes": model.config.vocab_size if args.model in LMS else args.classes,
         "dtype": args.dtype,
         "optimizer": args.optimizer,
         "fused": args.fused,

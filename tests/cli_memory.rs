@@ -709,3 +709,41 @@ fn roberta_and_xlm_roberta_are_planned() {
     let out = leangrad(&["memory", "--model", "roberta_base", "--seq", "513"]);
     assert!(!out.status.success());
 }
+
+/// Mistral-7B is a `leangrad memory` model on the meta device: Hugging
+/// Face's parameter count (`MistralForCausalLM`, 7,241,732,096) in bf16,
+/// a next-token step whose lean policy keeps less than PyTorch's, and
+/// sequences longer than its 4096-token sliding window planned with the
+/// window's mask.
+#[test]
+fn mistral_7b_is_planned() {
+    let plan = |seq: &str| {
+        json_of(&[
+            "memory",
+            "--model",
+            "mistral_7b",
+            "--batch",
+            "1",
+            "--seq",
+            seq,
+            "--dtype",
+            "bf16",
+            "--case",
+            "all",
+            "--json",
+        ])
+    };
+    let p = plan("64");
+    assert_eq!(p["model"], "mistral_7b");
+    let report = |p: &serde_json::Value, policy: &str| p[policy]["report"]["peak"].clone();
+    let params = report(&p, "lean")["parameters"].as_u64().unwrap();
+    assert_eq!(params, 2 * 7_241_732_096);
+    let saved = |p: &serde_json::Value, policy: &str| report(p, policy)["saved"].as_u64().unwrap();
+    assert!(saved(&p, "lean") < saved(&p, "pytorch"));
+    // Past the window: the U8 mask `[1, 1, L, L]` is kept by each layer's
+    // attention (one storage shared by all 32).
+    let long = plan("4100");
+    assert!(saved(&long, "lean") > saved(&p, "lean"));
+    let out = leangrad(&["memory", "--model", "mistral_7b", "--seq", "32769"]);
+    assert!(!out.status.success());
+}

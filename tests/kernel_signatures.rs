@@ -728,6 +728,10 @@ fn every_launch_matches_its_kernels_parameters() {
         ("FlashGeom", std::mem::size_of::<leangrad::nn::FlashGeom>()),
         ("View4", std::mem::size_of::<leangrad::nn::View4>()),
         (
+            "RotaryGeom",
+            std::mem::size_of::<leangrad::nn::RotaryGeom>(),
+        ),
+        (
             "TensorList",
             std::mem::size_of::<leangrad::optim::TensorList>(),
         ),

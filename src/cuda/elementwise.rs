@@ -88,6 +88,41 @@ pub(crate) fn binary(
     Ok(out)
 }
 
+/// `x[range] = op(x[range], b)` in place (`b` read through `lb`, which has
+/// the range's length), allocating nothing.
+pub(crate) fn binary_inplace(
+    op: BinaryOp,
+    x: &mut CudaBuffer,
+    range: std::ops::Range<usize>,
+    b: &CudaBuffer,
+    lb: &Strided,
+) -> Result<()> {
+    let sfx = float_suffix("cuda binary_inplace", x.dtype())?;
+    check::input("cuda binary_inplace", b, x.dtype(), lb, x)?;
+    if range.end > x.len() || range.start > range.end || lb.numel() != range.len() {
+        return Err(crate::Error::InvalidArgument {
+            op: "cuda binary_inplace",
+            msg: format!(
+                "range {range:?} of a buffer of {} with an operand of {} elements",
+                x.len(),
+                lb.numel()
+            ),
+        });
+    }
+    let n = range.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let op_code = op.code();
+    let code: i32 = op_code.0;
+    let param: f64 = op_code.1;
+    let (start, n64) = (range.start as i64, n as i64);
+    let lb: Strided = lb.coalesced();
+    let device = x.device().clone();
+    launch!(&device, "elementwise.cu", format!("binary_inplace_{sfx}"), CudaDevice::grid_for(n);
+        &code, &param, &start, &n64, x.slice_mut(), b.slice(), &lb)
+}
+
 /// `acc += alpha · x` in place (`acc` contiguous, `x` read through `lx` of
 /// `acc`'s length): how gradients of a value used twice are summed, in runs
 /// of 4 elements per thread (`axpy_dense_*` where `x` is contiguous from

@@ -51,6 +51,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("optim.cu", include_str!("../optim/optim.cu")),
     ("pool.cu", include_str!("../nn/pool/pool.cu")),
     ("relu_mask.cu", include_str!("../ops/mask/relu_mask.cu")),
+    ("rotary.cu", include_str!("../nn/rotary/rotary.cu")),
 ];
 
 /// The environment variables naming CUDA's include folder, in the order

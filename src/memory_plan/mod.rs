@@ -38,6 +38,9 @@
 //!   next-token cross-entropy over the logits `[N·seq, vocab]` (the
 //!   targets are given already shifted, as a data loader's `labels`, so
 //!   the logits are not sliced).
+//! * `mistral_7b`: Mistral-7B v0.1 with its own (untied) LM head, the same
+//!   next-token step as `gpt2` (grouped-query attention, rotary
+//!   embeddings, SwiGLU; see [`crate::models::Mistral`]).
 //!
 //! For the `input` cases the input that needs a gradient is the image, or
 //! for the text models the input embeddings `[N, seq, hidden]` fed in place

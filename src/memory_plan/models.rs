@@ -4,9 +4,9 @@
 use super::Case;
 use crate::models::heads::{text_input, Backbone, Classifier};
 use crate::models::{
-    AlexNet, AlexNetConfig, BertClassifier, BertConfig, Freeze, Gpt2, Gpt2Config, MobileNetV2,
-    MobileNetV2Config, MobileNetV3, MobileNetV3Config, ResNet, ResNetConfig, Vgg, VggConfig,
-    ViTClassifier, ViTConfig,
+    AlexNet, AlexNetConfig, BertClassifier, BertConfig, Freeze, Gpt2, Gpt2Config, Mistral,
+    MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config, ResNet,
+    ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use crate::nn::Module;
 use crate::ops::CrossEntropyOptions;
@@ -40,7 +40,7 @@ pub trait StepModel: Freeze {
             op: "checkpoint",
             msg: "this model has no per-block checkpointing (resnet18, resnet50, \
                   resnet101, resnext101_64x4d, mobilenet_v2, mobilenet_v3_large, vit_b16, bert_base, \
-                  roberta_base, xlm_roberta_base and gpt2 have)"
+                  roberta_base, xlm_roberta_base, gpt2 and mistral_7b have)"
                 .into(),
         })
     }
@@ -92,6 +92,27 @@ impl StepModel for Gpt2 {
 
     /// The next-token loss through [`Gpt2::lm_loss`]: no `[N·L, vocab]`
     /// tensor is ever alive.
+    fn step_loss(&self, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        self.lm_loss(text_input(input), targets, CrossEntropyOptions::default())
+    }
+
+    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
+        self.gradient_checkpointing(on);
+        Ok(())
+    }
+}
+
+impl StepModel for Mistral {
+    /// Next-token logits `[N·L, vocab]` of ids `[N, L]` or embeddings
+    /// `[N, L, hidden]`.
+    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+        let logits = self.logits(text_input(input), None)?;
+        let s = logits.shape().to_vec();
+        logits.reshape(&[s[0] * s[1], s[2]])
+    }
+
+    /// The next-token loss through [`Mistral::lm_loss`]: no `[N·L,
+    /// vocab]` tensor is ever alive.
     fn step_loss(&self, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
         self.lm_loss(text_input(input), targets, CrossEntropyOptions::default())
     }
@@ -433,13 +454,22 @@ fn gpt2(_: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn Step
     )?))
 }
 
+fn mistral_7b(_: usize, _: usize, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(Mistral::new(
+        MistralConfig::mistral_7b(),
+        dtype,
+        device,
+        0,
+    )?))
+}
+
 const IMAGE_224: InputKind = InputKind::Image {
     channels: 3,
     default_size: 224,
 };
 
 /// The models of `leangrad memory --model`, full size (1000 classes by
-/// default; GPT-2 predicts its 50257-token vocabulary).
+/// default; GPT-2 and Mistral-7B predict their vocabularies' next token).
 pub const MODELS: &[ModelEntry] = &[
     ModelEntry {
         name: "resnet18",
@@ -531,6 +561,17 @@ pub const MODELS: &[ModelEntry] = &[
             vocab: 50257,
             hidden: 768,
             max_seq: 1024,
+            default_seq: 128,
+            next_token: true,
+        },
+    },
+    ModelEntry {
+        name: "mistral_7b",
+        build: mistral_7b,
+        input: InputKind::Tokens {
+            vocab: 32000,
+            hidden: 4096,
+            max_seq: 32768,
             default_seq: 128,
             next_token: true,
         },

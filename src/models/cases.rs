@@ -297,7 +297,8 @@ freeze_by_inherent!(
     super::MobileNetV3,
     super::ViT,
     super::Bert,
-    super::Gpt2
+    super::Gpt2,
+    super::Mistral
 );
 
 /// The layer of parameter `name`: the name without its last dot-component

@@ -250,6 +250,35 @@ fn encoder_tensors(file: BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
         .collect()
 }
 
+/// Refuses, by arithmetic and before anything is read, a model of `count`
+/// parameters (`None`: past `usize`) whose bytes in `dtype` exceed what
+/// `device` has free ([`Error::ModelFile`] naming `config_path` and `what`).
+pub(crate) fn check_fits(
+    config_path: &Path,
+    what: &str,
+    count: Option<usize>,
+    dtype: DType,
+    device: Device,
+) -> Result<()> {
+    let bytes = count.and_then(|n| n.checked_mul(dtype.size_in_bytes()));
+    let available = device.free_bytes()?;
+    let refuse = |why: String| Error::ModelFile {
+        path: config_path.to_path_buf(),
+        reason: format!("{what} of these sizes {why}"),
+    };
+    match (count, bytes, available) {
+        (_, None, _) => Err(refuse(format!(
+            "has more parameter bytes in {dtype:?} than fit in the address space"
+        ))),
+        (Some(n), Some(b), Some(a)) if b > a => Err(refuse(format!(
+            "has {n} parameters, {} in {dtype:?}, more than the {} {device} has free",
+            crate::memory::human_bytes(b),
+            crate::memory::human_bytes(a)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 impl Bert {
     /// The BERT encoder of a Hugging Face model folder: sizes from
     /// `dir/config.json` ([`BertConfig::from_json_file`]), weights from
@@ -265,29 +294,13 @@ impl Bert {
         let dir = dir.as_ref();
         let config_path = dir.join("config.json");
         let mut config = BertConfig::from_json_file(&config_path)?;
-        // The parameters' bytes, by arithmetic, before anything is read.
-        let count = config.parameter_count();
-        let bytes = count.and_then(|n| n.checked_mul(dtype.size_in_bytes()));
-        let available = device.free_bytes()?;
-        let refuse = |why: String| Error::ModelFile {
-            path: config_path.clone(),
-            reason: format!("a BERT of these sizes {why}"),
-        };
-        match (count, bytes, available) {
-            (_, None, _) => {
-                return Err(refuse(format!(
-                    "has more parameter bytes in {dtype:?} than fit in the address space"
-                )))
-            }
-            (Some(n), Some(b), Some(a)) if b > a => {
-                return Err(refuse(format!(
-                    "has {n} parameters, {} in {dtype:?}, more than the {} {device} has free",
-                    crate::memory::human_bytes(b),
-                    crate::memory::human_bytes(a)
-                )))
-            }
-            _ => {}
-        }
+        check_fits(
+            &config_path,
+            "a BERT",
+            config.parameter_count(),
+            dtype,
+            device,
+        )?;
         let weights = encoder_tensors(load_safetensors(dir.join("model.safetensors"))?);
         config.add_pooling_layer = weights.contains_key("pooler.dense.weight");
         let bert = Bert::new(config, dtype, device, 0)?;

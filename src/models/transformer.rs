@@ -9,7 +9,7 @@ use super::{prefixed, set_slot, Ctx};
 use crate::memory::scope;
 use crate::nn::{
     scaled_dot_product_attention, Conv2d, Embedding, Init, LayerKind, LayerNorm, Linear, Module,
-    SdpaOptions,
+    RMSNorm, SdpaOptions,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -62,6 +62,16 @@ impl Leaf for LayerNorm {
         v.extend(self.weight.as_mut().map(|w| ("weight".to_string(), w)));
         v.extend(self.bias.as_mut().map(|b| ("bias".to_string(), b)));
         v
+    }
+}
+
+impl Leaf for RMSNorm {
+    fn slots(&mut self) -> Vec<(String, &mut Tensor)> {
+        self.weight
+            .as_mut()
+            .map(|w| ("weight".to_string(), w))
+            .into_iter()
+            .collect()
     }
 }
 

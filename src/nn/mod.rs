@@ -11,6 +11,7 @@ mod input;
 mod linear;
 mod module;
 mod pool;
+mod rotary;
 mod sequential;
 mod stats_sync;
 
@@ -32,6 +33,7 @@ pub use pool::{
     adaptive_avg_pool2d, avg_pool2d, max_pool2d, AdaptiveAvgPool2d, AvgPool2d, AvgPool2dOptions,
     MaxPool2d, MaxPool2dOptions, PoolGeom,
 };
+pub use rotary::{rotary_embedding, RotaryGeom, RotaryOptions};
 pub use sequential::Sequential;
 pub use stats_sync::BatchStatsSync;
 mod norm;

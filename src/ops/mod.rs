@@ -28,6 +28,7 @@
 //! | cross_entropy | the softmax probabilities (none while another op keeps the logits) and the targets tensor (shared, not copied), if the logits need grad | N·C·s or 0 (+ targets) |
 //! | linear_cross_entropy(h, W, b) | h and the targets (shared), if any input needs grad; no logits | N·D·s (+ targets) |
 //! | mse_loss(a, b) | the difference a − b, if either needs grad | n·s |
+//! | silu_mul(gate, up) | `gate`, and `up` if gate needs grad (not `silu(gate)`: backward recomputes it) | n·s per saved input |
 //!
 //! Backward never materialises a zero-filled stand-in for an input that
 //! needs no grad: it returns `None`, and the engine skips the edge.
@@ -37,6 +38,7 @@ mod binary;
 mod cast;
 mod compare;
 mod concat;
+mod gated;
 mod index;
 mod loss;
 mod mask;

@@ -46,7 +46,7 @@ macro_rules! kernel {
 /// kernels/elementwise.cu).
 macro_rules! grad_kernel {
     ($name:ident, $s:literal, $cuda:ident, |$g:ident, $v:ident| $e:expr) => {
-        struct $name;
+        pub(crate) struct $name;
         impl BinaryKernel for $name {
             const NAME: &'static str = $s;
             fn f<T: FloatDType>(&self, $g: T, $v: T) -> T {

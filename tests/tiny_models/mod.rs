@@ -6,8 +6,8 @@
 use leangrad::memory_plan::{StepInput, StepModel};
 use leangrad::models::{
     AlexNet, AlexNetConfig, BertClassifier, BertConfig, BlockKind, BneckSetting, Gpt2, Gpt2Config,
-    InvertedResidualSetting, MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config,
-    PositionIds, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
+    InvertedResidualSetting, Mistral, MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3,
+    MobileNetV3Config, PositionIds, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use leangrad::{DType, Device, Result};
 
@@ -152,6 +152,14 @@ pub fn gpt2() -> Build {
     Box::new(|d, dev| Ok(Box::new(Gpt2::new(Gpt2Config::tiny(), d, dev, 1)?) as Box<dyn StepModel>))
 }
 
+/// The tiny Mistral-style decoder of `tests/models_mistral.rs`
+/// (grouped-query attention, a sliding window of 5 over its 8 tokens).
+pub fn mistral() -> Build {
+    Box::new(|d, dev| {
+        Ok(Box::new(Mistral::new(MistralConfig::tiny(), d, dev, 1)?) as Box<dyn StepModel>)
+    })
+}
+
 pub const IMAGES: StepInput = StepInput::Image {
     channels: 3,
     size: 32,
@@ -193,7 +201,8 @@ pub fn models() -> Vec<(&'static str, Build, StepInput)> {
 }
 
 /// The tiny twins of the models added for the memory-saving paper's list
-/// (ResNet-101, ResNeXt-101, AlexNet, MobileNetV3, RoBERTa; AlexNet needs
+/// (ResNet-101, ResNeXt-101, AlexNet, MobileNetV3, RoBERTa, a
+/// Mistral-style decoder; AlexNet needs
 /// 63×63 images), kept
 /// apart from [`models`] so that the suites iterating over it (and the
 /// committed fingerprints) stay as they are.
@@ -226,6 +235,16 @@ pub fn paper_models() -> Vec<(&'static str, Build, StepInput)> {
                 vocab: 50,
                 hidden: 16,
                 next_token: false,
+            },
+        ),
+        (
+            "mistral_tiny",
+            mistral(),
+            StepInput::Tokens {
+                seq: 8,
+                vocab: 64,
+                hidden: 32,
+                next_token: true,
             },
         ),
     ]

@@ -324,7 +324,7 @@ pub struct MemoryArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub seq: Option<u32>,
     /// Classes of the classifier and the synthetic targets (default
-    /// 1000; gpt2's classes are its vocabulary).
+    /// 1000; gpt2's and mistral_7b's classes are their vocabularies).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub classes: Option<u32>,
     /// Compute dtype.
@@ -379,7 +379,7 @@ pub struct MemoryArgs {
     /// by python-compare/torch_step_memory.py with `LEANGRAD_PYTHON` (else
     /// `python3`), which needs torch and torchvision (CNNs) or
     /// transformers (vit_b16, bert_base, roberta_base, xlm_roberta_base,
-    /// gpt2). Alone: on the step's
+    /// gpt2, mistral_7b). Alone: on the step's
     /// `--device` (on meta PyTorch can measure only the parameters and the
     /// saved bytes); `cpu`: PyTorch runs the step on the CPU at
     /// `--torch-batch`, which measures its peak too; `meta`: on meta.

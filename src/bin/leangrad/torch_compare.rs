@@ -87,7 +87,9 @@ fn python() -> String {
 /// transformers for the Hugging Face models.
 fn companion(model: &str) -> &'static str {
     match model {
-        "vit_b16" | "bert_base" | "roberta_base" | "xlm_roberta_base" | "gpt2" => "transformers",
+        "vit_b16" | "bert_base" | "roberta_base" | "xlm_roberta_base" | "gpt2" | "mistral_7b" => {
+            "transformers"
+        }
         _ => "torchvision",
     }
 }

@@ -66,8 +66,9 @@ pub(crate) fn binary_assign(
         let s = src.storage().cuda()?;
         return ew::axpy(&mut *dst.storage().cuda_mut()?, alpha, &s, &ls);
     }
-    let out = binary(dst, dst.layout(), src, lsrc, dst.shape(), Some(op), name)?;
-    crate::tensor::cuda::copy_into(dst, &out)
+    let ls = strided(lsrc)?;
+    let s = src.storage().cuda()?;
+    ew::binary_inplace(op, &mut *dst.storage().cuda_mut()?, range, &s, &ls)
 }
 
 /// `x = op(x)` in place on the contiguous `x`, with no temporary (the
