@@ -81,46 +81,34 @@ step_by_forward_with_blocks! {
     impl<B: Backbone> for Classifier<B>;
 }
 
-impl StepModel for Gpt2 {
-    /// Next-token logits `[N·L, vocab]` of ids `[N, L]` or embeddings
-    /// `[N, L, n_embd]`.
-    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
-        let logits = self.logits(text_input(input))?;
-        let s = logits.shape().to_vec();
-        logits.reshape(&[s[0] * s[1], s[2]])
-    }
+/// A language model's step: next-token logits `[N·L, vocab]` of ids `[N,
+/// L]` or embeddings `[N, L, hidden]` (`$logits` of the model and the
+/// input), the loss through its own `lm_loss` (no `[N·L, vocab]` tensor is
+/// ever alive), and per-block checkpointing.
+macro_rules! language_model_step {
+    ($($model:ty => |$m:ident, $x:ident| $logits:expr;)*) => {$(
+        impl StepModel for $model {
+            fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
+                let ($m, $x) = (self, text_input(input));
+                let logits = $logits?;
+                let s = logits.shape().to_vec();
+                logits.reshape(&[s[0] * s[1], s[2]])
+            }
 
-    /// The next-token loss through [`Gpt2::lm_loss`]: no `[N·L, vocab]`
-    /// tensor is ever alive.
-    fn step_loss(&self, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        self.lm_loss(text_input(input), targets, CrossEntropyOptions::default())
-    }
+            fn step_loss(&self, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
+                self.lm_loss(text_input(input), targets, CrossEntropyOptions::default())
+            }
 
-    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
-        self.gradient_checkpointing(on);
-        Ok(())
-    }
+            fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
+                self.gradient_checkpointing(on);
+                Ok(())
+            }
+        }
+    )*};
 }
-
-impl StepModel for Mistral {
-    /// Next-token logits `[N·L, vocab]` of ids `[N, L]` or embeddings
-    /// `[N, L, hidden]`.
-    fn step_logits(&self, input: &Tensor) -> Result<Tensor> {
-        let logits = self.logits(text_input(input), None)?;
-        let s = logits.shape().to_vec();
-        logits.reshape(&[s[0] * s[1], s[2]])
-    }
-
-    /// The next-token loss through [`Mistral::lm_loss`]: no `[N·L,
-    /// vocab]` tensor is ever alive.
-    fn step_loss(&self, input: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        self.lm_loss(text_input(input), targets, CrossEntropyOptions::default())
-    }
-
-    fn set_gradient_checkpointing(&mut self, on: bool) -> Result<()> {
-        self.gradient_checkpointing(on);
-        Ok(())
-    }
+language_model_step! {
+    Gpt2 => |m, x| m.logits(x);
+    Mistral => |m, x| m.logits(x, None);
 }
 
 /// What a model reads, for [`MODELS`]: the defaults of the step's input.

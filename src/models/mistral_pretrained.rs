@@ -4,7 +4,7 @@
 //! `model.safetensors.index.json` lists (how 7B checkpoints are published).
 
 use super::mistral::{Mistral, MistralConfig};
-use super::pretrained::{check_fits, read_json};
+use super::pretrained::{check_fits, on_device, read_json};
 use crate::io::{load_safetensors, load_state_dict, LoadOptions};
 use crate::{DType, Device, Error, Result, Tensor};
 use serde_json::Value;
@@ -242,14 +242,7 @@ impl Mistral {
                 .collect();
         }
         let model = Mistral::new(config, dtype, device, 0)?;
-        let weights = match device {
-            Device::Cpu => weights,
-            _ => weights
-                .into_iter()
-                .map(|(n, t)| Ok((n, t.to_device(device)?)))
-                .collect::<Result<_>>()?,
-        };
-        load_state_dict(&model, &weights, LoadOptions::default())?;
+        load_state_dict(&model, &on_device(weights, device)?, LoadOptions::default())?;
         Ok(model)
     }
 }

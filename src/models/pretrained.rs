@@ -304,15 +304,23 @@ impl Bert {
         let weights = encoder_tensors(load_safetensors(dir.join("model.safetensors"))?);
         config.add_pooling_layer = weights.contains_key("pooler.dense.weight");
         let bert = Bert::new(config, dtype, device, 0)?;
-        let weights = match device {
-            Device::Cpu => weights,
-            _ => weights
-                .into_iter()
-                .map(|(n, t)| Ok((n, t.to_device(device)?)))
-                .collect::<Result<_>>()?,
-        };
-        load_state_dict(&bert, &weights, LoadOptions::default())?;
+        load_state_dict(&bert, &on_device(weights, device)?, LoadOptions::default())?;
         Ok(bert)
+    }
+}
+
+/// A file's tensors moved to `device` (the CPU's as they are), for a
+/// strict load into a model built there.
+pub(crate) fn on_device(
+    weights: BTreeMap<String, Tensor>,
+    device: Device,
+) -> Result<BTreeMap<String, Tensor>> {
+    match device {
+        Device::Cpu => Ok(weights),
+        _ => weights
+            .into_iter()
+            .map(|(n, t)| Ok((n, t.to_device(device)?)))
+            .collect(),
     }
 }
 
