@@ -657,3 +657,111 @@ fn strided_inputs_and_gradients() {
     let d2 = dropout(&xc, 0.5, 1, 0).unwrap().to_f64_vec().unwrap();
     assert_eq!(d1, d2);
 }
+
+/// Stochastic depth drops whole samples (`Row`) by the dropout keep rule
+/// over one counter per sample, scales the kept ones by `1/(1−p)`, and its
+/// gradient is the same factor per sample; lean keeps no bytes, `SaveAll`
+/// the `N`-element noise PyTorch keeps.
+#[test]
+fn stochastic_depth_drops_whole_samples_and_replays_them() {
+    use leangrad::rng::dropout_keep;
+    let (n, c) = (64usize, 12usize);
+    for p in PS {
+        let x = f32s(&[n, 3, 2, 2], 21);
+        let rows = check_policies(
+            &|t| stochastic_depth(&t[0], p, StochasticDepthMode::Row, 4, 16),
+            std::slice::from_ref(&x),
+        );
+        assert_eq!(bytes(&rows, 1), (0, n * 4), "p={p}");
+        let xg = x.clone().set_requires_grad(true).unwrap();
+        let y = stochastic_depth(&xg, p, StochasticDepthMode::Row, 4, 16).unwrap();
+        let seed_g = f32s(&[n, 3, 2, 2], 22);
+        backward_with(&y, Some(seed_g.clone()), &mut CollectGrads).unwrap();
+        let (xs, ys) = (x.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+        let (gs, gx) = (
+            seed_g.to_vec::<f32>().unwrap(),
+            xg.grad().unwrap().to_vec::<f32>().unwrap(),
+        );
+        let scale = (1.0 / (1.0 - p)) as f32;
+        let mut kept = 0;
+        for s in 0..n {
+            let keep = dropout_keep(4, 16, s as u64, p);
+            kept += usize::from(keep);
+            let f = if keep { scale } else { 0.0 };
+            for i in s * c..(s + 1) * c {
+                assert_eq!(ys[i], xs[i] * f, "p={p} sample {s}");
+                assert_eq!(gx[i], gs[i] * f, "p={p} sample {s}");
+            }
+        }
+        assert!(kept > 0 || p > 0.8, "p={p}: no sample kept");
+        check(
+            |t| stochastic_depth(&t[0], p, StochasticDepthMode::Row, 4, 16),
+            &[rand64(&[5, 3, 2], 23)],
+        );
+    }
+}
+
+#[test]
+fn stochastic_depth_batch_mode_module_eval_and_errors() {
+    // Batch mode: one draw for the whole input.
+    let x = Tensor::ones(&[8, 5], DType::F32, Device::Cpu).unwrap();
+    for offset in 0..40 {
+        let y = stochastic_depth(&x, 0.5, StochasticDepthMode::Batch, 2, offset * 4)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let want = if leangrad::rng::dropout_keep(2, offset * 4, 0, 0.5) {
+            2.0
+        } else {
+            0.0
+        };
+        assert!(y.iter().all(|&v| v == want), "offset {offset}");
+    }
+    // Row mode keeps about 1 − p of many samples.
+    let many = Tensor::ones(&[200_000, 1], DType::F32, Device::Cpu).unwrap();
+    let kept = stochastic_depth(&many, 0.3, StochasticDepthMode::Row, 9, 0)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .filter(|&&v| v != 0.0)
+        .count();
+    assert!((kept as f64 / 200_000.0 - 0.7).abs() < 0.01, "kept {kept}");
+    // The layer: fresh draws per training forward, the identity in eval
+    // mode and for p = 0, nothing allocated then.
+    let xg = f32s(&[32, 4], 24).set_requires_grad(true).unwrap();
+    let mut layer = StochasticDepth::new("sd", 0.5, StochasticDepthMode::Row, 3).unwrap();
+    let a = layer.forward(&xg).unwrap().to_vec::<f32>().unwrap();
+    let b = layer.forward(&xg).unwrap().to_vec::<f32>().unwrap();
+    assert_ne!(a, b);
+    let ledger = Ledger::new();
+    let _l = ledger.enter();
+    layer.set_training(false);
+    let y = layer.forward(&xg).unwrap();
+    assert!(y.shares_storage_with(&xg) && y.is_leaf());
+    let zero = StochasticDepth::new("sd0", 0.0, StochasticDepthMode::Row, 3).unwrap();
+    assert!(zero.forward(&xg).unwrap().shares_storage_with(&xg));
+    assert_eq!(ledger.allocation_count(Device::Cpu), 0);
+    // p = 1 drops everything.
+    let y = stochastic_depth(&xg, 1.0, StochasticDepthMode::Row, 1, 0).unwrap();
+    assert!(y.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
+    for p in [-0.1, 1.5, f64::NAN] {
+        assert_err!(
+            StochasticDepth::new("sd", p, StochasticDepthMode::Row, 0),
+            InvalidArgument
+        );
+        assert_err!(
+            stochastic_depth(&xg, p, StochasticDepthMode::Row, 0, 0),
+            InvalidArgument
+        );
+    }
+    let scalar = Tensor::ones(&[], DType::F32, Device::Cpu).unwrap();
+    assert_err!(
+        stochastic_depth(&scalar, 0.5, StochasticDepthMode::Row, 0, 0),
+        InvalidArgument
+    );
+    assert_err!(
+        stochastic_depth(&idx(&[1, 2], &[2]), 0.5, StochasticDepthMode::Row, 0, 0),
+        UnsupportedDType
+    );
+}

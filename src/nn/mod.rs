@@ -24,7 +24,9 @@ pub use conv::{
     ConvTranspose2dBuilder, ConvTranspose2dOptions, Size2, DEFAULT_CONV_WORKSPACE_BYTES,
     LARGE_WORKSPACE_BYTES,
 };
-pub use dropout::{dropout, dropout_owned, Dropout};
+pub use dropout::{
+    dropout, dropout_owned, stochastic_depth, Dropout, StochasticDepth, StochasticDepthMode,
+};
 pub use embedding::{embedding, position_ids_from_input_ids, Embedding, EmbeddingBuilder};
 pub use init::{FanMode, Init};
 pub use linear::{Linear, LinearBuilder};

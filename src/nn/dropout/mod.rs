@@ -20,8 +20,11 @@
 
 mod cpu;
 mod cuda;
+mod stochastic_depth;
 #[cfg(test)]
 mod tests;
+
+pub use stochastic_depth::{stochastic_depth, StochasticDepth, StochasticDepthMode};
 
 use super::Module;
 use crate::autograd::{
