@@ -1,4 +1,4 @@
-"""Writes the model fixtures of tests/models_{resnet,vgg,mobilenet,mobilenet_v3,alexnet}.rs.
+"""Writes the model fixtures of tests/models_{resnet,vgg,mobilenet,mobilenet_v3,alexnet,convnext}.rs.
 
 Builds a model in plain torch.nn with torchvision's attribute (and so
 state-dict) names, seeds it, fills the BatchNorm statistics and affine
@@ -15,7 +15,7 @@ Cases (leangrad's `models::Case`; BatchNorm, and Dropout, in training mode
 unless the name ends in `-bn-eval`):
   all             every parameter trainable, no input grad
   input           every parameter frozen, input grad
-  norm            only the BatchNorm weights and biases trainable
+  norm            only the BatchNorm (and LayerNorm) weights and biases trainable
   conv            only the nn.Conv2d parameters trainable
   linear          only the nn.Linear parameters trainable
   surgical-first  only the first ceil(L/4) of the L parameterised layers
@@ -62,6 +62,15 @@ Run from the repository root:
         8 3 16 8 1 0 2 8 5 16 8 1 1 1 8 3 24 16 0 1 2 --last-channel 16 \
         --classes 5 --batch 2 --size 32 --seed 0 --name mobilenet_v3_tiny
 
+    python3 python-compare/export.py --arch convnext --stages 8 16 1 16 24 2 \
+        24 0 1 --classes 5 --batch 2 --size 32 --seed 0 --cases all input \
+        norm conv linear surgical-first surgical-last --name convnext_tiny
+
+MobileNetV3 and ConvNeXt are the architectures built from torchvision
+itself (ConvNeXt: `torchvision.models.convnext.ConvNeXt` from
+`CNBlockConfig` rows, stochastic depth 0; its LayerNorm weights and
+biases and its layer scales are drawn at random as the BatchNorms' are;
+without BatchNorm, its `-bn-eval` cases would repeat the others).
 MobileNetV3 is the one architecture built from torchvision itself
 (`torchvision.models.mobilenetv3.MobileNetV3` with the given
 `InvertedResidualConfig` rows; needs torchvision): its squeeze-and-
@@ -300,7 +309,22 @@ LARGE_ROWS = [
 """torchvision's MobileNetV3-Large bneck rows (mobilenetv3._mobilenet_v3_conf)."""
 
 
+def convnext(stages, classes, in_ch, layer_scale):
+    """torchvision's own ConvNeXt from `(channels, out_channels or 0,
+    layers)` rows, as its `CNBlockConfig`; stochastic depth 0 so that the
+    training-mode cases are deterministic."""
+    from torchvision.models import convnext as cn
+    if in_ch != 3:
+        raise SystemExit("convnext: torchvision's stem takes 3 channels")
+    cfg = [cn.CNBlockConfig(c, o or None, n) for c, o, n in stages]
+    return cn.ConvNeXt(cfg, stochastic_depth_prob=0.0, layer_scale=layer_scale,
+                       num_classes=classes)
+
+
 def build(args):
+    if args.arch == "convnext":
+        rows = [args.stages[i:i + 3] for i in range(0, len(args.stages), 3)]
+        return convnext(rows, args.classes, args.in_channels, args.layer_scale)
     if args.arch == "mobilenet_v3":
         rows = [args.bneck[i:i + 7] for i in range(0, len(args.bneck), 7)]
         return mobilenet_v3(rows, args.last_channel, args.classes, args.in_channels,
@@ -340,6 +364,20 @@ def randomise_bn(model, shape, gen_seed):
                 m.bias.uniform_(-0.5, 0.5)
 
 
+def randomise_layer_norms(model):
+    """Random LayerNorm affine parameters and ConvNeXt layer scales (none
+    in the BatchNorm models): weights in [0.5, 1.5], biases in [-0.5, 0.5],
+    so that every parameter's gradient matters."""
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            if name.endswith("layer_scale"):
+                prm.uniform_(0.5, 1.5)
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+
+
 def layer_prefixes(names):
     out = []
     for n in names:
@@ -349,7 +387,7 @@ def layer_prefixes(names):
     return out
 
 
-KINDS = {"conv": nn.Conv2d, "linear": nn.Linear, "norm": nn.BatchNorm2d}
+KINDS = {"conv": nn.Conv2d, "linear": nn.Linear, "norm": (nn.BatchNorm2d, nn.LayerNorm)}
 
 
 def trainable(case, model):
@@ -438,6 +476,11 @@ def main():
     p.add_argument("--bneck", type=int, nargs="+",
                    help="MobileNetV3 rows, flattened (input kernel expanded out "
                         "use_se use_hs stride) 7-tuples")
+    p.add_argument("--stages", type=int, nargs="+",
+                   help="ConvNeXt rows, flattened (channels out_channels-or-0 layers) "
+                        "triples")
+    p.add_argument("--layer-scale", type=float, default=1e-6,
+                   help="ConvNeXt: the layer scales' initial value")
     p.add_argument("--groups", type=int, default=1, help="ResNeXt: groups of the 3x3 conv")
     p.add_argument("--width-per-group", type=int, default=64,
                    help="ResNeXt: torchvision's width_per_group")
@@ -466,6 +509,7 @@ def export(args, seed, write):
     model = build(args)
     shape = (args.batch, args.in_channels, args.size, args.size)
     randomise_bn(model, shape, seed)
+    randomise_layer_norms(model)
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     x = torch.randn(shape)
     probe = torch.randn(args.batch, args.classes)

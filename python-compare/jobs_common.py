@@ -52,11 +52,13 @@ IMAGENET_STD = [0.229, 0.224, 0.225]
 # torchvision's IMG_EXTENSIONS, as leangrad's data::IMG_EXTENSIONS.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 CLASSIFIERS = ["resnet18", "resnet50", "resnet101", "resnext101_64x4d", "vgg16", "vgg16_bn",
-               "vgg19", "vgg19_bn", "mobilenet_v2", "mobilenet_v3_large", "alexnet"]
+               "vgg19", "vgg19_bn", "mobilenet_v2", "mobilenet_v3_large", "alexnet",
+               "convnext_tiny", "convnext_small", "convnext_base", "convnext_large"]
 # The 14 names of leangrad's models::Case.
 BASES = ["all", "input", "norm", "conv", "linear", "surgical-first", "surgical-last"]
 CASES = BASES + [b + "-bn-eval" for b in BASES]
-KINDS = {"conv": nn.Conv2d, "linear": nn.Linear, "norm": (nn.BatchNorm2d, nn.BatchNorm1d)}
+KINDS = {"conv": nn.Conv2d, "linear": nn.Linear,
+         "norm": (nn.BatchNorm2d, nn.BatchNorm1d, nn.LayerNorm)}
 
 
 class JobError(Exception):
@@ -92,6 +94,8 @@ def head_name(name):
         return "fc"
     if name == "mobilenet_v3_large":
         return "classifier.3"
+    if name.startswith("convnext"):
+        return "classifier.2"
     return "classifier.1" if name == "mobilenet_v2" else "classifier.6"
 
 

@@ -3,7 +3,7 @@
 
 Builds the model `leangrad memory` builds, as PyTorch users build it
 (torchvision's resnet18, resnet50, resnet101, resnext101_64x4d, vgg16,
-vgg16_bn, mobilenet_v2, mobilenet_v3_large, alexnet; Hugging Face's
+vgg16_bn, mobilenet_v2, mobilenet_v3_large, alexnet, convnext_*; Hugging Face's
 ViTForImageClassification, BertForSequenceClassification,
 RobertaForSequenceClassification, XLMRobertaForSequenceClassification
 (roberta-base's and xlm-roberta-base's sizes), GPT2LMHeadModel and
@@ -21,8 +21,8 @@ momentum 0.9, Adam, AdamW with PyTorch's defaults; `--fused`: one
 optimizer per parameter stepped in a post-accumulate-grad hook, PyTorch's
 "optimizer step in backward"); `--checkpoint`: activation checkpointing
 per block, non-reentrant (`torch.utils.checkpoint(..., use_reentrant=False)`
-around each torchvision residual block and each of MobileNetV2's
-`features.N`; Hugging Face's
+around each torchvision residual block, each ConvNeXt block and each of
+MobileNetV2's `features.N`; Hugging Face's
 `gradient_checkpointing_enable` with `use_reentrant: False`).
 
 It measures:
@@ -103,7 +103,8 @@ import sys
 import time
 
 CNNS = ["resnet18", "resnet50", "resnet101", "resnext101_64x4d", "vgg16", "vgg16_bn",
-        "mobilenet_v2", "mobilenet_v3_large", "alexnet"]
+        "mobilenet_v2", "mobilenet_v3_large", "alexnet", "convnext_tiny", "convnext_small",
+        "convnext_base", "convnext_large"]
 HF = ["vit_b16", "bert_base", "roberta_base", "xlm_roberta_base", "gpt2", "mistral_7b"]
 # The language models: next-token targets over their vocabulary.
 LMS = ["gpt2", "mistral_7b"]
@@ -266,6 +267,15 @@ def checkpoint_blocks(torch, args, model):
 
         for block in model.features:
             block.forward = lambda x, f=block.forward: checkpoint(f, x, use_reentrant=False)
+        return
+    if args.model.startswith("convnext"):
+        # Every ConvNeXt block (CNBlock), as leangrad's ConvNeXt.
+        from torch.utils.checkpoint import checkpoint
+        from torchvision.models.convnext import CNBlock
+
+        for m in model.modules():
+            if isinstance(m, CNBlock):
+                m.forward = lambda x, f=m.forward: checkpoint(f, x, use_reentrant=False)
         return
     if args.model not in ("resnet18", "resnet50", "resnet101", "resnext101_64x4d"):
         if args.model in CNNS:

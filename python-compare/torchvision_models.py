@@ -1,5 +1,5 @@
-"""torchvision's full-size ResNet-101, ResNeXt-101 64x4d, AlexNet and
-MobileNetV3-Large: their state-dict names, shapes and parameter counts, for
+"""torchvision's full-size ResNet-101, ResNeXt-101 64x4d, AlexNet,
+MobileNetV3-Large and ConvNeXt-Tiny/-Base: their state-dict names, shapes and parameter counts, for
 tests/models_resnet.rs, tests/models_alexnet.rs and
 tests/models_mobilenet_v3.rs, and a check that export.py's rebuilds of them
 (the architectures of the tiny fixtures) are torchvision's own.
@@ -53,7 +53,16 @@ def rebuilds():
                                lambda: export.mobilenet_v3(export.LARGE_ROWS, 1280, 1000, 3,
                                                            0.2),
                                64),
+        "convnext_tiny": (lambda: tv.convnext_tiny(weights=None),
+                          lambda: export.convnext(CONVNEXT_TINY, 1000, 3, 1e-6), 64),
+        "convnext_base": (lambda: tv.convnext_base(weights=None),
+                          lambda: export.convnext(CONVNEXT_BASE, 1000, 3, 1e-6), 64),
     }
+
+
+CONVNEXT_TINY = [(96, 192, 3), (192, 384, 3), (384, 768, 9), (768, 0, 3)]
+CONVNEXT_BASE = [(128, 256, 3), (256, 512, 3), (512, 1024, 27), (1024, 0, 3)]
+"""torchvision's ConvNeXt-Tiny and -Base CNBlockConfig rows (0: no downsampling)."""
 
 
 def check_rebuild(name, theirs, ours, size):

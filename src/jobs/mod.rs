@@ -24,8 +24,8 @@ use crate::io::{
 use crate::memory::Ledger;
 use crate::memory_plan::StepModel;
 use crate::models::{
-    AlexNet, AlexNetConfig, MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config,
-    ReplaceHead, ResNet, ResNetConfig, Vgg, VggConfig,
+    AlexNet, AlexNetConfig, ConvNeXt, ConvNeXtConfig, MobileNetV2, MobileNetV2Config, MobileNetV3,
+    MobileNetV3Config, ReplaceHead, ResNet, ResNetConfig, Vgg, VggConfig,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -73,6 +73,10 @@ pub const CLASSIFIERS: &[&str] = &[
     "mobilenet_v2",
     "mobilenet_v3_large",
     "alexnet",
+    "convnext_tiny",
+    "convnext_small",
+    "convnext_base",
+    "convnext_large",
 ];
 
 /// The classifier `name` (one of [`CLASSIFIERS`]) with `classes` outputs,
@@ -135,6 +139,15 @@ pub fn build_classifier(
             device,
             0,
         )?),
+        "convnext_tiny" | "convnext_small" | "convnext_base" | "convnext_large" => {
+            let config = match name {
+                "convnext_tiny" => ConvNeXtConfig::convnext_tiny(classes),
+                "convnext_small" => ConvNeXtConfig::convnext_small(classes),
+                "convnext_base" => ConvNeXtConfig::convnext_base(classes),
+                _ => ConvNeXtConfig::convnext_large(classes),
+            };
+            Box::new(ConvNeXt::new(&config, f32, device, 0)?)
+        }
         _ => {
             return Err(Error::InvalidArgument {
                 op: "model",

@@ -4,9 +4,9 @@
 use super::Case;
 use crate::models::heads::{text_input, Backbone, Classifier};
 use crate::models::{
-    AlexNet, AlexNetConfig, BertClassifier, BertConfig, Freeze, Gpt2, Gpt2Config, Mistral,
-    MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config, ResNet,
-    ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
+    AlexNet, AlexNetConfig, BertClassifier, BertConfig, ConvNeXt, ConvNeXtConfig, Freeze, Gpt2,
+    Gpt2Config, Mistral, MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3,
+    MobileNetV3Config, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use crate::nn::Module;
 use crate::ops::CrossEntropyOptions;
@@ -39,7 +39,7 @@ pub trait StepModel: Freeze {
         Err(Error::InvalidArgument {
             op: "checkpoint",
             msg: "this model has no per-block checkpointing (resnet18, resnet50, \
-                  resnet101, resnext101_64x4d, mobilenet_v2, mobilenet_v3_large, vit_b16, bert_base, \
+                  resnet101, resnext101_64x4d, mobilenet_v2, mobilenet_v3_large, convnext_*, vit_b16, bert_base, \
                   roberta_base, xlm_roberta_base, gpt2 and mistral_7b have)"
                 .into(),
         })
@@ -78,6 +78,7 @@ step_by_forward_with_blocks! {
     impl for ResNet;
     impl for MobileNetV2;
     impl for MobileNetV3;
+    impl for ConvNeXt;
     impl<B: Backbone> for Classifier<B>;
 }
 
@@ -393,6 +394,27 @@ fn mobilenet_v3_large(
     )?))
 }
 
+/// A torchvision ConvNeXt of `config` (any of the four sizes).
+fn convnext(config: ConvNeXtConfig, dtype: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(ConvNeXt::new(&config, dtype, device, 0)?))
+}
+
+fn convnext_tiny(c: usize, _: usize, d: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    convnext(ConvNeXtConfig::convnext_tiny(c), d, device)
+}
+
+fn convnext_small(c: usize, _: usize, d: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    convnext(ConvNeXtConfig::convnext_small(c), d, device)
+}
+
+fn convnext_base(c: usize, _: usize, d: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    convnext(ConvNeXtConfig::convnext_base(c), d, device)
+}
+
+fn convnext_large(c: usize, _: usize, d: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    convnext(ConvNeXtConfig::convnext_large(c), d, device)
+}
+
 fn vit_b16(
     classes: usize,
     size: usize,
@@ -502,6 +524,26 @@ pub const MODELS: &[ModelEntry] = &[
     ModelEntry {
         name: "alexnet",
         build: alexnet,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "convnext_tiny",
+        build: convnext_tiny,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "convnext_small",
+        build: convnext_small,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "convnext_base",
+        build: convnext_base,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "convnext_large",
+        build: convnext_large,
         input: IMAGE_224,
     },
     ModelEntry {

@@ -295,6 +295,7 @@ freeze_by_inherent!(
     AlexNet,
     MobileNetV2,
     super::MobileNetV3,
+    super::ConvNeXt,
     super::ViT,
     super::Bert,
     super::Gpt2,

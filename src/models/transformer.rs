@@ -121,6 +121,7 @@ pub(crate) fn leaf_set_requires_grad(
 
 /// A learned tensor used as is (ViT's `cls_token`, `position_embeddings`);
 /// its [`LayerKind`] is `Other`. Saves nothing itself.
+#[derive(Clone)]
 pub struct Param {
     /// The value (a parameter).
     pub value: Tensor,
@@ -135,6 +136,20 @@ impl Param {
     pub fn new(name: &str, shape: &[usize], c: Ctx, seed: u64) -> Result<Param> {
         let value = Init::normal(INITIALIZER_RANGE)
             .tensor_for("Param", shape, None, c, seed)?
+            .into_parameter()?;
+        Ok(Param {
+            value,
+            name: name.to_string(),
+        })
+    }
+}
+
+impl Param {
+    /// A parameter of `shape` with every element `value` (ConvNeXt's
+    /// `layer_scale`, `1e-6`); nothing is drawn.
+    pub fn constant(name: &str, shape: &[usize], value: f64, c: Ctx) -> Result<Param> {
+        let value = Init::Constant(value)
+            .tensor_for("Param", shape, None, c, 0)?
             .into_parameter()?;
         Ok(Param {
             value,

@@ -5,9 +5,10 @@
 
 use leangrad::memory_plan::{StepInput, StepModel};
 use leangrad::models::{
-    AlexNet, AlexNetConfig, BertClassifier, BertConfig, BlockKind, BneckSetting, Gpt2, Gpt2Config,
-    InvertedResidualSetting, Mistral, MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3,
-    MobileNetV3Config, PositionIds, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
+    AlexNet, AlexNetConfig, BertClassifier, BertConfig, BlockKind, BneckSetting, ConvNeXt,
+    ConvNeXtConfig, ConvNeXtStage, Gpt2, Gpt2Config, InvertedResidualSetting, Mistral,
+    MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config, PositionIds,
+    ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use leangrad::{DType, Device, Result};
 
@@ -147,6 +148,25 @@ pub fn mobilenet_v3() -> Build {
     })
 }
 
+/// The tiny ConvNeXt of `tests/models_convnext.rs`, with stochastic depth
+/// (0.5 at the last block) and layer scales of 0.5.
+pub fn convnext() -> Build {
+    Box::new(|d, dev| {
+        let c = ConvNeXtConfig {
+            in_channels: 3,
+            stages: vec![
+                ConvNeXtStage::new(8, Some(16), 1),
+                ConvNeXtStage::new(16, Some(24), 2),
+                ConvNeXtStage::new(24, None, 1),
+            ],
+            stochastic_depth_prob: 0.5,
+            layer_scale: 0.5,
+            num_classes: 5,
+        };
+        Ok(Box::new(ConvNeXt::new(&c, d, dev, 1)?) as Box<dyn StepModel>)
+    })
+}
+
 /// The tiny GPT-2 of the transformer tests (next-token loss).
 pub fn gpt2() -> Build {
     Box::new(|d, dev| Ok(Box::new(Gpt2::new(Gpt2Config::tiny(), d, dev, 1)?) as Box<dyn StepModel>))
@@ -201,7 +221,7 @@ pub fn models() -> Vec<(&'static str, Build, StepInput)> {
 }
 
 /// The tiny twins of the models added for the memory-saving paper's list
-/// (ResNet-101, ResNeXt-101, AlexNet, MobileNetV3, RoBERTa, a
+/// (ResNet-101, ResNeXt-101, AlexNet, MobileNetV3, ConvNeXt, RoBERTa, a
 /// Mistral-style decoder; AlexNet needs
 /// 63×63 images), kept
 /// apart from [`models`] so that the suites iterating over it (and the
@@ -227,6 +247,7 @@ pub fn paper_models() -> Vec<(&'static str, Build, StepInput)> {
             },
         ),
         ("mobilenet_v3_tiny", mobilenet_v3(), IMAGES),
+        ("convnext_tiny", convnext(), IMAGES),
         (
             "roberta_tiny",
             roberta(),

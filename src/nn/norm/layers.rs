@@ -71,6 +71,11 @@ impl LayerNorm {
         })
     }
 
+    /// The layer's name in scopes and reports.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// A builder with PyTorch's defaults (`eps` 1e-5, affine with bias,
     /// f32, named `layer_norm`).
     pub fn builder(normalized_shape: &[usize]) -> LayerNormBuilder {
