@@ -3,7 +3,7 @@
 use super::autocast::{promote_all, promoted};
 use super::check_in_place;
 use super::sum_to_shape;
-use crate::autograd::{attach, keep, may_reuse, needs_grad, BackwardOp, SavedTensor};
+use crate::autograd::{attach, may_reuse, needs_grad, BackwardOp, SavedTensor};
 use crate::op_code::BinaryOp;
 use crate::primitives::{binary_assign, binary_map, AddK, BinaryKernel};
 use crate::{FloatDType, Result, Tensor};
@@ -238,7 +238,8 @@ impl Tensor {
     }
 
     /// `self * rhs` with broadcasting (promoting as [`Tensor::add`]). Saves `rhs` only when `self` needs
-    /// grad, and `self` only when `rhs` does (both under `SaveAll`).
+    /// grad, and `self` only when `rhs` does, under both policies: PyTorch's autograd guards each
+    /// saved operand of `mul` by whether the other input needs grad, and keeps the same.
     pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
         if let Some([a, b]) = promote_pair(self, rhs)? {
             return a.mul(&b);
@@ -251,14 +252,14 @@ impl Tensor {
         let op = MulBackward {
             shapes: Shapes::of(self, rhs),
             needs: [na, nb],
-            a: keep(nb).then(|| SavedTensor::new(self, "mul")),
-            b: keep(na).then(|| SavedTensor::new(rhs, "mul")),
+            a: nb.then(|| SavedTensor::new(self, "mul")),
+            b: na.then(|| SavedTensor::new(rhs, "mul")),
         };
         Ok(attach(out, &[self, rhs], op))
     }
 
     /// `self / rhs` with broadcasting (promoting as [`Tensor::add`]). Saves `rhs` when either needs grad,
-    /// and `self` only when `rhs` does (always under `SaveAll`).
+    /// and `self` only when `rhs` does, under both policies (as PyTorch's autograd does).
     pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
         if let Some([a, b]) = promote_pair(self, rhs)? {
             return a.div(&b);
@@ -271,7 +272,7 @@ impl Tensor {
         let op = DivBackward {
             shapes: Shapes::of(self, rhs),
             needs,
-            a: keep(needs[1]).then(|| SavedTensor::new(self, "div")),
+            a: needs[1].then(|| SavedTensor::new(self, "div")),
             b: SavedTensor::new(rhs, "div"),
         };
         Ok(attach(out, &[self, rhs], op))

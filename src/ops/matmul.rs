@@ -4,7 +4,7 @@
 use super::autocast::{lower, lowers};
 use super::reduce::unit_reshape;
 use super::sum_to_shape;
-use crate::autograd::{attach, keep, needs_grad, BackwardOp, SavedTensor};
+use crate::autograd::{attach, needs_grad, BackwardOp, SavedTensor};
 use crate::primitives::{matmul as product, matmul_sum_batches};
 use crate::tensor::Layout;
 use crate::{Error, Result, Tensor};
@@ -115,8 +115,10 @@ impl Tensor {
     /// column `[k, 1]`, and that dim is removed from the result. Operands are
     /// read through their strides (a transposed view is not copied).
     ///
-    /// Saves `rhs` only if `self` needs grad and `self` only if `rhs` does
-    /// (both under `SaveAll`); gradients of broadcast batch dims are summed back.
+    /// Saves `rhs` only if `self` needs grad and `self` only if `rhs` does,
+    /// under both policies: PyTorch's autograd guards `mm`'s, `bmm`'s and
+    /// `addmm`'s saved operands the same way (a frozen Linear keeps no
+    /// input). Gradients of broadcast batch dims are summed back.
     /// Under [`crate::autocast`] both operands are cast to its dtype first.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         if lowers(self) || lowers(rhs) {
@@ -159,8 +161,8 @@ impl Tensor {
             out_shape,
             needs: [na, nb],
             b_transposed: nb && column_major(rhs),
-            a: keep(nb).then(|| SavedTensor::new(self, "matmul")),
-            b: keep(na).then(|| SavedTensor::new(rhs, "matmul")),
+            a: nb.then(|| SavedTensor::new(self, "matmul")),
+            b: na.then(|| SavedTensor::new(rhs, "matmul")),
         };
         Ok(attach(out, &[self, rhs], op))
     }

@@ -15,7 +15,7 @@ use crate::cuda::check::{expect, float_suffix};
 use crate::cuda::launch;
 use crate::cuda::{conv_tf32_enabled, CudaBuffer, CudaDevice};
 use crate::memory::{with_category, Category};
-use crate::tensor::cuda::{dense, wrap};
+use crate::tensor::cuda::wrap;
 use crate::{DType, Result, Tensor};
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
@@ -35,6 +35,18 @@ impl ConvGeom {
             self.cout * self.k(),
             self.n * self.cout * self.l(),
         )
+    }
+}
+
+/// `t` as a whole-buffer dense tensor: itself, or a copy made by
+/// `primitives::contiguous_copy`, so that the ledger names it as it names
+/// the CPU kernels' copy of the same view.
+fn dense(t: &Tensor) -> Result<Tensor> {
+    let whole = t.layout().offset() == 0 && t.numel() == t.storage().len();
+    if whole && t.is_contiguous() {
+        Ok(t.clone())
+    } else {
+        crate::primitives::contiguous_copy(t)
     }
 }
 

@@ -12,6 +12,8 @@
 //! | `dropout` (lean), train, `0 < p ≤ 1` | input | nothing: (seed, offset, p) | the keep mask is replayed through `rng::dropout_keep` |
 //! | `dropout` (`SaveAll`), train, `0 < p ≤ 1` | input | the keep mask, U8: `n` bytes | what PyTorch keeps |
 //! | `dropout`, eval or `p = 0` | input | — (returns the input itself) | identity |
+//! | `stochastic_depth` (lean), train, `0 < p ≤ 1` | input | nothing: (seed, offset, p) | the per-sample keep draws are replayed |
+//! | `stochastic_depth` (`SaveAll`), train, `0 < p ≤ 1` | input | the noise, `N` elements (`Row`) or 1 (`Batch`) | what PyTorch's `input * noise` keeps |
 //! | any | nothing | — (no node) | |
 //!
 //! Both policies give bit-identical gradients (the same mask, the same

@@ -2,16 +2,8 @@
 //! 2016): a residual branch is dropped for whole samples (`Row`) or for the
 //! whole batch (`Batch`), and kept ones are scaled by `1/(1−p)`. The
 //! per-sample keep bits are drawn like dropout's (`rng::dropout_keep` over a
-//! reserved (seed, offset) range) so that backward replays them.
-//!
-//! Saved for backward, for an input of `N` samples:
-//!
-//! | op | requires grad | saved for backward | why |
-//! |---|---|---|---|
-//! | `stochastic_depth` (lean), train, `0 < p ≤ 1` | input | nothing: (seed, offset, p) | the per-sample factors are replayed |
-//! | `stochastic_depth` (`SaveAll`), train, `0 < p ≤ 1` | input | the noise, input dtype: `N` elements (`Row`) or 1 (`Batch`) | what PyTorch's `input * noise` keeps |
-//! | eval or `p = 0` | input | — (returns the input itself) | identity |
-//! | any | nothing | — (no node) | |
+//! reserved (seed, offset) range) so that backward replays them. What it
+//! saves is in the family's table (`dropout/mod.rs`).
 
 use super::{check_p, dropout_apply, DropoutDraw};
 use crate::autograd::{
