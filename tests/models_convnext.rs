@@ -13,16 +13,13 @@
 mod common;
 
 use common::models::{
-    check_cases_against, check_model_cases, check_policies_cases, fixture, ours, same_state_dict,
-    torchvision, CPU,
+    check_cases_against, check_feature_shapes, check_fixture_names, check_model_cases,
+    check_policies_cases, check_replace_head, ours, same_state_dict, torchvision, CPU,
 };
 use leangrad::autograd::backward_with;
-use leangrad::models::{
-    Case, ConvNeXt, ConvNeXtConfig, ConvNeXtStage, FeatureMaps, Freeze, ReplaceHead,
-};
+use leangrad::models::{Case, ConvNeXt, ConvNeXtConfig, ConvNeXtStage, FeatureMaps, Freeze};
 use leangrad::nn::Module;
 use leangrad::{DType, Device, Error, Tensor};
-use std::collections::BTreeSet;
 
 const NAME: &str = "convnext_tiny";
 
@@ -82,16 +79,7 @@ fn checkpointed_tiny_convnext_matches_pytorch() {
 
 #[test]
 fn names_are_torchvision_state_dict_names() {
-    let model = make(DType::F32);
-    let ours: BTreeSet<String> = leangrad::io::state_dict(&model, "")
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    let theirs: BTreeSet<String> = fixture(&format!("{NAME}.safetensors"))
-        .into_keys()
-        .collect();
-    assert_eq!(ours, theirs);
-    for n in [
+    let samples = [
         "features.0.0.weight",
         "features.0.1.bias",
         "features.1.0.layer_scale",
@@ -104,9 +92,8 @@ fn names_are_torchvision_state_dict_names() {
         "features.3.1.layer_scale",
         "classifier.0.weight",
         "classifier.2.bias",
-    ] {
-        assert!(ours.contains(n), "{n}");
-    }
+    ];
+    check_fixture_names(&make(DType::F32), NAME, &samples);
 }
 
 /// Full size: torchvision's state dicts (names and shapes in order), their
@@ -230,62 +217,25 @@ fn feature_maps_by_torchvision_layer_name() {
         ["avgpool", "classifier.0", "classifier.1", "classifier.2"]
     );
     let x = Tensor::zeros(&[2, 3, 224, 224], DType::F32, Device::Meta).unwrap();
-    let maps = model
-        .features(
-            &x,
-            &[
-                "features.0",
-                "features.1",
-                "features.2",
-                "features.5",
-                "features.7",
-                "avgpool",
-                "classifier.0",
-                "classifier.1",
-                "classifier.2",
-            ],
-        )
-        .unwrap();
-    let shapes: Vec<&[usize]> = maps.iter().map(|(_, t)| t.shape()).collect();
-    assert_eq!(
-        shapes,
-        [
-            &[2, 128, 56, 56][..],
-            &[2, 128, 56, 56],
-            &[2, 256, 28, 28],
-            &[2, 512, 14, 14],
-            &[2, 1024, 7, 7],
-            &[2, 1024, 1, 1],
-            &[2, 1024, 1, 1],
-            &[2, 1024],
-            &[2, 10],
-        ]
-    );
-    assert!(matches!(
-        model.features(&x, &["features.8"]),
-        Err(Error::UnknownLayer { .. })
-    ));
+    let maps: [(&str, &[usize]); 9] = [
+        ("features.0", &[2, 128, 56, 56]),
+        ("features.1", &[2, 128, 56, 56]),
+        ("features.2", &[2, 256, 28, 28]),
+        ("features.5", &[2, 512, 14, 14]),
+        ("features.7", &[2, 1024, 7, 7]),
+        ("avgpool", &[2, 1024, 1, 1]),
+        ("classifier.0", &[2, 1024, 1, 1]),
+        ("classifier.1", &[2, 1024]),
+        ("classifier.2", &[2, 10]),
+    ];
+    check_feature_shapes(&model, &x, &maps, "features.8");
 }
 
 /// A new `classifier.2`; the rest of the model is kept.
 #[test]
 fn replace_head_keeps_the_backbone() {
-    let mut model = make(DType::F32);
-    assert_eq!(model.head_name(), "classifier.2");
-    assert_eq!(model.num_classes(), 5);
-    let before = model.named_parameters();
-    model.replace_head(7, 3).unwrap();
-    assert_eq!(model.num_classes(), 7);
-    let after = model.named_parameters();
-    assert_eq!(before.len(), after.len());
-    for ((n, a), (m, b)) in before.iter().zip(&after) {
-        assert_eq!(n, m);
-        if !n.starts_with("classifier.2") {
-            assert_eq!(a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap(), "{n}");
-        }
-    }
     let x = Tensor::randn(&[1, 3, 32, 32], DType::F32, CPU, 0).unwrap();
-    assert_eq!(model.forward(&x).unwrap().shape(), [1, 7]);
+    check_replace_head(&mut make(DType::F32), "classifier.2", 5, &x);
 }
 
 /// Freezing by glob: only the layer scales and the last stage train.

@@ -368,3 +368,62 @@ pub fn check_cases_against(model: &mut dyn leangrad::models::Freeze, want: &Valu
         assert_eq!(got, expected, "{name} {case}");
     }
 }
+
+/// The state-dict names of `model` are exactly the fixture
+/// `<name>.safetensors`'s, and include each of `samples`.
+pub fn check_fixture_names(model: &dyn Module, name: &str, samples: &[&str]) {
+    let ours: BTreeSet<String> = leangrad::io::state_dict(model, "")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let theirs: BTreeSet<String> = fixture(&format!("{name}.safetensors"))
+        .into_keys()
+        .collect();
+    assert_eq!(ours, theirs);
+    for n in samples {
+        assert!(ours.contains(*n), "{n}");
+    }
+}
+
+/// `model.features(x, names)` gives maps of `shapes`, in order, and an
+/// unknown layer `unknown` is `Error::UnknownLayer`.
+pub fn check_feature_shapes(
+    model: &dyn leangrad::models::FeatureMaps,
+    x: &Tensor,
+    maps: &[(&str, &[usize])],
+    unknown: &str,
+) {
+    let names: Vec<&str> = maps.iter().map(|(n, _)| *n).collect();
+    let got = model.features(x, &names).unwrap();
+    let shapes: Vec<&[usize]> = got.iter().map(|(_, t)| t.shape()).collect();
+    let want: Vec<&[usize]> = maps.iter().map(|(_, s)| *s).collect();
+    assert_eq!(shapes, want);
+    assert!(matches!(
+        model.features(x, &[unknown]),
+        Err(leangrad::Error::UnknownLayer { .. })
+    ));
+}
+
+/// A new head of 7 classes replaces `head` (the model had `classes`);
+/// every other parameter keeps its value, and `x` gives `[n, 7]`.
+pub fn check_replace_head<M: leangrad::models::ReplaceHead + Module>(
+    model: &mut M,
+    head: &str,
+    classes: usize,
+    x: &Tensor,
+) {
+    assert_eq!(model.head_name(), head);
+    assert_eq!(model.num_classes(), classes);
+    let before = model.named_parameters();
+    model.replace_head(7, 3).unwrap();
+    assert_eq!(model.num_classes(), 7);
+    let after = model.named_parameters();
+    assert_eq!(before.len(), after.len());
+    for ((n, a), (m, b)) in before.iter().zip(&after) {
+        assert_eq!(n, m);
+        if !n.starts_with(head) {
+            assert_eq!(a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap(), "{n}");
+        }
+    }
+    assert_eq!(model.forward(x).unwrap().shape(), [x.shape()[0], 7]);
+}
