@@ -295,6 +295,7 @@ freeze_by_inherent!(
     AlexNet,
     MobileNetV2,
     super::MobileNetV3,
+    super::EfficientNet,
     super::ViT,
     super::Bert,
     super::Gpt2,
