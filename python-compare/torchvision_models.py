@@ -1,7 +1,8 @@
-"""torchvision's full-size ResNet-101, ResNeXt-101 64x4d, AlexNet and
-MobileNetV3-Large: their state-dict names, shapes and parameter counts, for
-tests/models_resnet.rs, tests/models_alexnet.rs and
-tests/models_mobilenet_v3.rs, and a check that export.py's rebuilds of them
+"""torchvision's full-size ResNet-101, ResNeXt-101 64x4d, AlexNet,
+MobileNetV3-Large and EfficientNetV2-S, -M and -L: their state-dict names,
+shapes and parameter counts, for tests/models_resnet.rs,
+tests/models_alexnet.rs, tests/models_mobilenet_v3.rs and
+tests/models_efficientnet.rs, and a check that export.py's rebuilds of them
 (the architectures of the tiny fixtures) are torchvision's own.
 
 Writes tests/fixtures/models/torchvision_models.json: per model the
@@ -53,6 +54,12 @@ def rebuilds():
                                lambda: export.mobilenet_v3(export.LARGE_ROWS, 1280, 1000, 3,
                                                            0.2),
                                64),
+        **{name: (lambda name=name: getattr(tv, name)(weights=None),
+                  lambda name=name, p=p: export.efficientnet_v2(export.V2_ROWS[name], 1280, 1000,
+                                                                3, p, 0.2),
+                  64)
+           for name, p in [("efficientnet_v2_s", 0.2), ("efficientnet_v2_m", 0.3),
+                           ("efficientnet_v2_l", 0.4)]},
     }
 
 
