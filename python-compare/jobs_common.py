@@ -52,7 +52,8 @@ IMAGENET_STD = [0.229, 0.224, 0.225]
 # torchvision's IMG_EXTENSIONS, as leangrad's data::IMG_EXTENSIONS.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 CLASSIFIERS = ["resnet18", "resnet50", "resnet101", "resnext101_64x4d", "vgg16", "vgg16_bn",
-               "vgg19", "vgg19_bn", "mobilenet_v2", "mobilenet_v3_large", "alexnet"]
+               "vgg19", "vgg19_bn", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_v2_s",
+               "efficientnet_v2_m", "efficientnet_v2_l", "alexnet"]
 # The 14 names of leangrad's models::Case.
 BASES = ["all", "input", "norm", "conv", "linear", "surgical-first", "surgical-last"]
 CASES = BASES + [b + "-bn-eval" for b in BASES]
@@ -92,7 +93,9 @@ def head_name(name):
         return "fc"
     if name == "mobilenet_v3_large":
         return "classifier.3"
-    return "classifier.1" if name == "mobilenet_v2" else "classifier.6"
+    if name == "mobilenet_v2" or name.startswith("efficientnet"):
+        return "classifier.1"
+    return "classifier.6"
 
 
 def build_classifier(name, classes):
