@@ -186,7 +186,10 @@ fn paper_models_tiny_ledger_matches_on_every_device() {
 /// The tiny EfficientNet in training mode, with stochastic depth and
 /// dropout drawing on the device: the output, the input's and every
 /// parameter's gradient on CUDA as on the CPU (the same per-sample draws;
-/// strict f32 convolutions, so only summation order differs).
+/// strict f32 convolutions, so only summation order differs): within 1e-4
+/// of each tensor's largest magnitude, at least 1e-3 of the largest
+/// gradient (a BatchNorm shift before a convolution and training-mode
+/// BatchNorm has a gradient that is zero but for rounding).
 #[test]
 fn efficientnet_tiny_values_match_on_every_device() {
     use leangrad::nn::Module;
@@ -212,6 +215,11 @@ fn efficientnet_tiny_values_match_on_every_device() {
         out
     };
     let cpu = run(Device::Cpu);
+    let largest = |t: &leangrad::Tensor| {
+        let v = t.to_f64_vec().unwrap();
+        v.iter().fold(0f64, |m, x| m.max(x.abs()))
+    };
+    let largest_grad = cpu[1..].iter().fold(0f64, |m, (_, g)| m.max(largest(g)));
     for dev in cuda_common::devices("efficientnet_tiny values") {
         if dev == Device::Cpu {
             continue;
@@ -219,7 +227,10 @@ fn efficientnet_tiny_values_match_on_every_device() {
         for ((n, want), (_, got)) in cpu.iter().zip(run(dev)) {
             assert_eq!(got.device(), dev, "{n}");
             let (w, g) = (want.to_f64_vec().unwrap(), got.to_f64_vec().unwrap());
-            let big = w.iter().fold(0f64, |m, v| m.max(v.abs()));
+            let big = match n.as_str() {
+                "output" => largest(want),
+                _ => largest(want).max(1e-3 * largest_grad),
+            };
             let err = w
                 .iter()
                 .zip(&g)

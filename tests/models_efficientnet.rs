@@ -407,6 +407,8 @@ fn bad_configs_are_invalid_arguments() {
     bad(&|c| c.settings[1].expand_ratio = f64::NAN);
     bad(&|c| c.settings[1].expand_ratio = f64::INFINITY);
     bad(&|c| c.settings[1].expand_ratio = 1e300);
+    bad(&|c| c.settings[3].layers = usize::MAX);
+    bad(&|c| c.settings[3].layers = 2_000_000);
     bad(&|c| c.num_classes = 0);
     bad(&|c| c.last_channel = Some(0));
     bad(&|c| c.in_channels = 0);

@@ -209,15 +209,18 @@ impl EfficientNetConfig {
         )
     }
 
-    /// Blocks over all stages.
-    fn total_blocks(&self) -> usize {
-        self.settings.iter().map(|r| r.layers).sum()
+    /// Blocks over all stages (`None` past `usize::MAX`).
+    fn total_blocks(&self) -> Option<usize> {
+        self.settings
+            .iter()
+            .try_fold(0usize, |n, r| n.checked_add(r.layers))
     }
 
     /// Refuses what torchvision refuses or cannot build: no rows, a zero
     /// size, a stride other than 1 or 2, a non-finite, non-positive or
     /// huge expansion ratio, a dropout or stochastic depth outside [0, 1],
-    /// rows whose input is not the previous row's output.
+    /// rows whose input is not the previous row's output, more than a
+    /// million blocks.
     fn validate(&self) -> Result<()> {
         let bad = |msg: String| {
             Err(Error::InvalidArgument {
@@ -236,6 +239,9 @@ impl EfficientNetConfig {
                 "stochastic_depth_prob must lie in [0, 1]: {}",
                 self.stochastic_depth_prob
             ));
+        }
+        if self.total_blocks().is_none_or(|n| n > 1_000_000) {
+            return bad("more than a million blocks".into());
         }
         if self.in_channels == 0 || self.num_classes == 0 || self.last_channel == Some(0) {
             return bad(format!("every size must be positive: {self:?}"));
@@ -305,7 +311,7 @@ impl EfficientNet {
             vec![Stage::Unit(b.unit("", stem.stride(2), seed)?)],
             false,
         )];
-        let total = cfg.total_blocks();
+        let total = cfg.total_blocks().unwrap_or(usize::MAX);
         let mut block_id = 0usize;
         for (n, row) in cfg.settings.iter().enumerate() {
             let (first_in, cout) = row.channels();

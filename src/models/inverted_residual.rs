@@ -23,7 +23,7 @@ pub fn make_divisible(v: f64, divisor: usize) -> usize {
     let d = divisor as f64;
     let mut new_v = (((v + d / 2.0) as usize) / divisor * divisor).max(divisor);
     if (new_v as f64) < 0.9 * v {
-        new_v += divisor;
+        new_v = new_v.saturating_add(divisor);
     }
     new_v
 }
