@@ -1,4 +1,4 @@
-"""Writes the model fixtures of tests/models_{resnet,vgg,mobilenet,mobilenet_v3,alexnet,convnext}.rs.
+"""Writes the model fixtures of tests/models_{resnet,vgg,mobilenet,mobilenet_v3,efficientnet,alexnet,convnext}.rs.
 
 Builds a model in plain torch.nn with torchvision's attribute (and so
 state-dict) names, seeds it, fills the BatchNorm statistics and affine
@@ -61,21 +61,39 @@ Run from the repository root:
     python3 python-compare/export.py --arch mobilenet_v3 --bneck 8 3 8 8 0 0 1 \
         8 3 16 8 1 0 2 8 5 16 8 1 1 1 8 3 24 16 0 1 2 --last-channel 16 \
         --classes 5 --batch 2 --size 32 --seed 0 --name mobilenet_v3_tiny
-
+    python3 python-compare/export.py --arch efficientnet_v2 --mbconv \
+        1 1 3 1 8 8 2  1 2 3 2 8 16 1  0 2 3 2 16 16 2  0 1 5 1 16 16 1 \
+        --last-channel 0 --classes 5 --batch 2 --size 32 --seed 0 \
+        --name efficientnet_v2_tiny
     python3 python-compare/export.py --arch convnext --stages 8 16 1 16 24 2 \
         24 0 1 --classes 5 --batch 2 --size 32 --seed 0 --cases all input \
         norm conv linear surgical-first surgical-last --name convnext_tiny
 
-MobileNetV3 and ConvNeXt are the architectures built from torchvision
-itself (ConvNeXt: `torchvision.models.convnext.ConvNeXt` from
-`CNBlockConfig` rows, stochastic depth 0; its LayerNorm weights and
-biases and its layer scales are drawn at random as the BatchNorms' are;
-without BatchNorm, its `-bn-eval` cases would repeat the others).
-MobileNetV3 is the one architecture built from torchvision itself
-(`torchvision.models.mobilenetv3.MobileNetV3` with the given
-`InvertedResidualConfig` rows; needs torchvision): its squeeze-and-
-excitation, Hardswish and BatchNorm eps/momentum are torchvision's own.
-Seeds 0..9 all keep PyTorch's own f32 within 4.4e-6 (`--screen 10`).
+MobileNetV3, EfficientNet and ConvNeXt are the architectures built from
+torchvision itself (`torchvision.models.mobilenetv3.MobileNetV3` with the given
+`InvertedResidualConfig` rows, `torchvision.models.efficientnet.
+EfficientNet` with the given `FusedMBConvConfig` / `MBConvConfig` rows and
+V2's BatchNorm eps 1e-3; needs torchvision): their squeeze-and-excitation,
+activations, BatchNorm eps/momentum and (EfficientNet) stochastic depth are
+torchvision's own. MobileNetV3: seeds 0..9 all keep PyTorch's own f32
+within 4.4e-6 (`--screen 10`).
+
+EfficientNet's `--mbconv` rows are flattened 7-tuples `fused expand_ratio
+kernel stride input out layers` (fused 1: FusedMBConv, 0: MBConv);
+`--last-channel 0` is torchvision's `last_channel=None` (four times the
+last row's output); `--stochastic-depth` is `stochastic_depth_prob`
+(default 0, so that training-mode cases are deterministic). The tiny rows
+above hold a FusedMBConv without expansion (two residual blocks), one
+with expansion (strided), MBConv with squeeze-and-excitation (strided,
+then residual) and a residual MBConv without expansion (kernel 5).
+Seed 0 keeps PyTorch's own f32 within 2.3e-6 (`--screen 3`: 2.3e-6 to
+3.0e-6).
+
+ConvNeXt: `torchvision.models.convnext.ConvNeXt` from `CNBlockConfig`
+rows (`--stages`: flattened `channels out_channels-or-0 layers` triples),
+stochastic depth 0; its LayerNorm weights and biases and its layer scales
+are drawn at random as the BatchNorms' are; without BatchNorm, its
+`-bn-eval` cases would repeat the others.
 
 The ResNet-101 and ResNeXt-101 fixtures (ResNet-101's blocks [3, 4, 23,
 3]; the ResNeXt's 3×3 convolutions in 4 groups of width_per_group 32, so
@@ -300,6 +318,39 @@ def mobilenet_v3(rows, last, classes, in_ch, dropout, width_mult=1.0):
     return model
 
 
+def efficientnet_v2(rows, last, classes, in_ch, dropout, stochastic_depth_prob=0.0):
+    """torchvision's own EfficientNet (needs torchvision) from rows
+    `(fused, expand_ratio, kernel, stride, input, out, layers)` as its
+    `FusedMBConvConfig` / `MBConvConfig`, with EfficientNetV2's BatchNorm
+    (eps 1e-3); `last` 0 or None: torchvision's `last_channel=None`."""
+    from functools import partial
+
+    from torchvision.models import efficientnet as en
+    settings = [(en.FusedMBConvConfig if fused else en.MBConvConfig)(e, int(k), int(s), int(i),
+                                                                     int(o), int(n))
+                for fused, e, k, s, i, o, n in rows]
+    if in_ch != 3:
+        raise SystemExit("efficientnet_v2: torchvision's stem takes 3 channels")
+    return en.EfficientNet(settings, dropout, stochastic_depth_prob=stochastic_depth_prob,
+                           num_classes=classes, last_channel=last or None,
+                           norm_layer=partial(nn.BatchNorm2d, eps=1e-3))
+
+
+V2_ROWS = {
+    "efficientnet_v2_s": [(1, 1, 3, 1, 24, 24, 2), (1, 4, 3, 2, 24, 48, 4), (1, 4, 3, 2, 48, 64, 4),
+                          (0, 4, 3, 2, 64, 128, 6), (0, 6, 3, 1, 128, 160, 9),
+                          (0, 6, 3, 2, 160, 256, 15)],
+    "efficientnet_v2_m": [(1, 1, 3, 1, 24, 24, 3), (1, 4, 3, 2, 24, 48, 5), (1, 4, 3, 2, 48, 80, 5),
+                          (0, 4, 3, 2, 80, 160, 7), (0, 6, 3, 1, 160, 176, 14),
+                          (0, 6, 3, 2, 176, 304, 18), (0, 6, 3, 1, 304, 512, 5)],
+    "efficientnet_v2_l": [(1, 1, 3, 1, 32, 32, 4), (1, 4, 3, 2, 32, 64, 7), (1, 4, 3, 2, 64, 96, 7),
+                          (0, 4, 3, 2, 96, 192, 10), (0, 6, 3, 1, 192, 224, 19),
+                          (0, 6, 3, 2, 224, 384, 25), (0, 6, 3, 1, 384, 640, 7)],
+}
+"""torchvision's EfficientNetV2 rows (efficientnet._efficientnet_conf), with
+last_channel 1280 and dropout 0.2, 0.3, 0.4."""
+
+
 LARGE_ROWS = [
     (16, 3, 16, 16, 0, 0, 1), (16, 3, 64, 24, 0, 0, 2), (24, 3, 72, 24, 0, 0, 1),
     (24, 5, 72, 40, 1, 0, 2), (40, 5, 120, 40, 1, 0, 1), (40, 5, 120, 40, 1, 0, 1),
@@ -325,6 +376,12 @@ def build(args):
     if args.arch == "convnext":
         rows = [args.stages[i:i + 3] for i in range(0, len(args.stages), 3)]
         return convnext(rows, args.classes, args.in_channels, args.layer_scale)
+    if args.arch == "efficientnet_v2":
+        m = args.mbconv
+        rows = [[int(m[i])] + [m[i + 1]] + [int(v) for v in m[i + 2:i + 7]]
+                for i in range(0, len(m), 7)]
+        return efficientnet_v2(rows, args.last_channel, args.classes, args.in_channels,
+                               args.dropout, args.stochastic_depth)
     if args.arch == "mobilenet_v3":
         rows = [args.bneck[i:i + 7] for i in range(0, len(args.bneck), 7)]
         return mobilenet_v3(rows, args.last_channel, args.classes, args.in_channels,
@@ -481,6 +538,11 @@ def main():
                         "triples")
     p.add_argument("--layer-scale", type=float, default=1e-6,
                    help="ConvNeXt: the layer scales' initial value")
+    p.add_argument("--mbconv", type=float, nargs="+",
+                   help="EfficientNet rows, flattened (fused expand_ratio kernel stride "
+                        "input out layers) 7-tuples")
+    p.add_argument("--stochastic-depth", type=float, default=0.0,
+                   help="EfficientNet: stochastic_depth_prob")
     p.add_argument("--groups", type=int, default=1, help="ResNeXt: groups of the 3x3 conv")
     p.add_argument("--width-per-group", type=int, default=64,
                    help="ResNeXt: torchvision's width_per_group")

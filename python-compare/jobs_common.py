@@ -52,8 +52,9 @@ IMAGENET_STD = [0.229, 0.224, 0.225]
 # torchvision's IMG_EXTENSIONS, as leangrad's data::IMG_EXTENSIONS.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 CLASSIFIERS = ["resnet18", "resnet50", "resnet101", "resnext101_64x4d", "vgg16", "vgg16_bn",
-               "vgg19", "vgg19_bn", "mobilenet_v2", "mobilenet_v3_large", "alexnet",
-               "convnext_tiny", "convnext_small", "convnext_base", "convnext_large"]
+               "vgg19", "vgg19_bn", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_v2_s",
+               "efficientnet_v2_m", "efficientnet_v2_l", "alexnet", "convnext_tiny",
+               "convnext_small", "convnext_base", "convnext_large"]
 # The 14 names of leangrad's models::Case.
 BASES = ["all", "input", "norm", "conv", "linear", "surgical-first", "surgical-last"]
 CASES = BASES + [b + "-bn-eval" for b in BASES]
@@ -96,7 +97,9 @@ def head_name(name):
         return "classifier.3"
     if name.startswith("convnext"):
         return "classifier.2"
-    return "classifier.1" if name == "mobilenet_v2" else "classifier.6"
+    if name == "mobilenet_v2" or name.startswith("efficientnet"):
+        return "classifier.1"
+    return "classifier.6"
 
 
 def build_classifier(name, classes):

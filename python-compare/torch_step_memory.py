@@ -3,7 +3,8 @@
 
 Builds the model `leangrad memory` builds, as PyTorch users build it
 (torchvision's resnet18, resnet50, resnet101, resnext101_64x4d, vgg16,
-vgg16_bn, mobilenet_v2, mobilenet_v3_large, alexnet, convnext_*; Hugging Face's
+vgg16_bn, mobilenet_v2, mobilenet_v3_large, efficientnet_v2_s/_m/_l, alexnet,
+convnext_*; Hugging Face's
 ViTForImageClassification, BertForSequenceClassification,
 RobertaForSequenceClassification, XLMRobertaForSequenceClassification
 (roberta-base's and xlm-roberta-base's sizes), GPT2LMHeadModel and
@@ -21,8 +22,9 @@ momentum 0.9, Adam, AdamW with PyTorch's defaults; `--fused`: one
 optimizer per parameter stepped in a post-accumulate-grad hook, PyTorch's
 "optimizer step in backward"); `--checkpoint`: activation checkpointing
 per block, non-reentrant (`torch.utils.checkpoint(..., use_reentrant=False)`
-around each torchvision residual block, each ConvNeXt block and each of
-MobileNetV2's `features.N`; Hugging Face's
+around each torchvision residual block, each of the MobileNets'
+`features.N`, each of EfficientNet's blocks `features.N.M` (and its
+stem and last convolution) and each ConvNeXt block; Hugging Face's
 `gradient_checkpointing_enable` with `use_reentrant: False`).
 
 It measures:
@@ -103,8 +105,9 @@ import sys
 import time
 
 CNNS = ["resnet18", "resnet50", "resnet101", "resnext101_64x4d", "vgg16", "vgg16_bn",
-        "mobilenet_v2", "mobilenet_v3_large", "alexnet", "convnext_tiny", "convnext_small",
-        "convnext_base", "convnext_large"]
+        "mobilenet_v2", "mobilenet_v3_large", "efficientnet_v2_s", "efficientnet_v2_m",
+        "efficientnet_v2_l", "alexnet", "convnext_tiny", "convnext_small", "convnext_base",
+        "convnext_large"]
 HF = ["vit_b16", "bert_base", "roberta_base", "xlm_roberta_base", "gpt2", "mistral_7b"]
 # The language models: next-token targets over their vocabulary.
 LMS = ["gpt2", "mistral_7b"]
@@ -261,11 +264,15 @@ def build(torch, args):
 def checkpoint_blocks(torch, args, model):
     """Each residual block (CNNs) or encoder layer / block (transformers) a
     non-reentrant checkpointed segment, as leangrad's `--checkpoint`."""
-    if args.model in ("mobilenet_v2", "mobilenet_v3_large"):
-        # Every `features.N` block, as leangrad's MobileNets.
+    if args.model in ("mobilenet_v2", "mobilenet_v3_large") or args.model.startswith("efficientnet"):
+        # Every `features.N` block, as leangrad's MobileNets; EfficientNet's
+        # stages are Sequentials of blocks, each block its own segment.
         from torch.utils.checkpoint import checkpoint
 
-        for block in model.features:
+        blocks = list(model.features)
+        if args.model.startswith("efficientnet"):
+            blocks = [blocks[0]] + [b for stage in blocks[1:-1] for b in stage] + [blocks[-1]]
+        for block in blocks:
             block.forward = lambda x, f=block.forward: checkpoint(f, x, use_reentrant=False)
         return
     if args.model.startswith("convnext"):

@@ -1,7 +1,9 @@
 """torchvision's full-size ResNet-101, ResNeXt-101 64x4d, AlexNet,
-MobileNetV3-Large and ConvNeXt-Tiny/-Base: their state-dict names, shapes and parameter counts, for
-tests/models_resnet.rs, tests/models_alexnet.rs and
-tests/models_mobilenet_v3.rs, and a check that export.py's rebuilds of them
+MobileNetV3-Large, EfficientNetV2-S, -M and -L and ConvNeXt-Tiny and -Base:
+their state-dict names, shapes and parameter counts, for
+tests/models_resnet.rs, tests/models_alexnet.rs, tests/models_mobilenet_v3.rs,
+tests/models_efficientnet.rs and tests/models_convnext.rs, and a check that
+export.py's rebuilds of them
 (the architectures of the tiny fixtures) are torchvision's own.
 
 Writes tests/fixtures/models/torchvision_models.json: per model the
@@ -57,6 +59,12 @@ def rebuilds():
                           lambda: export.convnext(CONVNEXT_TINY, 1000, 3, 1e-6), 64),
         "convnext_base": (lambda: tv.convnext_base(weights=None),
                           lambda: export.convnext(CONVNEXT_BASE, 1000, 3, 1e-6), 64),
+        **{name: (lambda name=name: getattr(tv, name)(weights=None),
+                  lambda name=name, p=p: export.efficientnet_v2(export.V2_ROWS[name], 1280, 1000,
+                                                                3, p, 0.2),
+                  64)
+           for name, p in [("efficientnet_v2_s", 0.2), ("efficientnet_v2_m", 0.3),
+                           ("efficientnet_v2_l", 0.4)]},
     }
 
 

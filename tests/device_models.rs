@@ -5,7 +5,8 @@
 //! save policies, usual and fused SGD-momentum and AdamW; and the same with
 //! every block a checkpointed segment (`--checkpoint`) for the models that
 //! have blocks, and under bf16 and f16 autocast; and the tiny ResNet-101,
-//! ResNeXt-101, AlexNet, MobileNetV3 and RoBERTa. Without a GPU only the
+//! ResNeXt-101, AlexNet, MobileNetV3, RoBERTa, the Mistral-style decoder
+//! and EfficientNetV2. Without a GPU only the
 //! CPU runs and the CUDA half prints `skipped`.
 
 mod tiny_models;
@@ -160,7 +161,9 @@ fn autocast_ledger_matches_on_every_device() {
 
 /// The tiny ResNet-101, ResNeXt-101 (grouped convolutions), AlexNet
 /// (dropout, 64×64 images), MobileNetV3 (squeeze-and-excitation,
-/// Hardswish) and RoBERTa (positions after the padding token): f32 and
+/// Hardswish), RoBERTa (positions after the padding token), the
+/// Mistral-style decoder and EfficientNetV2 (FusedMBConv, SiLU, stochastic
+/// depth): f32 and
 /// bf16 steps with fused SGD and AdamW, all but AlexNet also with every
 /// block checkpointed.
 #[test]
@@ -177,5 +180,65 @@ fn paper_models_tiny_ledger_matches_on_every_device() {
             true,
             &[(DType::F32, None)],
         );
+    }
+}
+
+/// The tiny EfficientNet in training mode, with stochastic depth and
+/// dropout drawing on the device: the output, the input's and every
+/// parameter's gradient on CUDA as on the CPU (the same per-sample draws;
+/// strict f32 convolutions, so only summation order differs): within 1e-4
+/// of each tensor's largest magnitude, at least 1e-3 of the largest
+/// gradient (a BatchNorm shift before a convolution and training-mode
+/// BatchNorm has a gradient that is zero but for rounding).
+#[test]
+fn efficientnet_tiny_values_match_on_every_device() {
+    use leangrad::nn::Module;
+    let _strict = leangrad::cuda::with_conv_tf32(false);
+    let build = tiny_models::efficientnet();
+    let run = |device: Device| {
+        let model = build(DType::F32, device).unwrap();
+        let x = leangrad::Tensor::randn(&[2, 3, 32, 32], DType::F32, Device::Cpu, 0).unwrap();
+        let x = x
+            .to_device(device)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
+        let y = model.step_logits(&x).unwrap();
+        y.mul(&y).unwrap().sum_all().unwrap().backward().unwrap();
+        let mut out = vec![
+            ("output".to_string(), y),
+            ("input".to_string(), x.grad().unwrap()),
+        ];
+        for (n, p) in model.named_parameters() {
+            out.push((n, p.grad().unwrap()));
+        }
+        out
+    };
+    let cpu = run(Device::Cpu);
+    let largest = |t: &leangrad::Tensor| {
+        let v = t.to_f64_vec().unwrap();
+        v.iter().fold(0f64, |m, x| m.max(x.abs()))
+    };
+    let largest_grad = cpu[1..].iter().fold(0f64, |m, (_, g)| m.max(largest(g)));
+    for dev in cuda_common::devices("efficientnet_tiny values") {
+        if dev == Device::Cpu {
+            continue;
+        }
+        for ((n, want), (_, got)) in cpu.iter().zip(run(dev)) {
+            assert_eq!(got.device(), dev, "{n}");
+            let (w, g) = (want.to_f64_vec().unwrap(), got.to_f64_vec().unwrap());
+            let big = match n.as_str() {
+                "output" => largest(want),
+                _ => largest(want).max(1e-3 * largest_grad),
+            };
+            let err = w
+                .iter()
+                .zip(&g)
+                .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                err <= 1e-4 * big.max(1e-6),
+                "{n} on {dev}: {err:e} of {big:e}"
+            );
+        }
     }
 }

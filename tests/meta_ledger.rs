@@ -119,7 +119,8 @@ fn meta_ledger_equals_cpu_vgg16_bn_tiny() {
 }
 
 /// The tiny ResNet-101, ResNeXt-101 (grouped convolutions), AlexNet
-/// (dropout, 64×64 images), MobileNetV3 and RoBERTa: a few cases each,
+/// (dropout, 64×64 images), MobileNetV3, RoBERTa, the Mistral-style
+/// decoder and EfficientNetV2 (stochastic depth): a few cases each,
 /// every one of AlexNet's twelve that train something.
 #[test]
 fn meta_ledger_equals_cpu_paper_models_tiny() {

@@ -24,8 +24,9 @@ use crate::io::{
 use crate::memory::Ledger;
 use crate::memory_plan::StepModel;
 use crate::models::{
-    AlexNet, AlexNetConfig, ConvNeXt, ConvNeXtConfig, MobileNetV2, MobileNetV2Config, MobileNetV3,
-    MobileNetV3Config, ReplaceHead, ResNet, ResNetConfig, Vgg, VggConfig,
+    AlexNet, AlexNetConfig, ConvNeXt, ConvNeXtConfig, EfficientNet, EfficientNetConfig,
+    MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config, ReplaceHead, ResNet,
+    ResNetConfig, Vgg, VggConfig,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -72,6 +73,9 @@ pub const CLASSIFIERS: &[&str] = &[
     "vgg19_bn",
     "mobilenet_v2",
     "mobilenet_v3_large",
+    "efficientnet_v2_s",
+    "efficientnet_v2_m",
+    "efficientnet_v2_l",
     "alexnet",
     "convnext_tiny",
     "convnext_small",
@@ -133,6 +137,14 @@ pub fn build_classifier(
             device,
             0,
         )?),
+        "efficientnet_v2_s" | "efficientnet_v2_m" | "efficientnet_v2_l" => {
+            let config = match name {
+                "efficientnet_v2_s" => EfficientNetConfig::efficientnet_v2_s(classes),
+                "efficientnet_v2_m" => EfficientNetConfig::efficientnet_v2_m(classes),
+                _ => EfficientNetConfig::efficientnet_v2_l(classes),
+            };
+            Box::new(EfficientNet::new(&config, f32, device, 0)?)
+        }
         "alexnet" => Box::new(AlexNet::new(
             &AlexNetConfig::alexnet(classes),
             f32,

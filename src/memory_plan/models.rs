@@ -4,8 +4,9 @@
 use super::Case;
 use crate::models::heads::{text_input, Backbone, Classifier};
 use crate::models::{
-    AlexNet, AlexNetConfig, BertClassifier, BertConfig, ConvNeXt, ConvNeXtConfig, Freeze, Gpt2,
-    Gpt2Config, Mistral, MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3,
+    AlexNet, AlexNetConfig, BertClassifier, BertConfig, ConvNeXt, ConvNeXtConfig, EfficientNet,
+    EfficientNetConfig, Freeze, Gpt2, Gpt2Config, Mistral, MistralConfig, MobileNetV2,
+    MobileNetV2Config, MobileNetV3,
     MobileNetV3Config, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
 use crate::nn::Module;
@@ -39,7 +40,8 @@ pub trait StepModel: Freeze {
         Err(Error::InvalidArgument {
             op: "checkpoint",
             msg: "this model has no per-block checkpointing (resnet18, resnet50, \
-                  resnet101, resnext101_64x4d, mobilenet_v2, mobilenet_v3_large, convnext_*, vit_b16, bert_base, \
+                  resnet101, resnext101_64x4d, mobilenet_v2, mobilenet_v3_large, efficientnet_v2_s, \
+                  efficientnet_v2_m, efficientnet_v2_l, convnext_*, vit_b16, bert_base, \
                   roberta_base, xlm_roberta_base, gpt2 and mistral_7b have)"
                 .into(),
         })
@@ -79,6 +81,7 @@ step_by_forward_with_blocks! {
     impl for MobileNetV2;
     impl for MobileNetV3;
     impl for ConvNeXt;
+    impl for EfficientNet;
     impl<B: Backbone> for Classifier<B>;
 }
 
@@ -415,6 +418,28 @@ fn convnext_large(c: usize, _: usize, d: DType, device: Device) -> Result<Box<dy
     convnext(ConvNeXtConfig::convnext_large(c), d, device)
 }
 
+/// torchvision's EfficientNetV2 of `config` (`efficientnet_v2_s`, `_m`,
+/// `_l`).
+fn efficientnet(
+    config: EfficientNetConfig,
+    dtype: DType,
+    device: Device,
+) -> Result<Box<dyn StepModel>> {
+    Ok(Box::new(EfficientNet::new(&config, dtype, device, 0)?))
+}
+
+fn efficientnet_v2_s(c: usize, _: usize, d: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    efficientnet(EfficientNetConfig::efficientnet_v2_s(c), d, device)
+}
+
+fn efficientnet_v2_m(c: usize, _: usize, d: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    efficientnet(EfficientNetConfig::efficientnet_v2_m(c), d, device)
+}
+
+fn efficientnet_v2_l(c: usize, _: usize, d: DType, device: Device) -> Result<Box<dyn StepModel>> {
+    efficientnet(EfficientNetConfig::efficientnet_v2_l(c), d, device)
+}
+
 fn vit_b16(
     classes: usize,
     size: usize,
@@ -519,6 +544,21 @@ pub const MODELS: &[ModelEntry] = &[
     ModelEntry {
         name: "mobilenet_v3_large",
         build: mobilenet_v3_large,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "efficientnet_v2_s",
+        build: efficientnet_v2_s,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "efficientnet_v2_m",
+        build: efficientnet_v2_m,
+        input: IMAGE_224,
+    },
+    ModelEntry {
+        name: "efficientnet_v2_l",
+        build: efficientnet_v2_l,
         input: IMAGE_224,
     },
     ModelEntry {

@@ -296,6 +296,7 @@ freeze_by_inherent!(
     MobileNetV2,
     super::MobileNetV3,
     super::ConvNeXt,
+    super::EfficientNet,
     super::ViT,
     super::Bert,
     super::Gpt2,

@@ -3,16 +3,14 @@
 //! (`block.M.fc1`, `block.M.fc2`), Hardswish activations and BatchNorm with
 //! eps 0.001 and momentum 0.01, plus small configurations for tests.
 
-use super::checkpoint_block;
+pub use super::inverted_residual::make_divisible;
+use super::inverted_residual::{Act, Block, Blocks, Builder, Gate, Stage, UnitSpec};
 use super::surgery::{head_like, HeadInit};
 use super::{
-    part_of, set_bn, set_conv, set_linear, square_conv_builder, stop_if, walked_module_methods,
-    Ctx, FeatureMaps, Named, Part, ReplaceHead,
+    part_of, set_linear, stop_if, walked_module_methods, FeatureMaps, Named, Part, ReplaceHead,
 };
 use crate::memory::scope;
-use crate::nn::{
-    adaptive_avg_pool2d, BatchNorm, BatchStatsSync, Conv2d, Dropout, Init, Linear, Module,
-};
+use crate::nn::{BatchStatsSync, Dropout, Init, Linear, Module};
 use crate::{DType, Device, Error, Result, Tensor};
 use std::sync::Arc;
 
@@ -51,17 +49,6 @@ impl BneckSetting {
             stride,
         }
     }
-}
-
-/// torchvision's `_make_divisible`: `v` rounded to the nearest multiple of
-/// `divisor` (at least `divisor`), never more than 10 % below `v`.
-pub fn make_divisible(v: f64, divisor: usize) -> usize {
-    let d = divisor as f64;
-    let mut new_v = (((v + d / 2.0) as usize) / divisor * divisor).max(divisor);
-    if (new_v as f64) < 0.9 * v {
-        new_v += divisor;
-    }
-    new_v
 }
 
 /// The shape of a [`MobileNetV3`]; torchvision's is
@@ -179,96 +166,6 @@ impl MobileNetV3Config {
     }
 }
 
-/// What follows a convolution and its BatchNorm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Act {
-    None,
-    Relu,
-    Hardswish,
-}
-
-/// A bias-free convolution, its BatchNorm and its activation, with names
-/// relative to the block.
-#[derive(Clone)]
-struct Unit {
-    conv: Conv2d,
-    bn: BatchNorm,
-    bn_name: String,
-    act: Act,
-    act_name: String,
-}
-
-/// torchvision's `SqueezeExcitation`: average pool, `fc1` (1×1 conv),
-/// ReLU, `fc2` (1×1 conv), Hardsigmoid, times the input.
-#[derive(Clone)]
-struct Se {
-    name: String,
-    fc1: Conv2d,
-    fc2: Conv2d,
-}
-
-/// One layer of a block.
-#[derive(Clone)]
-enum Stage {
-    Unit(Unit),
-    Se(Se),
-}
-
-/// `features.N`: stages in order, plus the residual connection if any.
-#[derive(Clone)]
-struct Block {
-    name: String,
-    stages: Vec<Stage>,
-    residual: bool,
-}
-
-/// A 1×1 convolution with a bias (squeeze-and-excitation's `fc1`, `fc2`),
-/// initialised as torchvision's MobileNetV3 (`kaiming_normal_(mode=
-/// "fan_out")`, bias zero).
-fn pointwise_with_bias(name: &str, io: [usize; 2], c: Ctx, seed: u64) -> Result<Conv2d> {
-    square_conv_builder(name, io, 1, 1, 1, c, seed)
-        .bias(true)
-        .bias_init(Init::zeros())
-        .build(&c.1)
-}
-
-/// torchvision's `Conv2dNormActivation` at `prefix` (`prefix.0` conv,
-/// `prefix.1` BatchNorm with eps 0.001 and momentum 0.01, `prefix.2`
-/// activation).
-#[allow(clippy::too_many_arguments)]
-fn unit(
-    prefix: &str,
-    act: Act,
-    io: [usize; 2],
-    k: usize,
-    stride: usize,
-    groups: usize,
-    c: Ctx,
-    seed: u64,
-) -> Result<Unit> {
-    let p = |s: &str| match prefix {
-        "" => s.to_string(),
-        _ => format!("{prefix}.{s}"),
-    };
-    let bn = BatchNorm::builder(io[1])
-        .name(&p("1"))
-        .eps(1e-3)
-        .momentum(Some(0.01))
-        .dtype(c.0)
-        .build2d(&c.1)?;
-    Ok(Unit {
-        // torchvision's padding here is `(k - 1) / 2` (the same as
-        // `k / 2` for the odd kernels it uses).
-        conv: square_conv_builder(&p("0"), io, k, stride, groups, c, seed)
-            .padding((k - 1) / 2)
-            .build(&c.1)?,
-        bn,
-        bn_name: p("1"),
-        act,
-        act_name: p("2"),
-    })
-}
-
 /// torchvision's MobileNetV3: `features.0` (3×3/2 conv, BN, Hardswish),
 /// inverted residuals `features.1…` (`block.0` 1×1 expansion unless the
 /// expanded width equals the input, depthwise `k`×`k`, squeeze-and-
@@ -278,7 +175,7 @@ fn unit(
 /// (Hardswish), `classifier.2` (Dropout), `classifier.3` (Linear). Starts
 /// in training mode.
 pub struct MobileNetV3 {
-    blocks: Vec<Block>,
+    blocks: Blocks,
     fc1: Linear,
     dropout: Dropout,
     fc2: Linear,
@@ -299,23 +196,18 @@ impl MobileNetV3 {
     ) -> Result<MobileNetV3> {
         let cfg = config;
         cfg.validate()?;
-        let c = (dtype, device);
+        let b = Builder {
+            c: (dtype, device),
+            bn_eps: 1e-3,
+            bn_momentum: 0.01,
+        };
         let stem_ch = cfg.adjust(cfg.settings[0].input);
-        let stem = unit(
-            "",
-            Act::Hardswish,
-            [cfg.in_channels, stem_ch],
-            3,
-            2,
-            1,
-            c,
-            seed,
-        )?;
-        let mut blocks = vec![Block {
-            name: "features.0".into(),
-            stages: vec![Stage::Unit(stem)],
-            residual: false,
-        }];
+        let stem = UnitSpec::new(Act::Hardswish, [cfg.in_channels, stem_ch], 3).stride(2);
+        let mut blocks = vec![Block::new(
+            "features.0".into(),
+            vec![Stage::Unit(b.unit("", stem, seed)?)],
+            false,
+        )];
         for row in &cfg.settings {
             let (cin, hidden, cout) = (
                 cfg.adjust(row.input),
@@ -330,69 +222,41 @@ impl MobileNetV3 {
             let s = seed.wrapping_add(10 * blocks.len() as u64);
             let mut stages = Vec::new();
             if hidden != cin {
-                stages.push(Stage::Unit(unit(
-                    "block.0",
-                    act,
-                    [cin, hidden],
-                    1,
-                    1,
-                    1,
-                    c,
-                    s,
-                )?));
+                let expand = UnitSpec::new(act, [cin, hidden], 1);
+                stages.push(Stage::Unit(b.unit("block.0", expand, s)?));
             }
             let j = stages.len();
-            stages.push(Stage::Unit(unit(
-                &format!("block.{j}"),
-                act,
-                [hidden, hidden],
-                row.kernel,
-                row.stride,
-                hidden,
-                c,
-                s + 1,
-            )?));
+            let dw = UnitSpec::new(act, [hidden, hidden], row.kernel)
+                .stride(row.stride)
+                .depthwise();
+            stages.push(Stage::Unit(b.unit(&format!("block.{j}"), dw, s + 1)?));
             if row.use_se {
                 let name = format!("block.{}", stages.len());
                 let squeeze = make_divisible((hidden / 4) as f64, 8);
-                let fc1 = pointwise_with_bias(&format!("{name}.fc1"), [hidden, squeeze], c, s + 2)?;
-                let fc2 = pointwise_with_bias(&format!("{name}.fc2"), [squeeze, hidden], c, s + 3)?;
-                stages.push(Stage::Se(Se { name, fc1, fc2 }));
+                let gates = (Act::Relu, Gate::Hardsigmoid);
+                stages.push(Stage::Se(b.se(name, [hidden, squeeze], gates, s + 2)?));
             }
             let k = stages.len();
-            stages.push(Stage::Unit(unit(
+            let project = UnitSpec::new(Act::None, [hidden, cout], 1);
+            stages.push(Stage::Unit(b.unit(
                 &format!("block.{k}"),
-                Act::None,
-                [hidden, cout],
-                1,
-                1,
-                1,
-                c,
+                project,
                 s + 4,
             )?));
-            blocks.push(Block {
-                name: format!("features.{}", blocks.len()),
+            blocks.push(Block::new(
+                format!("features.{}", blocks.len()),
                 stages,
-                residual: row.stride == 1 && cin == cout,
-            });
+                row.stride == 1 && cin == cout,
+            ));
         }
         let last_in = cfg.adjust(cfg.settings[cfg.settings.len() - 1].out);
         let last_out = 6 * last_in;
-        let last = unit(
-            "",
-            Act::Hardswish,
-            [last_in, last_out],
-            1,
-            1,
-            1,
-            c,
-            seed.wrapping_add(7),
-        )?;
-        blocks.push(Block {
-            name: format!("features.{}", blocks.len()),
-            stages: vec![Stage::Unit(last)],
-            residual: false,
-        });
+        let last = UnitSpec::new(Act::Hardswish, [last_in, last_out], 1);
+        blocks.push(Block::new(
+            format!("features.{}", blocks.len()),
+            vec![Stage::Unit(b.unit("", last, seed.wrapping_add(7))?)],
+            false,
+        ));
         let linear = |name: &str, i: usize, o: usize, s: u64| {
             Linear::builder(i, o)
                 .name(name)
@@ -403,7 +267,7 @@ impl MobileNetV3 {
                 .build(&device)
         };
         Ok(MobileNetV3 {
-            blocks,
+            blocks: Blocks(blocks),
             fc1: linear(
                 "classifier.0",
                 last_out,
@@ -438,109 +302,16 @@ impl MobileNetV3 {
     /// (names as in [`Module::named_parameters`]); values are kept.
     pub fn set_requires_grad(&mut self, mut want: impl FnMut(&str) -> bool) -> Result<()> {
         let want: &mut dyn FnMut(&str) -> bool = &mut want;
-        for block in &mut self.blocks {
-            for stage in &mut block.stages {
-                match stage {
-                    Stage::Unit(u) => {
-                        let conv_name = format!("{}.{}", block.name, u.conv.name());
-                        set_conv(&mut u.conv, &conv_name, want)?;
-                        let bn_name = format!("{}.{}", block.name, u.bn_name);
-                        set_bn(&mut u.bn, &bn_name, want)?;
-                    }
-                    Stage::Se(se) => {
-                        let n1 = format!("{}.{}", block.name, se.fc1.name());
-                        set_conv(&mut se.fc1, &n1, want)?;
-                        let n2 = format!("{}.{}", block.name, se.fc2.name());
-                        set_conv(&mut se.fc2, &n2, want)?;
-                    }
-                }
-            }
-        }
+        self.blocks.set_requires_grad(want)?;
         set_linear(&mut self.fc1, "classifier.0", want)?;
         set_linear(&mut self.fc2, "classifier.3", want)
     }
 
     fn parts(&self, part: Part) -> Vec<Named> {
-        let of = |p: &str, m: &dyn Module| part_of(p, m, part);
-        let mut out = Vec::new();
-        for block in &self.blocks {
-            let full = |n: &str| format!("{}.{n}", block.name);
-            for stage in &block.stages {
-                match stage {
-                    Stage::Unit(u) => {
-                        out.extend(of(&full(u.conv.name()), &u.conv));
-                        out.extend(of(&full(&u.bn_name), &u.bn));
-                    }
-                    Stage::Se(se) => {
-                        out.extend(of(&full(se.fc1.name()), &se.fc1));
-                        out.extend(of(&full(se.fc2.name()), &se.fc2));
-                    }
-                }
-            }
-        }
-        out.extend(of("classifier.0", &self.fc1));
-        out.extend(of("classifier.3", &self.fc2));
+        let mut out = self.blocks.parts(part);
+        out.extend(part_of("classifier.0", &self.fc1, part));
+        out.extend(part_of("classifier.3", &self.fc2, part));
         out
-    }
-
-    fn bns_mut(&mut self) -> impl Iterator<Item = &mut BatchNorm> {
-        self.blocks
-            .iter_mut()
-            .flat_map(|b| b.stages.iter_mut())
-            .filter_map(|s| match s {
-                Stage::Unit(u) => Some(&mut u.bn),
-                Stage::Se(_) => None,
-            })
-    }
-}
-
-impl Se {
-    /// The layers' scopes are full names under the block (`block.K.fc1`,
-    /// `block.K.avgpool`, …), the multiply's is `block.K`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let sub = |s: &str| scope(format!("{}.{s}", self.name));
-        let scale = {
-            let _a = sub("avgpool");
-            adaptive_avg_pool2d(x, [1, 1])?
-        };
-        let scale = self.fc1.forward(&scale)?;
-        let scale = {
-            let _a = sub("activation");
-            scale.relu_inplace()?
-        };
-        let scale = self.fc2.forward(&scale)?;
-        let scale = {
-            let _a = sub("scale_activation");
-            scale.hardsigmoid_owned()?
-        };
-        let _s = scope(self.name.clone());
-        scale.mul(x)
-    }
-}
-
-impl Block {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let _s = scope(self.name.clone());
-        let mut h = x.clone();
-        for stage in &self.stages {
-            h = match stage {
-                Stage::Unit(u) => {
-                    // The norm writes over the convolution's output.
-                    let y = u.bn.forward_owned(u.conv.forward(&h)?)?;
-                    let _a = scope(u.act_name.clone());
-                    match u.act {
-                        Act::None => y,
-                        Act::Relu => y.relu_inplace()?,
-                        Act::Hardswish => y.hardswish_owned()?,
-                    }
-                }
-                Stage::Se(se) => se.forward(&h)?,
-            };
-        }
-        if self.residual {
-            h = h.add_owned(x)?;
-        }
-        Ok(h)
     }
 }
 
@@ -553,11 +324,9 @@ impl FeatureMaps for MobileNetV3 {
     /// last 1×1 convolution), `avgpool`, torchvision's functional node
     /// `flatten`, then `classifier.0` … `classifier.3`.
     fn feature_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.blocks.iter().map(|b| b.name.clone()).collect();
+        let mut names = self.blocks.feature_names();
         names.extend(
             [
-                "avgpool",
-                "flatten",
                 "classifier.0",
                 "classifier.1",
                 "classifier.2",
@@ -573,21 +342,9 @@ impl FeatureMaps for MobileNetV3 {
         x: &Tensor,
         visit: &mut dyn FnMut(&str, &Tensor) -> bool,
     ) -> Result<Option<Tensor>> {
-        let mut h = x.clone();
-        for block in &self.blocks {
-            h = match self.checkpointing {
-                true => checkpoint_block(block, &[&h], |b, xs| b.forward(&xs[0]))?,
-                false => block.forward(&h)?,
-            };
-            stop_if!(visit(&block.name, &h));
-        }
-        h = {
-            let _s = scope("avgpool".to_string());
-            adaptive_avg_pool2d(&h, [1, 1])?
+        let Some(mut h) = self.blocks.walk(x, self.checkpointing, visit)? else {
+            return Ok(None);
         };
-        stop_if!(visit("avgpool", &h));
-        h = h.flatten(1, -1)?;
-        stop_if!(visit("flatten", &h));
         h = self.fc1.forward(&h)?;
         stop_if!(visit("classifier.0", &h));
         h = {
@@ -624,13 +381,11 @@ impl Module for MobileNetV3 {
     walked_module_methods!("MobileNetV3");
 
     fn set_training(&mut self, training: bool) {
-        for bn in self.bns_mut() {
-            bn.set_training(training);
-        }
+        self.blocks.set_training(training);
         self.dropout.set_training(training);
     }
 
     fn sync_batch_norm(&mut self, sync: Option<&Arc<dyn BatchStatsSync>>) -> usize {
-        self.bns_mut().map(|bn| bn.sync_batch_norm(sync)).sum()
+        self.blocks.sync_batch_norm(sync)
     }
 }

@@ -1,5 +1,6 @@
 //! Whole models with PyTorch-compatible state-dict names (torchvision's
-//! for the CNNs: ResNet and ResNeXt, VGG, MobileNetV2, MobileNetV3-Large, AlexNet, ConvNeXt; Hugging
+//! for the CNNs: ResNet and ResNeXt, VGG, MobileNetV2, MobileNetV3-Large, EfficientNetV2, AlexNet,
+//! ConvNeXt; Hugging
 //! Face transformers' for ViT, BERT and GPT-2), so weights exported to
 //! safetensors load with [`crate::io::load_state_dict`] in strict mode.
 //!
@@ -19,8 +20,10 @@ pub mod alexnet;
 pub mod bert;
 pub mod cases;
 pub mod convnext;
+pub mod efficientnet;
 pub mod gpt2;
 pub mod heads;
+mod inverted_residual;
 pub mod mistral;
 mod mistral_pretrained;
 pub mod mobilenet;
@@ -37,6 +40,7 @@ pub use alexnet::{AlexNet, AlexNetConfig};
 pub use bert::{Bert, BertConfig, PositionIds};
 pub use cases::{glob_match, layer_of, layers_in_order, Case, Freeze, Glob, Selection};
 pub use convnext::{ConvNeXt, ConvNeXtConfig, ConvNeXtStage};
+pub use efficientnet::{EfficientNet, EfficientNetConfig, MBConvKind, MBConvSetting};
 pub use gpt2::{Gpt2, Gpt2Config};
 pub use heads::{Backbone, BertClassifier, Classifier, ViTClassifier};
 pub use mistral::{Mistral, MistralConfig};

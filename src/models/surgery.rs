@@ -20,7 +20,7 @@
 //! # Ok::<(), leangrad::Error>(())
 //! ```
 
-use crate::nn::Linear;
+use crate::nn::{Init, Linear};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// A classification model whose Linear head can be swapped for one of
@@ -118,6 +118,9 @@ pub(crate) enum HeadInit {
     /// VGG and MobileNetV2: 0.01; Hugging Face's ViT and BERT:
     /// `initializer_range`, 0.02).
     Normal(f64),
+    /// Weight uniform in ±1/√num_classes (the head's outputs), bias zero
+    /// (torchvision's EfficientNet).
+    UniformByOutputs,
 }
 
 /// A fresh head `in_features → num_classes` named `name`, initialised by
@@ -141,9 +144,18 @@ pub(crate) fn new_head(
         .dtype(dtype)
         .seed(seed)
         .build(&device)?;
-    if let HeadInit::Normal(std) = init {
-        let w = Tensor::randn(&[num_classes, in_features], dtype, device, seed)?;
-        head.weight = w.mul_scalar(std)?.into_parameter()?;
+    let shape = [num_classes, in_features];
+    let weight = match init {
+        HeadInit::Default => None,
+        HeadInit::Normal(std) => Some(Tensor::randn(&shape, dtype, device, seed)?.mul_scalar(std)?),
+        HeadInit::UniformByOutputs => {
+            let r = 1.0 / (num_classes as f64).sqrt();
+            let uniform = Init::Uniform { low: -r, high: r };
+            Some(uniform.tensor(&shape, dtype, device, seed)?)
+        }
+    };
+    if let Some(w) = weight {
+        head.weight = w.into_parameter()?;
         head.bias = Some(Tensor::zeros(&[num_classes], dtype, device)?.into_parameter()?);
     }
     Ok(head)

@@ -6,7 +6,8 @@
 use leangrad::memory_plan::{StepInput, StepModel};
 use leangrad::models::{
     AlexNet, AlexNetConfig, BertClassifier, BertConfig, BlockKind, BneckSetting, ConvNeXt,
-    ConvNeXtConfig, ConvNeXtStage, Gpt2, Gpt2Config, InvertedResidualSetting, Mistral,
+    ConvNeXtConfig, ConvNeXtStage, EfficientNet, EfficientNetConfig, Gpt2, Gpt2Config,
+    InvertedResidualSetting, MBConvSetting, Mistral,
     MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config, PositionIds,
     ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
 };
@@ -167,6 +168,28 @@ pub fn convnext() -> Build {
     })
 }
 
+/// The tiny EfficientNet of `tests/models_efficientnet.rs` (FusedMBConv,
+/// MBConv with squeeze-and-excitation, SiLU), with dropout and stochastic
+/// depth.
+pub fn efficientnet() -> Build {
+    Box::new(|d, dev| {
+        let c = EfficientNetConfig {
+            in_channels: 3,
+            settings: vec![
+                MBConvSetting::fused(1.0, 3, 1, 8, 8, 2),
+                MBConvSetting::fused(2.0, 3, 2, 8, 16, 1),
+                MBConvSetting::mbconv(2.0, 3, 2, 16, 16, 2),
+                MBConvSetting::mbconv(1.0, 5, 1, 16, 16, 1),
+            ],
+            last_channel: None,
+            num_classes: 5,
+            dropout: 0.2,
+            stochastic_depth_prob: 0.5,
+        };
+        Ok(Box::new(EfficientNet::new(&c, d, dev, 1)?) as Box<dyn StepModel>)
+    })
+}
+
 /// The tiny GPT-2 of the transformer tests (next-token loss).
 pub fn gpt2() -> Build {
     Box::new(|d, dev| Ok(Box::new(Gpt2::new(Gpt2Config::tiny(), d, dev, 1)?) as Box<dyn StepModel>))
@@ -222,7 +245,7 @@ pub fn models() -> Vec<(&'static str, Build, StepInput)> {
 
 /// The tiny twins of the models added for the memory-saving paper's list
 /// (ResNet-101, ResNeXt-101, AlexNet, MobileNetV3, ConvNeXt, RoBERTa, a
-/// Mistral-style decoder; AlexNet needs
+/// Mistral-style decoder, EfficientNetV2; AlexNet needs
 /// 63×63 images), kept
 /// apart from [`models`] so that the suites iterating over it (and the
 /// committed fingerprints) stay as they are.
@@ -268,5 +291,6 @@ pub fn paper_models() -> Vec<(&'static str, Build, StepInput)> {
                 next_token: true,
             },
         ),
+        ("efficientnet_v2_tiny", efficientnet(), IMAGES),
     ]
 }

@@ -55,8 +55,8 @@ pub enum Command {
     /// memory next to what PyTorch keeps, and writes a checkpoint.
     Finetune {
         /// The model: resnet18, resnet50, resnet101, resnext101_64x4d, vgg16, vgg16_bn, vgg19,
-        /// vgg19_bn, mobilenet_v2, mobilenet_v3_large, alexnet, convnext_tiny, convnext_small,
-        /// convnext_base, convnext_large.
+        /// vgg19_bn, mobilenet_v2, mobilenet_v3_large, efficientnet_v2_s, efficientnet_v2_m,
+        /// efficientnet_v2_l, alexnet, convnext_tiny, convnext_small, convnext_base, convnext_large.
         #[arg(long, default_value = "resnet18")]
         model: String,
         /// A safetensors or PyTorch `.pt`/`.pth` file of the torchvision model's `state_dict()`, or
