@@ -15,7 +15,8 @@
 //! (an axis whose output size equals its input size copies: `i0 = i1 = i`,
 //! `λ = (1, 0)`). Everything is computed in the accumulate type (f32 for
 //! f32, f16 and bf16; f64 for f64) with PyTorch's CPU kernels' roundings,
-//! fused multiply-adds included, so results are PyTorch's CPU bits. PyTorch
+//! fused multiply-adds included (where GCC contracts them in PyTorch's x86
+//! Linux build), so results are PyTorch's CPU bits. PyTorch
 //! has two CPU kernels with different orders of products and sums, and
 //! picks one per call; [`InterpCode`] names them and the same rule picks
 //! one here: the channels-last kernel ([`InterpCode::Corners`]) when the
@@ -97,8 +98,10 @@ pub struct InterpGeom {
     /// The formula, an [`InterpCode`].
     pub mode: i64,
     /// Under [`InterpCode::Corners`], the channels below this one are
-    /// summed in the order of PyTorch's 256-bit vectors, the rest in its
-    /// scalar loop's order: `C − C mod (32 / element size)`.
+    /// summed in the order of PyTorch's vector loop, the rest in its scalar
+    /// tail's order: `C − C mod (32 / element size)`, the lanes of the
+    /// 256-bit vectors of its AVX2 kernels (which x86 builds of PyTorch run
+    /// on AVX-512 CPUs too).
     pub lanes: i64,
 }
 
