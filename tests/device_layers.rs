@@ -3,7 +3,9 @@
 //! grouped-query heads) and
 //! MultiheadAttention, max pooling under both
 //! save policies, the mask-keeping activations (clamp, leaky_relu), the
-//! saved-value activations and dropout under SaveAll. Each runs on the CPU
+//! saved-value activations, dropout under SaveAll and bilinear
+//! interpolation (whose meta-device ledger is also checked against the
+//! CPU's). Each runs on the CPU
 //! and on CUDA 0 when present for every requires-grad combination and both
 //! save policies, comparing outputs, gradients and saved bytes with the
 //! CPU's. Without a GPU the CUDA half prints `skipped: no CUDA device`.
