@@ -78,6 +78,7 @@ pub const TABLES: &[CodeTable] = &[
     NormGradCode::TABLE,
     AvgPoolCode::TABLE,
     MaskCode::TABLE,
+    InterpCode::TABLE,
 ];
 
 /// The C++ text that declares every table for the kernels, one
@@ -146,6 +147,19 @@ kernel_codes! {
         FixedCountPad,
         /// Adaptive windows.
         Adaptive,
+    }
+}
+
+kernel_codes! {
+    /// `upsample.cu`'s bilinear formula: which of PyTorch's two CPU kernels
+    /// (and so which order of products and sums) an interpolation follows.
+    pub enum InterpCode in interp_codes {
+        /// PyTorch's generic (channels-first) kernel: each row interpolated
+        /// along the width, then the two rows along the height.
+        Separable,
+        /// PyTorch's channels-last kernel: four corner weights, one sum of
+        /// four products.
+        Corners,
     }
 }
 

@@ -3,7 +3,9 @@
 //! grouped-query heads) and
 //! MultiheadAttention, max pooling under both
 //! save policies, the mask-keeping activations (clamp, leaky_relu), the
-//! saved-value activations and dropout under SaveAll. Each runs on the CPU
+//! saved-value activations, dropout under SaveAll and bilinear
+//! interpolation (whose meta-device ledger is also checked against the
+//! CPU's). Each runs on the CPU
 //! and on CUDA 0 when present for every requires-grad combination and both
 //! save policies, comparing outputs, gradients and saved bytes with the
 //! CPU's. Without a GPU the CUDA half prints `skipped: no CUDA device`.
@@ -365,6 +367,49 @@ fn max_pool2d_both_policies() {
         let xt = x.transpose(2, 3).unwrap();
         check_layer("max_pool2d of a view", &[&xt], |t| max_pool2d(&t[0], &ceil));
     }
+}
+
+/// Bilinear interpolation (both of PyTorch's formulas, both
+/// `align_corners`, a scale factor, a 1×1 input, a transposed view) on
+/// every device; the meta device's ledger equals the CPU's.
+#[test]
+fn interpolate_bilinear_every_device() {
+    use leangrad::nn::{interpolate_bilinear, interpolate_bilinear_scale};
+    for dtype in FLOATS {
+        let x = input(&[2, 5, 4, 3], dtype, 43, -1.0, 1.0);
+        check_layer("interpolate small", &[&x], |t| {
+            interpolate_bilinear(&t[0], [7, 9], false)
+        });
+        check_layer("interpolate wide align_corners", &[&x], |t| {
+            interpolate_bilinear(&t[0], [2, 130], true)
+        });
+        check_layer("interpolate scale factor", &[&x], |t| {
+            interpolate_bilinear_scale(&t[0], [1.5, 2.5], false)
+        });
+        let xt = x.transpose(2, 3).unwrap();
+        check_layer("interpolate of a view", &[&xt], |t| {
+            interpolate_bilinear(&t[0], [3, 127], false)
+        });
+        let pooled = input(&[2, 4, 1, 1], dtype, 44, -1.0, 1.0);
+        check_layer("interpolate 1x1", &[&pooled], |t| {
+            interpolate_bilinear(&t[0], [5, 6], false)
+        });
+    }
+    let ledger_of = |dev: Device| {
+        let ledger = leangrad::memory::Ledger::new();
+        let _g = ledger.enter();
+        let x = Tensor::zeros(&[2, 5, 4, 3], DType::F32, dev)
+            .unwrap()
+            .set_requires_grad(true)
+            .unwrap();
+        let y = interpolate_bilinear(&x, [3, 127], false).unwrap();
+        let saved = ledger.live_in(dev, leangrad::memory::Category::Saved);
+        let gy = Tensor::zeros(y.shape(), DType::F32, dev).unwrap();
+        leangrad::autograd::backward_with(&y, Some(gy), &mut leangrad::autograd::CollectGrads)
+            .unwrap();
+        (saved, ledger.peak(dev), x.grad().unwrap().shape().to_vec())
+    };
+    assert_eq!(ledger_of(Device::Meta), ledger_of(Device::Cpu));
 }
 
 #[test]

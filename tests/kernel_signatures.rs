@@ -732,6 +732,10 @@ fn every_launch_matches_its_kernels_parameters() {
             std::mem::size_of::<leangrad::nn::RotaryGeom>(),
         ),
         (
+            "InterpGeom",
+            std::mem::size_of::<leangrad::nn::InterpGeom>(),
+        ),
+        (
             "TensorList",
             std::mem::size_of::<leangrad::optim::TensorList>(),
         ),

@@ -52,6 +52,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("pool.cu", include_str!("../nn/pool/pool.cu")),
     ("relu_mask.cu", include_str!("../ops/mask/relu_mask.cu")),
     ("rotary.cu", include_str!("../nn/rotary/rotary.cu")),
+    ("upsample.cu", include_str!("../nn/upsample/upsample.cu")),
 ];
 
 /// The environment variables naming CUDA's include folder, in the order

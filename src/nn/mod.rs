@@ -14,6 +14,7 @@ mod pool;
 mod rotary;
 mod sequential;
 mod stats_sync;
+mod upsample;
 
 pub use activation::{
     Flatten, Hardsigmoid, Hardswish, LeakyReLU, Mish, ReLU, SiLU, Sigmoid, Tanh, GELU,
@@ -38,6 +39,10 @@ pub use pool::{
 pub use rotary::{rotary_embedding, RotaryGeom, RotaryOptions};
 pub use sequential::Sequential;
 pub use stats_sync::BatchStatsSync;
+pub use upsample::{
+    interpolate_bilinear, interpolate_bilinear_scale, InterpCode, InterpGeom, Upsample,
+    UpsampleSize,
+};
 mod norm;
 
 pub use norm::{
