@@ -6,8 +6,8 @@ use crate::models::heads::{text_input, Backbone, Classifier};
 use crate::models::{
     AlexNet, AlexNetConfig, BertClassifier, BertConfig, ConvNeXt, ConvNeXtConfig, EfficientNet,
     EfficientNetConfig, Freeze, Gpt2, Gpt2Config, Mistral, MistralConfig, MobileNetV2,
-    MobileNetV2Config, MobileNetV3,
-    MobileNetV3Config, ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
+    MobileNetV2Config, MobileNetV3, MobileNetV3Config, ResNet, ResNetConfig, Vgg, VggConfig,
+    ViTClassifier, ViTConfig,
 };
 use crate::nn::Module;
 use crate::ops::CrossEntropyOptions;

@@ -7,9 +7,9 @@ use leangrad::memory_plan::{StepInput, StepModel};
 use leangrad::models::{
     AlexNet, AlexNetConfig, BertClassifier, BertConfig, BlockKind, BneckSetting, ConvNeXt,
     ConvNeXtConfig, ConvNeXtStage, EfficientNet, EfficientNetConfig, Gpt2, Gpt2Config,
-    InvertedResidualSetting, MBConvSetting, Mistral,
-    MistralConfig, MobileNetV2, MobileNetV2Config, MobileNetV3, MobileNetV3Config, PositionIds,
-    ResNet, ResNetConfig, Vgg, VggConfig, ViTClassifier, ViTConfig,
+    InvertedResidualSetting, MBConvSetting, Mistral, MistralConfig, MobileNetV2, MobileNetV2Config,
+    MobileNetV3, MobileNetV3Config, PositionIds, ResNet, ResNetConfig, Vgg, VggConfig,
+    ViTClassifier, ViTConfig,
 };
 use leangrad::{DType, Device, Result};
 
